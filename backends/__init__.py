@@ -1,0 +1,1 @@
+"""Compute layer: the MLX backend, the numpy float64 reference and the demo engines. No Qt."""

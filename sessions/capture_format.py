@@ -1,0 +1,120 @@
+"""Capture format v1: the HDF5 layout every writer and reader agrees on.
+
+docs/capture-format.md is the normative description for engines that write captures with
+libhdf5 alone; this module is its executable twin. Every string is a fixed-length UTF-8
+field: variable-length strings live in the global heap, whose reader hangs on crafted input
+(GUIDE section 7), so the format has none.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+FORMAT_NAME = "parity-xray-capture"
+FORMAT_VERSION = 1
+MAX_NDIM = 8
+
+ROLES = ("native", "oracle", "rerun")
+SEGMENTS = ("text-before", "visual", "text-after", "prefill", "decode")
+MASK_KINDS = ("none", "causal", "bool", "additive")
+PRIMITIVES = ("sdpa_vector", "sdpa_vector_2pass", "sdpa_full", "fallback")
+
+INDEX_PATH = "/index"
+DISPATCH_PATH = "/dispatch"
+TOKENS_PATH = "/tokens"
+TENSORS_GROUP = "/tensors"
+
+ATTR_FORMAT = "format"
+ATTR_VERSION = "format_version"
+ATTR_COMPLETE = "complete"
+ATTR_PROVENANCE = "provenance_json"
+ATTR_LOGICAL_DTYPE = "logical_dtype"
+ATTR_LOGICAL_SHAPE = "logical_shape"
+
+STRING_ATTRS = (
+    "role",
+    "engine_name",
+    "engine_version",
+    "engine_commit",
+    "model_id",
+    "weights_hash",
+    "device",
+    "compiler",
+    "created_utc",
+    "prompt",
+)
+INT_ATTRS = ("seed",)
+
+
+def utf8(n: int) -> np.dtype:
+    """A fixed-length, NUL-padded UTF-8 field of n bytes (h5py maps 'S' to H5T_STRING)."""
+    return np.dtype(f"S{n}")
+
+
+INDEX_DTYPE = np.dtype(
+    [
+        ("seq", "<i8"),
+        ("step", "<i4"),
+        ("segment", utf8(16)),
+        ("layer", "<i4"),
+        ("name", utf8(64)),
+        ("occurrence", "<i4"),
+        ("dtype", utf8(16)),
+        ("ndim", "<i4"),
+        ("shape", "<i8", (MAX_NDIM,)),
+        ("path", utf8(64)),
+        ("kernel_id", utf8(64)),
+        ("contract_id", utf8(64)),
+        ("effective_contract_id", utf8(64)),
+        ("t_start_ns", "<i8"),
+        ("t_end_ns", "<i8"),
+    ]
+)
+
+DISPATCH_DTYPE = np.dtype(
+    [
+        ("index_seq", "<i8"),
+        ("call", "<i4"),
+        ("batch", "<i4"),
+        ("kv_group", "<i4"),
+        ("head_start", "<i4"),
+        ("head_count", "<i4"),
+        ("q_heads", "<i4"),
+        ("kv_heads", "<i4"),
+        ("q_rows", "<i4"),
+        ("kv_len", "<i4"),
+        ("head_dim", "<i4"),
+        ("v_head_dim", "<i4"),
+        ("mask_kind", utf8(16)),
+        ("dtype", utf8(16)),
+        ("primitive", utf8(32)),
+        ("metal_primitive", utf8(32)),
+        ("t_start_ns", "<i8"),
+        ("t_end_ns", "<i8"),
+    ]
+)
+
+TOKENS_DTYPE = np.dtype(
+    [
+        ("step", "<i4"),
+        ("segment", utf8(16)),
+        ("token_id", "<i8"),
+        ("is_stop", "<i1"),
+    ]
+)
+
+
+def tensor_path(seq: int) -> str:
+    return f"{TENSORS_GROUP}/t{seq:08d}"
+
+
+def decode_field(raw: bytes | np.bytes_) -> str:
+    """A fixed-length field as text: NUL padding stripped, invalid UTF-8 shown, never raised."""
+    return bytes(raw).rstrip(b"\0").decode("utf-8", errors="replace")
+
+
+def encode_field(text: str, dtype: np.dtype, field: str) -> bytes:
+    raw = text.encode("utf-8")
+    if len(raw) > dtype.itemsize:
+        raise ValueError(f"{field} {text!r} is {len(raw)} bytes; the field holds {dtype.itemsize}")
+    return raw

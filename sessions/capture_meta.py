@@ -1,0 +1,29 @@
+"""Provenance of one run: who produced a capture, from what, where."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class CaptureMeta:
+    role: str
+    engine_name: str = ""
+    engine_version: str = ""
+    engine_commit: str = ""
+    model_id: str = ""
+    weights_hash: str = ""
+    device: str = ""
+    compiler: str = ""
+    created_utc: str = ""
+    prompt: str = ""
+    seed: int = 0
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    def provenance_bytes(self) -> bytes:
+        return json.dumps(self.provenance, sort_keys=True).encode("utf-8")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,230 @@
+"""Streaming capture writer.
+
+Engines call it record by record while they run. Index, dispatch and token rows are
+buffered and appended at each `end_step`, which also flushes the file, so a run that dies
+mid-way still leaves a readable prefix; the `complete` attribute is written only by `close`,
+so such a file is recognisably unfinished.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import time
+from collections import Counter
+from pathlib import Path
+from types import TracebackType
+
+import h5py
+import numpy as np
+
+from sessions import capture_format as cf
+from sessions.capture_meta import CaptureMeta
+from sessions.dtypes import logical_dtype, logical_name_of, to_storage
+
+COMPRESSIONS = (None, "gzip", "lzf")
+
+
+class CaptureWriter:
+    def __init__(self, path: str | Path, meta: CaptureMeta, compression: str | None = None) -> None:
+        if meta.role not in cf.ROLES:
+            raise ValueError(f"role must be one of {cf.ROLES}, not {meta.role!r}")
+        if compression not in COMPRESSIONS:
+            raise ValueError(f"compression must be one of {COMPRESSIONS}, not {compression!r}")
+        self.path = Path(path)
+        self._compression = compression
+        self._file = h5py.File(self.path, "w", locking=False)
+        self._t0 = time.perf_counter_ns()
+        self._occurrences: Counter[tuple[int, str, int, str]] = Counter()
+        self._seq = 0
+        self._pending_index: list[tuple] = []
+        self._pending_dispatch: list[tuple] = []
+        self._pending_tokens: list[tuple] = []
+        self._write_root_attrs(meta)
+        self._file.create_group(cf.TENSORS_GROUP)
+        for path_, dtype in (
+            (cf.INDEX_PATH, cf.INDEX_DTYPE),
+            (cf.DISPATCH_PATH, cf.DISPATCH_DTYPE),
+            (cf.TOKENS_PATH, cf.TOKENS_DTYPE),
+        ):
+            self._file.create_dataset(path_, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(1024,))
+        self._file.flush()
+
+    def _write_root_attrs(self, meta: CaptureMeta) -> None:
+        attrs = self._file.attrs
+        attrs.create(cf.ATTR_FORMAT, np.bytes_(cf.FORMAT_NAME.encode()), dtype=h5py.string_dtype("utf-8", len(cf.FORMAT_NAME)))
+        attrs.create(cf.ATTR_VERSION, np.int64(cf.FORMAT_VERSION))
+        created = meta.created_utc or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        for name in cf.STRING_ATTRS:
+            value = created if name == "created_utc" else getattr(meta, name)
+            raw = value.encode("utf-8")
+            attrs.create(name, np.bytes_(raw), dtype=h5py.string_dtype("utf-8", max(1, len(raw))))
+        attrs.create("seed", np.int64(meta.seed))
+        attrs.create(cf.ATTR_PROVENANCE, np.frombuffer(meta.provenance_bytes(), dtype=np.uint8))
+
+    def now_ns(self) -> int:
+        """Nanoseconds since the capture started: the clock of every timestamp in the file."""
+        return time.perf_counter_ns() - self._t0
+
+    def add_tensor(
+        self,
+        name: str,
+        array: np.ndarray,
+        *,
+        step: int,
+        segment: str,
+        layer: int = -1,
+        dtype: str | None = None,
+        logical_shape: tuple[int, ...] | None = None,
+        kernel_id: str = "",
+        contract_id: str = "",
+        effective_contract_id: str = "",
+        t_start_ns: int | None = None,
+        t_end_ns: int | None = None,
+    ) -> int:
+        """Store one tensor and queue its index row; returns its sequence number.
+
+        `dtype` names the logical dtype when the array holds bits of another (a uint16 array
+        of bfloat16 bits, raw bytes of Q8_0 blocks with `logical_shape`).
+        """
+        logical = dtype or logical_name_of(array)
+        ld = logical_dtype(logical)
+        stored = to_storage(np.asarray(array), logical)
+        shape = tuple(logical_shape) if logical_shape is not None else stored.shape
+        if ld.is_quantized and logical_shape is None:
+            raise ValueError(f"{name}: quantized {logical} needs its logical_shape")
+        if len(shape) > cf.MAX_NDIM:
+            raise ValueError(f"{name}: {len(shape)} dims; the format allows {cf.MAX_NDIM}")
+        seq = self._seq
+        path = cf.tensor_path(seq)
+        chunks = self._compression is not None and stored.size > 0
+        ds = self._file.create_dataset(
+            path, data=stored, compression=self._compression, chunks=True if chunks else None
+        )
+        ds.attrs.create(cf.ATTR_LOGICAL_DTYPE, np.bytes_(logical.encode()))
+        if ld.is_quantized:
+            ds.attrs.create(cf.ATTR_LOGICAL_SHAPE, np.asarray(shape, dtype=np.int64))
+        key = (step, segment, layer, name)
+        occurrence = self._occurrences[key]
+        self._occurrences[key] += 1
+        end = self.now_ns() if t_end_ns is None else t_end_ns
+        padded = np.zeros(cf.MAX_NDIM, dtype=np.int64)
+        padded[: len(shape)] = shape
+        self._pending_index.append(
+            (
+                seq,
+                step,
+                cf.encode_field(segment, cf.INDEX_DTYPE["segment"], "segment"),
+                layer,
+                cf.encode_field(name, cf.INDEX_DTYPE["name"], "name"),
+                occurrence,
+                logical.encode(),
+                len(shape),
+                padded,
+                path.encode(),
+                cf.encode_field(kernel_id, cf.INDEX_DTYPE["kernel_id"], "kernel_id"),
+                cf.encode_field(contract_id, cf.INDEX_DTYPE["contract_id"], "contract_id"),
+                cf.encode_field(
+                    effective_contract_id, cf.INDEX_DTYPE["effective_contract_id"], "effective_contract_id"
+                ),
+                end if t_start_ns is None else t_start_ns,
+                end,
+            )
+        )
+        self._seq += 1
+        return seq
+
+    def add_dispatch(
+        self,
+        *,
+        index_seq: int,
+        call: int,
+        kv_group: int,
+        head_start: int,
+        head_count: int,
+        q_heads: int,
+        kv_heads: int,
+        q_rows: int,
+        kv_len: int,
+        head_dim: int,
+        v_head_dim: int | None = None,
+        batch: int = 1,
+        mask_kind: str = "none",
+        dtype: str = "",
+        primitive: str,
+        metal_primitive: str = "",
+        t_start_ns: int = 0,
+        t_end_ns: int = 0,
+    ) -> None:
+        """One attention primitive call; `index_seq` is the record of the op that made it."""
+        if mask_kind not in cf.MASK_KINDS:
+            raise ValueError(f"mask_kind must be one of {cf.MASK_KINDS}, not {mask_kind!r}")
+        self._pending_dispatch.append(
+            (
+                index_seq,
+                call,
+                batch,
+                kv_group,
+                head_start,
+                head_count,
+                q_heads,
+                kv_heads,
+                q_rows,
+                kv_len,
+                head_dim,
+                head_dim if v_head_dim is None else v_head_dim,
+                mask_kind.encode(),
+                dtype.encode(),
+                cf.encode_field(primitive, cf.DISPATCH_DTYPE["primitive"], "primitive"),
+                cf.encode_field(metal_primitive, cf.DISPATCH_DTYPE["metal_primitive"], "metal_primitive"),
+                t_start_ns,
+                t_end_ns,
+            )
+        )
+
+    def add_token(self, *, step: int, segment: str, token_id: int, is_stop: bool) -> None:
+        self._pending_tokens.append(
+            (step, cf.encode_field(segment, cf.TOKENS_DTYPE["segment"], "segment"), token_id, int(is_stop))
+        )
+
+    def end_step(self) -> None:
+        """Append the buffered rows and flush: everything so far survives a crash."""
+        for path, dtype, rows in (
+            (cf.INDEX_PATH, cf.INDEX_DTYPE, self._pending_index),
+            (cf.DISPATCH_PATH, cf.DISPATCH_DTYPE, self._pending_dispatch),
+            (cf.TOKENS_PATH, cf.TOKENS_DTYPE, self._pending_tokens),
+        ):
+            if rows:
+                ds = self._file[path]
+                start = ds.shape[0]
+                ds.resize((start + len(rows),))
+                ds[start:] = np.array(rows, dtype=dtype)
+                rows.clear()
+        self._file.flush()
+
+    def close(self) -> None:
+        """Finish the file: the complete marker is the last thing written."""
+        if not self._file.id.valid:
+            return
+        self.end_step()
+        self._file.attrs.create(cf.ATTR_COMPLETE, np.int8(1))
+        self._file.close()
+
+    def abandon(self) -> None:
+        """Close without the complete marker, as a crashed writer would leave the file."""
+        if self._file.id.valid:
+            self.end_step()
+            self._file.close()
+
+    def __enter__(self) -> "CaptureWriter":
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abandon()

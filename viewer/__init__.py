@@ -1,0 +1,1 @@
+"""Parity X-ray desktop viewer: Qt windows, widgets and workers over `sessions` and `backends`."""

@@ -1,0 +1,48 @@
+"""The `parity-xray` command.
+
+Headless subcommands live beside the code they drive (`sessions`, `backends`) and are
+imported only when named, so `report` and `validate` in CI never load Qt. Each subcommand
+module exposes `add_arguments(parser)` and `run(args) -> int`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from types import ModuleType
+
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "validate": ("sessions.validate_command", "check capture files; exit 0 valid, 2 invalid"),
+    "report": ("sessions.report_command", "compare a native and an oracle capture headlessly"),
+    "demo": ("backends.demo_command", "generate the demo captures, or open the viewer on them"),
+}
+
+
+def _module(name: str) -> ModuleType:
+    return importlib.import_module(SUBCOMMANDS[name][0])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="parity-xray",
+        description="Show where and why two runs of a language model stop agreeing, down to the bit.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, help_text) in SUBCOMMANDS.items():
+        _module(name).add_arguments(sub.add_parser(name, help=help_text, description=help_text))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help"):
+        from viewer.app import run_viewer
+
+        return run_viewer(argv)
+    args = build_parser().parse_args(argv)
+    return int(_module(args.command).run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -15,7 +15,7 @@ from types import ModuleType
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("sessions.validate_command", "check capture files; exit 0 valid, 2 invalid"),
     "report": ("sessions.report_command", "compare a native and an oracle capture headlessly"),
-    "demo": ("backends.demo_command", "generate the demo captures, or open the viewer on them"),
+    "demo": ("viewer.demo_command", "generate the demo captures, or open the viewer on them"),
 }
 
 

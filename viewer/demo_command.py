@@ -1,0 +1,69 @@
+"""`parity-xray demo`: generate the bundled demo captures, or open the viewer on them.
+
+Generation is headless (backends), so `demo --generate DIR` works in CI; opening the viewer
+imports Qt only when asked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from sessions.progress import Progress
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--generate",
+        metavar="DIR",
+        type=Path,
+        help="write the demo capture pairs into DIR and exit (default: open the viewer on the default pair)",
+    )
+    parser.add_argument(
+        "--scenario",
+        action="append",
+        metavar="NAME",
+        help="only this scenario (repeatable); see --list",
+    )
+    parser.add_argument("--list", action="store_true", help="list the scenarios and where each one diverges")
+    parser.add_argument("--seed", type=int, default=0, help="weights and prompt seed (default 0)")
+
+
+def _generate(out_dir: Path, scenarios: list[str] | None, seed: int) -> dict[str, tuple[Path, Path]]:
+    from backends.demo_generate import iter_generate
+
+    work = iter_generate(out_dir, scenarios, seed)
+    while True:
+        try:
+            step: Progress = next(work)
+        except StopIteration as stop:
+            return stop.value
+        print(f"[{step.done}/{step.total}] {step.label}", file=sys.stderr)
+
+
+def run(args: argparse.Namespace) -> int:
+    from backends.demo_generate import DEFAULT_SCENARIO, SCENARIOS, default_demo_dir, pair_paths
+
+    unknown = sorted(set(args.scenario or ()) - set(SCENARIOS))
+    if unknown:
+        print(f"parity-xray demo: unknown scenario {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
+        return 2
+    if args.list:
+        for name, scenario in SCENARIOS.items():
+            print(f"{name:20s} {scenario.description}")
+        return 0
+    if args.generate is not None:
+        pairs = _generate(args.generate, args.scenario, args.seed)
+        for name, (native, oracle) in pairs.items():
+            print(f"{name:20s} native {native}\n{'':20s} oracle {oracle}")
+        return 0
+    demo_dir = default_demo_dir()
+    scenario = (args.scenario or [DEFAULT_SCENARIO])[0]
+    native, oracle = pair_paths(demo_dir, scenario)
+    if not (native.exists() and oracle.exists()):
+        print(f"Generating the demo captures into {demo_dir} (once) ...", file=sys.stderr)
+        _generate(demo_dir, None, args.seed)
+    from viewer.app import run_viewer
+
+    return run_viewer([str(native), str(oracle)])

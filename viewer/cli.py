@@ -15,6 +15,7 @@ from types import ModuleType
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("sessions.validate_command", "check capture files; exit 0 valid, 2 invalid"),
     "report": ("sessions.report_command", "compare a native and an oracle capture headlessly"),
+    "rerun": ("backends.rerun_command", "recompute one captured op or segment live through MLX"),
     "demo": ("viewer.demo_command", "generate the demo captures, or open the viewer on them"),
 }
 

@@ -8,6 +8,7 @@ field: variable-length strings live in the global heap, whose reader hangs on cr
 
 from __future__ import annotations
 
+import h5py
 import numpy as np
 
 FORMAT_NAME = "parity-xray-capture"
@@ -18,6 +19,8 @@ ROLES = ("native", "oracle", "rerun")
 SEGMENTS = ("text-before", "visual", "text-after", "prefill", "decode")
 MASK_KINDS = ("none", "causal", "bool", "additive")
 PRIMITIVES = ("sdpa_vector", "sdpa_vector_2pass", "sdpa_full", "fallback")
+METAL_PRIMITIVES = ("", "unknown", *PRIMITIVES)
+"""A dispatch row's `metal_primitive`: empty when not predicted, "unknown" when no rule table covers the MLX version."""
 
 INDEX_PATH = "/index"
 DISPATCH_PATH = "/dispatch"
@@ -30,6 +33,9 @@ ATTR_COMPLETE = "complete"
 ATTR_PROVENANCE = "provenance_json"
 ATTR_LOGICAL_DTYPE = "logical_dtype"
 ATTR_LOGICAL_SHAPE = "logical_shape"
+ATTR_COMMITTED_ROWS = "committed_rows"
+"""On each table: the rows a writer had flushed when it last finished a step. A reader of an
+unfinished file shows only those, since rows past them may be torn."""
 
 STRING_ATTRS = (
     "role",
@@ -47,8 +53,8 @@ INT_ATTRS = ("seed",)
 
 
 def utf8(n: int) -> np.dtype:
-    """A fixed-length, NUL-padded UTF-8 field of n bytes (h5py maps 'S' to H5T_STRING)."""
-    return np.dtype(f"S{n}")
+    """A fixed-length, NUL-padded UTF-8 field of n bytes: numpy 'S{n}' tagged so h5py writes H5T_CSET_UTF8."""
+    return h5py.string_dtype("utf-8", n)
 
 
 INDEX_DTYPE = np.dtype(
@@ -93,6 +99,9 @@ DISPATCH_DTYPE = np.dtype(
         ("t_end_ns", "<i8"),
     ]
 )
+
+INDEX_STRING_FIELDS = tuple(n for n in INDEX_DTYPE.names if INDEX_DTYPE[n].kind == "S")
+INDEX_INT_FIELDS = ("seq", "step", "layer", "occurrence", "ndim", "t_start_ns", "t_end_ns")
 
 TOKENS_DTYPE = np.dtype(
     [

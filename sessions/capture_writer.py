@@ -46,7 +46,8 @@ class CaptureWriter:
             (cf.DISPATCH_PATH, cf.DISPATCH_DTYPE),
             (cf.TOKENS_PATH, cf.TOKENS_DTYPE),
         ):
-            self._file.create_dataset(path_, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(1024,))
+            ds = self._file.create_dataset(path_, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(1024,))
+            ds.attrs.create(cf.ATTR_COMMITTED_ROWS, np.int64(0))
         self._file.flush()
 
     def _write_root_attrs(self, meta: CaptureMeta) -> None:
@@ -100,7 +101,7 @@ class CaptureWriter:
         ds = self._file.create_dataset(
             path, data=stored, compression=self._compression, chunks=True if chunks else None
         )
-        ds.attrs.create(cf.ATTR_LOGICAL_DTYPE, np.bytes_(logical.encode()))
+        ds.attrs.create(cf.ATTR_LOGICAL_DTYPE, np.bytes_(logical.encode()), dtype=cf.utf8(len(logical)))
         if ld.is_quantized:
             ds.attrs.create(cf.ATTR_LOGICAL_SHAPE, np.asarray(shape, dtype=np.int64))
         key = (step, segment, layer, name)
@@ -158,6 +159,10 @@ class CaptureWriter:
         """One attention primitive call; `index_seq` is the record of the op that made it."""
         if mask_kind not in cf.MASK_KINDS:
             raise ValueError(f"mask_kind must be one of {cf.MASK_KINDS}, not {mask_kind!r}")
+        if primitive not in cf.PRIMITIVES:
+            raise ValueError(f"primitive must be one of {cf.PRIMITIVES}, not {primitive!r}")
+        if metal_primitive not in cf.METAL_PRIMITIVES:
+            raise ValueError(f"metal_primitive must be one of {cf.METAL_PRIMITIVES}, not {metal_primitive!r}")
         self._pending_dispatch.append(
             (
                 index_seq,
@@ -187,18 +192,27 @@ class CaptureWriter:
         )
 
     def end_step(self) -> None:
-        """Append the buffered rows and flush: everything so far survives a crash."""
-        for path, dtype, rows in (
+        """Append the buffered rows, flush, then commit their count and flush again.
+
+        The second flush makes `committed_rows` name only rows already on disk, so a reader of
+        a file whose writer died mid-step shows the finished steps and none of the torn one.
+        """
+        tables = (
             (cf.INDEX_PATH, cf.INDEX_DTYPE, self._pending_index),
             (cf.DISPATCH_PATH, cf.DISPATCH_DTYPE, self._pending_dispatch),
             (cf.TOKENS_PATH, cf.TOKENS_DTYPE, self._pending_tokens),
-        ):
+        )
+        for path, dtype, rows in tables:
             if rows:
                 ds = self._file[path]
                 start = ds.shape[0]
                 ds.resize((start + len(rows),))
                 ds[start:] = np.array(rows, dtype=dtype)
                 rows.clear()
+        self._file.flush()
+        for path, _, _ in tables:
+            ds = self._file[path]
+            ds.attrs.create(cf.ATTR_COMMITTED_ROWS, np.int64(ds.shape[0]))
         self._file.flush()
 
     def close(self) -> None:

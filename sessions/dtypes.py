@@ -108,6 +108,20 @@ def to_storage(array: np.ndarray, logical: str) -> np.ndarray:
     return np.ascontiguousarray(array).view(ld.storage)
 
 
+def quantized_nbytes(ggml_type: str, logical_shape: tuple[int, ...]) -> int:
+    """Bytes that GGML blocks of this type take for a tensor of this logical shape."""
+    from gguf import GGMLQuantizationType
+    from gguf.constants import GGML_QUANT_SIZES
+
+    block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType[ggml_type]]
+    if not logical_shape or logical_shape[-1] % block:
+        raise ValueError(f"{ggml_type} needs a last dimension that is a multiple of {block}; shape is {logical_shape}")
+    elements = 1
+    for dim in logical_shape:
+        elements *= dim
+    return elements // block * type_size
+
+
 def as_values(bits: np.ndarray, logical: str) -> np.ndarray:
     """Stored bits reinterpreted as values (bfloat16 via ml_dtypes); quantized blocks decoded."""
     ld = logical_dtype(logical)

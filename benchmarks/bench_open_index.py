@@ -1,0 +1,117 @@
+"""How long opening a 50,000-record capture takes, next to plain h5py reads of the same data.
+
+Run: .venv/bin/python benchmarks/bench_open_index.py [--rows N] [--keep DIR]
+
+Figures printed (best of several repeats, except the child check, which runs once per file):
+- open_capture with its first structural check in a child process (what the first open costs);
+- open_capture of an already-checked file (index, dispatch, tokens: one read each);
+- building the Record list from the index;
+- reading one tensor through the reader (with its per-dataset safety checks);
+- plain h5py: opening the file and reading /index, and reading the same tensor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import sessions  # noqa: E402,F401  (disables HDF5 filter plugins before h5py loads)
+import h5py  # noqa: E402
+import ml_dtypes  # noqa: E402
+import numpy as np  # noqa: E402
+
+from sessions import capture_format as cf  # noqa: E402
+from sessions.capture_meta import CaptureMeta  # noqa: E402
+from sessions.capture_reader import open_capture  # noqa: E402
+from sessions.structure_check import shard_count  # noqa: E402
+
+STEP_ROWS = 500
+
+
+def build_capture(path: Path, rows: int) -> None:
+    """A capture with `rows` small bfloat16 tensors, written with the streaming writer."""
+    from sessions.capture_writer import CaptureWriter
+
+    rng = np.random.default_rng(0)
+    tensor = rng.standard_normal((4, 16)).astype(ml_dtypes.bfloat16)
+    with CaptureWriter(path, CaptureMeta(role="native", engine_name="bench")) as writer:
+        for seq in range(rows):
+            step = seq // STEP_ROWS
+            writer.add_tensor(f"l_out-{seq % 28}", tensor, step=step, segment="decode", layer=seq % 28)
+            if seq % STEP_ROWS == STEP_ROWS - 1:
+                writer.add_token(step=step, segment="decode", token_id=seq, is_stop=False)
+                writer.end_step()
+
+
+def best_of(repeats: int, work: Callable[[], object]) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - start)
+    return min(times) if repeats < 5 else statistics.median(times)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=50_000)
+    parser.add_argument("--keep", type=Path, help="write the capture here and keep it (reused when present)")
+    args = parser.parse_args()
+    folder = args.keep or Path(tempfile.mkdtemp(prefix="bench-open-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"bench-{args.rows}.h5"
+    if args.keep is None or not path.exists():
+        start = time.perf_counter()
+        build_capture(path, args.rows)
+        print(f"built {path} ({path.stat().st_size / 1e6:.1f} MB, {args.rows} rows) in {time.perf_counter() - start:.1f} s")
+    print(f"{os.cpu_count()} cores; the first check runs in {shard_count(path)} child process(es)")
+
+    start = time.perf_counter()
+    with open_capture(path) as capture:
+        first_open = time.perf_counter() - start
+        assert len(capture.index) == args.rows
+        middle = capture.records[args.rows // 2]
+
+    def reopen() -> None:
+        open_capture(path).close()
+
+    def records() -> None:
+        with open_capture(path) as capture:
+            capture.records
+
+    capture = open_capture(path)
+    one_tensor = best_of(20, lambda: capture.read_bits(middle))
+    capture.close()
+
+    def plain_index() -> None:
+        with h5py.File(path, "r", locking=False) as f:
+            f[cf.INDEX_PATH][()]
+
+    plain_file = h5py.File(path, "r", locking=False)
+    plain_tensor = best_of(20, lambda: plain_file[middle.path][()])
+    plain_file.close()
+
+    rows = [
+        ("open_capture, first open (child structural check + open)", first_open),
+        ("open_capture, already checked (index+dispatch+tokens)", best_of(7, reopen)),
+        ("open_capture + Capture.records (50k Record objects)", best_of(5, records)),
+        ("plain h5py: open + read /index", best_of(7, plain_index)),
+        ("Capture.read_bits of one tensor (with safety checks)", one_tensor),
+        ("plain h5py: read the same tensor", plain_tensor),
+    ]
+    width = max(len(name) for name, _ in rows)
+    for name, seconds in rows:
+        print(f"{name:<{width}}  {seconds * 1e3:9.2f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,264 @@
+"""Hostile and broken files are refused by name, place and reason, before any tensor data is read."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from sessions import capture_format as cf
+from sessions.capture_meta import CaptureMeta
+from sessions.capture_reader import CaptureError, open_capture
+from sessions.capture_writer import CaptureWriter
+from sessions.structure_check import already_checked, check_in_child
+
+VICTIM = cf.tensor_path(0)
+
+
+def base_capture(path: Path, records: int = 2) -> None:
+    with CaptureWriter(path, CaptureMeta(role="native", engine_name="hostile-base")) as writer:
+        for i in range(records):
+            writer.add_tensor(f"t{i}", np.arange(16, dtype=np.float32), step=0, segment="prefill")
+        writer.end_step()
+
+
+def other_file(tmp_path: Path) -> Path:
+    """A second HDF5 file a hostile capture reaches for; it holds a group and a dataset like a capture's."""
+    path = tmp_path / "elsewhere.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("data", data=np.full(16, 7, np.float32))
+        f.create_dataset(VICTIM, data=np.full(16, 7, np.float32))
+    return path
+
+
+def mutated(tmp_path: Path, mutate: Callable[[h5py.File, Path], None]) -> Path:
+    path = tmp_path / "hostile.h5"
+    base_capture(path)
+    with h5py.File(path, "r+") as f:
+        mutate(f, tmp_path)
+    return path
+
+
+def refusal(path: Path) -> CaptureError:
+    with pytest.raises(CaptureError) as info:
+        open_capture(path).close()
+    assert info.value.path == str(path)
+    return info.value
+
+
+def replace_victim(f: h5py.File, make: Callable[[h5py.File], None]) -> None:
+    del f[VICTIM]
+    make(f)
+
+
+def test_external_link_to_a_tensor_is_refused(tmp_path: Path) -> None:
+    other = other_file(tmp_path)
+    path = mutated(tmp_path, lambda f, _: replace_victim(f, lambda g: g.__setitem__(VICTIM, h5py.ExternalLink(str(other), "/data"))))
+    error = refusal(path)
+    assert error.location.endswith(VICTIM)
+    assert "external link" in error.problem and "elsewhere.h5" in error.problem
+
+
+def test_external_link_as_an_intermediate_group_is_refused(tmp_path: Path) -> None:
+    other = other_file(tmp_path)
+
+    def swap_group(f: h5py.File, _: Path) -> None:
+        del f[cf.TENSORS_GROUP]
+        f[cf.TENSORS_GROUP] = h5py.ExternalLink(str(other), cf.TENSORS_GROUP)
+
+    error = refusal(mutated(tmp_path, swap_group))
+    assert error.location.endswith(cf.TENSORS_GROUP)
+    assert "external link" in error.problem
+
+
+def test_virtual_dataset_is_refused(tmp_path: Path) -> None:
+    other = other_file(tmp_path)
+
+    def make_vds(f: h5py.File) -> None:
+        layout = h5py.VirtualLayout(shape=(16,), dtype=np.float32)
+        layout[:] = h5py.VirtualSource(str(other), "data", shape=(16,))
+        ds = f.create_virtual_dataset(VICTIM, layout)
+        ds.attrs.create(cf.ATTR_LOGICAL_DTYPE, np.bytes_(b"float32"))
+
+    error = refusal(mutated(tmp_path, lambda f, _: replace_victim(f, make_vds)))
+    assert error.location == VICTIM and "virtual dataset" in error.problem
+
+
+def test_external_raw_storage_is_refused(tmp_path: Path) -> None:
+    raw = tmp_path / "secret.bin"
+    raw.write_bytes(bytes(range(64)))
+
+    def make_external(f: h5py.File) -> None:
+        ds = f.create_dataset(VICTIM, shape=(16,), dtype=np.float32, external=[(str(raw), 0, h5py.h5f.UNLIMITED)])
+        ds.attrs.create(cf.ATTR_LOGICAL_DTYPE, np.bytes_(b"float32"))
+
+    error = refusal(mutated(tmp_path, lambda f, _: replace_victim(f, make_external)))
+    assert error.location == VICTIM and "external file" in error.problem
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"compression": 32001, "allow_unknown_filter": True}, "filter id 32001 (unknown)"),
+        ({"fletcher32": True}, "filter id 3 (fletcher32)"),
+    ],
+)
+def test_filters_outside_the_allow_list_are_refused(tmp_path: Path, options: dict, expected: str) -> None:
+    def make_filtered(f: h5py.File) -> None:
+        ds = f.create_dataset(VICTIM, data=np.arange(16, dtype=np.float32), chunks=(8,), **options)
+        ds.attrs.create(cf.ATTR_LOGICAL_DTYPE, np.bytes_(b"float32"))
+
+    error = refusal(mutated(tmp_path, lambda f, _: replace_victim(f, make_filtered)))
+    assert error.location == VICTIM and expected in error.problem
+
+
+def test_a_tensor_declaring_2_pow_40_elements_is_refused_before_reading(tmp_path: Path) -> None:
+    def make_huge(f: h5py.File) -> None:
+        ds = f.create_dataset(VICTIM, shape=(2**40,), dtype=np.float32, chunks=(1024,))
+        ds.attrs.create(cf.ATTR_LOGICAL_DTYPE, np.bytes_(b"float32"))
+
+    error = refusal(mutated(tmp_path, lambda f, _: replace_victim(f, make_huge)))
+    assert error.location == VICTIM
+    assert f"{2**42} bytes, over the memory budget" in error.problem
+
+
+def test_an_index_declaring_2_pow_40_rows_is_refused_before_reading(tmp_path: Path) -> None:
+    error = refusal(mutated(tmp_path, lambda f, _: f[cf.INDEX_PATH].resize((2**40,))))
+    assert error.location == cf.INDEX_PATH and "over the memory budget" in error.problem
+
+
+def test_a_decompression_bomb_chunk_is_refused_by_its_declared_chunk_size(tmp_path: Path) -> None:
+    path = tmp_path / "bomb.h5"
+    base_capture(path)
+    with h5py.File(path, "r+") as f:
+        del f[VICTIM]
+        ds = f.create_dataset(
+            VICTIM, data=np.arange(16, dtype=np.float32), maxshape=(None,), chunks=(2**24,), compression="gzip"
+        )
+        ds.attrs.create(cf.ATTR_LOGICAL_DTYPE, np.bytes_(b"float32"))
+    with pytest.raises(CaptureError, match=r"declares chunks of \(16777216,\) = 67108864 bytes, over the memory budget"):
+        open_capture(path, memory_budget=2**20).close()
+    assert path.stat().st_size < 2**20
+
+
+def test_variable_length_string_attribute_is_refused_unread(tmp_path: Path) -> None:
+    error = refusal(mutated(tmp_path, lambda f, _: f.attrs.create("prompt", "vlen text", dtype=h5py.string_dtype())))
+    assert error.location == "/ attribute 'prompt'" and "variable-length string" in error.problem
+
+
+def test_soft_link_loop_is_refused(tmp_path: Path) -> None:
+    def loop(f: h5py.File) -> None:
+        f[VICTIM] = h5py.SoftLink("/tensors/loop")
+        f["/tensors/loop"] = h5py.SoftLink(VICTIM)
+
+    error = refusal(mutated(tmp_path, lambda f, _: replace_victim(f, loop)))
+    assert "soft links nest deeper" in error.problem
+
+
+def test_soft_link_inside_the_file_is_followed(tmp_path: Path) -> None:
+    def alias(f: h5py.File) -> None:
+        f[VICTIM] = h5py.SoftLink(cf.tensor_path(1))
+
+    path = mutated(tmp_path, lambda f, _: replace_victim(f, alias))
+    with open_capture(path) as capture:
+        assert capture.read_values(capture.records[0]).tolist() == list(range(16))
+
+
+def test_index_row_pointing_at_a_dataset_of_another_shape_is_refused(tmp_path: Path) -> None:
+    def reshape(f: h5py.File) -> None:
+        ds = f.create_dataset(VICTIM, data=np.zeros((4, 4), np.float32))
+        ds.attrs.create(cf.ATTR_LOGICAL_DTYPE, np.bytes_(b"float32"))
+
+    error = refusal(mutated(tmp_path, lambda f, _: replace_victim(f, reshape)))
+    assert error.location == VICTIM and "has shape (4, 4); the index row says (16,)" in error.problem
+
+
+def test_truncated_files_are_refused(tmp_path: Path) -> None:
+    whole = tmp_path / "whole.h5"
+    base_capture(whole, records=40)
+    data = whole.read_bytes()
+    for keep in (len(data) // 3, len(data) - 100, 1000):
+        cut = tmp_path / f"cut-{keep}.h5"
+        cut.write_bytes(data[:keep])
+        assert "truncated" in refusal(cut).problem
+
+
+def test_garbage_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "garbage.h5"
+    path.write_bytes(np.random.default_rng(0).bytes(4096))
+    assert "not a readable HDF5 file" in refusal(path).problem
+
+
+def test_plain_hdf5_file_is_not_a_capture(tmp_path: Path) -> None:
+    path = tmp_path / "plain.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=np.arange(3))
+    error = refusal(path)
+    assert error.location == "/ attribute 'format'" and "not a Parity X-ray capture" in error.problem
+
+
+def test_other_format_version_is_refused(tmp_path: Path) -> None:
+    error = refusal(mutated(tmp_path, lambda f, _: f.attrs.create(cf.ATTR_VERSION, np.int64(2))))
+    assert error.location == "/ attribute 'format_version'" and "version 2 is not supported" in error.problem
+
+
+def test_a_check_that_hangs_is_reported_and_the_caller_survives(tmp_path: Path) -> None:
+    path = tmp_path / "slow.h5"
+    base_capture(path)
+    with pytest.raises(CaptureError) as info:
+        open_capture(path, check_timeout_s=0.01)
+    assert info.value.path == str(path)
+    assert "did not finish within 0.01 s" in info.value.problem
+    assert not already_checked(path)
+
+
+def _child_checking(path: Path) -> int | None:
+    """The pid of this process's child that is checking `path`, found through /proc."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == os.getpid() and str(path).encode() in cmdline:
+            return int(entry.name)
+    return None
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the child through /proc")
+def test_a_check_that_crashes_is_reported_by_file_name_and_the_caller_survives(tmp_path: Path) -> None:
+    path = tmp_path / "crashing.h5"
+    base_capture(path, records=400)
+    outcome: list = []
+    worker = threading.Thread(target=lambda: outcome.append(check_in_child(path)))
+    worker.start()
+    deadline = time.monotonic() + 20
+    pid = None
+    while pid is None and time.monotonic() < deadline:
+        pid = _child_checking(path)
+    assert pid is not None, "the check never ran in a child process"
+    os.kill(pid, signal.SIGSEGV)
+    worker.join(30)
+    report = outcome[0]
+    assert len(report.problems) == 1
+    assert "crashed the checking process (SIGSEGV)" in report.problems[0].problem
+
+
+def test_passing_files_are_checked_once_until_they_change(tmp_path: Path) -> None:
+    path = tmp_path / "ok.h5"
+    base_capture(path)
+    assert not already_checked(path)
+    open_capture(path).close()
+    assert already_checked(path)
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))
+    assert not already_checked(path)

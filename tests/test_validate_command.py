@@ -1,0 +1,89 @@
+"""`parity-xray validate` lists every problem with its place and exits 0 only when every file is valid."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from sessions import capture_format as cf
+from sessions import validate_command
+from sessions.capture_meta import CaptureMeta
+from sessions.capture_writer import CaptureWriter
+
+
+def validate(*files: Path) -> int:
+    parser = argparse.ArgumentParser()
+    validate_command.add_arguments(parser)
+    return validate_command.run(parser.parse_args([str(f) for f in files]))
+
+
+def good_capture(path: Path, finish: bool = True) -> Path:
+    writer = CaptureWriter(path, CaptureMeta(role="oracle", engine_name="validate"))
+    for step in range(2):
+        seq = writer.add_tensor("kqv_out-0", np.zeros((4, 64), np.float32), step=step, segment="decode", layer=0)
+        writer.add_dispatch(index_seq=seq, call=0, kv_group=0, head_start=0, head_count=4, q_heads=4, kv_heads=1, q_rows=1, kv_len=3 + step, head_dim=64, primitive="fallback")
+        writer.add_token(step=step, segment="decode", token_id=7, is_stop=step == 1)
+        writer.end_step()
+    writer.close() if finish else writer.abandon()
+    return path
+
+
+def test_a_valid_capture_prints_what_it_holds_and_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = good_capture(tmp_path / "good.h5")
+    assert validate(path) == 0
+    assert capsys.readouterr().out == f"{path}: valid (2 records, 2 token steps, 2 tokens, 2 dispatch events)\n"
+
+
+def test_every_problem_is_listed_with_its_location_and_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = good_capture(tmp_path / "bad.h5")
+    with h5py.File(path, "r+") as f:
+        del f[cf.tensor_path(0)]
+        f.create_dataset(cf.tensor_path(0), data=np.zeros((4, 64), np.float32), chunks=(2, 64), fletcher32=True).attrs.create(
+            cf.ATTR_LOGICAL_DTYPE, np.bytes_(b"float32")
+        )
+        f[cf.tensor_path(1)].attrs.create(cf.ATTR_LOGICAL_DTYPE, np.bytes_(b"float16"))
+        dispatch = f[cf.DISPATCH_PATH][()]
+        dispatch["index_seq"][1] = 9
+        f[cf.DISPATCH_PATH][...] = dispatch
+    assert validate(path) == 2
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"{path}: invalid (3 problems)"
+    assert lines[1].startswith(f"  {cf.tensor_path(0)}: uses filter id 3 (fletcher32)")
+    assert lines[2] == f"  {cf.tensor_path(1)} attribute 'logical_dtype': is 'float16'; the index row says 'float32'"
+    assert lines[3] == "  /dispatch row 1: index_seq 9 is not a record (0..1)"
+
+
+def test_each_file_gets_its_own_verdict(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = good_capture(tmp_path / "good.h5")
+    garbage = tmp_path / "garbage.h5"
+    garbage.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(500))
+    missing = tmp_path / "missing.h5"
+    assert validate(garbage, good, missing) == 2
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"{garbage}: invalid (1 problem)"
+    assert out[1].startswith("  file: not a readable HDF5 file")
+    assert out[2].startswith(f"{good}: valid (")
+    assert out[3:] == [f"{missing}: invalid (1 problem)", "  file: does not exist"]
+
+
+def test_an_unfinished_capture_is_not_valid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = good_capture(tmp_path / "unfinished.h5", finish=False)
+    assert validate(path) == 2
+    assert capsys.readouterr().out.splitlines()[1] == (
+        "  / attribute 'complete': missing: incomplete: the writer did not finish; "
+        "it holds 2 records, 2 token steps, 2 tokens, 2 dispatch events"
+    )
+
+
+def test_broken_occurrence_counts_are_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = good_capture(tmp_path / "occ.h5")
+    with h5py.File(path, "r+") as f:
+        index = f[cf.INDEX_PATH][()]
+        index["occurrence"][1] = 3
+        f[cf.INDEX_PATH][...] = index
+    assert validate(path) == 2
+    assert "  /index row 1 (kqv_out-0): occurrence is 3; 0 earlier rows have this name in step 1, segment 'decode', layer 0, so it should be 0" in capsys.readouterr().out

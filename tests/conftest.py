@@ -18,3 +18,12 @@ def artifacts_dir() -> Path:
     """Where tests save screenshots and reports for a person to look at."""
     ARTIFACTS.mkdir(exist_ok=True)
     return ARTIFACTS
+
+
+@pytest.fixture(scope="session")
+def demo_pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
+    """Every demo scenario generated once (seed 0): scenario -> (native path, oracle path)."""
+    from backends.demo_generate import iter_generate
+    from sessions.progress import run_to_end
+
+    return run_to_end(iter_generate(tmp_path_factory.mktemp("demo"), seed=0))

@@ -1,0 +1,114 @@
+"""Replace a file so that, whenever the writer dies, a complete version is at the path.
+
+Measured (GUIDE section 7): a naive open('w') lost the session 14 times in 40 kills;
+write-temp + fsync + os.replace lost it 0 times. The directory is fsynced too, because
+until the directory entry is on disk a power cut can bring back the old name (or none).
+Backups rotate as `name.1` (newest) .. `name.N`; each step is itself a rename, so a kill
+during rotation leaves every file either the old or the new content, never half of one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+STALE_TEMP_AGE_S = 300.0
+"""A temp file this old belongs to a saver that died; a live save takes milliseconds."""
+
+
+def backup_path(path: Path, n: int) -> Path:
+    return path.with_name(f"{path.name}.{n}")
+
+
+def backup_paths(path: Path, backups: int) -> list[Path]:
+    """Backups newest first."""
+    return [backup_path(path, n) for n in range(1, backups + 1)]
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make renames in `directory` durable; platforms without directory handles (Windows) skip it."""
+    if not hasattr(os, "O_DIRECTORY"):
+        return
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _temp_prefix(path: Path) -> str:
+    return f".{path.name}."
+
+
+def _remove_stale_temps(path: Path) -> None:
+    cutoff = time.time() - STALE_TEMP_AGE_S
+    for leftover in path.parent.glob(f"{_temp_prefix(path)}*.tmp"):
+        try:
+            if leftover.stat().st_mtime < cutoff:
+                leftover.unlink()
+        except FileNotFoundError:
+            continue
+
+
+def _write_temp(path: Path, data: bytes) -> Path:
+    fd, name = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent)
+    temp = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    return temp
+
+
+def _snapshot(path: Path) -> Path:
+    """A durable copy of the current file, made aside and renamed into place by the caller."""
+    temp = path.with_name(f"{_temp_prefix(path)}{uuid.uuid4().hex}.tmp")
+    try:
+        try:
+            os.link(path, temp)
+        except OSError:
+            shutil.copyfile(path, temp)
+            with open(temp, "rb") as copy:
+                os.fsync(copy.fileno())
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    return temp
+
+
+def rotate_backups(path: Path, backups: int) -> None:
+    """Shift name.1 .. name.N-1 up by one and make name.1 the current file (which stays in place)."""
+    if backups <= 0 or not path.exists():
+        return
+    for n in range(backups - 1, 0, -1):
+        older = backup_path(path, n)
+        if older.exists():
+            os.replace(older, backup_path(path, n + 1))
+    os.replace(_snapshot(path), backup_path(path, 1))
+
+
+def atomic_write_bytes(path: str | Path, data: bytes, *, backups: int = 0) -> None:
+    """Write `data` to `path` atomically, keeping `backups` previous versions.
+
+    The new content is complete and fsynced before anything at `path` is touched; on any
+    error (disk full, read-only folder) the temp file is removed, `path` is left as it was,
+    and the OSError propagates.
+    """
+    path = Path(path)
+    temp = _write_temp(path, data)
+    try:
+        rotate_backups(path, backups)
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    fsync_directory(path.parent)
+    _remove_stale_temps(path)

@@ -1,0 +1,224 @@
+"""Saving never loses work: atomic replaces, rotating backups, damaged files, full disks, killed savers."""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sessions.atomic_write import STALE_TEMP_AGE_S, atomic_write_bytes
+from sessions.investigation import Investigation, OpKey
+from sessions.session_store import (
+    SessionDocument,
+    SessionOpenError,
+    SessionSaveError,
+    describe_os_error,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def titled(title: str) -> Investigation:
+    session = Investigation(title=title)
+    session.add_bookmark(OpKey(0, "visual", 0, "sdpa"), f"note of {title}")
+    return session
+
+
+def temps(folder: Path) -> list[Path]:
+    return sorted(folder.glob(".*.tmp"))
+
+
+def test_saves_rotate_backups_newest_first_and_keep_at_most_n(tmp_path: Path) -> None:
+    path = tmp_path / "s.xray"
+    for n in range(1, 6):
+        SessionDocument(titled(f"save {n}"), backups=3).save_as(path)
+    titles = [SessionDocument.open(p).session.title for p in (path, *(tmp_path / f"s.xray.{i}" for i in (1, 2, 3)))]
+    assert titles == ["save 5", "save 4", "save 3", "save 2"]
+    assert not (tmp_path / "s.xray.4").exists()
+    assert temps(tmp_path) == []
+
+
+def test_a_corrupt_session_is_kept_aside_and_the_newest_good_backup_loads(tmp_path: Path) -> None:
+    path = tmp_path / "s.xray"
+    for n in (1, 2):
+        SessionDocument(titled(f"save {n}")).save_as(path)
+    damaged = path.read_bytes()[:-40]
+    path.write_bytes(damaged)
+
+    document = SessionDocument.open(path)
+
+    assert document.session.title == "save 1"
+    assert document.dirty
+    [aside] = tmp_path.glob("s.xray.corrupt-*")
+    assert aside.read_bytes() == damaged
+    assert not path.exists()
+    [notice] = document.notices
+    assert "s.xray could not be read" in notice and "not valid JSON" in notice
+    assert "backup s.xray.1" in notice and aside.name in notice
+
+    document.save()
+    assert SessionDocument.open(path).session.title == "save 1"
+    assert SessionDocument.open(tmp_path / "s.xray.1").session.title == "save 1"
+
+
+def test_a_backup_that_is_itself_damaged_is_skipped_for_an_older_one(tmp_path: Path) -> None:
+    path = tmp_path / "s.xray"
+    for n in (1, 2, 3):
+        SessionDocument(titled(f"save {n}")).save_as(path)
+    path.write_bytes(b"\0" * 100)
+    (tmp_path / "s.xray.1").write_text('{"format": "parity-xray-session", "schema_version": 2}')
+    document = SessionDocument.open(path)
+    assert document.session.title == "save 1"
+    assert "s.xray.2" in document.notices[0]
+
+
+def test_a_damaged_session_without_any_good_backup_is_refused_and_left_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "s.xray"
+    path.write_bytes(b'{"format": "parity-xray-session", "schema_ver')
+    with pytest.raises(SessionOpenError, match="no backup can be read") as caught:
+        SessionDocument.open(path)
+    assert str(path) in str(caught.value)
+    assert path.read_bytes() == b'{"format": "parity-xray-session", "schema_ver'
+    assert list(tmp_path.iterdir()) == [path]
+
+
+def test_a_missing_session_file_with_a_backup_loads_the_backup(tmp_path: Path) -> None:
+    path = tmp_path / "s.xray"
+    for n in (1, 2):
+        SessionDocument(titled(f"save {n}")).save_as(path)
+    path.unlink()
+    document = SessionDocument.open(path)
+    assert document.session.title == "save 1"
+    assert "does not exist" in document.notices[0]
+
+
+@pytest.fixture
+def file_size_limit():
+    """Lower this process's file-size limit for one block: writes past it fail like a full disk."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+    def limit(size: int) -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard))
+
+    yield limit
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    signal.signal(signal.SIGXFSZ, previous)
+
+
+def test_a_save_that_runs_out_of_space_reports_it_and_loses_nothing(tmp_path: Path, file_size_limit) -> None:
+    path = tmp_path / "s.xray"
+    document = SessionDocument(titled("saved"))
+    document.save_as(path)
+    on_disk = path.read_bytes()
+    document.session.add_bookmark(OpKey(0, "visual", 1, "sdpa"), "a long note " * 2000)
+    in_memory = dict(vars(document.session))
+
+    file_size_limit(len(on_disk) + 512)
+    with pytest.raises(SessionSaveError) as caught:
+        document.save()
+    file_size_limit(resource.RLIM_INFINITY)
+
+    assert str(path) in str(caught.value) and "Nothing was lost" in str(caught.value)
+    assert caught.value.__cause__.errno == errno.EFBIG
+    assert path.read_bytes() == on_disk
+    assert temps(tmp_path) == []
+    assert not (tmp_path / "s.xray.1").exists() or SessionDocument.open(tmp_path / "s.xray.1").session.title == "saved"
+    assert vars(document.session) == in_memory and document.dirty
+    document.save()
+    assert len(SessionDocument.open(path).session.bookmarks) == 2
+
+
+@pytest.mark.parametrize(
+    ("code", "words"),
+    [
+        (errno.ENOSPC, "the disk is full"),
+        (errno.EROFS, "the folder is on a read-only file system"),
+        (errno.EACCES, "there is no permission to write"),
+    ],
+)
+def test_save_errors_are_described_in_words(code: int, words: str) -> None:
+    text = describe_os_error(OSError(code, os.strerror(code)))
+    assert text.startswith(words) and os.strerror(code) in text
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders anyway")
+def test_saving_into_a_read_only_folder_reports_it_and_keeps_the_session(tmp_path: Path) -> None:
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    folder.chmod(0o500)
+    document = SessionDocument(titled("unsaved"))
+    try:
+        with pytest.raises(SessionSaveError, match="no permission to write"):
+            document.save_as(folder / "s.xray")
+    finally:
+        folder.chmod(0o700)
+    assert document.path is None and document.dirty and list(folder.iterdir()) == []
+
+
+def test_a_leftover_temp_file_from_a_dead_saver_is_removed_by_the_next_save(tmp_path: Path) -> None:
+    path = tmp_path / "s.xray"
+    leftover = tmp_path / ".s.xray.abc123.tmp"
+    leftover.write_bytes(b"half a session")
+    recent = tmp_path / ".s.xray.def456.tmp"
+    recent.write_bytes(b"a save in flight")
+    old = time.time() - STALE_TEMP_AGE_S - 1
+    os.utime(leftover, (old, old))
+    atomic_write_bytes(path, b"{}")
+    assert temps(tmp_path) == [recent]
+
+
+SAVER = """
+import sys
+from pathlib import Path
+from sessions.capture_identity import CaptureIdentity
+from sessions.investigation import Investigation, OpKey
+from sessions.session_store import save_session
+
+path, generation = Path(sys.argv[1]), int(sys.argv[2])
+session = Investigation()
+session.add_capture("native", "/data/native.h5", CaptureIdentity(1, 2, "0" * 64))
+for layer in range(300):
+    session.add_bookmark(OpKey(0, "visual", layer, "sdpa"), "note " * 40)
+print("ready", flush=True)
+n = 0
+while True:
+    n += 1
+    session.set_title(f"generation {generation} save {n}")
+    save_session(session, path, backups=3)
+"""
+
+
+def test_a_saver_killed_mid_save_thirty_times_always_leaves_a_readable_session(tmp_path: Path) -> None:
+    path = tmp_path / "killed.xray"
+    SessionDocument(titled("before any kill")).save_as(path)
+    rng = random.Random(6)
+    titles = []
+    for generation in range(30):
+        saver = subprocess.Popen(
+            [sys.executable, "-c", SAVER, str(path), str(generation)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+        )
+        assert saver.stdout is not None and saver.stdout.readline() == "ready\n"
+        time.sleep(rng.uniform(0.0, 0.05))
+        saver.send_signal(signal.SIGKILL)
+        saver.wait()
+        saver.stdout.close()
+
+        document = SessionDocument.open(path)
+
+        assert document.notices == []
+        titles.append(document.session.title)
+        if document.session.title != "before any kill":
+            assert len(document.session.bookmarks) == 300
+    for backup in tmp_path.glob("killed.xray.[0-9]"):
+        assert SessionDocument.open(backup).notices == []
+    assert sum(t.startswith("generation") for t in titles) >= 25
+    assert temps(tmp_path), "no kill landed inside a save; the test did not exercise what it claims"

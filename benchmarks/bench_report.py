@@ -1,0 +1,132 @@
+"""Time `parity-xray report` against `h5diff -r` and a plain `cat` of the same bytes.
+
+Builds a native/oracle capture pair of at least 1 GB in total (bfloat16 residual-stream
+tensors, one single-ULP flip planted in the oracle), then runs, in one go and in that order
+after a warm-up read: cat of both files to /dev/null, h5diff -r, and the report (cache off,
+then once more with the cache). Targets: report faster than h5diff, within 2x of cat.
+
+Usage: python benchmarks/bench_report.py [--dir /tmp/parity-xray-bench] [--gib 1.0] [--keep]
+h5diff comes with the hdf5-tools package (apt-get install hdf5-tools).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from sessions.capture_meta import CaptureMeta  # noqa: E402
+from sessions.capture_writer import CaptureWriter  # noqa: E402
+
+REPORT_DRIVER = (
+    "import argparse, sys; from sessions import report_command as r; "
+    "p = argparse.ArgumentParser(prog='parity-xray report'); r.add_arguments(p); "
+    "sys.exit(r.run(p.parse_args(sys.argv[1:])))"
+)
+"""`parity-xray report` exactly as viewer.cli runs it, without building the other subcommands' parsers."""
+
+ROWS, HIDDEN = 4096, 8192
+"""One [rows, hidden] bfloat16 tensor is 64 MiB."""
+
+
+def build(directory: Path, total_bytes: int) -> tuple[Path, Path, str]:
+    per_tensor = ROWS * HIDDEN * 2
+    layers = max(1, -(-total_bytes // (2 * per_tensor)))
+    planted_layer, planted = layers - 2 if layers > 1 else 0, (ROWS - 7, HIDDEN // 3)
+    paths = []
+    for role in ("native", "oracle"):
+        path = directory / f"bench.{role}.h5"
+        meta = CaptureMeta(role=role, engine_name=f"bench-{role}", model_id="bench", weights_hash="sha256:bench", prompt="bench")
+        writer = CaptureWriter(path, meta)
+        gen = np.random.default_rng(0)
+        for layer in range(layers):
+            bits = gen.integers(0x3C00, 0x4000, size=(ROWS, HIDDEN), dtype=np.uint16)
+            if role == "oracle" and layer == planted_layer:
+                bits[planted] ^= 1
+            writer.add_tensor("layer_out", bits, step=0, segment="prefill", layer=layer, dtype="bfloat16")
+            writer.end_step()
+        writer.close()
+        paths.append(path)
+    where = f"step 0 prefill layer {planted_layer} layer_out at {list(planted)}"
+    return paths[0], paths[1], where
+
+
+def timed(command: list[str], env: dict[str, str] | None = None) -> tuple[float, int, str]:
+    start = time.perf_counter()
+    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, errors="replace")
+    return time.perf_counter() - start, done.returncode, done.stdout
+
+
+def _drop_page_cache() -> None:
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def _read_into_cache(*paths: Path):  # type: ignore[no-untyped-def]
+    def warm() -> None:
+        subprocess.run(["cat", *map(str, paths)], stdout=subprocess.DEVNULL, check=True)
+
+    return warm
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", default="/tmp/parity-xray-bench")
+    parser.add_argument("--gib", type=float, default=1.0, help="total size of the pair in GiB (default 1)")
+    parser.add_argument("--keep", action="store_true", help="keep the captures afterwards")
+    parser.add_argument("--cold", action="store_true", help="also time each command after dropping the page cache (root only)")
+    args = parser.parse_args()
+    h5diff = shutil.which("h5diff")
+    if h5diff is None:
+        print("h5diff not found: install hdf5-tools", file=sys.stderr)
+        return 2
+    directory = Path(args.dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    need = int(args.gib * 1024**3)
+    free = shutil.disk_usage(directory).free
+    if free < need * 1.2:
+        print(f"{directory}: {free / 1024**3:.1f} GiB free, need {need * 1.2 / 1024**3:.1f}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    native, oracle, planted = build(directory, need)
+    size = native.stat().st_size + oracle.stat().st_size
+    print(f"built {size / 1e9:.2f} GB pair in {time.perf_counter() - t0:.1f} s; planted 1-ULP flip at {planted}")
+    env = dict(os.environ, XDG_CACHE_HOME=str(directory / "cache"))
+    report = [sys.executable, "-c", REPORT_DRIVER, str(native), str(oracle)]
+    os.chdir(ROOT)
+    modes = ["warm"] + (["cold"] if args.cold else [])
+    for mode in modes:
+        drop = _drop_page_cache if mode == "cold" else _read_into_cache(native, oracle)
+        drop()
+        cat_s, _, _ = timed(["sh", "-c", f"cat '{native}' '{oracle}' > /dev/null"])
+        drop()
+        h5_s, h5_rc, _ = timed([h5diff, "-r", str(native), str(oracle)])
+        drop()
+        rep_s, rep_rc, rep_out = timed(report + ["--no-cache"], env)
+        found = next((line for line in rep_out.splitlines() if line.startswith("First divergence")), rep_out[-500:])
+        print(f"[{mode} page cache]")
+        print(f"  cat              {cat_s:7.2f} s  ({size / cat_s / 1e9:.2f} GB/s)")
+        print(f"  h5diff -r        {h5_s:7.2f} s  exit {h5_rc}")
+        print(f"  report           {rep_s:7.2f} s  exit {rep_rc}: {found}")
+        print(f"  report / h5diff  {rep_s / h5_s:7.2f}  (target < 1)")
+        print(f"  report / cat     {rep_s / cat_s:7.2f}  (target <= 2)")
+    timed(report, env)
+    cached_s, _, _ = timed(report, env)
+    print(f"report, second open (sidecar cache hit): {cached_s:.2f} s")
+    if not args.keep:
+        native.unlink()
+        oracle.unlink()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""`parity-xray report NATIVE ORACLE`: the headless comparison CI pipelines run.
+
+Exit codes: 0 parity, 1 divergence, 2 unusable input (missing file, not a capture, hostile
+or incomplete capture, unusable profile) with a one-line reason on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from sessions.capture_reader import Capture, CaptureError, open_capture
+from sessions.compare import PARITY, CompareOptions, iter_compare
+from sessions.layout_transform import LayoutError
+from sessions.profiles import ProfileError
+from sessions.progress import run_to_end
+from sessions.report_json import dumps
+from sessions.report_text import render
+from sessions.result_cache import iter_compare_cached
+
+EXIT_PARITY, EXIT_DIVERGENCE, EXIT_UNUSABLE = 0, 1, 2
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("native", help="capture of the engine under test")
+    parser.add_argument("oracle", help="capture of the reference engine")
+    parser.add_argument("--json", metavar="OUT", help="also write the report as JSON (docs/report-json.md)")
+    parser.add_argument("--atol", type=float, help="absolute tolerance (default: bit-exact)")
+    parser.add_argument("--rtol", type=float, help="relative tolerance (default: bit-exact)")
+    parser.add_argument("--max-ulp", type=int, help="ULP tolerance (default: bit-exact)")
+    parser.add_argument("--native-profile", help="built-in profile name or TOML path (default: detected)")
+    parser.add_argument("--oracle-profile", help="built-in profile name or TOML path (default: detected)")
+    parser.add_argument("--top", type=int, default=10, metavar="N", help="how many worst ops to list (default 10)")
+    parser.add_argument("--no-cache", action="store_true", help="recompute even if a cached result exists")
+
+
+def _check_both(paths: tuple[str, str]) -> None:
+    """Run the two files' structure checks (child processes) side by side instead of one after
+    the other; `open_capture` then finds them passed. A failure is reported by `open_capture`."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sessions.structure_check import ensure_checked
+
+    existing = [Path(p) for p in paths if Path(p).is_file()]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        list(pool.map(ensure_checked, existing))
+
+
+def _open(path: str) -> Capture:
+    capture = open_capture(path)
+    if not capture.complete:
+        reason = capture.describe()
+        capture.close()
+        raise CaptureError(path, "/ attribute 'complete'", reason)
+    return capture
+
+
+def _write_json(path: str, text: str) -> None:
+    target = Path(path)
+    fd, temp = tempfile.mkstemp(dir=target.parent if str(target.parent) else ".", prefix=".report-", suffix=".json")
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.replace(temp, target)
+
+
+def run(args: argparse.Namespace) -> int:
+    options = CompareOptions(
+        atol=args.atol,
+        rtol=args.rtol,
+        max_ulp=args.max_ulp,
+        native_profile=args.native_profile,
+        oracle_profile=args.oracle_profile,
+    )
+    captures: list[Capture] = []
+    try:
+        _check_both((args.native, args.oracle))
+        captures.append(_open(args.native))
+        captures.append(_open(args.oracle))
+        work = (
+            iter_compare(captures[0], captures[1], options)
+            if args.no_cache
+            else iter_compare_cached(captures[0], captures[1], options)
+        )
+        comparison = run_to_end(work)
+    except (CaptureError, ProfileError, LayoutError) as exc:
+        print(f"parity-xray report: unusable input: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    finally:
+        for capture in captures:
+            capture.close()
+    sys.stdout.write(render(comparison, args.top))
+    if args.json:
+        try:
+            _write_json(args.json, dumps(comparison))
+        except OSError as exc:
+            print(f"parity-xray report: cannot write {args.json}: {exc}", file=sys.stderr)
+            return EXIT_UNUSABLE
+    return EXIT_PARITY if comparison.verdict == PARITY else EXIT_DIVERGENCE

@@ -1,0 +1,85 @@
+"""Sidecar cache of comparison results, so a second open of the same pair is instant.
+
+Results live in the user cache directory (platformdirs), never beside or inside the
+captures, which may sit on a read-only share or belong to someone else. The key covers
+both files' content identity (size, mtime_ns, SHA-256 of root attributes + index -- see
+sessions.capture_identity), the comparison options and this cache's format, so a rewritten
+capture or different options can never return a stale result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import platformdirs
+
+from sessions.capture_identity import CaptureIdentity, identity_of_capture
+from sessions.capture_reader import Capture
+from sessions.compare import Comparison, CompareOptions, iter_compare
+from sessions.progress import Progress, ProgressGenerator
+from sessions.report_json import DOCUMENT_VERSION, ReportFormatError, dumps, loads
+
+CACHE_FORMAT = 1
+
+
+def default_cache_dir() -> Path:
+    return Path(platformdirs.user_cache_dir("parity-xray")) / "comparisons"
+
+
+def _identity_fields(identity: CaptureIdentity) -> list[object]:
+    return [identity.size, identity.mtime_ns, identity.sha256]
+
+
+def cache_key(native: Capture, oracle: Capture, options: CompareOptions) -> str:
+    material = {
+        "cache": CACHE_FORMAT,
+        "document": DOCUMENT_VERSION,
+        "native": _identity_fields(identity_of_capture(native)),
+        "oracle": _identity_fields(identity_of_capture(oracle)),
+        "paths": [str(native.path.resolve()), str(oracle.path.resolve())],
+        "options": dataclasses.asdict(options),
+    }
+    return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def load(cache_dir: Path, key: str) -> Comparison | None:
+    """The cached result, or None when absent or unreadable (a damaged entry is recomputed)."""
+    path = cache_dir / f"{key}.json"
+    try:
+        return loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ReportFormatError):
+        return None
+
+
+def store(cache_dir: Path, key: str, comparison: Comparison) -> None:
+    """Write atomically (temp file + fsync + replace); a cache that cannot be written is skipped."""
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        fd, temp = tempfile.mkstemp(dir=cache_dir, prefix=".tmp-", suffix=".json")
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(dumps(comparison))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, cache_dir / f"{key}.json")
+    except OSError:
+        return
+
+
+def iter_compare_cached(
+    native: Capture, oracle: Capture, options: CompareOptions = CompareOptions(), cache_dir: Path | None = None
+) -> ProgressGenerator[Comparison]:
+    """`iter_compare` behind the sidecar cache; a hit yields one Progress and returns at once."""
+    directory = default_cache_dir() if cache_dir is None else cache_dir
+    key = cache_key(native, oracle, options)
+    cached = load(directory, key)
+    if cached is not None:
+        yield Progress(1, 1, "cached result")
+        return cached
+    result = yield from iter_compare(native, oracle, options)
+    store(directory, key, result)
+    return result

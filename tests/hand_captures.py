@@ -1,0 +1,80 @@
+"""Small real captures, written record by record with CaptureWriter, for comparison tests.
+
+Each test states its tensors and tokens in a few lines; the file on disk is a real capture
+that the reader opens like any engine's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from sessions.capture_meta import CaptureMeta
+from sessions.capture_writer import CaptureWriter
+
+
+def bf16_bits(values: list[float] | np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (uint16) of float values, rounded to nearest even."""
+    return np.asarray(values, dtype=np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
+
+
+@dataclass
+class T:
+    """One tensor to write: name, data (a bit array with `dtype` set, or a typed array)."""
+
+    name: str
+    data: np.ndarray
+    step: int = 0
+    segment: str = "prefill"
+    layer: int = -1
+    dtype: str | None = None
+    kernel_id: str = ""
+    contract_id: str = ""
+    effective_contract_id: str = ""
+    dispatch: list[dict[str, Any]] = field(default_factory=list)
+
+
+def write_capture(
+    path: Path,
+    role: str,
+    tensors: list[T],
+    tokens: list[tuple[int, int, bool]] = (),  # type: ignore[assignment]
+    **meta: Any,
+) -> Path:
+    """Write `tensors` in order (steps flushed as they change) and `tokens` as (step, id, is_stop)."""
+    base = {"engine_name": f"hand-{role}", "model_id": "hand-model", "weights_hash": "sha256:aa", "prompt": "p", "device": "cpu"}
+    base.update(meta)
+    writer = CaptureWriter(path, CaptureMeta(role=role, **base))
+    step = tensors[0].step if tensors else 0
+    token_rows = list(tokens)
+    for t in tensors:
+        if t.step != step:
+            _flush_tokens(writer, token_rows, step)
+            writer.end_step()
+            step = t.step
+        seq = writer.add_tensor(
+            t.name,
+            t.data,
+            step=t.step,
+            segment=t.segment,
+            layer=t.layer,
+            dtype=t.dtype,
+            kernel_id=t.kernel_id,
+            contract_id=t.contract_id,
+            effective_contract_id=t.effective_contract_id,
+        )
+        for call, event in enumerate(t.dispatch):
+            writer.add_dispatch(index_seq=seq, call=call, **event)
+    _flush_tokens(writer, token_rows, None)
+    writer.close()
+    return path
+
+
+def _flush_tokens(writer: CaptureWriter, rows: list[tuple[int, int, bool]], up_to: int | None) -> None:
+    while rows and (up_to is None or rows[0][0] <= up_to):
+        step, token, stop = rows.pop(0)
+        writer.add_token(step=step, segment="decode" if step else "prefill", token_id=token, is_stop=stop)

@@ -1,0 +1,107 @@
+"""Alignment by (step, segment, layer, canonical op, occurrence); nothing dropped, nothing guessed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from hand_captures import T, bf16_bits, write_capture
+from sessions.align import DUPLICATE_KEY, NO_PARTNER, SHAPE_MISMATCH, align
+from sessions.capture_reader import open_capture
+from sessions.compare import iter_compare
+from sessions.profiles import builtin_profiles, load_profile_file
+from sessions.progress import run_to_end
+
+ROWS, HEADS, DIM = 3, 2, 4
+
+
+def _q(seed: int, shape: tuple[int, ...]) -> np.ndarray:
+    return bf16_bits(np.random.default_rng(seed).standard_normal(shape))
+
+
+def _align(native: Path, oracle: Path, native_profile: str, oracle_profile: str):  # type: ignore[no-untyped-def]
+    profiles = builtin_profiles()
+    with open_capture(native) as n, open_capture(oracle) as o:
+        return align(n.records, o.records, profiles[native_profile], profiles[oracle_profile])
+
+
+def _llama_q_stages(with_norm: bool) -> list[T]:
+    proj = T("Qcur-0", _q(1, (ROWS, HEADS * DIM)), layer=0, dtype="bfloat16")
+    norm = T("Qcur-0", _q(2, (ROWS, HEADS, DIM)), layer=0, dtype="bfloat16")
+    rope = T("Qcur-0", _q(3, (ROWS, HEADS, DIM)), layer=0, dtype="bfloat16")
+    return [proj, norm, rope] if with_norm else [proj, rope]
+
+
+def _canonical_q_stages(with_norm: bool) -> list[T]:
+    stages = [T("q_proj", _q(1, (ROWS, HEADS * DIM)), layer=0, dtype="bfloat16")]
+    if with_norm:
+        stages.append(T("q_norm", _q(2, (ROWS, HEADS, DIM)).transpose(1, 0, 2).copy(), layer=0, dtype="bfloat16"))
+    stages.append(T("q_rope", _q(3, (ROWS, HEADS, DIM)).transpose(1, 0, 2).copy(), layer=0, dtype="bfloat16"))
+    return stages
+
+
+def test_occurrence_rule_with_a_norm_stage_pairs_projection_norm_and_rope(tmp_path: Path) -> None:
+    native = write_capture(tmp_path / "n.h5", "native", _llama_q_stages(True))
+    oracle = write_capture(tmp_path / "o.h5", "oracle", _canonical_q_stages(True))
+    alignment = _align(native, oracle, "llama.cpp", "canonical")
+    assert [(p.key.op, p.native.record.occurrence) for p in alignment.pairs] == [("q_proj", 0), ("q_norm", 1), ("q_rope", 2)]
+    assert alignment.unaligned == []
+    with open_capture(native) as n, open_capture(oracle) as o:
+        comparison = run_to_end(iter_compare(n, o))
+    assert [p.metrics.bit_exact for p in comparison.pairs] == [True, True, True]
+
+
+def test_occurrence_rule_without_a_norm_stage_makes_the_second_occurrence_post_rope(tmp_path: Path) -> None:
+    native = write_capture(tmp_path / "n.h5", "native", _llama_q_stages(False))
+    oracle = write_capture(tmp_path / "o.h5", "oracle", _canonical_q_stages(False))
+    alignment = _align(native, oracle, "llama.cpp", "canonical")
+    assert [(p.key.op, p.native.record.occurrence) for p in alignment.pairs] == [("q_proj", 0), ("q_rope", 1)]
+    assert alignment.unaligned == []
+
+
+def test_layout_transform_aligns_mlx_sdpa_output_with_llama_kqv_out(tmp_path: Path) -> None:
+    heads_rows_dim = _q(4, (HEADS, ROWS, DIM))
+    merged = heads_rows_dim.transpose(1, 0, 2).reshape(ROWS, HEADS * DIM).copy()
+    native = write_capture(tmp_path / "n.h5", "native", [T("kqv_out-0", merged, layer=0, dtype="bfloat16")])
+    oracle = write_capture(
+        tmp_path / "o.h5", "oracle", [T("model.layers.0.self_attn.sdpa", heads_rows_dim[None].copy(), layer=0, dtype="bfloat16")]
+    )
+    with open_capture(native) as n, open_capture(oracle) as o:
+        comparison = run_to_end(iter_compare(n, o))
+    assert len(comparison.pairs) == 1 and comparison.pairs[0].metrics.bit_exact
+    assert comparison.pairs[0].metrics.shape == [ROWS, HEADS * DIM]
+    assert comparison.verdict == "parity"
+
+
+def test_duplicate_key_is_an_error_for_every_claimant_and_the_partner(tmp_path: Path) -> None:
+    profile = tmp_path / "dup.toml"
+    profile.write_text('name = "dup"\n[[rule]]\nname = "a-{layer}"\nop = "layer_out"\n[[rule]]\nname = "b-{layer}"\nop = "layer_out"\n')
+    x = _q(5, (ROWS, 8))
+    native = write_capture(tmp_path / "n.h5", "native", [T("a-0", x, layer=0, dtype="bfloat16"), T("b-0", x, layer=0, dtype="bfloat16")])
+    oracle = write_capture(tmp_path / "o.h5", "oracle", [T("layer_out", x, layer=0, dtype="bfloat16")])
+    with open_capture(native) as n, open_capture(oracle) as o:
+        alignment = align(n.records, o.records, load_profile_file(profile), builtin_profiles()["canonical"])
+    assert alignment.pairs == []
+    assert sorted((u.side, u.name, u.reason) for u in alignment.unaligned) == [
+        ("native", "a-0", DUPLICATE_KEY),
+        ("native", "b-0", DUPLICATE_KEY),
+        ("oracle", "layer_out", DUPLICATE_KEY),
+    ]
+
+
+def test_records_without_partner_or_with_other_shapes_are_listed_with_reasons(tmp_path: Path) -> None:
+    native = write_capture(
+        tmp_path / "n.h5",
+        "native",
+        [T("attn_norm-0", _q(6, (ROWS, 8)), layer=0, dtype="bfloat16"), T("l_out-0", _q(7, (ROWS, 8)), layer=0, dtype="bfloat16")],
+    )
+    oracle = write_capture(tmp_path / "o.h5", "oracle", [T("model.layers.0", _q(7, (1, ROWS + 1, 8)), layer=0, dtype="bfloat16")])
+    alignment = _align(native, oracle, "llama.cpp", "mlx-lm")
+    reasons = sorted((u.side, u.name, u.reason) for u in alignment.unaligned)
+    assert reasons == [
+        ("native", "attn_norm-0", NO_PARTNER),
+        ("native", "l_out-0", SHAPE_MISMATCH),
+        ("oracle", "model.layers.0", SHAPE_MISMATCH),
+    ]
+    assert "native [3, 8] vs oracle [4, 8]" in alignment.unaligned[1].detail

@@ -1,0 +1,100 @@
+"""The whole comparison: demo scenarios, streaming in chunks, cancellation and the sidecar cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hand_captures import T, bf16_bits, write_capture
+from sessions.capture_reader import open_capture
+from sessions.compare import CompareOptions, iter_compare
+from sessions.progress import run_to_end
+from sessions.result_cache import iter_compare_cached
+
+
+def _pair(tmp_path: Path, flip: tuple[int, int] = (50, 3)) -> tuple[Path, Path]:
+    rng = np.random.default_rng(1)
+    native = bf16_bits(rng.standard_normal((64, 4, 8)))
+    oracle = native.copy()
+    oracle[flip[0], 1, flip[1]] ^= 1
+    merged = native.reshape(64, 32)
+    call = dict(kv_group=0, head_start=0, head_count=4, q_heads=4, kv_heads=1, q_rows=64, kv_len=64, head_dim=8, primitive="fallback")
+    n = write_capture(tmp_path / "n.h5", "native", [T("kqv_out-0", merged, layer=0, dtype="bfloat16", dispatch=[call])])
+    o = write_capture(
+        tmp_path / "o.h5",
+        "oracle",
+        [T("model.layers.0.self_attn.sdpa", oracle.transpose(1, 0, 2)[None].copy(), layer=0, dtype="bfloat16", dispatch=[call])],
+    )
+    return n, o
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", ["clean", "head-chunk", "attention-contract", "swiglu-order", "signed-zero", "post-eos"])
+def test_report_names_each_demo_scenarios_documented_first_divergence(
+    demo_pairs: dict[str, tuple[Path, Path]], scenario: str
+) -> None:
+    from backends.demo_generate import SCENARIOS
+
+    native, oracle = demo_pairs[scenario]
+    with open_capture(native) as n, open_capture(oracle) as o:
+        comparison = run_to_end(iter_compare(n, o))
+    expected = SCENARIOS[scenario].first_divergence
+    if expected.kind == "none":
+        assert comparison.first_finding is None
+        assert comparison.verdict == "parity"
+        assert comparison.unaligned == [] and all(p.metrics.bit_exact for p in comparison.pairs)
+        return
+    found = comparison.first_finding
+    assert found is not None
+    assert (found.step, found.segment, found.layer, found.op, found.kind) == (
+        expected.step, expected.segment, expected.layer, expected.op, expected.kind
+    )
+    assert comparison.verdict == ("parity" if expected.kind == "post-eos-only" else "divergence")
+
+
+def test_chunked_streaming_through_a_layout_transform_matches_a_whole_read(tmp_path: Path) -> None:
+    native, oracle = _pair(tmp_path)
+    with open_capture(native) as n, open_capture(oracle) as o:
+        whole = run_to_end(iter_compare(n, o)).pairs[0].metrics
+        chunked = run_to_end(iter_compare(n, o, CompareOptions(chunk_bytes=7 * 64))).pairs[0].metrics
+    assert chunked.nmse == pytest.approx(whole.nmse, rel=1e-6)
+    chunked.nmse, chunked.cosine = whole.nmse, whole.cosine
+    assert chunked == whole
+    assert whole.differing == 1 and whole.first_difference is not None and whole.first_difference.coord == [50, 8 + 3]
+    assert whole.per_head is not None and whole.per_head.differing == [0, 1, 0, 0]
+
+
+def test_progress_counts_bytes_up_to_the_total_and_closing_cancels(tmp_path: Path) -> None:
+    native, oracle = _pair(tmp_path)
+    with open_capture(native) as n, open_capture(oracle) as o:
+        work = iter_compare(n, o, CompareOptions(chunk_bytes=512))
+        seen = [next(work) for _ in range(4)]
+        work.close()
+        with pytest.raises(StopIteration):
+            next(work)
+        done = [p.done for p in iter_compare(n, o, CompareOptions(chunk_bytes=512))]
+    assert [p.done for p in seen] == sorted(p.done for p in seen)
+    assert done == sorted(done) and done[-1] == 2 * 64 * 32 * 2
+
+
+def test_second_comparison_of_the_same_pair_comes_from_the_cache_and_a_change_invalidates(tmp_path: Path) -> None:
+    captures = tmp_path / "captures"
+    captures.mkdir()
+    native, oracle = _pair(captures)
+    cache = tmp_path / "cache"
+    before = sorted(p.name for p in captures.iterdir())
+    with open_capture(native) as n, open_capture(oracle) as o:
+        first = run_to_end(iter_compare_cached(n, o, CompareOptions(), cache))
+        labels = [p.label for p in iter_compare_cached(n, o, CompareOptions(), cache)]
+        assert labels == ["cached result"]
+        assert run_to_end(iter_compare_cached(n, o, CompareOptions(), cache)) == first
+        other_options = [p.label for p in iter_compare_cached(n, o, CompareOptions(max_ulp=1), cache)]
+        assert other_options != ["cached result"]
+    assert sorted(p.name for p in captures.iterdir()) == before
+    _pair(captures, flip=(10, 1))
+    with open_capture(native) as n, open_capture(oracle) as o:
+        fresh = run_to_end(iter_compare_cached(n, o, CompareOptions(), cache))
+    assert fresh.pairs[0].metrics.first_difference is not None
+    assert fresh.pairs[0].metrics.first_difference.coord == [10, 9]

@@ -1,0 +1,124 @@
+"""`parity-xray report`: readable summary, JSON document, and exit codes 0 / 1 / 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import h5py
+import ml_dtypes
+import numpy as np
+import pytest
+
+from hand_captures import T, bf16_bits, write_capture
+from sessions import report_command
+from sessions.capture_meta import CaptureMeta
+from sessions.capture_writer import CaptureWriter
+from sessions.report_json import loads
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+
+
+def _run(*argv: str) -> int:
+    parser = argparse.ArgumentParser()
+    report_command.add_arguments(parser)
+    return report_command.run(parser.parse_args(list(argv)))
+
+
+def _pair(tmp_path: Path, flip: bool, weights: str = "sha256:aa") -> tuple[str, str]:
+    x = bf16_bits(np.linspace(-2, 2, 24).reshape(4, 6))
+    y = x.copy()
+    if flip:
+        y[2, 5] ^= 1
+    n = write_capture(tmp_path / "n.h5", "native", [T("l_out-0", x, layer=0, dtype="bfloat16")], [(0, 1, False)])
+    o = write_capture(
+        tmp_path / "o.h5", "oracle", [T("model.layers.0", y[None].copy(), layer=0, dtype="bfloat16")], [(0, 1, False)], weights_hash=weights
+    )
+    return str(n), str(o)
+
+
+def test_bit_exact_pair_exits_zero_and_says_parity(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _run(*_pair(tmp_path, flip=False)) == 0
+    out = capsys.readouterr().out
+    assert "VERDICT: PARITY" in out and "First divergence: none" in out
+
+
+def test_divergence_exits_one_and_shows_coordinates_and_both_values_in_hex_and_decimal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    native, oracle = _pair(tmp_path, flip=True)
+    report = tmp_path / "report.json"
+    assert _run(native, oracle, "--json", str(report), "--top", "3") == 1
+    out = capsys.readouterr().out
+    x = bf16_bits(np.linspace(-2, 2, 24).reshape(4, 6))
+    assert "First divergence: step 0 prefill layer 0 layer_out" in out
+    native_bits, oracle_bits = int(x[2, 5]), int(x[2, 5]) ^ 1
+    n_value = float(np.array([native_bits], np.uint16).view(ml_dtypes.bfloat16)[0])
+    o_value = float(np.array([oracle_bits], np.uint16).view(ml_dtypes.bfloat16)[0])
+    assert f"at [2, 5]: native 0x{native_bits:04x} ({n_value!r}) vs oracle 0x{oracle_bits:04x} ({o_value!r}), 1 ULP" in out
+    document = json.loads(report.read_text())
+    assert document["format"] == "parity-xray-report" and document["verdict"] == "divergence"
+    assert document["pairs"][document["first_divergence"]]["metrics"]["first_difference"]["coord"] == [2, 5]
+    assert loads(report.read_text()).verdict == "divergence"
+
+
+def test_a_tolerance_passes_the_pair_but_keeps_the_bit_difference_counted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    native, oracle = _pair(tmp_path, flip=True)
+    report = tmp_path / "report.json"
+    assert _run(native, oracle, "--max-ulp", "1", "--json", str(report)) == 0
+    document = json.loads(report.read_text())
+    assert document["first_divergence"] == 0 and document["first_beyond_tolerance"] is None
+    assert document["pairs"][0]["metrics"]["differing"] == 1
+
+
+def test_weights_hash_mismatch_is_a_warning_at_the_top(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _run(*_pair(tmp_path, flip=False, weights="sha256:bb"))
+    assert capsys.readouterr().out.splitlines()[0].startswith("WARNING: WEIGHTS HASH MISMATCH")
+
+
+def _unusable(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    assert _run(*argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("parity-xray report: unusable input:")
+    return err
+
+
+def test_missing_file_is_unusable_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    native, _ = _pair(tmp_path, flip=False)
+    assert "does not exist" in _unusable(capsys, native, str(tmp_path / "absent.h5"))
+
+
+def test_a_file_that_is_not_a_capture_is_unusable_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    native, _ = _pair(tmp_path, flip=False)
+    text = tmp_path / "notes.h5"
+    text.write_text("just text")
+    plain = tmp_path / "plain.h5"
+    with h5py.File(plain, "w") as f:
+        f["x"] = np.zeros(3)
+    assert str(text) in _unusable(capsys, native, str(text))
+    assert "not a Parity X-ray capture" in _unusable(capsys, native, str(plain))
+
+
+def test_a_hostile_capture_is_unusable_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    native, oracle = _pair(tmp_path, flip=False)
+    with h5py.File(oracle, "r+") as f:
+        del f["/tensors/t00000000"]
+        f["/tensors/t00000000"] = h5py.ExternalLink("/etc/hostname", "/data")
+    assert "t00000000" in _unusable(capsys, native, oracle)
+
+
+def test_an_incomplete_capture_is_unusable_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    native, _ = _pair(tmp_path, flip=False)
+    writer = CaptureWriter(tmp_path / "partial.h5", CaptureMeta(role="oracle"))
+    writer.add_tensor("model.layers.0", bf16_bits(np.zeros((1, 4, 6))), step=0, segment="prefill", layer=0, dtype="bfloat16")
+    writer.abandon()
+    assert "incomplete" in _unusable(capsys, native, str(tmp_path / "partial.h5"))
+
+
+def test_an_unreadable_profile_is_unusable_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    native, oracle = _pair(tmp_path, flip=False)
+    assert "does not exist" in _unusable(capsys, native, oracle, "--native-profile", str(tmp_path / "nope.toml"))

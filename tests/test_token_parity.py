@@ -1,0 +1,58 @@
+"""Token parity stops at the first shared EOS; what follows is invalid, never a failure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from hand_captures import T, bf16_bits, write_capture
+from sessions.capture_reader import open_capture
+from sessions.compare import iter_compare
+from sessions.progress import run_to_end
+from sessions.token_parity import DIFFER, MATCH, POST_EOS
+
+
+def _logits(step: int, favourite: int) -> T:
+    row = np.zeros((1, 12), dtype=np.float32)
+    row[0, favourite] = 2.0
+    row[0, (favourite + 1) % 12] = 1.0
+    return T("logits", bf16_bits(row), step=step, segment="decode" if step else "prefill", dtype="bfloat16")
+
+
+def _compare(tmp_path: Path, native: tuple[list[T], list[tuple[int, int, bool]]], oracle: tuple[list[T], list[tuple[int, int, bool]]]):  # type: ignore[no-untyped-def]
+    n = write_capture(tmp_path / "n.h5", "native", *native)
+    o = write_capture(tmp_path / "o.h5", "oracle", *oracle)
+    with open_capture(n) as a, open_capture(o) as b:
+        return run_to_end(iter_compare(a, b))
+
+
+def test_differences_after_the_shared_eos_are_post_eos_not_failures(tmp_path: Path) -> None:
+    tokens = [(0, 3, False), (1, 4, False), (2, 9, True)]
+    native = ([_logits(0, 3), _logits(1, 4), _logits(2, 9), _logits(3, 5)], tokens + [(3, 5, False)])
+    oracle = ([_logits(0, 3), _logits(1, 4), _logits(2, 9), _logits(3, 6)], tokens + [(3, 6, False)])
+    comparison = _compare(tmp_path, native, oracle)
+    parity = comparison.tokens
+    assert parity.shared_eos_step == 2 and parity.first_divergence_step is None and parity.compared_steps == 3
+    assert [s.status for s in parity.steps] == [MATCH, MATCH, MATCH, POST_EOS]
+    assert parity.steps[3].differs
+    step3 = [p for p in comparison.pairs if p.step == 3]
+    assert len(step3) == 1 and step3[0].post_eos and not step3[0].metrics.bit_exact
+    assert comparison.first_divergence is None and comparison.verdict == "parity"
+
+
+def test_a_token_difference_before_any_eos_is_a_divergence(tmp_path: Path) -> None:
+    native = ([_logits(0, 3), _logits(1, 4)], [(0, 3, False), (1, 4, False)])
+    oracle = ([_logits(0, 3), _logits(1, 5)], [(0, 3, False), (1, 5, False)])
+    comparison = _compare(tmp_path, native, oracle)
+    assert comparison.tokens.first_divergence_step == 1
+    assert [s.status for s in comparison.tokens.steps] == [MATCH, DIFFER]
+    assert comparison.verdict == "divergence"
+
+
+def test_top_k_logits_are_shown_side_by_side_with_bits(tmp_path: Path) -> None:
+    native = ([_logits(0, 3)], [(0, 3, False)])
+    oracle = ([_logits(0, 6)], [(0, 6, False)])
+    step = _compare(tmp_path, native, oracle).tokens.steps[0]
+    assert [(e.token_id, e.decimal, e.hex) for e in step.native_top[:2]] == [(3, "2.0", "0x4000"), (4, "1.0", "0x3f80")]
+    assert [e.token_id for e in step.oracle_top[:2]] == [6, 7]

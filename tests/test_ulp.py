@@ -1,0 +1,70 @@
+"""ULP distance and element decoding on raw bits, bfloat16 included."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sessions.element_info import describe, ulp_between
+from sessions.ulp import ordered_line, ulp_distance
+
+
+def test_adjacent_bfloat16_patterns_are_one_ulp_apart() -> None:
+    assert ulp_between(0x3F80, 0x3F81, "bfloat16") == 1
+    assert ulp_between(0x3F80, 0x3F90, "bfloat16") == 16
+
+
+def test_negative_and_positive_zero_are_one_ulp_apart_in_every_float_width() -> None:
+    assert ulp_between(0x8000, 0x0000, "bfloat16") == 1
+    assert ulp_between(0x8000, 0x0000, "float16") == 1
+    assert ulp_between(0x8000_0000, 0, "float32") == 1
+    assert ulp_between(1 << 63, 0, "float64") == 1
+
+
+def test_distance_across_zero_counts_every_pattern_between() -> None:
+    smallest_negative_subnormal, smallest_positive_subnormal = 0x8001, 0x0001
+    assert ulp_between(smallest_negative_subnormal, smallest_positive_subnormal, "bfloat16") == 3
+
+
+def test_the_ordered_line_is_monotonic_in_value_for_float16() -> None:
+    bits = np.arange(0, 1 << 16, dtype=np.uint16)
+    values = bits.view(np.float16).astype(np.float64)
+    keep = ~np.isnan(values)
+    order = np.argsort(ordered_line(bits[keep], "float16"), kind="stable")
+    assert np.all(np.diff(values[keep][order]) >= 0)
+
+
+def test_float64_extreme_distance_is_exact() -> None:
+    largest = np.array([np.finfo(np.float64).max]).view(np.uint64)
+    lowest = np.array([-np.finfo(np.float64).max]).view(np.uint64)
+    assert int(ulp_distance(largest, lowest, "float64")[0]) == 2 * 0x7FEF_FFFF_FFFF_FFFF + 1
+
+
+def test_distance_to_a_nan_is_undefined() -> None:
+    assert ulp_between(0x7FC0, 0x3F80, "bfloat16") is None
+
+
+def test_integer_dtypes_count_units() -> None:
+    assert ulp_between(-3, 4, "int8") == 7
+    assert ulp_between(0, 2**64 - 1, "uint64") == 2**64 - 1
+
+
+def test_describe_spells_out_negative_zero() -> None:
+    info = describe(0x8000, "bfloat16")
+    assert (info.hex, info.decimal, info.sign, info.exponent, info.mantissa) == ("0x8000", "-0.0", 1, 0, 0)
+    assert info.is_negative_zero and not info.is_nan
+
+
+def test_describe_reports_the_nan_payload() -> None:
+    info = describe(0x7FC1, "bfloat16")
+    assert info.is_nan and info.nan_payload == 0x41 and info.exponent == 0xFF
+
+
+def test_describe_accepts_numpy_bits_and_reinterprets_them() -> None:
+    info = describe(np.float32(1.5).view(np.uint32), "float32")
+    assert (info.hex, info.decimal, info.exponent, info.mantissa) == ("0x3fc00000", "1.5", 127, 1 << 22)
+
+
+def test_describe_rejects_bits_wider_than_the_dtype() -> None:
+    with pytest.raises(ValueError):
+        describe(0x1_0000, "bfloat16")

@@ -1,0 +1,96 @@
+"""`parity-xray rerun` end to end, and weights from a GGUF file or from the capture itself."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, GGUFWriter
+from gguf.quants import dequantize, quantize
+
+from backends.demo_model import load_weights
+from backends.rerun import RerunOptions, iter_rerun, parse_key
+from sessions.capture_meta import CaptureMeta
+from sessions.capture_reader import open_capture
+from sessions.capture_writer import CaptureWriter
+from sessions.progress import run_to_end
+from viewer.cli import main
+
+
+@pytest.mark.slow
+def test_the_command_reruns_on_the_native_route_and_writes_json(demo_pairs: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    native, oracle = demo_pairs["attention-contract"]
+    out, saved = tmp_path / "rerun.json", tmp_path / "rerun.h5"
+    code = main(["rerun", str(native), str(oracle), "--op", "0:visual:0:sdpa", "--route-from", "native", "--json", str(out), "--save", str(saved)])
+    printed = capsys.readouterr().out
+    assert code == 0
+    assert "attn.bf16.single_range" in printed and "Metal would take sdpa_full" in printed and "decomposed fallback" in printed
+    document = json.loads(out.read_text())
+    assert document["key"] == "0:visual:0:sdpa" and document["reproduces"] == {"native": True, "oracle": False}
+    assert document["ops"][0]["closer"] == "oracle"
+    assert document["ops"][0]["three_way"]["rerun vs native"]["bit_exact"] is True
+    with open_capture(saved) as rerun:
+        assert rerun.meta.role == "rerun"
+
+
+@pytest.mark.slow
+def test_the_command_exits_1_when_the_rerun_does_not_reproduce_its_route_side(demo_pairs: dict) -> None:
+    native, oracle = demo_pairs["attention-contract"]
+    assert main(["rerun", str(native), str(oracle), "--op", "0:visual:0:sdpa", "--attention-route", "mlx.fast.sdpa"]) == 1
+
+
+@pytest.mark.slow
+def test_the_command_names_what_is_missing_and_exits_2(demo_pairs: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    native, oracle = demo_pairs["clean"]
+    assert main(["rerun", str(native), str(oracle), "--op", "0:visual:7:sdpa", "--from", "native"]) == 2
+    assert "SDPA rerun needs q, k and v of layer 7; the native capture has no q, k and v" in capsys.readouterr().err
+    assert main(["rerun", str(native), str(oracle), "--op", "visual:0:sdpa"]) == 2
+    assert "is not STEP:SEGMENT:LAYER:OP" in capsys.readouterr().err
+
+
+def test_keys_parse_with_an_optional_occurrence() -> None:
+    key = parse_key("2:decode:1:sdpa#1")
+    assert (key.step, key.segment, key.layer, key.op, key.occurrence) == (2, "decode", 1, "sdpa", 1)
+    with pytest.raises(ValueError, match="STEP and LAYER must be integers"):
+        parse_key("x:visual:0:sdpa")
+
+
+@pytest.mark.slow
+def test_quantized_gguf_weights_are_decoded_with_the_gguf_package(demo_pairs: dict, tmp_path: Path) -> None:
+    native, oracle = demo_pairs["clean"]
+    weights = load_weights(oracle.parent / "demo-qwen3-tiny.safetensors")
+    w = np.array(weights["model.layers.0.self_attn.q_proj.weight"].astype(mx.float32))
+    blocks = quantize(w, GGMLQuantizationType.Q8_0)
+    path = tmp_path / "q8.gguf"
+    writer = GGUFWriter(str(path), "qwen3")
+    writer.add_tensor("blk.0.attn_q.weight", blocks, raw_shape=blocks.shape, raw_dtype=GGMLQuantizationType.Q8_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with open_capture(native) as n, open_capture(oracle) as o:
+        result = run_to_end(iter_rerun(n, o, parse_key("0:text-before:0:q_proj"), RerunOptions(weights_path=str(path))))
+        x = next(r for r in o.records if r.name == "model.layers.0.input_layernorm" and r.segment == "text-before")
+        x_mx = mx.array(o.read_bits(x)[0]).view(mx.bfloat16)
+    decoded = mx.array(dequantize(blocks, GGMLQuantizationType.Q8_0)).astype(mx.bfloat16)
+    expected = np.array((x_mx @ decoded.T).view(mx.uint16))
+    assert np.array_equal(result.ops[0].bits, expected)
+    assert not result.ops[0].three_way["rerun vs oracle"].bit_exact  # type: ignore[union-attr]
+
+
+def test_weights_stored_in_the_capture_are_used_before_any_file(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(3, 16)).astype(np.float32)
+    w = rng.normal(size=(8, 16)).astype(np.float32)
+    path = tmp_path / "canonical.h5"
+    with CaptureWriter(path, CaptureMeta(role="native")) as writer:
+        writer.add_tensor("attn_norm", x, step=0, segment="prefill", layer=0)
+        writer.add_tensor("q_proj", np.array(mx.array(x) @ mx.array(w).T), step=0, segment="prefill", layer=0)
+        writer.add_tensor("model.layers.0.self_attn.q_proj.weight", w, step=0, segment="prefill", layer=0)
+    with open_capture(path) as native, open_capture(path) as oracle:
+        result = run_to_end(iter_rerun(native, oracle, parse_key("0:prefill:0:q_proj"), RerunOptions(source="native")))
+    assert result.reproduces("native") and result.ops[0].dtype == "float32"
+    assert result.ops[0].exact["rerun"].rmse < 1e-5

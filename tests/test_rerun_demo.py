@@ -1,0 +1,133 @@
+"""Reruns of the demo captures: oracle bits come back exactly, and the native's route explains
+each scenario's difference. Real captures from the demo engines, real MLX, real files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from backends.rerun import RerunOptions, iter_rerun, parse_key
+from backends.rerun_capture import save_rerun
+from sessions.align import align
+from sessions.capture_reader import open_capture
+from sessions.profiles import builtin_profiles
+from sessions.progress import Progress, run_to_end
+
+pytestmark = pytest.mark.slow
+
+SINGLE_OPS = [
+    "0:text-after:0:attn_norm", "0:text-after:0:q_proj", "0:text-after:0:q_norm", "0:text-after:0:q_rope",
+    "0:text-after:0:k_rope", "0:text-after:0:sdpa", "0:text-after:1:o_proj", "0:text-after:1:attn_residual",
+    "0:text-after:1:ffn_norm", "0:text-after:1:ffn_act", "0:text-after:1:ffn_down", "0:text-after:1:layer_out",
+    "2:decode:1:sdpa", "2:decode:0:q_rope", "0:visual:0:sdpa", "0:visual:-1:final_norm", "0:visual:-1:logits",
+]
+
+
+def _rerun(pair: tuple[Path, Path], key: str, **options: object):
+    with open_capture(pair[0]) as native, open_capture(pair[1]) as oracle:
+        return run_to_end(iter_rerun(native, oracle, parse_key(key), RerunOptions(**options)))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("key", SINGLE_OPS)
+def test_rerunning_an_oracle_record_on_cpu_reproduces_its_bits(demo_pairs: dict, key: str) -> None:
+    result = _rerun(demo_pairs["clean"], key)
+    (op,) = result.ops
+    assert op.three_way["rerun vs oracle"] is not None and op.three_way["rerun vs oracle"].bit_exact
+    assert result.device == "cpu" and any("decomposed fallback" in note for note in result.notes)
+
+
+def test_the_tiled_oracle_attention_is_reproduced_from_its_effective_contract(demo_pairs: dict) -> None:
+    result = _rerun(demo_pairs["attention-contract"], "0:visual:1:sdpa")
+    assert result.routes.attention == "attn.f32.tiled64x64"
+    assert result.reproduces("oracle") and not result.reproduces("native")
+
+
+def test_attention_contract_oracle_inputs_on_the_native_route_give_the_native_bits(demo_pairs: dict) -> None:
+    result = _rerun(demo_pairs["attention-contract"], "0:visual:0:sdpa", source="oracle", route_from="native")
+    (op,) = result.ops
+    assert result.routes.attention == "attn.bf16.single_range"
+    assert op.inputs_agree is True
+    assert op.three_way["rerun vs native"].bit_exact  # type: ignore[union-attr]
+    assert op.three_way["rerun vs oracle"].differing == op.three_way["native vs oracle"].differing > 0  # type: ignore[union-attr]
+    assert op.closer == "oracle"
+    assert op.exact["oracle"].rmse < op.exact["native"].rmse
+
+
+def test_swiglu_order_oracle_inputs_on_the_native_order_give_the_native_bits(demo_pairs: dict) -> None:
+    result = _rerun(demo_pairs["swiglu-order"], "0:text-before:0:ffn_act", route_from="native")
+    (op,) = result.ops
+    assert result.routes.swiglu == "mul_then_sigmoid"
+    assert op.three_way["rerun vs native"].bit_exact and not op.three_way["rerun vs oracle"].bit_exact  # type: ignore[union-attr]
+    assert any("provenance options" in s for s in result.route_sources)
+
+
+def test_a_decoder_layer_segment_rerun_reproduces_every_oracle_op_and_carries_the_kv_history(demo_pairs: dict) -> None:
+    result = _rerun(demo_pairs["clean"], "3:decode:1:decoder_layer")
+    assert [op.key.op for op in result.ops][-3:] == ["ffn_act", "ffn_down", "layer_out"]
+    assert len(result.ops) == 17 and result.reproduces("oracle") and result.reproduces("native")
+    sdpa = next(op for op in result.ops if op.key.op == "sdpa")
+    assert sdpa.calls[0].call.kv_len == 5 + 72 + 6 + 3
+    rope = next(op for op in result.ops if op.key.op == "q_rope")
+    assert "offset 85" in rope.route
+
+
+def test_head_chunk_off_changes_the_calls_but_not_the_bits_on_cpu(demo_pairs: dict) -> None:
+    on = _rerun(demo_pairs["clean"], "0:text-after:0:sdpa", head_chunk=True)
+    off = _rerun(demo_pairs["clean"], "0:text-after:0:sdpa", head_chunk=False)
+    assert [c.call.head_count for c in on.ops[0].calls] == [5, 1, 5, 1]
+    assert len(off.ops[0].calls) == 1
+    assert {c.metal_primitive for c in on.ops[0].calls} == {"sdpa_vector"} and off.ops[0].calls[0].metal_primitive == "fallback"
+    assert np.array_equal(on.ops[0].bits, off.ops[0].bits)
+
+
+def test_a_float32_rerun_is_rounded_for_comparison_and_said_so(demo_pairs: dict) -> None:
+    result = _rerun(demo_pairs["clean"], "0:visual:0:sdpa", dtype="float32")
+    assert result.ops[0].computed_dtype == "float32" and result.ops[0].dtype == "bfloat16"
+    assert any("Computed in float32" in note for note in result.notes)
+
+
+def test_the_rerun_yields_progress_and_closing_it_cancels(demo_pairs: dict) -> None:
+    with open_capture(demo_pairs["clean"][0]) as native, open_capture(demo_pairs["clean"][1]) as oracle:
+        work = iter_rerun(native, oracle, parse_key("0:visual:0:decoder_layer"))
+        first, second = next(work), next(work)
+        assert isinstance(first, Progress) and second.label.startswith("rerunning step 0 visual layer 0 attn_norm")
+        work.close()
+
+
+def test_a_rerun_saved_as_a_capture_opens_and_aligns_with_the_oracle(demo_pairs: dict, tmp_path: Path) -> None:
+    result = _rerun(demo_pairs["head-chunk"], "0:text-after:0:attention_block")
+    path = save_rerun(result, tmp_path / "rerun.h5")
+    profiles = builtin_profiles()
+    with open_capture(path) as rerun, open_capture(demo_pairs["head-chunk"][1]) as oracle:
+        assert rerun.meta.role == "rerun" and rerun.complete
+        assert rerun.meta.provenance["rerun_of"] == "0:text-after:0:attention_block"
+        pairs = align(rerun.records, oracle.records, profiles["canonical"], profiles["mlx-lm"]).pairs
+        assert len(pairs) == 11
+        for pair in pairs:
+            assert np.array_equal(
+                pair.native.layout.apply(rerun.read_bits(pair.native.record)) if pair.native.layout else rerun.read_bits(pair.native.record),
+                pair.oracle.layout.apply(oracle.read_bits(pair.oracle.record)),
+            )
+        events = rerun.dispatch
+        assert len(events) == 4 and set(events["head_count"].tolist()) == {5, 1}
+        assert set(events["kv_heads"].tolist()) == {2} and set(events["q_heads"].tolist()) == {12}
+
+
+def test_missing_inputs_are_named_with_the_layer_and_side(demo_pairs: dict, tmp_path: Path) -> None:
+    from sessions.capture_writer import CaptureWriter
+
+    native_path = tmp_path / "no-k.native.h5"
+    with open_capture(demo_pairs["clean"][0]) as source, CaptureWriter(native_path, source.meta) as writer:
+        for record in source.records:
+            dropped = record.segment == "text-before" and record.name == "Kcur-1" and record.occurrence == 1
+            if record.step == 0 and record.segment in ("text-before", "visual") and not dropped:
+                writer.add_tensor(record.name, source.read_bits(record), step=0, segment=record.segment, layer=record.layer, dtype=record.dtype)
+    with open_capture(native_path) as native, open_capture(demo_pairs["clean"][1]) as oracle:
+        with pytest.raises(ValueError, match=r"^SDPA rerun needs q, k and v of layer 1; the native capture has no k \("):
+            run_to_end(iter_rerun(native, oracle, parse_key("0:text-before:1:sdpa"), RerunOptions(source="native")))
+        with pytest.raises(ValueError, match="needs the K/V cache of layer 1 from step 0 text-before .*native capture has no k there"):
+            run_to_end(iter_rerun(native, oracle, parse_key("0:visual:1:sdpa"), RerunOptions(source="native")))
+        with pytest.raises(ValueError, match="embed cannot be rerun"):
+            run_to_end(iter_rerun(native, oracle, parse_key("0:text-before:-1:embed"), RerunOptions()))

@@ -1,0 +1,63 @@
+"""The dispatch timeline's findings, computed without Qt: shared slots, differences, route checks, lanes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from backends.dispatch_timeline import PRIMITIVE_CODES, build_timeline, describe_event, hit, layout
+from sessions.capture_reader import open_capture
+from tests.timeline_captures import write_dispatch_capture
+
+
+@pytest.mark.slow
+def test_head_chunk_scenario_flags_exactly_the_text_after_ops_as_dispatching_differently(demo_pairs: dict) -> None:
+    native, oracle = demo_pairs["head-chunk"]
+    with open_capture(native) as n, open_capture(oracle) as o:
+        timeline = build_timeline(n, o)
+    differing = {timeline.keys[s].segment for s in np.unique(timeline.slot[timeline.differs]).tolist()}
+    assert differing == {"text-after"}
+    text_after = [i for i, k in enumerate(timeline.keys) if k is not None and k.segment == "text-after"]
+    oracle_calls = (timeline.side == 1) & np.isin(timeline.slot, text_after)
+    assert sorted(timeline.head_count[oracle_calls].tolist()) == [1, 1, 1, 1, 5, 5, 5, 5]
+    assert not timeline.route_mismatch.any()
+    assert "calls" in timeline.difference_fields[text_after[0]]
+
+
+def test_a_recorded_primitive_the_predictor_disagrees_with_is_flagged(tmp_path: Path) -> None:
+    native = write_dispatch_capture(tmp_path / "n.h5", role="native", ops=4, heads_per_call=0, q_heads=8, kv_heads=2,
+                                    primitive="fallback", device="Apple M2 gpu")
+    oracle = write_dispatch_capture(tmp_path / "o.h5", role="oracle", ops=4, heads_per_call=0, q_heads=8, kv_heads=2,
+                                    primitive="fallback", device="cpu")
+    with open_capture(native) as n, open_capture(oracle) as o:
+        timeline = build_timeline(n, o)
+    assert timeline.route_mismatch[timeline.side == 0].all()
+    assert not timeline.route_mismatch[timeline.side == 1].any()
+    assert PRIMITIVE_CODES[timeline.predicted[0]] == "sdpa_vector"
+    assert "disagrees with the route predictor" in describe_event(timeline, 0)
+    assert not timeline.differs.any()
+
+
+def test_lanes_put_native_above_oracle_and_boxes_span_their_head_range(tmp_path: Path) -> None:
+    native = write_dispatch_capture(tmp_path / "n.h5", role="native", ops=2, heads_per_call=0, q_heads=12, kv_heads=2)
+    oracle = write_dispatch_capture(tmp_path / "o.h5", role="oracle", ops=2, heads_per_call=5, q_heads=12, kv_heads=2)
+    with open_capture(native) as n, open_capture(oracle) as o:
+        timeline = build_timeline(n, o)
+    boxes = layout(timeline, "group")
+    assert boxes.lane_labels == ["native L0 g0", "native L0 g1", "native L1 g0", "native L1 g1",
+                                 "oracle L0 g0", "oracle L0 g1", "oracle L1 g0", "oracle L1 g1"]
+    assert boxes.native_lanes == 4
+    native_boxes = timeline.side[boxes.event] == 0
+    assert native_boxes.sum() == 4 and np.allclose(boxes.y1[native_boxes] - boxes.y0[native_boxes], 0.8)
+    chunk = np.flatnonzero((timeline.side[boxes.event] == 1) & (timeline.head_count[boxes.event] == 1))[0]
+    assert boxes.y1[chunk] - boxes.y0[chunk] == pytest.approx(0.8 / 6)
+    assert timeline.differs.all()
+    per_call = layout(timeline, "call")
+    assert per_call.lane_labels == ["native call 0", "oracle call 0", "oracle call 1", "oracle call 2", "oracle call 3"]
+    x = (per_call.x0[0] + per_call.x1[0]) / 2
+    assert hit(per_call, x, (per_call.y0[0] + per_call.y1[0]) / 2) == int(per_call.event[0])
+    assert hit(per_call, x, 0.02) is None
+    timed = layout(timeline, "group", "time")
+    assert timed.x0.min() == 0.0

@@ -1,0 +1,63 @@
+"""The rerun panel driven like a user: run, cancel, read the verdict, save as a third capture."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import Qt
+
+from sessions.capture_reader import open_capture
+from viewer.rerun_panel import RerunPanel, RerunPanelModel
+
+pytestmark = [pytest.mark.slow, pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")]
+
+
+@pytest.fixture
+def panel(qtbot, demo_pairs: dict):  # type: ignore[no-untyped-def]
+    native, oracle = (open_capture(p) for p in demo_pairs["attention-contract"])
+    widget = RerunPanel(RerunPanelModel(native, oracle))
+    qtbot.addWidget(widget)
+    widget.resize(1440, 900)
+    widget.show()
+    qtbot.waitExposed(widget)
+    yield widget
+    widget.shutdown()
+    native.close()
+    oracle.close()
+
+
+def test_running_on_the_native_route_shows_the_three_way_table_and_the_verdict(qtbot, panel: RerunPanel, tmp_path: Path, artifacts_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    assert "0:visual:0:attention_block" in panel.model.keys
+    panel.set_key("0:visual:0:attention_block")
+    panel.route_from.setCurrentIndex(panel.route_from.findData("native"))
+    with qtbot.waitSignal(panel.finished, timeout=60_000):
+        qtbot.mouseClick(panel.run_button, Qt.MouseButton.LeftButton)
+    assert panel.table.rowCount() == 11
+    sdpa_row = [panel.table.item(r, 0).text() for r in range(11)].index("sdpa")
+    assert panel.table.item(sdpa_row, 3).text() == "bit-exact"
+    assert "differ" in panel.table.item(sdpa_row, 2).text() and panel.table.item(sdpa_row, 5).text().startswith("oracle")
+    assert "reproduces the bits of: native" in panel.verdict.text()
+    assert "decomposed fallback" in panel.device_note.text()
+    assert "all KV groups, heads 0..11, 72 rows × 77 kv" in panel.calls.text() and "Metal would take sdpa_full" in panel.calls.text()
+    panel.grab().save(str(artifacts_dir / "rerun-panel-1440x900.png"))
+    saved = panel.save_to(tmp_path / "rerun.h5")
+    with open_capture(saved) as rerun:
+        assert rerun.meta.role == "rerun" and len(rerun.records) == 11
+
+
+def test_cancel_stops_the_rerun_and_says_so(qtbot, panel: RerunPanel) -> None:  # type: ignore[no-untyped-def]
+    panel.set_key("0:visual:1:decoder_layer")
+    with qtbot.waitSignal(panel.cancelled, timeout=60_000):
+        panel.run()
+        qtbot.mouseClick(panel.cancel_button, Qt.MouseButton.LeftButton)
+    assert panel.status.text() == "Rerun cancelled." and panel.model.result is None
+    assert not panel.save_button.isEnabled()
+
+
+def test_a_missing_input_is_shown_as_a_message(qtbot, panel: RerunPanel) -> None:  # type: ignore[no-untyped-def]
+    panel.set_key("0:visual:4:sdpa")
+    with qtbot.waitSignal(panel.failed, timeout=60_000) as failed:
+        panel.run()
+    assert "SDPA rerun needs q, k and v of layer 4; the oracle capture has no q, k and v" in failed.args[0]
+    assert panel.status.text().startswith("The rerun could not run: SDPA rerun needs")

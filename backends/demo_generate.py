@@ -35,6 +35,7 @@ from backends.demo_scenarios import (
     EngineOptions,
     Scenario,
 )
+from backends.llama_demo import LLAMA_SCENARIOS, iter_generate_llama
 from backends.native_engine import NativeEngine
 from backends.oracle_engine import OracleEngine
 from sessions.capture_meta import CaptureMeta
@@ -134,9 +135,12 @@ def iter_generate(
 ) -> ProgressGenerator[dict[str, tuple[Path, Path]]]:
     """Write every requested scenario's pair into `out_dir`; yields Progress, returns the paths."""
     names = list(SCENARIOS) if scenarios is None else list(scenarios)
+    llama_names = [n for n in names if n in LLAMA_SCENARIOS]
+    names = [n for n in names if n not in LLAMA_SCENARIOS]
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
-        raise ValueError(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
+        known = [*SCENARIOS, *LLAMA_SCENARIOS]
+        raise ValueError(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(known)}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     total = 2 * len(names) + 1
@@ -174,4 +178,6 @@ def iter_generate(
                 _run(NativeEngine(config, weights, scenario.native, sink), sink, prompt, scenario.native, eos)
             yield Progress(3 + 2 * number, total, f"{name}: native")
             results[name] = (native_path, oracle_path)
+    if llama_names:
+        results.update((yield from iter_generate_llama(out_dir, llama_names, seed)))
     return results

@@ -21,6 +21,8 @@ NO_PARTNER = "no_partner"
 DUPLICATE_KEY = "duplicate_key"
 SHAPE_MISMATCH = "shape_mismatch"
 DTYPE_MISMATCH = "dtype_mismatch"
+ONE_SIDED = "one_sided"
+"""A stage the profile knows the other engine has no tensor for (KV-cache views, kq, ...)."""
 
 
 @dataclass(frozen=True, order=True)
@@ -82,14 +84,23 @@ def _unaligned(side: str, record: Record, reason: str, detail: str, key: AlignKe
     )
 
 
-def map_records(records: list[Record], profile: Profile, side: str) -> tuple[list[MappedRecord], list[UnalignedRecord]]:
-    """Each record's canonical key and shape under `profile`, or why it has none."""
+def map_records(
+    records: list[Record], profile: Profile, side: str, sources: dict[int, tuple[str, ...]] | None = None
+) -> tuple[list[MappedRecord], list[UnalignedRecord]]:
+    """Each record's canonical key and shape under `profile`, or why it has none.
+
+    `sources` (seq -> source tensor names, `sessions.record_sources`) feeds rules that anchor
+    a record by what it consumes."""
+    sources = sources or {}
     counts = Counter((r.step, r.segment, r.layer, r.name) for r in records)
     mapped: list[MappedRecord] = []
     rejected: list[UnalignedRecord] = []
     for record in records:
         count = counts[(record.step, record.segment, record.layer, record.name)]
-        match = profile.match(record.name, record.occurrence, count)
+        match = profile.match(record.name, record.occurrence, count, record.kernel_id, sources.get(record.seq, ()))
+        if match is not None and match.one_sided is not None:
+            rejected.append(_unaligned(side, record, ONE_SIDED, match.one_sided))
+            continue
         if match is None:
             rejected.append(
                 _unaligned(
@@ -127,9 +138,17 @@ def _by_key(mapped: list[MappedRecord]) -> tuple[dict[AlignKey, MappedRecord], d
     return unique, duplicates
 
 
-def align(native: list[Record], oracle: list[Record], native_profile: Profile, oracle_profile: Profile) -> Alignment:
-    n_mapped, unaligned = map_records(native, native_profile, "native")
-    o_mapped, o_rejected = map_records(oracle, oracle_profile, "oracle")
+def align(
+    native: list[Record],
+    oracle: list[Record],
+    native_profile: Profile,
+    oracle_profile: Profile,
+    *,
+    native_sources: dict[int, tuple[str, ...]] | None = None,
+    oracle_sources: dict[int, tuple[str, ...]] | None = None,
+) -> Alignment:
+    n_mapped, unaligned = map_records(native, native_profile, "native", native_sources)
+    o_mapped, o_rejected = map_records(oracle, oracle_profile, "oracle", oracle_sources)
     unaligned.extend(o_rejected)
     n_unique, n_dupes = _by_key(n_mapped)
     o_unique, o_dupes = _by_key(o_mapped)

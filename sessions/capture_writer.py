@@ -81,11 +81,14 @@ class CaptureWriter:
         effective_contract_id: str = "",
         t_start_ns: int | None = None,
         t_end_ns: int | None = None,
+        attrs: dict[str, str] | None = None,
     ) -> int:
         """Store one tensor and queue its index row; returns its sequence number.
 
         `dtype` names the logical dtype when the array holds bits of another (a uint16 array
-        of bfloat16 bits, raw bytes of Q8_0 blocks with `logical_shape`).
+        of bfloat16 bits, raw bytes of Q8_0 blocks with `logical_shape`). `attrs` are extra
+        engine-specific string attributes of the tensor's dataset (fixed-length UTF-8), e.g. the
+        llama.cpp recorder's `ggml_src` (docs/capture-format.md, "Recorder attributes").
         """
         logical = dtype or logical_name_of(array)
         ld = logical_dtype(logical)
@@ -104,6 +107,9 @@ class CaptureWriter:
         ds.attrs.create(cf.ATTR_LOGICAL_DTYPE, np.bytes_(logical.encode()), dtype=cf.utf8(len(logical)))
         if ld.is_quantized:
             ds.attrs.create(cf.ATTR_LOGICAL_SHAPE, np.asarray(shape, dtype=np.int64))
+        for attr_name, text in (attrs or {}).items():
+            raw = text.encode("utf-8")
+            ds.attrs.create(attr_name, np.bytes_(raw), dtype=cf.utf8(max(1, len(raw))))
         key = (step, segment, layer, name)
         occurrence = self._occurrences[key]
         self._occurrences[key] += 1

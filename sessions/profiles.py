@@ -2,9 +2,14 @@
 
 A profile is a TOML file (docs/profiles.md). Built-in profiles live in
 `sessions/builtin_profiles/` and are written in the same format users write, so they double
-as examples. A rule matches a name pattern (with a `{layer}` placeholder) and, optionally, an
-occurrence of that name within (step, segment, layer) -- the way engines that reuse one name
-for several stages are told apart -- and gives the canonical op and layout transform.
+as examples. A rule matches a name pattern (with a `{layer}` placeholder, `{n}` for any number, `{any}` for
+any text) and, optionally, an occurrence of that name within (step, segment, layer) -- the way
+engines that reuse one name for several stages are told apart -- and gives the canonical op and
+layout transform. Real-engine recorders give more to match on: the record's kernel id (the
+llama.cpp recorder writes the ggml op there, `kernel = "ROPE"`) and its source tensor names
+(`source = "blk.{layer}.attn_output.weight"` anchors a node llama.cpp leaves unnamed). A rule
+with `one_sided = "why"` instead of an op names a stage the other engine has no tensor for;
+alignment lists such records as one-sided with that reason.
 """
 
 from __future__ import annotations
@@ -71,6 +76,13 @@ class NameRule:
     canonical_occurrence: int = 0
     layout: LayoutTransform | None = None
     regex: re.Pattern[str] = field(default=re.compile(""), compare=False, repr=False)
+    kernel: str | None = None
+    """Only records whose kernel id is exactly this (llama.cpp recorder: the ggml op)."""
+    source: str | None = None
+    """Only records one of whose source tensors matches this pattern (may carry {layer})."""
+    source_regex: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
+    one_sided: str | None = None
+    """Instead of an op: why the other engine has no such tensor."""
 
     def matches_occurrence(self, occurrence: int, count: int) -> bool:
         if self.count is not None and count != self.count:
@@ -93,6 +105,8 @@ class RuleMatch:
     """The layer named in the engine name, or None when the pattern has no {layer}."""
     occurrence: int
     layout: LayoutTransform | None
+    one_sided: str | None = None
+    """Set when the record is a known stage without a counterpart: the reason."""
 
 
 @dataclass(frozen=True)
@@ -104,38 +118,82 @@ class Profile:
     """Composite contract id -> the effective contract ids (routes) validated for it."""
     source: str
 
-    def match(self, name: str, occurrence: int, count: int) -> RuleMatch | None:
-        """The first rule (in file order) that matches; None if none does."""
+    def match(
+        self, name: str, occurrence: int, count: int, kernel_id: str = "", sources: tuple[str, ...] = ()
+    ) -> RuleMatch | None:
+        """The first rule (in file order) that matches; None if none does.
+
+        A rule with `kernel` needs that kernel id; a rule with `source` needs a source name that
+        fits it (records without known sources never match such a rule)."""
         for rule in self.rules:
             found = rule.regex.fullmatch(name)
             if found is None or not rule.matches_occurrence(occurrence, count):
                 continue
+            if rule.kernel is not None and rule.kernel != kernel_id:
+                continue
             layer = int(found.group("layer")) if "layer" in found.groupdict() else None
+            if rule.source_regex is not None:
+                anchored = _source_layer(rule.source_regex, sources, layer)
+                if anchored is False:
+                    continue
+                layer = layer if anchored is None else anchored
             canonical = occurrence if rule.occurrence is None else rule.canonical_occurrence
-            return RuleMatch(rule.op, layer, canonical, rule.layout)
+            return RuleMatch(rule.op, layer, canonical, rule.layout, rule.one_sided)
         return None
+
+    @property
+    def uses_sources(self) -> bool:
+        """Whether any rule needs the records' source tensor names."""
+        return any(rule.source is not None for rule in self.rules)
 
     def names_match(self, name: str) -> bool:
         return any(rule.regex.fullmatch(name) for rule in self.rules)
 
 
+def _source_layer(regex: re.Pattern[str], sources: tuple[str, ...], layer: int | None) -> int | None | bool:
+    """The layer the first fitting source names (None if its pattern has no {layer}); False if
+    no source fits, or none fits the layer the record's own name gives."""
+    for source in sources:
+        found = regex.fullmatch(source)
+        if found is None:
+            continue
+        if "layer" not in found.groupdict():
+            return None
+        anchored = int(found.group("layer"))
+        if layer is None or anchored == layer:
+            return anchored
+    return False
+
+
+_PLACEHOLDERS = {"{layer}": r"(?P<layer>\d+)", "{n}": r"\d+", "{any}": r".*"}
+
+
 def _pattern_regex(pattern: str) -> re.Pattern[str]:
-    parts = pattern.split("{layer}")
-    if len(parts) > 2:
+    if pattern.count("{layer}") > 1:
         raise ValueError("{layer} may appear once")
-    return re.compile(r"(?P<layer>\d+)".join(re.escape(p) for p in parts))
+    parts = re.split(r"(\{layer\}|\{n\}|\{any\})", pattern)
+    return re.compile("".join(_PLACEHOLDERS.get(p, re.escape(p)) for p in parts))
 
 
 def _rule(entry: Any, where: str) -> NameRule:
     if not isinstance(entry, dict):
         raise ProfileError(f"{where}: must be a table")
-    unknown = set(entry) - {"name", "op", "occurrence", "count", "min_count", "canonical_occurrence", "layout"}
+    known = {"name", "op", "occurrence", "count", "min_count", "canonical_occurrence", "layout", "kernel", "source", "one_sided"}
+    unknown = set(entry) - known
     if unknown:
         raise ProfileError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
     pattern, op = entry.get("name"), entry.get("op")
     if not isinstance(pattern, str) or not pattern:
         raise ProfileError(f"{where}: 'name' must be a non-empty string")
-    if op not in CANONICAL_OPS:
+    for key in ("kernel", "source", "one_sided"):
+        if key in entry and (not isinstance(entry[key], str) or not entry[key]):
+            raise ProfileError(f"{where}: {key} must be a non-empty string")
+    one_sided = entry.get("one_sided")
+    if one_sided is not None:
+        if op is not None or "layout" in entry:
+            raise ProfileError(f"{where}: a one_sided rule names no op and no layout")
+        op = ""
+    elif op not in CANONICAL_OPS:
         raise ProfileError(f"{where}: op {op!r} is not a canonical op ({', '.join(CANONICAL_OPS)})")
     occurrence = entry.get("occurrence")
     if occurrence is not None and occurrence != "last" and (not isinstance(occurrence, int) or isinstance(occurrence, bool)):
@@ -154,8 +212,9 @@ def _rule(entry: Any, where: str) -> NameRule:
             raise ProfileError(f"{where}: {exc}") from None
     try:
         regex = _pattern_regex(pattern)
+        source_regex = _pattern_regex(entry["source"]) if "source" in entry else None
     except ValueError as exc:
-        raise ProfileError(f"{where}: name {pattern!r}: {exc}") from None
+        raise ProfileError(f"{where}: name or source pattern: {exc}") from None
     return NameRule(
         pattern=pattern,
         op=op,
@@ -165,6 +224,10 @@ def _rule(entry: Any, where: str) -> NameRule:
         canonical_occurrence=entry.get("canonical_occurrence", 0),
         layout=layout,
         regex=regex,
+        kernel=entry.get("kernel"),
+        source=entry.get("source"),
+        source_regex=source_regex,
+        one_sided=one_sided,
     )
 
 

@@ -17,6 +17,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "report": ("sessions.report_command", "compare a native and an oracle capture headlessly"),
     "rerun": ("backends.rerun_command", "recompute one captured op or segment live through MLX"),
     "demo": ("viewer.demo_command", "generate the demo captures, or open the viewer on them"),
+    "record": ("backends.record_command", "record a real llama.cpp or MLX run into a capture"),
+    "import": ("sessions.import_command", "turn safetensors / .npz / .npy+.bin dumps into a capture"),
 }
 
 
@@ -24,14 +26,16 @@ def _module(name: str) -> ModuleType:
     return importlib.import_module(SUBCOMMANDS[name][0])
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """All subcommands, or only `only`: `parity-xray report` must not pay for importing MLX."""
     parser = argparse.ArgumentParser(
         prog="parity-xray",
         description="Show where and why two runs of a language model stop agreeing, down to the bit.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_text) in SUBCOMMANDS.items():
-        _module(name).add_arguments(sub.add_parser(name, help=help_text, description=help_text))
+        if only is None or name == only:
+            _module(name).add_arguments(sub.add_parser(name, help=help_text, description=help_text))
     return parser
 
 
@@ -41,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         from viewer.app import run_viewer
 
         return run_viewer(argv)
-    args = build_parser().parse_args(argv)
+    args = build_parser(argv[0] if argv[0] in SUBCOMMANDS else None).parse_args(argv)
     return int(_module(args.command).run(args))
 
 

@@ -44,10 +44,11 @@ def _generate(out_dir: Path, scenarios: list[str] | None, seed: int) -> dict[str
 
 def run(args: argparse.Namespace) -> int:
     from backends.demo_generate import DEFAULT_SCENARIO, SCENARIOS, default_demo_dir, pair_paths
+    from backends.llama_demo import LLAMA_SCENARIOS
 
-    unknown = sorted(set(args.scenario or ()) - set(SCENARIOS))
+    unknown = sorted(set(args.scenario or ()) - set(SCENARIOS) - set(LLAMA_SCENARIOS))
     if unknown:
-        print(f"parity-xray demo: unknown scenario {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
+        print(f"parity-xray demo: unknown scenario {', '.join(unknown)}; known: {', '.join([*SCENARIOS, *LLAMA_SCENARIOS])}")
         return 2
     if args.list:
         for name, scenario in SCENARIOS.items():

@@ -1,0 +1,88 @@
+"""What recording costs: llama.cpp decoding the same tokens with and without the capture callback.
+
+Run: .venv/bin/python benchmarks/bench_capture_overhead.py [--variant f16] [--prompt 32] [--decode 16] [--keep DIR]
+
+The model is the demo's Qwen3 architecture with bigger dimensions (3 layers, hidden 1024,
+FFN 2816, 16 query / 4 KV heads, vocabulary 8192: about 51 M parameters, ~100 MB as F16),
+seeded weights exported to GGUF. Printed: the GGUF size, the plain and recorded wall times
+(best of `--repeats`), their ratio, the capture size, and whether the recorded run's logits
+equal the plain run's bit for bit (they must: recording may cost time, never bits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import sessions  # noqa: E402,F401  (disables HDF5 filter plugins before h5py loads)
+import numpy as np  # noqa: E402
+
+from backends.demo_model import DemoConfig  # noqa: E402
+from backends.gguf_export import VARIANTS, export_gguf  # noqa: E402
+from backends.llama_demo import demo_weights_f32  # noqa: E402
+from backends.llama_recorder import LlamaSettings, iter_record_llama, plain_logits  # noqa: E402
+from backends.record_schedule import TokenSchedule  # noqa: E402
+
+BENCH_CONFIG = DemoConfig(
+    hidden_size=1024, num_hidden_layers=3, intermediate_size=2816, num_attention_heads=16,
+    num_key_value_heads=4, head_dim=64, vocab_size=8192, dead_gate_channels=8,
+)
+
+
+def _recorded(gguf: Path, schedule: TokenSchedule, out: Path, settings: LlamaSettings) -> list[np.ndarray]:
+    work = iter_record_llama(gguf, schedule, out, settings)
+    while True:
+        try:
+            next(work)
+        except StopIteration as done:
+            return done.value
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variant", choices=VARIANTS, default="f16")
+    parser.add_argument("--prompt", type=int, default=32, help="prompt tokens")
+    parser.add_argument("--decode", type=int, default=16, help="decode steps")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--keep", type=Path, help="write the GGUF and capture here instead of a temp dir")
+    args = parser.parse_args()
+    work_dir = args.keep or Path(tempfile.mkdtemp(prefix="bench-capture-"))
+    work_dir.mkdir(parents=True, exist_ok=True)
+    weights = demo_weights_f32(BENCH_CONFIG, seed=0)
+    params = sum(w.size for w in weights.values())
+    gguf = export_gguf(BENCH_CONFIG.as_dict(), weights, work_dir / f"bench.{args.variant}.gguf", args.variant)
+    del weights
+    rng = np.random.default_rng(1)
+    schedule = TokenSchedule(tuple(int(t) for t in rng.integers(0, BENCH_CONFIG.vocab_size, args.prompt)), args.decode)
+    settings = LlamaSettings(n_threads=args.threads)
+    out = work_dir / "bench.h5"
+    plain_times, recorded_times = [], []
+    plain, recorded = [], []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        plain = plain_logits(gguf, schedule, settings)
+        plain_times.append(time.perf_counter() - start)
+        out.unlink(missing_ok=True)
+        start = time.perf_counter()
+        recorded = _recorded(gguf, schedule, out, settings)
+        recorded_times.append(time.perf_counter() - start)
+    same = len(plain) == len(recorded) and all(a.tobytes() == b.tobytes() for a, b in zip(plain, recorded))
+    best_plain, best_recorded = min(plain_times), min(recorded_times)
+    print(f"model: {params / 1e6:.1f} M parameters, {gguf.name} {gguf.stat().st_size / 2**20:.1f} MiB")
+    print(f"tokens: {args.prompt}-token prefill + {args.decode} decode steps, {args.threads} threads")
+    print(f"plain decode:    {best_plain:.3f} s (best of {args.repeats})")
+    print(f"recorded decode: {best_recorded:.3f} s (best of {args.repeats}; includes writing the capture)")
+    print(f"overhead ratio:  {best_recorded / best_plain:.2f}x")
+    print(f"capture: {out.stat().st_size / 2**20:.1f} MiB")
+    print(f"logits identical with capture on: {same}")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

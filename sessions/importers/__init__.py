@@ -1,0 +1,103 @@
+"""Importers: turn what engines already dump (safetensors, .npz, .npy/.bin + manifest) into captures.
+
+`iter_import(kind, source, out, ...)` is the one entry point; docs/importers.md has a worked
+example of each kind. Records are written in (step, order) order, one token step at a time,
+so the result is an ordinary capture that `validate`, `report` and the viewer accept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from sessions.capture_meta import CaptureMeta
+from sessions.capture_reader import CaptureError
+from sessions.capture_writer import CaptureWriter
+from sessions.importers.manifest import Manifest, load_manifest
+from sessions.importers.sources import ImportedArray, from_directory, from_npz, from_safetensors
+from sessions.progress import Progress, ProgressGenerator
+
+KINDS = ("safetensors", "npz", "dir")
+MANIFEST_NAME = "manifest.json"
+
+
+def _open(kind: str, source: Path, manifest_path: Path | None) -> tuple[Manifest, Iterator[ImportedArray]]:
+    if kind not in KINDS:
+        raise ValueError(f"unknown import kind {kind!r}; known: {', '.join(KINDS)}")
+    if not source.exists():
+        raise CaptureError(source, "file", "does not exist")
+    if kind == "dir":
+        if not source.is_dir():
+            raise CaptureError(source, "file", "is not a directory (import dir takes a directory of .npy/.bin files)")
+        manifest = load_manifest(manifest_path or source / MANIFEST_NAME, need_file=True)
+        return manifest, from_directory(manifest)
+    manifest = load_manifest(manifest_path, need_file=False) if manifest_path else None
+    opener = from_safetensors if kind == "safetensors" else from_npz
+    return opener(source, manifest)
+
+
+def _meta(manifest: Manifest, overrides: dict[str, Any], source: Path, kind: str) -> CaptureMeta:
+    fields = {**manifest.meta, **{k: v for k, v in overrides.items() if v is not None}}
+    provenance = dict(fields.pop("provenance", {}) or {})
+    provenance.update(imported_from=str(source), import_kind=kind, manifest=str(manifest.path))
+    fields.setdefault("role", "native")
+    try:
+        return CaptureMeta(provenance=provenance, **fields)
+    except TypeError as exc:
+        raise CaptureError(manifest.path, "meta", str(exc)) from None
+
+
+def iter_import(
+    kind: str, source: str | Path, out: str | Path, *, manifest: str | Path | None = None, meta: dict[str, Any] | None = None
+) -> ProgressGenerator[Path]:
+    """Import `source` into the capture `out`; yields Progress per tensor, returns `out`.
+
+    The manifest is checked before `out` is created; the arrays are read one by one, and a
+    bad one stops the import and removes the unfinished `out`. An existing `out` is refused.
+    """
+    source, out = Path(source), Path(out)
+    if out.exists():
+        raise CaptureError(out, "file", "already exists; importing never overwrites a file")
+    parsed, arrays = _open(kind, source, Path(manifest) if manifest else None)
+    capture_meta = _meta(parsed, meta or {}, source, kind)
+    try:
+        yield from _write(parsed, arrays, capture_meta, out)
+    except BaseException:
+        out.unlink(missing_ok=True)
+        raise
+    return out
+
+
+def _write(parsed: Manifest, arrays: Iterator[ImportedArray], capture_meta: CaptureMeta, out: Path) -> ProgressGenerator[None]:
+    total = len(parsed.entries)
+    with CaptureWriter(out, capture_meta) as writer:
+        step = None
+        for done, item in enumerate(arrays, start=1):
+            entry = item.entry
+            if step is not None and entry.step != step:
+                writer.end_step()
+            step = entry.step
+            writer.add_tensor(
+                entry.name,
+                item.bits,
+                step=entry.step,
+                segment=entry.segment,
+                layer=entry.layer,
+                dtype=item.dtype,
+                logical_shape=item.logical_shape,
+                kernel_id=entry.kernel_id,
+                contract_id=entry.contract_id,
+                effective_contract_id=entry.effective_contract_id,
+            )
+            yield Progress(done, total, entry.name)
+        for number, row in enumerate(parsed.tokens):
+            try:
+                writer.add_token(
+                    step=int(row["step"]),
+                    segment=str(row.get("segment", "")),
+                    token_id=int(row["token_id"]),
+                    is_stop=bool(row.get("is_stop", False)),
+                )
+            except (TypeError, ValueError) as exc:
+                raise CaptureError(parsed.path, f"tokens row {number}", str(exc)) from None

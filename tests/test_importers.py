@@ -1,0 +1,159 @@
+"""Importers turn engine dumps into captures that keep every bit, and refuse bad manifests by entry."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from sessions import import_command
+from sessions.capture_reader import CaptureError, open_capture
+from sessions.importers import iter_import
+from sessions.importers.manifest import infer_layer
+from viewer.cli import build_parser
+
+
+def _import(kind: str, source: Path, out: Path, **kwargs: object) -> Path:
+    work = iter_import(kind, source, out, **kwargs)  # type: ignore[arg-type]
+    while True:
+        try:
+            next(work)
+        except StopIteration as done:
+            return done.value
+
+
+def _manifest(directory: Path, entries: object) -> Path:
+    path = directory / "manifest.json"
+    path.write_text(json.dumps(entries), encoding="utf-8")
+    return path
+
+
+def test_a_directory_of_npy_and_bin_files_imports_in_step_and_order(tmp_path: Path) -> None:
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    q = np.arange(12, dtype=np.float32).reshape(3, 4)
+    np.save(dump / "q.npy", q)
+    k_bits = np.array([0x8000, 0x7FC1, 0x3F80, 0x0001], dtype="<u2")
+    k_bits.tofile(dump / "k.bin")
+    _manifest(dump, {
+        "meta": {"engine_name": "my-engine", "role": "native"},
+        "entries": [
+            {"name": "Qcur-0", "file": "q.npy", "step": 0, "order": 2},
+            {"name": "Kcur-0", "file": "k.bin", "dtype": "bfloat16", "shape": [2, 2], "step": 0, "order": 1},
+            {"name": "l_out-0", "file": "q.npy", "step": 1, "segment": "decode", "order": 0},
+        ],
+        "tokens": [{"step": 0, "segment": "prefill", "token_id": 7}],
+    })
+    with open_capture(_import("dir", dump, tmp_path / "x.h5"), check_in_child=False) as capture:
+        records = capture.records
+        assert [(r.step, r.name, r.layer, r.dtype) for r in records] == [
+            (0, "Kcur-0", 0, "bfloat16"), (0, "Qcur-0", 0, "float32"), (1, "l_out-0", 0, "float32"),
+        ]
+        assert capture.read_bits(records[0]).ravel().tolist() == k_bits.tolist()
+        assert np.array_equal(capture.read_values(records[1]), q)
+        assert capture.meta.engine_name == "my-engine"
+        assert [int(t) for t in capture.tokens["token_id"]] == [7]
+
+
+def test_safetensors_keep_bfloat16_bits_and_read_layers_from_names(tmp_path: Path) -> None:
+    bits = np.array([0x8000, 0x0000, 0x7FC1, 0xFFC3], dtype=np.uint16)
+    source = tmp_path / "dump.safetensors"
+    save_file({"model.layers.3.mlp.down_proj": bits.view(ml_dtypes.bfloat16), "lm_head": np.ones((1, 2), np.float16)}, str(source))
+    with open_capture(_import("safetensors", source, tmp_path / "x.h5"), check_in_child=False) as capture:
+        by_name = {r.name: r for r in capture.records}
+        assert by_name["model.layers.3.mlp.down_proj"].layer == 3
+        assert by_name["model.layers.3.mlp.down_proj"].dtype == "bfloat16"
+        assert capture.read_bits(by_name["model.layers.3.mlp.down_proj"]).tolist() == bits.tolist()
+        assert by_name["lm_head"].layer == -1
+
+
+def test_npz_with_a_manifest_reinterprets_a_same_width_dtype(tmp_path: Path) -> None:
+    source = tmp_path / "dump.npz"
+    np.savez(source, a=np.array([0x3C00, 0x8000], dtype=np.uint16))
+    manifest = _manifest(tmp_path, [{"name": "attn_norm-2", "key": "a", "dtype": "float16", "shape": [2]}])
+    with open_capture(_import("npz", source, tmp_path / "x.h5", manifest=manifest), check_in_child=False) as capture:
+        (record,) = capture.records
+        assert (record.name, record.layer, record.dtype) == ("attn_norm-2", 2, "float16")
+        values = capture.read_values(record)
+        assert values.tolist() == [1.0, 0.0] and np.signbit(values[1])
+
+
+def test_quantized_bin_blocks_are_kept_raw_with_their_logical_shape(tmp_path: Path) -> None:
+    import gguf
+
+    values = np.linspace(-1, 1, 64, dtype=np.float32).reshape(2, 32)
+    blocks = gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q8_0)
+    blocks.tofile(tmp_path / "w.bin")
+    _manifest(tmp_path, [{"name": "w", "file": "w.bin", "dtype": "q8_0", "shape": [2, 32]}])
+    with open_capture(_import("dir", tmp_path, tmp_path / "x.h5"), check_in_child=False) as capture:
+        (record,) = capture.records
+        assert record.shape == (2, 32)
+        assert np.array_equal(capture.read_values(record), gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType.Q8_0))
+
+
+@pytest.mark.parametrize(
+    ("entries", "where", "what"),
+    [
+        ([{"name": "Kcur-0", "file": "k.bin", "dtype": "float32", "shape": [4, 4]}], "entry 0 ('Kcur-0')", "needs 64 bytes, 'k.bin' holds 24"),
+        ([{"name": "a", "file": "k.bin", "dtype": "float32", "shape": [6]}, {"name": "b", "file": "k.bin", "shape": [6]}], "entry 1 ('b')", "needs 'dtype' and 'shape'"),
+        ([{"name": "a", "file": "k.bin", "dtype": "float33", "shape": [6]}], "entry 0 ('a')", "dtype \"float33\" is not a capture dtype"),
+        ([{"name": "a", "file": "missing.bin", "dtype": "float32", "shape": [6]}], "entry 0 ('a')", "'missing.bin' does not exist"),
+        ([{"name": "a", "dtype": "float32", "shape": [6]}], "entry 0 ('a')", "has no 'file'"),
+        ([{"file": "k.bin"}], "entry 0", "has no 'name'"),
+        ([{"name": "a", "file": "k.bin", "dtype": "float32", "shape": [6], "step": -1}], "entry 0 ('a')", "step must be >= 0"),
+        ([{"name": "a", "file": "k.bin", "dtype": "float32", "shape": [6], "colour": 1}], "entry 0 ('a')", "unknown key(s) colour"),
+        ([{"name": "a", "file": "../k.bin", "dtype": "float32", "shape": [6]}], "entry 0 ('a')", "must be a path inside"),
+        ([{"name": "a", "file": "k.bin", "dtype": "float32", "shape": [6]}, {"name": "b", "file": "k.bin", "dtype": "float32", "shape": [6], "order": 0}],
+         "entry 1 ('b')", "step 0 order 0 is also given to entry 0 ('a')"),
+        ({"entries": []}, "entries", "the list is empty"),
+    ],
+)
+def test_a_bad_manifest_is_refused_naming_the_entry(tmp_path: Path, entries: object, where: str, what: str) -> None:
+    np.arange(6, dtype=np.float32).tofile(tmp_path / "k.bin")
+    manifest = _manifest(tmp_path, entries)
+    out = tmp_path / "x.h5"
+    with pytest.raises(CaptureError) as refused:
+        _import("dir", tmp_path, out)
+    assert refused.value.path == str(manifest)
+    assert refused.value.location == where
+    assert what in refused.value.problem
+    assert not out.exists()
+
+
+def test_a_manifest_that_is_not_json_names_the_line(tmp_path: Path) -> None:
+    (tmp_path / "manifest.json").write_text('[\n{"name": "a",,}\n]', encoding="utf-8")
+    with pytest.raises(CaptureError, match=r"manifest.json: line 2 column \d+: not valid JSON"):
+        _import("dir", tmp_path, tmp_path / "x.h5")
+
+
+def test_an_npz_entry_naming_a_missing_array_is_refused(tmp_path: Path) -> None:
+    source = tmp_path / "dump.npz"
+    np.savez(source, a=np.zeros(2, np.float32))
+    manifest = _manifest(tmp_path, [{"name": "x", "key": "b"}])
+    with pytest.raises(CaptureError, match=r"entry 0 \('x'\): dump.npz has no array 'b' \(it has 1: a\)"):
+        _import("npz", source, tmp_path / "x.h5", manifest=manifest)
+
+
+def test_an_existing_output_is_never_overwritten(tmp_path: Path) -> None:
+    source = tmp_path / "dump.npz"
+    np.savez(source, a=np.zeros(2, np.float32))
+    out = tmp_path / "x.h5"
+    out.write_bytes(b"user data")
+    with pytest.raises(CaptureError, match="already exists"):
+        _import("npz", source, out)
+    assert out.read_bytes() == b"user data"
+
+
+def test_import_command_reports_a_refusal_with_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _manifest(tmp_path, [{"name": "a", "file": "nope.bin", "dtype": "float32", "shape": [1]}])
+    args = build_parser().parse_args(["import", "dir", str(tmp_path), "--out", str(tmp_path / "x.h5")])
+    assert import_command.run(args) == import_command.EXIT_REFUSED
+    assert "entry 0 ('a'): file 'nope.bin' does not exist" in capsys.readouterr().out
+
+
+def test_layers_are_read_from_conventional_names() -> None:
+    assert [infer_layer(n) for n in ("model.layers.12.mlp", "blk.3.attn_q.weight", "Qcur-7", "result_output", "h.0.attn")] == [12, 3, 7, -1, 0]

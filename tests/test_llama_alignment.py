@@ -1,0 +1,133 @@
+"""Alignment across real engines: a llama.cpp capture against an MLX capture of the same weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llama_cpp")
+
+from backends.gguf_export import export_gguf, gguf_to_hf_names, read_gguf_weights, write_mlx_model_dir  # noqa: E402
+from backends.llama_demo import demo_weights_f32  # noqa: E402
+from backends.llama_recorder import iter_record_llama  # noqa: E402
+from backends.mlx_recorder import iter_record_mlx  # noqa: E402
+from backends.record_schedule import TokenSchedule  # noqa: E402
+from sessions.align import ONE_SIDED, Alignment, align  # noqa: E402
+from sessions.capture_reader import open_capture  # noqa: E402
+from sessions.profiles import ProfileError, builtin_profiles, profile_from_dict  # noqa: E402
+from sessions.record_sources import record_sources, sources_for  # noqa: E402
+from tests.test_llama_recorder import TINY  # noqa: E402
+
+LAYER_STAGES = {
+    "attn_norm", "q_proj", "k_proj", "v_proj", "q_norm", "k_norm", "q_rope", "k_rope", "sdpa", "o_proj",
+    "attn_residual", "ffn_norm", "ffn_gate", "ffn_up", "ffn_act", "ffn_down", "layer_out",
+}
+SCHEDULE = TokenSchedule((5, 17, 3, 88, 41, 9), decode_steps=1)
+
+
+def _drain(work):  # type: ignore[no-untyped-def]
+    for _ in work:
+        pass
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    directory = tmp_path_factory.mktemp("pair")
+    weights = demo_weights_f32(TINY, 11)
+    gguf = export_gguf(TINY.as_dict(), weights, directory / "tiny.f32.gguf", "f32")
+    held = gguf_to_hf_names(read_gguf_weights(gguf), list(weights), TINY.num_hidden_layers)
+    mlx_dir = write_mlx_model_dir(TINY.as_dict(), held, directory / "mlx")
+    native, oracle = directory / "native.h5", directory / "oracle.h5"
+    _drain(iter_record_llama(gguf, SCHEDULE, native))
+    _drain(iter_record_mlx(mlx_dir, SCHEDULE, oracle))
+    return native, oracle
+
+
+def _align(pair: tuple[Path, Path], with_sources: bool = True) -> Alignment:
+    profiles = builtin_profiles()
+    with open_capture(pair[0], check_in_child=False) as native, open_capture(pair[1], check_in_child=False) as oracle:
+        sources = sources_for(native, profiles["llama.cpp"]) if with_sources else None
+        return align(native.records, oracle.records, profiles["llama.cpp"], profiles["mlx-lm"], native_sources=sources)
+
+
+def test_every_layer_stage_both_engines_compute_is_aligned(pair: tuple[Path, Path]) -> None:
+    alignment = _align(pair)
+    for step, segment in ((0, "prefill"), (1, "decode")):
+        for layer in range(TINY.num_hidden_layers):
+            ops = {p.key.op for p in alignment.pairs if (p.key.step, p.key.segment, p.key.layer) == (step, segment, layer)}
+            assert ops == LAYER_STAGES, (step, layer, LAYER_STAGES - ops)
+        outer = {p.key.op for p in alignment.pairs if p.key.step == step and p.key.layer == -1}
+        assert outer == {"embed", "final_norm", "logits"}
+    assert [u for u in alignment.unaligned if u.side == "oracle"] == []
+
+
+def test_records_only_llama_cpp_has_are_listed_one_sided_with_their_reason(pair: tuple[Path, Path]) -> None:
+    alignment = _align(pair)
+    assert {u.reason for u in alignment.unaligned} == {ONE_SIDED}
+    by_name = {(u.step, u.name, u.occurrence): u.detail for u in alignment.unaligned}
+    assert by_name[(0, "kq-0", 0)].startswith("attention scores")
+    assert by_name[(0, "kq_soft_max-1", 0)].startswith("attention probabilities")
+    assert by_name[(0, "cache_k_l0 (view)", 0)].startswith("KV-cache")
+    assert by_name[(0, "Qcur-0", 1)].startswith("per-head view")
+    norms = [by_name[(0, "norm-1", i)].split(" norm")[0] for i in range(4)]
+    assert norms == ["attention", "Q", "K", "FFN"]
+
+
+def test_qcur_stages_map_by_op_and_the_unnamed_projection_by_its_weight(pair: tuple[Path, Path]) -> None:
+    alignment = _align(pair)
+    stages = {(p.native.record.name, p.native.record.kernel_id): p.key.op for p in alignment.pairs if p.key.step == 0 and p.key.layer == 1}
+    assert stages[("Qcur-1", "MUL_MAT")] == "q_proj"
+    assert stages[("Qcur-1", "ROPE")] == "q_rope"
+    assert stages[("Qcur_normed-1", "MUL")] == "q_norm"
+    (projection,) = [name for (name, _), op in stages.items() if op == "o_proj"]
+    assert projection.startswith("node_")
+    with open_capture(pair[0], check_in_child=False) as native:
+        sources = record_sources(native)
+        seq = next(r.seq for r in native.records if r.name == projection and r.step == 0)
+        assert sources[seq] == ("blk.1.attn_output.weight", "kqv_out-1")
+    anchored = {(p.key, p.native.record.seq) for p in alignment.pairs if p.key.op == "o_proj"}
+    assert len(anchored) == 2 * TINY.num_hidden_layers
+    without_sources = {(p.key, p.native.record.seq) for p in _align(pair, with_sources=False).pairs if p.key.op == "o_proj"}
+    assert without_sources == anchored
+
+
+def test_layouts_bring_both_engines_to_one_canonical_shape(pair: tuple[Path, Path]) -> None:
+    rows = len(SCHEDULE.prompt)
+    shapes = {p.key.op: (p.native.record.shape, p.oracle.record.shape, p.native.shape) for p in _align(pair).pairs if p.key.step == 0 and p.key.layer == 0}
+    assert shapes["q_rope"] == ((rows, 4, 32), (1, 4, rows, 32), (4, rows, 32))
+    assert shapes["q_norm"] == ((rows, 4, 32), (1, rows, 4, 32), (4, rows, 32))
+    assert shapes["sdpa"] == ((rows, 128), (1, 4, rows, 32), (rows, 128))
+
+
+def test_the_engines_agree_on_the_embedding_and_part_at_the_first_rms_norm(pair: tuple[Path, Path]) -> None:
+    """ggml sums the squares in double and scales by 1/sqrtf; MLX's CPU RMSNorm stays in float32."""
+    first = {p.key.op: p for p in _align(pair).pairs if p.key.step == 0 and p.key.layer in (-1, 0)}
+    with open_capture(pair[0], check_in_child=False) as native, open_capture(pair[1], check_in_child=False) as oracle:
+        def bits(op: str) -> tuple[np.ndarray, np.ndarray]:
+            p = first[op]
+            n = native.read_bits(p.native.record)
+            o = oracle.read_bits(p.oracle.record)
+            return (p.native.layout.apply(n) if p.native.layout else n), (p.oracle.layout.apply(o) if p.oracle.layout else o)
+
+        embed_n, embed_o = bits("embed")
+        norm_n, norm_o = bits("attn_norm")
+    assert embed_n.tobytes() == embed_o.tobytes()
+    assert norm_n.tobytes() != norm_o.tobytes()
+
+
+def test_profile_rules_check_kernel_source_and_one_sided_keys() -> None:
+    profile = profile_from_dict({"name": "p", "rule": [
+        {"name": "node_{n}", "kernel": "MUL_MAT", "source": "blk.{layer}.w", "op": "o_proj"},
+        {"name": "x-{layer}", "one_sided": "only here"},
+    ]}, "p.toml")
+    match = profile.match("node_7", 0, 1, "MUL_MAT", ("a", "blk.3.w"))
+    assert match is not None and (match.op, match.layer) == ("o_proj", 3)
+    assert profile.match("node_7", 0, 1, "ADD", ("blk.3.w",)) is None
+    assert profile.match("node_7", 0, 1, "MUL_MAT", ()) is None
+    assert profile.match("node_7", 0, 1, "MUL_MAT", ("blk.3.x",)) is None
+    one = profile.match("x-2", 0, 1)
+    assert one is not None and one.one_sided == "only here" and profile.uses_sources
+    with pytest.raises(ProfileError, match="a one_sided rule names no op and no layout"):
+        profile_from_dict({"name": "p", "rule": [{"name": "x", "op": "embed", "one_sided": "why"}]}, "p.toml")

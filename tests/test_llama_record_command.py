@@ -1,0 +1,63 @@
+"""`parity-xray record llama|mlx` on the command line: records, refuses bad input with exit 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+
+from backends import record_command  # noqa: E402
+from backends.gguf_export import export_gguf  # noqa: E402
+from backends.llama_demo import demo_weights_f32  # noqa: E402
+from sessions.capture_reader import open_capture  # noqa: E402
+from tests.test_llama_recorder import TINY  # noqa: E402
+from viewer.cli import build_parser  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return export_gguf(TINY.as_dict(), demo_weights_f32(TINY, 1), tmp_path_factory.mktemp("m") / "tiny.bf16.gguf", "bf16")
+
+
+def _run(argv: list[str]) -> int:
+    return record_command.run(build_parser().parse_args(argv))
+
+
+def test_record_llama_writes_the_capture_with_its_settings(gguf: Path, tmp_path: Path) -> None:
+    out = tmp_path / "x.h5"
+    argv = ["record", "llama", str(gguf), "--tokens", "1,2,3", "--decode-steps", "1", "--ubatch", "2", "--kv-type", "f16", "--out", str(out)]
+    assert _run(argv) == record_command.EXIT_OK
+    with open_capture(out, check_in_child=False) as capture:
+        assert capture.meta.role == "native"
+        assert capture.meta.provenance["parity_settings"]["kv_type"] == "f16"
+        assert sorted({r.segment for r in capture.records}) == ["decode", "prefill.0", "prefill.1"]
+
+
+def test_an_existing_output_is_refused_unless_forced(gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "x.h5"
+    out.write_bytes(b"keep me")
+    argv = ["record", "llama", str(gguf), "--tokens", "1", "--out", str(out)]
+    assert _run(argv) == record_command.EXIT_REFUSED
+    assert out.read_bytes() == b"keep me"
+    assert "already exists" in capsys.readouterr().out
+    assert _run([*argv, "--force"]) == record_command.EXIT_OK
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["record", "llama", "absent.gguf", "--tokens", "1,x"], "token id 'x' is not an integer"),
+        (["record", "llama", "absent.gguf", "--tokens", "1"], "absent.gguf: no such GGUF file"),
+        (["record", "mlx", "absent-dir", "--tokens", "1"], "absent-dir: not a directory"),
+        (["record", "llama", "GGUF", "--tokens", "1,96"], "token id 96 is outside tiny.bf16.gguf's vocabulary (96 ids)"),
+    ],
+)
+def test_bad_input_is_refused_with_exit_2(
+    gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    out = tmp_path / "x.h5"
+    assert _run([str(gguf) if a == "GGUF" else a for a in argv] + ["--out", str(out)]) == record_command.EXIT_REFUSED
+    assert message in capsys.readouterr().out
+    assert not out.exists()

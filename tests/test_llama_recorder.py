@@ -1,0 +1,180 @@
+"""The llama.cpp recorder: a proven struct mirror, faithful node records, and logits capture cannot move."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+pytest.importorskip("llama_cpp")
+
+from backends.demo_model import DemoConfig  # noqa: E402
+from backends.ggml_tensor_struct import GgmlLibrary, GgmlTensor, StructLayoutError, check_layout  # noqa: E402
+from backends.gguf_export import VARIANTS, export_gguf  # noqa: E402
+from backends.llama_demo import demo_weights_f32  # noqa: E402
+from backends.llama_recorder import SRC_ATTR, LlamaSettings, RecorderError, iter_record_llama, plain_logits  # noqa: E402
+from backends.record_schedule import TokenSchedule  # noqa: E402
+from sessions.capture_reader import Capture, open_capture  # noqa: E402
+from sessions.validate_command import validate_file  # noqa: E402
+
+TINY = DemoConfig(
+    hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=32, vocab_size=96, dead_gate_channels=2,
+)
+SCHEDULE = TokenSchedule((5, 17, 3, 88, 41), decode_steps=2)
+
+
+@pytest.fixture(scope="module")
+def ggufs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    directory = tmp_path_factory.mktemp("gguf")
+    weights = demo_weights_f32(TINY, 3)
+    return {v: export_gguf(TINY.as_dict(), weights, directory / f"tiny.{v}.gguf", v) for v in VARIANTS}
+
+
+def _record(gguf: Path, out: Path, schedule: TokenSchedule = SCHEDULE, settings: LlamaSettings = LlamaSettings()) -> list[np.ndarray]:
+    work = iter_record_llama(gguf, schedule, out, settings)
+    while True:
+        try:
+            next(work)
+        except StopIteration as done:
+            return done.value
+
+
+def _sources(out: Path, capture: Capture, seq: int) -> list[str]:
+    with h5py.File(out, "r", locking=False) as file:
+        return json.loads(file[capture.records[seq].path].attrs[SRC_ATTR].decode())
+
+
+def test_the_mirror_is_proven_against_the_installed_library() -> None:
+    library = GgmlLibrary.load()
+    check_layout(library)
+    assert ctypes.sizeof(GgmlTensor) == 336
+    assert (GgmlTensor.ne.offset, GgmlTensor.nb.offset, GgmlTensor.op.offset) == (16, 48, 80)
+    assert (GgmlTensor.src.offset, GgmlTensor.data.offset, GgmlTensor.name.offset) == (152, 248, 256)
+
+
+def _shifted_name_mirror() -> type[ctypes.Structure]:
+    fields = [(n, t) for n, t in GgmlTensor._fields_ if n not in ("name", "extra")]
+    fields += [("extra", ctypes.c_void_p), ("name", ctypes.c_char * 64)]
+    return type("ShiftedName", (ctypes.Structure,), {"_fields_": fields})
+
+
+def _short_mirror() -> type[ctypes.Structure]:
+    return type("Short", (ctypes.Structure,), {"_fields_": [f for f in GgmlTensor._fields_ if f[0] != "padding"]})
+
+
+@pytest.mark.parametrize(("mirror", "problem"), [(_shifted_name_mirror, "ggml_get_name is at struct + 256, the mirror says + 272"), (_short_mirror, "ggml_tensor_overhead() is 368, the mirror implies 32 + 328")])
+def test_a_wrong_layout_is_refused_naming_the_installed_version(mirror, problem: str) -> None:  # type: ignore[no-untyped-def]
+    import llama_cpp
+
+    library = GgmlLibrary.load()
+    with pytest.raises(StructLayoutError) as refused:
+        check_layout(library, mirror())
+    assert f"llama-cpp-python {llama_cpp.__version__}" in str(refused.value)
+    assert problem in str(refused.value)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_each_variant_records_a_valid_capture_whose_logits_are_llama_cpps_own(ggufs: dict[str, Path], tmp_path: Path, variant: str) -> None:
+    out = tmp_path / "llama.h5"
+    returned = _record(ggufs[variant], out)
+    report = validate_file(out, 2**31, 60)
+    assert report.problems == [] and report.complete
+    with open_capture(out, check_in_child=False) as capture:
+        steps = sorted({r.step for r in capture.records})
+        recorded = [np.concatenate([capture.read_values(r) for r in capture.records if r.name == "result_output" and r.step == s]) for s in steps]
+        assert [int(t) for t in capture.tokens["token_id"]] == [int(np.argmax(x[-1])) for x in returned]
+        assert capture.meta.provenance["parity_settings"]["flash_attn"] is False
+        assert capture.meta.provenance["parity_settings"]["kv_type"] == "f32"
+    assert len(recorded) == len(returned) == 3
+    for mine, theirs in zip(recorded, returned, strict=True):
+        assert mine.view(np.uint32).tobytes() == theirs.view(np.uint32).tobytes()
+    for plain, recorded_run in zip(plain_logits(ggufs[variant], SCHEDULE), returned, strict=True):
+        assert plain.tobytes() == recorded_run.tobytes()
+
+
+def test_nodes_carry_op_sources_layer_and_occurrence(ggufs: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "llama.h5"
+    _record(ggufs["f32"], out)
+    with open_capture(out, check_in_child=False) as capture:
+        layer0 = [r for r in capture.records if r.step == 0 and r.layer == 0]
+        qcur = [(r.occurrence, r.kernel_id, r.shape) for r in layer0 if r.name == "Qcur-0"]
+        assert qcur == [(0, "MUL_MAT", (5, 128)), (1, "RESHAPE", (5, 4, 32)), (2, "ROPE", (5, 4, 32))]
+        norms = [r for r in layer0 if r.name == "norm-0"]
+        assert [r.shape for r in norms] == [(5, 64), (5, 4, 32), (5, 2, 32), (5, 64)]
+        assert [_sources(out, capture, r.seq)[0] for r in norms] == ["embd", "Qcur-0", "Kcur-0", "ffn_inp-0"]
+        (projection,) = [r for r in layer0 if r.name.startswith("node_")]
+        assert projection.kernel_id == "MUL_MAT"
+        assert _sources(out, capture, projection.seq) == ["blk.0.attn_output.weight", "kqv_out-0"]
+        decode_q = [r.shape for r in capture.records if r.step == 1 and r.name == "Qcur-0"]
+        assert decode_q == [(1, 128), (1, 4, 32), (1, 4, 32)]
+
+
+def test_each_attention_gets_one_dispatch_event_on_its_kqv_out(ggufs: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "llama.h5"
+    _record(ggufs["f32"], out)
+    with open_capture(out, check_in_child=False) as capture:
+        by_seq = {r.seq: r for r in capture.records}
+        events = [(by_seq[int(e["index_seq"])].name, int(e["q_rows"]), int(e["kv_len"]), int(e["q_heads"]), int(e["kv_heads"]), int(e["head_dim"]),
+                   e["mask_kind"].decode(), e["primitive"].decode()) for e in capture.dispatch]
+    prompt = len(SCHEDULE.prompt)
+    assert events[:2] == [(f"kqv_out-{n}", prompt, 256, 4, 2, 32, "additive", "fallback") for n in range(2)]
+    assert len(events) == 2 * 3 and {e[1] for e in events[2:]} == {1}
+
+
+def test_micro_batches_are_recorded_as_segments(ggufs: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "llama.h5"
+    schedule = TokenSchedule(SCHEDULE.prompt, decode_steps=1, ubatch=2)
+    returned = _record(ggufs["f32"], out, schedule)
+    with open_capture(out, check_in_child=False) as capture:
+        logits = [(r.segment, r.shape) for r in capture.records if r.name == "result_output"]
+        prefill = np.concatenate([capture.read_values(r) for r in capture.records if r.name == "result_output" and r.step == 0])
+    assert logits == [("prefill.0", (2, 96)), ("prefill.1", (2, 96)), ("prefill.2", (1, 96)), ("decode", (1, 96))]
+    assert prefill.tobytes() == returned[0].tobytes()
+
+
+def test_an_f16_kv_cache_is_recorded_in_float16_and_named_in_provenance(ggufs: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "llama.h5"
+    _record(ggufs["f32"], out, TokenSchedule(SCHEDULE.prompt), LlamaSettings(kv_type="f16"))
+    with open_capture(out, check_in_child=False) as capture:
+        cache = [r for r in capture.records if r.name.startswith("cache_k_l0")]
+        assert cache and {r.dtype for r in cache} == {"float16"}
+        assert capture.meta.provenance["parity_settings"]["kv_type"] == "f16"
+
+
+def test_a_quantized_kv_cache_is_kept_as_ggml_blocks_the_reader_decodes(ggufs: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "llama.h5"
+    _record(ggufs["f32"], out, TokenSchedule(SCHEDULE.prompt), LlamaSettings(kv_type="q8_0", flash_attn=True))
+    assert validate_file(out, 2**31, 60).problems == []
+    with open_capture(out, check_in_child=False) as capture:
+        written = next(r for r in capture.records if r.name == "cache_k_l0 (view)" and r.kernel_id == "SET_ROWS")
+        assert written.dtype == "q8_0"
+        keys = capture.read_values(written)
+        rope = next(r for r in capture.records if r.name == "Kcur-0" and r.kernel_id == "ROPE")
+        k = capture.read_values(rope).reshape(len(SCHEDULE.prompt), -1)
+    assert np.allclose(keys[: len(SCHEDULE.prompt)], k, atol=np.abs(k).max() / 100)
+
+
+def test_a_quantized_v_cache_without_flash_attention_is_refused_by_llama_cpp(ggufs: dict[str, Path], tmp_path: Path) -> None:
+    with pytest.raises(RecorderError, match="quantized KV cache without flash attention"):
+        _record(ggufs["f32"], tmp_path / "x.h5", TokenSchedule(SCHEDULE.prompt), LlamaSettings(kv_type="q8_0"))
+    assert not (tmp_path / "x.h5").exists()
+
+
+def test_all_nodes_adds_the_unnamed_nodes(ggufs: dict[str, Path], tmp_path: Path) -> None:
+    named, every = tmp_path / "named.h5", tmp_path / "all.h5"
+    schedule = TokenSchedule(SCHEDULE.prompt)
+    _record(ggufs["f32"], named, schedule)
+    _record(ggufs["f32"], every, schedule, LlamaSettings(all_nodes=True))
+    with open_capture(named, check_in_child=False) as a, open_capture(every, check_in_child=False) as b:
+        assert len(b.records) >= len(a.records)
+        assert {r.name for r in a.records} <= {r.name for r in b.records}
+
+
+def test_a_missing_model_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(RecorderError, match="no such GGUF file"):
+        _record(tmp_path / "absent.gguf", tmp_path / "x.h5")

@@ -3,7 +3,9 @@
 Run: .venv/bin/python benchmarks/bench_open_index.py [--rows N] [--keep DIR]
 
 Figures printed (best of several repeats, except the child check, which runs once per file):
-- open_capture with its first structural check in a child process (what the first open costs);
+- open_capture with its first structural check in a child process (what the first open costs;
+  the check cache is pointed at a fresh folder so the check really runs);
+- open_capture in a new process whose pass is cached on disk (time inside that process);
 - open_capture of an already-checked file (index, dispatch, tokens: one read each);
 - building the Record list from the index;
 - reading one tensor through the reader (with its per-dataset safety checks);
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +37,14 @@ from sessions.capture_reader import open_capture  # noqa: E402
 from sessions.structure_check import shard_count  # noqa: E402
 
 STEP_ROWS = 500
+ROOT = Path(__file__).resolve().parent.parent
+TIMED_OPEN = """
+import sys, time
+from sessions.capture_reader import open_capture
+start = time.perf_counter()
+open_capture(sys.argv[1]).close()
+print(time.perf_counter() - start)
+"""
 
 
 def build_capture(path: Path, rows: int) -> None:
@@ -60,6 +71,13 @@ def best_of(repeats: int, work: Callable[[], object]) -> float:
     return min(times) if repeats < 5 else statistics.median(times)
 
 
+def open_in_new_process(path: Path) -> float:
+    """Seconds `open_capture` takes in a fresh interpreter (its start-up not counted)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", TIMED_OPEN, str(path)], capture_output=True, text=True, env=env, check=True)
+    return float(done.stdout.split()[-1])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=50_000)
@@ -73,6 +91,7 @@ def main() -> int:
         build_capture(path, args.rows)
         print(f"built {path} ({path.stat().st_size / 1e6:.1f} MB, {args.rows} rows) in {time.perf_counter() - start:.1f} s")
     print(f"{os.cpu_count()} cores; the first check runs in {shard_count(path)} child process(es)")
+    os.environ["PARITY_XRAY_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-open-cache-")
 
     start = time.perf_counter()
     with open_capture(path) as capture:
@@ -101,6 +120,7 @@ def main() -> int:
 
     rows = [
         ("open_capture, first open (child structural check + open)", first_open),
+        ("open_capture in a new process, pass cached on disk", min(open_in_new_process(path) for _ in range(3))),
         ("open_capture, already checked (index+dispatch+tokens)", best_of(7, reopen)),
         ("open_capture + Capture.records (50k Record objects)", best_of(5, records)),
         ("plain h5py: open + read /index", best_of(7, plain_index)),

@@ -35,6 +35,7 @@ from sessions.hdf5_safety import (
     dataset_problems,
     read_attribute,
 )
+from sessions.progress import ProgressGenerator, run_to_end
 
 
 class CaptureError(Exception):
@@ -183,6 +184,19 @@ class Capture:
             self.index = self._committed_index_prefix(self.index)
         self.row_problems, self.bad_rows = index_problems(self.index)
         """Problems of index rows on their own, and a mask of the rows that have them (open_capture refuses these)."""
+
+    @property
+    def walker(self) -> LinkWalker:
+        """The link walker of this file, for checks that resolve many in-file paths."""
+        return self._walker
+
+    @property
+    def memory_budget(self) -> int:
+        return self._budget
+
+    @property
+    def file_size(self) -> int:
+        return self._file_size
 
     def _fail(self, location: str, problem: str) -> CaptureError:
         return CaptureError(self.path, location, problem)
@@ -433,17 +447,19 @@ def load_capture(path: Path, *, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> C
         raise CaptureError(path, "file", f"unreadable structure ({type(exc).__name__}: {exc})") from None
 
 
-def open_capture(
+def iter_open_capture(
     path: str | Path,
     *,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     check_in_child: bool = True,
     check_timeout_s: float = CHECK_TIMEOUT_S,
-) -> Capture:
+) -> ProgressGenerator[Capture]:
     """Open a capture read-only, without the HDF5 file lock, after its structure passed a check.
 
-    The check runs once per (file, size, mtime) in a child process with a time and memory
-    limit. `check_in_child=False` skips it: only for files this process just wrote itself with
+    The check runs once per file version (path, inode, size, mtime; remembered on disk across
+    processes) in a child process with a time and memory limit, yielding the index rows it has
+    checked; a file that passed before yields nothing. Closing the generator kills the check.
+    `check_in_child=False` skips it: only for files this process just wrote itself with
     `CaptureWriter`, never for a file that came from elsewhere.
     """
     path = Path(path)
@@ -451,9 +467,9 @@ def open_capture(
         raise CaptureError(path, "file", "does not exist" if not path.exists() else "is not a regular file")
     if check_in_child:
         # Imported here because the checker's child side is built on this module.
-        from sessions.structure_check import ensure_checked
+        from sessions.structure_check import iter_ensure_checked
 
-        failure = ensure_checked(path, memory_budget=memory_budget, timeout_s=check_timeout_s)
+        failure = yield from iter_ensure_checked(path, memory_budget=memory_budget, timeout_s=check_timeout_s)
         if failure is not None:
             raise CaptureError(path, failure.location, failure.problem)
     capture = load_capture(path, memory_budget=memory_budget)
@@ -462,3 +478,44 @@ def open_capture(
         first = capture.row_problems[0]
         raise CaptureError(path, first.location, first.problem)
     return capture
+
+
+def open_capture(
+    path: str | Path,
+    *,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    check_in_child: bool = True,
+    check_timeout_s: float = CHECK_TIMEOUT_S,
+) -> Capture:
+    """`iter_open_capture` without progress: a plain call for headless callers and small files."""
+    return run_to_end(
+        iter_open_capture(
+            path, memory_budget=memory_budget, check_in_child=check_in_child, check_timeout_s=check_timeout_s
+        )
+    )
+
+
+def read_bits_into(
+    capture: Capture, record: Record, out: np.ndarray, selection: tuple[slice | int, ...] | None = None
+) -> np.ndarray:
+    """`Capture.read_bits` into the caller's array (C-contiguous, the selection's shape, the stored
+    dtype), which it returns. A comparison streaming gigabytes reuses one buffer this way: a fresh
+    array per read costs more in page faults than the copy from the page cache."""
+    ds = capture._checked_dataset(record)
+    try:
+        ds.read_direct(out, selection)
+    except (OSError, ValueError, TypeError, IndexError) as exc:
+        raise capture._fail(record.path, f"data cannot be read ({exc})") from None
+    return out
+
+
+def stored_span(capture: Capture, record: Record) -> tuple[int, int] | None:
+    """(file offset, bytes) of a record's stored data when it is one contiguous run of the file,
+    from metadata only; None for chunked storage or a record that fails its checks (its read
+    reports that). For read-ahead: telling the kernel which bytes come next."""
+    try:
+        ds = capture._checked_dataset(record)
+        offset = ds.id.get_offset()
+        return None if offset is None else (int(offset), int(ds.id.get_storage_size()))
+    except (CaptureError, OSError, ValueError, TypeError):
+        return None

@@ -79,7 +79,8 @@ class LinkWalker:
     def __init__(self, file: h5py.File) -> None:
         self._groups: dict[str, h5py.h5g.GroupID] = {"/": file.id}
 
-    def _group(self, path: str) -> h5py.h5g.GroupID:
+    def group_id(self, path: str) -> h5py.h5g.GroupID:
+        """The group at a hard-link path (as `resolve` returns), opened once and kept."""
         group = self._groups.get(path)
         if group is None:
             parent, _, name = path.rpartition("/")
@@ -97,7 +98,7 @@ class LinkWalker:
         current = "/"
         parts = _normalise(path)
         for i, part in enumerate(parts):
-            group = self._group(current)
+            group = self.group_id(current)
             candidate = _join(current, part)
             try:
                 info = group.links.get_info(part.encode())
@@ -135,7 +136,7 @@ class LinkWalker:
         if not name:
             raise UnsafeObject(Problem(path, "is the root group, not a dataset"))
         try:
-            obj = h5py.h5o.open(self._group(parent or "/"), name.encode())
+            obj = h5py.h5o.open(self.group_id(parent or "/"), name.encode())
         except (KeyError, ValueError, OSError, RuntimeError) as exc:
             raise UnsafeObject(Problem(path, f"cannot be opened ({exc})")) from None
         if not isinstance(obj, h5py.h5d.DatasetID):

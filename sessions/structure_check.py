@@ -5,11 +5,13 @@ hangs it holds the interpreter lock (GUIDE section 7). A thread is no protection
 open of a file walks everything the viewer will later touch (root attributes, the three tables,
 every index row's dataset and attributes) in a separate process with a wall-clock timeout and
 an address-space limit. A crash or a hang there becomes a `Problem` naming the file, and the
-caller carries on. Files that pass are remembered by (resolved path, size, mtime) so re-opening
-them does not spawn another process.
+caller carries on. Files that pass are remembered in this process and on disk
+(`sessions.check_cache`), so neither re-opening them nor opening them in the next process
+spawns another check.
 
-Run as `python -m sessions.structure_check [--memory-budget BYTES] PATH`: prints one JSON
-object with the problems found and what the file holds.
+Run as `python -m sessions.structure_check [--memory-budget BYTES] [--shard I/N] PATH`: prints
+`progress DONE TOTAL` lines while it checks index rows, then one JSON object with the problems
+found and what the file holds. The parent turns the progress lines into `Progress`.
 """
 
 from __future__ import annotations
@@ -18,22 +20,30 @@ import argparse
 import json
 import os
 import resource
+import selectors
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from sessions import capture_format as cf
+from sessions import check_cache
 from sessions.capture_reader import Capture, CaptureError, load_capture
 from sessions.hdf5_safety import CHECK_TIMEOUT_S, DEFAULT_MEMORY_BUDGET, Problem
+from sessions.progress import Progress, ProgressGenerator, run_to_end
+from sessions.record_scan import scan_problems
 
 SHARDING_MIN_BYTES = 16 * 1024**2
 MAX_SHARDS = 4
 INTERPRETER_HEADROOM = 1536 * 1024**2
 """Address space the child's interpreter, numpy and libhdf5 need besides the read budget."""
+PROGRESS_PREFIX = b"progress "
+POLL_S = 0.1
+"""How often the parent yields while children are quiet, so closing its generator is prompt."""
 
 
 @dataclass
@@ -59,12 +69,18 @@ class CheckReport:
         )
 
 
-def check_here(path: Path, memory_budget: int = DEFAULT_MEMORY_BUDGET, shard: int = 0, shards: int = 1) -> CheckReport:
+def check_here(
+    path: Path,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    shard: int = 0,
+    shards: int = 1,
+    progress: Callable[[int, int], None] | None = None,
+) -> CheckReport:
     """Check a file in this process, collecting every problem (each child runs this).
 
     With several shards, shard i checks the i-th contiguous slice of index rows' datasets;
     shard 0 also reports the row-level and cross-table problems, so merging the shards' reports
-    in shard order lists problems in file order.
+    in shard order lists problems in file order. `progress(done, total)` counts this shard's rows.
     """
     try:
         capture = load_capture(path, memory_budget=memory_budget)
@@ -72,36 +88,45 @@ def check_here(path: Path, memory_budget: int = DEFAULT_MEMORY_BUDGET, shard: in
         return CheckReport([Problem(exc.location, exc.problem)] if shard == 0 else [])
     with capture:
         report = CheckReport(list(capture.row_problems) if shard == 0 else [], capture.complete, capture.describe())
-        n = len(capture.records)
-        start, stop = n * shard // shards, n * (shard + 1) // shards
-        bad_rows = capture.bad_rows.tolist()
-        for record in capture.records[start:stop]:
-            if not bad_rows[record.seq]:
-                report.problems += capture.record_problems(record)
+        n = len(capture.index)
+        report.problems += scan_problems(capture, n * shard // shards, n * (shard + 1) // shards, progress)
         if shard == 0:
             report.problems += table_problems(capture)
     return report
 
 
 def table_problems(capture: Capture) -> list[Problem]:
-    """Cross-table problems: dispatch rows pointing nowhere, unknown kinds, broken occurrence counts."""
+    """Cross-table problems: dispatch rows pointing nowhere, unknown kinds, broken occurrence counts.
+
+    Works on the index columns, not on `Record` objects: building 50,000 of them costs half a second.
+    """
     found: list[Problem] = []
+    index = capture.index
     seen: dict[tuple[int, str, int, str], int] = {}
-    for record in capture.records:
-        key = (record.step, record.segment, record.layer, record.name)
+    rows = zip(
+        index["step"].tolist(),
+        [cf.decode_field(raw) for raw in index["segment"].tolist()],
+        index["layer"].tolist(),
+        [cf.decode_field(raw) for raw in index["name"].tolist()],
+        index["occurrence"].tolist(),
+        index["t_start_ns"].tolist(),
+        index["t_end_ns"].tolist(),
+    )
+    for seq, (step, segment, layer, name, occurrence, t_start, t_end) in enumerate(rows):
+        key = (step, segment, layer, name)
         expected = seen.get(key, 0)
-        if record.occurrence != expected:
+        if occurrence != expected:
             found.append(
                 Problem(
-                    f"/index row {record.seq} ({record.name})",
-                    f"occurrence is {record.occurrence}; {expected} earlier rows have this name in step "
-                    f"{record.step}, segment {record.segment!r}, layer {record.layer}, so it should be {expected}",
+                    f"/index row {seq} ({name})",
+                    f"occurrence is {occurrence}; {expected} earlier rows have this name in step "
+                    f"{step}, segment {segment!r}, layer {layer}, so it should be {expected}",
                 )
             )
         seen[key] = expected + 1
-        if record.t_end_ns < record.t_start_ns:
-            found.append(Problem(f"/index row {record.seq} ({record.name})", "ends before it starts"))
-    n_records = len(capture.records)
+        if t_end < t_start:
+            found.append(Problem(f"/index row {seq} ({name})", "ends before it starts"))
+    n_records = len(index)
     for row, event in enumerate(capture.dispatch):
         where = f"/dispatch row {row}"
         if not 0 <= int(event["index_seq"]) < n_records:
@@ -129,8 +154,9 @@ def _signal_name(number: int) -> str:
 def shard_count(path: Path) -> int:
     """How many children check a file at once: one for small files, up to four cores' worth for large ones.
 
-    Opening each dataset's header costs libhdf5 about 0.1 ms, so a 50,000-record capture takes
-    seconds on one core; small files are not worth the extra interpreter start-ups.
+    Checking one index row's dataset costs about 65 us (opening its header, type, dataspace and
+    one attribute in libhdf5), so a 50,000-record capture takes over 3 s on one core; small files
+    are not worth the extra interpreter start-ups (0.2 s each).
     """
     if path.stat().st_size < SHARDING_MIN_BYTES:
         return 1
@@ -163,67 +189,192 @@ def _verdict(returncode: int, stdout: str, stderr: str) -> CheckReport:
         return CheckReport([Problem(where, f"the checking process failed (exit {returncode}: {tail[0][:300]})")])
 
 
+class _Children:
+    """The checking children of one file and what each has printed so far."""
+
+    def __init__(self, path: Path, memory_budget: int) -> None:
+        env = dict(os.environ, HDF5_PLUGIN_PRELOAD="::", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+        root = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+        shards = shard_count(path)
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.selector = selectors.DefaultSelector()
+        self.stdout = [bytearray() for _ in range(shards)]
+        self.stderr = [bytearray() for _ in range(shards)]
+        self.done = [0] * shards
+        self.totals: list[int | None] = [None] * shards
+        self._parsed = [0] * shards
+        try:
+            for shard in range(shards):
+                child = subprocess.Popen(
+                    _child_command(path, memory_budget, shard, shards),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    env=env,
+                )
+                self.processes.append(child)
+                assert child.stdout is not None and child.stderr is not None
+                self.selector.register(child.stdout, selectors.EVENT_READ, (shard, self.stdout))
+                self.selector.register(child.stderr, selectors.EVENT_READ, (shard, self.stderr))
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def reading(self) -> bool:
+        return bool(self.selector.get_map())
+
+    def read(self, timeout_s: float) -> None:
+        """Take what the children printed within `timeout_s`."""
+        for key, _ in self.selector.select(timeout_s):
+            shard, sink = key.data
+            chunk = os.read(key.fd, 65536)
+            if not chunk:
+                self.selector.unregister(key.fileobj)
+                continue
+            sink[shard] += chunk
+            if sink is self.stdout:
+                self._parse_progress(shard)
+
+    def _parse_progress(self, shard: int) -> None:
+        out = self.stdout[shard]
+        end = out.rfind(b"\n") + 1
+        for line in bytes(out[self._parsed[shard] : end]).splitlines():
+            numbers = line[len(PROGRESS_PREFIX) :].split() if line.startswith(PROGRESS_PREFIX) else []
+            if len(numbers) == 2 and all(n.isdigit() for n in numbers):
+                self.done[shard], self.totals[shard] = int(numbers[0]), int(numbers[1])
+        self._parsed[shard] = end
+
+    def progress(self, label: str) -> Progress:
+        """Rows checked over all shards; the total stays 0 (unknown) until every shard has counted its rows."""
+        if any(total is None for total in self.totals):
+            return Progress(sum(self.done), 0, label)
+        return Progress(sum(self.done), sum(t or 0 for t in self.totals), label)
+
+    def close(self) -> None:
+        """Kill whichever child still runs and reap every one, so none outlives the check."""
+        for child in self.processes:
+            if child.poll() is None:
+                child.kill()
+        for child in self.processes:
+            child.wait()
+            for pipe in (child.stdout, child.stderr):
+                if pipe is not None:
+                    pipe.close()
+        self.selector.close()
+
+
+def _timeout_report(timeout_s: float) -> CheckReport:
+    return CheckReport(
+        [Problem("structure check", f"reading the file's structure did not finish within {timeout_s:g} s (libhdf5 hangs on it)")]
+    )
+
+
+def iter_check_in_child(
+    path: Path,
+    *,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    timeout_s: float = CHECK_TIMEOUT_S,
+) -> ProgressGenerator[CheckReport]:
+    """Run the check in child processes, yielding rows checked; a crash or hang of any child is itself the finding.
+
+    Closing the generator kills the children (cancel): none is left running.
+    """
+    deadline = time.monotonic() + timeout_s
+    label = f"checking {path.name}"
+    children = _Children(path, memory_budget)
+    try:
+        yield children.progress(label)
+        while children.reading:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return _timeout_report(timeout_s)
+            children.read(min(POLL_S, remaining))
+            yield children.progress(label)
+        merged = CheckReport()
+        for shard, child in enumerate(children.processes):
+            try:
+                returncode = child.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                return _timeout_report(timeout_s)
+            report = _verdict(
+                returncode,
+                children.stdout[shard].decode("utf-8", errors="replace"),
+                children.stderr[shard].decode("utf-8", errors="replace"),
+            )
+            if shard == 0:
+                merged.complete, merged.contents = report.complete, report.contents
+            merged.problems += report.problems
+        return merged
+    finally:
+        children.close()
+
+
 def check_in_child(
     path: Path,
     *,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     timeout_s: float = CHECK_TIMEOUT_S,
 ) -> CheckReport:
-    """Run the check in child processes; a crash or hang of any of them is itself the finding."""
-    env = dict(os.environ, HDF5_PLUGIN_PRELOAD="::", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-    shards = shard_count(path)
-    children = [
-        subprocess.Popen(
-            _child_command(path, memory_budget, shard, shards),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for shard in range(shards)
-    ]
-    deadline = time.monotonic() + timeout_s
-    merged = CheckReport()
-    try:
-        for shard, child in enumerate(children):
-            try:
-                stdout, stderr = child.communicate(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                return CheckReport(
-                    [
-                        Problem(
-                            "structure check",
-                            f"reading the file's structure did not finish within {timeout_s:g} s (libhdf5 hangs on it)",
-                        )
-                    ]
-                )
-            report = _verdict(child.returncode, stdout, stderr)
-            if shard == 0:
-                merged.complete, merged.contents = report.complete, report.contents
-            merged.problems += report.problems
-    finally:
-        for child in children:
-            if child.poll() is None:
-                child.kill()
-            child.communicate()
-    return merged
+    """`iter_check_in_child` without progress."""
+    return run_to_end(iter_check_in_child(path, memory_budget=memory_budget, timeout_s=timeout_s))
 
 
-_passed: set[tuple[str, int, int, int]] = set()
+_passed: set[check_cache.FileIdentity] = set()
 _passed_lock = threading.Lock()
 
 
-def _identity(path: Path, memory_budget: int) -> tuple[str, int, int, int]:
-    stat = path.stat()
-    return (str(path.resolve()), stat.st_size, stat.st_mtime_ns, memory_budget)
+def _passed_anywhere(identity: check_cache.FileIdentity) -> bool:
+    with _passed_lock:
+        if identity in _passed:
+            return True
+    if check_cache.passed_before(identity):
+        with _passed_lock:
+            _passed.add(identity)
+        return True
+    return False
 
 
 def already_checked(path: Path, *, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> bool:
-    """Whether this file, as it is now on disk, passed a check in this process."""
-    with _passed_lock:
-        return _identity(path, memory_budget) in _passed
+    """Whether this file, as it is now on disk, passed a check in this or an earlier process."""
+    return _passed_anywhere(check_cache.identity_of(path, memory_budget))
+
+
+def _unchanged(path: Path, identity: check_cache.FileIdentity) -> bool:
+    try:
+        return check_cache.identity_of(path, identity.memory_budget) == identity
+    except OSError:
+        return False
+
+
+def iter_ensure_checked(
+    path: Path,
+    *,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    timeout_s: float = CHECK_TIMEOUT_S,
+) -> ProgressGenerator[Problem | None]:
+    """The first problem of a file (with a count of the rest), or None once it passed; yields nothing for a known pass.
+
+    A pass is remembered (here and on disk) only when the file did not change while it was
+    checked: a writer still appending makes the verdict about a version that is gone.
+    """
+    identity = check_cache.identity_of(path, memory_budget)
+    if _passed_anywhere(identity):
+        return None
+    report = yield from iter_check_in_child(path, memory_budget=memory_budget, timeout_s=timeout_s)
+    if not report.problems:
+        if _unchanged(path, identity):
+            with _passed_lock:
+                _passed.add(identity)
+            check_cache.remember_pass(identity)
+        return None
+    check_cache.forget(identity)
+    first = report.problems[0]
+    more = len(report.problems) - 1
+    if more:
+        return Problem(first.location, f"{first.problem} (and {more} more; `parity-xray validate` lists them)")
+    return first
 
 
 def ensure_checked(
@@ -232,21 +383,8 @@ def ensure_checked(
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     timeout_s: float = CHECK_TIMEOUT_S,
 ) -> Problem | None:
-    """The first problem of a file (with a count of the rest), or None once it passed; passes are cached."""
-    identity = _identity(path, memory_budget)
-    with _passed_lock:
-        if identity in _passed:
-            return None
-    report = check_in_child(path, memory_budget=memory_budget, timeout_s=timeout_s)
-    if not report.problems:
-        with _passed_lock:
-            _passed.add(identity)
-        return None
-    first = report.problems[0]
-    more = len(report.problems) - 1
-    if more:
-        return Problem(first.location, f"{first.problem} (and {more} more; `parity-xray validate` lists them)")
-    return first
+    """`iter_ensure_checked` without progress."""
+    return run_to_end(iter_ensure_checked(path, memory_budget=memory_budget, timeout_s=timeout_s))
 
 
 def _limit_address_space(memory_budget: int) -> None:
@@ -265,8 +403,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     shard, shards = (int(part) for part in args.shard.split("/"))
     _limit_address_space(args.memory_budget)
+
+    def progress(done: int, total: int) -> None:
+        sys.stdout.write(f"{PROGRESS_PREFIX.decode()}{done} {total}\n")
+        sys.stdout.flush()
+
     try:
-        report = check_here(args.path, args.memory_budget, shard, shards)
+        report = check_here(args.path, args.memory_budget, shard, shards, progress)
     except MemoryError:
         report = CheckReport([Problem("structure check", "reading the file's structure ran out of its memory limit")])
     except Exception as exc:  # noqa: BLE001  (any libhdf5 failure on a bad file is a finding, not a crash)

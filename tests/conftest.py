@@ -27,3 +27,14 @@ def demo_pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path
     from sessions.progress import run_to_end
 
     return run_to_end(iter_generate(tmp_path_factory.mktemp("demo"), seed=0))
+
+
+# Structure-check passes are remembered on disk (sessions.check_cache); each test session gets
+# its own empty cache, so no pass from an earlier run or from the user's own files counts here.
+import atexit  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+
+_SESSION_CACHE_DIR = tempfile.mkdtemp(prefix="parity-xray-test-cache-")
+os.environ["PARITY_XRAY_CACHE_DIR"] = _SESSION_CACHE_DIR
+atexit.register(shutil.rmtree, _SESSION_CACHE_DIR, ignore_errors=True)

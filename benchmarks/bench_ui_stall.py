@@ -1,0 +1,153 @@
+"""Longest event-loop stall of the real viewer window while it opens, diffs and shows a large pair.
+
+Builds a native/oracle pair of seed-sized tensors (1008 x 16384 float32, the Qwen3-VL visual
+prefix) with real planted bit flips, opens it in the real MainWindow (offscreen unless a
+display is given), and drives it: open + full comparison, the first divergence's heatmaps,
+a colour-scale switch, another op, an element click. A 10 ms QTimer heartbeat records every
+gap; the longest gap is the longest time the UI could not respond.
+
+    .venv/bin/python benchmarks/bench_ui_stall.py [--layers 8] [--dir DIR] [--json OUT]
+
+Target: longest stall <= ~100 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import sessions  # noqa: E402,F401  (disables HDF5 filter plugins before h5py loads)
+import numpy as np  # noqa: E402
+from PySide6.QtCore import QElapsedTimer, QTimer  # noqa: E402
+from PySide6.QtWidgets import QApplication  # noqa: E402
+
+from sessions.capture_meta import CaptureMeta  # noqa: E402
+from sessions.capture_writer import CaptureWriter  # noqa: E402
+
+ROWS, COLS = 1008, 16384
+HEARTBEAT_MS = 10
+
+
+def build_pair(directory: Path, layers: int) -> tuple[Path, Path]:
+    """`layers` records per side; layer k's native differs from the oracle by one-ULP flips in row k."""
+    native_path, oracle_path = directory / "stall.native.h5", directory / "stall.oracle.h5"
+    if native_path.exists() and oracle_path.exists():
+        return native_path, oracle_path
+    rng = np.random.default_rng(11)
+    common = {"model_id": "bench", "weights_hash": "sha256:bench", "prompt": "bench"}
+    with CaptureWriter(native_path, CaptureMeta(role="native", engine_name="bench-native", **common)) as native, CaptureWriter(
+        oracle_path, CaptureMeta(role="oracle", engine_name="bench-oracle", **common)
+    ) as oracle:
+        for layer in range(layers):
+            values = rng.standard_normal((ROWS, COLS), dtype=np.float32)
+            oracle.add_tensor("layer_out", values, step=0, segment="visual", layer=layer)
+            values.view(np.uint32)[layer, :: 97 + layer] ^= 1
+            native.add_tensor("layer_out", values, step=0, segment="visual", layer=layer)
+            native.end_step()
+            oracle.end_step()
+    return native_path, oracle_path
+
+
+class Heartbeat:
+    """Records the gaps between 10 ms timer ticks on the UI thread."""
+
+    def __init__(self) -> None:
+        self.clock = QElapsedTimer()
+        self.gaps: list[float] = []
+        self.timer = QTimer()
+        self.timer.setInterval(HEARTBEAT_MS)
+        self.timer.timeout.connect(self._tick)
+        self._last = 0.0
+
+    def start(self) -> None:
+        self.clock.start()
+        self._last = self.clock.nsecsElapsed() / 1e6
+        self.timer.start()
+
+    def _tick(self) -> None:
+        now = self.clock.nsecsElapsed() / 1e6
+        self.gaps.append(now - self._last)
+        self._last = now
+
+    def stop(self) -> dict[str, float]:
+        self.timer.stop()
+        gaps = np.asarray(self.gaps)
+        stalls = gaps - HEARTBEAT_MS
+        return {
+            "ticks": int(gaps.size),
+            "longest_gap_ms": round(float(gaps.max()), 1),
+            "longest_stall_ms": round(float(stalls.max()), 1),
+            "p99_gap_ms": round(float(np.percentile(gaps, 99)), 1),
+            "gaps_over_100ms": int((gaps > 100).sum()),
+        }
+
+
+def run(app: QApplication, native: Path, oracle: Path, settings_dir: Path) -> dict[str, object]:
+    from viewer.main_window import MainWindow
+    from viewer.settings import ViewerSettings
+
+    def wait(condition, timeout_s: float = 900.0) -> float:  # type: ignore[no-untyped-def]
+        start = time.perf_counter()
+        while not condition():
+            app.processEvents()
+            time.sleep(0.001)
+            if time.perf_counter() - start > timeout_s:
+                raise TimeoutError("the window did not finish in time")
+        return time.perf_counter() - start
+
+    window = MainWindow(ViewerSettings(settings_dir / "bench.ini"))
+    window.resize(1440, 900)
+    window.show()
+    wait(lambda: window.isVisible())
+    beat = Heartbeat()
+    beat.start()
+    phases: dict[str, float] = {}
+    window.open_pair(native, oracle)
+    phases["open_and_compare_s"] = wait(lambda: window.model.comparison is not None and not window.tasks.busy)
+    phases["first_divergence_heatmaps_s"] = wait(lambda: window.tensor_view.data is not None and not window.tasks.busy)
+    for scale in ("absolute", "relative", "ULP"):
+        window.model.set_scale(scale)
+        app.processEvents()
+    pairs = window.model.comparison.comparison.pairs
+    window.model.select(pairs[-1])
+    phases["another_op_s"] = wait(lambda: window.tensor_view.data is not None and window.tensor_view.data.request.label == pairs[-1].label and not window.tasks.busy)
+    window.tensor_view.select_element((5, 5), pinned=True)
+    for index in range(4):
+        window.show_panel(index)
+        app.processEvents()
+    result = beat.stop()
+    window.close()
+    return {**result, **{k: round(v, 2) for k, v in phases.items()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=8, help="1008 x 16384 float32 records per side (66 MB each)")
+    parser.add_argument("--dir", type=Path, help="where to build (and reuse) the pair; default a temporary folder")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args(argv)
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    with tempfile.TemporaryDirectory() as scratch:
+        directory = args.dir or Path(scratch)
+        directory.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        native, oracle = build_pair(directory, args.layers)
+        build_s = time.perf_counter() - t0
+        size_mb = (native.stat().st_size + oracle.stat().st_size) / 1e6
+        figures = {"pair_mb": round(size_mb, 1), "build_s": round(build_s, 1), **run(app, native, oracle, Path(scratch))}
+    print(json.dumps(figures, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""Viewer behaviour that is not about one picture: cancelling work, persisted state, workers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PySide6.QtCore import QSettings, Qt
+from pytestqt.qtbot import QtBot
+
+from sessions.progress import Progress, ProgressGenerator
+from tests.hand_captures import T, write_capture
+from viewer.main_window import MainWindow
+from viewer.settings import STATE_VERSION, ViewerSettings
+from viewer.workers import TaskSlots
+
+pytestmark = pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")
+
+WAIT_MS = 120_000
+
+
+@pytest.fixture(scope="module")
+def large_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """16 layers of 1024 x 2048 float32 per side (128 MiB each); every native element is one ULP off.
+
+    Dense differences take the diff engine's full-metrics path, so the comparison runs for
+    seconds rather than the fraction of a second a bit-identical pair takes.
+    """
+    root = tmp_path_factory.mktemp("large")
+    rng = np.random.default_rng(7)
+    oracle_tensors, native_tensors = [], []
+    for layer in range(16):
+        values = rng.standard_normal((1024, 2048), dtype=np.float32)
+        flipped = values.copy()
+        flipped.view(np.uint32)[...] ^= 1
+        oracle_tensors.append(T("layer_out", values, layer=layer))
+        native_tensors.append(T("layer_out", flipped, layer=layer))
+    return (
+        write_capture(root / "large.native.h5", "native", native_tensors),
+        write_capture(root / "large.oracle.h5", "oracle", oracle_tensors),
+    )
+
+
+@pytest.fixture
+def window(qtbot: QtBot, tmp_path: Path) -> MainWindow:
+    win = MainWindow(ViewerSettings(tmp_path / "viewer.ini"))
+    qtbot.addWidget(win)
+    win.resize(1440, 900)
+    win.show()
+    yield win
+    win.close()
+
+
+def test_cancel_during_a_long_diff_stops_it_and_leaves_the_window_usable(qtbot: QtBot, window: MainWindow, large_pair: tuple[Path, Path]) -> None:
+    with qtbot.waitSignal(window.tasks.progressed, timeout=WAIT_MS, check_params_cb=lambda p: p.label.startswith("step") and p.done > 0):
+        window.open_pair(*large_pair)
+    compare = window.tasks.task("compare")
+    assert compare is not None
+    assert window.cancel_button.isVisible() and window.progress.isVisible()
+    with qtbot.waitSignal(compare.cancelled, timeout=WAIT_MS):
+        qtbot.mouseClick(window.cancel_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not window.tasks.busy, timeout=WAIT_MS)
+    assert window.model.comparison is None
+    assert any("cancelled" in text for text in window.banners.texts("comparison"))
+    assert not window.progress.isVisible() and not window.cancel_button.isVisible()
+    assert window.model.native is not None and window.model.oracle is not None
+
+    window.swap_action.trigger()
+    qtbot.waitUntil(lambda: window.model.comparison is not None and not window.tasks.busy, timeout=WAIT_MS)
+    first = window.model.comparison.comparison.pairs[window.model.comparison.comparison.first_divergence]
+    assert first.layer == 0 and first.metrics.differing == 1024 * 2048 and first.metrics.max_ulp == 1
+
+
+def test_a_newer_request_in_a_lane_cancels_the_older_one(qtbot: QtBot) -> None:
+    slots = TaskSlots()
+    results: list[str] = []
+
+    def endless() -> ProgressGenerator[str]:
+        n = 0
+        while True:
+            n += 1
+            yield Progress(n, 0, "forever")
+
+    def quick() -> ProgressGenerator[str]:
+        yield Progress(1, 1, "quick")
+        return "newest"
+
+    stale = slots.submit("tensor", endless, results.append, results.append)
+    with qtbot.waitSignal(stale.cancelled, timeout=WAIT_MS):
+        newest = slots.submit("tensor", quick, results.append, results.append)
+    with qtbot.waitSignal(newest.ended, timeout=WAIT_MS):
+        pass
+    qtbot.waitUntil(lambda: slots.idle, timeout=WAIT_MS)
+    assert results == ["newest"]
+
+
+def test_a_failing_generator_reports_a_message_not_a_traceback(qtbot: QtBot) -> None:
+    slots = TaskSlots()
+    failures: list[str] = []
+
+    def broken() -> ProgressGenerator[None]:
+        yield Progress(0, 1, "starting")
+        raise KeyError("index")
+
+    task = slots.submit("open", broken, lambda _r: None, failures.append)
+    with qtbot.waitSignal(task.ended, timeout=WAIT_MS):
+        pass
+    qtbot.waitUntil(lambda: slots.idle, timeout=WAIT_MS)
+    assert failures == ["KeyError: 'index'"]
+
+
+def test_recent_files_theme_and_layout_survive_a_restart(qtbot: QtBot, tmp_path: Path) -> None:
+    ini = tmp_path / "viewer.ini"
+    first = MainWindow(ViewerSettings(ini))
+    qtbot.addWidget(first)
+    first.resize(760, 560)
+    first.show()
+    qtbot.waitExposed(first)
+    first.settings.add_recent(tmp_path / "a.h5")
+    first.settings.add_recent(tmp_path / "b.h5")
+    first.toggle_theme()
+    first.close()
+
+    second = MainWindow(ViewerSettings(ini))
+    qtbot.addWidget(second)
+    assert second.settings.recent_files() == [str((tmp_path / "b.h5").resolve()), str((tmp_path / "a.h5").resolve())]
+    assert [a.text() for a in second.recent_menu.actions()] == second.settings.recent_files()
+    assert second.settings.theme() == "light"
+    assert second.size().height() == 560  # the offscreen screen is 800 px wide, under the window minimum
+    assert second.settings.window_state() is not None
+    assert "b.h5" in second.drop_hint.recent.text()
+    second.toggle_theme()
+    assert second.settings.theme() == "dark"
+    second.close()
+
+
+def test_unversioned_settings_are_migrated(tmp_path: Path) -> None:
+    ini = tmp_path / "old.ini"
+    old = QSettings(str(ini), QSettings.Format.IniFormat)
+    old.setValue("recent_files", "/x/one.h5;/x/two.h5")
+    old.setValue("theme", "purple")
+    old.sync()
+    settings = ViewerSettings(ini)
+    assert settings.recent_files() == ["/x/one.h5", "/x/two.h5"]
+    assert settings.theme() == "dark"
+    assert int(QSettings(str(ini), QSettings.Format.IniFormat).value("state_version")) == STATE_VERSION
+
+
+def test_run_viewer_refuses_three_files(capsys: pytest.CaptureFixture[str]) -> None:
+    from viewer.app import run_viewer
+
+    assert run_viewer(["a.h5", "b.h5", "c.h5"]) == 2
+    assert "at most two captures" in capsys.readouterr().err

@@ -1,0 +1,377 @@
+"""The viewer window, driven for real offscreen: opening, navigating, inspecting, cancelling.
+
+Every expectation about numbers is computed independently from the capture files with
+sessions helpers (capture_reader, align, element_info), never read back from the widgets'
+own sources.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QUrl
+from PySide6.QtGui import QDragEnterEvent, QDropEvent
+from PySide6.QtWidgets import QApplication
+from pytestqt.qtbot import QtBot
+
+from sessions.align import align
+from sessions.capture_reader import open_capture
+from sessions.element_info import describe, ulp_between
+from tests.hand_captures import T, bf16_bits, write_capture
+from viewer.main_window import MainWindow
+from viewer.settings import ViewerSettings
+
+pytestmark = pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")
+
+WAIT_MS = 120_000
+
+
+@pytest.fixture
+def window(qtbot: QtBot, tmp_path: Path) -> MainWindow:
+    win = MainWindow(ViewerSettings(tmp_path / "viewer.ini"))
+    qtbot.addWidget(win)
+    win.resize(1440, 900)
+    win.show()
+    qtbot.waitExposed(win)
+    yield win
+    win.close()
+
+
+def wait_idle(qtbot: QtBot, win: MainWindow) -> None:
+    qtbot.waitUntil(lambda: not win.tasks.busy, timeout=WAIT_MS)
+
+
+def wait_compared(qtbot: QtBot, win: MainWindow) -> None:
+    qtbot.waitUntil(lambda: win.model.comparison is not None and win.tensor_view.data is not None and not win.tasks.busy, timeout=WAIT_MS)
+
+
+def shoot(win: MainWindow, artifacts_dir: Path, name: str) -> Path:
+    QApplication.processEvents()
+    path = artifacts_dir / f"viewer-{name}.png"
+    image = win.grab()
+    assert image.width() == 1440 and image.height() == 900
+    assert image.save(str(path))
+    return path
+
+
+def expected_element(native_path: Path, oracle_path: Path, native_seq: int, coord: tuple[int, ...]) -> tuple[str, str, str, str, int | None]:
+    """(native hex, native decimal, oracle hex, oracle decimal, ULP) read straight from the files."""
+    with open_capture(native_path) as native, open_capture(oracle_path) as oracle:
+        pairs = align(native.records, oracle.records, resolve_profile_for(native), resolve_profile_for(oracle)).pairs
+        pair = next(p for p in pairs if p.native.record.seq == native_seq)
+        bits = []
+        for capture, mapped in ((native, pair.native), (oracle, pair.oracle)):
+            raw = capture.read_bits(mapped.record)
+            canonical = mapped.layout.apply(raw) if mapped.layout is not None else raw
+            bits.append(canonical[coord])
+        dtype = pair.native.record.dtype
+        n, o = describe(bits[0], dtype), describe(bits[1], dtype)
+        return n.hex, n.decimal, o.hex, o.decimal, ulp_between(bits[0], bits[1], dtype)
+
+
+def resolve_profile_for(capture: object) -> object:
+    from sessions.profiles import detect_profile
+
+    return detect_profile(r.name for r in capture.records)  # type: ignore[attr-defined]
+
+
+# -- small hand-built pair --------------------------------------------------------------------
+
+
+def small_pair(tmp_path: Path) -> tuple[Path, Path]:
+    """attn_norm 4x8 bf16: native has a 1-ULP flip at (1, 2), -0 for +0 at (2, 3), another NaN payload at (3, 4)."""
+    oracle = np.linspace(-2.0, 2.0, 32, dtype=np.float32).reshape(4, 8)
+    oracle[2, 3] = 0.0
+    o_bits = bf16_bits(oracle)
+    o_bits[3, 4] = 0x7FC1
+    n_bits = o_bits.copy()
+    n_bits[1, 2] += 1
+    n_bits[2, 3] = 0x8000
+    n_bits[3, 4] = 0x7FC3
+    rest = bf16_bits(np.ones((4, 8), dtype=np.float32))
+    native = write_capture(tmp_path / "small.native.h5", "native", [T("attn_norm", n_bits, layer=0, dtype="bfloat16"), T("layer_out", rest, layer=0, dtype="bfloat16")], [(0, 5, False)])
+    oracle_path = write_capture(tmp_path / "small.oracle.h5", "oracle", [T("attn_norm", o_bits, layer=0, dtype="bfloat16"), T("layer_out", rest, layer=0, dtype="bfloat16")], [(0, 5, False)])
+    return native, oracle_path
+
+
+def drop(win: MainWindow, paths: list[Path]) -> None:
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(p)) for p in paths])
+    where = QPointF(win.width() / 2, win.height() / 2)
+    enter = QDragEnterEvent(where, Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
+    QApplication.sendEvent(win, enter)
+    assert enter.isAccepted()
+    event = QDropEvent(where, Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
+    QApplication.sendEvent(win, event)
+
+
+def click_element(qtbot: QtBot, win: MainWindow, plot_name: str, row: int, col: int) -> None:
+    view = win.tensor_view
+    plot = view.plots[plot_name]
+    scene_point = plot.vb.mapViewToScene(QPointF(col + 0.5, row + 0.5))
+    widget_point = view.maps.mapFromScene(scene_point)
+    qtbot.mouseClick(view.maps.viewport(), Qt.MouseButton.LeftButton, pos=QPoint(widget_point.x(), widget_point.y()))
+
+
+# -- tests ------------------------------------------------------------------------------------
+
+
+def test_empty_window_shows_a_drop_hint_and_no_pair(window: MainWindow, artifacts_dir: Path) -> None:
+    assert window.stack.currentWidget() is window.drop_hint
+    assert "Drop a native and an oracle capture here" in window.drop_hint.label.text()
+    assert window.model.native is None and window.model.oracle is None
+    shoot(window, artifacts_dir, "empty")
+
+
+def test_demo_pair_opens_at_first_divergence_with_the_engines_bits(qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]], artifacts_dir: Path) -> None:
+    from backends.demo_generate import DEFAULT_SCENARIO
+
+    native_path, oracle_path = demo_pairs[DEFAULT_SCENARIO]
+    window.open_pair(native_path, oracle_path)
+    wait_compared(qtbot, window)
+    comparison = window.model.comparison.comparison
+    assert comparison.first_divergence is not None
+    first = comparison.pairs[comparison.first_divergence]
+
+    window.model.select(comparison.pairs[0])
+    wait_idle(qtbot, window)
+    window.jump_action.trigger()
+    wait_idle(qtbot, window)
+    assert window.model.selected is first
+    assert window.tree.view.currentIndex().data() == first.op
+    assert window.tensor_view.title.text().startswith(first.label)
+
+    shown = window.tensor_view.inspector.current
+    assert shown is not None and shown.pinned
+    worst = first.metrics.worst_ulp_at
+    assert worst is not None
+    assert shown.coordinate == tuple(worst.coord)
+    assert (shown.native.hex, shown.oracle.hex, shown.ulp) == (worst.native_hex, worst.oracle_hex, worst.ulp)
+    n_hex, n_dec, o_hex, o_dec, ulp = expected_element(native_path, oracle_path, first.native_seq, shown.coordinate)
+    inspector = window.tensor_view.inspector
+    assert inspector.cell_text("hex bits", "native") == n_hex
+    assert inspector.cell_text("hex bits", "oracle") == o_hex
+    assert inspector.cell_text("decimal", "native") == n_dec
+    assert inspector.cell_text("decimal", "oracle") == o_dec
+    assert inspector.verdict.text() == f"{ulp} ULP apart"
+
+    banners = " ".join(window.banners.texts())
+    assert ("KERNEL_CONTRACT_MISMATCH" in banners) == bool(comparison.contracts.findings)
+    shoot(window, artifacts_dir, "tensor-diff")
+    for index, name in enumerate(("overview", "token-parity", "provenance"), start=1):
+        window.show_panel(index)
+        shoot(window, artifacts_dir, name)
+
+
+def test_f8_and_shift_f8_step_through_divergences_from_the_keyboard(qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]]) -> None:
+    window.open_pair(*demo_pairs["swiglu-order"])
+    wait_compared(qtbot, window)
+    comparison = window.model.comparison.comparison
+    diverged = [p for p in comparison.pairs if not p.metrics.bit_exact and not p.post_eos]
+    assert len(diverged) >= 2
+    assert window.model.selected is diverged[0]
+    window.activateWindow()
+    window.tree.view.setFocus()
+    qtbot.keyClick(window.tree.view, Qt.Key.Key_F8)
+    assert window.model.selected is diverged[1]
+    qtbot.keyClick(window.tree.view, Qt.Key.Key_F8, Qt.KeyboardModifier.ShiftModifier)
+    assert window.model.selected is diverged[0]
+    wait_idle(qtbot, window)
+
+
+def test_overview_click_on_a_point_selects_that_op(qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]]) -> None:
+    window.open_pair(*demo_pairs["signed-zero"])
+    wait_compared(qtbot, window)
+    window.show_panel(1)
+    overview = window.overview
+    target = 3
+    spot = overview.ulp_scatter.points()[target]
+    scene = overview.ulp_plot.vb.mapViewToScene(spot.pos())
+    point = overview.plot_widget.mapFromScene(scene)
+    qtbot.mouseClick(overview.plot_widget.viewport(), Qt.MouseButton.LeftButton, pos=QPoint(point.x(), point.y()))
+    assert window.model.selected is overview.points[target]
+    wait_idle(qtbot, window)
+
+
+def test_post_eos_steps_are_marked_and_greyed_in_token_parity(qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]], artifacts_dir: Path) -> None:
+    window.open_pair(*demo_pairs["post-eos"])
+    wait_compared(qtbot, window)
+    parity = window.model.comparison.comparison.tokens
+    assert parity.shared_eos_step is not None
+    verdicts = window.token_table.verdicts()
+    assert verdicts[parity.shared_eos_step] == "EOS"
+    post = verdicts[parity.shared_eos_step + 1 :]
+    assert post and set(post) == {"post-EOS"}
+    grey = window.token_table.table.item(parity.shared_eos_step + 1, 1).foreground().color().name()
+    assert grey == "#7d8694"
+    window.show_panel(2)
+    shoot(window, artifacts_dir, "token-parity-post-eos")
+
+
+def test_dropping_two_files_takes_roles_from_their_hints_and_swap_flips_them(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
+    native, oracle = small_pair(tmp_path)
+    drop(window, [oracle, native])
+    wait_compared(qtbot, window)
+    assert window.model.native.path == native
+    assert window.model.oracle.path == oracle
+    assert "native: small.native.h5" in window.role_label.text()
+    window.swap_action.trigger()
+    wait_compared(qtbot, window)
+    assert window.model.native.path == oracle and window.model.oracle.path == native
+    assert str(native.resolve()) in window.settings.recent_files()
+
+
+def test_dropping_one_file_fills_the_role_its_hint_names(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
+    native, oracle = small_pair(tmp_path)
+    drop(window, [oracle])
+    wait_idle(qtbot, window)
+    assert window.model.oracle.path == oracle and window.model.native is None
+    assert window.stack.currentWidget() is window.tabs
+    drop(window, [native])
+    wait_compared(qtbot, window)
+    assert window.model.native.path == native and window.model.oracle.path == oracle
+
+
+@pytest.mark.parametrize("kind", ["external-link", "garbage"])
+def test_a_hostile_file_is_a_message_in_the_window_and_the_open_pair_stays(qtbot: QtBot, window: MainWindow, tmp_path: Path, artifacts_dir: Path, kind: str) -> None:
+    native, oracle = small_pair(tmp_path)
+    window.open_pair(native, oracle)
+    wait_compared(qtbot, window)
+    before = window.model.comparison
+    hostile = tmp_path / f"hostile-{kind}.h5"
+    if kind == "external-link":
+        (tmp_path / "secret.h5").write_bytes(b"")
+        with h5py.File(native, "r", locking=False) as src, h5py.File(hostile, "w") as dst:
+            for name, value in src.attrs.items():
+                dst.attrs[name] = value
+            dst["index"] = h5py.ExternalLink("/etc/hostname", "/")
+    else:
+        hostile.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(range(256)) * 8)
+    drop(window, [hostile])
+    wait_idle(qtbot, window)
+    messages = window.banners.texts("open")
+    assert len(messages) == 1
+    assert str(hostile) in messages[0]
+    if kind == "external-link":
+        assert "external link" in messages[0].lower()
+    assert window.model.comparison is before
+    assert window.model.native.path == native
+    window.model.select(before.comparison.pairs[-1])
+    wait_idle(qtbot, window)
+    assert window.tensor_view.data is not None and window.tensor_view.data.request.label == before.comparison.pairs[-1].label
+    shoot(window, artifacts_dir, f"hostile-{kind}")
+
+
+def test_switching_colour_scales_redraws_the_difference_map(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
+    window.open_pair(*small_pair(tmp_path))
+    wait_compared(qtbot, window)
+    view = window.tensor_view
+    assert view.data.request.label.endswith("attn_norm")
+    drawn = {}
+    for scale in ("absolute", "relative", "ULP"):
+        button = next(b for b in view.scale_buttons.buttons() if b.text() == scale)
+        qtbot.mouseClick(button, Qt.MouseButton.LeftButton)
+        assert window.model.scale == scale and button.isChecked()
+        assert scale in view.plots["difference"].titleLabel.text
+        drawn[scale] = view.images["difference"].image.copy()
+        assert np.array_equal(drawn[scale], view.data.rgba[scale])
+        assert view.diff_bar.levels() == pytest.approx(view.data.levels[scale])
+    assert not np.array_equal(drawn["ULP"], drawn["absolute"])
+    # (1, 2) is one ULP apart: log2(1 + 1) = 1 on the ULP scale; its relative error is |d| / |oracle|.
+    maps = view.data.images
+    assert maps["ULP"][1, 2] == pytest.approx(1.0)
+    oracle_value = float(np.linspace(-2.0, 2.0, 32, dtype=np.float32).reshape(4, 8)[1, 2])
+    assert maps["relative"][1, 2] == pytest.approx(maps["absolute"][1, 2] / abs(oracle_value), rel=0.02)
+    assert maps["ULP"][0, 0] == 0.0 and maps["absolute"][0, 0] == 0.0
+
+
+def test_clicking_an_element_shows_both_sides_bits_and_flags(qtbot: QtBot, window: MainWindow, tmp_path: Path, artifacts_dir: Path) -> None:
+    native, oracle = small_pair(tmp_path)
+    window.open_pair(native, oracle)
+    wait_compared(qtbot, window)
+    view = window.tensor_view
+    inspector = view.inspector
+
+    click_element(qtbot, window, "difference", 2, 3)
+    assert inspector.current.coordinate == (2, 3)
+    assert inspector.cell_text("hex bits", "native") == "0x8000"
+    assert inspector.cell_text("hex bits", "oracle") == "0x0000"
+    assert inspector.cell_text("flags", "native") == "signed zero (−0)"
+    assert inspector.cell_text("flags", "oracle") == "+0"
+    assert inspector.verdict.text() == "1 ULP apart"
+
+    click_element(qtbot, window, "native", 3, 4)
+    assert inspector.current.coordinate == (3, 4)
+    assert inspector.cell_text("flags", "native") == "NaN payload 0x43"
+    assert inspector.cell_text("flags", "oracle") == "NaN payload 0x41"
+    assert "undefined" in inspector.verdict.text()
+
+    click_element(qtbot, window, "oracle", 1, 2)
+    n_hex, n_dec, o_hex, o_dec, ulp = expected_element(native, oracle, window.model.selected.native_seq, (1, 2))
+    assert (inspector.cell_text("hex bits", "native"), inspector.cell_text("decimal", "native")) == (n_hex, n_dec)
+    assert (inspector.cell_text("hex bits", "oracle"), inspector.cell_text("decimal", "oracle")) == (o_hex, o_dec)
+    assert ulp == 1 and inspector.verdict.text() == "1 ULP apart"
+    shoot(window, artifacts_dir, "inspector-small-pair")
+
+
+def test_filter_box_narrows_the_tree_and_keeps_matching_ops(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
+    window.open_pair(*small_pair(tmp_path))
+    wait_compared(qtbot, window)
+    assert set(window.tree.visible_leaf_labels()) == {"attn_norm", "layer_out"}
+    qtbot.keyClicks(window.tree.filter, "layer_o")
+    assert window.tree.visible_leaf_labels() == ["layer_out"]
+    window.tree.filter.clear()
+    qtbot.keyClicks(window.tree.filter, "diverged")
+    assert window.tree.visible_leaf_labels() == ["attn_norm"]
+
+
+def test_weights_mismatch_incomplete_capture_and_unaligned_records_are_shown(qtbot: QtBot, window: MainWindow, tmp_path: Path, artifacts_dir: Path) -> None:
+    from sessions.capture_meta import CaptureMeta
+    from sessions.capture_writer import CaptureWriter
+
+    bits = bf16_bits(np.arange(8, dtype=np.float32).reshape(2, 4))
+    oracle = write_capture(tmp_path / "w.oracle.h5", "oracle", [T("attn_norm", bits, layer=0, dtype="bfloat16")], weights_hash="sha256:aa")
+    native = tmp_path / "w.native.h5"
+    writer = CaptureWriter(native, CaptureMeta(role="native", engine_name="hand-native", model_id="hand-model", weights_hash="sha256:bb", prompt="p"))
+    writer.add_tensor("attn_norm", bits, step=0, segment="prefill", layer=0, dtype="bfloat16")
+    writer.add_tensor("ffn_norm", bits, step=0, segment="prefill", layer=0, dtype="bfloat16")
+    writer.abandon()
+
+    window.open_pair(native, oracle)
+    wait_compared(qtbot, window)
+    texts = window.banners.texts()
+    assert any("WEIGHTS HASH MISMATCH" in t and "sha256:bb" in t for t in texts)
+    assert any("incomplete: the writer did not finish" in t and "w.native.h5" in t for t in texts)
+    branch = window.tree.items.item(window.tree.items.rowCount() - 1, 0)
+    assert branch.text() == "Unaligned records (1)"
+    assert branch.child(0, 0).text().startswith("native: ffn_norm")
+    assert window.tree.items.itemFromIndex(branch.child(0, 3).index()).text().startswith("no_partner")
+    assert "weights_hash" in window.provenance.mismatched_fields()
+    window.show_panel(3)
+    shoot(window, artifacts_dir, "provenance-weights-mismatch")
+
+
+def test_light_theme_renders_the_tensor_view(qtbot: QtBot, window: MainWindow, tmp_path: Path, artifacts_dir: Path) -> None:
+    window.open_pair(*small_pair(tmp_path))
+    wait_compared(qtbot, window)
+    window.toggle_theme()
+    assert window.settings.theme() == "light"
+    assert "#f5f6f8" in QApplication.instance().styleSheet()
+    shoot(window, artifacts_dir, "light-theme")
+    window.toggle_theme()
+
+
+def test_command_line_files_open_as_native_then_oracle(qtbot: QtBot, tmp_path: Path) -> None:
+    from viewer.app import build_parser, create_window
+
+    native, oracle = small_pair(tmp_path)
+    args = build_parser().parse_args([str(oracle), str(native), "--settings", str(tmp_path / "cli.ini")])
+    win = create_window(args.files, ViewerSettings(args.settings))
+    qtbot.addWidget(win)
+    qtbot.waitUntil(lambda: win.model.comparison is not None and not win.tasks.busy, timeout=WAIT_MS)
+    # Positional order wins over the files' role hints: the user said which is which.
+    assert (win.model.native.path, win.model.oracle.path) == (oracle, native)
+    win.close()

@@ -1,0 +1,46 @@
+"""`parity-xray [NATIVE ORACLE]`: the desktop viewer's entry point."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import sessions  # noqa: F401  (disables HDF5 filter plugins before h5py is imported)
+from PySide6.QtWidgets import QApplication
+
+from viewer.main_window import MainWindow
+from viewer.settings import APPLICATION, ORGANISATION, ViewerSettings
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="parity-xray",
+        description="Open the viewer: empty (drop files onto it), or on a NATIVE and an ORACLE capture.",
+    )
+    parser.add_argument("files", nargs="*", type=Path, metavar="CAPTURE", help="NATIVE ORACLE, or one capture")
+    parser.add_argument("--settings", type=Path, help="use this INI file for layout, recent files and theme")
+    return parser
+
+
+def create_window(files: list[Path], settings: ViewerSettings | None = None) -> MainWindow:
+    """The window, opening the given files: two are NATIVE ORACLE in that order, one uses its role hint."""
+    window = MainWindow(settings)
+    if len(files) == 2:
+        window.open_pair(files[0], files[1])
+    elif len(files) == 1:
+        window.open_files(files)
+    return window
+
+
+def run_viewer(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    if len(args.files) > 2:
+        print("parity-xray: give at most two captures: NATIVE ORACLE", file=sys.stderr)
+        return 2
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setOrganizationName(ORGANISATION)
+    app.setApplicationName(APPLICATION)
+    window = create_window(args.files, ViewerSettings(args.settings) if args.settings else None)
+    window.show()
+    return int(app.exec())

@@ -1,0 +1,82 @@
+"""In-window messages: a bad file or a contract mismatch is read in the window, not in a dialog.
+
+A modal dialog would block the other open views; a banner leaves them usable.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QToolButton, QVBoxLayout, QWidget
+
+LEVELS = ("error", "warning", "info")
+
+
+class Banner(QFrame):
+    def __init__(self, level: str, text: str, closable: bool = True, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        if level not in LEVELS:
+            raise ValueError(f"banner level must be one of {LEVELS}, not {level!r}")
+        self.level = level
+        self.setObjectName("banner")
+        self.setProperty("level", level)
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(10, 6, 6, 6)
+        self.label = QLabel(text)
+        self.label.setObjectName("bannerText")
+        self.label.setWordWrap(True)
+        self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        layout.addWidget(self.label, 1)
+        if closable:
+            close = QToolButton()
+            close.setText("✕")
+            close.setToolTip("Dismiss")
+            close.setAutoRaise(True)
+            close.clicked.connect(self.deleteLater)
+            layout.addWidget(close, 0, Qt.AlignmentFlag.AlignTop)
+
+    @property
+    def text(self) -> str:
+        return self.label.text()
+
+
+class BannerArea(QWidget):
+    """A stack of banners in named groups, so one source can replace its own messages."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._layout = QVBoxLayout(self)
+        self._layout.setContentsMargins(6, 4, 6, 0)
+        self._layout.setSpacing(4)
+        self._groups: dict[str, list[Banner]] = {}
+        self.setVisible(False)
+
+    def show_message(self, group: str, level: str, text: str, closable: bool = True) -> Banner:
+        banner = Banner(level, text, closable, self)
+        banner.destroyed.connect(self._refresh)
+        self._groups.setdefault(group, []).append(banner)
+        self._layout.addWidget(banner)
+        self.setVisible(True)
+        return banner
+
+    def clear(self, group: str) -> None:
+        for banner in self._groups.pop(group, []):
+            banner.hide()
+            banner.deleteLater()
+        self._refresh()
+
+    def texts(self, group: str | None = None) -> list[str]:
+        groups = [group] if group is not None else list(self._groups)
+        return [b.text for g in groups for b in self._groups.get(g, []) if b.isVisibleTo(self) or not b.isHidden()]
+
+    def _refresh(self, *_: object) -> None:
+        for group, banners in list(self._groups.items()):
+            alive = [b for b in banners if _alive(b)]
+            self._groups[group] = alive
+        self.setVisible(any(self._groups.values()))
+
+
+def _alive(widget: QWidget) -> bool:
+    try:
+        return not widget.isHidden()
+    except RuntimeError:
+        return False

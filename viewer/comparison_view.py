@@ -1,0 +1,296 @@
+"""The one place the viewer reads the diff engine's `Comparison` (sessions.compare).
+
+Every verdict, count and label shown in the panels comes from the comparison; this module
+only turns them into display text and finds things in it, so the panels stay free of
+domain logic and a change in the engine's result shape is absorbed here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sessions.align import AlignedPair, UnalignedRecord, align
+from sessions.capture_reader import Capture
+from sessions.compare import DIVERGENCE, CompareOptions, Comparison, PairResult, iter_compare
+from sessions.contracts import ContractFinding
+from sessions.dtypes import logical_dtype
+from sessions.profiles import resolve_profile
+from sessions.progress import ProgressGenerator
+from sessions.token_parity import DIFFER, MATCH, MISSING, POST_EOS, TokenStep, TopEntry
+from viewer.tensor_loader import SliceSpec, TensorRequest
+
+BIT_EXACT = "bit-exact"
+WITHIN = "within tolerance"
+DIVERGED = "diverged"
+CONTRACT = "contract mismatch"
+UNMATCHED = "unmatched"
+POST_EOS_STATUS = "post-EOS"
+
+
+@dataclass
+class ViewedComparison:
+    """The engine's comparison plus the aligned records behind each pair (for reading tensors)."""
+
+    comparison: Comparison
+    aligned: dict[int, AlignedPair]
+    """Native record seq -> the aligned pair with both records and their layout transforms."""
+    findings: dict[str, list[ContractFinding]] = field(default_factory=dict)
+
+
+VIEWER_OPTIONS = CompareOptions(chunk_bytes=4 * 1024 * 1024)
+"""h5py holds the interpreter lock while it reads: small chunks keep each UI pause short."""
+
+
+def iter_compare_pair(native: Capture, oracle: Capture, options: CompareOptions = VIEWER_OPTIONS) -> ProgressGenerator[ViewedComparison]:
+    comparison = yield from iter_compare(native, oracle, options)
+    alignment = align(native.records, oracle.records, resolve_profile(comparison.native_profile), resolve_profile(comparison.oracle_profile))
+    findings: dict[str, list[ContractFinding]] = {}
+    for finding in comparison.contracts.findings:
+        findings.setdefault(finding.pair, []).append(finding)
+    return ViewedComparison(comparison, {p.native.record.seq: p for p in alignment.pairs}, findings)
+
+
+# -- pairs ------------------------------------------------------------------------------------
+
+
+def pairs(viewed: ViewedComparison) -> list[PairResult]:
+    return viewed.comparison.pairs
+
+
+def first_pair(viewed: ViewedComparison) -> PairResult | None:
+    return viewed.comparison.pairs[0] if viewed.comparison.pairs else None
+
+
+def first_divergence(viewed: ViewedComparison | None) -> PairResult | None:
+    if viewed is None or viewed.comparison.first_divergence is None:
+        return None
+    return viewed.comparison.pairs[viewed.comparison.first_divergence]
+
+
+def pair_status(pair: PairResult, viewed: ViewedComparison | None = None) -> str:
+    if viewed is not None and pair.label in viewed.findings:
+        return CONTRACT
+    if pair.post_eos:
+        return POST_EOS_STATUS
+    if pair.metrics.bit_exact:
+        return BIT_EXACT
+    return WITHIN if pair.within_tolerance else DIVERGED
+
+
+def divergent(viewed: ViewedComparison) -> list[PairResult]:
+    """Pairs worth stepping through with F8: not bit-exact, or with a contract finding, before EOS."""
+    return [p for p in viewed.comparison.pairs if pair_status(p, viewed) in (DIVERGED, WITHIN, CONTRACT)]
+
+
+def neighbour_divergence(viewed: ViewedComparison, current: PairResult | None, direction: int) -> PairResult | None:
+    order = {id(p): i for i, p in enumerate(viewed.comparison.pairs)}
+    here = order.get(id(current), -1 if direction > 0 else len(order))
+    candidates = divergent(viewed)
+    if direction > 0:
+        return next((p for p in candidates if order[id(p)] > here), None)
+    return next((p for p in reversed(candidates) if order[id(p)] < here), None)
+
+
+def pair_place(pair: PairResult) -> tuple[int, str, int]:
+    return pair.step, pair.segment, pair.layer
+
+
+def pair_label(pair: PairResult) -> str:
+    return pair.label
+
+
+def pair_op_label(pair: PairResult) -> str:
+    occurrence = f" #{pair.occurrence}" if pair.occurrence else ""
+    return f"{pair.op}{occurrence}"
+
+
+def pair_max_ulp_text(pair: PairResult) -> str:
+    m = pair.metrics
+    if m.bit_exact:
+        return "0"
+    if m.max_ulp is None:
+        return "NaN" if m.nan_mismatch or m.nan_payload else "—"
+    return f"{m.max_ulp:,}"
+
+
+def pair_differing_text(pair: PairResult) -> str:
+    m = pair.metrics
+    return "0" if m.bit_exact else f"{m.differing:,} ({100 * m.fraction_differing:.2g}%)"
+
+
+def pair_tooltip(pair: PairResult, viewed: ViewedComparison | None = None) -> str:
+    m = pair.metrics
+    lines = [
+        pair.label,
+        f"native {pair.native_name!r} (seq {pair.native_seq}), oracle {pair.oracle_name!r} (seq {pair.oracle_seq})",
+        f"{m.dtype} {m.shape}: {m.differing:,} of {m.size:,} elements differ",
+    ]
+    if not m.bit_exact:
+        lines.append(f"max ULP {pair_max_ulp_text(pair)}, NMSE {m.nmse:.3g}, signed-zero-only {m.signed_zero_only}, NaN {m.nan_mismatch + m.nan_payload}")
+    if pair.post_eos:
+        lines.append("after the shared EOS: not compared for parity")
+    if viewed is not None:
+        lines += [f"{f.kind}: {f.detail}" for f in viewed.findings.get(pair.label, [])]
+    return "\n".join(lines)
+
+
+def unaligned(viewed: ViewedComparison) -> list[UnalignedRecord]:
+    return viewed.comparison.unaligned
+
+
+def unaligned_label(record: UnalignedRecord) -> str:
+    layer = f" layer {record.layer}" if record.layer >= 0 else ""
+    return f"{record.side}: {record.name} (step {record.step} {record.segment}{layer})"
+
+
+def unaligned_reason(record: UnalignedRecord) -> str:
+    return f"{record.reason}: {record.detail}" if record.detail else record.reason
+
+
+# -- headline, banners ------------------------------------------------------------------------
+
+
+def summary_line(viewed: ViewedComparison) -> str:
+    c = viewed.comparison
+    exact = sum(1 for p in c.pairs if p.metrics.bit_exact)
+    return f"{len(c.pairs)} aligned ops, {exact} bit-exact; {len(c.unaligned)} unaligned; profiles {c.native_profile} / {c.oracle_profile}"
+
+
+def headline(viewed: ViewedComparison) -> str:
+    c = viewed.comparison
+    if c.verdict != DIVERGENCE:
+        return "PARITY: every aligned op before the shared EOS is bit-exact, and the tokens agree."
+    finding = f"First finding: {c.first_finding.kind} at {c.first_finding.label}. " if c.first_finding is not None else ""
+    first = first_divergence(viewed)
+    if first is None:
+        return f"DIVERGENCE. {finding}" + "; ".join(c.reasons)
+    m = first.metrics
+    return (
+        f"DIVERGENCE. {finding}First bit difference: {first.label}, {m.differing:,} of {m.size:,} elements, "
+        f"max {pair_max_ulp_text(first)} ULP, NMSE {m.nmse:.3g}"
+    )
+
+
+def banner_messages(viewed: ViewedComparison) -> list[tuple[str, str]]:
+    c = viewed.comparison
+    messages: list[tuple[str, str]] = []
+    if c.verdict != DIVERGENCE:
+        messages.append(("info", headline(viewed)))
+    for warning in c.provenance.warnings:
+        messages.append(("error" if "MISMATCH" in warning else "warning", warning))
+    findings = c.contracts.findings
+    if findings:
+        shown = "; ".join(f"{f.pair}: {f.detail}" for f in findings[:3])
+        more = f" (and {len(findings) - 3} more)" if len(findings) > 3 else ""
+        messages.append(("error", f"{findings[0].kind}, checked before any tensor data: {shown}{more}"))
+    if c.dispatch_differences:
+        d = c.dispatch_differences[0]
+        messages.append(("info", f"{len(c.dispatch_differences)} attention call(s) dispatched differently, first {d.pair}: native {d.native_summary} vs oracle {d.oracle_summary}"))
+    return messages
+
+
+def provenance_mismatches(viewed: ViewedComparison | None) -> set[str]:
+    if viewed is None:
+        return set()
+    return {f.field for f in viewed.comparison.provenance.fields if not f.same}
+
+
+# -- error growth -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GrowthSample:
+    pair: PairResult
+    max_ulp: float
+    nmse: float
+    status: str
+
+
+def growth_series(viewed: ViewedComparison) -> list[GrowthSample]:
+    by_label = {p.label: p for p in viewed.comparison.pairs}
+    samples = []
+    for point in viewed.comparison.error_growth:
+        pair = by_label[point.label]
+        samples.append(GrowthSample(pair, float(point.max_ulp or 0), float(point.nmse), pair_status(pair, viewed)))
+    return samples
+
+
+# -- tokens -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TokenRow:
+    step: int
+    native_token: str
+    oracle_token: str
+    verdict: str
+    native_topk: str
+    oracle_topk: str
+
+
+def _token(token: int | None, stop: bool) -> str:
+    if token is None:
+        return "—"
+    return f"{token}  (EOS)" if stop else str(token)
+
+
+def _top(entries: list[TopEntry]) -> str:
+    return ",  ".join(f"{e.token_id}: {e.decimal}" for e in entries) or "—"
+
+
+def _verdict(step: TokenStep, eos: int | None) -> str:
+    if step.status == POST_EOS:
+        return "post-EOS"
+    if step.step == eos:
+        return "EOS"
+    return {MATCH: "match", DIFFER: "differs", MISSING: "missing"}.get(step.status, step.status)
+
+
+def token_rows(viewed: ViewedComparison) -> list[TokenRow]:
+    parity = viewed.comparison.tokens
+    return [
+        TokenRow(s.step, _token(s.native_token, s.native_stop), _token(s.oracle_token, s.oracle_stop), _verdict(s, parity.shared_eos_step), _top(s.native_top), _top(s.oracle_top))
+        for s in parity.steps
+    ]
+
+
+def token_summary(viewed: ViewedComparison) -> str:
+    parity = viewed.comparison.tokens
+    eos = f"shared EOS at step {parity.shared_eos_step}; later steps are post-EOS (not compared)" if parity.shared_eos_step is not None else "no shared EOS"
+    first = f"tokens first differ at step {parity.first_divergence_step}" if parity.first_divergence_step is not None else "greedy tokens agree"
+    return f"{parity.compared_steps} step(s) compared, {first}; {eos}."
+
+
+# -- tensors ----------------------------------------------------------------------------------
+
+
+def _transform(pair: AlignedPair, side: str) -> Callable[[np.ndarray], np.ndarray]:
+    layout = getattr(pair, side).layout
+    return layout.apply if layout is not None else (lambda bits: bits)
+
+
+def tensor_request(viewed: ViewedComparison | None, native: Capture, oracle: Capture, pair: PairResult, spec: SliceSpec | None) -> TensorRequest | str:
+    """What to load for a pair, or a sentence saying why it has no element view."""
+    if viewed is None:
+        return "Comparing…"
+    aligned = viewed.aligned.get(pair.native_seq)
+    if aligned is None:
+        return f"{pair.label}: the aligned records were not found"
+    dtype = aligned.native.record.dtype
+    if logical_dtype(dtype).is_quantized:
+        return f"{pair.label}: {dtype} quantized blocks are compared block by block; see the tree's counts for this pair"
+    return TensorRequest(
+        label=pair.label,
+        dtype=dtype,
+        native=native,
+        oracle=oracle,
+        native_record=aligned.native.record,
+        oracle_record=aligned.oracle.record,
+        to_canonical_native=_transform(aligned, "native"),
+        to_canonical_oracle=_transform(aligned, "oracle"),
+        spec=spec,
+        metrics=pair.metrics,
+    )

@@ -1,0 +1,462 @@
+"""The Parity X-ray window: opening files, running the comparison, and wiring the panels together.
+
+All file reads and diff work go through `TaskSlots` lanes (open, compare, tensor), so the
+UI thread only ever receives finished results; a newer request in a lane cancels the older
+one. Problems with a file end as a banner in the window; what was open stays open.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QByteArray, Qt, QUrl
+from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence
+from PySide6.QtWidgets import (
+    QApplication,
+    QDockWidget,
+    QFileDialog,
+    QLabel,
+    QMainWindow,
+    QProgressBar,
+    QPushButton,
+    QStackedWidget,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from sessions.capture_reader import Capture, open_capture
+from sessions.progress import Progress, ProgressGenerator
+from viewer import comparison_view as cv
+from viewer.alignment_tree import AlignmentTree
+from viewer.banner import BannerArea
+from viewer.drop_hint import DropHint
+from viewer.overview_plot import OverviewPlot
+from viewer.pair_model import PairModel
+from viewer.provenance_panel import ProvenancePanel
+from viewer.settings import ViewerSettings
+from viewer.tensor_loader import SliceSpec, TensorSlice, iter_prepare
+from viewer.tensor_view import TensorView
+from viewer.theme import apply_theme, icon
+from viewer.token_table import TokenTable
+from viewer.workers import TaskSlots
+
+TABS = ("Tensor diff", "Overview", "Token parity", "Provenance")
+
+GIL_SWITCH_INTERVAL_S = 0.001
+"""Painting runs hundreds of short Python callbacks; with a worker thread busy, each one may wait
+a whole switch interval for the interpreter lock (5 ms by default), which adds up to visible
+stalls. A 1 ms interval keeps them short (measured in benchmarks/bench_ui_stall.py)."""
+
+
+def iter_open(paths: list[Path]) -> ProgressGenerator[list[Capture]]:
+    """Open captures one by one (each first passes the structural check in a child process)."""
+    opened: list[Capture] = []
+    try:
+        for i, path in enumerate(paths):
+            yield Progress(i, len(paths), f"checking {path.name}")
+            opened.append(open_capture(path))
+        yield Progress(len(paths), len(paths), "opened")
+    except BaseException:
+        for capture in opened:
+            capture.close()
+        raise
+    return opened
+
+
+def assign_roles(captures: list[Capture], current: tuple[Capture | None, Capture | None]) -> tuple[Capture | None, Capture | None, bool]:
+    """(native, oracle, guessed) from each file's role hint; guessed when the hints did not decide."""
+    native, oracle = current
+    if len(captures) == 1:
+        only = captures[0]
+        if only.meta.role == "native":
+            return only, oracle, False
+        if only.meta.role == "oracle":
+            return native, only, False
+        return (only, oracle, True) if native is None else (native, only, True)
+    first, second = captures[:2]
+    roles = (first.meta.role, second.meta.role)
+    if roles == ("oracle", "native"):
+        return second, first, False
+    return first, second, roles != ("native", "oracle")
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, settings: ViewerSettings | None = None, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+        self.settings = settings or ViewerSettings()
+        self.setObjectName("ParityXrayMainWindow")
+        self.setWindowTitle("Parity X-ray")
+        self.setWindowIcon(icon("app-icon.svg"))
+        self.setAcceptDrops(True)
+        self.model = PairModel(self)
+        self.tasks = TaskSlots(self)
+        self._retired: list[Capture] = []
+        self._build_central()
+        self._build_tree_dock()
+        self._build_status_bar()
+        self._build_actions()
+        self._connect_model()
+        self._restore_layout()
+        self._warm_up_panels()
+        self._update_roles()
+
+    # -- construction ------------------------------------------------------------------------
+
+    def _build_central(self) -> None:
+        central = QWidget()
+        layout = QVBoxLayout(central)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(0)
+        self.banners = BannerArea()
+        layout.addWidget(self.banners)
+        self.stack = QStackedWidget()
+        self.drop_hint = DropHint()
+        self.drop_hint.open_requested.connect(self.open_dialog)
+        self.tabs = QTabWidget()
+        self.tabs.setDocumentMode(True)
+        self.tensor_view = TensorView(self.model)
+        self.overview = OverviewPlot(self.model)
+        self.token_table = TokenTable(self.model)
+        self.provenance = ProvenancePanel(self.model)
+        for name, widget in zip(TABS, (self.tensor_view, self.overview, self.token_table, self.provenance)):
+            self.tabs.addTab(widget, name)
+        self.stack.addWidget(self.drop_hint)
+        self.stack.addWidget(self.tabs)
+        layout.addWidget(self.stack, 1)
+        self.setCentralWidget(central)
+        self.tensor_view.slice_requested.connect(self._load_slice)
+
+    def _build_tree_dock(self) -> None:
+        self.tree = AlignmentTree(self.model)
+        self.tree.jump_requested.connect(self.jump_to_first_divergence)
+        dock = QDockWidget("Alignment", self)
+        dock.setObjectName("alignmentDock")
+        dock.setWidget(self.tree)
+        self.tree.setMinimumWidth(420)
+        dock.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetMovable | QDockWidget.DockWidgetFeature.DockWidgetFloatable)
+        self.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, dock)
+        self.tree_dock = dock
+        self.resizeDocks([dock], [360], Qt.Orientation.Horizontal)
+
+    def _build_status_bar(self) -> None:
+        bar = self.statusBar()
+        self.role_label = QLabel()
+        self.role_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        bar.addWidget(self.role_label, 1)
+        self.progress = QProgressBar()
+        self.progress.setFixedWidth(260)
+        self.progress.setVisible(False)
+        bar.addPermanentWidget(self.progress)
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setVisible(False)
+        self.cancel_button.setToolTip("Stop the running read or comparison (Esc)")
+        self.cancel_button.clicked.connect(self.cancel_work)
+        bar.addPermanentWidget(self.cancel_button)
+        self.tasks.progressed.connect(self._show_progress)
+        self.tasks.busy_changed.connect(self._busy_changed)
+
+    def _action(self, text: str, slot: Any, shortcut: QKeySequence | str | None = None, icon_name: str | None = None, tip: str = "") -> QAction:
+        action = QAction(text, self)
+        if shortcut is not None:
+            action.setShortcut(QKeySequence(shortcut))
+        if icon_name:
+            action.setIcon(icon(icon_name))
+        if tip:
+            action.setToolTip(tip)
+            action.setStatusTip(tip)
+        action.triggered.connect(slot)
+        self.addAction(action)
+        return action
+
+    def _build_actions(self) -> None:
+        self.open_action = self._action("&Open captures…", self.open_dialog, QKeySequence.StandardKey.Open, "open-file.svg", "Open one or two capture files (Ctrl+O)")
+        self.swap_action = self._action("&Swap roles", self.swap_roles, "Ctrl+Shift+S", "swap-roles.svg", "Swap native and oracle (Ctrl+Shift+S)")
+        self.jump_action = self._action("Jump to &first divergence", self.jump_to_first_divergence, "Ctrl+J", "jump-divergence.svg", "Select the earliest op that is not bit-exact (Ctrl+J)")
+        self.next_action = self._action("&Next divergence", lambda: self.step_divergence(+1), "F8", tip="Next op that is not bit-exact (F8)")
+        self.prev_action = self._action("&Previous divergence", lambda: self.step_divergence(-1), "Shift+F8", tip="Previous op that is not bit-exact (Shift+F8)")
+        self.cancel_action = self._action("&Cancel work", self.cancel_work, "Esc", tip="Cancel the running read or comparison")
+        self.quit_action = self._action("&Quit", self.close, QKeySequence.StandardKey.Quit)
+        self.theme_action = self._action("Switch to &light theme", self.toggle_theme, "Ctrl+Shift+T")
+        toolbar = self.addToolBar("Main")
+        toolbar.setObjectName("mainToolbar")
+        toolbar.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        for action in (self.open_action, self.swap_action, self.jump_action, self.prev_action, self.next_action):
+            toolbar.addAction(action)
+        menu = self.menuBar()
+        file_menu = menu.addMenu("&File")
+        file_menu.addAction(self.open_action)
+        self.recent_menu = file_menu.addMenu("Open &recent")
+        file_menu.addAction(self.swap_action)
+        file_menu.addSeparator()
+        file_menu.addAction(self.quit_action)
+        navigate = menu.addMenu("&Navigate")
+        for action in (self.jump_action, self.next_action, self.prev_action, self.cancel_action):
+            navigate.addAction(action)
+        view = menu.addMenu("&View")
+        focus_tree = self._action("Alignment &tree", self._focus_tree, "Ctrl+0")
+        view.addAction(focus_tree)
+        self.tab_actions = []
+        for i, name in enumerate(TABS):
+            action = self._action(name, lambda _=False, i=i: self.show_panel(i), f"Ctrl+{i + 1}")
+            view.addAction(action)
+            self.tab_actions.append(action)
+        view.addSeparator()
+        view.addAction(self.theme_action)
+        self._rebuild_recent_menu()
+
+    def _connect_model(self) -> None:
+        self.model.captures_changed.connect(self._update_roles)
+        self.model.comparison_changed.connect(self._comparison_changed)
+        self.model.selection_changed.connect(self._selection_changed)
+        self.overview.op_clicked.connect(self.model.select)
+
+    def _restore_layout(self) -> None:
+        geometry, state = self.settings.window_geometry(), self.settings.window_state()
+        if geometry is not None:
+            self.restoreGeometry(geometry)
+        else:
+            self.resize(1440, 900)
+        if state is not None:
+            self.restoreState(state)
+        self._apply_theme(self.settings.theme())
+
+    def _warm_up_panels(self) -> None:
+        """Lay out and paint the hidden panels once before the window shows.
+
+        Their first layout, style polish and paint (pyqtgraph axes, fonts) takes ~100 ms; done
+        here it is part of start-up instead of a freeze at the moment a user drops a file.
+        """
+        self.tabs.resize(self.size())
+        for index in range(self.tabs.count()):
+            self.tabs.setCurrentIndex(index)
+            self.tabs.grab()
+        self.tabs.setCurrentIndex(0)
+
+    # -- opening -----------------------------------------------------------------------------
+
+    def open_dialog(self) -> None:
+        names, _ = QFileDialog.getOpenFileNames(self, "Open one or two captures", "", "Captures (*.h5 *.hdf5 *.capture);;All files (*)")
+        if names:
+            self.open_files([Path(n) for n in names[:2]])
+
+    def open_files(self, paths: list[Path]) -> None:
+        """Open one or two files; roles come from each file's role hint."""
+        paths = [Path(p) for p in paths][:2]
+        if not paths:
+            return
+        self._run_open(paths, explicit=False)
+
+    def open_pair(self, native: str | Path, oracle: str | Path) -> None:
+        """Open NATIVE and ORACLE in those roles (the command line and `parity-xray demo`)."""
+        self._run_open([Path(native), Path(oracle)], explicit=True)
+
+    def _run_open(self, paths: list[Path], explicit: bool) -> None:
+        self.banners.clear("open")
+        self.tasks.submit(
+            "open",
+            lambda: iter_open(paths),
+            on_success=lambda captures: self._opened(captures, explicit),
+            on_failure=lambda message: self.banners.show_message("open", "error", f"Could not open: {message}"),
+            on_cancel=lambda: self.banners.show_message("open", "info", "Opening was cancelled; what was open stays open."),
+        )
+
+    def _opened(self, captures: list[Capture], explicit: bool) -> None:
+        if explicit:
+            native, oracle, guessed = captures[0], captures[1], False
+        else:
+            native, oracle, guessed = assign_roles(captures, (self.model.native, self.model.oracle))
+        for capture in captures:
+            self.settings.add_recent(capture.path)
+        self._rebuild_recent_menu()
+        self._retired.extend(self.model.set_captures(native, oracle))
+        self._close_retired()
+        if guessed:
+            self.banners.show_message("roles", "info", "The files' role hints did not decide which is native; roles follow the drop order. Use Swap roles (Ctrl+Shift+S) if they are the other way round.")
+        self._start_compare()
+
+    def swap_roles(self) -> None:
+        if self.model.native is None and self.model.oracle is None:
+            return
+        self.banners.clear("roles")
+        self.model.swap()
+        self._start_compare()
+
+    # -- comparison --------------------------------------------------------------------------
+
+    def _start_compare(self) -> None:
+        self.banners.clear("comparison")
+        self._show_capture_banners()
+        if not self.model.has_pair:
+            return
+        native, oracle = self.model.native, self.model.oracle
+        self.tasks.submit(
+            "compare",
+            lambda: cv.iter_compare_pair(native, oracle),
+            on_success=self.model.set_comparison,
+            on_failure=lambda message: self.banners.show_message("comparison", "error", f"The comparison failed: {message}"),
+            on_cancel=lambda: self.banners.show_message("comparison", "info", "Comparison cancelled. Open the pair again, or swap roles, to restart it."),
+        )
+
+    def _show_capture_banners(self) -> None:
+        self.banners.clear("captures")
+        for role, capture in (("native", self.model.native), ("oracle", self.model.oracle)):
+            if capture is not None and not capture.complete:
+                self.banners.show_message("captures", "warning", f"{role} {capture.path.name}: {capture.contents.describe()}.")
+
+    def _comparison_changed(self) -> None:
+        comparison = self.model.comparison
+        self.banners.clear("comparison")
+        if comparison is None:
+            return
+        for level, text in cv.banner_messages(comparison):
+            self.banners.show_message("comparison", level, text)
+        target = cv.first_divergence(comparison) or cv.first_pair(comparison)
+        if target is not None:
+            self.model.select(target)
+
+    def jump_to_first_divergence(self) -> None:
+        target = cv.first_divergence(self.model.comparison) if self.model.comparison is not None else None
+        if target is None:
+            self.statusBar().showMessage("No divergence: every aligned op is bit-exact." if self.model.comparison is not None else "Open a pair first.", 5000)
+            return
+        self.model.select(target)
+        self.show_panel(0)
+
+    def step_divergence(self, direction: int) -> None:
+        if self.model.comparison is None:
+            return
+        target = cv.neighbour_divergence(self.model.comparison, self.model.selected, direction)
+        if target is not None:
+            self.model.select(target)
+
+    # -- tensors -----------------------------------------------------------------------------
+
+    def _selection_changed(self, pair: Any) -> None:
+        if pair is None:
+            return
+        self._load_slice(None)
+
+    def _load_slice(self, spec: SliceSpec | None) -> None:
+        pair = self.model.selected
+        if pair is None or not self.model.has_pair:
+            return
+        request = cv.tensor_request(self.model.comparison, self.model.native, self.model.oracle, pair, spec)
+        if isinstance(request, str):
+            self.tasks.cancel_lane("tensor")
+            self.tensor_view.clear(request)
+            return
+        self.tensor_view.show_loading(request.label)
+        self.tasks.submit(
+            "tensor",
+            lambda: iter_prepare(request),
+            on_success=self._slice_ready,
+            on_failure=lambda message: self.tensor_view.clear(f"Cannot show this pair: {message}"),
+        )
+
+    def _slice_ready(self, data: TensorSlice) -> None:
+        self.tensor_view.show_slice(data)
+
+    # -- progress, cancel --------------------------------------------------------------------
+
+    def _show_progress(self, progress: Progress) -> None:
+        self.progress.setMaximum(max(1, progress.total))
+        self.progress.setValue(min(progress.done, max(1, progress.total)))
+        self.progress.setFormat(f"{progress.label}  %p%")
+
+    def _busy_changed(self, busy: bool) -> None:
+        self.progress.setVisible(busy)
+        self.cancel_button.setVisible(busy)
+        self._close_retired()
+
+    def cancel_work(self) -> None:
+        self.tasks.cancel_all()
+
+    def _close_retired(self) -> None:
+        """Captures replaced while a worker might still read them are closed once work is idle."""
+        if not self.tasks.idle:
+            return
+        keep = (self.model.native, self.model.oracle)
+        for capture in self._retired:
+            if capture not in keep:
+                capture.close()
+        self._retired = []
+
+    # -- panels, roles, recent, theme ----------------------------------------------------------
+
+    def show_panel(self, index: int) -> None:
+        if self.stack.currentWidget() is self.tabs:
+            self.tabs.setCurrentIndex(index)
+            self.tabs.currentWidget().setFocus()
+
+    def _focus_tree(self) -> None:
+        self.tree.view.setFocus()
+
+    def _update_roles(self) -> None:
+        def name(capture: Capture | None) -> str:
+            return capture.path.name if capture is not None else "—"
+
+        self.role_label.setText(f"native: {name(self.model.native)}    ⇄    oracle: {name(self.model.oracle)}")
+        self.swap_action.setEnabled(self.model.native is not None or self.model.oracle is not None)
+        has_any = self.model.native is not None or self.model.oracle is not None
+        self.stack.setCurrentWidget(self.tabs if has_any else self.drop_hint)
+        title = "Parity X-ray"
+        if has_any:
+            title += f" — {name(self.model.native)} vs {name(self.model.oracle)}"
+        self.setWindowTitle(title)
+
+    def _rebuild_recent_menu(self) -> None:
+        self.recent_menu.clear()
+        recent = self.settings.recent_files()
+        for path in recent:
+            action = self.recent_menu.addAction(path)
+            action.triggered.connect(lambda _=False, p=path: self.open_files([Path(p)]))
+        self.recent_menu.setEnabled(bool(recent))
+        self.drop_hint.set_recent(recent)
+
+    def toggle_theme(self) -> None:
+        self._apply_theme("light" if self.settings.theme() == "dark" else "dark")
+
+    def _apply_theme(self, name: str) -> None:
+        app = QApplication.instance()
+        if isinstance(app, QApplication):
+            palette = apply_theme(app, name)
+            for widget in (self.tensor_view.maps, self.tensor_view.errors, self.overview.plot_widget):
+                widget.setBackground(palette.plot_background)
+        self.settings.set_theme(name)
+        self.theme_action.setText("Switch to &light theme" if name == "dark" else "Switch to &dark theme")
+
+    # -- drag and drop -----------------------------------------------------------------------
+
+    @staticmethod
+    def _local_paths(urls: list[QUrl]) -> list[Path]:
+        return [Path(u.toLocalFile()) for u in urls if u.isLocalFile()]
+
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:
+        if event.mimeData().hasUrls() and 1 <= len(self._local_paths(event.mimeData().urls())) <= 2:
+            event.acceptProposedAction()
+        else:
+            event.ignore()
+
+    def dropEvent(self, event: QDropEvent) -> None:
+        paths = self._local_paths(event.mimeData().urls())
+        if not 1 <= len(paths) <= 2:
+            self.banners.show_message("open", "error", "Drop one or two capture files.")
+            event.ignore()
+            return
+        event.acceptProposedAction()
+        self.open_files(paths)
+
+    # -- closing -----------------------------------------------------------------------------
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        self.settings.save_window(QByteArray(self.saveGeometry()), QByteArray(self.saveState()))
+        self.settings.sync()
+        self.tasks.shutdown()
+        for capture in {id(c): c for c in [*self._retired, self.model.native, self.model.oracle] if c is not None}.values():
+            capture.close()
+        self._retired = []
+        super().closeEvent(event)

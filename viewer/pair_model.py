@@ -1,0 +1,67 @@
+"""What the window is looking at: the two open captures, their comparison and the selection.
+
+Views take this model in `__init__` and subscribe to its signals (GUIDE 6, napari's
+qt_dims); they never talk to each other directly, so a click in the overview, the tree or a
+keyboard shortcut all end in `select` and every view follows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtCore import QObject, Signal
+
+from sessions.capture_reader import Capture
+
+COLOUR_SCALES = ("absolute", "relative", "ULP")
+
+
+class PairModel(QObject):
+    captures_changed = Signal()
+    comparison_changed = Signal()
+    selection_changed = Signal(object)
+    scale_changed = Signal(str)
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.native: Capture | None = None
+        self.oracle: Capture | None = None
+        self.comparison: Any = None
+        self.selected: Any = None
+        self.scale = "ULP"
+
+    def set_captures(self, native: Capture | None, oracle: Capture | None) -> list[Capture]:
+        """Replace the open pair; returns the captures no longer shown, for the caller to close."""
+        old = [c for c in (self.native, self.oracle) if c is not None and c not in (native, oracle)]
+        self.native, self.oracle = native, oracle
+        self.comparison = None
+        self.selected = None
+        self.captures_changed.emit()
+        self.comparison_changed.emit()
+        self.selection_changed.emit(None)
+        return old
+
+    def swap(self) -> None:
+        self.set_captures(self.oracle, self.native)
+
+    @property
+    def has_pair(self) -> bool:
+        return self.native is not None and self.oracle is not None
+
+    def set_comparison(self, comparison: Any) -> None:
+        self.comparison = comparison
+        self.selected = None
+        self.comparison_changed.emit()
+
+    def select(self, pair: Any) -> None:
+        if pair is self.selected:
+            return
+        self.selected = pair
+        self.selection_changed.emit(pair)
+
+    def set_scale(self, scale: str) -> None:
+        if scale not in COLOUR_SCALES:
+            raise ValueError(f"colour scale must be one of {COLOUR_SCALES}, not {scale!r}")
+        if scale != self.scale:
+            self.scale = scale
+            self.scale_changed.emit(scale)

@@ -1,0 +1,59 @@
+"""Dark and light themes from assets/, applied to both Qt widgets and pyqtgraph plots."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyqtgraph as pg
+from PySide6.QtGui import QColor, QIcon
+from PySide6.QtWidgets import QApplication
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+
+
+@dataclass(frozen=True)
+class Palette:
+    name: str
+    plot_background: str
+    plot_foreground: str
+
+
+PALETTES = {
+    "dark": Palette("dark", "#161a20", "#c9d1db"),
+    "light": Palette("light", "#ffffff", "#2a3240"),
+}
+
+STATUS_COLOURS: dict[str, str] = {
+    "bit-exact": "#2e9d57",
+    "within tolerance": "#c9a227",
+    "diverged": "#d64541",
+    "contract mismatch": "#9b59d0",
+    "unmatched": "#8a8f98",
+    "post-EOS": "#6b7480",
+}
+"""One colour per verdict, also used by the status icons in assets/."""
+
+
+def asset(name: str) -> Path:
+    return ASSETS / name
+
+
+def icon(name: str) -> QIcon:
+    return QIcon(str(asset(name)))
+
+
+def status_icon(status: str) -> QIcon:
+    return icon(f"status-{status.lower().replace(' ', '-')}.svg")
+
+
+def status_colour(status: str) -> QColor:
+    return QColor(STATUS_COLOURS.get(status, STATUS_COLOURS["unmatched"]))
+
+
+def apply_theme(app: QApplication, name: str) -> Palette:
+    """Style sheet for widgets; pyqtgraph reads its colours at item creation, so set them first."""
+    palette = PALETTES[name]
+    app.setStyleSheet(asset(f"{name}.qss").read_text(encoding="utf-8"))
+    pg.setConfigOptions(background=palette.plot_background, foreground=palette.plot_foreground, antialias=False)
+    return palette

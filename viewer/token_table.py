@@ -1,0 +1,70 @@
+"""Token parity, one row per step: both greedy tokens and top-k logits side by side.
+
+Comparison stops at the shared EOS (the seeds' first fix): the EOS row is marked and every
+row after it is greyed and labelled post-EOS, so a difference there never reads as a failure.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtGui import QBrush, QColor, QFont
+from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QLabel, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
+
+from viewer import comparison_view as cv
+from viewer.pair_model import PairModel
+
+COLUMNS = ("step", "native token", "oracle token", "verdict", "native top-k (id: logit)", "oracle top-k (id: logit)")
+VERDICT_COLOURS = {"match": "#2e9d57", "differs": "#d64541", "EOS": "#4a90d9", "post-EOS": "#7d8694"}
+
+
+class TokenTable(QWidget):
+    def __init__(self, model: PairModel, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._model = model
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(8, 8, 8, 8)
+        self.summary = QLabel("Token parity appears once a pair is compared")
+        self.summary.setObjectName("sectionTitle")
+        self.summary.setWordWrap(True)
+        layout.addWidget(self.summary)
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels(list(COLUMNS))
+        self.table.verticalHeader().setVisible(False)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        header = self.table.horizontalHeader()
+        for col in range(4):
+            header.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(4, QHeaderView.ResizeMode.Stretch)
+        header.setSectionResizeMode(5, QHeaderView.ResizeMode.Stretch)
+        layout.addWidget(self.table, 1)
+        model.comparison_changed.connect(self.rebuild)
+
+    def rebuild(self) -> None:
+        comparison = self._model.comparison
+        rows = cv.token_rows(comparison) if comparison is not None else []
+        self.table.setRowCount(len(rows))
+        self.summary.setText(cv.token_summary(comparison) if comparison is not None else "Token parity appears once a pair is compared")
+        mono = QFont("monospace")
+        mono.setStyleHint(QFont.StyleHint.Monospace)
+        grey = QBrush(QColor("#7d8694"))
+        for r, row in enumerate(rows):
+            cells = (str(row.step), row.native_token, row.oracle_token, row.verdict, row.native_topk, row.oracle_topk)
+            for c, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                item.setToolTip(text)
+                if c in (1, 2, 4, 5):
+                    item.setFont(mono)
+                if row.verdict == "post-EOS":
+                    item.setForeground(grey)
+                    italic = item.font()
+                    italic.setItalic(True)
+                    item.setFont(italic)
+                elif c == 3:
+                    item.setForeground(QBrush(QColor(VERDICT_COLOURS.get(row.verdict, "#d64541"))))
+                    bold = item.font()
+                    bold.setBold(True)
+                    item.setFont(bold)
+                self.table.setItem(r, c, item)
+
+    def verdicts(self) -> list[str]:
+        return [self.table.item(r, 3).text() for r in range(self.table.rowCount())]

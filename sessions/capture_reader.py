@@ -495,18 +495,29 @@ def open_capture(
     )
 
 
-def read_bits_into(
-    capture: Capture, record: Record, out: np.ndarray, selection: tuple[slice | int, ...] | None = None
-) -> np.ndarray:
-    """`Capture.read_bits` into the caller's array (C-contiguous, the selection's shape, the stored
-    dtype), which it returns. A comparison streaming gigabytes reuses one buffer this way: a fresh
-    array per read costs more in page faults than the copy from the page cache."""
-    ds = capture._checked_dataset(record)
-    try:
-        ds.read_direct(out, selection)
-    except (OSError, ValueError, TypeError, IndexError) as exc:
-        raise capture._fail(record.path, f"data cannot be read ({exc})") from None
-    return out
+class RecordReader:
+    """One record's dataset, checked once, then read slice by slice into the caller's arrays.
+
+    A streaming comparison reads a large record in dozens of slices. `Capture.read_bits` checks
+    the dataset's metadata on every call (about what copying a few MiB from the page cache
+    costs) and returns a fresh array (whose page faults cost more than the copy); this does
+    neither. Quantized records are read with `Capture.read_bits`: their stored shape is not
+    the record's.
+    """
+
+    def __init__(self, capture: Capture, record: Record) -> None:
+        self._capture = capture
+        self._record = record
+        self._dataset = capture._checked_dataset(record)
+
+    def read_into(self, out: np.ndarray, selection: tuple[slice | int, ...] | None = None) -> np.ndarray:
+        """Stored bits of the record, or of `selection`, into `out` (C-contiguous, the
+        selection's shape, the stored dtype), which is returned."""
+        try:
+            self._dataset.read_direct(out, selection)
+        except (OSError, ValueError, TypeError, IndexError) as exc:
+            raise self._capture._fail(self._record.path, f"data cannot be read ({exc})") from None
+        return out
 
 
 def stored_span(capture: Capture, record: Record) -> tuple[int, int] | None:

@@ -9,19 +9,21 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from sessions.capture_reader import Capture, CaptureError, open_capture
-from sessions.compare import PARITY, CompareOptions, iter_compare
-from sessions.layout_transform import LayoutError
-from sessions.profiles import ProfileError
-from sessions.progress import run_to_end
-from sessions.report_json import dumps
-from sessions.report_text import render
-from sessions.result_cache import iter_compare_cached
+from sessions.read_ahead import ReadAhead
+
+if TYPE_CHECKING:
+    from sessions.capture_reader import Capture
 
 EXIT_PARITY, EXIT_DIVERGENCE, EXIT_UNUSABLE = 0, 1, 2
+HEAD_START_BYTES = 128 * 1024 * 1024
+"""How much of each capture the kernel is asked to start reading before anything else runs:
+about what the disk fetches while imports and checks run. Medians of 6 runs on a 1 GB pair,
+captures cold and libraries warm: no head start 0.91 s, 128 MiB 0.76 s, 256 MiB 0.89 s (a
+larger one delays the imports' own reads)."""
+HEAD_START_STEP = 16 * 1024 * 1024
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,6 +39,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-cache", action="store_true", help="recompute even if a cached result exists")
 
 
+def _head_start(paths: tuple[str, str]) -> ReadAhead:
+    """Start the disk on the first HEAD_START_BYTES of both files, interleaved as the comparison
+    reads them, before anything else runs.
+
+    Imports, structure checks and alignment take a few hundred milliseconds before the first
+    tensor byte is compared; captures are written in execution order, the order they are
+    compared in, so their heads are read first. The advice stops when the report is done
+    (on a sidecar-cache hit, almost at once).
+    """
+    spans = [
+        (path, offset, HEAD_START_STEP)
+        for offset in range(0, HEAD_START_BYTES, HEAD_START_STEP)
+        for path in paths
+    ]
+    return ReadAhead(spans, window=2 * HEAD_START_BYTES)
+
+
 def _check_both(paths: tuple[str, str]) -> None:
     """Run the two files' structure checks (child processes) side by side instead of one after
     the other; `open_capture` then finds them passed. A failure is reported by `open_capture`."""
@@ -50,6 +69,8 @@ def _check_both(paths: tuple[str, str]) -> None:
 
 
 def _open(path: str) -> Capture:
+    from sessions.capture_reader import CaptureError, open_capture
+
     capture = open_capture(path)
     if not capture.complete:
         reason = capture.describe()
@@ -59,6 +80,8 @@ def _open(path: str) -> Capture:
 
 
 def _write_json(path: str, text: str) -> None:
+    import tempfile
+
     target = Path(path)
     fd, temp = tempfile.mkstemp(dir=target.parent if str(target.parent) else ".", prefix=".report-", suffix=".json")
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
@@ -67,6 +90,21 @@ def _write_json(path: str, text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    with _head_start((args.native, args.oracle)):
+        return _report(args)
+
+
+def _report(args: argparse.Namespace) -> int:
+    # Imported after the head start, so the disk works while numpy and h5py load.
+    from sessions.capture_reader import CaptureError
+    from sessions.compare import PARITY, CompareOptions, iter_compare
+    from sessions.layout_transform import LayoutError
+    from sessions.profiles import ProfileError
+    from sessions.progress import run_to_end
+    from sessions.report_json import dumps
+    from sessions.report_text import render
+    from sessions.result_cache import iter_compare_cached
+
     options = CompareOptions(
         atol=args.atol,
         rtol=args.rtol,

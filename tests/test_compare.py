@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from hand_captures import T, bf16_bits, write_capture
+from sessions.capture_meta import CaptureMeta
 from sessions.capture_reader import open_capture
+from sessions.capture_writer import CaptureWriter
 from sessions.compare import CompareOptions, iter_compare
 from sessions.progress import run_to_end
 from sessions.result_cache import iter_compare_cached
@@ -98,3 +100,27 @@ def test_second_comparison_of_the_same_pair_comes_from_the_cache_and_a_change_in
         fresh = run_to_end(iter_compare_cached(n, o, CompareOptions(), cache))
     assert fresh.pairs[0].metrics.first_difference is not None
     assert fresh.pairs[0].metrics.first_difference.coord == [10, 9]
+
+
+def test_quantized_blocks_compare_as_bytes_beside_a_streamed_identical_pair(tmp_path: Path) -> None:
+    rng = np.random.default_rng(2)
+    residual = bf16_bits(rng.standard_normal((64, 32)))
+    blocks = rng.integers(0, 256, size=8 * 34, dtype=np.uint8)  # eight Q8_0 blocks of 32 weights: logical [4, 64]
+    paths = []
+    for role in ("native", "oracle"):
+        writer = CaptureWriter(tmp_path / f"{role}.h5", CaptureMeta(role=role, engine_name=f"hand-{role}", weights_hash="sha256:aa"))
+        writer.add_tensor("layer_out", residual, step=0, segment="prefill", layer=0, dtype="bfloat16")
+        stored = blocks.copy()
+        if role == "oracle":
+            stored[100] ^= 0x10
+        writer.add_tensor("ffn_down", stored, step=0, segment="prefill", layer=0, dtype="q8_0", logical_shape=(4, 64))
+        writer.end_step()
+        writer.close()
+        paths.append(tmp_path / f"{role}.h5")
+    with open_capture(paths[0]) as n, open_capture(paths[1]) as o:
+        pairs = {p.op: p.metrics for p in run_to_end(iter_compare(n, o, CompareOptions(chunk_bytes=512))).pairs}
+    assert pairs["layer_out"].bit_exact and (pairs["layer_out"].nmse, pairs["layer_out"].cosine) == (0.0, 1.0)
+    quantized = pairs["ffn_down"]
+    assert (quantized.differing, quantized.beyond_tolerance) == (1, 1)
+    assert quantized.first_difference is not None and quantized.first_difference.coord == [100]
+    assert quantized.first_difference.native_hex == f"0x{int(blocks[100]):02x}"

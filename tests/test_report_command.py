@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import h5py
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 from hand_captures import T, bf16_bits, write_capture
+from sessions import capture_format as cf
 from sessions import report_command
 from sessions.capture_meta import CaptureMeta
 from sessions.capture_writer import CaptureWriter
@@ -106,9 +108,10 @@ def test_a_file_that_is_not_a_capture_is_unusable_input(tmp_path: Path, capsys: 
 def test_a_hostile_capture_is_unusable_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     native, oracle = _pair(tmp_path, flip=False)
     with h5py.File(oracle, "r+") as f:
-        del f["/tensors/t00000000"]
-        f["/tensors/t00000000"] = h5py.ExternalLink("/etc/hostname", "/data")
-    assert "t00000000" in _unusable(capsys, native, oracle)
+        tensor = cf.decode_field(f[cf.INDEX_PATH][0]["path"])
+        del f[tensor]
+        f[tensor] = h5py.ExternalLink("/etc/hostname", "/data")
+    assert tensor.rsplit("/", 1)[-1] in _unusable(capsys, native, oracle)
 
 
 def test_an_incomplete_capture_is_unusable_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -122,3 +125,10 @@ def test_an_incomplete_capture_is_unusable_input(tmp_path: Path, capsys: pytest.
 def test_an_unreadable_profile_is_unusable_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     native, oracle = _pair(tmp_path, flip=False)
     assert "does not exist" in _unusable(capsys, native, oracle, "--native-profile", str(tmp_path / "nope.toml"))
+
+
+def test_a_fifo_in_place_of_a_capture_is_unusable_input_without_blocking(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    native, _ = _pair(tmp_path, flip=False)
+    fifo = tmp_path / "pipe.h5"
+    os.mkfifo(fifo)
+    assert "not a regular file" in _unusable(capsys, native, str(fifo))

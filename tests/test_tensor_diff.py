@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
-from sessions.tensor_diff import DiffAccumulator, Tolerance, element_maps
+from sessions.tensor_diff import BLOCK_ELEMENTS, DiffAccumulator, Tolerance, element_maps
 from hand_captures import bf16_bits
 
 
@@ -112,3 +113,95 @@ def test_element_maps_mark_signed_zero_nan_and_inf() -> None:
     assert np.isnan(ulp[1]) and np.isnan(abs_err[1])
     assert np.isinf(abs_err[2]) and np.isinf(rel_err[2]) and ulp[2] == 2 * 0x7F80 + 1
     assert (abs_err[3], rel_err[3], ulp[3]) == (0.0, 0.0, 0.0)
+
+
+def _exact_sums(native: np.ndarray, oracle: np.ndarray, dtype: str) -> tuple[float, float, float]:
+    """(rmse, nmse, cosine) in float64 over both-finite positions: the definition, computed plainly."""
+    a = (native.view(ml_dtypes.bfloat16) if dtype == "bfloat16" else native).astype(np.float64).reshape(-1)
+    b = (oracle.view(ml_dtypes.bfloat16) if dtype == "bfloat16" else oracle).astype(np.float64).reshape(-1)
+    keep = np.isfinite(a) & np.isfinite(b)
+    a, b = a[keep], b[keep]
+    diff = float(np.sum((a - b) ** 2))
+    return float(np.sqrt(diff / a.size)), diff / float(np.sum(b * b)), float(np.dot(a, b) / np.sqrt(np.dot(a, a) * np.dot(b, b)))
+
+
+def _chunked(native: np.ndarray, oracle: np.ndarray, rows: int, dtype: str = "bfloat16", reread: bool = True):  # type: ignore[no-untyped-def]
+    """Feed the pair in chunks of `rows`; returns the metrics and the row ranges read back."""
+    read_back: list[tuple[int, int]] = []
+
+    def reread_oracle(start: int, stop: int) -> np.ndarray:
+        read_back.append((start, stop))
+        return oracle[start:stop]
+
+    acc = DiffAccumulator(dtype, native.shape, Tolerance(), rows_axis=0, reread_oracle=reread_oracle if reread else None)
+    for start in range(0, native.shape[0], rows):
+        acc.add(native[start : start + rows], oracle[start : start + rows], start)
+    return acc.finish(), read_back
+
+
+def test_identical_pairs_have_zero_error_and_cosine_one_even_with_zero_norm_or_nan() -> None:
+    for values in ([0.0, 0.0, 0.0], [0.0, -0.0, np.nan], [1.0, np.inf, -3.0]):
+        x = bf16_bits(values)
+        whole = _metrics(x, x.copy())
+        chunked, _ = _chunked(x.reshape(3, 1), x.reshape(3, 1).copy(), 1, reread=False)
+        for m in (whole, chunked):
+            assert m.bit_exact and (m.rmse, m.nmse, m.cosine, m.max_ulp, m.p99_ulp) == (0.0, 0.0, 1.0, 0, 0)
+
+
+def test_a_difference_past_the_first_block_is_found_with_its_coordinate_and_counted_once_per_element() -> None:
+    rng = np.random.default_rng(3)
+    native = bf16_bits(rng.standard_normal((3 * BLOCK_ELEMENTS // 1000 + 1, 1000)))
+    oracle = native.copy()
+    flips = [(0, 5), (BLOCK_ELEMENTS // 1000, 999), (2 * BLOCK_ELEMENTS // 1000 + 3, 0), (native.shape[0] - 1, 999)]
+    for r, c in flips:
+        oracle[r, c] += 2
+    m = _metrics(native, oracle, rows_axis=0)
+    assert (m.differing, m.max_ulp, m.ulp_histogram) == (4, 2, [0, 4])
+    assert m.first_difference is not None and m.first_difference.coord == [0, 5]
+    assert m.per_row is not None and [r for r, n in enumerate(m.per_row.differing) if n] == [r for r, _ in flips]
+    rmse, nmse, cosine = _exact_sums(native, oracle, "bfloat16")
+    assert m.rmse == pytest.approx(rmse, rel=1e-12) and m.nmse == pytest.approx(nmse, rel=1e-12)
+    assert m.cosine == pytest.approx(cosine, rel=1e-12)
+
+
+def test_identical_leading_chunks_are_read_back_only_when_a_later_chunk_differs() -> None:
+    rng = np.random.default_rng(4)
+    native = bf16_bits(rng.standard_normal((40, 16)))
+    oracle = native.copy()
+    oracle[33, 7] ^= 1
+    whole = _metrics(native, oracle, rows_axis=0)
+    deferred, read_back = _chunked(native, oracle, 8)
+    summed_inline, none_read = _chunked(native, oracle, 8, reread=False)
+    assert read_back == [(0, 8), (8, 16), (16, 24), (24, 32)] and none_read == []
+    for m in (deferred, summed_inline):
+        assert m.nmse == pytest.approx(whole.nmse, rel=1e-12) and m.cosine == pytest.approx(whole.cosine, rel=1e-12)
+        assert m.rmse == pytest.approx(whole.rmse, rel=1e-12)
+        m.nmse, m.cosine, m.rmse = whole.nmse, whole.cosine, whole.rmse
+        assert m == whole
+    identical, nothing_read = _chunked(native, native.copy(), 8)
+    assert identical.bit_exact and nothing_read == []
+
+
+def test_sums_skip_non_finite_positions_and_survive_float32_overflow() -> None:
+    native = np.array([[1e30, np.inf], [3.0, 2.0], [np.nan, 4.0]], np.float32)
+    oracle = native.copy()
+    oracle[1, 0] = 5.0
+    m, _ = _chunked(native, oracle, 1, "float32")
+    rmse, nmse, cosine = _exact_sums(native, oracle, "float32")
+    assert m.rmse == pytest.approx(rmse, rel=1e-12) and m.nmse == pytest.approx(nmse, rel=1e-12)
+    assert m.cosine == pytest.approx(cosine, rel=1e-12)
+
+
+def test_float16_and_integer_sums_match_the_float64_definition() -> None:
+    rng = np.random.default_rng(5)
+    halves = rng.standard_normal((64, 32)).astype(np.float16)
+    other = halves.copy()
+    other[60, 1] = np.float16(7.0)
+    ints = rng.integers(-1000, 1000, size=(64, 32), dtype=np.int32)
+    ints_other = ints.copy()
+    ints_other[2, 2] += 5
+    for native, oracle, dtype in ((halves, other, "float16"), (ints, ints_other, "int32")):
+        m, _ = _chunked(native, oracle, 16, dtype)
+        rmse, nmse, cosine = _exact_sums(native, oracle, dtype)
+        assert m.rmse == pytest.approx(rmse, rel=1e-12) and m.nmse == pytest.approx(nmse, rel=1e-12)
+        assert m.cosine == pytest.approx(cosine, rel=1e-12)

@@ -1,0 +1,119 @@
+"""Keep the disk reading the bytes a comparison is about to need, while it does other work.
+
+A comparison's own reads are large and sequential, so they already run at disk speed; what a
+cold-cache report loses is the time the disk sits idle: while the interpreter imports numpy and
+h5py, while structure checks and alignment run, and while each chunk is compared. A daemon
+thread here asks the kernel (posix_fadvise WILLNEED) for the coming byte spans, a few MiB per
+call -- Linux reads at most about one request size per call, so one call for a whole file reads
+a few MiB of it. Calls block once the device queue is full, which is why they live in a thread
+(the syscall releases the GIL).
+
+It reads into the page cache only, never into this process, and never more than `window` bytes
+beyond what the caller reports consumed, so a pair larger than memory cannot flood the cache.
+Advice is a hint: a path that cannot be opened, or a platform without posix_fadvise, makes this
+a no-op, and whatever is wrong with a file is reported by the reader that opens it.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from collections.abc import Sequence
+from types import TracebackType
+
+STEP_BYTES = 4 * 1024 * 1024
+"""Bytes per advice call: about what one call makes Linux read."""
+
+
+class ReadAhead:
+    """Advise `spans` (path, offset, length) in order from a daemon thread, at most `window`
+    bytes past the total the caller has reported with `consumed`. Use as a context manager or
+    call `close`; closing stops the thread after its current call."""
+
+    def __init__(self, spans: Sequence[tuple[str, int, int]], window: int) -> None:
+        self._spans = [s for s in spans if s[2] > 0]
+        self._window = window
+        self._consumed = 0
+        self._advised = 0
+        self._closed = False
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+        if self._spans and hasattr(os, "posix_fadvise"):
+            self._thread = threading.Thread(target=self._run, name="parity-xray read-ahead", daemon=True)
+            self._thread.start()
+
+    def consumed(self, total_bytes: int) -> None:
+        """The caller has now read `total_bytes` of the spans' bytes in all (monotonic)."""
+        with self._wake:
+            self._consumed = max(self._consumed, total_bytes)
+            self._wake.notify()
+
+    @property
+    def advised(self) -> int:
+        """Bytes announced to the kernel so far."""
+        with self._wake:
+            return self._advised
+
+    def close(self, wait: bool = False) -> None:
+        """Stop announcing; with `wait`, return only once the thread has ended."""
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        if wait and self._thread is not None:
+            self._thread.join()
+
+    def __enter__(self) -> "ReadAhead":
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _may_advise(self, size: int) -> bool:
+        """Wait until `size` more bytes keep within the window (or nothing is outstanding), and
+        count them; False once closed."""
+        with self._wake:
+            while not self._closed and self._consumed < self._advised and self._advised + size - self._consumed > self._window:
+                self._wake.wait()
+            if self._closed:
+                return False
+            self._advised += size
+            return True
+
+    def _run(self) -> None:
+        files: dict[str, int | None] = {}
+        try:
+            for path, offset, length in self._spans:
+                if path not in files:
+                    files[path] = _open_regular(path)
+                fd = files[path]
+                for start in range(offset, offset + length, STEP_BYTES):
+                    size = min(STEP_BYTES, offset + length - start)
+                    if not self._may_advise(size):
+                        return
+                    if fd is not None:
+                        try:
+                            os.posix_fadvise(fd, start, size, os.POSIX_FADV_WILLNEED)
+                        except OSError:
+                            fd = files[path] = None
+        finally:
+            for fd in files.values():
+                if fd is not None:
+                    os.close(fd)
+
+
+def _open_regular(path: str) -> int | None:
+    """A read-only descriptor of a regular file, or None (never blocks on a FIFO or device)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None

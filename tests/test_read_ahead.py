@@ -1,0 +1,56 @@
+"""Read-ahead: announces the coming bytes from a thread, never past its window, never blocking."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from sessions.read_ahead import STEP_BYTES, ReadAhead
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="posix_fadvise is Linux/BSD only")
+
+
+def _until(condition, timeout_s: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def test_announcing_stops_at_the_window_and_resumes_as_bytes_are_consumed(tmp_path: Path) -> None:
+    data = tmp_path / "capture.h5"
+    data.write_bytes(b"\0" * (10 * STEP_BYTES))
+    ahead = ReadAhead([(str(data), 0, 10 * STEP_BYTES)], window=3 * STEP_BYTES)
+    try:
+        assert _until(lambda: ahead.advised == 3 * STEP_BYTES)
+        time.sleep(0.05)
+        assert ahead.advised == 3 * STEP_BYTES
+        ahead.consumed(2 * STEP_BYTES)
+        assert _until(lambda: ahead.advised == 5 * STEP_BYTES)
+        ahead.consumed(10 * STEP_BYTES)
+        assert _until(lambda: ahead.advised == 10 * STEP_BYTES)
+    finally:
+        ahead.close(wait=True)
+
+
+def test_closing_ends_a_thread_that_waits_for_its_window(tmp_path: Path) -> None:
+    data = tmp_path / "capture.h5"
+    data.write_bytes(b"\0" * (4 * STEP_BYTES))
+    ahead = ReadAhead([(str(data), 0, 4 * STEP_BYTES)], window=STEP_BYTES)
+    assert _until(lambda: ahead.advised == STEP_BYTES)
+    ahead.close(wait=True)
+    assert ahead.advised == STEP_BYTES
+
+
+def test_missing_files_directories_and_fifos_are_passed_over_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    spans = [(str(tmp_path / "absent.h5"), 0, STEP_BYTES), (str(tmp_path), 0, STEP_BYTES), (str(fifo), 0, 2 * STEP_BYTES)]
+    ahead = ReadAhead(spans, window=100 * STEP_BYTES)
+    assert _until(lambda: ahead.advised == 4 * STEP_BYTES)
+    ahead.close(wait=True)

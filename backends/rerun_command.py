@@ -12,20 +12,17 @@ option), with a one-line reason on stderr.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from backends import rerun_ops
 from backends.rerun import SIDES, RerunOptions, RerunResult, format_key, iter_rerun, parse_key
 from backends.rerun_capture import save_rerun
 from backends.rerun_inputs import RerunInputError
 from sessions.capture_reader import CaptureError, open_capture
+from sessions.json_plain import plain
 from sessions.profiles import ProfileError
 from sessions.progress import run_to_end
 
@@ -67,23 +64,6 @@ def options_from(args: argparse.Namespace) -> RerunOptions:
     )
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, np.ndarray):
-        return None
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        out = {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value) if f.name != "bits"}
-        if hasattr(type(value), "bit_exact"):
-            out["bit_exact"] = getattr(value, "bit_exact")
-        return out
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    return value
-
-
 def result_to_dict(result: RerunResult) -> dict[str, Any]:
     route_side = result.options.route_from or result.options.source
     return {
@@ -92,7 +72,7 @@ def result_to_dict(result: RerunResult) -> dict[str, Any]:
         "key": format_key(result.target),
         "reproduces": {side: result.reproduces(side) for side in SIDES},
         "route_side": route_side,
-        **{k: v for k, v in _plain(result).items() if k not in ("target", "source_meta")},
+        **{k: v for k, v in plain(result, omit=frozenset({"bits"})).items() if k not in ("target", "source_meta")},
     }
 
 

@@ -22,10 +22,12 @@ from sessions.contracts import ContractCheck, check_contracts, validated_routes
 from sessions.dispatch_diff import DispatchDifference, compare_dispatch, events_by_record
 from sessions.dtypes import as_values, logical_dtype
 from sessions.pair_reader import PairReader, chunk_rows, pair_bytes, read_ahead_spans
+from sessions.profile_identity import ProfileIdentity, identify
 from sessions.profiles import CANONICAL_OPS, HEADS_SOURCE, Profile, ProfileError, detect_profile, resolve_profile
 from sessions.progress import Progress, ProgressGenerator
 from sessions.provenance_diff import ProvenanceDiff, diff_provenance
 from sessions.read_ahead import ReadAhead
+from sessions.record_sources import sources_for
 from sessions.tensor_diff import DiffAccumulator, TensorMetrics, Tolerance
 from sessions.token_parity import TokenParity, TopEntry, compare_tokens, shared_eos_step, tokens_by_step, top_k
 
@@ -67,6 +69,9 @@ class PairResult:
     native_seq: int
     oracle_name: str
     oracle_seq: int
+    native_layout: str | None
+    """The layout transform spec that brought the native record to the canonical layout (None: stored canonical)."""
+    oracle_layout: str | None
     metrics: TensorMetrics
     post_eos: bool
     within_tolerance: bool
@@ -103,7 +108,10 @@ class Comparison:
     native_path: str
     oracle_path: str
     native_profile: str
+    """The profile's name, for display; `native_profile_identity` says which file and content."""
     oracle_profile: str
+    native_profile_identity: ProfileIdentity
+    oracle_profile_identity: ProfileIdentity
     tolerance: Tolerance
     provenance: ProvenanceDiff
     contracts: ContractCheck
@@ -131,6 +139,15 @@ def _profile(choice: str | None, capture: Capture, side: str) -> Profile:
     if found is None:
         raise ProfileError(f"{capture.path}: no built-in profile recognises most of the {side} record names; pass --{side}-profile")
     return found
+
+
+def resolve_profiles(native: Capture, oracle: Capture, options: CompareOptions) -> tuple[Profile, Profile]:
+    """The (native, oracle) profiles a comparison with `options` uses: given, or detected.
+
+    Raises ProfileError. A caller that keys anything on the profiles (the sidecar cache)
+    resolves them once and passes them to `iter_compare`, so the key and the result come
+    from the same reading of a profile file that may be edited meanwhile."""
+    return _profile(options.native_profile, native, "native"), _profile(options.oracle_profile, oracle, "oracle")
 
 
 def _heads(pairs: list[AlignedPair], native_dispatch: np.ndarray) -> dict[tuple[int, str, int, str], int]:
@@ -221,16 +238,30 @@ def _within(metrics: TensorMetrics, tolerance: Tolerance) -> bool:
     return metrics.bit_exact if tolerance.is_bit_exact else metrics.beyond_tolerance == 0
 
 
-def iter_compare(native: Capture, oracle: Capture, options: CompareOptions = CompareOptions()) -> ProgressGenerator[Comparison]:
+def iter_compare(
+    native: Capture,
+    oracle: Capture,
+    options: CompareOptions = CompareOptions(),
+    profiles: tuple[Profile, Profile] | None = None,
+) -> ProgressGenerator[Comparison]:
     """Compare two open captures; yields Progress(bytes done, bytes total, label).
 
-    Raises ProfileError when a profile cannot be found or read, and CaptureError when a
+    `profiles` are (native, oracle) profiles already resolved for `options` (resolve_profiles);
+    None resolves them here. Records are anchored by their source tensor names where a
+    profile matches on them (the llama.cpp profile's unnamed output projection), read only
+    then. Raises ProfileError when a profile cannot be found or read, and CaptureError when a
     tensor cannot be read (the capture is unusable as input).
     """
     yield Progress(0, 1, "aligning records")
-    native_profile = _profile(options.native_profile, native, "native")
-    oracle_profile = _profile(options.oracle_profile, oracle, "oracle")
-    alignment: Alignment = align(native.records, oracle.records, native_profile, oracle_profile)
+    native_profile, oracle_profile = resolve_profiles(native, oracle, options) if profiles is None else profiles
+    alignment: Alignment = align(
+        native.records,
+        oracle.records,
+        native_profile,
+        oracle_profile,
+        native_sources=sources_for(native, native_profile),
+        oracle_sources=sources_for(oracle, oracle_profile),
+    )
     routes = validated_routes(
         native_profile.contracts,
         oracle_profile.contracts,
@@ -281,8 +312,14 @@ def _keep_top(tops: dict[int, tuple[int, list[TopEntry], list[TopEntry]]], pair:
 
 def _pair_result(pair: AlignedPair, metrics: TensorMetrics, post_eos: bool, within: bool) -> PairResult:
     k = pair.key
-    n, o = pair.native.record, pair.oracle.record
-    return PairResult(k.label(), k.step, k.segment, k.layer, k.op, k.occurrence, n.name, n.seq, o.name, o.seq, metrics, post_eos, within)
+    n, o = pair.native, pair.oracle
+    return PairResult(
+        k.label(), k.step, k.segment, k.layer, k.op, k.occurrence,
+        n.record.name, n.record.seq, o.record.name, o.record.seq,
+        n.layout.spec if n.layout is not None else None,
+        o.layout.spec if o.layout is not None else None,
+        metrics, post_eos, within,
+    )
 
 
 def _first_finding(
@@ -354,6 +391,8 @@ def _assemble(
         oracle_path=str(oracle.path),
         native_profile=native_profile.name,
         oracle_profile=oracle_profile.name,
+        native_profile_identity=identify(native_profile),
+        oracle_profile_identity=identify(oracle_profile),
         tolerance=options.tolerance,
         provenance=diff_provenance(native.meta, oracle.meta),
         contracts=contracts,

@@ -81,6 +81,9 @@ class NameRule:
     source: str | None = None
     """Only records one of whose source tensors matches this pattern (may carry {layer})."""
     source_regex: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
+    without_sources: bool = False
+    """Only records whose source tensors are unknown: a fallback for callers that do not read
+    them, which must not catch a record its sources would place elsewhere."""
     one_sided: str | None = None
     """Instead of an op: why the other engine has no such tensor."""
 
@@ -124,12 +127,15 @@ class Profile:
         """The first rule (in file order) that matches; None if none does.
 
         A rule with `kernel` needs that kernel id; a rule with `source` needs a source name that
-        fits it (records without known sources never match such a rule)."""
+        fits it (records without known sources never match such a rule); a `without_sources`
+        rule needs the sources to be unknown."""
         for rule in self.rules:
             found = rule.regex.fullmatch(name)
             if found is None or not rule.matches_occurrence(occurrence, count):
                 continue
             if rule.kernel is not None and rule.kernel != kernel_id:
+                continue
+            if rule.without_sources and sources:
                 continue
             layer = int(found.group("layer")) if "layer" in found.groupdict() else None
             if rule.source_regex is not None:
@@ -178,7 +184,7 @@ def _pattern_regex(pattern: str) -> re.Pattern[str]:
 def _rule(entry: Any, where: str) -> NameRule:
     if not isinstance(entry, dict):
         raise ProfileError(f"{where}: must be a table")
-    known = {"name", "op", "occurrence", "count", "min_count", "canonical_occurrence", "layout", "kernel", "source", "one_sided"}
+    known = {"name", "op", "occurrence", "count", "min_count", "canonical_occurrence", "layout", "kernel", "source", "one_sided", "without_sources"}
     unknown = set(entry) - known
     if unknown:
         raise ProfileError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
@@ -188,6 +194,8 @@ def _rule(entry: Any, where: str) -> NameRule:
     for key in ("kernel", "source", "one_sided"):
         if key in entry and (not isinstance(entry[key], str) or not entry[key]):
             raise ProfileError(f"{where}: {key} must be a non-empty string")
+    if not isinstance(entry.get("without_sources", False), bool):
+        raise ProfileError(f"{where}: without_sources must be true or false")
     one_sided = entry.get("one_sided")
     if one_sided is not None:
         if op is not None or "layout" in entry:
@@ -228,6 +236,7 @@ def _rule(entry: Any, where: str) -> NameRule:
         source=entry.get("source"),
         source_regex=source_regex,
         one_sided=one_sided,
+        without_sources=entry.get("without_sources", False),
     )
 
 

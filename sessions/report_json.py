@@ -9,38 +9,23 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import types
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from sessions.compare import Comparison
+from sessions.json_plain import plain
 
 DOCUMENT_FORMAT = "parity-xray-report"
-DOCUMENT_VERSION = 1
+DOCUMENT_VERSION = 2
+"""2: pairs carry their layout transform specs, and the profiles their identity (file, content hash)."""
 
 
 class ReportFormatError(ValueError):
     pass
 
 
-def _plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        out = {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-        for name in ("bit_exact", "fraction_differing", "same"):
-            if hasattr(type(value), name) and isinstance(getattr(type(value), name), property):
-                out[name] = _plain(getattr(value, name))
-        return out
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    return value
-
-
 def comparison_to_dict(comparison: Comparison) -> dict[str, Any]:
-    return {"format": DOCUMENT_FORMAT, "version": DOCUMENT_VERSION, **_plain(comparison)}
+    return {"format": DOCUMENT_FORMAT, "version": DOCUMENT_VERSION, **plain(comparison)}
 
 
 def _build(tp: Any, value: Any) -> Any:

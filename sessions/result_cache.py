@@ -3,13 +3,16 @@
 Results live in the user cache directory (platformdirs), never beside or inside the
 captures, which may sit on a read-only share or belong to someone else. The key covers
 both files' content identity (size, mtime_ns, SHA-256 of root attributes + index -- see
-sessions.capture_identity), the comparison options and this cache's format, so a rewritten
-capture or different options can never return a stale result.
+sessions.capture_identity), the comparison options, the content of the profiles the options
+resolve to (an edited TOML profile keeps its path and name), the report document's version
+and a digest of the comparison code, so a rewritten capture, an edited profile, different
+options or a changed diff engine can never return a stale result.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -20,11 +23,14 @@ import platformdirs
 
 from sessions.capture_identity import CaptureIdentity, identity_of_capture
 from sessions.capture_reader import Capture
-from sessions.compare import Comparison, CompareOptions, iter_compare
+from sessions.compare import Comparison, CompareOptions, iter_compare, resolve_profiles
+from sessions.profile_identity import identify
+from sessions.profiles import Profile
 from sessions.progress import Progress, ProgressGenerator
 from sessions.report_json import DOCUMENT_VERSION, ReportFormatError, dumps, loads
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
+SESSIONS_DIR = Path(__file__).resolve().parent
 
 
 def default_cache_dir() -> Path:
@@ -35,14 +41,33 @@ def _identity_fields(identity: CaptureIdentity) -> list[object]:
     return [identity.size, identity.mtime_ns, identity.sha256]
 
 
-def cache_key(native: Capture, oracle: Capture, options: CompareOptions) -> str:
+@functools.cache
+def code_digest() -> str:
+    """SHA-256 over the source of the Qt-free domain layer (sessions/*.py), where every number
+    of a comparison is computed: a fixed diff engine must not serve results of the old one,
+    and a development checkout changes without a version bump. Read once per process
+    (about 50 files, a few milliseconds)."""
+    digest = hashlib.sha256()
+    for source in sorted(SESSIONS_DIR.glob("*.py")):
+        digest.update(source.name.encode("utf-8") + b"\0")
+        try:
+            digest.update(source.read_bytes())
+        except OSError:
+            digest.update(b"unreadable")
+    return digest.hexdigest()
+
+
+def cache_key(native: Capture, oracle: Capture, options: CompareOptions, profiles: tuple[Profile, Profile]) -> str:
+    """`profiles` are the (native, oracle) profiles `options` resolve to (compare.resolve_profiles)."""
     material = {
         "cache": CACHE_FORMAT,
         "document": DOCUMENT_VERSION,
+        "code": code_digest(),
         "native": _identity_fields(identity_of_capture(native)),
         "oracle": _identity_fields(identity_of_capture(oracle)),
         "paths": [str(native.path.resolve()), str(oracle.path.resolve())],
         "options": dataclasses.asdict(options),
+        "profiles": [dataclasses.asdict(identify(p)) for p in profiles],
     }
     return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -73,13 +98,16 @@ def store(cache_dir: Path, key: str, comparison: Comparison) -> None:
 def iter_compare_cached(
     native: Capture, oracle: Capture, options: CompareOptions = CompareOptions(), cache_dir: Path | None = None
 ) -> ProgressGenerator[Comparison]:
-    """`iter_compare` behind the sidecar cache; a hit yields one Progress and returns at once."""
+    """`iter_compare` behind the sidecar cache; a hit yields one Progress and returns at once.
+
+    Raises ProfileError (before any cache lookup) when a profile cannot be found or read."""
     directory = default_cache_dir() if cache_dir is None else cache_dir
-    key = cache_key(native, oracle, options)
+    profiles = resolve_profiles(native, oracle, options)
+    key = cache_key(native, oracle, options, profiles)
     cached = load(directory, key)
     if cached is not None:
         yield Progress(1, 1, "cached result")
         return cached
-    result = yield from iter_compare(native, oracle, options)
+    result = yield from iter_compare(native, oracle, options, profiles)
     store(directory, key, result)
     return result

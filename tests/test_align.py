@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from hand_captures import T, bf16_bits, write_capture
-from sessions.align import DUPLICATE_KEY, NO_PARTNER, SHAPE_MISMATCH, align
+from sessions.align import DUPLICATE_KEY, LAYER_CONFLICT, NO_PARTNER, NO_RULE, SHAPE_MISMATCH, align
+from sessions.capture_meta import CaptureMeta
 from sessions.capture_reader import open_capture
-from sessions.compare import iter_compare
-from sessions.profiles import builtin_profiles, load_profile_file
+from sessions.capture_writer import CaptureWriter
+from sessions.compare import CompareOptions, iter_compare
+from sessions.profiles import ProfileError, builtin_profiles, load_profile_file, profile_from_dict
 from sessions.progress import run_to_end
 
 ROWS, HEADS, DIM = 3, 2, 4
@@ -105,3 +109,44 @@ def test_records_without_partner_or_with_other_shapes_are_listed_with_reasons(tm
         ("oracle", "model.layers.0", SHAPE_MISMATCH),
     ]
     assert "native [3, 8] vs oracle [4, 8]" in alignment.unaligned[1].detail
+
+
+def _llama_projections(path: Path, sources: dict[str, list[str]]) -> Path:
+    """A llama.cpp-style capture: the unnamed MUL_MAT nodes the recorder keeps, with their `ggml_src`."""
+    with CaptureWriter(path, CaptureMeta(role="native", engine_name="llama.cpp", weights_hash="sha256:aa")) as writer:
+        for seed, (name, names) in enumerate(sources.items()):
+            writer.add_tensor(name, _q(20 + seed, (ROWS, 8)), step=0, segment="prefill", layer=0, dtype="bfloat16",
+                              kernel_id="MUL_MAT", attrs={"ggml_src": json.dumps(names)})
+    return path
+
+
+def test_the_comparison_places_unnamed_nodes_by_their_source_weights_not_by_the_fallback(tmp_path: Path) -> None:
+    native = _llama_projections(tmp_path / "n.h5", {
+        "node_5": ["blk.0.attn_output.weight", "kqv_out-0"],
+        "node_9": ["blk.0.ffn_down.weight", "ffn_swiglu-0"],
+    })
+    oracle = write_capture(tmp_path / "o.h5", "oracle", [T("model.layers.0.self_attn.o_proj", _q(20, (1, ROWS, 8)), layer=0, dtype="bfloat16")])
+    with open_capture(native) as n, open_capture(oracle) as o:
+        comparison = run_to_end(iter_compare(n, o, CompareOptions(native_profile="llama.cpp", oracle_profile="mlx-lm")))
+    assert [(p.op, p.native_name, p.metrics.bit_exact) for p in comparison.pairs] == [("o_proj", "node_5", True)]
+    assert [(u.name, u.reason) for u in comparison.unaligned] == [("node_9", NO_RULE)]
+
+
+def test_a_source_anchored_node_whose_weight_names_another_layer_is_a_conflict_not_a_pair(tmp_path: Path) -> None:
+    native = _llama_projections(tmp_path / "n.h5", {"node_5": ["blk.1.attn_output.weight", "kqv_out-1"]})
+    oracle = write_capture(tmp_path / "o.h5", "oracle", [T("model.layers.0.self_attn.o_proj", _q(20, (1, ROWS, 8)), layer=0, dtype="bfloat16")])
+    with open_capture(native) as n, open_capture(oracle) as o:
+        comparison = run_to_end(iter_compare(n, o, CompareOptions(native_profile="llama.cpp", oracle_profile="mlx-lm")))
+    assert comparison.pairs == []
+    assert [(u.side, u.name, u.reason) for u in comparison.unaligned] == [("native", "node_5", LAYER_CONFLICT), ("oracle", "model.layers.0.self_attn.o_proj", NO_PARTNER)]
+
+
+def test_the_fallback_output_projection_rule_serves_only_records_without_known_sources() -> None:
+    llama = builtin_profiles()["llama.cpp"]
+    fallback = llama.match("node_7", 0, 1, "MUL_MAT", ())
+    assert fallback is not None and fallback.op == "o_proj"
+    assert llama.match("node_7", 0, 1, "MUL_MAT", ("blk.3.ffn_down.weight", "ffn_swiglu-3")) is None
+    anchored = llama.match("node_7", 0, 1, "MUL_MAT", ("blk.3.attn_output.weight", "kqv_out-3"))
+    assert anchored is not None and (anchored.op, anchored.layer) == ("o_proj", 3)
+    with pytest.raises(ProfileError, match="without_sources must be true or false"):
+        profile_from_dict({"name": "p", "rule": [{"name": "x", "op": "embed", "without_sources": "yes"}]}, "p.toml")

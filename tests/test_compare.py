@@ -12,7 +12,10 @@ from sessions.capture_meta import CaptureMeta
 from sessions.capture_reader import open_capture
 from sessions.capture_writer import CaptureWriter
 from sessions.compare import CompareOptions, iter_compare
+from sessions.profile_identity import ProfileIdentity, profile_content_hash
+from sessions.profiles import BUILTIN_DIR, BUILTIN_FILES, builtin_profiles, load_profile_file
 from sessions.progress import run_to_end
+from sessions.report_json import dumps, loads
 from sessions.result_cache import iter_compare_cached
 
 
@@ -124,3 +127,46 @@ def test_quantized_blocks_compare_as_bytes_beside_a_streamed_identical_pair(tmp_
     assert (quantized.differing, quantized.beyond_tolerance) == (1, 1)
     assert quantized.first_difference is not None and quantized.first_difference.coord == [100]
     assert quantized.first_difference.native_hex == f"0x{int(blocks[100]):02x}"
+
+
+ORACLE_PROFILE = """name = "my-mlx"
+# the sdpa output as mlx-lm stores it
+[[rule]]
+name = "model.layers.{layer}.self_attn.sdpa"
+op = "sdpa"
+layout = "1 heads rows dim -> rows (heads dim)"
+"""
+
+
+def test_each_pair_names_its_records_and_layouts_and_the_json_round_trip_keeps_them(tmp_path: Path) -> None:
+    native, oracle = _pair(tmp_path)
+    profile = tmp_path / "my-mlx.toml"
+    profile.write_text(ORACLE_PROFILE, encoding="utf-8")
+    with open_capture(native) as n, open_capture(oracle) as o:
+        comparison = run_to_end(iter_compare(n, o, CompareOptions(oracle_profile=str(profile))))
+    (pair,) = comparison.pairs
+    assert (pair.native_seq, pair.native_layout) == (0, None)
+    assert (pair.oracle_seq, pair.oracle_layout) == (0, "1 heads rows dim -> rows (heads dim)")
+    assert comparison.native_profile_identity == ProfileIdentity(
+        "llama.cpp", str(BUILTIN_DIR / BUILTIN_FILES["llama.cpp"]), profile_content_hash(builtin_profiles()["llama.cpp"])
+    )
+    assert comparison.oracle_profile_identity == ProfileIdentity("my-mlx", str(profile.resolve()), profile_content_hash(load_profile_file(profile)))
+    assert loads(dumps(comparison)) == comparison
+
+
+def test_a_profile_edit_invalidates_the_cached_result_and_a_comment_does_not(tmp_path: Path) -> None:
+    native, oracle = _pair(tmp_path)
+    profile, cache = tmp_path / "my-mlx.toml", tmp_path / "cache"
+    profile.write_text(ORACLE_PROFILE, encoding="utf-8")
+    options = CompareOptions(oracle_profile=str(profile))
+    with open_capture(native) as n, open_capture(oracle) as o:
+        first = run_to_end(iter_compare_cached(n, o, options, cache))
+        assert [p.label for p in iter_compare_cached(n, o, options, cache)] == ["cached result"]
+        profile.write_text(ORACLE_PROFILE + "# a comment changes nothing the comparison uses\n", encoding="utf-8")
+        assert [p.label for p in iter_compare_cached(n, o, options, cache)] == ["cached result"]
+        profile.write_text(ORACLE_PROFILE.replace('op = "sdpa"', 'op = "q_proj"'), encoding="utf-8")
+        edited = run_to_end(iter_compare_cached(n, o, options, cache))
+    assert [p.op for p in first.pairs] == ["sdpa"] and edited.pairs == []
+    assert sorted((u.side, u.reason) for u in edited.unaligned) == [("native", "no_partner"), ("oracle", "no_partner")]
+    assert edited.oracle_profile_identity.path == first.oracle_profile_identity.path
+    assert edited.oracle_profile_identity.sha256 != first.oracle_profile_identity.sha256

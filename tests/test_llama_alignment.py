@@ -16,7 +16,9 @@ from backends.mlx_recorder import iter_record_mlx  # noqa: E402
 from backends.record_schedule import TokenSchedule  # noqa: E402
 from sessions.align import ONE_SIDED, Alignment, align  # noqa: E402
 from sessions.capture_reader import open_capture  # noqa: E402
-from sessions.profiles import ProfileError, builtin_profiles, profile_from_dict  # noqa: E402
+from sessions.compare import CompareOptions, iter_compare  # noqa: E402
+from sessions.profiles import BUILTIN_DIR, BUILTIN_FILES, ProfileError, builtin_profiles, profile_from_dict  # noqa: E402
+from sessions.progress import run_to_end  # noqa: E402
 from sessions.record_sources import record_sources, sources_for  # noqa: E402
 from tests.test_llama_recorder import TINY  # noqa: E402
 
@@ -131,3 +133,33 @@ def test_profile_rules_check_kernel_source_and_one_sided_keys() -> None:
     assert one is not None and one.one_sided == "only here" and profile.uses_sources
     with pytest.raises(ProfileError, match="a one_sided rule names no op and no layout"):
         profile_from_dict({"name": "p", "rule": [{"name": "x", "op": "embed", "one_sided": "why"}]}, "p.toml")
+
+
+def test_the_comparison_of_a_real_capture_anchors_every_output_projection_by_its_weight(pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """A profile without the sourceless fallback still pairs o_proj in every layer and step: the
+    comparison reads the nodes' sources and the weight-anchored rule places them."""
+    builtin = (BUILTIN_DIR / BUILTIN_FILES["llama.cpp"]).read_text(encoding="utf-8")
+    fallback = '[[rule]]\nname = "node_{n}"\nkernel = "MUL_MAT"\nwithout_sources = true\nop = "o_proj"\n'
+    assert builtin.count(fallback) == 1
+    strict = tmp_path / "llama_strict.toml"
+    strict.write_text(builtin.replace(fallback, ""), encoding="utf-8")
+    options = CompareOptions(native_profile=str(strict), oracle_profile="mlx-lm")
+    with open_capture(pair[0], check_in_child=False) as native, open_capture(pair[1], check_in_child=False) as oracle:
+        comparison = run_to_end(iter_compare(native, oracle, options))
+        sources = record_sources(native)
+    projections = [p for p in comparison.pairs if p.op == "o_proj"]
+    assert sorted((p.step, p.layer) for p in projections) == [(s, layer) for s in (0, 1) for layer in range(TINY.num_hidden_layers)]
+    for p in projections:
+        assert p.native_name.startswith("node_") and f"blk.{p.layer}.attn_output.weight" in sources[p.native_seq]
+    assert [u for u in comparison.unaligned + comparison.post_eos_unaligned if u.reason != ONE_SIDED] == []
+
+
+def test_only_records_whose_mapping_depends_on_sources_have_them_read(pair: tuple[Path, Path]) -> None:
+    with open_capture(pair[0], check_in_child=False) as native:
+        read = sources_for(native, builtin_profiles()["llama.cpp"])
+        expected = {
+            r.seq for r in native.records
+            if (r.kernel_id == "RMS_NORM" and r.name.startswith("norm-")) or (r.kernel_id == "MUL_MAT" and r.name.startswith("node_"))
+        }
+        assert set(read) == expected and 0 < len(read) < len(native.records) // 4
+        assert sources_for(native, builtin_profiles()["mlx-lm"]) == {}

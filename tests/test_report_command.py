@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import h5py
@@ -17,7 +18,9 @@ from sessions import capture_format as cf
 from sessions import report_command
 from sessions.capture_meta import CaptureMeta
 from sessions.capture_writer import CaptureWriter
-from sessions.report_json import loads
+from sessions.json_plain import plain
+from sessions.report_json import ReportFormatError, loads
+from sessions.tensor_diff import TensorMetrics
 
 
 @pytest.fixture(autouse=True)
@@ -132,3 +135,46 @@ def test_a_fifo_in_place_of_a_capture_is_unusable_input_without_blocking(tmp_pat
     fifo = tmp_path / "pipe.h5"
     os.mkfifo(fifo)
     assert "not a regular file" in _unusable(capsys, native, str(fifo))
+
+
+def test_report_after_editing_a_profile_prints_the_edited_result_not_the_cached_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    native, oracle = _pair(tmp_path, flip=True)
+    profile = tmp_path / "mine.toml"
+    profile.write_text('name = "mine"\n[[rule]]\nname = "l_out-{layer}"\nop = "layer_out"\n', encoding="utf-8")
+    assert _run(native, oracle, "--native-profile", str(profile)) == 1
+    assert "First divergence: step 0 prefill layer 0 layer_out" in capsys.readouterr().out
+    profile.write_text('name = "mine"\n[[rule]]\nname = "l_out-{layer}"\nop = "ffn_down"\n', encoding="utf-8")
+    report = tmp_path / "report.json"
+    assert _run(native, oracle, "--native-profile", str(profile), "--json", str(report)) == 1
+    assert "First divergence: none" in capsys.readouterr().out
+    document = json.loads(report.read_text())
+    assert document["version"] == 2 and document["pairs"] == []
+    assert document["native_profile_identity"]["path"] == str(profile.resolve())
+    assert sorted(u["reason"] for u in document["unaligned"]) == ["no_partner", "no_partner"]
+
+
+def test_a_version_1_document_is_refused_by_name(tmp_path: Path) -> None:
+    report = tmp_path / "report.json"
+    assert _run(*_pair(tmp_path, flip=False), "--json", str(report)) == 0
+    document = json.loads(report.read_text())
+    document["version"] = 1
+    with pytest.raises(ReportFormatError, match="not a parity-xray-report version 2 document"):
+        loads(json.dumps(document))
+
+
+@dataclass
+class _Held:
+    bits: np.ndarray
+    table: np.ndarray
+    metrics: TensorMetrics
+
+
+def test_documents_carry_derived_counts_non_finite_floats_as_strings_and_never_arrays() -> None:
+    metrics = TensorMetrics("bfloat16", [4], 4, differing=1, nmse=float("nan"), max_abs_error=float("inf"), max_rel_error=float("-inf"))
+    held = _Held(np.zeros(3, np.uint16), np.ones(2), metrics)
+    document = plain(held, omit=frozenset({"bits"}))
+    assert set(document) == {"table", "metrics"} and document["table"] is None
+    m = document["metrics"]
+    assert (m["bit_exact"], m["fraction_differing"]) == (False, 0.25)
+    assert (m["nmse"], m["max_abs_error"], m["max_rel_error"]) == ("NaN", "Infinity", "-Infinity")
+    json.dumps(document, allow_nan=False)

@@ -1,0 +1,42 @@
+"""Result objects as plain JSON values: one conversion for every document the tool writes.
+
+The report document, its sidecar cache and the rerun document are all dataclass trees turned
+into JSON; sharing the conversion keeps their conventions (non-finite floats as strings,
+derived properties written beside the fields) identical.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+DERIVED_PROPERTIES = ("bit_exact", "fraction_differing", "same")
+"""Properties written beside a dataclass's fields: readers of the document (pipelines, jq)
+should not have to recompute them from the counts."""
+
+
+def plain(value: Any, omit: frozenset[str] = frozenset()) -> Any:
+    """`value` as dicts, lists, strings, numbers, booleans and None, for strict JSON.
+
+    Dataclass fields named in `omit` are left out at any depth. Arrays become None: a document
+    names where bits are (capture, record), it does not carry them. Non-finite floats become
+    the strings "NaN", "Infinity", "-Infinity" (strict JSON has no such numbers).
+    """
+    if isinstance(value, np.ndarray):
+        return None
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out = {f.name: plain(getattr(value, f.name), omit) for f in dataclasses.fields(value) if f.name not in omit}
+        for name in DERIVED_PROPERTIES:
+            if isinstance(getattr(type(value), name, None), property):
+                out[name] = plain(getattr(value, name), omit)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [plain(v, omit) for v in value]
+    if isinstance(value, dict):
+        return {str(k): plain(v, omit) for k, v in value.items()}
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    return value

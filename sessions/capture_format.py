@@ -113,8 +113,23 @@ TOKENS_DTYPE = np.dtype(
 )
 
 
-def tensor_path(seq: int) -> str:
-    return f"{TENSORS_GROUP}/t{seq:08d}"
+STEP_BLOCKS = 32
+"""The reference writer's /tensors holds blocks b00..b31, created with the file; block j holds the
+step groups 2**j - 1 .. 2**(j+1) - 2, created together when the first of them is needed."""
+
+
+def step_block(group: int) -> int:
+    """The block of step group `group` (0, 1, 2… in the order the writer finished its steps)."""
+    return (group + 1).bit_length() - 1
+
+
+def step_group_path(group: int) -> str:
+    return f"{TENSORS_GROUP}/b{step_block(group):02d}/s{group:07d}"
+
+
+def tensor_path(seq: int, group: int = 0) -> str:
+    """Where the reference writer puts tensor `seq`, written in its step group `group`."""
+    return f"{step_group_path(group)}/t{seq:08d}"
 
 
 def decode_field(raw: bytes | np.bytes_) -> str:

@@ -253,11 +253,14 @@ class Capture:
             committed_attr = read_attribute(ds.id, path, cf.ATTR_COMMITTED_ROWS)
         except UnsafeObject as exc:
             raise self._fail(exc.problem.location, exc.problem.problem) from None
-        raw = ds[()]
-        committed = _attr_int(committed_attr, len(raw))
-        if not self.complete and 0 <= committed < len(raw):
-            self.dropped_rows[path] = len(raw) - committed
-            raw = raw[:committed]
+        rows = ds.shape[0]
+        committed = _attr_int(committed_attr, rows)
+        if not self.complete and 0 <= committed < rows:
+            # Rows past the commit may lie in chunks a killed writer never finished: never read them.
+            self.dropped_rows[path] = rows - committed
+            raw = ds[:committed]
+        else:
+            raw = ds[()]
         if raw.dtype == dtype:
             return raw
         table = np.zeros(len(raw), dtype=dtype)

@@ -1,14 +1,28 @@
-"""Streaming capture writer.
+"""Streaming capture writer whose file stays readable whatever instant its process is killed.
 
-Engines call it record by record while they run. Index, dispatch and token rows are
-buffered and appended at each `end_step`, which also flushes the file, so a run that dies
-mid-way still leaves a readable prefix; the `complete` attribute is written only by `close`,
-so such a file is recognisably unfinished.
+Engines call it record by record while they run; `end_step` makes the step's records visible.
+libhdf5 flushes dirty metadata in address order with the superblock (and its end-of-allocation
+mark) last, so a process killed mid-flush leaves some structures updated in place and others
+not, and anything that points at space allocated since the last flush reads as past the end of
+the file. A torn group that holds finished steps' tensors then hides all of them (measured:
+about 1 kill in 100 left an unopenable file). So the writer never modifies in place anything a
+reader needs for finished steps, except with one small write that is valid whether or not it
+landed (docs/capture-format.md, "Writing"):
+
+- every group is filled once, before anything under it is committed: `/tensors` is created
+  with all its blocks, a block with all its (empty) step groups, a step group receives only
+  its own step's tensors;
+- table rows are appended past `committed_rows`, which readers of an unfinished file never
+  read, and are committed by rewriting that one attribute after a flush; `/index` first, so
+  dispatch rows and tokens never point past the records shown;
+- `complete` exists from the start as 0 and turns 1 by one in-place write at `close`;
+- the file is created under a temporary name and renamed once its empty structure is on disk.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -22,6 +36,17 @@ from sessions.capture_meta import CaptureMeta
 from sessions.dtypes import logical_dtype, logical_name_of, to_storage
 
 COMPRESSIONS = (None, "gzip", "lzf")
+TABLES: tuple[tuple[str, np.dtype], ...] = (
+    (cf.INDEX_PATH, cf.INDEX_DTYPE),
+    (cf.DISPATCH_PATH, cf.DISPATCH_DTYPE),
+    (cf.TOKENS_PATH, cf.TOKENS_DTYPE),
+)
+
+
+def _set_scalar(obj_id: h5py.h5o.ObjectID, name: str, value: np.ndarray) -> None:
+    """Overwrite an existing scalar attribute in place (h5py's `attrs.create` deletes and re-adds
+    it, moving object header messages around: several writes, tearable by a kill)."""
+    h5py.h5a.open(obj_id, name.encode()).write(value)
 
 
 class CaptureWriter:
@@ -32,23 +57,26 @@ class CaptureWriter:
             raise ValueError(f"compression must be one of {COMPRESSIONS}, not {compression!r}")
         self.path = Path(path)
         self._compression = compression
-        self._file = h5py.File(self.path, "w", locking=False)
+        partial = self.path.with_name(f".{self.path.name}.partial")
+        self._file = h5py.File(partial, "w", locking=False)
         self._t0 = time.perf_counter_ns()
         self._occurrences: Counter[tuple[int, str, int, str]] = Counter()
         self._seq = 0
         self._pending_index: list[tuple] = []
         self._pending_dispatch: list[tuple] = []
         self._pending_tokens: list[tuple] = []
+        self._group = 0
+        """Number of the step group the next tensor goes to (step groups that hold tensors count)."""
+        self._step_group: h5py.Group | None = None
         self._write_root_attrs(meta)
-        self._file.create_group(cf.TENSORS_GROUP)
-        for path_, dtype in (
-            (cf.INDEX_PATH, cf.INDEX_DTYPE),
-            (cf.DISPATCH_PATH, cf.DISPATCH_DTYPE),
-            (cf.TOKENS_PATH, cf.TOKENS_DTYPE),
-        ):
+        tensors = self._file.create_group(cf.TENSORS_GROUP)
+        for block in range(cf.STEP_BLOCKS):
+            tensors.create_group(f"b{block:02d}")
+        for path_, dtype in TABLES:
             ds = self._file.create_dataset(path_, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(1024,))
             ds.attrs.create(cf.ATTR_COMMITTED_ROWS, np.int64(0))
         self._file.flush()
+        os.replace(partial, self.path)
 
     def _write_root_attrs(self, meta: CaptureMeta) -> None:
         attrs = self._file.attrs
@@ -61,6 +89,16 @@ class CaptureWriter:
             attrs.create(name, np.bytes_(raw), dtype=h5py.string_dtype("utf-8", max(1, len(raw))))
         attrs.create("seed", np.int64(meta.seed))
         attrs.create(cf.ATTR_PROVENANCE, np.frombuffer(meta.provenance_bytes(), dtype=np.uint8))
+        attrs.create(cf.ATTR_COMPLETE, np.int8(0))
+
+    def _open_step_group(self) -> h5py.Group:
+        """This step's (empty) group; the first step of a block creates all the block's step groups."""
+        block = cf.step_block(self._group)
+        if self._group == 2**block - 1:
+            block_group = self._file[f"{cf.TENSORS_GROUP}/b{block:02d}"]
+            for group in range(self._group, 2 ** (block + 1) - 1):
+                block_group.create_group(f"s{group:07d}")
+        return self._file[cf.step_group_path(self._group)]
 
     def now_ns(self) -> int:
         """Nanoseconds since the capture started: the clock of every timestamp in the file."""
@@ -99,10 +137,12 @@ class CaptureWriter:
         if len(shape) > cf.MAX_NDIM:
             raise ValueError(f"{name}: {len(shape)} dims; the format allows {cf.MAX_NDIM}")
         seq = self._seq
-        path = cf.tensor_path(seq)
+        if self._step_group is None:
+            self._step_group = self._open_step_group()
+        path = cf.tensor_path(seq, self._group)
         chunks = self._compression is not None and stored.size > 0
-        ds = self._file.create_dataset(
-            path, data=stored, compression=self._compression, chunks=True if chunks else None
+        ds = self._step_group.create_dataset(
+            f"t{seq:08d}", data=stored, compression=self._compression, chunks=True if chunks else None
         )
         ds.attrs.create(cf.ATTR_LOGICAL_DTYPE, np.bytes_(logical.encode()), dtype=cf.utf8(len(logical)))
         if ld.is_quantized:
@@ -198,35 +238,44 @@ class CaptureWriter:
         )
 
     def end_step(self) -> None:
-        """Append the buffered rows, flush, then commit their count and flush again.
+        """Write the step's buffered rows, flush, then commit them: `/index` first, then the
+        dispatch and token tables, each commit one in-place attribute write and a flush.
 
-        The second flush makes `committed_rows` name only rows already on disk, so a reader of
-        a file whose writer died mid-step shows the finished steps and none of the torn one.
+        Before its commit nothing of the step is visible to a reader of the unfinished file, and
+        after it nothing a reader needs for it is modified again.
         """
-        tables = (
-            (cf.INDEX_PATH, cf.INDEX_DTYPE, self._pending_index),
-            (cf.DISPATCH_PATH, cf.DISPATCH_DTYPE, self._pending_dispatch),
-            (cf.TOKENS_PATH, cf.TOKENS_DTYPE, self._pending_tokens),
-        )
-        for path, dtype, rows in tables:
+        pending = {
+            cf.INDEX_PATH: self._pending_index,
+            cf.DISPATCH_PATH: self._pending_dispatch,
+            cf.TOKENS_PATH: self._pending_tokens,
+        }
+        grown: list[h5py.Dataset] = []
+        for path, dtype in TABLES:
+            rows = pending[path]
             if rows:
                 ds = self._file[path]
                 start = ds.shape[0]
                 ds.resize((start + len(rows),))
                 ds[start:] = np.array(rows, dtype=dtype)
                 rows.clear()
+                grown.append(ds)
+        if self._step_group is not None:
+            self._step_group = None
+            self._group += 1
         self._file.flush()
-        for path, _, _ in tables:
-            ds = self._file[path]
-            ds.attrs.create(cf.ATTR_COMMITTED_ROWS, np.int64(ds.shape[0]))
-        self._file.flush()
+        for commit in ((cf.INDEX_PATH,), (cf.DISPATCH_PATH, cf.TOKENS_PATH)):
+            tables = [ds for ds in grown if ds.name in commit]
+            for ds in tables:
+                _set_scalar(ds.id, cf.ATTR_COMMITTED_ROWS, np.array(ds.shape[0], dtype=np.int64))
+            if tables:
+                self._file.flush()
 
     def close(self) -> None:
         """Finish the file: the complete marker is the last thing written."""
         if not self._file.id.valid:
             return
         self.end_step()
-        self._file.attrs.create(cf.ATTR_COMPLETE, np.int8(1))
+        _set_scalar(self._file.id, cf.ATTR_COMPLETE, np.array(1, dtype=np.int8))
         self._file.close()
 
     def abandon(self) -> None:

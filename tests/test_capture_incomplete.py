@@ -1,23 +1,162 @@
-"""A writer that dies mid-run leaves a file that opens, shows its finished steps, and says it is unfinished."""
+"""A writer that dies mid-run leaves a file that opens, shows its finished steps, and says it is unfinished.
+
+A SIGKILL leaves on disk exactly the writes the process had issued, so the strongest check is
+exhaustive: record every write libhdf5 makes for a real writer (through h5py's file-object
+driver, which sees the same writes in the same order as the default one), then rebuild the file
+as it stands after each of them and open it. A torn group or table shows up as a prefix that
+does not open; a random kill finds such a prefix about once in a hundred tries.
+"""
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import h5py
 import numpy as np
 import pytest
 
 from sessions.capture_meta import CaptureMeta
-from sessions.capture_reader import open_capture
+from sessions.capture_reader import load_capture, open_capture
 from sessions.capture_writer import CaptureWriter
+from sessions.structure_check import check_here
 
 ROWS_PER_STEP = 6
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def expected_values(step: int, i: int) -> np.ndarray:
+    return np.full((8, 64), step * 100 + i, np.float32)
+
+
+def write_step(writer: CaptureWriter, step: int) -> None:
+    for i in range(ROWS_PER_STEP):
+        seq = writer.add_tensor(f"l_out-{i}", expected_values(step, i), step=step, segment="decode", layer=i)
+        if i == 0:
+            writer.add_dispatch(index_seq=seq, call=0, kv_group=-1, head_start=0, head_count=4, q_heads=4, kv_heads=1,
+                                q_rows=1, kv_len=step + 1, head_dim=64, primitive="fallback")
+    writer.add_token(step=step, segment="decode", token_id=step, is_stop=False)
+
+
+class RecordingFile(io.RawIOBase):
+    """A real file on disk that remembers every write and truncation, in order."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self._file = open(path, "w+b")  # noqa: SIM115  (closed by close())
+        self.ops: list[tuple[int, bytes | int]] = []
+
+    def readable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self._file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._file.tell()
+
+    def readinto(self, buffer: Any) -> int:
+        return self._file.readinto(buffer)
+
+    def write(self, data: Any) -> int:
+        raw = bytes(data)
+        self.ops.append((self._file.tell(), raw))
+        return self._file.write(raw)
+
+    def truncate(self, size: int | None = None) -> int:
+        size = self._file.tell() if size is None else size
+        self.ops.append((size, -1))
+        return self._file.truncate(size)
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
+
+
+@contextmanager
+def recording_writes() -> Iterator[list[RecordingFile]]:
+    """Every h5py file opened for writing inside the block goes through a RecordingFile."""
+    real_file = h5py.File
+    opened: list[RecordingFile] = []
+
+    def file(name: str | Path, mode: str = "r", **kwargs: Any) -> h5py.File:
+        if mode != "w":
+            return real_file(name, mode, **kwargs)
+        opened.append(RecordingFile(str(name)))
+        kwargs.pop("locking", None)
+        return real_file(opened[-1], mode, **kwargs)
+
+    h5py.File = file  # type: ignore[misc]
+    try:
+        yield opened
+    finally:
+        h5py.File = real_file  # type: ignore[misc]
+
+
+def shown_steps(path: Path) -> int:
+    """How many whole steps the file shows, after checking everything a viewer would read."""
+    report = check_here(path)
+    assert report.problems == [], report.problems
+    with load_capture(path) as capture:
+        assert capture.complete is False
+        steps = len(capture.records) // ROWS_PER_STEP
+        assert len(capture.records) == steps * ROWS_PER_STEP, "a torn step is shown"
+        for record in capture.records:
+            expected = expected_values(record.step, int(record.name.split("-")[1]))
+            assert np.array_equal(capture.read_values(record), expected), record.path
+        assert steps - 1 <= len(capture.tokens) <= steps, "tokens are committed right after their step's records"
+        assert len(capture.dispatch) <= steps
+        assert capture.describe().startswith("incomplete: the writer did not finish")
+    return steps
+
+
+def test_a_writer_killed_after_any_write_leaves_a_readable_incomplete_prefix(tmp_path: Path) -> None:
+    final = tmp_path / "capture.h5"
+    ends: list[int] = []
+    with recording_writes() as opened:
+        writer = CaptureWriter(final, CaptureMeta(role="native", engine_name="killed"))
+        created = len(opened[0].ops)
+        for step in range(4):
+            write_step(writer, step)
+            writer.end_step()
+            ends.append(len(opened[0].ops))
+        writer.add_tensor("l_out-0", expected_values(4, 0), step=4, segment="decode", layer=0)
+        ops = list(opened[0].ops)
+        writer.abandon()
+    image = tmp_path / "as-killed.h5"
+    fd = os.open(image, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+    try:
+        for done, (offset, data) in enumerate(ops, start=1):
+            if isinstance(data, bytes):
+                os.pwrite(fd, data, offset)
+            else:
+                os.ftruncate(fd, offset)
+            if done < created:
+                continue  # still under its temporary name: nothing is at the capture's path yet
+            finished = sum(1 for end in ends if end <= done)
+            steps = shown_steps(image)
+            assert finished <= steps <= finished + 1, f"after write {done} of {len(ops)}"
+    finally:
+        os.close(fd)
+    assert shown_steps(image) == 4
+
 
 ENDLESS_WRITER = f"""
 import sys
@@ -54,9 +193,9 @@ def run_and_kill(path: Path, steps_before_kill: int, extra_delay_s: float, compr
 
 @pytest.mark.parametrize(
     ("steps_before_kill", "extra_delay_s", "compression"),
-    [(3, 0.0, ""), (4, 0.003, ""), (5, 0.011, "gzip"), (3, 0.027, "lzf"), (6, 0.05, "")],
+    [(3, 0.0, ""), (5, 0.011, "gzip"), (3, 0.027, "lzf")],
 )
-def test_killed_writer_leaves_a_readable_clearly_incomplete_prefix(
+def test_a_sigkilled_writer_process_leaves_a_readable_clearly_incomplete_prefix(
     tmp_path: Path, steps_before_kill: int, extra_delay_s: float, compression: str
 ) -> None:
     path = tmp_path / "killed.h5"
@@ -66,13 +205,13 @@ def test_killed_writer_leaves_a_readable_clearly_incomplete_prefix(
         steps = len(capture.records) // ROWS_PER_STEP
         assert steps >= steps_before_kill
         assert len(capture.records) == steps * ROWS_PER_STEP, "a torn step is shown"
-        assert len(capture.tokens) == steps
         for record in capture.records:
             expected = record.step * 100 + int(record.name.split("-")[1])
             assert capture.read_values(record).tolist() == np.full((8, 64), expected, np.float32).tolist()
-        assert capture.describe() == (
+        assert capture.describe() in (
             f"incomplete: the writer did not finish; it holds {steps * ROWS_PER_STEP} records, "
-            f"{steps} token steps, {steps} tokens, 0 dispatch events"
+            f"{steps} token steps, {tokens} tokens, 0 dispatch events"
+            for tokens in (steps - 1, steps)
         )
 
 

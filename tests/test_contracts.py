@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from hand_captures import T, bf16_bits, write_capture
+from sessions import capture_format as cf
 from sessions.capture_reader import CaptureError, open_capture
 from sessions.compare import iter_compare
 from sessions.contracts import KERNEL_CONTRACT_MISMATCH, ROUTE_MISSING, ROUTE_UNVALIDATED
@@ -38,7 +39,7 @@ def test_contract_mismatch_is_reported_before_any_tensor_is_read(tmp_path: Path)
     oracle = write_capture(tmp_path / "o.h5", "oracle", [_sdpa("sdpa", "k", "attn.tiled", "attn.tiled")])
     for path in (native, oracle):
         with h5py.File(path, "r+") as f:
-            del f["/tensors/t00000000"]
+            del f[cf.tensor_path(0)]
     labels: list[str] = []
     with open_capture(native, check_in_child=False) as n, open_capture(oracle, check_in_child=False) as o:
         work = iter_compare(n, o)

@@ -45,7 +45,7 @@ def test_every_problem_is_listed_with_its_location_and_exits_2(tmp_path: Path, c
         f.create_dataset(cf.tensor_path(0), data=np.zeros((4, 64), np.float32), chunks=(2, 64), fletcher32=True).attrs.create(
             cf.ATTR_LOGICAL_DTYPE, np.bytes_(b"float32")
         )
-        f[cf.tensor_path(1)].attrs.create(cf.ATTR_LOGICAL_DTYPE, np.bytes_(b"float16"))
+        f[cf.tensor_path(1, 1)].attrs.create(cf.ATTR_LOGICAL_DTYPE, np.bytes_(b"float16"))
         dispatch = f[cf.DISPATCH_PATH][()]
         dispatch["index_seq"][1] = 9
         f[cf.DISPATCH_PATH][...] = dispatch
@@ -53,7 +53,7 @@ def test_every_problem_is_listed_with_its_location_and_exits_2(tmp_path: Path, c
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"{path}: invalid (3 problems)"
     assert lines[1].startswith(f"  {cf.tensor_path(0)}: uses filter id 3 (fletcher32)")
-    assert lines[2] == f"  {cf.tensor_path(1)} attribute 'logical_dtype': is 'float16'; the index row says 'float32'"
+    assert lines[2] == f"  {cf.tensor_path(1, 1)} attribute 'logical_dtype': is 'float16'; the index row says 'float32'"
     assert lines[3] == "  /dispatch row 1: index_seq 9 is not a record (0..1)"
 
 

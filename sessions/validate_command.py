@@ -41,7 +41,7 @@ def validate_file(path: Path, memory_budget: int, timeout_s: float) -> CheckRepo
         return CheckReport([Problem("file", "does not exist" if not path.exists() else "is not a regular file")])
     report = check_in_child(path, memory_budget=memory_budget, timeout_s=timeout_s)
     if report.contents and not report.complete:
-        report.problems.insert(0, Problem("/ attribute 'complete'", "missing: " + report.contents))
+        report.problems.insert(0, Problem("/ attribute 'complete'", "not set: " + report.contents))
     return report
 
 

@@ -16,6 +16,7 @@ from sessions.read_ahead import ReadAhead
 
 if TYPE_CHECKING:
     from sessions.capture_reader import Capture
+    from sessions.investigation import Investigation
 
 EXIT_PARITY, EXIT_DIVERGENCE, EXIT_UNUSABLE = 0, 1, 2
 HEAD_START_BYTES = 128 * 1024 * 1024
@@ -27,9 +28,11 @@ HEAD_START_STEP = 16 * 1024 * 1024
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("native", help="capture of the engine under test")
-    parser.add_argument("oracle", help="capture of the reference engine")
+    parser.add_argument("native", nargs="?", help="capture of the engine under test")
+    parser.add_argument("oracle", nargs="?", help="capture of the reference engine")
     parser.add_argument("--json", metavar="OUT", help="also write the report as JSON (docs/report-json.md)")
+    parser.add_argument("--html", metavar="OUT", help="also write a self-contained HTML report (with --session: its bookmarks and notes)")
+    parser.add_argument("--session", metavar="FILE.xray", help="compare the pair a saved session names, with its profiles and tolerance")
     parser.add_argument("--atol", type=float, help="absolute tolerance (default: bit-exact)")
     parser.add_argument("--rtol", type=float, help="relative tolerance (default: bit-exact)")
     parser.add_argument("--max-ulp", type=int, help="ULP tolerance (default: bit-exact)")
@@ -90,11 +93,23 @@ def _write_json(path: str, text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    session = None
+    if getattr(args, "session", None):
+        from sessions.session_report import SessionReportError, apply_session
+
+        try:
+            session = apply_session(args)
+        except SessionReportError as exc:
+            print(f"parity-xray report: unusable input: {exc}", file=sys.stderr)
+            return EXIT_UNUSABLE
+    elif args.native is None or args.oracle is None:
+        print("parity-xray report: give NATIVE ORACLE, or --session FILE.xray", file=sys.stderr)
+        return EXIT_UNUSABLE
     with _head_start((args.native, args.oracle)):
-        return _report(args)
+        return _report(args, session)
 
 
-def _report(args: argparse.Namespace) -> int:
+def _report(args: argparse.Namespace, session: Investigation | None = None) -> int:
     # Imported after the head start, so the disk works while numpy and h5py load.
     from sessions.capture_reader import CaptureError
     from sessions.compare import PARITY, CompareOptions, iter_compare
@@ -135,5 +150,14 @@ def _report(args: argparse.Namespace) -> int:
             _write_json(args.json, dumps(comparison))
         except OSError as exc:
             print(f"parity-xray report: cannot write {args.json}: {exc}", file=sys.stderr)
+            return EXIT_UNUSABLE
+    if getattr(args, "html", None):
+        from sessions.atomic_write import atomic_write_bytes
+        from sessions.html_report import render_html
+
+        try:
+            atomic_write_bytes(Path(args.html), render_html(comparison, session).encode("utf-8"))
+        except OSError as exc:
+            print(f"parity-xray report: cannot write {args.html}: {exc}", file=sys.stderr)
             return EXIT_UNUSABLE
     return EXIT_PARITY if comparison.verdict == PARITY else EXIT_DIVERGENCE

@@ -1,4 +1,4 @@
-"""`parity-xray [NATIVE ORACLE]`: the desktop viewer's entry point."""
+"""`parity-xray [NATIVE ORACLE]`, `parity-xray [open] FILE.xray`: the desktop viewer's entry point."""
 
 from __future__ import annotations
 
@@ -13,12 +13,15 @@ from viewer.main_window import MainWindow
 from viewer.settings import APPLICATION, ORGANISATION, ViewerSettings
 
 
+SESSION_SUFFIX = ".xray"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="parity-xray",
-        description="Open the viewer: empty (drop files onto it), or on a NATIVE and an ORACLE capture.",
+        description="Open the viewer: empty (drop files onto it), on a NATIVE and an ORACLE capture, or on a saved session (open FILE.xray).",
     )
-    parser.add_argument("files", nargs="*", type=Path, metavar="CAPTURE", help="NATIVE ORACLE, or one capture")
+    parser.add_argument("files", nargs="*", type=Path, metavar="CAPTURE", help="NATIVE ORACLE, one capture, or one FILE.xray session")
     parser.add_argument("--settings", type=Path, help="use this INI file for layout, recent files and theme")
     return parser
 
@@ -26,7 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
 def create_window(files: list[Path], settings: ViewerSettings | None = None) -> MainWindow:
     """The window, opening the given files: two are NATIVE ORACLE in that order, one uses its role hint."""
     window = MainWindow(settings)
-    if len(files) == 2:
+    if len(files) == 1 and files[0].suffix == SESSION_SUFFIX:
+        window.session.open_session(files[0])
+    elif len(files) == 2:
         window.open_pair(files[0], files[1])
     elif len(files) == 1:
         window.open_files(files)
@@ -34,6 +39,11 @@ def create_window(files: list[Path], settings: ViewerSettings | None = None) -> 
 
 
 def run_viewer(argv: list[str]) -> int:
+    if argv[:1] == ["open"]:
+        argv = argv[1:]
+        if len(argv) != 1 or not argv[0].endswith(SESSION_SUFFIX):
+            print(f"parity-xray open: give one session file (FILE{SESSION_SUFFIX})", file=sys.stderr)
+            return 2
     args = build_parser().parse_args(argv)
     if len(args.files) > 2:
         print("parity-xray: give at most two captures: NATIVE ORACLE", file=sys.stderr)

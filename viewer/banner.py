@@ -5,18 +5,25 @@ A modal dialog would block the other open views; a banner leaves them usable.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QToolButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QToolButton, QVBoxLayout, QWidget
 
 LEVELS = ("error", "warning", "info")
 
 
+BannerAction = tuple[str, Callable[[], None]]
+"""A button on a banner (a choice such as Restore or Locate…); clicking it also dismisses the banner."""
+
+
 class Banner(QFrame):
-    def __init__(self, level: str, text: str, closable: bool = True, parent: QWidget | None = None) -> None:
+    def __init__(self, level: str, text: str, closable: bool = True, parent: QWidget | None = None, actions: Sequence[BannerAction] = ()) -> None:
         super().__init__(parent)
         if level not in LEVELS:
             raise ValueError(f"banner level must be one of {LEVELS}, not {level!r}")
         self.level = level
+        self.dismissed = False
         self.setObjectName("banner")
         self.setProperty("level", level)
         layout = QHBoxLayout(self)
@@ -26,6 +33,12 @@ class Banner(QFrame):
         self.label.setWordWrap(True)
         self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         layout.addWidget(self.label, 1)
+        self.buttons: dict[str, QPushButton] = {}
+        for text_, callback in actions:
+            button = QPushButton(text_)
+            button.clicked.connect(lambda _=False, c=callback: self._act(c))
+            layout.addWidget(button, 0, Qt.AlignmentFlag.AlignTop)
+            self.buttons[text_] = button
         if closable:
             close = QToolButton()
             close.setText("✕")
@@ -33,6 +46,12 @@ class Banner(QFrame):
             close.setAutoRaise(True)
             close.clicked.connect(self.deleteLater)
             layout.addWidget(close, 0, Qt.AlignmentFlag.AlignTop)
+
+    def _act(self, callback: Callable[[], None]) -> None:
+        self.dismissed = True
+        self.hide()
+        self.deleteLater()
+        callback()
 
     @property
     def text(self) -> str:
@@ -50,8 +69,8 @@ class BannerArea(QWidget):
         self._groups: dict[str, list[Banner]] = {}
         self.setVisible(False)
 
-    def show_message(self, group: str, level: str, text: str, closable: bool = True) -> Banner:
-        banner = Banner(level, text, closable, self)
+    def show_message(self, group: str, level: str, text: str, closable: bool = True, actions: Sequence[BannerAction] = ()) -> Banner:
+        banner = Banner(level, text, closable, self, actions)
         banner.destroyed.connect(self._refresh)
         self._groups.setdefault(group, []).append(banner)
         self._layout.addWidget(banner)
@@ -64,6 +83,10 @@ class BannerArea(QWidget):
             banner.deleteLater()
         self._refresh()
 
+    def banners(self, group: str) -> list[Banner]:
+        """The group's banners still standing (not dismissed by one of their buttons or deleted)."""
+        return [b for b in self._groups.get(group, []) if _exists(b) and not b.dismissed]
+
     def texts(self, group: str | None = None) -> list[str]:
         groups = [group] if group is not None else list(self._groups)
         return [b.text for g in groups for b in self._groups.get(g, []) if b.isVisibleTo(self) or not b.isHidden()]
@@ -73,6 +96,14 @@ class BannerArea(QWidget):
             alive = [b for b in banners if _alive(b)]
             self._groups[group] = alive
         self.setVisible(any(self._groups.values()))
+
+
+def _exists(widget: QWidget) -> bool:
+    try:
+        widget.objectName()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _alive(widget: QWidget) -> bool:

@@ -2,7 +2,8 @@
 
 Headless subcommands live beside the code they drive (`sessions`, `backends`) and are
 imported only when named, so `report` and `validate` in CI never load Qt. Each subcommand
-module exposes `add_arguments(parser)` and `run(args) -> int`.
+module exposes `add_arguments(parser)` and `run(args) -> int`. Anything else (no arguments,
+captures, `open FILE.xray`, `FILE.xray`) opens the viewer (viewer.app).
 """
 
 from __future__ import annotations

@@ -94,6 +94,19 @@ def neighbour_divergence(viewed: ViewedComparison, current: PairResult | None, d
     return next((p for p in reversed(candidates) if order[id(p)] < here), None)
 
 
+def pair_key(pair: PairResult) -> tuple[int, str, int, str, int]:
+    """The alignment key of a pair as (step, segment, layer, op, occurrence): AlignKey's and OpKey's fields."""
+    return pair.step, pair.segment, pair.layer, pair.op, pair.occurrence
+
+
+def find_pair(viewed: ViewedComparison | None, step: int, segment: str, layer: int, op: str, occurrence: int = 0) -> PairResult | None:
+    """The pair with this alignment key (from the timeline, a bookmark or a saved selection)."""
+    if viewed is None:
+        return None
+    wanted = (step, segment, layer, op, occurrence)
+    return next((p for p in viewed.comparison.pairs if pair_key(p) == wanted), None)
+
+
 def pair_place(pair: PairResult) -> tuple[int, str, int]:
     return pair.step, pair.segment, pair.layer
 

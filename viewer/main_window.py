@@ -32,10 +32,13 @@ from sessions.progress import Progress, ProgressGenerator
 from viewer import comparison_view as cv
 from viewer.alignment_tree import AlignmentTree
 from viewer.banner import BannerArea
+from viewer.bookmarks_panel import BookmarksPanel
+from viewer.dispatch_tabs import DispatchTabs
 from viewer.drop_hint import DropHint
 from viewer.overview_plot import OverviewPlot
 from viewer.pair_model import PairModel
 from viewer.provenance_panel import ProvenancePanel
+from viewer.session_controller import SessionController
 from viewer.settings import ViewerSettings
 from viewer.tensor_loader import SliceSpec, TensorSlice, iter_prepare
 from viewer.tensor_view import TensorView
@@ -43,7 +46,7 @@ from viewer.theme import apply_theme, icon
 from viewer.token_table import TokenTable
 from viewer.workers import TaskSlots
 
-TABS = ("Tensor diff", "Overview", "Token parity", "Provenance")
+TABS = ("Tensor diff", "Overview", "Token parity", "Provenance", "Dispatch timeline", "Rerun")
 
 GIL_SWITCH_INTERVAL_S = 0.001
 """Painting runs hundreds of short Python callbacks; with a worker thread busy, each one may wait
@@ -95,14 +98,18 @@ class MainWindow(QMainWindow):
         self.model = PairModel(self)
         self.tasks = TaskSlots(self)
         self._retired: list[Capture] = []
+        self._beside: list[MainWindow] = []
         self._build_central()
         self._build_tree_dock()
+        self._build_bookmarks_dock()
+        self.session = SessionController(self)
         self._build_status_bar()
         self._build_actions()
         self._connect_model()
         self._restore_layout()
         self._warm_up_panels()
         self._update_roles()
+        self.session.offer_recovery()
 
     # -- construction ------------------------------------------------------------------------
 
@@ -122,13 +129,16 @@ class MainWindow(QMainWindow):
         self.overview = OverviewPlot(self.model)
         self.token_table = TokenTable(self.model)
         self.provenance = ProvenancePanel(self.model)
-        for name, widget in zip(TABS, (self.tensor_view, self.overview, self.token_table, self.provenance)):
+        self.dispatch = DispatchTabs(self.model, self.tasks, self.banners, self)
+        self.dispatch.open_pair_requested.connect(self.open_beside)
+        panels = (self.tensor_view, self.overview, self.token_table, self.provenance, self.dispatch.timeline, self.dispatch.rerun)
+        for name, widget in zip(TABS, panels):
             self.tabs.addTab(widget, name)
         self.stack.addWidget(self.drop_hint)
         self.stack.addWidget(self.tabs)
         layout.addWidget(self.stack, 1)
         self.setCentralWidget(central)
-        self.tensor_view.slice_requested.connect(self._load_slice)
+        self.tensor_view.slice_requested.connect(self.load_slice)
 
     def _build_tree_dock(self) -> None:
         self.tree = AlignmentTree(self.model)
@@ -141,6 +151,15 @@ class MainWindow(QMainWindow):
         self.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, dock)
         self.tree_dock = dock
         self.resizeDocks([dock], [360], Qt.Orientation.Horizontal)
+
+    def _build_bookmarks_dock(self) -> None:
+        self.bookmarks = BookmarksPanel()
+        dock = QDockWidget("Bookmarks", self)
+        dock.setObjectName("bookmarksDock")
+        dock.setWidget(self.bookmarks)
+        self.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, dock)
+        self.bookmarks_dock = dock
+        self.resizeDocks([self.tree_dock, dock], [640, 220], Qt.Orientation.Vertical)
 
     def _build_status_bar(self) -> None:
         bar = self.statusBar()
@@ -192,6 +211,18 @@ class MainWindow(QMainWindow):
         self.recent_menu = file_menu.addMenu("Open &recent")
         file_menu.addAction(self.swap_action)
         file_menu.addSeparator()
+        self.open_session_action = self._action("Open &session…", self.session.open_dialog, "Ctrl+Shift+O", tip="Open a saved investigation (.xray)")
+        self.save_session_action = self._action("&Save session", self.session.save, QKeySequence.StandardKey.Save, tip="Save the investigation (Ctrl+S)")
+        self.save_session_as_action = self._action("Save session &as…", self.session.save_as, "Ctrl+Alt+S", tip="Save the investigation to a new file")
+        for action in (self.open_session_action, self.save_session_action, self.save_session_as_action):
+            file_menu.addAction(action)
+        self.recent_sessions_menu = file_menu.addMenu("Recent sessio&ns")
+        export = file_menu.addMenu("&Export")
+        self.export_md_action = self._action("Bookmarks and notes as &Markdown…", lambda: self.session.export_markdown())
+        self.export_html_action = self._action("&HTML report…", lambda: self.session.export_html())
+        export.addAction(self.export_md_action)
+        export.addAction(self.export_html_action)
+        file_menu.addSeparator()
         file_menu.addAction(self.quit_action)
         navigate = menu.addMenu("&Navigate")
         for action in (self.jump_action, self.next_action, self.prev_action, self.cancel_action):
@@ -205,14 +236,22 @@ class MainWindow(QMainWindow):
             view.addAction(action)
             self.tab_actions.append(action)
         view.addSeparator()
+        self.bookmark_action = self._action("&Bookmark this op", lambda: self.session.add_bookmark(), "Ctrl+B", tip="Bookmark the selected op and its view (Ctrl+B)")
+        navigate.addAction(self.bookmark_action)
+        bookmarks_toggle = self.bookmarks_dock.toggleViewAction()
+        bookmarks_toggle.setShortcut(QKeySequence("Ctrl+Shift+B"))
+        view.addAction(bookmarks_toggle)
         view.addAction(self.theme_action)
         self._rebuild_recent_menu()
+        self.rebuild_recent_sessions()
 
     def _connect_model(self) -> None:
         self.model.captures_changed.connect(self._update_roles)
         self.model.comparison_changed.connect(self._comparison_changed)
         self.model.selection_changed.connect(self._selection_changed)
         self.overview.op_clicked.connect(self.model.select)
+        self.session.document_changed.connect(self._update_roles)
+        self.session.connect_window()
 
     def _restore_layout(self) -> None:
         geometry, state = self.settings.window_geometry(), self.settings.window_state()
@@ -259,12 +298,12 @@ class MainWindow(QMainWindow):
         self.tasks.submit(
             "open",
             lambda: iter_open(paths),
-            on_success=lambda captures: self._opened(captures, explicit),
+            on_success=lambda captures: self.opened(captures, explicit),
             on_failure=lambda message: self.banners.show_message("open", "error", f"Could not open: {message}"),
             on_cancel=lambda: self.banners.show_message("open", "info", "Opening was cancelled; what was open stays open."),
         )
 
-    def _opened(self, captures: list[Capture], explicit: bool) -> None:
+    def opened(self, captures: list[Capture], explicit: bool) -> None:
         if explicit:
             native, oracle, guessed = captures[0], captures[1], False
         else:
@@ -293,9 +332,10 @@ class MainWindow(QMainWindow):
         if not self.model.has_pair:
             return
         native, oracle = self.model.native, self.model.oracle
+        options = self.session.compare_options(cv.VIEWER_OPTIONS)
         self.tasks.submit(
             "compare",
-            lambda: cv.iter_compare_pair(native, oracle),
+            lambda: cv.iter_compare_pair(native, oracle, options),
             on_success=self.model.set_comparison,
             on_failure=lambda message: self.banners.show_message("comparison", "error", f"The comparison failed: {message}"),
             on_cancel=lambda: self.banners.show_message("comparison", "info", "Comparison cancelled. Open the pair again, or swap roles, to restart it."),
@@ -338,9 +378,9 @@ class MainWindow(QMainWindow):
     def _selection_changed(self, pair: Any) -> None:
         if pair is None:
             return
-        self._load_slice(None)
+        self.load_slice(None)
 
-    def _load_slice(self, spec: SliceSpec | None) -> None:
+    def load_slice(self, spec: SliceSpec | None) -> None:
         pair = self.model.selected
         if pair is None or not self.model.has_pair:
             return
@@ -406,6 +446,9 @@ class MainWindow(QMainWindow):
         title = "Parity X-ray"
         if has_any:
             title += f" — {name(self.model.native)} vs {name(self.model.oracle)}"
+        document = self.session.document
+        if document.path is not None or document.dirty:
+            title += f"   [{document.path.name if document.path else 'unsaved session'}{' *' if document.dirty else ''}]"
         self.setWindowTitle(title)
 
     def _rebuild_recent_menu(self) -> None:
@@ -416,6 +459,24 @@ class MainWindow(QMainWindow):
             action.triggered.connect(lambda _=False, p=path: self.open_files([Path(p)]))
         self.recent_menu.setEnabled(bool(recent))
         self.drop_hint.set_recent(recent)
+
+    def rebuild_recent_sessions(self) -> None:
+        self.recent_sessions_menu.clear()
+        recent = self.settings.recent_sessions()
+        for path in recent:
+            action = self.recent_sessions_menu.addAction(path)
+            action.triggered.connect(lambda _=False, p=path: self.session.open_session(Path(p)))
+        self.recent_sessions_menu.setEnabled(bool(recent))
+
+    def open_beside(self, native: Path, oracle: Path) -> MainWindow:
+        """Another window on another pair (e.g. a rerun against one side); this one stays as it is."""
+        window = MainWindow(self.settings)
+        window.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        self._beside.append(window)
+        window.destroyed.connect(lambda _=None, w=window: self._beside.remove(w) if w in self._beside else None)
+        window.show()
+        window.open_pair(native, oracle)
+        return window
 
     def toggle_theme(self) -> None:
         self._apply_theme("light" if self.settings.theme() == "dark" else "dark")
@@ -453,6 +514,10 @@ class MainWindow(QMainWindow):
     # -- closing -----------------------------------------------------------------------------
 
     def closeEvent(self, event: QCloseEvent) -> None:
+        if not self.session.close():
+            event.ignore()
+            return
+        self.dispatch.shutdown()
         self.settings.save_window(QByteArray(self.saveGeometry()), QByteArray(self.saveState()))
         self.settings.sync()
         self.tasks.shutdown()

@@ -21,6 +21,7 @@ class ViewerSettings:
     """QSettings with typed accessors. A path gives a private INI file (tests, portable use)."""
 
     def __init__(self, path: Path | None = None) -> None:
+        self.path = path
         if path is None:
             self._qs = QSettings(QSettings.Format.IniFormat, QSettings.Scope.UserScope, ORGANISATION, APPLICATION)
         else:
@@ -48,6 +49,22 @@ class ViewerSettings:
         recent = [text] + [p for p in self.recent_files() if p != text]
         self._qs.setValue("recent_files", recent[:MAX_RECENT])
         return self.recent_files()
+
+    def recent_sessions(self) -> list[str]:
+        value = self._qs.value("recent_sessions", [])
+        if isinstance(value, str):
+            return [value]
+        return [str(v) for v in value or []]
+
+    def add_recent_session(self, path: str | Path) -> list[str]:
+        text = str(Path(path).resolve())
+        recent = [text] + [p for p in self.recent_sessions() if p != text]
+        self._qs.setValue("recent_sessions", recent[:MAX_RECENT])
+        return self.recent_sessions()
+
+    def recovery_dir(self) -> Path | None:
+        """Where autosaves go: beside a private INI file (tests, portable use), else the user data folder (None)."""
+        return None if self.path is None else Path(self.path).parent / "recovery"
 
     def theme(self) -> str:
         value = str(self._qs.value("theme", "dark"))

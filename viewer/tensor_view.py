@@ -113,6 +113,8 @@ class TensorView(QWidget):
     """Linked heatmaps (or curves for 1-D), the colour-scale switch, error plots and inspector."""
 
     slice_requested = Signal(object)
+    slice_shown = Signal()
+    """A requested slice (or the reason it cannot be shown) is on screen: screenshots may be taken."""
 
     def __init__(self, model: PairModel, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -214,6 +216,7 @@ class TensorView(QWidget):
         self._drop_curves()
         self.errors.clear_all()
         self.inspector.clear()
+        self.slice_shown.emit()
 
     def show_loading(self, label: str) -> None:
         self.title.setText(f"Loading {label} …")
@@ -234,6 +237,7 @@ class TensorView(QWidget):
             self.select_element(data.worst, pinned=True)
         else:
             self.select_element((0, 0) if not data.is_1d else (0,), pinned=True)
+        self.slice_shown.emit()
 
     def _scale_changed(self, scale: str) -> None:
         for button in self.scale_buttons.buttons():

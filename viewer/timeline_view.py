@@ -154,11 +154,12 @@ class TimelineView(QWidget):
         self.x_axis = self._combo({"call": "Axis: call order", "time": "Axis: time (ms)"}, model.set_x_mode)
         self.colours = self._combo({"metal": "Colour: Metal primitive", "executed": "Colour: executed primitive"}, model.set_colour_by)
         self.summary = QLabel()
+        self.summary.setWordWrap(True)
         bar = QHBoxLayout()
         for widget in (self.lanes, self.x_axis, self.colours):
             bar.addWidget(widget)
-        bar.addWidget(self._legend())
         bar.addStretch(1)
+        self.legend = self._legend()
         self.plot = pg.PlotWidget()
         self.plot.setMenuEnabled(False)
         self.plot.getViewBox().invertY(True)
@@ -172,6 +173,7 @@ class TimelineView(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addLayout(bar)
+        layout.addWidget(self.legend)
         layout.addWidget(self.summary)
         layout.addWidget(self.plot, 1)
         self.plot.scene().sigMouseMoved.connect(self._moved)
@@ -192,7 +194,9 @@ class TimelineView(QWidget):
             f"<span style='color:{PRIMITIVE_COLOURS[name]}'>■</span> {name}" for name in ("sdpa_vector", "sdpa_vector_2pass", "sdpa_full", "fallback")
         )
         marks = f"<span style='color:{DIFFERS_COLOUR}'>□</span> differs between sides  <span style='color:{MISMATCH_COLOUR}'>┅</span> route ≠ prediction"
-        return QLabel(f"{swatches}   {marks}")
+        legend = QLabel(f"{swatches}   {marks}")
+        legend.setWordWrap(True)
+        return legend
 
     def _rebuild(self) -> None:
         self.items.refresh()

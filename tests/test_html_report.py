@@ -1,0 +1,129 @@
+"""The HTML report, Qt-free and headless: self-contained, every image a real PNG, the findings in it."""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import struct
+import zlib
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from sessions import report_command
+from sessions.capture_identity import identity_of_file
+from sessions.capture_reader import open_capture
+from sessions.compare import iter_compare
+from sessions.html_report import PNG_SIGNATURE, bits_of, png_data_uri, render_html
+from sessions.investigation import Investigation, OpKey
+from sessions.progress import run_to_end
+from sessions.session_store import SessionDocument
+
+pytestmark = pytest.mark.slow
+
+
+def tiny_png(width: int, height: int) -> bytes:
+    """A real RGB PNG written by hand (signature, IHDR, IDAT, IEND with CRCs)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    rows = b"".join(b"\x00" + bytes((x * 40 + y * 60) % 256 for x in range(width * 3)) for y in range(height))
+    return PNG_SIGNATURE + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+
+
+def decode_png(data: bytes) -> tuple[int, int]:
+    """Width and height after checking the signature, every chunk's CRC and that IDAT inflates to the image size."""
+    assert data[:8] == PNG_SIGNATURE
+    pos, idat, size = 8, b"", None
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + length]
+        (crc,) = struct.unpack(">I", data[pos + 8 + length : pos + 12 + length])
+        assert zlib.crc32(kind + body) == crc, f"bad CRC in {kind!r}"
+        if kind == b"IHDR":
+            width, height, depth, colour = struct.unpack(">IIBB", body[:10])
+            channels = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}[colour]
+            size = (width, height, height * (1 + width * channels * depth // 8))
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    assert size is not None and len(zlib.decompress(idat)) == size[2]
+    return size[0], size[1]
+
+
+class Images(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sources: list[str] = []
+        self.svgs = 0
+        self.external: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        values = dict(attrs)
+        if tag == "img":
+            self.sources.append(values.get("src") or "")
+        if tag == "svg":
+            self.svgs += 1
+        if tag in ("link", "script") or (tag == "img" and not (values.get("src") or "").startswith("data:")):
+            self.external.append(tag)
+
+
+@pytest.fixture(scope="module")
+def comparison(demo_pairs: dict[str, tuple[Path, Path]]):  # type: ignore[no-untyped-def]
+    with open_capture(demo_pairs["swiglu-order"][0]) as native, open_capture(demo_pairs["swiglu-order"][1]) as oracle:
+        return run_to_end(iter_compare(native, oracle))
+
+
+def test_the_report_embeds_every_image_as_a_png_and_states_the_first_divergence(comparison) -> None:  # type: ignore[no-untyped-def]
+    first = comparison.pairs[comparison.first_divergence]
+    session = Investigation(title="swiglu order")
+    mark = session.add_bookmark(OpKey(first.step, first.segment, first.layer, first.op, first.occurrence), "gate*up before silu <tiled>")
+    session.add_bookmark(OpKey(0, "decode", 0, "sdpa"), "no screenshot for this one")
+    html = render_html(comparison, session, {mark.id: tiny_png(7, 5)})
+
+    parsed = Images()
+    parsed.feed(html)
+    assert parsed.external == [] and parsed.svgs == 1, "self-contained: no links, scripts or fetched images"
+    assert len(parsed.sources) == 1
+    for source in parsed.sources:
+        head, _, payload = source.partition(",")
+        assert head == "data:image/png;base64"
+        assert decode_png(base64.b64decode(payload)) == (7, 5)
+    sample = first.metrics.first_difference
+    assert first.label in html and sample.native_hex in html and sample.oracle_hex in html
+    assert bits_of(sample.native_hex) in html and bits_of(sample.oracle_hex) in html
+    assert "gate*up before silu &lt;tiled&gt;" in html, "notes are escaped, kept as written"
+    assert "Token parity" in html and "Worst ops" in html and "Execution contracts" in html
+
+
+def test_bits_keep_the_storage_width_and_only_pngs_are_embedded() -> None:
+    assert bits_of("0x8000") == "1000 0000 0000 0000"
+    assert bits_of("0x0001") == "0000 0000 0000 0001"
+    with pytest.raises(ValueError, match="not a PNG"):
+        png_data_uri(b"GIF89a....")
+
+
+def test_headless_html_report_from_a_pair_and_from_a_session(tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], capsys: pytest.CaptureFixture[str]) -> None:
+    native, oracle = (Path(shutil.copy2(p, tmp_path / p.name)) for p in demo_pairs["swiglu-order"])
+    parser = report_command.argparse.ArgumentParser()
+    report_command.add_arguments(parser)
+    out = tmp_path / "pair.html"
+    assert report_command.run(parser.parse_args([str(native), str(oracle), "--html", str(out)])) == report_command.EXIT_DIVERGENCE
+    assert "VERDICT: DIVERGENCE" in out.read_text()
+
+    session = Investigation(title="from a session")
+    session.add_capture("native", native, identity_of_file(native))
+    session.add_capture("oracle", oracle, identity_of_file(oracle))
+    session.add_bookmark(OpKey(0, "visual", 0, "ffn_act"), "the SwiGLU order")
+    document = SessionDocument(session)
+    document.save_as(tmp_path / "s.xray")
+    out = tmp_path / "session.html"
+    assert report_command.run(parser.parse_args(["--session", str(tmp_path / "s.xray"), "--html", str(out)])) == report_command.EXIT_DIVERGENCE
+    text = out.read_text()
+    assert "from a session" in text and "the SwiGLU order" in text and "No screenshot" in text
+
+    shutil.copy2(demo_pairs["head-chunk"][1], oracle)
+    assert report_command.run(parser.parse_args(["--session", str(tmp_path / "s.xray"), "--html", str(out)])) == report_command.EXIT_UNUSABLE
+    assert "not the capture this session was saved with" in capsys.readouterr().err

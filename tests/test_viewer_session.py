@@ -1,0 +1,273 @@
+"""Sessions in the window: bookmark, note, save, restart and find everything; recovery; moved and changed captures."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import QByteArray, Qt
+from PySide6.QtGui import QImage
+from pytestqt.qtbot import QtBot
+
+from sessions.capture_identity import CaptureState
+from sessions.html_report import PNG_SIGNATURE
+from viewer import comparison_view as cv
+from viewer.main_window import MainWindow
+from viewer.settings import ViewerSettings
+from viewer.tensor_loader import SliceSpec
+
+pytestmark = [pytest.mark.slow, pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints", "This plugin does not support raise")]
+
+WAIT_MS = 120_000
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def new_window(qtbot: QtBot, settings_path: Path) -> MainWindow:
+    win = MainWindow(ViewerSettings(settings_path))
+    win.session.ask_close = lambda: "discard"  # a test that fails midway must not leave a modal question at teardown
+    qtbot.addWidget(win)
+    win.resize(1440, 900)
+    win.show()
+    qtbot.waitExposed(win)
+    return win
+
+
+def wait_shown(qtbot: QtBot, win: MainWindow) -> None:
+    qtbot.waitUntil(lambda: win.model.comparison is not None and win.tensor_view.data is not None and not win.tasks.busy, timeout=WAIT_MS)
+
+
+def held_axis_pair(win: MainWindow) -> tuple[object, SliceSpec]:
+    """A pair with an N-D tensor and a non-default slice of it (a held index that is not 0)."""
+    for pair in win.model.comparison.comparison.pairs:
+        shape = pair.metrics.shape
+        if len(shape) >= 3 and shape[-3] > 1:
+            index = [0] * len(shape)
+            index[-3] = shape[-3] - 1
+            return pair, SliceSpec(len(shape) - 2, len(shape) - 1, tuple(index))
+    raise AssertionError("the demo pair has no 3-D tensor")
+
+
+@pytest.fixture
+def pair_copy(tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]]) -> tuple[Path, Path]:
+    """The demo pair copied into a folder of this test, so it can be moved or replaced."""
+    folder = tmp_path / "captures"
+    folder.mkdir()
+    return tuple(Path(shutil.copy2(p, folder / p.name)) for p in demo_pairs["head-chunk"])  # type: ignore[return-value]
+
+
+def saved_session(qtbot: QtBot, tmp_path: Path, pair: tuple[Path, Path], note: str = "Q=1008 visual prefill: tiled reduction") -> Path:
+    win = new_window(qtbot, tmp_path / "first.ini")
+    win.open_pair(*pair)
+    wait_shown(qtbot, win)
+    qtbot.waitUntil(lambda: len(win.session.session.captures) == 2, timeout=WAIT_MS)
+    win.session.add_bookmark(note)
+    win.session.choose_path = lambda _purpose: tmp_path / "work" / "investigation.xray"
+    (tmp_path / "work").mkdir(exist_ok=True)
+    assert win.session.save_as()
+    win.close()
+    return tmp_path / "work" / "investigation.xray"
+
+
+def test_bookmarks_notes_selection_and_view_survive_a_restart(qtbot: QtBot, tmp_path: Path, pair_copy: tuple[Path, Path], artifacts_dir: Path) -> None:
+    settings = tmp_path / "viewer.ini"
+    win = new_window(qtbot, settings)
+    win.open_pair(*pair_copy)
+    wait_shown(qtbot, win)
+    first = win.model.selected
+    win.bookmark_action.trigger()
+    qtbot.keyClicks(win.bookmarks.note, "first divergence: q_norm rounding")
+    qtbot.mouseClick(win.bookmarks.apply_button, Qt.MouseButton.LeftButton)
+    pair, spec = held_axis_pair(win)
+    win.model.select(pair)
+    with qtbot.waitSignal(win.tensor_view.slice_shown, timeout=WAIT_MS):
+        win.load_slice(spec)
+    win.model.set_scale("absolute")
+    second = win.session.add_bookmark("held index on the last head")
+    win.tab_actions[1].trigger()
+    qtbot.waitUntil(lambda: len(win.session.session.captures) == 2 and not win.tasks.busy, timeout=WAIT_MS)
+    win.bookmarks.select_bookmark(second.id)
+    win.tab_actions[0].trigger()
+    win.grab().save(str(artifacts_dir / "viewer-bookmarks.png"))
+    win.tab_actions[1].trigger()
+    saved_at = tmp_path / "work" / "bug-1234.xray"
+    saved_at.parent.mkdir()
+    win.session.choose_path = lambda purpose: saved_at if purpose == "save" else None
+    win.save_session_action.trigger()
+    assert saved_at.exists() and not win.session.document.dirty
+    assert "bug-1234.xray" in win.windowTitle()
+    bookmarks = win.session.session.bookmarks
+    questions: list[str] = []
+    win.session.ask_close = lambda: questions.append("asked") or "discard"
+    win.close()
+    assert questions == [], "a saved session closes without a question"
+
+    again = new_window(qtbot, settings)
+    [recent] = again.recent_sessions_menu.actions()
+    assert recent.text() == str(saved_at)
+    with qtbot.waitSignal(again.session.restored, timeout=WAIT_MS):
+        recent.trigger()
+    wait_shown(qtbot, again)
+    restored = again.session.session
+    assert [(b.id, b.op, b.note) for b in restored.bookmarks] == [(b.id, b.op, b.note) for b in bookmarks]
+    assert restored.bookmarks[0].note == "first divergence: q_norm rounding"
+    assert cv.pair_key(again.model.selected) == cv.pair_key(pair)
+    assert again.tensor_view.data.spec == spec, "the held index of the slice is restored"
+    assert again.model.scale == "absolute" and again.tabs.currentIndex() == 1
+    assert [ref.role for ref in restored.captures] == ["native", "oracle"] and all(ref.profile for ref in restored.captures)
+    assert again.bookmarks.list.count() == 2
+    again.bookmarks.select_bookmark(bookmarks[0].id)
+    qtbot.mouseClick(again.bookmarks.jump_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: again.tensor_view.data is not None and again.tensor_view.data.request.label == first.label and not again.tasks.busy, timeout=WAIT_MS)
+    assert cv.pair_key(again.model.selected) == cv.pair_key(first) and again.model.scale == "ULP"
+
+    markdown = tmp_path / "notes.md"
+    assert again.session.export_markdown(markdown)
+    assert "first divergence: q_norm rounding" in markdown.read_text() and "held index on the last head" in markdown.read_text()
+    report = tmp_path / "report.html"
+    with qtbot.waitSignal(again.session.exported, timeout=WAIT_MS):
+        again.session.export_html(report)
+    images = ImageSources()
+    images.feed(report.read_text())
+    assert len(images.sources) == 2, "one screenshot per bookmark"
+    for source in images.sources:
+        head, _, payload = source.partition(",")
+        assert head == "data:image/png;base64"
+        data = QByteArray.fromBase64(payload.encode("ascii")).data()
+        assert data.startswith(PNG_SIGNATURE)
+        image = QImage.fromData(data, "PNG")
+        assert not image.isNull() and image.width() > 600 and image.height() > 300
+    assert "first divergence: q_norm rounding" in report.read_text()
+    shutil.copy(report, artifacts_dir / "session-report.html")
+    again.close()
+
+
+class ImageSources(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sources: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "img":
+            self.sources.append(dict(attrs).get("src") or "")
+
+
+CRASHING_VIEWER = """
+import os, sys, time
+os.environ["QT_QPA_PLATFORM"] = "offscreen"
+from pathlib import Path
+from PySide6.QtWidgets import QApplication
+from sessions.investigation import OpKey
+app = QApplication([])
+from viewer.main_window import MainWindow
+from viewer.settings import ViewerSettings
+window = MainWindow(ViewerSettings(Path(sys.argv[1])))
+window.session.session.set_title("crashed investigation")
+window.session.session.add_bookmark(OpKey(0, "visual", 0, "sdpa"), "written just before the crash")
+print("autosaved", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_killed_viewers_session_is_offered_once_and_restored(qtbot: QtBot, tmp_path: Path) -> None:
+    settings = tmp_path / "viewer.ini"
+    crashed = subprocess.Popen([sys.executable, "-c", CRASHING_VIEWER, str(settings)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert crashed.stdout is not None and crashed.stdout.readline() == "autosaved\n"
+        live = new_window(qtbot, settings)
+        assert live.banners.banners("recovery") == [], "a running viewer's session is not offered"
+        live.close()
+    finally:
+        crashed.send_signal(signal.SIGKILL)
+        crashed.wait()
+        crashed.stdout.close()
+    win = new_window(qtbot, settings)
+    [offer] = win.banners.banners("recovery")
+    assert "stopped unexpectedly" in offer.text and "1 bookmark(s)" in offer.text
+    other = new_window(qtbot, settings)
+    assert other.banners.banners("recovery") == [], "offered exactly once"
+    other.close()
+    offer.buttons["Restore"].click()
+    assert win.session.session.title == "crashed investigation"
+    assert [b.note for b in win.session.session.bookmarks] == ["written just before the crash"]
+    assert win.session.document.dirty and win.bookmarks.list.count() == 1
+    win.session.ask_close = lambda: "discard"
+    win.close()
+    third = new_window(qtbot, settings)
+    assert third.banners.banners("recovery") == [], "a restored and discarded session is not offered again"
+    third.close()
+
+
+def test_a_moved_capture_is_located_through_the_chooser(qtbot: QtBot, tmp_path: Path, pair_copy: tuple[Path, Path]) -> None:
+    session_file = saved_session(qtbot, tmp_path, pair_copy)
+    moved = tmp_path / "elsewhere" / "renamed-native.h5"
+    moved.parent.mkdir()
+    pair_copy[0].rename(moved)
+    win = new_window(qtbot, tmp_path / "second.ini")
+    asked: list[CaptureState] = []
+    win.session.choose_capture = lambda status: asked.append(status.state) or moved
+    win.session.open_session(session_file)
+    qtbot.waitUntil(lambda: bool(win.banners.banners("captures-check")), timeout=WAIT_MS)
+    [banner] = win.banners.banners("captures-check")
+    assert "missing" in banner.text and win.model.native is None
+    banner.buttons["Locate…"].click()
+    wait_shown(qtbot, win)
+    assert asked == [CaptureState.MISSING]
+    assert win.model.native.path == moved and win.session.session.captures_of("native")[0].path == moved
+    assert [b.note for b in win.session.session.bookmarks] == ["Q=1008 visual prefill: tiled reduction"]
+    win.session.ask_close = lambda: "discard"
+    win.close()
+
+
+def test_a_changed_capture_is_flagged_and_none_of_its_data_is_shown_until_accepted(qtbot: QtBot, tmp_path: Path, pair_copy: tuple[Path, Path], demo_pairs: dict[str, tuple[Path, Path]]) -> None:
+    session_file = saved_session(qtbot, tmp_path, pair_copy)
+    shutil.copy(demo_pairs["swiglu-order"][1], pair_copy[1])
+    win = new_window(qtbot, tmp_path / "second.ini")
+    win.session.open_session(session_file)
+    qtbot.waitUntil(lambda: bool(win.banners.banners("captures-check")) and not win.tasks.busy, timeout=WAIT_MS)
+    [banner] = win.banners.banners("captures-check")
+    assert banner.level == "error" and "changed" in banner.text and "not the capture this session was saved with" in banner.text
+    assert win.model.native is None and win.model.oracle is None and win.model.comparison is None
+    banner.buttons["Accept this file"].click()
+    wait_shown(qtbot, win)
+    assert win.model.oracle.path == pair_copy[1]
+    assert win.session.session.captures_of("oracle")[0].identity.size == pair_copy[1].stat().st_size
+    win.session.ask_close = lambda: "discard"
+    win.close()
+
+
+def test_a_corrupt_session_opens_its_backup_and_says_so(qtbot: QtBot, tmp_path: Path, pair_copy: tuple[Path, Path]) -> None:
+    session_file = saved_session(qtbot, tmp_path, pair_copy)
+    shutil.copy(session_file, session_file.with_name(session_file.name + ".1"))
+    session_file.write_bytes(session_file.read_bytes()[:40])
+    win = new_window(qtbot, tmp_path / "second.ini")
+    win.session.open_session(session_file)
+    notices = win.banners.texts("session")
+    assert any("could not be read" in text and "Loaded the backup investigation.xray.1" in text for text in notices)
+    assert [b.note for b in win.session.session.bookmarks] == ["Q=1008 visual prefill: tiled reduction"]
+    wait_shown(qtbot, win)
+    win.session.ask_close = lambda: "discard"
+    win.close()
+
+
+def test_a_failed_save_is_shown_and_the_session_stays_in_memory(qtbot: QtBot, tmp_path: Path) -> None:
+    win = new_window(qtbot, tmp_path / "viewer.ini")
+    from sessions.investigation import OpKey
+
+    win.session.session.add_bookmark(OpKey(0, "visual", 0, "sdpa"), "must not be lost")
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the folder should be")
+    win.session.choose_path = lambda _purpose: blocker / "session.xray"
+    assert not win.session.save_as()
+    [message] = win.banners.texts("session")
+    assert "Could not save the session" in message and "Nothing was lost" in message
+    assert win.session.document.dirty and win.session.session.bookmarks[0].note == "must not be lost"
+    win.session.ask_close = lambda: "cancel"
+    win.close()
+    assert win.isVisible(), "cancelling the question keeps the window and its work"
+    win.session.ask_close = lambda: "discard"
+    win.close()

@@ -100,7 +100,7 @@ def small_pair(tmp_path: Path) -> tuple[Path, Path]:
 def drop(win: MainWindow, paths: list[Path]) -> None:
     mime = QMimeData()
     mime.setUrls([QUrl.fromLocalFile(str(p)) for p in paths])
-    where = QPointF(win.width() / 2, win.height() / 2)
+    where = QPoint(win.width() // 2, win.height() // 2)
     enter = QDragEnterEvent(where, Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
     QApplication.sendEvent(win, enter)
     assert enter.isAccepted()

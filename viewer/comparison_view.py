@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sessions.align import AlignedPair, UnalignedRecord, align
-from sessions.capture_reader import Capture
+from sessions.align import UnalignedRecord
+from sessions.capture_reader import Capture, CaptureError
 from sessions.compare import DIVERGENCE, CompareOptions, Comparison, PairResult, iter_compare
 from sessions.contracts import ContractFinding
 from sessions.dtypes import logical_dtype
-from sessions.profiles import resolve_profile
+from sessions.pair_tensors import PairSide, pair_sides
 from sessions.progress import ProgressGenerator
 from sessions.token_parity import DIFFER, MATCH, MISSING, POST_EOS, TokenStep, TopEntry
 from viewer.tensor_loader import SliceSpec, TensorRequest
@@ -32,11 +32,9 @@ POST_EOS_STATUS = "post-EOS"
 
 @dataclass
 class ViewedComparison:
-    """The engine's comparison plus the aligned records behind each pair (for reading tensors)."""
+    """The engine's comparison plus its contract findings grouped by pair label."""
 
     comparison: Comparison
-    aligned: dict[int, AlignedPair]
-    """Native record seq -> the aligned pair with both records and their layout transforms."""
     findings: dict[str, list[ContractFinding]] = field(default_factory=dict)
 
 
@@ -46,11 +44,10 @@ VIEWER_OPTIONS = CompareOptions(chunk_bytes=4 * 1024 * 1024)
 
 def iter_compare_pair(native: Capture, oracle: Capture, options: CompareOptions = VIEWER_OPTIONS) -> ProgressGenerator[ViewedComparison]:
     comparison = yield from iter_compare(native, oracle, options)
-    alignment = align(native.records, oracle.records, resolve_profile(comparison.native_profile), resolve_profile(comparison.oracle_profile))
     findings: dict[str, list[ContractFinding]] = {}
     for finding in comparison.contracts.findings:
         findings.setdefault(finding.pair, []).append(finding)
-    return ViewedComparison(comparison, {p.native.record.seq: p for p in alignment.pairs}, findings)
+    return ViewedComparison(comparison, findings)
 
 
 # -- pairs ------------------------------------------------------------------------------------
@@ -280,30 +277,30 @@ def token_summary(viewed: ViewedComparison) -> str:
 # -- tensors ----------------------------------------------------------------------------------
 
 
-def _transform(pair: AlignedPair, side: str) -> Callable[[np.ndarray], np.ndarray]:
-    layout = getattr(pair, side).layout
-    return layout.apply if layout is not None else (lambda bits: bits)
+def _to_canonical(side: PairSide) -> Callable[[np.ndarray], np.ndarray]:
+    return side.layout.apply if side.layout is not None else (lambda bits: bits)
 
 
 def tensor_request(viewed: ViewedComparison | None, native: Capture, oracle: Capture, pair: PairResult, spec: SliceSpec | None) -> TensorRequest | str:
     """What to load for a pair, or a sentence saying why it has no element view."""
     if viewed is None:
         return "Comparing…"
-    aligned = viewed.aligned.get(pair.native_seq)
-    if aligned is None:
-        return f"{pair.label}: the aligned records were not found"
-    dtype = aligned.native.record.dtype
+    dtype = pair.metrics.dtype
     if logical_dtype(dtype).is_quantized:
         return f"{pair.label}: {dtype} quantized blocks are compared block by block; see the tree's counts for this pair"
+    try:
+        native_side, oracle_side = pair_sides(native, oracle, pair)
+    except CaptureError as exc:
+        return f"{pair.label}: {exc.problem}"
     return TensorRequest(
         label=pair.label,
         dtype=dtype,
         native=native,
         oracle=oracle,
-        native_record=aligned.native.record,
-        oracle_record=aligned.oracle.record,
-        to_canonical_native=_transform(aligned, "native"),
-        to_canonical_oracle=_transform(aligned, "oracle"),
+        native_record=native_side.record,
+        oracle_record=oracle_side.record,
+        to_canonical_native=_to_canonical(native_side),
+        to_canonical_oracle=_to_canonical(oracle_side),
         spec=spec,
         metrics=pair.metrics,
     )

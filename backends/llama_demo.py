@@ -22,7 +22,7 @@ from backends.gguf_export import export_gguf, gguf_to_hf_names, read_gguf_weight
 from backends.llama_recorder import iter_record_llama
 from backends.mlx_recorder import iter_record_mlx
 from backends.record_schedule import TokenSchedule
-from sessions.progress import Progress, ProgressGenerator
+from sessions.progress import Progress, ProgressGenerator, run_to_end
 
 LLAMA_SCENARIOS: dict[str, str] = {
     "llama-vs-mlx-f32": "f32",
@@ -82,11 +82,9 @@ def iter_generate_llama(out_dir: Path, scenarios: list[str], seed: int = 0) -> P
         yield Progress(3 * number + 1, total, f"{name}: {gguf_path.name}")
         native, oracle = out_dir / f"{name}.native.h5", out_dir / f"{name}.oracle.h5"
         extra = {"scenario": name, "gguf_variant": variant, "seed": seed, "config": config.as_dict()}
-        for _ in iter_record_llama(gguf_path, schedule, native, role="native", extra=extra, weights_hash=held_hash):
-            pass
+        run_to_end(iter_record_llama(gguf_path, schedule, native, role="native", extra=extra, weights_hash=held_hash))
         yield Progress(3 * number + 2, total, f"{name}: llama.cpp native")
-        for _ in iter_record_mlx(mlx_dir, schedule, oracle, role="oracle", extra=extra, weights_hash=held_hash):
-            pass
+        run_to_end(iter_record_mlx(mlx_dir, schedule, oracle, role="oracle", extra=extra, weights_hash=held_hash))
         yield Progress(3 * number + 3, total, f"{name}: MLX oracle")
         results[name] = (native, oracle)
     return results

@@ -10,6 +10,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -150,17 +152,31 @@ def test_save_errors_are_described_in_words(code: int, words: str) -> None:
     assert text.startswith(words) and os.strerror(code) in text
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders anyway")
+@contextmanager
+def write_protected(folder: Path) -> Iterator[None]:
+    """A folder nobody may write into: mode 0500 for a user; root ignores modes, so for root the
+    folder is made immutable (chattr +i), which refuses root's writes too."""
+    if os.geteuid() != 0:
+        folder.chmod(0o500)
+        try:
+            yield
+        finally:
+            folder.chmod(0o700)
+        return
+    subprocess.run(["chattr", "+i", str(folder)], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
 def test_saving_into_a_read_only_folder_reports_it_and_keeps_the_session(tmp_path: Path) -> None:
     folder = tmp_path / "locked"
     folder.mkdir()
-    folder.chmod(0o500)
     document = SessionDocument(titled("unsaved"))
-    try:
+    with write_protected(folder):
         with pytest.raises(SessionSaveError, match="no permission to write"):
             document.save_as(folder / "s.xray")
-    finally:
-        folder.chmod(0o700)
     assert document.path is None and document.dirty and list(folder.iterdir()) == []
 
 

@@ -13,14 +13,16 @@ returns the `Comparison`; closing the generator cancels it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from sessions.align import AlignedPair, Alignment, UnalignedRecord, align
+from sessions.align import AlignedPair, Alignment, AlignOverride, ManualBreak, ManualPair, UnalignedRecord, align
 from sessions.capture_reader import Capture
 from sessions.contracts import ContractCheck, check_contracts, validated_routes
 from sessions.dispatch_diff import DispatchDifference, compare_dispatch, events_by_record
 from sessions.dtypes import as_values, logical_dtype
+from sessions.investigation import RecordKey
 from sessions.pair_reader import PairReader, chunk_rows, pair_bytes, read_ahead_spans
 from sessions.profile_identity import ProfileIdentity, identify
 from sessions.profiles import CANONICAL_OPS, HEADS_SOURCE, Profile, ProfileError, detect_profile, resolve_profile
@@ -51,10 +53,25 @@ class CompareOptions:
     memory, and a chunk this small is still in cache when it is compared. CPU seconds to compare
     a 1 GB pair from the page cache: 2 MiB 0.24, 4 MiB 0.22, 8 MiB 0.25, 16 MiB 0.26, 64 MiB
     0.47 (its buffers' page faults)."""
+    overrides: tuple[AlignOverride, ...] = ()
+    """The user's manual pairings and breaks (sessions.align.ManualPair / ManualBreak), in the order made."""
 
     @property
     def tolerance(self) -> Tolerance:
         return Tolerance(self.atol, self.rtol, self.max_ulp)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CompareOptions:
+        """The inverse of `dataclasses.asdict` (options cross a process boundary as JSON): a dict
+        override with an `oracle` record is a ManualPair, one without a ManualBreak."""
+
+        def override(o: dict[str, Any]) -> AlignOverride:
+            native = RecordKey(**o["native"])
+            if "oracle" in o:
+                return ManualPair(native, RecordKey(**o["oracle"]), o["reason"])
+            return ManualBreak(native, o["reason"])
+
+        return cls(**{**data, "overrides": tuple(override(o) for o in data.get("overrides", ()))})
 
 
 @dataclass
@@ -75,6 +92,8 @@ class PairResult:
     metrics: TensorMetrics
     post_eos: bool
     within_tolerance: bool
+    manual_reason: str | None = None
+    """Set when the user paired these records by hand: their reason."""
 
 
 @dataclass
@@ -261,6 +280,7 @@ def iter_compare(
         oracle_profile,
         native_sources=sources_for(native, native_profile),
         oracle_sources=sources_for(oracle, oracle_profile),
+        overrides=options.overrides,
     )
     routes = validated_routes(
         native_profile.contracts,
@@ -318,7 +338,7 @@ def _pair_result(pair: AlignedPair, metrics: TensorMetrics, post_eos: bool, with
         n.record.name, n.record.seq, o.record.name, o.record.seq,
         n.layout.spec if n.layout is not None else None,
         o.layout.spec if o.layout is not None else None,
-        metrics, post_eos, within,
+        metrics, post_eos, within, pair.manual_reason,
     )
 
 

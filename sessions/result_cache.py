@@ -3,7 +3,7 @@
 Results live in the user cache directory (platformdirs), never beside or inside the
 captures, which may sit on a read-only share or belong to someone else. The key covers
 both files' content identity (size, mtime_ns, SHA-256 of root attributes + index -- see
-sessions.capture_identity), the comparison options, the content of the profiles the options
+sessions.capture_identity), the comparison options (manual alignment overrides included), the content of the profiles the options
 resolve to (an edited TOML profile keeps its path and name), the report document's version
 and a digest of the comparison code, so a rewritten capture, an edited profile, different
 options or a changed diff engine can never return a stale result.

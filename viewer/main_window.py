@@ -315,18 +315,18 @@ class MainWindow(QMainWindow):
         self._close_retired()
         if guessed:
             self.banners.show_message("roles", "info", "The files' role hints did not decide which is native; roles follow the drop order. Use Swap roles (Ctrl+Shift+S) if they are the other way round.")
-        self._start_compare()
+        self.start_compare()
 
     def swap_roles(self) -> None:
         if self.model.native is None and self.model.oracle is None:
             return
         self.banners.clear("roles")
         self.model.swap()
-        self._start_compare()
+        self.start_compare()
 
     # -- comparison --------------------------------------------------------------------------
 
-    def _start_compare(self) -> None:
+    def start_compare(self) -> None:
         self.banners.clear("comparison")
         self._show_capture_banners()
         if not self.model.has_pair:

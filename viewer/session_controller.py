@@ -33,9 +33,11 @@ from sessions.capture_identity import (
     open_session_capture,
 )
 from sessions.capture_reader import Capture
-from sessions.compare import CompareOptions
+from sessions.align import UnalignedRecord, overrides_for_pair
+from sessions.capture_reader import Record
+from sessions.compare import CompareOptions, PairResult
 from sessions.html_report import render_html
-from sessions.investigation import Bookmark, CaptureRef, ColourScale, Investigation, OpKey, ViewState
+from sessions.investigation import Bookmark, CaptureRef, ColourScale, Investigation, OpKey, RecordKey, RecordRef, ViewState
 from sessions.progress import Progress, ProgressGenerator
 from sessions.recovery import Autosaver, RecoveryOffer, claim_recovery_offers
 from sessions.session_store import SessionDocument, SessionOpenError, SessionSaveError, describe_os_error
@@ -126,6 +128,11 @@ def slice_spec_of(view: ViewState, ndim: int) -> SliceSpec | None:
     return SliceSpec(None if row is None else int(row), col, index)
 
 
+def _record(capture: Capture, seq: int) -> Record:
+    """The record a comparison row names by seq (rows come from this very capture)."""
+    return next(r for r in capture.records if r.seq == seq)
+
+
 class SessionController(QObject):
     document_changed = Signal()
     """A different session is open, or its saved/dirty state changed (title bar)."""
@@ -169,6 +176,8 @@ class SessionController(QObject):
         window.bookmarks.add_requested.connect(self.add_bookmark)
         window.bookmarks.jump_requested.connect(self.show_bookmark)
         window.dispatch.rerun_saved.connect(self._rerun_saved)
+        window.tree.break_requested.connect(self.break_pairing)
+        window.tree.pair_requested.connect(self.pair_records)
 
     @property
     def session(self) -> Investigation:
@@ -341,15 +350,41 @@ class SessionController(QObject):
     # -- following the window ----------------------------------------------------------------
 
     def compare_options(self, base: CompareOptions) -> CompareOptions:
-        """The session's tolerance, and its profiles for captures it names (0 / "" = bit-exact / detect)."""
+        """The session's tolerance, its profiles for captures it names (0 / "" = bit-exact / detect),
+        and its alignment overrides between the two open captures."""
         tol = self.session.tolerance
-        profiles = {role: ref.profile or None for role, ref in self._session_refs().items()}
+        refs = self._session_refs()
+        profiles = {role: ref.profile or None for role, ref in refs.items()}
+        overrides = overrides_for_pair(self.session.overrides, refs["native"].id, refs["oracle"].id) if len(refs) == 2 else ()
         return replace(
             base,
             atol=tol.atol or None, rtol=tol.rtol or None, max_ulp=tol.max_ulp or None,
             native_profile=profiles.get("native") or base.native_profile,
             oracle_profile=profiles.get("oracle") or base.oracle_profile,
+            overrides=overrides,
         )
+
+    # -- manual alignment --------------------------------------------------------------------
+
+    def break_pairing(self, pair: PairResult, reason: str) -> bool:
+        """Record the user's break in the session and compare again with it."""
+        return self._override("unpair", pair.native_seq, pair.oracle_seq, reason)
+
+    def pair_records(self, native: UnalignedRecord, oracle: UnalignedRecord, reason: str) -> bool:
+        """Record the user's pairing in the session and compare again with it."""
+        return self._override("pair", native.seq, oracle.seq, reason)
+
+    def _override(self, action: str, native_seq: int, oracle_seq: int, reason: str) -> bool:
+        model, refs = self.window.model, self._session_refs()
+        if len(refs) != 2 or model.native is None or model.oracle is None:
+            self.window.banners.show_message("session", "warning", "The open captures are not recorded in the session yet; try again in a moment.")
+            return False
+        native, oracle = _record(model.native, native_seq), _record(model.oracle, oracle_seq)
+        self.session.add_override(
+            action, RecordRef(refs["native"].id, RecordKey.of(native)), RecordRef(refs["oracle"].id, RecordKey.of(oracle)), reason
+        )
+        self.window.start_compare()
+        return True
 
     def _session_refs(self) -> dict[str, CaptureRef]:
         """The session's reference for each open capture (by role and path), where it names it."""

@@ -1,0 +1,159 @@
+"""The user's alignment overrides: manual pairs and breaks, named by record identity, never ignored."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from hand_captures import T, bf16_bits, write_capture
+from sessions.align import (
+    MANUAL_BREAK,
+    NO_PARTNER,
+    NO_RULE,
+    OVERRIDE_MISSING,
+    OVERRIDE_UNUSABLE,
+    SHAPE_MISMATCH,
+    ManualBreak,
+    ManualPair,
+    overrides_for_pair,
+)
+from sessions.capture_reader import open_capture
+from sessions.compare import DIVERGENCE, PARITY, CompareOptions, iter_compare
+from sessions.compare_process import options_from_json, options_to_json
+from sessions.investigation import AlignmentOverride, RecordKey, RecordRef
+from sessions.progress import run_to_end
+from sessions.report_json import dumps, loads
+from sessions.result_cache import iter_compare_cached
+
+ROWS, WIDTH = 3, 8
+
+
+def _bits(seed: int, shape: tuple[int, ...] = (ROWS, WIDTH)) -> np.ndarray:
+    return bf16_bits(np.random.default_rng(seed).standard_normal(shape))
+
+
+def _captures(tmp_path: Path, oracle_rope_layer: int = 0, native_prefix: list[T] | None = None) -> tuple[Path, Path]:
+    """A q_proj and an ffn_down pair at layer 0; the oracle's ffn_down sits at `oracle_rope_layer`."""
+    native = [*(native_prefix or []), T("q_proj", _bits(1), layer=0, dtype="bfloat16"), T("ffn_down", _bits(2), layer=0, dtype="bfloat16")]
+    oracle = [T("q_proj", _bits(1), layer=0, dtype="bfloat16"), T("ffn_down", _bits(2), layer=oracle_rope_layer, dtype="bfloat16")]
+    return write_capture(tmp_path / "n.h5", "native", native), write_capture(tmp_path / "o.h5", "oracle", oracle)
+
+
+def _compare(native: Path, oracle: Path, *overrides: ManualPair | ManualBreak):  # type: ignore[no-untyped-def]
+    options = CompareOptions(native_profile="canonical", oracle_profile="canonical", overrides=overrides)
+    with open_capture(native) as n, open_capture(oracle) as o:
+        return run_to_end(iter_compare(n, o, options))
+
+
+def test_breaking_a_pair_makes_both_records_unaligned_with_the_users_reason(tmp_path: Path) -> None:
+    native, oracle = _captures(tmp_path)
+    comparison = _compare(native, oracle, ManualBreak(RecordKey(0, "prefill", 0, "ffn_down"), "oracle fuses the FFN differently"))
+    assert [p.op for p in comparison.pairs] == ["q_proj"]
+    assert [(u.side, u.name, u.reason, u.detail) for u in comparison.unaligned] == [
+        ("native", "ffn_down", MANUAL_BREAK, "oracle fuses the FFN differently"),
+        ("oracle", "ffn_down", MANUAL_BREAK, "oracle fuses the FFN differently"),
+    ]
+    assert comparison.verdict == DIVERGENCE
+
+
+def test_a_manual_pair_joins_records_the_profiles_cannot_and_carries_its_reason(tmp_path: Path) -> None:
+    native, oracle = _captures(tmp_path, oracle_rope_layer=1)
+    automatic = _compare(native, oracle)
+    assert sorted((u.side, u.reason) for u in automatic.unaligned) == [("native", NO_PARTNER), ("oracle", NO_PARTNER)]
+    pair = ManualPair(RecordKey(0, "prefill", 0, "ffn_down"), RecordKey(0, "prefill", 1, "ffn_down"), "oracle numbers layers from 1")
+    comparison = _compare(native, oracle, pair)
+    assert comparison.unaligned == []
+    assert comparison.verdict == PARITY
+    manual = [p for p in comparison.pairs if p.manual_reason is not None]
+    assert [(p.native_name, p.oracle_name, p.manual_reason, p.metrics.bit_exact) for p in manual] == [
+        ("ffn_down", "ffn_down", "oracle numbers layers from 1", True)
+    ]
+    assert [p.manual_reason for p in loads(dumps(comparison)).pairs] == [None, "oracle numbers layers from 1"]
+
+
+def test_an_override_still_names_the_same_records_after_a_recapture_shifts_every_seq(tmp_path: Path) -> None:
+    pair = ManualPair(RecordKey(0, "prefill", 0, "ffn_down"), RecordKey(0, "prefill", 1, "ffn_down"), "layer offset")
+    first = _compare(*_captures(tmp_path, oracle_rope_layer=1), pair)
+    shifted = _compare(*_captures(tmp_path, oracle_rope_layer=1, native_prefix=[T("embed", _bits(9), dtype="bfloat16")]), pair)
+    before = next(p for p in first.pairs if p.manual_reason)
+    after = next(p for p in shifted.pairs if p.manual_reason)
+    assert after.native_seq == before.native_seq + 1
+    assert (after.native_name, after.oracle_name, after.oracle_seq) == (before.native_name, before.oracle_name, before.oracle_seq)
+
+
+def test_an_override_naming_a_record_that_is_not_there_is_reported_and_the_rest_still_aligns(tmp_path: Path) -> None:
+    native, oracle = _captures(tmp_path)
+    gone = RecordKey(0, "prefill", 0, "ffn_down", occurrence=3)
+    comparison = _compare(
+        native, oracle, ManualBreak(gone, "stale"), ManualPair(RecordKey(0, "prefill", 0, "q_proj"), gone, "stale pair")
+    )
+    assert [p.op for p in comparison.pairs] == ["q_proj", "ffn_down"]
+    assert [(u.side, u.seq, u.name, u.occurrence, u.reason) for u in comparison.unaligned] == [
+        ("native", -1, "ffn_down", 3, OVERRIDE_MISSING),
+        ("oracle", -1, "ffn_down", 3, OVERRIDE_MISSING),
+    ]
+    assert "stale pair" in comparison.unaligned[1].detail
+    assert comparison.verdict == DIVERGENCE
+    assert comparison.first_finding is not None and comparison.first_finding.kind == "unaligned"
+
+
+def test_the_last_override_of_a_native_record_replaces_the_earlier_ones(tmp_path: Path) -> None:
+    native, oracle = _captures(tmp_path)
+    ffn = RecordKey(0, "prefill", 0, "ffn_down")
+    comparison = _compare(native, oracle, ManualBreak(ffn, "looked wrong"), ManualPair(ffn, ffn, "it was right after all"))
+    assert [(p.op, p.manual_reason) for p in comparison.pairs] == [("q_proj", None), ("ffn_down", "it was right after all")]
+    assert comparison.unaligned == []
+
+
+def test_an_oracle_record_paired_by_hand_twice_keeps_its_first_pairing_and_reports_the_second(tmp_path: Path) -> None:
+    native, oracle = _captures(tmp_path, oracle_rope_layer=1)
+    n_q, n_ffn, o_ffn = RecordKey(0, "prefill", 0, "q_proj"), RecordKey(0, "prefill", 0, "ffn_down"), RecordKey(0, "prefill", 1, "ffn_down")
+    comparison = _compare(native, oracle, ManualPair(n_ffn, o_ffn, "first"), ManualPair(n_q, o_ffn, "second"))
+    assert [(p.op, p.manual_reason) for p in comparison.pairs] == [("q_proj", None), ("ffn_down", "first")]
+    assert [(u.side, u.seq, u.reason) for u in comparison.unaligned] == [("oracle", -1, OVERRIDE_UNUSABLE)]
+    assert "already manually paired" in comparison.unaligned[0].detail
+
+
+def test_a_manual_pair_of_different_shapes_is_refused_like_an_automatic_one(tmp_path: Path) -> None:
+    native = write_capture(tmp_path / "n.h5", "native", [T("ffn_down", _bits(1), layer=0, dtype="bfloat16")])
+    oracle = write_capture(tmp_path / "o.h5", "oracle", [T("ffn_down", _bits(1, (ROWS, 4)), layer=2, dtype="bfloat16")])
+    comparison = _compare(native, oracle, ManualPair(RecordKey(0, "prefill", 0, "ffn_down"), RecordKey(0, "prefill", 2, "ffn_down"), "try it"))
+    assert comparison.pairs == []
+    assert [(u.side, u.reason) for u in comparison.unaligned] == [("native", SHAPE_MISMATCH), ("oracle", SHAPE_MISMATCH)]
+    assert "manual pairing: try it" in comparison.unaligned[0].detail
+
+
+def test_overrides_are_part_of_the_cache_key_and_cross_the_process_boundary(tmp_path: Path) -> None:
+    native, oracle = _captures(tmp_path)
+    broken = CompareOptions(native_profile="canonical", oracle_profile="canonical", overrides=(ManualBreak(RecordKey(0, "prefill", 0, "ffn_down"), "why"),))
+    plain = CompareOptions(native_profile="canonical", oracle_profile="canonical")
+    assert options_from_json(options_to_json(broken)) == broken
+    cache = tmp_path / "cache"
+    with open_capture(native) as n, open_capture(oracle) as o:
+        assert len(run_to_end(iter_compare_cached(n, o, plain, cache)).pairs) == 2
+        assert [p.label for p in iter_compare_cached(n, o, broken, cache)] != ["cached result"]
+        assert len(run_to_end(iter_compare_cached(n, o, broken, cache)).pairs) == 1
+        assert len(run_to_end(iter_compare_cached(n, o, plain, cache)).pairs) == 2
+
+
+def test_a_manual_pair_needs_a_record_with_a_canonical_op_and_says_so(tmp_path: Path) -> None:
+    native = write_capture(tmp_path / "n.h5", "native", [T("mystery", _bits(1), layer=0, dtype="bfloat16")])
+    oracle = write_capture(tmp_path / "o.h5", "oracle", [T("ffn_down", _bits(1), layer=0, dtype="bfloat16")])
+    comparison = _compare(native, oracle, ManualPair(RecordKey(0, "prefill", 0, "mystery"), RecordKey(0, "prefill", 0, "ffn_down"), "same tensor"))
+    assert comparison.pairs == []
+    assert sorted((u.side, u.seq, u.reason) for u in comparison.unaligned) == [
+        ("native", -1, OVERRIDE_UNUSABLE),
+        ("native", 0, NO_RULE),
+        ("oracle", 0, NO_PARTNER),
+    ]
+
+
+def test_a_sessions_overrides_for_a_pair_are_those_between_its_two_captures_either_way_round() -> None:
+    a, b = RecordKey(0, "prefill", 0, "ffn_down"), RecordKey(0, "prefill", 1, "ffn_down")
+    session_overrides = (
+        AlignmentOverride("pair", RecordRef("oracle", b), RecordRef("native", a), "swapped ends"),
+        AlignmentOverride("unpair", RecordRef("native", a), RecordRef("oracle", b), "broken"),
+        AlignmentOverride("pair", RecordRef("native", a), RecordRef("rerun", b), "another capture"),
+    )
+    assert overrides_for_pair(session_overrides, "native", "oracle") == (ManualPair(a, b, "swapped ends"), ManualBreak(a, "broken"))

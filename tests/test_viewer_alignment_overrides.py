@@ -1,0 +1,89 @@
+"""Manual alignment in the window: break a pairing or pair two records, with a reason, kept in the session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PySide6.QtCore import Qt
+from pytestqt.qtbot import QtBot
+
+from hand_captures import T, bf16_bits, write_capture
+from sessions.align import MANUAL_BREAK
+from viewer.alignment_tree import MANUAL_MARKER
+from viewer.main_window import MainWindow
+from viewer.settings import ViewerSettings
+
+pytestmark = pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints", "This plugin does not support raise")
+
+WAIT_MS = 60_000
+REASON = "the oracle fuses its FFN down projection"
+
+
+def _captures(folder: Path) -> tuple[Path, Path]:
+    rng = np.random.default_rng(3)
+    tensors = [("q_proj", bf16_bits(rng.standard_normal((3, 8)))), ("ffn_down", bf16_bits(rng.standard_normal((3, 8))))]
+    native = write_capture(folder / "native.h5", "native", [T(name, data, layer=0, dtype="bfloat16") for name, data in tensors])
+    oracle = write_capture(folder / "oracle.h5", "oracle", [T(name, data, layer=0, dtype="bfloat16") for name, data in tensors])
+    return native, oracle
+
+
+def _window(qtbot: QtBot, settings: Path) -> MainWindow:
+    win = MainWindow(ViewerSettings(settings))
+    win.session.ask_close = lambda: "discard"
+    qtbot.addWidget(win)
+    win.show()
+    qtbot.waitExposed(win)
+    return win
+
+
+def _compared(qtbot: QtBot, win: MainWindow, pairs: int) -> None:
+    qtbot.waitUntil(lambda: win.model.comparison is not None and not win.tasks.busy and len(win.model.comparison.comparison.pairs) == pairs, timeout=WAIT_MS)
+
+
+def test_a_broken_pairing_is_shown_with_its_reason_saved_and_still_applied_after_reopening(qtbot: QtBot, tmp_path: Path) -> None:
+    native, oracle = _captures(tmp_path)
+    win = _window(qtbot, tmp_path / "first.ini")
+    win.open_pair(native, oracle)
+    _compared(qtbot, win, 2)
+    qtbot.waitUntil(lambda: len(win.session.session.captures) == 2, timeout=WAIT_MS)
+    asked: list[str] = []
+    win.tree.ask_reason = lambda what: asked.append(what) or REASON
+    actions = win.tree.actions_at(win.tree.row_index("ffn_down"))
+    assert [a.text() for a in actions] == ["Break this pairing…"]
+    actions[0].trigger()
+    _compared(qtbot, win, 1)
+    assert "ffn_down" in asked[0]
+    unaligned = win.model.comparison.comparison.unaligned
+    assert [(u.side, u.name, u.reason, u.detail) for u in unaligned] == [
+        ("native", "ffn_down", MANUAL_BREAK, REASON),
+        ("oracle", "ffn_down", MANUAL_BREAK, REASON),
+    ]
+    row = win.tree.row_index("native: ffn_down (step 0 prefill layer 0)")
+    assert row.isValid() and row.siblingAtColumn(3).data() == f"{MANUAL_BREAK}: {REASON}"
+    assert [(o.action, o.left.key.name, o.right.key.name, o.reason) for o in win.session.session.overrides] == [("unpair", "ffn_down", "ffn_down", REASON)]
+    win.session.choose_path = lambda _purpose: tmp_path / "investigation.xray"
+    assert win.session.save_as()
+    win.close()
+
+    again = _window(qtbot, tmp_path / "second.ini")
+    assert again.session.open_session(tmp_path / "investigation.xray")
+    _compared(qtbot, again, 1)
+    assert [(u.name, u.reason, u.detail) for u in again.model.comparison.comparison.unaligned] == [
+        ("ffn_down", MANUAL_BREAK, REASON),
+        ("ffn_down", MANUAL_BREAK, REASON),
+    ]
+
+    again.tree.choose_partner = lambda record, candidates: next(c for c in candidates if c.name == "ffn_down")
+    again.tree.ask_reason = lambda what: "checked by hand: same tensor"
+    actions = again.tree.actions_at(again.tree.row_index("oracle: ffn_down (step 0 prefill layer 0)"))
+    assert [a.text() for a in actions] == ["Pair with…"]
+    actions[0].trigger()
+    _compared(qtbot, again, 2)
+    assert again.model.comparison.comparison.unaligned == []
+    manual = again.tree.row_index("ffn_down" + MANUAL_MARKER)
+    assert manual.isValid()
+    assert manual.data(Qt.ItemDataRole.ToolTipRole).endswith("paired by hand: checked by hand: same tensor")
+    assert [o.action for o in again.session.session.overrides] == ["unpair", "pair"]
+    again.close()

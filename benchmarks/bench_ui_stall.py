@@ -4,7 +4,8 @@ Builds a native/oracle pair of seed-sized tensors (1008 x 16384 float32, the Qwe
 prefix) with real planted bit flips, opens it in the real MainWindow (offscreen unless a
 display is given), and drives it: open + full comparison, the first divergence's heatmaps,
 a colour-scale switch, another op, an element click. A 10 ms QTimer heartbeat records every
-gap; the longest gap is the longest time the UI could not respond.
+gap; the longest gap is the longest time the UI could not respond, reported overall and per
+phase (open and first paint, the comparison, the heatmaps, another op, inspecting).
 
     .venv/bin/python benchmarks/bench_ui_stall.py [--layers 8] [--dir DIR] [--json OUT]
 
@@ -62,6 +63,8 @@ class Heartbeat:
     def __init__(self) -> None:
         self.clock = QElapsedTimer()
         self.gaps: list[float] = []
+        self.ends: list[float] = []
+        """When each gap ended (ms since start), to say which phase a stall fell in."""
         self.timer = QTimer()
         self.timer.setInterval(HEARTBEAT_MS)
         self.timer.timeout.connect(self._tick)
@@ -75,13 +78,26 @@ class Heartbeat:
     def _tick(self) -> None:
         now = self.clock.nsecsElapsed() / 1e6
         self.gaps.append(now - self._last)
+        self.ends.append(now)
         self._last = now
 
-    def stop(self) -> dict[str, float]:
+    def now_ms(self) -> float:
+        return self.clock.nsecsElapsed() / 1e6
+
+    def stop(self, phase_ends: dict[str, float]) -> dict[str, object]:
+        """`phase_ends`: phase name -> when it ended (ms); each phase gets its own longest gap."""
         self.timer.stop()
         gaps = np.asarray(self.gaps)
         stalls = gaps - HEARTBEAT_MS
+        ends = np.asarray(self.ends)
+        per_phase: dict[str, float] = {}
+        start = 0.0
+        for name, end in phase_ends.items():
+            inside = gaps[(ends > start) & (ends <= end)]
+            per_phase[name] = round(float(inside.max()), 1) if inside.size else 0.0
+            start = end
         return {
+            "longest_gap_by_phase_ms": per_phase,
             "ticks": int(gaps.size),
             "longest_gap_ms": round(float(gaps.max()), 1),
             "longest_stall_ms": round(float(stalls.max()), 1),
@@ -110,20 +126,27 @@ def run(app: QApplication, native: Path, oracle: Path, settings_dir: Path) -> di
     beat = Heartbeat()
     beat.start()
     phases: dict[str, float] = {}
+    ends: dict[str, float] = {}
     window.open_pair(native, oracle)
-    phases["open_and_compare_s"] = wait(lambda: window.model.comparison is not None and not window.tasks.busy)
+    phases["open_s"] = wait(lambda: window.model.native is not None)
+    ends["open_and_first_paint"] = beat.now_ms()
+    phases["compare_s"] = wait(lambda: window.model.comparison is not None)
+    ends["compare"] = beat.now_ms()
     phases["first_divergence_heatmaps_s"] = wait(lambda: window.tensor_view.data is not None and not window.tasks.busy)
     for scale in ("absolute", "relative", "ULP"):
         window.model.set_scale(scale)
         app.processEvents()
+    ends["heatmaps_and_scales"] = beat.now_ms()
     pairs = window.model.comparison.comparison.pairs
     window.model.select(pairs[-1])
     phases["another_op_s"] = wait(lambda: window.tensor_view.data is not None and window.tensor_view.data.request.label == pairs[-1].label and not window.tasks.busy)
+    ends["another_op"] = beat.now_ms()
     window.tensor_view.select_element((5, 5), pinned=True)
     for index in range(4):
         window.show_panel(index)
         app.processEvents()
-    result = beat.stop()
+    ends["inspect_and_panels"] = beat.now_ms()
+    result = beat.stop(ends)
     window.close()
     return {**result, **{k: round(v, 2) for k, v in phases.items()}}
 

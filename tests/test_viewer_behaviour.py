@@ -11,6 +11,7 @@ from pytestqt.qtbot import QtBot
 
 from sessions.progress import Progress, ProgressGenerator
 from tests.hand_captures import T, write_capture
+from tests.test_capture_hostile import _child_checking as child_reading
 from viewer.main_window import MainWindow
 from viewer.settings import STATE_VERSION, ViewerSettings
 from viewer.workers import TaskSlots
@@ -70,6 +71,18 @@ def test_cancel_during_a_long_diff_stops_it_and_leaves_the_window_usable(qtbot: 
     qtbot.waitUntil(lambda: window.model.comparison is not None and not window.tasks.busy, timeout=WAIT_MS)
     first = window.model.comparison.comparison.pairs[window.model.comparison.comparison.first_divergence]
     assert first.layer == 0 and first.metrics.differing == 1024 * 2048 and first.metrics.max_ulp == 1
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the child through /proc")
+def test_cancel_ends_the_comparing_child_process(qtbot: QtBot, window: MainWindow, large_pair: tuple[Path, Path]) -> None:
+    with qtbot.waitSignal(window.tasks.progressed, timeout=WAIT_MS, check_params_cb=lambda p: p.label.startswith("step") and p.done > 0):
+        window.open_pair(*large_pair)
+    pid = child_reading(large_pair[0])
+    assert pid is not None, "the diff does not run in a child process"
+    window.cancel_button.click()
+    qtbot.waitUntil(lambda: not window.tasks.busy, timeout=WAIT_MS)
+    assert not Path(f"/proc/{pid}").exists(), "the comparing child outlived the cancel"
+    assert any("cancelled" in text for text in window.banners.texts("comparison"))
 
 
 def test_a_newer_request_in_a_lane_cancels_the_older_one(qtbot: QtBot) -> None:

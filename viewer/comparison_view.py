@@ -14,7 +14,8 @@ import numpy as np
 
 from sessions.align import UnalignedRecord
 from sessions.capture_reader import Capture, CaptureError
-from sessions.compare import DIVERGENCE, CompareOptions, Comparison, PairResult, iter_compare
+from sessions.compare import DIVERGENCE, CompareOptions, Comparison, PairResult
+from sessions.compare_process import iter_compare_in_child
 from sessions.contracts import ContractFinding
 from sessions.dtypes import logical_dtype
 from sessions.pair_tensors import PairSide, pair_sides
@@ -39,11 +40,13 @@ class ViewedComparison:
 
 
 VIEWER_OPTIONS = CompareOptions(chunk_bytes=4 * 1024 * 1024)
-"""h5py holds the interpreter lock while it reads: small chunks keep each UI pause short."""
 
 
 def iter_compare_pair(native: Capture, oracle: Capture, options: CompareOptions = VIEWER_OPTIONS) -> ProgressGenerator[ViewedComparison]:
-    comparison = yield from iter_compare(native, oracle, options)
+    """The diff runs in a child process: on a worker thread it held the interpreter lock for
+    150-250 ms at a time (h5py reads, numpy), and a file that crashes libhdf5 mid-diff would
+    take the window down. The window keeps its own open captures for showing tensors."""
+    comparison = yield from iter_compare_in_child(native.path, oracle.path, options)
     findings: dict[str, list[ContractFinding]] = {}
     for finding in comparison.contracts.findings:
         findings.setdefault(finding.pair, []).append(finding)

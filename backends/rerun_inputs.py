@@ -25,7 +25,8 @@ from backends.capture_sink import to_numpy_bits
 from sessions.align import AlignKey, MappedRecord, map_records
 from sessions.capture_reader import Capture
 from sessions.dtypes import logical_dtype
-from sessions.profiles import Profile, ProfileError, detect_profile, resolve_profile
+from sessions.compare import profile_for
+from sessions.profiles import Profile
 
 LAYER_INPUT = "layer_input"
 """Pseudo-op: the residual stream entering a layer (embed for layer 0, else the previous layer_out)."""
@@ -93,15 +94,6 @@ def mx_to_bits(array: mx.array) -> tuple[np.ndarray, str]:
     return to_numpy_bits(array)
 
 
-def _profile(capture: Capture, choice: str | None) -> Profile:
-    if choice is not None:
-        return resolve_profile(choice)
-    found = detect_profile(r.name for r in capture.records)
-    if found is None:
-        raise ProfileError(f"{capture.path}: no built-in profile recognises most of its record names; name a profile")
-    return found
-
-
 @dataclass
 class CapturedOps:
     """One capture's records by canonical key, and where each (step, segment) sits in time."""
@@ -116,7 +108,7 @@ class CapturedOps:
 
     @classmethod
     def build(cls, capture: Capture, side: str, profile: str | None = None) -> "CapturedOps":
-        prof = _profile(capture, profile)
+        prof = profile_for(profile, capture, side)
         mapped, _ = map_records(capture.records, prof, side)
         groups: dict[AlignKey, list[MappedRecord]] = {}
         for m in mapped:

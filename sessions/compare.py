@@ -151,7 +151,8 @@ class Comparison:
     """Why the verdict is divergence, one short line each."""
 
 
-def _profile(choice: str | None, capture: Capture, side: str) -> Profile:
+def profile_for(choice: str | None, capture: Capture, side: str) -> Profile:
+    """The named profile, or the built-in one most of the capture's record names fit."""
     if choice is not None:
         return resolve_profile(choice)
     found = detect_profile(r.name for r in capture.records)
@@ -166,7 +167,7 @@ def resolve_profiles(native: Capture, oracle: Capture, options: CompareOptions) 
     Raises ProfileError. A caller that keys anything on the profiles (the sidecar cache)
     resolves them once and passes them to `iter_compare`, so the key and the result come
     from the same reading of a profile file that may be edited meanwhile."""
-    return _profile(options.native_profile, native, "native"), _profile(options.oracle_profile, oracle, "oracle")
+    return profile_for(options.native_profile, native, "native"), profile_for(options.oracle_profile, oracle, "oracle")
 
 
 def _heads(pairs: list[AlignedPair], native_dispatch: np.ndarray) -> dict[tuple[int, str, int, str], int]:

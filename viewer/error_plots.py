@@ -79,11 +79,11 @@ class ErrorPlots(pg.GraphicsLayoutWidget):
     @staticmethod
     def _profile(plot: pg.PlotItem, profile: AxisProfile | None, name: str, curve: bool) -> None:
         if profile is None:
-            plot.setTitle(f"per {name}: n/a")
+            set_title(plot, f"per {name}: n/a")
             plot.setToolTip(f"this op has no {name} axis")
             return
         values = np.asarray(profile.max_ulp, dtype=np.float64)
-        plot.setTitle(f"max ULP per {name}")
+        set_title(plot, f"max ULP per {name}")
         plot.setToolTip(f"{int(np.count_nonzero(values))} of {values.size} {name}s differ")
         if curve:
             item = pg.PlotDataItem(np.arange(values.size), values, pen=pg.mkPen(HOT, width=1.5))
@@ -98,3 +98,9 @@ def _centred_text(text: str, colour: str) -> pg.TextItem:
     item = pg.TextItem(text, color=colour, anchor=(0.5, 0.5))
     item.setPos(0.5, 0.5)
     return item
+
+
+def set_title(plot: pg.PlotItem, title: str) -> None:
+    """PlotItem.setTitle relayouts the whole GraphicsLayout even for the same text; skip it then."""
+    if plot.titleLabel.text != title:
+        plot.setTitle(title)

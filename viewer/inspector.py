@@ -130,13 +130,20 @@ class ElementInspector(QFrame):
             "flags": _flags(element.native) != _flags(element.oracle),
         }
         for (row, _side), cell in self._cells.items():
-            cell.setStyleSheet(f"color: {DIFFERENT}; font-weight: 600;" if differ[row] else "")
+            _restyle(cell, f"color: {DIFFERENT}; font-weight: 600;" if differ[row] else "")
         if element.bit_exact:
             self.verdict.setText("bit-exact")
-            self.verdict.setStyleSheet("color: #2e9d57;")
+            _restyle(self.verdict, "color: #2e9d57;")
         elif element.ulp is None:
             self.verdict.setText("NaN involved: ULP distance undefined")
-            self.verdict.setStyleSheet(f"color: {DIFFERENT};")
+            _restyle(self.verdict, f"color: {DIFFERENT};")
         else:
             self.verdict.setText(f"{element.ulp} ULP apart")
-            self.verdict.setStyleSheet(f"color: {DIFFERENT};")
+            _restyle(self.verdict, f"color: {DIFFERENT};")
+
+
+def _restyle(label: QLabel, style: str) -> None:
+    """setStyleSheet repolishes the widget and relayouts the panel even when the sheet is unchanged;
+    on hover that runs for every mouse move, so skip it unless the highlight actually changes."""
+    if label.styleSheet() != style:
+        label.setStyleSheet(style)

@@ -24,7 +24,7 @@ from PySide6.QtWidgets import (
 )
 
 from sessions.tensor_diff import element_maps
-from viewer.error_plots import ErrorPlots
+from viewer.error_plots import ErrorPlots, set_title
 from viewer.inspector import ElementInspector, InspectedElement, inspect
 from viewer.pair_model import COLOUR_SCALES, PairModel
 from viewer.tensor_loader import SliceSpec, TensorSlice
@@ -258,7 +258,7 @@ class TensorView(QWidget):
         if data is None:
             return
         scale = self._model.scale
-        self.plots["difference"].setTitle(f"difference: {SCALE_TITLES[scale]}")
+        set_title(self.plots["difference"], f"difference: {SCALE_TITLES[scale]}")
         self._drop_curves()
         if data.is_1d:
             self._draw_curves(data, scale)
@@ -283,7 +283,7 @@ class TensorView(QWidget):
         self.curves["difference"].setData(x, data.images[scale])
         self.plots["native"].addItem(self.curves["native"])
         self.plots["native"].addItem(self.curves["oracle"])
-        self.plots["native"].setTitle("native (blue) and oracle (orange, dashed)")
+        set_title(self.plots["native"], "native (blue) and oracle (orange, dashed)")
         self.plots["oracle"].setVisible(False)
         self.plots["difference"].addItem(self.curves["difference"])
         self.plots["native"].autoRange()
@@ -362,3 +362,4 @@ class TensorView(QWidget):
             for mark in self.marks.values():
                 mark.setData(spot)
         return element
+

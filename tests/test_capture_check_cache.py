@@ -26,6 +26,7 @@ from sessions.capture_writer import CaptureWriter
 from sessions.hdf5_safety import DEFAULT_MEMORY_BUDGET
 from sessions.progress import Progress
 from sessions.structure_check import already_checked
+from tests.child_processes import children_of_this_process
 
 ROOT = Path(__file__).resolve().parent.parent
 MANY_ROWS = 3000
@@ -175,21 +176,6 @@ def test_the_first_open_of_a_large_capture_yields_rows_checked(many_rows: Path) 
     assert list(iter_open_capture(many_rows)) == [], "a file that passed opens without a check"
 
 
-def _children_of_this_process() -> dict[int, list[bytes]]:
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid():
-            found[int(entry.name)] = cmdline
-    return found
-
-
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the children through /proc")
 def test_closing_the_open_generator_kills_the_check_even_when_it_is_stuck(many_rows: Path, tmp_path: Path) -> None:
     path = tmp_path / "fresh.h5"
@@ -197,7 +183,7 @@ def test_closing_the_open_generator_kills_the_check_even_when_it_is_stuck(many_r
     work = iter_open_capture(path)
     first = next(work)
     assert first.label == "checking fresh.h5"
-    checkers = [pid for pid, cmd in _children_of_this_process().items() if str(path).encode() in cmd]
+    checkers = [pid for pid, cmd in children_of_this_process().items() if str(path).encode() in cmd]
     assert checkers, "the check runs in a child process"
     for pid in checkers:
         os.kill(pid, signal.SIGSTOP)  # frozen, as a child hung inside libhdf5 would be

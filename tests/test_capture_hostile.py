@@ -18,6 +18,7 @@ from sessions.capture_meta import CaptureMeta
 from sessions.capture_reader import CaptureError, open_capture
 from sessions.capture_writer import CaptureWriter
 from sessions.structure_check import already_checked, check_in_child
+from tests.child_processes import child_reading
 
 VICTIM = cf.tensor_path(0)
 
@@ -219,22 +220,6 @@ def test_a_check_that_hangs_is_reported_and_the_caller_survives(tmp_path: Path) 
     assert not already_checked(path)
 
 
-def _child_checking(path: Path) -> int | None:
-    """The pid of this process's child that is checking `path`, found through /proc."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == os.getpid() and str(path).encode() in cmdline:
-            return int(entry.name)
-    return None
-
-
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the child through /proc")
 def test_a_check_that_crashes_is_reported_by_file_name_and_the_caller_survives(tmp_path: Path) -> None:
     path = tmp_path / "crashing.h5"
@@ -245,7 +230,7 @@ def test_a_check_that_crashes_is_reported_by_file_name_and_the_caller_survives(t
     deadline = time.monotonic() + 20
     pid = None
     while pid is None and time.monotonic() < deadline:
-        pid = _child_checking(path)
+        pid = child_reading(path)
     assert pid is not None, "the check never ran in a child process"
     os.kill(pid, signal.SIGSEGV)
     worker.join(30)

@@ -17,7 +17,7 @@ from sessions.investigation import RecordKey
 from sessions.progress import run_to_end
 from sessions.report_json import dumps
 from tests.hand_captures import T, write_capture
-from tests.test_capture_hostile import _child_checking as child_reading
+from tests.child_processes import child_reading
 
 needs_proc = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the child through /proc")
 

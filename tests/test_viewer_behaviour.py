@@ -11,7 +11,7 @@ from pytestqt.qtbot import QtBot
 
 from sessions.progress import Progress, ProgressGenerator
 from tests.hand_captures import T, write_capture
-from tests.test_capture_hostile import _child_checking as child_reading
+from tests.child_processes import child_reading
 from viewer.main_window import MainWindow
 from viewer.settings import STATE_VERSION, ViewerSettings
 from viewer.workers import TaskSlots

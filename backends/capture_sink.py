@@ -7,6 +7,9 @@ carry the same fields, including the Metal route predicted for each call.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
+
 import mlx.core as mx
 import numpy as np
 
@@ -32,6 +35,59 @@ def mask_kind(mask: mx.array | str | None) -> str:
     if isinstance(mask, str):
         return mask
     return "bool" if mask.dtype == mx.bool_ else "additive"
+
+
+def call_shape(
+    call: SdpaCall, kv_heads: int, head_dim: int, v_head_dim: int, kind: str, dtype: str
+) -> metal_routes.SdpaShape:
+    """The shape the route predictor sees for one call: a chunked call spans a single KV head."""
+    call_kv = kv_heads if call.kv_group == -1 else 1
+    return metal_routes.SdpaShape(call.q_rows, call.head_count, call_kv, head_dim, v_head_dim, call.kv_len, kind, dtype)
+
+
+@dataclass(frozen=True)
+class DispatchedCall:
+    """One attention call as the dispatch table records it: its head range and both routes."""
+
+    call: SdpaCall
+    primitive: str
+    metal_primitive: str
+    t_start_ns: int = 0
+    t_end_ns: int = 0
+
+
+def add_dispatch_events(
+    writer: CaptureWriter,
+    index_seq: int,
+    events: Iterable[DispatchedCall],
+    *,
+    q_heads: int,
+    kv_heads: int,
+    head_dim: int,
+    mask_kind: str,
+    dtype: str,
+) -> None:
+    """The dispatch rows of one attention op, numbered in call order (engines and reruns alike)."""
+    for number, event in enumerate(events):
+        call = event.call
+        writer.add_dispatch(
+            index_seq=index_seq,
+            call=number,
+            kv_group=call.kv_group,
+            head_start=call.head_start,
+            head_count=call.head_count,
+            q_heads=q_heads,
+            kv_heads=kv_heads,
+            q_rows=call.q_rows,
+            kv_len=call.kv_len,
+            head_dim=head_dim,
+            mask_kind=mask_kind,
+            dtype=dtype,
+            primitive=event.primitive,
+            metal_primitive=event.metal_primitive,
+            t_start_ns=event.t_start_ns,
+            t_end_ns=event.t_end_ns,
+        )
 
 
 class CaptureSink:
@@ -84,26 +140,18 @@ class CaptureSink:
     ) -> None:
         """One event per timed call; `metal_primitive` is Metal MLX's pick for that call's shape."""
         kind = mask_kind(mask)
-        for number, (call, t_start, t_end) in enumerate(calls):
-            call_kv_heads = kv_heads if call.kv_group == -1 else 1
-            shape = metal_routes.SdpaShape(
-                call.q_rows, call.head_count, call_kv_heads, head_dim, head_dim, call.kv_len, kind, dtype
+        events = []
+        for call, t_start, t_end in calls:
+            shape = call_shape(call, kv_heads, head_dim, head_dim, kind, dtype)
+            events.append(
+                DispatchedCall(
+                    call,
+                    metal_routes.executed_route(shape).primitive,
+                    metal_routes.metal_route(shape).primitive,
+                    t_start,
+                    t_end,
+                )
             )
-            self.writer.add_dispatch(
-                index_seq=index_seq,
-                call=number,
-                kv_group=call.kv_group,
-                head_start=call.head_start,
-                head_count=call.head_count,
-                q_heads=q_heads,
-                kv_heads=kv_heads,
-                q_rows=call.q_rows,
-                kv_len=call.kv_len,
-                head_dim=head_dim,
-                mask_kind=kind,
-                dtype=dtype,
-                primitive=metal_routes.executed_route(shape).primitive,
-                metal_primitive=metal_routes.metal_route(shape).primitive,
-                t_start_ns=t_start,
-                t_end_ns=t_end,
-            )
+        add_dispatch_events(
+            self.writer, index_seq, events, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim, mask_kind=kind, dtype=dtype
+        )

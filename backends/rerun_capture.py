@@ -14,6 +14,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from backends.capture_sink import DispatchedCall, add_dispatch_events
 from backends.rerun import RerunResult, format_key
 from sessions.capture_meta import CaptureMeta
 from sessions.capture_writer import CaptureWriter
@@ -64,24 +65,16 @@ def save_rerun(result: RerunResult, path: str | Path) -> Path:
                 effective_contract_id=op.route[:64],
             )
             q_heads, kv_heads, head_dim = op.heads or (0, 0, 0)
-            for number, routed in enumerate(op.calls):
-                call = routed.call
-                writer.add_dispatch(
-                    index_seq=seq,
-                    call=number,
-                    kv_group=call.kv_group,
-                    head_start=call.head_start,
-                    head_count=call.head_count,
-                    q_heads=q_heads,
-                    kv_heads=kv_heads,
-                    q_rows=call.q_rows,
-                    kv_len=call.kv_len,
-                    head_dim=head_dim,
-                    mask_kind=op.mask_kind or "none",
-                    dtype=op.dtype,
-                    primitive=routed.primitive,
-                    metal_primitive=routed.metal_primitive,
-                )
+            add_dispatch_events(
+                writer,
+                seq,
+                (DispatchedCall(r.call, r.primitive, r.metal_primitive) for r in op.calls),
+                q_heads=q_heads,
+                kv_heads=kv_heads,
+                head_dim=head_dim,
+                mask_kind=op.mask_kind or "none",
+                dtype=op.dtype,
+            )
         writer.end_step()
     return path
 

@@ -18,7 +18,7 @@ from mlx_lm.models.activations import swiglu as mlx_lm_swiglu
 
 from backends import attention_contracts as contracts
 from backends import metal_routes
-from backends.capture_sink import mask_kind
+from backends.capture_sink import call_shape, mask_kind
 from backends.head_chunk import DEFAULT_CHUNK_LIMIT, SdpaCall, plan_calls, plan_head_chunks, run_calls
 
 MLX_SDPA = "mlx.fast.sdpa"
@@ -76,11 +76,6 @@ class SdpaRun:
     head_dim: int
 
 
-def _shape(call: SdpaCall, kv_heads: int, head_dim: int, v_head_dim: int, kind: str, dtype: str) -> metal_routes.SdpaShape:
-    call_kv = kv_heads if call.kv_group == -1 else 1
-    return metal_routes.SdpaShape(call.q_rows, call.head_count, call_kv, head_dim, v_head_dim, call.kv_len, kind, dtype)
-
-
 def sdpa(
     q: mx.array,
     k: mx.array,
@@ -121,7 +116,7 @@ def sdpa(
     dtype = str(q.dtype).removeprefix("mlx.core.")
     routed = []
     for call in calls:
-        shape = _shape(call, kv_heads, head_dim, v.shape[-1], kind, dtype)
+        shape = call_shape(call, kv_heads, head_dim, v.shape[-1], kind, dtype)
         executed = metal_routes.executed_route(shape, device) if route == MLX_SDPA else None
         routed.append(
             RoutedCall(

@@ -18,6 +18,7 @@ import re
 import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -277,8 +278,15 @@ def load_profile_file(path: str | Path) -> Profile:
     return profile_from_dict(data, str(path))
 
 
+@cache
+def _builtin_profiles() -> tuple[tuple[str, Profile], ...]:
+    """Parsed once per process: they ship with the package, and detecting a capture's profile
+    parses all of them (about 7 ms, once per side of every comparison)."""
+    return tuple((name, load_profile_file(BUILTIN_DIR / file)) for name, file in BUILTIN_FILES.items())
+
+
 def builtin_profiles() -> dict[str, Profile]:
-    return {name: load_profile_file(BUILTIN_DIR / file) for name, file in BUILTIN_FILES.items()}
+    return dict(_builtin_profiles())
 
 
 def resolve_profile(name_or_path: str) -> Profile:

@@ -12,6 +12,7 @@ import pyqtgraph as pg
 from PySide6.QtWidgets import QWidget
 
 from sessions.tensor_diff import AxisProfile
+from viewer.opaque_grid_axis import grid_axes, show_grid
 from viewer.tensor_loader import ABS_EDGES, TensorSlice
 
 EXACT = "#2e9d57"
@@ -26,15 +27,15 @@ def ulp_bucket_label(k: int) -> str:
 class ErrorPlots(pg.GraphicsLayoutWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.ulp_plot = self.addPlot(title="ULP of differing elements")
-        self.abs_plot = self.addPlot(title="|error| of differing elements")
-        self.row_plot = self.addPlot(title="max ULP per row")
-        self.head_plot = self.addPlot(title="max ULP per head")
+        self.ulp_plot = self.addPlot(title="ULP of differing elements", axisItems=grid_axes())
+        self.abs_plot = self.addPlot(title="|error| of differing elements", axisItems=grid_axes())
+        self.row_plot = self.addPlot(title="max ULP per row", axisItems=grid_axes())
+        self.head_plot = self.addPlot(title="max ULP per head", axisItems=grid_axes())
         for plot in self.plots:
             plot.titleLabel.opts["size"] = "9pt"
             plot.setTitle(plot.titleLabel.text)
             plot.setMenuEnabled(False)
-            plot.showGrid(x=False, y=True, alpha=0.2)
+            show_grid(plot, x=False, y=True, alpha=0.2)
             plot.getAxis("left").setWidth(36)
             plot.setMinimumWidth(120)
         self.ulp_plot.getAxis("bottom").setLabel("ULP ≤")

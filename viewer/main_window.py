@@ -22,7 +22,6 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QStackedWidget,
-    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
@@ -35,8 +34,10 @@ from viewer.banner import BannerArea
 from viewer.bookmarks_panel import BookmarksPanel
 from viewer.dispatch_tabs import DispatchTabs
 from viewer.drop_hint import DropHint
+from viewer.opaque_grid_axis import redraw_grids
 from viewer.overview_plot import OverviewPlot
 from viewer.pair_model import PairModel
+from viewer.panel_tabs import PanelTabs
 from viewer.provenance_panel import ProvenancePanel
 from viewer.session_controller import SessionController
 from viewer.settings import ViewerSettings
@@ -53,7 +54,6 @@ GIL_SWITCH_INTERVAL_S = 0.001
 a whole switch interval for the interpreter lock (5 ms by default), which adds up to visible
 stalls. A 1 ms interval keeps them short (measured in benchmarks/bench_ui_stall.py)."""
 
-
 def iter_open(paths: list[Path]) -> ProgressGenerator[list[Capture]]:
     """Open captures one by one (each first passes the structural check in a child process)."""
     opened: list[Capture] = []
@@ -67,7 +67,6 @@ def iter_open(paths: list[Path]) -> ProgressGenerator[list[Capture]]:
             capture.close()
         raise
     return opened
-
 
 def assign_roles(captures: list[Capture], current: tuple[Capture | None, Capture | None]) -> tuple[Capture | None, Capture | None, bool]:
     """(native, oracle, guessed) from each file's role hint; guessed when the hints did not decide."""
@@ -84,7 +83,6 @@ def assign_roles(captures: list[Capture], current: tuple[Capture | None, Capture
     if roles == ("oracle", "native"):
         return second, first, False
     return first, second, roles != ("native", "oracle")
-
 
 class MainWindow(QMainWindow):
     def __init__(self, settings: ViewerSettings | None = None, parent: QWidget | None = None) -> None:
@@ -123,7 +121,7 @@ class MainWindow(QMainWindow):
         self.stack = QStackedWidget()
         self.drop_hint = DropHint()
         self.drop_hint.open_requested.connect(self.open_dialog)
-        self.tabs = QTabWidget()
+        self.tabs = PanelTabs()
         self.tabs.setDocumentMode(True)
         self.tensor_view = TensorView(self.model)
         self.overview = OverviewPlot(self.model)
@@ -354,6 +352,7 @@ class MainWindow(QMainWindow):
             return
         for level, text in cv.banner_messages(comparison):
             self.banners.show_message("comparison", level, text)
+        self.tabs.prerender_hidden()
         target = cv.first_divergence(comparison) or cv.first_pair(comparison)
         if target is not None:
             self.model.select(target)
@@ -487,6 +486,7 @@ class MainWindow(QMainWindow):
             palette = apply_theme(app, name)
             for widget in (self.tensor_view.maps, self.tensor_view.errors, self.overview.plot_widget):
                 widget.setBackground(palette.plot_background)
+                redraw_grids(widget)
         self.settings.set_theme(name)
         self.theme_action.setText("Switch to &light theme" if name == "dark" else "Switch to &dark theme")
 

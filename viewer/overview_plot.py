@@ -14,6 +14,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from viewer import comparison_view as cv
+from viewer.opaque_grid_axis import grid_axes, show_grid
 from viewer.pair_model import PairModel
 from viewer.theme import STATUS_COLOURS
 
@@ -37,12 +38,12 @@ class OverviewPlot(QWidget):
         self.headline.setWordWrap(True)
         layout.addWidget(self.headline)
         self.plot_widget = pg.GraphicsLayoutWidget()
-        self.ulp_plot = self.plot_widget.addPlot(row=0, col=0, title="max ULP distance per op (log2(1 + ULP))")
-        self.nmse_plot = self.plot_widget.addPlot(row=1, col=0, title="NMSE per op (log10; bit-exact ops on the floor)")
+        self.ulp_plot = self.plot_widget.addPlot(row=0, col=0, title="max ULP distance per op (log2(1 + ULP))", axisItems=grid_axes())
+        self.nmse_plot = self.plot_widget.addPlot(row=1, col=0, title="NMSE per op (log10; bit-exact ops on the floor)", axisItems=grid_axes())
         self.nmse_plot.setXLink(self.ulp_plot)
         for plot in (self.ulp_plot, self.nmse_plot):
             plot.setMenuEnabled(False)
-            plot.showGrid(x=True, y=True, alpha=0.15)
+            show_grid(plot, x=True, y=True, alpha=0.15)
             plot.getAxis("left").setWidth(52)
         self.nmse_plot.getAxis("bottom").setLabel("aligned op, in execution order")
         self.ulp_scatter = pg.ScatterPlotItem(size=8, hoverable=True, tip=None)
@@ -54,7 +55,8 @@ class OverviewPlot(QWidget):
             plot.addItem(scatter)
             scatter.sigClicked.connect(self._clicked)
         self.first_lines = [pg.InfiniteLine(angle=90, pen=pg.mkPen(FIRST, width=2, style=Qt.PenStyle.DashLine)) for _ in range(2)]
-        self.first_label = pg.TextItem("", color=FIRST, anchor=(0, 0))
+        self.first_label = pg.TextItem("", color=FIRST, anchor=(0, 0), fill=pg.mkBrush(pg.getConfigOption("background")))
+        self.first_label.setZValue(10)
         self.selected_lines = [pg.InfiniteLine(angle=90, pen=pg.mkPen("#00e5ff", width=1)) for _ in range(2)]
         layout.addWidget(self.plot_widget, 1)
         model.comparison_changed.connect(self.rebuild)

@@ -1,0 +1,117 @@
+"""What keeps a panel switch from freezing the window: opaque grid lines and hidden panels
+laid out and painted before they are shown."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyqtgraph as pg
+import pytest
+from PySide6.QtCore import QEvent, QObject
+from PySide6.QtGui import QImage
+from PySide6.QtWidgets import QLabel
+from pytestqt.qtbot import QtBot
+
+from viewer.main_window import MainWindow
+from viewer.opaque_grid_axis import OpaqueGridAxis, grid_axes, redraw_grids
+from viewer.panel_tabs import PanelTabs
+from viewer.settings import ViewerSettings
+
+pytestmark = pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")
+
+
+def _plot(qtbot: QtBot, axis_items: dict[str, pg.AxisItem] | None, background: str) -> pg.PlotWidget:
+    widget = pg.PlotWidget(background=background, axisItems=axis_items)
+    qtbot.addWidget(widget)
+    widget.resize(400, 300)
+    widget.showGrid(x=True, y=True, alpha=0.15)
+    widget.setRange(xRange=(0, 100), yRange=(0, 10), padding=0)
+    return widget
+
+
+def _pixels(widget: pg.PlotWidget) -> np.ndarray:
+    """RGB of the widget as drawn, shape (height, width, 3)."""
+    image = widget.grab().toImage().convertToFormat(QImage.Format.Format_RGB32)
+    pixels = np.frombuffer(image.constBits(), dtype=np.uint8).reshape(image.height(), image.bytesPerLine())
+    bgra = pixels[:, : image.width() * 4].reshape(image.height(), image.width(), 4)
+    return bgra[..., 2::-1].astype(int).copy()
+
+
+def _assert_same_grid(opaque: np.ndarray, translucent: np.ndarray, background: str) -> None:
+    """Identical except where two grid lines cross: translucent lines blend twice there."""
+    bg = np.array([int(background[i : i + 2], 16) for i in (1, 3, 5)])
+    drawn = np.abs(translucent - bg).sum(axis=2) > 0
+    height, width = drawn.shape
+    horizontal = drawn.sum(axis=1) > width // 2
+    vertical = drawn.sum(axis=0) > height // 2
+    assert horizontal.sum() >= 10 and vertical.sum() >= 10, "both grids are drawn"
+    crossings = np.outer(horizontal, vertical)
+    difference = np.abs(opaque - translucent).max(axis=2)
+    assert difference[~crossings].max() <= 1
+    assert (difference > 1).sum() <= crossings.sum()
+
+
+@pytest.mark.parametrize("background", ["#161a20", "#ffffff"])
+def test_opaque_grid_draws_the_pixels_of_pyqtgraphs_translucent_grid(qtbot: QtBot, background: str) -> None:
+    translucent = _pixels(_plot(qtbot, None, background))
+    opaque = _pixels(_plot(qtbot, grid_axes(), background))
+    _assert_same_grid(opaque, translucent, background)
+
+
+def test_opaque_grid_is_mixed_anew_when_the_background_changes(qtbot: QtBot) -> None:
+    switched = _plot(qtbot, grid_axes(), "#161a20")
+    _pixels(switched)
+    switched.setBackground("#ffffff")
+    redraw_grids(switched)
+    _assert_same_grid(_pixels(switched), _pixels(_plot(qtbot, None, "#ffffff")), "#ffffff")
+    axis = switched.getPlotItem().getAxis("left")
+    assert isinstance(axis, OpaqueGridAxis)
+
+
+class _EventCounter(QObject):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count: Counter[QEvent.Type] = Counter()
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        self.count[event.type()] += 1
+        return False
+
+
+def test_hidden_panels_follow_the_shown_panels_size(qtbot: QtBot) -> None:
+    tabs = PanelTabs()
+    qtbot.addWidget(tabs)
+    pages = [QLabel(f"page {i}") for i in range(3)]
+    for i, page in enumerate(pages):
+        tabs.addTab(page, f"tab {i}")
+    tabs.resize(700, 500)
+    tabs.show()
+    qtbot.waitExposed(tabs)
+    tabs.resize(900, 600)
+    qtbot.waitUntil(lambda: pages[0].width() > 800)
+    assert [p.geometry() for p in pages[1:]] == [pages[0].geometry()] * 2
+
+
+def test_after_a_comparison_the_hidden_overview_is_laid_out_before_it_is_shown(
+    qtbot: QtBot, tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]]
+) -> None:
+    """Shown without a resize, the Overview's first paint on a click reuses what prerendering
+    computed: no new range, axes or labels, so one ordinary paint."""
+    window = MainWindow(ViewerSettings(tmp_path / "viewer.ini"))
+    qtbot.addWidget(window)
+    window.resize(1440, 900)
+    window.show()
+    window.open_pair(*demo_pairs["swiglu-order"])
+    qtbot.waitUntil(lambda: window.model.comparison is not None, timeout=60_000)
+    qtbot.waitUntil(lambda: not window.tabs.prerendering, timeout=10_000)
+    assert window.overview.geometry() == window.tensor_view.geometry()
+    events = _EventCounter()
+    window.overview.plot_widget.installEventFilter(events)
+    window.show_panel(1)
+    qtbot.waitUntil(lambda: events.count[QEvent.Type.Paint] > 0 or events.count[QEvent.Type.Show] > 0)
+    qtbot.wait(50)
+    assert events.count[QEvent.Type.Show] == 1
+    assert events.count[QEvent.Type.Resize] == 0
+    window.close()

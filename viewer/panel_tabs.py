@@ -1,0 +1,65 @@
+"""The main window's panel tabs, kept laid out and painted while hidden.
+
+A QTabWidget gives only its current page the new size when it is resized; every hidden page
+keeps the size it last had and learns its real one the moment it is shown. For a pyqtgraph
+panel that is a resize, an auto-range, new axis labels and two or three full repaints in the
+very event-loop turn of the click (about 90 ms for the Overview). Here every page follows the
+current page's geometry, and after new data (`prerender_hidden`) each hidden page is painted
+offscreen once, one page per event-loop turn, so switching to it costs one ordinary paint.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QEvent, QObject, QTimer
+from PySide6.QtWidgets import QTabWidget, QWidget
+
+PRERENDER_PASSES = 2
+"""Offscreen paints per hidden page: the first applies its pending resize and range changes,
+which pyqtgraph turns into label and axis updates that the second paint settles."""
+
+
+class PanelTabs(QTabWidget):
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._queue: list[QWidget] = []
+        self._timer = QTimer(self)
+        self._timer.setSingleShot(True)
+        self._timer.setInterval(0)
+        self._timer.timeout.connect(self._prerender_next)
+
+    def tabInserted(self, index: int) -> None:
+        super().tabInserted(index)
+        self.widget(index).installEventFilter(self)
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if event.type() == QEvent.Type.Resize and watched is self.currentWidget():
+            self._sync_hidden_pages()
+        return False
+
+    def _sync_hidden_pages(self) -> None:
+        """Give every hidden page the current page's geometry (Qt sends it the resize on show)."""
+        current = self.currentWidget()
+        for index in range(self.count()):
+            page = self.widget(index)
+            if page is not current and page.geometry() != current.geometry():
+                page.setGeometry(current.geometry())
+
+    def prerender_hidden(self) -> None:
+        """Paint each hidden page offscreen, PRERENDER_PASSES times, one page per turn."""
+        current = self.currentWidget()
+        hidden = [self.widget(i) for i in range(self.count()) if self.widget(i) is not current]
+        self._queue = [page for _ in range(PRERENDER_PASSES) for page in hidden]
+        self._timer.start()
+
+    @property
+    def prerendering(self) -> bool:
+        return bool(self._queue)
+
+    def _prerender_next(self) -> None:
+        if not self._queue:
+            return
+        page = self._queue.pop(0)
+        if page is not self.currentWidget():
+            page.grab()
+        if self._queue:
+            self._timer.start()

@@ -165,3 +165,10 @@ def test_run_viewer_refuses_three_files(capsys: pytest.CaptureFixture[str]) -> N
 
     assert run_viewer(["a.h5", "b.h5", "c.h5"]) == 2
     assert "at most two captures" in capsys.readouterr().err
+
+
+def test_the_progress_bar_shows_byte_counts_past_32_bits_as_a_fraction(qtbot: QtBot, window: MainWindow) -> None:
+    """A comparison of a multi-GB pair counts more bytes than QProgressBar's int range holds."""
+    window.tasks.progressed.emit(Progress(6 * 2**30, 8 * 2**30, "step 0 prefill layer 12"))
+    assert window.progress.value() / window.progress.maximum() == 0.75
+    assert window.progress.text() == "step 0 prefill layer 12  75%"

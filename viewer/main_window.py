@@ -38,6 +38,7 @@ from viewer.opaque_grid_axis import redraw_grids
 from viewer.overview_plot import OverviewPlot
 from viewer.pair_model import PairModel
 from viewer.panel_tabs import PanelTabs
+from viewer.progress_bar import show_progress
 from viewer.provenance_panel import ProvenancePanel
 from viewer.session_controller import SessionController
 from viewer.settings import ViewerSettings
@@ -402,9 +403,7 @@ class MainWindow(QMainWindow):
     # -- progress, cancel --------------------------------------------------------------------
 
     def _show_progress(self, progress: Progress) -> None:
-        self.progress.setMaximum(max(1, progress.total))
-        self.progress.setValue(min(progress.done, max(1, progress.total)))
-        self.progress.setFormat(f"{progress.label}  %p%")
+        show_progress(self.progress, progress, f"{progress.label}  %p%")
 
     def _busy_changed(self, busy: bool) -> None:
         self.progress.setVisible(busy)

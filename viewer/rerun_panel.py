@@ -34,6 +34,7 @@ from backends.rerun import SIDES, OpRerun, RerunOptions, RerunResult, format_key
 from backends.rerun_capture import save_rerun
 from sessions.capture_reader import Capture
 from sessions.progress import Progress
+from viewer.progress_bar import show_progress
 from viewer.workers import TaskSlots
 
 COLUMNS = ("op", "route that ran", "native vs oracle", "rerun vs native", "rerun vs oracle", "closer to exact (RMSE native / oracle / rerun)")
@@ -211,9 +212,7 @@ class RerunPanel(QWidget):
         self.cancelled.emit()
 
     def _progressed(self, progress: Progress) -> None:
-        self.progress.setRange(0, max(progress.total, 1))
-        self.progress.setValue(progress.done)
-        self.progress.setFormat(progress.label[:60])
+        show_progress(self.progress, progress, progress.label[:60])
 
     def _busy(self, busy: bool) -> None:
         self.run_button.setEnabled(not busy)

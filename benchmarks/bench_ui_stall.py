@@ -3,9 +3,10 @@
 Builds a native/oracle pair of seed-sized tensors (1008 x 16384 float32, the Qwen3-VL visual
 prefix) with real planted bit flips, opens it in the real MainWindow (offscreen unless a
 display is given), and drives it: open + full comparison, the first divergence's heatmaps,
-a colour-scale switch, another op, an element click. A 10 ms QTimer heartbeat records every
-gap; the longest gap is the longest time the UI could not respond, reported overall and per
-phase (open and first paint, the comparison, the heatmaps, another op, inspecting).
+a colour-scale switch, another op, a zoom into a region drawn at full resolution, an element
+click. A 10 ms QTimer heartbeat records every gap; the longest gap is the longest time the UI
+could not respond, reported overall and per phase (open and first paint, the comparison, the
+heatmaps, another op, the zoom, inspecting).
 
     .venv/bin/python benchmarks/bench_ui_stall.py [--layers 8] [--dir DIR] [--json OUT]
 
@@ -141,6 +142,9 @@ def run(app: QApplication, native: Path, oracle: Path, settings_dir: Path) -> di
     window.model.select(pairs[-1])
     phases["another_op_s"] = wait(lambda: window.tensor_view.data is not None and window.tensor_view.data.request.label == pairs[-1].label and not window.tasks.busy)
     ends["another_op"] = beat.now_ms()
+    window.tensor_view.plots["native"].setRange(xRange=(COLS // 2, COLS // 2 + 400), yRange=(0, 200), padding=0)
+    phases["zoom_detail_s"] = wait(lambda: window.tensor_view.detail is not None and not window.tasks.busy)
+    ends["zoom_detail"] = beat.now_ms()
     window.tensor_view.select_element((5, 5), pinned=True)
     for index in range(4):
         window.show_panel(index)

@@ -17,6 +17,7 @@ from viewer.tensor_loader import ABS_EDGES, TensorSlice
 
 EXACT = "#2e9d57"
 HOT = "#d64541"
+MUTED = "#8a8f98"
 
 
 def ulp_bucket_label(k: int) -> str:
@@ -37,6 +38,8 @@ class ErrorPlots(pg.GraphicsLayoutWidget):
             plot.setMenuEnabled(False)
             show_grid(plot, x=False, y=True, alpha=0.2)
             plot.getAxis("left").setWidth(36)
+            for side in ("left", "bottom"):
+                plot.getAxis(side).enableAutoSIPrefix(False)
             plot.setMinimumWidth(120)
         self.ulp_plot.getAxis("bottom").setLabel("ULP ≤")
         self.row_plot.getAxis("bottom").setLabel("row")
@@ -79,9 +82,14 @@ class ErrorPlots(pg.GraphicsLayoutWidget):
 
     @staticmethod
     def _profile(plot: pg.PlotItem, profile: AxisProfile | None, name: str, curve: bool) -> None:
+        for side in ("left", "bottom"):
+            plot.showAxis(side, profile is not None)
         if profile is None:
             set_title(plot, f"per {name}: n/a")
             plot.setToolTip(f"this op has no {name} axis")
+            plot.addItem(_centred_text(f"no {name} axis", MUTED))
+            plot.setXRange(0, 1, padding=0)
+            plot.setYRange(0, 1, padding=0)
             return
         values = np.asarray(profile.max_ulp, dtype=np.float64)
         set_title(plot, f"max ULP per {name}")

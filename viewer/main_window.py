@@ -42,7 +42,7 @@ from viewer.progress_bar import show_progress
 from viewer.provenance_panel import ProvenancePanel
 from viewer.session_controller import SessionController
 from viewer.settings import ViewerSettings
-from viewer.tensor_loader import SliceSpec, TensorSlice, iter_prepare
+from viewer.tensor_loader import SliceSpec, TensorSlice, iter_prepare, iter_prepare_detail
 from viewer.tensor_view import TensorView
 from viewer.theme import apply_theme, icon
 from viewer.token_table import TokenTable
@@ -138,6 +138,7 @@ class MainWindow(QMainWindow):
         layout.addWidget(self.stack, 1)
         self.setCentralWidget(central)
         self.tensor_view.slice_requested.connect(self.load_slice)
+        self.tensor_view.detail_requested.connect(self.load_detail)
 
     def _build_tree_dock(self) -> None:
         self.tree = AlignmentTree(self.model)
@@ -398,7 +399,16 @@ class MainWindow(QMainWindow):
         )
 
     def _slice_ready(self, data: TensorSlice) -> None:
+        self.tasks.cancel_lane("detail")
         self.tensor_view.show_slice(data)
+
+    def load_detail(self, data: TensorSlice, rows: tuple[int, int], cols: tuple[int, int]) -> None:
+        self.tasks.submit(
+            "detail",
+            lambda: iter_prepare_detail(data, rows, cols),
+            on_success=self.tensor_view.show_detail,
+            on_failure=lambda message: self.statusBar().showMessage(f"Cannot show the zoomed-in region: {message}", 8000),
+        )
 
     # -- progress, cancel --------------------------------------------------------------------
 

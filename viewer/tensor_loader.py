@@ -124,19 +124,20 @@ def _as_2d(array: np.ndarray) -> np.ndarray:
     return array.reshape(1, -1) if array.ndim == 1 else array
 
 
-def iter_prepare(request: TensorRequest) -> ProgressGenerator[TensorSlice]:
-    native = yield from iter_read_bits(request.native, request.native_record, f"reading native {request.label}")
-    oracle = yield from iter_read_bits(request.oracle, request.oracle_record, f"reading oracle {request.label}")
-    native = request.to_canonical_native(native)
-    oracle = request.to_canonical_oracle(oracle)
-    shape = tuple(native.shape)
-    spec = request.spec or SliceSpec.default(shape)
-    native_cut = np.ascontiguousarray(spec.cut(native))
-    oracle_cut = np.ascontiguousarray(spec.cut(oracle))
-    n2, o2 = _as_2d(native_cut), _as_2d(oracle_cut)
-    factors = block_factors(n2.shape)
-    if native_cut.ndim == 1:
-        factors = (1, 1)
+@dataclass
+class _Maps:
+    """Display images of a 2-D cut, and what was found while making them."""
+
+    images: dict[str, np.ndarray]
+    abs_hist: np.ndarray
+    differing: int
+    worst: tuple[float, int, int]
+    """(ULP, row, col) of the largest ULP distance; ULP -1 when bit-exact."""
+
+
+def _iter_maps(n2: np.ndarray, o2: np.ndarray, dtype: str, factors: tuple[int, int], label: str) -> ProgressGenerator[_Maps]:
+    """Values (block mean) and the three difference scales (block max) of two 2-D bit arrays,
+    chunk by chunk; yields Progress(rows done, rows)."""
     rows_per_chunk = max(factors[0], (CHUNK_BYTES // max(1, n2.shape[1] * n2.itemsize)) // factors[0] * factors[0])
     images: dict[str, list[np.ndarray]] = {k: [] for k in ("native", "oracle", "absolute", "relative", "ULP")}
     abs_hist = np.zeros(len(ABS_EDGES) - 1, dtype=np.int64)
@@ -145,10 +146,10 @@ def iter_prepare(request: TensorRequest) -> ProgressGenerator[TensorSlice]:
     for start in range(0, n2.shape[0], rows_per_chunk):
         stop = min(n2.shape[0], start + rows_per_chunk)
         nb, ob = n2[start:stop], o2[start:stop]
-        abs_err, rel_err, ulp = element_maps(nb, ob, request.dtype)
+        abs_err, rel_err, ulp = element_maps(nb, ob, dtype)
         with np.errstate(all="ignore"):
-            values_n = as_values(nb, request.dtype).astype(np.float32)
-            values_o = as_values(ob, request.dtype).astype(np.float32)
+            values_n = as_values(nb, dtype).astype(np.float32)
+            values_o = as_values(ob, dtype).astype(np.float32)
         # A NaN on either side leaves the ULP distance undefined; it is the worst kind of difference.
         ulp = np.where(np.isnan(ulp), np.inf, ulp)
         differing += int(np.count_nonzero(nb != ob))
@@ -163,16 +164,36 @@ def iter_prepare(request: TensorRequest) -> ProgressGenerator[TensorSlice]:
         images["absolute"].append(block_max(np.asarray(abs_err, dtype=np.float32), factors))
         images["relative"].append(block_max(np.asarray(rel_err, dtype=np.float32), factors))
         images["ULP"].append(block_max(np.log2(1.0 + ulp).astype(np.float32), factors))
-        yield Progress(stop, n2.shape[0], f"diffing {request.label}")
+        yield Progress(stop, n2.shape[0], label)
     joined = {k: finite_for_display(np.concatenate(v, axis=0)) for k, v in images.items()}
+    return _Maps(joined, abs_hist, differing, worst)
+
+
+def _coloured(images: dict[str, np.ndarray], levels: dict[str, tuple[float, float]]) -> dict[str, np.ndarray]:
+    rgba = {side: to_rgba(images[side], levels["values"], VALUE_LUT) for side in ("native", "oracle")}
+    rgba.update({scale: to_rgba(images[scale], levels[scale], DIFF_LUT) for scale in ("absolute", "relative", "ULP")})
+    return rgba
+
+
+def iter_prepare(request: TensorRequest) -> ProgressGenerator[TensorSlice]:
+    native = yield from iter_read_bits(request.native, request.native_record, f"reading native {request.label}")
+    oracle = yield from iter_read_bits(request.oracle, request.oracle_record, f"reading oracle {request.label}")
+    native = request.to_canonical_native(native)
+    oracle = request.to_canonical_oracle(oracle)
+    shape = tuple(native.shape)
+    spec = request.spec or SliceSpec.default(shape)
+    native_cut = np.ascontiguousarray(spec.cut(native))
+    oracle_cut = np.ascontiguousarray(spec.cut(oracle))
+    n2, o2 = _as_2d(native_cut), _as_2d(oracle_cut)
+    factors = block_factors(n2.shape) if native_cut.ndim == 2 else (1, 1)
+    maps = yield from _iter_maps(n2, o2, request.dtype, factors, f"diffing {request.label}")
+    joined = maps.images
     if native_cut.ndim == 1:
         joined = {k: v.reshape(-1) for k, v in joined.items()}
     levels = {"values": levels_of(joined["native"], joined["oracle"])}
     levels.update({scale: levels_of(joined[scale], floor=0.0) for scale in ("absolute", "relative", "ULP")})
-    rgba: dict[str, np.ndarray] = {}
-    if native_cut.ndim == 2:
-        rgba = {side: to_rgba(joined[side], levels["values"], VALUE_LUT) for side in ("native", "oracle")}
-        rgba.update({scale: to_rgba(joined[scale], levels[scale], DIFF_LUT) for scale in ("absolute", "relative", "ULP")})
+    rgba = _coloured(joined, levels) if native_cut.ndim == 2 else {}
+    worst = maps.worst
     worst_at = None if worst[0] < 0 else ((worst[2],) if native_cut.ndim == 1 else (worst[1], worst[2]))
     return TensorSlice(
         request=request,
@@ -182,10 +203,53 @@ def iter_prepare(request: TensorRequest) -> ProgressGenerator[TensorSlice]:
         oracle_bits=oracle_cut,
         factors=factors,
         images=joined,
-        abs_hist=abs_hist,
+        abs_hist=maps.abs_hist,
         worst=worst_at,
         levels=levels,
         rgba=rgba,
-        differing=differing,
+        differing=maps.differing,
         total=int(native_cut.size),
     )
+
+
+@dataclass(frozen=True)
+class DetailRegion:
+    """A zoomed-in part of a shown 2-D slice, at finer resolution than the whole slice's images."""
+
+    data: TensorSlice
+    """The slice it belongs to: a detail of another slice is never shown."""
+    rows: tuple[int, int]
+    cols: tuple[int, int]
+    factors: tuple[int, int]
+    rgba: dict[str, np.ndarray]
+    """Coloured with the whole slice's levels, so the detail and the image around it agree."""
+
+
+def detail_bounds(data: TensorSlice, rows: tuple[float, float], cols: tuple[float, float]) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """The element rows and columns a view of [rows) x [cols) shows, widened by a quarter on each
+    side so small pans stay inside; None unless that region can be drawn at least twice as
+    finely as the whole slice's images are (a smaller gain is not worth diffing it again)."""
+    if data.is_1d or data.factors == (1, 1):
+        return None
+    n_rows, n_cols = data.native_bits.shape
+    bounds = []
+    for (low, high), size in ((rows, n_rows), (cols, n_cols)):
+        margin = (high - low) / 4
+        start, stop = max(0, int(np.floor(low - margin))), min(size, int(np.ceil(high + margin)))
+        if stop <= start:
+            return None
+        bounds.append((start, stop))
+    (r0, r1), (c0, c1) = bounds
+    finer = block_factors((r1 - r0, c1 - c0))
+    if not any(f * 2 <= d for f, d in zip(finer, data.factors)):
+        return None
+    return (r0, r1), (c0, c1)
+
+
+def iter_prepare_detail(data: TensorSlice, rows: tuple[int, int], cols: tuple[int, int]) -> ProgressGenerator[DetailRegion]:
+    """The elements of `data` in [rows) x [cols), shrunk only as far as MAX_DISPLAY needs."""
+    nb = np.ascontiguousarray(data.native_bits[rows[0] : rows[1], cols[0] : cols[1]])
+    ob = np.ascontiguousarray(data.oracle_bits[rows[0] : rows[1], cols[0] : cols[1]])
+    factors = block_factors(nb.shape)
+    maps = yield from _iter_maps(nb, ob, data.request.dtype, factors, f"zooming into {data.request.label}")
+    return DetailRegion(data, rows, cols, factors, _coloured(maps.images, data.levels))

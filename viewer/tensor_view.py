@@ -2,14 +2,16 @@
 
 Heatmaps are pre-aggregated to screen size by the loader (viewer.tensor_loader), so
 painting never touches the full tensor; hovering maps a pixel back to its block of elements
-and inspects the worst element in it, from the full-resolution bits kept in memory.
+and inspects the worst element in it, from the full-resolution bits kept in memory. Zooming
+in asks (`detail_requested`) for the region on screen at finer resolution, drawn over the
+whole-slice image once it is ready, down to one pixel per element.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QPointF, QRectF, Qt, Signal
+from PySide6.QtCore import QPointF, QRectF, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QButtonGroup,
     QComboBox,
@@ -24,10 +26,11 @@ from PySide6.QtWidgets import (
 )
 
 from sessions.tensor_diff import element_maps
+from viewer.display_aggregate import block_factors
 from viewer.error_plots import ErrorPlots, set_title
 from viewer.inspector import ElementInspector, InspectedElement, inspect
 from viewer.pair_model import COLOUR_SCALES, PairModel
-from viewer.tensor_loader import SliceSpec, TensorSlice
+from viewer.tensor_loader import DetailRegion, SliceSpec, TensorSlice, detail_bounds
 
 pg.setConfigOptions(imageAxisOrder="row-major")
 
@@ -39,6 +42,8 @@ SCALE_TITLES = {
 NATIVE_PEN = "#4a90d9"
 ORACLE_PEN = "#e8913a"
 MARK = "#00e5ff"
+DETAIL_DELAY_MS = 150
+"""Wait for the zoom or pan to rest before asking for the finer region."""
 
 
 class AxisPicker(QWidget):
@@ -115,11 +120,15 @@ class TensorView(QWidget):
     slice_requested = Signal(object)
     slice_shown = Signal()
     """A requested slice (or the reason it cannot be shown) is on screen: screenshots may be taken."""
+    detail_requested = Signal(object, object, object)
+    """(slice, rows, cols): the zoomed-in region [rows) x [cols) of `slice` is wanted finer."""
+    detail_shown = Signal()
 
     def __init__(self, model: PairModel, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._model = model
         self.data: TensorSlice | None = None
+        self.detail: DetailRegion | None = None
         self.pinned: tuple[int, ...] | None = None
         outer = QVBoxLayout(self)
         outer.setContentsMargins(6, 6, 6, 6)
@@ -152,6 +161,7 @@ class TensorView(QWidget):
         self.maps.ci.setSpacing(2)
         self.plots: dict[str, pg.PlotItem] = {}
         self.images: dict[str, pg.ImageItem] = {}
+        self.detail_images: dict[str, pg.ImageItem] = {}
         self.marks: dict[str, pg.ScatterPlotItem] = {}
         for row, name in enumerate(("native", "oracle", "difference")):
             plot = self.maps.addPlot(row=row, col=0, title=name)
@@ -160,9 +170,18 @@ class TensorView(QWidget):
             plot.getAxis("left").setWidth(44)
             image = pg.ImageItem()
             plot.addItem(image)
+            detail = pg.ImageItem()
+            detail.setZValue(1)
+            plot.addItem(detail)
             mark = pg.ScatterPlotItem(size=14, pen=pg.mkPen(MARK, width=2), brush=None, symbol="s")
+            mark.setZValue(2)
             plot.addItem(mark)
-            self.plots[name], self.images[name], self.marks[name] = plot, image, mark
+            self.plots[name], self.images[name], self.detail_images[name], self.marks[name] = plot, image, detail, mark
+        self._detail_timer = QTimer(self)
+        self._detail_timer.setSingleShot(True)
+        self._detail_timer.setInterval(DETAIL_DELAY_MS)
+        self._detail_timer.timeout.connect(self._request_detail)
+        self.plots["native"].vb.sigRangeChanged.connect(self._detail_timer.start)
         # The bars label the scales; the images arrive already coloured with the same maps.
         self.value_bar = pg.ColorBarItem(colorMap=pg.colormap.get("viridis"), interactive=False, width=12)
         self.maps.addItem(self.value_bar, row=0, col=1, rowspan=2)
@@ -207,6 +226,7 @@ class TensorView(QWidget):
         self.data = None
         self.pinned = None
         self.title.setText(message)
+        self._clear_detail()
         for image in self.images.values():
             image.clear()
         for mark in self.marks.values():
@@ -224,20 +244,35 @@ class TensorView(QWidget):
     def show_slice(self, data: TensorSlice) -> None:
         self.data = data
         self.pinned = None
-        request = data.request
-        shape = "×".join(str(n) for n in data.shape)
-        verdict = "bit-exact" if data.differing == 0 else f"{data.differing:,} of {data.total:,} shown elements differ"
-        shrink = "" if data.factors == (1, 1) else f"   ·   shown at 1 px per {data.factors[0]}×{data.factors[1]} block (max)"
-        self.title.setText(f"{request.label}   ·   {request.dtype} [{shape}]   ·   {verdict}{shrink}")
+        self._clear_detail()
+        self._show_title()
         self.axes.set_shape(data.shape, data.spec)
         self.axes.setVisible(len(data.shape) >= 2)
         self._draw()
+        self._fit_view()
         self.errors.show_slice(data)
         if data.worst is not None:
             self.select_element(data.worst, pinned=True)
         else:
             self.select_element((0, 0) if not data.is_1d else (0,), pinned=True)
         self.slice_shown.emit()
+
+    def _show_title(self) -> None:
+        data = self.data
+        assert data is not None
+        shape = "×".join(str(n) for n in data.shape)
+        verdict = "bit-exact" if data.differing == 0 else f"{data.differing:,} of {data.total:,} shown elements differ"
+        factors = data.factors
+        if factors == (1, 1):
+            shrink = ""
+        elif self.detail is not None:
+            (r0, r1), (c0, c1) = self.detail.rows, self.detail.cols
+            fy, fx = self.detail.factors
+            each = "1 px each" if (fy, fx) == (1, 1) else f"1 px per {fy}×{fx} block"
+            shrink = f"   ·   zoomed: {r1 - r0}×{c1 - c0} elements at {each}"
+        else:
+            shrink = f"   ·   shown at 1 px per {factors[0]}×{factors[1]} block (max); zoom in for detail"
+        self.title.setText(f"{data.request.label}   ·   {data.request.dtype} [{shape}]   ·   {verdict}{shrink}")
 
     def _scale_changed(self, scale: str) -> None:
         for button in self.scale_buttons.buttons():
@@ -272,7 +307,63 @@ class TensorView(QWidget):
             item.setRect(rect)
         self.value_bar.setLevels(data.levels["values"])
         self.diff_bar.setLevels(data.levels[scale])
-        self.plots["native"].setRange(rect, padding=0)
+        self._draw_detail()
+
+    def _fit_view(self) -> None:
+        """Show the whole of a new slice (a colour-scale switch keeps the user's zoom)."""
+        data = self.data
+        assert data is not None
+        if data.is_1d:
+            self.plots["native"].autoRange()
+        else:
+            rows, cols = data.native_bits.shape
+            self.plots["native"].setRange(QRectF(0, 0, cols, rows), padding=0)
+
+    # -- zoomed-in detail --------------------------------------------------------------------
+
+    def _clear_detail(self) -> None:
+        self.detail = None
+        for image in self.detail_images.values():
+            image.clear()
+
+    def _request_detail(self) -> None:
+        data = self.data
+        if data is None or data.is_1d:
+            return
+        (x0, x1), (y0, y1) = self.plots["native"].vb.viewRange()
+        bounds = detail_bounds(data, (y0, y1), (x0, x1))
+        if bounds is None:
+            if self.detail is not None:
+                self._clear_detail()
+                self._show_title()
+            return
+        (r0, r1), (c0, c1) = bounds
+        wanted = block_factors((r1 - r0, c1 - c0))
+        detail = self.detail
+        covered = detail is not None and detail.rows[0] <= y0 and y1 <= detail.rows[1] and detail.cols[0] <= x0 and x1 <= detail.cols[1]
+        if covered and detail is not None and detail.factors[0] <= wanted[0] and detail.factors[1] <= wanted[1]:
+            return
+        self.detail_requested.emit(data, *bounds)
+
+    def show_detail(self, detail: DetailRegion) -> None:
+        """Draw a finer region over the whole-slice images (ignored if another slice is shown)."""
+        if detail.data is not self.data:
+            return
+        self.detail = detail
+        self._draw_detail()
+        self._show_title()
+        self.detail_shown.emit()
+
+    def _draw_detail(self) -> None:
+        detail = self.detail
+        if detail is None:
+            return
+        (r0, r1), (c0, c1) = detail.rows, detail.cols
+        rect = QRectF(c0, r0, c1 - c0, r1 - r0)
+        for name, key in (("native", "native"), ("oracle", "oracle"), ("difference", self._model.scale)):
+            item = self.detail_images[name]
+            item.setImage(detail.rgba[key], autoLevels=False, levels=None)
+            item.setRect(rect)
 
     def _draw_curves(self, data: TensorSlice, scale: str) -> None:
         for image in self.images.values():
@@ -286,7 +377,6 @@ class TensorView(QWidget):
         set_title(self.plots["native"], "native (blue) and oracle (orange, dashed)")
         self.plots["oracle"].setVisible(False)
         self.plots["difference"].addItem(self.curves["difference"])
-        self.plots["native"].autoRange()
 
     # -- inspection --------------------------------------------------------------------------
 
@@ -312,10 +402,14 @@ class TensorView(QWidget):
         """The pixel under the cursor is a block of elements: inspect the one that differs most."""
         data = self.data
         assert data is not None
-        fy, fx = data.factors
+        (fy, fx), (origin_row, origin_col) = data.factors, (0, 0)
+        detail = self.detail
+        if detail is not None and detail.rows[0] <= row < detail.rows[1] and detail.cols[0] <= col < detail.cols[1]:
+            (fy, fx), (origin_row, origin_col) = detail.factors, (detail.rows[0], detail.cols[0])
         if (fy, fx) == (1, 1):
             return (row, col)
-        r0, c0 = row // fy * fy, col // fx * fx
+        r0 = origin_row + (row - origin_row) // fy * fy
+        c0 = origin_col + (col - origin_col) // fx * fx
         nb = data.native_bits[r0 : r0 + fy, c0 : c0 + fx]
         ob = data.oracle_bits[r0 : r0 + fy, c0 : c0 + fx]
         _, _, ulp = element_maps(nb, ob, data.request.dtype)

@@ -131,7 +131,21 @@ def pair_max_ulp_text(pair: PairResult) -> str:
 
 def pair_differing_text(pair: PairResult) -> str:
     m = pair.metrics
-    return "0" if m.bit_exact else f"{m.differing:,} ({100 * m.fraction_differing:.2g}%)"
+    return "0" if m.bit_exact else f"{m.differing:,} ({share_text(m.differing, m.size)})"
+
+
+def share_text(part: int, whole: int) -> str:
+    """A share in two significant digits that never rounds to 0% or 100% unless it is."""
+    if part == whole:
+        return "100%"
+    percent = 100 * part / whole
+    if percent >= 99:
+        return ">99%"
+    if percent >= 10:
+        return f"{percent:.0f}%"
+    if percent < 0.01:
+        return "<0.01%"
+    return f"{percent:.2g}%"
 
 
 def pair_tooltip(pair: PairResult, viewed: ViewedComparison | None = None) -> str:

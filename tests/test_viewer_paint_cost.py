@@ -15,9 +15,10 @@ from PySide6.QtWidgets import QLabel
 from pytestqt.qtbot import QtBot
 
 from viewer.main_window import MainWindow
-from viewer.opaque_grid_axis import OpaqueGridAxis, grid_axes, redraw_grids
+from viewer.opaque_grid_axis import OpaqueGridAxis, grid_axes
 from viewer.panel_tabs import PanelTabs
 from viewer.settings import ViewerSettings
+from viewer.theme import PALETTES, restyle_plots
 
 pytestmark = pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")
 
@@ -60,14 +61,26 @@ def test_opaque_grid_draws_the_pixels_of_pyqtgraphs_translucent_grid(qtbot: QtBo
     _assert_same_grid(opaque, translucent, background)
 
 
-def test_opaque_grid_is_mixed_anew_when_the_background_changes(qtbot: QtBot) -> None:
-    switched = _plot(qtbot, grid_axes(), "#161a20")
+def test_opaque_grid_is_mixed_anew_when_the_theme_changes(qtbot: QtBot) -> None:
+    light = PALETTES["light"]
+    switched = _plot(qtbot, grid_axes(), PALETTES["dark"].plot_background)
     _pixels(switched)
-    switched.setBackground("#ffffff")
-    redraw_grids(switched)
-    _assert_same_grid(_pixels(switched), _pixels(_plot(qtbot, None, "#ffffff")), "#ffffff")
-    axis = switched.getPlotItem().getAxis("left")
-    assert isinstance(axis, OpaqueGridAxis)
+    restyle_plots(switched, light)
+    fresh = _plot(qtbot, None, light.plot_background)
+    restyle_plots(fresh, light)
+    _assert_same_grid(_pixels(switched), _pixels(fresh), light.plot_background)
+    assert isinstance(switched.getPlotItem().getAxis("left"), OpaqueGridAxis)
+
+
+def test_a_theme_switch_recolours_plot_titles_and_axes(qtbot: QtBot, tmp_path: Path) -> None:
+    window = MainWindow(ViewerSettings(tmp_path / "viewer.ini"))
+    qtbot.addWidget(window)
+    window.toggle_theme()
+    foreground = PALETTES[window.settings.theme()].plot_foreground
+    for plot in (window.overview.ulp_plot, window.tensor_view.plots["native"], window.tensor_view.errors.row_plot):
+        assert plot.titleLabel.opts["color"] == foreground
+        assert plot.getAxis("left").textPen().color().name() == foreground
+    window.close()
 
 
 class _EventCounter(QObject):

@@ -34,7 +34,6 @@ from viewer.banner import BannerArea
 from viewer.bookmarks_panel import BookmarksPanel
 from viewer.dispatch_tabs import DispatchTabs
 from viewer.drop_hint import DropHint
-from viewer.opaque_grid_axis import redraw_grids
 from viewer.overview_plot import OverviewPlot
 from viewer.pair_model import PairModel
 from viewer.panel_tabs import PanelTabs
@@ -44,7 +43,7 @@ from viewer.session_controller import SessionController
 from viewer.settings import ViewerSettings
 from viewer.tensor_loader import SliceSpec, TensorSlice, iter_prepare, iter_prepare_detail
 from viewer.tensor_view import TensorView
-from viewer.theme import apply_theme, icon
+from viewer.theme import apply_theme, icon, restyle_plots
 from viewer.token_table import TokenTable
 from viewer.workers import TaskSlots
 
@@ -492,10 +491,7 @@ class MainWindow(QMainWindow):
     def _apply_theme(self, name: str) -> None:
         app = QApplication.instance()
         if isinstance(app, QApplication):
-            palette = apply_theme(app, name)
-            for widget in (self.tensor_view.maps, self.tensor_view.errors, self.overview.plot_widget):
-                widget.setBackground(palette.plot_background)
-                redraw_grids(widget)
+            restyle_plots(self, apply_theme(app, name))
         self.settings.set_theme(name)
         self.theme_action.setText("Switch to &light theme" if name == "dark" else "Switch to &dark theme")
 

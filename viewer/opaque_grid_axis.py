@@ -58,11 +58,3 @@ def show_grid(plot: pg.PlotItem, x: bool, y: bool, alpha: float) -> None:
     """`plot.showGrid`, with the plot's data drawn above its grid lines."""
     plot.showGrid(x=x, y=y, alpha=alpha)
     plot.getViewBox().setZValue(1)
-
-
-def redraw_grids(view: pg.GraphicsView) -> None:
-    """Mix the grids anew after `view`'s background changed (the axes cache their drawing)."""
-    for item in view.scene().items():
-        if isinstance(item, OpaqueGridAxis):
-            item.picture = None
-            item.update()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pyqtgraph as pg
 from PySide6.QtGui import QColor, QIcon
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QApplication, QWidget
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
@@ -57,3 +57,17 @@ def apply_theme(app: QApplication, name: str) -> Palette:
     app.setStyleSheet(asset(f"{name}.qss").read_text(encoding="utf-8"))
     pg.setConfigOptions(background=palette.plot_background, foreground=palette.plot_foreground, antialias=False)
     return palette
+
+
+def restyle_plots(root: QWidget, palette: Palette) -> None:
+    """Recolour every plot under `root` for a theme: pyqtgraph items take their colours when
+    created, so a switched theme would leave dark-theme titles and axes on a white plot."""
+    views = root.findChildren(pg.GraphicsView)
+    for view in [root, *views] if isinstance(root, pg.GraphicsView) else views:
+        view.setBackground(palette.plot_background)
+        for item in view.scene().items():
+            if isinstance(item, pg.AxisItem):
+                item.setPen(palette.plot_foreground)
+                item.setTextPen(palette.plot_foreground)
+            elif isinstance(item, pg.LabelItem):
+                item.setText(item.text, color=palette.plot_foreground)

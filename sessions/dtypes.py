@@ -108,12 +108,18 @@ def to_storage(array: np.ndarray, logical: str) -> np.ndarray:
     return np.ascontiguousarray(array).view(ld.storage)
 
 
-def quantized_nbytes(ggml_type: str, logical_shape: tuple[int, ...]) -> int:
-    """Bytes that GGML blocks of this type take for a tensor of this logical shape."""
+def quant_block_geometry(ggml_type: str) -> tuple[int, int]:
+    """(elements, bytes) of one GGML block of this type."""
     from gguf import GGMLQuantizationType
     from gguf.constants import GGML_QUANT_SIZES
 
     block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType[ggml_type]]
+    return int(block), int(type_size)
+
+
+def quantized_nbytes(ggml_type: str, logical_shape: tuple[int, ...]) -> int:
+    """Bytes that GGML blocks of this type take for a tensor of this logical shape."""
+    block, type_size = quant_block_geometry(ggml_type)
     if not logical_shape or logical_shape[-1] % block:
         raise ValueError(f"{ggml_type} needs a last dimension that is a multiple of {block}; shape is {logical_shape}")
     elements = 1

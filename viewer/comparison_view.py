@@ -17,7 +17,6 @@ from sessions.capture_reader import Capture, CaptureError
 from sessions.compare import DIVERGENCE, CompareOptions, Comparison, PairResult
 from sessions.compare_process import iter_compare_in_child
 from sessions.contracts import ContractFinding
-from sessions.dtypes import logical_dtype
 from sessions.pair_tensors import PairSide, pair_sides
 from sessions.progress import ProgressGenerator
 from sessions.token_parity import DIFFER, MATCH, MISSING, POST_EOS, TokenStep, TopEntry
@@ -303,8 +302,6 @@ def tensor_request(viewed: ViewedComparison | None, native: Capture, oracle: Cap
     if viewed is None:
         return "Comparing…"
     dtype = pair.metrics.dtype
-    if logical_dtype(dtype).is_quantized:
-        return f"{pair.label}: {dtype} quantized blocks are compared block by block; see the tree's counts for this pair"
     try:
         native_side, oracle_side = pair_sides(native, oracle, pair)
     except CaptureError as exc:

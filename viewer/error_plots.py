@@ -55,13 +55,18 @@ class ErrorPlots(pg.GraphicsLayoutWidget):
         for plot in self.plots:
             plot.clear()
             plot.enableAutoRange()
+            for side in ("left", "bottom"):
+                plot.showAxis(side, True)
 
     def show_slice(self, data: TensorSlice) -> None:
         self.clear_all()
         metrics = data.request.metrics
         histogram = np.asarray(metrics.ulp_histogram if metrics is not None else [], dtype=np.float64)
         used = int(np.nonzero(histogram)[0].max()) + 1 if histogram.any() else 1
-        self._bars(self.ulp_plot, histogram[: max(used, 4)])
+        if data.raw_blocks is not None:
+            _message(self.ulp_plot, "quantized: blocks are\ncompared byte by byte", MUTED)
+        else:
+            self._bars(self.ulp_plot, histogram[: max(used, 4)])
         labels = [ulp_bucket_label(k) for k in range(max(used, 4))]
         step = max(1, (len(labels) + 3) // 4)
         self.ulp_plot.getAxis("bottom").setTicks([[(i, labels[i]) for i in range(0, len(labels), step)]])
@@ -72,9 +77,7 @@ class ErrorPlots(pg.GraphicsLayoutWidget):
     @staticmethod
     def _bars(plot: pg.PlotItem, counts: np.ndarray) -> None:
         if counts.size == 0 or not counts.any():
-            plot.addItem(_centred_text("no differing elements", EXACT))
-            plot.setXRange(0, 1, padding=0)
-            plot.setYRange(0, 1, padding=0)
+            _message(plot, "no differing elements", EXACT)
             return
         heights = np.log10(counts + 1.0)
         plot.addItem(pg.BarGraphItem(x=np.arange(counts.size), height=heights, width=0.85, brush=HOT))
@@ -82,14 +85,10 @@ class ErrorPlots(pg.GraphicsLayoutWidget):
 
     @staticmethod
     def _profile(plot: pg.PlotItem, profile: AxisProfile | None, name: str, curve: bool) -> None:
-        for side in ("left", "bottom"):
-            plot.showAxis(side, profile is not None)
         if profile is None:
             set_title(plot, f"per {name}: n/a")
             plot.setToolTip(f"this op has no {name} axis")
-            plot.addItem(_centred_text(f"no {name} axis", MUTED))
-            plot.setXRange(0, 1, padding=0)
-            plot.setYRange(0, 1, padding=0)
+            _message(plot, f"no {name} axis", MUTED)
             return
         values = np.asarray(profile.max_ulp, dtype=np.float64)
         set_title(plot, f"max ULP per {name}")
@@ -103,10 +102,15 @@ class ErrorPlots(pg.GraphicsLayoutWidget):
             plot.addItem(pg.BarGraphItem(x=np.arange(values.size), height=np.maximum(values, 0.02 * max(1.0, values.max())), width=0.8, brushes=brushes))
 
 
-def _centred_text(text: str, colour: str) -> pg.TextItem:
+def _message(plot: pg.PlotItem, text: str, colour: str) -> None:
+    """A sentence in place of a plot that has nothing to draw (axes hidden: they would mean nothing)."""
+    for side in ("left", "bottom"):
+        plot.showAxis(side, False)
     item = pg.TextItem(text, color=colour, anchor=(0.5, 0.5))
     item.setPos(0.5, 0.5)
-    return item
+    plot.addItem(item)
+    plot.setXRange(0, 1, padding=0)
+    plot.setYRange(0, 1, padding=0)
 
 
 def set_title(plot: pg.PlotItem, title: str) -> None:

@@ -14,6 +14,7 @@ from PySide6.QtGui import QFont
 from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QVBoxLayout, QWidget
 
 from sessions.element_info import ElementInfo, describe, ulp_between
+from sessions.quant_blocks import QuantBlock
 
 DIFFERENT = "#d64541"
 
@@ -27,20 +28,48 @@ class InspectedElement:
     oracle: ElementInfo
     ulp: int | None
     pinned: bool
+    block: QuantBlock | None = None
+    """For a quantized pair (shown decoded to float32): the stored block the element comes from."""
 
     @property
     def bit_exact(self) -> bool:
         return self.native.bits == self.oracle.bits
 
 
-def inspect(coordinate: tuple[int, ...], native_bits: np.generic, oracle_bits: np.generic, dtype: str, pinned: bool) -> InspectedElement:
+def inspect(
+    coordinate: tuple[int, ...],
+    native_bits: np.generic,
+    oracle_bits: np.generic,
+    dtype: str,
+    pinned: bool,
+    block: QuantBlock | None = None,
+) -> InspectedElement:
     return InspectedElement(
         coordinate=coordinate,
         native=describe(native_bits, dtype),
         oracle=describe(oracle_bits, dtype),
         ulp=ulp_between(native_bits, oracle_bits, dtype),
         pinned=pinned,
+        block=block,
     )
+
+
+def block_text(block: QuantBlock) -> str:
+    """The block, its bytes on both sides, and where they differ."""
+    last = block.first_element + block.elements - 1
+    head = f"{block.dtype} block #{block.index} (elements {block.first_element}–{last} in storage order)"
+    if not block.differing_bytes:
+        verdict = "raw bytes identical"
+    else:
+        shown = ", ".join(str(b) for b in block.differing_bytes[:8])
+        more = f" and {len(block.differing_bytes) - 8} more" if len(block.differing_bytes) > 8 else ""
+        verdict = f"raw bytes differ at offset {shown}{more}"
+    return f"{head}: {verdict}\nnative {_grouped(block.native_hex)}\noracle {_grouped(block.oracle_hex)}"
+
+
+def _grouped(hex_text: str) -> str:
+    """Four bytes per group, so a long block wraps in the narrow panel."""
+    return " ".join(hex_text[i : i + 8] for i in range(0, len(hex_text), 8))
 
 
 def _flags(info: ElementInfo) -> str:
@@ -96,6 +125,12 @@ class ElementInspector(QFrame):
             line += 1
         grid.setColumnStretch(1, 1)
         outer.addLayout(grid)
+        self.block = QLabel("")
+        self.block.setFont(mono)
+        self.block.setWordWrap(True)
+        self.block.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.block.setVisible(False)
+        outer.addWidget(self.block)
         self.verdict = QLabel("")
         big = QFont()
         big.setPointSize(13)
@@ -113,6 +148,7 @@ class ElementInspector(QFrame):
         for cell in self._cells.values():
             cell.setText("")
         self.verdict.setText("")
+        self.block.setVisible(False)
 
     def show_element(self, element: InspectedElement) -> None:
         self.current = element
@@ -131,6 +167,10 @@ class ElementInspector(QFrame):
         }
         for (row, _side), cell in self._cells.items():
             _restyle(cell, f"color: {DIFFERENT}; font-weight: 600;" if differ[row] else "")
+        self.block.setVisible(element.block is not None)
+        if element.block is not None:
+            self.block.setText(block_text(element.block))
+            _restyle(self.block, f"color: {DIFFERENT};" if element.block.differing_bytes else "")
         if element.bit_exact:
             self.verdict.setText("bit-exact")
             _restyle(self.verdict, "color: #2e9d57;")

@@ -99,7 +99,12 @@ class TensorSlice:
     """2-D slices only: every image already coloured, so the UI thread only copies pixels."""
     differing: int
     total: int
+    dtype: str
+    """How native_bits/oracle_bits read: the pair's dtype, or float32 for decoded quantized blocks."""
+    raw_blocks: tuple[np.ndarray, np.ndarray] | None = None
+    """Quantized pairs: both sides' stored GGML blocks, for the inspector (sessions.quant_blocks)."""
     notes: list[str] = field(default_factory=list)
+    """Said beside the title: how what is shown relates to what was compared."""
 
     @property
     def is_1d(self) -> bool:
@@ -175,18 +180,36 @@ def _coloured(images: dict[str, np.ndarray], levels: dict[str, tuple[float, floa
     return rgba
 
 
+def _iter_decoded(capture: Capture, record: Record, label: str) -> ProgressGenerator[tuple[np.ndarray, np.ndarray]]:
+    """(decoded values as float32 bits in the logical shape, the stored blocks) of a quantized record."""
+    yield Progress(0, 1, label)
+    values = np.ascontiguousarray(capture.read_values(record), dtype=np.float32)
+    raw = capture.read_bits(record)
+    yield Progress(1, 1, label)
+    return values.view(np.uint32), raw
+
+
 def iter_prepare(request: TensorRequest) -> ProgressGenerator[TensorSlice]:
-    native = yield from iter_read_bits(request.native, request.native_record, f"reading native {request.label}")
-    oracle = yield from iter_read_bits(request.oracle, request.oracle_record, f"reading oracle {request.label}")
-    native = request.to_canonical_native(native)
-    oracle = request.to_canonical_oracle(oracle)
+    raw_blocks: tuple[np.ndarray, np.ndarray] | None = None
+    notes: list[str] = []
+    dtype = request.dtype
+    if logical_dtype(request.dtype).is_quantized:
+        native, native_raw = yield from _iter_decoded(request.native, request.native_record, f"decoding native {request.label}")
+        oracle, oracle_raw = yield from _iter_decoded(request.oracle, request.oracle_record, f"decoding oracle {request.label}")
+        raw_blocks, dtype = (native_raw, oracle_raw), "float32"
+        notes.append(f"{request.dtype} decoded to float32 for display")
+    else:
+        native = yield from iter_read_bits(request.native, request.native_record, f"reading native {request.label}")
+        oracle = yield from iter_read_bits(request.oracle, request.oracle_record, f"reading oracle {request.label}")
+        native = request.to_canonical_native(native)
+        oracle = request.to_canonical_oracle(oracle)
     shape = tuple(native.shape)
     spec = request.spec or SliceSpec.default(shape)
     native_cut = np.ascontiguousarray(spec.cut(native))
     oracle_cut = np.ascontiguousarray(spec.cut(oracle))
     n2, o2 = _as_2d(native_cut), _as_2d(oracle_cut)
     factors = block_factors(n2.shape) if native_cut.ndim == 2 else (1, 1)
-    maps = yield from _iter_maps(n2, o2, request.dtype, factors, f"diffing {request.label}")
+    maps = yield from _iter_maps(n2, o2, dtype, factors, f"diffing {request.label}")
     joined = maps.images
     if native_cut.ndim == 1:
         joined = {k: v.reshape(-1) for k, v in joined.items()}
@@ -209,6 +232,9 @@ def iter_prepare(request: TensorRequest) -> ProgressGenerator[TensorSlice]:
         rgba=rgba,
         differing=maps.differing,
         total=int(native_cut.size),
+        dtype=dtype,
+        raw_blocks=raw_blocks,
+        notes=notes,
     )
 
 
@@ -251,5 +277,5 @@ def iter_prepare_detail(data: TensorSlice, rows: tuple[int, int], cols: tuple[in
     nb = np.ascontiguousarray(data.native_bits[rows[0] : rows[1], cols[0] : cols[1]])
     ob = np.ascontiguousarray(data.oracle_bits[rows[0] : rows[1], cols[0] : cols[1]])
     factors = block_factors(nb.shape)
-    maps = yield from _iter_maps(nb, ob, data.request.dtype, factors, f"zooming into {data.request.label}")
+    maps = yield from _iter_maps(nb, ob, data.dtype, factors, f"zooming into {data.request.label}")
     return DetailRegion(data, rows, cols, factors, _coloured(maps.images, data.levels))

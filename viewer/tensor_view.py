@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from sessions.quant_blocks import block_of
 from sessions.tensor_diff import element_maps
 from viewer.display_aggregate import block_factors
 from viewer.error_plots import ErrorPlots, set_title
@@ -272,7 +273,8 @@ class TensorView(QWidget):
             shrink = f"   ·   zoomed: {r1 - r0}×{c1 - c0} elements at {each}"
         else:
             shrink = f"   ·   shown at 1 px per {factors[0]}×{factors[1]} block (max); zoom in for detail"
-        self.title.setText(f"{data.request.label}   ·   {data.request.dtype} [{shape}]   ·   {verdict}{shrink}")
+        notes = "".join(f"   ·   {note}" for note in data.notes)
+        self.title.setText(f"{data.request.label}   ·   {data.request.dtype} [{shape}]   ·   {verdict}{shrink}{notes}")
 
     def _scale_changed(self, scale: str) -> None:
         for button in self.scale_buttons.buttons():
@@ -412,7 +414,7 @@ class TensorView(QWidget):
         c0 = origin_col + (col - origin_col) // fx * fx
         nb = data.native_bits[r0 : r0 + fy, c0 : c0 + fx]
         ob = data.oracle_bits[r0 : r0 + fy, c0 : c0 + fx]
-        _, _, ulp = element_maps(nb, ob, data.request.dtype)
+        _, _, ulp = element_maps(nb, ob, data.dtype)
         ulp = np.where(np.isnan(ulp), np.inf, ulp)
         r, c = np.unravel_index(int(np.argmax(ulp)), ulp.shape)
         return (r0 + int(r), c0 + int(c))
@@ -438,12 +440,18 @@ class TensorView(QWidget):
         data = self.data
         if data is None:
             return None
+        coordinate = data.spec.coordinate(where[0] if len(where) == 2 else None, where[-1])
+        block = None
+        if data.raw_blocks is not None:
+            flat = int(np.ravel_multi_index(coordinate, data.shape)) if data.shape else 0
+            block = block_of(*data.raw_blocks, data.request.dtype, flat)
         element = inspect(
-            coordinate=data.spec.coordinate(where[0] if len(where) == 2 else None, where[-1]),
+            coordinate=coordinate,
             native_bits=data.native_bits[where],
             oracle_bits=data.oracle_bits[where],
-            dtype=data.request.dtype,
+            dtype=data.dtype,
             pinned=pinned,
+            block=block,
         )
         self.pinned = where if pinned else None
         self.inspector.show_element(element)

@@ -6,7 +6,8 @@ display is given), and drives it: open + full comparison, the first divergence's
 a colour-scale switch, another op, a zoom into a region drawn at full resolution, an element
 click. A 10 ms QTimer heartbeat records every gap; the longest gap is the longest time the UI
 could not respond, reported overall and per phase (open and first paint, the comparison, the
-heatmaps, another op, the zoom, inspecting).
+heatmaps, another op, the zoom, inspecting). A gap past half a second prints every thread's
+stack to stderr while it lasts (faulthandler), naming what the UI thread is stuck in.
 
     .venv/bin/python benchmarks/bench_ui_stall.py [--layers 8] [--dir DIR] [--json OUT]
 
@@ -16,6 +17,7 @@ Target: longest stall <= ~100 ms.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import sys
@@ -36,6 +38,8 @@ from sessions.capture_writer import CaptureWriter  # noqa: E402
 
 ROWS, COLS = 1008, 16384
 HEARTBEAT_MS = 10
+TRACE_AFTER_S = 0.5
+"""A gap this long dumps every thread's stack to stderr while it lasts: what the UI thread is stuck in."""
 
 
 def build_pair(directory: Path, layers: int) -> tuple[Path, Path]:
@@ -75,8 +79,10 @@ class Heartbeat:
         self.clock.start()
         self._last = self.clock.nsecsElapsed() / 1e6
         self.timer.start()
+        faulthandler.dump_traceback_later(TRACE_AFTER_S)
 
     def _tick(self) -> None:
+        faulthandler.dump_traceback_later(TRACE_AFTER_S)
         now = self.clock.nsecsElapsed() / 1e6
         self.gaps.append(now - self._last)
         self.ends.append(now)
@@ -88,6 +94,7 @@ class Heartbeat:
     def stop(self, phase_ends: dict[str, float]) -> dict[str, object]:
         """`phase_ends`: phase name -> when it ended (ms); each phase gets its own longest gap."""
         self.timer.stop()
+        faulthandler.cancel_dump_traceback_later()
         gaps = np.asarray(self.gaps)
         stalls = gaps - HEARTBEAT_MS
         ends = np.asarray(self.ends)

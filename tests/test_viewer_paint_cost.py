@@ -128,3 +128,26 @@ def test_after_a_comparison_the_hidden_overview_is_laid_out_before_it_is_shown(
     assert events.count[QEvent.Type.Show] == 1
     assert events.count[QEvent.Type.Resize] == 0
     window.close()
+
+
+def test_after_a_window_resize_the_hidden_overview_is_laid_out_again_before_it_is_shown(
+    qtbot: QtBot, tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]]
+) -> None:
+    window = MainWindow(ViewerSettings(tmp_path / "viewer.ini"))
+    qtbot.addWidget(window)
+    window.resize(1440, 900)
+    window.show()
+    window.open_pair(*demo_pairs["clean"])
+    qtbot.waitUntil(lambda: window.model.comparison is not None, timeout=60_000)
+    qtbot.waitUntil(lambda: not window.tabs.prerendering, timeout=10_000)
+    window.resize(1200, 800)
+    qtbot.waitUntil(lambda: window.tabs.prerendering, timeout=5_000)
+    qtbot.waitUntil(lambda: not window.tabs.prerendering, timeout=10_000)
+    assert window.overview.geometry() == window.tensor_view.geometry()
+    events = _EventCounter()
+    window.overview.plot_widget.installEventFilter(events)
+    window.show_panel(1)
+    qtbot.waitUntil(lambda: events.count[QEvent.Type.Show] > 0)
+    qtbot.wait(50)
+    assert events.count[QEvent.Type.Resize] == 0
+    window.close()

@@ -4,8 +4,9 @@ A QTabWidget gives only its current page the new size when it is resized; every 
 keeps the size it last had and learns its real one the moment it is shown. For a pyqtgraph
 panel that is a resize, an auto-range, new axis labels and two or three full repaints in the
 very event-loop turn of the click (about 90 ms for the Overview). Here every page follows the
-current page's geometry, and after new data (`prerender_hidden`) each hidden page is painted
-offscreen once, one page per event-loop turn, so switching to it costs one ordinary paint.
+current page's geometry, and after new data (`prerender_hidden`) or a resize each hidden page
+is painted offscreen once, one page per event-loop turn, so switching to it costs one ordinary
+paint.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 from PySide6.QtCore import QEvent, QObject, QTimer
 from PySide6.QtWidgets import QTabWidget, QWidget
 
+RESIZE_SETTLE_MS = 300
+"""A resize is followed by more while the user drags: prerender once the size has settled."""
 PRERENDER_PASSES = 2
 """Offscreen paints per hidden page: the first applies its pending resize and range changes,
 which pyqtgraph turns into label and axis updates that the second paint settles."""
@@ -26,6 +29,10 @@ class PanelTabs(QTabWidget):
         self._timer.setSingleShot(True)
         self._timer.setInterval(0)
         self._timer.timeout.connect(self._prerender_next)
+        self._settled = QTimer(self)
+        self._settled.setSingleShot(True)
+        self._settled.setInterval(RESIZE_SETTLE_MS)
+        self._settled.timeout.connect(self.prerender_hidden)
 
     def tabInserted(self, index: int) -> None:
         super().tabInserted(index)
@@ -34,6 +41,8 @@ class PanelTabs(QTabWidget):
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         if event.type() == QEvent.Type.Resize and watched is self.currentWidget():
             self._sync_hidden_pages()
+            if self.isVisible():
+                self._settled.start()
         return False
 
     def _sync_hidden_pages(self) -> None:

@@ -346,10 +346,15 @@ class Capture:
         ld = logical_dtype(record.dtype)
         if not ld.is_quantized:
             return as_values(self.read_bits(record, selection), record.dtype)
+        return self.decode_blocks(record, self.read_bits(record))[selection or ()]
+
+    def decode_blocks(self, record: Record, blocks: np.ndarray) -> np.ndarray:
+        """A quantized record's stored blocks (as `read_bits` returns them) decoded to its logical
+        shape, for a caller that also keeps the blocks; refused past the memory budget."""
         decoded_bytes = record.size * 4
         if decoded_bytes > self._budget:
             raise self._fail(record.path, f"decodes to {decoded_bytes} bytes, over the memory budget of {self._budget}")
-        return as_values(self.read_bits(record), record.dtype).reshape(record.shape)[selection or ()]
+        return as_values(blocks, record.dtype).reshape(record.shape)
 
     def close(self) -> None:
         self._file.close()

@@ -107,24 +107,36 @@ def test_hidden_panels_follow_the_shown_panels_size(qtbot: QtBot) -> None:
     assert [p.geometry() for p in pages[1:]] == [pages[0].geometry()] * 2
 
 
+def _compared_window(qtbot: QtBot, tmp_path: Path, pair: tuple[Path, Path]) -> MainWindow:
+    """A shown 1440x900 window that has compared `pair` and finished prerendering its panels."""
+    window = MainWindow(ViewerSettings(tmp_path / "viewer.ini"))
+    qtbot.addWidget(window)
+    window.resize(1440, 900)
+    window.show()
+    window.open_pair(*pair)
+    qtbot.waitUntil(lambda: window.model.comparison is not None, timeout=60_000)
+    qtbot.waitUntil(lambda: not window.tabs.prerendering, timeout=10_000)
+    return window
+
+
+def _show_overview(qtbot: QtBot, window: MainWindow) -> _EventCounter:
+    """Switch to the Overview; the events its plot received on the way."""
+    assert window.overview.geometry() == window.tensor_view.geometry()
+    events = _EventCounter()
+    window.overview.plot_widget.installEventFilter(events)
+    window.show_panel(1)
+    qtbot.waitUntil(lambda: events.count[QEvent.Type.Show] > 0)
+    qtbot.wait(50)
+    return events
+
+
 def test_after_a_comparison_the_hidden_overview_is_laid_out_before_it_is_shown(
     qtbot: QtBot, tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]]
 ) -> None:
     """Shown without a resize, the Overview's first paint on a click reuses what prerendering
     computed: no new range, axes or labels, so one ordinary paint."""
-    window = MainWindow(ViewerSettings(tmp_path / "viewer.ini"))
-    qtbot.addWidget(window)
-    window.resize(1440, 900)
-    window.show()
-    window.open_pair(*demo_pairs["swiglu-order"])
-    qtbot.waitUntil(lambda: window.model.comparison is not None, timeout=60_000)
-    qtbot.waitUntil(lambda: not window.tabs.prerendering, timeout=10_000)
-    assert window.overview.geometry() == window.tensor_view.geometry()
-    events = _EventCounter()
-    window.overview.plot_widget.installEventFilter(events)
-    window.show_panel(1)
-    qtbot.waitUntil(lambda: events.count[QEvent.Type.Paint] > 0 or events.count[QEvent.Type.Show] > 0)
-    qtbot.wait(50)
+    window = _compared_window(qtbot, tmp_path, demo_pairs["swiglu-order"])
+    events = _show_overview(qtbot, window)
     assert events.count[QEvent.Type.Show] == 1
     assert events.count[QEvent.Type.Resize] == 0
     window.close()
@@ -133,21 +145,10 @@ def test_after_a_comparison_the_hidden_overview_is_laid_out_before_it_is_shown(
 def test_after_a_window_resize_the_hidden_overview_is_laid_out_again_before_it_is_shown(
     qtbot: QtBot, tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]]
 ) -> None:
-    window = MainWindow(ViewerSettings(tmp_path / "viewer.ini"))
-    qtbot.addWidget(window)
-    window.resize(1440, 900)
-    window.show()
-    window.open_pair(*demo_pairs["clean"])
-    qtbot.waitUntil(lambda: window.model.comparison is not None, timeout=60_000)
-    qtbot.waitUntil(lambda: not window.tabs.prerendering, timeout=10_000)
+    window = _compared_window(qtbot, tmp_path, demo_pairs["clean"])
     window.resize(1200, 800)
     qtbot.waitUntil(lambda: window.tabs.prerendering, timeout=5_000)
     qtbot.waitUntil(lambda: not window.tabs.prerendering, timeout=10_000)
-    assert window.overview.geometry() == window.tensor_view.geometry()
-    events = _EventCounter()
-    window.overview.plot_widget.installEventFilter(events)
-    window.show_panel(1)
-    qtbot.waitUntil(lambda: events.count[QEvent.Type.Show] > 0)
-    qtbot.wait(50)
+    events = _show_overview(qtbot, window)
     assert events.count[QEvent.Type.Resize] == 0
     window.close()

@@ -54,6 +54,7 @@ GIL_SWITCH_INTERVAL_S = 0.001
 a whole switch interval for the interpreter lock (5 ms by default), which adds up to visible
 stalls. A 1 ms interval keeps them short (measured in benchmarks/bench_ui_stall.py)."""
 
+
 def iter_open(paths: list[Path]) -> ProgressGenerator[list[Capture]]:
     """Open captures one by one (each first passes the structural check in a child process)."""
     opened: list[Capture] = []
@@ -67,6 +68,7 @@ def iter_open(paths: list[Path]) -> ProgressGenerator[list[Capture]]:
             capture.close()
         raise
     return opened
+
 
 def assign_roles(captures: list[Capture], current: tuple[Capture | None, Capture | None]) -> tuple[Capture | None, Capture | None, bool]:
     """(native, oracle, guessed) from each file's role hint; guessed when the hints did not decide."""
@@ -83,6 +85,7 @@ def assign_roles(captures: list[Capture], current: tuple[Capture | None, Capture
     if roles == ("oracle", "native"):
         return second, first, False
     return first, second, roles != ("native", "oracle")
+
 
 class MainWindow(QMainWindow):
     def __init__(self, settings: ViewerSettings | None = None, parent: QWidget | None = None) -> None:

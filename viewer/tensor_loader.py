@@ -183,8 +183,8 @@ def _coloured(images: dict[str, np.ndarray], levels: dict[str, tuple[float, floa
 def _iter_decoded(capture: Capture, record: Record, label: str) -> ProgressGenerator[tuple[np.ndarray, np.ndarray]]:
     """(decoded values as float32 bits in the logical shape, the stored blocks) of a quantized record."""
     yield Progress(0, 1, label)
-    values = np.ascontiguousarray(capture.read_values(record), dtype=np.float32)
     raw = capture.read_bits(record)
+    values = np.ascontiguousarray(capture.decode_blocks(record, raw), dtype=np.float32)
     yield Progress(1, 1, label)
     return values.view(np.uint32), raw
 

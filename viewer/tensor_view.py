@@ -270,7 +270,7 @@ class TensorView(QWidget):
             (r0, r1), (c0, c1) = self.detail.rows, self.detail.cols
             fy, fx = self.detail.factors
             each = "1 px each" if (fy, fx) == (1, 1) else f"1 px per {fy}×{fx} block"
-            shrink = f"   ·   zoomed: {r1 - r0}×{c1 - c0} elements at {each}"
+            shrink = f"   ·   zoomed: {r1 - r0}×{c1 - c0} at {each}"
         else:
             shrink = f"   ·   shown at 1 px per {factors[0]}×{factors[1]} block (max); zoom in for detail"
         notes = "".join(f"   ·   {note}" for note in data.notes)

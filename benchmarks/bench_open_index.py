@@ -26,21 +26,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import sessions  # noqa: E402,F401  (disables HDF5 filter plugins before h5py loads)
 import h5py  # noqa: E402
 import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 
-from sessions import capture_format as cf  # noqa: E402
-from sessions.capture_meta import CaptureMeta  # noqa: E402
-from sessions.capture_reader import open_capture  # noqa: E402
-from sessions.structure_check import shard_count  # noqa: E402
+import sessions  # noqa: E402,F401  (disables HDF5 filter plugins before h5py loads)
+from sessions.capture import format as cf  # noqa: E402
+from sessions.capture.meta import CaptureMeta  # noqa: E402
+from sessions.capture.reader import open_capture  # noqa: E402
+from sessions.capture.structure_check import shard_count  # noqa: E402
 
 STEP_ROWS = 500
 ROOT = Path(__file__).resolve().parent.parent
 TIMED_OPEN = """
 import sys, time
-from sessions.capture_reader import open_capture
+from sessions.capture.reader import open_capture
 start = time.perf_counter()
 open_capture(sys.argv[1]).close()
 print(time.perf_counter() - start)
@@ -49,7 +49,7 @@ print(time.perf_counter() - start)
 
 def build_capture(path: Path, rows: int) -> None:
     """A capture with `rows` small bfloat16 tensors, written with the streaming writer."""
-    from sessions.capture_writer import CaptureWriter
+    from sessions.capture.writer import CaptureWriter
 
     rng = np.random.default_rng(0)
     tensor = rng.standard_normal((4, 16)).astype(ml_dtypes.bfloat16)

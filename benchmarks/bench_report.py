@@ -33,8 +33,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sessions.capture_meta import CaptureMeta  # noqa: E402
-from sessions.capture_writer import CaptureWriter  # noqa: E402
+from sessions.capture.meta import CaptureMeta  # noqa: E402
+from sessions.capture.writer import CaptureWriter  # noqa: E402
 
 REPORT_COMMAND = [sys.executable, "-m", "viewer.cli", "report"]
 """`parity-xray report`: the console script's entry point, viewer.cli.main."""

@@ -4,8 +4,8 @@ Q=1008 query rows, KV=1013 keys, 32 query heads over 8 KV heads, head dim 128, b
 causal (Qwen3-VL's visual prefill, seed 002). Three timings, best of several repeats, each
 including mx.eval:
 - plain: `mx.fast.scaled_dot_product_attention(q, k, v)`;
-- rerun op: `backends.rerun_ops.sdpa` (head-chunk plan, executor, per-call route report);
-- rerun compute: `backends.rerun_compute.compute_mlx("sdpa", ...)` from canonical layouts
+- rerun op: `backends.rerun.ops.sdpa` (head-chunk plan, executor, per-call route report);
+- rerun compute: `backends.rerun.compute.compute_mlx("sdpa", ...)` from canonical layouts
   (q [heads, rows, dim], k [kv, rows, dim], v_proj [rows, kv*dim]) back to [rows, heads*dim],
   i.e. everything a rerun does for the op except reading the capture.
 The overhead ratio is rerun / plain; it also checks that the rerun's bits equal the plain call's.
@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from backends import rerun_ops  # noqa: E402
-from backends.rerun_compute import Routes, compute_mlx  # noqa: E402
+from backends.rerun import ops as rerun_ops  # noqa: E402
+from backends.rerun.compute import Routes, compute_mlx  # noqa: E402
 
 Q, KV, H, HKV, D = 1008, 1013, 32, 8, 128
 

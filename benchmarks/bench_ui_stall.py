@@ -28,13 +28,13 @@ from pathlib import Path
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import sessions  # noqa: E402,F401  (disables HDF5 filter plugins before h5py loads)
 import numpy as np  # noqa: E402
 from PySide6.QtCore import QElapsedTimer, QTimer  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
-from sessions.capture_meta import CaptureMeta  # noqa: E402
-from sessions.capture_writer import CaptureWriter  # noqa: E402
+import sessions  # noqa: E402,F401  (disables HDF5 filter plugins before h5py loads)
+from sessions.capture.meta import CaptureMeta  # noqa: E402
+from sessions.capture.writer import CaptureWriter  # noqa: E402
 
 ROWS, COLS = 1008, 16384
 HEARTBEAT_MS = 10
@@ -115,8 +115,8 @@ class Heartbeat:
 
 
 def run(app: QApplication, native: Path, oracle: Path, settings_dir: Path) -> dict[str, object]:
-    from viewer.main_window import MainWindow
     from viewer.settings import ViewerSettings
+    from viewer.window.main_window import MainWindow
 
     def wait(condition, timeout_s: float = 900.0) -> float:  # type: ignore[no-untyped-def]
         start = time.perf_counter()

@@ -75,8 +75,8 @@ def tensor_data(seed: int, step: int, position: int, dtype: str, shape: tuple[in
 def run_writer(path: str, compression: str, seed: int, steps: int) -> None:
     """The killed process: streams steps until killed (or `steps` steps, then closes), printing
     `step N` after each `end_step` returns, i.e. once the writer says the step is safe."""
-    from sessions.capture_meta import CaptureMeta
-    from sessions.capture_writer import CaptureWriter
+    from sessions.capture.meta import CaptureMeta
+    from sessions.capture.writer import CaptureWriter
 
     writer = CaptureWriter(path, CaptureMeta(role="native", engine_name="stress", seed=seed), compression=compression or None)
     print("ready", flush=True)
@@ -101,7 +101,7 @@ def run_writer(path: str, compression: str, seed: int, steps: int) -> None:
 
 def check_file(path: Path, seed: int, steps_reported: int) -> tuple[str, str]:
     """('ok' | 'open' | 'content', detail) for the file a killed writer left."""
-    from sessions.capture_reader import CaptureError, open_capture
+    from sessions.capture.reader import CaptureError, open_capture
 
     try:
         capture = open_capture(path)

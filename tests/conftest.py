@@ -7,8 +7,9 @@ from pathlib import Path
 
 os.environ["QT_QPA_PLATFORM"] = "offscreen"
 
-import sessions  # noqa: E402,F401  (disables HDF5 filter plugins before h5py loads)
 import pytest  # noqa: E402
+
+import sessions  # noqa: E402,F401  (disables HDF5 filter plugins before h5py loads)
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
@@ -23,13 +24,13 @@ def artifacts_dir() -> Path:
 @pytest.fixture(scope="session")
 def demo_pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
     """Every demo scenario generated once (seed 0): scenario -> (native path, oracle path)."""
-    from backends.demo_generate import iter_generate
+    from backends.engines.demo_generate import iter_generate
     from sessions.progress import run_to_end
 
     return run_to_end(iter_generate(tmp_path_factory.mktemp("demo"), seed=0))
 
 
-# Structure-check passes are remembered on disk (sessions.check_cache); each test session gets
+# Structure-check passes are remembered on disk (sessions.capture.check_cache); each test session gets
 # its own empty cache, so no pass from an earlier run or from the user's own files counts here.
 import atexit  # noqa: E402
 import shutil  # noqa: E402

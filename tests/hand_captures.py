@@ -13,8 +13,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from sessions.capture_meta import CaptureMeta
-from sessions.capture_writer import CaptureWriter
+from sessions.capture.meta import CaptureMeta
+from sessions.capture.writer import CaptureWriter
 
 
 def bf16_bits(values: list[float] | np.ndarray) -> np.ndarray:

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from hand_captures import T, bf16_bits, write_capture
-from sessions.align import DUPLICATE_KEY, LAYER_CONFLICT, NO_PARTNER, NO_RULE, SHAPE_MISMATCH, align
-from sessions.capture_meta import CaptureMeta
-from sessions.capture_reader import open_capture
-from sessions.capture_writer import CaptureWriter
-from sessions.compare import CompareOptions, iter_compare
-from sessions.profiles import ProfileError, builtin_profiles, load_profile_file, profile_from_dict
+
+from sessions.capture.meta import CaptureMeta
+from sessions.capture.reader import open_capture
+from sessions.capture.writer import CaptureWriter
+from sessions.compare.align import DUPLICATE_KEY, LAYER_CONFLICT, NO_PARTNER, NO_RULE, SHAPE_MISMATCH, align
+from sessions.compare.comparison import CompareOptions, iter_compare
+from sessions.compare.profiles import ProfileError, builtin_profiles, load_profile_file, profile_from_dict
 from sessions.progress import run_to_end
 
 ROWS, HEADS, DIM = 3, 2, 4

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-
 from hand_captures import T, bf16_bits, write_capture
-from sessions.align import (
+
+from sessions.capture.reader import open_capture
+from sessions.compare.align import (
     MANUAL_BREAK,
     NO_PARTNER,
     NO_RULE,
@@ -18,13 +19,13 @@ from sessions.align import (
     ManualPair,
     overrides_for_pair,
 )
-from sessions.capture_reader import open_capture
-from sessions.compare import DIVERGENCE, PARITY, CompareOptions, iter_compare
-from sessions.compare_process import options_from_json, options_to_json
-from sessions.investigation import AlignmentOverride, RecordKey, RecordRef
+from sessions.compare.comparison import DIVERGENCE, PARITY, CompareOptions, iter_compare
+from sessions.compare.in_child import options_from_json, options_to_json
+from sessions.compare.key import RecordKey
+from sessions.compare.result_cache import iter_compare_cached
+from sessions.investigation.model import AlignmentOverride, RecordRef
 from sessions.progress import run_to_end
-from sessions.report_json import dumps, loads
-from sessions.result_cache import iter_compare_cached
+from sessions.report.json_document import dumps, loads
 
 ROWS, WIDTH = 3, 8
 

@@ -19,13 +19,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sessions import check_cache
-from sessions.capture_meta import CaptureMeta
-from sessions.capture_reader import CaptureError, iter_open_capture, open_capture
-from sessions.capture_writer import CaptureWriter
-from sessions.hdf5_safety import DEFAULT_MEMORY_BUDGET
+from sessions.capture import check_cache
+from sessions.capture.hdf5_safety import DEFAULT_MEMORY_BUDGET
+from sessions.capture.meta import CaptureMeta
+from sessions.capture.reader import CaptureError, iter_open_capture, open_capture
+from sessions.capture.structure_check import already_checked
+from sessions.capture.writer import CaptureWriter
 from sessions.progress import Progress
-from sessions.structure_check import already_checked
 from tests.child_processes import children_of_this_process
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,12 +38,12 @@ spawned = []
 
 
 def watch(event, args):
-    if event == "subprocess.Popen" and "sessions.structure_check" in [str(a) for a in args[1]]:
+    if event == "subprocess.Popen" and "sessions.capture.structure_check" in [str(a) for a in args[1]]:
         spawned.append(args[1])
 
 
 sys.addaudithook(watch)
-from sessions.capture_reader import CaptureError, open_capture
+from sessions.capture.reader import CaptureError, open_capture
 
 try:
     open_capture(sys.argv[1]).close()

@@ -13,11 +13,11 @@ import h5py
 import numpy as np
 import pytest
 
-from sessions import capture_format as cf
-from sessions.capture_meta import CaptureMeta
-from sessions.capture_reader import CaptureError, open_capture
-from sessions.capture_writer import CaptureWriter
-from sessions.structure_check import already_checked, check_in_child
+from sessions.capture import format as cf
+from sessions.capture.meta import CaptureMeta
+from sessions.capture.reader import CaptureError, open_capture
+from sessions.capture.structure_check import already_checked, check_in_child
+from sessions.capture.writer import CaptureWriter
 from tests.child_processes import child_reading
 
 VICTIM = cf.tensor_path(0)

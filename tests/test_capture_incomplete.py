@@ -24,10 +24,10 @@ import h5py
 import numpy as np
 import pytest
 
-from sessions.capture_meta import CaptureMeta
-from sessions.capture_reader import load_capture, open_capture
-from sessions.capture_writer import CaptureWriter
-from sessions.structure_check import check_here
+from sessions.capture.meta import CaptureMeta
+from sessions.capture.reader import load_capture, open_capture
+from sessions.capture.structure_check import check_here
+from sessions.capture.writer import CaptureWriter
 
 ROWS_PER_STEP = 6
 ROOT = Path(__file__).resolve().parent.parent
@@ -162,8 +162,8 @@ ENDLESS_WRITER = f"""
 import sys
 import numpy as np
 import sessions
-from sessions.capture_meta import CaptureMeta
-from sessions.capture_writer import CaptureWriter
+from sessions.capture.meta import CaptureMeta
+from sessions.capture.writer import CaptureWriter
 
 writer = CaptureWriter(sys.argv[1], CaptureMeta(role="native", engine_name="killed"), compression=sys.argv[2] or None)
 step = 0

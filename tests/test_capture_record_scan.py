@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, quantize
 
-from sessions import capture_format as cf
-from sessions.capture_meta import CaptureMeta
-from sessions.capture_reader import load_capture
-from sessions.capture_writer import CaptureWriter
-from sessions.hdf5_safety import Problem
-from sessions.record_scan import RecordScan
+from sessions.capture import format as cf
+from sessions.capture.hdf5_safety import Problem
+from sessions.capture.meta import CaptureMeta
+from sessions.capture.reader import load_capture
+from sessions.capture.record_scan import RecordScan
+from sessions.capture.writer import CaptureWriter
 
 VICTIM = cf.tensor_path(1)
 """The float32 tensor [3, 4] below."""

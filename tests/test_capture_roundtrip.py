@@ -11,10 +11,10 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from sessions import capture_format as cf
-from sessions.capture_meta import CaptureMeta
-from sessions.capture_reader import open_capture
-from sessions.capture_writer import CaptureWriter
+from sessions.capture import format as cf
+from sessions.capture.meta import CaptureMeta
+from sessions.capture.reader import open_capture
+from sessions.capture.writer import CaptureWriter
 
 BF16_SPECIALS = np.array([0x0000, 0x8000, 0x7FC1, 0xFFC3, 0x7F80, 0xFF80, 0x0001, 0x3F80], dtype=np.uint16)
 F32_SPECIALS = np.array([0x00000000, 0x80000000, 0x7FC00001, 0xFFA5A5A5, 0x7F800000, 0x00000001], dtype=np.uint32)

@@ -6,17 +6,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from hand_captures import T, bf16_bits, write_capture
-from sessions.capture_meta import CaptureMeta
-from sessions.capture_reader import open_capture
-from sessions.capture_writer import CaptureWriter
-from sessions.compare import CompareOptions, iter_compare
-from sessions.profile_identity import ProfileIdentity, profile_content_hash
-from sessions.profiles import BUILTIN_DIR, BUILTIN_FILES, builtin_profiles, load_profile_file
+
+from sessions.capture.meta import CaptureMeta
+from sessions.capture.reader import open_capture
+from sessions.capture.writer import CaptureWriter
+from sessions.compare.comparison import CompareOptions, iter_compare
+from sessions.compare.profile_identity import ProfileIdentity, profile_content_hash
+from sessions.compare.profiles import BUILTIN_DIR, BUILTIN_FILES, builtin_profiles, load_profile_file
+from sessions.compare.result_cache import iter_compare_cached
 from sessions.progress import run_to_end
-from sessions.report_json import dumps, loads
-from sessions.result_cache import iter_compare_cached
+from sessions.report.json_document import dumps, loads
 
 
 def _pair(tmp_path: Path, flip: tuple[int, int] = (50, 3)) -> tuple[Path, Path]:
@@ -40,7 +40,7 @@ def _pair(tmp_path: Path, flip: tuple[int, int] = (50, 3)) -> tuple[Path, Path]:
 def test_report_names_each_demo_scenarios_documented_first_divergence(
     demo_pairs: dict[str, tuple[Path, Path]], scenario: str
 ) -> None:
-    from backends.demo_generate import SCENARIOS
+    from backends.engines.demo_generate import SCENARIOS
 
     native, oracle = demo_pairs[scenario]
     with open_capture(native) as n, open_capture(oracle) as o:

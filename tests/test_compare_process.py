@@ -9,15 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sessions.align import ManualBreak
-from sessions.capture_reader import CaptureError, open_capture
-from sessions.compare import CompareOptions, iter_compare
-from sessions.compare_process import iter_compare_in_child
-from sessions.investigation import RecordKey
+from sessions.capture.reader import CaptureError, open_capture
+from sessions.compare.align import ManualBreak
+from sessions.compare.comparison import CompareOptions, iter_compare
+from sessions.compare.in_child import iter_compare_in_child
+from sessions.compare.key import RecordKey
 from sessions.progress import run_to_end
-from sessions.report_json import dumps
-from tests.hand_captures import T, write_capture
+from sessions.report.json_document import dumps
 from tests.child_processes import child_reading
+from tests.hand_captures import T, write_capture
 
 needs_proc = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the child through /proc")
 

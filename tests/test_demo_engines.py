@@ -12,16 +12,16 @@ import platformdirs
 import pytest
 from mlx_lm.models.cache import KVCache
 
-from backends import attention_contracts as contracts
-from backends.capture_sink import CaptureSink
-from backends.demo_generate import DEFAULT_SCENARIO, SCENARIOS, DemoPrompt, default_demo_dir, iter_generate, pair_paths
-from backends.demo_model import DemoConfig, build_oracle_model, seeded_weights
-from backends.demo_scenarios import EngineOptions
-from backends.native_engine import rms_norm, rope_neox, rope_tables
-from backends.oracle_engine import OracleEngine
-from sessions.capture_meta import CaptureMeta
-from sessions.capture_reader import open_capture
-from sessions.capture_writer import CaptureWriter
+from backends.engines.capture_sink import CaptureSink
+from backends.engines.demo_generate import DEFAULT_SCENARIO, SCENARIOS, DemoPrompt, default_demo_dir, iter_generate, pair_paths
+from backends.engines.demo_model import DemoConfig, build_oracle_model, seeded_weights
+from backends.engines.demo_scenarios import EngineOptions
+from backends.engines.native_engine import rms_norm, rope_neox, rope_tables
+from backends.engines.oracle_engine import OracleEngine
+from backends.kernels import attention_contracts as contracts
+from sessions.capture.meta import CaptureMeta
+from sessions.capture.reader import open_capture
+from sessions.capture.writer import CaptureWriter
 from sessions.progress import Progress
 
 ORACLE_LAYER_STAGES = [

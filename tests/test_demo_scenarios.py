@@ -1,6 +1,6 @@
-"""Each demo scenario diverges exactly where backends.demo_scenarios says, and nowhere earlier.
+"""Each demo scenario diverges exactly where backends.engines.demo_scenarios says, and nowhere earlier.
 
-The captures are read back with sessions.capture_reader and paired with the mapping below
+The captures are read back with sessions.capture.reader and paired with the mapping below
 (the canonical-op table of docs/architecture.md); bits are compared raw, never with `==` on
 values, so signed zeros and NaN payloads count.
 """
@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends import attention_contracts as contracts
-from backends.demo_model import load_weights, weights_hash
-from backends.demo_generate import iter_generate
-from backends.demo_scenarios import EOS_DECODE_STEP, SCENARIOS, Divergence
-from sessions.capture_reader import Capture, Record, open_capture
+from backends.engines.demo_generate import iter_generate
+from backends.engines.demo_model import load_weights, weights_hash
+from backends.engines.demo_scenarios import EOS_DECODE_STEP, SCENARIOS, Divergence
+from backends.kernels import attention_contracts as contracts
+from sessions.capture.reader import Capture, Record, open_capture
 from sessions.progress import run_to_end
 
 Key = tuple[int, str, int, str, int]

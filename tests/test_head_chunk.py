@@ -6,7 +6,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from backends.head_chunk import (
+from backends.kernels.head_chunk import (
     HeadChunkMaskError,
     SdpaCall,
     head_chunked_sdpa,

@@ -11,14 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from sessions import report_command
-from sessions.capture_identity import identity_of_file
-from sessions.capture_reader import open_capture
-from sessions.compare import iter_compare
-from sessions.html_report import PNG_SIGNATURE, bits_of, png_data_uri, render_html
-from sessions.investigation import Investigation, OpKey
+from sessions.capture.identity import identity_of_file
+from sessions.capture.reader import open_capture
+from sessions.commands import report as report_command
+from sessions.compare.comparison import iter_compare
+from sessions.compare.key import OpKey
+from sessions.investigation.model import Investigation
+from sessions.investigation.store import SessionDocument
 from sessions.progress import run_to_end
-from sessions.session_store import SessionDocument
+from sessions.report.html_page import PNG_SIGNATURE, bits_of, png_data_uri, render_html
 
 pytestmark = pytest.mark.slow
 

@@ -9,17 +9,17 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from backends.gguf_export import export_gguf, gguf_to_hf_names, read_gguf_weights, write_mlx_model_dir  # noqa: E402
-from backends.llama_demo import demo_weights_f32  # noqa: E402
-from backends.llama_recorder import iter_record_llama  # noqa: E402
-from backends.mlx_recorder import iter_record_mlx  # noqa: E402
-from backends.record_schedule import TokenSchedule  # noqa: E402
-from sessions.align import ONE_SIDED, Alignment, align  # noqa: E402
-from sessions.capture_reader import open_capture  # noqa: E402
-from sessions.compare import CompareOptions, iter_compare  # noqa: E402
-from sessions.profiles import BUILTIN_DIR, BUILTIN_FILES, ProfileError, builtin_profiles, profile_from_dict  # noqa: E402
+from backends.engines.gguf_export import export_gguf, gguf_to_hf_names, read_gguf_weights, write_mlx_model_dir  # noqa: E402
+from backends.engines.llama_demo import demo_weights_f32  # noqa: E402
+from backends.recorders.llama_recorder import iter_record_llama  # noqa: E402
+from backends.recorders.mlx_recorder import iter_record_mlx  # noqa: E402
+from backends.recorders.record_schedule import TokenSchedule  # noqa: E402
+from sessions.capture.reader import open_capture  # noqa: E402
+from sessions.compare.align import ONE_SIDED, Alignment, align  # noqa: E402
+from sessions.compare.comparison import CompareOptions, iter_compare  # noqa: E402
+from sessions.compare.profiles import BUILTIN_DIR, BUILTIN_FILES, ProfileError, builtin_profiles, profile_from_dict  # noqa: E402
+from sessions.compare.record_sources import record_sources, sources_for  # noqa: E402
 from sessions.progress import run_to_end  # noqa: E402
-from sessions.record_sources import record_sources, sources_for  # noqa: E402
 from tests.test_llama_recorder import TINY  # noqa: E402
 
 LAYER_STAGES = {

@@ -12,14 +12,14 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from backends.demo_model import DemoConfig  # noqa: E402
-from backends.ggml_tensor_struct import GgmlLibrary, GgmlTensor, StructLayoutError, check_layout  # noqa: E402
-from backends.gguf_export import VARIANTS, export_gguf  # noqa: E402
-from backends.llama_demo import demo_weights_f32  # noqa: E402
-from backends.llama_recorder import SRC_ATTR, LlamaSettings, RecorderError, iter_record_llama, plain_logits  # noqa: E402
-from backends.record_schedule import TokenSchedule  # noqa: E402
-from sessions.capture_reader import Capture, open_capture  # noqa: E402
-from sessions.validate_command import validate_file  # noqa: E402
+from backends.engines.demo_model import DemoConfig  # noqa: E402
+from backends.engines.gguf_export import VARIANTS, export_gguf  # noqa: E402
+from backends.engines.llama_demo import demo_weights_f32  # noqa: E402
+from backends.recorders.ggml_tensor_struct import GgmlLibrary, GgmlTensor, StructLayoutError, check_layout  # noqa: E402
+from backends.recorders.llama_recorder import SRC_ATTR, LlamaSettings, RecorderError, iter_record_llama, plain_logits  # noqa: E402
+from backends.recorders.record_schedule import TokenSchedule  # noqa: E402
+from sessions.capture.reader import Capture, open_capture  # noqa: E402
+from sessions.commands.validate import validate_file  # noqa: E402
 
 TINY = DemoConfig(
     hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from backends.head_chunk import plan_calls, plan_head_chunks
-from backends.metal_routes import (
+from backends.kernels.head_chunk import plan_calls, plan_head_chunks
+from backends.kernels.metal_routes import (
     CPU,
     GPU,
     GPU_LARGE,

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from backends.demo_model import DemoConfig, seeded_weights
-from backends.gguf_export import write_mlx_model_dir
-from backends.mlx_recorder import LOGITS_NAME, ModelDirError, iter_record_mlx, load_local_model
-from backends.record_schedule import TokenSchedule
-from sessions.capture_reader import open_capture
-from sessions.validate_command import validate_file
+from backends.engines.demo_model import DemoConfig, seeded_weights
+from backends.engines.gguf_export import write_mlx_model_dir
+from backends.recorders.mlx_recorder import LOGITS_NAME, ModelDirError, iter_record_mlx, load_local_model
+from backends.recorders.record_schedule import TokenSchedule
+from sessions.capture.reader import open_capture
+from sessions.commands.validate import validate_file
 
 TINY = DemoConfig(
     hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,

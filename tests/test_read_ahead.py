@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sessions.read_ahead import STEP_BYTES, ReadAhead
+from sessions.capture.read_ahead import STEP_BYTES, ReadAhead
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="posix_fadvise is Linux/BSD only")
 

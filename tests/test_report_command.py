@@ -12,15 +12,15 @@ import h5py
 import ml_dtypes
 import numpy as np
 import pytest
-
 from hand_captures import T, bf16_bits, write_capture
-from sessions import capture_format as cf
-from sessions import report_command
-from sessions.capture_meta import CaptureMeta
-from sessions.capture_writer import CaptureWriter
+
+from sessions.capture import format as cf
+from sessions.capture.meta import CaptureMeta
+from sessions.capture.writer import CaptureWriter
+from sessions.commands import report as report_command
+from sessions.compare.tensor_diff import TensorMetrics
 from sessions.json_plain import plain
-from sessions.report_json import ReportFormatError, loads
-from sessions.tensor_diff import TensorMetrics
+from sessions.report.json_document import ReportFormatError, loads
 
 
 @pytest.fixture(autouse=True)

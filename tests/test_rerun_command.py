@@ -11,11 +11,11 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize, quantize
 
-from backends.demo_model import load_weights
-from backends.rerun import RerunOptions, iter_rerun, parse_key
-from sessions.capture_meta import CaptureMeta
-from sessions.capture_reader import open_capture
-from sessions.capture_writer import CaptureWriter
+from backends.engines.demo_model import load_weights
+from backends.rerun.segment import RerunOptions, iter_rerun, parse_key
+from sessions.capture.meta import CaptureMeta
+from sessions.capture.reader import open_capture
+from sessions.capture.writer import CaptureWriter
 from sessions.progress import run_to_end
 from viewer.cli import main
 

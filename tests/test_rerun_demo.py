@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends.rerun import RerunOptions, iter_rerun, parse_key
-from backends.rerun_capture import save_rerun
-from sessions.align import align
-from sessions.capture_reader import open_capture
-from sessions.profiles import builtin_profiles
+from backends.rerun.capture_out import save_rerun
+from backends.rerun.segment import RerunOptions, iter_rerun, parse_key
+from sessions.capture.reader import open_capture
+from sessions.compare.align import align
+from sessions.compare.profiles import builtin_profiles
 from sessions.progress import Progress, run_to_end
 
 pytestmark = pytest.mark.slow
@@ -116,7 +116,7 @@ def test_a_rerun_saved_as_a_capture_opens_and_aligns_with_the_oracle(demo_pairs:
 
 
 def test_missing_inputs_are_named_with_the_layer_and_side(demo_pairs: dict, tmp_path: Path) -> None:
-    from sessions.capture_writer import CaptureWriter
+    from sessions.capture.writer import CaptureWriter
 
     native_path = tmp_path / "no-k.native.h5"
     with open_capture(demo_pairs["clean"][0]) as source, CaptureWriter(native_path, source.meta) as writer:

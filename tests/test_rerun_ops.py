@@ -10,10 +10,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from backends import attention_contracts as contracts
-from backends import reference_f64 as ref
-from backends import rerun_ops as ops
-from backends.head_chunk import HeadChunkMaskError
+from backends.kernels import attention_contracts as contracts
+from backends.kernels import reference_f64 as ref
+from backends.kernels.head_chunk import HeadChunkMaskError
+from backends.rerun import ops
 
 CPU = mx.Device(mx.cpu)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sessions.capture_identity import (
+from sessions.capture.identity import (
     CaptureIdentityError,
     CaptureState,
     accept_changed_capture,
@@ -19,12 +19,13 @@ from sessions.capture_identity import (
     locate_capture,
     open_session_capture,
 )
-from sessions.capture_meta import CaptureMeta
-from sessions.capture_reader import CaptureError
-from sessions.capture_writer import CaptureWriter
-from sessions.investigation import Investigation, OpKey
+from sessions.capture.meta import CaptureMeta
+from sessions.capture.reader import CaptureError
+from sessions.capture.writer import CaptureWriter
+from sessions.compare.key import OpKey
+from sessions.investigation.model import Investigation
+from sessions.investigation.store import SessionDocument
 from sessions.progress import Progress
-from sessions.session_store import SessionDocument
 
 
 def write_capture(path: Path, role: str, seed: int) -> Path:

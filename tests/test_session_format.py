@@ -8,20 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from sessions.bookmarks_markdown import bookmarks_markdown
-from sessions.capture_identity import CaptureIdentity
-from sessions.investigation import (
+from sessions.capture.identity import CaptureIdentity
+from sessions.compare.key import OpKey, RecordKey
+from sessions.investigation.bookmarks_markdown import bookmarks_markdown
+from sessions.investigation.model import (
     ChangeKind,
     ColourScale,
     Investigation,
-    OpKey,
-    RecordKey,
     RecordRef,
-    Tolerance,
+    SavedTolerance,
     ViewState,
 )
-from sessions.session_schema import SCHEMA_VERSION, SessionFormatError, dumps, loads
-from sessions.session_store import SessionDocument, SessionOpenError, SessionReadOnlyError
+from sessions.investigation.schema import SCHEMA_VERSION, SessionFormatError, dumps, loads
+from sessions.investigation.store import SessionDocument, SessionOpenError, SessionReadOnlyError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sessions"
 
@@ -39,8 +38,8 @@ def full_session(data_dir: Path) -> Investigation:
     s.add_capture("oracle", data_dir / "oracle-cpu.h5", identity(2), profile="mlx-lm")
     metal = s.add_capture("oracle", data_dir / "oracle-metal.h5", identity(3), location="/run1", profile="mlx-lm")
     s.add_rerun(data_dir / "rerun.h5", identity(4), description="sdpa with head chunking off", op=OpKey(0, "prefill", 0, "sdpa"))
-    s.set_tolerance(Tolerance(max_ulp=1, atol=1e-3, rtol=1e-2, nmse=1e-6))
-    s.set_tolerance(Tolerance(max_ulp=4), op="logits")
+    s.set_tolerance(SavedTolerance(max_ulp=1, atol=1e-3, rtol=1e-2, nmse=1e-6))
+    s.set_tolerance(SavedTolerance(max_ulp=4), op="logits")
     s.add_override(
         "pair",
         RecordRef(native.id, RecordKey(0, "visual", 0, "Qcur-0", 2)),
@@ -153,8 +152,8 @@ def test_old_session_files_migrate_to_the_current_schema(version: int, fixture: 
     ]
     assert s.view.slices == (0, (0, 64, None), (None, None, None))
     assert s.view.layout["visible"] == ["timeline", "heatmap", "bits"]
-    assert s.tolerance_for("logits") == Tolerance(max_ulp=2, atol=0.001)
-    assert s.tolerance_for("sdpa") == Tolerance()
+    assert s.tolerance_for("logits") == SavedTolerance(max_ulp=2, atol=0.001)
+    assert s.tolerance_for("sdpa") == SavedTolerance()
     assert [(r.capture.id, r.capture.role, r.op, r.description) for r in s.reruns] == [
         ("rerun", "rerun", OpKey(0, "visual", 0, "sdpa"), "sdpa with the 64x64 tiled FP32 contract")
     ]

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from sessions.investigation import Investigation, OpKey, ViewState
-from sessions.recovery import Autosaver, ProcessIdentity, claim_recovery_offers, process_start_token
-from sessions.session_store import SessionDocument
+from sessions.compare.key import OpKey
+from sessions.investigation.model import Investigation, ViewState
+from sessions.investigation.recovery import Autosaver, ProcessIdentity, claim_recovery_offers, process_start_token
+from sessions.investigation.store import SessionDocument
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -93,9 +94,10 @@ def test_an_autosave_that_cannot_write_reports_it_without_raising(tmp_path: Path
 CRASHING_APP = """
 import sys, time
 from pathlib import Path
-from sessions.investigation import Investigation, OpKey
-from sessions.recovery import Autosaver
-from sessions.session_store import SessionDocument
+from sessions.investigation.model import Investigation
+from sessions.compare.key import OpKey
+from sessions.investigation.recovery import Autosaver
+from sessions.investigation.store import SessionDocument
 
 document = SessionDocument(Investigation(title="crashed investigation"), Path(sys.argv[2]))
 Autosaver(document, Path(sys.argv[1]))

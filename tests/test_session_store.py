@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from sessions.atomic_write import STALE_TEMP_AGE_S, atomic_write_bytes
-from sessions.investigation import Investigation, OpKey
-from sessions.session_store import (
+from sessions.compare.key import OpKey
+from sessions.investigation.model import Investigation
+from sessions.investigation.store import (
     SessionDocument,
     SessionOpenError,
     SessionSaveError,
@@ -195,9 +196,10 @@ def test_a_leftover_temp_file_from_a_dead_saver_is_removed_by_the_next_save(tmp_
 SAVER = """
 import sys
 from pathlib import Path
-from sessions.capture_identity import CaptureIdentity
-from sessions.investigation import Investigation, OpKey
-from sessions.session_store import save_session
+from sessions.capture.identity import CaptureIdentity
+from sessions.investigation.model import Investigation
+from sessions.compare.key import OpKey
+from sessions.investigation.store import save_session
 
 path, generation = Path(sys.argv[1]), int(sys.argv[2])
 session = Investigation()

@@ -5,9 +5,9 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-
-from sessions.tensor_diff import BLOCK_ELEMENTS, DiffAccumulator, Tolerance, element_maps
 from hand_captures import bf16_bits
+
+from sessions.compare.tensor_diff import BLOCK_ELEMENTS, DiffAccumulator, Tolerance, element_maps
 
 
 def _metrics(native: np.ndarray, oracle: np.ndarray, dtype: str = "bfloat16", tolerance: Tolerance = Tolerance(), **axes):  # type: ignore[no-untyped-def]

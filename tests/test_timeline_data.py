@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends.dispatch_timeline import PRIMITIVE_CODES, build_timeline, describe_event, hit, layout
-from sessions.capture_reader import open_capture
+from backends.dispatch.timeline import PRIMITIVE_CODES, build_timeline, describe_event, hit, layout
+from sessions.capture.reader import open_capture
 from tests.timeline_captures import write_dispatch_capture
 
 

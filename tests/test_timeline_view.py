@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from PySide6.QtCore import Qt
 
-from backends.dispatch_timeline import build_timeline
-from sessions.capture_reader import open_capture
+from backends.dispatch.timeline import build_timeline
+from sessions.capture.reader import open_capture
 from tests.timeline_captures import write_dispatch_capture
-from viewer.timeline_model import TimelineModel
-from viewer.timeline_view import BoxesItem, TimelineView
+from viewer.panels.timeline_model import TimelineModel
+from viewer.panels.timeline_view import BoxesItem, TimelineView
 
 pytestmark = pytest.mark.qt_log_ignore(
     "This plugin does not support propagateSizeHints", "This plugin does not support raise"

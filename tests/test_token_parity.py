@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-
 from hand_captures import T, bf16_bits, write_capture
-from sessions.capture_reader import open_capture
-from sessions.compare import iter_compare
+
+from sessions.capture.reader import open_capture
+from sessions.compare.comparison import iter_compare
+from sessions.compare.token_parity import DIFFER, MATCH, POST_EOS
 from sessions.progress import run_to_end
-from sessions.token_parity import DIFFER, MATCH, POST_EOS
 
 
 def _logits(step: int, favourite: int) -> T:

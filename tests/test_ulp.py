@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sessions.element_info import describe, ulp_between
-from sessions.ulp import ordered_line, ulp_distance
+from sessions.bits.element_info import describe, ulp_between
+from sessions.bits.ulp import ordered_line, ulp_distance
 
 
 def test_adjacent_bfloat16_patterns_are_one_ulp_apart() -> None:

@@ -9,10 +9,10 @@ import h5py
 import numpy as np
 import pytest
 
-from sessions import capture_format as cf
-from sessions import validate_command
-from sessions.capture_meta import CaptureMeta
-from sessions.capture_writer import CaptureWriter
+from sessions.capture import format as cf
+from sessions.capture.meta import CaptureMeta
+from sessions.capture.writer import CaptureWriter
+from sessions.commands import validate as validate_command
 
 
 def validate(*files: Path) -> int:

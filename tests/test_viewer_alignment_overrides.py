@@ -6,14 +6,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hand_captures import T, bf16_bits, write_capture
 from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
-from hand_captures import T, bf16_bits, write_capture
-from sessions.align import MANUAL_BREAK
-from viewer.alignment_tree import MANUAL_MARKER
-from viewer.main_window import MainWindow
+from sessions.compare.align import MANUAL_BREAK
 from viewer.settings import ViewerSettings
+from viewer.tree.alignment_tree import MANUAL_MARKER
+from viewer.window.main_window import MainWindow
 
 pytestmark = pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints", "This plugin does not support raise")
 

@@ -10,10 +10,10 @@ from PySide6.QtCore import QSettings, Qt
 from pytestqt.qtbot import QtBot
 
 from sessions.progress import Progress, ProgressGenerator
-from tests.hand_captures import T, write_capture
 from tests.child_processes import child_reading
-from viewer.main_window import MainWindow
+from tests.hand_captures import T, write_capture
 from viewer.settings import STATE_VERSION, ViewerSettings
+from viewer.window.main_window import MainWindow
 from viewer.workers import TaskSlots
 
 pytestmark = pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")

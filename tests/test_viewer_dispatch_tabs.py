@@ -9,10 +9,10 @@ import pytest
 from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
-from sessions.capture_reader import open_capture
+from sessions.capture.reader import open_capture
 from viewer import comparison_view as cv
-from viewer.main_window import TABS, MainWindow
 from viewer.settings import ViewerSettings
+from viewer.window.main_window import TABS, MainWindow
 
 pytestmark = [pytest.mark.slow, pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints", "This plugin does not support raise")]
 

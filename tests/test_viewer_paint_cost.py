@@ -14,11 +14,11 @@ from PySide6.QtGui import QImage
 from PySide6.QtWidgets import QLabel
 from pytestqt.qtbot import QtBot
 
-from viewer.main_window import MainWindow
-from viewer.opaque_grid_axis import OpaqueGridAxis, grid_axes
-from viewer.panel_tabs import PanelTabs
+from viewer.plots.opaque_grid_axis import OpaqueGridAxis, grid_axes
 from viewer.settings import ViewerSettings
 from viewer.theme import PALETTES, restyle_plots
+from viewer.window.main_window import MainWindow
+from viewer.window.panel_tabs import PanelTabs
 
 pytestmark = pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")
 

@@ -10,11 +10,11 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 from pytestqt.qtbot import QtBot
 
-from sessions.capture_meta import CaptureMeta
-from sessions.capture_writer import CaptureWriter
-from sessions.quant_blocks import block_of
-from viewer.main_window import MainWindow
+from sessions.bits.quant_blocks import block_of
+from sessions.capture.meta import CaptureMeta
+from sessions.capture.writer import CaptureWriter
 from viewer.settings import ViewerSettings
+from viewer.window.main_window import MainWindow
 
 pytestmark = pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import Qt
 
-from sessions.capture_reader import open_capture
-from viewer.rerun_panel import RerunPanel, RerunPanelModel
+from sessions.capture.reader import open_capture
+from viewer.panels.rerun_panel import RerunPanel, RerunPanelModel
 
 pytestmark = [pytest.mark.slow, pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")]
 

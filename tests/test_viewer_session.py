@@ -14,12 +14,12 @@ from PySide6.QtCore import QByteArray, Qt
 from PySide6.QtGui import QImage
 from pytestqt.qtbot import QtBot
 
-from sessions.capture_identity import CaptureState
-from sessions.html_report import PNG_SIGNATURE
+from sessions.capture.identity import CaptureState
+from sessions.report.html_page import PNG_SIGNATURE
 from viewer import comparison_view as cv
-from viewer.main_window import MainWindow
 from viewer.settings import ViewerSettings
-from viewer.tensor_loader import SliceSpec
+from viewer.tensor.tensor_loader import SliceSpec
+from viewer.window.main_window import MainWindow
 
 pytestmark = [pytest.mark.slow, pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints", "This plugin does not support raise")]
 
@@ -161,9 +161,9 @@ import os, sys, time
 os.environ["QT_QPA_PLATFORM"] = "offscreen"
 from pathlib import Path
 from PySide6.QtWidgets import QApplication
-from sessions.investigation import OpKey
+from sessions.compare.key import OpKey
 app = QApplication([])
-from viewer.main_window import MainWindow
+from viewer.window.main_window import MainWindow
 from viewer.settings import ViewerSettings
 window = MainWindow(ViewerSettings(Path(sys.argv[1])))
 window.session.session.set_title("crashed investigation")
@@ -256,7 +256,7 @@ def test_a_corrupt_session_opens_its_backup_and_says_so(qtbot: QtBot, tmp_path: 
 
 def test_a_failed_save_is_shown_and_the_session_stays_in_memory(qtbot: QtBot, tmp_path: Path) -> None:
     win = new_window(qtbot, tmp_path / "viewer.ini")
-    from sessions.investigation import OpKey
+    from sessions.compare.key import OpKey
 
     win.session.session.add_bookmark(OpKey(0, "visual", 0, "sdpa"), "must not be lost")
     blocker = tmp_path / "not-a-folder"

@@ -17,12 +17,12 @@ from PySide6.QtGui import QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import QApplication
 from pytestqt.qtbot import QtBot
 
-from sessions.align import align
-from sessions.capture_reader import open_capture
-from sessions.element_info import describe, ulp_between
+from sessions.bits.element_info import describe, ulp_between
+from sessions.capture.reader import open_capture
+from sessions.compare.align import align
 from tests.hand_captures import T, bf16_bits, write_capture
-from viewer.main_window import MainWindow
 from viewer.settings import ViewerSettings
+from viewer.window.main_window import MainWindow
 
 pytestmark = pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")
 
@@ -73,7 +73,7 @@ def expected_element(native_path: Path, oracle_path: Path, native_seq: int, coor
 
 
 def resolve_profile_for(capture: object) -> object:
-    from sessions.profiles import detect_profile
+    from sessions.compare.profiles import detect_profile
 
     return detect_profile(r.name for r in capture.records)  # type: ignore[attr-defined]
 
@@ -127,7 +127,7 @@ def test_empty_window_shows_a_drop_hint_and_no_pair(window: MainWindow, artifact
 
 
 def test_demo_pair_opens_at_first_divergence_with_the_engines_bits(qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]], artifacts_dir: Path) -> None:
-    from backends.demo_generate import DEFAULT_SCENARIO
+    from backends.engines.demo_generate import DEFAULT_SCENARIO
 
     native_path, oracle_path = demo_pairs[DEFAULT_SCENARIO]
     window.open_pair(native_path, oracle_path)
@@ -329,8 +329,8 @@ def test_filter_box_narrows_the_tree_and_keeps_matching_ops(qtbot: QtBot, window
 
 
 def test_weights_mismatch_incomplete_capture_and_unaligned_records_are_shown(qtbot: QtBot, window: MainWindow, tmp_path: Path, artifacts_dir: Path) -> None:
-    from sessions.capture_meta import CaptureMeta
-    from sessions.capture_writer import CaptureWriter
+    from sessions.capture.meta import CaptureMeta
+    from sessions.capture.writer import CaptureWriter
 
     bits = bf16_bits(np.arange(8, dtype=np.float32).reshape(2, 4))
     oracle = write_capture(tmp_path / "w.oracle.h5", "oracle", [T("attn_norm", bits, layer=0, dtype="bfloat16")], weights_hash="sha256:aa")

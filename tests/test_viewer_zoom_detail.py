@@ -11,8 +11,8 @@ from PySide6.QtCore import QPointF
 from pytestqt.qtbot import QtBot
 
 from tests.hand_captures import T, write_capture
-from viewer.main_window import MainWindow
 from viewer.settings import ViewerSettings
+from viewer.window.main_window import MainWindow
 
 pytestmark = pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from sessions.capture_meta import CaptureMeta
-from sessions.capture_writer import CaptureWriter
+from sessions.capture.meta import CaptureMeta
+from sessions.capture.writer import CaptureWriter
 
 
 def write_dispatch_capture(

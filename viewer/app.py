@@ -6,12 +6,11 @@ import argparse
 import sys
 from pathlib import Path
 
-import sessions  # noqa: F401  (disables HDF5 filter plugins before h5py is imported)
 from PySide6.QtWidgets import QApplication
 
-from viewer.main_window import MainWindow
+import sessions  # noqa: F401  (disables HDF5 filter plugins before h5py is imported)
 from viewer.settings import APPLICATION, ORGANISATION, ViewerSettings
-
+from viewer.window.main_window import MainWindow
 
 SESSION_SUFFIX = ".xray"
 

@@ -14,12 +14,12 @@ import sys
 from types import ModuleType
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "validate": ("sessions.validate_command", "check capture files; exit 0 valid, 2 invalid"),
-    "report": ("sessions.report_command", "compare a native and an oracle capture headlessly"),
-    "rerun": ("backends.rerun_command", "recompute one captured op or segment live through MLX"),
+    "validate": ("sessions.commands.validate", "check capture files; exit 0 valid, 2 invalid"),
+    "report": ("sessions.commands.report", "compare a native and an oracle capture headlessly"),
+    "rerun": ("backends.commands.rerun", "recompute one captured op or segment live through MLX"),
     "demo": ("viewer.demo_command", "generate the demo captures, or open the viewer on them"),
-    "record": ("backends.record_command", "record a real llama.cpp or MLX run into a capture"),
-    "import": ("sessions.import_command", "turn safetensors / .npz / .npy+.bin dumps into a capture"),
+    "record": ("backends.commands.record", "record a real llama.cpp or MLX run into a capture"),
+    "import": ("sessions.commands.import_dump", "turn safetensors / .npz / .npy+.bin dumps into a capture"),
 }
 
 

@@ -1,4 +1,4 @@
-"""The one place the viewer reads the diff engine's `Comparison` (sessions.compare).
+"""The one place the viewer reads the diff engine's `Comparison` (sessions.compare.comparison).
 
 Every verdict, count and label shown in the panels comes from the comparison; this module
 only turns them into display text and finds things in it, so the panels stay free of
@@ -12,15 +12,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sessions.align import UnalignedRecord
-from sessions.capture_reader import Capture, CaptureError
-from sessions.compare import DIVERGENCE, CompareOptions, Comparison, PairResult
-from sessions.compare_process import iter_compare_in_child
-from sessions.contracts import ContractFinding
-from sessions.pair_tensors import PairSide, pair_sides
+from sessions.capture.reader import Capture, CaptureError
+from sessions.compare.align import UnalignedRecord
+from sessions.compare.comparison import DIVERGENCE, CompareOptions, Comparison, PairResult
+from sessions.compare.contracts import ContractFinding
+from sessions.compare.in_child import iter_compare_in_child
+from sessions.compare.pair_tensors import PairSide, pair_sides
+from sessions.compare.token_parity import DIFFER, MATCH, MISSING, POST_EOS, TokenStep, TopEntry
 from sessions.progress import ProgressGenerator
-from sessions.token_parity import DIFFER, MATCH, MISSING, POST_EOS, TokenStep, TopEntry
-from viewer.tensor_loader import SliceSpec, TensorRequest
+from viewer.tensor.tensor_loader import SliceSpec, TensorRequest
 
 BIT_EXACT = "bit-exact"
 WITHIN = "within tolerance"
@@ -94,7 +94,7 @@ def neighbour_divergence(viewed: ViewedComparison, current: PairResult | None, d
 
 
 def pair_key(pair: PairResult) -> tuple[int, str, int, str, int]:
-    """The alignment key of a pair as (step, segment, layer, op, occurrence): AlignKey's and OpKey's fields."""
+    """The alignment key of a pair as (step, segment, layer, op, occurrence): OpKey's and OpKey's fields."""
     return pair.step, pair.segment, pair.layer, pair.op, pair.occurrence
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
-from sessions.capture_reader import Capture
+from sessions.capture.reader import Capture
 
 COLOUR_SCALES = ("absolute", "relative", "ULP")
 

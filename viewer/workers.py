@@ -15,7 +15,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from sessions.capture_reader import CaptureError
+from sessions.capture.reader import CaptureError
 from sessions.progress import Progress, ProgressGenerator
 
 PROGRESS_INTERVAL_S = 0.05

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sessions.capture_meta import CaptureMeta
-from sessions.capture_reader import CaptureError
-from sessions.capture_writer import CaptureWriter
+from sessions.capture.meta import CaptureMeta
+from sessions.capture.reader import CaptureError
+from sessions.capture.writer import CaptureWriter
 from sessions.importers.manifest import Manifest, load_manifest
 from sessions.importers.sources import ImportedArray, from_directory, from_npz, from_safetensors
 from sessions.progress import Progress, ProgressGenerator

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sessions import capture_format as cf
-from sessions.capture_reader import CaptureError
-from sessions.dtypes import LOGICAL_DTYPES
+from sessions.bits.dtypes import LOGICAL_DTYPES
+from sessions.capture import format as cf
+from sessions.capture.reader import CaptureError
 
 DEFAULT_SEGMENT = "prefill"
 ENTRY_KEYS = {

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from sessions.capture_reader import CaptureError
-from sessions.dtypes import UnknownDtypeError, logical_dtype, logical_name_of, quantized_nbytes
+from sessions.bits.dtypes import UnknownDtypeError, logical_dtype, logical_name_of, quantized_nbytes
+from sessions.capture.reader import CaptureError
 from sessions.importers.manifest import Entry, Manifest, default_manifest
 
 MAX_IMPORT_BYTES = 2 * 1024**3

@@ -1,0 +1,1 @@
+"""Headless subcommands of `parity-xray` that compute (record, rerun)."""

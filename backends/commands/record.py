@@ -1,0 +1,87 @@
+"""`parity-xray record llama|mlx ...`: capture a real engine's run.
+
+    parity-xray record llama MODEL.gguf --tokens 1,2,3 [--decode-steps N] [--all-nodes] --out X.h5
+    parity-xray record mlx MODEL_DIR --tokens 1,2,3 [--decode-steps N] --out X.h5
+
+Engine libraries (llama_cpp, mlx_lm) are imported only when a recording runs, so listing the
+subcommands never loads them. docs/recorders.md explains what each recorder writes.
+Exit status: 0 recorded, 2 refused (bad arguments, unloadable model, layout self-check failed).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sessions.capture.format import ROLES
+from sessions.progress import Progress
+
+if TYPE_CHECKING:
+    from backends.recorders.record_schedule import TokenSchedule
+
+EXIT_OK = 0
+EXIT_REFUSED = 2
+KV_CHOICES = ("f32", "f16", "bf16", "q8_0")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    engines = parser.add_subparsers(dest="engine", metavar="ENGINE", required=True)
+    llama = engines.add_parser("llama", help="llama.cpp through llama-cpp-python's eval callback")
+    llama.add_argument("model", type=Path, metavar="MODEL.gguf")
+    mlx = engines.add_parser("mlx", help="any mlx-lm model from a local directory")
+    mlx.add_argument("model", type=Path, metavar="MODEL_DIR")
+    for sub, role in ((llama, "native"), (mlx, "oracle")):
+        sub.add_argument("--tokens", required=True, help="prompt token ids, e.g. 1,2,3")
+        sub.add_argument("--decode-steps", type=int, default=0, metavar="N", help="greedy decode steps after the prefill")
+        sub.add_argument("--ubatch", type=int, default=512, metavar="N", help="prefill micro-batch size (each piece is a segment)")
+        sub.add_argument("--stop-tokens", default="", metavar="IDS", help="token ids that end the run (marked is_stop)")
+        sub.add_argument("--role", choices=ROLES, default=role, help=f"capture role (default {role})")
+        sub.add_argument("--out", type=Path, required=True, metavar="X.h5")
+        sub.add_argument("--force", action="store_true", help="replace X.h5 if it exists")
+    llama.add_argument("--all-nodes", action="store_true", help="record every graph node, not only named or weight-anchored ones")
+    llama.add_argument("--kv-type", choices=KV_CHOICES, default="f32", help="KV cache type (parity default f32)")
+    llama.add_argument("--flash-attn", action="store_true", help="turn flash attention on (parity default off)")
+    llama.add_argument("--threads", type=int, default=2, metavar="N")
+    mlx.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+
+
+def run(args: argparse.Namespace) -> int:
+    from backends.recorders.record_schedule import TokenSchedule, parse_token_list
+
+    try:
+        schedule = TokenSchedule(
+            tuple(parse_token_list(args.tokens)),
+            args.decode_steps,
+            args.ubatch,
+            frozenset(parse_token_list(args.stop_tokens)) if args.stop_tokens.strip() else frozenset(),
+        )
+    except ValueError as exc:
+        print(f"record refused: {exc}")
+        return EXIT_REFUSED
+    if args.out.exists() and not args.force:
+        print(f"record refused: {args.out} already exists (--force replaces it)")
+        return EXIT_REFUSED
+    try:
+        work = _work(args, schedule)
+        for progress in work:
+            print(f"  {progress.label} ({progress.done}/{progress.total})", flush=True)
+    except (ValueError, RuntimeError, OSError, ImportError) as exc:
+        print(f"record refused: {exc}")
+        return EXIT_REFUSED
+    print(f"{args.out}: recorded {args.engine} run of {args.model}")
+    return EXIT_OK
+
+
+def _work(args: argparse.Namespace, schedule: "TokenSchedule") -> Iterator[Progress]:
+    if args.engine == "llama":
+        from backends.recorders.llama_recorder import LlamaSettings, iter_record_llama
+
+        settings = LlamaSettings(
+            flash_attn=args.flash_attn, kv_type=args.kv_type, n_threads=args.threads, all_nodes=args.all_nodes
+        )
+        return iter_record_llama(args.model, schedule, args.out, settings, role=args.role)
+    from backends.recorders.mlx_recorder import iter_record_mlx
+
+    return iter_record_mlx(args.model, schedule, args.out, role=args.role, device=args.device)

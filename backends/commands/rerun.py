@@ -1,0 +1,127 @@
+"""`parity-xray rerun NATIVE ORACLE --op KEY`: recompute one captured op or segment through MLX.
+
+KEY is `STEP:SEGMENT:LAYER:OP[#OCCURRENCE]` in canonical terms (docs/rerun.md), e.g.
+`0:visual:0:sdpa`, `2:decode:1:ffn_act`, or a segment: `0:text-after:0:attention_block`,
+`0:visual:1:decoder_layer`. Final-norm and logits keys use layer -1 (`0:visual:-1:logits`).
+
+Exit codes: 0 the rerun reproduces the bits of the side whose route it followed, for every
+op; 1 it ran and does not; 2 it could not run (a missing input, an unreadable capture, a bad
+option), with a one-line reason on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from backends.rerun import ops as rerun_ops
+from backends.rerun.capture_out import save_rerun
+from backends.rerun.inputs import RerunInputError
+from backends.rerun.segment import SIDES, RerunOptions, RerunResult, format_key, iter_rerun, parse_key
+from sessions.capture.reader import CaptureError, open_capture
+from sessions.compare.profiles import ProfileError
+from sessions.json_plain import plain
+from sessions.progress import run_to_end
+
+EXIT_REPRODUCED, EXIT_DIFFERS, EXIT_UNUSABLE = 0, 1, 2
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("native", help="capture of the engine under test")
+    parser.add_argument("oracle", help="capture of the reference engine")
+    parser.add_argument("--op", required=True, metavar="KEY", help="STEP:SEGMENT:LAYER:OP, e.g. 0:visual:0:sdpa or 0:visual:0:decoder_layer")
+    parser.add_argument("--from", dest="source", choices=SIDES, default="oracle", help="whose captured inputs to rerun (default oracle)")
+    parser.add_argument("--route-from", choices=SIDES, help="whose route (attention contract, SwiGLU order) to follow (default: the --from side)")
+    parser.add_argument("--head-chunk", choices=("on", "off"), default="on", help="MTPLX head-chunk rule for SDPA (default on)")
+    parser.add_argument("--chunk-limit", type=int, default=32, help="the rule's row x head limit (default 32)")
+    parser.add_argument("--dtype", choices=tuple(rerun_ops.DTYPES), help="compute dtype (default: as captured)")
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="MLX device (gpu only where MLX has one)")
+    parser.add_argument("--attention-route", choices=rerun_ops.ATTENTION_ROUTES, help="override the attention reduction")
+    parser.add_argument("--swiglu-order", choices=rerun_ops.SWIGLU_ORDERS, help="override the SwiGLU evaluation order")
+    parser.add_argument("--weights", metavar="FILE", help="safetensors or GGUF weights (default: the file the capture references)")
+    parser.add_argument("--native-profile", help="built-in profile name or TOML path (default: detected)")
+    parser.add_argument("--oracle-profile", help="built-in profile name or TOML path (default: detected)")
+    parser.add_argument("--save", metavar="RERUN.h5", help="save the rerun as a capture with role 'rerun'")
+    parser.add_argument("--json", metavar="OUT", help="also write the result as JSON")
+
+
+def options_from(args: argparse.Namespace) -> RerunOptions:
+    return RerunOptions(
+        source=args.source,
+        route_from=args.route_from,
+        head_chunk=args.head_chunk == "on",
+        chunk_limit=args.chunk_limit,
+        dtype=args.dtype,
+        device=args.device,
+        attention_route=args.attention_route,
+        swiglu_order=args.swiglu_order,
+        weights_path=args.weights,
+        native_profile=args.native_profile,
+        oracle_profile=args.oracle_profile,
+    )
+
+
+def result_to_dict(result: RerunResult) -> dict[str, Any]:
+    route_side = result.options.route_from or result.options.source
+    return {
+        "format": "parity-xray-rerun",
+        "version": 1,
+        "key": format_key(result.target),
+        "reproduces": {side: result.reproduces(side) for side in SIDES},
+        "route_side": route_side,
+        **{k: v for k, v in plain(result, omit=frozenset({"bits"})).items() if k not in ("target", "source_meta")},
+    }
+
+
+def _metric_text(metrics: Any) -> str:
+    if metrics is None:
+        return "-"
+    if metrics.bit_exact:
+        return "bit-exact"
+    return f"{metrics.differing} differ, max {metrics.max_ulp} ULP"
+
+
+def render(result: RerunResult) -> str:
+    lines = [
+        f"rerun of {format_key(result.target)} from the {result.options.source} capture's inputs",
+        f"device {result.device} (MLX {result.mlx_version}); route: {'; '.join(result.route_sources)}",
+        "",
+        f"{'op':<14} {'route':<44} {'native vs oracle':<24} {'rerun vs native':<24} {'rerun vs oracle':<24} closer to exact",
+    ]
+    for op in result.ops:
+        closer = op.closer + ("" if op.inputs_agree is not False else " (inputs differ)")
+        lines.append(
+            f"{op.key.op:<14} {op.route[:44]:<44} {_metric_text(op.three_way['native vs oracle']):<24} "
+            f"{_metric_text(op.three_way['rerun vs native']):<24} {_metric_text(op.three_way['rerun vs oracle']):<24} {closer}"
+        )
+        for routed in op.calls:
+            call = routed.call
+            group = "all KV groups" if call.kv_group == -1 else f"KV group {call.kv_group}"
+            lines.append(
+                f"{'':<14} call: {group}, heads {call.head_start}..{call.head_start + call.head_count - 1}, "
+                f"{call.q_rows} rows x {call.kv_len} kv -> {routed.primitive} here, Metal would take {routed.metal_primitive}"
+            )
+    lines += ["", *result.notes]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        key = parse_key(args.op)
+        options = options_from(args)
+        with open_capture(args.native) as native, open_capture(args.oracle) as oracle:
+            result = run_to_end(iter_rerun(native, oracle, key, options))
+        if args.save:
+            save_rerun(result, args.save)
+    except (RerunInputError, CaptureError, ProfileError, rerun_ops.RerunOpError, ValueError, OSError) as exc:
+        print(f"parity-xray rerun: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    print(render(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result_to_dict(result), indent=1, allow_nan=False), encoding="utf-8")
+    if args.save:
+        print(f"saved as {args.save} (role rerun)")
+    return EXIT_REPRODUCED if result.reproduces(options.route_from or options.source) else EXIT_DIFFERS

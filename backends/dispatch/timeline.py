@@ -1,0 +1,281 @@
+"""The dispatch timeline's data: every attention call of both captures, laid out and judged.
+
+Which calls differ between the sides and which recorded primitive disagrees with the route
+predictor are findings, not drawing, so they are settled here without Qt; the view only
+paints boxes from these arrays. Events are placed on a shared axis: the n-th aligned
+attention op (by canonical key) is slot n on both sides, so a native call and the oracle
+call it should match sit one above the other. Arrays, not objects, because a long decode
+holds tens of thousands of calls and the view filters and hit-tests them vectorised.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from backends.kernels import metal_routes
+from sessions.capture import format as cf
+from sessions.capture.reader import Capture
+from sessions.compare.align import align, map_records
+from sessions.compare.dispatch_diff import compare_dispatch
+from sessions.compare.key import OpKey
+from sessions.compare.profiles import Profile, detect_profile, resolve_profile
+
+SIDES = ("native", "oracle")
+PRIMITIVE_CODES: tuple[str, ...] = ("", metal_routes.UNKNOWN, *cf.PRIMITIVES)
+"""Index = code stored per event; "" is "not recorded"."""
+LANE_MODES = ("group", "call")
+"""group: one lane per (layer, KV group); call: one lane per call number within its op."""
+X_MODES = ("call", "time")
+
+
+def _code(text: str) -> int:
+    return PRIMITIVE_CODES.index(text) if text in PRIMITIVE_CODES else 1
+
+
+def _version(capture: Capture) -> str:
+    provenance = capture.meta.provenance if isinstance(capture.meta.provenance, dict) else {}
+    version = provenance.get("mlx_version")
+    if isinstance(version, str) and version:
+        return version
+    found = re.search(r"mlx\s+(\d+\.\d+\.\d+)", capture.meta.compiler)
+    return found.group(1) if found else ""
+
+
+def device_class(capture: Capture) -> metal_routes.DeviceClass:
+    """What the route depends on about the capture's device, from its `device` attribute."""
+    device = capture.meta.device.lower()
+    if not device or device == "cpu" or device.startswith("cpu"):
+        return metal_routes.CPU
+    provenance = capture.meta.provenance if isinstance(capture.meta.provenance, dict) else {}
+    architecture = str(provenance.get("gpu_architecture", ""))
+    return metal_routes.DeviceClass.from_architecture(architecture) if architecture else metal_routes.GPU
+
+
+@dataclass
+class Timeline:
+    """One row per dispatch event of either side; `keys[slot]` names each slot's op."""
+
+    side: np.ndarray
+    slot: np.ndarray
+    call: np.ndarray
+    layer: np.ndarray
+    kv_group: np.ndarray
+    head_start: np.ndarray
+    head_count: np.ndarray
+    q_heads: np.ndarray
+    kv_heads: np.ndarray
+    q_rows: np.ndarray
+    kv_len: np.ndarray
+    head_dim: np.ndarray
+    primitive: np.ndarray
+    metal: np.ndarray
+    predicted: np.ndarray
+    predicted_metal: np.ndarray
+    t_start_ms: np.ndarray
+    t_end_ms: np.ndarray
+    differs: np.ndarray
+    """The op this call belongs to dispatched differently on the two sides."""
+    route_mismatch: np.ndarray
+    """The recorded primitive (or recorded Metal pick) disagrees with the route predictor."""
+    mask_kind: list[str]
+    keys: list[OpKey | None]
+    difference_fields: dict[int, list[str]] = field(default_factory=dict)
+    """slot -> the dispatch fields that differ there (dispatch_diff's words)."""
+    versions: tuple[str, str] = ("", "")
+
+    def __len__(self) -> int:
+        return int(self.side.size)
+
+
+def _keys_by_seq(capture: Capture, profile: Profile) -> dict[int, OpKey]:
+    mapped, _ = map_records(capture.records, profile, "side")
+    return {m.record.seq: m.key for m in mapped}
+
+
+def _profile(capture: Capture, name: str | None) -> Profile | None:
+    return resolve_profile(name) if name else detect_profile(r.name for r in capture.records)
+
+
+def _predict(rows: np.ndarray, device: metal_routes.DeviceClass, version: str) -> tuple[list[int], list[int]]:
+    """Per event: the predictor's primitive for the capture's device and MLX version, and for Metal."""
+    here, metal = [], []
+    for row in rows:
+        call_kv = int(row["kv_heads"]) if int(row["kv_group"]) == -1 else 1
+        shape = metal_routes.SdpaShape(
+            int(row["q_rows"]), int(row["head_count"]), call_kv, int(row["head_dim"]), int(row["v_head_dim"]),
+            int(row["kv_len"]), cf.decode_field(row["mask_kind"]), cf.decode_field(row["dtype"]),
+        )
+        here.append(_code(metal_routes.predict_route(shape, device, version).primitive))
+        gpu = device if device.gpu else metal_routes.GPU
+        metal.append(_code(metal_routes.predict_route(shape, gpu, version).primitive))
+    return here, metal
+
+
+def build_timeline(native: Capture, oracle: Capture, native_profile: str | None = None, oracle_profile: str | None = None) -> Timeline:
+    """All dispatch events of both captures on one call axis, with differences and route checks."""
+    profiles = (_profile(native, native_profile), _profile(oracle, oracle_profile))
+    captures = (native, oracle)
+    keys = [_keys_by_seq(c, p) if p is not None else {} for c, p in zip(captures, profiles)]
+    slots: dict[object, int] = {}
+    slot_keys: list[OpKey | None] = []
+    for side, capture in enumerate(captures):
+        for seq in dict.fromkeys(capture.dispatch["index_seq"].tolist()):
+            ident = keys[side].get(seq) or (side, seq)
+            if ident not in slots:
+                slots[ident] = len(slot_keys)
+                slot_keys.append(keys[side].get(seq))
+    columns: dict[str, list] = {name: [] for name in ("side", "slot", "predicted", "predicted_metal")}
+    tables = []
+    for side, capture in enumerate(captures):
+        table = capture.dispatch
+        tables.append(table)
+        columns["side"] += [side] * len(table)
+        columns["slot"] += [slots[keys[side].get(seq) or (side, seq)] for seq in table["index_seq"].tolist()]
+        here, metal = _predict(table, device_class(capture), _version(capture))
+        columns["predicted"] += here
+        columns["predicted_metal"] += metal
+    both = np.concatenate(tables) if tables else np.zeros(0, dtype=cf.DISPATCH_DTYPE)
+    primitive = np.array([_code(cf.decode_field(v)) for v in both["primitive"].tolist()], dtype=np.int8)
+    metal = np.array([_code(cf.decode_field(v)) for v in both["metal_primitive"].tolist()], dtype=np.int8)
+    predicted = np.array(columns["predicted"], dtype=np.int8)
+    predicted_metal = np.array(columns["predicted_metal"], dtype=np.int8)
+    unknown = PRIMITIVE_CODES.index(metal_routes.UNKNOWN)
+    mismatch = ((predicted != unknown) & (primitive != predicted)) | (
+        (metal > unknown) & (predicted_metal != unknown) & (metal != predicted_metal)
+    )
+    slot = np.array(columns["slot"], dtype=np.int64)
+    side = np.array(columns["side"], dtype=np.int8)
+    fields = _differences(native, oracle, profiles, slots)
+    one_sided = {s for s in np.unique(slot).tolist() if np.unique(side[slot == s]).size == 1}
+    differing = set(fields) | one_sided
+    for s in one_sided:
+        fields.setdefault(s, ["calls on one side only"])
+    start = [t["t_start_ns"].min() if len(t) else 0 for t in tables]
+    origin = np.concatenate([np.full(len(t), start[i], dtype=np.int64) for i, t in enumerate(tables)]) if tables else np.zeros(0, np.int64)
+    return Timeline(
+        side=side,
+        slot=slot,
+        call=both["call"].astype(np.int32),
+        layer=np.array([k.layer if k is not None else -1 for k in (slot_keys[s] for s in slot.tolist())], dtype=np.int32),
+        kv_group=both["kv_group"].astype(np.int32),
+        head_start=both["head_start"].astype(np.int32),
+        head_count=both["head_count"].astype(np.int32),
+        q_heads=both["q_heads"].astype(np.int32),
+        kv_heads=both["kv_heads"].astype(np.int32),
+        q_rows=both["q_rows"].astype(np.int32),
+        kv_len=both["kv_len"].astype(np.int32),
+        head_dim=both["head_dim"].astype(np.int32),
+        primitive=primitive,
+        metal=metal,
+        predicted=predicted,
+        predicted_metal=predicted_metal,
+        t_start_ms=(both["t_start_ns"] - origin) / 1e6,
+        t_end_ms=(both["t_end_ns"] - origin) / 1e6,
+        differs=np.isin(slot, sorted(differing)),
+        route_mismatch=mismatch,
+        mask_kind=[cf.decode_field(v) for v in both["mask_kind"].tolist()],
+        keys=slot_keys,
+        difference_fields=fields,
+        versions=(_version(native), _version(oracle)),
+    )
+
+
+def _differences(native: Capture, oracle: Capture, profiles: tuple[Profile | None, Profile | None], slots: dict[object, int]) -> dict[int, list[str]]:
+    if profiles[0] is None or profiles[1] is None:
+        return {}
+    pairs = align(native.records, oracle.records, profiles[0], profiles[1]).pairs
+    by_label = {p.key.label(): p.key for p in pairs}
+    found = {}
+    for difference in compare_dispatch(pairs, native.dispatch, oracle.dispatch):
+        key = by_label.get(difference.pair)
+        if key is not None and key in slots:
+            found[slots[key]] = difference.fields
+    return found
+
+
+@dataclass(frozen=True)
+class Boxes:
+    """Rectangles to paint, one or more per event: x0, x1, y0, y1 in view units, and which event."""
+
+    event: np.ndarray
+    x0: np.ndarray
+    x1: np.ndarray
+    y0: np.ndarray
+    y1: np.ndarray
+    lane_labels: list[str]
+    native_lanes: int
+
+
+def layout(timeline: Timeline, lane_mode: str = "group", x_mode: str = "call") -> Boxes:
+    """Lanes top to bottom (native first, then oracle); a box's height is its head range in the lane.
+
+    In group mode an unchunked call (KV group -1) covers every KV group of its layer, so it
+    gets one box in each group's lane; in call mode lane k holds every op's k-th call.
+    """
+    if lane_mode not in LANE_MODES or x_mode not in X_MODES:
+        raise ValueError(f"lane mode must be one of {LANE_MODES} and x mode one of {X_MODES}")
+    n = len(timeline)
+    events = np.arange(n)
+    if lane_mode == "group":
+        groups = np.maximum(timeline.kv_heads, 1)
+        repeat = np.where(timeline.kv_group == -1, groups, 1)
+        event = np.repeat(events, repeat)
+        offsets = np.arange(event.size) - np.repeat(np.cumsum(repeat) - repeat, repeat)
+        group = np.where(timeline.kv_group[event] == -1, offsets, timeline.kv_group[event])
+        gqa = np.maximum(timeline.q_heads[event] // groups[event], 1)
+        lo = np.clip(timeline.head_start[event] - group * gqa, 0, gqa)
+        hi = np.clip(timeline.head_start[event] + timeline.head_count[event] - group * gqa, 0, gqa)
+        frac0, frac1 = lo / gqa, hi / gqa
+        lane_id = np.stack([timeline.side[event], timeline.layer[event], group], axis=1)
+        label = lambda s, a, b: f"{SIDES[s]} L{a} g{b}" if a >= 0 else f"{SIDES[s]} g{b}"  # noqa: E731
+    else:
+        event = events
+        heads = np.maximum(timeline.q_heads, 1)
+        frac0 = timeline.head_start / heads
+        frac1 = (timeline.head_start + timeline.head_count) / heads
+        lane_id = np.stack([timeline.side, timeline.call, np.zeros(n, dtype=np.int32)], axis=1)
+        label = lambda s, a, _b: f"{SIDES[s]} call {a}"  # noqa: E731
+    unique, lane = np.unique(lane_id, axis=0, return_inverse=True) if event.size else (np.zeros((0, 3), int), np.zeros(0, int))
+    lane = lane.reshape(-1)
+    pad = 0.1
+    y0 = lane + pad + frac0 * (1 - 2 * pad)
+    y1 = lane + pad + frac1 * (1 - 2 * pad)
+    if x_mode == "call":
+        x0 = timeline.slot[event] + 0.08
+        x1 = timeline.slot[event] + 0.92
+    else:
+        x0 = timeline.t_start_ms[event]
+        x1 = np.maximum(timeline.t_end_ms[event], x0 + 1e-3)
+    labels = [label(int(s), int(a), int(b)) for s, a, b in unique.tolist()]
+    return Boxes(event, x0.astype(np.float64), x1.astype(np.float64), y0, y1, labels, int(np.sum(unique[:, 0] == 0)) if len(unique) else 0)
+
+
+def describe_event(timeline: Timeline, index: int) -> str:
+    """The tooltip: what the call was, its plan, the route it took and what the predictor says."""
+    t = timeline
+    key = t.keys[int(t.slot[index])]
+    where = key.label() if key is not None else "unaligned op"
+    group = "all KV groups (unchunked)" if t.kv_group[index] == -1 else f"KV group {t.kv_group[index]}"
+    last = t.head_start[index] + t.head_count[index] - 1
+    lines = [
+        f"{SIDES[int(t.side[index])]} — {where}, call {t.call[index]}",
+        f"q [{t.q_heads[index]} heads x {t.q_rows[index]} rows x {t.head_dim[index]}], kv [{t.kv_heads[index]} heads x {t.kv_len[index]}], mask {t.mask_kind[index]}",
+        f"plan: {group}, heads {t.head_start[index]}..{last} ({t.head_count[index]} of {t.q_heads[index]})",
+        f"route: {PRIMITIVE_CODES[t.primitive[index]] or 'not recorded'} (predicted here: {PRIMITIVE_CODES[t.predicted[index]] or '-'})",
+        f"Metal: {PRIMITIVE_CODES[t.metal[index]] or 'not recorded'} (predicted: {PRIMITIVE_CODES[t.predicted_metal[index]] or '-'})",
+        f"time {t.t_end_ms[index] - t.t_start_ms[index]:.3f} ms",
+    ]
+    if t.differs[index]:
+        lines.append("differs between sides: " + ", ".join(t.difference_fields.get(int(t.slot[index]), ["dispatch"])))
+    if t.route_mismatch[index]:
+        lines.append("recorded primitive disagrees with the route predictor")
+    return "\n".join(lines)
+
+
+def hit(boxes: Boxes, x: float, y: float) -> int | None:
+    """The event whose box contains (x, y), or None."""
+    inside = np.flatnonzero((boxes.x0 <= x) & (x <= boxes.x1) & (boxes.y0 <= y) & (y <= boxes.y1))
+    return int(boxes.event[inside[0]]) if inside.size else None

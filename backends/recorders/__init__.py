@@ -1,0 +1,1 @@
+"""Recording real engine runs (llama.cpp, mlx-lm) as captures."""

@@ -1,0 +1,452 @@
+"""`parity-xray record llama MODEL.gguf`: record a real llama.cpp run node by node.
+
+llama-cpp-python's low-level API gives a context an eval callback (`cb_eval`) that sees every
+graph node: asked first (`ask=True`: do you want this node?), then, once the node is computed,
+again with `ask=False`, when its data is readable. Two rules keep a run honest:
+- the callback catches every exception and returns True on every `ask=False` call, because
+  returning False aborts the decode silently with partial results;
+- node memory is read only through the `ggml_tensor` mirror proven by
+  `backends.recorders.ggml_tensor_struct.check_layout`, with `ggml_backend_tensor_get` and the node's strides.
+
+With the parity settings (no flash attention) each layer's attention is three ggml nodes
+(`kq-N`, `kq_soft_max-N`, `kqv-N`); the recorder writes one dispatch event for it on the
+`kqv_out-N` record: primitive `fallback` (decomposed), heads, rows, the cache cells attended
+(llama.cpp's padded KV length) and the mask kind (`additive`: its KQ mask).
+
+What a record holds: the node's name (llama.cpp's `NAME-LAYER`, or ggml's `node_N` for an
+unnamed one), its op (`ggml_op_desc`) as `kernel_id`, and its source tensor names as the
+dataset attribute `ggml_src` (a JSON list, docs/capture-format.md "Recorder attributes").
+The layer comes from the name (`Qcur-3`), else from a source weight (`blk.3.attn_output.weight`).
+
+Parity settings are the defaults and are written into provenance: flash attention off, an
+F32 KV cache (llama.cpp's default F16 cache moves its own logits by ~1e-3), logits for every
+token (or the last layer is cut down to the output rows). With `n_ubatch` below the prompt
+length the node sequence repeats per micro-batch; each repetition is its own segment.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from backends.recorders.ggml_tensor_struct import GgmlLibrary, GgmlTensor, load_checked, tensor_at
+from backends.recorders.record_schedule import DECODE, TokenSchedule, artifact_sha256
+from sessions.bits.dtypes import LOGICAL_DTYPES
+from sessions.capture.meta import CaptureMeta
+from sessions.capture.writer import CaptureWriter
+from sessions.progress import Progress, ProgressGenerator
+
+KV_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8}
+"""KV-cache types a recording may ask for (ggml_type ids)."""
+PLAIN_TYPES: dict[int, tuple[str, np.dtype]] = {
+    0: ("float32", np.dtype("<f4")),
+    1: ("float16", np.dtype("<f2")),
+    30: ("bfloat16", np.dtype("<u2")),
+    24: ("int8", np.dtype("i1")),
+    25: ("int16", np.dtype("<i2")),
+    26: ("int32", np.dtype("<i4")),
+    27: ("int64", np.dtype("<i8")),
+    28: ("float64", np.dtype("<f8")),
+}
+_DEFAULT_NAME = re.compile(r"^node_\d+$")
+_NAME_LAYER = re.compile(r"-(\d+)(?: \([a-z ]+\))*$")
+"""`Qcur-3`, also with the suffixes ggml appends to derived views: `Qcur-3 (view) (permuted)`."""
+_CACHE_LAYER = re.compile(r"^cache_[kv]_l(\d+)\b")
+_WEIGHT_LAYER = re.compile(r"^blk\.(\d+)\.")
+SRC_ATTR = "ggml_src"
+ENGINE_NAME = "llama.cpp (llama-cpp-python)"
+
+
+_SILENT: list[Any] = []
+
+
+def _silent_log() -> Any:
+    """One log callback for the process's lifetime: llama.cpp keeps the pointer after any run ends."""
+    if not _SILENT:
+        import llama_cpp
+
+        _SILENT.append(llama_cpp.llama_log_callback(lambda level, text, data: None))
+    return _SILENT[0]
+
+
+class RecorderError(RuntimeError):
+    """A run that cannot be recorded faithfully, with what went wrong."""
+
+
+@dataclass(frozen=True)
+class LlamaSettings:
+    """Context settings; the defaults are the parity settings recorded in provenance."""
+
+    flash_attn: bool = False
+    kv_type: str = "f32"
+    n_threads: int = 2
+    all_nodes: bool = False
+    """Record every node; by default unnamed nodes are kept only when a weight anchors them."""
+
+    def __post_init__(self) -> None:
+        if self.kv_type not in KV_TYPES:
+            raise ValueError(f"KV cache type {self.kv_type!r} is not one of {', '.join(KV_TYPES)}")
+
+
+@dataclass
+class NodeRead:
+    name: str
+    op: str
+    sources: list[str]
+    layer: int
+    dtype: str
+    bits: np.ndarray
+    logical_shape: tuple[int, ...] | None = None
+
+
+def _node_layer(name: str, sources: list[str]) -> int:
+    for pattern, text in ((_NAME_LAYER, name), (_CACHE_LAYER, name)):
+        found = pattern.search(text)
+        if found:
+            return int(found.group(1))
+    for source in sources:
+        found = _WEIGHT_LAYER.match(source)
+        if found:
+            return int(found.group(1))
+    return -1
+
+
+def _is_weight(name: str) -> bool:
+    return name.endswith(".weight")
+
+
+class NodeReader:
+    """Reads one computed node through the proven mirror; never calls into ggml on a bad node
+    (a ggml assertion would abort the whole process)."""
+
+    def __init__(self, library: GgmlLibrary) -> None:
+        self.library = library
+        self._ranks: dict[tuple[str, str, int], int] = {}
+
+    def describe(self, address: int) -> tuple[str, str, list[str]]:
+        node = tensor_at(address)
+        name = node.name.decode("utf-8", "replace")
+        sources = [tensor_at(src).name.decode("utf-8", "replace") for src in node.src if src]
+        return name, self.library.op_desc(address), sources
+
+    def wanted(self, name: str, sources: list[str], all_nodes: bool) -> bool:
+        return all_nodes or not _DEFAULT_NAME.match(name) or any(_is_weight(s) for s in sources)
+
+    def _shape(self, node: GgmlTensor, key: tuple[str, str, int], rows: int) -> tuple[int, ...]:
+        """numpy shape = ggml ne reversed, trimmed of ggml's padding 1s. A one-row step keeps the
+        rank the same node had in a multi-row step, so [rows, X] stays 2-D at rows = 1."""
+        ne = list(node.ne)
+        rank = max((i + 1 for i in range(4) if ne[i] != 1), default=1)
+        if rows > 1:
+            self._ranks[key] = rank
+        rank = max(rank, self._ranks.get(key, rank))
+        return tuple(reversed(ne[:rank]))
+
+    def read(self, address: int, key: tuple[str, str, int], rows: int) -> NodeRead:
+        name, op, sources = self.describe(address)
+        node = tensor_at(address)
+        lib = self.library.lib
+        view_src = tensor_at(node.view_src) if node.view_src else None
+        buffer = view_src.buffer if view_src is not None else node.buffer
+        if not buffer or not node.data:
+            raise RecorderError(f"node {name!r} ({op}) has no readable buffer")
+        size = int(lib.ggml_nbytes(address))
+        raw = (ctypes.c_uint8 * size)()
+        if size:
+            lib.ggml_backend_tensor_get(address, raw, 0, size)
+        data = np.frombuffer(raw, dtype=np.uint8)
+        shape = self._shape(node, key, rows)
+        layer = _node_layer(name, sources)
+        strides = tuple(int(s) for s in reversed(list(node.nb)[: len(shape)]))
+        ggml_type = int(node.type)
+        if ggml_type in PLAIN_TYPES:
+            dtype, np_dtype = PLAIN_TYPES[ggml_type]
+            # ggml_nbytes spans the last element's offset, so these strides stay inside `data`.
+            view = np.lib.stride_tricks.as_strided(data.view(np_dtype), shape=shape, strides=strides)
+            return NodeRead(name, op, sources, layer, dtype, np.ascontiguousarray(view))
+        return self._quantized(ggml_type, data, shape, strides, name, op, sources, layer)
+
+    def _quantized(
+        self, ggml_type: int, data: np.ndarray, shape: tuple[int, ...], strides: tuple[int, ...],
+        name: str, op: str, sources: list[str], layer: int,
+    ) -> NodeRead:
+        """GGML blocks: kept raw when the capture format knows the type, else decoded by `gguf`."""
+        import gguf
+
+        lib = self.library.lib
+        block, type_size = int(lib.ggml_blck_size(ggml_type)), int(lib.ggml_type_size(ggml_type))
+        row_bytes = shape[-1] // block * type_size
+        rows_shape = shape[:-1] + (row_bytes,)
+        rows = np.ascontiguousarray(np.lib.stride_tricks.as_strided(data, shape=rows_shape, strides=strides[:-1] + (1,)))
+        type_name = self.library.type_name(ggml_type)
+        logical = type_name.lower()
+        if logical in LOGICAL_DTYPES:
+            return NodeRead(name, op, sources, layer, logical, rows.reshape(-1, row_bytes), shape)
+        try:
+            qtype = gguf.GGMLQuantizationType(ggml_type)
+            values = gguf.quants.dequantize(rows.reshape(-1, row_bytes), qtype).reshape(shape)
+        except (ValueError, NotImplementedError) as exc:
+            raise RecorderError(f"node {name!r} ({op}) has type {type_name}, which gguf cannot decode ({exc})") from None
+        return NodeRead(name, op, sources + [f"decoded-from:{type_name}"], layer, "float32", values.astype(np.float32))
+
+
+@dataclass
+class AttentionTrace:
+    """Turns llama.cpp's decomposed attention (kq MUL_MAT, kq_soft_max, kqv) into one dispatch
+    event on the `kqv_out-N` record: what actually ran, over how many cache cells, with which
+    mask. Flash attention has no such nodes and gets no event."""
+
+    kv_heads: dict[int, int] = field(default_factory=dict)
+    scores: dict[int, tuple[int, int, int, int | None]] = field(default_factory=dict)
+    """layer -> (heads, rows, cache cells attended, start ns) of its `kq-N`."""
+    masks: dict[int, str] = field(default_factory=dict)
+
+    def see(self, writer: CaptureWriter, node: NodeRead, seq: int, started: int | None) -> None:
+        stem, layer = node.name.rsplit("-", 1)[0], node.layer
+        shape = tuple(node.logical_shape or node.bits.shape)
+        if stem == "Kcur" and node.op == "ROPE" and len(shape) == 3:
+            self.kv_heads[layer] = shape[1]
+        elif stem == "kq" and node.op == "MUL_MAT" and len(shape) == 3:
+            self.scores[layer] = (shape[0], shape[1], shape[2], started)
+        elif stem == "kq_soft_max":
+            self.masks[layer] = "additive" if any("kq_mask" in s for s in node.sources) else "none"
+        elif stem == "kqv_out" and layer in self.scores and len(shape) == 2:
+            heads, rows, cells, start = self.scores.pop(layer)
+            writer.add_dispatch(
+                index_seq=seq, call=0, kv_group=-1, head_start=0, head_count=heads, q_heads=heads,
+                kv_heads=self.kv_heads.get(layer, heads), q_rows=rows, kv_len=cells, head_dim=shape[1] // heads,
+                mask_kind=self.masks.pop(layer, "none"), dtype=node.dtype, primitive="fallback",
+                t_start_ns=start or 0, t_end_ns=writer.now_ns(),
+            )
+
+
+@dataclass
+class _Pass:
+    """What the callback tracks within one llama_decode call."""
+
+    step: int
+    segments: list[str]
+    rows: list[int]
+    first_name: str | None = None
+    graph: int = -1
+    started: dict[int, int] = field(default_factory=dict)
+
+
+class LlamaRun:
+    """One llama.cpp model + context, decoding a token schedule, optionally recording it."""
+
+    def __init__(self, model_path: Path, schedule: TokenSchedule, settings: LlamaSettings, *, record: bool) -> None:
+        import llama_cpp as llama
+
+        self.llama = llama
+        self.schedule = schedule
+        self.settings = settings
+        self.record = record
+        self.writer: CaptureWriter | None = None
+        """Set before `run` when recording; the callback writes through it."""
+        self.errors: list[str] = []
+        self.library = load_checked() if record else None
+        self.reader = NodeReader(self.library) if self.library is not None else None
+        self._pass: _Pass | None = None
+        self._attention = AttentionTrace()
+        self._occurrences: dict[tuple[int, str, int, str], int] = {}
+        llama.llama_log_set(_silent_log(), ctypes.c_void_p(0))
+        llama.llama_backend_init()
+        params = llama.llama_model_default_params()
+        self.model = llama.llama_model_load_from_file(str(model_path).encode(), params)
+        if not self.model:
+            raise RecorderError(f"{model_path}: llama.cpp could not load the model")
+        self.vocab_size = int(llama.llama_vocab_n_tokens(llama.llama_model_get_vocab(self.model)))
+        outside = [t for t in schedule.prompt if t >= self.vocab_size]
+        if outside:
+            llama.llama_model_free(self.model)
+            raise RecorderError(f"token id {outside[0]} is outside {model_path.name}'s vocabulary ({self.vocab_size} ids)")
+        self._callback = llama.ggml_backend_sched_eval_callback(self._eval)
+        self.context = llama.llama_init_from_model(self.model, self._context_params())
+        if not self.context:
+            llama.llama_model_free(self.model)
+            raise RecorderError(
+                f"{model_path}: llama.cpp could not create a context with {asdict(settings)} "
+                "(it refuses, for example, a quantized KV cache without flash attention)"
+            )
+
+    def _context_params(self) -> Any:
+        llama, s = self.llama, self.settings
+        params = llama.llama_context_default_params()
+        total = len(self.schedule.prompt) + self.schedule.decode_steps + 1
+        params.n_ctx = max(256, -(-total // 256) * 256)
+        params.n_batch = max(len(self.schedule.prompt), 1)
+        params.n_ubatch = min(self.schedule.ubatch, params.n_batch)
+        params.n_threads = params.n_threads_batch = s.n_threads
+        params.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_ENABLED if s.flash_attn else llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        params.type_k = params.type_v = KV_TYPES[s.kv_type]
+        params.no_perf = True
+        if self.record:
+            params.cb_eval = self._callback
+        return params
+
+    def provenance(self) -> dict[str, Any]:
+        return {
+            "recorder": "parity-xray record llama",
+            "llama_cpp_python_version": self.llama.__version__,
+            "system_info": self.llama.llama_print_system_info().decode("utf-8", "replace").strip(),
+            "parity_settings": {**asdict(self.settings), "logits_all": True, "n_ubatch": self.schedule.ubatch},
+            **self.schedule.as_provenance(),
+        }
+
+    def close(self) -> None:
+        if self.context:
+            self.llama.llama_free(self.context)
+            self.context = None
+        if self.model:
+            self.llama.llama_model_free(self.model)
+            self.model = None
+
+    def _eval(self, address: int, ask: bool, _user: Any) -> bool:
+        try:
+            return self._on_node(address, ask)
+        except Exception as exc:  # noqa: BLE001  (an exception must never reach ggml: it would abort the decode)
+            self.errors.append(f"{type(exc).__name__}: {exc}")
+            return not ask
+
+    def _on_node(self, address: int, ask: bool) -> bool:
+        current, reader = self._pass, self.reader
+        if current is None or reader is None or self.writer is None:
+            return not ask
+        name, op, sources = reader.describe(address)
+        if ask:
+            if current.first_name is None or name == current.first_name:
+                current.first_name = name
+                current.graph += 1
+            if not reader.wanted(name, sources, self.settings.all_nodes):
+                return False
+            current.started[address] = self.writer.now_ns()
+            return True
+        graph = min(current.graph, len(current.segments) - 1)
+        segment, rows = current.segments[graph], current.rows[graph]
+        layer = _node_layer(name, sources)
+        count_key = (current.step, segment, layer, name)
+        occurrence = self._occurrences.get(count_key, 0)
+        self._occurrences[count_key] = occurrence + 1
+        node = reader.read(address, (name, op, occurrence), rows)
+        started = current.started.pop(address, None)
+        seq = self.writer.add_tensor(
+            node.name,
+            node.bits,
+            step=current.step,
+            segment=segment,
+            layer=node.layer,
+            dtype=node.dtype,
+            logical_shape=node.logical_shape,
+            kernel_id=node.op,
+            t_start_ns=started,
+            attrs={SRC_ATTR: json.dumps(node.sources)},
+        )
+        self._attention.see(self.writer, node, seq, started)
+        return True
+
+    def _decode(self, tokens: list[int], start: int, step: int, segments: list[tuple[str, int]]) -> np.ndarray:
+        llama = self.llama
+        batch = llama.llama_batch_init(len(tokens), 0, 1)
+        try:
+            for i, token in enumerate(tokens):
+                batch.token[i] = token
+                batch.pos[i] = start + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = 1
+            batch.n_tokens = len(tokens)
+            self._pass = _Pass(step, [s for s, _ in segments], [r for _, r in segments])
+            status = llama.llama_decode(self.context, batch)
+            graphs = self._pass.graph + 1
+            self._pass = None
+        finally:
+            llama.llama_batch_free(batch)
+        if status != 0:
+            raise RecorderError(f"llama_decode returned {status} at step {step}")
+        if self.errors:
+            raise RecorderError(f"step {step}: {len(self.errors)} node(s) could not be recorded; first: {self.errors[0]}")
+        if self.record and graphs != len(segments):
+            raise RecorderError(f"step {step}: llama.cpp computed {graphs} micro-batch graph(s), the schedule expects {len(segments)}")
+        pointer = llama.llama_get_logits(self.context)
+        return np.ctypeslib.as_array(pointer, shape=(len(tokens), self.vocab_size)).copy()
+
+    def run(self) -> ProgressGenerator[list[np.ndarray]]:
+        """Prefill, then greedy decode; returns the logits llama.cpp handed back, per step."""
+        schedule, writer = self.schedule, self.writer
+        emitted: list[int] = []
+        returned: list[np.ndarray] = []
+        position = 0
+        total = schedule.decode_steps + 1
+        for step in range(total):
+            if step == 0:
+                tokens = list(schedule.prompt)
+                segments = [(name, end - begin) for name, begin, end in schedule.segments()]
+            else:
+                tokens, segments = [emitted[-1]], [(DECODE, 1)]
+            logits = self._decode(tokens, position, step, segments)
+            position += len(tokens)
+            returned.append(logits)
+            token = int(np.argmax(logits[-1]))
+            emitted.append(token)
+            stop = token in schedule.stop_tokens
+            if writer is not None:
+                writer.add_token(step=step, segment=segments[-1][0], token_id=token, is_stop=stop)
+                writer.end_step()
+            yield Progress(step + 1, total, f"step {step}")
+            if stop:
+                break
+        return returned
+
+
+def iter_record_llama(
+    model_path: Path, schedule: TokenSchedule, out: Path, settings: LlamaSettings = LlamaSettings(),
+    *, role: str = "native", extra: dict[str, Any] | None = None, weights_hash: str | None = None,
+) -> ProgressGenerator[list[np.ndarray]]:
+    """Record `schedule` on the GGUF at `model_path` into `out`; returns llama.cpp's logits per step.
+
+    `weights_hash` overrides the capture's weights hash (default: the GGUF file's SHA-256, which
+    provenance keeps either way), for pairs whose engines load the same values from different files."""
+    model_path = Path(model_path)
+    if not model_path.is_file():
+        raise RecorderError(f"{model_path}: no such GGUF file")
+    digest = artifact_sha256([model_path])
+    run = LlamaRun(model_path, schedule, settings, record=True)
+    try:
+        meta = CaptureMeta(
+            role=role,
+            engine_name=ENGINE_NAME,
+            engine_version=run.llama.__version__,
+            model_id=model_path.name,
+            weights_hash=weights_hash or digest,
+            device="cpu",
+            compiler=f"llama-cpp-python {run.llama.__version__}",
+            prompt=schedule.describe(),
+            provenance={**run.provenance(), "gguf": str(model_path.resolve()), "weights_sha256": digest, **(extra or {})},
+        )
+        with CaptureWriter(out, meta) as writer:
+            run.writer = writer
+            returned = yield from run.run()
+    finally:
+        run.close()
+    return returned
+
+
+def plain_logits(model_path: Path, schedule: TokenSchedule, settings: LlamaSettings = LlamaSettings()) -> list[np.ndarray]:
+    """The same schedule with no callback installed: what capture must not change."""
+    run = LlamaRun(Path(model_path), schedule, settings, record=False)
+    try:
+        work = run.run()
+        while True:
+            try:
+                next(work)
+            except StopIteration as done:
+                return done.value
+    finally:
+        run.close()

@@ -1,0 +1,187 @@
+"""`parity-xray record mlx MODEL_DIR`: record any mlx-lm model from a local directory.
+
+This is the demo oracle's instrumentation (`backends.engines.oracle_engine.OracleEngine`) taken off
+Qwen3: instead of a fixed list of Qwen3 classes it wraps the classes of the model's own leaf
+modules (Linear, RMSNorm, RoPE, Embedding, quantized layers, ...) and of its decoder layers,
+found by walking `named_modules()`. Module outputs, the derived attention-residual and
+activation stages, and every SDPA call with its dispatch events are recorded exactly as the
+demo oracle records them, with mlx-lm's own SDPA route (no head chunking). A model whose
+logits come from a tied embedding (no `lm_head` module) gets its logits recorded as `lm_head`.
+
+Models load with `mlx_lm.utils.load_model` from the directory; nothing is ever downloaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx_lm
+from mlx_lm.models.cache import make_prompt_cache
+
+from backends.engines.capture_sink import CaptureSink
+from backends.engines.demo_scenarios import EngineOptions
+from backends.engines.oracle_engine import OracleEngine, layer_of
+from backends.recorders.record_schedule import DECODE, TokenSchedule, artifact_sha256
+from sessions.capture.meta import CaptureMeta
+from sessions.capture.writer import CaptureWriter
+from sessions.progress import Progress, ProgressGenerator
+
+MLX_RECORDING = EngineOptions(head_chunk=False)
+"""mlx-lm as it ships: one SDPA call per attention, MLX's own route."""
+LOGITS_NAME = "lm_head"
+
+
+class ModelDirError(ValueError):
+    """A model directory that cannot be recorded, with the path and what is wrong."""
+
+
+def load_local_model(directory: Path) -> tuple[nn.Module, dict[str, Any]]:
+    """The mlx-lm model of a local directory (config.json + *.safetensors); never downloads."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ModelDirError(f"{directory}: not a directory (record mlx takes a local mlx-lm model directory)")
+    if not (directory / "config.json").is_file():
+        raise ModelDirError(f"{directory}: no config.json")
+    if not list(directory.glob("*.safetensors")):
+        raise ModelDirError(f"{directory}: no *.safetensors weights")
+    from mlx_lm.utils import load_model
+
+    try:
+        return load_model(directory)
+    except (ValueError, KeyError, FileNotFoundError) as exc:
+        raise ModelDirError(f"{directory}: mlx-lm cannot load it ({type(exc).__name__}: {exc})") from None
+
+
+def weights_sha256(directory: Path) -> str:
+    """The artifact hash of the model's safetensors files, in name order."""
+    return artifact_sha256(sorted(Path(directory).glob("*.safetensors")))
+
+
+def _classes(model: nn.Module) -> tuple[tuple[type[nn.Module], ...], tuple[type[nn.Module], ...]]:
+    """(leaf module classes, decoder layer classes) of the model's module tree."""
+    layers = tuple(dict.fromkeys(type(m) for m in getattr(model, "layers", [])))
+    leaves = tuple(
+        dict.fromkeys(type(m) for name, m in model.named_modules() if name and not m.children() and type(m) not in layers)
+    )
+    return leaves, layers
+
+
+class MlxRecorder(OracleEngine):
+    """An `OracleEngine` over any mlx-lm model: the wrapped classes come from the model."""
+
+    def __init__(self, model: nn.Module, sink: CaptureSink) -> None:
+        super().__init__(model, MLX_RECORDING, sink)  # type: ignore[arg-type]
+        self.cache = make_prompt_cache(model)
+        self._leaves, self._layers = _classes(model)
+
+    def forward(self, tokens: list[int]) -> mx.array:
+        logits = super().forward(tokens)
+        if LOGITS_NAME not in self.names.values():
+            self.sink.tensor(LOGITS_NAME, logits[None])
+        return logits
+
+    @contextmanager
+    def _instrumented(self) -> Iterator[None]:
+        originals: dict[type[nn.Module], Callable[..., Any]] = {cls: cls.__call__ for cls in self._leaves + self._layers}
+        for cls in self._leaves:
+            cls.__call__ = self._recording(originals[cls])
+        for cls in self._layers:
+            cls.__call__ = self._entering_layer(self._recording(originals[cls]))
+        mx.fast.scaled_dot_product_attention = self._spy_sdpa
+        try:
+            yield
+        finally:
+            mx.fast.scaled_dot_product_attention = self._sdpa
+            for cls, original in originals.items():
+                cls.__call__ = original
+
+    def _entering_layer(self, recording: Callable[..., Any]) -> Callable[..., Any]:
+        """The SDPA spy names its record after the layer whose forward is running."""
+
+        def call(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            self._attention_layer = layer_of(self.names.get(id(module), ""))
+            return recording(module, *args, **kwargs)
+
+        return call
+
+
+def _greedy(logits: mx.array) -> int:
+    return int(mx.argmax(logits[-1]).item())
+
+
+def run_schedule(recorder: MlxRecorder, schedule: TokenSchedule) -> ProgressGenerator[list[int]]:
+    """Prefill (segment by segment), then greedy decode; one token step per forward group."""
+    sink, writer = recorder.sink, recorder.sink.writer
+    emitted: list[int] = []
+    total = schedule.decode_steps + 1
+    for step in range(total):
+        sink.step = step
+        pieces = [(s, schedule.prompt[a:b]) for s, a, b in schedule.segments()] if step == 0 else [(DECODE, (emitted[-1],))]
+        for segment, ids in pieces:
+            sink.segment = segment
+            logits = recorder.forward(list(ids))
+        token = _greedy(logits)
+        emitted.append(token)
+        stop = token in schedule.stop_tokens
+        writer.add_token(step=step, segment=sink.segment, token_id=token, is_stop=stop)
+        writer.end_step()
+        yield Progress(step + 1, total, f"step {step}")
+        if stop:
+            break
+    return emitted
+
+
+def iter_record_mlx(
+    model_dir: Path,
+    schedule: TokenSchedule,
+    out: Path,
+    *,
+    role: str = "oracle",
+    device: str = "cpu",
+    extra: dict[str, Any] | None = None,
+    weights_hash: str | None = None,
+) -> ProgressGenerator[list[int]]:
+    """Record one run of the model in `model_dir` into `out`; yields Progress, returns the emitted tokens.
+
+    `weights_hash` overrides the capture's weights hash (default: the safetensors files' SHA-256,
+    which provenance keeps either way)."""
+    model_dir = Path(model_dir)
+    stream = mx.cpu if device == "cpu" else mx.gpu
+    with mx.stream(stream):
+        model, config = load_local_model(model_dir)
+        vocab = int(config.get("vocab_size", 0))
+        outside = [t for t in schedule.prompt if vocab and t >= vocab]
+        if outside:
+            raise ModelDirError(f"{model_dir}: token id {outside[0]} is outside the model's vocabulary ({vocab} ids)")
+        digest = weights_sha256(model_dir)
+        provenance = {
+            "recorder": "parity-xray record mlx",
+            "model_dir": str(model_dir.resolve()),
+            "model_type": config.get("model_type", ""),
+            "weights_sha256": digest,
+            "mlx_version": mx.__version__,
+            "mlx_lm_version": mlx_lm.__version__,
+            "head_chunk": False,
+            **schedule.as_provenance(),
+            **(extra or {}),
+        }
+        meta = CaptureMeta(
+            role=role,
+            engine_name=f"mlx-lm {config.get('model_type', '')}".strip(),
+            engine_version=mlx_lm.__version__,
+            model_id=model_dir.name,
+            weights_hash=weights_hash or digest,
+            device=device,
+            compiler=f"mlx {mx.__version__}",
+            prompt=schedule.describe(),
+            provenance=provenance,
+        )
+        with CaptureWriter(out, meta) as writer:
+            sink = CaptureSink(writer)
+            emitted = yield from run_schedule(MlxRecorder(model, sink), schedule)
+    return emitted

@@ -1,0 +1,1 @@
+"""Live recomputation of one op or segment through MLX from captured inputs."""

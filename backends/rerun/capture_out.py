@@ -1,0 +1,80 @@
+"""A rerun saved as a third capture (role `rerun`), openable beside the native and the oracle.
+
+Records are named by canonical op and stored in canonical layout, so the built-in
+`canonical` profile aligns them with either side; SDPA records carry one dispatch event per
+primitive call the rerun made, with the primitive MLX took on the rerun's device. The
+provenance says what was rerun, from which capture, on which route -- enough to run it
+again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import mlx.core as mx
+
+from backends.engines.capture_sink import DispatchedCall, add_dispatch_events
+from backends.rerun.segment import RerunResult, format_key
+from sessions.capture.meta import CaptureMeta
+from sessions.capture.writer import CaptureWriter
+
+ENGINE_NAME = "parity-xray rerun (MLX)"
+
+
+def rerun_meta(result: RerunResult) -> CaptureMeta:
+    source = result.source_meta
+    return CaptureMeta(
+        role="rerun",
+        engine_name=ENGINE_NAME,
+        engine_version=mx.__version__,
+        model_id=str(source.get("model_id", "")),
+        weights_hash=str(source.get("weights_hash", "")),
+        device=result.device,
+        compiler=f"mlx {mx.__version__}",
+        prompt=str(source.get("prompt", "")),
+        seed=int(source.get("seed", 0)),
+        provenance={
+            "rerun_of": format_key(result.target),
+            "native_capture": result.native_path,
+            "oracle_capture": result.oracle_path,
+            "options": asdict(result.options),
+            "routes": asdict(result.routes),
+            "route_sources": result.route_sources,
+            "notes": result.notes,
+            "config": source.get("provenance", {}).get("config", {}) if isinstance(source.get("provenance"), dict) else {},
+        },
+    )
+
+
+def save_rerun(result: RerunResult, path: str | Path) -> Path:
+    """Write the rerun's outputs as a complete capture at `path` (replaced if it exists)."""
+    path = Path(path)
+    with CaptureWriter(path, rerun_meta(result)) as writer:
+        for op in result.ops:
+            key = op.key
+            seq = writer.add_tensor(
+                key.op,
+                op.bits,
+                step=key.step,
+                segment=key.segment,
+                layer=key.layer,
+                dtype=op.dtype,
+                kernel_id=f"rerun.{key.op}",
+                contract_id=op.route[:64],
+                effective_contract_id=op.route[:64],
+            )
+            q_heads, kv_heads, head_dim = op.heads or (0, 0, 0)
+            add_dispatch_events(
+                writer,
+                seq,
+                (DispatchedCall(r.call, r.primitive, r.metal_primitive) for r in op.calls),
+                q_heads=q_heads,
+                kv_heads=kv_heads,
+                head_dim=head_dim,
+                mask_kind=op.mask_kind or "none",
+                dtype=op.dtype,
+            )
+        writer.end_step()
+    return path
+

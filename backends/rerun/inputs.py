@@ -1,0 +1,385 @@
+"""An op's captured inputs, found by canonical key, with the KV history and weights it needs.
+
+A rerun recomputes one record from the records that fed it, so this module knows the
+decoder's dataflow in canonical ops (docs/architecture.md): q_proj reads attn_norm, sdpa
+reads q_rope plus every k_rope and v_proj of its layer so far (the KV cache, gathered
+from earlier segments and steps in execution order), and so on. Records are found through
+the same profiles and alignment keys the comparison uses, and read in canonical layout, so
+native and oracle captures serve alike. Weights come from the capture itself (a record
+named like the weight) or from the weights file the capture references (safetensors, or
+GGUF decoded with the gguf package's dequantizers -- never `mx.load`, whose K-quant decode
+is wrong, GUIDE 4). Whatever is missing is named: which op, which layer, which side.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from backends.engines.capture_sink import to_numpy_bits
+from sessions.bits.dtypes import logical_dtype
+from sessions.capture.reader import Capture
+from sessions.compare.align import MappedRecord, map_records
+from sessions.compare.comparison import profile_for
+from sessions.compare.key import OpKey
+from sessions.compare.profiles import Profile
+
+LAYER_INPUT = "layer_input"
+"""Pseudo-op: the residual stream entering a layer (embed for layer 0, else the previous layer_out)."""
+
+OP_INPUTS: dict[str, tuple[str, ...]] = {
+    "attn_norm": (LAYER_INPUT,),
+    "q_proj": ("attn_norm",),
+    "k_proj": ("attn_norm",),
+    "v_proj": ("attn_norm",),
+    "q_norm": ("q_proj",),
+    "k_norm": ("k_proj",),
+    "q_rope": ("q_norm",),
+    "k_rope": ("k_norm",),
+    "sdpa": ("q_rope", "k_rope", "v_proj"),
+    "o_proj": ("sdpa",),
+    "attn_residual": (LAYER_INPUT, "o_proj"),
+    "ffn_norm": ("attn_residual",),
+    "ffn_gate": ("ffn_norm",),
+    "ffn_up": ("ffn_norm",),
+    "ffn_act": ("ffn_gate", "ffn_up"),
+    "ffn_down": ("ffn_act",),
+    "layer_out": ("attn_residual", "ffn_down"),
+    "final_norm": (LAYER_INPUT,),
+    "logits": ("final_norm",),
+}
+"""The captured inputs each canonical op reads (embed reads token ids, which are not rerun)."""
+
+SHORT_NAMES = {"q_rope": "q", "k_rope": "k", "v_proj": "v"}
+"""How an SDPA message names its inputs ("needs q, k and v")."""
+
+WEIGHT_NAMES: dict[str, tuple[str, str]] = {
+    "attn_norm": ("model.layers.{n}.input_layernorm.weight", "blk.{n}.attn_norm.weight"),
+    "q_proj": ("model.layers.{n}.self_attn.q_proj.weight", "blk.{n}.attn_q.weight"),
+    "k_proj": ("model.layers.{n}.self_attn.k_proj.weight", "blk.{n}.attn_k.weight"),
+    "v_proj": ("model.layers.{n}.self_attn.v_proj.weight", "blk.{n}.attn_v.weight"),
+    "q_norm": ("model.layers.{n}.self_attn.q_norm.weight", "blk.{n}.attn_q_norm.weight"),
+    "k_norm": ("model.layers.{n}.self_attn.k_norm.weight", "blk.{n}.attn_k_norm.weight"),
+    "o_proj": ("model.layers.{n}.self_attn.o_proj.weight", "blk.{n}.attn_output.weight"),
+    "ffn_norm": ("model.layers.{n}.post_attention_layernorm.weight", "blk.{n}.ffn_norm.weight"),
+    "ffn_gate": ("model.layers.{n}.mlp.gate_proj.weight", "blk.{n}.ffn_gate.weight"),
+    "ffn_up": ("model.layers.{n}.mlp.up_proj.weight", "blk.{n}.ffn_up.weight"),
+    "ffn_down": ("model.layers.{n}.mlp.down_proj.weight", "blk.{n}.ffn_down.weight"),
+    "final_norm": ("model.norm.weight", "output_norm.weight"),
+    "logits": ("lm_head.weight", "output.weight"),
+}
+"""Hugging Face / mlx-lm and GGUF (llama.cpp) names of each op's weight."""
+
+
+class RerunInputError(ValueError):
+    """What a rerun needs and the capture does not hold, in words."""
+
+
+def bits_to_mx(bits: np.ndarray, logical: str) -> mx.array:
+    """Stored bits as an MLX array of the logical dtype, bit for bit (bf16 and f16 via a view)."""
+    if logical == "bfloat16":
+        return mx.array(np.ascontiguousarray(bits)).view(mx.bfloat16)
+    if logical == "float16":
+        return mx.array(np.ascontiguousarray(bits).view(np.uint16)).view(mx.float16)
+    if logical in ("float32", "int32", "int64", "bool", "uint8", "int8", "uint32", "int16", "uint16"):
+        return mx.array(np.ascontiguousarray(bits))
+    raise RerunInputError(f"a rerun cannot compute in {logical}; it reruns bfloat16, float16 and float32 tensors")
+
+
+def mx_to_bits(array: mx.array) -> tuple[np.ndarray, str]:
+    return to_numpy_bits(array)
+
+
+@dataclass
+class CapturedOps:
+    """One capture's records by canonical key, and where each (step, segment) sits in time."""
+
+    side: str
+    capture: Capture
+    profile: Profile
+    by_key: dict[OpKey, MappedRecord]
+    positions: list[tuple[int, str]]
+    """(step, segment) in execution order: the order the KV cache grew in."""
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, capture: Capture, side: str, profile: str | None = None) -> "CapturedOps":
+        prof = profile_for(profile, capture, side)
+        mapped, _ = map_records(capture.records, prof, side)
+        groups: dict[OpKey, list[MappedRecord]] = {}
+        for m in mapped:
+            groups.setdefault(m.key, []).append(m)
+        by_key = {k: v[0] for k, v in groups.items() if len(v) == 1}
+        first_seq: dict[tuple[int, str], int] = {}
+        for record in capture.records:
+            first_seq.setdefault((record.step, record.segment), record.seq)
+        positions = sorted(first_seq, key=first_seq.__getitem__)
+        provenance = capture.meta.provenance if isinstance(capture.meta.provenance, dict) else {}
+        config = provenance.get("config", {})
+        return cls(side, capture, prof, by_key, positions, config if isinstance(config, dict) else {})
+
+    def find(self, step: int, segment: str, layer: int, op: str) -> MappedRecord | None:
+        return self.by_key.get(OpKey(step, segment, layer, op, 0))
+
+    def bits(self, mapped: MappedRecord) -> np.ndarray:
+        """A record's stored bits in canonical layout."""
+        bits = self.capture.read_bits(mapped.record)
+        return mapped.layout.apply(bits) if mapped.layout is not None else bits
+
+    def array(self, mapped: MappedRecord) -> mx.array:
+        return bits_to_mx(self.bits(mapped), mapped.record.dtype)
+
+    def layers(self) -> list[int]:
+        return sorted({k.layer for k in self.by_key if k.layer >= 0})
+
+    def dispatch_events(self, seq: int) -> np.ndarray:
+        table = self.capture.dispatch
+        return table[table["index_seq"] == seq] if len(table) else table
+
+    def earlier_positions(self, step: int, segment: str) -> list[tuple[int, str]]:
+        """The (step, segment) forward calls before this one: their K/V are this call's cache."""
+        if (step, segment) not in self.positions:
+            return []
+        return self.positions[: self.positions.index((step, segment))]
+
+
+def _weights_file(capture: Capture, explicit: Path | None) -> Path | None:
+    if explicit is not None:
+        return explicit
+    provenance = capture.meta.provenance if isinstance(capture.meta.provenance, dict) else {}
+    name = provenance.get("weights_file")
+    if not isinstance(name, str) or not name:
+        return None
+    path = Path(name)
+    return path if path.is_absolute() else capture.path.parent / path
+
+
+class WeightSource:
+    """Weights by canonical op and layer: from capture records first, then the weights file."""
+
+    def __init__(self, ops: CapturedOps, weights_path: Path | None = None) -> None:
+        self.ops = ops
+        self.path = _weights_file(ops.capture, weights_path)
+        self._records = {r.name: r for r in ops.capture.records if r.name.endswith(".weight")}
+        self._file: dict[str, Any] | None = None
+        self._gguf: Any = None
+
+    def describe(self) -> str:
+        if self.path is None:
+            return f"the {self.ops.side} capture's weight records (it references no weights file)"
+        return f"{self.path.name} (referenced by the {self.ops.side} capture)"
+
+    def get(self, op: str, layer: int) -> mx.array:
+        names = [n.format(n=layer) for n in WEIGHT_NAMES[op]]
+        for name in names:
+            record = self._records.get(name)
+            if record is not None:
+                return self._from_record(record)
+        if self.path is not None:
+            found = self._from_file(names)
+            if found is not None:
+                return found
+        where = f"layer {layer} " if layer >= 0 else ""
+        raise RerunInputError(
+            f"{op} rerun needs the {where}weight ({' or '.join(names)}); neither the {self.ops.side} capture "
+            f"nor {self.path if self.path is not None else 'a referenced weights file'} holds it"
+        )
+
+    def _from_record(self, record: Any) -> mx.array:
+        bits = self.ops.capture.read_bits(record)
+        if logical_dtype(record.dtype).is_quantized:
+            values = self.ops.capture.read_values(record)
+            return mx.array(np.ascontiguousarray(values, dtype=np.float32))
+        return bits_to_mx(bits, record.dtype)
+
+    def _from_file(self, names: list[str]) -> mx.array | None:
+        assert self.path is not None
+        if not self.path.is_file():
+            raise RerunInputError(f"the {self.ops.side} capture references weights file {self.path}, which does not exist")
+        if self.path.suffix == ".gguf":
+            return self._from_gguf(names)
+        if self._file is None:
+            try:
+                self._file = dict(mx.load(str(self.path)).items())
+            except (OSError, ValueError, RuntimeError) as exc:
+                raise RerunInputError(f"{self.path}: cannot be read as safetensors ({exc})") from None
+        return next((self._file[n] for n in names if n in self._file), None)
+
+    def _from_gguf(self, names: list[str]) -> mx.array | None:
+        """A GGUF tensor decoded by the gguf package (quantized blocks included), as float32 or its float type."""
+        from gguf import GGMLQuantizationType, GGUFReader
+        from gguf.quants import dequantize
+
+        if self._gguf is None:
+            try:
+                self._gguf = {t.name: t for t in GGUFReader(self.path).tensors}
+            except (OSError, ValueError, KeyError) as exc:
+                raise RerunInputError(f"{self.path}: cannot be read as GGUF ({exc})") from None
+        tensor = next((self._gguf[n] for n in names if n in self._gguf), None)
+        if tensor is None:
+            return None
+        kind = GGMLQuantizationType(tensor.tensor_type)
+        if kind == GGMLQuantizationType.F32:
+            return mx.array(np.asarray(tensor.data, dtype=np.float32))
+        if kind == GGMLQuantizationType.F16:
+            return mx.array(np.asarray(tensor.data, dtype=np.float16))
+        if kind == GGMLQuantizationType.BF16:
+            return mx.array(np.ascontiguousarray(tensor.data).view(np.uint16)).view(mx.bfloat16)
+        return mx.array(dequantize(np.asarray(tensor.data), kind).astype(np.float32))
+
+
+@dataclass
+class OpInputs:
+    """Everything one op's rerun reads, in canonical layouts, plus the scalars it needs."""
+
+    key: OpKey
+    arrays: dict[str, mx.array]
+    history: dict[str, mx.array]
+    """For sdpa: "k" and "v" of the earlier forward calls of the layer, [kv_heads, rows, dim]."""
+    weight: mx.array | None
+    params: dict[str, Any]
+    dtype: str
+
+
+def _and(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _missing_message(key: OpKey, side: str, needs: tuple[str, ...], missing: list[str], where: str) -> str:
+    def short(name: str) -> str:
+        if name == LAYER_INPUT:
+            return "the layer input"
+        return SHORT_NAMES.get(name, name) if key.op == "sdpa" else name
+
+    layer = f" of layer {key.layer}" if key.layer >= 0 else ""
+    title = "SDPA" if key.op == "sdpa" else key.op
+    gone = _and(list(dict.fromkeys(short(m) for m in missing)))
+    return f"{title} rerun needs {_and([short(n) for n in needs])}{layer}; the {side} capture has no {gone} ({where})"
+
+
+def layer_input_key(ops: CapturedOps, step: int, segment: str, layer: int) -> tuple[int, str]:
+    """(layer, op) of the residual stream entering `layer` (or the final norm for layer -1)."""
+    if layer == 0:
+        return -1, "embed"
+    if layer == -1:
+        layers = ops.layers()
+        return (layers[-1] if layers else 0), "layer_out"
+    return layer - 1, "layer_out"
+
+
+def config_value(ops: CapturedOps, name: str, override: float | None, what: str) -> float:
+    if override is not None:
+        return override
+    value = ops.config.get(name)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    raise RerunInputError(f"{what} needs {name}; the {ops.side} capture's provenance config has none (pass it as an option)")
+
+
+def gather(ops: CapturedOps, key: OpKey, weights: WeightSource, overrides: dict[str, float] | None = None) -> OpInputs:
+    """The captured inputs of the op at `key` on one side, or RerunInputError naming what is missing."""
+    if key.op not in OP_INPUTS:
+        raise RerunInputError(f"{key.op} cannot be rerun: its input is token ids, not a captured tensor" if key.op == "embed" else f"unknown canonical op {key.op!r}")
+    overrides = overrides or {}
+    needs = OP_INPUTS[key.op]
+    arrays: dict[str, mx.array] = {}
+    missing: list[str] = []
+    for name in needs:
+        if name == LAYER_INPUT:
+            layer, op = layer_input_key(ops, key.step, key.segment, key.layer)
+        else:
+            layer, op = key.layer, name
+        mapped = ops.find(key.step, key.segment, layer, op)
+        if mapped is None:
+            missing.append(op if name == LAYER_INPUT else name)
+        else:
+            arrays[name] = ops.array(mapped)
+    where = f"looked at step {key.step} {key.segment}"
+    if missing:
+        raise RerunInputError(_missing_message(key, ops.side, needs, missing, where))
+    history = kv_history(ops, key) if key.op == "sdpa" else {}
+    weight = weights.get(key.op, key.layer) if key.op in WEIGHT_NAMES else None
+    params = op_params(ops, key, arrays, weight, overrides)
+    dtype = next(iter(arrays.values())).dtype
+    return OpInputs(key, arrays, history, weight, params, str(dtype).removeprefix("mlx.core."))
+
+
+def kv_history_rows(ops: CapturedOps, key: OpKey) -> int:
+    """Rows of K/V the layer's cache holds before this forward call (the RoPE offset)."""
+    total = 0
+    for step, segment in ops.earlier_positions(key.step, key.segment):
+        mapped = ops.find(step, segment, key.layer, "k_rope") or ops.find(step, segment, key.layer, "k_proj")
+        if mapped is None:
+            raise RerunInputError(
+                f"{key.op} rerun of layer {key.layer} at step {key.step} {key.segment} needs the KV cache rows of the "
+                f"earlier call step {step} {segment}; the {ops.side} capture has no k for layer {key.layer} there"
+            )
+        total += mapped.shape[1] if mapped.key.op == "k_rope" else mapped.shape[0]
+    return total
+
+
+def kv_history(ops: CapturedOps, key: OpKey) -> dict[str, mx.array]:
+    ks, vs = [], []
+    for step, segment in ops.earlier_positions(key.step, key.segment):
+        k = ops.find(step, segment, key.layer, "k_rope")
+        v = ops.find(step, segment, key.layer, "v_proj")
+        if k is None or v is None:
+            gone = " and ".join(n for n, m in (("k", k), ("v", v)) if m is None)
+            raise RerunInputError(
+                f"SDPA rerun needs the K/V cache of layer {key.layer} from step {step} {segment} (an earlier call "
+                f"of this layer); the {ops.side} capture has no {gone} there"
+            )
+        ks.append(ops.array(k))
+        v_arr = ops.array(v)
+        kv_heads = ks[-1].shape[0]
+        vs.append(v_arr.reshape(v_arr.shape[0], kv_heads, -1).transpose(1, 0, 2))
+    if not ks:
+        return {}
+    return {"k": mx.concatenate(ks, axis=1), "v": mx.concatenate(vs, axis=1)}
+
+
+def op_params(ops: CapturedOps, key: OpKey, arrays: dict[str, mx.array], weight: mx.array | None, overrides: dict[str, float]) -> dict[str, Any]:
+    """The scalars an op needs beside its arrays (eps, RoPE base and offset, heads, scale, mask).
+
+    `arrays` may be captured inputs or a segment rerun's own intermediate results: only
+    their shapes are read.
+    """
+    op = key.op
+    params: dict[str, Any] = {}
+    if op in ("attn_norm", "ffn_norm", "final_norm", "q_norm", "k_norm"):
+        params["eps"] = config_value(ops, "rms_norm_eps", overrides.get("eps"), f"{op} rerun")
+    if op in ("q_norm", "k_norm"):
+        assert weight is not None
+        params["heads"] = arrays[OP_INPUTS[op][0]].shape[-1] // weight.shape[-1]
+    if op in ("q_rope", "k_rope"):
+        params["base"] = config_value(ops, "rope_theta", overrides.get("rope_base"), f"{op} rerun")
+        params["offset"] = kv_history_rows(ops, key)
+        params["dims"] = int(overrides.get("rope_dims", arrays[OP_INPUTS[op][0]].shape[-1]))
+    if op == "sdpa":
+        q, k = arrays["q_rope"], arrays["k_rope"]
+        params["head_dim"] = q.shape[-1]
+        params["kv_heads"] = k.shape[0]
+        params["scale"] = float(overrides.get("scale", 1.0 / math.sqrt(q.shape[-1])))
+        params["mask"] = _mask_of(ops, key, q.shape[1])
+    return params
+
+
+def _mask_of(ops: CapturedOps, key: OpKey, rows: int) -> str | None:
+    """The mask the captured call used, from its dispatch events; a decoder's causal/none without them."""
+    mapped = ops.find(key.step, key.segment, key.layer, "sdpa")
+    events = ops.dispatch_events(mapped.record.seq) if mapped is not None else ops.capture.dispatch[:0]
+    kinds = {bytes(k).rstrip(b"\0").decode() for k in events["mask_kind"].tolist()} if len(events) else set()
+    if not kinds:
+        return "causal" if rows > 1 else None
+    kind = kinds.pop()
+    if kind in ("none", "causal"):
+        return None if kind == "none" else "causal"
+    raise RerunInputError(
+        f"SDPA rerun needs the {kind} mask of layer {key.layer} at step {key.step} {key.segment}; the {ops.side} "
+        f"capture records only the mask's kind, not its values"
+    )

@@ -1,0 +1,391 @@
+"""Live rerun: recompute a captured op or segment through MLX and judge it three ways.
+
+A parity investigation ends in a hypothesis ("the oracle's tiled attention is the cause"),
+and the quickest test is to recompute the place where the runs part from one side's own
+inputs on a chosen route, then see whose bits come back. `iter_rerun` does that for one
+aligned op or one segment (an attention block, a full decoder layer), compares the result
+with native and oracle using the diff engine's metrics, and measures all three against a
+float64 reference of the same math, so the table also says which side is closer to exact.
+
+It reports what actually ran: the device, and per SDPA call the primitive MLX took there.
+On a CPU stream MLX runs every SDPA call as its decomposed fallback, so head-chunked and
+unchunked calls give the same bits here; the Metal primitive is shown as a prediction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from backends.kernels import attention_contracts as contracts
+from backends.kernels.head_chunk import DEFAULT_CHUNK_LIMIT
+from backends.rerun import ops
+from backends.rerun.compute import Computed, Routes, compute_f64, compute_mlx, to_f64, weight_f64
+from backends.rerun.inputs import (
+    LAYER_INPUT,
+    OP_INPUTS,
+    WEIGHT_NAMES,
+    CapturedOps,
+    RerunInputError,
+    WeightSource,
+    gather,
+    kv_history,
+    layer_input_key,
+    mx_to_bits,
+    op_params,
+)
+from sessions.bits.dtypes import as_bit_pattern, as_values
+from sessions.capture.reader import Capture
+from sessions.compare.key import OpKey
+from sessions.compare.tensor_diff import DiffAccumulator, TensorMetrics, Tolerance
+from sessions.progress import Progress, ProgressGenerator
+
+ATTENTION_BLOCK = ("attn_norm", "q_proj", "k_proj", "v_proj", "q_norm", "k_norm", "q_rope", "k_rope", "sdpa", "o_proj", "attn_residual")
+DECODER_LAYER = (*ATTENTION_BLOCK, "ffn_norm", "ffn_gate", "ffn_up", "ffn_act", "ffn_down", "layer_out")
+SEGMENTS: dict[str, tuple[str, ...]] = {"attention_block": ATTENTION_BLOCK, "decoder_layer": DECODER_LAYER}
+SIDES = ("native", "oracle")
+CPU_NOTE = (
+    "Ran on the CPU: MLX has no fused attention kernel there, so every SDPA call took the decomposed "
+    "fallback, and head-chunked and unchunked calls give the same bits. The Metal primitive shown per "
+    "call is the route table's prediction, not a measurement."
+)
+
+
+@dataclass(frozen=True)
+class RerunOptions:
+    source: str = "oracle"
+    """Whose captured inputs the rerun reads."""
+    route_from: str | None = None
+    """Whose route (attention contract, SwiGLU order) to follow; None follows the source side."""
+    head_chunk: bool = True
+    chunk_limit: int = DEFAULT_CHUNK_LIMIT
+    dtype: str | None = None
+    """Compute dtype; None computes in the captured dtype (the only way to reproduce bits)."""
+    device: str = "cpu"
+    attention_route: str | None = None
+    """Overrides the route side's attention reduction (rerun_ops.ATTENTION_ROUTES)."""
+    swiglu_order: str | None = None
+    weights_path: str | None = None
+    native_profile: str | None = None
+    oracle_profile: str | None = None
+
+    def __post_init__(self) -> None:
+        for name, value in (("source", self.source), ("route_from", self.route_from or self.source)):
+            if value not in SIDES:
+                raise ValueError(f"{name} must be native or oracle, not {value!r}")
+        if self.dtype is not None and self.dtype not in ops.DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(ops.DTYPES)} (or as captured), not {self.dtype!r}")
+        if self.chunk_limit < 1:
+            raise ValueError(f"chunk limit must be at least 1, not {self.chunk_limit}")
+
+
+@dataclass(frozen=True)
+class ExactDistance:
+    """How far one side's output is from the float64 reference."""
+
+    rmse: float
+    max_abs: float
+    correctly_rounded: float
+    """Fraction of elements whose bits equal the reference rounded once to the output dtype."""
+
+
+@dataclass
+class OpRerun:
+    key: OpKey
+    dtype: str
+    shape: tuple[int, ...]
+    bits: np.ndarray
+    """The rerun's output bits, canonical layout, in the captured dtype."""
+    route: str
+    calls: tuple[ops.RoutedCall, ...]
+    mask_kind: str
+    heads: tuple[int, int, int] | None
+    """For SDPA: (q heads, KV heads, head dim)."""
+    three_way: dict[str, TensorMetrics | None]
+    """'native vs oracle', 'rerun vs native', 'rerun vs oracle': None where a side has no record."""
+    exact: dict[str, ExactDistance]
+    closer: str
+    """'native', 'oracle' or 'tie': which captured side is closer to the float64 reference."""
+    inputs_agree: bool | None
+    """Whether native and oracle fed this op (or segment) bit-identical inputs; None if unknown."""
+    computed_dtype: str
+
+
+@dataclass
+class RerunResult:
+    target: OpKey
+    options: RerunOptions
+    device: str
+    mlx_version: str
+    routes: Routes
+    route_sources: list[str]
+    ops: list[OpRerun]
+    notes: list[str] = field(default_factory=list)
+    native_path: str = ""
+    oracle_path: str = ""
+    source_meta: dict[str, Any] = field(default_factory=dict)
+
+    def reproduces(self, side: str) -> bool:
+        """Every rerun op's bits equal `side`'s record."""
+        label = f"rerun vs {side}"
+        return all(op.three_way[label] is not None and op.three_way[label].bit_exact for op in self.ops)  # type: ignore[union-attr]
+
+
+def parse_key(text: str) -> OpKey:
+    """`STEP:SEGMENT:LAYER:OP[#OCCURRENCE]`, e.g. `0:visual:0:sdpa` or `2:decode:1:decoder_layer`."""
+    parts = text.strip().split(":")
+    if len(parts) != 4:
+        raise ValueError(f"key {text!r} is not STEP:SEGMENT:LAYER:OP (e.g. 0:visual:0:sdpa)")
+    step, segment, layer, op = parts
+    occurrence = 0
+    if "#" in op:
+        op, occ = op.split("#", 1)
+        occurrence = int(occ)
+    try:
+        key = OpKey(int(step), segment, int(layer), op, occurrence)
+    except ValueError:
+        raise ValueError(f"key {text!r}: STEP and LAYER must be integers") from None
+    if op == "embed":
+        raise ValueError(f"key {text!r}: embed cannot be rerun: its input is token ids, not a captured tensor")
+    if op not in OP_INPUTS and op not in SEGMENTS:
+        raise ValueError(f"key {text!r}: {op!r} is neither a rerunnable op ({', '.join(OP_INPUTS)}) nor a segment ({', '.join(SEGMENTS)})")
+    return key
+
+
+def format_key(key: OpKey) -> str:
+    occ = f"#{key.occurrence}" if key.occurrence else ""
+    return f"{key.step}:{key.segment}:{key.layer}:{key.op}{occ}"
+
+
+def rerunnable_keys(native: Capture, oracle: Capture) -> list[OpKey]:
+    """Every op key either capture can rerun, then a segment key per (step, segment, layer), in execution order."""
+    found: dict[OpKey, int] = {}
+    for side, capture in (("native", native), ("oracle", oracle)):
+        ops_ = CapturedOps.build(capture, side)
+        for key, mapped in ops_.by_key.items():
+            if key.op in OP_INPUTS:
+                found.setdefault(key, mapped.record.seq)
+    segments: dict[OpKey, int] = {}
+    for key, seq in found.items():
+        if key.op == "sdpa":
+            for name in SEGMENTS:
+                segments.setdefault(OpKey(key.step, key.segment, key.layer, name, 0), seq)
+    return sorted(found, key=found.__getitem__) + sorted(segments, key=segments.__getitem__)
+
+
+def resolve_routes(route_ops: CapturedOps, key: OpKey, options: RerunOptions) -> tuple[Routes, list[str]]:
+    """The route the rerun follows, and where each choice came from (shown to the user)."""
+    side = route_ops.side
+    sources = []
+    attention = options.attention_route
+    if attention is None:
+        attention, why = _attention_route(route_ops, key)
+        sources.append(f"attention {attention} ({why})")
+    else:
+        sources.append(f"attention {attention} (chosen)")
+    swiglu = options.swiglu_order
+    if swiglu is None:
+        declared = route_ops.capture.meta.provenance.get("options", {}) if isinstance(route_ops.capture.meta.provenance, dict) else {}
+        order = declared.get("swiglu_order") if isinstance(declared, dict) else None
+        swiglu = order if order in ops.SWIGLU_ORDERS else ops.SILU_THEN_MUL
+        why = f"the {side} capture's provenance options" if order in ops.SWIGLU_ORDERS else "mlx-lm's order; the capture declares none"
+        sources.append(f"swiglu {swiglu} ({why})")
+    else:
+        sources.append(f"swiglu {swiglu} (chosen)")
+    if attention not in ops.ATTENTION_ROUTES:
+        raise ValueError(f"attention route must be one of {', '.join(ops.ATTENTION_ROUTES)}, not {attention!r}")
+    return Routes(attention, swiglu, options.head_chunk, options.chunk_limit), sources
+
+
+def _attention_route(route_ops: CapturedOps, key: OpKey) -> tuple[str, str]:
+    """The reduction the route side's record says ran: its effective contract, unless MLX's SDPA ran it."""
+    mapped = route_ops.find(key.step, key.segment, key.layer, "sdpa")
+    if mapped is None:
+        return ops.MLX_SDPA, f"the {route_ops.side} capture has no sdpa record here; MLX's primitive"
+    record = mapped.record
+    if record.kernel_id != "mlx.fast.scaled_dot_product_attention" and record.effective_contract_id in (contracts.SINGLE_RANGE, contracts.TILED_64):
+        return record.effective_contract_id, f"the {route_ops.side} record's effective contract"
+    return ops.MLX_SDPA, f"the {route_ops.side} record ran kernel {record.kernel_id or 'unnamed'}"
+
+
+def _cast(arrays: dict[str, mx.array], dtype: mx.Dtype | None) -> dict[str, mx.array]:
+    return arrays if dtype is None else {k: v.astype(dtype) for k, v in arrays.items()}
+
+
+def _metrics(a: np.ndarray, b: np.ndarray, logical: str) -> TensorMetrics:
+    acc = DiffAccumulator(logical, a.shape, Tolerance(), rows_axis=0 if a.ndim >= 2 else None)
+    acc.add(a, b, 0)
+    return acc.finish()
+
+
+def _distance(bits: np.ndarray, logical: str, reference: np.ndarray) -> ExactDistance:
+    values = as_values(bits, logical).astype(np.float64)
+    diff = values - reference
+    finite = np.isfinite(diff)
+    rmse = float(np.sqrt(np.mean(diff[finite] ** 2))) if finite.any() else float("nan")
+    max_abs = float(np.max(np.abs(diff[finite]))) if finite.any() else float("nan")
+    rounded = np.asarray(reference).astype(as_values(bits[:0], logical).dtype).view(bits.dtype)
+    exact = float(np.mean(as_bit_pattern(bits, logical) == as_bit_pattern(rounded, logical))) if bits.size else 1.0
+    return ExactDistance(rmse, max_abs, exact)
+
+
+def _closer(exact: dict[str, ExactDistance]) -> str:
+    if "native" not in exact or "oracle" not in exact:
+        return "unknown"
+    n, o = exact["native"].rmse, exact["oracle"].rmse
+    if n == o:
+        return "tie"
+    return "native" if n < o else "oracle"
+
+
+def _same_inputs(a: dict[str, mx.array], b: dict[str, mx.array]) -> bool:
+    return a.keys() == b.keys() and all(np.array_equal(mx_to_bits(a[k])[0], mx_to_bits(b[k])[0]) for k in a)
+
+
+@dataclass
+class _Sides:
+    ops: dict[str, CapturedOps]
+    weights: WeightSource
+    source: CapturedOps
+
+
+def _judge(key: OpKey, sides: _Sides, computed: Computed, reference: np.ndarray, computed_dtype: str, inputs_agree: bool | None) -> OpRerun:
+    """Three-way metrics and distances from exact for one op's rerun output."""
+    out = computed.output
+    captured = {name: c.find(key.step, key.segment, key.layer, key.op) for name, c in sides.ops.items()}
+    reference_record = next((m for m in captured.values() if m is not None), None)
+    logical = reference_record.record.dtype if reference_record is not None else str(out.dtype).removeprefix("mlx.core.")
+    if logical in ops.DTYPES and out.dtype != ops.DTYPES[logical]:
+        out = out.astype(ops.DTYPES[logical])
+    mx.eval(out)
+    bits, logical = mx_to_bits(out)
+    bits_by_side = {name: sides.ops[name].bits(m) for name, m in captured.items() if m is not None and m.shape == bits.shape}
+    n, o = bits_by_side.get("native"), bits_by_side.get("oracle")
+    three_way = {
+        "native vs oracle": _metrics(n, o, logical) if n is not None and o is not None else None,
+        "rerun vs native": _metrics(bits, n, logical) if n is not None else None,
+        "rerun vs oracle": _metrics(bits, o, logical) if o is not None else None,
+    }
+    exact = {name: _distance(b, logical, reference) for name, b in (*bits_by_side.items(), ("rerun", bits))}
+    sdpa = computed.sdpa
+    return OpRerun(
+        key=key,
+        dtype=logical,
+        shape=tuple(bits.shape),
+        bits=bits,
+        route=computed.route,
+        calls=sdpa.calls if sdpa else (),
+        mask_kind=sdpa.mask_kind if sdpa else "",
+        heads=(sdpa.q_heads, sdpa.kv_heads, sdpa.head_dim) if sdpa else None,
+        three_way=three_way,
+        exact=exact,
+        closer=_closer(exact),
+        inputs_agree=inputs_agree,
+        computed_dtype=computed_dtype,
+    )
+
+
+def _other_inputs(sides: _Sides, key: OpKey) -> dict[str, mx.array] | None:
+    other = next(c for name, c in sides.ops.items() if c is not sides.source)
+    try:
+        return gather(other, key, WeightSource(other, sides.weights.path)).arrays
+    except RerunInputError:
+        return None
+
+
+def _segment_start(source: CapturedOps, key: OpKey) -> dict[str, mx.array]:
+    layer, op = layer_input_key(source, key.step, key.segment, key.layer)
+    mapped = source.find(key.step, key.segment, layer, op)
+    if mapped is None:
+        raise RerunInputError(
+            f"a {key.op.replace('_', ' ')} rerun of layer {key.layer} needs the layer's input ({op} of "
+            f"{'layer ' + str(layer) if layer >= 0 else 'the model'}); the {source.side} capture has no {op} at step {key.step} {key.segment}"
+        )
+    return {LAYER_INPUT: source.array(mapped)}
+
+
+def iter_rerun(native: Capture, oracle: Capture, target: OpKey, options: RerunOptions = RerunOptions()) -> ProgressGenerator[RerunResult]:
+    """Rerun the op or segment at `target`; yields Progress per op, returns the RerunResult.
+
+    Raises RerunInputError (what is missing, which side), ValueError (a bad option) or
+    CaptureError (an unreadable tensor) -- each a message for the user, never a crash.
+    """
+    device = ops.device_of(options.device)
+    segment_ops = SEGMENTS.get(target.op, (target.op,))
+    total = len(segment_ops) + 1
+    yield Progress(0, total, "finding records by canonical key")
+    captured = {
+        "native": CapturedOps.build(native, "native", options.native_profile),
+        "oracle": CapturedOps.build(oracle, "oracle", options.oracle_profile),
+    }
+    source = captured[options.source]
+    weights_path = None if options.weights_path is None else Path(options.weights_path)
+    sides = _Sides(captured, WeightSource(source, weights_path), source)
+    routes, route_sources = resolve_routes(captured[options.route_from or options.source], target, options)
+    compute_dtype = ops.DTYPES[options.dtype] if options.dtype else None
+    result = RerunResult(
+        target, options, options.device, mx.__version__, routes, route_sources, [],
+        native_path=str(native.path), oracle_path=str(oracle.path), source_meta=source.capture.meta.as_dict(),
+    )
+    if target.op in SEGMENTS:
+        yield from _run_segment(sides, target, segment_ops, routes, compute_dtype, device, result)
+    else:
+        yield from _run_op(sides, target, routes, compute_dtype, device, result)
+    if device.type == mx.cpu:
+        result.notes.append(CPU_NOTE)
+    if compute_dtype is not None and any(op.computed_dtype != op.dtype for op in result.ops):
+        result.notes.append(f"Computed in {options.dtype}, then rounded to the captured dtype for the bit comparison.")
+    return result
+
+
+def _run_op(sides: _Sides, key: OpKey, routes: Routes, dtype: mx.Dtype | None, device: mx.Device, result: RerunResult) -> ProgressGenerator[None]:
+    inputs = gather(sides.source, key, sides.weights)
+    other = _other_inputs(sides, key)
+    agree = None if other is None else _same_inputs(inputs.arrays, other)
+    arrays, history = _cast(inputs.arrays, dtype), _cast(inputs.history, dtype)
+    weight = None if inputs.weight is None else (inputs.weight.astype(dtype) if dtype is not None else inputs.weight.astype(next(iter(arrays.values())).dtype))
+    yield Progress(1, 2, f"rerunning {key.label()}")
+    computed = compute_mlx(key.op, arrays, history, weight, inputs.params, routes, device)
+    reference = compute_f64(key.op, to_f64(inputs.arrays), to_f64(inputs.history), weight_f64(inputs.weight), inputs.params)
+    result.ops.append(_judge(key, sides, computed, reference, str(computed.output.dtype).removeprefix("mlx.core."), agree))
+    yield Progress(2, 2, f"rerun of {key.label()} done")
+
+
+def _run_segment(
+    sides: _Sides, target: OpKey, segment_ops: tuple[str, ...], routes: Routes, dtype: mx.Dtype | None, device: mx.Device, result: RerunResult
+) -> ProgressGenerator[None]:
+    """Each op of the segment from the previous op's rerun output, starting at the layer's captured input."""
+    source = sides.source
+    chain = _segment_start(source, target)
+    other_ops = next(c for c in sides.ops.values() if c is not source)
+    try:
+        other_start = _segment_start(other_ops, target)
+        agree: bool | None = _same_inputs(chain, other_start)
+    except RerunInputError:
+        agree = None
+    exact = to_f64(chain)
+    captured_dtype = chain[LAYER_INPUT].dtype
+    chain = _cast(chain, dtype)
+    history_key = OpKey(target.step, target.segment, target.layer, "sdpa", 0)
+    history = kv_history(source, history_key)
+    history_f64 = to_f64(history)
+    history = _cast(history, dtype)
+    total = len(segment_ops) + 1
+    for number, op in enumerate(segment_ops):
+        key = OpKey(target.step, target.segment, target.layer, op, 0)
+        yield Progress(number + 1, total, f"rerunning {key.label()}")
+        arrays = {name: chain[name] for name in OP_INPUTS[op]}
+        weight = sides.weights.get(op, target.layer) if op in WEIGHT_NAMES else None
+        params = op_params(source, key, arrays, weight, {})
+        compute_weight = None if weight is None else weight.astype(dtype if dtype is not None else captured_dtype)
+        computed = compute_mlx(op, arrays, history if op == "sdpa" else {}, compute_weight, params, routes, device)
+        reference = compute_f64(op, {n: exact[n] for n in OP_INPUTS[op]}, history_f64 if op == "sdpa" else {}, weight_f64(weight), params)
+        mx.eval(computed.output)
+        chain[op] = computed.output
+        exact[op] = reference
+        result.ops.append(_judge(key, sides, computed, reference, str(computed.output.dtype).removeprefix("mlx.core."), agree))
+    yield Progress(total, total, f"rerun of {target.label()} done")

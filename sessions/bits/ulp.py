@@ -1,0 +1,98 @@
+"""ULP distance on stored bits, for every float width the captures hold (bfloat16 included).
+
+numpy's spacing helpers reject bfloat16 and work on values, where -0 == +0 and NaN != NaN.
+Parity is about bits, so distances here come from the bit patterns: each float pattern is
+mapped onto a signed integer line that is monotonic in value, and the distance is the
+difference of the two positions.
+
+Convention (docs/report-json.md): positive patterns keep their magnitude bits; a negative
+pattern with magnitude m lands on -m - 1. Every distinct non-NaN pattern therefore has its
+own place, so -0 and +0 are exactly 1 ULP apart -- a signed-zero difference is never a
+distance of zero. NaN patterns have no place on the line: their distance is undefined and
+they are counted as NaN mismatches instead.
+
+Integer dtypes count one unit as one ULP.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sessions.bits.dtypes import FLOAT_BIT_DTYPES, logical_dtype
+
+_SIGNED_OF_UNSIGNED = {2: np.int16, 4: np.int32, 8: np.int64}
+
+
+def is_float_dtype(logical: str) -> bool:
+    """Whether ULP distance is defined by the float line (True) or by integer units (False)."""
+    return logical in FLOAT_BIT_DTYPES
+
+
+def float_layout(logical: str) -> tuple[int, int]:
+    """(exponent bits, mantissa bits) of a float logical dtype."""
+    return {"bfloat16": (8, 7), "float16": (5, 10), "float32": (8, 23), "float64": (11, 52)}[logical]
+
+
+def ordered_line(bits: np.ndarray, logical: str) -> np.ndarray:
+    """Positions of float bit patterns on the monotonic signed line, as int64.
+
+    Accepts the stored bits (any unsigned or same-width view). NaN patterns get positions
+    past the infinities; callers mask them out with `nan_mask`.
+    """
+    unsigned = bits.view(FLOAT_BIT_DTYPES[logical])
+    width = unsigned.dtype.itemsize * 8
+    sign_bit = np.array(1 << (width - 1), dtype=unsigned.dtype)
+    magnitude = (unsigned & ~sign_bit).astype(np.int64)
+    negative = (unsigned & sign_bit) != 0
+    return np.where(negative, -magnitude - 1, magnitude)
+
+
+def nan_mask(bits: np.ndarray, logical: str) -> np.ndarray:
+    """True where the pattern is a NaN (all exponent bits set, mantissa non-zero)."""
+    unsigned = bits.view(FLOAT_BIT_DTYPES[logical])
+    exp_bits, man_bits = float_layout(logical)
+    width = unsigned.dtype.itemsize * 8
+    magnitude = unsigned & np.array((1 << (width - 1)) - 1, dtype=unsigned.dtype)
+    inf_pattern = np.array(((1 << exp_bits) - 1) << man_bits, dtype=unsigned.dtype)
+    return magnitude > inf_pattern
+
+
+def inf_mask(bits: np.ndarray, logical: str) -> np.ndarray:
+    """True where the pattern is +Inf or -Inf."""
+    unsigned = bits.view(FLOAT_BIT_DTYPES[logical])
+    exp_bits, man_bits = float_layout(logical)
+    width = unsigned.dtype.itemsize * 8
+    magnitude = unsigned & np.array((1 << (width - 1)) - 1, dtype=unsigned.dtype)
+    return magnitude == np.array(((1 << exp_bits) - 1) << man_bits, dtype=unsigned.dtype)
+
+
+def _abs_difference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """|a - b| of two int64 arrays as exact uint64 (the true difference can exceed int64)."""
+    ua = a.view(np.uint64) if a.dtype == np.int64 else a.astype(np.int64).view(np.uint64)
+    ub = b.view(np.uint64) if b.dtype == np.int64 else b.astype(np.int64).view(np.uint64)
+    return np.where(a >= b, ua - ub, ub - ua)
+
+
+def ulp_distance(native_bits: np.ndarray, oracle_bits: np.ndarray, logical: str) -> np.ndarray:
+    """Element-wise ULP distance as uint64 (exact, f64 included).
+
+    For floats, positions where either side is NaN hold 0 here; combine with `nan_mask`
+    (the distance there is undefined). Quantized blocks have no ULP notion and are rejected.
+    """
+    if is_float_dtype(logical):
+        a = ordered_line(np.ascontiguousarray(native_bits), logical)
+        b = ordered_line(np.ascontiguousarray(oracle_bits), logical)
+        distance = _abs_difference(a, b)
+        either_nan = nan_mask(native_bits, logical) | nan_mask(oracle_bits, logical)
+        distance[either_nan] = 0
+        return distance
+    ld = logical_dtype(logical)
+    if ld.is_quantized:
+        raise ValueError(f"{logical} is a quantized block format; ULP distance is not defined")
+    if logical == "bool":
+        return (native_bits != oracle_bits).astype(np.uint64)
+    if ld.storage.kind == "u":
+        a64 = native_bits.astype(np.uint64)
+        b64 = oracle_bits.astype(np.uint64)
+        return np.where(a64 >= b64, a64 - b64, b64 - a64)
+    return _abs_difference(native_bits.astype(np.int64), oracle_bits.astype(np.int64))

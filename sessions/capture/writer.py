@@ -1,0 +1,299 @@
+"""Streaming capture writer whose file stays readable whatever instant its process is killed.
+
+Engines call it record by record while they run; `end_step` makes the step's records visible.
+libhdf5 flushes dirty metadata in address order with the superblock (and its end-of-allocation
+mark) last, so a process killed mid-flush leaves some structures updated in place and others
+not, and anything that points at space allocated since the last flush reads as past the end of
+the file. A torn group that holds finished steps' tensors then hides all of them (measured:
+about 1 kill in 100 left an unopenable file). So the writer never modifies in place anything a
+reader needs for finished steps, except with one small write that is valid whether or not it
+landed (docs/capture-format.md, "Writing"):
+
+- every group is filled once, before anything under it is committed: `/tensors` is created
+  with all its blocks, a block with all its (empty) step groups, a step group receives only
+  its own step's tensors;
+- table rows are appended past `committed_rows`, which readers of an unfinished file never
+  read, and are committed by rewriting that one attribute after a flush; `/index` first, so
+  dispatch rows and tokens never point past the records shown;
+- `complete` exists from the start as 0 and turns 1 by one in-place write at `close`;
+- the file is created under a temporary name and renamed once its empty structure is on disk.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import time
+from collections import Counter
+from pathlib import Path
+from types import TracebackType
+
+import h5py
+import numpy as np
+
+from sessions.bits.dtypes import logical_dtype, logical_name_of, to_storage
+from sessions.capture import format as cf
+from sessions.capture.meta import CaptureMeta
+
+COMPRESSIONS = (None, "gzip", "lzf")
+TABLES: tuple[tuple[str, np.dtype], ...] = (
+    (cf.INDEX_PATH, cf.INDEX_DTYPE),
+    (cf.DISPATCH_PATH, cf.DISPATCH_DTYPE),
+    (cf.TOKENS_PATH, cf.TOKENS_DTYPE),
+)
+
+
+def _set_scalar(obj_id: h5py.h5o.ObjectID, name: str, value: np.ndarray) -> None:
+    """Overwrite an existing scalar attribute in place (h5py's `attrs.create` deletes and re-adds
+    it, moving object header messages around: several writes, tearable by a kill)."""
+    h5py.h5a.open(obj_id, name.encode()).write(value)
+
+
+class CaptureWriter:
+    def __init__(self, path: str | Path, meta: CaptureMeta, compression: str | None = None) -> None:
+        if meta.role not in cf.ROLES:
+            raise ValueError(f"role must be one of {cf.ROLES}, not {meta.role!r}")
+        if compression not in COMPRESSIONS:
+            raise ValueError(f"compression must be one of {COMPRESSIONS}, not {compression!r}")
+        self.path = Path(path)
+        self._compression = compression
+        partial = self.path.with_name(f".{self.path.name}.partial")
+        self._file = h5py.File(partial, "w", locking=False)
+        self._t0 = time.perf_counter_ns()
+        self._occurrences: Counter[tuple[int, str, int, str]] = Counter()
+        self._seq = 0
+        self._pending_index: list[tuple] = []
+        self._pending_dispatch: list[tuple] = []
+        self._pending_tokens: list[tuple] = []
+        self._group = 0
+        """Number of the step group the next tensor goes to (step groups that hold tensors count)."""
+        self._step_group: h5py.Group | None = None
+        self._write_root_attrs(meta)
+        tensors = self._file.create_group(cf.TENSORS_GROUP)
+        for block in range(cf.STEP_BLOCKS):
+            tensors.create_group(f"b{block:02d}")
+        for path_, dtype in TABLES:
+            ds = self._file.create_dataset(path_, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(1024,))
+            ds.attrs.create(cf.ATTR_COMMITTED_ROWS, np.int64(0))
+        self._file.flush()
+        os.replace(partial, self.path)
+
+    def _write_root_attrs(self, meta: CaptureMeta) -> None:
+        attrs = self._file.attrs
+        attrs.create(cf.ATTR_FORMAT, np.bytes_(cf.FORMAT_NAME.encode()), dtype=h5py.string_dtype("utf-8", len(cf.FORMAT_NAME)))
+        attrs.create(cf.ATTR_VERSION, np.int64(cf.FORMAT_VERSION))
+        created = meta.created_utc or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        for name in cf.STRING_ATTRS:
+            value = created if name == "created_utc" else getattr(meta, name)
+            raw = value.encode("utf-8")
+            attrs.create(name, np.bytes_(raw), dtype=h5py.string_dtype("utf-8", max(1, len(raw))))
+        attrs.create("seed", np.int64(meta.seed))
+        attrs.create(cf.ATTR_PROVENANCE, np.frombuffer(meta.provenance_bytes(), dtype=np.uint8))
+        attrs.create(cf.ATTR_COMPLETE, np.int8(0))
+
+    def _open_step_group(self) -> h5py.Group:
+        """This step's (empty) group; the first step of a block creates all the block's step groups."""
+        block = cf.step_block(self._group)
+        if self._group == 2**block - 1:
+            block_group = self._file[f"{cf.TENSORS_GROUP}/b{block:02d}"]
+            for group in range(self._group, 2 ** (block + 1) - 1):
+                block_group.create_group(f"s{group:07d}")
+        return self._file[cf.step_group_path(self._group)]
+
+    def now_ns(self) -> int:
+        """Nanoseconds since the capture started: the clock of every timestamp in the file."""
+        return time.perf_counter_ns() - self._t0
+
+    def add_tensor(
+        self,
+        name: str,
+        array: np.ndarray,
+        *,
+        step: int,
+        segment: str,
+        layer: int = -1,
+        dtype: str | None = None,
+        logical_shape: tuple[int, ...] | None = None,
+        kernel_id: str = "",
+        contract_id: str = "",
+        effective_contract_id: str = "",
+        t_start_ns: int | None = None,
+        t_end_ns: int | None = None,
+        attrs: dict[str, str] | None = None,
+    ) -> int:
+        """Store one tensor and queue its index row; returns its sequence number.
+
+        `dtype` names the logical dtype when the array holds bits of another (a uint16 array
+        of bfloat16 bits, raw bytes of Q8_0 blocks with `logical_shape`). `attrs` are extra
+        engine-specific string attributes of the tensor's dataset (fixed-length UTF-8), e.g. the
+        llama.cpp recorder's `ggml_src` (docs/capture-format.md, "Recorder attributes").
+        """
+        logical = dtype or logical_name_of(array)
+        ld = logical_dtype(logical)
+        stored = to_storage(np.asarray(array), logical)
+        shape = tuple(logical_shape) if logical_shape is not None else stored.shape
+        if ld.is_quantized and logical_shape is None:
+            raise ValueError(f"{name}: quantized {logical} needs its logical_shape")
+        if len(shape) > cf.MAX_NDIM:
+            raise ValueError(f"{name}: {len(shape)} dims; the format allows {cf.MAX_NDIM}")
+        seq = self._seq
+        if self._step_group is None:
+            self._step_group = self._open_step_group()
+        path = cf.tensor_path(seq, self._group)
+        chunks = self._compression is not None and stored.size > 0
+        ds = self._step_group.create_dataset(
+            f"t{seq:08d}", data=stored, compression=self._compression, chunks=True if chunks else None
+        )
+        ds.attrs.create(cf.ATTR_LOGICAL_DTYPE, np.bytes_(logical.encode()), dtype=cf.utf8(len(logical)))
+        if ld.is_quantized:
+            ds.attrs.create(cf.ATTR_LOGICAL_SHAPE, np.asarray(shape, dtype=np.int64))
+        for attr_name, text in (attrs or {}).items():
+            raw = text.encode("utf-8")
+            ds.attrs.create(attr_name, np.bytes_(raw), dtype=cf.utf8(max(1, len(raw))))
+        key = (step, segment, layer, name)
+        occurrence = self._occurrences[key]
+        self._occurrences[key] += 1
+        end = self.now_ns() if t_end_ns is None else t_end_ns
+        padded = np.zeros(cf.MAX_NDIM, dtype=np.int64)
+        padded[: len(shape)] = shape
+        self._pending_index.append(
+            (
+                seq,
+                step,
+                cf.encode_field(segment, cf.INDEX_DTYPE["segment"], "segment"),
+                layer,
+                cf.encode_field(name, cf.INDEX_DTYPE["name"], "name"),
+                occurrence,
+                logical.encode(),
+                len(shape),
+                padded,
+                path.encode(),
+                cf.encode_field(kernel_id, cf.INDEX_DTYPE["kernel_id"], "kernel_id"),
+                cf.encode_field(contract_id, cf.INDEX_DTYPE["contract_id"], "contract_id"),
+                cf.encode_field(
+                    effective_contract_id, cf.INDEX_DTYPE["effective_contract_id"], "effective_contract_id"
+                ),
+                end if t_start_ns is None else t_start_ns,
+                end,
+            )
+        )
+        self._seq += 1
+        return seq
+
+    def add_dispatch(
+        self,
+        *,
+        index_seq: int,
+        call: int,
+        kv_group: int,
+        head_start: int,
+        head_count: int,
+        q_heads: int,
+        kv_heads: int,
+        q_rows: int,
+        kv_len: int,
+        head_dim: int,
+        v_head_dim: int | None = None,
+        batch: int = 1,
+        mask_kind: str = "none",
+        dtype: str = "",
+        primitive: str,
+        metal_primitive: str = "",
+        t_start_ns: int = 0,
+        t_end_ns: int = 0,
+    ) -> None:
+        """One attention primitive call; `index_seq` is the record of the op that made it."""
+        if mask_kind not in cf.MASK_KINDS:
+            raise ValueError(f"mask_kind must be one of {cf.MASK_KINDS}, not {mask_kind!r}")
+        if primitive not in cf.PRIMITIVES:
+            raise ValueError(f"primitive must be one of {cf.PRIMITIVES}, not {primitive!r}")
+        if metal_primitive not in cf.METAL_PRIMITIVES:
+            raise ValueError(f"metal_primitive must be one of {cf.METAL_PRIMITIVES}, not {metal_primitive!r}")
+        self._pending_dispatch.append(
+            (
+                index_seq,
+                call,
+                batch,
+                kv_group,
+                head_start,
+                head_count,
+                q_heads,
+                kv_heads,
+                q_rows,
+                kv_len,
+                head_dim,
+                head_dim if v_head_dim is None else v_head_dim,
+                mask_kind.encode(),
+                dtype.encode(),
+                cf.encode_field(primitive, cf.DISPATCH_DTYPE["primitive"], "primitive"),
+                cf.encode_field(metal_primitive, cf.DISPATCH_DTYPE["metal_primitive"], "metal_primitive"),
+                t_start_ns,
+                t_end_ns,
+            )
+        )
+
+    def add_token(self, *, step: int, segment: str, token_id: int, is_stop: bool) -> None:
+        self._pending_tokens.append(
+            (step, cf.encode_field(segment, cf.TOKENS_DTYPE["segment"], "segment"), token_id, int(is_stop))
+        )
+
+    def end_step(self) -> None:
+        """Write the step's buffered rows, flush, then commit them: `/index` first, then the
+        dispatch and token tables, each commit one in-place attribute write and a flush.
+
+        Before its commit nothing of the step is visible to a reader of the unfinished file, and
+        after it nothing a reader needs for it is modified again.
+        """
+        pending = {
+            cf.INDEX_PATH: self._pending_index,
+            cf.DISPATCH_PATH: self._pending_dispatch,
+            cf.TOKENS_PATH: self._pending_tokens,
+        }
+        grown: list[h5py.Dataset] = []
+        for path, dtype in TABLES:
+            rows = pending[path]
+            if rows:
+                ds = self._file[path]
+                start = ds.shape[0]
+                ds.resize((start + len(rows),))
+                ds[start:] = np.array(rows, dtype=dtype)
+                rows.clear()
+                grown.append(ds)
+        if self._step_group is not None:
+            self._step_group = None
+            self._group += 1
+        self._file.flush()
+        for commit in ((cf.INDEX_PATH,), (cf.DISPATCH_PATH, cf.TOKENS_PATH)):
+            tables = [ds for ds in grown if ds.name in commit]
+            for ds in tables:
+                _set_scalar(ds.id, cf.ATTR_COMMITTED_ROWS, np.array(ds.shape[0], dtype=np.int64))
+            if tables:
+                self._file.flush()
+
+    def close(self) -> None:
+        """Finish the file: the complete marker is the last thing written."""
+        if not self._file.id.valid:
+            return
+        self.end_step()
+        _set_scalar(self._file.id, cf.ATTR_COMPLETE, np.array(1, dtype=np.int8))
+        self._file.close()
+
+    def abandon(self) -> None:
+        """Close without the complete marker, as a crashed writer would leave the file."""
+        if self._file.id.valid:
+            self.end_step()
+            self._file.close()
+
+    def __enter__(self) -> "CaptureWriter":
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abandon()

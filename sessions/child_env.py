@@ -1,0 +1,19 @@
+"""The environment of every child process that reads captures.
+
+Children re-import this project by module name, so they must find the same source tree as the
+parent whatever the working directory; they load no HDF5 filter plugin (GUIDE section 7); and a
+child is one of several, so its BLAS stays on one thread instead of fighting its siblings.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ, HDF5_PLUGIN_PRELOAD="::", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
+    return env

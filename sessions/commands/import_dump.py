@@ -1,0 +1,40 @@
+"""`parity-xray import KIND SOURCE --out X.h5`: a capture from tensors an engine already dumped.
+
+KIND is `safetensors` (one file), `npz` (one archive) or `dir` (a directory of .npy/.bin files
+with a manifest.json). docs/importers.md walks through each. Exit status: 0 on success, 2 when
+the input is refused (the message names the file and the manifest entry).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from sessions.capture.format import ROLES
+from sessions.capture.reader import CaptureError
+from sessions.importers import KINDS, iter_import
+
+EXIT_OK = 0
+EXIT_REFUSED = 2
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("kind", choices=KINDS, help="what SOURCE is")
+    parser.add_argument("source", type=Path, metavar="SOURCE", help="the .safetensors / .npz file, or the directory")
+    parser.add_argument("--out", type=Path, required=True, metavar="X.h5", help="capture to write (must not exist)")
+    parser.add_argument("--manifest", type=Path, metavar="JSON", help="manifest (default for dir: SOURCE/manifest.json)")
+    parser.add_argument("--role", choices=ROLES, help="capture role (default: the manifest's, else native)")
+    parser.add_argument("--engine-name", help="engine name recorded in the capture")
+    parser.add_argument("--model-id", help="model id recorded in the capture")
+
+
+def run(args: argparse.Namespace) -> int:
+    overrides = {"role": args.role, "engine_name": args.engine_name, "model_id": args.model_id}
+    try:
+        work = iter_import(args.kind, args.source, args.out, manifest=args.manifest, meta=overrides)
+        count = sum(1 for _ in work)
+    except CaptureError as exc:
+        print(f"import refused: {exc}")
+        return EXIT_REFUSED
+    print(f"{args.out}: imported {count} tensor{'s' if count != 1 else ''} from {args.source}")
+    return EXIT_OK

@@ -1,0 +1,307 @@
+"""Pairing native and oracle records by (step, segment, layer, canonical op, occurrence).
+
+Alignment never guesses: a key held by two records of one side is an error for both (and
+for their would-be partner), and every record that ends up without a pair is listed with
+its reason. Only index metadata is used here -- no tensor bytes are read. The user has the
+last word through overrides (ManualPair, ManualBreak), which name records by RecordKey rather
+than seq so a saved session still means the same records after a re-capture.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+
+from sessions.capture.reader import Record
+from sessions.compare.key import OpKey, RecordKey
+from sessions.compare.layout_transform import LayoutError, LayoutTransform
+from sessions.compare.profiles import Profile
+from sessions.investigation.model import AlignmentOverride
+
+NO_RULE = "no_rule"
+LAYER_CONFLICT = "layer_conflict"
+LAYOUT = "layout"
+NO_PARTNER = "no_partner"
+DUPLICATE_KEY = "duplicate_key"
+SHAPE_MISMATCH = "shape_mismatch"
+DTYPE_MISMATCH = "dtype_mismatch"
+ONE_SIDED = "one_sided"
+"""A stage the profile knows the other engine has no tensor for (KV-cache views, kq, ...)."""
+MANUAL_BREAK = "manual_break"
+"""The user broke this pairing; the detail is their reason."""
+OVERRIDE_MISSING = "override_missing"
+"""A manual override names a record this capture does not hold (re-captured, or another run)."""
+OVERRIDE_UNUSABLE = "override_unusable"
+"""A manual pairing cannot be made: a record has no canonical op, or is already manually paired."""
+
+
+@dataclass(frozen=True)
+class MappedRecord:
+    record: Record
+    key: OpKey
+    layout: LayoutTransform | None
+    shape: tuple[int, ...]
+    """The canonical shape, after the layout transform."""
+
+
+@dataclass(frozen=True)
+class AlignedPair:
+    key: OpKey
+    native: MappedRecord
+    oracle: MappedRecord
+    manual_reason: str | None = None
+    """Set when the user made this pairing: their reason."""
+
+
+@dataclass(frozen=True)
+class ManualPair:
+    """Pair these two records whatever the profiles say; both leave automatic matching.
+
+    Records are named by RecordKey (step, segment, layer, name, occurrence), not seq, so the
+    override still means the same records after a re-capture."""
+
+    native: RecordKey
+    oracle: RecordKey
+    reason: str
+
+
+@dataclass(frozen=True)
+class ManualBreak:
+    """Unpair the native record from whatever it is paired with; both sides become unaligned."""
+
+    native: RecordKey
+    reason: str
+
+
+AlignOverride = ManualPair | ManualBreak
+
+
+def overrides_for_pair(overrides: tuple[AlignmentOverride, ...], native_id: str, oracle_id: str) -> tuple[AlignOverride, ...]:
+    """The session's overrides that concern this native/oracle pair of captures, as `align` takes
+    them (either side may be `left`); overrides between other captures are not about this pair."""
+    out: list[AlignOverride] = []
+    for o in overrides:
+        ends = {o.left.capture_id: o.left.key, o.right.capture_id: o.right.key}
+        if set(ends) != {native_id, oracle_id}:
+            continue
+        native, oracle = ends[native_id], ends[oracle_id]
+        out.append(ManualPair(native, oracle, o.reason) if o.action == "pair" else ManualBreak(native, o.reason))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class UnalignedRecord:
+    side: str
+    seq: int
+    name: str
+    step: int
+    segment: str
+    layer: int
+    occurrence: int
+    reason: str
+    detail: str
+    key: OpKey | None = None
+
+
+@dataclass
+class Alignment:
+    pairs: list[AlignedPair]
+    """In the native engine's execution order (record sequence)."""
+    unaligned: list[UnalignedRecord]
+    native_profile: str
+    oracle_profile: str
+
+
+def _unaligned(side: str, record: Record, reason: str, detail: str, key: OpKey | None = None) -> UnalignedRecord:
+    return UnalignedRecord(
+        side, record.seq, record.name, record.step, record.segment, record.layer, record.occurrence, reason, detail, key
+    )
+
+
+def map_records(
+    records: list[Record], profile: Profile, side: str, sources: dict[int, tuple[str, ...]] | None = None
+) -> tuple[list[MappedRecord], list[UnalignedRecord]]:
+    """Each record's canonical key and shape under `profile`, or why it has none.
+
+    `sources` (seq -> source tensor names, `sessions.compare.record_sources`) feeds rules that anchor
+    a record by what it consumes."""
+    sources = sources or {}
+    counts = Counter((r.step, r.segment, r.layer, r.name) for r in records)
+    mapped: list[MappedRecord] = []
+    rejected: list[UnalignedRecord] = []
+    for record in records:
+        count = counts[(record.step, record.segment, record.layer, record.name)]
+        match = profile.match(record.name, record.occurrence, count, record.kernel_id, sources.get(record.seq, ()))
+        if match is not None and match.one_sided is not None:
+            rejected.append(_unaligned(side, record, ONE_SIDED, match.one_sided))
+            continue
+        if match is None:
+            rejected.append(
+                _unaligned(
+                    side,
+                    record,
+                    NO_RULE,
+                    f"profile {profile.name!r} has no rule for {record.name!r} occurrence {record.occurrence} of {count}",
+                )
+            )
+            continue
+        layer = record.layer
+        if match.layer is not None and match.layer != record.layer:
+            if record.layer != -1:
+                rejected.append(
+                    _unaligned(side, record, LAYER_CONFLICT, f"name says layer {match.layer}, record says {record.layer}")
+                )
+                continue
+            layer = match.layer
+        key = OpKey(record.step, record.segment, layer, match.op, match.occurrence)
+        try:
+            shape = match.layout.output_shape(record.shape) if match.layout else record.shape
+        except LayoutError as exc:
+            rejected.append(_unaligned(side, record, LAYOUT, str(exc), key))
+            continue
+        mapped.append(MappedRecord(record, key, match.layout, shape))
+    return mapped, rejected
+
+
+def _by_key(mapped: list[MappedRecord]) -> tuple[dict[OpKey, MappedRecord], dict[OpKey, list[MappedRecord]]]:
+    groups: dict[OpKey, list[MappedRecord]] = defaultdict(list)
+    for m in mapped:
+        groups[m.key].append(m)
+    unique = {k: v[0] for k, v in groups.items() if len(v) == 1}
+    duplicates = {k: v for k, v in groups.items() if len(v) > 1}
+    return unique, duplicates
+
+
+def _latest(overrides: tuple[AlignOverride, ...]) -> tuple[AlignOverride, ...]:
+    """The user's last word on each native record: pairing a record whose pair was broken (or
+    breaking a manual pair) replaces the earlier override rather than fighting it."""
+    last = {o.native: o for o in overrides}
+    return tuple(o for o in overrides if last[o.native] is o)
+
+
+def _override_problem(side: str, key: RecordKey, reason: str, detail: str) -> UnalignedRecord:
+    """A row for an override that could not be applied, named by the record it names (seq -1:
+    the row stands for the override, not for a record, which may not exist)."""
+    return UnalignedRecord(side, -1, key.name, key.step, key.segment, key.layer, key.occurrence, reason, detail)
+
+
+def _take_manual_pairs(
+    overrides: tuple[AlignOverride, ...],
+    n_mapped: list[MappedRecord],
+    o_mapped: list[MappedRecord],
+    native: list[Record],
+    oracle: list[Record],
+    unaligned: list[UnalignedRecord],
+) -> list[AlignedPair]:
+    """Remove manually paired records from `*_mapped` (so automatic matching never sees them) and
+    pair them; every override that cannot be applied adds a row saying why."""
+    mapped = {"native": {RecordKey.of(m.record): m for m in n_mapped}, "oracle": {RecordKey.of(m.record): m for m in o_mapped}}
+    present = {"native": {RecordKey.of(r) for r in native}, "oracle": {RecordKey.of(r) for r in oracle}}
+    taken: set[tuple[str, RecordKey]] = set()
+    pairs: list[AlignedPair] = []
+    for override in overrides:
+        if not isinstance(override, ManualPair):
+            continue
+        what = f"manual pairing of native {override.native.name!r} with oracle {override.oracle.name!r} ({override.reason})"
+        problems = []
+        for side, key in (("native", override.native), ("oracle", override.oracle)):
+            if key not in present[side]:
+                problems.append(_override_problem(side, key, OVERRIDE_MISSING, f"{what}: no such {side} record"))
+            elif key not in mapped[side]:
+                problems.append(_override_problem(side, key, OVERRIDE_UNUSABLE, f"{what}: the record has no canonical op under its profile"))
+            elif (side, key) in taken:
+                problems.append(_override_problem(side, key, OVERRIDE_UNUSABLE, f"{what}: the record is already manually paired"))
+        if problems:
+            unaligned.extend(problems)
+            continue
+        n, o = mapped["native"][override.native], mapped["oracle"][override.oracle]
+        taken.update({("native", override.native), ("oracle", override.oracle)})
+        pairs.append(AlignedPair(n.key, n, o, override.reason))
+    n_mapped[:] = [m for m in n_mapped if ("native", RecordKey.of(m.record)) not in taken]
+    o_mapped[:] = [m for m in o_mapped if ("oracle", RecordKey.of(m.record)) not in taken]
+    return pairs
+
+
+def _apply_breaks(
+    overrides: tuple[AlignOverride, ...], pairs: list[AlignedPair], native: list[Record], unaligned: list[UnalignedRecord]
+) -> list[AlignedPair]:
+    """Pairs left after the user's breaks; both records of a broken pair become unaligned."""
+    breaks = {o.native: o.reason for o in overrides if isinstance(o, ManualBreak)}
+    present = {RecordKey.of(r) for r in native}
+    for key, reason in breaks.items():
+        if key not in present:
+            unaligned.append(_override_problem("native", key, OVERRIDE_MISSING, f"manual break ({reason}): no such native record"))
+    kept: list[AlignedPair] = []
+    for pair in pairs:
+        reason = breaks.get(RecordKey.of(pair.native.record))
+        if reason is None:
+            kept.append(pair)
+            continue
+        unaligned.append(_unaligned("native", pair.native.record, MANUAL_BREAK, reason, pair.key))
+        unaligned.append(_unaligned("oracle", pair.oracle.record, MANUAL_BREAK, reason, pair.oracle.key))
+    return kept
+
+
+def _comparable(pair: AlignedPair, unaligned: list[UnalignedRecord]) -> bool:
+    """Whether both sides hold the same canonical shape and dtype; if not, both become unaligned."""
+    n, o = pair.native, pair.oracle
+    problem = None
+    if n.shape != o.shape:
+        problem = (SHAPE_MISMATCH, f"canonical shapes differ: native {list(n.shape)} vs oracle {list(o.shape)}")
+    elif n.record.dtype != o.record.dtype:
+        problem = (DTYPE_MISMATCH, f"dtypes differ: native {n.record.dtype} vs oracle {o.record.dtype}")
+    if problem is None:
+        return True
+    detail = problem[1] if pair.manual_reason is None else f"{problem[1]} (manual pairing: {pair.manual_reason})"
+    unaligned.append(_unaligned("native", n.record, problem[0], detail, pair.key))
+    unaligned.append(_unaligned("oracle", o.record, problem[0], detail, o.key))
+    return False
+
+
+def align(
+    native: list[Record],
+    oracle: list[Record],
+    native_profile: Profile,
+    oracle_profile: Profile,
+    *,
+    native_sources: dict[int, tuple[str, ...]] | None = None,
+    oracle_sources: dict[int, tuple[str, ...]] | None = None,
+    overrides: tuple[AlignOverride, ...] = (),
+) -> Alignment:
+    """`overrides` are the user's: manual pairs are made first (their records take no part in
+    automatic matching), breaks are applied last, and any override naming a record that is not
+    there becomes an unaligned row with reason OVERRIDE_MISSING. Of several overrides naming
+    the same native record, the last one counts."""
+    overrides = _latest(overrides)
+    n_mapped, unaligned = map_records(native, native_profile, "native", native_sources)
+    o_mapped, o_rejected = map_records(oracle, oracle_profile, "oracle", oracle_sources)
+    unaligned.extend(o_rejected)
+    manual = _take_manual_pairs(overrides, n_mapped, o_mapped, native, oracle, unaligned)
+    n_unique, n_dupes = _by_key(n_mapped)
+    o_unique, o_dupes = _by_key(o_mapped)
+    for side, dupes, other in (("native", n_dupes, o_unique), ("oracle", o_dupes, n_unique)):
+        for key, group in dupes.items():
+            names = ", ".join(f"{m.record.name!r} (seq {m.record.seq})" for m in group)
+            for m in group:
+                unaligned.append(_unaligned(side, m.record, DUPLICATE_KEY, f"{key.label()} is claimed by {names}", key))
+            partner = other.pop(key, None)
+            if partner is not None:
+                other_side = "oracle" if side == "native" else "native"
+                unaligned.append(
+                    _unaligned(other_side, partner.record, DUPLICATE_KEY, f"its partner key {key.label()} is ambiguous on the {side} side", key)
+                )
+    candidates = list(manual)
+    for key, n in n_unique.items():
+        o = o_unique.pop(key, None)
+        if o is None:
+            if key not in o_dupes:
+                unaligned.append(_unaligned("native", n.record, NO_PARTNER, f"no oracle record for {key.label()}", key))
+            continue
+        candidates.append(AlignedPair(key, n, o))
+    for key, o in o_unique.items():
+        if key not in n_dupes:
+            unaligned.append(_unaligned("oracle", o.record, NO_PARTNER, f"no native record for {key.label()}", key))
+    pairs = [p for p in _apply_breaks(overrides, candidates, native, unaligned) if _comparable(p, unaligned)]
+    pairs.sort(key=lambda p: p.native.record.seq)
+    unaligned.sort(key=lambda u: (u.side, u.seq))
+    return Alignment(pairs, unaligned, native_profile.name, oracle_profile.name)

@@ -1,0 +1,431 @@
+"""Native vs oracle comparison: alignment, execution state, then tensors, streamed pair by pair.
+
+The order is the investigation's: provenance and execution state (kernel/contract ids,
+dispatch) come from index metadata and are settled before the first tensor byte is read;
+tensors are then read in bounded chunks (sessions.compare.pair_reader), with the disk kept busy ahead
+of the comparison (sessions.capture.read_ahead), so a pair of multi-GB captures streams through at
+about the speed of reading it. Each byte is read once, except that a chunked pair which
+differs only after some identical chunks reads those chunks' oracle side again for its
+NMSE/cosine sums (see DiffAccumulator). `iter_compare` yields `Progress` (bytes compared) and
+returns the `Comparison`; closing the generator cancels it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sessions.bits.dtypes import as_values, logical_dtype
+from sessions.capture.read_ahead import ReadAhead
+from sessions.capture.reader import Capture
+from sessions.compare.align import AlignedPair, Alignment, AlignOverride, ManualBreak, ManualPair, UnalignedRecord, align
+from sessions.compare.contracts import ContractCheck, check_contracts, validated_routes
+from sessions.compare.dispatch_diff import DispatchDifference, compare_dispatch, events_by_record
+from sessions.compare.key import RecordKey
+from sessions.compare.pair_reader import PairReader, chunk_rows, pair_bytes, read_ahead_spans
+from sessions.compare.profile_identity import ProfileIdentity, identify
+from sessions.compare.profiles import CANONICAL_OPS, HEADS_SOURCE, Profile, ProfileError, detect_profile, resolve_profile
+from sessions.compare.provenance_diff import ProvenanceDiff, diff_provenance
+from sessions.compare.record_sources import sources_for
+from sessions.compare.tensor_diff import DiffAccumulator, TensorMetrics, Tolerance
+from sessions.compare.token_parity import TokenParity, TopEntry, compare_tokens, shared_eos_step, tokens_by_step, top_k
+from sessions.progress import Progress, ProgressGenerator
+
+PARITY = "parity"
+DIVERGENCE = "divergence"
+READ_AHEAD_BYTES = 256 * 1024 * 1024
+"""How far ahead of the comparison (both sides together) the kernel is asked to be reading."""
+
+
+@dataclass(frozen=True)
+class CompareOptions:
+    atol: float | None = None
+    rtol: float | None = None
+    max_ulp: int | None = None
+    native_profile: str | None = None
+    """Built-in profile name or TOML path; None detects it from the record names."""
+    oracle_profile: str | None = None
+    top_k: int = 5
+    chunk_bytes: int = 4 * 1024 * 1024
+    """Bytes of one side read per step, into a buffer reused for the whole comparison. It bounds
+    memory, and a chunk this small is still in cache when it is compared. CPU seconds to compare
+    a 1 GB pair from the page cache: 2 MiB 0.24, 4 MiB 0.22, 8 MiB 0.25, 16 MiB 0.26, 64 MiB
+    0.47 (its buffers' page faults)."""
+    overrides: tuple[AlignOverride, ...] = ()
+    """The user's manual pairings and breaks (sessions.compare.align.ManualPair / ManualBreak), in the order made."""
+
+    @property
+    def tolerance(self) -> Tolerance:
+        return Tolerance(self.atol, self.rtol, self.max_ulp)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CompareOptions:
+        """The inverse of `dataclasses.asdict` (options cross a process boundary as JSON): a dict
+        override with an `oracle` record is a ManualPair, one without a ManualBreak."""
+
+        def override(o: dict[str, Any]) -> AlignOverride:
+            native = RecordKey(**o["native"])
+            if "oracle" in o:
+                return ManualPair(native, RecordKey(**o["oracle"]), o["reason"])
+            return ManualBreak(native, o["reason"])
+
+        return cls(**{**data, "overrides": tuple(override(o) for o in data.get("overrides", ()))})
+
+
+@dataclass
+class PairResult:
+    label: str
+    step: int
+    segment: str
+    layer: int
+    op: str
+    occurrence: int
+    native_name: str
+    native_seq: int
+    oracle_name: str
+    oracle_seq: int
+    native_layout: str | None
+    """The layout transform spec that brought the native record to the canonical layout (None: stored canonical)."""
+    oracle_layout: str | None
+    metrics: TensorMetrics
+    post_eos: bool
+    within_tolerance: bool
+    manual_reason: str | None = None
+    """Set when the user paired these records by hand: their reason."""
+
+
+@dataclass
+class GrowthPoint:
+    label: str
+    layer: int
+    op: str
+    max_ulp: int | None
+    nmse: float
+
+
+@dataclass
+class FirstFinding:
+    """The earliest place, in execution order, where the runs part -- of any kind.
+
+    kind: "contract" (effective contracts differ), "bits", "signed-zero-only", "dispatch-only"
+    (bits agree, attention calls differ), "tokens", "unaligned", or "post-eos-only" (nothing
+    failed; the first record after the shared EOS is named).
+    """
+
+    step: int
+    segment: str
+    layer: int
+    op: str
+    kind: str
+    label: str
+
+
+@dataclass
+class Comparison:
+    native_path: str
+    oracle_path: str
+    native_profile: str
+    """The profile's name, for display; `native_profile_identity` says which file and content."""
+    oracle_profile: str
+    native_profile_identity: ProfileIdentity
+    oracle_profile_identity: ProfileIdentity
+    tolerance: Tolerance
+    provenance: ProvenanceDiff
+    contracts: ContractCheck
+    dispatch_differences: list[DispatchDifference]
+    pairs: list[PairResult]
+    unaligned: list[UnalignedRecord]
+    post_eos_unaligned: list[UnalignedRecord]
+    """Records after the shared EOS step without a partner: invalid, never failures."""
+    first_divergence: int | None
+    """Index into `pairs` of the earliest (execution order) pre-EOS pair that is not bit-exact."""
+    first_beyond_tolerance: int | None
+    """Same, for the tolerance; equals first_divergence when no tolerance is given."""
+    error_growth: list[GrowthPoint]
+    tokens: TokenParity
+    first_finding: FirstFinding | None
+    verdict: str
+    reasons: list[str] = field(default_factory=list)
+    """Why the verdict is divergence, one short line each."""
+
+
+def profile_for(choice: str | None, capture: Capture, side: str) -> Profile:
+    """The named profile, or the built-in one most of the capture's record names fit."""
+    if choice is not None:
+        return resolve_profile(choice)
+    found = detect_profile(r.name for r in capture.records)
+    if found is None:
+        raise ProfileError(f"{capture.path}: no built-in profile recognises most of the {side} record names; pass --{side}-profile")
+    return found
+
+
+def resolve_profiles(native: Capture, oracle: Capture, options: CompareOptions) -> tuple[Profile, Profile]:
+    """The (native, oracle) profiles a comparison with `options` uses: given, or detected.
+
+    Raises ProfileError. A caller that keys anything on the profiles (the sidecar cache)
+    resolves them once and passes them to `iter_compare`, so the key and the result come
+    from the same reading of a profile file that may be edited meanwhile."""
+    return profile_for(options.native_profile, native, "native"), profile_for(options.oracle_profile, oracle, "oracle")
+
+
+def _heads(pairs: list[AlignedPair], native_dispatch: np.ndarray) -> dict[tuple[int, str, int, str], int]:
+    """Head counts per (step, segment, layer, op): from ops whose canonical axis 0 is heads,
+    and from the query-head count of the dispatch events an op made."""
+    heads = {
+        (p.key.step, p.key.segment, p.key.layer, p.key.op): p.native.shape[0]
+        for p in pairs
+        if CANONICAL_OPS[p.key.op].startswith("heads") and p.native.shape
+    }
+    events = events_by_record(native_dispatch)
+    for p in pairs:
+        made = events.get(p.native.record.seq)
+        if made and int(made[0]["q_heads"]) > 0:  # type: ignore[call-overload]
+            heads[(p.key.step, p.key.segment, p.key.layer, f"dispatch:{p.key.op}")] = int(made[0]["q_heads"])  # type: ignore[call-overload]
+    return heads
+
+
+def _axes(pair: AlignedPair, heads: dict[tuple[int, str, int, str], int]) -> tuple[int | None, tuple[int, int] | None]:
+    """Canonical rows axis and (axis, head count) of a pair, for its per-row/per-head profiles."""
+    layout = CANONICAL_OPS[pair.key.op]
+    shape = pair.native.shape
+    if logical_dtype(pair.native.record.dtype).is_quantized or len(shape) < 2:
+        return None, None
+    if layout.startswith("heads") and len(shape) == 3:
+        return 1, (0, shape[0])
+    if "(heads dim)" in layout:
+        for source in (f"dispatch:{pair.key.op}", *HEADS_SOURCE.get(pair.key.op, ())):
+            n = heads.get((pair.key.step, pair.key.segment, pair.key.layer, source))
+            if n and shape[1] % n == 0:
+                return 0, (1, n)
+    return 0, None
+
+
+class _LogitRows:
+    """The last canonical row of each side of a logits pair: the row the step's token comes from."""
+
+    def __init__(self) -> None:
+        self.native: np.ndarray | None = None
+        self.oracle: np.ndarray | None = None
+
+    def keep(self, native: np.ndarray, oracle: np.ndarray, rows: tuple[int, int], total_rows: int) -> None:
+        if rows[1] == total_rows and native.ndim == 2:
+            self.native, self.oracle = native[-1].copy(), oracle[-1].copy()
+
+
+def _compare_pair(
+    pair: AlignedPair,
+    reader: PairReader,
+    options: CompareOptions,
+    heads: dict[tuple[int, str, int, str], int],
+    logit_rows: _LogitRows | None,
+    progress: tuple[int, int],
+) -> ProgressGenerator[TensorMetrics]:
+    """One pair through a DiffAccumulator, chunk by chunk; `progress` is (bytes done before it, total)."""
+    rows_axis, head_split = _axes(pair, heads)
+    logical = pair.native.record.dtype
+    shape = pair.native.shape if not logical_dtype(logical).is_quantized else (pair.native.record.size,)
+    ranges = chunk_rows(pair, options.chunk_bytes)
+    reader.use(pair)
+
+    def reread_oracle(start: int, stop: int) -> np.ndarray:
+        return reader.oracle.rows((start, stop))
+
+    accumulator = DiffAccumulator(
+        logical, shape, options.tolerance, rows_axis, head_split, reread_oracle if ranges is not None else None
+    )
+    label = pair.key.label()
+    if ranges is None:
+        n_bits, o_bits = reader.native.whole(), reader.oracle.whole()
+        accumulator.add(n_bits, o_bits, 0)
+        if logit_rows is not None and n_bits.ndim == 2:
+            logit_rows.keep(n_bits, o_bits, (0, n_bits.shape[0]), n_bits.shape[0])
+    else:
+        done = progress[0]
+        for rows in ranges:
+            n_bits, o_bits = reader.native.rows(rows), reader.oracle.rows(rows)
+            accumulator.add(n_bits, o_bits, rows[0])
+            if logit_rows is not None:
+                logit_rows.keep(n_bits, o_bits, rows, pair.native.shape[0])
+            done += n_bits.nbytes + o_bits.nbytes
+            yield Progress(done, progress[1], label)
+    yield Progress(progress[0] + pair_bytes(pair), progress[1], label)
+    return accumulator.finish()
+
+
+def _within(metrics: TensorMetrics, tolerance: Tolerance) -> bool:
+    return metrics.bit_exact if tolerance.is_bit_exact else metrics.beyond_tolerance == 0
+
+
+def iter_compare(
+    native: Capture,
+    oracle: Capture,
+    options: CompareOptions = CompareOptions(),
+    profiles: tuple[Profile, Profile] | None = None,
+) -> ProgressGenerator[Comparison]:
+    """Compare two open captures; yields Progress(bytes done, bytes total, label).
+
+    `profiles` are (native, oracle) profiles already resolved for `options` (resolve_profiles);
+    None resolves them here. Records are anchored by their source tensor names where a
+    profile matches on them (the llama.cpp profile's unnamed output projection), read only
+    then. Raises ProfileError when a profile cannot be found or read, and CaptureError when a
+    tensor cannot be read (the capture is unusable as input).
+    """
+    yield Progress(0, 1, "aligning records")
+    native_profile, oracle_profile = resolve_profiles(native, oracle, options) if profiles is None else profiles
+    alignment: Alignment = align(
+        native.records,
+        oracle.records,
+        native_profile,
+        oracle_profile,
+        native_sources=sources_for(native, native_profile),
+        oracle_sources=sources_for(oracle, oracle_profile),
+        overrides=options.overrides,
+    )
+    routes = validated_routes(
+        native_profile.contracts,
+        oracle_profile.contracts,
+        _provenance_contracts(native),
+        _provenance_contracts(oracle),
+    )
+    contracts = check_contracts(alignment.pairs, routes, native.meta.engine_name == oracle.meta.engine_name)
+    dispatch = compare_dispatch(alignment.pairs, native.dispatch, oracle.dispatch)
+    total = sum(pair_bytes(p) for p in alignment.pairs) or 1
+    yield Progress(0, total, f"execution state checked: {len(contracts.findings)} contract finding(s), {len(dispatch)} dispatch difference(s)")
+    eos = shared_eos_step(tokens_by_step(native.tokens), tokens_by_step(oracle.tokens))
+    heads = _heads(alignment.pairs, native.dispatch)
+    results: list[PairResult] = []
+    tops: dict[int, tuple[int, list[TopEntry], list[TopEntry]]] = {}
+    done = 0
+    reader = PairReader(native, oracle)
+    spans, span_bytes_done = read_ahead_spans(native, oracle, alignment.pairs)
+    with ReadAhead(spans, READ_AHEAD_BYTES) as read_ahead:
+        for index, pair in enumerate(alignment.pairs):
+            logit_rows = _LogitRows() if pair.key.op == "logits" else None
+            metrics = yield from _compare_pair(pair, reader, options, heads, logit_rows, (done, total))
+            done += pair_bytes(pair)
+            read_ahead.consumed(span_bytes_done[index])
+            post_eos = eos is not None and pair.key.step > eos
+            results.append(_pair_result(pair, metrics, post_eos, _within(metrics, options.tolerance)))
+            if logit_rows is not None and logit_rows.native is not None and logit_rows.oracle is not None:
+                _keep_top(tops, pair, logit_rows, options.top_k)
+    tokens = compare_tokens(native.tokens, oracle.tokens, {step: (n, o) for step, (_, n, o) in tops.items()})
+    return _assemble(native, oracle, native_profile, oracle_profile, options, alignment, contracts, dispatch, results, tokens, eos)
+
+
+def _provenance_contracts(capture: Capture) -> dict[str, object]:
+    table = capture.meta.provenance.get("contracts", {}) if isinstance(capture.meta.provenance, dict) else {}
+    return table if isinstance(table, dict) else {}
+
+
+def _keep_top(tops: dict[int, tuple[int, list[TopEntry], list[TopEntry]]], pair: AlignedPair, rows: _LogitRows, k: int) -> None:
+    """Top-k of the step's last logits record (its last segment emits the token)."""
+    assert rows.native is not None and rows.oracle is not None
+    step, seq = pair.key.step, pair.native.record.seq
+    if step in tops and tops[step][0] > seq:
+        return
+    logical = pair.native.record.dtype
+    n_top = top_k(as_values(rows.native, logical), rows.native, logical, k)
+    o_top = top_k(as_values(rows.oracle, logical), rows.oracle, logical, k)
+    tops[step] = (seq, n_top, o_top)
+
+
+def _pair_result(pair: AlignedPair, metrics: TensorMetrics, post_eos: bool, within: bool) -> PairResult:
+    k = pair.key
+    n, o = pair.native, pair.oracle
+    return PairResult(
+        k.label(), k.step, k.segment, k.layer, k.op, k.occurrence,
+        n.record.name, n.record.seq, o.record.name, o.record.seq,
+        n.layout.spec if n.layout is not None else None,
+        o.layout.spec if o.layout is not None else None,
+        metrics, post_eos, within, pair.manual_reason,
+    )
+
+
+def _first_finding(
+    results: list[PairResult],
+    contracts: ContractCheck,
+    dispatch: list[DispatchDifference],
+    tokens: TokenParity,
+    unaligned: list[UnalignedRecord],
+    post_eos: list[UnalignedRecord],
+) -> FirstFinding | None:
+    contract_pairs = {f.pair for f in contracts.findings}
+    dispatch_pairs = {d.pair for d in dispatch}
+    for r in results:
+        if r.post_eos:
+            continue
+        kind = None
+        if r.label in contract_pairs:
+            kind = "contract"
+        elif not r.metrics.bit_exact:
+            kind = "signed-zero-only" if r.metrics.differing == r.metrics.signed_zero_only else "bits"
+        elif r.label in dispatch_pairs:
+            kind = "dispatch-only"
+        if kind is not None:
+            return FirstFinding(r.step, r.segment, r.layer, r.op, kind, r.label)
+    if tokens.first_divergence_step is not None:
+        return FirstFinding(tokens.first_divergence_step, "", -1, "logits", "tokens", f"step {tokens.first_divergence_step} token")
+    for kind, records in (("unaligned", unaligned), ("post-eos-only", post_eos)):
+        if records:
+            u = min(records, key=lambda u: (u.step, u.seq))
+            key = u.key
+            op = key.op if key is not None else u.name
+            return FirstFinding(u.step, u.segment, u.layer, op, kind, f"{u.side} {u.name!r} (seq {u.seq}): {u.reason}")
+    return None
+
+
+def _assemble(
+    native: Capture,
+    oracle: Capture,
+    native_profile: Profile,
+    oracle_profile: Profile,
+    options: CompareOptions,
+    alignment: Alignment,
+    contracts: ContractCheck,
+    dispatch: list[DispatchDifference],
+    results: list[PairResult],
+    tokens: TokenParity,
+    eos: int | None,
+) -> Comparison:
+    compared = [i for i, r in enumerate(results) if not r.post_eos]
+    first_divergence = next((i for i in compared if not results[i].metrics.bit_exact), None)
+    first_beyond = next((i for i in compared if not results[i].within_tolerance), None)
+    unaligned = [u for u in alignment.unaligned if eos is None or u.step <= eos]
+    post_eos_unaligned = [u for u in alignment.unaligned if eos is not None and u.step > eos]
+    growth = [GrowthPoint(results[i].label, results[i].layer, results[i].op, results[i].metrics.max_ulp, results[i].metrics.nmse) for i in compared]
+    reasons = []
+    if contracts.findings:
+        reasons.append(f"{len(contracts.findings)} execution-contract finding(s)")
+    if dispatch:
+        reasons.append(f"{len(dispatch)} dispatch difference(s)")
+    if first_beyond is not None:
+        what = "not bit-exact" if options.tolerance.is_bit_exact else "beyond tolerance"
+        reasons.append(f"{results[first_beyond].label} is the first pair {what}")
+    if tokens.first_divergence_step is not None:
+        reasons.append(f"greedy tokens differ from step {tokens.first_divergence_step}")
+    if unaligned:
+        reasons.append(f"{len(unaligned)} record(s) could not be aligned")
+    return Comparison(
+        native_path=str(native.path),
+        oracle_path=str(oracle.path),
+        native_profile=native_profile.name,
+        oracle_profile=oracle_profile.name,
+        native_profile_identity=identify(native_profile),
+        oracle_profile_identity=identify(oracle_profile),
+        tolerance=options.tolerance,
+        provenance=diff_provenance(native.meta, oracle.meta),
+        contracts=contracts,
+        dispatch_differences=dispatch,
+        pairs=results,
+        unaligned=unaligned,
+        post_eos_unaligned=post_eos_unaligned,
+        first_divergence=first_divergence,
+        first_finding=_first_finding(results, contracts, dispatch, tokens, unaligned, post_eos_unaligned),
+        first_beyond_tolerance=first_beyond,
+        error_growth=growth,
+        tokens=tokens,
+        verdict=DIVERGENCE if reasons else PARITY,
+        reasons=reasons,
+    )

@@ -1,0 +1,109 @@
+"""Execution-state check: kernel and numerical contract of every aligned pair, before any data.
+
+Parity is a property of the executed circuit. When the two sides ran different kernels, or
+the same kernel under a different declared or shape-selected (effective) contract, their
+tensors are not expected to agree and reading them would only produce a misleading diff --
+so this check runs on index metadata alone, first, and fails closed:
+
+- KERNEL_CONTRACT_MISMATCH: the effective contract ids differ -- always; the kernel ids or
+  declared contract ids differ -- when both captures come from the same engine (across
+  engines those are each engine's own names for its kernels, and only the effective
+  contract, the arithmetic that actually ran, is comparable).
+- ROUTE_MISSING: a record names some of kernel / declared / effective contract but not all.
+- ROUTE_UNVALIDATED: the effective contract is neither the declared one nor a route the
+  profiles (or the capture's provenance "contracts" table) validate for that composite.
+
+A pair where neither record names any of the three ids has nothing to compare; it is counted
+as unrecorded, not as a failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sessions.capture.reader import Record
+from sessions.compare.align import AlignedPair
+
+KERNEL_CONTRACT_MISMATCH = "KERNEL_CONTRACT_MISMATCH"
+ROUTE_MISSING = "ROUTE_MISSING"
+ROUTE_UNVALIDATED = "ROUTE_UNVALIDATED"
+
+
+@dataclass
+class ContractIds:
+    kernel_id: str
+    contract_id: str
+    effective_contract_id: str
+
+
+@dataclass
+class ContractFinding:
+    kind: str
+    pair: str
+    """The aligned pair's key label."""
+    native: ContractIds
+    oracle: ContractIds
+    detail: str
+
+
+@dataclass
+class ContractCheck:
+    findings: list[ContractFinding]
+    checked: int
+    unrecorded: int
+
+
+def _ids(record: Record) -> ContractIds:
+    return ContractIds(record.kernel_id, record.contract_id, record.effective_contract_id)
+
+
+def _route_problem(record: Record, routes: Mapping[str, tuple[str, ...]]) -> tuple[str, str] | None:
+    if not (record.contract_id or record.effective_contract_id):
+        return None  # a kernel id alone declares no contract (real-engine recorders name only the op)
+    missing = [n for n in ("kernel_id", "contract_id", "effective_contract_id") if not getattr(record, n)]
+    if missing:
+        return ROUTE_MISSING, f"{record.name!r} (seq {record.seq}) names no {' / '.join(missing)}"
+    declared = record.contract_id
+    if record.effective_contract_id == declared or record.effective_contract_id in routes.get(declared, ()):
+        return None
+    return ROUTE_UNVALIDATED, (
+        f"{record.name!r} (seq {record.seq}): route {record.effective_contract_id!r} is not validated for {declared!r}"
+    )
+
+
+def check_contracts(pairs: list[AlignedPair], routes: Mapping[str, tuple[str, ...]], same_engine: bool) -> ContractCheck:
+    """Compare ids pair by pair; `routes` maps composite contracts to their validated routes.
+
+    `same_engine` (both captures name the same engine) extends the comparison to kernel ids
+    and declared contract ids.
+    """
+    findings: list[ContractFinding] = []
+    unrecorded = 0
+    for pair in pairs:
+        n, o = pair.native.record, pair.oracle.record
+        n_ids, o_ids = _ids(n), _ids(o)
+        if n_ids == o_ids == ContractIds("", "", ""):
+            unrecorded += 1
+            continue
+        label = pair.key.label()
+        for side, record in (("native", n), ("oracle", o)):
+            problem = _route_problem(record, routes)
+            if problem is not None:
+                findings.append(ContractFinding(problem[0], label, n_ids, o_ids, f"{side}: {problem[1]}"))
+        compared = ("kernel_id", "contract_id", "effective_contract_id") if same_engine else ("effective_contract_id",)
+        differing = [f for f in compared if getattr(n_ids, f) and getattr(o_ids, f) and getattr(n_ids, f) != getattr(o_ids, f)]
+        if differing:
+            detail = "; ".join(f"{f}: native {getattr(n_ids, f)!r} vs oracle {getattr(o_ids, f)!r}" for f in differing)
+            findings.append(ContractFinding(KERNEL_CONTRACT_MISMATCH, label, n_ids, o_ids, detail))
+    return ContractCheck(findings, len(pairs), unrecorded)
+
+
+def validated_routes(*tables: Mapping[str, object]) -> dict[str, tuple[str, ...]]:
+    """Union of route tables (profile [contracts], provenance "contracts"); malformed entries are ignored."""
+    merged: dict[str, set[str]] = {}
+    for table in tables:
+        for contract, routes in table.items():
+            if isinstance(routes, (list, tuple)):
+                merged.setdefault(str(contract), set()).update(str(r) for r in routes)
+    return {k: tuple(sorted(v)) for k, v in merged.items()}

@@ -1,0 +1,92 @@
+"""Dispatch comparison: how each aligned op's attention work was split into primitive calls.
+
+Two runs can produce identical bits on one device while dispatching differently (the
+head-chunked SDPA port is bit-exact on CPU but picks a different Metal kernel), so a
+dispatch difference is its own finding, never inferred from tensors.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from sessions.capture import format as cf
+from sessions.compare.align import AlignedPair
+
+COMPARED_FIELDS = (
+    "batch",
+    "kv_group",
+    "head_start",
+    "head_count",
+    "q_heads",
+    "kv_heads",
+    "q_rows",
+    "kv_len",
+    "head_dim",
+    "v_head_dim",
+    "mask_kind",
+    "dtype",
+    "primitive",
+    "metal_primitive",
+)
+"""Every dispatch field except the timings, which always differ."""
+
+
+@dataclass
+class DispatchDifference:
+    pair: str
+    native_calls: int
+    oracle_calls: int
+    fields: list[str]
+    """Fields that differ in at least one call (or 'calls' when the call counts differ)."""
+    native_summary: str
+    oracle_summary: str
+
+
+def events_by_record(table: np.ndarray) -> dict[int, list[dict[str, object]]]:
+    """Dispatch rows grouped by the record (index seq) that made them, in call order."""
+    grouped: dict[int, list[dict[str, object]]] = defaultdict(list)
+    for row in table:
+        event: dict[str, object] = {"call": int(row["call"])}
+        for name in COMPARED_FIELDS:
+            value = row[name]
+            event[name] = cf.decode_field(value) if isinstance(value, (bytes, np.bytes_)) else int(value)
+        grouped[int(row["index_seq"])].append(event)
+    for events in grouped.values():
+        events.sort(key=lambda e: int(e["call"]))  # type: ignore[arg-type]
+    return grouped
+
+
+def summarize(events: list[dict[str, object]]) -> str:
+    """One line a person can compare: calls, head split per KV group, primitives."""
+    if not events:
+        return "no dispatch recorded"
+    chunks = "+".join(str(e["head_count"]) for e in events if e["kv_group"] == events[0]["kv_group"])
+    primitives = sorted({str(e["primitive"]) for e in events})
+    metal = sorted({str(e["metal_primitive"]) for e in events if e["metal_primitive"]})
+    first = events[0]
+    text = (
+        f"{len(events)} call(s), heads per call {chunks} per KV group, {first['q_rows']} rows, "
+        f"kv {first['kv_len']}, mask {first['mask_kind']}, primitive {'/'.join(primitives)}"
+    )
+    return text + (f", Metal would pick {'/'.join(metal)}" if metal else "")
+
+
+def compare_dispatch(
+    pairs: list[AlignedPair], native_table: np.ndarray, oracle_table: np.ndarray
+) -> list[DispatchDifference]:
+    native_events = events_by_record(native_table)
+    oracle_events = events_by_record(oracle_table)
+    differences: list[DispatchDifference] = []
+    for pair in pairs:
+        n = native_events.get(pair.native.record.seq, [])
+        o = oracle_events.get(pair.oracle.record.seq, [])
+        if not n and not o:
+            continue
+        fields = ["calls"] if len(n) != len(o) else []
+        fields += [f for f in COMPARED_FIELDS if any(a[f] != b[f] for a, b in zip(n, o))]
+        if fields:
+            differences.append(DispatchDifference(pair.key.label(), len(n), len(o), fields, summarize(n), summarize(o)))
+    return differences

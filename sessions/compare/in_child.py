@@ -1,0 +1,237 @@
+"""The comparison run in a child process, so the process that shows it never waits on it.
+
+h5py holds the interpreter lock while libhdf5 reads, and numpy holds it for much of the diff
+arithmetic, so a comparison on a thread of the viewer's process still stalls its event loop
+for 150-250 ms at a time on a multi-GB pair. In a child process the comparison holds only its
+own interpreter's lock. A child is also a crash boundary: a crafted file that segfaults
+libhdf5 during the diff ends the child, and the caller gets a message naming the files.
+
+The child streams `progress DONE TOTAL LABEL` lines and ends with a `result` line followed by
+the comparison as the JSON document of sessions.report.json_document (the CLI's `--json` output and
+the sidecar cache's content), or one `error {...}` line. Run as
+`python -m sessions.compare.in_child [--options JSON] [--cache-dir DIR] NATIVE ORACLE`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from sessions.capture.reader import CaptureError, open_capture
+from sessions.child_env import child_env
+from sessions.compare.comparison import CompareOptions, Comparison, iter_compare
+from sessions.compare.result_cache import iter_compare_cached
+from sessions.progress import Progress, ProgressGenerator
+from sessions.report.json_document import ReportFormatError, dumps, loads
+
+PROGRESS = "progress"
+RESULT = "result"
+ERROR = "error"
+POLL_S = 0.05
+"""How often the parent yields while the child is quiet, so closing its generator is prompt."""
+PRINT_INTERVAL_S = 0.02
+"""The child reports progress at most this often: each line wakes the parent's interpreter."""
+READ_BYTES = 1024 * 1024
+
+
+def options_to_json(options: CompareOptions) -> str:
+    return json.dumps(dataclasses.asdict(options))
+
+
+def options_from_json(text: str) -> CompareOptions:
+    return CompareOptions.from_dict(json.loads(text))
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _child_command(native: Path, oracle: Path, cache_dir: Path | None) -> list[str]:
+    command = [sys.executable, "-m", "sessions.compare.in_child", "--options", "-"]
+    if cache_dir is not None:
+        command += ["--cache-dir", str(cache_dir)]
+    return command + [str(native), str(oracle)]
+
+
+class _Child:
+    """One comparing child and what it has printed so far; `close` kills and reaps it."""
+
+    def __init__(self, command: list[str], options: CompareOptions) -> None:
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env()
+        )
+        assert self.process.stdin is not None and self.process.stdout is not None and self.process.stderr is not None
+        try:
+            # On stdin, not argv: many manual alignment overrides would pass the kernel's 128 KiB limit of one argument.
+            with self.process.stdin as stdin:
+                stdin.write(options_to_json(options).encode("utf-8"))
+        except BrokenPipeError:
+            pass  # the child ended before reading its options; its exit status says why (see _outcome)
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.process.stdout, selectors.EVENT_READ, "out")
+        self.selector.register(self.process.stderr, selectors.EVENT_READ, "err")
+        self.stdout = bytearray()
+        self.stderr = bytearray()
+        self._parsed = 0
+        self.latest: Progress | None = None
+
+    @property
+    def reading(self) -> bool:
+        return bool(self.selector.get_map())
+
+    def read(self, timeout_s: float) -> None:
+        for key, _ in self.selector.select(timeout_s):
+            chunk = os.read(key.fd, READ_BYTES)
+            if not chunk:
+                self.selector.unregister(key.fileobj)
+            elif key.data == "out":
+                self.stdout += chunk
+                self._parse_progress()
+            else:
+                self.stderr += chunk
+
+    def _parse_progress(self) -> None:
+        """Only whole progress lines; the result document is parsed once, at the end."""
+        end = self.stdout.rfind(b"\n") + 1
+        prefix = PROGRESS.encode() + b" "
+        for line in bytes(self.stdout[self._parsed : end]).splitlines():
+            if line.startswith(prefix):
+                parts = line[len(prefix) :].decode("utf-8", errors="replace").split(" ", 2)
+                if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
+                    self.latest = Progress(int(parts[0]), int(parts[1]), parts[2] if len(parts) == 3 else "")
+        self._parsed = end
+
+    def error_line(self) -> str | None:
+        """The child's closing `error` line, when it ended with one."""
+        text = bytes(self.stdout).rstrip(b"\n")
+        line = text[text.rfind(b"\n") + 1 :]
+        prefix = ERROR.encode() + b" "
+        return line[len(prefix) :].decode("utf-8", errors="replace") if line.startswith(prefix) else None
+
+    def document(self) -> str | None:
+        """Everything after the `result` marker line (the document is indented JSON, many lines)."""
+        marker = RESULT.encode() + b"\n"
+        if self.stdout.startswith(marker):
+            start = len(marker)
+        else:
+            at = self.stdout.find(b"\n" + marker)
+            if at < 0:
+                return None
+            start = at + 1 + len(marker)
+        return bytes(self.stdout[start:]).decode("utf-8", errors="replace")
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        for pipe in (self.process.stdout, self.process.stderr):
+            if pipe is not None:
+                pipe.close()
+        self.selector.close()
+
+
+def _outcome(child: _Child, native: Path, oracle: Path) -> Comparison:
+    """The child's comparison, or the CaptureError its ending amounts to."""
+    returncode = child.process.wait()
+    pair = f"{native.name} against {oracle.name}"
+    if returncode < 0:
+        raise CaptureError(
+            native,
+            "comparison",
+            f"comparing {pair} crashed the comparing process ({_signal_name(-returncode)}); "
+            "one of the files is corrupt or crafted; this process and its open files are unaffected",
+        )
+    error = child.error_line()
+    if error is not None:
+        detail = json.loads(error)
+        if "path" in detail:
+            raise CaptureError(detail["path"], detail["location"], detail["problem"])
+        raise CaptureError(native, "comparison", f"comparing {pair} failed: {detail['type']}: {detail['message']}")
+    document = child.document()
+    if returncode == 0 and document is not None:
+        try:
+            return loads(document)
+        except ReportFormatError as exc:
+            raise CaptureError(native, "comparison", f"the comparing process returned an unreadable result ({exc})") from None
+    tail = child.stderr.decode("utf-8", errors="replace").strip().splitlines()[-1:] or ["no output"]
+    raise CaptureError(native, "comparison", f"comparing {pair}: the comparing process failed (exit {returncode}: {tail[0][:300]})")
+
+
+def iter_compare_in_child(
+    native_path: Path, oracle_path: Path, options: CompareOptions = CompareOptions(), cache_dir: Path | None = None
+) -> ProgressGenerator[Comparison]:
+    """`iter_compare` of two capture files in a child process; yields its progress, returns its Comparison.
+
+    `cache_dir` set: the child goes through the sidecar cache there (sessions.compare.result_cache);
+    None: it always computes. Raises CaptureError naming the file when the child reports one,
+    fails, or dies by a signal. Closing the generator kills and reaps the child (cancel).
+    """
+    native_path, oracle_path = Path(native_path), Path(oracle_path)
+    child = _Child(_child_command(native_path, oracle_path, cache_dir), options)
+    try:
+        yield Progress(0, 1, f"starting the comparison of {native_path.name} and {oracle_path.name}")
+        while child.reading:
+            child.read(POLL_S)
+            if child.latest is not None:
+                yield child.latest
+        return _outcome(child, native_path, oracle_path)
+    finally:
+        child.close()
+
+
+def _write_line(kind: str, text: str) -> None:
+    sys.stdout.write(f"{kind} {text}\n")
+    sys.stdout.flush()
+
+
+def compare_here(native_path: Path, oracle_path: Path, options: CompareOptions, cache_dir: Path | None) -> Comparison:
+    """The child's side: open both files (structurally checked, as any open is), compare, print progress."""
+    with open_capture(native_path) as native, open_capture(oracle_path) as oracle:
+        work = iter_compare(native, oracle, options) if cache_dir is None else iter_compare_cached(native, oracle, options, cache_dir)
+        last = 0.0
+        while True:
+            try:
+                step = next(work)
+            except StopIteration as done:
+                return done.value
+            now = time.monotonic()
+            if now - last >= PRINT_INTERVAL_S:
+                last = now
+                label = step.label.replace("\n", " ")
+                _write_line(PROGRESS, f"{step.done} {step.total} {label}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sessions.compare.in_child")
+    parser.add_argument("--options", default=options_to_json(CompareOptions()), help="CompareOptions as a JSON object; - reads it from stdin")
+    parser.add_argument("--cache-dir", type=Path, help="use the sidecar result cache in this folder")
+    parser.add_argument("native", type=Path)
+    parser.add_argument("oracle", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        options = options_from_json(sys.stdin.read() if args.options == "-" else args.options)
+        comparison = compare_here(args.native, args.oracle, options, args.cache_dir)
+    except CaptureError as exc:
+        _write_line(ERROR, json.dumps({"path": exc.path, "location": exc.location, "problem": exc.problem}))
+        return 1
+    except Exception as exc:  # noqa: BLE001  (any failure is reported to the parent as a message, not a traceback)
+        _write_line(ERROR, json.dumps({"type": type(exc).__name__, "message": str(exc)}))
+        return 1
+    sys.stdout.write(f"{RESULT}\n{dumps(comparison)}\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""The one identity of an op and of a record, and the one text form of an op.
+
+Every surface names a place in a run the same way: the CLI prints `0:visual:0:sdpa`, the JSON
+carries it, `rerun --op` and `diagnose --op` take it back, sessions store it, and the viewer finds
+a tree row by it. Nothing is matched by display text, so a label can change without breaking a
+link between two surfaces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sessions.capture.reader import Record
+
+KEY_SYNTAX = "STEP:SEGMENT:LAYER:OP[#OCCURRENCE] (e.g. 0:visual:0:sdpa, 1:decode:-1:logits, 0:visual:2:q_rope#1)"
+
+
+@dataclass(frozen=True, order=True)
+class OpKey:
+    """One canonical op at one place in the run: what alignment pairs records by.
+
+    Layer -1 is a model-level op (embed, final_norm, logits). Occurrence counts repeats of the
+    same canonical op within (step, segment, layer) -- rare once a profile has mapped names."""
+
+    step: int
+    segment: str
+    layer: int
+    op: str
+    occurrence: int = 0
+
+    def text(self) -> str:
+        occurrence = f"#{self.occurrence}" if self.occurrence else ""
+        return f"{self.step}:{self.segment}:{self.layer}:{self.op}{occurrence}"
+
+    def __str__(self) -> str:
+        return self.text()
+
+    def label(self) -> str:
+        """The same place in words, for sentences ("first bit difference: step 0 visual layer 0 sdpa")."""
+        layer = "" if self.layer < 0 else f" layer {self.layer}"
+        occurrence = f"#{self.occurrence}" if self.occurrence else ""
+        return f"step {self.step} {self.segment}{layer} {self.op}{occurrence}"
+
+    @classmethod
+    def parse(cls, text: str) -> OpKey:
+        """The inverse of `text`; ValueError names what is wrong and shows the syntax."""
+        parts = text.strip().split(":")
+        if len(parts) != 4 or not all(parts):
+            raise ValueError(f"key {text!r} is not {KEY_SYNTAX}")
+        step, segment, layer, op = parts
+        occurrence = "0"
+        if "#" in op:
+            op, occurrence = op.split("#", 1)
+        try:
+            key = cls(int(step), segment, int(layer), op, int(occurrence))
+        except ValueError:
+            raise ValueError(f"key {text!r}: STEP, LAYER and OCCURRENCE must be integers; the syntax is {KEY_SYNTAX}") from None
+        if not op or key.step < 0 or key.layer < -1 or key.occurrence < 0:
+            raise ValueError(f"key {text!r} is not {KEY_SYNTAX}")
+        return key
+
+
+@dataclass(frozen=True, order=True)
+class RecordKey:
+    """One engine-native record, named as the engine named it: stable across re-captures,
+    unlike its seq, so saved overrides still mean the same records after a new run."""
+
+    step: int
+    segment: str
+    layer: int
+    name: str
+    occurrence: int = 0
+
+    @classmethod
+    def of(cls, record: Record) -> RecordKey:
+        return cls(record.step, record.segment, record.layer, record.name, record.occurrence)

@@ -1,0 +1,130 @@
+"""Reading an aligned pair's canonical rows, both sides, in bounded chunks into reused buffers.
+
+The comparison streams every tensor byte of two captures, so how it reads decides its speed:
+each record is checked once (not once per chunk), each chunk lands in a buffer reused for the
+whole comparison (a fresh array costs more in page faults than the copy from the page cache),
+and the chunk size keeps what was just read in cache while it is compared.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from sessions.bits.dtypes import logical_dtype
+from sessions.capture.reader import Capture, RecordReader, stored_span
+from sessions.compare.align import AlignedPair, MappedRecord
+
+ADVISE_MIN_BYTES = 1024 * 1024
+"""Smaller records get no read-ahead: finding their span costs about what their read does."""
+
+
+def pair_bytes(pair: AlignedPair) -> int:
+    """Stored bytes of both sides of a pair."""
+    return 2 * pair.native.record.size * logical_dtype(pair.native.record.dtype).storage.itemsize
+
+
+def _units(mapped: MappedRecord) -> tuple[int, int, int]:
+    """(chunk axis of the stored tensor, its length, canonical rows per index of it)."""
+    shape = mapped.record.shape
+    layout = mapped.layout
+    if layout is None:
+        return 0, shape[0], 1
+    axis = layout.chunk_axis()
+    assert axis is not None
+    return axis, shape[axis], layout.rows_per_unit(shape)
+
+
+def chunk_rows(pair: AlignedPair, chunk_bytes: int) -> list[tuple[int, int]] | None:
+    """Canonical row ranges to read per step, or None to read the pair whole."""
+    record = pair.native.record
+    if logical_dtype(record.dtype).is_quantized or not pair.native.shape or not record.shape:
+        return None
+    rows = pair.native.shape[0]
+    row_bytes = max(1, int(np.prod(pair.native.shape[1:], dtype=np.int64)) * logical_dtype(record.dtype).storage.itemsize)
+    if rows * row_bytes <= chunk_bytes:
+        return None
+    step = math.lcm(_units(pair.native)[2], _units(pair.oracle)[2])
+    per_chunk = max(step, (chunk_bytes // row_bytes) // step * step)
+    return [(start, min(rows, start + per_chunk)) for start in range(0, rows, per_chunk)]
+
+
+def read_ahead_spans(
+    native: Capture, oracle: Capture, pairs: list[AlignedPair]
+) -> tuple[list[tuple[str, int, int]], list[int]]:
+    """The file spans a comparison of `pairs` reads, in its order (each pair's native, then its
+    oracle data), and for each pair the span bytes read once it is done."""
+    spans: list[tuple[str, int, int]] = []
+    done_after: list[int] = []
+    total = 0
+    for pair in pairs:
+        if pair_bytes(pair) // 2 >= ADVISE_MIN_BYTES:
+            for capture, mapped in ((native, pair.native), (oracle, pair.oracle)):
+                span = stored_span(capture, mapped.record)
+                if span is not None:
+                    spans.append((str(capture.path), *span))
+                    total += span[1]
+        done_after.append(total)
+    return spans, done_after
+
+
+class _Side:
+    """One capture's side of the comparison: its open record and its reused byte buffer."""
+
+    def __init__(self, capture: Capture) -> None:
+        self.capture = capture
+        self._buffer = np.empty(0, dtype=np.uint8)
+        self._mapped: MappedRecord | None = None
+        self._reader: RecordReader | None = None
+
+    def use(self, mapped: MappedRecord) -> None:
+        self._mapped, self._reader = mapped, None
+
+    def _array(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        need = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if self._buffer.size < need:
+            self._buffer = np.empty(0, dtype=np.uint8)  # drop the old buffer before the larger one exists
+            self._buffer = np.empty(need, dtype=np.uint8)
+        return self._buffer[:need].view(dtype).reshape(shape)
+
+    def _stored(self, selection: tuple[slice, ...] | None) -> np.ndarray:
+        assert self._mapped is not None
+        record = self._mapped.record
+        ld = logical_dtype(record.dtype)
+        if ld.is_quantized:
+            return self.capture.read_bits(record, selection)
+        if self._reader is None:
+            self._reader = RecordReader(self.capture, record)
+        shape = record.shape if selection is None else tuple(len(range(*s.indices(n))) for s, n in zip(selection, record.shape))
+        return self._reader.read_into(self._array(shape, ld.storage), selection)
+
+    def whole(self) -> np.ndarray:
+        assert self._mapped is not None
+        bits = self._stored(None)
+        if logical_dtype(self._mapped.record.dtype).is_quantized:
+            return bits.reshape(-1)
+        return self._mapped.layout.apply(bits) if self._mapped.layout is not None else bits
+
+    def rows(self, rows: tuple[int, int]) -> np.ndarray:
+        """Canonical rows [start, stop): the stored slice, then the layout transform."""
+        assert self._mapped is not None
+        axis, _, per_unit = _units(self._mapped)
+        selection = [slice(None)] * len(self._mapped.record.shape)
+        selection[axis] = slice(rows[0] // per_unit, rows[1] // per_unit)
+        bits = self._stored(tuple(selection))
+        return self._mapped.layout.apply(bits) if self._mapped.layout is not None else bits
+
+
+class PairReader:
+    """Reads pair after pair of two open captures; a returned chunk is valid until that side's
+    next read (whoever keeps data past that copies it)."""
+
+    def __init__(self, native: Capture, oracle: Capture) -> None:
+        self.native = _Side(native)
+        self.oracle = _Side(oracle)
+
+    def use(self, pair: AlignedPair) -> None:
+        """Make `pair` the one read; its records are checked on their first read."""
+        self.native.use(pair.native)
+        self.oracle.use(pair.oracle)

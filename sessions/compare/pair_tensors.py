@@ -1,0 +1,109 @@
+"""Both sides of one compared pair, read back in the canonical layout from the comparison alone.
+
+A `PairResult` names its records (seq and name on each side) and the layout transforms the
+comparison applied, so whoever shows a pair later (the viewer, a saved session, a report
+reader) needs neither the profiles nor a second alignment -- a user's TOML profile may have
+been edited, moved or deleted since. The records are checked against what the comparison
+recorded, so a capture rewritten since then is refused instead of showing other bits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sessions.bits.dtypes import logical_dtype
+from sessions.capture.reader import Capture, CaptureError, Record
+from sessions.compare.comparison import PairResult
+from sessions.compare.layout_transform import LayoutError, LayoutTransform
+from sessions.progress import Progress, ProgressGenerator, run_to_end
+
+READ_CHUNK_BYTES = 2 * 1024 * 1024
+"""Bytes per read: h5py holds the interpreter lock while it reads, so a UI thread waiting on
+it gets a turn between chunks."""
+
+
+@dataclass(frozen=True)
+class PairSide:
+    record: Record
+    layout: LayoutTransform | None
+    """Stored layout -> canonical layout; None when stored canonical (and for quantized blocks)."""
+
+
+def _record_by_seq(capture: Capture, seq: int) -> Record | None:
+    records = capture.records
+    if 0 <= seq < len(records) and records[seq].seq == seq:
+        return records[seq]
+    return next((r for r in records if r.seq == seq), None)
+
+
+def _side(capture: Capture, side: str, seq: int, name: str, spec: str | None, pair: PairResult) -> PairSide:
+    """The record the comparison read on one side, checked to still be that record."""
+    place = f"record seq {seq}"
+    record = _record_by_seq(capture, seq)
+    if record is None:
+        raise CaptureError(capture.path, place, f"is missing; {pair.label} paired {side} {name!r} -- the capture changed since it was compared")
+    if record.name != name or record.dtype != pair.metrics.dtype:
+        raise CaptureError(
+            capture.path, place,
+            f"is {record.name!r} ({record.dtype}), but {pair.label} paired {side} {name!r} ({pair.metrics.dtype}) -- the capture changed since it was compared",
+        )
+    if logical_dtype(record.dtype).is_quantized:
+        canonical: tuple[int, ...] = (record.size,)
+        layout = None
+    else:
+        try:
+            layout = LayoutTransform.parse(spec) if spec is not None else None
+            canonical = layout.output_shape(record.shape) if layout is not None else record.shape
+        except LayoutError as exc:
+            raise CaptureError(capture.path, place, f"cannot be brought to the canonical layout of {pair.label}: {exc}") from None
+    if list(canonical) != list(pair.metrics.shape):
+        raise CaptureError(
+            capture.path, place,
+            f"has canonical shape {list(canonical)}, but {pair.label} compared {list(pair.metrics.shape)} -- the capture changed since it was compared",
+        )
+    return PairSide(record, layout)
+
+
+def pair_sides(native: Capture, oracle: Capture, pair: PairResult) -> tuple[PairSide, PairSide]:
+    """The (native, oracle) records and transforms of a compared pair; CaptureError when a
+    capture no longer holds what was compared."""
+    return (
+        _side(native, "native", pair.native_seq, pair.native_name, pair.native_layout, pair),
+        _side(oracle, "oracle", pair.oracle_seq, pair.oracle_name, pair.oracle_layout, pair),
+    )
+
+
+def iter_read_canonical(capture: Capture, side: PairSide, label: str) -> ProgressGenerator[np.ndarray]:
+    """One side's stored bits in the canonical layout, read a few MB at a time along the stored
+    first axis; yields Progress(rows read, rows). Quantized blocks come back as flat bytes."""
+    record = side.record
+    if logical_dtype(record.dtype).is_quantized:
+        return capture.read_bits(record).reshape(-1)
+    if len(record.shape) == 0 or record.size == 0:
+        bits = capture.read_bits(record)
+    else:
+        row_bytes = max(1, record.size // record.shape[0]) * logical_dtype(record.dtype).storage.itemsize
+        step = max(1, READ_CHUNK_BYTES // row_bytes)
+        rows = record.shape[0]
+        parts: list[np.ndarray] = []
+        for start in range(0, rows, step):
+            parts.append(capture.read_bits(record, (slice(start, min(rows, start + step)),)))
+            yield Progress(min(rows, start + step), rows, label)
+        bits = np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
+    return side.layout.apply(bits) if side.layout is not None else bits
+
+
+def iter_read_pair_bits(native: Capture, oracle: Capture, pair: PairResult) -> ProgressGenerator[tuple[np.ndarray, np.ndarray, str]]:
+    """(native bits, oracle bits, logical dtype) of a compared pair in the canonical layout --
+    the arrays the comparison compared, coordinates as in its metrics. Raises CaptureError."""
+    n_side, o_side = pair_sides(native, oracle, pair)
+    native_bits = yield from iter_read_canonical(native, n_side, f"reading native {pair.label}")
+    oracle_bits = yield from iter_read_canonical(oracle, o_side, f"reading oracle {pair.label}")
+    return native_bits, oracle_bits, n_side.record.dtype
+
+
+def read_pair_bits(native: Capture, oracle: Capture, pair: PairResult) -> tuple[np.ndarray, np.ndarray, str]:
+    """`iter_read_pair_bits` without progress, for headless callers."""
+    return run_to_end(iter_read_pair_bits(native, oracle, pair))

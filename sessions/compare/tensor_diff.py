@@ -1,0 +1,505 @@
+"""Bit-level difference metrics of one aligned tensor pair, accumulated chunk by chunk.
+
+Everything starts from the stored bits: a pair is bit-exact only if every pattern matches,
+and each kind of bit difference (signed zero, NaN payload, Inf sign, ULP flips) is counted
+on its own. Value metrics (abs/rel error, RMSE, NMSE, cosine) are computed in float64 over
+positions where both values are finite; non-finite mismatches are counted instead. A
+tolerance only decides the verdict -- it never removes a difference from the counts.
+
+Chunks arrive in canonical layout, sliced along axis 0, so a multi-GB tensor is never held
+whole. Most of a long run is bit-identical, so each chunk is compared block by block on its
+bits first (a memcmp-speed pass), and the per-element work (ULP, NaN/Inf classes, errors,
+samples, profiles) runs only on the positions where the bits differ. The sums NMSE and cosine
+need (the oracle's squares: where the bits match, native == oracle) are taken only when they
+can matter, in float64 over cache-sized blocks: a pair that stays bit-identical needs none,
+since its RMSE, NMSE and cosine are 0, 0 and 1 by definition.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import cache
+
+import numpy as np
+
+from sessions.bits.dtypes import as_bit_pattern, as_values, logical_dtype
+from sessions.bits.element_info import describe
+from sessions.bits.ulp import inf_mask, is_float_dtype, nan_mask, ulp_distance
+
+EXACT_P99_DISTINCT_LIMIT = 100_000
+"""Past this many distinct ULP values, p99 is reported as a histogram bucket edge."""
+BLOCK_ELEMENTS = 1 << 18
+"""Elements compared, and summed, per step: cache-sized, and it bounds the float64 temporaries
+of the differing elements."""
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Optional, explicit acceptance bounds. All None means the verdict is bit-exact.
+
+    An element is within tolerance when its bits match, or when both values are finite and
+    |native - oracle| <= atol + rtol * |oracle| (numpy.isclose form, missing bounds = 0) and,
+    if max_ulp is given, its ULP distance is at most max_ulp. NaN/Inf mismatches never are.
+    """
+
+    atol: float | None = None
+    rtol: float | None = None
+    max_ulp: int | None = None
+
+    @property
+    def is_bit_exact(self) -> bool:
+        return self.atol is None and self.rtol is None and self.max_ulp is None
+
+
+@dataclass
+class ElementSample:
+    """One element of a pair: canonical coordinate and both stored values, as bits and text."""
+
+    coord: list[int]
+    native_hex: str
+    native_decimal: str
+    oracle_hex: str
+    oracle_decimal: str
+    ulp: int | None = None
+
+
+@dataclass
+class AxisProfile:
+    """Per-index differing counts and max ULP along one canonical axis (rows or heads)."""
+
+    axis: str
+    differing: list[int]
+    max_ulp: list[int]
+
+
+@dataclass
+class TensorMetrics:
+    dtype: str
+    shape: list[int]
+    size: int
+    differing: int = 0
+    max_ulp: int | None = None
+    p99_ulp: int | None = None
+    p99_exact: bool = True
+    ulp_histogram: list[int] = field(default_factory=list)
+    """Counts of differing, non-NaN elements: index 0 = 1 ULP, index k = (2^(k-1), 2^k] ULP."""
+    signed_zero_only: int = 0
+    nan_mismatch: int = 0
+    """Positions where exactly one side is NaN."""
+    nan_payload: int = 0
+    """Positions where both are NaN with different bits (payload or sign)."""
+    inf_mismatch: int = 0
+    """Positions where one side is +-Inf and the bits differ (Inf sign flips included)."""
+    inf_sign: int = 0
+    """Positions where both are Inf of opposite sign."""
+    max_abs_error: float = 0.0
+    max_abs_at: ElementSample | None = None
+    max_rel_error: float = 0.0
+    max_rel_at: ElementSample | None = None
+    rmse: float = 0.0
+    nmse: float = 0.0
+    """llama.cpp's definition: sum((oracle - native)^2) / sum(oracle^2)."""
+    cosine: float = 1.0
+    """<native, oracle> / (|native| |oracle|) over both-finite elements. 1 for a bit-identical
+    pair, all-zero ones included, and for two zero vectors; 0 when only one side is zero."""
+    first_difference: ElementSample | None = None
+    worst_ulp_at: ElementSample | None = None
+    beyond_tolerance: int = 0
+    first_beyond_tolerance: ElementSample | None = None
+    per_row: AxisProfile | None = None
+    per_head: AxisProfile | None = None
+
+    @property
+    def bit_exact(self) -> bool:
+        return self.differing == 0
+
+    @property
+    def fraction_differing(self) -> float:
+        return self.differing / self.size if self.size else 0.0
+
+
+def element_maps(
+    native_bits: np.ndarray, oracle_bits: np.ndarray, logical_dtype_name: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Element-wise (abs_err, rel_err, ulp) float64 maps of two same-shape stored-bit arrays.
+
+    Where the bits match, all three are 0 (identical NaNs included). Where they differ:
+    abs_err = |native - oracle| (inf if an Inf is involved, NaN if a NaN is), rel_err =
+    abs_err / |oracle| (inf when the oracle is 0), ulp = the ULP distance (1 for -0 vs +0;
+    NaN where a NaN makes it undefined). Quantized block formats are rejected.
+    """
+    if native_bits.shape != oracle_bits.shape:
+        raise ValueError(f"shapes differ: {native_bits.shape} vs {oracle_bits.shape}")
+    same = as_bit_pattern(native_bits, logical_dtype_name) == as_bit_pattern(oracle_bits, logical_dtype_name)
+    a = as_values(native_bits, logical_dtype_name).astype(np.float64)
+    b = as_values(oracle_bits, logical_dtype_name).astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        abs_err = np.abs(a - b)
+        inf_involved = ~same & (np.isinf(a) | np.isinf(b)) & ~(np.isnan(a) | np.isnan(b))
+        abs_err[inf_involved] = np.inf
+        rel_err = np.where(abs_err == 0, 0.0, abs_err / np.abs(b))
+        rel_err[inf_involved] = np.inf
+    ulp = ulp_distance(native_bits, oracle_bits, logical_dtype_name).astype(np.float64)
+    if is_float_dtype(logical_dtype_name):
+        ulp[nan_mask(native_bits, logical_dtype_name) | nan_mask(oracle_bits, logical_dtype_name)] = np.nan
+    abs_err[same] = 0.0
+    rel_err[same] = 0.0
+    ulp[same] = 0.0
+    return abs_err, rel_err, ulp
+
+
+def _histogram_bucket(ulp: np.ndarray) -> np.ndarray:
+    """Bucket k holds ULP distances in (2^(k-1), 2^k]; exact for distances up to 2^53."""
+    _, exponent = np.frexp((ulp - np.uint64(1)).astype(np.float64))
+    return np.minimum(exponent, 64)
+
+
+@cache
+def _memcmp() -> Callable[[int, int, int], int] | None:
+    """The C library's memcmp, or None where ctypes cannot load it (then numpy compares)."""
+    try:
+        import ctypes
+
+        function = ctypes.CDLL(None).memcmp
+    except (OSError, AttributeError, ImportError, TypeError):
+        return None
+    function.restype = ctypes.c_int
+    function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    return function  # type: ignore[no-any-return]
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Bit equality of two same-dtype C-contiguous arrays.
+
+    memcmp runs at memory speed (about 1.5x numpy's array_equal, which also writes a bool per
+    element); most of a long run is bit-identical, so this is the loop every byte goes through.
+    """
+    memcmp = _memcmp()
+    if memcmp is not None and a.flags.c_contiguous and b.flags.c_contiguous:
+        return a.nbytes == b.nbytes and memcmp(a.ctypes.data, b.ctypes.data, a.nbytes) == 0
+    if a.nbytes % 8 == 0 and a.flags.c_contiguous and b.flags.c_contiguous:
+        return bool(np.array_equal(a.reshape(-1).view(np.uint64), b.reshape(-1).view(np.uint64)))
+    return bool(np.array_equal(a, b))
+
+
+def _differing_positions(a: np.ndarray, b: np.ndarray) -> Iterator[np.ndarray]:
+    """Flat indices where two 1-D bit arrays differ, one array per differing block, in order.
+    Identical arrays cost one memcmp; identical blocks one each."""
+    if _same_bits(a, b):
+        return
+    for start in range(0, a.size, BLOCK_ELEMENTS):
+        stop = min(a.size, start + BLOCK_ELEMENTS)
+        if not _same_bits(a[start:stop], b[start:stop]):
+            yield np.flatnonzero(a[start:stop] != b[start:stop]) + start
+
+
+class _Squares:
+    """Sum of squares and count of the finite values of a chunk's stored bits, block by block.
+
+    Only pairs that differ need these sums (see DiffAccumulator), so they are taken accurately
+    rather than at BLAS speed -- a float32 dot over 2^18 squares is already off by ~4e-6:
+    16-bit floats are widened exactly into a reused float32 block (bfloat16 by a 16-bit shift,
+    which is what the format is), where their squares are exact, and summed in float64;
+    float32 and integers are converted to float64 and summed by a float64 dot; float64 is used
+    as stored. A block whose total is not finite (Inf/NaN in it, or float64 overflow) is
+    redone over its finite values.
+    """
+
+    def __init__(self, logical: str) -> None:
+        self.logical = logical
+        self._scratch: np.ndarray | None = None
+
+    def _block_sum(self, block: np.ndarray) -> tuple[float, np.ndarray]:
+        """(sum of squares, the block's values) -- the values for the non-finite fallback."""
+        if self.logical == "float64":
+            values = block.view(np.float64)
+            return float(np.dot(values, values)), values
+        if self._scratch is None or self._scratch.size < block.size:
+            self._scratch = np.empty(min(BLOCK_ELEMENTS, max(block.size, 1)), dtype=np.float64)
+        if self.logical in ("bfloat16", "float16"):
+            wide = self._scratch.view(np.uint32)[: block.size]
+            if self.logical == "bfloat16":
+                np.left_shift(block, 16, out=wide, dtype=np.uint32)
+            else:
+                np.copyto(wide.view(np.float32), block.view(np.float16))
+            values = wide.view(np.float32)
+            squares = self._scratch.view(np.float32)[block.size : 2 * block.size]
+            np.square(values, out=squares)
+            return float(squares.sum(dtype=np.float64)), values
+        wide64 = self._scratch[: block.size]
+        np.copyto(wide64, as_values(block, self.logical))
+        return float(np.dot(wide64, wide64)), wide64
+
+    def of(self, bits: np.ndarray) -> tuple[float, int]:
+        flat = bits.reshape(-1)
+        total, count = 0.0, 0
+        for start in range(0, flat.size, BLOCK_ELEMENTS):
+            with np.errstate(over="ignore", invalid="ignore"):
+                block_total, values = self._block_sum(flat[start : start + BLOCK_ELEMENTS])
+            if np.isfinite(block_total):
+                total, count = total + block_total, count + int(values.size)
+                continue
+            finite = values[np.isfinite(values)].astype(np.float64)
+            total, count = total + float(np.dot(finite, finite)), count + int(finite.size)
+        return total, count
+
+
+class DiffAccumulator:
+    """Metrics of one pair, fed canonical-layout chunks in axis-0 order.
+
+    `rows_axis` and `head_split` (axis, heads) select the per-row and per-head profiles;
+    heads split their axis into equal contiguous groups ([rows, heads*dim] has axis 1 split).
+
+    `reread_oracle(start, stop)`, when given, returns the oracle's canonical rows [start, stop)
+    again. The squares of bit-identical chunks that arrive before any difference are then left
+    out, and only if a later chunk differs are those rows read back and summed (oracle side
+    only); a multi-chunk pair that stays identical -- most pairs of a long run -- costs one
+    compare pass and nothing more. Without it, each such chunk is summed as it arrives.
+    """
+
+    def __init__(
+        self,
+        logical: str,
+        shape: tuple[int, ...],
+        tolerance: Tolerance,
+        rows_axis: int | None = None,
+        head_split: tuple[int, int] | None = None,
+        reread_oracle: Callable[[int, int], np.ndarray] | None = None,
+    ) -> None:
+        self.logical = logical
+        self.shape = shape
+        self.tolerance = tolerance
+        self.rows_axis = rows_axis
+        self.head_split = head_split
+        self._quantized = logical_dtype(logical).is_quantized
+        self._float = is_float_dtype(logical)
+        self.metrics = TensorMetrics(logical, list(shape), int(np.prod(shape, dtype=np.int64)))
+        self._ulp_counts: Counter[int] = Counter()
+        self._ulp_values_exact = True
+        self._hist = np.zeros(65, dtype=np.int64)
+        self._nan_positions = 0
+        self._sum_sq_diff = 0.0
+        self._sum_aa = 0.0
+        self._sum_bb = 0.0
+        self._sum_ab = 0.0
+        self._finite = 0
+        self._row_diff: np.ndarray | None = None
+        self._row_ulp: np.ndarray | None = None
+        self._head_diff: np.ndarray | None = None
+        self._head_ulp: np.ndarray | None = None
+        self._squares = _Squares(logical)
+        self._reread_oracle = reread_oracle
+        self._unsummed: list[tuple[int, int]] = []
+        """Row ranges of identical chunks whose squares are still missing (see reread_oracle)."""
+
+    def _sample(self, native: np.ndarray, oracle: np.ndarray, flat: int, row0: int, ulp: int | None) -> ElementSample:
+        coord = [int(c) for c in np.unravel_index(flat, native.shape)]
+        if coord:
+            coord[0] += row0
+        n = describe(native.reshape(-1)[flat], self.logical)
+        o = describe(oracle.reshape(-1)[flat], self.logical)
+        return ElementSample(coord, n.hex, n.decimal, o.hex, o.decimal, ulp)
+
+    def add(self, native_bits: np.ndarray, oracle_bits: np.ndarray, row0: int = 0) -> None:
+        """Feed the canonical-layout chunk that starts at index `row0` of axis 0.
+
+        The chunk may be a view of a buffer the caller reuses: nothing here keeps it.
+        """
+        if native_bits.shape != oracle_bits.shape:
+            raise ValueError(f"chunk shapes differ: {native_bits.shape} vs {oracle_bits.shape}")
+        native_bits = np.ascontiguousarray(native_bits)
+        oracle_bits = np.ascontiguousarray(oracle_bits)
+        a = as_bit_pattern(native_bits, self.logical).reshape(-1)
+        b = as_bit_pattern(oracle_bits, self.logical).reshape(-1)
+        differed_before = self.metrics.differing > 0
+        differed = False
+        for flat in _differing_positions(a, b):
+            differed = True
+            self.metrics.differing += int(flat.size)
+            if self._quantized:
+                self._add_quantized(a, b, flat, native_bits.shape)
+            else:
+                self._add_differing(native_bits, oracle_bits, a[flat], b[flat], flat, row0)
+        if self._quantized:
+            return
+        if differed or differed_before:
+            # Every element enters as if native == oracle (b*b); _correct_sums has already
+            # replaced the differing elements' share.
+            self._add_squares(oracle_bits)
+        elif native_bits.size != self.metrics.size:
+            if self._reread_oracle is None:
+                self._add_squares(oracle_bits)
+            else:
+                self._unsummed.append((row0, row0 + native_bits.shape[0]))
+
+    def _add_squares(self, oracle_bits: np.ndarray) -> None:
+        squares, finite = self._squares.of(oracle_bits)
+        self._finite += finite
+        self._sum_aa += squares
+        self._sum_bb += squares
+        self._sum_ab += squares
+
+    def _add_quantized(self, a: np.ndarray, b: np.ndarray, flat: np.ndarray, shape: tuple[int, ...]) -> None:
+        """Quantized blocks have no element values: differing bytes count, each one beyond tolerance."""
+        m = self.metrics
+        if m.first_difference is None:
+            first = int(flat[0])
+            m.first_difference = ElementSample(
+                [int(c) for c in np.unravel_index(first, shape)],
+                f"0x{int(a[first]):02x}", "", f"0x{int(b[first]):02x}", "",
+            )
+        m.beyond_tolerance += int(flat.size)
+
+    def _add_differing(self, native_bits: np.ndarray, oracle_bits: np.ndarray, nb: np.ndarray, ob: np.ndarray, flat: np.ndarray, row0: int) -> None:
+        """Metrics from the differing elements only (`flat` indexes them); sums use the whole chunk."""
+        m = self.metrics
+        ulp = ulp_distance(nb, ob, self.logical)
+        if self._float:
+            nan_a, nan_b = nan_mask(nb, self.logical), nan_mask(ob, self.logical)
+            inf_a, inf_b = inf_mask(nb, self.logical), inf_mask(ob, self.logical)
+            any_nan = nan_a | nan_b
+            m.nan_mismatch += int(np.count_nonzero(nan_a ^ nan_b))
+            m.nan_payload += int(np.count_nonzero(nan_a & nan_b))
+            m.inf_mismatch += int(np.count_nonzero((inf_a | inf_b) & ~any_nan))
+            m.inf_sign += int(np.count_nonzero(inf_a & inf_b))
+            self._nan_positions += int(np.count_nonzero(any_nan))
+        else:
+            any_nan = np.zeros(flat.shape, dtype=bool)
+        va = as_values(nb, self.logical).astype(np.float64)
+        vb = as_values(ob, self.logical).astype(np.float64)
+        finite = np.isfinite(va) & np.isfinite(vb)
+        if self._float:
+            m.signed_zero_only += int(np.count_nonzero((va == 0) & (vb == 0)))
+        self._correct_sums(va, vb, finite)
+        abs_err = np.where(finite, np.abs(np.where(finite, va, 0.0) - np.where(finite, vb, 0.0)), 0.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rel_err = np.where(abs_err == 0, 0.0, abs_err / np.abs(vb))
+        ulp_or_none = [None if bad else int(u) for u, bad in zip(ulp[:1], any_nan[:1])]
+        if m.first_difference is None:
+            m.first_difference = self._sample(native_bits, oracle_bits, int(flat[0]), row0, ulp_or_none[0])
+        for which, err in (("abs", abs_err), ("rel", rel_err)):
+            k = int(np.argmax(err))
+            value = float(err[k])
+            if value > (m.max_abs_error if which == "abs" else m.max_rel_error):
+                sample = self._sample(native_bits, oracle_bits, int(flat[k]), row0, None if any_nan[k] else int(ulp[k]))
+                if which == "abs":
+                    m.max_abs_error, m.max_abs_at = value, sample
+                else:
+                    m.max_rel_error, m.max_rel_at = value, sample
+        self._add_ulps(native_bits, oracle_bits, ulp, ~any_nan, flat, row0)
+        self._add_tolerance(native_bits, oracle_bits, finite, abs_err, vb, ulp, any_nan, flat, row0)
+        self._add_profiles(native_bits.shape, flat, np.where(any_nan, np.uint64(0), ulp), row0)
+
+    def _correct_sums(self, va: np.ndarray, vb: np.ndarray, finite: np.ndarray) -> None:
+        """The chunk's sums were started as if native == oracle (every element adds b*b); replace
+        the differing elements' share with their true a*a, b*b, a*b over both-finite positions."""
+        b_finite = np.isfinite(vb)
+        removed = float(np.dot(vb[b_finite], vb[b_finite]))
+        fa, fb = va[finite], vb[finite]
+        delta = fa - fb
+        self._finite += int(fa.size) - int(np.count_nonzero(b_finite))
+        self._sum_sq_diff += float(np.dot(delta, delta))
+        self._sum_aa += float(np.dot(fa, fa)) - removed
+        self._sum_bb += float(np.dot(fb, fb)) - removed
+        self._sum_ab += float(np.dot(fa, fb)) - removed
+
+    def _add_ulps(self, native_bits: np.ndarray, oracle_bits: np.ndarray, ulp: np.ndarray, counted: np.ndarray, flat: np.ndarray, row0: int) -> None:
+        values = ulp[counted]
+        if values.size == 0:
+            return
+        top = int(values.max())
+        m = self.metrics
+        if m.max_ulp is None or top > m.max_ulp:
+            m.max_ulp = top
+            k = int(np.flatnonzero(counted & (ulp == np.uint64(top)))[0])
+            m.worst_ulp_at = self._sample(native_bits, oracle_bits, int(flat[k]), row0, top)
+        np.add.at(self._hist, _histogram_bucket(values), 1)
+        if self._ulp_values_exact:
+            distinct, counts = np.unique(values, return_counts=True)
+            self._ulp_counts.update(dict(zip((int(d) for d in distinct), (int(c) for c in counts))))
+            if len(self._ulp_counts) > EXACT_P99_DISTINCT_LIMIT:
+                self._ulp_values_exact = False
+                self._ulp_counts.clear()
+
+    def _add_tolerance(self, native_bits: np.ndarray, oracle_bits: np.ndarray, finite: np.ndarray, abs_err: np.ndarray, vb: np.ndarray, ulp: np.ndarray, any_nan: np.ndarray, flat: np.ndarray, row0: int) -> None:
+        tol = self.tolerance
+        within = np.zeros(flat.shape, dtype=bool)
+        if not tol.is_bit_exact:
+            within = finite.copy()
+            if tol.atol is not None or tol.rtol is not None:
+                bound = (tol.atol or 0.0) + (tol.rtol or 0.0) * np.abs(np.where(finite, vb, 0.0))
+                within &= abs_err <= bound
+            if tol.max_ulp is not None:
+                within &= ulp <= np.uint64(tol.max_ulp)
+        beyond = np.flatnonzero(~within)
+        m = self.metrics
+        if beyond.size and m.first_beyond_tolerance is None:
+            k = int(beyond[0])
+            m.first_beyond_tolerance = self._sample(native_bits, oracle_bits, int(flat[k]), row0, None if any_nan[k] else int(ulp[k]))
+        m.beyond_tolerance += int(beyond.size)
+
+    def _add_profiles(self, chunk_shape: tuple[int, ...], flat: np.ndarray, ulp: np.ndarray, row0: int) -> None:
+        coords = np.unravel_index(flat, chunk_shape)
+        if self.rows_axis is not None:
+            if self._row_diff is None or self._row_ulp is None:
+                self._row_diff = np.zeros(self.shape[self.rows_axis], dtype=np.int64)
+                self._row_ulp = np.zeros(self.shape[self.rows_axis], dtype=np.uint64)
+            rows = coords[self.rows_axis] + (row0 if self.rows_axis == 0 else 0)
+            np.add.at(self._row_diff, rows, 1)
+            np.maximum.at(self._row_ulp, rows, ulp)
+        if self.head_split is not None:
+            axis, heads = self.head_split
+            if self._head_diff is None or self._head_ulp is None:
+                self._head_diff = np.zeros(heads, dtype=np.int64)
+                self._head_ulp = np.zeros(heads, dtype=np.uint64)
+            head = (coords[axis] + (row0 if axis == 0 else 0)) // (self.shape[axis] // heads)
+            np.add.at(self._head_diff, head, 1)
+            np.maximum.at(self._head_ulp, head, ulp)
+
+    def finish(self) -> TensorMetrics:
+        m = self.metrics
+        if m.differing and self._reread_oracle is not None:
+            for start, stop in self._unsummed:
+                self._add_squares(np.ascontiguousarray(self._reread_oracle(start, stop)))
+        self._unsummed.clear()
+        if self._finite:
+            m.rmse = float(np.sqrt(self._sum_sq_diff / self._finite))
+        if self._sum_sq_diff:
+            m.nmse = self._sum_sq_diff / self._sum_bb if self._sum_bb else float("inf")
+        if m.differing:
+            norms = np.sqrt(self._sum_aa * self._sum_bb)
+            m.cosine = float(self._sum_ab / norms) if norms else (1.0 if self._sum_aa == self._sum_bb else 0.0)
+        if not self._quantized:
+            self._finish_ulp_stats()
+        m.ulp_histogram = [int(c) for c in self._hist[: int(np.flatnonzero(self._hist)[-1]) + 1]] if self._hist.any() else []
+        if self._row_diff is not None and self._row_ulp is not None:
+            m.per_row = AxisProfile("rows", self._row_diff.tolist(), [int(u) for u in self._row_ulp])
+        if self._head_diff is not None and self._head_ulp is not None:
+            m.per_head = AxisProfile("heads", self._head_diff.tolist(), [int(u) for u in self._head_ulp])
+        return m
+
+    def _finish_ulp_stats(self) -> None:
+        m = self.metrics
+        population = m.size - self._nan_positions
+        nonzero = int(self._hist.sum())
+        if m.max_ulp is None:
+            m.max_ulp, m.p99_ulp = 0, 0
+            return
+        rank = int(np.ceil(0.99 * population))
+        zeros = population - nonzero
+        if rank <= zeros:
+            m.p99_ulp = 0
+            return
+        remaining = rank - zeros
+        if self._ulp_values_exact:
+            for value in sorted(self._ulp_counts):
+                remaining -= self._ulp_counts[value]
+                if remaining <= 0:
+                    m.p99_ulp = value
+                    return
+        m.p99_exact = False
+        cumulative = np.cumsum(self._hist)
+        bucket = int(np.searchsorted(cumulative, remaining))
+        m.p99_ulp = 1 << bucket

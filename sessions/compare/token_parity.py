@@ -1,0 +1,115 @@
+"""Greedy-token parity, step by step, stopping at the first shared EOS/stop token.
+
+After both engines emit the same stop token the request is over: whatever either computes
+afterwards is post-EOS and invalid, so differences there are reported as such and never
+count as parity failures (the Qwen3-VL record's first confirmed defect).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sessions.bits.element_info import describe
+
+MATCH = "match"
+DIFFER = "differ"
+POST_EOS = "post_eos"
+MISSING = "missing"
+
+
+@dataclass
+class TopEntry:
+    token_id: int
+    decimal: str
+    hex: str
+
+
+@dataclass
+class TokenStep:
+    step: int
+    native_token: int | None
+    oracle_token: int | None
+    native_stop: bool
+    oracle_stop: bool
+    status: str
+    """match, differ, missing (one side has no token), or post_eos (after the shared stop)."""
+    native_top: list[TopEntry] = field(default_factory=list)
+    oracle_top: list[TopEntry] = field(default_factory=list)
+    differs: bool = False
+    """Whether the tokens or stop flags differ -- kept for post-EOS steps too, for information."""
+
+
+@dataclass
+class TokenParity:
+    steps: list[TokenStep]
+    shared_eos_step: int | None
+    first_divergence_step: int | None
+    compared_steps: int
+
+
+def tokens_by_step(table: np.ndarray) -> dict[int, tuple[int, bool]]:
+    """The emitted token of each step (the last row of a step wins: its last segment)."""
+    out: dict[int, tuple[int, bool]] = {}
+    for row in table:
+        out[int(row["step"])] = (int(row["token_id"]), bool(row["is_stop"]))
+    return out
+
+
+def shared_eos_step(native: dict[int, tuple[int, bool]], oracle: dict[int, tuple[int, bool]]) -> int | None:
+    """The first step at which both sides emit the same token and both mark it as a stop."""
+    for step in sorted(set(native) & set(oracle)):
+        if native[step] == oracle[step] and native[step][1]:
+            return step
+    return None
+
+
+def top_k(values: np.ndarray, bits: np.ndarray, logical: str, k: int) -> list[TopEntry]:
+    """The k largest logits (ties by lower token id, NaNs last) with their stored bits."""
+    as_float = np.asarray(values, dtype=np.float64)
+    order = np.lexsort((np.arange(as_float.size), np.where(np.isnan(as_float), np.inf, -as_float)))[:k]
+    entries = []
+    for token in order:
+        info = describe(bits[token], logical)
+        entries.append(TopEntry(int(token), info.decimal, info.hex))
+    return entries
+
+
+def compare_tokens(
+    native_table: np.ndarray,
+    oracle_table: np.ndarray,
+    tops: dict[int, tuple[list[TopEntry], list[TopEntry]]],
+) -> TokenParity:
+    """Per-step comparison; `tops` holds each step's top-k logits (native, oracle) when captured."""
+    native, oracle = tokens_by_step(native_table), tokens_by_step(oracle_table)
+    eos = shared_eos_step(native, oracle)
+    steps: list[TokenStep] = []
+    first_divergence = None
+    for step in sorted(set(native) | set(oracle)):
+        n, o = native.get(step), oracle.get(step)
+        differs = n != o
+        if eos is not None and step > eos:
+            status = POST_EOS
+        elif n is None or o is None:
+            status = MISSING
+        else:
+            status = DIFFER if differs else MATCH
+        if status in (DIFFER, MISSING) and first_divergence is None:
+            first_divergence = step
+        n_top, o_top = tops.get(step, ([], []))
+        steps.append(
+            TokenStep(
+                step,
+                None if n is None else n[0],
+                None if o is None else o[0],
+                bool(n and n[1]),
+                bool(o and o[1]),
+                status,
+                n_top,
+                o_top,
+                differs,
+            )
+        )
+    compared = sum(1 for s in steps if s.status != POST_EOS)
+    return TokenParity(steps, eos, first_divergence, compared)

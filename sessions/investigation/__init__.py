@@ -1,0 +1,1 @@
+"""Saved investigations: the document a user edits, its file format and migrations, autosave and crash recovery."""

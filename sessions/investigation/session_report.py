@@ -1,0 +1,46 @@
+"""What `parity-xray report --session FILE.xray` compares: the session's pair, profiles and tolerance.
+
+A headless report must not compare data the session was not saved with, so each capture's
+identity is checked first (the same rule as the viewer's), and a moved or changed capture is
+an unusable input with the reason, never a silent comparison of something else.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from sessions.capture.identity import check_capture
+from sessions.investigation.model import Investigation
+from sessions.investigation.store import SessionDocument, SessionOpenError
+
+
+class SessionReportError(Exception):
+    """The session cannot be reported on; the message names the file and the problem."""
+
+
+def apply_session(args: argparse.Namespace) -> Investigation:
+    """Fill NATIVE, ORACLE, profiles and tolerances from the session (command-line values win)."""
+    if args.native is not None or args.oracle is not None:
+        raise SessionReportError("give either NATIVE ORACLE or --session FILE.xray, not both")
+    try:
+        document = SessionDocument.open(args.session)
+    except SessionOpenError as exc:
+        raise SessionReportError(str(exc)) from None
+    session, folder = document.session, Path(args.session).absolute().parent
+    refs = {role: session.captures_of(role) for role in ("native", "oracle")}
+    missing = [role for role, found in refs.items() if not found]
+    if missing:
+        raise SessionReportError(f"{args.session}: the session names no {' and no '.join(missing)} capture")
+    for role, (ref, *_) in refs.items():
+        status = check_capture(ref, folder)
+        if not status.usable:
+            raise SessionReportError(f"{args.session}: {role} capture {status.message}")
+        setattr(args, role, str(ref.path))
+        if getattr(args, f"{role}_profile") is None and ref.profile:
+            setattr(args, f"{role}_profile", ref.profile)
+    tolerance = session.tolerance
+    for name, value in (("atol", tolerance.atol), ("rtol", tolerance.rtol), ("max_ulp", tolerance.max_ulp)):
+        if getattr(args, name) is None and value:
+            setattr(args, name, value)
+    return session

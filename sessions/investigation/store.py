@@ -1,0 +1,215 @@
+"""Opening and saving session files without ever losing the user's work.
+
+Failures are part of the contract, not exceptions to it: a corrupt file is kept aside and
+the newest good backup is loaded (with a notice saying so); a save that fails (disk full,
+read-only folder) raises `SessionSaveError` with a sentence for the user and leaves both
+the file on disk and the session in memory exactly as they were; a file written by a newer
+Parity X-ray opens read-only and is never written over.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import errno
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sessions.atomic_write import atomic_write_bytes, backup_paths
+from sessions.investigation.model import Investigation
+from sessions.investigation.schema import (
+    SCHEMA_VERSION,
+    DecodedSession,
+    SessionFormatError,
+    dumps,
+    loads,
+    schema_version_of,
+)
+
+DEFAULT_BACKUPS = 3
+
+
+class SessionOpenError(Exception):
+    """A session that cannot be opened at all; the message is for the user."""
+
+
+class SessionSaveError(Exception):
+    """A save that did not happen; the file on disk and the session in memory are unchanged."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        self.path = path
+        self.problem = problem
+        super().__init__(f"Could not save the session to {path}: {problem}. Nothing was lost: the session is still open.")
+
+
+class SessionReadOnlyError(SessionSaveError):
+    """Saving would overwrite a file from a newer Parity X-ray (and drop what it stored)."""
+
+
+_OS_ERROR_WORDS = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is used up",
+    errno.EROFS: "the folder is on a read-only file system",
+    errno.EACCES: "there is no permission to write in that folder",
+    errno.EPERM: "there is no permission to write in that folder",
+    errno.ENOENT: "the folder does not exist",
+    errno.EFBIG: "the file would exceed the largest file size this system allows",
+    errno.ENAMETOOLONG: "the file name is too long",
+}
+
+
+def describe_os_error(exc: OSError) -> str:
+    """What went wrong, in the user's words rather than errno's."""
+    words = _OS_ERROR_WORDS.get(exc.errno or 0)
+    detail = exc.strerror or str(exc)
+    return f"{words} ({detail})" if words else detail
+
+
+def _schema_on_disk(path: Path) -> int | None:
+    """The schema of the session already at `path`, or None when there is none (or it is unreadable)."""
+    try:
+        return schema_version_of(json.loads(path.read_bytes().decode("utf-8")), str(path))
+    except (OSError, ValueError, SessionFormatError):
+        return None
+
+
+def save_session(session: Investigation, path: str | Path, *, backups: int = DEFAULT_BACKUPS) -> None:
+    """Write `session` to `path` atomically, rotating `backups` previous versions.
+
+    Raises `SessionReadOnlyError` if `path` holds a newer-schema session, `SessionSaveError`
+    on any I/O failure.
+    """
+    path = Path(path).absolute()
+    on_disk = _schema_on_disk(path)
+    if on_disk is not None and on_disk > SCHEMA_VERSION:
+        raise SessionReadOnlyError(
+            path,
+            f"it was saved by a newer Parity X-ray (session schema {on_disk}; this version writes "
+            f"{SCHEMA_VERSION}) and overwriting it would lose what that version stored; use Save As",
+        )
+    data = dumps(session, path.parent)
+    try:
+        atomic_write_bytes(path, data, backups=backups)
+    except OSError as exc:
+        raise SessionSaveError(path, describe_os_error(exc)) from exc
+    session.rebase(path.parent)
+
+
+def _aside_path(path: Path) -> Path:
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    candidate = path.with_name(f"{path.name}.corrupt-{stamp}")
+    n = 2
+    while candidate.exists():
+        candidate = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
+        n += 1
+    return candidate
+
+
+def _read(path: Path) -> DecodedSession:
+    """Raises SessionFormatError for damage, OSError when the file cannot be read at all."""
+    return loads(path.read_bytes(), str(path))
+
+
+@dataclass
+class SessionDocument:
+    """An open session: what File > Save, Save As and the title bar's dirty mark work on."""
+
+    session: Investigation = field(default_factory=Investigation)
+    path: Path | None = None
+    read_only_reason: str | None = None
+    """Why Save is refused (the file is from a newer version); Save As to another file works."""
+    notices: list[str] = field(default_factory=list)
+    """Things the user must be told once after opening (backup loaded, upgraded, read-only)."""
+    backups: int = DEFAULT_BACKUPS
+    saved_revision: int = 0
+
+    @property
+    def read_only(self) -> bool:
+        return self.read_only_reason is not None
+
+    @property
+    def dirty(self) -> bool:
+        return self.session.revision != self.saved_revision
+
+    @classmethod
+    def open(cls, path: str | Path, *, backups: int = DEFAULT_BACKUPS) -> SessionDocument:
+        """Open a session file, falling back to its newest good backup if it is damaged or gone.
+
+        Raises `SessionOpenError` when neither the file nor any backup can be read.
+        """
+        path = Path(path).absolute()
+        try:
+            decoded = _read(path)
+        except FileNotFoundError:
+            return cls._from_backup(path, backups, f"{path} does not exist")
+        except OSError as exc:
+            raise SessionOpenError(f"{path} cannot be read: {exc.strerror or exc}") from None
+        except SessionFormatError as exc:
+            on_disk = _schema_on_disk(path)
+            if on_disk is not None and on_disk > SCHEMA_VERSION:
+                raise SessionOpenError(
+                    f"{path} was saved by a newer Parity X-ray (session schema {on_disk}) in a form this "
+                    f"version cannot read ({exc.location}: {exc.problem}). The file was not changed."
+                ) from None
+            return cls._from_backup(path, backups, str(exc))
+        document = cls(decoded.session, path, decoded.read_only_reason, backups=backups)
+        document.saved_revision = decoded.session.revision
+        if decoded.read_only_reason:
+            document.notices.append(f"{path.name} was {decoded.read_only_reason}")
+        elif decoded.schema_version < SCHEMA_VERSION:
+            document.notices.append(
+                f"{path.name} is from an older Parity X-ray (session schema {decoded.schema_version}); "
+                f"saving writes schema {SCHEMA_VERSION} and keeps the old file as {path.name}.1."
+            )
+        return document
+
+    @classmethod
+    def _from_backup(cls, path: Path, backups: int, problem: str) -> SessionDocument:
+        """Load the newest readable backup; keep a damaged file aside (never delete it)."""
+        tried = [problem]
+        for backup in backup_paths(path, backups):
+            try:
+                decoded = _read(backup)
+            except FileNotFoundError:
+                continue
+            except (OSError, SessionFormatError) as exc:
+                tried.append(str(exc))
+                continue
+            notice = f"{path.name} could not be read ({problem}). Loaded the backup {backup.name}"
+            if path.exists():
+                aside = _aside_path(path)
+                path.rename(aside)
+                notice += f"; the damaged file was kept as {aside.name}"
+            saved = _saved_time(backup)
+            document = cls(decoded.session, path, decoded.read_only_reason, backups=backups)
+            document.notices.append(f"{notice}. The backup was saved {saved}; later changes are not in it.")
+            document.saved_revision = -1
+            return document
+        raise SessionOpenError(f"{path} cannot be opened and no backup can be read: " + "; ".join(tried))
+
+    def save(self) -> None:
+        if self.path is None:
+            raise ValueError("this session has no file yet; use save_as")
+        if self.read_only_reason is not None:
+            raise SessionReadOnlyError(self.path, f"it was {self.read_only_reason}")
+        self._write(self.path)
+
+    def save_as(self, path: str | Path) -> None:
+        """Save to `path` and keep working there; a read-only document becomes an ordinary one."""
+        path = Path(path).absolute()
+        if self.read_only_reason is not None and path == self.path:
+            raise SessionReadOnlyError(path, f"it was {self.read_only_reason}")
+        self._write(path)
+        self.path = path
+        self.read_only_reason = None
+
+    def _write(self, path: Path) -> None:
+        revision = self.session.revision
+        save_session(self.session, path, backups=self.backups)
+        self.saved_revision = revision
+
+
+def _saved_time(path: Path) -> str:
+    """A file's modification time for a notice, in local time as the user's clock shows it."""
+    moment = _dt.datetime.fromtimestamp(path.stat().st_mtime)
+    return moment.strftime("%Y-%m-%d %H:%M:%S")

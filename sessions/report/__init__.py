@@ -1,0 +1,1 @@
+"""A comparison written out for people and programs: terminal text, the JSON document, the self-contained HTML page."""

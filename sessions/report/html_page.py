@@ -1,0 +1,217 @@
+"""A self-contained HTML report of an investigation, to attach to a bug.
+
+One file, nothing fetched: styles inline, the error-growth figure drawn here as inline SVG
+(no plotting library), screenshots embedded as PNG data URIs. The order is the order an
+investigation reads (as in `report_text`): what was compared and whether the inputs even
+match, execution contracts, the first divergence with both values as decimals and bits, the
+error growth, the worst ops, token parity, then the user's bookmarks and notes.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import math
+from html import escape
+
+from sessions.compare.comparison import Comparison
+from sessions.compare.key import OpKey
+from sessions.compare.tensor_diff import ElementSample
+from sessions.investigation.model import Bookmark, Investigation
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+FIGURE_WIDTH, FIGURE_HEIGHT = 900, 240
+TOP_OPS = 10
+MAX_TOKEN_ROWS = 64
+
+STYLE = """
+body { font: 14px/1.45 -apple-system, 'Segoe UI', 'DejaVu Sans', sans-serif; margin: 24px auto; max-width: 1100px; color: #1d2430; }
+h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 17px; border-bottom: 1px solid #d5dae1; padding-bottom: 3px; margin-top: 28px; }
+table { border-collapse: collapse; margin: 6px 0; max-width: 100%; } td, th { border: 1px solid #d5dae1; padding: 3px 8px; text-align: left; vertical-align: top; overflow-wrap: anywhere; }
+td:first-child, th:first-child { overflow-wrap: normal; white-space: nowrap; }
+th { background: #eef1f5; white-space: nowrap; } code, .bits { font-family: 'DejaVu Sans Mono', Menlo, monospace; font-size: 12.5px; }
+.verdict-divergence { color: #b3261e; font-weight: bold; } .verdict-parity { color: #1e7d3a; font-weight: bold; }
+.mismatch td { background: #fbe4e3; } .post-eos td { color: #8a8f98; } .differ td { background: #fbf1d6; }
+.note { white-space: pre-wrap; background: #f6f8fa; border-left: 3px solid #4a90d9; padding: 6px 10px; margin: 6px 0; }
+.muted { color: #5f6773; } img.shot { max-width: 100%; border: 1px solid #d5dae1; }
+"""
+
+
+def png_data_uri(data: bytes) -> str:
+    """Only a real PNG is embedded: the report must open anywhere, and a wrong image is worse than none."""
+    if not data.startswith(PNG_SIGNATURE):
+        raise ValueError("screenshot is not a PNG (missing PNG signature)")
+    return "data:image/png;base64," + base64.b64encode(data).decode("ascii")
+
+
+def bits_of(hex_text: str) -> str:
+    """0x-hex as binary digits in groups of 4, the storage width kept (leading zeros matter)."""
+    digits = hex_text.removeprefix("0x")
+    binary = f"{int(digits, 16):0{4 * len(digits)}b}"
+    return " ".join(binary[i : i + 4] for i in range(0, len(binary), 4))
+
+
+def _table(header: list[str], rows: list[list[str]], row_classes: list[str] | None = None) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in header)
+    body = []
+    for i, row in enumerate(rows):
+        css = f' class="{row_classes[i]}"' if row_classes and row_classes[i] else ""
+        body.append(f"<tr{css}>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def _element_rows(title: str, sample: ElementSample | None) -> list[list[str]]:
+    if sample is None:
+        return []
+    ulp = "undefined (NaN)" if sample.ulp is None else f"{sample.ulp:,}"
+    coord = escape(str(tuple(sample.coord)))
+    return [
+        [escape(title), coord, "native", escape(sample.native_decimal), f"<code>{escape(sample.native_hex)}</code>", f'<span class="bits">{bits_of(sample.native_hex)}</span>', ulp],
+        ["", "", "oracle", escape(sample.oracle_decimal), f"<code>{escape(sample.oracle_hex)}</code>", f'<span class="bits">{bits_of(sample.oracle_hex)}</span>', ""],
+    ]
+
+
+def _first_divergence(c: Comparison) -> str:
+    if c.first_divergence is None:
+        compared = sum(not p.post_eos for p in c.pairs)
+        return f"<p>None: all {compared} compared pairs before the shared EOS are bit-exact.</p>"
+    pair = c.pairs[c.first_divergence]
+    m = pair.metrics
+    lines = [
+        f"<p><b>{escape(pair.label)}</b>: native <code>{escape(pair.native_name)}</code> (seq {pair.native_seq}), "
+        f"oracle <code>{escape(pair.oracle_name)}</code> (seq {pair.oracle_seq}), {escape(m.dtype)} {escape(str(m.shape))}</p>",
+        f"<p>{m.differing:,} of {m.size:,} elements differ; max {m.max_ulp if m.max_ulp is not None else 'undefined'} ULP; "
+        f"NMSE {m.nmse:.3g}; cosine {m.cosine:.12g}; signed-zero-only {m.signed_zero_only}; NaN {m.nan_mismatch + m.nan_payload}</p>",
+    ]
+    rows = _element_rows("first differing element", m.first_difference) + _element_rows("worst ULP element", m.worst_ulp_at)
+    lines.append(_table(["element", "coordinate", "side", "value", "hex", "bits", "ULP"], rows))
+    return "".join(lines)
+
+
+def growth_svg(c: Comparison, width: int = FIGURE_WIDTH, height: int = FIGURE_HEIGHT) -> str:
+    """log2(1 + max ULP) across execution order as an SVG polyline, first divergence marked."""
+    points = c.error_growth
+    if not points:
+        return '<p class="muted">No aligned ops to plot.</p>'
+    flat = "" if any(p.max_ulp for p in points) else '<p class="muted">Flat: every compared op is bit-exact.</p>'
+    left, right, top, bottom = 56, 12, 26, 34
+    values = [math.log2(1 + (p.max_ulp or 0)) for p in points]
+    peak = max(max(values), 1.0)
+    span = max(len(points) - 1, 1)
+
+    def x(i: int) -> float:
+        return left + (width - left - right) * i / span
+
+    def y(v: float) -> float:
+        return top + (height - top - bottom) * (1 - v / peak)
+
+    poly = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(values))
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
+        f'aria-label="error growth: log2(1 + max ULP) per op in execution order">',
+        f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{height - top - bottom}" fill="#fafbfc" stroke="#d5dae1"/>',
+    ]
+    for tick in range(0, int(peak) + 1, max(1, int(peak) // 4 or 1)):
+        parts.append(f'<line x1="{left}" x2="{width - right}" y1="{y(tick):.1f}" y2="{y(tick):.1f}" stroke="#e6e9ee"/>')
+        parts.append(f'<text x="{left - 6}" y="{y(tick) + 4:.1f}" font-size="11" text-anchor="end" fill="#5f6773">{2 ** tick - 1:,}</text>')
+    first_label = c.pairs[c.first_divergence].label if c.first_divergence is not None else None
+    first_index = next((i for i, p in enumerate(points) if p.label == first_label), None)
+    if first_index is not None:
+        fx = x(first_index)
+        parts.append(f'<line x1="{fx:.1f}" x2="{fx:.1f}" y1="{top}" y2="{height - bottom}" stroke="#d64541" stroke-dasharray="4 3"/>')
+        parts.append(f'<text x="{fx:.1f}" y="{top - 8}" font-size="11" fill="#b3261e">first divergence: {escape(first_label or "")}</text>')
+    parts.append(f'<polyline points="{poly}" fill="none" stroke="#2f74c0" stroke-width="1.6"/>')
+    for i, (point, v) in enumerate(zip(points, values)):
+        if point.max_ulp:
+            parts.append(f'<circle cx="{x(i):.1f}" cy="{y(v):.1f}" r="2.4" fill="#d64541"><title>{escape(point.label)}: {point.max_ulp:,} ULP, NMSE {point.nmse:.3g}</title></circle>')
+    parts.append(f'<text x="{(left + width - right) / 2:.0f}" y="{height - 8}" font-size="12" text-anchor="middle" fill="#3c4450">aligned ops in execution order ({len(points)})</text>')
+    parts.append(f'<text x="14" y="{(top + height - bottom) / 2:.0f}" font-size="12" text-anchor="middle" fill="#3c4450" transform="rotate(-90 14 {(top + height - bottom) / 2:.0f})">max ULP</text>')
+    parts.append("</svg>")
+    return "".join(parts) + flat
+
+
+def _worst(c: Comparison) -> str:
+    worst = sorted(
+        (p for p in c.pairs if not p.post_eos and not p.metrics.bit_exact),
+        key=lambda p: (p.metrics.nmse, p.metrics.max_ulp or 0, p.metrics.differing),
+        reverse=True,
+    )[:TOP_OPS]
+    if not worst:
+        return "<p>None: no op before the shared EOS differs.</p>"
+    rows = [[escape(p.label), f"{p.metrics.nmse:.3e}", escape(str(p.metrics.max_ulp)), f"{p.metrics.differing:,} / {p.metrics.size:,}"] for p in worst]
+    return _table(["op", "NMSE", "max ULP", "differing"], rows)
+
+
+def _tokens(c: Comparison) -> str:
+    t = c.tokens
+    eos = "no shared EOS" if t.shared_eos_step is None else f"shared EOS at step {t.shared_eos_step}; later steps are post-EOS (not compared)"
+    first = "greedy tokens agree" if t.first_divergence_step is None else f"tokens first differ at step {t.first_divergence_step}"
+    rows, classes = [], []
+    for s in t.steps[:MAX_TOKEN_ROWS]:
+        top_n = ", ".join(f"{e.token_id}: {e.decimal}" for e in s.native_top)
+        top_o = ", ".join(f"{e.token_id}: {e.decimal}" for e in s.oracle_top)
+        rows.append([str(s.step), f"{s.native_token}{' (EOS)' if s.native_stop else ''}", f"{s.oracle_token}{' (EOS)' if s.oracle_stop else ''}",
+                     escape(s.status), escape(top_n), escape(top_o)])
+        classes.append("post-eos" if s.status == "post_eos" else ("differ" if s.status != "match" else ""))
+    table = _table(["step", "native", "oracle", "verdict", "native top-k", "oracle top-k"], rows, classes) if rows else ""
+    return f"<p>{t.compared_steps} step(s) compared; {first}; {eos}.</p>{table}"
+
+
+def _bookmark(bookmark: Bookmark, screenshot: bytes | None) -> str:
+    note = f'<div class="note">{escape(bookmark.note)}</div>' if bookmark.note else '<p class="muted">(no note)</p>'
+    view = ""
+    if bookmark.view is not None:
+        view = f'<p class="muted">colour scale {escape(bookmark.view.colour_scale.mode)}; slices {escape(str(list(bookmark.view.slices)) or "[]")}</p>'
+    image = f'<img class="shot" alt="{escape(bookmark.op.label())}" src="{png_data_uri(screenshot)}">' if screenshot else '<p class="muted">No screenshot (exported without the viewer).</p>'
+    return f"<h3>{escape(bookmark.op.label())}</h3><p class='muted'>marked {escape(bookmark.created_utc)}</p>{note}{view}{image}"
+
+
+def _op_label(op: OpKey | None) -> str:
+    return "none" if op is None else op.label()
+
+
+def render_html(c: Comparison, session: Investigation | None = None, screenshots: dict[str, bytes] | None = None) -> str:
+    """The report; `screenshots` maps bookmark id to PNG bytes of the bookmarked view."""
+    session = session or Investigation()
+    screenshots = screenshots or {}
+    title = session.title or "Parity investigation"
+    verdict_class = "verdict-parity" if c.verdict == "parity" else "verdict-divergence"
+    out = [
+        f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{escape(title)}</title><style>{STYLE}</style></head><body>",
+        f"<h1>{escape(title)}</h1>",
+        f"<p class='muted'>Parity X-ray report, generated {escape(_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds'))}</p>",
+        f"<p class='{verdict_class}'>VERDICT: {escape(c.verdict.upper())}</p>",
+    ]
+    if c.reasons:
+        out.append("<ul>" + "".join(f"<li>{escape(r)}</li>" for r in c.reasons) + "</ul>")
+    if session.summary:
+        out.append(f"<h2>Summary</h2><div class='note'>{escape(session.summary)}</div>")
+    out.append("<h2>Provenance</h2>")
+    out += [f"<p class='verdict-divergence'>WARNING: {escape(w)}</p>" for w in c.provenance.warnings]
+    out.append(f"<p>native <code>{escape(c.native_path)}</code> (profile {escape(c.native_profile)}); oracle <code>{escape(c.oracle_path)}</code> (profile {escape(c.oracle_profile)})</p>")
+    out.append(_table(["field", "native", "oracle"], [[escape(f.field), escape(f.native), escape(f.oracle)] for f in c.provenance.fields],
+                      ["" if f.same else "mismatch" for f in c.provenance.fields]))
+    if session.captures:
+        rows = [[escape(r.role), f"<code>{escape(str(r.path))}</code>", f"<code>{escape(r.identity.sha256[:16])}</code>", f"{r.identity.size:,}"] for r in session.all_capture_refs()]
+        out.append("<h3>Captures in the session</h3>" + _table(["role", "path", "identity (sha256)", "bytes"], rows))
+    out.append(f"<h2>Execution contracts</h2><p>{c.contracts.checked} pairs checked, {c.contracts.unrecorded} without contract ids.</p>")
+    findings = c.contracts.findings
+    out.append(_table(["kind", "pair", "detail"], [[escape(f.kind), escape(f.pair), escape(f.detail)] for f in findings], ["mismatch"] * len(findings))
+               if findings else "<p>No contract mismatches.</p>")
+    first = c.first_finding
+    out.append("<h2>First divergence</h2>")
+    if first is not None:
+        out.append(f"<p>First finding of any kind: <b>{escape(first.kind)}</b> at {escape(first.label)}</p>")
+    out.append(_first_divergence(c))
+    out.append(f"<h2>Error growth</h2>{growth_svg(c)}")
+    out.append(f"<h2>Worst ops (by NMSE, then max ULP)</h2>{_worst(c)}")
+    out.append(f"<h2>Token parity</h2>{_tokens(c)}")
+    out.append(f"<h2>Bookmarks ({len(session.bookmarks)})</h2>")
+    out += [_bookmark(b, screenshots.get(b.id)) for b in session.bookmarks] or ["<p class='muted'>No bookmarks.</p>"]
+    if session.overrides:
+        rows = [[escape(o.action), escape(f"{o.left.capture_id}:{o.left.key}"), escape(f"{o.right.capture_id}:{o.right.key}"), escape(o.reason)] for o in session.overrides]
+        out.append("<h2>Alignment overrides</h2>" + _table(["action", "left", "right", "reason"], rows))
+    out.append(f"<p class='muted'>Selected op when exported: {escape(_op_label(session.selected_op))}; "
+               f"{len(c.unaligned)} unaligned record(s), {len(c.post_eos_unaligned)} post-EOS.</p>")
+    out.append("</body></html>")
+    return "\n".join(out)

@@ -1,0 +1,75 @@
+"""The comparison as a JSON document (docs/report-json.md), and back.
+
+The same document is the CLI's `--json` output and the sidecar cache's content, so what a
+pipeline reads and what a second open shows cannot drift apart. Non-finite floats are
+written as the strings "Infinity", "-Infinity" and "NaN" to keep the document strict JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+from typing import Any, Union, get_args, get_origin, get_type_hints
+
+from sessions.compare.comparison import Comparison
+from sessions.json_plain import plain
+
+DOCUMENT_FORMAT = "parity-xray-report"
+DOCUMENT_VERSION = 2
+"""2: pairs carry their layout transform specs, and the profiles their identity (file, content hash)."""
+
+
+class ReportFormatError(ValueError):
+    pass
+
+
+def comparison_to_dict(comparison: Comparison) -> dict[str, Any]:
+    return {"format": DOCUMENT_FORMAT, "version": DOCUMENT_VERSION, **plain(comparison)}
+
+
+def _build(tp: Any, value: Any) -> Any:
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        if value is None:
+            return None
+        options = [a for a in get_args(tp) if a is not type(None)]
+        return _build(options[0], value) if len(options) == 1 else value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ReportFormatError(f"{tp.__name__} must be an object")
+        hints = get_type_hints(tp)
+        return tp(**{f.name: _build(hints[f.name], value[f.name]) for f in dataclasses.fields(tp) if f.name in value})
+    if origin is list:
+        (item,) = get_args(tp)
+        return [_build(item, v) for v in value]
+    if origin is tuple:
+        return tuple(value)
+    if origin is dict:
+        return dict(value)
+    if tp is float and isinstance(value, str):
+        return float(value)
+    return value
+
+
+def comparison_from_dict(data: dict[str, Any]) -> Comparison:
+    if data.get("format") != DOCUMENT_FORMAT or data.get("version") != DOCUMENT_VERSION:
+        raise ReportFormatError(f"not a {DOCUMENT_FORMAT} version {DOCUMENT_VERSION} document")
+    try:
+        return _build(Comparison, data)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ReportFormatError(f"malformed report document ({type(exc).__name__}: {exc})") from None
+
+
+def dumps(comparison: Comparison) -> str:
+    return json.dumps(comparison_to_dict(comparison), indent=1, allow_nan=False)
+
+
+def loads(text: str) -> Comparison:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ReportFormatError(f"not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ReportFormatError("the document is not an object")
+    return comparison_from_dict(data)

@@ -1,0 +1,158 @@
+"""The dispatch timeline and the live rerun, mounted beside the window's other panels.
+
+Both follow the window's `PairModel`: the timeline is rebuilt off the UI thread once a pair
+is compared, and a selection made in the tree, the overview or the timeline ends in
+`PairModel.select`, so every view (timeline highlight, rerun key, tensors) follows it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QObject, Signal
+from PySide6.QtWidgets import QFileDialog, QWidget
+
+from backends.dispatch.timeline import Timeline, build_timeline
+from backends.rerun.segment import RerunResult, format_key
+from sessions.capture.identity import CaptureIdentity, identity_of_file
+from sessions.capture.reader import Capture
+from sessions.compare.key import OpKey
+from sessions.progress import Progress, ProgressGenerator
+from viewer import comparison_view as cv
+from viewer.pair_model import PairModel
+from viewer.panels.rerun_panel import RerunPanel, RerunPanelModel
+from viewer.panels.timeline_model import TimelineModel
+from viewer.panels.timeline_view import TimelineView
+from viewer.window.banner import BannerArea
+from viewer.workers import TaskSlots
+
+SaveChooser = Callable[[QWidget, str], "Path | None"]
+"""Asks where to save a rerun capture (a file dialog; tests inject a path)."""
+
+
+def iter_timeline(native: Capture, oracle: Capture) -> ProgressGenerator[Timeline]:
+    yield Progress(0, 1, "laying out attention calls")
+    return build_timeline(native, oracle)
+
+
+def iter_identity(path: Path) -> ProgressGenerator[tuple[Path, CaptureIdentity]]:
+    """A saved rerun's identity for the session (its structure check runs in a child process)."""
+    yield Progress(0, 1, f"checking {path.name}")
+    return path, identity_of_file(path)
+
+
+def ask_save_path(parent: QWidget, suggested: str) -> Path | None:
+    name, _ = QFileDialog.getSaveFileName(parent, "Save rerun as capture", suggested, "Captures (*.h5)")
+    return Path(name) if name else None
+
+
+class DispatchTabs(QObject):
+    """Owns the timeline and rerun widgets and keeps them in step with the window's model."""
+
+    rerun_saved = Signal(object, object, str)
+    """(path, CaptureIdentity, op key text) of a rerun saved as a capture, for the session."""
+    open_pair_requested = Signal(object, object)
+    """(native path, oracle path): open this pair in a window of its own, beside this one."""
+
+    def __init__(self, model: PairModel, tasks: TaskSlots, banners: BannerArea, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.model, self.tasks, self.banners = model, tasks, banners
+        self.timeline_model = TimelineModel(None, self)
+        self.timeline = TimelineView(self.timeline_model)
+        self.rerun_model = RerunPanelModel(None, None, self)
+        self.rerun = RerunPanel(self.rerun_model)
+        self.choose_save_path: SaveChooser = ask_save_path
+        self.timeline.op_selected.connect(self._timeline_selected)
+        self.rerun.finished.connect(self._rerun_finished)
+        model.captures_changed.connect(self._captures_changed)
+        model.comparison_changed.connect(self._comparison_changed)
+        model.selection_changed.connect(self._selection_changed)
+
+    # -- following the pair ------------------------------------------------------------------
+
+    def _captures_changed(self) -> None:
+        self.tasks.cancel_lane("timeline")
+        self.timeline_model.set_timeline(None)
+        self.rerun_model.set_captures(self.model.native, self.model.oracle)
+
+    def _comparison_changed(self) -> None:
+        if self.model.comparison is None or not self.model.has_pair:
+            return
+        native, oracle = self.model.native, self.model.oracle
+        assert native is not None and oracle is not None
+        self.tasks.submit(
+            "timeline",
+            lambda: iter_timeline(native, oracle),
+            on_success=self._timeline_ready,
+            on_failure=lambda message: self.banners.show_message("timeline", "warning", f"The dispatch timeline could not be built: {message}"),
+        )
+
+    def _timeline_ready(self, timeline: Timeline) -> None:
+        self.timeline_model.set_timeline(timeline)
+        self._selection_changed(self.model.selected)
+
+    # -- selection, both ways ---------------------------------------------------------------
+
+    def _timeline_selected(self, key: OpKey | None) -> None:
+        if key is None:
+            return
+        pair = cv.find_pair(self.model.comparison, key.step, key.segment, key.layer, key.op, key.occurrence)
+        if pair is not None:
+            self.model.select(pair)
+
+    def _selection_changed(self, pair: Any) -> None:
+        if pair is None:
+            return
+        key = OpKey(*cv.pair_key(pair))
+        self.rerun.set_key(format_key(OpKey(key.step, key.segment, key.layer, key.op, 0)))
+        timeline, selected = self.timeline_model.timeline, self.timeline_model.selected
+        if timeline is not None and selected is not None and timeline.keys[int(timeline.slot[selected])] == key:
+            return  # the click that made this selection already chose the call to highlight
+        self.timeline.show_key(key)
+
+    # -- reruns beside the others ------------------------------------------------------------
+
+    def _rerun_finished(self, result: RerunResult) -> None:
+        self.banners.clear("rerun")
+        self.banners.show_message(
+            "rerun",
+            "info",
+            f"Rerun of {format_key(result.target)} finished. Save it as a capture (role rerun) to compare it with either side in a window of its own.",
+            actions=[("Save and compare…", self.save_and_open)],
+        )
+
+    def save_and_open(self) -> None:
+        result = self.rerun_model.result
+        if result is None:
+            return
+        path = self.choose_save_path(self.rerun, f"rerun-{format_key(result.target).replace(':', '_')}.h5")
+        if path is None:
+            return
+        try:
+            saved = self.rerun.save_to(path)
+        except OSError as exc:
+            self.banners.show_message("rerun", "error", f"Could not save the rerun to {path}: {exc.strerror or exc}")
+            return
+        key = format_key(result.target)
+        self.tasks.submit(
+            "rerun-identity",
+            lambda: iter_identity(saved),
+            on_success=lambda found: self._saved(found, key),
+            on_failure=lambda message: self.banners.show_message("rerun", "error", f"The saved rerun cannot be read back: {message}"),
+        )
+
+    def _saved(self, found: tuple[Path, CaptureIdentity], key: str) -> None:
+        path, identity = found
+        self.rerun_saved.emit(path, identity, key)
+        native, oracle = self.model.native, self.model.oracle
+        actions = []
+        if native is not None:
+            actions.append(("Open native vs rerun", lambda: self.open_pair_requested.emit(native.path, path)))
+        if oracle is not None:
+            actions.append(("Open rerun vs oracle", lambda: self.open_pair_requested.emit(path, oracle.path)))
+        self.banners.show_message("rerun", "info", f"Saved the rerun of {key} as {path.name}.", actions=actions)
+
+    def shutdown(self) -> None:
+        self.rerun.shutdown()

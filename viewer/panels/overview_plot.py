@@ -1,0 +1,122 @@
+"""Error growth across execution order: where the first bit flips and how it amplifies.
+
+One point per aligned op (max ULP above, NMSE below), coloured by verdict, with the first
+divergence marked. Clicking a point selects that op everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+
+from viewer import comparison_view as cv
+from viewer.pair_model import PairModel
+from viewer.plots.opaque_grid_axis import grid_axes, show_grid
+from viewer.theme import STATUS_COLOURS
+
+FIRST = "#d64541"
+FLOOR = 1e-30
+"""NMSE of a bit-exact op is 0; it is drawn on this floor so a log axis can show it."""
+
+
+class OverviewPlot(QWidget):
+    op_clicked = Signal(object)
+
+    def __init__(self, model: PairModel, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._model = model
+        self.points: list[Any] = []
+        self._position: dict[int, int] = {}
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(6, 6, 6, 6)
+        self.headline = QLabel("Open a pair to see where the runs part")
+        self.headline.setObjectName("sectionTitle")
+        self.headline.setWordWrap(True)
+        layout.addWidget(self.headline)
+        self.plot_widget = pg.GraphicsLayoutWidget()
+        self.ulp_plot = self.plot_widget.addPlot(row=0, col=0, title="max ULP distance per op (log2(1 + ULP))", axisItems=grid_axes())
+        self.nmse_plot = self.plot_widget.addPlot(row=1, col=0, title="NMSE per op (log10; bit-exact ops on the floor)", axisItems=grid_axes())
+        self.nmse_plot.setXLink(self.ulp_plot)
+        for plot in (self.ulp_plot, self.nmse_plot):
+            plot.setMenuEnabled(False)
+            show_grid(plot, x=True, y=True, alpha=0.15)
+            plot.getAxis("left").setWidth(52)
+        self.nmse_plot.getAxis("bottom").setLabel("aligned op, in execution order")
+        self.ulp_scatter = pg.ScatterPlotItem(size=8, hoverable=True, tip=None)
+        self.nmse_scatter = pg.ScatterPlotItem(size=8, hoverable=True, tip=None)
+        self.ulp_line = pg.PlotDataItem(pen=pg.mkPen("#6b7480", width=1))
+        self.nmse_line = pg.PlotDataItem(pen=pg.mkPen("#6b7480", width=1))
+        for plot, line, scatter in ((self.ulp_plot, self.ulp_line, self.ulp_scatter), (self.nmse_plot, self.nmse_line, self.nmse_scatter)):
+            plot.addItem(line)
+            plot.addItem(scatter)
+            scatter.sigClicked.connect(self._clicked)
+        self.first_lines = [pg.InfiniteLine(angle=90, pen=pg.mkPen(FIRST, width=2, style=Qt.PenStyle.DashLine)) for _ in range(2)]
+        self.first_label = pg.TextItem("", color=FIRST, anchor=(0, 0), fill=pg.mkBrush(pg.getConfigOption("background")))
+        self.first_label.setZValue(10)
+        self.selected_lines = [pg.InfiniteLine(angle=90, pen=pg.mkPen("#00e5ff", width=1)) for _ in range(2)]
+        layout.addWidget(self.plot_widget, 1)
+        model.comparison_changed.connect(self.rebuild)
+        model.selection_changed.connect(self._show_selection)
+
+    def rebuild(self) -> None:
+        for plot, first, selected in zip((self.ulp_plot, self.nmse_plot), self.first_lines, self.selected_lines):
+            for item in (first, selected):
+                if item in plot.items:
+                    plot.removeItem(item)
+        if self.first_label in self.ulp_plot.items:
+            self.ulp_plot.removeItem(self.first_label)
+        comparison = self._model.comparison
+        if comparison is None:
+            self.points, self._position = [], {}
+            self.ulp_scatter.clear()
+            self.nmse_scatter.clear()
+            self.ulp_line.setData([], [])
+            self.nmse_line.setData([], [])
+            self.headline.setText("Comparing…" if self._model.has_pair else "Open a pair to see where the runs part")
+            return
+        series = cv.growth_series(comparison)
+        self.points = [s.pair for s in series]
+        self._position = {id(p): i for i, p in enumerate(self.points)}
+        x = np.arange(len(series), dtype=np.float64)
+        ulp = np.array([np.log2(1.0 + s.max_ulp) for s in series], dtype=np.float64)
+        nmse = np.array([np.log10(max(s.nmse, FLOOR)) for s in series], dtype=np.float64)
+        brushes = [pg.mkBrush(STATUS_COLOURS.get(s.status, STATUS_COLOURS["unmatched"])) for s in series]
+        spots = [{"pos": (x[i], ulp[i]), "data": i, "brush": brushes[i], "pen": None} for i in range(len(series))]
+        self.ulp_scatter.setData(spots)
+        self.nmse_scatter.setData([{"pos": (x[i], nmse[i]), "data": i, "brush": brushes[i], "pen": None} for i in range(len(series))])
+        self.ulp_line.setData(x, ulp)
+        self.nmse_line.setData(x, nmse)
+        first = cv.first_divergence(comparison)
+        self.headline.setText(cv.headline(comparison))
+        if first is not None and id(first) in self._position:
+            at = float(self._position[id(first)])
+            for plot, line in zip((self.ulp_plot, self.nmse_plot), self.first_lines):
+                line.setPos(at)
+                plot.addItem(line)
+            self.first_label.setText(f"first divergence: {cv.pair_label(first)}")
+            self.first_label.setPos(at + 0.5, float(ulp.max()) if ulp.size else 0.0)
+            self.ulp_plot.addItem(self.first_label)
+        self.ulp_plot.autoRange()
+        self.nmse_plot.autoRange()
+
+    def _clicked(self, _item: pg.ScatterPlotItem, spots: list[Any], event: Any = None) -> None:
+        """Points overlap when hundreds of ops share the axis: take the one nearest the click."""
+        if not len(spots):
+            return
+        x = event.pos().x() if event is not None else spots[0].pos().x()
+        nearest = min(spots, key=lambda spot: abs(spot.pos().x() - x))
+        self.op_clicked.emit(self.points[int(nearest.data())])
+
+    def _show_selection(self, pair: Any) -> None:
+        for plot, line in zip((self.ulp_plot, self.nmse_plot), self.selected_lines):
+            if pair is None or id(pair) not in self._position:
+                if line in plot.items:
+                    plot.removeItem(line)
+                continue
+            line.setPos(float(self._position[id(pair)]))
+            if line not in plot.items:
+                plot.addItem(line)

@@ -1,0 +1,101 @@
+"""Both captures' provenance side by side, with the fields the diff engine found different marked.
+
+The values come straight from each capture's metadata (capture_reader); which fields count
+as mismatches is the comparison's provenance diff, never decided here.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from PySide6.QtGui import QBrush, QColor, QFont
+from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QLabel, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
+
+from sessions.capture.reader import Capture
+from viewer import comparison_view as cv
+from viewer.pair_model import PairModel
+
+MISMATCH_BACKGROUND = QColor(214, 69, 65, 70)
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
+    if isinstance(value, dict):
+        for key in sorted(value):
+            _flatten(f"{prefix}.{key}" if prefix else str(key), value[key], out)
+    elif isinstance(value, list):
+        out[prefix] = json.dumps(value)
+    else:
+        out[prefix] = str(value)
+
+
+def provenance_rows(capture: Capture | None) -> dict[str, str]:
+    """The capture's metadata as field -> text, provenance JSON flattened with dotted keys."""
+    if capture is None:
+        return {}
+    meta = capture.meta.as_dict()
+    rows: dict[str, str] = {}
+    for key, value in meta.items():
+        if key != "provenance":
+            rows[key] = str(value)
+    rows["complete"] = "yes" if capture.complete else "NO: the writer did not finish"
+    rows["file"] = str(capture.path)
+    rows["records"] = str(len(capture.index))
+    _flatten("provenance", meta.get("provenance", {}), rows)
+    return rows
+
+
+class ProvenancePanel(QWidget):
+    def __init__(self, model: PairModel, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._model = model
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(8, 8, 8, 8)
+        self.summary = QLabel()
+        self.summary.setObjectName("sectionTitle")
+        layout.addWidget(self.summary)
+        self.table = QTableWidget(0, 3)
+        self.table.setHorizontalHeaderLabels(["field", "native", "oracle"])
+        self.table.verticalHeader().setVisible(False)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.setAlternatingRowColors(True)
+        self.table.setWordWrap(False)
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
+        header.setSectionResizeMode(2, QHeaderView.ResizeMode.Stretch)
+        layout.addWidget(self.table)
+        model.captures_changed.connect(self.refresh)
+        model.comparison_changed.connect(self.refresh)
+        self.refresh()
+
+    def mismatched_fields(self) -> set[str]:
+        return cv.provenance_mismatches(self._model.comparison)
+
+    def refresh(self) -> None:
+        native = provenance_rows(self._model.native)
+        oracle = provenance_rows(self._model.oracle)
+        mismatched = self.mismatched_fields()
+        keys = list(native) + [k for k in oracle if k not in native]
+        self.table.setRowCount(len(keys))
+        bold = QFont()
+        bold.setBold(True)
+        for row, key in enumerate(keys):
+            cells = (key, native.get(key, "—"), oracle.get(key, "—"))
+            differs = key in mismatched or (key == "complete" and "NO" in cells[1] + cells[2])
+            for col, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                item.setToolTip(text)
+                if differs:
+                    item.setBackground(QBrush(MISMATCH_BACKGROUND))
+                    item.setFont(bold)
+                self.table.setItem(row, col, item)
+        if self._model.comparison is None:
+            self.summary.setText("Provenance of the open captures")
+        elif mismatched:
+            self.summary.setText(f"Provenance: {len(mismatched)} field(s) differ: {', '.join(sorted(mismatched))}")
+        else:
+            self.summary.setText("Provenance: engines, model, weights, compiler and device as compared")
+        self.table.setProperty("mismatched_rows", [k for k in keys if k in mismatched])
+        self.table.resizeRowsToContents()
+

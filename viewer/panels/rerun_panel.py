@@ -1,0 +1,278 @@
+"""The live-rerun panel: pick an op or segment and options, run it in the background, read the verdict.
+
+The rerun itself is `backends.rerun.segment.iter_rerun`, a plain generator; this panel only collects
+the options, runs it on a worker (`viewer.workers.TaskSlots`, newest request wins), shows
+progress and a Cancel button, and renders the three-way table and the float64 verdict. On a
+CPU it says plainly that every SDPA call took MLX's decomposed fallback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import QObject, Signal
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QProgressBar,
+    QPushButton,
+    QSpinBox,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from backends.kernels.head_chunk import DEFAULT_CHUNK_LIMIT
+from backends.rerun import ops as rerun_ops
+from backends.rerun.capture_out import save_rerun
+from backends.rerun.segment import SIDES, OpRerun, RerunOptions, RerunResult, format_key, iter_rerun, parse_key, rerunnable_keys
+from sessions.capture.reader import Capture
+from sessions.progress import Progress
+from viewer.window.progress_bar import show_progress
+from viewer.workers import TaskSlots
+
+COLUMNS = ("op", "route that ran", "native vs oracle", "rerun vs native", "rerun vs oracle", "closer to exact (RMSE native / oracle / rerun)")
+
+
+class RerunPanelModel(QObject):
+    """The two captures a rerun reads, the keys it can rerun, and the last result."""
+
+    captures_changed = Signal()
+    result_changed = Signal(object)
+
+    def __init__(self, native: Capture | None = None, oracle: Capture | None = None, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.native, self.oracle = native, oracle
+        self.keys: list[str] = []
+        self.result: RerunResult | None = None
+        self.set_captures(native, oracle)
+
+    def set_captures(self, native: Capture | None, oracle: Capture | None) -> None:
+        self.native, self.oracle = native, oracle
+        self.keys = [format_key(k) for k in rerunnable_keys(native, oracle)] if native is not None and oracle is not None else []
+        self.set_result(None)
+        self.captures_changed.emit()
+
+    def set_result(self, result: RerunResult | None) -> None:
+        self.result = result
+        self.result_changed.emit(result)
+
+
+def _metric(metrics: object) -> str:
+    if metrics is None:
+        return "—"
+    if getattr(metrics, "bit_exact"):
+        return "bit-exact"
+    return f"{getattr(metrics, 'differing')} differ · max {getattr(metrics, 'max_ulp')} ULP"
+
+
+def _closer(op: OpRerun) -> str:
+    rmse = " / ".join(f"{op.exact[s].rmse:.2e}" if s in op.exact else "—" for s in ("native", "oracle", "rerun"))
+    caveat = " (inputs differ)" if op.inputs_agree is False else ""
+    return f"{op.closer}{caveat}   {rmse}"
+
+
+class RerunPanel(QWidget):
+    finished = Signal(object)
+    failed = Signal(str)
+    cancelled = Signal()
+
+    def __init__(self, model: RerunPanelModel, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.model = model
+        self.tasks = TaskSlots(self)
+        self.key = QComboBox()
+        self.key.setEditable(True)
+        self.key.setMinimumContentsLength(28)
+        self.source = QComboBox()
+        self.source.addItems(["oracle", "native"])
+        self.route_from = QComboBox()
+        self.route_from.addItem("the same side", None)
+        for side in SIDES:
+            self.route_from.addItem(side, side)
+        self.head_chunk = QCheckBox("head-chunk (MTPLX rule)")
+        self.head_chunk.setChecked(True)
+        self.chunk_limit = QSpinBox()
+        self.chunk_limit.setRange(1, 4096)
+        self.chunk_limit.setValue(DEFAULT_CHUNK_LIMIT)
+        self.dtype = QComboBox()
+        self.dtype.addItem("as captured", None)
+        for name in rerun_ops.DTYPES:
+            self.dtype.addItem(name, name)
+        self.device = QComboBox()
+        self.device.addItem("cpu", "cpu")
+        self.device.addItem("gpu", "gpu")
+        if not rerun_ops.gpu_available():
+            self.device.model().item(1).setEnabled(False)  # type: ignore[attr-defined]
+            self.device.setToolTip("This MLX build has no GPU; reruns run on the CPU.")
+        self.run_button = QPushButton("Run rerun")
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setEnabled(False)
+        self.save_button = QPushButton("Save as capture…")
+        self.save_button.setEnabled(False)
+        self.progress = QProgressBar()
+        self.progress.setTextVisible(True)
+        self.status = QLabel("Choose an op or a segment, then run it.")
+        self.status.setWordWrap(True)
+        self.device_note = QLabel()
+        self.device_note.setWordWrap(True)
+        self.device_note.setStyleSheet("color: #c9a227;")
+        self.calls = QLabel()
+        self.calls.setWordWrap(True)
+        self.verdict = QLabel()
+        self.verdict.setWordWrap(True)
+        self.verdict.setStyleSheet("font-weight: bold;")
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels(list(COLUMNS))
+        self.table.verticalHeader().setVisible(False)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.table.horizontalHeader().setStretchLastSection(True)
+        self._layout()
+        self.run_button.clicked.connect(self.run)
+        self.cancel_button.clicked.connect(lambda: self.tasks.cancel_lane("rerun"))
+        self.save_button.clicked.connect(self._ask_save)
+        self.tasks.progressed.connect(self._progressed)
+        self.tasks.busy_changed.connect(self._busy)
+        model.captures_changed.connect(self._captures_changed)
+        model.result_changed.connect(self._show)
+        self._captures_changed()
+
+    def _layout(self) -> None:
+        form = QFormLayout()
+        form.addRow("Op or segment (STEP:SEGMENT:LAYER:OP)", self.key)
+        sides = QHBoxLayout()
+        for label, widget in (("inputs from", self.source), ("route from", self.route_from)):
+            sides.addWidget(QLabel(label))
+            sides.addWidget(widget)
+        sides.addStretch(1)
+        form.addRow("Sides", sides)
+        options = QHBoxLayout()
+        for widget in (self.head_chunk, QLabel("chunk limit"), self.chunk_limit, QLabel("dtype"), self.dtype, QLabel("device"), self.device):
+            options.addWidget(widget)
+        options.addStretch(1)
+        form.addRow("Options", options)
+        buttons = QHBoxLayout()
+        for widget in (self.run_button, self.cancel_button, self.progress, self.save_button):
+            buttons.addWidget(widget)
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addLayout(buttons)
+        layout.addWidget(self.status)
+        layout.addWidget(self.device_note)
+        layout.addWidget(self.table, 1)
+        layout.addWidget(self.calls)
+        layout.addWidget(self.verdict)
+
+    def set_key(self, key: str) -> None:
+        """Preselect an op (e.g. the op selected in the alignment tree or the timeline)."""
+        self.key.setCurrentText(key)
+
+    def options(self) -> RerunOptions:
+        return RerunOptions(
+            source=self.source.currentText(),
+            route_from=self.route_from.currentData(),
+            head_chunk=self.head_chunk.isChecked(),
+            chunk_limit=self.chunk_limit.value(),
+            dtype=self.dtype.currentData(),
+            device=self.device.currentData(),
+        )
+
+    def run(self) -> None:
+        native, oracle = self.model.native, self.model.oracle
+        if native is None or oracle is None:
+            self.status.setText("Open a native and an oracle capture first.")
+            return
+        try:
+            key, options = parse_key(self.key.currentText()), self.options()
+        except ValueError as exc:
+            self.status.setText(str(exc))
+            return
+        self.status.setText(f"Rerunning {format_key(key)}…")
+        self.tasks.submit("rerun", lambda: iter_rerun(native, oracle, key, options), self._succeeded, self._failed, self._cancelled)
+
+    def _succeeded(self, result: RerunResult) -> None:
+        self.progress.setValue(self.progress.maximum())
+        self.progress.setFormat("done")
+        self.model.set_result(result)
+        self.finished.emit(result)
+
+    def _failed(self, message: str) -> None:
+        message = message.removeprefix("RerunInputError: ")
+        self.status.setText(f"The rerun could not run: {message}")
+        self.failed.emit(message)
+
+    def _cancelled(self) -> None:
+        self.status.setText("Rerun cancelled.")
+        self.cancelled.emit()
+
+    def _progressed(self, progress: Progress) -> None:
+        show_progress(self.progress, progress, progress.label[:60])
+
+    def _busy(self, busy: bool) -> None:
+        self.run_button.setEnabled(not busy)
+        self.cancel_button.setEnabled(busy)
+
+    def _captures_changed(self) -> None:
+        current = self.key.currentText()
+        self.key.clear()
+        self.key.addItems(self.model.keys)
+        if current:
+            self.key.setCurrentText(current)
+
+    def _show(self, result: RerunResult | None) -> None:
+        self.save_button.setEnabled(result is not None)
+        self.table.setRowCount(0)
+        if result is None:
+            for label in (self.verdict, self.device_note, self.calls):
+                label.setText("")
+            return
+        self.table.setRowCount(len(result.ops))
+        for row, op in enumerate(result.ops):
+            cells = (op.key.op, op.route, _metric(op.three_way["native vs oracle"]), _metric(op.three_way["rerun vs native"]),
+                     _metric(op.three_way["rerun vs oracle"]), _closer(op))
+            for column, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                if op.calls and column == 1:
+                    item.setToolTip("\n".join(
+                        f"KV group {c.call.kv_group}, heads {c.call.head_start}..{c.call.head_start + c.call.head_count - 1}: "
+                        f"{c.primitive} here, Metal would take {c.metal_primitive}" for c in op.calls))
+                self.table.setItem(row, column, item)
+        self.status.setText(f"Ran on {result.device} (MLX {result.mlx_version}). Route: {'; '.join(result.route_sources)}.")
+        self.device_note.setText(" ".join(result.notes))
+        self.calls.setText("\n".join(
+            f"SDPA call {n}: {'all KV groups' if c.call.kv_group == -1 else f'KV group {c.call.kv_group}'}, heads "
+            f"{c.call.head_start}..{c.call.head_start + c.call.head_count - 1}, {c.call.q_rows} rows × {c.call.kv_len} kv, "
+            f"mask {op.mask_kind} → {c.primitive} here; Metal would take {c.metal_primitive}"
+            for op in result.ops for n, c in enumerate(op.calls)))
+        self.verdict.setText(self._verdict(result))
+        self.layout().activate()
+
+    def _verdict(self, result: RerunResult) -> str:
+        side = result.options.route_from or result.options.source
+        reproduced = [s for s in SIDES if result.reproduces(s)]
+        lines = [f"The rerun on the {side} route reproduces the bits of: {', '.join(reproduced) or 'neither side'}."]
+        first = next((op for op in result.ops if op.three_way["native vs oracle"] is not None and not op.three_way["native vs oracle"].bit_exact), None)
+        if first is not None:
+            lines.append(f"First op where the sides differ: {first.key.op}; against the float64 reference, the {first.closer} side is closer to exact"
+                         + (" (the sides' inputs already differ there)." if first.inputs_agree is False else "."))
+        return " ".join(lines)
+
+    def save_to(self, path: str | Path) -> Path:
+        assert self.model.result is not None
+        saved = save_rerun(self.model.result, path)
+        self.status.setText(f"Saved as {saved} (role rerun); open it beside the others.")
+        return saved
+
+    def _ask_save(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Save rerun as capture", "rerun.h5", "Captures (*.h5)")
+        if path:
+            self.save_to(path)
+
+    def shutdown(self) -> None:
+        self.tasks.shutdown()

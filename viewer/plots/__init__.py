@@ -1,0 +1,1 @@
+"""pyqtgraph pieces shared by several plots."""

@@ -1,0 +1,119 @@
+"""Where the error lives in one tensor: ULP and |error| histograms, per-row and per-head maxima.
+
+The ULP histogram and the profiles are the diff engine's metrics of the whole pair
+(sessions.compare.tensor_diff.TensorMetrics); the |error| histogram bins the element maps of the
+slice on screen.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtWidgets import QWidget
+
+from sessions.compare.tensor_diff import AxisProfile
+from viewer.plots.opaque_grid_axis import grid_axes, show_grid
+from viewer.tensor.tensor_loader import ABS_EDGES, TensorSlice
+
+EXACT = "#2e9d57"
+HOT = "#d64541"
+MUTED = "#8a8f98"
+
+
+def ulp_bucket_label(k: int) -> str:
+    """TensorMetrics.ulp_histogram bucket k holds (2^(k-1), 2^k] ULP; bucket 0 is exactly 1."""
+    return "1" if k == 0 else f"2^{k}"
+
+
+class ErrorPlots(pg.GraphicsLayoutWidget):
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.ulp_plot = self.addPlot(title="ULP of differing elements", axisItems=grid_axes())
+        self.abs_plot = self.addPlot(title="|error| of differing elements", axisItems=grid_axes())
+        self.row_plot = self.addPlot(title="max ULP per row", axisItems=grid_axes())
+        self.head_plot = self.addPlot(title="max ULP per head", axisItems=grid_axes())
+        for plot in self.plots:
+            plot.titleLabel.opts["size"] = "9pt"
+            plot.setTitle(plot.titleLabel.text)
+            plot.setMenuEnabled(False)
+            show_grid(plot, x=False, y=True, alpha=0.2)
+            plot.getAxis("left").setWidth(36)
+            for side in ("left", "bottom"):
+                plot.getAxis(side).enableAutoSIPrefix(False)
+            plot.setMinimumWidth(120)
+        self.ulp_plot.getAxis("bottom").setLabel("ULP ≤")
+        self.row_plot.getAxis("bottom").setLabel("row")
+        self.head_plot.getAxis("bottom").setLabel("head")
+        abs_ticks = [(i, f"1e{int(round(np.log10(ABS_EDGES[i + 1])))}") for i in range(0, len(ABS_EDGES) - 1, 8)]
+        self.abs_plot.getAxis("bottom").setTicks([abs_ticks])
+
+    @property
+    def plots(self) -> tuple[pg.PlotItem, ...]:
+        return (self.ulp_plot, self.abs_plot, self.row_plot, self.head_plot)
+
+    def clear_all(self) -> None:
+        for plot in self.plots:
+            plot.clear()
+            plot.enableAutoRange()
+            for side in ("left", "bottom"):
+                plot.showAxis(side, True)
+
+    def show_slice(self, data: TensorSlice) -> None:
+        self.clear_all()
+        metrics = data.request.metrics
+        histogram = np.asarray(metrics.ulp_histogram if metrics is not None else [], dtype=np.float64)
+        used = int(np.nonzero(histogram)[0].max()) + 1 if histogram.any() else 1
+        if data.raw_blocks is not None:
+            _message(self.ulp_plot, "quantized: blocks are\ncompared byte by byte", MUTED)
+        else:
+            self._bars(self.ulp_plot, histogram[: max(used, 4)])
+        labels = [ulp_bucket_label(k) for k in range(max(used, 4))]
+        step = max(1, (len(labels) + 3) // 4)
+        self.ulp_plot.getAxis("bottom").setTicks([[(i, labels[i]) for i in range(0, len(labels), step)]])
+        self._bars(self.abs_plot, data.abs_hist.astype(np.float64))
+        self._profile(self.row_plot, metrics.per_row if metrics is not None else None, "row", curve=True)
+        self._profile(self.head_plot, metrics.per_head if metrics is not None else None, "head", curve=False)
+
+    @staticmethod
+    def _bars(plot: pg.PlotItem, counts: np.ndarray) -> None:
+        if counts.size == 0 or not counts.any():
+            _message(plot, "no differing elements", EXACT)
+            return
+        heights = np.log10(counts + 1.0)
+        plot.addItem(pg.BarGraphItem(x=np.arange(counts.size), height=heights, width=0.85, brush=HOT))
+        plot.getAxis("left").setLabel("log10(1+n)")
+
+    @staticmethod
+    def _profile(plot: pg.PlotItem, profile: AxisProfile | None, name: str, curve: bool) -> None:
+        if profile is None:
+            set_title(plot, f"per {name}: n/a")
+            plot.setToolTip(f"this op has no {name} axis")
+            _message(plot, f"no {name} axis", MUTED)
+            return
+        values = np.asarray(profile.max_ulp, dtype=np.float64)
+        set_title(plot, f"max ULP per {name}")
+        plot.setToolTip(f"{int(np.count_nonzero(values))} of {values.size} {name}s differ")
+        if curve:
+            item = pg.PlotDataItem(np.arange(values.size), values, pen=pg.mkPen(HOT, width=1.5))
+            plot.addItem(item)
+            item.setDownsampling(auto=True, method="peak")
+        else:
+            brushes = [HOT if v > 0 else EXACT for v in values]
+            plot.addItem(pg.BarGraphItem(x=np.arange(values.size), height=np.maximum(values, 0.02 * max(1.0, values.max())), width=0.8, brushes=brushes))
+
+
+def _message(plot: pg.PlotItem, text: str, colour: str) -> None:
+    """A sentence in place of a plot that has nothing to draw (axes hidden: they would mean nothing)."""
+    for side in ("left", "bottom"):
+        plot.showAxis(side, False)
+    item = pg.TextItem(text, color=colour, anchor=(0.5, 0.5))
+    item.setPos(0.5, 0.5)
+    plot.addItem(item)
+    plot.setXRange(0, 1, padding=0)
+    plot.setYRange(0, 1, padding=0)
+
+
+def set_title(plot: pg.PlotItem, title: str) -> None:
+    """PlotItem.setTitle relayouts the whole GraphicsLayout even for the same text; skip it then."""
+    if plot.titleLabel.text != title:
+        plot.setTitle(title)

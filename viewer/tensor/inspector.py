@@ -1,0 +1,189 @@
+"""The element inspector: one coordinate, both sides, every bit that matters.
+
+Decoding (decimal text, hex, signed zero, NaN payload, ULP distance) is sessions.bits.element_info's
+job; this widget only lays it out so that the disagreeing field is the one that stands out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QFont
+from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QVBoxLayout, QWidget
+
+from sessions.bits.element_info import ElementInfo, describe, ulp_between
+from sessions.bits.quant_blocks import QuantBlock
+
+DIFFERENT = "#d64541"
+
+
+@dataclass(frozen=True)
+class InspectedElement:
+    """What the inspector shows, kept as data so tests read the same numbers a person sees."""
+
+    coordinate: tuple[int, ...]
+    native: ElementInfo
+    oracle: ElementInfo
+    ulp: int | None
+    pinned: bool
+    block: QuantBlock | None = None
+    """For a quantized pair (shown decoded to float32): the stored block the element comes from."""
+
+    @property
+    def bit_exact(self) -> bool:
+        return self.native.bits == self.oracle.bits
+
+
+def inspect(
+    coordinate: tuple[int, ...],
+    native_bits: np.generic,
+    oracle_bits: np.generic,
+    dtype: str,
+    pinned: bool,
+    block: QuantBlock | None = None,
+) -> InspectedElement:
+    return InspectedElement(
+        coordinate=coordinate,
+        native=describe(native_bits, dtype),
+        oracle=describe(oracle_bits, dtype),
+        ulp=ulp_between(native_bits, oracle_bits, dtype),
+        pinned=pinned,
+        block=block,
+    )
+
+
+def block_text(block: QuantBlock) -> str:
+    """The block, its bytes on both sides, and where they differ."""
+    last = block.first_element + block.elements - 1
+    head = f"{block.dtype} block #{block.index} (elements {block.first_element}–{last} in storage order)"
+    if not block.differing_bytes:
+        verdict = "raw bytes identical"
+    else:
+        shown = ", ".join(str(b) for b in block.differing_bytes[:8])
+        more = f" and {len(block.differing_bytes) - 8} more" if len(block.differing_bytes) > 8 else ""
+        verdict = f"raw bytes differ at offset {shown}{more}"
+    return f"{head}: {verdict}\nnative {_grouped(block.native_hex)}\noracle {_grouped(block.oracle_hex)}"
+
+
+def _grouped(hex_text: str) -> str:
+    """Four bytes per group, so a long block wraps in the narrow panel."""
+    return " ".join(hex_text[i : i + 8] for i in range(0, len(hex_text), 8))
+
+
+def _flags(info: ElementInfo) -> str:
+    flags = []
+    if info.is_negative_zero:
+        flags.append("signed zero (−0)")
+    elif info.bits == 0 and info.logical_dtype in ("bfloat16", "float16", "float32", "float64"):
+        flags.append("+0")
+    if info.is_nan:
+        flags.append(f"NaN payload 0x{info.nan_payload:x}")
+    if info.is_inf:
+        flags.append("−inf" if info.sign else "+inf")
+    return ", ".join(flags) or "—"
+
+
+class ElementInspector(QFrame):
+    ROWS = ("decimal", "hex bits", "sign/exp/mant", "flags")
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("inspector")
+        self.current: InspectedElement | None = None
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(10, 8, 10, 8)
+        self.title = QLabel("Element inspector")
+        self.title.setObjectName("sectionTitle")
+        outer.addWidget(self.title)
+        self.hint = QLabel("Hover a heatmap to inspect an element; click to pin it.")
+        self.hint.setWordWrap(True)
+        outer.addWidget(self.hint)
+        mono = QFont("monospace")
+        mono.setStyleHint(QFont.StyleHint.Monospace)
+        self._cells: dict[tuple[str, str], QLabel] = {}
+        grid = QGridLayout()
+        grid.setHorizontalSpacing(10)
+        grid.setVerticalSpacing(3)
+        line = 0
+        for side in ("native", "oracle"):
+            head = QLabel(side)
+            head.setObjectName("sectionTitle")
+            grid.addWidget(head, line, 0, 1, 2)
+            line += 1
+            for name in self.ROWS:
+                grid.addWidget(QLabel(name), line, 0, Qt.AlignmentFlag.AlignTop)
+                cell = QLabel("")
+                cell.setFont(mono)
+                cell.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+                cell.setWordWrap(True)
+                grid.addWidget(cell, line, 1)
+                self._cells[(name, side)] = cell
+                line += 1
+            grid.setRowMinimumHeight(line, 8)
+            line += 1
+        grid.setColumnStretch(1, 1)
+        outer.addLayout(grid)
+        self.block = QLabel("")
+        self.block.setFont(mono)
+        self.block.setWordWrap(True)
+        self.block.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.block.setVisible(False)
+        outer.addWidget(self.block)
+        self.verdict = QLabel("")
+        big = QFont()
+        big.setPointSize(13)
+        big.setBold(True)
+        self.verdict.setFont(big)
+        outer.insertWidget(2, self.verdict)
+        outer.addStretch(1)
+
+    def cell_text(self, row: str, side: str) -> str:
+        return self._cells[(row, side)].text()
+
+    def clear(self) -> None:
+        self.current = None
+        self.title.setText("Element inspector")
+        for cell in self._cells.values():
+            cell.setText("")
+        self.verdict.setText("")
+        self.block.setVisible(False)
+
+    def show_element(self, element: InspectedElement) -> None:
+        self.current = element
+        where = ", ".join(str(i) for i in element.coordinate)
+        self.title.setText(f"Element [{where}]" + ("  (pinned)" if element.pinned else ""))
+        for side, info in (("native", element.native), ("oracle", element.oracle)):
+            self._cells[("decimal", side)].setText(info.decimal)
+            self._cells[("hex bits", side)].setText(info.hex)
+            self._cells[("sign/exp/mant", side)].setText(f"{info.sign} / {info.exponent} / 0x{info.mantissa:x}")
+            self._cells[("flags", side)].setText(_flags(info))
+        differ = {
+            "decimal": element.native.decimal != element.oracle.decimal,
+            "hex bits": element.native.bits != element.oracle.bits,
+            "sign/exp/mant": element.native.bits != element.oracle.bits,
+            "flags": _flags(element.native) != _flags(element.oracle),
+        }
+        for (row, _side), cell in self._cells.items():
+            _restyle(cell, f"color: {DIFFERENT}; font-weight: 600;" if differ[row] else "")
+        self.block.setVisible(element.block is not None)
+        if element.block is not None:
+            self.block.setText(block_text(element.block))
+            _restyle(self.block, f"color: {DIFFERENT};" if element.block.differing_bytes else "")
+        if element.bit_exact:
+            self.verdict.setText("bit-exact")
+            _restyle(self.verdict, "color: #2e9d57;")
+        elif element.ulp is None:
+            self.verdict.setText("NaN involved: ULP distance undefined")
+            _restyle(self.verdict, f"color: {DIFFERENT};")
+        else:
+            self.verdict.setText(f"{element.ulp} ULP apart")
+            _restyle(self.verdict, f"color: {DIFFERENT};")
+
+
+def _restyle(label: QLabel, style: str) -> None:
+    """setStyleSheet repolishes the widget and relayouts the panel even when the sheet is unchanged;
+    on hover that runs for every mouse move, so skip it unless the highlight actually changes."""
+    if label.styleSheet() != style:
+        label.setStyleSheet(style)

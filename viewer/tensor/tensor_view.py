@@ -1,0 +1,467 @@
+"""The centre of an investigation: native, oracle and difference of one aligned pair, linked.
+
+Heatmaps are pre-aggregated to screen size by the loader (viewer.tensor.tensor_loader), so
+painting never touches the full tensor; hovering maps a pixel back to its block of elements
+and inspects the worst element in it, from the full-resolution bits kept in memory. Zooming
+in asks (`detail_requested`) for the region on screen at finer resolution, drawn over the
+whole-slice image once it is ready, down to one pixel per element.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QPointF, QRectF, Qt, QTimer, Signal
+from PySide6.QtWidgets import (
+    QButtonGroup,
+    QComboBox,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QSizePolicy,
+    QSpinBox,
+    QSplitter,
+    QVBoxLayout,
+    QWidget,
+)
+
+from sessions.bits.quant_blocks import block_of
+from sessions.compare.tensor_diff import element_maps
+from viewer.pair_model import COLOUR_SCALES, PairModel
+from viewer.tensor.display_aggregate import block_factors
+from viewer.tensor.error_plots import ErrorPlots, set_title
+from viewer.tensor.inspector import ElementInspector, InspectedElement, inspect
+from viewer.tensor.tensor_loader import DetailRegion, SliceSpec, TensorSlice, detail_bounds
+
+pg.setConfigOptions(imageAxisOrder="row-major")
+
+SCALE_TITLES = {
+    "absolute": "absolute error |native − oracle|",
+    "relative": "relative error |native − oracle| / |oracle|",
+    "ULP": "ULP distance, as log2(1 + ULP)",
+}
+NATIVE_PEN = "#4a90d9"
+ORACLE_PEN = "#e8913a"
+MARK = "#00e5ff"
+DETAIL_DELAY_MS = 150
+"""Wait for the zoom or pan to rest before asking for the finer region."""
+
+
+class AxisPicker(QWidget):
+    """Which two axes of an N-D tensor are shown, and where the others are held."""
+
+    changed = Signal(object)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._layout = QHBoxLayout(self)
+        self._layout.setContentsMargins(0, 0, 0, 0)
+        self._shape: tuple[int, ...] = ()
+        self._spec: SliceSpec | None = None
+        self.rows = QComboBox()
+        self.cols = QComboBox()
+        for combo in (self.rows, self.cols):
+            combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
+        self.rows.setToolTip("Axis shown as heatmap rows")
+        self.cols.setToolTip("Axis shown as heatmap columns")
+        self._layout.addWidget(QLabel("rows"))
+        self._layout.addWidget(self.rows)
+        self._layout.addWidget(QLabel("cols"))
+        self._layout.addWidget(self.cols)
+        self._spins: list[QSpinBox] = []
+        self.rows.activated.connect(self._emit)
+        self.cols.activated.connect(self._emit)
+
+    def set_shape(self, shape: tuple[int, ...], spec: SliceSpec) -> None:
+        self._shape, self._spec = shape, spec
+        for spin in self._spins:
+            self._layout.removeWidget(spin)
+            spin.deleteLater()
+        self._spins = []
+        for combo, axis in ((self.rows, spec.row_axis), (self.cols, spec.col_axis)):
+            combo.blockSignals(True)
+            combo.clear()
+            for i, n in enumerate(shape):
+                combo.addItem(f"axis {i} ({n})", i)
+            if axis is not None:
+                combo.setCurrentIndex(axis)
+            combo.blockSignals(False)
+        self.rows.setEnabled(len(shape) >= 2)
+        self.cols.setEnabled(len(shape) >= 2)
+        for axis, n in enumerate(shape):
+            if axis in (spec.row_axis, spec.col_axis):
+                continue
+            spin = QSpinBox()
+            spin.setRange(0, max(0, n - 1))
+            spin.setValue(spec.index[axis])
+            spin.setPrefix(f"axis {axis} = ")
+            spin.setToolTip(f"Index held on axis {axis} (size {n})")
+            spin.setProperty("axis", axis)
+            spin.editingFinished.connect(self._emit)
+            self._layout.addWidget(spin)
+            self._spins.append(spin)
+
+    def _emit(self) -> None:
+        if self._spec is None or len(self._shape) < 2:
+            return
+        rows, cols = int(self.rows.currentData()), int(self.cols.currentData())
+        if rows == cols:
+            cols = next(a for a in range(len(self._shape)) if a != rows)
+        index = list(self._spec.index)
+        for spin in self._spins:
+            index[int(spin.property("axis"))] = spin.value()
+        spec = SliceSpec(rows, cols, tuple(index))
+        if spec != self._spec:
+            self.changed.emit(spec)
+
+
+class TensorView(QWidget):
+    """Linked heatmaps (or curves for 1-D), the colour-scale switch, error plots and inspector."""
+
+    slice_requested = Signal(object)
+    slice_shown = Signal()
+    """A requested slice (or the reason it cannot be shown) is on screen: screenshots may be taken."""
+    detail_requested = Signal(object, object, object)
+    """(slice, rows, cols): the zoomed-in region [rows) x [cols) of `slice` is wanted finer."""
+    detail_shown = Signal()
+
+    def __init__(self, model: PairModel, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._model = model
+        self.data: TensorSlice | None = None
+        self.detail: DetailRegion | None = None
+        self.pinned: tuple[int, ...] | None = None
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(6, 6, 6, 6)
+        outer.setSpacing(4)
+        self.title = QLabel("Select an op in the alignment tree")
+        self.title.setObjectName("sectionTitle")
+        self.title.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.title.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        outer.addWidget(self.title)
+        top = QHBoxLayout()
+        self.axes = AxisPicker()
+        self.axes.changed.connect(self.slice_requested)
+        top.addWidget(self.axes)
+        top.addStretch(1)
+        top.addWidget(QLabel("colour scale"))
+        self.scale_buttons = QButtonGroup(self)
+        for scale in COLOUR_SCALES:
+            button = QPushButton(scale)
+            button.setCheckable(True)
+            button.setChecked(scale == model.scale)
+            button.setToolTip(f"Colour the difference map by {SCALE_TITLES[scale]}")
+            button.clicked.connect(lambda _=False, s=scale: model.set_scale(s))
+            self.scale_buttons.addButton(button)
+            top.addWidget(button)
+        outer.addLayout(top)
+
+        splitter = QSplitter(Qt.Orientation.Horizontal)
+        left = QSplitter(Qt.Orientation.Vertical)
+        self.maps = pg.GraphicsLayoutWidget()
+        self.maps.ci.setSpacing(2)
+        self.plots: dict[str, pg.PlotItem] = {}
+        self.images: dict[str, pg.ImageItem] = {}
+        self.detail_images: dict[str, pg.ImageItem] = {}
+        self.marks: dict[str, pg.ScatterPlotItem] = {}
+        for row, name in enumerate(("native", "oracle", "difference")):
+            plot = self.maps.addPlot(row=row, col=0, title=name)
+            plot.setMenuEnabled(False)
+            plot.invertY(True)
+            plot.getAxis("left").setWidth(44)
+            image = pg.ImageItem()
+            plot.addItem(image)
+            detail = pg.ImageItem()
+            detail.setZValue(1)
+            plot.addItem(detail)
+            mark = pg.ScatterPlotItem(size=14, pen=pg.mkPen(MARK, width=2), brush=None, symbol="s")
+            mark.setZValue(2)
+            plot.addItem(mark)
+            self.plots[name], self.images[name], self.detail_images[name], self.marks[name] = plot, image, detail, mark
+        self._detail_timer = QTimer(self)
+        self._detail_timer.setSingleShot(True)
+        self._detail_timer.setInterval(DETAIL_DELAY_MS)
+        self._detail_timer.timeout.connect(self._request_detail)
+        self.plots["native"].vb.sigRangeChanged.connect(self._detail_timer.start)
+        # The bars label the scales; the images arrive already coloured with the same maps.
+        self.value_bar = pg.ColorBarItem(colorMap=pg.colormap.get("viridis"), interactive=False, width=12)
+        self.maps.addItem(self.value_bar, row=0, col=1, rowspan=2)
+        self.diff_bar = pg.ColorBarItem(colorMap=pg.colormap.get("inferno"), interactive=False, width=12)
+        self.maps.addItem(self.diff_bar, row=2, col=1)
+        for name in ("oracle", "difference"):
+            self.plots[name].setXLink(self.plots["native"])
+            self.plots[name].setYLink(self.plots["native"])
+        self.curves = {
+            "native": pg.PlotDataItem(pen=pg.mkPen(NATIVE_PEN, width=1.5), name="native"),
+            "oracle": pg.PlotDataItem(pen=pg.mkPen(ORACLE_PEN, width=1.5, style=Qt.PenStyle.DashLine), name="oracle"),
+            "difference": pg.PlotDataItem(pen=pg.mkPen("#d64541", width=1.5), name="difference"),
+        }
+        for curve in self.curves.values():
+            curve.setDownsampling(auto=True, method="peak")
+            curve.setClipToView(True)
+        self.maps.scene().sigMouseMoved.connect(self._hovered)
+        self.maps.scene().sigMouseClicked.connect(self._clicked)
+        left.addWidget(self.maps)
+        self.errors = ErrorPlots()
+        left.addWidget(self.errors)
+        left.setStretchFactor(0, 3)
+        left.setStretchFactor(1, 1)
+        left.setSizes([560, 190])
+        splitter.addWidget(left)
+        self.inspector = ElementInspector()
+        self.inspector.setMinimumWidth(330)
+        splitter.addWidget(self.inspector)
+        splitter.setStretchFactor(0, 1)
+        splitter.setSizes([900, 340])
+        outer.addWidget(splitter, 1)
+        model.scale_changed.connect(self._scale_changed)
+        model.selection_changed.connect(self._selection_changed)
+
+    # -- data in -----------------------------------------------------------------------------
+
+    def _selection_changed(self, pair: object) -> None:
+        if pair is None:
+            self.clear("Select an op in the alignment tree")
+
+    def clear(self, message: str) -> None:
+        self.data = None
+        self.pinned = None
+        self.title.setText(message)
+        self._clear_detail()
+        for image in self.images.values():
+            image.clear()
+        for mark in self.marks.values():
+            mark.clear()
+        for plot in self.plots.values():
+            plot.setVisible(True)
+        self._drop_curves()
+        self.errors.clear_all()
+        self.inspector.clear()
+        self.slice_shown.emit()
+
+    def show_loading(self, label: str) -> None:
+        self.title.setText(f"Loading {label} …")
+
+    def show_slice(self, data: TensorSlice) -> None:
+        self.data = data
+        self.pinned = None
+        self._clear_detail()
+        self._show_title()
+        self.axes.set_shape(data.shape, data.spec)
+        self.axes.setVisible(len(data.shape) >= 2)
+        self._draw()
+        self._fit_view()
+        self.errors.show_slice(data)
+        if data.worst is not None:
+            self.select_element(data.worst, pinned=True)
+        else:
+            self.select_element((0, 0) if not data.is_1d else (0,), pinned=True)
+        self.slice_shown.emit()
+
+    def _show_title(self) -> None:
+        data = self.data
+        assert data is not None
+        shape = "×".join(str(n) for n in data.shape)
+        verdict = "bit-exact" if data.differing == 0 else f"{data.differing:,} of {data.total:,} shown elements differ"
+        factors = data.factors
+        if factors == (1, 1):
+            shrink = ""
+        elif self.detail is not None:
+            (r0, r1), (c0, c1) = self.detail.rows, self.detail.cols
+            fy, fx = self.detail.factors
+            each = "1 px each" if (fy, fx) == (1, 1) else f"1 px per {fy}×{fx} block"
+            shrink = f"   ·   zoomed: {r1 - r0}×{c1 - c0} at {each}"
+        else:
+            shrink = f"   ·   shown at 1 px per {factors[0]}×{factors[1]} block (max); zoom in for detail"
+        notes = "".join(f"   ·   {note}" for note in data.notes)
+        self.title.setText(f"{data.request.label}   ·   {data.request.dtype} [{shape}]   ·   {verdict}{shrink}{notes}")
+
+    def _scale_changed(self, scale: str) -> None:
+        for button in self.scale_buttons.buttons():
+            button.setChecked(button.text() == scale)
+        if self.data is not None:
+            self._draw()
+
+    # -- drawing -----------------------------------------------------------------------------
+
+    def _drop_curves(self) -> None:
+        for name, curve in self.curves.items():
+            for plot in self.plots.values():
+                if curve in plot.items:
+                    plot.removeItem(curve)
+
+    def _draw(self) -> None:
+        data = self.data
+        if data is None:
+            return
+        scale = self._model.scale
+        set_title(self.plots["difference"], f"difference: {SCALE_TITLES[scale]}")
+        self._drop_curves()
+        if data.is_1d:
+            self._draw_curves(data, scale)
+            return
+        self.plots["oracle"].setVisible(True)
+        rows, cols = data.native_bits.shape
+        rect = QRectF(0, 0, cols, rows)
+        for name, key in (("native", "native"), ("oracle", "oracle"), ("difference", scale)):
+            item = self.images[name]
+            item.setImage(data.rgba[key], autoLevels=False, levels=None)
+            item.setRect(rect)
+        self.value_bar.setLevels(data.levels["values"])
+        self.diff_bar.setLevels(data.levels[scale])
+        self._draw_detail()
+
+    def _fit_view(self) -> None:
+        """Show the whole of a new slice (a colour-scale switch keeps the user's zoom)."""
+        data = self.data
+        assert data is not None
+        if data.is_1d:
+            self.plots["native"].autoRange()
+        else:
+            rows, cols = data.native_bits.shape
+            self.plots["native"].setRange(QRectF(0, 0, cols, rows), padding=0)
+
+    # -- zoomed-in detail --------------------------------------------------------------------
+
+    def _clear_detail(self) -> None:
+        self.detail = None
+        for image in self.detail_images.values():
+            image.clear()
+
+    def _request_detail(self) -> None:
+        data = self.data
+        if data is None or data.is_1d:
+            return
+        (x0, x1), (y0, y1) = self.plots["native"].vb.viewRange()
+        bounds = detail_bounds(data, (y0, y1), (x0, x1))
+        if bounds is None:
+            if self.detail is not None:
+                self._clear_detail()
+                self._show_title()
+            return
+        (r0, r1), (c0, c1) = bounds
+        wanted = block_factors((r1 - r0, c1 - c0))
+        detail = self.detail
+        covered = detail is not None and detail.rows[0] <= y0 and y1 <= detail.rows[1] and detail.cols[0] <= x0 and x1 <= detail.cols[1]
+        if covered and detail is not None and detail.factors[0] <= wanted[0] and detail.factors[1] <= wanted[1]:
+            return
+        self.detail_requested.emit(data, *bounds)
+
+    def show_detail(self, detail: DetailRegion) -> None:
+        """Draw a finer region over the whole-slice images (ignored if another slice is shown)."""
+        if detail.data is not self.data:
+            return
+        self.detail = detail
+        self._draw_detail()
+        self._show_title()
+        self.detail_shown.emit()
+
+    def _draw_detail(self) -> None:
+        detail = self.detail
+        if detail is None:
+            return
+        (r0, r1), (c0, c1) = detail.rows, detail.cols
+        rect = QRectF(c0, r0, c1 - c0, r1 - r0)
+        for name, key in (("native", "native"), ("oracle", "oracle"), ("difference", self._model.scale)):
+            item = self.detail_images[name]
+            item.setImage(detail.rgba[key], autoLevels=False, levels=None)
+            item.setRect(rect)
+
+    def _draw_curves(self, data: TensorSlice, scale: str) -> None:
+        for image in self.images.values():
+            image.clear()
+        x = np.arange(data.native_bits.size)
+        self.curves["native"].setData(x, data.images["native"])
+        self.curves["oracle"].setData(x, data.images["oracle"])
+        self.curves["difference"].setData(x, data.images[scale])
+        self.plots["native"].addItem(self.curves["native"])
+        self.plots["native"].addItem(self.curves["oracle"])
+        set_title(self.plots["native"], "native (blue) and oracle (orange, dashed)")
+        self.plots["oracle"].setVisible(False)
+        self.plots["difference"].addItem(self.curves["difference"])
+
+    # -- inspection --------------------------------------------------------------------------
+
+    def _element_at(self, scene_pos: QPointF) -> tuple[int, ...] | None:
+        data = self.data
+        if data is None:
+            return None
+        for plot in self.plots.values():
+            if not plot.isVisible() or not plot.sceneBoundingRect().contains(scene_pos):
+                continue
+            point = plot.vb.mapSceneToView(scene_pos)
+            if data.is_1d:
+                col = int(round(point.x()))
+                return (col,) if 0 <= col < data.native_bits.size else None
+            row, col = int(np.floor(point.y())), int(np.floor(point.x()))
+            rows, cols = data.native_bits.shape
+            if not (0 <= row < rows and 0 <= col < cols):
+                return None
+            return self._worst_in_block(row, col)
+        return None
+
+    def _worst_in_block(self, row: int, col: int) -> tuple[int, int]:
+        """The pixel under the cursor is a block of elements: inspect the one that differs most."""
+        data = self.data
+        assert data is not None
+        (fy, fx), (origin_row, origin_col) = data.factors, (0, 0)
+        detail = self.detail
+        if detail is not None and detail.rows[0] <= row < detail.rows[1] and detail.cols[0] <= col < detail.cols[1]:
+            (fy, fx), (origin_row, origin_col) = detail.factors, (detail.rows[0], detail.cols[0])
+        if (fy, fx) == (1, 1):
+            return (row, col)
+        r0 = origin_row + (row - origin_row) // fy * fy
+        c0 = origin_col + (col - origin_col) // fx * fx
+        nb = data.native_bits[r0 : r0 + fy, c0 : c0 + fx]
+        ob = data.oracle_bits[r0 : r0 + fy, c0 : c0 + fx]
+        _, _, ulp = element_maps(nb, ob, data.dtype)
+        ulp = np.where(np.isnan(ulp), np.inf, ulp)
+        r, c = np.unravel_index(int(np.argmax(ulp)), ulp.shape)
+        return (r0 + int(r), c0 + int(c))
+
+    def _hovered(self, scene_pos: QPointF) -> None:
+        if self.pinned is not None:
+            return
+        where = self._element_at(scene_pos)
+        if where is not None:
+            self.select_element(where, pinned=False)
+
+    def _clicked(self, event: object) -> None:
+        where = self._element_at(event.scenePos())  # type: ignore[attr-defined]
+        if where is None:
+            return
+        if self.pinned == where:
+            self.pinned = None
+            return
+        self.select_element(where, pinned=True)
+
+    def select_element(self, where: tuple[int, ...], pinned: bool) -> InspectedElement | None:
+        """Show one element of the shown slice (row, col), or (index,) for 1-D, in the inspector."""
+        data = self.data
+        if data is None:
+            return None
+        coordinate = data.spec.coordinate(where[0] if len(where) == 2 else None, where[-1])
+        block = None
+        if data.raw_blocks is not None:
+            flat = int(np.ravel_multi_index(coordinate, data.shape)) if data.shape else 0
+            block = block_of(*data.raw_blocks, data.request.dtype, flat)
+        element = inspect(
+            coordinate=coordinate,
+            native_bits=data.native_bits[where],
+            oracle_bits=data.oracle_bits[where],
+            dtype=data.dtype,
+            pinned=pinned,
+            block=block,
+        )
+        self.pinned = where if pinned else None
+        self.inspector.show_element(element)
+        if data.is_1d:
+            spot = [{"pos": (where[0], float(data.images["native"][where[0]]))}]
+            for name, mark in self.marks.items():
+                mark.setData(spot if name == "native" else [])
+        else:
+            spot = [{"pos": (where[1] + 0.5, where[0] + 0.5)}]
+            for mark in self.marks.values():
+                mark.setData(spot)
+        return element
+

@@ -1,0 +1,1 @@
+"""The alignment tree: every aligned op and unaligned record, coloured by its verdict."""

@@ -1,0 +1,535 @@
+"""The Parity X-ray window: opening files, running the comparison, and wiring the panels together.
+
+All file reads and diff work go through `TaskSlots` lanes (open, compare, tensor), so the
+UI thread only ever receives finished results; a newer request in a lane cancels the older
+one. Problems with a file end as a banner in the window; what was open stays open.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QByteArray, Qt, QUrl
+from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence
+from PySide6.QtWidgets import (
+    QApplication,
+    QDockWidget,
+    QFileDialog,
+    QLabel,
+    QMainWindow,
+    QProgressBar,
+    QPushButton,
+    QStackedWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from sessions.capture.reader import Capture, open_capture
+from sessions.progress import Progress, ProgressGenerator
+from viewer import comparison_view as cv
+from viewer.pair_model import PairModel
+from viewer.panels.bookmarks_panel import BookmarksPanel
+from viewer.panels.dispatch_tabs import DispatchTabs
+from viewer.panels.overview_plot import OverviewPlot
+from viewer.panels.provenance_panel import ProvenancePanel
+from viewer.panels.token_table import TokenTable
+from viewer.settings import ViewerSettings
+from viewer.tensor.tensor_loader import SliceSpec, TensorSlice, iter_prepare, iter_prepare_detail
+from viewer.tensor.tensor_view import TensorView
+from viewer.theme import apply_theme, icon, restyle_plots
+from viewer.tree.alignment_tree import AlignmentTree
+from viewer.window.banner import BannerArea
+from viewer.window.drop_hint import DropHint
+from viewer.window.panel_tabs import PanelTabs
+from viewer.window.progress_bar import show_progress
+from viewer.window.session_controller import SessionController
+from viewer.workers import TaskSlots
+
+TABS = ("Tensor diff", "Overview", "Token parity", "Provenance", "Dispatch timeline", "Rerun")
+
+GIL_SWITCH_INTERVAL_S = 0.001
+"""Painting runs hundreds of short Python callbacks; with a worker thread busy, each one may wait
+a whole switch interval for the interpreter lock (5 ms by default), which adds up to visible
+stalls. A 1 ms interval keeps them short (measured in benchmarks/bench_ui_stall.py)."""
+
+
+def iter_open(paths: list[Path]) -> ProgressGenerator[list[Capture]]:
+    """Open captures one by one (each first passes the structural check in a child process)."""
+    opened: list[Capture] = []
+    try:
+        for i, path in enumerate(paths):
+            yield Progress(i, len(paths), f"checking {path.name}")
+            opened.append(open_capture(path))
+        yield Progress(len(paths), len(paths), "opened")
+    except BaseException:
+        for capture in opened:
+            capture.close()
+        raise
+    return opened
+
+
+def assign_roles(captures: list[Capture], current: tuple[Capture | None, Capture | None]) -> tuple[Capture | None, Capture | None, bool]:
+    """(native, oracle, guessed) from each file's role hint; guessed when the hints did not decide."""
+    native, oracle = current
+    if len(captures) == 1:
+        only = captures[0]
+        if only.meta.role == "native":
+            return only, oracle, False
+        if only.meta.role == "oracle":
+            return native, only, False
+        return (only, oracle, True) if native is None else (native, only, True)
+    first, second = captures[:2]
+    roles = (first.meta.role, second.meta.role)
+    if roles == ("oracle", "native"):
+        return second, first, False
+    return first, second, roles != ("native", "oracle")
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, settings: ViewerSettings | None = None, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+        self.settings = settings or ViewerSettings()
+        self.setObjectName("ParityXrayMainWindow")
+        self.setWindowTitle("Parity X-ray")
+        self.setWindowIcon(icon("app-icon.svg"))
+        self.setAcceptDrops(True)
+        self.model = PairModel(self)
+        self.tasks = TaskSlots(self)
+        self._retired: list[Capture] = []
+        self._beside: list[MainWindow] = []
+        self._build_central()
+        self._build_tree_dock()
+        self._build_bookmarks_dock()
+        self.session = SessionController(self)
+        self._build_status_bar()
+        self._build_actions()
+        self._connect_model()
+        self._restore_layout()
+        self._warm_up_panels()
+        self._update_roles()
+        self.session.offer_recovery()
+
+    # -- construction ------------------------------------------------------------------------
+
+    def _build_central(self) -> None:
+        central = QWidget()
+        layout = QVBoxLayout(central)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(0)
+        self.banners = BannerArea()
+        layout.addWidget(self.banners)
+        self.stack = QStackedWidget()
+        self.drop_hint = DropHint()
+        self.drop_hint.open_requested.connect(self.open_dialog)
+        self.tabs = PanelTabs()
+        self.tabs.setDocumentMode(True)
+        self.tensor_view = TensorView(self.model)
+        self.overview = OverviewPlot(self.model)
+        self.token_table = TokenTable(self.model)
+        self.provenance = ProvenancePanel(self.model)
+        self.dispatch = DispatchTabs(self.model, self.tasks, self.banners, self)
+        self.dispatch.open_pair_requested.connect(self.open_beside)
+        panels = (self.tensor_view, self.overview, self.token_table, self.provenance, self.dispatch.timeline, self.dispatch.rerun)
+        for name, widget in zip(TABS, panels):
+            self.tabs.addTab(widget, name)
+        self.stack.addWidget(self.drop_hint)
+        self.stack.addWidget(self.tabs)
+        layout.addWidget(self.stack, 1)
+        self.setCentralWidget(central)
+        self.tensor_view.slice_requested.connect(self.load_slice)
+        self.tensor_view.detail_requested.connect(self.load_detail)
+
+    def _build_tree_dock(self) -> None:
+        self.tree = AlignmentTree(self.model)
+        self.tree.jump_requested.connect(self.jump_to_first_divergence)
+        dock = QDockWidget("Alignment", self)
+        dock.setObjectName("alignmentDock")
+        dock.setWidget(self.tree)
+        self.tree.setMinimumWidth(420)
+        dock.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetMovable | QDockWidget.DockWidgetFeature.DockWidgetFloatable)
+        self.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, dock)
+        self.tree_dock = dock
+        self.resizeDocks([dock], [360], Qt.Orientation.Horizontal)
+
+    def _build_bookmarks_dock(self) -> None:
+        self.bookmarks = BookmarksPanel()
+        dock = QDockWidget("Bookmarks", self)
+        dock.setObjectName("bookmarksDock")
+        dock.setWidget(self.bookmarks)
+        self.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, dock)
+        self.bookmarks_dock = dock
+        self.resizeDocks([self.tree_dock, dock], [640, 220], Qt.Orientation.Vertical)
+
+    def _build_status_bar(self) -> None:
+        bar = self.statusBar()
+        self.role_label = QLabel()
+        self.role_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        bar.addWidget(self.role_label, 1)
+        self.progress = QProgressBar()
+        self.progress.setFixedWidth(260)
+        self.progress.setVisible(False)
+        bar.addPermanentWidget(self.progress)
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setVisible(False)
+        self.cancel_button.setToolTip("Stop the running read or comparison (Esc)")
+        self.cancel_button.clicked.connect(self.cancel_work)
+        bar.addPermanentWidget(self.cancel_button)
+        self.tasks.progressed.connect(self._show_progress)
+        self.tasks.busy_changed.connect(self._busy_changed)
+
+    def _action(self, text: str, slot: Any, shortcut: QKeySequence | str | None = None, icon_name: str | None = None, tip: str = "") -> QAction:
+        action = QAction(text, self)
+        if shortcut is not None:
+            action.setShortcut(QKeySequence(shortcut))
+        if icon_name:
+            action.setIcon(icon(icon_name))
+        if tip:
+            action.setToolTip(tip)
+            action.setStatusTip(tip)
+        action.triggered.connect(slot)
+        self.addAction(action)
+        return action
+
+    def _build_actions(self) -> None:
+        self.open_action = self._action("&Open captures…", self.open_dialog, QKeySequence.StandardKey.Open, "open-file.svg", "Open one or two capture files (Ctrl+O)")
+        self.swap_action = self._action("&Swap roles", self.swap_roles, "Ctrl+Shift+S", "swap-roles.svg", "Swap native and oracle (Ctrl+Shift+S)")
+        self.jump_action = self._action("Jump to &first divergence", self.jump_to_first_divergence, "Ctrl+J", "jump-divergence.svg", "Select the earliest op that is not bit-exact (Ctrl+J)")
+        self.next_action = self._action("&Next divergence", lambda: self.step_divergence(+1), "F8", tip="Next op that is not bit-exact (F8)")
+        self.prev_action = self._action("&Previous divergence", lambda: self.step_divergence(-1), "Shift+F8", tip="Previous op that is not bit-exact (Shift+F8)")
+        self.cancel_action = self._action("&Cancel work", self.cancel_work, "Esc", tip="Cancel the running read or comparison")
+        self.quit_action = self._action("&Quit", self.close, QKeySequence.StandardKey.Quit)
+        self.theme_action = self._action("Switch to &light theme", self.toggle_theme, "Ctrl+Shift+T")
+        toolbar = self.addToolBar("Main")
+        toolbar.setObjectName("mainToolbar")
+        toolbar.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        for action in (self.open_action, self.swap_action, self.jump_action, self.prev_action, self.next_action):
+            toolbar.addAction(action)
+        menu = self.menuBar()
+        file_menu = menu.addMenu("&File")
+        file_menu.addAction(self.open_action)
+        self.recent_menu = file_menu.addMenu("Open &recent")
+        file_menu.addAction(self.swap_action)
+        file_menu.addSeparator()
+        self.open_session_action = self._action("Open &session…", self.session.open_dialog, "Ctrl+Shift+O", tip="Open a saved investigation (.xray)")
+        self.save_session_action = self._action("&Save session", self.session.save, QKeySequence.StandardKey.Save, tip="Save the investigation (Ctrl+S)")
+        self.save_session_as_action = self._action("Save session &as…", self.session.save_as, "Ctrl+Alt+S", tip="Save the investigation to a new file")
+        for action in (self.open_session_action, self.save_session_action, self.save_session_as_action):
+            file_menu.addAction(action)
+        self.recent_sessions_menu = file_menu.addMenu("Recent sessio&ns")
+        export = file_menu.addMenu("&Export")
+        self.export_md_action = self._action("Bookmarks and notes as &Markdown…", lambda: self.session.export_markdown())
+        self.export_html_action = self._action("&HTML report…", lambda: self.session.export_html())
+        export.addAction(self.export_md_action)
+        export.addAction(self.export_html_action)
+        file_menu.addSeparator()
+        file_menu.addAction(self.quit_action)
+        navigate = menu.addMenu("&Navigate")
+        for action in (self.jump_action, self.next_action, self.prev_action, self.cancel_action):
+            navigate.addAction(action)
+        view = menu.addMenu("&View")
+        focus_tree = self._action("Alignment &tree", self._focus_tree, "Ctrl+0")
+        view.addAction(focus_tree)
+        self.tab_actions = []
+        for i, name in enumerate(TABS):
+            action = self._action(name, lambda _=False, i=i: self.show_panel(i), f"Ctrl+{i + 1}")
+            view.addAction(action)
+            self.tab_actions.append(action)
+        view.addSeparator()
+        self.bookmark_action = self._action("&Bookmark this op", lambda: self.session.add_bookmark(), "Ctrl+B", tip="Bookmark the selected op and its view (Ctrl+B)")
+        navigate.addAction(self.bookmark_action)
+        bookmarks_toggle = self.bookmarks_dock.toggleViewAction()
+        bookmarks_toggle.setShortcut(QKeySequence("Ctrl+Shift+B"))
+        view.addAction(bookmarks_toggle)
+        view.addAction(self.theme_action)
+        self._rebuild_recent_menu()
+        self.rebuild_recent_sessions()
+
+    def _connect_model(self) -> None:
+        self.model.captures_changed.connect(self._update_roles)
+        self.model.comparison_changed.connect(self._comparison_changed)
+        self.model.selection_changed.connect(self._selection_changed)
+        self.overview.op_clicked.connect(self.model.select)
+        self.session.document_changed.connect(self._update_roles)
+        self.session.connect_window()
+
+    def _restore_layout(self) -> None:
+        geometry, state = self.settings.window_geometry(), self.settings.window_state()
+        if geometry is not None:
+            self.restoreGeometry(geometry)
+        else:
+            self.resize(1440, 900)
+        if state is not None:
+            self.restoreState(state)
+        self._apply_theme(self.settings.theme())
+
+    def _warm_up_panels(self) -> None:
+        """Lay out and paint the hidden panels once before the window shows.
+
+        Their first layout, style polish and paint (pyqtgraph axes, fonts) takes ~100 ms; done
+        here it is part of start-up instead of a freeze at the moment a user drops a file.
+        """
+        self.tabs.resize(self.size())
+        for index in range(self.tabs.count()):
+            self.tabs.setCurrentIndex(index)
+            self.tabs.grab()
+        self.tabs.setCurrentIndex(0)
+
+    # -- opening -----------------------------------------------------------------------------
+
+    def open_dialog(self) -> None:
+        names, _ = QFileDialog.getOpenFileNames(self, "Open one or two captures", "", "Captures (*.h5 *.hdf5 *.capture);;All files (*)")
+        if names:
+            self.open_files([Path(n) for n in names[:2]])
+
+    def open_files(self, paths: list[Path]) -> None:
+        """Open one or two files; roles come from each file's role hint."""
+        paths = [Path(p) for p in paths][:2]
+        if not paths:
+            return
+        self._run_open(paths, explicit=False)
+
+    def open_pair(self, native: str | Path, oracle: str | Path) -> None:
+        """Open NATIVE and ORACLE in those roles (the command line and `parity-xray demo`)."""
+        self._run_open([Path(native), Path(oracle)], explicit=True)
+
+    def _run_open(self, paths: list[Path], explicit: bool) -> None:
+        self.banners.clear("open")
+        self.tasks.submit(
+            "open",
+            lambda: iter_open(paths),
+            on_success=lambda captures: self.opened(captures, explicit),
+            on_failure=lambda message: self.banners.show_message("open", "error", f"Could not open: {message}"),
+            on_cancel=lambda: self.banners.show_message("open", "info", "Opening was cancelled; what was open stays open."),
+        )
+
+    def opened(self, captures: list[Capture], explicit: bool) -> None:
+        if explicit:
+            native, oracle, guessed = captures[0], captures[1], False
+        else:
+            native, oracle, guessed = assign_roles(captures, (self.model.native, self.model.oracle))
+        for capture in captures:
+            self.settings.add_recent(capture.path)
+        self._rebuild_recent_menu()
+        self._retired.extend(self.model.set_captures(native, oracle))
+        self._close_retired()
+        if guessed:
+            self.banners.show_message("roles", "info", "The files' role hints did not decide which is native; roles follow the drop order. Use Swap roles (Ctrl+Shift+S) if they are the other way round.")
+        self.start_compare()
+
+    def swap_roles(self) -> None:
+        if self.model.native is None and self.model.oracle is None:
+            return
+        self.banners.clear("roles")
+        self.model.swap()
+        self.start_compare()
+
+    # -- comparison --------------------------------------------------------------------------
+
+    def start_compare(self) -> None:
+        self.banners.clear("comparison")
+        self._show_capture_banners()
+        if not self.model.has_pair:
+            return
+        native, oracle = self.model.native, self.model.oracle
+        options = self.session.compare_options(cv.VIEWER_OPTIONS)
+        self.tasks.submit(
+            "compare",
+            lambda: cv.iter_compare_pair(native, oracle, options),
+            on_success=self.model.set_comparison,
+            on_failure=lambda message: self.banners.show_message("comparison", "error", f"The comparison failed: {message}"),
+            on_cancel=lambda: self.banners.show_message("comparison", "info", "Comparison cancelled. Open the pair again, or swap roles, to restart it."),
+        )
+
+    def _show_capture_banners(self) -> None:
+        self.banners.clear("captures")
+        for role, capture in (("native", self.model.native), ("oracle", self.model.oracle)):
+            if capture is not None and not capture.complete:
+                self.banners.show_message("captures", "warning", f"{role} {capture.path.name}: {capture.contents.describe()}.")
+
+    def _comparison_changed(self) -> None:
+        comparison = self.model.comparison
+        self.banners.clear("comparison")
+        if comparison is None:
+            return
+        for level, text in cv.banner_messages(comparison):
+            self.banners.show_message("comparison", level, text)
+        self.tabs.prerender_hidden()
+        target = cv.first_divergence(comparison) or cv.first_pair(comparison)
+        if target is not None:
+            self.model.select(target)
+
+    def jump_to_first_divergence(self) -> None:
+        target = cv.first_divergence(self.model.comparison) if self.model.comparison is not None else None
+        if target is None:
+            self.statusBar().showMessage("No divergence: every aligned op is bit-exact." if self.model.comparison is not None else "Open a pair first.", 5000)
+            return
+        self.model.select(target)
+        self.show_panel(0)
+
+    def step_divergence(self, direction: int) -> None:
+        if self.model.comparison is None:
+            return
+        target = cv.neighbour_divergence(self.model.comparison, self.model.selected, direction)
+        if target is not None:
+            self.model.select(target)
+
+    # -- tensors -----------------------------------------------------------------------------
+
+    def _selection_changed(self, pair: Any) -> None:
+        if pair is None:
+            return
+        self.load_slice(None)
+
+    def load_slice(self, spec: SliceSpec | None) -> None:
+        pair = self.model.selected
+        if pair is None or not self.model.has_pair:
+            return
+        request = cv.tensor_request(self.model.comparison, self.model.native, self.model.oracle, pair, spec)
+        if isinstance(request, str):
+            self.tasks.cancel_lane("tensor")
+            self.tensor_view.clear(request)
+            return
+        self.tensor_view.show_loading(request.label)
+        self.tasks.submit(
+            "tensor",
+            lambda: iter_prepare(request),
+            on_success=self._slice_ready,
+            on_failure=lambda message: self.tensor_view.clear(f"Cannot show this pair: {message}"),
+        )
+
+    def _slice_ready(self, data: TensorSlice) -> None:
+        self.tasks.cancel_lane("detail")
+        self.tensor_view.show_slice(data)
+
+    def load_detail(self, data: TensorSlice, rows: tuple[int, int], cols: tuple[int, int]) -> None:
+        self.tasks.submit(
+            "detail",
+            lambda: iter_prepare_detail(data, rows, cols),
+            on_success=self.tensor_view.show_detail,
+            on_failure=lambda message: self.statusBar().showMessage(f"Cannot show the zoomed-in region: {message}", 8000),
+        )
+
+    # -- progress, cancel --------------------------------------------------------------------
+
+    def _show_progress(self, progress: Progress) -> None:
+        show_progress(self.progress, progress, f"{progress.label}  %p%")
+
+    def _busy_changed(self, busy: bool) -> None:
+        self.progress.setVisible(busy)
+        self.cancel_button.setVisible(busy)
+        self._close_retired()
+
+    def cancel_work(self) -> None:
+        self.tasks.cancel_all()
+
+    def _close_retired(self) -> None:
+        """Captures replaced while a worker might still read them are closed once work is idle."""
+        if not self.tasks.idle:
+            return
+        keep = (self.model.native, self.model.oracle)
+        for capture in self._retired:
+            if capture not in keep:
+                capture.close()
+        self._retired = []
+
+    # -- panels, roles, recent, theme ----------------------------------------------------------
+
+    def show_panel(self, index: int) -> None:
+        if self.stack.currentWidget() is self.tabs:
+            self.tabs.setCurrentIndex(index)
+            self.tabs.currentWidget().setFocus()
+
+    def _focus_tree(self) -> None:
+        self.tree.view.setFocus()
+
+    def _update_roles(self) -> None:
+        def name(capture: Capture | None) -> str:
+            return capture.path.name if capture is not None else "—"
+
+        self.role_label.setText(f"native: {name(self.model.native)}    ⇄    oracle: {name(self.model.oracle)}")
+        self.swap_action.setEnabled(self.model.native is not None or self.model.oracle is not None)
+        has_any = self.model.native is not None or self.model.oracle is not None
+        self.stack.setCurrentWidget(self.tabs if has_any else self.drop_hint)
+        title = "Parity X-ray"
+        if has_any:
+            title += f" — {name(self.model.native)} vs {name(self.model.oracle)}"
+        document = self.session.document
+        if document.path is not None or document.dirty:
+            title += f"   [{document.path.name if document.path else 'unsaved session'}{' *' if document.dirty else ''}]"
+        self.setWindowTitle(title)
+
+    def _rebuild_recent_menu(self) -> None:
+        self.recent_menu.clear()
+        recent = self.settings.recent_files()
+        for path in recent:
+            action = self.recent_menu.addAction(path)
+            action.triggered.connect(lambda _=False, p=path: self.open_files([Path(p)]))
+        self.recent_menu.setEnabled(bool(recent))
+        self.drop_hint.set_recent(recent)
+
+    def rebuild_recent_sessions(self) -> None:
+        self.recent_sessions_menu.clear()
+        recent = self.settings.recent_sessions()
+        for path in recent:
+            action = self.recent_sessions_menu.addAction(path)
+            action.triggered.connect(lambda _=False, p=path: self.session.open_session(Path(p)))
+        self.recent_sessions_menu.setEnabled(bool(recent))
+
+    def open_beside(self, native: Path, oracle: Path) -> MainWindow:
+        """Another window on another pair (e.g. a rerun against one side); this one stays as it is."""
+        window = MainWindow(self.settings)
+        window.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        self._beside.append(window)
+        window.destroyed.connect(lambda _=None, w=window: self._beside.remove(w) if w in self._beside else None)
+        window.show()
+        window.open_pair(native, oracle)
+        return window
+
+    def toggle_theme(self) -> None:
+        self._apply_theme("light" if self.settings.theme() == "dark" else "dark")
+
+    def _apply_theme(self, name: str) -> None:
+        app = QApplication.instance()
+        if isinstance(app, QApplication):
+            restyle_plots(self, apply_theme(app, name))
+        self.settings.set_theme(name)
+        self.theme_action.setText("Switch to &light theme" if name == "dark" else "Switch to &dark theme")
+
+    # -- drag and drop -----------------------------------------------------------------------
+
+    @staticmethod
+    def _local_paths(urls: list[QUrl]) -> list[Path]:
+        return [Path(u.toLocalFile()) for u in urls if u.isLocalFile()]
+
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:
+        if event.mimeData().hasUrls() and 1 <= len(self._local_paths(event.mimeData().urls())) <= 2:
+            event.acceptProposedAction()
+        else:
+            event.ignore()
+
+    def dropEvent(self, event: QDropEvent) -> None:
+        paths = self._local_paths(event.mimeData().urls())
+        if not 1 <= len(paths) <= 2:
+            self.banners.show_message("open", "error", "Drop one or two capture files.")
+            event.ignore()
+            return
+        event.acceptProposedAction()
+        self.open_files(paths)
+
+    # -- closing -----------------------------------------------------------------------------
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        if not self.session.close():
+            event.ignore()
+            return
+        self.dispatch.shutdown()
+        self.settings.save_window(QByteArray(self.saveGeometry()), QByteArray(self.saveState()))
+        self.settings.sync()
+        self.tasks.shutdown()
+        for capture in {id(c): c for c in [*self._retired, self.model.native, self.model.oracle] if c is not None}.values():
+            capture.close()
+        self._retired = []
+        super().closeEvent(event)

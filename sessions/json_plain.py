@@ -13,7 +13,9 @@ from typing import Any
 
 import numpy as np
 
-DERIVED_PROPERTIES = ("bit_exact", "fraction_differing", "same")
+from sessions.compare.key import OpKey
+
+DERIVED_PROPERTIES = ("bit_exact", "fraction_differing", "same", "passed", "exit_code", "headline", "label")
 """Properties written beside a dataclass's fields: readers of the document (pipelines, jq)
 should not have to recompute them from the counts."""
 
@@ -22,11 +24,14 @@ def plain(value: Any, omit: frozenset[str] = frozenset()) -> Any:
     """`value` as dicts, lists, strings, numbers, booleans and None, for strict JSON.
 
     Dataclass fields named in `omit` are left out at any depth. Arrays become None: a document
-    names where bits are (capture, record), it does not carry them. Non-finite floats become
+    names where bits are (capture, record), it does not carry them. An op key becomes its one
+    text form (`0:visual:0:sdpa`), ready for `rerun --op`. Non-finite floats become
     the strings "NaN", "Infinity", "-Infinity" (strict JSON has no such numbers).
     """
     if isinstance(value, np.ndarray):
         return None
+    if isinstance(value, OpKey):
+        return value.text()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out = {f.name: plain(getattr(value, f.name), omit) for f in dataclasses.fields(value) if f.name not in omit}
         for name in DERIVED_PROPERTIES:

@@ -12,9 +12,22 @@ from hand_captures import T, bf16_bits, write_capture
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.reader import open_capture
 from sessions.capture.writer import CaptureWriter
-from sessions.compare.align import DUPLICATE_KEY, LAYER_CONFLICT, NO_PARTNER, NO_RULE, SHAPE_MISMATCH, align
+from sessions.compare.align import (
+    DUPLICATE_KEY,
+    LAYER_CONFLICT,
+    NO_PARTNER,
+    NO_RULE,
+    SHAPE_MISMATCH,
+    align,
+)
 from sessions.compare.comparison import CompareOptions, iter_compare
-from sessions.compare.profiles import ProfileError, builtin_profiles, load_profile_file, profile_from_dict
+from sessions.compare.profiles import (
+    ProfileError,
+    builtin_profiles,
+    load_profile_file,
+    profile_from_dict,
+)
+from sessions.compare.verdict import PARITY
 from sessions.progress import run_to_end
 
 ROWS, HEADS, DIM = 3, 2, 4
@@ -75,7 +88,7 @@ def test_layout_transform_aligns_mlx_sdpa_output_with_llama_kqv_out(tmp_path: Pa
         comparison = run_to_end(iter_compare(n, o))
     assert len(comparison.pairs) == 1 and comparison.pairs[0].metrics.bit_exact
     assert comparison.pairs[0].metrics.shape == [ROWS, HEADS * DIM]
-    assert comparison.verdict == "parity"
+    assert comparison.verdict.word == PARITY
 
 
 def test_duplicate_key_is_an_error_for_every_claimant_and_the_partner(tmp_path: Path) -> None:
@@ -128,7 +141,7 @@ def test_the_comparison_places_unnamed_nodes_by_their_source_weights_not_by_the_
     oracle = write_capture(tmp_path / "o.h5", "oracle", [T("model.layers.0.self_attn.o_proj", _q(20, (1, ROWS, 8)), layer=0, dtype="bfloat16")])
     with open_capture(native) as n, open_capture(oracle) as o:
         comparison = run_to_end(iter_compare(n, o, CompareOptions(native_profile="llama.cpp", oracle_profile="mlx-lm")))
-    assert [(p.op, p.native_name, p.metrics.bit_exact) for p in comparison.pairs] == [("o_proj", "node_5", True)]
+    assert [(p.key.op, p.native_name, p.metrics.bit_exact) for p in comparison.pairs] == [("o_proj", "node_5", True)]
     assert [(u.name, u.reason) for u in comparison.unaligned] == [("node_9", NO_RULE)]
 
 

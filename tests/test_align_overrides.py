@@ -19,10 +19,11 @@ from sessions.compare.align import (
     ManualPair,
     overrides_for_pair,
 )
-from sessions.compare.comparison import DIVERGENCE, PARITY, CompareOptions, iter_compare
+from sessions.compare.comparison import CompareOptions, iter_compare
 from sessions.compare.in_child import options_from_json, options_to_json
 from sessions.compare.key import RecordKey
 from sessions.compare.result_cache import iter_compare_cached
+from sessions.compare.verdict import DIVERGENCE, PARITY, Kind
 from sessions.investigation.model import AlignmentOverride, RecordRef
 from sessions.progress import run_to_end
 from sessions.report.json_document import dumps, loads
@@ -50,12 +51,12 @@ def _compare(native: Path, oracle: Path, *overrides: ManualPair | ManualBreak): 
 def test_breaking_a_pair_makes_both_records_unaligned_with_the_users_reason(tmp_path: Path) -> None:
     native, oracle = _captures(tmp_path)
     comparison = _compare(native, oracle, ManualBreak(RecordKey(0, "prefill", 0, "ffn_down"), "oracle fuses the FFN differently"))
-    assert [p.op for p in comparison.pairs] == ["q_proj"]
+    assert [p.key.op for p in comparison.pairs] == ["q_proj"]
     assert [(u.side, u.name, u.reason, u.detail) for u in comparison.unaligned] == [
         ("native", "ffn_down", MANUAL_BREAK, "oracle fuses the FFN differently"),
         ("oracle", "ffn_down", MANUAL_BREAK, "oracle fuses the FFN differently"),
     ]
-    assert comparison.verdict == DIVERGENCE
+    assert comparison.verdict.word == DIVERGENCE
 
 
 def test_a_manual_pair_joins_records_the_profiles_cannot_and_carries_its_reason(tmp_path: Path) -> None:
@@ -65,7 +66,7 @@ def test_a_manual_pair_joins_records_the_profiles_cannot_and_carries_its_reason(
     pair = ManualPair(RecordKey(0, "prefill", 0, "ffn_down"), RecordKey(0, "prefill", 1, "ffn_down"), "oracle numbers layers from 1")
     comparison = _compare(native, oracle, pair)
     assert comparison.unaligned == []
-    assert comparison.verdict == PARITY
+    assert comparison.verdict.word == PARITY
     manual = [p for p in comparison.pairs if p.manual_reason is not None]
     assert [(p.native_name, p.oracle_name, p.manual_reason, p.metrics.bit_exact) for p in manual] == [
         ("ffn_down", "ffn_down", "oracle numbers layers from 1", True)
@@ -89,21 +90,21 @@ def test_an_override_naming_a_record_that_is_not_there_is_reported_and_the_rest_
     comparison = _compare(
         native, oracle, ManualBreak(gone, "stale"), ManualPair(RecordKey(0, "prefill", 0, "q_proj"), gone, "stale pair")
     )
-    assert [p.op for p in comparison.pairs] == ["q_proj", "ffn_down"]
+    assert [p.key.op for p in comparison.pairs] == ["q_proj", "ffn_down"]
     assert [(u.side, u.seq, u.name, u.occurrence, u.reason) for u in comparison.unaligned] == [
         ("native", -1, "ffn_down", 3, OVERRIDE_MISSING),
         ("oracle", -1, "ffn_down", 3, OVERRIDE_MISSING),
     ]
     assert "stale pair" in comparison.unaligned[1].detail
-    assert comparison.verdict == DIVERGENCE
-    assert comparison.first_finding is not None and comparison.first_finding.kind == "unaligned"
+    assert comparison.verdict.word == DIVERGENCE
+    assert comparison.verdict.first is not None and comparison.verdict.first.kind == Kind.UNALIGNED
 
 
 def test_the_last_override_of_a_native_record_replaces_the_earlier_ones(tmp_path: Path) -> None:
     native, oracle = _captures(tmp_path)
     ffn = RecordKey(0, "prefill", 0, "ffn_down")
     comparison = _compare(native, oracle, ManualBreak(ffn, "looked wrong"), ManualPair(ffn, ffn, "it was right after all"))
-    assert [(p.op, p.manual_reason) for p in comparison.pairs] == [("q_proj", None), ("ffn_down", "it was right after all")]
+    assert [(p.key.op, p.manual_reason) for p in comparison.pairs] == [("q_proj", None), ("ffn_down", "it was right after all")]
     assert comparison.unaligned == []
 
 
@@ -111,7 +112,7 @@ def test_an_oracle_record_paired_by_hand_twice_keeps_its_first_pairing_and_repor
     native, oracle = _captures(tmp_path, oracle_rope_layer=1)
     n_q, n_ffn, o_ffn = RecordKey(0, "prefill", 0, "q_proj"), RecordKey(0, "prefill", 0, "ffn_down"), RecordKey(0, "prefill", 1, "ffn_down")
     comparison = _compare(native, oracle, ManualPair(n_ffn, o_ffn, "first"), ManualPair(n_q, o_ffn, "second"))
-    assert [(p.op, p.manual_reason) for p in comparison.pairs] == [("q_proj", None), ("ffn_down", "first")]
+    assert [(p.key.op, p.manual_reason) for p in comparison.pairs] == [("q_proj", None), ("ffn_down", "first")]
     assert [(u.side, u.seq, u.reason) for u in comparison.unaligned] == [("oracle", -1, OVERRIDE_UNUSABLE)]
     assert "already manually paired" in comparison.unaligned[0].detail
 

@@ -13,8 +13,14 @@ from sessions.capture.reader import open_capture
 from sessions.capture.writer import CaptureWriter
 from sessions.compare.comparison import CompareOptions, iter_compare
 from sessions.compare.profile_identity import ProfileIdentity, profile_content_hash
-from sessions.compare.profiles import BUILTIN_DIR, BUILTIN_FILES, builtin_profiles, load_profile_file
+from sessions.compare.profiles import (
+    BUILTIN_DIR,
+    BUILTIN_FILES,
+    builtin_profiles,
+    load_profile_file,
+)
 from sessions.compare.result_cache import iter_compare_cached
+from sessions.compare.verdict import PARITY
 from sessions.progress import run_to_end
 from sessions.report.json_document import dumps, loads
 
@@ -37,7 +43,7 @@ def _pair(tmp_path: Path, flip: tuple[int, int] = (50, 3)) -> tuple[Path, Path]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("scenario", ["clean", "head-chunk", "attention-contract", "swiglu-order", "signed-zero", "post-eos"])
-def test_report_names_each_demo_scenarios_documented_first_divergence(
+def test_the_verdict_names_each_demo_scenarios_documented_word_kind_and_key(
     demo_pairs: dict[str, tuple[Path, Path]], scenario: str
 ) -> None:
     from backends.engines.demo_generate import SCENARIOS
@@ -45,18 +51,13 @@ def test_report_names_each_demo_scenarios_documented_first_divergence(
     native, oracle = demo_pairs[scenario]
     with open_capture(native) as n, open_capture(oracle) as o:
         comparison = run_to_end(iter_compare(n, o))
-    expected = SCENARIOS[scenario].first_divergence
-    if expected.kind == "none":
-        assert comparison.first_finding is None
-        assert comparison.verdict == "parity"
-        assert comparison.unaligned == [] and all(p.metrics.bit_exact for p in comparison.pairs)
-        return
-    found = comparison.first_finding
-    assert found is not None
-    assert (found.step, found.segment, found.layer, found.op, found.kind) == (
-        expected.step, expected.segment, expected.layer, expected.op, expected.kind
-    )
-    assert comparison.verdict == ("parity" if expected.kind == "post-eos-only" else "divergence")
+    expected = SCENARIOS[scenario].expected
+    first = comparison.verdict.first
+    assert comparison.verdict.word == expected.word
+    found = (None, None) if first is None else (first.kind, first.key)
+    assert found == (expected.kind, expected.key)
+    if expected.word == PARITY:
+        assert comparison.unaligned == [] and all(p.metrics.bit_exact for p in comparison.pairs if not p.post_eos)
 
 
 def test_chunked_streaming_through_a_layout_transform_matches_a_whole_read(tmp_path: Path) -> None:
@@ -121,7 +122,7 @@ def test_quantized_blocks_compare_as_bytes_beside_a_streamed_identical_pair(tmp_
         writer.close()
         paths.append(tmp_path / f"{role}.h5")
     with open_capture(paths[0]) as n, open_capture(paths[1]) as o:
-        pairs = {p.op: p.metrics for p in run_to_end(iter_compare(n, o, CompareOptions(chunk_bytes=512))).pairs}
+        pairs = {p.key.op: p.metrics for p in run_to_end(iter_compare(n, o, CompareOptions(chunk_bytes=512))).pairs}
     assert pairs["layer_out"].bit_exact and (pairs["layer_out"].nmse, pairs["layer_out"].cosine) == (0.0, 1.0)
     quantized = pairs["ffn_down"]
     assert (quantized.differing, quantized.beyond_tolerance) == (1, 1)
@@ -166,7 +167,7 @@ def test_a_profile_edit_invalidates_the_cached_result_and_a_comment_does_not(tmp
         assert [p.label for p in iter_compare_cached(n, o, options, cache)] == ["cached result"]
         profile.write_text(ORACLE_PROFILE.replace('op = "sdpa"', 'op = "q_proj"'), encoding="utf-8")
         edited = run_to_end(iter_compare_cached(n, o, options, cache))
-    assert [p.op for p in first.pairs] == ["sdpa"] and edited.pairs == []
+    assert [p.key.op for p in first.pairs] == ["sdpa"] and edited.pairs == []
     assert sorted((u.side, u.reason) for u in edited.unaligned) == [("native", "no_partner"), ("oracle", "no_partner")]
     assert edited.oracle_profile_identity.path == first.oracle_profile_identity.path
     assert edited.oracle_profile_identity.sha256 != first.oracle_profile_identity.sha256

@@ -53,7 +53,7 @@ def test_the_childs_comparison_is_the_in_process_one(pair: tuple[Path, Path]) ->
         in_process = run_to_end(iter_compare(native, oracle, options))
     assert dumps(in_child) == dumps(in_process)
     first = in_child.pairs[in_child.first_divergence]
-    assert first.layer == 1 and first.metrics.differing == len(range(0, 256, 7)) and first.metrics.max_ulp == 1
+    assert first.key.layer == 1 and first.metrics.differing == len(range(0, 256, 7)) and first.metrics.max_ulp == 1
     assert first.within_tolerance
     assert "aligning records" in [p.label for p in progress], "the child's own progress reaches the caller"
 
@@ -62,7 +62,7 @@ def test_manual_alignment_overrides_reach_the_child(pair: tuple[Path, Path]) -> 
     broken = RecordKey(step=0, segment="prefill", layer=1, name="layer_out")
     options = CompareOptions(overrides=(ManualBreak(broken, "checked by hand"),))
     in_child = run_to_end(iter_compare_in_child(*pair, options))
-    assert [p.layer for p in in_child.pairs] == [0, 2]
+    assert [p.key.layer for p in in_child.pairs] == [0, 2]
     assert {(u.side, u.layer) for u in in_child.unaligned} == {("native", 1), ("oracle", 1)}
     with open_capture(pair[0]) as native, open_capture(pair[1]) as oracle:
         assert dumps(in_child) == dumps(run_to_end(iter_compare(native, oracle, options)))

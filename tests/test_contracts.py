@@ -12,7 +12,11 @@ from hand_captures import T, bf16_bits, write_capture
 from sessions.capture import format as cf
 from sessions.capture.reader import CaptureError, open_capture
 from sessions.compare.comparison import iter_compare
-from sessions.compare.contracts import KERNEL_CONTRACT_MISMATCH, ROUTE_MISSING, ROUTE_UNVALIDATED
+from sessions.compare.contracts import (
+    KERNEL_CONTRACT_MISMATCH,
+    ROUTE_MISSING,
+    ROUTE_UNVALIDATED,
+)
 
 X = bf16_bits(np.arange(12, dtype=np.float32).reshape(3, 4))
 

@@ -16,6 +16,7 @@ from sessions.capture.reader import open_capture
 from sessions.commands import report as report_command
 from sessions.compare.comparison import iter_compare
 from sessions.compare.key import OpKey
+from sessions.compare.verdict import EXIT_FAILED
 from sessions.investigation.model import Investigation
 from sessions.investigation.store import SessionDocument
 from sessions.progress import run_to_end
@@ -80,7 +81,7 @@ def comparison(demo_pairs: dict[str, tuple[Path, Path]]):  # type: ignore[no-unt
 def test_the_report_embeds_every_image_as_a_png_and_states_the_first_divergence(comparison) -> None:  # type: ignore[no-untyped-def]
     first = comparison.pairs[comparison.first_divergence]
     session = Investigation(title="swiglu order")
-    mark = session.add_bookmark(OpKey(first.step, first.segment, first.layer, first.op, first.occurrence), "gate*up before silu <tiled>")
+    mark = session.add_bookmark(first.key, "gate*up before silu <tiled>")
     session.add_bookmark(OpKey(0, "decode", 0, "sdpa"), "no screenshot for this one")
     html = render_html(comparison, session, {mark.id: tiny_png(7, 5)})
 
@@ -111,8 +112,8 @@ def test_headless_html_report_from_a_pair_and_from_a_session(tmp_path: Path, dem
     parser = report_command.argparse.ArgumentParser()
     report_command.add_arguments(parser)
     out = tmp_path / "pair.html"
-    assert report_command.run(parser.parse_args([str(native), str(oracle), "--html", str(out)])) == report_command.EXIT_DIVERGENCE
-    assert "VERDICT: DIVERGENCE" in out.read_text()
+    assert report_command.run(parser.parse_args([str(native), str(oracle), "--html", str(out)])) == EXIT_FAILED
+    assert "DIVERGENCE: first diverged at" in out.read_text()
 
     session = Investigation(title="from a session")
     session.add_capture("native", native, identity_of_file(native))
@@ -121,7 +122,7 @@ def test_headless_html_report_from_a_pair_and_from_a_session(tmp_path: Path, dem
     document = SessionDocument(session)
     document.save_as(tmp_path / "s.xray")
     out = tmp_path / "session.html"
-    assert report_command.run(parser.parse_args(["--session", str(tmp_path / "s.xray"), "--html", str(out)])) == report_command.EXIT_DIVERGENCE
+    assert report_command.run(parser.parse_args(["--session", str(tmp_path / "s.xray"), "--html", str(out)])) == EXIT_FAILED
     text = out.read_text()
     assert "from a session" in text and "the SwiGLU order" in text and "No screenshot" in text
 

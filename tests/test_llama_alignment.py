@@ -9,7 +9,12 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from backends.engines.gguf_export import export_gguf, gguf_to_hf_names, read_gguf_weights, write_mlx_model_dir  # noqa: E402
+from backends.engines.gguf_export import (  # noqa: E402
+    export_gguf,
+    gguf_to_hf_names,
+    read_gguf_weights,
+    write_mlx_model_dir,
+)
 from backends.engines.llama_demo import demo_weights_f32  # noqa: E402
 from backends.recorders.llama_recorder import iter_record_llama  # noqa: E402
 from backends.recorders.mlx_recorder import iter_record_mlx  # noqa: E402
@@ -17,7 +22,13 @@ from backends.recorders.record_schedule import TokenSchedule  # noqa: E402
 from sessions.capture.reader import open_capture  # noqa: E402
 from sessions.compare.align import ONE_SIDED, Alignment, align  # noqa: E402
 from sessions.compare.comparison import CompareOptions, iter_compare  # noqa: E402
-from sessions.compare.profiles import BUILTIN_DIR, BUILTIN_FILES, ProfileError, builtin_profiles, profile_from_dict  # noqa: E402
+from sessions.compare.profiles import (  # noqa: E402
+    BUILTIN_DIR,
+    BUILTIN_FILES,
+    ProfileError,
+    builtin_profiles,
+    profile_from_dict,
+)
 from sessions.compare.record_sources import record_sources, sources_for  # noqa: E402
 from sessions.progress import run_to_end  # noqa: E402
 from tests.test_llama_recorder import TINY  # noqa: E402
@@ -147,10 +158,10 @@ def test_the_comparison_of_a_real_capture_anchors_every_output_projection_by_its
     with open_capture(pair[0], check_in_child=False) as native, open_capture(pair[1], check_in_child=False) as oracle:
         comparison = run_to_end(iter_compare(native, oracle, options))
         sources = record_sources(native)
-    projections = [p for p in comparison.pairs if p.op == "o_proj"]
-    assert sorted((p.step, p.layer) for p in projections) == [(s, layer) for s in (0, 1) for layer in range(TINY.num_hidden_layers)]
+    projections = [p for p in comparison.pairs if p.key.op == "o_proj"]
+    assert sorted((p.key.step, p.key.layer) for p in projections) == [(s, layer) for s in (0, 1) for layer in range(TINY.num_hidden_layers)]
     for p in projections:
-        assert p.native_name.startswith("node_") and f"blk.{p.layer}.attn_output.weight" in sources[p.native_seq]
+        assert p.native_name.startswith("node_") and f"blk.{p.key.layer}.attn_output.weight" in sources[p.native_seq]
     assert [u for u in comparison.unaligned + comparison.post_eos_unaligned if u.reason != ONE_SIDED] == []
 
 

@@ -8,7 +8,13 @@ import gguf
 import numpy as np
 import pytest
 
-from backends.engines.gguf_export import GgufExportError, export_gguf, gguf_name, gguf_to_hf_names, read_gguf_weights
+from backends.engines.gguf_export import (
+    GgufExportError,
+    export_gguf,
+    gguf_name,
+    gguf_to_hf_names,
+    read_gguf_weights,
+)
 from backends.engines.llama_demo import demo_weights_f32
 from tests.test_mlx_recorder import TINY
 

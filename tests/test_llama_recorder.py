@@ -15,8 +15,19 @@ pytest.importorskip("llama_cpp")
 from backends.engines.demo_model import DemoConfig  # noqa: E402
 from backends.engines.gguf_export import VARIANTS, export_gguf  # noqa: E402
 from backends.engines.llama_demo import demo_weights_f32  # noqa: E402
-from backends.recorders.ggml_tensor_struct import GgmlLibrary, GgmlTensor, StructLayoutError, check_layout  # noqa: E402
-from backends.recorders.llama_recorder import SRC_ATTR, LlamaSettings, RecorderError, iter_record_llama, plain_logits  # noqa: E402
+from backends.recorders.ggml_tensor_struct import (  # noqa: E402
+    GgmlLibrary,
+    GgmlTensor,
+    StructLayoutError,
+    check_layout,
+)
+from backends.recorders.llama_recorder import (  # noqa: E402
+    SRC_ATTR,
+    LlamaSettings,
+    RecorderError,
+    iter_record_llama,
+    plain_logits,
+)
 from backends.recorders.record_schedule import TokenSchedule  # noqa: E402
 from sessions.capture.reader import Capture, open_capture  # noqa: E402
 from sessions.commands.validate import validate_file  # noqa: E402

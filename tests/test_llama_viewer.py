@@ -31,7 +31,7 @@ def test_the_f32_pair_opens_at_the_first_rms_norm(qtbot: QtBot, tmp_path: Path, 
     comparison = window.model.comparison.comparison
     assert comparison.first_divergence is not None
     first = comparison.pairs[comparison.first_divergence]
-    assert (first.op, first.label.startswith("step 0 prefill layer 0")) == ("attn_norm", True)
-    assert {p.op for p in comparison.pairs} >= {"q_proj", "q_rope", "o_proj", "sdpa", "logits"}
+    assert (first.key.op, first.label.startswith("step 0 prefill layer 0")) == ("attn_norm", True)
+    assert {p.key.op for p in comparison.pairs} >= {"q_proj", "q_rope", "o_proj", "sdpa", "logits"}
     window.grab().save(str(artifacts_dir / "viewer-llama-vs-mlx-f32.png"))
     window.close()

@@ -11,7 +11,12 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from backends.engines.demo_model import DemoConfig, seeded_weights
 from backends.engines.gguf_export import write_mlx_model_dir
-from backends.recorders.mlx_recorder import LOGITS_NAME, ModelDirError, iter_record_mlx, load_local_model
+from backends.recorders.mlx_recorder import (
+    LOGITS_NAME,
+    ModelDirError,
+    iter_record_mlx,
+    load_local_model,
+)
 from backends.recorders.record_schedule import TokenSchedule
 from sessions.capture.reader import open_capture
 from sessions.commands.validate import validate_file

@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 
 from sessions.compare.layout_transform import LayoutError, LayoutTransform
-from sessions.compare.profiles import ProfileError, builtin_profiles, detect_profile, load_profile_file, resolve_profile
+from sessions.compare.profiles import (
+    ProfileError,
+    builtin_profiles,
+    detect_profile,
+    load_profile_file,
+    resolve_profile,
+)
 
 
 def _op(profile: str, name: str, occurrence: int = 0, count: int = 1) -> tuple[str, int | None, int] | None:

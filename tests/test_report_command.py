@@ -49,7 +49,7 @@ def _pair(tmp_path: Path, flip: bool, weights: str = "sha256:aa") -> tuple[str, 
 def test_bit_exact_pair_exits_zero_and_says_parity(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert _run(*_pair(tmp_path, flip=False)) == 0
     out = capsys.readouterr().out
-    assert "VERDICT: PARITY" in out and "First divergence: none" in out
+    assert out.startswith("PARITY: ") and "First finding: none" in out
 
 
 def test_divergence_exits_one_and_shows_coordinates_and_both_values_in_hex_and_decimal(
@@ -60,15 +60,17 @@ def test_divergence_exits_one_and_shows_coordinates_and_both_values_in_hex_and_d
     assert _run(native, oracle, "--json", str(report), "--top", "3") == 1
     out = capsys.readouterr().out
     x = bf16_bits(np.linspace(-2, 2, 24).reshape(4, 6))
-    assert "First divergence: step 0 prefill layer 0 layer_out" in out
+    assert "DIVERGENCE: first diverged at 0:prefill:0:layer_out" in out
+    assert "First finding: diverged at 0:prefill:0:layer_out" in out
     native_bits, oracle_bits = int(x[2, 5]), int(x[2, 5]) ^ 1
     n_value = float(np.array([native_bits], np.uint16).view(ml_dtypes.bfloat16)[0])
     o_value = float(np.array([oracle_bits], np.uint16).view(ml_dtypes.bfloat16)[0])
     assert f"at [2, 5]: native 0x{native_bits:04x} ({n_value!r}) vs oracle 0x{oracle_bits:04x} ({o_value!r}), 1 ULP" in out
     document = json.loads(report.read_text())
-    assert document["format"] == "parity-xray-report" and document["verdict"] == "divergence"
+    assert document["format"] == "parity-xray-report" and document["verdict"]["word"] == "DIVERGENCE"
+    assert document["verdict"]["first"] == {"kind": "diverged", "key": "0:prefill:0:layer_out", "detail": "1 of 24 elements differ, max 1 ULP"}
     assert document["pairs"][document["first_divergence"]]["metrics"]["first_difference"]["coord"] == [2, 5]
-    assert loads(report.read_text()).verdict == "divergence"
+    assert loads(report.read_text()).verdict.word == "DIVERGENCE"
 
 
 def test_a_tolerance_passes_the_pair_but_keeps_the_bit_difference_counted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -76,7 +78,8 @@ def test_a_tolerance_passes_the_pair_but_keeps_the_bit_difference_counted(tmp_pa
     report = tmp_path / "report.json"
     assert _run(native, oracle, "--max-ulp", "1", "--json", str(report)) == 0
     document = json.loads(report.read_text())
-    assert document["first_divergence"] == 0 and document["first_beyond_tolerance"] is None
+    assert document["first_divergence"] == 0 and document["verdict"]["first"] is None and document["verdict"]["word"] == "PARITY"
+    assert document["pairs"][0]["verdict"] == "within-tolerance"
     assert document["pairs"][0]["metrics"]["differing"] == 1
 
 
@@ -142,13 +145,13 @@ def test_report_after_editing_a_profile_prints_the_edited_result_not_the_cached_
     profile = tmp_path / "mine.toml"
     profile.write_text('name = "mine"\n[[rule]]\nname = "l_out-{layer}"\nop = "layer_out"\n', encoding="utf-8")
     assert _run(native, oracle, "--native-profile", str(profile)) == 1
-    assert "First divergence: step 0 prefill layer 0 layer_out" in capsys.readouterr().out
+    assert "First finding: diverged at 0:prefill:0:layer_out" in capsys.readouterr().out
     profile.write_text('name = "mine"\n[[rule]]\nname = "l_out-{layer}"\nop = "ffn_down"\n', encoding="utf-8")
     report = tmp_path / "report.json"
     assert _run(native, oracle, "--native-profile", str(profile), "--json", str(report)) == 1
-    assert "First divergence: none" in capsys.readouterr().out
+    assert "First finding: unaligned at 0:prefill:0:ffn_down" in capsys.readouterr().out
     document = json.loads(report.read_text())
-    assert document["version"] == 2 and document["pairs"] == []
+    assert document["version"] == 3 and document["pairs"] == []
     assert document["native_profile_identity"]["path"] == str(profile.resolve())
     assert sorted(u["reason"] for u in document["unaligned"]) == ["no_partner", "no_partner"]
 
@@ -158,7 +161,7 @@ def test_a_version_1_document_is_refused_by_name(tmp_path: Path) -> None:
     assert _run(*_pair(tmp_path, flip=False), "--json", str(report)) == 0
     document = json.loads(report.read_text())
     document["version"] = 1
-    with pytest.raises(ReportFormatError, match="not a parity-xray-report version 2 document"):
+    with pytest.raises(ReportFormatError, match="not a parity-xray-report version 3 document"):
         loads(json.dumps(document))
 
 

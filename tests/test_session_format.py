@@ -19,8 +19,17 @@ from sessions.investigation.model import (
     SavedTolerance,
     ViewState,
 )
-from sessions.investigation.schema import SCHEMA_VERSION, SessionFormatError, dumps, loads
-from sessions.investigation.store import SessionDocument, SessionOpenError, SessionReadOnlyError
+from sessions.investigation.schema import (
+    SCHEMA_VERSION,
+    SessionFormatError,
+    dumps,
+    loads,
+)
+from sessions.investigation.store import (
+    SessionDocument,
+    SessionOpenError,
+    SessionReadOnlyError,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sessions"
 
@@ -229,10 +238,10 @@ def test_bookmarks_and_notes_export_as_markdown(tmp_path: Path) -> None:
     tricky = session.add_bookmark(OpKey(0, "text-after", 1, "q`rope"), "")
     text = bookmarks_markdown(session)
     assert text.startswith("# Qwen3 head-chunked SDPA vs MTPLX oracle\n\nRows 3-8 move")
-    assert "### `step 0 · visual · layer 0 · sdpa` — " in text
+    assert "### `0:visual:0:sdpa` — " in text
     assert "Q=1008 visual prefill: tiled reduction" in text
-    assert "### `step 3 · decode · model · logits`" in text
-    assert f"``step 0 · text-after · layer 1 · {tricky.op.op}``" in text
+    assert "### `3:decode:-1:logits`" in text
+    assert f"``0:text-after:1:{tricky.op.op}``" in text
     assert "_(no note)_" in text
     assert "- paired `native: step 0 · visual · layer 0 · Qcur-0 #2` with `oracle-2: step 0 · visual · layer 0 · model.layers.0.self_attn.rope #0`: Qcur is named again after RoPE" in text
-    assert f"- sdpa with head chunking off at `step 0 · prefill · layer 0 · sdpa`: `{tmp_path / 'rerun.h5'}`" in text
+    assert f"- sdpa with head chunking off at `0:prefill:0:sdpa`: `{tmp_path / 'rerun.h5'}`" in text

@@ -13,7 +13,12 @@ import pytest
 
 from sessions.compare.key import OpKey
 from sessions.investigation.model import Investigation, ViewState
-from sessions.investigation.recovery import Autosaver, ProcessIdentity, claim_recovery_offers, process_start_token
+from sessions.investigation.recovery import (
+    Autosaver,
+    ProcessIdentity,
+    claim_recovery_offers,
+    process_start_token,
+)
 from sessions.investigation.store import SessionDocument
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,7 +7,12 @@ import numpy as np
 import pytest
 from hand_captures import bf16_bits
 
-from sessions.compare.tensor_diff import BLOCK_ELEMENTS, DiffAccumulator, Tolerance, element_maps
+from sessions.compare.tensor_diff import (
+    BLOCK_ELEMENTS,
+    DiffAccumulator,
+    Tolerance,
+    element_maps,
+)
 
 
 def _metrics(native: np.ndarray, oracle: np.ndarray, dtype: str = "bfloat16", tolerance: Tolerance = Tolerance(), **axes):  # type: ignore[no-untyped-def]

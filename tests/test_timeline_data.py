@@ -7,7 +7,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends.dispatch.timeline import PRIMITIVE_CODES, build_timeline, describe_event, hit, layout
+from backends.dispatch.timeline import (
+    PRIMITIVE_CODES,
+    build_timeline,
+    describe_event,
+    hit,
+    layout,
+)
 from sessions.capture.reader import open_capture
 from tests.timeline_captures import write_dispatch_capture
 

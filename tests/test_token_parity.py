@@ -10,6 +10,7 @@ from hand_captures import T, bf16_bits, write_capture
 from sessions.capture.reader import open_capture
 from sessions.compare.comparison import iter_compare
 from sessions.compare.token_parity import DIFFER, MATCH, POST_EOS
+from sessions.compare.verdict import DIVERGENCE, PARITY
 from sessions.progress import run_to_end
 
 
@@ -36,9 +37,9 @@ def test_differences_after_the_shared_eos_are_post_eos_not_failures(tmp_path: Pa
     assert parity.shared_eos_step == 2 and parity.first_divergence_step is None and parity.compared_steps == 3
     assert [s.status for s in parity.steps] == [MATCH, MATCH, MATCH, POST_EOS]
     assert parity.steps[3].differs
-    step3 = [p for p in comparison.pairs if p.step == 3]
+    step3 = [p for p in comparison.pairs if p.key.step == 3]
     assert len(step3) == 1 and step3[0].post_eos and not step3[0].metrics.bit_exact
-    assert comparison.first_divergence is None and comparison.verdict == "parity"
+    assert comparison.first_divergence is None and comparison.verdict.word == PARITY
 
 
 def test_a_token_difference_before_any_eos_is_a_divergence(tmp_path: Path) -> None:
@@ -47,7 +48,7 @@ def test_a_token_difference_before_any_eos_is_a_divergence(tmp_path: Path) -> No
     comparison = _compare(tmp_path, native, oracle)
     assert comparison.tokens.first_divergence_step == 1
     assert [s.status for s in comparison.tokens.steps] == [MATCH, DIFFER]
-    assert comparison.verdict == "divergence"
+    assert comparison.verdict.word == DIVERGENCE
 
 
 def test_top_k_logits_are_shown_side_by_side_with_bits(tmp_path: Path) -> None:

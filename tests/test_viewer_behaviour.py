@@ -70,7 +70,7 @@ def test_cancel_during_a_long_diff_stops_it_and_leaves_the_window_usable(qtbot: 
     window.swap_action.trigger()
     qtbot.waitUntil(lambda: window.model.comparison is not None and not window.tasks.busy, timeout=WAIT_MS)
     first = window.model.comparison.comparison.pairs[window.model.comparison.comparison.first_divergence]
-    assert first.layer == 0 and first.metrics.differing == 1024 * 2048 and first.metrics.max_ulp == 1
+    assert first.key.layer == 0 and first.metrics.differing == 1024 * 2048 and first.metrics.max_ulp == 1
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the child through /proc")

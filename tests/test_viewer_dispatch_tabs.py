@@ -60,7 +60,7 @@ def test_clicking_a_call_on_the_timeline_selects_its_op_in_the_tree_and_shows_it
     assert window.dispatch.timeline_model.selected == target, "the clicked call stays the highlighted one"
     current = window.tree.proxy.mapToSource(window.tree.view.currentIndex().siblingAtColumn(0))
     assert current.data(Qt.ItemDataRole.DisplayRole) == cv.pair_op_label(pair)
-    assert window.tensor_view.data is not None and window.tensor_view.data.request.label == pair.label
+    assert window.tensor_view.data is not None and window.tensor_view.data.request.label == pair.key.text()
     assert window.dispatch.rerun.key.currentText() == f"{key.step}:{key.segment}:{key.layer}:{key.op}"
     qtbot.waitUntil(lambda: not window.tasks.busy, timeout=WAIT_MS)
     view.plot.scene().sigMouseMoved.emit(view.scene_pos_of(target))
@@ -69,20 +69,20 @@ def test_clicking_a_call_on_the_timeline_selects_its_op_in_the_tree_and_shows_it
 
 def test_selecting_in_the_tree_highlights_that_op_on_the_timeline_and_in_the_rerun_panel(qtbot: QtBot, window: MainWindow) -> None:
     timeline = window.dispatch.timeline_model.timeline
-    sdpa = [p for p in window.model.comparison.comparison.pairs if p.op == "sdpa"]
+    sdpa = [p for p in window.model.comparison.comparison.pairs if p.key.op == "sdpa"]
     pair = sdpa[-1]
     window.model.select(pair)
     selected = window.dispatch.timeline_model.selected
     assert selected is not None
     key = timeline.keys[int(timeline.slot[selected])]
     assert (key.step, key.segment, key.layer, key.op, key.occurrence) == cv.pair_key(pair)
-    assert window.dispatch.rerun.key.currentText() == f"{pair.step}:{pair.segment}:{pair.layer}:sdpa"
-    window.model.select(next(p for p in window.model.comparison.comparison.pairs if p.op != "sdpa"))
+    assert window.dispatch.rerun.key.currentText() == f"{pair.key.step}:{pair.key.segment}:{pair.key.layer}:sdpa"
+    window.model.select(next(p for p in window.model.comparison.comparison.pairs if p.key.op != "sdpa"))
     assert window.dispatch.timeline_model.selected is None, "an op without attention calls highlights none"
 
 
 def test_a_rerun_from_the_selected_op_is_saved_and_opened_beside_the_pair(qtbot: QtBot, window: MainWindow, tmp_path: Path, artifacts_dir: Path) -> None:
-    pair = next(p for p in window.model.comparison.comparison.pairs if p.op == "sdpa")
+    pair = next(p for p in window.model.comparison.comparison.pairs if p.key.op == "sdpa")
     window.model.select(pair)
     window.tab_actions[5].trigger()
     panel = window.dispatch.rerun

@@ -122,7 +122,7 @@ def test_bookmarks_notes_selection_and_view_survive_a_restart(qtbot: QtBot, tmp_
     assert again.bookmarks.list.count() == 2
     again.bookmarks.select_bookmark(bookmarks[0].id)
     qtbot.mouseClick(again.bookmarks.jump_button, Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: again.tensor_view.data is not None and again.tensor_view.data.request.label == first.label and not again.tasks.busy, timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: again.tensor_view.data is not None and again.tensor_view.data.request.label == first.key.text() and not again.tasks.busy, timeout=WAIT_MS)
     assert cv.pair_key(again.model.selected) == cv.pair_key(first) and again.model.scale == "ULP"
 
     markdown = tmp_path / "notes.md"

@@ -141,8 +141,8 @@ def test_demo_pair_opens_at_first_divergence_with_the_engines_bits(qtbot: QtBot,
     window.jump_action.trigger()
     wait_idle(qtbot, window)
     assert window.model.selected is first
-    assert window.tree.view.currentIndex().data() == first.op
-    assert window.tensor_view.title.text().startswith(first.label)
+    assert window.tree.view.currentIndex().data() == first.key.op
+    assert window.tensor_view.title.text().startswith(first.key.text())
 
     shown = window.tensor_view.inspector.current
     assert shown is not None and shown.pinned
@@ -261,7 +261,7 @@ def test_a_hostile_file_is_a_message_in_the_window_and_the_open_pair_stays(qtbot
     assert window.model.native.path == native
     window.model.select(before.comparison.pairs[-1])
     wait_idle(qtbot, window)
-    assert window.tensor_view.data is not None and window.tensor_view.data.request.label == before.comparison.pairs[-1].label
+    assert window.tensor_view.data is not None and window.tensor_view.data.request.label == before.comparison.pairs[-1].key.text()
     shoot(window, artifacts_dir, f"hostile-{kind}")
 
 

@@ -14,28 +14,23 @@ import numpy as np
 
 from sessions.capture.reader import Capture, CaptureError
 from sessions.compare.align import UnalignedRecord
-from sessions.compare.comparison import DIVERGENCE, CompareOptions, Comparison, PairResult
+from sessions.compare.comparison import CompareOptions, Comparison, PairResult, unaligned_key
 from sessions.compare.contracts import ContractFinding
 from sessions.compare.in_child import iter_compare_in_child
+from sessions.compare.key import OpKey
 from sessions.compare.pair_tensors import PairSide, pair_sides
 from sessions.compare.token_parity import DIFFER, MATCH, MISSING, POST_EOS, TokenStep, TopEntry
+from sessions.compare.verdict import NOT_EXACT, Finding, Kind
 from sessions.progress import ProgressGenerator
 from viewer.tensor.tensor_loader import SliceSpec, TensorRequest
-
-BIT_EXACT = "bit-exact"
-WITHIN = "within tolerance"
-DIVERGED = "diverged"
-CONTRACT = "contract mismatch"
-UNMATCHED = "unmatched"
-POST_EOS_STATUS = "post-EOS"
 
 
 @dataclass
 class ViewedComparison:
-    """The engine's comparison plus its contract findings grouped by pair label."""
+    """The engine's comparison plus its contract findings grouped by op key."""
 
     comparison: Comparison
-    findings: dict[str, list[ContractFinding]] = field(default_factory=dict)
+    findings: dict[OpKey, list[ContractFinding]] = field(default_factory=dict)
 
 
 VIEWER_OPTIONS = CompareOptions(chunk_bytes=4 * 1024 * 1024)
@@ -46,10 +41,7 @@ def iter_compare_pair(native: Capture, oracle: Capture, options: CompareOptions 
     150-250 ms at a time (h5py reads, numpy), and a file that crashes libhdf5 mid-diff would
     take the window down. The window keeps its own open captures for showing tensors."""
     comparison = yield from iter_compare_in_child(native.path, oracle.path, options)
-    findings: dict[str, list[ContractFinding]] = {}
-    for finding in comparison.contracts.findings:
-        findings.setdefault(finding.pair, []).append(finding)
-    return ViewedComparison(comparison, findings)
+    return ViewedComparison(comparison, comparison.contracts.by_key())
 
 
 # -- pairs ------------------------------------------------------------------------------------
@@ -63,25 +55,31 @@ def first_pair(viewed: ViewedComparison) -> PairResult | None:
     return viewed.comparison.pairs[0] if viewed.comparison.pairs else None
 
 
-def first_divergence(viewed: ViewedComparison | None) -> PairResult | None:
-    if viewed is None or viewed.comparison.first_divergence is None:
+def first_finding(viewed: ViewedComparison | None) -> Finding | None:
+    return None if viewed is None else viewed.comparison.verdict.first
+
+
+def first_finding_pair(viewed: ViewedComparison | None) -> PairResult | None:
+    """The pair the verdict's first finding names, when it names an aligned op (Ctrl+J's target)."""
+    first = first_finding(viewed)
+    return None if first is None else find_pair(viewed, first.key)
+
+
+def first_finding_record(viewed: ViewedComparison | None) -> UnalignedRecord | None:
+    """The unaligned record the verdict's first finding names, when it names one."""
+    first = first_finding(viewed)
+    if viewed is None or first is None or first.kind != Kind.UNALIGNED:
         return None
-    return viewed.comparison.pairs[viewed.comparison.first_divergence]
+    return next((u for u in viewed.comparison.unaligned if unaligned_key(u) == first.key), None)
 
 
-def pair_status(pair: PairResult, viewed: ViewedComparison | None = None) -> str:
-    if viewed is not None and pair.label in viewed.findings:
-        return CONTRACT
-    if pair.post_eos:
-        return POST_EOS_STATUS
-    if pair.metrics.bit_exact:
-        return BIT_EXACT
-    return WITHIN if pair.within_tolerance else DIVERGED
+def pair_status(pair: PairResult) -> str:
+    return pair.verdict
 
 
 def divergent(viewed: ViewedComparison) -> list[PairResult]:
-    """Pairs worth stepping through with F8: not bit-exact, or with a contract finding, before EOS."""
-    return [p for p in viewed.comparison.pairs if pair_status(p, viewed) in (DIVERGED, WITHIN, CONTRACT)]
+    """Pairs worth stepping through with F8: every kind that is not bit-exact, before EOS."""
+    return [p for p in viewed.comparison.pairs if p.verdict in NOT_EXACT]
 
 
 def neighbour_divergence(viewed: ViewedComparison, current: PairResult | None, direction: int) -> PairResult | None:
@@ -93,30 +91,16 @@ def neighbour_divergence(viewed: ViewedComparison, current: PairResult | None, d
     return next((p for p in reversed(candidates) if order[id(p)] < here), None)
 
 
-def pair_key(pair: PairResult) -> tuple[int, str, int, str, int]:
-    """The alignment key of a pair as (step, segment, layer, op, occurrence): OpKey's and OpKey's fields."""
-    return pair.step, pair.segment, pair.layer, pair.op, pair.occurrence
-
-
-def find_pair(viewed: ViewedComparison | None, step: int, segment: str, layer: int, op: str, occurrence: int = 0) -> PairResult | None:
-    """The pair with this alignment key (from the timeline, a bookmark or a saved selection)."""
+def find_pair(viewed: ViewedComparison | None, key: OpKey) -> PairResult | None:
+    """The pair with this key (from the verdict, the timeline, a bookmark or a saved selection)."""
     if viewed is None:
         return None
-    wanted = (step, segment, layer, op, occurrence)
-    return next((p for p in viewed.comparison.pairs if pair_key(p) == wanted), None)
-
-
-def pair_place(pair: PairResult) -> tuple[int, str, int]:
-    return pair.step, pair.segment, pair.layer
-
-
-def pair_label(pair: PairResult) -> str:
-    return pair.label
+    return next((p for p in viewed.comparison.pairs if p.key == key), None)
 
 
 def pair_op_label(pair: PairResult) -> str:
-    occurrence = f" #{pair.occurrence}" if pair.occurrence else ""
-    return f"{pair.op}{occurrence}"
+    occurrence = f" #{pair.key.occurrence}" if pair.key.occurrence else ""
+    return f"{pair.key.op}{occurrence}"
 
 
 def pair_max_ulp_text(pair: PairResult) -> str:
@@ -150,7 +134,7 @@ def share_text(part: int, whole: int) -> str:
 def pair_tooltip(pair: PairResult, viewed: ViewedComparison | None = None) -> str:
     m = pair.metrics
     lines = [
-        pair.label,
+        f"{pair.key}: {pair.verdict}",
         f"native {pair.native_name!r} (seq {pair.native_seq}), oracle {pair.oracle_name!r} (seq {pair.oracle_seq})",
         f"{m.dtype} {m.shape}: {m.differing:,} of {m.size:,} elements differ",
     ]
@@ -159,7 +143,8 @@ def pair_tooltip(pair: PairResult, viewed: ViewedComparison | None = None) -> st
     if pair.post_eos:
         lines.append("after the shared EOS: not compared for parity")
     if viewed is not None:
-        lines += [f"{f.kind}: {f.detail}" for f in viewed.findings.get(pair.label, [])]
+        lines += [f"{f.kind}: {f.detail}" for f in viewed.findings.get(pair.key, [])]
+        lines += [f"dispatch differs in {', '.join(d.fields)}" for d in viewed.comparison.dispatch_differences if d.key == pair.key]
     return "\n".join(lines)
 
 
@@ -181,41 +166,18 @@ def unaligned_reason(record: UnalignedRecord) -> str:
 
 def summary_line(viewed: ViewedComparison) -> str:
     c = viewed.comparison
-    exact = sum(1 for p in c.pairs if p.metrics.bit_exact)
+    exact = c.verdict.counts.get(Kind.BIT_EXACT, 0)
     return f"{len(c.pairs)} aligned ops, {exact} bit-exact; {len(c.unaligned)} unaligned; profiles {c.native_profile} / {c.oracle_profile}"
 
 
 def headline(viewed: ViewedComparison) -> str:
-    c = viewed.comparison
-    if c.verdict != DIVERGENCE:
-        return "PARITY: every aligned op before the shared EOS is bit-exact, and the tokens agree."
-    finding = f"First finding: {c.first_finding.kind} at {c.first_finding.label}. " if c.first_finding is not None else ""
-    first = first_divergence(viewed)
-    if first is None:
-        return f"DIVERGENCE. {finding}" + "; ".join(c.reasons)
-    m = first.metrics
-    return (
-        f"DIVERGENCE. {finding}First bit difference: {first.label}, {m.differing:,} of {m.size:,} elements, "
-        f"max {pair_max_ulp_text(first)} ULP, NMSE {m.nmse:.3g}"
-    )
+    return viewed.comparison.verdict.headline
 
 
 def banner_messages(viewed: ViewedComparison) -> list[tuple[str, str]]:
-    c = viewed.comparison
-    messages: list[tuple[str, str]] = []
-    if c.verdict != DIVERGENCE:
-        messages.append(("info", headline(viewed)))
-    for warning in c.provenance.warnings:
-        messages.append(("error" if "MISMATCH" in warning else "warning", warning))
-    findings = c.contracts.findings
-    if findings:
-        shown = "; ".join(f"{f.pair}: {f.detail}" for f in findings[:3])
-        more = f" (and {len(findings) - 3} more)" if len(findings) > 3 else ""
-        messages.append(("error", f"{findings[0].kind}, checked before any tensor data: {shown}{more}"))
-    if c.dispatch_differences:
-        d = c.dispatch_differences[0]
-        messages.append(("info", f"{len(c.dispatch_differences)} attention call(s) dispatched differently, first {d.pair}: native {d.native_summary} vs oracle {d.oracle_summary}"))
-    return messages
+    """Provenance warnings: what makes the whole comparison suspect. The verdict itself is the
+    verdict strip's, and contract findings have their own card."""
+    return [("error" if "MISMATCH" in w else "warning", w) for w in viewed.comparison.provenance.warnings]
 
 
 def provenance_mismatches(viewed: ViewedComparison | None) -> set[str]:
@@ -236,11 +198,11 @@ class GrowthSample:
 
 
 def growth_series(viewed: ViewedComparison) -> list[GrowthSample]:
-    by_label = {p.label: p for p in viewed.comparison.pairs}
+    by_key = {p.key: p for p in viewed.comparison.pairs}
     samples = []
     for point in viewed.comparison.error_growth:
-        pair = by_label[point.label]
-        samples.append(GrowthSample(pair, float(point.max_ulp or 0), float(point.nmse), pair_status(pair, viewed)))
+        pair = by_key[point.key]
+        samples.append(GrowthSample(pair, float(point.max_ulp or 0), float(point.nmse), pair.verdict))
     return samples
 
 
@@ -305,9 +267,9 @@ def tensor_request(viewed: ViewedComparison | None, native: Capture, oracle: Cap
     try:
         native_side, oracle_side = pair_sides(native, oracle, pair)
     except CaptureError as exc:
-        return f"{pair.label}: {exc.problem}"
+        return f"{pair.key}: {exc.problem}"
     return TensorRequest(
-        label=pair.label,
+        label=pair.key.text(),
         dtype=dtype,
         native=native,
         oracle=oracle,

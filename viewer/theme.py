@@ -9,6 +9,16 @@ import pyqtgraph as pg
 from PySide6.QtGui import QColor, QIcon
 from PySide6.QtWidgets import QApplication, QWidget
 
+from sessions.compare.verdict import (
+    CONTRACT_MISMATCH,
+    DISPATCH_ONLY,
+    DIVERGENCE,
+    PARITY,
+    SIGNED_ZERO_ONLY,
+    UNUSABLE,
+    Kind,
+)
+
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
 
@@ -25,14 +35,26 @@ PALETTES = {
 }
 
 STATUS_COLOURS: dict[str, str] = {
-    "bit-exact": "#2e9d57",
-    "within tolerance": "#c9a227",
-    "diverged": "#d64541",
-    "contract mismatch": "#9b59d0",
-    "unmatched": "#8a8f98",
-    "post-EOS": "#6b7480",
+    Kind.BIT_EXACT: "#2e9d57",
+    Kind.WITHIN_TOLERANCE: "#c9a227",
+    Kind.DIVERGED: "#d64541",
+    Kind.SIGNED_ZERO_ONLY: "#e07b39",
+    Kind.CONTRACT_MISMATCH: "#9b59d0",
+    Kind.DISPATCH_ONLY: "#2f86c9",
+    Kind.UNALIGNED: "#8a8f98",
+    Kind.POST_EOS: "#6b7480",
+    Kind.TOKENS: "#d64541",
 }
-"""One colour per verdict, also used by the status icons in assets/."""
+"""One colour per verdict kind (sessions.compare.verdict), also used by the status icons in assets/."""
+WORD_COLOURS: dict[str, str] = {
+    PARITY: "#2e9d57",
+    DIVERGENCE: "#d64541",
+    CONTRACT_MISMATCH: "#9b59d0",
+    SIGNED_ZERO_ONLY: "#e07b39",
+    DISPATCH_ONLY: "#2f86c9",
+    UNUSABLE: "#8a8f98",
+}
+"""The verdict strip's background per comparison word."""
 
 
 def asset(name: str) -> Path:
@@ -44,11 +66,11 @@ def icon(name: str) -> QIcon:
 
 
 def status_icon(status: str) -> QIcon:
-    return icon(f"status-{status.lower().replace(' ', '-')}.svg")
+    return icon(f"status-{status}.svg")
 
 
 def status_colour(status: str) -> QColor:
-    return QColor(STATUS_COLOURS.get(status, STATUS_COLOURS["unmatched"]))
+    return QColor(STATUS_COLOURS.get(status, STATUS_COLOURS[Kind.UNALIGNED]))
 
 
 def apply_theme(app: QApplication, name: str) -> Palette:

@@ -20,9 +20,17 @@ from typing import Any
 from backends.rerun import ops as rerun_ops
 from backends.rerun.capture_out import save_rerun
 from backends.rerun.inputs import RerunInputError
-from backends.rerun.segment import SIDES, RerunOptions, RerunResult, format_key, iter_rerun, parse_key
+from backends.rerun.segment import (
+    SIDES,
+    RerunOptions,
+    RerunResult,
+    iter_rerun,
+    rerun_target,
+)
 from sessions.capture.reader import CaptureError, open_capture
+from sessions.compare.comparison import CompareOptions
 from sessions.compare.profiles import ProfileError
+from sessions.compare.result_cache import iter_compare_cached
 from sessions.json_plain import plain
 from sessions.progress import run_to_end
 
@@ -42,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attention-route", choices=rerun_ops.ATTENTION_ROUTES, help="override the attention reduction")
     parser.add_argument("--swiglu-order", choices=rerun_ops.SWIGLU_ORDERS, help="override the SwiGLU evaluation order")
     parser.add_argument("--weights", metavar="FILE", help="safetensors or GGUF weights (default: the file the capture references)")
-    parser.add_argument("--native-profile", help="built-in profile name or TOML path (default: detected)")
+    parser.add_argument("--native-profile", help="built-in profile name or TOML path (default: detected); the pair is aligned as `report` aligns it")
     parser.add_argument("--oracle-profile", help="built-in profile name or TOML path (default: detected)")
     parser.add_argument("--save", metavar="RERUN.h5", help="save the rerun as a capture with role 'rerun'")
     parser.add_argument("--json", metavar="OUT", help="also write the result as JSON")
@@ -59,8 +67,6 @@ def options_from(args: argparse.Namespace) -> RerunOptions:
         attention_route=args.attention_route,
         swiglu_order=args.swiglu_order,
         weights_path=args.weights,
-        native_profile=args.native_profile,
-        oracle_profile=args.oracle_profile,
     )
 
 
@@ -69,7 +75,7 @@ def result_to_dict(result: RerunResult) -> dict[str, Any]:
     return {
         "format": "parity-xray-rerun",
         "version": 1,
-        "key": format_key(result.target),
+        "key": result.target.text(),
         "reproduces": {side: result.reproduces(side) for side in SIDES},
         "route_side": route_side,
         **{k: v for k, v in plain(result, omit=frozenset({"bits"})).items() if k not in ("target", "source_meta")},
@@ -78,7 +84,7 @@ def result_to_dict(result: RerunResult) -> dict[str, Any]:
 
 def _metric_text(metrics: Any) -> str:
     if metrics is None:
-        return "-"
+        return "not captured"
     if metrics.bit_exact:
         return "bit-exact"
     return f"{metrics.differing} differ, max {metrics.max_ulp} ULP"
@@ -86,7 +92,7 @@ def _metric_text(metrics: Any) -> str:
 
 def render(result: RerunResult) -> str:
     lines = [
-        f"rerun of {format_key(result.target)} from the {result.options.source} capture's inputs",
+        f"rerun of {result.target.text()} from the {result.options.source} capture's inputs",
         f"device {result.device} (MLX {result.mlx_version}); route: {'; '.join(result.route_sources)}",
         "",
         f"{'op':<14} {'route':<44} {'native vs oracle':<24} {'rerun vs native':<24} {'rerun vs oracle':<24} closer to exact",
@@ -110,10 +116,12 @@ def render(result: RerunResult) -> str:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        key = parse_key(args.op)
+        key = rerun_target(args.op)
         options = options_from(args)
+        compare = CompareOptions(native_profile=args.native_profile, oracle_profile=args.oracle_profile)
         with open_capture(args.native) as native, open_capture(args.oracle) as oracle:
-            result = run_to_end(iter_rerun(native, oracle, key, options))
+            comparison = run_to_end(iter_compare_cached(native, oracle, compare))
+            result = run_to_end(iter_rerun(native, oracle, comparison, key, options))
         if args.save:
             save_rerun(result, args.save)
     except (RerunInputError, CaptureError, ProfileError, rerun_ops.RerunOpError, ValueError, OSError) as exc:

@@ -18,10 +18,8 @@ import numpy as np
 from backends.kernels import metal_routes
 from sessions.capture import format as cf
 from sessions.capture.reader import Capture
-from sessions.compare.align import align, map_records
-from sessions.compare.dispatch_diff import compare_dispatch
+from sessions.compare.comparison import Comparison
 from sessions.compare.key import OpKey
-from sessions.compare.profiles import Profile, detect_profile, resolve_profile
 
 SIDES = ("native", "oracle")
 PRIMITIVE_CODES: tuple[str, ...] = ("", metal_routes.UNKNOWN, *cf.PRIMITIVES)
@@ -90,13 +88,12 @@ class Timeline:
         return int(self.side.size)
 
 
-def _keys_by_seq(capture: Capture, profile: Profile) -> dict[int, OpKey]:
-    mapped, _ = map_records(capture.records, profile, "side")
-    return {m.record.seq: m.key for m in mapped}
-
-
-def _profile(capture: Capture, name: str | None) -> Profile | None:
-    return resolve_profile(name) if name else detect_profile(r.name for r in capture.records)
+def _keys_by_seq(comparison: Comparison) -> tuple[dict[int, OpKey], dict[int, OpKey]]:
+    """Each side's record seq -> the key the comparison paired it under: the session's profiles
+    and manual overrides apply here exactly as in the tree."""
+    native = {p.native_seq: p.key for p in comparison.pairs}
+    oracle = {p.oracle_seq: p.key for p in comparison.pairs}
+    return native, oracle
 
 
 def _predict(rows: np.ndarray, device: metal_routes.DeviceClass, version: str) -> tuple[list[int], list[int]]:
@@ -114,11 +111,13 @@ def _predict(rows: np.ndarray, device: metal_routes.DeviceClass, version: str) -
     return here, metal
 
 
-def build_timeline(native: Capture, oracle: Capture, native_profile: str | None = None, oracle_profile: str | None = None) -> Timeline:
-    """All dispatch events of both captures on one call axis, with differences and route checks."""
-    profiles = (_profile(native, native_profile), _profile(oracle, oracle_profile))
+def build_timeline(native: Capture, oracle: Capture, comparison: Comparison) -> Timeline:
+    """All dispatch events of both captures on one call axis, with differences and route checks.
+
+    Slots and differences come from `comparison` (its pairs and dispatch differences), never
+    from a second alignment; a call of a record the comparison left unaligned gets a slot of its own."""
     captures = (native, oracle)
-    keys = [_keys_by_seq(c, p) if p is not None else {} for c, p in zip(captures, profiles)]
+    keys = _keys_by_seq(comparison)
     slots: dict[object, int] = {}
     slot_keys: list[OpKey | None] = []
     for side, capture in enumerate(captures):
@@ -148,7 +147,7 @@ def build_timeline(native: Capture, oracle: Capture, native_profile: str | None 
     )
     slot = np.array(columns["slot"], dtype=np.int64)
     side = np.array(columns["side"], dtype=np.int8)
-    fields = _differences(native, oracle, profiles, slots)
+    fields = {slots[d.key]: d.fields for d in comparison.dispatch_differences if d.key in slots}
     one_sided = {s for s in np.unique(slot).tolist() if np.unique(side[slot == s]).size == 1}
     differing = set(fields) | one_sided
     for s in one_sided:
@@ -181,19 +180,6 @@ def build_timeline(native: Capture, oracle: Capture, native_profile: str | None 
         difference_fields=fields,
         versions=(_version(native), _version(oracle)),
     )
-
-
-def _differences(native: Capture, oracle: Capture, profiles: tuple[Profile | None, Profile | None], slots: dict[object, int]) -> dict[int, list[str]]:
-    if profiles[0] is None or profiles[1] is None:
-        return {}
-    pairs = align(native.records, oracle.records, profiles[0], profiles[1]).pairs
-    by_label = {p.key.label(): p.key for p in pairs}
-    found = {}
-    for difference in compare_dispatch(pairs, native.dispatch, oracle.dispatch):
-        key = by_label.get(difference.pair)
-        if key is not None and key in slots:
-            found[slots[key]] = difference.fields
-    return found
 
 
 @dataclass(frozen=True)

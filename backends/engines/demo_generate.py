@@ -166,7 +166,7 @@ def iter_generate(
         for number, name in enumerate(names):
             scenario = SCENARIOS[name]
             eos = _eos_for(weights, config, prompt) if scenario.uses_eos else NO_EOS
-            scenario_common = dict(common, eos_token_id=eos, expected_first_divergence=asdict(scenario.first_divergence))
+            scenario_common = dict(common, eos_token_id=eos, expected_verdict=scenario.expected.as_dict())
             native_path, oracle_path = pair_paths(out_dir, name)
             with CaptureWriter(oracle_path, _meta("oracle", scenario, scenario.oracle, scenario_common, prompt, seed)) as writer:
                 sink = CaptureSink(writer)

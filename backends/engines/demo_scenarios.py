@@ -4,14 +4,9 @@ Every difference is a real change of arithmetic or control flow in one engine, s
 divergence a scenario documents is found by reading the captures, never planted in them.
 docs/demo-scenarios.md explains each one; tests/test_demo_scenarios.py checks each location.
 
-A record pair diverges, in this order of precedence, when:
-- "contract": the effective (shape-selected) contract ids differ. Kernel ids and declared
-  contract ids are engine-specific names and are not compared;
-- "bits" / "signed-zero-only": the tensor bits differ (only where both values are zeros of
-  opposite sign, for the latter);
-- "dispatch-only": the bits agree but the attention calls behind the record differ (head
-  ranges, call count or predicted Metal primitive);
-- "post-eos-only": one side has records after the shared EOS step and the other stopped.
+Each scenario documents the verdict every surface must give for its pair (the word and the
+first finding's kind and key), in the terms of the one verdict model, sessions.compare.verdict.
+Records after the shared EOS step are invalid, not failures: the post-eos scenario is PARITY.
 """
 
 from __future__ import annotations
@@ -19,6 +14,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from backends.kernels import attention_contracts as contracts
+from sessions.compare.key import OpKey
+from sessions.compare.verdict import (
+    CONTRACT_MISMATCH,
+    DISPATCH_ONLY,
+    DIVERGENCE,
+    PARITY,
+    SIGNED_ZERO_ONLY,
+    Kind,
+)
 
 SEGMENT_ROWS = {"text-before": 5, "visual": 72, "text-after": 6}
 """Rows per prefill segment. text-before: 5 x GQA 6 = 30 stays unchunked; visual >= 64 rows
@@ -48,15 +52,15 @@ class EngineOptions:
 
 
 @dataclass(frozen=True)
-class Divergence:
-    step: int
-    segment: str
-    layer: int
-    op: str
-    kind: str
+class ExpectedVerdict:
+    """What every surface must say about the scenario's pair: the verdict word and its first finding."""
 
+    word: str
+    kind: Kind | None = None
+    key: OpKey | None = None
 
-NO_DIVERGENCE = Divergence(-1, "", -1, "", "none")
+    def as_dict(self) -> dict[str, str | None]:
+        return {"word": self.word, "kind": None if self.kind is None else str(self.kind), "key": None if self.key is None else self.key.text()}
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,7 @@ class Scenario:
     description: str
     native: EngineOptions
     oracle: EngineOptions
-    first_divergence: Divergence
+    expected: ExpectedVerdict
     uses_eos: bool = False
 
 
@@ -78,7 +82,7 @@ SCENARIOS: dict[str, Scenario] = {
             "record matches bit for bit, and so do the dispatch events.",
             EngineOptions(),
             EngineOptions(),
-            NO_DIVERGENCE,
+            ExpectedVerdict(PARITY),
         ),
         Scenario(
             "head-chunk",
@@ -89,7 +93,7 @@ SCENARIOS: dict[str, Scenario] = {
             "the native's single call would take Metal's fallback.",
             EngineOptions(head_chunk=False),
             EngineOptions(),
-            Divergence(0, "text-after", 0, "sdpa", "dispatch-only"),
+            ExpectedVerdict(DISPATCH_ONLY, Kind.DISPATCH_ONLY, OpKey(0, "text-after", 0, "sdpa")),
         ),
         Scenario(
             "attention-contract",
@@ -99,7 +103,7 @@ SCENARIOS: dict[str, Scenario] = {
             "the effective contracts, and the bits, first differ.",
             EngineOptions(),
             EngineOptions(attention_contract=contracts.AUTO_QTILE64),
-            Divergence(0, "visual", 0, "sdpa", "contract"),
+            ExpectedVerdict(CONTRACT_MISMATCH, Kind.CONTRACT_MISMATCH, OpKey(0, "visual", 0, "sdpa")),
         ),
         Scenario(
             "swiglu-order",
@@ -108,7 +112,7 @@ SCENARIOS: dict[str, Scenario] = {
             "product, so the first FFN activation already differs.",
             EngineOptions(swiglu_order=SWIGLU_MUL_THEN_SIGMOID),
             EngineOptions(),
-            Divergence(0, "text-before", 0, "ffn_act", "bits"),
+            ExpectedVerdict(DIVERGENCE, Kind.DIVERGED, OpKey(0, "text-before", 0, "ffn_act")),
         ),
         Scenario(
             "signed-zero",
@@ -118,7 +122,7 @@ SCENARIOS: dict[str, Scenario] = {
             "absorbs the sign, so no later record differs.",
             EngineOptions(plus_zero_copy=True),
             EngineOptions(),
-            Divergence(0, "text-before", 0, "ffn_act", "signed-zero-only"),
+            ExpectedVerdict(SIGNED_ZERO_ONLY, Kind.SIGNED_ZERO_ONLY, OpKey(0, "text-before", 0, "ffn_act")),
         ),
         Scenario(
             "post-eos",
@@ -128,7 +132,7 @@ SCENARIOS: dict[str, Scenario] = {
             f"not failures.",
             EngineOptions(stop_at_eos=False),
             EngineOptions(),
-            Divergence(EOS_DECODE_STEP + 1, "decode", -1, "embed", "post-eos-only"),
+            ExpectedVerdict(PARITY),
             uses_eos=True,
         ),
     )

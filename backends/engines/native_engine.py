@@ -16,9 +16,18 @@ import numpy as np
 
 from backends.engines.capture_sink import CaptureSink
 from backends.engines.demo_model import DemoConfig
-from backends.engines.demo_scenarios import SWIGLU_CONTRACT, SWIGLU_MUL_THEN_SIGMOID, EngineOptions
+from backends.engines.demo_scenarios import (
+    SWIGLU_CONTRACT,
+    SWIGLU_MUL_THEN_SIGMOID,
+    EngineOptions,
+)
 from backends.kernels import attention_contracts as contracts
-from backends.kernels.head_chunk import SdpaCall, plan_calls, plan_head_chunks, run_calls
+from backends.kernels.head_chunk import (
+    SdpaCall,
+    plan_calls,
+    plan_head_chunks,
+    run_calls,
+)
 
 ATTENTION_KERNEL = "native.attention"
 SWIGLU_KERNEL = "native.swiglu"

@@ -25,7 +25,12 @@ from mlx_lm.models.cache import KVCache
 from backends.engines.capture_sink import CaptureSink
 from backends.engines.demo_scenarios import SWIGLU_CONTRACT, EngineOptions
 from backends.kernels import attention_contracts as contracts
-from backends.kernels.head_chunk import SdpaCall, plan_calls, plan_head_chunks, run_calls
+from backends.kernels.head_chunk import (
+    SdpaCall,
+    plan_calls,
+    plan_head_chunks,
+    run_calls,
+)
 
 SDPA_KERNEL = "mlx.fast.scaled_dot_product_attention"
 COMPOSITE_KERNEL = "oracle.attn_auto_qtile64"

@@ -35,7 +35,12 @@ from typing import Any
 
 import numpy as np
 
-from backends.recorders.ggml_tensor_struct import GgmlLibrary, GgmlTensor, load_checked, tensor_at
+from backends.recorders.ggml_tensor_struct import (
+    GgmlLibrary,
+    GgmlTensor,
+    load_checked,
+    tensor_at,
+)
 from backends.recorders.record_schedule import DECODE, TokenSchedule, artifact_sha256
 from sessions.bits.dtypes import LOGICAL_DTYPES
 from sessions.capture.meta import CaptureMeta

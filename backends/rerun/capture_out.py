@@ -15,7 +15,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from backends.engines.capture_sink import DispatchedCall, add_dispatch_events
-from backends.rerun.segment import RerunResult, format_key
+from backends.rerun.segment import RerunResult
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.writer import CaptureWriter
 
@@ -35,7 +35,7 @@ def rerun_meta(result: RerunResult) -> CaptureMeta:
         prompt=str(source.get("prompt", "")),
         seed=int(source.get("seed", 0)),
         provenance={
-            "rerun_of": format_key(result.target),
+            "rerun_of": result.target.text(),
             "native_capture": result.native_path,
             "oracle_capture": result.oracle_path,
             "options": asdict(result.options),

@@ -24,10 +24,8 @@ import numpy as np
 from backends.engines.capture_sink import to_numpy_bits
 from sessions.bits.dtypes import logical_dtype
 from sessions.capture.reader import Capture
-from sessions.compare.align import MappedRecord, map_records
-from sessions.compare.comparison import profile_for
+from sessions.compare.align import MappedRecord
 from sessions.compare.key import OpKey
-from sessions.compare.profiles import Profile
 
 LAYER_INPUT = "layer_input"
 """Pseudo-op: the residual stream entering a layer (embed for layer 0, else the previous layer_out)."""
@@ -101,27 +99,21 @@ class CapturedOps:
 
     side: str
     capture: Capture
-    profile: Profile
     by_key: dict[OpKey, MappedRecord]
     positions: list[tuple[int, str]]
     """(step, segment) in execution order: the order the KV cache grew in."""
     config: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, capture: Capture, side: str, profile: str | None = None) -> "CapturedOps":
-        prof = profile_for(profile, capture, side)
-        mapped, _ = map_records(capture.records, prof, side)
-        groups: dict[OpKey, list[MappedRecord]] = {}
-        for m in mapped:
-            groups.setdefault(m.key, []).append(m)
-        by_key = {k: v[0] for k, v in groups.items() if len(v) == 1}
+    def build(cls, capture: Capture, side: str, records: dict[OpKey, MappedRecord]) -> "CapturedOps":
+        """`records` are this side's records as the comparison paired them (sessions.compare.pair_tensors.aligned_records)."""
         first_seq: dict[tuple[int, str], int] = {}
         for record in capture.records:
             first_seq.setdefault((record.step, record.segment), record.seq)
         positions = sorted(first_seq, key=first_seq.__getitem__)
         provenance = capture.meta.provenance if isinstance(capture.meta.provenance, dict) else {}
         config = provenance.get("config", {})
-        return cls(side, capture, prof, by_key, positions, config if isinstance(config, dict) else {})
+        return cls(side, capture, records, positions, config if isinstance(config, dict) else {})
 
     def find(self, step: int, segment: str, layer: int, op: str) -> MappedRecord | None:
         return self.by_key.get(OpKey(step, segment, layer, op, 0))

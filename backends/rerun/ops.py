@@ -19,7 +19,13 @@ from mlx_lm.models.activations import swiglu as mlx_lm_swiglu
 from backends.engines.capture_sink import call_shape, mask_kind
 from backends.kernels import attention_contracts as contracts
 from backends.kernels import metal_routes
-from backends.kernels.head_chunk import DEFAULT_CHUNK_LIMIT, SdpaCall, plan_calls, plan_head_chunks, run_calls
+from backends.kernels.head_chunk import (
+    DEFAULT_CHUNK_LIMIT,
+    SdpaCall,
+    plan_calls,
+    plan_head_chunks,
+    run_calls,
+)
 
 MLX_SDPA = "mlx.fast.sdpa"
 """Attention route: MLX's own primitive (on a CPU stream, always its decomposed fallback)."""

@@ -24,7 +24,14 @@ import numpy as np
 from backends.kernels import attention_contracts as contracts
 from backends.kernels.head_chunk import DEFAULT_CHUNK_LIMIT
 from backends.rerun import ops
-from backends.rerun.compute import Computed, Routes, compute_f64, compute_mlx, to_f64, weight_f64
+from backends.rerun.compute import (
+    Computed,
+    Routes,
+    compute_f64,
+    compute_mlx,
+    to_f64,
+    weight_f64,
+)
 from backends.rerun.inputs import (
     LAYER_INPUT,
     OP_INPUTS,
@@ -40,7 +47,9 @@ from backends.rerun.inputs import (
 )
 from sessions.bits.dtypes import as_bit_pattern, as_values
 from sessions.capture.reader import Capture
+from sessions.compare.comparison import Comparison
 from sessions.compare.key import OpKey
+from sessions.compare.pair_tensors import aligned_records
 from sessions.compare.tensor_diff import DiffAccumulator, TensorMetrics, Tolerance
 from sessions.progress import Progress, ProgressGenerator
 
@@ -70,8 +79,6 @@ class RerunOptions:
     """Overrides the route side's attention reduction (rerun_ops.ATTENTION_ROUTES)."""
     swiglu_order: str | None = None
     weights_path: str | None = None
-    native_profile: str | None = None
-    oracle_profile: str | None = None
 
     def __post_init__(self) -> None:
         for name, value in (("source", self.source), ("route_from", self.route_from or self.source)):
@@ -135,46 +142,22 @@ class RerunResult:
         return all(op.three_way[label] is not None and op.three_way[label].bit_exact for op in self.ops)  # type: ignore[union-attr]
 
 
-def parse_key(text: str) -> OpKey:
-    """`STEP:SEGMENT:LAYER:OP[#OCCURRENCE]`, e.g. `0:visual:0:sdpa` or `2:decode:1:decoder_layer`."""
-    parts = text.strip().split(":")
-    if len(parts) != 4:
-        raise ValueError(f"key {text!r} is not STEP:SEGMENT:LAYER:OP (e.g. 0:visual:0:sdpa)")
-    step, segment, layer, op = parts
-    occurrence = 0
-    if "#" in op:
-        op, occ = op.split("#", 1)
-        occurrence = int(occ)
-    try:
-        key = OpKey(int(step), segment, int(layer), op, occurrence)
-    except ValueError:
-        raise ValueError(f"key {text!r}: STEP and LAYER must be integers") from None
-    if op == "embed":
+def rerun_target(text: str) -> OpKey:
+    """An op key (sessions.compare.key) that names something a rerun can recompute: an op with
+    captured inputs, or a segment (attention_block, decoder_layer) at that layer."""
+    key = OpKey.parse(text)
+    if key.op == "embed":
         raise ValueError(f"key {text!r}: embed cannot be rerun: its input is token ids, not a captured tensor")
-    if op not in OP_INPUTS and op not in SEGMENTS:
-        raise ValueError(f"key {text!r}: {op!r} is neither a rerunnable op ({', '.join(OP_INPUTS)}) nor a segment ({', '.join(SEGMENTS)})")
+    if key.op not in OP_INPUTS and key.op not in SEGMENTS:
+        raise ValueError(f"key {text!r}: {key.op!r} is neither a rerunnable op ({', '.join(OP_INPUTS)}) nor a segment ({', '.join(SEGMENTS)})")
     return key
 
 
-def format_key(key: OpKey) -> str:
-    occ = f"#{key.occurrence}" if key.occurrence else ""
-    return f"{key.step}:{key.segment}:{key.layer}:{key.op}{occ}"
-
-
-def rerunnable_keys(native: Capture, oracle: Capture) -> list[OpKey]:
-    """Every op key either capture can rerun, then a segment key per (step, segment, layer), in execution order."""
-    found: dict[OpKey, int] = {}
-    for side, capture in (("native", native), ("oracle", oracle)):
-        ops_ = CapturedOps.build(capture, side)
-        for key, mapped in ops_.by_key.items():
-            if key.op in OP_INPUTS:
-                found.setdefault(key, mapped.record.seq)
-    segments: dict[OpKey, int] = {}
-    for key, seq in found.items():
-        if key.op == "sdpa":
-            for name in SEGMENTS:
-                segments.setdefault(OpKey(key.step, key.segment, key.layer, name, 0), seq)
-    return sorted(found, key=found.__getitem__) + sorted(segments, key=segments.__getitem__)
+def rerunnable_keys(comparison: Comparison) -> list[OpKey]:
+    """Every aligned op a rerun can recompute, then a segment key per (step, segment, layer), in execution order."""
+    found = [p.key for p in comparison.pairs if p.key.op in OP_INPUTS]
+    segments = dict.fromkeys(OpKey(k.step, k.segment, k.layer, name, 0) for k in found if k.op == "sdpa" for name in SEGMENTS)
+    return found + list(segments)
 
 
 def resolve_routes(route_ops: CapturedOps, key: OpKey, options: RerunOptions) -> tuple[Routes, list[str]]:
@@ -308,8 +291,13 @@ def _segment_start(source: CapturedOps, key: OpKey) -> dict[str, mx.array]:
     return {LAYER_INPUT: source.array(mapped)}
 
 
-def iter_rerun(native: Capture, oracle: Capture, target: OpKey, options: RerunOptions = RerunOptions()) -> ProgressGenerator[RerunResult]:
+def iter_rerun(
+    native: Capture, oracle: Capture, comparison: Comparison, target: OpKey, options: RerunOptions = RerunOptions()
+) -> ProgressGenerator[RerunResult]:
     """Rerun the op or segment at `target`; yields Progress per op, returns the RerunResult.
+
+    Records are found by the keys `comparison` paired them under, so the rerun reads exactly
+    the tensors the tree shows, with the session's profiles and manual overrides.
 
     Raises RerunInputError (what is missing, which side), ValueError (a bad option) or
     CaptureError (an unreadable tensor) -- each a message for the user, never a crash.
@@ -318,9 +306,10 @@ def iter_rerun(native: Capture, oracle: Capture, target: OpKey, options: RerunOp
     segment_ops = SEGMENTS.get(target.op, (target.op,))
     total = len(segment_ops) + 1
     yield Progress(0, total, "finding records by canonical key")
+    native_records, oracle_records = aligned_records(native, oracle, comparison)
     captured = {
-        "native": CapturedOps.build(native, "native", options.native_profile),
-        "oracle": CapturedOps.build(oracle, "oracle", options.oracle_profile),
+        "native": CapturedOps.build(native, "native", native_records),
+        "oracle": CapturedOps.build(oracle, "oracle", oracle_records),
     }
     source = captured[options.source]
     weights_path = None if options.weights_path is None else Path(options.weights_path)

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sessions.capture.read_ahead import ReadAhead
+from sessions.compare.verdict import EXIT_UNUSABLE
 
 if TYPE_CHECKING:
     from sessions.capture.reader import Capture
     from sessions.investigation.model import Investigation
 
-EXIT_PARITY, EXIT_DIVERGENCE, EXIT_UNUSABLE = 0, 1, 2
 HEAD_START_BYTES = 128 * 1024 * 1024
 """How much of each capture the kernel is asked to start reading before anything else runs:
 about what the disk fetches while imports and checks run. Medians of 6 runs on a 1 GB pair,
@@ -40,6 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--oracle-profile", help="built-in profile name or TOML path (default: detected)")
     parser.add_argument("--top", type=int, default=10, metavar="N", help="how many worst ops to list (default 10)")
     parser.add_argument("--no-cache", action="store_true", help="recompute even if a cached result exists")
+    parser.add_argument("--full", action="store_true", help="also list provenance field by field, every contract finding, the error growth and every token step")
 
 
 def _head_start(paths: tuple[str, str]) -> ReadAhead:
@@ -112,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace, session: Investigation | None = None) -> int:
     # Imported after the head start, so the disk works while numpy and h5py load.
     from sessions.capture.reader import CaptureError
-    from sessions.compare.comparison import PARITY, CompareOptions, iter_compare
+    from sessions.compare.comparison import CompareOptions, iter_compare
     from sessions.compare.layout_transform import LayoutError
     from sessions.compare.profiles import ProfileError
     from sessions.compare.result_cache import iter_compare_cached
@@ -144,7 +145,7 @@ def _report(args: argparse.Namespace, session: Investigation | None = None) -> i
     finally:
         for capture in captures:
             capture.close()
-    sys.stdout.write(render(comparison, args.top))
+    sys.stdout.write(render(comparison, args.top, full=args.full))
     if args.json:
         try:
             _write_json(args.json, dumps(comparison))
@@ -160,4 +161,4 @@ def _report(args: argparse.Namespace, session: Investigation | None = None) -> i
         except OSError as exc:
             print(f"parity-xray report: cannot write {args.html}: {exc}", file=sys.stderr)
             return EXIT_UNUSABLE
-    return EXIT_PARITY if comparison.verdict == PARITY else EXIT_DIVERGENCE
+    return comparison.verdict.exit_code

@@ -12,7 +12,7 @@ returns the `Comparison`; closing the generator cancels it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,9 +21,9 @@ from sessions.bits.dtypes import as_values, logical_dtype
 from sessions.capture.read_ahead import ReadAhead
 from sessions.capture.reader import Capture
 from sessions.compare.align import AlignedPair, Alignment, AlignOverride, ManualBreak, ManualPair, UnalignedRecord, align
-from sessions.compare.contracts import ContractCheck, check_contracts, validated_routes
+from sessions.compare.contracts import ContractCheck, ContractFinding, check_contracts, validated_routes
 from sessions.compare.dispatch_diff import DispatchDifference, compare_dispatch, events_by_record
-from sessions.compare.key import RecordKey
+from sessions.compare.key import OpKey, RecordKey
 from sessions.compare.pair_reader import PairReader, chunk_rows, pair_bytes, read_ahead_spans
 from sessions.compare.profile_identity import ProfileIdentity, identify
 from sessions.compare.profiles import CANONICAL_OPS, HEADS_SOURCE, Profile, ProfileError, detect_profile, resolve_profile
@@ -31,10 +31,9 @@ from sessions.compare.provenance_diff import ProvenanceDiff, diff_provenance
 from sessions.compare.record_sources import sources_for
 from sessions.compare.tensor_diff import DiffAccumulator, TensorMetrics, Tolerance
 from sessions.compare.token_parity import TokenParity, TopEntry, compare_tokens, shared_eos_step, tokens_by_step, top_k
+from sessions.compare.verdict import FAILING, Finding, Kind, Verdict, classify_pair, judge
 from sessions.progress import Progress, ProgressGenerator
 
-PARITY = "parity"
-DIVERGENCE = "divergence"
 READ_AHEAD_BYTES = 256 * 1024 * 1024
 """How far ahead of the comparison (both sides together) the kernel is asked to be reading."""
 
@@ -76,12 +75,7 @@ class CompareOptions:
 
 @dataclass
 class PairResult:
-    label: str
-    step: int
-    segment: str
-    layer: int
-    op: str
-    occurrence: int
+    key: OpKey
     native_name: str
     native_seq: int
     oracle_name: str
@@ -92,34 +86,21 @@ class PairResult:
     metrics: TensorMetrics
     post_eos: bool
     within_tolerance: bool
+    verdict: Kind
+    """This pair's kind under the one verdict model (sessions.compare.verdict)."""
     manual_reason: str | None = None
     """Set when the user paired these records by hand: their reason."""
+
+    @property
+    def label(self) -> str:
+        return self.key.label()
 
 
 @dataclass
 class GrowthPoint:
-    label: str
-    layer: int
-    op: str
+    key: OpKey
     max_ulp: int | None
     nmse: float
-
-
-@dataclass
-class FirstFinding:
-    """The earliest place, in execution order, where the runs part -- of any kind.
-
-    kind: "contract" (effective contracts differ), "bits", "signed-zero-only", "dispatch-only"
-    (bits agree, attention calls differ), "tokens", "unaligned", or "post-eos-only" (nothing
-    failed; the first record after the shared EOS is named).
-    """
-
-    step: int
-    segment: str
-    layer: int
-    op: str
-    kind: str
-    label: str
 
 
 @dataclass
@@ -140,15 +121,12 @@ class Comparison:
     post_eos_unaligned: list[UnalignedRecord]
     """Records after the shared EOS step without a partner: invalid, never failures."""
     first_divergence: int | None
-    """Index into `pairs` of the earliest (execution order) pre-EOS pair that is not bit-exact."""
-    first_beyond_tolerance: int | None
-    """Same, for the tolerance; equals first_divergence when no tolerance is given."""
+    """Index into `pairs` of the earliest (execution order) pre-EOS pair that is not bit-exact:
+    where the bits first part, whether or not that fails (a tolerance may allow it)."""
     error_growth: list[GrowthPoint]
     tokens: TokenParity
-    first_finding: FirstFinding | None
-    verdict: str
-    reasons: list[str] = field(default_factory=list)
-    """Why the verdict is divergence, one short line each."""
+    verdict: Verdict
+    """What every surface says about this comparison (sessions.compare.verdict)."""
 
 
 def profile_for(choice: str | None, capture: Capture, side: str) -> Profile:
@@ -295,6 +273,8 @@ def iter_compare(
     yield Progress(0, total, f"execution state checked: {len(contracts.findings)} contract finding(s), {len(dispatch)} dispatch difference(s)")
     eos = shared_eos_step(tokens_by_step(native.tokens), tokens_by_step(oracle.tokens))
     heads = _heads(alignment.pairs, native.dispatch)
+    contract_keys = set(contracts.by_key())
+    dispatch_keys = {d.key for d in dispatch}
     results: list[PairResult] = []
     tops: dict[int, tuple[int, list[TopEntry], list[TopEntry]]] = {}
     done = 0
@@ -307,7 +287,8 @@ def iter_compare(
             done += pair_bytes(pair)
             read_ahead.consumed(span_bytes_done[index])
             post_eos = eos is not None and pair.key.step > eos
-            results.append(_pair_result(pair, metrics, post_eos, _within(metrics, options.tolerance)))
+            contract, differs = pair.key in contract_keys, pair.key in dispatch_keys
+            results.append(_pair_result(pair, metrics, post_eos, _within(metrics, options.tolerance), options.tolerance, contract, differs))
             if logit_rows is not None and logit_rows.native is not None and logit_rows.oracle is not None:
                 _keep_top(tops, pair, logit_rows, options.top_k)
     tokens = compare_tokens(native.tokens, oracle.tokens, {step: (n, o) for step, (_, n, o) in tops.items()})
@@ -331,49 +312,65 @@ def _keep_top(tops: dict[int, tuple[int, list[TopEntry], list[TopEntry]]], pair:
     tops[step] = (seq, n_top, o_top)
 
 
-def _pair_result(pair: AlignedPair, metrics: TensorMetrics, post_eos: bool, within: bool) -> PairResult:
-    k = pair.key
+def _pair_result(
+    pair: AlignedPair, metrics: TensorMetrics, post_eos: bool, within: bool, tolerance: Tolerance, contract: bool, dispatch: bool
+) -> PairResult:
     n, o = pair.native, pair.oracle
+    kind = classify_pair(
+        post_eos=post_eos,
+        contract_mismatch=contract,
+        bit_exact=metrics.bit_exact,
+        within_tolerance=within,
+        signed_zero_only=metrics.differing == metrics.signed_zero_only,
+        dispatch_differs=dispatch,
+        tolerance_set=not tolerance.is_bit_exact,
+    )
     return PairResult(
-        k.label(), k.step, k.segment, k.layer, k.op, k.occurrence,
-        n.record.name, n.record.seq, o.record.name, o.record.seq,
+        pair.key, n.record.name, n.record.seq, o.record.name, o.record.seq,
         n.layout.spec if n.layout is not None else None,
         o.layout.spec if o.layout is not None else None,
-        metrics, post_eos, within, pair.manual_reason,
+        metrics, post_eos, within, kind, pair.manual_reason,
     )
 
 
-def _first_finding(
-    results: list[PairResult],
-    contracts: ContractCheck,
-    dispatch: list[DispatchDifference],
-    tokens: TokenParity,
-    unaligned: list[UnalignedRecord],
-    post_eos: list[UnalignedRecord],
-) -> FirstFinding | None:
-    contract_pairs = {f.pair for f in contracts.findings}
-    dispatch_pairs = {d.pair for d in dispatch}
-    for r in results:
-        if r.post_eos:
-            continue
-        kind = None
-        if r.label in contract_pairs:
-            kind = "contract"
-        elif not r.metrics.bit_exact:
-            kind = "signed-zero-only" if r.metrics.differing == r.metrics.signed_zero_only else "bits"
-        elif r.label in dispatch_pairs:
-            kind = "dispatch-only"
-        if kind is not None:
-            return FirstFinding(r.step, r.segment, r.layer, r.op, kind, r.label)
-    if tokens.first_divergence_step is not None:
-        return FirstFinding(tokens.first_divergence_step, "", -1, "logits", "tokens", f"step {tokens.first_divergence_step} token")
-    for kind, records in (("unaligned", unaligned), ("post-eos-only", post_eos)):
-        if records:
-            u = min(records, key=lambda u: (u.step, u.seq))
-            key = u.key
-            op = key.op if key is not None else u.name
-            return FirstFinding(u.step, u.segment, u.layer, op, kind, f"{u.side} {u.name!r} (seq {u.seq}): {u.reason}")
-    return None
+def _pair_detail(r: PairResult, contracts: dict[OpKey, list[ContractFinding]], dispatch: dict[OpKey, DispatchDifference]) -> str:
+    m = r.metrics
+    if r.verdict == Kind.CONTRACT_MISMATCH:
+        return "; ".join(f"{f.kind}: {f.detail}" for f in contracts[r.key])
+    if r.verdict == Kind.DISPATCH_ONLY:
+        return f"bits identical, attention calls differ in {', '.join(dispatch[r.key].fields)}"
+    ulp = "" if m.max_ulp is None else f", max {m.max_ulp:,} ULP"
+    return f"{m.differing:,} of {m.size:,} elements differ{ulp}"
+
+
+def _token_finding(tokens: TokenParity, results: list[PairResult]) -> Finding | None:
+    """The first pre-EOS step whose greedy tokens differ, keyed by that step's logits op."""
+    step = tokens.first_divergence_step
+    if step is None:
+        return None
+    row = next(s for s in tokens.steps if s.step == step)
+    logits = [r.key for r in results if r.key.step == step and r.key.op == "logits"]
+    key = logits[-1] if logits else OpKey(step, row.segment, -1, "logits")
+    return Finding(Kind.TOKENS, key, f"native token {row.native_token} vs oracle token {row.oracle_token}")
+
+
+def worst_ops(c: Comparison, top: int) -> list[PairResult]:
+    """The pre-EOS pairs that differ, worst first: by NMSE, then max ULP, then how many elements."""
+    return sorted(
+        (p for p in c.pairs if not p.post_eos and not p.metrics.bit_exact),
+        key=lambda p: (p.metrics.nmse, p.metrics.max_ulp or 0, p.metrics.differing),
+        reverse=True,
+    )[:top]
+
+
+def unaligned_key(u: UnalignedRecord) -> OpKey:
+    """An unaligned record's place: its canonical key when its profile gave it one, else its own name there."""
+    return u.key if u.key is not None else OpKey(u.step, u.segment, u.layer, u.name, u.occurrence)
+
+
+def _unaligned_findings(unaligned: list[UnalignedRecord]) -> list[Finding]:
+    ordered = sorted(unaligned, key=lambda u: (u.step, u.side != "native", u.seq))
+    return [Finding(Kind.UNALIGNED, unaligned_key(u), f"{u.side} {u.name!r}: {u.reason}") for u in ordered]
 
 
 def _assemble(
@@ -389,24 +386,14 @@ def _assemble(
     tokens: TokenParity,
     eos: int | None,
 ) -> Comparison:
-    compared = [i for i, r in enumerate(results) if not r.post_eos]
-    first_divergence = next((i for i in compared if not results[i].metrics.bit_exact), None)
-    first_beyond = next((i for i in compared if not results[i].within_tolerance), None)
+    compared = [r for r in results if not r.post_eos]
+    first_divergence = next((i for i, r in enumerate(results) if not r.post_eos and not r.metrics.bit_exact), None)
     unaligned = [u for u in alignment.unaligned if eos is None or u.step <= eos]
     post_eos_unaligned = [u for u in alignment.unaligned if eos is not None and u.step > eos]
-    growth = [GrowthPoint(results[i].label, results[i].layer, results[i].op, results[i].metrics.max_ulp, results[i].metrics.nmse) for i in compared]
-    reasons = []
-    if contracts.findings:
-        reasons.append(f"{len(contracts.findings)} execution-contract finding(s)")
-    if dispatch:
-        reasons.append(f"{len(dispatch)} dispatch difference(s)")
-    if first_beyond is not None:
-        what = "not bit-exact" if options.tolerance.is_bit_exact else "beyond tolerance"
-        reasons.append(f"{results[first_beyond].label} is the first pair {what}")
-    if tokens.first_divergence_step is not None:
-        reasons.append(f"greedy tokens differ from step {tokens.first_divergence_step}")
-    if unaligned:
-        reasons.append(f"{len(unaligned)} record(s) could not be aligned")
+    by_key = contracts.by_key()
+    dispatch_by_key = {d.key: d for d in dispatch}
+    pair_findings = [Finding(r.verdict, r.key, _pair_detail(r, by_key, dispatch_by_key)) for r in compared if r.verdict in FAILING]
+    verdict = judge(pair_findings, _token_finding(tokens, results), _unaligned_findings(unaligned), [r.verdict for r in results])
     return Comparison(
         native_path=str(native.path),
         oracle_path=str(oracle.path),
@@ -422,10 +409,7 @@ def _assemble(
         unaligned=unaligned,
         post_eos_unaligned=post_eos_unaligned,
         first_divergence=first_divergence,
-        first_finding=_first_finding(results, contracts, dispatch, tokens, unaligned, post_eos_unaligned),
-        first_beyond_tolerance=first_beyond,
-        error_growth=growth,
+        error_growth=[GrowthPoint(r.key, r.metrics.max_ulp, r.metrics.nmse) for r in compared],
         tokens=tokens,
-        verdict=DIVERGENCE if reasons else PARITY,
-        reasons=reasons,
+        verdict=verdict,
     )

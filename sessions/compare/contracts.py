@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from sessions.capture.reader import Record
 from sessions.compare.align import AlignedPair
+from sessions.compare.key import OpKey
 
 KERNEL_CONTRACT_MISMATCH = "KERNEL_CONTRACT_MISMATCH"
 ROUTE_MISSING = "ROUTE_MISSING"
@@ -40,8 +41,8 @@ class ContractIds:
 @dataclass
 class ContractFinding:
     kind: str
-    pair: str
-    """The aligned pair's key label."""
+    key: OpKey
+    """The aligned pair's key."""
     native: ContractIds
     oracle: ContractIds
     detail: str
@@ -52,6 +53,12 @@ class ContractCheck:
     findings: list[ContractFinding]
     checked: int
     unrecorded: int
+
+    def by_key(self) -> dict[OpKey, list[ContractFinding]]:
+        grouped: dict[OpKey, list[ContractFinding]] = {}
+        for finding in self.findings:
+            grouped.setdefault(finding.key, []).append(finding)
+        return grouped
 
 
 def _ids(record: Record) -> ContractIds:
@@ -86,16 +93,15 @@ def check_contracts(pairs: list[AlignedPair], routes: Mapping[str, tuple[str, ..
         if n_ids == o_ids == ContractIds("", "", ""):
             unrecorded += 1
             continue
-        label = pair.key.label()
         for side, record in (("native", n), ("oracle", o)):
             problem = _route_problem(record, routes)
             if problem is not None:
-                findings.append(ContractFinding(problem[0], label, n_ids, o_ids, f"{side}: {problem[1]}"))
+                findings.append(ContractFinding(problem[0], pair.key, n_ids, o_ids, f"{side}: {problem[1]}"))
         compared = ("kernel_id", "contract_id", "effective_contract_id") if same_engine else ("effective_contract_id",)
         differing = [f for f in compared if getattr(n_ids, f) and getattr(o_ids, f) and getattr(n_ids, f) != getattr(o_ids, f)]
         if differing:
             detail = "; ".join(f"{f}: native {getattr(n_ids, f)!r} vs oracle {getattr(o_ids, f)!r}" for f in differing)
-            findings.append(ContractFinding(KERNEL_CONTRACT_MISMATCH, label, n_ids, o_ids, detail))
+            findings.append(ContractFinding(KERNEL_CONTRACT_MISMATCH, pair.key, n_ids, o_ids, detail))
     return ContractCheck(findings, len(pairs), unrecorded)
 
 

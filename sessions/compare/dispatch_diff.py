@@ -14,6 +14,7 @@ import numpy as np
 
 from sessions.capture import format as cf
 from sessions.compare.align import AlignedPair
+from sessions.compare.key import OpKey
 
 COMPARED_FIELDS = (
     "batch",
@@ -36,7 +37,7 @@ COMPARED_FIELDS = (
 
 @dataclass
 class DispatchDifference:
-    pair: str
+    key: OpKey
     native_calls: int
     oracle_calls: int
     fields: list[str]
@@ -88,5 +89,5 @@ def compare_dispatch(
         fields = ["calls"] if len(n) != len(o) else []
         fields += [f for f in COMPARED_FIELDS if any(a[f] != b[f] for a, b in zip(n, o))]
         if fields:
-            differences.append(DispatchDifference(pair.key.label(), len(n), len(o), fields, summarize(n), summarize(o)))
+            differences.append(DispatchDifference(pair.key, len(n), len(o), fields, summarize(n), summarize(o)))
     return differences

@@ -15,7 +15,9 @@ import numpy as np
 
 from sessions.bits.dtypes import logical_dtype
 from sessions.capture.reader import Capture, CaptureError, Record
-from sessions.compare.comparison import PairResult
+from sessions.compare.align import MappedRecord
+from sessions.compare.comparison import Comparison, PairResult
+from sessions.compare.key import OpKey
 from sessions.compare.layout_transform import LayoutError, LayoutTransform
 from sessions.progress import Progress, ProgressGenerator, run_to_end
 
@@ -73,6 +75,20 @@ def pair_sides(native: Capture, oracle: Capture, pair: PairResult) -> tuple[Pair
         _side(native, "native", pair.native_seq, pair.native_name, pair.native_layout, pair),
         _side(oracle, "oracle", pair.oracle_seq, pair.oracle_name, pair.oracle_layout, pair),
     )
+
+
+def aligned_records(native: Capture, oracle: Capture, comparison: Comparison) -> tuple[dict[OpKey, MappedRecord], dict[OpKey, MappedRecord]]:
+    """Each side's records by the key the comparison paired them under, checked to still be those
+    records: whoever reads captured tensors by key (reruns, diagnosis) uses the comparison's
+    alignment, so the session's profiles and manual overrides apply there too."""
+    native_records: dict[OpKey, MappedRecord] = {}
+    oracle_records: dict[OpKey, MappedRecord] = {}
+    for pair in comparison.pairs:
+        n, o = pair_sides(native, oracle, pair)
+        shape = tuple(pair.metrics.shape)
+        native_records[pair.key] = MappedRecord(n.record, pair.key, n.layout, shape)
+        oracle_records[pair.key] = MappedRecord(o.record, pair.key, o.layout, shape)
+    return native_records, oracle_records
 
 
 def iter_read_canonical(capture: Capture, side: PairSide, label: str) -> ProgressGenerator[np.ndarray]:

@@ -24,10 +24,16 @@ class ProvenanceField:
         return self.native == self.oracle
 
 
+EXPECTED_TO_DIFFER = ("engine_name", "engine_version", "engine_commit", "compiler", "device")
+"""Fields that differ by design between a port and its oracle: named in the summary, never flagged."""
+
+
 @dataclass
 class ProvenanceDiff:
     fields: list[ProvenanceField]
     warnings: list[str]
+    summary: str = ""
+    """One line first: whether the runs are comparable at all, then what differs by design."""
 
 
 def diff_provenance(native: CaptureMeta, oracle: CaptureMeta) -> ProvenanceDiff:
@@ -43,4 +49,23 @@ def diff_provenance(native: CaptureMeta, oracle: CaptureMeta) -> ProvenanceDiff:
     for name in ("prompt", "seed"):
         if not by_name[name].same:
             warnings.append(f"{name} differs between the runs: they did not compute the same request")
-    return ProvenanceDiff(fields, warnings)
+    return ProvenanceDiff(fields, warnings, _summary(by_name))
+
+
+def _summary(by_name: dict[str, ProvenanceField]) -> str:
+    weights = by_name["weights_hash"]
+    if weights.native and weights.oracle:
+        parts = ["same weights" if weights.same else "DIFFERENT WEIGHTS"]
+    else:
+        parts = ["weights unconfirmed"]
+    request = [name for name in ("prompt", "seed") if not by_name[name].same]
+    parts.append(f"{' and '.join(request)} differ" if request else "same prompt and seed")
+    differ = [name.replace("_", " ") for name in EXPECTED_TO_DIFFER if not by_name[name].same]
+    engine = by_name["engine_name"]
+    if not engine.same:
+        parts.append(f"engines differ, as expected ({engine.native or 'unnamed'} vs {engine.oracle or 'unnamed'})")
+    elif differ:
+        parts.append(f"{', '.join(differ)} differ")
+    else:
+        parts.append("same engine build and device")
+    return "; ".join(parts)

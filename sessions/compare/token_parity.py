@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sessions.bits.element_info import describe
+from sessions.capture import format as cf
 
 MATCH = "match"
 DIFFER = "differ"
@@ -39,6 +40,8 @@ class TokenStep:
     oracle_top: list[TopEntry] = field(default_factory=list)
     differs: bool = False
     """Whether the tokens or stop flags differ -- kept for post-EOS steps too, for information."""
+    segment: str = ""
+    """The segment whose last row emitted the token (native's, else oracle's): where its logits are."""
 
 
 @dataclass
@@ -55,6 +58,11 @@ def tokens_by_step(table: np.ndarray) -> dict[int, tuple[int, bool]]:
     for row in table:
         out[int(row["step"])] = (int(row["token_id"]), bool(row["is_stop"]))
     return out
+
+
+def segments_by_step(table: np.ndarray) -> dict[int, str]:
+    """The segment that emitted each step's token (the last row of a step wins, as in tokens_by_step)."""
+    return {int(row["step"]): cf.decode_field(row["segment"]) for row in table}
 
 
 def shared_eos_step(native: dict[int, tuple[int, bool]], oracle: dict[int, tuple[int, bool]]) -> int | None:
@@ -83,6 +91,7 @@ def compare_tokens(
 ) -> TokenParity:
     """Per-step comparison; `tops` holds each step's top-k logits (native, oracle) when captured."""
     native, oracle = tokens_by_step(native_table), tokens_by_step(oracle_table)
+    segments = {**segments_by_step(oracle_table), **segments_by_step(native_table)}
     eos = shared_eos_step(native, oracle)
     steps: list[TokenStep] = []
     first_divergence = None
@@ -109,6 +118,7 @@ def compare_tokens(
                 n_top,
                 o_top,
                 differs,
+                segments.get(step, ""),
             )
         )
     compared = sum(1 for s in steps if s.status != POST_EOS)

@@ -21,7 +21,7 @@ def _code(text: str) -> str:
 
 
 def _op(op: OpKey) -> str:
-    return _code(op.label())
+    return _code(op.text())
 
 
 def _record(ref: RecordRef) -> str:

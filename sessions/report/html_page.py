@@ -14,7 +14,7 @@ import datetime as _dt
 import math
 from html import escape
 
-from sessions.compare.comparison import Comparison
+from sessions.compare.comparison import Comparison, worst_ops
 from sessions.compare.key import OpKey
 from sessions.compare.tensor_diff import ElementSample
 from sessions.investigation.model import Bookmark, Investigation
@@ -74,11 +74,11 @@ def _element_rows(title: str, sample: ElementSample | None) -> list[list[str]]:
 def _first_divergence(c: Comparison) -> str:
     if c.first_divergence is None:
         compared = sum(not p.post_eos for p in c.pairs)
-        return f"<p>None: all {compared} compared pairs before the shared EOS are bit-exact.</p>"
+        return f"<p>No bit difference: all {compared} compared pairs before the shared EOS are bit-exact.</p>"
     pair = c.pairs[c.first_divergence]
     m = pair.metrics
     lines = [
-        f"<p><b>{escape(pair.label)}</b>: native <code>{escape(pair.native_name)}</code> (seq {pair.native_seq}), "
+        f"<p>First bit difference: <b><code>{escape(pair.key.text())}</code></b>: native <code>{escape(pair.native_name)}</code> (seq {pair.native_seq}), "
         f"oracle <code>{escape(pair.oracle_name)}</code> (seq {pair.oracle_seq}), {escape(m.dtype)} {escape(str(m.shape))}</p>",
         f"<p>{m.differing:,} of {m.size:,} elements differ; max {m.max_ulp if m.max_ulp is not None else 'undefined'} ULP; "
         f"NMSE {m.nmse:.3g}; cosine {m.cosine:.12g}; signed-zero-only {m.signed_zero_only}; NaN {m.nan_mismatch + m.nan_payload}</p>",
@@ -89,7 +89,7 @@ def _first_divergence(c: Comparison) -> str:
 
 
 def growth_svg(c: Comparison, width: int = FIGURE_WIDTH, height: int = FIGURE_HEIGHT) -> str:
-    """log2(1 + max ULP) across execution order as an SVG polyline, first divergence marked."""
+    """log2(1 + max ULP) across execution order as an SVG polyline, the first finding marked."""
     points = c.error_growth
     if not points:
         return '<p class="muted">No aligned ops to plot.</p>'
@@ -114,32 +114,38 @@ def growth_svg(c: Comparison, width: int = FIGURE_WIDTH, height: int = FIGURE_HE
     for tick in range(0, int(peak) + 1, max(1, int(peak) // 4 or 1)):
         parts.append(f'<line x1="{left}" x2="{width - right}" y1="{y(tick):.1f}" y2="{y(tick):.1f}" stroke="#e6e9ee"/>')
         parts.append(f'<text x="{left - 6}" y="{y(tick) + 4:.1f}" font-size="11" text-anchor="end" fill="#5f6773">{2 ** tick - 1:,}</text>')
-    first_label = c.pairs[c.first_divergence].label if c.first_divergence is not None else None
-    first_index = next((i for i, p in enumerate(points) if p.label == first_label), None)
-    if first_index is not None:
+    first = c.verdict.first
+    first_index = next((i for i, p in enumerate(points) if first is not None and p.key == first.key), None)
+    if first is not None and first_index is not None:
         fx = x(first_index)
         parts.append(f'<line x1="{fx:.1f}" x2="{fx:.1f}" y1="{top}" y2="{height - bottom}" stroke="#d64541" stroke-dasharray="4 3"/>')
-        parts.append(f'<text x="{fx:.1f}" y="{top - 8}" font-size="11" fill="#b3261e">first divergence: {escape(first_label or "")}</text>')
+        parts.append(f'<text x="{fx:.1f}" y="{top - 8}" font-size="11" fill="#b3261e">first {escape(first.kind)}: {escape(first.key.text())}</text>')
     parts.append(f'<polyline points="{poly}" fill="none" stroke="#2f74c0" stroke-width="1.6"/>')
     for i, (point, v) in enumerate(zip(points, values)):
         if point.max_ulp:
-            parts.append(f'<circle cx="{x(i):.1f}" cy="{y(v):.1f}" r="2.4" fill="#d64541"><title>{escape(point.label)}: {point.max_ulp:,} ULP, NMSE {point.nmse:.3g}</title></circle>')
+            parts.append(f'<circle cx="{x(i):.1f}" cy="{y(v):.1f}" r="2.4" fill="#d64541"><title>{escape(point.key.text())}: {point.max_ulp:,} ULP, NMSE {point.nmse:.3g}</title></circle>')
     parts.append(f'<text x="{(left + width - right) / 2:.0f}" y="{height - 8}" font-size="12" text-anchor="middle" fill="#3c4450">aligned ops in execution order ({len(points)})</text>')
     parts.append(f'<text x="14" y="{(top + height - bottom) / 2:.0f}" font-size="12" text-anchor="middle" fill="#3c4450" transform="rotate(-90 14 {(top + height - bottom) / 2:.0f})">max ULP</text>')
     parts.append("</svg>")
     return "".join(parts) + flat
 
 
+def _dispatch(c: Comparison) -> str:
+    if not c.dispatch_differences:
+        return "<p>No dispatch differences: every attention op made the same primitive calls on both sides.</p>"
+    rows = [[f"<code>{escape(d.key.text())}</code>", escape(", ".join(d.fields)), escape(d.native_summary), escape(d.oracle_summary)] for d in c.dispatch_differences]
+    return _table(["op", "differs in", "native", "oracle"], rows, ["mismatch"] * len(rows))
+
+
 def _worst(c: Comparison) -> str:
-    worst = sorted(
-        (p for p in c.pairs if not p.post_eos and not p.metrics.bit_exact),
-        key=lambda p: (p.metrics.nmse, p.metrics.max_ulp or 0, p.metrics.differing),
-        reverse=True,
-    )[:TOP_OPS]
+    worst = worst_ops(c, TOP_OPS)
     if not worst:
         return "<p>None: no op before the shared EOS differs.</p>"
-    rows = [[escape(p.label), f"{p.metrics.nmse:.3e}", escape(str(p.metrics.max_ulp)), f"{p.metrics.differing:,} / {p.metrics.size:,}"] for p in worst]
-    return _table(["op", "NMSE", "max ULP", "differing"], rows)
+    rows = [
+        [f"<code>{escape(p.key.text())}</code>", escape(p.verdict), f"{p.metrics.nmse:.3e}", "undefined (NaN)" if p.metrics.max_ulp is None else f"{p.metrics.max_ulp:,}", f"{p.metrics.differing:,} / {p.metrics.size:,}"]
+        for p in worst
+    ]
+    return _table(["op", "kind", "NMSE", "max ULP", "differing"], rows)
 
 
 def _tokens(c: Comparison) -> str:
@@ -175,18 +181,18 @@ def render_html(c: Comparison, session: Investigation | None = None, screenshots
     session = session or Investigation()
     screenshots = screenshots or {}
     title = session.title or "Parity investigation"
-    verdict_class = "verdict-parity" if c.verdict == "parity" else "verdict-divergence"
+    verdict_class = "verdict-parity" if c.verdict.passed else "verdict-divergence"
     out = [
         f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{escape(title)}</title><style>{STYLE}</style></head><body>",
         f"<h1>{escape(title)}</h1>",
         f"<p class='muted'>Parity X-ray report, generated {escape(_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds'))}</p>",
-        f"<p class='{verdict_class}'>VERDICT: {escape(c.verdict.upper())}</p>",
+        f"<p class='{verdict_class}'>{escape(c.verdict.headline)}</p>",
     ]
-    if c.reasons:
-        out.append("<ul>" + "".join(f"<li>{escape(r)}</li>" for r in c.reasons) + "</ul>")
+    if c.verdict.reasons:
+        out.append("<ul>" + "".join(f"<li>{escape(r)}</li>" for r in c.verdict.reasons) + "</ul>")
     if session.summary:
         out.append(f"<h2>Summary</h2><div class='note'>{escape(session.summary)}</div>")
-    out.append("<h2>Provenance</h2>")
+    out.append(f"<h2>Provenance</h2><p>{escape(c.provenance.summary)}</p>")
     out += [f"<p class='verdict-divergence'>WARNING: {escape(w)}</p>" for w in c.provenance.warnings]
     out.append(f"<p>native <code>{escape(c.native_path)}</code> (profile {escape(c.native_profile)}); oracle <code>{escape(c.oracle_path)}</code> (profile {escape(c.oracle_profile)})</p>")
     out.append(_table(["field", "native", "oracle"], [[escape(f.field), escape(f.native), escape(f.oracle)] for f in c.provenance.fields],
@@ -196,12 +202,12 @@ def render_html(c: Comparison, session: Investigation | None = None, screenshots
         out.append("<h3>Captures in the session</h3>" + _table(["role", "path", "identity (sha256)", "bytes"], rows))
     out.append(f"<h2>Execution contracts</h2><p>{c.contracts.checked} pairs checked, {c.contracts.unrecorded} without contract ids.</p>")
     findings = c.contracts.findings
-    out.append(_table(["kind", "pair", "detail"], [[escape(f.kind), escape(f.pair), escape(f.detail)] for f in findings], ["mismatch"] * len(findings))
+    out.append(_table(["kind", "op", "detail"], [[escape(f.kind), f"<code>{escape(f.key.text())}</code>", escape(f.detail)] for f in findings], ["mismatch"] * len(findings))
                if findings else "<p>No contract mismatches.</p>")
-    first = c.first_finding
-    out.append("<h2>First divergence</h2>")
-    if first is not None:
-        out.append(f"<p>First finding of any kind: <b>{escape(first.kind)}</b> at {escape(first.label)}</p>")
+    out.append(f"<h2>Dispatch</h2>{_dispatch(c)}")
+    first = c.verdict.first
+    out.append("<h2>First finding</h2>")
+    out.append("<p>None.</p>" if first is None else f"<p><b>{escape(first.kind)}</b> at <code>{escape(first.key.text())}</code>: {escape(first.detail)}</p>")
     out.append(_first_divergence(c))
     out.append(f"<h2>Error growth</h2>{growth_svg(c)}")
     out.append(f"<h2>Worst ops (by NMSE, then max ULP)</h2>{_worst(c)}")

@@ -10,14 +10,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import types
+from enum import Enum
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from sessions.compare.comparison import Comparison
+from sessions.compare.key import OpKey
 from sessions.json_plain import plain
 
 DOCUMENT_FORMAT = "parity-xray-report"
-DOCUMENT_VERSION = 2
-"""2: pairs carry their layout transform specs, and the profiles their identity (file, content hash)."""
+DOCUMENT_VERSION = 3
+"""2: pairs carry their layout transform specs, and the profiles their identity (file, content hash).
+3: every op is named by its key's text form; one verdict object (word, first finding, reasons, counts)
+and a kind per pair replace the verdict string, first_finding and first_beyond_tolerance."""
 
 
 class ReportFormatError(ValueError):
@@ -29,6 +33,10 @@ def comparison_to_dict(comparison: Comparison) -> dict[str, Any]:
 
 
 def _build(tp: Any, value: Any) -> Any:
+    if tp is OpKey:
+        return OpKey.parse(value)
+    if isinstance(tp, type) and issubclass(tp, Enum):
+        return tp(value)
     origin = get_origin(tp)
     if origin in (Union, types.UnionType):
         if value is None:

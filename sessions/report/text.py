@@ -7,15 +7,16 @@ ops, token parity and whatever could not be aligned.
 
 from __future__ import annotations
 
-from sessions.compare.comparison import Comparison, PairResult
+from sessions.compare.comparison import Comparison, PairResult, unaligned_key, worst_ops
 from sessions.compare.tensor_diff import ElementSample, TensorMetrics
+from sessions.compare.verdict import Kind
 
 MAX_LISTED = 50
 
 
 def _element(sample: ElementSample | None) -> str:
     if sample is None:
-        return "-"
+        return "none"
     ulp = "undefined (NaN)" if sample.ulp is None else str(sample.ulp)
     return (
         f"at {sample.coord}: native {sample.native_hex} ({sample.native_decimal}) vs "
@@ -42,7 +43,7 @@ def _counts(m: TensorMetrics) -> str:
 def _pair_block(title: str, pair: PairResult) -> list[str]:
     m = pair.metrics
     lines = [
-        f"{title}: {pair.label}",
+        f"{title}: {pair.key}",
         f"  native {pair.native_name!r} (seq {pair.native_seq}), oracle {pair.oracle_name!r} (seq {pair.oracle_seq}), {m.dtype} {m.shape}",
         f"  {_counts(m)}",
         f"  first differing element {_element(m.first_difference)}",
@@ -53,67 +54,107 @@ def _pair_block(title: str, pair: PairResult) -> list[str]:
     return lines
 
 
-def render(c: Comparison, top: int = 10) -> str:
-    out: list[str] = []
-    for warning in c.provenance.warnings:
-        out.append(f"WARNING: {warning}")
-    out.append(f"VERDICT: {c.verdict.upper()}" + (f" ({'; '.join(c.reasons)})" if c.reasons else ""))
-    out.append(f"native {c.native_path} [profile {c.native_profile}]")
-    out.append(f"oracle {c.oracle_path} [profile {c.oracle_profile}]")
-    tol = c.tolerance
-    out.append(
-        "tolerance: bit-exact"
-        if tol.atol is None and tol.rtol is None and tol.max_ulp is None
-        else f"tolerance: atol={tol.atol} rtol={tol.rtol} max_ulp={tol.max_ulp} (bit differences are still counted)"
-    )
-    out += ["", "Provenance"]
-    for f in c.provenance.fields:
-        mark = "  " if f.native == f.oracle else "!="
-        out.append(f"  {mark} {f.field:15} native {_short(f.native):40} oracle {_short(f.oracle)}")
+def render(c: Comparison, top: int = 10, full: bool = False) -> str:
+    """The summary an engineer reads first; `full` adds every provenance field, every contract
+    finding and dispatch difference, the error growth and every token step."""
+    v = c.verdict
+    out = [f"WARNING: {w}" for w in c.provenance.warnings]
+    out.append(v.headline)
+    out += [f"  - {reason}" for reason in v.reasons]
+    out += [
+        "",
+        f"native     {c.native_path} [profile {c.native_profile}]",
+        f"oracle     {c.oracle_path} [profile {c.oracle_profile}]",
+        f"provenance {c.provenance.summary}",
+        f"tolerance  {_tolerance(c)}",
+        f"ops        {_counts_line(c)}",
+    ]
+    out += ["", *_first_block(c)]
+    out += ["", f"Worst ops (by NMSE, then max ULP; top {top})"]
+    out += [
+        f"  {p.key.text():40} {p.verdict:17} NMSE {p.metrics.nmse:.3e}  max ULP {_ulp(p.metrics.max_ulp)}  differing {p.metrics.differing:,}/{p.metrics.size:,}"
+        for p in worst_ops(c, top)
+    ] or ["  none: every compared op is bit-exact"]
+    out += ["", _token_header(c)]
+    out += _token_lines(c, full)
+    limit = MAX_LISTED if full else 5
     out += ["", f"Execution contracts ({c.contracts.checked} pairs, {c.contracts.unrecorded} without contract ids)"]
-    out += [f"  {f.kind} {f.pair}: {f.detail}" for f in c.contracts.findings[:MAX_LISTED]] or ["  no findings"]
+    out += [f"  {f.kind} {f.key}: {f.detail}" for f in c.contracts.findings[:limit]] or ["  no findings"]
+    out += _more(len(c.contracts.findings), limit)
     out += ["", "Dispatch"]
     out += [
-        f"  DISPATCH_DIFFERENCE {d.pair} ({', '.join(d.fields)}):\n    native: {d.native_summary}\n    oracle: {d.oracle_summary}"
-        for d in c.dispatch_differences[:MAX_LISTED]
+        f"  {d.key} differs in {', '.join(d.fields)}\n    native: {d.native_summary}\n    oracle: {d.oracle_summary}"
+        for d in c.dispatch_differences[:limit]
     ] or ["  no differences"]
-    out.append("")
-    f = c.first_finding
-    out.append("First finding: none" if f is None else f"First finding: {f.kind} at {f.label}")
-    if c.first_divergence is None:
-        out.append(f"First divergence: none; all {sum(not p.post_eos for p in c.pairs)} compared pairs are bit-exact")
+    out += _more(len(c.dispatch_differences), limit)
+    out += ["", f"Unaligned records ({len(c.unaligned)}, plus {len(c.post_eos_unaligned)} post-EOS: invalid, not failures)"]
+    out += [f"  {unaligned_key(u)} {u.side} {u.name!r} (seq {u.seq}): {u.reason}: {u.detail}" for u in c.unaligned[:limit]] or ["  none"]
+    out += _more(len(c.unaligned), limit)
+    if full:
+        out += ["", "Provenance"]
+        for f in c.provenance.fields:
+            mark = "  " if f.same else "!="
+            out.append(f"  {mark} {f.field:15} native {_short(f.native):40} oracle {_short(f.oracle)}")
+        out += ["", "Error growth (execution order: max ULP, NMSE)"]
+        out += [f"  {g.key.text():40} {_ulp(g.max_ulp):>8}  {g.nmse:.3e}" for g in c.error_growth if g.max_ulp] or ["  flat: every compared pair is bit-exact"]
     else:
-        out += _pair_block("First divergence", c.pairs[c.first_divergence])
-    if c.first_beyond_tolerance is not None and c.first_beyond_tolerance != c.first_divergence:
-        out += _pair_block("First beyond tolerance", c.pairs[c.first_beyond_tolerance])
-    worst = sorted(
-        (p for p in c.pairs if not p.post_eos and not p.metrics.bit_exact),
-        key=lambda p: (p.metrics.nmse, p.metrics.max_ulp or 0, p.metrics.differing),
-        reverse=True,
-    )[:top]
-    out += ["", f"Top {top} worst ops (by NMSE, then max ULP)"]
-    out += [
-        f"  {p.label:45} NMSE {p.metrics.nmse:.3e}  max ULP {p.metrics.max_ulp}  differing {p.metrics.differing}/{p.metrics.size}"
-        for p in worst
-    ] or ["  none"]
-    out += ["", "Error growth (execution order: max ULP, NMSE)"]
-    out += [f"  {g.label:45} {g.max_ulp!s:>8}  {g.nmse:.3e}" for g in c.error_growth if g.max_ulp] or ["  flat: every compared pair is bit-exact"]
-    out += ["", _token_header(c)]
-    for s in c.tokens.steps[:MAX_LISTED]:
+        out += ["", "(--full lists provenance field by field, the error growth, and every finding and token step)"]
+    return "\n".join(out) + "\n"
+
+
+def _tolerance(c: Comparison) -> str:
+    tol = c.tolerance
+    if tol.is_bit_exact:
+        return "bit-exact"
+    given = ", ".join(f"{name}={value}" for name, value in (("atol", tol.atol), ("rtol", tol.rtol), ("max_ulp", tol.max_ulp)) if value is not None)
+    return f"{given} (bit differences are still counted)"
+
+
+def _counts_line(c: Comparison) -> str:
+    counts = c.verdict.counts
+    kinds = ", ".join(f"{counts[k]:,} {k}" for k in Kind if k in counts and k != Kind.UNALIGNED)
+    return f"{len(c.pairs):,} aligned ({kinds or 'none'}); {len(c.unaligned):,} unaligned"
+
+
+def _first_block(c: Comparison) -> list[str]:
+    first = c.verdict.first
+    if first is None:
+        return ["First finding: none"]
+    lines = [f"First finding: {first.kind} at {first.key}  (rerun --op {first.key}, diagnose --op {first.key})", f"  {first.detail}"]
+    pair = next((p for p in c.pairs if p.key == first.key), None)
+    if pair is not None and not pair.metrics.bit_exact:
+        lines += _pair_block("  bits", pair)[1:]
+    elif c.first_divergence is not None:
+        lines += _pair_block("First bit difference", c.pairs[c.first_divergence])
+    return lines
+
+
+def _token_lines(c: Comparison, full: bool) -> list[str]:
+    steps = c.tokens.steps if full else [s for s in c.tokens.steps if s.status != "match"][:5]
+    out = []
+    for s in steps[:MAX_LISTED]:
         note = " (post-EOS, invalid, not a failure)" if s.status == "post_eos" else ""
-        out.append(f"  step {s.step}: {s.status:8} native {s.native_token}{'*' if s.native_stop else ''} oracle {s.oracle_token}{'*' if s.oracle_stop else ''}{note}")
-        if s.native_top or s.oracle_top:
+        out.append(f"  step {s.step}: {s.status:8} native {_token(s.native_token, s.native_stop)} oracle {_token(s.oracle_token, s.oracle_stop)}{note}")
+        if full and (s.native_top or s.oracle_top):
             n = ", ".join(f"{e.token_id}:{e.decimal}" for e in s.native_top)
             o = ", ".join(f"{e.token_id}:{e.decimal}" for e in s.oracle_top)
             out.append(f"      top native [{n}]\n      top oracle [{o}]")
     post = [p for p in c.pairs if p.post_eos and not p.metrics.bit_exact]
     if post:
         out.append(f"  {len(post)} tensor pair(s) after the shared EOS differ: post-EOS, not failures")
-    out += ["", f"Unaligned records ({len(c.unaligned)}, plus {len(c.post_eos_unaligned)} post-EOS: invalid, not failures)"]
-    out += [f"  {u.side} seq {u.seq} {u.name!r} step {u.step} {u.segment} layer {u.layer} occ {u.occurrence}: {u.reason}: {u.detail}" for u in c.unaligned[:MAX_LISTED]] or ["  none"]
-    if len(c.unaligned) > MAX_LISTED:
-        out.append(f"  ... {len(c.unaligned) - MAX_LISTED} more (all are in the JSON report)")
-    return "\n".join(out) + "\n"
+    return out
+
+
+def _token(token: int | None, stop: bool) -> str:
+    return "none" if token is None else f"{token}{'*' if stop else ''}"
+
+
+def _ulp(value: int | None) -> str:
+    return "undefined (NaN)" if value is None else f"{value:,}"
+
+
+def _more(count: int, shown: int) -> list[str]:
+    return [f"  ... {count - shown} more (all are in the JSON report and with --full)"] if count > shown else []
 
 
 def _short(text: str, limit: int = 60) -> str:

@@ -15,9 +15,10 @@ from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QFileDialog, QWidget
 
 from backends.dispatch.timeline import Timeline, build_timeline
-from backends.rerun.segment import RerunResult, format_key
+from backends.rerun.segment import RerunResult
 from sessions.capture.identity import CaptureIdentity, identity_of_file
 from sessions.capture.reader import Capture
+from sessions.compare.comparison import Comparison
 from sessions.compare.key import OpKey
 from sessions.progress import Progress, ProgressGenerator
 from viewer import comparison_view as cv
@@ -32,9 +33,9 @@ SaveChooser = Callable[[QWidget, str], "Path | None"]
 """Asks where to save a rerun capture (a file dialog; tests inject a path)."""
 
 
-def iter_timeline(native: Capture, oracle: Capture) -> ProgressGenerator[Timeline]:
+def iter_timeline(native: Capture, oracle: Capture, comparison: Comparison) -> ProgressGenerator[Timeline]:
     yield Progress(0, 1, "laying out attention calls")
-    return build_timeline(native, oracle)
+    return build_timeline(native, oracle, comparison)
 
 
 def iter_identity(path: Path) -> ProgressGenerator[tuple[Path, CaptureIdentity]]:
@@ -61,7 +62,7 @@ class DispatchTabs(QObject):
         self.model, self.tasks, self.banners = model, tasks, banners
         self.timeline_model = TimelineModel(None, self)
         self.timeline = TimelineView(self.timeline_model)
-        self.rerun_model = RerunPanelModel(None, None, self)
+        self.rerun_model = RerunPanelModel(self)
         self.rerun = RerunPanel(self.rerun_model)
         self.choose_save_path: SaveChooser = ask_save_path
         self.timeline.op_selected.connect(self._timeline_selected)
@@ -75,16 +76,18 @@ class DispatchTabs(QObject):
     def _captures_changed(self) -> None:
         self.tasks.cancel_lane("timeline")
         self.timeline_model.set_timeline(None)
-        self.rerun_model.set_captures(self.model.native, self.model.oracle)
+        self.rerun_model.set_pair(self.model.native, self.model.oracle, None)
 
     def _comparison_changed(self) -> None:
-        if self.model.comparison is None or not self.model.has_pair:
+        viewed = self.model.comparison
+        self.rerun_model.set_pair(self.model.native, self.model.oracle, viewed.comparison if viewed is not None else None)
+        if viewed is None or not self.model.has_pair:
             return
-        native, oracle = self.model.native, self.model.oracle
+        native, oracle, comparison = self.model.native, self.model.oracle, viewed.comparison
         assert native is not None and oracle is not None
         self.tasks.submit(
             "timeline",
-            lambda: iter_timeline(native, oracle),
+            lambda: iter_timeline(native, oracle, comparison),
             on_success=self._timeline_ready,
             on_failure=lambda message: self.banners.show_message("timeline", "warning", f"The dispatch timeline could not be built: {message}"),
         )
@@ -98,15 +101,15 @@ class DispatchTabs(QObject):
     def _timeline_selected(self, key: OpKey | None) -> None:
         if key is None:
             return
-        pair = cv.find_pair(self.model.comparison, key.step, key.segment, key.layer, key.op, key.occurrence)
+        pair = cv.find_pair(self.model.comparison, key)
         if pair is not None:
             self.model.select(pair)
 
     def _selection_changed(self, pair: Any) -> None:
         if pair is None:
             return
-        key = OpKey(*cv.pair_key(pair))
-        self.rerun.set_key(format_key(OpKey(key.step, key.segment, key.layer, key.op, 0)))
+        key = pair.key
+        self.rerun.set_key(OpKey(key.step, key.segment, key.layer, key.op, 0).text())
         timeline, selected = self.timeline_model.timeline, self.timeline_model.selected
         if timeline is not None and selected is not None and timeline.keys[int(timeline.slot[selected])] == key:
             return  # the click that made this selection already chose the call to highlight
@@ -119,7 +122,7 @@ class DispatchTabs(QObject):
         self.banners.show_message(
             "rerun",
             "info",
-            f"Rerun of {format_key(result.target)} finished. Save it as a capture (role rerun) to compare it with either side in a window of its own.",
+            f"Rerun of {result.target.text()} finished. Save it as a capture (role rerun) to compare it with either side in a window of its own.",
             actions=[("Save and compare…", self.save_and_open)],
         )
 
@@ -127,7 +130,7 @@ class DispatchTabs(QObject):
         result = self.rerun_model.result
         if result is None:
             return
-        path = self.choose_save_path(self.rerun, f"rerun-{format_key(result.target).replace(':', '_')}.h5")
+        path = self.choose_save_path(self.rerun, f"rerun-{result.target.text().replace(':', '_')}.h5")
         if path is None:
             return
         try:
@@ -135,7 +138,7 @@ class DispatchTabs(QObject):
         except OSError as exc:
             self.banners.show_message("rerun", "error", f"Could not save the rerun to {path}: {exc.strerror or exc}")
             return
-        key = format_key(result.target)
+        key = result.target.text()
         self.tasks.submit(
             "rerun-identity",
             lambda: iter_identity(saved),

@@ -84,20 +84,20 @@ class OverviewPlot(QWidget):
         x = np.arange(len(series), dtype=np.float64)
         ulp = np.array([np.log2(1.0 + s.max_ulp) for s in series], dtype=np.float64)
         nmse = np.array([np.log10(max(s.nmse, FLOOR)) for s in series], dtype=np.float64)
-        brushes = [pg.mkBrush(STATUS_COLOURS.get(s.status, STATUS_COLOURS["unmatched"])) for s in series]
+        brushes = [pg.mkBrush(STATUS_COLOURS[s.status]) for s in series]
         spots = [{"pos": (x[i], ulp[i]), "data": i, "brush": brushes[i], "pen": None} for i in range(len(series))]
         self.ulp_scatter.setData(spots)
         self.nmse_scatter.setData([{"pos": (x[i], nmse[i]), "data": i, "brush": brushes[i], "pen": None} for i in range(len(series))])
         self.ulp_line.setData(x, ulp)
         self.nmse_line.setData(x, nmse)
-        first = cv.first_divergence(comparison)
+        first = cv.first_finding_pair(comparison)
         self.headline.setText(cv.headline(comparison))
         if first is not None and id(first) in self._position:
             at = float(self._position[id(first)])
             for plot, line in zip((self.ulp_plot, self.nmse_plot), self.first_lines):
                 line.setPos(at)
                 plot.addItem(line)
-            self.first_label.setText(f"first divergence: {cv.pair_label(first)}")
+            self.first_label.setText(f"first {first.verdict}: {first.key}")
             self.first_label.setPos(at + 0.5, float(ulp.max()) if ulp.size else 0.0)
             self.ulp_plot.addItem(self.first_label)
         self.ulp_plot.autoRange()

@@ -31,8 +31,9 @@ from PySide6.QtWidgets import (
 from backends.kernels.head_chunk import DEFAULT_CHUNK_LIMIT
 from backends.rerun import ops as rerun_ops
 from backends.rerun.capture_out import save_rerun
-from backends.rerun.segment import SIDES, OpRerun, RerunOptions, RerunResult, format_key, iter_rerun, parse_key, rerunnable_keys
+from backends.rerun.segment import SIDES, OpRerun, RerunOptions, RerunResult, iter_rerun, rerun_target, rerunnable_keys
 from sessions.capture.reader import Capture
+from sessions.compare.comparison import Comparison
 from sessions.progress import Progress
 from viewer.window.progress_bar import show_progress
 from viewer.workers import TaskSlots
@@ -41,21 +42,24 @@ COLUMNS = ("op", "route that ran", "native vs oracle", "rerun vs native", "rerun
 
 
 class RerunPanelModel(QObject):
-    """The two captures a rerun reads, the keys it can rerun, and the last result."""
+    """The two captures a rerun reads, the comparison whose alignment it follows, the keys it can
+    rerun, and the last result."""
 
     captures_changed = Signal()
     result_changed = Signal(object)
 
-    def __init__(self, native: Capture | None = None, oracle: Capture | None = None, parent: QObject | None = None) -> None:
+    def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
-        self.native, self.oracle = native, oracle
+        self.native: Capture | None = None
+        self.oracle: Capture | None = None
+        self.comparison: Comparison | None = None
         self.keys: list[str] = []
         self.result: RerunResult | None = None
-        self.set_captures(native, oracle)
 
-    def set_captures(self, native: Capture | None, oracle: Capture | None) -> None:
-        self.native, self.oracle = native, oracle
-        self.keys = [format_key(k) for k in rerunnable_keys(native, oracle)] if native is not None and oracle is not None else []
+    def set_pair(self, native: Capture | None, oracle: Capture | None, comparison: Comparison | None) -> None:
+        """Keys come from the comparison's pairs: until a pair is compared there is nothing to rerun."""
+        self.native, self.oracle, self.comparison = native, oracle, comparison
+        self.keys = [k.text() for k in rerunnable_keys(comparison)] if comparison is not None else []
         self.set_result(None)
         self.captures_changed.emit()
 
@@ -66,7 +70,7 @@ class RerunPanelModel(QObject):
 
 def _metric(metrics: object) -> str:
     if metrics is None:
-        return "—"
+        return "not captured"
     if getattr(metrics, "bit_exact"):
         return "bit-exact"
     return f"{getattr(metrics, 'differing')} differ · max {getattr(metrics, 'max_ulp')} ULP"
@@ -184,17 +188,17 @@ class RerunPanel(QWidget):
         )
 
     def run(self) -> None:
-        native, oracle = self.model.native, self.model.oracle
-        if native is None or oracle is None:
-            self.status.setText("Open a native and an oracle capture first.")
+        native, oracle, comparison = self.model.native, self.model.oracle, self.model.comparison
+        if native is None or oracle is None or comparison is None:
+            self.status.setText("Open a native and an oracle capture first, and let the comparison finish.")
             return
         try:
-            key, options = parse_key(self.key.currentText()), self.options()
+            key, options = rerun_target(self.key.currentText()), self.options()
         except ValueError as exc:
             self.status.setText(str(exc))
             return
-        self.status.setText(f"Rerunning {format_key(key)}…")
-        self.tasks.submit("rerun", lambda: iter_rerun(native, oracle, key, options), self._succeeded, self._failed, self._cancelled)
+        self.status.setText(f"Rerunning {key.text()}…")
+        self.tasks.submit("rerun", lambda: iter_rerun(native, oracle, comparison, key, options), self._succeeded, self._failed, self._cancelled)
 
     def _succeeded(self, result: RerunResult) -> None:
         self.progress.setValue(self.progress.maximum())

@@ -13,7 +13,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from PySide6.QtCore import QItemSelectionModel, QModelIndex, QPoint, QSortFilterProxyModel, Qt, Signal
+from PySide6.QtCore import (
+    QItemSelectionModel,
+    QModelIndex,
+    QPoint,
+    QSortFilterProxyModel,
+    Qt,
+    Signal,
+)
 from PySide6.QtGui import QAction, QBrush, QStandardItem, QStandardItemModel
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -30,6 +37,7 @@ from PySide6.QtWidgets import (
 )
 
 from sessions.compare.align import UnalignedRecord
+from sessions.compare.verdict import SEVERITY, Kind
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
 from viewer.theme import icon, status_colour, status_icon
@@ -68,6 +76,7 @@ class AlignmentTree(QWidget):
         super().__init__(parent)
         self._model = model
         self._items: dict[int, QStandardItem] = {}
+        self._unaligned_items: dict[int, QStandardItem] = {}
         self.ask_reason: ReasonQuestion = lambda what: ask_reason(self, what)
         self.choose_partner: PartnerChoice = lambda record, candidates: choose_partner(self, record, candidates)
         layout = QVBoxLayout(self)
@@ -125,6 +134,7 @@ class AlignmentTree(QWidget):
     def rebuild(self) -> None:
         self.items.removeRows(0, self.items.rowCount())
         self._items = {}
+        self._unaligned_items = {}
         comparison = self._model.comparison
         if comparison is None:
             self.summary.setText("Comparing…" if self._model.has_pair else "Open a native and an oracle capture")
@@ -133,7 +143,7 @@ class AlignmentTree(QWidget):
         groups: dict[tuple[Any, ...], QStandardItem] = {}
         root = self.items.invisibleRootItem()
         for pair in cv.pairs(comparison):
-            step, segment, layer = cv.pair_place(pair)
+            step, segment, layer = pair.key.step, pair.key.segment, pair.key.layer
             parent = root
             path: tuple[Any, ...] = ()
             for label, part in ((f"step {step}", step), (segment, segment), (f"layer {layer}" if layer >= 0 else "model (no layer)", layer)):
@@ -143,7 +153,7 @@ class AlignmentTree(QWidget):
                     parent.appendRow(row)
                     groups[path] = row[0]
                 parent = groups[path]
-            status = cv.pair_status(pair, comparison)
+            status = cv.pair_status(pair)
             manual = pair.manual_reason is not None
             label = cv.pair_op_label(pair) + (MANUAL_MARKER if manual else "")
             row = _row(label, status, cv.pair_max_ulp_text(pair), cv.pair_differing_text(pair))
@@ -155,11 +165,12 @@ class AlignmentTree(QWidget):
             _worsen(groups, path, status)
         unaligned = cv.unaligned(comparison)
         if unaligned:
-            branch = _row(f"Unaligned records ({len(unaligned)})", "unmatched")
+            branch = _row(f"Unaligned records ({len(unaligned)})", Kind.UNALIGNED)
             root.appendRow(branch)
             for record in unaligned:
-                row = _row(cv.unaligned_label(record), "unmatched", "", cv.unaligned_reason(record))
+                row = _row(cv.unaligned_label(record), Kind.UNALIGNED, "", cv.unaligned_reason(record))
                 row[0].setData(record, UNALIGNED_ROLE)
+                self._unaligned_items[id(record)] = row[0]
                 row[0].setToolTip(cv.unaligned_reason(record))
                 branch[0].appendRow(row)
         self.view.collapseAll()
@@ -226,11 +237,22 @@ class AlignmentTree(QWidget):
         item = self._items.get(id(pair)) if pair is not None else None
         if item is None:
             return
+        self._make_current(item)
+
+    def reveal_unaligned(self, record: UnalignedRecord) -> None:
+        """Select an unaligned record's row (Ctrl+J when the first finding is a record without a partner)."""
+        item = self._unaligned_items.get(id(record))
+        if item is not None:
+            self._make_current(item)
+
+    def _make_current(self, item: QStandardItem) -> None:
         index = self.proxy.mapFromSource(item.index())
         if not index.isValid():
             self.filter.clear()
             index = self.proxy.mapFromSource(item.index())
-        self.view.scrollTo(index, QAbstractItemView.ScrollHint.PositionAtCenter)
+        if self.view.currentIndex() == index:
+            return  # picked in the tree itself: scrolling now would move another row under the pointer
+        self.view.scrollTo(index, QAbstractItemView.ScrollHint.EnsureVisible)
         self.view.selectionModel().setCurrentIndex(
             index, QItemSelectionModel.SelectionFlag.ClearAndSelect | QItemSelectionModel.SelectionFlag.Rows
         )
@@ -250,9 +272,6 @@ class AlignmentTree(QWidget):
         return out
 
 
-SEVERITY = {"post-EOS": 0, "bit-exact": 0, "within tolerance": 1, "unmatched": 2, "diverged": 3, "contract mismatch": 4}
-
-
 def _row(label: str, status: str | None = None, ulp: str = "", differing: str = "") -> list[QStandardItem]:
     cells = [QStandardItem(label), QStandardItem(status or ""), QStandardItem(ulp), QStandardItem(differing)]
     for cell in cells:
@@ -269,7 +288,7 @@ def _paint(cells: list[QStandardItem], status: str) -> None:
     brush = QBrush(status_colour(status))
     for cell in cells[1:]:
         cell.setForeground(brush)
-    if status != "bit-exact":
+    if status != Kind.BIT_EXACT:
         cells[0].setForeground(brush)
 
 

@@ -144,7 +144,7 @@ class MainWindow(QMainWindow):
 
     def _build_tree_dock(self) -> None:
         self.tree = AlignmentTree(self.model)
-        self.tree.jump_requested.connect(self.jump_to_first_divergence)
+        self.tree.jump_requested.connect(self.jump_to_first_finding)
         dock = QDockWidget("Alignment", self)
         dock.setObjectName("alignmentDock")
         dock.setWidget(self.tree)
@@ -196,7 +196,7 @@ class MainWindow(QMainWindow):
     def _build_actions(self) -> None:
         self.open_action = self._action("&Open captures…", self.open_dialog, QKeySequence.StandardKey.Open, "open-file.svg", "Open one or two capture files (Ctrl+O)")
         self.swap_action = self._action("&Swap roles", self.swap_roles, "Ctrl+Shift+S", "swap-roles.svg", "Swap native and oracle (Ctrl+Shift+S)")
-        self.jump_action = self._action("Jump to &first divergence", self.jump_to_first_divergence, "Ctrl+J", "jump-divergence.svg", "Select the earliest op that is not bit-exact (Ctrl+J)")
+        self.jump_action = self._action("Jump to &first finding", self.jump_to_first_finding, "Ctrl+J", "jump-divergence.svg", "Go to the verdict's first finding, the place `report` names (Ctrl+J)")
         self.next_action = self._action("&Next divergence", lambda: self.step_divergence(+1), "F8", tip="Next op that is not bit-exact (F8)")
         self.prev_action = self._action("&Previous divergence", lambda: self.step_divergence(-1), "Shift+F8", tip="Previous op that is not bit-exact (Shift+F8)")
         self.cancel_action = self._action("&Cancel work", self.cancel_work, "Esc", tip="Cancel the running read or comparison")
@@ -357,17 +357,28 @@ class MainWindow(QMainWindow):
         for level, text in cv.banner_messages(comparison):
             self.banners.show_message("comparison", level, text)
         self.tabs.prerender_hidden()
-        target = cv.first_divergence(comparison) or cv.first_pair(comparison)
+        target = cv.first_finding_pair(comparison) or cv.first_pair(comparison)
         if target is not None:
             self.model.select(target)
 
-    def jump_to_first_divergence(self) -> None:
-        target = cv.first_divergence(self.model.comparison) if self.model.comparison is not None else None
-        if target is None:
-            self.statusBar().showMessage("No divergence: every aligned op is bit-exact." if self.model.comparison is not None else "Open a pair first.", 5000)
+    def jump_to_first_finding(self) -> None:
+        """Ctrl+J: the verdict's first finding, whatever its kind -- the same place the CLI names."""
+        comparison = self.model.comparison
+        if comparison is None:
+            self.statusBar().showMessage("Open a pair first.", 5000)
             return
-        self.model.select(target)
-        self.show_panel(0)
+        first = cv.first_finding(comparison)
+        if first is None:
+            self.statusBar().showMessage(cv.headline(comparison), 5000)
+            return
+        pair = cv.first_finding_pair(comparison)
+        record = cv.first_finding_record(comparison)
+        if pair is not None:
+            self.model.select(pair)
+            self.show_panel(0)
+        elif record is not None:
+            self.tree.reveal_unaligned(record)
+        self.statusBar().showMessage(f"First {first.kind} at {first.key}: {first.detail}", 8000)
 
     def step_divergence(self, direction: int) -> None:
         if self.model.comparison is None:

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QObject, QTimer, Signal
 from PySide6.QtWidgets import QFileDialog, QMessageBox, QWidget
 
-from backends.rerun.segment import parse_key
 from sessions.atomic_write import atomic_write_bytes
 from sessions.capture.identity import (
     CaptureIdentity,
@@ -453,7 +452,7 @@ class SessionController(QObject):
         self.restored.emit()
 
     def _select(self, op: OpKey, view: ViewState | None) -> bool:
-        pair = cv.find_pair(self.window.model.comparison, op.step, op.segment, op.layer, op.op, op.occurrence)
+        pair = cv.find_pair(self.window.model.comparison, op)
         if pair is None:
             self.window.banners.show_message("session", "warning", f"{op.label()} is not in this comparison.")
             return False
@@ -466,7 +465,7 @@ class SessionController(QObject):
     def _selection_changed(self, pair: Any) -> None:
         if pair is None or self._restoring:
             return
-        op = OpKey(*cv.pair_key(pair))
+        op = pair.key
         if op != self.session.selected_op:
             self.session.select_op(op)
 
@@ -493,8 +492,8 @@ class SessionController(QObject):
             self.session.set_view(view)
 
     def _rerun_saved(self, path: Path, identity: CaptureIdentity, key: str) -> None:
-        op = parse_key(key)
-        self.session.add_rerun(path, identity, description=f"live rerun of {key} through MLX", op=OpKey(op.step, op.segment, op.layer, op.op, op.occurrence))
+        op = OpKey.parse(key)
+        self.session.add_rerun(path, identity, description=f"live rerun of {key} through MLX", op=op)
 
     # -- bookmarks ---------------------------------------------------------------------------
 
@@ -503,7 +502,7 @@ class SessionController(QObject):
         if pair is None:
             self.window.statusBar().showMessage("Select an op first, then bookmark it.", 5000)
             return None
-        bookmark = self.session.add_bookmark(OpKey(*cv.pair_key(pair)), note, self.current_view())
+        bookmark = self.session.add_bookmark(pair.key, note, self.current_view())
         self.window.bookmarks.select_bookmark(bookmark.id)
         self.window.bookmarks_dock.show()
         self.window.bookmarks.note.setFocus()

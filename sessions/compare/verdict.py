@@ -1,0 +1,157 @@
+"""The one verdict model: what each aligned op is, what the whole comparison is, and where it first parts.
+
+Every surface -- CLI text, JSON, the tree's icons, Ctrl+J and F8, the Overview, the window's
+verdict strip, the HTML report, a gate's table -- reads these values and never re-derives them,
+so no two surfaces can disagree about the same pair. The rules, in order of precedence:
+
+- A pair after the shared EOS step is `post-eos`: invalid, never a failure.
+- A pair whose kernel or effective contract differs (sessions.compare.contracts) is
+  `contract-mismatch`: its tensors were not expected to agree, whatever their bits.
+- A pair whose bits differ is `within-tolerance` when a tolerance is set and met,
+  `signed-zero-only` when every differing element is a +0/-0 swap, else `diverged`.
+- A bit-exact pair whose attention calls were dispatched differently is `dispatch-only`:
+  identical bits here, a different kernel on another device.
+- Otherwise `bit-exact`.
+
+The comparison's word is the most serious kind present: CONTRACT MISMATCH, then DIVERGENCE
+(bits, tokens or records that could not be aligned), SIGNED-ZERO-ONLY, DISPATCH-ONLY, else
+PARITY. The first finding is the earliest failing pair in the native run's execution order;
+failing tokens and unaligned records are findings only when no pair fails.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from sessions.compare.key import OpKey
+
+
+class Kind(StrEnum):
+    BIT_EXACT = "bit-exact"
+    WITHIN_TOLERANCE = "within-tolerance"
+    DIVERGED = "diverged"
+    SIGNED_ZERO_ONLY = "signed-zero-only"
+    CONTRACT_MISMATCH = "contract-mismatch"
+    DISPATCH_ONLY = "dispatch-only"
+    POST_EOS = "post-eos"
+    UNALIGNED = "unaligned"
+    TOKENS = "tokens"
+    """Greedy tokens differ at a step; only ever a finding, never a pair's kind."""
+
+
+FAILING = frozenset({Kind.DIVERGED, Kind.SIGNED_ZERO_ONLY, Kind.CONTRACT_MISMATCH, Kind.DISPATCH_ONLY, Kind.UNALIGNED, Kind.TOKENS})
+"""Kinds that make a comparison fail (exit 1)."""
+NOT_EXACT = FAILING | {Kind.WITHIN_TOLERANCE}
+"""Kinds F8 steps through: everything a user should look at, passing or not."""
+
+SEVERITY: dict[Kind, int] = {
+    Kind.POST_EOS: 0,
+    Kind.BIT_EXACT: 0,
+    Kind.WITHIN_TOLERANCE: 1,
+    Kind.DISPATCH_ONLY: 2,
+    Kind.SIGNED_ZERO_ONLY: 3,
+    Kind.UNALIGNED: 4,
+    Kind.TOKENS: 5,
+    Kind.DIVERGED: 5,
+    Kind.CONTRACT_MISMATCH: 6,
+}
+"""How serious a kind is: a group of ops (a layer, a step) shows its most serious member's kind."""
+
+PARITY = "PARITY"
+DIVERGENCE = "DIVERGENCE"
+CONTRACT_MISMATCH = "CONTRACT MISMATCH"
+SIGNED_ZERO_ONLY = "SIGNED-ZERO-ONLY"
+DISPATCH_ONLY = "DISPATCH-ONLY"
+UNUSABLE = "UNUSABLE"
+"""Not a comparison's word: what every surface says when an input cannot be read (exit 2)."""
+
+WORD_BY_KIND: tuple[tuple[frozenset[Kind], str], ...] = (
+    (frozenset({Kind.CONTRACT_MISMATCH}), CONTRACT_MISMATCH),
+    (frozenset({Kind.DIVERGED, Kind.TOKENS, Kind.UNALIGNED}), DIVERGENCE),
+    (frozenset({Kind.SIGNED_ZERO_ONLY}), SIGNED_ZERO_ONLY),
+    (frozenset({Kind.DISPATCH_ONLY}), DISPATCH_ONLY),
+)
+
+EXIT_PARITY, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One place where the runs part, named by its key and kind."""
+
+    kind: Kind
+    key: OpKey
+    detail: str
+    """One line that says what differs there, for a person."""
+
+
+@dataclass
+class Verdict:
+    word: str
+    first: Finding | None
+    """The first failing place; None exactly when the word is PARITY."""
+    reasons: list[str] = field(default_factory=list)
+    """Why the comparison fails, one short line each; empty at parity."""
+    counts: dict[str, int] = field(default_factory=dict)
+    """Aligned pairs per kind, plus unaligned records."""
+
+    @property
+    def passed(self) -> bool:
+        return self.word == PARITY
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_PARITY if self.passed else EXIT_FAILED
+
+    @property
+    def headline(self) -> str:
+        """The sentence every surface leads with: the word, and where to look first."""
+        if self.first is None:
+            return f"{self.word}: every aligned op before the shared EOS is bit-exact or within tolerance, and the tokens agree"
+        return f"{self.word}: first {self.first.kind} at {self.first.key} ({self.first.detail})"
+
+
+def classify_pair(
+    *, post_eos: bool, contract_mismatch: bool, bit_exact: bool, within_tolerance: bool, signed_zero_only: bool, dispatch_differs: bool, tolerance_set: bool
+) -> Kind:
+    if post_eos:
+        return Kind.POST_EOS
+    if contract_mismatch:
+        return Kind.CONTRACT_MISMATCH
+    if not bit_exact:
+        if tolerance_set and within_tolerance:
+            return Kind.WITHIN_TOLERANCE
+        return Kind.SIGNED_ZERO_ONLY if signed_zero_only else Kind.DIVERGED
+    return Kind.DISPATCH_ONLY if dispatch_differs else Kind.BIT_EXACT
+
+
+def judge(pair_findings: list[Finding], token_finding: Finding | None, unaligned_findings: list[Finding], pair_kinds: list[Kind]) -> Verdict:
+    """The comparison's verdict from its classified parts.
+
+    `pair_findings` are the failing pairs in execution order, `pair_kinds` every pair's kind
+    (for the counts), `unaligned_findings` the unaligned records before the shared EOS."""
+    present = {f.kind for f in pair_findings} | {f.kind for f in unaligned_findings}
+    if token_finding is not None:
+        present.add(Kind.TOKENS)
+    word = next((w for kinds, w in WORD_BY_KIND if kinds & present), PARITY)
+    ordered = [*pair_findings, *([token_finding] if token_finding else []), *unaligned_findings]
+    counts = Counter(str(k) for k in pair_kinds)
+    if unaligned_findings:
+        counts[str(Kind.UNALIGNED)] = len(unaligned_findings)
+    return Verdict(word, ordered[0] if ordered else None, _reasons(pair_findings, token_finding, unaligned_findings), dict(counts))
+
+
+def _reasons(pairs: list[Finding], token: Finding | None, unaligned: list[Finding]) -> list[str]:
+    by_kind = Counter(f.kind for f in pairs)
+    reasons = []
+    for kind in (Kind.CONTRACT_MISMATCH, Kind.DIVERGED, Kind.SIGNED_ZERO_ONLY, Kind.DISPATCH_ONLY):
+        if by_kind[kind]:
+            first = next(f for f in pairs if f.kind == kind)
+            reasons.append(f"{by_kind[kind]} op(s) {kind}, first at {first.key}")
+    if token is not None:
+        reasons.append(f"greedy tokens differ from step {token.key.step}")
+    if unaligned:
+        reasons.append(f"{len(unaligned)} record(s) could not be aligned, first at {unaligned[0].key}")
+    return reasons

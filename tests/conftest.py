@@ -24,7 +24,7 @@ def artifacts_dir() -> Path:
 @pytest.fixture(scope="session")
 def demo_pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
     """Every demo scenario generated once (seed 0): scenario -> (native path, oracle path)."""
-    from backends.engines.demo_generate import iter_generate
+    from backends.demo.generate import iter_generate
     from sessions.progress import run_to_end
 
     return run_to_end(iter_generate(tmp_path_factory.mktemp("demo"), seed=0))

@@ -17,16 +17,19 @@ from sessions.compare.align import (
     SHAPE_MISMATCH,
     ManualBreak,
     ManualPair,
-    overrides_for_pair,
 )
 from sessions.compare.comparison import CompareOptions, iter_compare
+from sessions.compare.document import dumps, loads
 from sessions.compare.in_child import options_from_json, options_to_json
 from sessions.compare.key import RecordKey
 from sessions.compare.result_cache import iter_compare_cached
 from sessions.compare.verdict import DIVERGENCE, PARITY, Kind
-from sessions.investigation.model import AlignmentOverride, RecordRef
+from sessions.investigation.model import (
+    AlignmentOverride,
+    RecordRef,
+    overrides_for_pair,
+)
 from sessions.progress import run_to_end
-from sessions.report.json_document import dumps, loads
 
 ROWS, WIDTH = 3, 8
 

@@ -12,6 +12,7 @@ from sessions.capture.meta import CaptureMeta
 from sessions.capture.reader import open_capture
 from sessions.capture.writer import CaptureWriter
 from sessions.compare.comparison import CompareOptions, iter_compare
+from sessions.compare.document import dumps, loads
 from sessions.compare.profile_identity import ProfileIdentity, profile_content_hash
 from sessions.compare.profiles import (
     BUILTIN_DIR,
@@ -22,7 +23,6 @@ from sessions.compare.profiles import (
 from sessions.compare.result_cache import iter_compare_cached
 from sessions.compare.verdict import PARITY
 from sessions.progress import run_to_end
-from sessions.report.json_document import dumps, loads
 
 
 def _pair(tmp_path: Path, flip: tuple[int, int] = (50, 3)) -> tuple[Path, Path]:
@@ -46,7 +46,7 @@ def _pair(tmp_path: Path, flip: tuple[int, int] = (50, 3)) -> tuple[Path, Path]:
 def test_the_verdict_names_each_demo_scenarios_documented_word_kind_and_key(
     demo_pairs: dict[str, tuple[Path, Path]], scenario: str
 ) -> None:
-    from backends.engines.demo_generate import SCENARIOS
+    from backends.demo.generate import SCENARIOS
 
     native, oracle = demo_pairs[scenario]
     with open_capture(native) as n, open_capture(oracle) as o:

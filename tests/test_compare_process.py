@@ -12,10 +12,10 @@ import pytest
 from sessions.capture.reader import CaptureError, open_capture
 from sessions.compare.align import ManualBreak
 from sessions.compare.comparison import CompareOptions, iter_compare
+from sessions.compare.document import dumps
 from sessions.compare.in_child import iter_compare_in_child
 from sessions.compare.key import RecordKey
 from sessions.progress import run_to_end
-from sessions.report.json_document import dumps
 from tests.child_processes import child_reading
 from tests.hand_captures import T, write_capture
 

@@ -12,8 +12,7 @@ import platformdirs
 import pytest
 from mlx_lm.models.cache import KVCache
 
-from backends.engines.capture_sink import CaptureSink
-from backends.engines.demo_generate import (
+from backends.demo.generate import (
     DEFAULT_SCENARIO,
     SCENARIOS,
     DemoPrompt,
@@ -21,6 +20,7 @@ from backends.engines.demo_generate import (
     iter_generate,
     pair_paths,
 )
+from backends.engines.capture_sink import CaptureSink
 from backends.engines.demo_model import DemoConfig, build_oracle_model, seeded_weights
 from backends.engines.demo_scenarios import EngineOptions
 from backends.engines.native_engine import rms_norm, rope_neox, rope_tables

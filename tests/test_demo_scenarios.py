@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends.engines.demo_generate import iter_generate
+from backends.demo.generate import iter_generate
 from backends.engines.demo_model import load_weights, weights_hash
 from backends.engines.demo_scenarios import EOS_DECODE_STEP, SCENARIOS, ExpectedVerdict
 from backends.kernels import attention_contracts as contracts

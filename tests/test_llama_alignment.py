@@ -9,13 +9,13 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
+from backends.demo.llama_pairs import demo_weights_f32  # noqa: E402
 from backends.engines.gguf_export import (  # noqa: E402
     export_gguf,
     gguf_to_hf_names,
     read_gguf_weights,
     write_mlx_model_dir,
 )
-from backends.engines.llama_demo import demo_weights_f32  # noqa: E402
 from backends.recorders.llama_recorder import iter_record_llama  # noqa: E402
 from backends.recorders.mlx_recorder import iter_record_mlx  # noqa: E402
 from backends.recorders.record_schedule import TokenSchedule  # noqa: E402

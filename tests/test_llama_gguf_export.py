@@ -8,6 +8,7 @@ import gguf
 import numpy as np
 import pytest
 
+from backends.demo.llama_pairs import demo_weights_f32
 from backends.engines.gguf_export import (
     GgufExportError,
     export_gguf,
@@ -15,7 +16,6 @@ from backends.engines.gguf_export import (
     gguf_to_hf_names,
     read_gguf_weights,
 )
-from backends.engines.llama_demo import demo_weights_f32
 from tests.test_mlx_recorder import TINY
 
 

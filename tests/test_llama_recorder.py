@@ -12,9 +12,9 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
+from backends.demo.llama_pairs import demo_weights_f32  # noqa: E402
 from backends.engines.demo_model import DemoConfig  # noqa: E402
 from backends.engines.gguf_export import VARIANTS, export_gguf  # noqa: E402
-from backends.engines.llama_demo import demo_weights_f32  # noqa: E402
 from backends.recorders.ggml_tensor_struct import (  # noqa: E402
     GgmlLibrary,
     GgmlTensor,

@@ -10,7 +10,7 @@ pytest.importorskip("llama_cpp")
 
 from pytestqt.qtbot import QtBot  # noqa: E402
 
-from backends.engines.llama_demo import iter_generate_llama  # noqa: E402
+from backends.demo.llama_pairs import iter_generate_llama  # noqa: E402
 from sessions.progress import run_to_end  # noqa: E402
 from viewer.settings import ViewerSettings  # noqa: E402
 from viewer.window.main_window import MainWindow  # noqa: E402

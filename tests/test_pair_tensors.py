@@ -10,9 +10,9 @@ from hand_captures import T, bf16_bits, write_capture
 
 from sessions.capture.reader import CaptureError, open_capture
 from sessions.compare.comparison import CompareOptions, Comparison, iter_compare
+from sessions.compare.document import dumps, loads
 from sessions.compare.pair_tensors import iter_read_pair_bits, read_pair_bits
 from sessions.progress import Progress, run_to_end
-from sessions.report.json_document import dumps, loads
 
 ORACLE_PROFILE = """name = "my-mlx"
 [[rule]]

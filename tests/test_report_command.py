@@ -18,9 +18,9 @@ from sessions.capture import format as cf
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.writer import CaptureWriter
 from sessions.commands import report as report_command
+from sessions.compare.document import ReportFormatError, loads
+from sessions.compare.json_plain import plain
 from sessions.compare.tensor_diff import TensorMetrics
-from sessions.json_plain import plain
-from sessions.report.json_document import ReportFormatError, loads
 
 
 @pytest.fixture(autouse=True)

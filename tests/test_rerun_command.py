@@ -16,6 +16,7 @@ from backends.rerun.segment import RerunOptions, iter_rerun, rerun_target
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.reader import open_capture
 from sessions.capture.writer import CaptureWriter
+from sessions.compare.comparison import iter_compare
 from sessions.progress import run_to_end
 from viewer.cli import main
 
@@ -54,7 +55,7 @@ def test_the_command_names_what_is_missing_and_exits_2(demo_pairs: dict, capsys:
 def test_keys_parse_with_an_optional_occurrence() -> None:
     key = rerun_target("2:decode:1:sdpa#1")
     assert (key.step, key.segment, key.layer, key.op, key.occurrence) == (2, "decode", 1, "sdpa", 1)
-    with pytest.raises(ValueError, match="STEP and LAYER must be integers"):
+    with pytest.raises(ValueError, match="STEP, LAYER and OCCURRENCE must be integers"):
         rerun_target("x:visual:0:sdpa")
 
 
@@ -72,7 +73,7 @@ def test_quantized_gguf_weights_are_decoded_with_the_gguf_package(demo_pairs: di
     writer.write_tensors_to_file()
     writer.close()
     with open_capture(native) as n, open_capture(oracle) as o:
-        result = run_to_end(iter_rerun(n, o, rerun_target("0:text-before:0:q_proj"), RerunOptions(weights_path=str(path))))
+        result = run_to_end(iter_rerun(n, o, run_to_end(iter_compare(n, o)), rerun_target("0:text-before:0:q_proj"), RerunOptions(weights_path=str(path))))
         x = next(r for r in o.records if r.name == "model.layers.0.input_layernorm" and r.segment == "text-before")
         x_mx = mx.array(o.read_bits(x)[0]).view(mx.bfloat16)
     decoded = mx.array(dequantize(blocks, GGMLQuantizationType.Q8_0)).astype(mx.bfloat16)
@@ -91,6 +92,6 @@ def test_weights_stored_in_the_capture_are_used_before_any_file(tmp_path: Path) 
         writer.add_tensor("q_proj", np.array(mx.array(x) @ mx.array(w).T), step=0, segment="prefill", layer=0)
         writer.add_tensor("model.layers.0.self_attn.q_proj.weight", w, step=0, segment="prefill", layer=0)
     with open_capture(path) as native, open_capture(path) as oracle:
-        result = run_to_end(iter_rerun(native, oracle, rerun_target("0:prefill:0:q_proj"), RerunOptions(source="native")))
+        result = run_to_end(iter_rerun(native, oracle, run_to_end(iter_compare(native, oracle)), rerun_target("0:prefill:0:q_proj"), RerunOptions(source="native")))
     assert result.reproduces("native") and result.ops[0].dtype == "float32"
     assert result.ops[0].exact["rerun"].rmse < 1e-5

@@ -12,6 +12,7 @@ from backends.rerun.capture_out import save_rerun
 from backends.rerun.segment import RerunOptions, iter_rerun, rerun_target
 from sessions.capture.reader import open_capture
 from sessions.compare.align import align
+from sessions.compare.comparison import iter_compare
 from sessions.compare.profiles import builtin_profiles
 from sessions.progress import Progress, run_to_end
 
@@ -27,7 +28,7 @@ SINGLE_OPS = [
 
 def _rerun(pair: tuple[Path, Path], key: str, **options: object):
     with open_capture(pair[0]) as native, open_capture(pair[1]) as oracle:
-        return run_to_end(iter_rerun(native, oracle, rerun_target(key), RerunOptions(**options)))  # type: ignore[arg-type]
+        return run_to_end(iter_rerun(native, oracle, run_to_end(iter_compare(native, oracle)), rerun_target(key), RerunOptions(**options)))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("key", SINGLE_OPS)
@@ -90,7 +91,7 @@ def test_a_float32_rerun_is_rounded_for_comparison_and_said_so(demo_pairs: dict)
 
 def test_the_rerun_yields_progress_and_closing_it_cancels(demo_pairs: dict) -> None:
     with open_capture(demo_pairs["clean"][0]) as native, open_capture(demo_pairs["clean"][1]) as oracle:
-        work = iter_rerun(native, oracle, rerun_target("0:visual:0:decoder_layer"))
+        work = iter_rerun(native, oracle, run_to_end(iter_compare(native, oracle)), rerun_target("0:visual:0:decoder_layer"))
         first, second = next(work), next(work)
         assert isinstance(first, Progress) and second.label.startswith("rerunning step 0 visual layer 0 attn_norm")
         work.close()
@@ -126,8 +127,8 @@ def test_missing_inputs_are_named_with_the_layer_and_side(demo_pairs: dict, tmp_
                 writer.add_tensor(record.name, source.read_bits(record), step=0, segment=record.segment, layer=record.layer, dtype=record.dtype)
     with open_capture(native_path) as native, open_capture(demo_pairs["clean"][1]) as oracle:
         with pytest.raises(ValueError, match=r"^SDPA rerun needs q, k and v of layer 1; the native capture has no k \("):
-            run_to_end(iter_rerun(native, oracle, rerun_target("0:text-before:1:sdpa"), RerunOptions(source="native")))
+            run_to_end(iter_rerun(native, oracle, run_to_end(iter_compare(native, oracle)), rerun_target("0:text-before:1:sdpa"), RerunOptions(source="native")))
         with pytest.raises(ValueError, match="needs the K/V cache of layer 1 from step 0 text-before .*native capture has no k there"):
-            run_to_end(iter_rerun(native, oracle, rerun_target("0:visual:1:sdpa"), RerunOptions(source="native")))
+            run_to_end(iter_rerun(native, oracle, run_to_end(iter_compare(native, oracle)), rerun_target("0:visual:1:sdpa"), RerunOptions(source="native")))
         with pytest.raises(ValueError, match="embed cannot be rerun"):
-            run_to_end(iter_rerun(native, oracle, rerun_target("0:text-before:-1:embed"), RerunOptions()))
+            run_to_end(iter_rerun(native, oracle, run_to_end(iter_compare(native, oracle)), rerun_target("0:text-before:-1:embed"), RerunOptions()))

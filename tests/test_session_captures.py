@@ -9,20 +9,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sessions.capture.identity import (
+from sessions.capture.identity import identity_of_file
+from sessions.capture.meta import CaptureMeta
+from sessions.capture.reader import CaptureError
+from sessions.capture.writer import CaptureWriter
+from sessions.compare.key import OpKey
+from sessions.investigation.capture_gate import (
     CaptureIdentityError,
     CaptureState,
     accept_changed_capture,
     check_captures,
     check_captures_progress,
-    identity_of_file,
     locate_capture,
     open_session_capture,
 )
-from sessions.capture.meta import CaptureMeta
-from sessions.capture.reader import CaptureError
-from sessions.capture.writer import CaptureWriter
-from sessions.compare.key import OpKey
 from sessions.investigation.model import Investigation
 from sessions.investigation.store import SessionDocument
 from sessions.progress import Progress

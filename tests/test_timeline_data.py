@@ -15,6 +15,8 @@ from backends.dispatch.timeline import (
     layout,
 )
 from sessions.capture.reader import open_capture
+from sessions.compare.comparison import iter_compare
+from sessions.progress import run_to_end
 from tests.timeline_captures import write_dispatch_capture
 
 
@@ -22,7 +24,7 @@ from tests.timeline_captures import write_dispatch_capture
 def test_head_chunk_scenario_flags_exactly_the_text_after_ops_as_dispatching_differently(demo_pairs: dict) -> None:
     native, oracle = demo_pairs["head-chunk"]
     with open_capture(native) as n, open_capture(oracle) as o:
-        timeline = build_timeline(n, o)
+        timeline = build_timeline(n, o, run_to_end(iter_compare(n, o)))
     differing = {timeline.keys[s].segment for s in np.unique(timeline.slot[timeline.differs]).tolist()}
     assert differing == {"text-after"}
     text_after = [i for i, k in enumerate(timeline.keys) if k is not None and k.segment == "text-after"]
@@ -38,7 +40,7 @@ def test_a_recorded_primitive_the_predictor_disagrees_with_is_flagged(tmp_path: 
     oracle = write_dispatch_capture(tmp_path / "o.h5", role="oracle", ops=4, heads_per_call=0, q_heads=8, kv_heads=2,
                                     primitive="fallback", device="cpu")
     with open_capture(native) as n, open_capture(oracle) as o:
-        timeline = build_timeline(n, o)
+        timeline = build_timeline(n, o, run_to_end(iter_compare(n, o)))
     assert timeline.route_mismatch[timeline.side == 0].all()
     assert not timeline.route_mismatch[timeline.side == 1].any()
     assert PRIMITIVE_CODES[timeline.predicted[0]] == "sdpa_vector"
@@ -50,7 +52,7 @@ def test_lanes_put_native_above_oracle_and_boxes_span_their_head_range(tmp_path:
     native = write_dispatch_capture(tmp_path / "n.h5", role="native", ops=2, heads_per_call=0, q_heads=12, kv_heads=2)
     oracle = write_dispatch_capture(tmp_path / "o.h5", role="oracle", ops=2, heads_per_call=5, q_heads=12, kv_heads=2)
     with open_capture(native) as n, open_capture(oracle) as o:
-        timeline = build_timeline(n, o)
+        timeline = build_timeline(n, o, run_to_end(iter_compare(n, o)))
     boxes = layout(timeline, "group")
     assert boxes.lane_labels == ["native L0 g0", "native L0 g1", "native L1 g0", "native L1 g1",
                                  "oracle L0 g0", "oracle L0 g1", "oracle L1 g0", "oracle L1 g1"]

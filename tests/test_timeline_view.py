@@ -11,6 +11,8 @@ from PySide6.QtCore import Qt
 
 from backends.dispatch.timeline import build_timeline
 from sessions.capture.reader import open_capture
+from sessions.compare.comparison import iter_compare
+from sessions.progress import run_to_end
 from tests.timeline_captures import write_dispatch_capture
 from viewer.panels.timeline_model import TimelineModel
 from viewer.panels.timeline_view import BoxesItem, TimelineView
@@ -32,7 +34,7 @@ def _view(qtbot, timeline) -> TimelineView:  # type: ignore[no-untyped-def]
 @pytest.mark.slow
 def test_clicking_a_call_selects_its_op_and_hovering_describes_it(qtbot, demo_pairs: dict, artifacts_dir: Path) -> None:  # type: ignore[no-untyped-def]
     with open_capture(demo_pairs["head-chunk"][0]) as n, open_capture(demo_pairs["head-chunk"][1]) as o:
-        timeline = build_timeline(n, o)
+        timeline = build_timeline(n, o, run_to_end(iter_compare(n, o)))
     view = _view(qtbot, timeline)
     target = int(np.flatnonzero((timeline.side == 1) & timeline.differs & (timeline.head_count == 1))[0])
     widget_pos = view.plot.mapFromScene(view.scene_pos_of(target))
@@ -53,7 +55,7 @@ def test_clicking_a_call_selects_its_op_and_hovering_describes_it(qtbot, demo_pa
 @pytest.mark.slow
 def test_lane_axis_and_colour_switches_rebuild_the_boxes(qtbot, demo_pairs: dict) -> None:  # type: ignore[no-untyped-def]
     with open_capture(demo_pairs["head-chunk"][0]) as n, open_capture(demo_pairs["head-chunk"][1]) as o:
-        view = _view(qtbot, build_timeline(n, o))
+        view = _view(qtbot, build_timeline(n, o, run_to_end(iter_compare(n, o))))
     by_group = list(view.model.boxes.lane_labels)
     view.lanes.setCurrentIndex(1)
     assert view.model.lane_mode == "call" and view.model.boxes.lane_labels[0] == "native call 0"
@@ -68,7 +70,7 @@ def test_highlighted_calls_are_outlined_and_selection_follows_the_tree(qtbot, tm
     native = write_dispatch_capture(tmp_path / "n.h5", role="native", ops=6, heads_per_call=0, q_heads=12, kv_heads=2, device="Apple M3 gpu")
     oracle = write_dispatch_capture(tmp_path / "o.h5", role="oracle", ops=6, heads_per_call=5, q_heads=12, kv_heads=2)
     with open_capture(native) as n, open_capture(oracle) as o:
-        timeline = build_timeline(n, o)
+        timeline = build_timeline(n, o, run_to_end(iter_compare(n, o)))
     view = _view(qtbot, timeline)
     assert timeline.differs.all() and timeline.route_mismatch[timeline.side == 0].all()
     assert "6 call(s) whose recorded primitive disagrees" in view.summary.text()
@@ -83,7 +85,7 @@ def test_ten_thousand_calls_are_painted_by_one_item_with_level_of_detail(qtbot, 
     native = write_dispatch_capture(tmp_path / "n.h5", role="native", ops=420, heads_per_call=2)
     oracle = write_dispatch_capture(tmp_path / "o.h5", role="oracle", ops=420, heads_per_call=0)
     with open_capture(native) as n, open_capture(oracle) as o:
-        timeline = build_timeline(n, o)
+        timeline = build_timeline(n, o, run_to_end(iter_compare(n, o)))
     assert len(timeline) == 420 * 24 + 420 > 10_000
     view = _view(qtbot, timeline)
     started = time.perf_counter()

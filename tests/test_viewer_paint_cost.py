@@ -14,9 +14,9 @@ from PySide6.QtGui import QImage
 from PySide6.QtWidgets import QLabel
 from pytestqt.qtbot import QtBot
 
-from viewer.plots.opaque_grid_axis import OpaqueGridAxis, grid_axes
 from viewer.settings import ViewerSettings
 from viewer.theme import PALETTES, restyle_plots
+from viewer.widgets.opaque_grid_axis import OpaqueGridAxis, grid_axes
 from viewer.window.main_window import MainWindow
 from viewer.window.panel_tabs import PanelTabs
 

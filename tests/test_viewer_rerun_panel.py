@@ -8,6 +8,8 @@ import pytest
 from PySide6.QtCore import Qt
 
 from sessions.capture.reader import open_capture
+from sessions.compare.comparison import iter_compare
+from sessions.progress import run_to_end
 from viewer.panels.rerun_panel import RerunPanel, RerunPanelModel
 
 pytestmark = [pytest.mark.slow, pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")]
@@ -16,7 +18,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.qt_log_ignore("This plugin does not 
 @pytest.fixture
 def panel(qtbot, demo_pairs: dict):  # type: ignore[no-untyped-def]
     native, oracle = (open_capture(p) for p in demo_pairs["attention-contract"])
-    widget = RerunPanel(RerunPanelModel(native, oracle))
+    model = RerunPanelModel()
+    model.set_pair(native, oracle, run_to_end(iter_compare(native, oracle)))
+    widget = RerunPanel(model)
     qtbot.addWidget(widget)
     widget.resize(1440, 900)
     widget.show()

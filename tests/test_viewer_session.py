@@ -14,9 +14,8 @@ from PySide6.QtCore import QByteArray, Qt
 from PySide6.QtGui import QImage
 from pytestqt.qtbot import QtBot
 
-from sessions.capture.identity import CaptureState
+from sessions.investigation.capture_gate import CaptureState
 from sessions.report.html_page import PNG_SIGNATURE
-from viewer import comparison_view as cv
 from viewer.settings import ViewerSettings
 from viewer.tensor.tensor_loader import SliceSpec
 from viewer.window.main_window import MainWindow
@@ -115,7 +114,7 @@ def test_bookmarks_notes_selection_and_view_survive_a_restart(qtbot: QtBot, tmp_
     restored = again.session.session
     assert [(b.id, b.op, b.note) for b in restored.bookmarks] == [(b.id, b.op, b.note) for b in bookmarks]
     assert restored.bookmarks[0].note == "first divergence: q_norm rounding"
-    assert cv.pair_key(again.model.selected) == cv.pair_key(pair)
+    assert again.model.selected.key == pair.key
     assert again.tensor_view.data.spec == spec, "the held index of the slice is restored"
     assert again.model.scale == "absolute" and again.tabs.currentIndex() == 1
     assert [ref.role for ref in restored.captures] == ["native", "oracle"] and all(ref.profile for ref in restored.captures)
@@ -123,7 +122,7 @@ def test_bookmarks_notes_selection_and_view_survive_a_restart(qtbot: QtBot, tmp_
     again.bookmarks.select_bookmark(bookmarks[0].id)
     qtbot.mouseClick(again.bookmarks.jump_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: again.tensor_view.data is not None and again.tensor_view.data.request.label == first.key.text() and not again.tasks.busy, timeout=WAIT_MS)
-    assert cv.pair_key(again.model.selected) == cv.pair_key(first) and again.model.scale == "ULP"
+    assert again.model.selected.key == first.key and again.model.scale == "ULP"
 
     markdown = tmp_path / "notes.md"
     assert again.session.export_markdown(markdown)

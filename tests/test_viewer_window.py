@@ -127,7 +127,7 @@ def test_empty_window_shows_a_drop_hint_and_no_pair(window: MainWindow, artifact
 
 
 def test_demo_pair_opens_at_first_divergence_with_the_engines_bits(qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]], artifacts_dir: Path) -> None:
-    from backends.engines.demo_generate import DEFAULT_SCENARIO
+    from backends.demo.generate import DEFAULT_SCENARIO
 
     native_path, oracle_path = demo_pairs[DEFAULT_SCENARIO]
     window.open_pair(native_path, oracle_path)
@@ -159,7 +159,8 @@ def test_demo_pair_opens_at_first_divergence_with_the_engines_bits(qtbot: QtBot,
     assert inspector.verdict.text() == f"{ulp} ULP apart"
 
     banners = " ".join(window.banners.texts())
-    assert ("KERNEL_CONTRACT_MISMATCH" in banners) == bool(comparison.contracts.findings)
+    assert (f"CONTRACT MISMATCH at <code>{first.key}</code>" in banners) == bool(comparison.contracts.findings)
+    assert "attn.bf16.single_range" in banners and "attn.f32.tiled64x64" in banners and "Why it matters" in banners
     shoot(window, artifacts_dir, "tensor-diff")
     for index, name in enumerate(("overview", "token-parity", "provenance"), start=1):
         window.show_panel(index)

@@ -9,17 +9,30 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from html import escape
 
 import numpy as np
 
 from sessions.capture.reader import Capture, CaptureError
 from sessions.compare.align import UnalignedRecord
-from sessions.compare.comparison import CompareOptions, Comparison, PairResult, unaligned_key
+from sessions.compare.comparison import (
+    CompareOptions,
+    Comparison,
+    PairResult,
+    unaligned_key,
+)
 from sessions.compare.contracts import ContractFinding
 from sessions.compare.in_child import iter_compare_in_child
 from sessions.compare.key import OpKey
 from sessions.compare.pair_tensors import PairSide, pair_sides
-from sessions.compare.token_parity import DIFFER, MATCH, MISSING, POST_EOS, TokenStep, TopEntry
+from sessions.compare.token_parity import (
+    DIFFER,
+    MATCH,
+    MISSING,
+    POST_EOS,
+    TokenStep,
+    TopEntry,
+)
 from sessions.compare.verdict import NOT_EXACT, Finding, Kind
 from sessions.progress import ProgressGenerator
 from viewer.tensor.tensor_loader import SliceSpec, TensorRequest
@@ -178,6 +191,28 @@ def banner_messages(viewed: ViewedComparison) -> list[tuple[str, str]]:
     """Provenance warnings: what makes the whole comparison suspect. The verdict itself is the
     verdict strip's, and contract findings have their own card."""
     return [("error" if "MISMATCH" in w else "warning", w) for w in viewed.comparison.provenance.warnings]
+
+
+def contract_card(viewed: ViewedComparison) -> str | None:
+    """The contract findings as a card (rich text): which op, which contract each side ran, and
+    why that matters -- settled from index metadata before any tensor byte was read."""
+    findings = viewed.comparison.contracts.findings
+    if not findings:
+        return None
+    first = findings[0]
+    rows = "".join(
+        f"<tr><td><b>{side}</b>&nbsp;&nbsp;</td><td>kernel <code>{escape(ids.kernel_id or 'not recorded')}</code>, "
+        f"declared <code>{escape(ids.contract_id or 'not recorded')}</code>, effective <code>{escape(ids.effective_contract_id or 'not recorded')}</code></td></tr>"
+        for side, ids in (("native", first.native), ("oracle", first.oracle))
+    )
+    ops = len({f.key for f in findings})
+    more = f" {ops - 1} more op(s) have contract findings (F8 steps through them)." if ops > 1 else ""
+    return (
+        f"<b>CONTRACT MISMATCH at <code>{first.key}</code></b> ({escape(first.kind)}, checked before any tensor data)"
+        f"<table>{rows}</table>"
+        f"Why it matters: the two runs executed different arithmetic here, so their bits are not expected to agree, "
+        f"and every later difference may be inherited from this op.{more}"
+    )
 
 
 def provenance_mismatches(viewed: ViewedComparison | None) -> set[str]:

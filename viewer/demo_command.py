@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _generate(out_dir: Path, scenarios: list[str] | None, seed: int) -> dict[str, tuple[Path, Path]]:
-    from backends.engines.demo_generate import iter_generate
+    from backends.demo.generate import iter_generate
 
     work = iter_generate(out_dir, scenarios, seed)
     while True:
@@ -43,8 +43,13 @@ def _generate(out_dir: Path, scenarios: list[str] | None, seed: int) -> dict[str
 
 
 def run(args: argparse.Namespace) -> int:
-    from backends.engines.demo_generate import DEFAULT_SCENARIO, SCENARIOS, default_demo_dir, pair_paths
-    from backends.engines.llama_demo import LLAMA_SCENARIOS
+    from backends.demo.generate import (
+        DEFAULT_SCENARIO,
+        SCENARIOS,
+        default_demo_dir,
+        pair_paths,
+    )
+    from backends.demo.llama_pairs import LLAMA_SCENARIOS
 
     unknown = sorted(set(args.scenario or ()) - set(SCENARIOS) - set(LLAMA_SCENARIOS))
     if unknown:

@@ -29,9 +29,9 @@ from backends.rerun.segment import (
 )
 from sessions.capture.reader import CaptureError, open_capture
 from sessions.compare.comparison import CompareOptions
+from sessions.compare.json_plain import plain
 from sessions.compare.profiles import ProfileError
 from sessions.compare.result_cache import iter_compare_cached
-from sessions.json_plain import plain
 from sessions.progress import run_to_end
 
 EXIT_REPRODUCED, EXIT_DIFFERS, EXIT_UNUSABLE = 0, 1, 2

@@ -114,11 +114,11 @@ def _report(args: argparse.Namespace, session: Investigation | None = None) -> i
     # Imported after the head start, so the disk works while numpy and h5py load.
     from sessions.capture.reader import CaptureError
     from sessions.compare.comparison import CompareOptions, iter_compare
+    from sessions.compare.document import dumps
     from sessions.compare.layout_transform import LayoutError
     from sessions.compare.profiles import ProfileError
     from sessions.compare.result_cache import iter_compare_cached
     from sessions.progress import run_to_end
-    from sessions.report.json_document import dumps
     from sessions.report.text import render
 
     options = CompareOptions(

@@ -16,7 +16,6 @@ from sessions.capture.reader import Record
 from sessions.compare.key import OpKey, RecordKey
 from sessions.compare.layout_transform import LayoutError, LayoutTransform
 from sessions.compare.profiles import Profile
-from sessions.investigation.model import AlignmentOverride
 
 NO_RULE = "no_rule"
 LAYER_CONFLICT = "layer_conflict"
@@ -74,19 +73,6 @@ class ManualBreak:
 
 
 AlignOverride = ManualPair | ManualBreak
-
-
-def overrides_for_pair(overrides: tuple[AlignmentOverride, ...], native_id: str, oracle_id: str) -> tuple[AlignOverride, ...]:
-    """The session's overrides that concern this native/oracle pair of captures, as `align` takes
-    them (either side may be `left`); overrides between other captures are not about this pair."""
-    out: list[AlignOverride] = []
-    for o in overrides:
-        ends = {o.left.capture_id: o.left.key, o.right.capture_id: o.right.key}
-        if set(ends) != {native_id, oracle_id}:
-            continue
-        native, oracle = ends[native_id], ends[oracle_id]
-        out.append(ManualPair(native, oracle, o.reason) if o.action == "pair" else ManualBreak(native, o.reason))
-    return tuple(out)
 
 
 @dataclass(frozen=True)

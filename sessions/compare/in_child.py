@@ -7,7 +7,7 @@ own interpreter's lock. A child is also a crash boundary: a crafted file that se
 libhdf5 during the diff ends the child, and the caller gets a message naming the files.
 
 The child streams `progress DONE TOTAL LABEL` lines and ends with a `result` line followed by
-the comparison as the JSON document of sessions.report.json_document (the CLI's `--json` output and
+the comparison as the JSON document of sessions.compare.document (the CLI's `--json` output and
 the sidecar cache's content), or one `error {...}` line. Run as
 `python -m sessions.compare.in_child [--options JSON] [--cache-dir DIR] NATIVE ORACLE`.
 """
@@ -28,9 +28,9 @@ from pathlib import Path
 from sessions.capture.reader import CaptureError, open_capture
 from sessions.child_env import child_env
 from sessions.compare.comparison import CompareOptions, Comparison, iter_compare
+from sessions.compare.document import ReportFormatError, dumps, loads
 from sessions.compare.result_cache import iter_compare_cached
 from sessions.progress import Progress, ProgressGenerator
-from sessions.report.json_document import ReportFormatError, dumps, loads
 
 PROGRESS = "progress"
 RESULT = "result"

@@ -24,10 +24,10 @@ import platformdirs
 from sessions.capture.identity import CaptureIdentity, identity_of_capture
 from sessions.capture.reader import Capture
 from sessions.compare.comparison import CompareOptions, Comparison, iter_compare, resolve_profiles
+from sessions.compare.document import DOCUMENT_VERSION, ReportFormatError, dumps, loads
 from sessions.compare.profile_identity import identify
 from sessions.compare.profiles import Profile
 from sessions.progress import Progress, ProgressGenerator
-from sessions.report.json_document import DOCUMENT_VERSION, ReportFormatError, dumps, loads
 
 CACHE_FORMAT = 2
 SESSIONS_DIR = Path(__file__).resolve().parent.parent

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 from sessions.capture.format import ROLES
 from sessions.capture.identity import CaptureIdentity
+from sessions.compare.align import AlignOverride, ManualBreak, ManualPair
 from sessions.compare.key import OpKey, RecordKey
 
 if TYPE_CHECKING:
@@ -362,3 +363,16 @@ class Investigation:
     def set_summary(self, summary: str) -> None:
         self.summary = summary
         self._changed(ChangeKind.NOTE)
+
+
+def overrides_for_pair(overrides: tuple[AlignmentOverride, ...], native_id: str, oracle_id: str) -> tuple[AlignOverride, ...]:
+    """The session's overrides that concern this native/oracle pair of captures, as `align` takes
+    them (either side may be `left`); overrides between other captures are not about this pair."""
+    out: list[AlignOverride] = []
+    for o in overrides:
+        ends = {o.left.capture_id: o.left.key, o.right.capture_id: o.right.key}
+        if set(ends) != {native_id, oracle_id}:
+            continue
+        native, oracle = ends[native_id], ends[oracle_id]
+        out.append(ManualPair(native, oracle, o.reason) if o.action == "pair" else ManualBreak(native, o.reason))
+    return tuple(out)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sessions.capture.identity import check_capture
+from sessions.investigation.capture_gate import check_capture
 from sessions.investigation.model import Investigation
 from sessions.investigation.store import SessionDocument, SessionOpenError
 

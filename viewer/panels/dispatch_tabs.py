@@ -26,7 +26,7 @@ from viewer.pair_model import PairModel
 from viewer.panels.rerun_panel import RerunPanel, RerunPanelModel
 from viewer.panels.timeline_model import TimelineModel
 from viewer.panels.timeline_view import TimelineView
-from viewer.window.banner import BannerArea
+from viewer.widgets.banner import BannerArea
 from viewer.workers import TaskSlots
 
 SaveChooser = Callable[[QWidget, str], "Path | None"]

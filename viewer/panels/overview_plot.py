@@ -15,8 +15,8 @@ from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
-from viewer.plots.opaque_grid_axis import grid_axes, show_grid
 from viewer.theme import STATUS_COLOURS
+from viewer.widgets.opaque_grid_axis import grid_axes, show_grid
 
 FIRST = "#d64541"
 FLOOR = 1e-30

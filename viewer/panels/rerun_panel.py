@@ -31,11 +31,19 @@ from PySide6.QtWidgets import (
 from backends.kernels.head_chunk import DEFAULT_CHUNK_LIMIT
 from backends.rerun import ops as rerun_ops
 from backends.rerun.capture_out import save_rerun
-from backends.rerun.segment import SIDES, OpRerun, RerunOptions, RerunResult, iter_rerun, rerun_target, rerunnable_keys
+from backends.rerun.segment import (
+    SIDES,
+    OpRerun,
+    RerunOptions,
+    RerunResult,
+    iter_rerun,
+    rerun_target,
+    rerunnable_keys,
+)
 from sessions.capture.reader import Capture
 from sessions.compare.comparison import Comparison
 from sessions.progress import Progress
-from viewer.window.progress_bar import show_progress
+from viewer.widgets.progress_bar import show_progress
 from viewer.workers import TaskSlots
 
 COLUMNS = ("op", "route that ran", "native vs oracle", "rerun vs native", "rerun vs oracle", "closer to exact (RMSE native / oracle / rerun)")

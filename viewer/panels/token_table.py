@@ -7,7 +7,15 @@ row after it is greyed and labelled post-EOS, so a difference there never reads 
 from __future__ import annotations
 
 from PySide6.QtGui import QBrush, QColor, QFont
-from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QLabel, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QHeaderView,
+    QLabel,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
 
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel

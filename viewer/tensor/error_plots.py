@@ -12,8 +12,8 @@ import pyqtgraph as pg
 from PySide6.QtWidgets import QWidget
 
 from sessions.compare.tensor_diff import AxisProfile
-from viewer.plots.opaque_grid_axis import grid_axes, show_grid
 from viewer.tensor.tensor_loader import ABS_EDGES, TensorSlice
+from viewer.widgets.opaque_grid_axis import grid_axes, show_grid
 
 EXACT = "#2e9d57"
 HOT = "#d64541"

@@ -19,7 +19,14 @@ from sessions.bits.dtypes import as_values, logical_dtype
 from sessions.capture.reader import Capture, Record
 from sessions.compare.tensor_diff import TensorMetrics, element_maps
 from sessions.progress import Progress, ProgressGenerator
-from viewer.tensor.display_aggregate import block_factors, block_max, block_mean, finite_for_display, levels_of, to_rgba
+from viewer.tensor.display_aggregate import (
+    block_factors,
+    block_max,
+    block_mean,
+    finite_for_display,
+    levels_of,
+    to_rgba,
+)
 
 CHUNK_BYTES = 2 * 1024 * 1024
 """Bytes per read and per diff chunk: small enough that the UI thread gets the lock often."""

@@ -31,7 +31,12 @@ from viewer.pair_model import COLOUR_SCALES, PairModel
 from viewer.tensor.display_aggregate import block_factors
 from viewer.tensor.error_plots import ErrorPlots, set_title
 from viewer.tensor.inspector import ElementInspector, InspectedElement, inspect
-from viewer.tensor.tensor_loader import DetailRegion, SliceSpec, TensorSlice, detail_bounds
+from viewer.tensor.tensor_loader import (
+    DetailRegion,
+    SliceSpec,
+    TensorSlice,
+    detail_bounds,
+)
 
 pg.setConfigOptions(imageAxisOrder="row-major")
 

@@ -141,12 +141,20 @@ class AlignmentTree(QWidget):
             return
         self.summary.setText(cv.summary_line(comparison))
         groups: dict[tuple[Any, ...], QStandardItem] = {}
+        layered: set[tuple[int, str]] = set()
         root = self.items.invisibleRootItem()
         for pair in cv.pairs(comparison):
             step, segment, layer = pair.key.step, pair.key.segment, pair.key.layer
             parent = root
             path: tuple[Any, ...] = ()
-            for label, part in ((f"step {step}", step), (segment, segment), (f"layer {layer}" if layer >= 0 else "model (no layer)", layer)):
+            if layer >= 0:
+                layered.add((step, segment))
+                place: tuple[str, Any] = (f"layer {layer}", layer)
+            else:
+                # Model-level ops sit where they ran, before or after the layers, so the tree
+                # reads top to bottom in execution order, like every other surface.
+                place = ("model, after the layers", "after") if (step, segment) in layered else ("model, before the layers", "before")
+            for label, part in ((f"step {step}", step), (segment, segment), place):
                 path = (*path, part)
                 if path not in groups:
                     row = _row(label)

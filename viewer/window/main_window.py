@@ -12,7 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QByteArray, Qt, QUrl
-from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence
+from PySide6.QtGui import (
+    QAction,
+    QCloseEvent,
+    QDragEnterEvent,
+    QDropEvent,
+    QKeySequence,
+)
 from PySide6.QtWidgets import (
     QApplication,
     QDockWidget,
@@ -36,15 +42,21 @@ from viewer.panels.overview_plot import OverviewPlot
 from viewer.panels.provenance_panel import ProvenancePanel
 from viewer.panels.token_table import TokenTable
 from viewer.settings import ViewerSettings
-from viewer.tensor.tensor_loader import SliceSpec, TensorSlice, iter_prepare, iter_prepare_detail
+from viewer.tensor.tensor_loader import (
+    SliceSpec,
+    TensorSlice,
+    iter_prepare,
+    iter_prepare_detail,
+)
 from viewer.tensor.tensor_view import TensorView
 from viewer.theme import apply_theme, icon, restyle_plots
 from viewer.tree.alignment_tree import AlignmentTree
-from viewer.window.banner import BannerArea
+from viewer.widgets.banner import BannerArea
+from viewer.widgets.progress_bar import show_progress
 from viewer.window.drop_hint import DropHint
 from viewer.window.panel_tabs import PanelTabs
-from viewer.window.progress_bar import show_progress
 from viewer.window.session_controller import SessionController
+from viewer.window.verdict_strip import VerdictStrip
 from viewer.workers import TaskSlots
 
 TABS = ("Tensor diff", "Overview", "Token parity", "Provenance", "Dispatch timeline", "Rerun")
@@ -119,6 +131,9 @@ class MainWindow(QMainWindow):
         layout = QVBoxLayout(central)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(0)
+        self.verdict_strip = VerdictStrip(self.model)
+        self.verdict_strip.go_requested.connect(self.jump_to_first_finding)
+        layout.addWidget(self.verdict_strip)
         self.banners = BannerArea()
         layout.addWidget(self.banners)
         self.stack = QStackedWidget()
@@ -356,6 +371,9 @@ class MainWindow(QMainWindow):
             return
         for level, text in cv.banner_messages(comparison):
             self.banners.show_message("comparison", level, text)
+        card = cv.contract_card(comparison)
+        if card is not None:
+            self.banners.show_message("comparison", "error", card)
         self.tabs.prerender_hidden()
         target = cv.first_finding_pair(comparison) or cv.first_pair(comparison)
         if target is not None:

@@ -20,24 +20,40 @@ from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QObject, QTimer, Sign
 from PySide6.QtWidgets import QFileDialog, QMessageBox, QWidget
 
 from sessions.atomic_write import atomic_write_bytes
-from sessions.capture.identity import (
-    CaptureIdentity,
+from sessions.capture.identity import CaptureIdentity, identity_of_capture
+from sessions.capture.reader import Capture, Record
+from sessions.compare.align import UnalignedRecord
+from sessions.compare.comparison import CompareOptions, PairResult
+from sessions.compare.key import OpKey, RecordKey
+from sessions.investigation.bookmarks_markdown import bookmarks_markdown
+from sessions.investigation.capture_gate import (
     CaptureState,
     CaptureStatus,
     accept_changed_capture,
     check_captures_progress,
-    identity_of_capture,
     locate_capture,
     open_session_capture,
 )
-from sessions.capture.reader import Capture, Record
-from sessions.compare.align import UnalignedRecord, overrides_for_pair
-from sessions.compare.comparison import CompareOptions, PairResult
-from sessions.compare.key import OpKey, RecordKey
-from sessions.investigation.bookmarks_markdown import bookmarks_markdown
-from sessions.investigation.model import Bookmark, CaptureRef, ColourScale, Investigation, RecordRef, ViewState
-from sessions.investigation.recovery import Autosaver, RecoveryOffer, claim_recovery_offers
-from sessions.investigation.store import SessionDocument, SessionOpenError, SessionSaveError, describe_os_error
+from sessions.investigation.model import (
+    Bookmark,
+    CaptureRef,
+    ColourScale,
+    Investigation,
+    RecordRef,
+    ViewState,
+    overrides_for_pair,
+)
+from sessions.investigation.recovery import (
+    Autosaver,
+    RecoveryOffer,
+    claim_recovery_offers,
+)
+from sessions.investigation.store import (
+    SessionDocument,
+    SessionOpenError,
+    SessionSaveError,
+    describe_os_error,
+)
 from sessions.progress import Progress, ProgressGenerator
 from sessions.report.html_page import render_html
 from viewer import comparison_view as cv

@@ -14,8 +14,8 @@ from enum import Enum
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from sessions.compare.comparison import Comparison
+from sessions.compare.json_plain import plain
 from sessions.compare.key import OpKey
-from sessions.json_plain import plain
 
 DOCUMENT_FORMAT = "parity-xray-report"
 DOCUMENT_VERSION = 3

@@ -16,6 +16,7 @@ import numpy as np
 import platformdirs
 from mlx_lm.models.cache import KVCache
 
+from backends.demo.llama_pairs import LLAMA_SCENARIOS, iter_generate_llama
 from backends.engines.capture_sink import CaptureSink
 from backends.engines.demo_model import (
     MODEL_ID,
@@ -34,7 +35,6 @@ from backends.engines.demo_scenarios import (
     EngineOptions,
     Scenario,
 )
-from backends.engines.llama_demo import LLAMA_SCENARIOS, iter_generate_llama
 from backends.engines.native_engine import NativeEngine
 from backends.engines.oracle_engine import OracleEngine
 from backends.kernels import metal_routes

@@ -1,0 +1,178 @@
+"""Every surface names the same verdict, kind and key for the same pair.
+
+One case per demo scenario plus planted cases (a 1-ULP flip, a signed-zero flip, a contract
+change, a dispatch-only change, a missing record, a token difference after the shared EOS).
+For each, the CLI text, the JSON, the HTML, the tree's first non-exact op, Ctrl+J's target,
+the Overview's marker and the window's verdict strip are read and must agree with what the
+case documents.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PySide6.QtCore import Qt
+from pytestqt.qtbot import QtBot
+
+from sessions.commands import report as report_command
+from sessions.compare.key import OpKey
+from sessions.compare.verdict import (
+    CONTRACT_MISMATCH,
+    DISPATCH_ONLY,
+    DIVERGENCE,
+    NOT_EXACT,
+    PARITY,
+    SIGNED_ZERO_ONLY,
+    Kind,
+)
+from tests.hand_captures import T, bf16_bits, write_capture
+from viewer.settings import ViewerSettings
+from viewer.tree.alignment_tree import PAIR_ROLE, UNALIGNED_ROLE
+from viewer.window.main_window import MainWindow
+
+pytestmark = pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")
+
+WAIT_MS = 120_000
+CALL = dict(kv_group=-1, head_start=0, head_count=4, q_heads=4, kv_heads=1, q_rows=4, kv_len=4, head_dim=8, primitive="fallback")
+
+
+@dataclass(frozen=True)
+class Case:
+    native: Path
+    oracle: Path
+    word: str
+    kind: Kind | None
+    key: str | None
+
+
+def _planted(tmp_path: Path, name: str) -> Case:
+    """Three ops of one layer and two token steps, with one planted difference on the native side."""
+    rng = np.random.default_rng(7)
+    norm = bf16_bits(rng.standard_normal((4, 8)))
+    attention = bf16_bits(rng.standard_normal((4, 32)))
+    out = bf16_bits(rng.standard_normal((4, 8)))
+    out[1, 1] = 0x8000
+    n_norm, n_out = norm.copy(), out.copy()
+    n_contract, n_calls, tokens_native = "attn.f16", [CALL], [(0, 5, False), (1, 2, True)]
+    tensors_native = True
+    if name == "one-ulp":
+        n_norm[2, 3] += 1
+    elif name == "signed-zero":
+        n_out[1, 1] = 0x0000
+    elif name == "contract":
+        n_contract = "attn.f32"
+    elif name == "dispatch-only":
+        n_calls = [dict(CALL, kv_group=0, head_count=2), dict(CALL, kv_group=0, head_start=2, head_count=2)]
+    elif name == "missing":
+        tensors_native = False
+    elif name == "post-eos-token":
+        tokens_native = [(0, 5, False), (1, 2, True), (2, 9, False)]
+
+    def tensors(norm_bits: np.ndarray, out_bits: np.ndarray, contract: str, calls: list[dict[str, object]], with_out: bool) -> list[T]:
+        ids = dict(kernel_id="sdpa", contract_id=contract, effective_contract_id=contract)
+        made = [
+            T("attn_norm", norm_bits, layer=0, dtype="bfloat16"),
+            T("sdpa", attention, layer=0, dtype="bfloat16", dispatch=calls, **ids),
+        ]
+        return made + ([T("layer_out", out_bits, layer=0, dtype="bfloat16")] if with_out else [])
+
+    native = write_capture(tmp_path / f"{name}.native.h5", "native", tensors(n_norm, n_out, n_contract, n_calls, tensors_native), tokens_native)
+    oracle = write_capture(tmp_path / f"{name}.oracle.h5", "oracle", tensors(norm, out, "attn.f16", [CALL], True), [(0, 5, False), (1, 2, True)])
+    expected = {
+        "one-ulp": (DIVERGENCE, Kind.DIVERGED, "0:prefill:0:attn_norm"),
+        "signed-zero": (SIGNED_ZERO_ONLY, Kind.SIGNED_ZERO_ONLY, "0:prefill:0:layer_out"),
+        "contract": (CONTRACT_MISMATCH, Kind.CONTRACT_MISMATCH, "0:prefill:0:sdpa"),
+        "dispatch-only": (DISPATCH_ONLY, Kind.DISPATCH_ONLY, "0:prefill:0:sdpa"),
+        "missing": (DIVERGENCE, Kind.UNALIGNED, "0:prefill:0:layer_out"),
+        "post-eos-token": (PARITY, None, None),
+    }[name]
+    return Case(native, oracle, *expected)
+
+
+PLANTED = ("one-ulp", "signed-zero", "contract", "dispatch-only", "missing", "post-eos-token")
+SCENARIOS = ("clean", "head-chunk", "attention-contract", "swiglu-order", "signed-zero", "post-eos")
+
+
+@pytest.fixture(params=[f"planted:{n}" for n in PLANTED] + [f"demo:{n}" for n in SCENARIOS])
+def case(request: pytest.FixtureRequest, tmp_path: Path) -> Case:
+    source, name = request.param.split(":")
+    if source == "planted":
+        return _planted(tmp_path, name)
+    from backends.engines.demo_scenarios import SCENARIOS as DOCUMENTED
+
+    native, oracle = request.getfixturevalue("demo_pairs")[name]
+    expected = DOCUMENTED[name].expected
+    return Case(native, oracle, expected.word, expected.kind, None if expected.key is None else expected.key.text())
+
+
+def _headless(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, dict, str]:
+    parser = argparse.ArgumentParser()
+    report_command.add_arguments(parser)
+    out_json, out_html = tmp_path / "r.json", tmp_path / "r.html"
+    code = report_command.run(parser.parse_args([str(case.native), str(case.oracle), "--json", str(out_json), "--html", str(out_html)]))
+    return code, capsys.readouterr().out, json.loads(out_json.read_text()), out_html.read_text()
+
+
+def _first_non_exact_in_tree(win: MainWindow) -> str | None:
+    """Walk the tree's op rows in display order; the first whose kind is not bit-exact (or an unaligned row)."""
+    model = win.tree.items
+
+    def walk(parent) -> str | None:  # type: ignore[no-untyped-def]
+        for row in range(parent.rowCount()):
+            item = parent.child(row, 0)
+            pair = item.data(PAIR_ROLE)
+            if pair is not None and pair.verdict in NOT_EXACT:
+                return pair.key.text()
+            found = walk(item)
+            if found is not None:
+                return found
+        return None
+
+    return walk(model.invisibleRootItem())
+
+
+def test_every_surface_names_the_same_verdict_kind_and_key(case: Case, tmp_path: Path, qtbot: QtBot, capsys: pytest.CaptureFixture[str]) -> None:
+    code, text, document, html = _headless(case, tmp_path, capsys)
+    assert code == (0 if case.word == PARITY else 1)
+    first_line = text.splitlines()[0]
+    assert first_line.startswith(f"{case.word}: ")
+    verdict = document["verdict"]
+    assert verdict["word"] == case.word
+    if case.key is None:
+        assert verdict["first"] is None and "First finding: none" in text
+    else:
+        assert (verdict["first"]["kind"], verdict["first"]["key"]) == (case.kind, case.key)
+        assert f"first {case.kind} at {case.key}" in first_line
+        assert f"First finding: {case.kind} at {case.key}" in text
+        assert f"<code>{case.key}</code>" in html
+    assert f">{case.word}: " in html
+
+    win = MainWindow(ViewerSettings(tmp_path / "viewer.ini"))
+    qtbot.addWidget(win)
+    win.resize(1280, 720)
+    win.show()
+    win.open_pair(case.native, case.oracle)
+    qtbot.waitUntil(lambda: win.model.comparison is not None and not win.tasks.busy, timeout=WAIT_MS)
+    assert win.verdict_strip.word.text() == case.word
+    pair_kinds = {Kind.DIVERGED, Kind.SIGNED_ZERO_ONLY, Kind.CONTRACT_MISMATCH, Kind.DISPATCH_ONLY}
+    if case.key is None:
+        assert not win.verdict_strip.go.isVisible()
+        assert win.overview.first_label.scene() is None
+    else:
+        assert f"first {case.kind} at {case.key}" in win.verdict_strip.detail.text()
+        qtbot.keyClick(win, Qt.Key.Key_J, Qt.KeyboardModifier.ControlModifier)
+        if case.kind in pair_kinds:
+            assert win.model.selected is not None and win.model.selected.key == OpKey.parse(case.key)
+            assert win.tree.view.currentIndex().data(PAIR_ROLE) is win.model.selected
+            assert _first_non_exact_in_tree(win) == case.key
+            assert win.overview.first_label.toPlainText() == f"first {case.kind}: {case.key}"
+        else:
+            current = win.tree.view.currentIndex()
+            record = win.tree.proxy.mapToSource(current.siblingAtColumn(0)).data(UNALIGNED_ROLE)
+            assert record is not None and f"{record.step}:{record.segment}:{record.layer}" in case.key
+    win.close()

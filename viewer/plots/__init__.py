@@ -1,1 +1,0 @@
-"""pyqtgraph pieces shared by several plots."""

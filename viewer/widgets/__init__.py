@@ -1,0 +1,1 @@
+"""Small widgets several windows and panels share: banners, progress bars, plot axes."""

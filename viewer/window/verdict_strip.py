@@ -1,0 +1,80 @@
+"""The verdict strip: the comparison's word, its first finding and a way to go there, always visible.
+
+A user must read the outcome in five seconds without choosing a tab; the strip reads the one
+verdict model (sessions.compare.verdict), the same object `report` prints, so the window and
+the CLI cannot disagree.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QWidget
+
+from sessions.compare.verdict import UNUSABLE
+from viewer.pair_model import PairModel
+from viewer.theme import WORD_COLOURS
+
+
+class VerdictStrip(QFrame):
+    go_requested = Signal()
+    """The user asked to see the first finding (the same as Ctrl+J)."""
+
+    def __init__(self, model: PairModel, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._model = model
+        self.setObjectName("verdictStrip")
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(12, 6, 12, 6)
+        layout.setSpacing(14)
+        self.word = QLabel()
+        self.word.setObjectName("verdictWord")
+        font = self.word.font()
+        font.setPointSizeF(font.pointSizeF() * 1.5)
+        font.setBold(True)
+        self.word.setFont(font)
+        self.detail = QLabel()
+        self.detail.setWordWrap(True)
+        self.detail.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.go = QPushButton("Go to it (Ctrl+J)")
+        self.go.clicked.connect(self.go_requested)
+        layout.addWidget(self.word)
+        layout.addWidget(self.detail, 1)
+        layout.addWidget(self.go)
+        model.comparison_changed.connect(self.refresh)
+        model.captures_changed.connect(self.refresh)
+        self.refresh()
+
+    def refresh(self) -> None:
+        viewed = self._model.comparison
+        if viewed is None:
+            self.setVisible(self._model.has_pair)
+            self._paint("Comparing…", "", "#5f6773")
+            self.go.setVisible(False)
+            return
+        verdict = viewed.comparison.verdict
+        first = verdict.first
+        if first is None:
+            detail = verdict.headline.split(": ", 1)[1]
+        else:
+            detail = f"first {first.kind} at {first.key}: {first.detail}"
+            if len(verdict.reasons) > 1:
+                detail += f"  ·  also: {'; '.join(verdict.reasons[1:])}"
+        self._paint(verdict.word, detail, WORD_COLOURS[verdict.word])
+        self.go.setVisible(first is not None)
+        self.setVisible(True)
+
+    def show_unusable(self, message: str) -> None:
+        """An input that cannot be read: the same word `report` uses for exit 2."""
+        self._paint(UNUSABLE, message, WORD_COLOURS[UNUSABLE])
+        self.go.setVisible(False)
+        self.setVisible(True)
+
+    def _paint(self, word: str, detail: str, colour: str) -> None:
+        self.word.setText(word)
+        self.detail.setText(detail)
+        self.detail.setToolTip(detail)
+        self.setStyleSheet(
+            f"QFrame#verdictStrip {{ background: {colour}; }} QFrame#verdictStrip QLabel {{ color: #ffffff; }}"
+            "QFrame#verdictStrip QPushButton { color: #1b1f24; background: #ffffff; border-radius: 3px; padding: 3px 10px; }"
+        )
+

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hand_captures import T, bf16_bits, write_capture
 
 from sessions.capture.reader import open_capture
@@ -162,3 +163,35 @@ def test_a_sessions_overrides_for_a_pair_are_those_between_its_two_captures_eith
         AlignmentOverride("pair", RecordRef("native", a), RecordRef("rerun", b), "another capture"),
     )
     assert overrides_for_pair(session_overrides, "native", "oracle") == (ManualPair(a, b, "swapped ends"), ManualBreak(a, "broken"))
+
+
+@pytest.mark.slow
+def test_a_manual_pairing_is_what_the_timeline_and_the_rerun_use(demo_pairs: dict[str, tuple[Path, Path]]) -> None:
+    from backends.dispatch.timeline import build_timeline
+    from backends.rerun.segment import RerunOptions, iter_rerun
+    from sessions.compare.key import OpKey
+
+    key = OpKey(0, "text-after", 0, "sdpa")
+    native_record = RecordKey(0, "text-after", 0, "kqv_out-0")
+    wrong_oracle = RecordKey(0, "text-after", 1, "model.layers.1.self_attn.sdpa")
+    native_path, oracle_path = demo_pairs["head-chunk"]
+    with open_capture(native_path) as n, open_capture(oracle_path) as o:
+        automatic = run_to_end(iter_compare(n, o))
+        manual = run_to_end(iter_compare(n, o, CompareOptions(overrides=(ManualPair(native_record, wrong_oracle, "user says so"),))))
+        paired = next(p for p in manual.pairs if p.key == key)
+        assert paired.manual_reason == "user says so" and paired.oracle_name == wrong_oracle.name
+
+        for comparison, oracle_seq in ((automatic, next(p.oracle_seq for p in automatic.pairs if p.key == key)), (manual, paired.oracle_seq)):
+            timeline = build_timeline(n, o, comparison)
+            slot = timeline.keys.index(key)
+            oracle_calls = (timeline.slot == slot) & (timeline.side == 1)
+            rows = o.dispatch[o.dispatch["index_seq"] == oracle_seq]
+            expected_ms = (rows["t_start_ns"] - o.dispatch["t_start_ns"].min()) / 1e6
+            assert len(rows) == 4 and sorted(timeline.t_start_ms[oracle_calls].tolist()) == sorted(expected_ms.tolist())
+
+        def rerun_vs_oracle(comparison):  # type: ignore[no-untyped-def]
+            result = run_to_end(iter_rerun(n, o, comparison, key, RerunOptions(source="oracle")))
+            return result.ops[0].three_way["rerun vs oracle"]
+
+        assert rerun_vs_oracle(automatic).bit_exact, "the oracle's own inputs on its own route give back its bits"
+        assert not rerun_vs_oracle(manual).bit_exact, "with the manual pairing the rerun is judged against layer 1's output"

@@ -1,34 +1,54 @@
-"""The domain and compute layers never import Qt, so they run headless and in CI."""
+"""Import rules, enforced by import-linter (contracts in pyproject.toml) and checked at run time.
+
+The domain and compute layers never import Qt, so they run headless and in CI; layers only import
+downwards (viewer -> backends -> sessions); feature folders never import each other in a circle."""
 
 from __future__ import annotations
 
-import ast
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 QT_MODULES = ("PySide6", "pyqtgraph", "superqt", "qtpy", "PyQt5", "PyQt6", "shiboken6")
 
 
-def _imported_modules(path: Path) -> set[str]:
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module.split(".")[0])
-    return names
+def _lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    """import-linter over the packages under `root`, with the contracts in root's pyproject.toml."""
+    env = dict(os.environ, PYTHONPATH=str(root))
+    lint = Path(sys.executable).with_name("lint-imports")
+    return subprocess.run([str(lint), "--config", "pyproject.toml", "--no-cache"], cwd=root, env=env, capture_output=True, text=True)
 
 
-def test_sessions_and_backends_sources_import_no_qt() -> None:
-    offenders = [
-        f"{path.relative_to(ROOT)} imports {sorted(_imported_modules(path) & set(QT_MODULES))}"
-        for package in ("sessions", "backends")
-        for path in sorted((ROOT / package).rglob("*.py"))
-        if _imported_modules(path) & set(QT_MODULES)
-    ]
-    assert offenders == []
+def test_import_linter_contracts_hold_for_the_tree() -> None:
+    result = _lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout
+    assert "3 kept, 0 broken" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "contract", "evidence"),
+    [
+        ("sessions/compare/verdict.py", "import PySide6.QtCore", "The domain and compute layers never import Qt", "sessions.compare.verdict -> PySide6"),
+        ("sessions/compare/verdict.py", "import backends.kernels.head_chunk", "Layers: the viewer uses backends and sessions", "sessions.compare.verdict -> backends.kernels.head_chunk"),
+        ("backends/kernels/head_chunk.py", "import viewer.theme", "Layers: the viewer uses backends and sessions", "backends.kernels.head_chunk -> viewer.theme"),
+        ("sessions/compare/key.py", "import sessions.report.text", "Feature folders do not import each other in a circle", "No cycles are allowed in sessions."),
+    ],
+)
+def test_a_forbidden_import_breaks_its_contract(tmp_path: Path, module: str, line: str, contract: str, evidence: str) -> None:
+    for package in ("sessions", "backends", "viewer"):
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    planted = tmp_path / module
+    planted.write_text(planted.read_text() + f"\n{line}  # planted by the test\n")
+    result = _lint_imports(tmp_path)
+    assert result.returncode == 1
+    broken = result.stdout[result.stdout.index("Broken contracts"):]
+    assert contract in broken and evidence in broken
 
 
 def test_importing_every_domain_module_loads_no_qt_at_runtime() -> None:

@@ -1,8 +1,10 @@
 """The readable summary of a comparison, in the order an investigation reads it.
 
-Warnings about the inputs first (a weights mismatch invalidates everything below), then
-execution state, then the first divergence with both values as bits and decimals, the worst
-ops, token parity and whatever could not be aligned.
+Warnings about the inputs first (a weights mismatch invalidates everything below), then the
+verdict in one line (the same words every surface uses), where the inputs came from, the first
+finding with both values as bits and decimals, the worst ops, token parity, execution state and
+whatever could not be aligned. The default is a summary a person reads in one screen; `full`
+lists everything.
 """
 
 from __future__ import annotations

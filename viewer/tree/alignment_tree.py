@@ -87,7 +87,7 @@ class AlignmentTree(QWidget):
         self.filter.setClearButtonEnabled(True)
         top.addWidget(self.filter, 1)
         self.jump_button = QPushButton(icon("jump-divergence.svg"), "First divergence")
-        self.jump_button.setToolTip("Jump to first divergence (Ctrl+J); next/previous: F8 / Shift+F8")
+        self.jump_button.setToolTip("Jump to the first finding (Ctrl+J); next/previous op that is not bit-exact: F8 / Shift+F8")
         self.jump_button.clicked.connect(self.jump_requested)
         top.addWidget(self.jump_button)
         layout.addLayout(top)

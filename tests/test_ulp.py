@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from sessions.bits.element_info import describe, ulp_between
-from sessions.bits.ulp import ordered_line, ulp_distance
+from sessions.bits.ulp import ordered_line, ulp_distance, ulp_size
+from sessions.compare.tensor_diff import DiffAccumulator, Tolerance
+from tests.hand_captures import bf16_bits
 
 
 def test_adjacent_bfloat16_patterns_are_one_ulp_apart() -> None:
@@ -68,3 +70,20 @@ def test_describe_accepts_numpy_bits_and_reinterprets_them() -> None:
 def test_describe_rejects_bits_wider_than_the_dtype() -> None:
     with pytest.raises(ValueError):
         describe(0x1_0000, "bfloat16")
+
+
+def test_ulp_size_is_the_grid_spacing_at_the_value_and_the_subnormal_spacing_at_zero() -> None:
+    bits = bf16_bits([1.0, 1.5, 2.0, -0.000865936279296875, 0.0, -0.0])
+    assert ulp_size(bits, "bfloat16").tolist() == [2.0**-7, 2.0**-7, 2.0**-6, 2.0**-18, 2.0**-133, 2.0**-133]
+    assert ulp_size(np.array([1.0, 2.0**-149], dtype=np.float32).view(np.uint32), "float32").tolist() == [2.0**-23, 2.0**-149]
+
+
+def test_ulp_error_stays_small_where_a_value_flips_sign_near_zero() -> None:
+    native = np.array([0x3A8D, 0x3F81], dtype=np.uint16)
+    oracle = np.array([0xBA63, 0x3F80], dtype=np.uint16)
+    accumulator = DiffAccumulator("bfloat16", (2,), Tolerance())
+    accumulator.add(native, oracle)
+    metrics = accumulator.finish()
+    assert metrics.max_ulp == 29937
+    near_zero = (0.00107574462890625 + 0.000865936279296875) / 2.0**-18
+    assert metrics.max_ulp_error == pytest.approx(near_zero) and 500 < near_zero < 520

@@ -33,6 +33,21 @@ def float_layout(logical: str) -> tuple[int, int]:
     return {"bfloat16": (8, 7), "float16": (5, 10), "float32": (8, 23), "float64": (11, 52)}[logical]
 
 
+def ulp_size(bits: np.ndarray, logical: str) -> np.ndarray:
+    """The spacing of the float grid at each value (float64): one unit in the last place of that
+    value's binade, the smallest subnormal spacing for zeros and subnormals. Integers: 1.
+
+    It is the unit of the standard ULP error |native - oracle| / ulp(oracle), which stays small
+    where two values straddle zero, unlike the count of representable steps between them."""
+    if not is_float_dtype(logical):
+        return np.ones(bits.shape, dtype=np.float64)
+    exponent_bits, mantissa_bits = float_layout(logical)
+    unsigned = bits.view(FLOAT_BIT_DTYPES[logical]).astype(np.int64)
+    biased = (unsigned >> mantissa_bits) & ((1 << exponent_bits) - 1)
+    bias = (1 << (exponent_bits - 1)) - 1
+    return np.ldexp(1.0, (np.maximum(biased, 1) - bias - mantissa_bits).astype(np.int32))
+
+
 def ordered_line(bits: np.ndarray, logical: str) -> np.ndarray:
     """Positions of float bit patterns on the monotonic signed line, as int64.
 

@@ -23,7 +23,13 @@ from typing import Any
 import h5py
 import numpy as np
 
-from sessions.bits.dtypes import LOGICAL_DTYPES, UnknownDtypeError, as_values, logical_dtype, quantized_nbytes
+from sessions.bits.dtypes import (
+    LOGICAL_DTYPES,
+    UnknownDtypeError,
+    as_values,
+    logical_dtype,
+    quantized_nbytes,
+)
 from sessions.capture import format as cf
 from sessions.capture.hdf5_safety import (
     CHECK_TIMEOUT_S,

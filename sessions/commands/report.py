@@ -96,7 +96,10 @@ def _write_json(path: str, text: str) -> None:
 def run(args: argparse.Namespace) -> int:
     session = None
     if getattr(args, "session", None):
-        from sessions.investigation.session_report import SessionReportError, apply_session
+        from sessions.investigation.session_report import (
+            SessionReportError,
+            apply_session,
+        )
 
         try:
             session = apply_session(args)

@@ -20,18 +20,61 @@ import numpy as np
 from sessions.bits.dtypes import as_values, logical_dtype
 from sessions.capture.read_ahead import ReadAhead
 from sessions.capture.reader import Capture
-from sessions.compare.align import AlignedPair, Alignment, AlignOverride, ManualBreak, ManualPair, UnalignedRecord, align
-from sessions.compare.contracts import ContractCheck, ContractFinding, check_contracts, validated_routes
-from sessions.compare.dispatch_diff import DispatchDifference, compare_dispatch, events_by_record
+from sessions.compare.align import (
+    AlignedPair,
+    Alignment,
+    AlignOverride,
+    ManualBreak,
+    ManualPair,
+    UnalignedRecord,
+    align,
+)
+from sessions.compare.contracts import (
+    ContractCheck,
+    ContractFinding,
+    check_contracts,
+    validated_routes,
+)
+from sessions.compare.dispatch_diff import (
+    DispatchDifference,
+    compare_dispatch,
+    events_by_record,
+)
 from sessions.compare.key import OpKey, RecordKey
-from sessions.compare.pair_reader import PairReader, chunk_rows, pair_bytes, read_ahead_spans
+from sessions.compare.pair_reader import (
+    PairReader,
+    chunk_rows,
+    pair_bytes,
+    read_ahead_spans,
+)
 from sessions.compare.profile_identity import ProfileIdentity, identify
-from sessions.compare.profiles import CANONICAL_OPS, HEADS_SOURCE, Profile, ProfileError, detect_profile, resolve_profile
+from sessions.compare.profiles import (
+    CANONICAL_OPS,
+    HEADS_SOURCE,
+    Profile,
+    ProfileError,
+    detect_profile,
+    resolve_profile,
+)
 from sessions.compare.provenance_diff import ProvenanceDiff, diff_provenance
 from sessions.compare.record_sources import sources_for
 from sessions.compare.tensor_diff import DiffAccumulator, TensorMetrics, Tolerance
-from sessions.compare.token_parity import TokenParity, TopEntry, compare_tokens, shared_eos_step, tokens_by_step, top_k
-from sessions.compare.verdict import FAILING, Finding, Kind, Verdict, classify_pair, judge
+from sessions.compare.token_parity import (
+    TokenParity,
+    TopEntry,
+    compare_tokens,
+    shared_eos_step,
+    tokens_by_step,
+    top_k,
+)
+from sessions.compare.verdict import (
+    FAILING,
+    Finding,
+    Kind,
+    Verdict,
+    classify_pair,
+    judge,
+)
 from sessions.progress import Progress, ProgressGenerator
 
 READ_AHEAD_BYTES = 256 * 1024 * 1024
@@ -355,10 +398,10 @@ def _token_finding(tokens: TokenParity, results: list[PairResult]) -> Finding | 
 
 
 def worst_ops(c: Comparison, top: int) -> list[PairResult]:
-    """The pre-EOS pairs that differ, worst first: by NMSE, then max ULP, then how many elements."""
+    """The pre-EOS pairs that differ, worst first: by NMSE, then ULP error, then how many elements."""
     return sorted(
         (p for p in c.pairs if not p.post_eos and not p.metrics.bit_exact),
-        key=lambda p: (p.metrics.nmse, p.metrics.max_ulp or 0, p.metrics.differing),
+        key=lambda p: (p.metrics.nmse, p.metrics.max_ulp_error or 0.0, p.metrics.differing),
         reverse=True,
     )[:top]
 

@@ -23,7 +23,12 @@ import platformdirs
 
 from sessions.capture.identity import CaptureIdentity, identity_of_capture
 from sessions.capture.reader import Capture
-from sessions.compare.comparison import CompareOptions, Comparison, iter_compare, resolve_profiles
+from sessions.compare.comparison import (
+    CompareOptions,
+    Comparison,
+    iter_compare,
+    resolve_profiles,
+)
 from sessions.compare.document import DOCUMENT_VERSION, ReportFormatError, dumps, loads
 from sessions.compare.profile_identity import identify
 from sessions.compare.profiles import Profile

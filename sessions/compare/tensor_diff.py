@@ -26,7 +26,7 @@ import numpy as np
 
 from sessions.bits.dtypes import as_bit_pattern, as_values, logical_dtype
 from sessions.bits.element_info import describe
-from sessions.bits.ulp import inf_mask, is_float_dtype, nan_mask, ulp_distance
+from sessions.bits.ulp import inf_mask, is_float_dtype, nan_mask, ulp_distance, ulp_size
 
 EXACT_P99_DISTINCT_LIMIT = 100_000
 """Past this many distinct ULP values, p99 is reported as a histogram bucket edge."""
@@ -81,6 +81,11 @@ class TensorMetrics:
     size: int
     differing: int = 0
     max_ulp: int | None = None
+    """The most representable steps between a native and an oracle value (-0 to +0 is 1)."""
+    max_ulp_error: float | None = None
+    """The largest standard ULP error, |native - oracle| in units of the oracle value's ULP, over
+    both-finite differing elements: what ranks ops usefully, since values that flip sign near
+    zero read as tens of thousands of steps but only a few ULPs of error."""
     p99_ulp: int | None = None
     p99_exact: bool = True
     ulp_histogram: list[int] = field(default_factory=list)
@@ -374,6 +379,9 @@ class DiffAccumulator:
             m.signed_zero_only += int(np.count_nonzero((va == 0) & (vb == 0)))
         self._correct_sums(va, vb, finite)
         abs_err = np.where(finite, np.abs(np.where(finite, va, 0.0) - np.where(finite, vb, 0.0)), 0.0)
+        if finite.any():
+            error = float((abs_err[finite] / ulp_size(ob[finite], self.logical)).max())
+            m.max_ulp_error = error if m.max_ulp_error is None else max(m.max_ulp_error, error)
         with np.errstate(divide="ignore", invalid="ignore"):
             rel_err = np.where(abs_err == 0, 0.0, abs_err / np.abs(vb))
         ulp_or_none = [None if bad else int(u) for u, bad in zip(ulp[:1], any_nan[:1])]

@@ -15,7 +15,12 @@ from sessions.capture.meta import CaptureMeta
 from sessions.capture.reader import CaptureError
 from sessions.capture.writer import CaptureWriter
 from sessions.importers.manifest import Manifest, load_manifest
-from sessions.importers.sources import ImportedArray, from_directory, from_npz, from_safetensors
+from sessions.importers.sources import (
+    ImportedArray,
+    from_directory,
+    from_npz,
+    from_safetensors,
+)
 from sessions.progress import Progress, ProgressGenerator
 
 KINDS = ("safetensors", "npz", "dir")

@@ -15,7 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
-from sessions.bits.dtypes import UnknownDtypeError, logical_dtype, logical_name_of, quantized_nbytes
+from sessions.bits.dtypes import (
+    UnknownDtypeError,
+    logical_dtype,
+    logical_name_of,
+    quantized_nbytes,
+)
 from sessions.capture.reader import CaptureError
 from sessions.importers.manifest import Entry, Manifest, default_manifest
 

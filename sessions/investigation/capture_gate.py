@@ -14,7 +14,11 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sessions.capture.identity import CaptureIdentity, identity_of_capture, identity_of_file
+from sessions.capture.identity import (
+    CaptureIdentity,
+    identity_of_capture,
+    identity_of_file,
+)
 from sessions.progress import Progress, ProgressGenerator, run_to_end
 
 if TYPE_CHECKING:

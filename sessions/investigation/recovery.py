@@ -25,7 +25,11 @@ import platformdirs
 
 from sessions.atomic_write import atomic_write_bytes
 from sessions.investigation.model import ChangeKind, Investigation
-from sessions.investigation.schema import SessionFormatError, decode_document, encode_session
+from sessions.investigation.schema import (
+    SessionFormatError,
+    decode_document,
+    encode_session,
+)
 from sessions.investigation.store import SessionDocument
 
 RECOVERY_FORMAT = "parity-xray-recovery"

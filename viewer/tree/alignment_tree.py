@@ -50,7 +50,7 @@ ReasonQuestion = Callable[[str], "str | None"]
 """Given what is about to be done, the user's reason, or None (cancelled)."""
 PartnerChoice = Callable[[UnalignedRecord, list[UnalignedRecord]], "UnalignedRecord | None"]
 """Given an unaligned record and the other side's unaligned records, the chosen one or None."""
-COLUMNS = ("op", "status", "max ULP", "differing")
+COLUMNS = ("op", "status", "ULP error", "differing")
 """The status column is hidden (icon and colour show it) but the filter box matches its text."""
 
 
@@ -164,7 +164,7 @@ class AlignmentTree(QWidget):
             status = cv.pair_status(pair)
             manual = pair.manual_reason is not None
             label = cv.pair_op_label(pair) + (MANUAL_MARKER if manual else "")
-            row = _row(label, status, cv.pair_max_ulp_text(pair), cv.pair_differing_text(pair))
+            row = _row(label, status, cv.pair_ulp_error_text(pair), cv.pair_differing_text(pair))
             row[0].setData(pair, PAIR_ROLE)
             tooltip = cv.pair_tooltip(pair, comparison)
             row[0].setToolTip(f"{tooltip}\npaired by hand: {pair.manual_reason}" if manual else tooltip)

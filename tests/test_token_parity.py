@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hand_captures import T, bf16_bits, write_capture
 
 from sessions.capture.reader import open_capture
 from sessions.compare.comparison import iter_compare
-from sessions.compare.token_parity import DIFFER, MATCH, POST_EOS
+from sessions.compare.token_parity import DIFFER, MATCH, POST_EOS, step_word
 from sessions.compare.verdict import DIVERGENCE, PARITY
 from sessions.progress import run_to_end
 
@@ -55,5 +56,29 @@ def test_top_k_logits_are_shown_side_by_side_with_bits(tmp_path: Path) -> None:
     native = ([_logits(0, 3)], [(0, 3, False)])
     oracle = ([_logits(0, 6)], [(0, 6, False)])
     step = _compare(tmp_path, native, oracle).tokens.steps[0]
-    assert [(e.token_id, e.decimal, e.hex) for e in step.native_top[:2]] == [(3, "2.0", "0x4000"), (4, "1.0", "0x3f80")]
-    assert [e.token_id for e in step.oracle_top[:2]] == [6, 7]
+    assert [(e.token_id, e.decimal, e.hex) for e in step.logits.native_top[:2]] == [(3, "2.0", "0x4000"), (4, "1.0", "0x3f80")]
+    assert [e.token_id for e in step.logits.oracle_top[:2]] == [6, 7]
+
+
+def test_equal_tokens_over_different_logits_are_a_near_miss_with_kl_and_delta_logit(tmp_path: Path) -> None:
+    native_row = _logits(0, 3)
+    native_row.data[0, 4] = bf16_bits([1.5])[0]
+    native = ([native_row], [(0, 3, False)])
+    oracle = ([_logits(0, 3)], [(0, 3, False)])
+    comparison = _compare(tmp_path, native, oracle)
+    step = comparison.tokens.steps[0]
+    assert step.status == MATCH and step_word(step) == "match, logits differ"
+    p_logits = np.zeros(12)
+    p_logits[3], p_logits[4] = 2.0, 1.0
+    q_logits = p_logits.copy()
+    q_logits[4] = 1.5
+    p, q = np.exp(p_logits) / np.exp(p_logits).sum(), np.exp(q_logits) / np.exp(q_logits).sum()
+    assert step.logits is not None and not step.logits.identical
+    assert step.logits.kl_divergence == pytest.approx(float(np.sum(p * np.log(p / q))), rel=1e-12)
+    assert step.logits.delta_logit == 0.0 and step.logits.top_overlap == 1.0
+    assert comparison.verdict.word == DIVERGENCE and comparison.tokens.first_divergence_step is None
+
+
+def test_identical_logits_read_as_a_plain_match(tmp_path: Path) -> None:
+    step = _compare(tmp_path, ([_logits(0, 3)], [(0, 3, False)]), ([_logits(0, 3)], [(0, 3, False)])).tokens.steps[0]
+    assert step_word(step) == "match" and step.logits is not None and step.logits.summary() == "logits bit-identical"

@@ -26,12 +26,9 @@ from sessions.compare.in_child import iter_compare_in_child
 from sessions.compare.key import OpKey
 from sessions.compare.pair_tensors import PairSide, pair_sides
 from sessions.compare.token_parity import (
-    DIFFER,
-    MATCH,
-    MISSING,
-    POST_EOS,
     TokenStep,
     TopEntry,
+    step_word,
 )
 from sessions.compare.verdict import NOT_EXACT, Finding, Kind
 from sessions.progress import ProgressGenerator
@@ -260,6 +257,9 @@ class TokenRow:
     native_token: str
     oracle_token: str
     verdict: str
+    delta_logit: str
+    kl: str
+    top_overlap: str
     native_topk: str
     oracle_topk: str
 
@@ -275,19 +275,22 @@ def _top(entries: list[TopEntry]) -> str:
 
 
 def _verdict(step: TokenStep, eos: int | None) -> str:
-    if step.status == POST_EOS:
-        return "post-EOS"
-    if step.step == eos:
-        return "EOS"
-    return {MATCH: "match", DIFFER: "differs", MISSING: "missing"}.get(step.status, step.status)
+    word = step_word(step)
+    return "EOS" if step.step == eos and word == "match" else word
+
+
+def _row(step: TokenStep, eos: int | None) -> TokenRow:
+    logits = step.logits
+    tokens = (step.step, _token(step.native_token, step.native_stop), _token(step.oracle_token, step.oracle_stop), _verdict(step, eos))
+    if logits is None:
+        return TokenRow(*tokens, "—", "—", "—", "not captured", "not captured")
+    figures = ("0", "0", "100%") if logits.identical else (f"{logits.delta_logit:+.3g}", f"{logits.kl_divergence:.2e}", f"{logits.top_overlap:.0%}")
+    return TokenRow(*tokens, *figures, _top(logits.native_top), _top(logits.oracle_top))
 
 
 def token_rows(viewed: ViewedComparison) -> list[TokenRow]:
     parity = viewed.comparison.tokens
-    return [
-        TokenRow(s.step, _token(s.native_token, s.native_stop), _token(s.oracle_token, s.oracle_stop), _verdict(s, parity.shared_eos_step), _top(s.native_top), _top(s.oracle_top))
-        for s in parity.steps
-    ]
+    return [_row(s, parity.shared_eos_step) for s in parity.steps]
 
 
 def token_summary(viewed: ViewedComparison) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from sessions.bits.dtypes import as_values, logical_dtype
+from sessions.bits.dtypes import logical_dtype
 from sessions.capture.read_ahead import ReadAhead
 from sessions.capture.reader import Capture
 from sessions.compare.align import (
@@ -60,12 +60,12 @@ from sessions.compare.provenance_diff import ProvenanceDiff, diff_provenance
 from sessions.compare.record_sources import sources_for
 from sessions.compare.tensor_diff import DiffAccumulator, TensorMetrics, Tolerance
 from sessions.compare.token_parity import (
+    StepLogits,
     TokenParity,
-    TopEntry,
     compare_tokens,
+    logit_agreement,
     shared_eos_step,
     tokens_by_step,
-    top_k,
 )
 from sessions.compare.verdict import (
     FAILING,
@@ -319,7 +319,7 @@ def iter_compare(
     contract_keys = set(contracts.by_key())
     dispatch_keys = {d.key for d in dispatch}
     results: list[PairResult] = []
-    tops: dict[int, tuple[int, list[TopEntry], list[TopEntry]]] = {}
+    logits: dict[int, tuple[int, StepLogits]] = {}
     done = 0
     reader = PairReader(native, oracle)
     spans, span_bytes_done = read_ahead_spans(native, oracle, alignment.pairs)
@@ -333,8 +333,8 @@ def iter_compare(
             contract, differs = pair.key in contract_keys, pair.key in dispatch_keys
             results.append(_pair_result(pair, metrics, post_eos, _within(metrics, options.tolerance), options.tolerance, contract, differs))
             if logit_rows is not None and logit_rows.native is not None and logit_rows.oracle is not None:
-                _keep_top(tops, pair, logit_rows, options.top_k)
-    tokens = compare_tokens(native.tokens, oracle.tokens, {step: (n, o) for step, (_, n, o) in tops.items()})
+                _keep_logits(logits, pair, logit_rows, options.top_k)
+    tokens = compare_tokens(native.tokens, oracle.tokens, {step: agreement for step, (_, agreement) in logits.items()})
     return _assemble(native, oracle, native_profile, oracle_profile, options, alignment, contracts, dispatch, results, tokens, eos)
 
 
@@ -343,16 +343,13 @@ def _provenance_contracts(capture: Capture) -> dict[str, object]:
     return table if isinstance(table, dict) else {}
 
 
-def _keep_top(tops: dict[int, tuple[int, list[TopEntry], list[TopEntry]]], pair: AlignedPair, rows: _LogitRows, k: int) -> None:
-    """Top-k of the step's last logits record (its last segment emits the token)."""
+def _keep_logits(logits: dict[int, tuple[int, StepLogits]], pair: AlignedPair, rows: _LogitRows, k: int) -> None:
+    """The agreement of the step's last logits record (its last segment emits the token)."""
     assert rows.native is not None and rows.oracle is not None
     step, seq = pair.key.step, pair.native.record.seq
-    if step in tops and tops[step][0] > seq:
+    if step in logits and logits[step][0] > seq:
         return
-    logical = pair.native.record.dtype
-    n_top = top_k(as_values(rows.native, logical), rows.native, logical, k)
-    o_top = top_k(as_values(rows.oracle, logical), rows.oracle, logical, k)
-    tops[step] = (seq, n_top, o_top)
+    logits[step] = (seq, logit_agreement(rows.native, rows.oracle, pair.native.record.dtype, k))
 
 
 def _pair_result(

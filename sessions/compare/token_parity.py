@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sessions.bits.dtypes import as_bit_pattern, as_values
 from sessions.bits.element_info import describe
 from sessions.capture import format as cf
 
@@ -28,6 +29,53 @@ class TopEntry:
 
 
 @dataclass
+class StepLogits:
+    """How the two sides' last logits row of a step agree, beyond which token wins.
+
+    llama.cpp's `--kl-divergence` reports the same family of figures (KLD, the chosen token's
+    change, "same top"): equal greedy tokens with different logits are a near miss, not a match."""
+
+    native_top: list[TopEntry] = field(default_factory=list)
+    oracle_top: list[TopEntry] = field(default_factory=list)
+    identical: bool = True
+    """The two rows are bit-identical."""
+    delta_logit: float = 0.0
+    """native - oracle logit of the oracle's greedy token."""
+    kl_divergence: float = 0.0
+    """KL(P_oracle || P_native) of the softmax over the whole row, in nats, float64."""
+    top_overlap: float = 1.0
+    """Share of the oracle's top-k token ids that are in the native's top-k."""
+
+
+    def summary(self) -> str:
+        if self.identical:
+            return "logits bit-identical"
+        return f"logits differ: Δlogit {self.delta_logit:+.4g} at the oracle's token, KL {self.kl_divergence:.3g} nats, top-{len(self.oracle_top)} overlap {self.top_overlap:.0%}"
+
+
+def step_word(step: TokenStep) -> str:
+    """A step's status for people: equal tokens over different logits is a near miss, never just "match"."""
+    if step.status == MATCH and step.logits is not None and not step.logits.identical:
+        return "match, logits differ"
+    return {MATCH: "match", DIFFER: "differ", MISSING: "missing", POST_EOS: "post-EOS"}[step.status]
+
+
+def logit_agreement(native_bits: np.ndarray, oracle_bits: np.ndarray, logical: str, k: int) -> StepLogits:
+    native, oracle = as_values(native_bits, logical).astype(np.float64), as_values(oracle_bits, logical).astype(np.float64)
+    n_top, o_top = top_k(native, native_bits, logical, k), top_k(oracle, oracle_bits, logical, k)
+    identical = bool(np.array_equal(as_bit_pattern(native_bits, logical), as_bit_pattern(oracle_bits, logical)))
+    if identical:
+        return StepLogits(n_top, o_top)
+    chosen = o_top[0].token_id if o_top else 0
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        log_p = oracle - np.logaddexp.reduce(oracle)
+        log_q = native - np.logaddexp.reduce(native)
+        kl = float(np.sum(np.exp(log_p) * (log_p - log_q)))
+    overlap = len({e.token_id for e in n_top} & {e.token_id for e in o_top}) / max(len(o_top), 1)
+    return StepLogits(n_top, o_top, False, float(native[chosen] - oracle[chosen]), kl, overlap)
+
+
+@dataclass
 class TokenStep:
     step: int
     native_token: int | None
@@ -36,8 +84,8 @@ class TokenStep:
     oracle_stop: bool
     status: str
     """match, differ, missing (one side has no token), or post_eos (after the shared stop)."""
-    native_top: list[TopEntry] = field(default_factory=list)
-    oracle_top: list[TopEntry] = field(default_factory=list)
+    logits: StepLogits | None = None
+    """The step's logits agreement, when its logits were captured on both sides."""
     differs: bool = False
     """Whether the tokens or stop flags differ -- kept for post-EOS steps too, for information."""
     segment: str = ""
@@ -87,9 +135,9 @@ def top_k(values: np.ndarray, bits: np.ndarray, logical: str, k: int) -> list[To
 def compare_tokens(
     native_table: np.ndarray,
     oracle_table: np.ndarray,
-    tops: dict[int, tuple[list[TopEntry], list[TopEntry]]],
+    logits: dict[int, StepLogits],
 ) -> TokenParity:
-    """Per-step comparison; `tops` holds each step's top-k logits (native, oracle) when captured."""
+    """Per-step comparison; `logits` holds each step's logits agreement when captured."""
     native, oracle = tokens_by_step(native_table), tokens_by_step(oracle_table)
     segments = {**segments_by_step(oracle_table), **segments_by_step(native_table)}
     eos = shared_eos_step(native, oracle)
@@ -106,7 +154,6 @@ def compare_tokens(
             status = DIFFER if differs else MATCH
         if status in (DIFFER, MISSING) and first_divergence is None:
             first_divergence = step
-        n_top, o_top = tops.get(step, ([], []))
         steps.append(
             TokenStep(
                 step,
@@ -115,8 +162,7 @@ def compare_tokens(
                 bool(n and n[1]),
                 bool(o and o[1]),
                 status,
-                n_top,
-                o_top,
+                logits.get(step),
                 differs,
                 segments.get(step, ""),
             )

@@ -17,6 +17,7 @@ from html import escape
 from sessions.compare.comparison import Comparison, worst_ops
 from sessions.compare.key import OpKey
 from sessions.compare.tensor_diff import ElementSample
+from sessions.compare.token_parity import POST_EOS, step_word
 from sessions.investigation.model import Bookmark, Investigation
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -154,12 +155,13 @@ def _tokens(c: Comparison) -> str:
     first = "greedy tokens agree" if t.first_divergence_step is None else f"tokens first differ at step {t.first_divergence_step}"
     rows, classes = [], []
     for s in t.steps[:MAX_TOKEN_ROWS]:
-        top_n = ", ".join(f"{e.token_id}: {e.decimal}" for e in s.native_top)
-        top_o = ", ".join(f"{e.token_id}: {e.decimal}" for e in s.oracle_top)
+        top_n = ", ".join(f"{e.token_id}: {e.decimal}" for e in s.logits.native_top) if s.logits else ""
+        top_o = ", ".join(f"{e.token_id}: {e.decimal}" for e in s.logits.oracle_top) if s.logits else ""
+        word = step_word(s)
         rows.append([str(s.step), f"{s.native_token}{' (EOS)' if s.native_stop else ''}", f"{s.oracle_token}{' (EOS)' if s.oracle_stop else ''}",
-                     escape(s.status), escape(top_n), escape(top_o)])
-        classes.append("post-eos" if s.status == "post_eos" else ("differ" if s.status != "match" else ""))
-    table = _table(["step", "native", "oracle", "verdict", "native top-k", "oracle top-k"], rows, classes) if rows else ""
+                     escape(word), escape(s.logits.summary() if s.logits else "not captured"), escape(top_n), escape(top_o)])
+        classes.append("post-eos" if s.status == POST_EOS else ("differ" if word != "match" else ""))
+    table = _table(["step", "native", "oracle", "verdict", "logits", "native top-k", "oracle top-k"], rows, classes) if rows else ""
     return f"<p>{t.compared_steps} step(s) compared; {first}; {eos}.</p>{table}"
 
 

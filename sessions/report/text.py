@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from sessions.compare.comparison import Comparison, PairResult, unaligned_key, worst_ops
 from sessions.compare.tensor_diff import ElementSample, TensorMetrics
+from sessions.compare.token_parity import POST_EOS, step_word
 from sessions.compare.verdict import Kind
 
 MAX_LISTED = 50
@@ -134,14 +135,16 @@ def _first_block(c: Comparison) -> list[str]:
 
 
 def _token_lines(c: Comparison, full: bool) -> list[str]:
-    steps = c.tokens.steps if full else [s for s in c.tokens.steps if s.status != "match"][:5]
+    steps = c.tokens.steps if full else [s for s in c.tokens.steps if step_word(s) != "match"][:5]
     out = []
     for s in steps[:MAX_LISTED]:
-        note = " (post-EOS, invalid, not a failure)" if s.status == "post_eos" else ""
-        out.append(f"  step {s.step}: {s.status:8} native {_token(s.native_token, s.native_stop)} oracle {_token(s.oracle_token, s.oracle_stop)}{note}")
-        if full and (s.native_top or s.oracle_top):
-            n = ", ".join(f"{e.token_id}:{e.decimal}" for e in s.native_top)
-            o = ", ".join(f"{e.token_id}:{e.decimal}" for e in s.oracle_top)
+        note = " (invalid, not a failure)" if s.status == POST_EOS else ""
+        out.append(f"  step {s.step}: {step_word(s):20} native {_token(s.native_token, s.native_stop)} oracle {_token(s.oracle_token, s.oracle_stop)}{note}")
+        if s.logits is not None and not s.logits.identical:
+            out.append(f"      {s.logits.summary()}")
+        if full and s.logits is not None:
+            n = ", ".join(f"{e.token_id}:{e.decimal}" for e in s.logits.native_top)
+            o = ", ".join(f"{e.token_id}:{e.decimal}" for e in s.logits.oracle_top)
             out.append(f"      top native [{n}]\n      top oracle [{o}]")
     post = [p for p in c.pairs if p.post_eos and not p.metrics.bit_exact]
     if post:

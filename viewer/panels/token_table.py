@@ -1,4 +1,4 @@
-"""Token parity, one row per step: both greedy tokens and top-k logits side by side.
+"""Token parity, one row per step: both greedy tokens, how their logits agree, and top-k side by side.
 
 Comparison stops at the shared EOS (the seeds' first fix): the EOS row is marked and every
 row after it is greyed and labelled post-EOS, so a difference there never reads as a failure.
@@ -20,8 +20,10 @@ from PySide6.QtWidgets import (
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
 
-COLUMNS = ("step", "native token", "oracle token", "verdict", "native top-k (id: logit)", "oracle top-k (id: logit)")
-VERDICT_COLOURS = {"match": "#2e9d57", "differs": "#d64541", "EOS": "#4a90d9", "post-EOS": "#7d8694"}
+COLUMNS = ("step", "native token", "oracle token", "verdict", "Δlogit", "KL (nats)", "top-k overlap", "native top-k (id: logit)", "oracle top-k (id: logit)")
+VERDICT_COLOURS = {"match": "#2e9d57", "match, logits differ": "#c9a227", "differ": "#d64541", "EOS": "#4a90d9", "post-EOS": "#7d8694"}
+"""The verdict column's colours: a match over different logits is a near miss, in amber."""
+MONO_COLUMNS = (1, 2, 4, 5, 6, 7, 8)
 
 
 class TokenTable(QWidget):
@@ -40,10 +42,10 @@ class TokenTable(QWidget):
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         header = self.table.horizontalHeader()
-        for col in range(4):
+        for col in range(7):
             header.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
-        header.setSectionResizeMode(4, QHeaderView.ResizeMode.Stretch)
-        header.setSectionResizeMode(5, QHeaderView.ResizeMode.Stretch)
+        header.setSectionResizeMode(7, QHeaderView.ResizeMode.Stretch)
+        header.setSectionResizeMode(8, QHeaderView.ResizeMode.Stretch)
         layout.addWidget(self.table, 1)
         model.comparison_changed.connect(self.rebuild)
 
@@ -56,11 +58,11 @@ class TokenTable(QWidget):
         mono.setStyleHint(QFont.StyleHint.Monospace)
         grey = QBrush(QColor("#7d8694"))
         for r, row in enumerate(rows):
-            cells = (str(row.step), row.native_token, row.oracle_token, row.verdict, row.native_topk, row.oracle_topk)
+            cells = (str(row.step), row.native_token, row.oracle_token, row.verdict, row.delta_logit, row.kl, row.top_overlap, row.native_topk, row.oracle_topk)
             for c, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 item.setToolTip(text)
-                if c in (1, 2, 4, 5):
+                if c in MONO_COLUMNS:
                     item.setFont(mono)
                 if row.verdict == "post-EOS":
                     item.setForeground(grey)

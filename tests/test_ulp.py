@@ -87,3 +87,15 @@ def test_ulp_error_stays_small_where_a_value_flips_sign_near_zero() -> None:
     assert metrics.max_ulp == 29937
     near_zero = (0.00107574462890625 + 0.000865936279296875) / 2.0**-18
     assert metrics.max_ulp_error == pytest.approx(near_zero) and 500 < near_zero < 520
+    assert near_zero <= metrics.p99_ulp_error < near_zero * 2 ** (1 / 8)
+
+
+def test_an_oracle_zero_does_not_decide_the_p99_ulp_error() -> None:
+    oracle = bf16_bits(np.linspace(1.0, 1.5, 200))
+    native = oracle + 3
+    oracle[0], native[0] = 0x0000, 0x3B80
+    accumulator = DiffAccumulator("bfloat16", (200,), Tolerance())
+    accumulator.add(native, oracle)
+    metrics = accumulator.finish()
+    assert metrics.max_ulp_error > 1e30
+    assert 3 <= metrics.p99_ulp_error < 3 * 2 ** (1 / 8)

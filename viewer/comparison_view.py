@@ -114,13 +114,13 @@ def pair_op_label(pair: PairResult) -> str:
 
 
 def pair_ulp_error_text(pair: PairResult) -> str:
-    """The standard ULP error, the tree's ranking column (the step count is in the tooltip)."""
+    """The p99 standard ULP error, the tree's ranking column (max and step count are in the tooltip)."""
     m = pair.metrics
     if m.bit_exact:
         return "0"
-    if m.max_ulp_error is None:
+    if m.p99_ulp_error is None:
         return "NaN" if m.nan_mismatch or m.nan_payload else "bytes" if m.max_ulp is None else "—"
-    return f"{m.max_ulp_error:.2g}" if m.max_ulp_error < 10 else f"{m.max_ulp_error:,.0f}"
+    return f"{m.p99_ulp_error:.2g}" if m.p99_ulp_error < 10 else f"{m.p99_ulp_error:,.0f}"
 
 
 def pair_max_ulp_text(pair: PairResult) -> str:
@@ -159,7 +159,7 @@ def pair_tooltip(pair: PairResult, viewed: ViewedComparison | None = None) -> st
         f"{m.dtype} {m.shape}: {m.differing:,} of {m.size:,} elements differ",
     ]
     if not m.bit_exact:
-        lines.append(f"ULP error {pair_ulp_error_text(pair)} ({pair_max_ulp_text(pair)} representable steps), NMSE {m.nmse:.3g}, signed-zero-only {m.signed_zero_only}, NaN {m.nan_mismatch + m.nan_payload}")
+        lines.append(f"ULP error p99 {pair_ulp_error_text(pair)}, max {m.max_ulp_error or 0:.3g} ({pair_max_ulp_text(pair)} representable steps), NMSE {m.nmse:.3g}, signed-zero-only {m.signed_zero_only}, NaN {m.nan_mismatch + m.nan_payload}")
     if pair.post_eos:
         lines.append("after the shared EOS: not compared for parity")
     if viewed is not None:

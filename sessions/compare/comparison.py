@@ -395,10 +395,10 @@ def _token_finding(tokens: TokenParity, results: list[PairResult]) -> Finding | 
 
 
 def worst_ops(c: Comparison, top: int) -> list[PairResult]:
-    """The pre-EOS pairs that differ, worst first: by NMSE, then ULP error, then how many elements."""
+    """The pre-EOS pairs that differ, worst first: by NMSE, then p99 ULP error, then how many elements."""
     return sorted(
         (p for p in c.pairs if not p.post_eos and not p.metrics.bit_exact),
-        key=lambda p: (p.metrics.nmse, p.metrics.max_ulp_error or 0.0, p.metrics.differing),
+        key=lambda p: (p.metrics.nmse, p.metrics.p99_ulp_error or 0.0, p.metrics.differing),
         reverse=True,
     )[:top]
 

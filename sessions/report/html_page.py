@@ -143,10 +143,10 @@ def _worst(c: Comparison) -> str:
     if not worst:
         return "<p>None: no op before the shared EOS differs.</p>"
     rows = [
-        [f"<code>{escape(p.key.text())}</code>", escape(p.verdict), f"{p.metrics.nmse:.3e}", "none (bytes or NaN)" if p.metrics.max_ulp_error is None else f"{p.metrics.max_ulp_error:.3g}", f"{p.metrics.differing:,} / {p.metrics.size:,}"]
+        [f"<code>{escape(p.key.text())}</code>", escape(p.verdict), f"{p.metrics.nmse:.3e}", "none (bytes or NaN)" if p.metrics.p99_ulp_error is None else f"{p.metrics.p99_ulp_error:.3g}", f"{p.metrics.differing:,} / {p.metrics.size:,}"]
         for p in worst
     ]
-    return _table(["op", "kind", "NMSE", "ULP error", "differing"], rows)
+    return _table(["op", "kind", "NMSE", "ULP error p99", "differing"], rows)
 
 
 def _tokens(c: Comparison) -> str:
@@ -212,7 +212,7 @@ def render_html(c: Comparison, session: Investigation | None = None, screenshots
     out.append("<p>None.</p>" if first is None else f"<p><b>{escape(first.kind)}</b> at <code>{escape(first.key.text())}</code>: {escape(first.detail)}</p>")
     out.append(_first_divergence(c))
     out.append(f"<h2>Error growth</h2>{growth_svg(c)}")
-    out.append(f"<h2>Worst ops (by NMSE, then ULP error)</h2>{_worst(c)}")
+    out.append(f"<h2>Worst ops (by NMSE, then p99 ULP error)</h2>{_worst(c)}")
     out.append(f"<h2>Token parity</h2>{_tokens(c)}")
     out.append(f"<h2>Bookmarks ({len(session.bookmarks)})</h2>")
     out += [_bookmark(b, screenshots.get(b.id)) for b in session.bookmarks] or ["<p class='muted'>No bookmarks.</p>"]

@@ -31,8 +31,8 @@ def _counts(m: TensorMetrics) -> str:
     parts = [f"{m.differing}/{m.size} elements differ ({m.fraction_differing:.3%})"]
     if m.max_ulp is not None:
         parts.append(f"max {m.max_ulp} ULP steps, p99 {m.p99_ulp}{'' if m.p99_exact else ' (bucket edge)'}")
-    if m.max_ulp_error is not None:
-        parts.append(f"ULP error {m.max_ulp_error:.3g}")
+    if m.p99_ulp_error is not None:
+        parts.append(f"ULP error p99 {m.p99_ulp_error:.3g}, max {m.max_ulp_error:.3g}")
     for name, value in (
         ("signed-zero-only", m.signed_zero_only),
         ("NaN mismatch", m.nan_mismatch),
@@ -75,9 +75,9 @@ def render(c: Comparison, top: int = 10, full: bool = False) -> str:
         f"ops        {_counts_line(c)}",
     ]
     out += ["", *_first_block(c)]
-    out += ["", f"Worst ops (by NMSE, then ULP error; top {top})"]
+    out += ["", f"Worst ops (by NMSE, then p99 ULP error; top {top})"]
     out += [
-        f"  {p.key.text():40} {p.verdict:17} NMSE {p.metrics.nmse:.3e}  ULP error {_ulp_error(p.metrics.max_ulp_error)}  differing {p.metrics.differing:,}/{p.metrics.size:,}"
+        f"  {p.key.text():40} {p.verdict:17} NMSE {p.metrics.nmse:.3e}  ULP error p99 {_ulp_error(p.metrics.p99_ulp_error)}  differing {p.metrics.differing:,}/{p.metrics.size:,}"
         for p in worst_ops(c, top)
     ] or ["  none: every compared op is bit-exact"]
     out += ["", _token_header(c)]

@@ -50,7 +50,7 @@ ReasonQuestion = Callable[[str], "str | None"]
 """Given what is about to be done, the user's reason, or None (cancelled)."""
 PartnerChoice = Callable[[UnalignedRecord, list[UnalignedRecord]], "UnalignedRecord | None"]
 """Given an unaligned record and the other side's unaligned records, the chosen one or None."""
-COLUMNS = ("op", "status", "ULP error", "differing")
+COLUMNS = ("op", "status", "ULP err p99", "differing")
 """The status column is hidden (icon and colour show it) but the filter box matches its text."""
 
 
@@ -86,7 +86,7 @@ class AlignmentTree(QWidget):
         self.filter.setPlaceholderText("Filter ops (name, layer, status)…")
         self.filter.setClearButtonEnabled(True)
         top.addWidget(self.filter, 1)
-        self.jump_button = QPushButton(icon("jump-divergence.svg"), "First divergence")
+        self.jump_button = QPushButton(icon("jump-divergence.svg"), "First finding")
         self.jump_button.setToolTip("Jump to the first finding (Ctrl+J); next/previous op that is not bit-exact: F8 / Shift+F8")
         self.jump_button.clicked.connect(self.jump_requested)
         top.addWidget(self.jump_button)
@@ -153,7 +153,7 @@ class AlignmentTree(QWidget):
             else:
                 # Model-level ops sit where they ran, before or after the layers, so the tree
                 # reads top to bottom in execution order, like every other surface.
-                place = ("model, after the layers", "after") if (step, segment) in layered else ("model, before the layers", "before")
+                place = ("after layers", "after") if (step, segment) in layered else ("before layers", "before")
             for label, part in ((f"step {step}", step), (segment, segment), place):
                 path = (*path, part)
                 if path not in groups:

@@ -28,10 +28,6 @@ class VerdictStrip(QFrame):
         layout.setSpacing(14)
         self.word = QLabel()
         self.word.setObjectName("verdictWord")
-        font = self.word.font()
-        font.setPointSizeF(font.pointSizeF() * 1.5)
-        font.setBold(True)
-        self.word.setFont(font)
         self.detail = QLabel()
         self.detail.setWordWrap(True)
         self.detail.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -74,7 +70,9 @@ class VerdictStrip(QFrame):
         self.detail.setText(detail)
         self.detail.setToolTip(detail)
         self.setStyleSheet(
-            f"QFrame#verdictStrip {{ background: {colour}; }} QFrame#verdictStrip QLabel {{ color: #ffffff; }}"
+            f"QFrame#verdictStrip {{ background: {colour}; }}"
+            "QFrame#verdictStrip QLabel { color: #ffffff; background: transparent; border: none; }"
+            "QFrame#verdictStrip QLabel#verdictWord { font-size: 16pt; font-weight: bold; }"
             "QFrame#verdictStrip QPushButton { color: #1b1f24; background: #ffffff; border-radius: 3px; padding: 3px 10px; }"
         )
 

@@ -36,6 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--atol", type=float, help="absolute tolerance (default: bit-exact)")
     parser.add_argument("--rtol", type=float, help="relative tolerance (default: bit-exact)")
     parser.add_argument("--max-ulp", type=int, help="ULP tolerance (default: bit-exact)")
+    parser.add_argument("--tolerance-policy", metavar="POLICY.toml", help="per-op, per-dtype tolerances (docs/tolerance-policy.md); its rules win over --atol/--rtol/--max-ulp")
     parser.add_argument("--native-profile", help="built-in profile name or TOML path (default: detected)")
     parser.add_argument("--oracle-profile", help="built-in profile name or TOML path (default: detected)")
     parser.add_argument("--top", type=int, default=10, metavar="N", help="how many worst ops to list (default 10)")
@@ -121,10 +122,17 @@ def _report(args: argparse.Namespace, session: Investigation | None = None) -> i
     from sessions.compare.layout_transform import LayoutError
     from sessions.compare.profiles import ProfileError
     from sessions.compare.result_cache import iter_compare_cached
+    from sessions.compare.tolerance_policy import PolicyError, load_policy
     from sessions.progress import run_to_end
     from sessions.report.text import render
 
+    try:
+        policy = load_policy(args.tolerance_policy) if getattr(args, "tolerance_policy", None) else None
+    except PolicyError as exc:
+        print(f"parity-xray report: unusable input: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
     options = CompareOptions(
+        policy=policy,
         atol=args.atol,
         rtol=args.rtol,
         max_ulp=args.max_ulp,

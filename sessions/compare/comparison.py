@@ -67,6 +67,7 @@ from sessions.compare.token_parity import (
     shared_eos_step,
     tokens_by_step,
 )
+from sessions.compare.tolerance_policy import TolerancePolicy
 from sessions.compare.verdict import (
     FAILING,
     Finding,
@@ -97,10 +98,21 @@ class CompareOptions:
     0.47 (its buffers' page faults)."""
     overrides: tuple[AlignOverride, ...] = ()
     """The user's manual pairings and breaks (sessions.compare.align.ManualPair / ManualBreak), in the order made."""
+    policy: TolerancePolicy | None = None
+    """Per-op, per-dtype tolerances (sessions.compare.tolerance_policy); its rules win over atol/rtol/max_ulp."""
 
     @property
     def tolerance(self) -> Tolerance:
         return Tolerance(self.atol, self.rtol, self.max_ulp)
+
+    def tolerance_for(self, key: OpKey, dtype: str) -> Tolerance:
+        """A policy rule that fits the pair, else the command-line bounds, else the policy's default."""
+        if self.policy is None:
+            return self.tolerance
+        rule = next((r for r in self.policy.rules if r.fits(key, dtype)), None)
+        if rule is not None:
+            return rule.tolerance
+        return self.tolerance if not self.tolerance.is_bit_exact else self.policy.default.tolerance
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CompareOptions:
@@ -113,7 +125,12 @@ class CompareOptions:
                 return ManualPair(native, RecordKey(**o["oracle"]), o["reason"])
             return ManualBreak(native, o["reason"])
 
-        return cls(**{**data, "overrides": tuple(override(o) for o in data.get("overrides", ()))})
+        policy = data.get("policy")
+        return cls(**{
+            **data,
+            "overrides": tuple(override(o) for o in data.get("overrides", ())),
+            "policy": None if policy is None else TolerancePolicy.from_dict(policy),
+        })
 
 
 @dataclass
@@ -156,6 +173,8 @@ class Comparison:
     native_profile_identity: ProfileIdentity
     oracle_profile_identity: ProfileIdentity
     tolerance: Tolerance
+    tolerance_policy: str
+    """The policy file whose rules judged pairs ("" when none): per-op tolerances override `tolerance`."""
     provenance: ProvenanceDiff
     contracts: ContractCheck
     dispatch_differences: list[DispatchDifference]
@@ -254,7 +273,7 @@ def _compare_pair(
         return reader.oracle.rows((start, stop))
 
     accumulator = DiffAccumulator(
-        logical, shape, options.tolerance, rows_axis, head_split, reread_oracle if ranges is not None else None
+        logical, shape, options.tolerance_for(pair.key, logical), rows_axis, head_split, reread_oracle if ranges is not None else None
     )
     label = pair.key.label()
     if ranges is None:
@@ -331,7 +350,8 @@ def iter_compare(
             read_ahead.consumed(span_bytes_done[index])
             post_eos = eos is not None and pair.key.step > eos
             contract, differs = pair.key in contract_keys, pair.key in dispatch_keys
-            results.append(_pair_result(pair, metrics, post_eos, _within(metrics, options.tolerance), options.tolerance, contract, differs))
+            tolerance = options.tolerance_for(pair.key, pair.native.record.dtype)
+            results.append(_pair_result(pair, metrics, post_eos, _within(metrics, tolerance), tolerance, contract, differs))
             if logit_rows is not None and logit_rows.native is not None and logit_rows.oracle is not None:
                 _keep_logits(logits, pair, logit_rows, options.top_k)
     tokens = compare_tokens(native.tokens, oracle.tokens, {step: agreement for step, (_, agreement) in logits.items()})
@@ -442,6 +462,7 @@ def _assemble(
         native_profile_identity=identify(native_profile),
         oracle_profile_identity=identify(oracle_profile),
         tolerance=options.tolerance,
+        tolerance_policy=options.policy.source if options.policy is not None else "",
         provenance=diff_provenance(native.meta, oracle.meta),
         contracts=contracts,
         dispatch_differences=dispatch,

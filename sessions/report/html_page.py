@@ -19,6 +19,7 @@ from sessions.compare.key import OpKey
 from sessions.compare.tensor_diff import ElementSample
 from sessions.compare.token_parity import POST_EOS, step_word
 from sessions.investigation.model import Bookmark, Investigation
+from sessions.report.text import tolerance_text
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 FIGURE_WIDTH, FIGURE_HEIGHT = 900, 240
@@ -192,6 +193,7 @@ def render_html(c: Comparison, session: Investigation | None = None, screenshots
     ]
     if c.verdict.reasons:
         out.append("<ul>" + "".join(f"<li>{escape(r)}</li>" for r in c.verdict.reasons) + "</ul>")
+    out.append(f"<p>Tolerance: {escape(tolerance_text(c))}</p>")
     if session.summary:
         out.append(f"<h2>Summary</h2><div class='note'>{escape(session.summary)}</div>")
     out.append(f"<h2>Provenance</h2><p>{escape(c.provenance.summary)}</p>")

@@ -71,7 +71,7 @@ def render(c: Comparison, top: int = 10, full: bool = False) -> str:
         f"native     {c.native_path} [profile {c.native_profile}]",
         f"oracle     {c.oracle_path} [profile {c.oracle_profile}]",
         f"provenance {c.provenance.summary}",
-        f"tolerance  {_tolerance(c)}",
+        f"tolerance  {tolerance_text(c)}",
         f"ops        {_counts_line(c)}",
     ]
     out += ["", *_first_block(c)]
@@ -107,12 +107,13 @@ def render(c: Comparison, top: int = 10, full: bool = False) -> str:
     return "\n".join(out) + "\n"
 
 
-def _tolerance(c: Comparison) -> str:
+def tolerance_text(c: Comparison) -> str:
     tol = c.tolerance
+    policy = f"; per-op rules from {c.tolerance_policy}" if c.tolerance_policy else ""
     if tol.is_bit_exact:
-        return "bit-exact"
+        return f"bit-exact{policy}" + (" (bit differences are still counted)" if policy else "")
     given = ", ".join(f"{name}={value}" for name, value in (("atol", tol.atol), ("rtol", tol.rtol), ("max_ulp", tol.max_ulp)) if value is not None)
-    return f"{given} (bit differences are still counted)"
+    return f"{given}{policy} (bit differences are still counted)"
 
 
 def _counts_line(c: Comparison) -> str:

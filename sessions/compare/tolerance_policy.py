@@ -1,0 +1,125 @@
+"""Per-op, per-dtype tolerances from one TOML policy file, used alike by the CLI, the viewer and reports.
+
+Real ports accept different bounds at different places (a few ULPs on the logits, bit-exact on
+the KV cache); Polygraphy and SGLang users ask for per-output thresholds. A policy names ops by
+canonical op name or by a regular expression over the op key's text form, optionally for one
+dtype; the first rule that fits a pair gives its tolerance, else the default. Bits are always
+counted: a tolerance only decides whether a difference fails.
+
+```toml
+[default]            # optional; bit-exact when absent
+max_ulp = 0
+
+[[rule]]
+op = "logits"        # a canonical op name ...
+dtype = "bfloat16"   # ... optionally only for this dtype
+max_ulp = 4
+
+[[rule]]
+match = '^0:visual:\\d+:sdpa$'   # ... or a regex over the key text (0:visual:3:sdpa)
+atol = 1e-3
+rtol = 1e-2
+```
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sessions.compare.key import OpKey
+from sessions.compare.tensor_diff import Tolerance
+
+BOUNDS = ("atol", "rtol", "max_ulp")
+
+
+class PolicyError(ValueError):
+    """A policy file that cannot be used: names the file, the place and what is wrong."""
+
+
+@dataclass(frozen=True)
+class ToleranceRule:
+    atol: float | None = None
+    rtol: float | None = None
+    max_ulp: int | None = None
+    op: str | None = None
+    match: str | None = None
+    dtype: str | None = None
+
+    @property
+    def tolerance(self) -> Tolerance:
+        return Tolerance(self.atol, self.rtol, self.max_ulp)
+
+    def fits(self, key: OpKey, dtype: str) -> bool:
+        if self.dtype is not None and self.dtype != dtype:
+            return False
+        if self.op is not None and self.op != key.op:
+            return False
+        return self.match is None or re.search(self.match, key.text()) is not None
+
+
+@dataclass(frozen=True)
+class TolerancePolicy:
+    rules: tuple[ToleranceRule, ...] = ()
+    default: ToleranceRule = ToleranceRule()
+    source: str = ""
+    """Where the policy came from (a file path), for reports."""
+
+    def tolerance_for(self, key: OpKey, dtype: str) -> Tolerance:
+        return next((r.tolerance for r in self.rules if r.fits(key, dtype)), self.default.tolerance)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TolerancePolicy:
+        """The inverse of `dataclasses.asdict` (a policy crosses a process boundary inside the options)."""
+        return cls(tuple(ToleranceRule(**r) for r in data.get("rules", ())), ToleranceRule(**data.get("default", {})), data.get("source", ""))
+
+
+def _number(value: object, where: str, name: str, whole: bool) -> float | int:
+    if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)) or value < 0:
+        kind = "a whole number" if whole else "a number"
+        raise PolicyError(f"{where}: {name} must be {kind} >= 0, not {value!r}")
+    return int(value) if whole else float(value)
+
+
+def _rule(table: object, where: str, named: bool) -> ToleranceRule:
+    if not isinstance(table, dict):
+        raise PolicyError(f"{where}: must be a table")
+    allowed = {*BOUNDS, *(("op", "match", "dtype") if named else ())}
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise PolicyError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+    bounds = {name: _number(table[name], where, name, name == "max_ulp") for name in BOUNDS if name in table}
+    names = {name: table[name] for name in ("op", "match", "dtype") if name in table}
+    for name, value in names.items():
+        if not isinstance(value, str) or not value:
+            raise PolicyError(f"{where}: {name} must be a non-empty string, not {value!r}")
+    if named and "op" not in names and "match" not in names:
+        raise PolicyError(f"{where}: a rule needs `op` (a canonical op name) or `match` (a regex over keys like 0:visual:0:sdpa)")
+    if "match" in names:
+        try:
+            re.compile(names["match"])
+        except re.error as exc:
+            raise PolicyError(f"{where}: match {names['match']!r} is not a regular expression ({exc})") from None
+    return ToleranceRule(**bounds, **names)  # type: ignore[arg-type]
+
+
+def load_policy(path: str | Path) -> TolerancePolicy:
+    """Read and check a policy file; PolicyError names the file, the place and what is wrong."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise PolicyError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise PolicyError(f"{path}: not TOML ({exc})") from None
+    unknown = sorted(set(data) - {"default", "rule"})
+    if unknown:
+        raise PolicyError(f"{path}: unknown table(s) {', '.join(unknown)}; a policy has [default] and [[rule]]")
+    rules = data.get("rule", [])
+    if not isinstance(rules, list):
+        raise PolicyError(f"{path}: `rule` must be an array of tables ([[rule]])")
+    default = _rule(data.get("default", {}), f"{path} [default]", named=False)
+    return TolerancePolicy(tuple(_rule(r, f"{path} rule {i + 1}", named=True) for i, r in enumerate(rules)), default, str(path.resolve()))

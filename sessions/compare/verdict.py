@@ -41,6 +41,19 @@ class Kind(StrEnum):
     """Greedy tokens differ at a step; only ever a finding, never a pair's kind."""
 
 
+MEANING: dict[Kind, str] = {
+    Kind.BIT_EXACT: "every stored bit of the pair is equal (signed zeros and NaN payloads included)",
+    Kind.WITHIN_TOLERANCE: "bits differ, but every element is within the tolerance given for this op",
+    Kind.DIVERGED: "bits differ beyond any tolerance",
+    Kind.SIGNED_ZERO_ONLY: "the only differences are -0.0 against +0.0",
+    Kind.CONTRACT_MISMATCH: "the two sides ran different kernels or arithmetic contracts here: their bits are not expected to agree",
+    Kind.DISPATCH_ONLY: "bits are equal here, but the attention work was split into different primitive calls (another device may pick another kernel)",
+    Kind.POST_EOS: "after both runs emitted the shared stop token: invalid, never a failure",
+    Kind.UNALIGNED: "a record the other run has no partner for",
+    Kind.TOKENS: "the greedy tokens differ at this step",
+}
+"""One sentence per kind, for legends, tooltips and help."""
+
 FAILING = frozenset({Kind.DIVERGED, Kind.SIGNED_ZERO_ONLY, Kind.CONTRACT_MISMATCH, Kind.DISPATCH_ONLY, Kind.UNALIGNED, Kind.TOKENS})
 """Kinds that make a comparison fail (exit 1)."""
 NOT_EXACT = FAILING | {Kind.WITHIN_TOLERANCE}

@@ -54,6 +54,7 @@ from viewer.tree.alignment_tree import AlignmentTree
 from viewer.widgets.banner import BannerArea
 from viewer.widgets.progress_bar import show_progress
 from viewer.window.drop_hint import DropHint
+from viewer.window.help_dialog import HelpDialog
 from viewer.window.panel_tabs import PanelTabs
 from viewer.window.session_controller import SessionController
 from viewer.window.verdict_strip import VerdictStrip
@@ -259,8 +260,16 @@ class MainWindow(QMainWindow):
         bookmarks_toggle.setShortcut(QKeySequence("Ctrl+Shift+B"))
         view.addAction(bookmarks_toggle)
         view.addAction(self.theme_action)
+        help_menu = menu.addMenu("&Help")
+        self.help_action = self._action("Parity X-ray &help", self.show_help, QKeySequence.StandardKey.HelpContents, tip="Shortcuts, glossary, colour legend and documents (F1)")
+        help_menu.addAction(self.help_action)
         self._rebuild_recent_menu()
         self.rebuild_recent_sessions()
+
+    def show_help(self) -> HelpDialog:
+        dialog = HelpDialog(self.actions(), self)
+        dialog.show()
+        return dialog
 
     def _connect_model(self) -> None:
         self.model.captures_changed.connect(self._update_roles)

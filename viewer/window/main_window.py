@@ -41,6 +41,7 @@ from viewer.panels.dispatch_tabs import DispatchTabs
 from viewer.panels.overview_plot import OverviewPlot
 from viewer.panels.provenance_panel import ProvenancePanel
 from viewer.panels.token_table import TokenTable
+from viewer.panels.worst_ops_table import WorstOpsTable
 from viewer.settings import ViewerSettings
 from viewer.tensor.tensor_loader import (
     SliceSpec,
@@ -60,7 +61,7 @@ from viewer.window.session_controller import SessionController
 from viewer.window.verdict_strip import VerdictStrip
 from viewer.workers import TaskSlots
 
-TABS = ("Tensor diff", "Overview", "Token parity", "Provenance", "Dispatch timeline", "Rerun")
+TABS = ("Tensor diff", "Overview", "Token parity", "Provenance", "Dispatch timeline", "Rerun", "Worst ops")
 
 GIL_SWITCH_INTERVAL_S = 0.001
 """Painting runs hundreds of short Python callbacks; with a worker thread busy, each one may wait
@@ -148,7 +149,8 @@ class MainWindow(QMainWindow):
         self.provenance = ProvenancePanel(self.model)
         self.dispatch = DispatchTabs(self.model, self.tasks, self.banners, self)
         self.dispatch.open_pair_requested.connect(self.open_beside)
-        panels = (self.tensor_view, self.overview, self.token_table, self.provenance, self.dispatch.timeline, self.dispatch.rerun)
+        self.worst_ops = WorstOpsTable(self.model)
+        panels = (self.tensor_view, self.overview, self.token_table, self.provenance, self.dispatch.timeline, self.dispatch.rerun, self.worst_ops)
         for name, widget in zip(TABS, panels):
             self.tabs.addTab(widget, name)
         self.stack.addWidget(self.drop_hint)

@@ -1,0 +1,104 @@
+"""The worst ops, as a sortable table: the same ranking `report` and the HTML print, one click from the tensors.
+
+Rows are every pre-EOS op whose bits differ, ranked like `worst_ops` (NMSE, then p99 ULP error);
+a header click re-sorts by any column, and selecting a row selects that op everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QBrush, QColor
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QHeaderView,
+    QLabel,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from sessions.compare.comparison import worst_ops
+from viewer import comparison_view as cv
+from viewer.pair_model import PairModel
+from viewer.theme import STATUS_COLOURS
+
+COLUMNS = ("rank", "op", "kind", "NMSE", "ULP err p99", "ULP steps max", "differing", "cosine")
+PAIR_ROLE = Qt.ItemDataRole.UserRole + 1
+
+
+class NumberItem(QTableWidgetItem):
+    """Sorts by its number, not its text (1e-05 after 2e-06)."""
+
+    def __init__(self, text: str, value: float) -> None:
+        super().__init__(text)
+        self.value = value
+        self.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+
+    def __lt__(self, other: QTableWidgetItem) -> bool:
+        return self.value < other.value if isinstance(other, NumberItem) else super().__lt__(other)
+
+
+class WorstOpsTable(QWidget):
+    def __init__(self, model: PairModel, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._model = model
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(8, 8, 8, 8)
+        self.summary = QLabel("The worst ops appear once a pair is compared")
+        self.summary.setObjectName("sectionTitle")
+        layout.addWidget(self.summary)
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels(list(COLUMNS))
+        self.table.verticalHeader().setVisible(False)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
+        header.setSortIndicator(0, Qt.SortOrder.AscendingOrder)
+        self.table.itemSelectionChanged.connect(self._selected)
+        layout.addWidget(self.table, 1)
+        model.comparison_changed.connect(self.rebuild)
+
+    def rebuild(self) -> None:
+        viewed = self._model.comparison
+        self.table.setSortingEnabled(False)
+        rows = worst_ops(viewed.comparison, len(viewed.comparison.pairs)) if viewed is not None else []
+        self.table.setRowCount(len(rows))
+        for r, pair in enumerate(rows):
+            m = pair.metrics
+            key = QTableWidgetItem(pair.key.text())
+            key.setData(PAIR_ROLE, pair)
+            kind = QTableWidgetItem(str(pair.verdict))
+            kind.setForeground(QBrush(QColor(STATUS_COLOURS[pair.verdict])))
+            cells = (
+                NumberItem(str(r + 1), float(r)),
+                key,
+                kind,
+                NumberItem(f"{m.nmse:.3e}", m.nmse),
+                NumberItem(cv.pair_ulp_error_text(pair), m.p99_ulp_error or 0.0),
+                NumberItem(cv.pair_max_ulp_text(pair), float(m.max_ulp or 0)),
+                NumberItem(cv.pair_differing_text(pair), float(m.differing)),
+                NumberItem(f"{m.cosine:.9f}", m.cosine),
+            )
+            for c, item in enumerate(cells):
+                self.table.setItem(r, c, item)
+        self.table.setSortingEnabled(True)
+        if viewed is None:
+            self.summary.setText("The worst ops appear once a pair is compared")
+        else:
+            self.summary.setText(f"{len(rows)} op(s) differ before the shared EOS, worst first (NMSE, then p99 ULP error); click a header to re-sort")
+
+    def keys(self) -> list[str]:
+        """The op keys in the order shown (tests)."""
+        return [self.table.item(r, 1).text() for r in range(self.table.rowCount())]
+
+    def _selected(self) -> None:
+        items = self.table.selectedItems()
+        pair: Any = self.table.item(items[0].row(), 1).data(PAIR_ROLE) if items else None
+        if pair is not None and pair is not self._model.selected:
+            self._model.select(pair)

@@ -30,11 +30,12 @@ from sessions.capture.hdf5_safety import (
 from sessions.capture.reader import Capture
 
 
-def _links(group: h5py.h5g.GroupID) -> list[tuple[bytes, h5py.h5l.LinkInfo]]:
-    found: list[tuple[bytes, h5py.h5l.LinkInfo]] = []
+def _links(group: h5py.h5g.GroupID) -> list[tuple[bytes, int, int]]:
+    """(name, link type, address for a hard link) of every link in a group, in one iteration."""
+    found: list[tuple[bytes, int, int]] = []
 
     def note(name: bytes, info: h5py.h5l.LinkInfo) -> None:
-        found.append((name, info))
+        found.append((name, info.type, info.u))  # h5py hands every call the same LinkInfo object
 
     group.links.iterate(note, info=True)
     return found
@@ -64,18 +65,18 @@ def walk_problems(capture: Capture) -> list[Problem]:
         except HDF5_ERRORS as exc:
             found.append(Problem(path, f"its links cannot be listed ({describe_error(exc)})"))
             continue
-        for name, info in links:
+        for name, link_type, address in links:
             location = f"{path.rstrip('/')}/{name.decode('utf-8', errors='replace')}"
-            foreign = foreign_link(group, name, info, location)
+            foreign = foreign_link(group, name, link_type, location)
             if foreign is not None:
                 found.append(foreign)
-            elif info.type == h5py.h5l.TYPE_SOFT:
+            elif link_type == h5py.h5l.TYPE_SOFT:
                 try:
                     capture.walker.resolve(location)
                 except UnsafeObject as exc:
-                    found.append(exc.problem)
-            elif location not in rows and info.u not in seen:
-                seen.add(info.u)
+                    found.append(Problem(f"{location} -> {exc.problem.location}", exc.problem.problem))
+            elif location not in rows and address not in seen:
+                seen.add(address)
                 try:
                     obj = h5py.h5o.open(group, name)
                 except HDF5_ERRORS as exc:

@@ -104,17 +104,17 @@ def normalised_path(path: str) -> str:
     return "/" + "/".join(_normalise(path))
 
 
-def foreign_link(group: h5py.h5g.GroupID, name: bytes, info: h5py.h5l.LinkInfo, location: str) -> Problem | None:
+def foreign_link(group: h5py.h5g.GroupID, name: bytes, link_type: int, location: str) -> Problem | None:
     """Why a link may not be followed (it leaves the file, or libhdf5 would run a user-defined link's
     callback), or None for a hard or soft link."""
-    if info.type == h5py.h5l.TYPE_EXTERNAL:
+    if link_type == h5py.h5l.TYPE_EXTERNAL:
         try:
             filename, target = (part.decode(errors="replace") for part in group.links.get_val(name))
         except (KeyError, ValueError, OSError, RuntimeError, TypeError):
             filename, target = "?", "?"
         return Problem(location, f"is an external link to {filename}:{target}; captures may not point at other files")
-    if info.type not in (h5py.h5l.TYPE_HARD, h5py.h5l.TYPE_SOFT):
-        return Problem(location, f"is a user-defined link (type {info.type}); only hard and soft links are followed")
+    if link_type not in (h5py.h5l.TYPE_HARD, h5py.h5l.TYPE_SOFT):
+        return Problem(location, f"is a user-defined link (type {link_type}); only hard and soft links are followed")
     return None
 
 
@@ -159,7 +159,7 @@ class LinkWalker:
                 raise UnsafeObject(Problem(candidate, f"link cannot be inspected ({describe_error(exc)})")) from None
             if info is None:
                 raise UnsafeObject(Problem(candidate, f"does not exist (needed for {path})"))
-            foreign = foreign_link(group, part.encode(), info, candidate)
+            foreign = foreign_link(group, part.encode(), info.type, candidate)
             if foreign is not None:
                 raise UnsafeObject(foreign)
             if info.type == h5py.h5l.TYPE_SOFT:
@@ -206,7 +206,7 @@ def type_problem(tid: h5py.h5t.TypeID) -> str | None:
         return None
     names = {
         h5py.h5t.VLEN: "a variable-length sequence",
-        h5py.h5t.REFERENCE: "an object reference",
+        h5py.h5t.REFERENCE: "a reference (to an object or a region)",
         h5py.h5t.OPAQUE: "an opaque type",
         h5py.h5t.BITFIELD: "a bitfield",
         h5py.h5t.TIME: "a time type",

@@ -183,3 +183,18 @@ def test_deep_validation_reads_every_tensor(tmp_path: Path, capsys: pytest.Captu
     assert capsys.readouterr().out.splitlines()[1:] == [
         f"  {cf.tensor_path(0)} chunk at {chunk}: its deflate stream is corrupt (incorrect header check)"
     ]
+
+
+def test_a_control_character_from_the_file_is_escaped_so_each_problem_stays_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = good_capture(tmp_path / "newline.h5")
+    with h5py.File(path, "r+") as f:
+        index = f[cf.INDEX_PATH][()]
+        index["path"][0] = b"/\nensors/b00/s0000000/t00000000"
+        f[cf.INDEX_PATH][...] = index
+    assert validate(path) == 2
+    assert capsys.readouterr().out.splitlines() == [
+        f"{path}: invalid (1 problem)",
+        "  /index row 0 (kqv_out-0) -> /\\nensors: does not exist (needed for /\\nensors/b00/s0000000/t00000000)",
+    ]

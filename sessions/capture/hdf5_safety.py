@@ -50,12 +50,24 @@ MAX_SOFT_LINK_HOPS = 8
 _H5D_VIRTUAL = 3
 
 
+def printable(text: str) -> str:
+    """Text from a file with its control characters escaped (a newline in a tensor path would
+    otherwise split one reported problem over two lines, or forge a second one)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 @dataclass(frozen=True)
 class Problem:
     """One structural problem: where it is (an HDF5 path, maybe with an attribute) and what is wrong."""
 
     location: str
     problem: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "location", printable(self.location))
+        object.__setattr__(self, "problem", printable(self.problem))
 
 
 class UnsafeObject(Exception):

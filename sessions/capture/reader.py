@@ -35,6 +35,7 @@ from sessions.capture.hdf5_safety import (
     attribute_problems,
     dataset_problems,
     describe_error,
+    printable,
     read_attribute,
 )
 from sessions.capture.chunk_read import ChunkedReader, has_filters
@@ -47,8 +48,8 @@ class CaptureError(Exception):
 
     def __init__(self, path: str | Path, location: str, problem: str) -> None:
         self.path = str(path)
-        self.location = location
-        self.problem = problem
+        self.location = printable(location)
+        self.problem = printable(problem)
         super().__init__(f"{self.path}: {location}: {problem}")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -22,7 +23,7 @@ from gguf import GGMLQuantizationType, quantize
 from hand_captures import T, write_capture
 
 from sessions.capture import format as cf
-from sessions.capture.chunk_read import ChunkedReader
+from sessions.capture.chunk_read import ChunkedReader, BadChunk, liblzf, unlzf_python
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.reader import CaptureError, open_capture
 from sessions.capture.writer import CaptureWriter
@@ -49,6 +50,15 @@ def zlib_bomb(inflated_mib: int) -> bytes:
     for _ in range(inflated_mib):
         adler = zlib.adler32(zero, adler)
     return first[:2] + block * inflated_mib + b"\x03\x00" + adler.to_bytes(4, "big")
+
+
+LZF_CASES = [
+    (b"\x00A" + b"\xe0\xff\x00" * 20, f"its LZF stream decodes past the chunk's declared {CHUNK_BYTES} bytes"),
+    (b"\x00A\xe0\xff\x05", "its LZF stream is corrupt (a reference before the chunk's start, or a run past the stream's end)"),
+    (b"\x05AB", "its LZF stream is corrupt (a reference before the chunk's start, or a run past the stream's end)"),
+    (b"\x00A\xe0\xff\x00", f"its LZF stream ends after 265 of the chunk's {CHUNK_BYTES} bytes"),
+]
+"""Hostile LZF streams for a chunk of CHUNK_BYTES: one a bomb, two corrupt, one short."""
 
 
 def pair_with_raw_chunk(tmp_path: Path, stored: bytes, compression: str = "gzip") -> tuple[Path, Path]:
@@ -106,9 +116,7 @@ def test_a_zlib_bomb_is_refused_at_its_chunk_and_never_inflated(tmp_path: Path) 
         ("gzip", zlib.compress(bytes(100)), f"its deflate stream ends after 100 of the chunk's {CHUNK_BYTES} bytes"),
         ("gzip", zlib.compress(bytes(CHUNK_BYTES))[:-4], "its deflate stream is cut off before its end"),
         ("gzip", b"\x78\x9c" + bytes(40), "its deflate stream is corrupt (invalid stored block lengths)"),
-        ("lzf", b"\x00A" + b"\xe0\xff\x00" * 20, f"its LZF stream decodes past the chunk's declared {CHUNK_BYTES} bytes"),
-        ("lzf", b"\x00A\xe0\xff\x05", "its LZF stream refers to bytes before the start of the chunk"),
-        ("lzf", b"\x00A\xe0\xff\x00", f"its LZF stream ends after 265 of the chunk's {CHUNK_BYTES} bytes"),
+        *(("lzf", stream, problem) for stream, problem in LZF_CASES),
     ],
 )
 def test_a_chunk_that_does_not_decode_to_its_declared_size_is_located(tmp_path: Path, compression: str, stored: bytes, problem: str) -> None:
@@ -116,6 +124,26 @@ def test_a_chunk_that_does_not_decode_to_its_declared_size_is_located(tmp_path: 
     with open_capture(hostile) as capture, pytest.raises(CaptureError) as refused:
         capture.read_bits(capture.records[0])
     assert (refused.value.path, refused.value.location, refused.value.problem) == (str(hostile), f"{cf.tensor_path(0)} chunk at (0,)", problem)
+
+
+@pytest.mark.parametrize(("stream", "problem"), LZF_CASES)
+def test_the_python_lzf_decoder_refuses_asliblzf_does(stream: bytes, problem: str) -> None:
+    """The fallback where h5py does not export liblzf (Windows) words every refusal the same way."""
+    with pytest.raises(BadChunk, match=re.escape(problem)):
+        unlzf_python(stream, CHUNK_BYTES)
+    assert liblzf() is not None, "this h5py exports liblzf, so the reads above went through it"
+
+
+def test_the_python_lzf_decoder_decodes_what_h5py_wrote(tmp_path: Path) -> None:
+    values = np.repeat(np.arange(64, dtype=np.float32), 64).reshape(64, 64)
+    with h5py.File(tmp_path / "lzf.h5", "w") as f:
+        ds = f.create_dataset("x", data=values, chunks=(16, 64), compression="lzf")
+        for index in range(ds.id.get_num_chunks()):
+            offset = ds.id.get_chunk_info(index).chunk_offset
+            mask, stored = ds.id.read_direct_chunk(offset)
+            assert mask == 0 and len(stored) < 16 * 64 * 4
+            decoded = np.frombuffer(unlzf_python(stored, 16 * 64 * 4), np.float32).reshape(16, 64)
+            assert np.array_equal(decoded, values[offset[0] : offset[0] + 16])
 
 
 @pytest.mark.parametrize("filters", [{"compression": "gzip", "shuffle": True}, {"compression": "lzf"}, {"compression": "gzip", "compression_opts": 9}])

@@ -258,3 +258,16 @@ def chunked_dcpl() -> h5py.h5p.PropDCID:
     dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
     dcpl.set_chunk((16,))
     return dcpl
+
+
+def test_deeply_nested_source_names_are_no_sources_not_a_crash(tmp_path: Path) -> None:
+    """`ggml_src` is what anchors an unnamed llama.cpp node; a JSON list nested 25,000 deep anchors nothing."""
+    tensors = [T("node_5", np.ones(8, np.float32), layer=0, kernel_id="MUL_MAT")]
+    native = write_capture(tmp_path / "native.h5", "native", tensors)
+    oracle = write_capture(tmp_path / "oracle.h5", "oracle", tensors)
+    with h5py.File(native, "r+") as f:
+        nested = b"[" * 25_000 + b"]" * 25_000
+        f[cf.tensor_path(0)].attrs.create("ggml_src", np.bytes_(nested), dtype=cf.utf8(len(nested)))
+    status, out, err, _ = cli("report", "--native-profile", "llama.cpp", "--oracle-profile", "llama.cpp", str(native), str(oracle))
+    assert (status, err) == (0, ""), "placed as a node without sources on both sides: the same bits"
+    assert "VERDICT: PARITY" in out

@@ -9,6 +9,11 @@ reached by hard links, the attributes of every object, and every dataset and nam
 no index row names (the record scan checks the ones that rows name). Groups are walked with
 an explicit stack and each object is visited once by address, so hard-link cycles and deep
 nesting neither loop nor exhaust the interpreter's stack.
+
+Only finished files are walked. In a file whose writer did not finish, the groups and tensors
+of the step being written may point past the end of what was flushed; readers never go there
+(they read committed rows only), `validate` refuses the file as unfinished anyway, and the
+viewer must still open it.
 """
 
 from __future__ import annotations
@@ -52,7 +57,9 @@ def _object_problems(obj: h5py.h5o.ObjectID, location: str, capture: Capture) ->
 
 
 def walk_problems(capture: Capture) -> list[Problem]:
-    """Problems of every link, attribute and unnamed object of the file, in the order they are reached."""
+    """Problems of every link, attribute and unnamed object of a finished file, in the order they are reached."""
+    if not capture.complete:
+        return []
     rows = {normalised_path(cf.decode_field(raw)) for raw in capture.index["path"].tolist()}
     root = capture.walker.group_id("/")
     found = attribute_problems(root, "/", capture.memory_budget)

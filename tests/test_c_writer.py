@@ -63,7 +63,7 @@ def test_the_c_example_writes_a_valid_capture_bit_identical_to_its_python_twin(
     command = compile_command(binary)
     if command is None:
         pytest.skip("no libhdf5 headers (h5cc, or cc with pkg-config hdf5): install libhdf5-dev to compile the C example")
-    built = subprocess.run(command, capture_output=True, text=True)
+    built = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)  # h5cc leaves its .o in the working folder
     assert built.returncode == 0, built.stderr
     written = tmp_path / "from-c.h5"
     ran = subprocess.run([str(binary), str(written)], capture_output=True, text=True)

@@ -39,3 +39,9 @@ import tempfile  # noqa: E402
 _SESSION_CACHE_DIR = tempfile.mkdtemp(prefix="parity-xray-test-cache-")
 os.environ["PARITY_XRAY_CACHE_DIR"] = _SESSION_CACHE_DIR
 atexit.register(shutil.rmtree, _SESSION_CACHE_DIR, ignore_errors=True)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "mutation_corpus: 300 seeded byte-mutated captures through validate --deep and report (about 20 s)"
+    )

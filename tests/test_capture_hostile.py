@@ -16,7 +16,7 @@ import pytest
 from sessions.capture import format as cf
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.reader import CaptureError, open_capture
-from sessions.capture.structure_check import already_checked, check_in_child
+from sessions.capture.structure_check import already_checked, check_in_child, ensure_checked, iter_ensure_checked
 from sessions.capture.writer import CaptureWriter
 from tests.child_processes import child_reading
 
@@ -210,14 +210,29 @@ def test_other_format_version_is_refused(tmp_path: Path) -> None:
     assert error.location == "/ attribute 'format_version'" and "version 2 is not supported" in error.problem
 
 
-def test_a_check_that_hangs_is_reported_and_the_caller_survives(tmp_path: Path) -> None:
+def test_a_check_out_of_time_is_reported_without_blaming_the_file_and_the_caller_survives(tmp_path: Path) -> None:
     path = tmp_path / "slow.h5"
     base_capture(path)
     with pytest.raises(CaptureError) as info:
         open_capture(path, check_timeout_s=0.01)
     assert info.value.path == str(path)
-    assert "did not finish within 0.01 s" in info.value.problem
+    assert info.value.problem.startswith("did not finish within the 0.01 s allowed (")
+    assert "nothing wrong with the file was found" in info.value.problem
+    assert "allow more time with PARITY_XRAY_CHECK_TIMEOUT_S=SECONDS (validate: --timeout SECONDS)" in info.value.problem
+    assert "hang" not in info.value.problem
     assert not already_checked(path)
+
+
+def test_a_failed_check_is_remembered_for_the_run_while_the_file_is_unchanged(tmp_path: Path) -> None:
+    path = tmp_path / "slow.h5"
+    base_capture(path)
+    first = ensure_checked(path, timeout_s=0.01)
+    assert first is not None
+    again = iter_ensure_checked(path, timeout_s=0.01)
+    with pytest.raises(StopIteration) as remembered:
+        next(again)  # no progress at all: no checking child was started
+    assert remembered.value.value == first
+    assert ensure_checked(path) is None, "a longer time limit checks the file again"
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the child through /proc")

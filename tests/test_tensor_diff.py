@@ -57,6 +57,18 @@ def test_single_ulp_flip_in_bfloat16_names_the_element_and_both_values() -> None
     assert m.per_row is not None and m.per_row.differing == [0, 1] + [0] * 8
 
 
+@pytest.mark.parametrize(
+    ("dtype", "signalling_nan", "one"),
+    [("bfloat16", np.array([0x7F81], np.uint16), bf16_bits([1.0])), ("float32", np.array([0x7F800001], np.uint32).view(np.float32), np.float32([1.0]))],
+)
+def test_a_signalling_nan_is_a_nan_mismatch_without_a_floating_point_warning(dtype: str, signalling_nan: np.ndarray, one: np.ndarray) -> None:
+    """Widening a signalling NaN raises the FPU's invalid flag; warnings are errors in this suite."""
+    m = _metrics(signalling_nan, one, dtype)
+    assert (m.differing, m.nan_mismatch, m.max_abs_error) == (1, 1, 0.0)
+    abs_err, rel_err, ulp = element_maps(signalling_nan, one, dtype)
+    assert np.isnan(abs_err[0]) and np.isnan(ulp[0])
+
+
 def test_inf_sign_flip_is_counted_as_inf_mismatch_and_sign() -> None:
     m = _metrics(bf16_bits([np.inf, 1.0]), bf16_bits([-np.inf, 1.0]))
     assert (m.inf_mismatch, m.inf_sign, m.differing) == (1, 1, 1)

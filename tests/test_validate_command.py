@@ -15,10 +15,10 @@ from sessions.capture.writer import CaptureWriter
 from sessions.commands import validate as validate_command
 
 
-def validate(*files: Path) -> int:
+def validate(*files: Path, deep: bool = False) -> int:
     parser = argparse.ArgumentParser()
     validate_command.add_arguments(parser)
-    return validate_command.run(parser.parse_args([str(f) for f in files]))
+    return validate_command.run(parser.parse_args([*(["--deep"] if deep else []), *(str(f) for f in files)]))
 
 
 def good_capture(path: Path, finish: bool = True) -> Path:
@@ -87,3 +87,114 @@ def test_broken_occurrence_counts_are_reported(tmp_path: Path, capsys: pytest.Ca
         f[cf.INDEX_PATH][...] = index
     assert validate(path) == 2
     assert "  /index row 1 (kqv_out-0): occurrence is 3; 0 earlier rows have this name in step 1, segment 'decode', layer 0, so it should be 0" in capsys.readouterr().out
+
+
+def _bad_type_under_tensors(f: h5py.File) -> None:
+    f.create_dataset("/tensors/b05/refs", data=np.array([f[cf.INDEX_PATH].ref], dtype=h5py.ref_dtype))
+
+
+def _vlen_ggml_src(f: h5py.File) -> None:
+    f[cf.tensor_path(0)].attrs.create("ggml_src", '["blk.0.attn_output.weight"]', dtype=h5py.string_dtype())
+
+
+UNUSED_BUT_REFUSED = {
+    "external link nobody uses": (
+        lambda f: f.__setitem__("/extra", h5py.ExternalLink("elsewhere.h5", "/x")),
+        "/extra: is an external link to elsewhere.h5:/x; captures may not point at other files",
+    ),
+    "external link deep under /tensors": (
+        lambda f: f.__setitem__("/tensors/b07/peek", h5py.ExternalLink("/etc/hostname", "/")),
+        "/tensors/b07/peek: is an external link to /etc/hostname:/; captures may not point at other files",
+    ),
+    "dangling soft link": (
+        lambda f: f.__setitem__("/tensors/b03/gone", h5py.SoftLink("/nowhere")),
+        "/tensors/b03/gone -> /nowhere: does not exist (needed for /nowhere)",
+    ),
+    "variable-length string root attribute": (
+        lambda f: f.attrs.create("notes", "free text", dtype=h5py.string_dtype()),
+        "/ attribute 'notes': is a variable-length string; the format has fixed-length strings only",
+    ),
+    "object reference root attribute": (
+        lambda f: f.attrs.create("points_at", f[cf.INDEX_PATH].ref, dtype=h5py.ref_dtype),
+        "/ attribute 'points_at': is a reference (to an object or a region), which the format does not use",
+    ),
+    "region reference root attribute": (
+        lambda f: f.attrs.create("rows", f[cf.INDEX_PATH].regionref[0:1], dtype=h5py.regionref_dtype),
+        "/ attribute 'rows': is a reference (to an object or a region), which the format does not use",
+    ),
+    "opaque root attribute": (
+        lambda f: f.attrs.create("blob", np.void(b"\x01\x02\x03")),
+        "/ attribute 'blob': is an opaque type, which the format does not use",
+    ),
+    "object references under /tensors that no row uses": (
+        _bad_type_under_tensors,
+        "/tensors/b05/refs: element type is a reference (to an object or a region), which the format does not use",
+    ),
+    "variable-length ggml_src on a tensor": (
+        _vlen_ggml_src,
+        f"{cf.tensor_path(0)} attribute 'ggml_src': is a variable-length string; the format has fixed-length strings only",
+    ),
+    "named variable-length type": (
+        lambda f: f.__setitem__("/tensors/b09/text", h5py.string_dtype()),
+        "/tensors/b09/text: named type is a variable-length string; the format has fixed-length strings only",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNUSED_BUT_REFUSED))
+def test_what_other_tools_would_follow_or_choke_on_is_refused_even_where_no_row_leads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    """h5dump and HDFView open every link, object and attribute, not only what the index names."""
+    mutate, problem = UNUSED_BUT_REFUSED[case]
+    path = good_capture(tmp_path / "extra.h5")
+    with h5py.File(path, "r+") as f:
+        mutate(f)
+    assert validate(path) == 2
+    assert capsys.readouterr().out.splitlines() == [f"{path}: invalid (1 problem)", f"  {problem}"]
+
+
+def test_hard_link_cycles_and_compact_storage_are_valid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = good_capture(tmp_path / "cycle.h5")
+    with h5py.File(path, "r+") as f:
+        f["/tensors/b04/up"] = f[cf.TENSORS_GROUP]
+        space = h5py.h5s.create_simple((4,))
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_layout(h5py.h5d.COMPACT)
+        h5py.h5d.create(f.id, b"/tensors/b06/small", h5py.h5t.IEEE_F32LE, space, dcpl=dcpl)
+    assert validate(path) == 0
+    assert capsys.readouterr().out.startswith(f"{path}: valid (")
+
+
+def test_deep_validation_reads_every_tensor(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stored chunk that no longer inflates passes the metadata check and fails the deep one."""
+    path = tmp_path / "gzip.h5"
+    with CaptureWriter(path, CaptureMeta(role="oracle", engine_name="deep"), compression="gzip") as writer:
+        writer.add_tensor("l_out-0", np.arange(512, dtype=np.float32), step=0, segment="prefill", layer=0)
+        writer.end_step()
+    assert validate(path) == 0
+    with h5py.File(path, "r+") as f:
+        ds = f[cf.tensor_path(0)]
+        chunk = ds.id.get_chunk_info(0).chunk_offset
+        ds.id.write_direct_chunk(chunk, b"not a zlib stream")
+    assert validate(path) == 0
+    capsys.readouterr()
+    assert validate(path, deep=True) == 2
+    assert capsys.readouterr().out.splitlines()[1:] == [
+        f"  {cf.tensor_path(0)} chunk at {chunk}: its deflate stream is corrupt (incorrect header check)"
+    ]
+
+
+def test_a_control_character_from_the_file_is_escaped_so_each_problem_stays_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = good_capture(tmp_path / "newline.h5")
+    with h5py.File(path, "r+") as f:
+        index = f[cf.INDEX_PATH][()]
+        index["path"][0] = b"/\nensors/b00/s0000000/t00000000"
+        f[cf.INDEX_PATH][...] = index
+    assert validate(path) == 2
+    assert capsys.readouterr().out.splitlines() == [
+        f"{path}: invalid (1 problem)",
+        "  /index row 0 (kqv_out-0) -> /\\nensors: does not exist (needed for /\\nensors/b00/s0000000/t00000000)",
+    ]

@@ -11,6 +11,8 @@ None of these checks opens another file or reads raw data.
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass
 
 import h5py
@@ -24,12 +26,36 @@ KNOWN_FILTER_NAMES: dict[int, str] = {3: "fletcher32", 4: "szip", 5: "nbit", 6: 
 DEFAULT_MEMORY_BUDGET = 2 * 1024**3
 """Largest number of bytes one read may produce (whole dataset, or one decompressed chunk)."""
 
-CHECK_TIMEOUT_S = 60.0
-"""Wall-clock limit of the child process that checks a file's structure before its first open."""
+MAX_ATTRIBUTE_BYTES = 64 * 1024**2
+"""Largest attribute value a capture may hold (the prompt and provenance_json are the large ones)."""
+
+CHECK_TIMEOUT_ENV = "PARITY_XRAY_CHECK_TIMEOUT_S"
+"""Raises (or lowers) the check's time limit for every command and the viewer, e.g. on a slow machine."""
+
+
+def _timeout_from_env(default: float) -> float:
+    try:
+        value = float(os.environ.get(CHECK_TIMEOUT_ENV, ""))
+    except ValueError:
+        return default
+    return value if math.isfinite(value) and value > 0 else default
+
+
+CHECK_TIMEOUT_S = _timeout_from_env(60.0)
+"""Wall-clock limit of the child process that checks a file's structure before its first open
+(60 s unless `$PARITY_XRAY_CHECK_TIMEOUT_S` says otherwise)."""
 
 MAX_SOFT_LINK_HOPS = 8
 
 _H5D_VIRTUAL = 3
+
+
+def printable(text: str) -> str:
+    """Text from a file with its control characters escaped (a newline in a tensor path would
+    otherwise split one reported problem over two lines, or forge a second one)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 @dataclass(frozen=True)
@@ -39,6 +65,10 @@ class Problem:
     location: str
     problem: str
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "location", printable(self.location))
+        object.__setattr__(self, "problem", printable(self.problem))
+
 
 class UnsafeObject(Exception):
     """Raised by the checks that must stop at the first problem (following a path)."""
@@ -46,6 +76,22 @@ class UnsafeObject(Exception):
     def __init__(self, problem: Problem) -> None:
         self.problem = problem
         super().__init__(f"{problem.location}: {problem.problem}")
+
+
+HDF5_ERRORS = (KeyError, ValueError, OSError, RuntimeError, TypeError, MemoryError, RecursionError)
+"""What h5py raises on a broken or crafted file (UnicodeDecodeError, from names that are not UTF-8, is a ValueError)."""
+
+
+def describe_error(exc: BaseException) -> str:
+    """What went wrong, in terms of the file: libhdf5's own message, never a Python exception's type or wording."""
+    if isinstance(exc, UnicodeDecodeError):
+        return "a name or text in it is not UTF-8"
+    if isinstance(exc, RecursionError):
+        return "it nests deeper than a reader follows"
+    if isinstance(exc, MemoryError):
+        return "reading it needs more memory than the check's limit"
+    text = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+    return text or "libhdf5 gave no reason"
 
 
 def _join(base: str, part: str) -> str:
@@ -63,6 +109,25 @@ def _normalise(path: str) -> list[str]:
             continue
         parts.append(part)
     return parts
+
+
+def normalised_path(path: str) -> str:
+    """An in-file path with `.`, `..` and doubled slashes resolved as libhdf5 would, e.g. for comparing paths."""
+    return "/" + "/".join(_normalise(path))
+
+
+def foreign_link(group: h5py.h5g.GroupID, name: bytes, link_type: int, location: str) -> Problem | None:
+    """Why a link may not be followed (it leaves the file, or libhdf5 would run a user-defined link's
+    callback), or None for a hard or soft link."""
+    if link_type == h5py.h5l.TYPE_EXTERNAL:
+        try:
+            filename, target = (part.decode(errors="replace") for part in group.links.get_val(name))
+        except (KeyError, ValueError, OSError, RuntimeError, TypeError):
+            filename, target = "?", "?"
+        return Problem(location, f"is an external link to {filename}:{target}; captures may not point at other files")
+    if link_type not in (h5py.h5l.TYPE_HARD, h5py.h5l.TYPE_SOFT):
+        return Problem(location, f"is a user-defined link (type {link_type}); only hard and soft links are followed")
+    return None
 
 
 class LinkWalker:
@@ -86,8 +151,8 @@ class LinkWalker:
             parent, _, name = path.rpartition("/")
             try:
                 obj = h5py.h5o.open(self._groups[parent or "/"], name.encode())
-            except (KeyError, ValueError, OSError, RuntimeError) as exc:
-                raise UnsafeObject(Problem(path, f"cannot be opened ({exc})")) from None
+            except HDF5_ERRORS as exc:
+                raise UnsafeObject(Problem(path, f"cannot be opened ({describe_error(exc)})")) from None
             if not isinstance(obj, h5py.h5g.GroupID):
                 raise UnsafeObject(Problem(path, "is not a group, yet a path continues below it"))
             group = self._groups[path] = obj
@@ -101,27 +166,19 @@ class LinkWalker:
             group = self.group_id(current)
             candidate = _join(current, part)
             try:
-                info = group.links.get_info(part.encode())
-            except (KeyError, RuntimeError):
-                raise UnsafeObject(Problem(candidate, f"does not exist (needed for {path})")) from None
-            except (ValueError, OSError) as exc:
-                raise UnsafeObject(Problem(candidate, f"link cannot be inspected ({exc})")) from None
-            if info.type == h5py.h5l.TYPE_EXTERNAL:
-                filename, target = group.links.get_val(part.encode())
-                raise UnsafeObject(
-                    Problem(
-                        candidate,
-                        f"is an external link to {filename.decode(errors='replace')}:{target.decode(errors='replace')}; "
-                        "captures may not point at other files",
-                    )
-                )
+                info = group.links.get_info(part.encode()) if group.links.exists(part.encode()) else None
+            except HDF5_ERRORS as exc:
+                raise UnsafeObject(Problem(candidate, f"link cannot be inspected ({describe_error(exc)})")) from None
+            if info is None:
+                raise UnsafeObject(Problem(candidate, f"does not exist (needed for {path})"))
+            foreign = foreign_link(group, part.encode(), info.type, candidate)
+            if foreign is not None:
+                raise UnsafeObject(foreign)
             if info.type == h5py.h5l.TYPE_SOFT:
                 if hops >= MAX_SOFT_LINK_HOPS:
                     raise UnsafeObject(Problem(candidate, f"soft links nest deeper than {MAX_SOFT_LINK_HOPS} (a loop?)"))
                 target = group.links.get_val(part.encode()).decode(errors="replace")
                 candidate = self.resolve(target if target.startswith("/") else _join(current, target), hops=hops + 1)
-            elif info.type != h5py.h5l.TYPE_HARD:
-                raise UnsafeObject(Problem(candidate, f"is a user-defined link (type {info.type}); only hard and soft links are followed"))
             current = candidate
         return current
 
@@ -137,8 +194,8 @@ class LinkWalker:
             raise UnsafeObject(Problem(path, "is the root group, not a dataset"))
         try:
             obj = h5py.h5o.open(self.group_id(parent or "/"), name.encode())
-        except (KeyError, ValueError, OSError, RuntimeError) as exc:
-            raise UnsafeObject(Problem(path, f"cannot be opened ({exc})")) from None
+        except HDF5_ERRORS as exc:
+            raise UnsafeObject(Problem(path, f"cannot be opened ({describe_error(exc)})")) from None
         if not isinstance(obj, h5py.h5d.DatasetID):
             raise UnsafeObject(Problem(path, "is a group or named type, not a dataset"))
         return obj
@@ -161,7 +218,7 @@ def type_problem(tid: h5py.h5t.TypeID) -> str | None:
         return None
     names = {
         h5py.h5t.VLEN: "a variable-length sequence",
-        h5py.h5t.REFERENCE: "an object reference",
+        h5py.h5t.REFERENCE: "a reference (to an object or a region)",
         h5py.h5t.OPAQUE: "an opaque type",
         h5py.h5t.BITFIELD: "a bitfield",
         h5py.h5t.TIME: "a time type",
@@ -189,8 +246,8 @@ def dataset_problems(dsid: h5py.h5d.DatasetID, location: str, budget: int, file_
         tid = dsid.get_type()
         itemsize = tid.get_size()
         why_type = type_problem(tid)
-    except (KeyError, ValueError, OSError, RuntimeError, TypeError) as exc:
-        return [Problem(location, f"dataset metadata cannot be read ({exc})")]
+    except HDF5_ERRORS as exc:
+        return [Problem(location, f"dataset metadata cannot be read ({describe_error(exc)})")]
     if layout == _H5D_VIRTUAL:
         problems.append(Problem(location, "is a virtual dataset, which reads other files; refused"))
     if external:
@@ -216,7 +273,10 @@ def dataset_problems(dsid: h5py.h5d.DatasetID, location: str, budget: int, file_
                 Problem(location, f"declares chunks of {chunk} = {chunk_bytes} bytes, over the memory budget of {budget}")
             )
     if layout == h5py.h5d.CONTIGUOUS and declared > 0 and not problems:
-        offset = dsid.get_offset()
+        try:
+            offset = dsid.get_offset()
+        except HDF5_ERRORS as exc:
+            return [Problem(location, f"the address of its data cannot be read ({describe_error(exc)})")]
         if offset is not None and offset + declared > file_size:
             problems.append(
                 Problem(
@@ -227,27 +287,68 @@ def dataset_problems(dsid: h5py.h5d.DatasetID, location: str, budget: int, file_
     return problems
 
 
-def read_attribute(obj_id: h5py.h5o.ObjectID, location: str, name: str) -> np.ndarray | None:
-    """One attribute's value, read only after its type and size were checked; None when absent.
+def _attribute_problem(attr: h5py.h5a.AttrID, budget: int) -> str | None:
+    """Why an open attribute's value cannot be read, from its type and dataspace alone (before any read)."""
+    why = type_problem(attr.get_type())
+    if why is not None:
+        return why
+    space = attr.get_space()
+    if space.get_simple_extent_type() == h5py.h5s.NULL:
+        return "has no value (empty dataspace)"
+    declared = _product(space.get_simple_extent_dims()) * attr.get_type().get_size()
+    if declared > budget:
+        return f"declares {declared} bytes, over the attribute budget of {budget} bytes"
+    return None
 
-    Raises UnsafeObject when the attribute cannot be read safely.
+
+def attribute_budget(memory_budget: int) -> int:
+    """Largest attribute value read: attributes are metadata, and libhdf5 holds two copies of one while opening it."""
+    return min(memory_budget, MAX_ATTRIBUTE_BYTES)
+
+
+def read_attribute(obj_id: h5py.h5o.ObjectID, location: str, name: str, budget: int = DEFAULT_MEMORY_BUDGET) -> np.ndarray | None:
+    """One attribute's value, read only after its type and size were checked; None only when it does not exist.
+
+    Any other failure (a corrupted dataspace, memory libhdf5 could not allocate) raises
+    UnsafeObject: a verdict must not turn on whether an attribute happened to be readable.
     """
     where = f"{location} attribute '{name}'"
     raw = name.encode()
     try:
-        try:
-            attr = h5py.h5a.open(obj_id, raw)
-        except KeyError:
+        if not h5py.h5a.exists(obj_id, raw):
             return None
-        why = type_problem(attr.get_type())
-        if why is None and attr.get_storage_size() > DEFAULT_MEMORY_BUDGET:
-            why = f"declares {attr.get_storage_size()} bytes"
-        if why is None and attr.shape is None:
-            why = "has no value (empty dataspace)"
+        attr = h5py.h5a.open(obj_id, raw)
+        why = _attribute_problem(attr, attribute_budget(budget))
         if why is not None:
             raise UnsafeObject(Problem(where, why))
         value = np.empty(attr.shape, dtype=attr.dtype)
         attr.read(value)
-    except (KeyError, ValueError, OSError, RuntimeError, TypeError) as exc:
-        raise UnsafeObject(Problem(where, f"cannot be read ({exc})")) from None
+    except HDF5_ERRORS as exc:
+        raise UnsafeObject(Problem(where, f"cannot be read ({describe_error(exc)})")) from None
     return value
+
+
+def attribute_problems(obj_id: h5py.h5o.ObjectID, location: str, budget: int) -> list[Problem]:
+    """Every attribute of an object whose type or declared size the format refuses, none of them read.
+
+    Another tool (h5dump, HDFView) shows every attribute, so one no reader here asks for by
+    name is refused as surely as a known one.
+    """
+    found: list[Problem] = []
+    try:
+        # Not H5Oget_info: it also walks a chunked dataset's index, which in an unfinished file may
+        # point past the end of what was flushed.
+        count = h5py.h5a.get_num_attrs(obj_id)
+    except HDF5_ERRORS as exc:
+        return [Problem(location, f"attributes cannot be listed ({describe_error(exc)})")]
+    for i in range(count):
+        try:
+            attr = h5py.h5a.open(obj_id, index=i)
+            name = attr.get_name().decode("utf-8", errors="replace")
+            why = _attribute_problem(attr, attribute_budget(budget))
+        except HDF5_ERRORS as exc:
+            found.append(Problem(f"{location} attribute #{i}", f"cannot be read ({describe_error(exc)})"))
+            continue
+        if why is not None:
+            found.append(Problem(f"{location} attribute '{name}'", why))
+    return found

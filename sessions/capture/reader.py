@@ -34,12 +34,17 @@ from sessions.capture import format as cf
 from sessions.capture.hdf5_safety import (
     CHECK_TIMEOUT_S,
     DEFAULT_MEMORY_BUDGET,
+    HDF5_ERRORS,
     LinkWalker,
     Problem,
     UnsafeObject,
+    attribute_problems,
     dataset_problems,
+    describe_error,
+    printable,
     read_attribute,
 )
+from sessions.capture.chunk_read import ChunkedReader, has_filters
 from sessions.capture.meta import CaptureMeta
 from sessions.progress import ProgressGenerator, run_to_end
 
@@ -49,8 +54,8 @@ class CaptureError(Exception):
 
     def __init__(self, path: str | Path, location: str, problem: str) -> None:
         self.path = str(path)
-        self.location = location
-        self.problem = problem
+        self.location = printable(location)
+        self.problem = printable(problem)
         super().__init__(f"{self.path}: {location}: {problem}")
 
 
@@ -209,7 +214,7 @@ class Capture:
 
     def _root_attr(self, name: str) -> np.ndarray | None:
         try:
-            return read_attribute(self._file.id, "/", name)
+            return read_attribute(self._file.id, "/", name, self._budget)
         except UnsafeObject as exc:
             raise self._fail(exc.problem.location, exc.problem.problem) from None
 
@@ -233,20 +238,34 @@ class Capture:
                 raise self._fail("/ attribute 'provenance_json'", f"is {raw_provenance.dtype}; the format stores uint8 bytes")
             try:
                 provenance = json.loads(raw_provenance.tobytes().decode("utf-8"))
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise self._fail("/ attribute 'provenance_json'", f"not UTF-8 JSON ({exc})") from None
+            except UnicodeDecodeError:
+                raise self._fail("/ attribute 'provenance_json'", "is not UTF-8 text") from None
+            except (ValueError, RecursionError) as exc:
+                reason = describe_error(exc) if isinstance(exc, RecursionError) else str(exc)
+                raise self._fail("/ attribute 'provenance_json'", f"is not JSON ({reason})") from None
+            if not isinstance(provenance, dict):
+                raise self._fail("/ attribute 'provenance_json'", f"is a JSON {type(provenance).__name__}; the format holds one JSON object")
         meta = CaptureMeta(seed=_attr_int(self._root_attr("seed"), 0), provenance=provenance, **texts)
         return meta, _attr_int(self._root_attr(cf.ATTR_COMPLETE), 0) == 1
 
     def _read_table(self, path: str, dtype: np.dtype, required: bool) -> np.ndarray:
+        """One table's rows (a finished writer's, or an unfinished one's committed rows) in the format's dtype."""
+        try:
+            return self._table_rows(path, dtype, required)
+        except UnsafeObject as exc:
+            raise self._fail(exc.problem.location, exc.problem.problem) from None
+        except HDF5_ERRORS as exc:
+            raise self._fail(path, f"cannot be read ({describe_error(exc)})") from None
+
+    def _table_rows(self, path: str, dtype: np.dtype, required: bool) -> np.ndarray:
         try:
             ds = self._walker.dataset(path)
-        except UnsafeObject as exc:
-            if not required and self._file.get(path, getlink=True) is None:
-                return np.zeros(0, dtype=dtype)
-            if required and self._file.get(path, getlink=True) is None:
+        except UnsafeObject:
+            if self._file.id.links.exists(path[1:].encode()):
+                raise
+            if required:
                 raise self._fail(path, "missing (every capture has an index table)") from None
-            raise self._fail(exc.problem.location, exc.problem.problem) from None
+            return np.zeros(0, dtype=dtype)
         found = dataset_problems(ds.id, path, self._budget, self._file_size)
         if found:
             raise self._fail(found[0].location, found[0].problem)
@@ -255,18 +274,14 @@ class Capture:
         layout_problem = _field_problem(ds.dtype, dtype)
         if layout_problem is not None:
             raise self._fail(path, layout_problem)
-        try:
-            committed_attr = read_attribute(ds.id, path, cf.ATTR_COMMITTED_ROWS)
-        except UnsafeObject as exc:
-            raise self._fail(exc.problem.location, exc.problem.problem) from None
+        committed = _attr_int(read_attribute(ds.id, path, cf.ATTR_COMMITTED_ROWS, self._budget), ds.shape[0])
         rows = ds.shape[0]
-        committed = _attr_int(committed_attr, rows)
+        selection = (slice(None),)
         if not self.complete and 0 <= committed < rows:
             # Rows past the commit may lie in chunks a killed writer never finished: never read them.
             self.dropped_rows[path] = rows - committed
-            raw = ds[:committed]
-        else:
-            raw = ds[()]
+            selection = (slice(0, committed),)
+        raw = ChunkedReader(ds, path, self._budget, self._file_size).read(selection) if has_filters(ds) else ds[selection]
         if raw.dtype == dtype:
             return raw
         table = np.zeros(len(raw), dtype=dtype)
@@ -311,11 +326,12 @@ class Capture:
         except UnsafeObject as exc:
             return None, [Problem(f"{where} -> {exc.problem.location}", exc.problem.problem)]
         found = dataset_problems(ds, record.path, self._budget, self._file_size)
+        found += attribute_problems(ds, record.path, self._budget)
         if found:
             return ds, found
         try:
-            stored_logical = _attr_text(read_attribute(ds, record.path, cf.ATTR_LOGICAL_DTYPE))
-            shape_attr = read_attribute(ds, record.path, cf.ATTR_LOGICAL_SHAPE) if ld.is_quantized else None
+            stored_logical = _attr_text(read_attribute(ds, record.path, cf.ATTR_LOGICAL_DTYPE, self._budget))
+            shape_attr = read_attribute(ds, record.path, cf.ATTR_LOGICAL_SHAPE, self._budget) if ld.is_quantized else None
         except UnsafeObject as exc:
             return ds, [exc.problem]
         if stored_logical != record.dtype:
@@ -339,13 +355,24 @@ class Capture:
             raise self._fail(first.location, first.problem)
         return h5py.Dataset(ds)
 
+    def chunked_reader(self, record: Record, dataset: h5py.Dataset) -> ChunkedReader | None:
+        """The bounded chunk decoder of a record's filtered dataset; None when libhdf5 reads it as stored."""
+        if not has_filters(dataset):
+            return None
+        return ChunkedReader(dataset, record.path, self._budget, self._file_size)
+
     def read_bits(self, record: Record, selection: tuple[slice | int, ...] | None = None) -> np.ndarray:
         """The stored bits of a tensor (uint16 for bfloat16, raw bytes for quantized blocks)."""
         ds = self._checked_dataset(record)
         try:
+            chunked = self.chunked_reader(record, ds)
+            if chunked is not None:
+                return chunked.read(selection)
             return ds[()] if selection is None else ds[selection]
-        except (OSError, ValueError, TypeError, IndexError) as exc:
-            raise self._fail(record.path, f"data cannot be read ({exc})") from None
+        except UnsafeObject as exc:
+            raise self._fail(exc.problem.location, exc.problem.problem) from None
+        except (*HDF5_ERRORS, IndexError) as exc:
+            raise self._fail(record.path, f"data cannot be read ({describe_error(exc)})") from None
 
     def read_values(self, record: Record, selection: tuple[slice | int, ...] | None = None) -> np.ndarray:
         """A tensor's values for display: bfloat16 through ml_dtypes, quantized blocks decoded."""
@@ -380,6 +407,8 @@ class Capture:
 def _quantized_problems(
     stored_shape: tuple[int, ...], record: Record, ggml_type: str, shape_attr: np.ndarray | None
 ) -> list[Problem]:
+    if shape_attr is not None and shape_attr.dtype.kind not in "iu":
+        return [Problem(f"{record.path} attribute 'logical_shape'", f"is of type {shape_attr.dtype}; the format stores 64-bit integers")]
     shown = None if shape_attr is None else tuple(int(d) for d in shape_attr.reshape(-1))
     if shown != record.shape:
         return [Problem(f"{record.path} attribute 'logical_shape'", f"is {shown}; the index row says {record.shape}")]
@@ -448,6 +477,12 @@ def load_capture(path: Path, *, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> C
     `open_capture`.
     """
     try:
+        empty = path.stat().st_size == 0
+    except OSError as exc:
+        raise CaptureError(path, "file", f"cannot be read ({exc.strerror})") from None
+    if empty:
+        raise CaptureError(path, "file", "is empty (0 bytes); a capture is an HDF5 file")
+    try:
         file = h5py.File(path, "r", locking=False)
     except OSError as exc:
         raise CaptureError(path, "file", f"not a readable HDF5 file ({exc})") from None
@@ -458,7 +493,7 @@ def load_capture(path: Path, *, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> C
         raise
     except Exception as exc:  # noqa: BLE001  (libhdf5 raises many types on a bad file; each is a finding)
         file.close()
-        raise CaptureError(path, "file", f"unreadable structure ({type(exc).__name__}: {exc})") from None
+        raise CaptureError(path, "file", f"unreadable structure ({describe_error(exc)})") from None
 
 
 def iter_open_capture(
@@ -523,14 +558,20 @@ class RecordReader:
         self._capture = capture
         self._record = record
         self._dataset = capture._checked_dataset(record)
+        self._chunked = capture.chunked_reader(record, self._dataset)
 
     def read_into(self, out: np.ndarray, selection: tuple[slice | int, ...] | None = None) -> np.ndarray:
         """Stored bits of the record, or of `selection`, into `out` (C-contiguous, the
         selection's shape, the stored dtype), which is returned."""
         try:
-            self._dataset.read_direct(out, selection)
-        except (OSError, ValueError, TypeError, IndexError) as exc:
-            raise self._capture._fail(self._record.path, f"data cannot be read ({exc})") from None
+            if self._chunked is not None:
+                out[...] = self._chunked.read(selection)
+            else:
+                self._dataset.read_direct(out, selection)
+        except UnsafeObject as exc:
+            raise self._capture._fail(exc.problem.location, exc.problem.problem) from None
+        except (*HDF5_ERRORS, IndexError) as exc:
+            raise self._capture._fail(self._record.path, f"data cannot be read ({describe_error(exc)})") from None
         return out
 
 

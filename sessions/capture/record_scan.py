@@ -22,7 +22,7 @@ import numpy as np
 
 from sessions.bits.dtypes import LOGICAL_DTYPES
 from sessions.capture import format as cf
-from sessions.capture.hdf5_safety import Problem, UnsafeObject
+from sessions.capture.hdf5_safety import HDF5_ERRORS, Problem, UnsafeObject, attribute_problems, describe_error
 from sessions.capture.reader import Capture, record_from_row
 
 PROGRESS_EVERY_ROWS = 200
@@ -81,40 +81,53 @@ class RecordScan:
         self._file_size = capture.file_size
         self._expected = _expectations()
         self._groups: dict[bytes, _Group | None] = {}
+        self._group_failures: dict[bytes, Problem] = {}
+        self._failure: Problem | None = None
+        """The first libhdf5 failure the fast path met on the current row, if any (see `problems`)."""
         self.thorough_rows = 0
         """Rows that left the fast path for `record_problems` (a clean capture from the reference writer has none)."""
 
     def _group(self, parent: bytes) -> _Group | None:
         """The group a parent path leads to through checked links, or None when it does not (thorough path)."""
         if parent not in self._groups:
+            where = parent.decode("utf-8", errors="replace") or "/"
             try:
-                resolved = self._walker.resolve(parent.decode("utf-8", errors="replace") or "/")
+                resolved = self._walker.resolve(where)
                 self._groups[parent] = _Group(self._walker.group_id(resolved))
-            except (UnsafeObject, KeyError, ValueError, OSError, RuntimeError, TypeError):
+            except UnsafeObject as exc:
+                self._groups[parent], self._group_failures[parent] = None, exc.problem
+            except HDF5_ERRORS as exc:
                 self._groups[parent] = None
+                self._group_failures[parent] = Problem(where, f"its links cannot be listed ({describe_error(exc)})")
         return self._groups[parent]
 
     def _is_clean(self, path: bytes, dtype: bytes, shape: tuple[int, ...]) -> bool:
         """Whether the row's dataset is the common clean case; False sends the row to the thorough check."""
+        self._failure = None
         expected = self._expected.get(dtype)
         if expected is None or not path.startswith(b"/") or not path.isascii():
             return False
         parent, _, name = path.rpartition(b"/")
         group = self._group(parent) if name not in (b"", b".", b"..") else None
         if group is None or name not in group.hard:
+            self._failure = self._group_failures.get(parent)
             return False
         try:
             dsid = h5py.h5d.open(group.id, name)
             if not dsid.get_type() == expected.type_id or dsid.get_space().get_simple_extent_dims() != shape:
                 return False
             declared = expected.itemsize * math.prod(shape)
-            if declared > self._budget or not self._storage_is_clean(dsid, declared):
+            info = h5py.h5o.get_info(dsid)
+            if declared > self._budget or not self._storage_is_clean(dsid, info, declared):
+                return False
+            if info.num_attrs > 1 and attribute_problems(dsid, "", self._budget):
                 return False
             return self._logical_dtype_matches(dsid, dtype, expected.attr_type_id)
-        except (KeyError, ValueError, OSError, RuntimeError, TypeError):
+        except HDF5_ERRORS as exc:
+            self._failure = Problem(path.decode("utf-8", errors="replace"), f"cannot be read ({describe_error(exc)})")
             return False
 
-    def _storage_is_clean(self, dsid: h5py.h5d.DatasetID, declared: int) -> bool:
+    def _storage_is_clean(self, dsid: h5py.h5d.DatasetID, info: h5py.h5o.ObjInfo, declared: int) -> bool:
         """Contiguous, inside the file, no external raw data, no filter pipeline.
 
         `H5Dget_offset` is defined only for contiguous storage without external files, so an
@@ -124,7 +137,7 @@ class RecordScan:
         offset = dsid.get_offset()
         if offset is None:
             return False
-        present = h5py.h5o.get_info(dsid).hdr.mesg.present
+        present = info.hdr.mesg.present
         if present & (_MESSAGE_DATATYPE | _MESSAGE_LAYOUT) != (_MESSAGE_DATATYPE | _MESSAGE_LAYOUT):
             return False
         if present & (_MESSAGE_FILTER_PIPELINE | _MESSAGE_EXTERNAL_FILES):
@@ -165,7 +178,14 @@ class RecordScan:
             if bad[i] or self._is_clean(paths[i], dtypes[i], tuple(shapes[i][: ndims[i]])):
                 continue
             self.thorough_rows += 1
-            found += self._capture.record_problems(record_from_row(index[i]))
+            record = record_from_row(index[i])
+            thorough = self._capture.record_problems(record)
+            if not thorough and self._failure is not None:
+                # libhdf5 failed once and not when asked again (a damaged heap it half-cached on the
+                # first try): a reader that asks first would fail, so the first failure stands.
+                where = f"/index row {record.seq} ({record.name}) -> {self._failure.location}"
+                thorough = [Problem(where, self._failure.problem)]
+            found += thorough
         if progress is not None:
             progress(total, total)
         return found

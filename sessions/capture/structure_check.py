@@ -17,6 +17,7 @@ found and what the file holds. The parent turns the progress lines into `Progres
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import resource
@@ -26,13 +27,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from sessions.capture import check_cache
 from sessions.capture import format as cf
-from sessions.capture.hdf5_safety import CHECK_TIMEOUT_S, DEFAULT_MEMORY_BUDGET, Problem
+from sessions.capture.hdf5_safety import CHECK_TIMEOUT_ENV, CHECK_TIMEOUT_S, DEFAULT_MEMORY_BUDGET, Problem, describe_error
+from sessions.capture.data_check import data_problems
+from sessions.capture.file_walk import walk_problems
 from sessions.capture.reader import Capture, CaptureError, load_capture
 from sessions.capture.record_scan import scan_problems
 from sessions.child_env import child_env
@@ -43,6 +46,8 @@ MAX_SHARDS = 4
 INTERPRETER_HEADROOM = 1536 * 1024**2
 """Address space the child's interpreter, numpy and libhdf5 need besides the read budget."""
 PROGRESS_PREFIX = b"progress "
+BEGIN_PREFIX = b"begin "
+"""A checking child announces each file of its batch (`begin I`) before checking it."""
 POLL_S = 0.1
 """How often the parent yields while children are quiet, so closing its generator is prompt."""
 
@@ -76,12 +81,15 @@ def check_here(
     shard: int = 0,
     shards: int = 1,
     progress: Callable[[int, int], None] | None = None,
+    deep: bool = False,
 ) -> CheckReport:
     """Check a file in this process, collecting every problem (each child runs this).
 
     With several shards, shard i checks the i-th contiguous slice of index rows' datasets;
-    shard 0 also reports the row-level and cross-table problems, so merging the shards' reports
-    in shard order lists problems in file order. `progress(done, total)` counts this shard's rows.
+    shard 0 also reports the row-level, cross-table and whole-tree problems, so merging the
+    shards' reports in shard order lists problems in file order. `deep` then reads the data of
+    the shard's records, when its structure had no problem. `progress(done, total)` counts this
+    shard's rows (twice when deep).
     """
     try:
         capture = load_capture(path, memory_budget=memory_budget)
@@ -90,9 +98,22 @@ def check_here(
     with capture:
         report = CheckReport(list(capture.row_problems) if shard == 0 else [], capture.complete, capture.describe())
         n = len(capture.index)
-        report.problems += scan_problems(capture, n * shard // shards, n * (shard + 1) // shards, progress)
+        start, stop = n * shard // shards, n * (shard + 1) // shards
+        total = (stop - start) * (2 if deep else 1)
+        counted = None if progress is None else (lambda done, _: progress(done, total))
+        report.problems += scan_problems(capture, start, stop, counted)
         if shard == 0:
             report.problems += table_problems(capture)
+            report.problems += walk_problems(capture)
+    if deep and not report.problems:
+        # Opened afresh: libhdf5 can fail on a damaged structure the first time and not once it has
+        # cached part of it, so the data is read from the state a `report` starts in.
+        read = None if progress is None else (lambda done: progress(stop - start + done, total))
+        try:
+            with load_capture(path, memory_budget=memory_budget) as fresh:
+                report.problems += data_problems(fresh, start, stop, read)
+        except CaptureError as exc:
+            report.problems.append(Problem(exc.location, exc.problem))
     return report
 
 
@@ -164,10 +185,11 @@ def shard_count(path: Path) -> int:
     return max(1, min(MAX_SHARDS, os.cpu_count() or 1))
 
 
-def _child_command(path: Path, memory_budget: int, shard: int, shards: int) -> list[str]:
+def _child_command(paths: list[Path], memory_budget: int, deep: bool, shard: int = 0, shards: int = 1) -> list[str]:
     return [
         sys.executable, "-m", "sessions.capture.structure_check",
-        "--memory-budget", str(memory_budget), "--shard", f"{shard}/{shards}", str(path),
+        "--memory-budget", str(memory_budget), "--shard", f"{shard}/{shards}", *(["--deep"] if deep else []),
+        "--", *(str(path) for path in paths),
     ]  # fmt: skip
 
 
@@ -191,27 +213,32 @@ def _verdict(returncode: int, stdout: str, stderr: str) -> CheckReport:
 
 
 class _Children:
-    """The checking children of one file and what each has printed so far."""
+    """Checking children (the shards of one file, or one child checking a batch of files) and what each has printed so far."""
 
-    def __init__(self, path: Path, memory_budget: int) -> None:
+    def __init__(self, commands: list[list[str]]) -> None:
         env = child_env()
-        shards = shard_count(path)
+        shards = len(commands)
         self.processes: list[subprocess.Popen[bytes]] = []
         self.selector = selectors.DefaultSelector()
         self.stdout = [bytearray() for _ in range(shards)]
         self.stderr = [bytearray() for _ in range(shards)]
         self.done = [0] * shards
         self.totals: list[int | None] = [None] * shards
+        self.begun = [-1] * shards
+        """The file a batch child announced last (`begin I`)."""
+        self.reports: list[list[str]] = [[] for _ in range(shards)]
+        """The report lines a batch child printed, one per file, in order."""
         self._parsed = [0] * shards
         try:
-            for shard in range(shards):
+            for command in commands:
                 child = subprocess.Popen(
-                    _child_command(path, memory_budget, shard, shards),
+                    command,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     env=env,
                 )
+                shard = len(self.processes)
                 self.processes.append(child)
                 assert child.stdout is not None and child.stderr is not None
                 self.selector.register(child.stdout, selectors.EVENT_READ, (shard, self.stdout))
@@ -240,6 +267,11 @@ class _Children:
         out = self.stdout[shard]
         end = out.rfind(b"\n") + 1
         for line in bytes(out[self._parsed[shard] : end]).splitlines():
+            if line.startswith(BEGIN_PREFIX) and line[len(BEGIN_PREFIX) :].isdigit():
+                self.begun[shard] = int(line[len(BEGIN_PREFIX) :])
+                self.done[shard], self.totals[shard] = 0, None
+            elif line.startswith(b"{"):
+                self.reports[shard].append(line.decode("utf-8", errors="replace"))
             numbers = line[len(PROGRESS_PREFIX) :].split() if line.startswith(PROGRESS_PREFIX) else []
             if len(numbers) == 2 and all(n.isdigit() for n in numbers):
                 self.done[shard], self.totals[shard] = int(numbers[0]), int(numbers[1])
@@ -264,9 +296,18 @@ class _Children:
         self.selector.close()
 
 
-def _timeout_report(timeout_s: float) -> CheckReport:
+def _timeout_report(timeout_s: float, progress: Progress) -> CheckReport:
+    """A check that ran out of time says so, without blaming the file: most often it is large for this machine."""
+    done = f"{progress.done} of {progress.total} index rows" if progress.total else f"{progress.done} index rows"
     return CheckReport(
-        [Problem("structure check", f"reading the file's structure did not finish within {timeout_s:g} s (libhdf5 hangs on it)")]
+        [
+            Problem(
+                "structure check",
+                f"did not finish within the {timeout_s:g} s allowed ({done} checked); nothing wrong with the file "
+                f"was found, but checking it takes longer on this machine: allow more time with "
+                f"{CHECK_TIMEOUT_ENV}=SECONDS (validate: --timeout SECONDS)",
+            )
+        ]
     )
 
 
@@ -275,20 +316,23 @@ def iter_check_in_child(
     *,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     timeout_s: float = CHECK_TIMEOUT_S,
+    deep: bool = False,
 ) -> ProgressGenerator[CheckReport]:
     """Run the check in child processes, yielding rows checked; a crash or hang of any child is itself the finding.
 
-    Closing the generator kills the children (cancel): none is left running.
+    `deep` also reads every record's data there (`validate --deep`). Closing the generator kills
+    the children (cancel): none is left running.
     """
     deadline = time.monotonic() + timeout_s
-    label = f"checking {path.name}"
-    children = _Children(path, memory_budget)
+    label = f"{'reading' if deep else 'checking'} {path.name}"
+    shards = shard_count(path)
+    children = _Children([_child_command([path], memory_budget, deep, shard, shards) for shard in range(shards)])
     try:
         yield children.progress(label)
         while children.reading:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return _timeout_report(timeout_s)
+                return _timeout_report(timeout_s, children.progress(label))
             children.read(min(POLL_S, remaining))
             yield children.progress(label)
         merged = CheckReport()
@@ -296,7 +340,7 @@ def iter_check_in_child(
             try:
                 returncode = child.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                return _timeout_report(timeout_s)
+                return _timeout_report(timeout_s, children.progress(label))
             report = _verdict(
                 returncode,
                 children.stdout[shard].decode("utf-8", errors="replace"),
@@ -315,12 +359,17 @@ def check_in_child(
     *,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     timeout_s: float = CHECK_TIMEOUT_S,
+    deep: bool = False,
 ) -> CheckReport:
     """`iter_check_in_child` without progress."""
-    return run_to_end(iter_check_in_child(path, memory_budget=memory_budget, timeout_s=timeout_s))
+    return run_to_end(iter_check_in_child(path, memory_budget=memory_budget, timeout_s=timeout_s, deep=deep))
 
 
 _passed: set[check_cache.FileIdentity] = set()
+_failed: dict[tuple[check_cache.FileIdentity, float], Problem] = {}
+"""Failures of this process's run, by file version and time limit: a file that failed (or ran out
+of time) is not checked again while it is unchanged, e.g. by `report` opening a file that its
+side-by-side check just refused. Never stored on disk: a fixed checker must see the file again."""
 _passed_lock = threading.Lock()
 
 
@@ -347,6 +396,80 @@ def _unchanged(path: Path, identity: check_cache.FileIdentity) -> bool:
         return False
 
 
+def _remember_pass(path: Path, identity: check_cache.FileIdentity) -> None:
+    """Remember a pass, here and on disk, unless the file changed while it was checked (a writer
+    still appending makes the verdict about a version that is gone)."""
+    if _unchanged(path, identity):
+        with _passed_lock:
+            _passed.add(identity)
+        check_cache.remember_pass(identity)
+
+
+def _batch_reports(
+    paths: list[Path], memory_budget: int, timeout_s: float, deep: bool
+) -> Iterator[CheckReport]:
+    """Reports of `paths` in order, from one child that checks them one after another.
+
+    Stops after the file that crashed the child or ran out of time (its report says so); the
+    caller starts a new batch with the rest.
+    """
+    children = _Children([_child_command(paths, memory_budget, deep)])
+    given = 0
+    deadline = time.monotonic() + timeout_s
+    try:
+        while children.reading:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                yield _timeout_report(timeout_s, children.progress(""))
+                return
+            started = children.begun[0]
+            children.read(min(POLL_S, remaining))
+            for line in children.reports[0][given:]:
+                yield _verdict(0, line, "")
+            given = len(children.reports[0])
+            if children.begun[0] != started:
+                deadline = time.monotonic() + timeout_s
+        if given < len(paths):
+            returncode = children.processes[0].wait()
+            yield _verdict(returncode, "", children.stderr[0].decode("utf-8", errors="replace"))
+    finally:
+        children.close()
+
+
+def iter_check_files(
+    paths: list[Path],
+    *,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    timeout_s: float = CHECK_TIMEOUT_S,
+    deep: bool = False,
+) -> Iterator[tuple[Path, CheckReport]]:
+    """Each file's report, in order, for `validate` of many files; passes are remembered as by `ensure_checked`.
+
+    A checking child costs about 0.3 s to start (numpy and h5py), more than checking a small
+    capture, so small files are checked in batches by one child each; a file that crashes or
+    hangs it gets that finding, and a new child takes the rest. A file large enough to shard
+    is checked on its own (`iter_check_in_child`). `timeout_s` applies to each file.
+    """
+    at = 0
+    while at < len(paths):
+        identities = {}
+        if shard_count(paths[at]) > 1:
+            batch = paths[at : at + 1]
+            identities[batch[0]] = check_cache.identity_of(batch[0], memory_budget)
+            reports: Iterator[CheckReport] = iter(
+                [check_in_child(batch[0], memory_budget=memory_budget, timeout_s=timeout_s, deep=deep)]
+            )
+        else:
+            batch = list(itertools.takewhile(lambda p: shard_count(p) == 1, paths[at:]))
+            identities = {path: check_cache.identity_of(path, memory_budget) for path in batch}
+            reports = _batch_reports(batch, memory_budget, timeout_s, deep)
+        for path, report in zip(batch, reports):
+            if not report.problems:
+                _remember_pass(path, identities[path])
+            yield path, report
+            at += 1
+
+
 def iter_ensure_checked(
     path: Path,
     *,
@@ -361,18 +484,22 @@ def iter_ensure_checked(
     identity = check_cache.identity_of(path, memory_budget)
     if _passed_anywhere(identity):
         return None
+    with _passed_lock:
+        failed = _failed.get((identity, timeout_s))
+    if failed is not None:
+        return failed
     report = yield from iter_check_in_child(path, memory_budget=memory_budget, timeout_s=timeout_s)
     if not report.problems:
-        if _unchanged(path, identity):
-            with _passed_lock:
-                _passed.add(identity)
-            check_cache.remember_pass(identity)
+        _remember_pass(path, identity)
         return None
     check_cache.forget(identity)
     first = report.problems[0]
     more = len(report.problems) - 1
     if more:
-        return Problem(first.location, f"{first.problem} (and {more} more; `parity-xray validate` lists them)")
+        first = Problem(first.location, f"{first.problem} (and {more} more; `parity-xray validate` lists them)")
+    if _unchanged(path, identity):
+        with _passed_lock:
+            _failed[(identity, timeout_s)] = first
     return first
 
 
@@ -398,7 +525,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sessions.capture.structure_check")
     parser.add_argument("--memory-budget", type=int, default=DEFAULT_MEMORY_BUDGET)
     parser.add_argument("--shard", default="0/1", help="I/N: check the I-th of N slices of the index")
-    parser.add_argument("path", type=Path)
+    parser.add_argument("--deep", action="store_true", help="also read every record's data")
+    parser.add_argument("paths", type=Path, nargs="+", help="files, checked one after another (a batch)")
     args = parser.parse_args(argv)
     shard, shards = (int(part) for part in args.shard.split("/"))
     _limit_address_space(args.memory_budget)
@@ -407,13 +535,16 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(f"{PROGRESS_PREFIX.decode()}{done} {total}\n")
         sys.stdout.flush()
 
-    try:
-        report = check_here(args.path, args.memory_budget, shard, shards, progress)
-    except MemoryError:
-        report = CheckReport([Problem("structure check", "reading the file's structure ran out of its memory limit")])
-    except Exception as exc:  # noqa: BLE001  (any libhdf5 failure on a bad file is a finding, not a crash)
-        report = CheckReport([Problem("file", f"unreadable structure ({type(exc).__name__}: {exc})")])
-    print(report.to_json())
+    for number, path in enumerate(args.paths):
+        sys.stdout.write(f"{BEGIN_PREFIX.decode()}{number}\n")
+        sys.stdout.flush()
+        try:
+            report = check_here(path, args.memory_budget, shard, shards, progress, args.deep)
+        except MemoryError:
+            report = CheckReport([Problem("structure check", "reading the file's structure ran out of its memory limit")])
+        except Exception as exc:  # noqa: BLE001  (any libhdf5 failure on a bad file is a finding, not a crash)
+            report = CheckReport([Problem("file", f"unreadable structure ({describe_error(exc)})")])
+        print(report.to_json(), flush=True)
     return 0
 
 

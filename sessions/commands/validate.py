@@ -1,17 +1,23 @@
-"""`parity-xray validate FILE...`: every problem of every capture, with where it is.
+"""`parity-xray validate [--deep] FILE...`: every problem of every capture, with where it is.
 
-Each file is checked in its own child process (`sessions.capture.structure_check`), so one file that
-crashes or hangs libhdf5 is reported and the others are still checked. A file is valid when it
-has no problem and its writer finished it. Exit status: 0 when every file is valid, 2 otherwise.
+Files are checked in child processes (`sessions.capture.structure_check`; small files in batches,
+one child after another), so one file that crashes or hangs libhdf5 is reported and the others
+are still checked. A file is valid when it
+has no problem and its writer finished it. The plain check reads metadata only; `--deep` also
+reads every tensor's data there, so exit 0 then means `report` can read the file. Exit status:
+0 when every file is valid, 2 otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
+from collections.abc import Iterator
 from pathlib import Path
 
-from sessions.capture.hdf5_safety import CHECK_TIMEOUT_S, DEFAULT_MEMORY_BUDGET, Problem
-from sessions.capture.structure_check import CheckReport, check_in_child
+from sessions.capture.hdf5_safety import CHECK_TIMEOUT_ENV, CHECK_TIMEOUT_S, DEFAULT_MEMORY_BUDGET, Problem
+from sessions.capture.structure_check import CheckReport, iter_check_files
 
 EXIT_VALID = 0
 EXIT_INVALID = 2
@@ -31,24 +37,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=CHECK_TIMEOUT_S,
         metavar="SECONDS",
-        help=f"time allowed to check one file (default {CHECK_TIMEOUT_S:g})",
+        help=f"time allowed to check one file (default {CHECK_TIMEOUT_S:g}, or ${CHECK_TIMEOUT_ENV})",
+    )
+    parser.add_argument(
+        "--deep",
+        action="store_true",
+        help="also read every tensor's data (bounded, in the checking process), so valid means readable",
     )
 
 
-def validate_file(path: Path, memory_budget: int, timeout_s: float) -> CheckReport:
-    """The child's report, with an unfinished file counted as a problem (it cannot be trusted as a whole)."""
-    if not path.is_file():
-        return CheckReport([Problem("file", "does not exist" if not path.exists() else "is not a regular file")])
-    report = check_in_child(path, memory_budget=memory_budget, timeout_s=timeout_s)
-    if report.contents and not report.complete:
-        report.problems.insert(0, Problem("/ attribute 'complete'", "not set: " + report.contents))
-    return report
+def validate_files(paths: list[Path], memory_budget: int, timeout_s: float, deep: bool = False) -> Iterator[tuple[Path, CheckReport]]:
+    """Each file's report, in order, with an unfinished file counted as a problem (it cannot be trusted as a whole)."""
+    at = 0
+    while at < len(paths):
+        if not paths[at].is_file():
+            shown = "does not exist" if not paths[at].exists() else "is not a regular file"
+            yield paths[at], CheckReport([Problem("file", shown)])
+            at += 1
+            continue
+        files = list(itertools.takewhile(Path.is_file, paths[at:]))
+        for path, report in iter_check_files(files, memory_budget=memory_budget, timeout_s=timeout_s, deep=deep):
+            if report.contents and not report.complete:
+                report.problems.insert(0, Problem("/ attribute 'complete'", "not set: " + report.contents))
+            yield path, report
+        at += len(files)
+
+
+def validate_file(path: Path, memory_budget: int, timeout_s: float, deep: bool = False) -> CheckReport:
+    """One file's report, as `validate_files` gives it."""
+    with contextlib.closing(validate_files([path], memory_budget, timeout_s, deep)) as reports:
+        return next(reports)[1]
 
 
 def run(args: argparse.Namespace) -> int:
     status = EXIT_VALID
-    for path in args.files:
-        report = validate_file(path, args.memory_budget, args.timeout)
+    for path, report in validate_files(args.files, args.memory_budget, args.timeout, args.deep):
         if report.problems:
             status = EXIT_INVALID
             count = len(report.problems)

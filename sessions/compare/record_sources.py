@@ -39,7 +39,7 @@ def record_sources(capture: Capture, records: Iterable[Record] | None = None) ->
                     continue
                 try:
                     names = json.loads(bytes(raw.item()).decode("utf-8"))
-                except (ValueError, UnicodeDecodeError, TypeError, AttributeError):
+                except (ValueError, UnicodeDecodeError, TypeError, AttributeError, RecursionError):
                     continue
                 if isinstance(names, list) and all(isinstance(n, str) for n in names):
                     found[record.seq] = tuple(names)

@@ -1,12 +1,17 @@
 """Sidecar cache of comparison results, so a second open of the same pair is instant.
 
-Results live in the user cache directory (platformdirs), never beside or inside the
-captures, which may sit on a read-only share or belong to someone else. The key covers
-both files' content identity (size, mtime_ns, SHA-256 of root attributes + index -- see
-sessions.capture.identity), the comparison options (manual alignment overrides included), the content of the profiles the options
-resolve to (an edited TOML profile keeps its path and name), the report document's version
-and a digest of the comparison code, so a rewritten capture, an edited profile, different
-options or a changed diff engine can never return a stale result.
+Results live in `comparisons/` of Parity X-ray's cache directory (the user cache directory, or
+`$PARITY_XRAY_CACHE_DIR`), never beside or inside the captures, which may sit on a read-only
+share or belong to someone else. The key covers both files' content identity (SHA-256 of root
+attributes + index -- see sessions.capture.identity) and their identity on disk (resolved
+path, device, inode, size, modification and change time), the comparison options (manual
+alignment overrides included), the content of the profiles the options resolve to (an edited
+TOML profile keeps its path and name), the report document's version and a digest of the
+comparison code, so a rewritten capture, an edited profile, different options or a changed
+diff engine can never return a stale result. Tensor bytes are not hashed (captures run to
+gigabytes): a tensor edited in place keeps the size and can be given its old mtime back, but
+not its old change time, which only the kernel sets. The folder is capped at MAX_CACHE_BYTES;
+the least recently used results go first.
 """
 
 from __future__ import annotations
@@ -19,9 +24,8 @@ import os
 import tempfile
 from pathlib import Path
 
-import platformdirs
-
-from sessions.capture.identity import CaptureIdentity, identity_of_capture
+from sessions.capture.check_cache import cache_root, identity_of
+from sessions.capture.identity import identity_of_capture
 from sessions.capture.reader import Capture
 from sessions.compare.comparison import (
     CompareOptions,
@@ -34,16 +38,20 @@ from sessions.compare.profile_identity import identify
 from sessions.compare.profiles import Profile
 from sessions.progress import Progress, ProgressGenerator
 
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3
 SESSIONS_DIR = Path(__file__).resolve().parent.parent
+MAX_CACHE_BYTES = 256 * 1024**2
+"""Largest total size of cached results; a report of a large pair is a few hundred KiB."""
+ENTRY_SUFFIX = ".json"
 
 
 def default_cache_dir() -> Path:
-    return Path(platformdirs.user_cache_dir("parity-xray")) / "comparisons"
+    return cache_root() / "comparisons"
 
 
-def _identity_fields(identity: CaptureIdentity) -> list[object]:
-    return [identity.size, identity.mtime_ns, identity.sha256]
+def _identity_fields(capture: Capture) -> dict[str, object]:
+    on_disk = dataclasses.asdict(identity_of(capture.path, capture.memory_budget))
+    return {**on_disk, "content": identity_of_capture(capture).sha256}
 
 
 @functools.cache
@@ -68,9 +76,8 @@ def cache_key(native: Capture, oracle: Capture, options: CompareOptions, profile
         "cache": CACHE_FORMAT,
         "document": DOCUMENT_VERSION,
         "code": code_digest(),
-        "native": _identity_fields(identity_of_capture(native)),
-        "oracle": _identity_fields(identity_of_capture(oracle)),
-        "paths": [str(native.path.resolve()), str(oracle.path.resolve())],
+        "native": _identity_fields(native),
+        "oracle": _identity_fields(oracle),
         "options": dataclasses.asdict(options),
         "profiles": [dataclasses.asdict(identify(p)) for p in profiles],
     }
@@ -78,24 +85,61 @@ def cache_key(native: Capture, oracle: Capture, options: CompareOptions, profile
 
 
 def load(cache_dir: Path, key: str) -> Comparison | None:
-    """The cached result, or None when absent or unreadable (a damaged entry is recomputed)."""
-    path = cache_dir / f"{key}.json"
+    """The cached result, or None when absent or unreadable (a damaged entry is recomputed).
+
+    A hit is marked as used now (its mtime), which is what eviction orders by."""
+    path = cache_dir / f"{key}{ENTRY_SUFFIX}"
     try:
-        return loads(path.read_text(encoding="utf-8"))
+        result = loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ReportFormatError):
         return None
+    try:
+        os.utime(path)
+    except OSError:
+        pass  # a read-only cache still serves its results; they just age
+    return result
 
 
-def store(cache_dir: Path, key: str, comparison: Comparison) -> None:
-    """Write atomically (temp file + fsync + replace); a cache that cannot be written is skipped."""
+def entries(cache_dir: Path) -> list[tuple[int, int, Path]]:
+    """(last use in ns, bytes, path) of every cached result, least recently used first."""
+    found = []
+    try:
+        listing = list(os.scandir(cache_dir))
+    except OSError:
+        return []
+    for entry in listing:
+        if entry.name.endswith(ENTRY_SUFFIX) and not entry.name.startswith("."):
+            try:
+                stat = entry.stat()
+            except OSError:
+                continue
+            found.append((stat.st_mtime_ns, stat.st_size, Path(entry.path)))
+    return sorted(found)
+
+
+def evict(cache_dir: Path, max_bytes: int = MAX_CACHE_BYTES) -> None:
+    """Remove the least recently used results until the folder holds at most `max_bytes`."""
+    cached = entries(cache_dir)
+    total = sum(size for _, size, _ in cached)
+    for _, size, path in cached:
+        if total <= max_bytes:
+            return
+        path.unlink(missing_ok=True)
+        total -= size
+
+
+def store(cache_dir: Path, key: str, comparison: Comparison, max_bytes: int = MAX_CACHE_BYTES) -> None:
+    """Write atomically (temp file + fsync + replace), then evict down to `max_bytes`; a cache that
+    cannot be written is skipped."""
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
-        fd, temp = tempfile.mkstemp(dir=cache_dir, prefix=".tmp-", suffix=".json")
+        fd, temp = tempfile.mkstemp(dir=cache_dir, prefix=".tmp-", suffix=ENTRY_SUFFIX)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(dumps(comparison))
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(temp, cache_dir / f"{key}.json")
+        os.replace(temp, cache_dir / f"{key}{ENTRY_SUFFIX}")
+        evict(cache_dir, max_bytes)
     except OSError:
         return
 

@@ -1,0 +1,70 @@
+"""`parity-xray cache [--clear]`: what Parity X-ray keeps in its cache directory, and emptying it.
+
+The cache holds comparison results (`comparisons/`, capped and evicted least recently used
+first) and the files that passed their structural check (`checked/`). It lives in the user
+cache directory or in `$PARITY_XRAY_CACHE_DIR`, which may be a folder the user also keeps other
+things in, so `--clear` removes only the entries Parity X-ray wrote there (its `.json` entries
+and interrupted temporary files), never the folders or anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from sessions.capture.check_cache import CACHE_DIR_ENV, cache_root, checked_dir
+from sessions.compare.result_cache import MAX_CACHE_BYTES, default_cache_dir
+
+EXIT_OK, EXIT_NOT_CLEARED = 0, 1
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--clear", action="store_true", help="delete every cached result and remembered check")
+
+
+def _own_entries(folder: Path) -> list[tuple[Path, int]]:
+    """(path, bytes) of the files Parity X-ray wrote in one of its cache folders."""
+    try:
+        listing = list(os.scandir(folder))
+    except OSError:
+        return []
+    found = []
+    for entry in listing:
+        if entry.name.endswith(".json") and entry.is_file(follow_symlinks=False):
+            try:
+                found.append((Path(entry.path), entry.stat(follow_symlinks=False).st_size))
+            except OSError:
+                continue
+    return found
+
+
+def _mib(size: int) -> str:
+    return f"{size / 1024**2:.1f} MiB"
+
+
+def run(args: argparse.Namespace) -> int:
+    folders = (
+        ("comparison results", default_cache_dir(), f", limit {_mib(MAX_CACHE_BYTES)}"),
+        ("passed structure checks", checked_dir(), ""),
+    )
+    where = f"${CACHE_DIR_ENV}" if os.environ.get(CACHE_DIR_ENV) else "user cache directory"
+    print(f"cache: {cache_root()} ({where})")
+    status = EXIT_OK
+    for label, folder, limit in folders:
+        found = _own_entries(folder)
+        size = sum(bytes_ for _, bytes_ in found)
+        if args.clear:
+            kept = []
+            for path, _ in found:
+                try:
+                    path.unlink(missing_ok=True)
+                except OSError as exc:
+                    kept.append(f"{path.name} ({exc.strerror})")
+            print(f"  {label}: removed {len(found) - len(kept)} entries ({_mib(size)})")
+            if kept:
+                status = EXIT_NOT_CLEARED
+                print(f"    could not remove: {', '.join(kept)}")
+        else:
+            print(f"  {label}: {len(found)} entries, {_mib(size)}{limit}")
+    return status

@@ -33,14 +33,14 @@ import numpy as np  # noqa: E402
 import sessions  # noqa: E402,F401  (disables HDF5 filter plugins before h5py loads)
 from sessions.capture import format as cf  # noqa: E402
 from sessions.capture.meta import CaptureMeta  # noqa: E402
-from sessions.capture.reader import open_capture  # noqa: E402
+from sessions.capture.opening import open_capture  # noqa: E402
 from sessions.capture.structure_check import shard_count  # noqa: E402
 
 STEP_ROWS = 500
 ROOT = Path(__file__).resolve().parent.parent
 TIMED_OPEN = """
 import sys, time
-from sessions.capture.reader import open_capture
+from sessions.capture.opening import open_capture
 start = time.perf_counter()
 open_capture(sys.argv[1]).close()
 print(time.perf_counter() - start)

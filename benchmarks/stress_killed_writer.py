@@ -101,7 +101,8 @@ def run_writer(path: str, compression: str, seed: int, steps: int) -> None:
 
 def check_file(path: Path, seed: int, steps_reported: int) -> tuple[str, str]:
     """('ok' | 'open' | 'content', detail) for the file a killed writer left."""
-    from sessions.capture.reader import CaptureError, open_capture
+    from sessions.capture.opening import open_capture
+    from sessions.capture.reader import CaptureError
 
     try:
         capture = open_capture(path)

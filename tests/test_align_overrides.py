@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hand_captures import T, bf16_bits, write_capture
 
-from sessions.capture.reader import open_capture
+from sessions.capture.opening import open_capture
 from sessions.compare.align import (
     MANUAL_BREAK,
     NO_PARTNER,

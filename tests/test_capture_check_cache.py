@@ -22,7 +22,8 @@ import pytest
 from sessions.capture import check_cache
 from sessions.capture.hdf5_safety import DEFAULT_MEMORY_BUDGET
 from sessions.capture.meta import CaptureMeta
-from sessions.capture.reader import CaptureError, iter_open_capture, open_capture
+from sessions.capture.opening import iter_open_capture, open_capture
+from sessions.capture.reader import CaptureError
 from sessions.capture.structure_check import already_checked
 from sessions.capture.writer import CaptureWriter
 from sessions.progress import Progress
@@ -43,7 +44,8 @@ def watch(event, args):
 
 
 sys.addaudithook(watch)
-from sessions.capture.reader import CaptureError, open_capture
+from sessions.capture.reader import CaptureError
+from sessions.capture.opening import open_capture
 
 try:
     open_capture(sys.argv[1]).close()

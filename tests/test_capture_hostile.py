@@ -15,8 +15,14 @@ import pytest
 
 from sessions.capture import format as cf
 from sessions.capture.meta import CaptureMeta
-from sessions.capture.reader import CaptureError, open_capture
-from sessions.capture.structure_check import already_checked, check_in_child, ensure_checked, iter_ensure_checked
+from sessions.capture.opening import open_capture
+from sessions.capture.reader import CaptureError
+from sessions.capture.structure_check import (
+    already_checked,
+    check_in_child,
+    ensure_checked,
+    iter_ensure_checked,
+)
 from sessions.capture.writer import CaptureWriter
 from tests.child_processes import child_reading
 

@@ -23,9 +23,10 @@ from gguf import GGMLQuantizationType, quantize
 from hand_captures import T, write_capture
 
 from sessions.capture import format as cf
-from sessions.capture.chunk_read import ChunkedReader, BadChunk, liblzf, unlzf_python
+from sessions.capture.chunk_read import BadChunk, ChunkedReader, liblzf, unlzf_python
 from sessions.capture.meta import CaptureMeta
-from sessions.capture.reader import CaptureError, open_capture
+from sessions.capture.opening import open_capture
+from sessions.capture.reader import CaptureError
 from sessions.capture.writer import CaptureWriter
 from sessions.child_env import PROJECT_ROOT, child_env
 

@@ -25,7 +25,8 @@ import numpy as np
 import pytest
 
 from sessions.capture.meta import CaptureMeta
-from sessions.capture.reader import load_capture, open_capture
+from sessions.capture.opening import open_capture
+from sessions.capture.reader import load_capture
 from sessions.capture.structure_check import check_here
 from sessions.capture.writer import CaptureWriter
 

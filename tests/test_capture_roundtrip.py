@@ -13,7 +13,7 @@ from gguf.quants import dequantize, quantize
 
 from sessions.capture import format as cf
 from sessions.capture.meta import CaptureMeta
-from sessions.capture.reader import open_capture
+from sessions.capture.opening import open_capture
 from sessions.capture.writer import CaptureWriter
 
 BF16_SPECIALS = np.array([0x0000, 0x8000, 0x7FC1, 0xFFC3, 0x7F80, 0xFF80, 0x0001, 0x3F80], dtype=np.uint16)

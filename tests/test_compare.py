@@ -9,7 +9,7 @@ import pytest
 from hand_captures import T, bf16_bits, write_capture
 
 from sessions.capture.meta import CaptureMeta
-from sessions.capture.reader import open_capture
+from sessions.capture.opening import open_capture
 from sessions.capture.writer import CaptureWriter
 from sessions.compare.comparison import CompareOptions, iter_compare
 from sessions.compare.document import dumps, loads

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sessions.capture.reader import CaptureError, open_capture
+from sessions.capture.opening import open_capture
+from sessions.capture.reader import CaptureError
 from sessions.compare.align import ManualBreak
 from sessions.compare.comparison import CompareOptions, iter_compare
 from sessions.compare.document import dumps

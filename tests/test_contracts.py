@@ -10,7 +10,8 @@ import pytest
 from hand_captures import T, bf16_bits, write_capture
 
 from sessions.capture import format as cf
-from sessions.capture.reader import CaptureError, open_capture
+from sessions.capture.opening import open_capture
+from sessions.capture.reader import CaptureError
 from sessions.compare.comparison import iter_compare
 from sessions.compare.contracts import (
     KERNEL_CONTRACT_MISMATCH,

@@ -27,7 +27,7 @@ from backends.engines.native_engine import rms_norm, rope_neox, rope_tables
 from backends.engines.oracle_engine import OracleEngine
 from backends.kernels import attention_contracts as contracts
 from sessions.capture.meta import CaptureMeta
-from sessions.capture.reader import open_capture
+from sessions.capture.opening import open_capture
 from sessions.capture.writer import CaptureWriter
 from sessions.progress import Progress
 

@@ -19,7 +19,8 @@ from backends.demo.generate import iter_generate
 from backends.engines.demo_model import load_weights, weights_hash
 from backends.engines.demo_scenarios import EOS_DECODE_STEP, SCENARIOS, ExpectedVerdict
 from backends.kernels import attention_contracts as contracts
-from sessions.capture.reader import Capture, Record, open_capture
+from sessions.capture.opening import open_capture
+from sessions.capture.reader import Capture, Record
 from sessions.compare.key import OpKey
 from sessions.compare.verdict import (
     CONTRACT_MISMATCH,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sessions.capture.identity import identity_of_file
-from sessions.capture.reader import open_capture
+from sessions.capture.opening import open_capture
 from sessions.commands import report as report_command
 from sessions.compare.comparison import iter_compare
 from sessions.compare.key import OpKey

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from sessions.capture.reader import CaptureError, open_capture
+from sessions.capture.opening import open_capture
+from sessions.capture.reader import CaptureError
 from sessions.commands import import_dump as import_command
 from sessions.importers import iter_import
 from sessions.importers.manifest import infer_layer

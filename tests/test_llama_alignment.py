@@ -19,7 +19,7 @@ from backends.engines.gguf_export import (  # noqa: E402
 from backends.recorders.llama_recorder import iter_record_llama  # noqa: E402
 from backends.recorders.mlx_recorder import iter_record_mlx  # noqa: E402
 from backends.recorders.record_schedule import TokenSchedule  # noqa: E402
-from sessions.capture.reader import open_capture  # noqa: E402
+from sessions.capture.opening import open_capture  # noqa: E402
 from sessions.compare.align import ONE_SIDED, Alignment, align  # noqa: E402
 from sessions.compare.comparison import CompareOptions, iter_compare  # noqa: E402
 from sessions.compare.profiles import (  # noqa: E402

@@ -11,7 +11,7 @@ pytest.importorskip("llama_cpp")
 from backends.commands import record as record_command  # noqa: E402
 from backends.demo.llama_pairs import demo_weights_f32  # noqa: E402
 from backends.engines.gguf_export import export_gguf  # noqa: E402
-from sessions.capture.reader import open_capture  # noqa: E402
+from sessions.capture.opening import open_capture  # noqa: E402
 from tests.test_llama_recorder import TINY  # noqa: E402
 from viewer.cli import build_parser  # noqa: E402
 

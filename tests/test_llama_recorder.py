@@ -29,7 +29,8 @@ from backends.recorders.llama_recorder import (  # noqa: E402
     plain_logits,
 )
 from backends.recorders.record_schedule import TokenSchedule  # noqa: E402
-from sessions.capture.reader import Capture, open_capture  # noqa: E402
+from sessions.capture.opening import open_capture  # noqa: E402
+from sessions.capture.reader import Capture  # noqa: E402
 from sessions.commands.validate import validate_file  # noqa: E402
 
 TINY = DemoConfig(

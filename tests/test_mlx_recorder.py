@@ -18,7 +18,7 @@ from backends.recorders.mlx_recorder import (
     load_local_model,
 )
 from backends.recorders.record_schedule import TokenSchedule
-from sessions.capture.reader import open_capture
+from sessions.capture.opening import open_capture
 from sessions.commands.validate import validate_file
 
 TINY = DemoConfig(

@@ -14,7 +14,7 @@ from gguf.quants import dequantize, quantize
 from backends.engines.demo_model import load_weights
 from backends.rerun.segment import RerunOptions, iter_rerun, rerun_target
 from sessions.capture.meta import CaptureMeta
-from sessions.capture.reader import open_capture
+from sessions.capture.opening import open_capture
 from sessions.capture.writer import CaptureWriter
 from sessions.compare.comparison import iter_compare
 from sessions.progress import run_to_end

@@ -10,7 +10,7 @@ import pytest
 
 from backends.rerun.capture_out import save_rerun
 from backends.rerun.segment import RerunOptions, iter_rerun, rerun_target
-from sessions.capture.reader import open_capture
+from sessions.capture.opening import open_capture
 from sessions.compare.align import align
 from sessions.compare.comparison import iter_compare
 from sessions.compare.profiles import builtin_profiles

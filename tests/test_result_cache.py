@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 from hand_captures import T, bf16_bits, write_capture
 
-from sessions.capture.reader import open_capture, stored_span
+from sessions.capture.opening import open_capture
+from sessions.capture.reader import stored_span
 from sessions.compare.comparison import iter_compare
+from sessions.compare.document import dumps
 from sessions.compare.result_cache import entries, load, store
 from sessions.progress import run_to_end
-from sessions.compare.document import dumps
 from viewer.cli import main
 
 

@@ -14,7 +14,7 @@ from backends.dispatch.timeline import (
     hit,
     layout,
 )
-from sessions.capture.reader import open_capture
+from sessions.capture.opening import open_capture
 from sessions.compare.comparison import iter_compare
 from sessions.progress import run_to_end
 from tests.timeline_captures import write_dispatch_capture

@@ -10,7 +10,7 @@ import pytest
 from PySide6.QtCore import Qt
 
 from backends.dispatch.timeline import build_timeline
-from sessions.capture.reader import open_capture
+from sessions.capture.opening import open_capture
 from sessions.compare.comparison import iter_compare
 from sessions.progress import run_to_end
 from tests.timeline_captures import write_dispatch_capture

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hand_captures import T, bf16_bits, write_capture
 
-from sessions.capture.reader import open_capture
+from sessions.capture.opening import open_capture
 from sessions.compare.comparison import iter_compare
 from sessions.compare.token_parity import DIFFER, MATCH, POST_EOS, step_word
 from sessions.compare.verdict import DIVERGENCE, PARITY

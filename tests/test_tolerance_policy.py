@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sessions.capture.reader import open_capture
+from sessions.capture.opening import open_capture
 from sessions.commands import report as report_command
 from sessions.compare.comparison import CompareOptions, iter_compare
 from sessions.compare.in_child import options_from_json, options_to_json

@@ -9,7 +9,7 @@ import pytest
 from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
-from sessions.capture.reader import open_capture
+from sessions.capture.opening import open_capture
 from viewer import comparison_view as cv
 from viewer.settings import ViewerSettings
 from viewer.window.main_window import TABS, MainWindow

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import Qt
 
-from sessions.capture.reader import open_capture
+from sessions.capture.opening import open_capture
 from sessions.compare.comparison import iter_compare
 from sessions.progress import run_to_end
 from viewer.panels.rerun_panel import RerunPanel, RerunPanelModel

@@ -18,7 +18,7 @@ from PySide6.QtWidgets import QApplication
 from pytestqt.qtbot import QtBot
 
 from sessions.bits.element_info import describe, ulp_between
-from sessions.capture.reader import open_capture
+from sessions.capture.opening import open_capture
 from sessions.compare.align import align
 from tests.hand_captures import T, bf16_bits, write_capture
 from viewer.settings import ViewerSettings

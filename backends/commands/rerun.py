@@ -27,7 +27,8 @@ from backends.rerun.segment import (
     iter_rerun,
     rerun_target,
 )
-from sessions.capture.reader import CaptureError, open_capture
+from sessions.capture.opening import open_capture
+from sessions.capture.reader import CaptureError
 from sessions.compare.comparison import CompareOptions
 from sessions.compare.json_plain import plain
 from sessions.compare.profiles import ProfileError

@@ -68,7 +68,7 @@ def identity_of_file(path: str | Path) -> CaptureIdentity:
     """Identity of the capture at `path`; raises `CaptureError` when it is not a readable capture."""
     # Imported here so that opening a session file (and the crash-recovery prompt at start-up)
     # does not load HDF5; only touching a capture does.
-    from sessions.capture.reader import open_capture
+    from sessions.capture.opening import open_capture
 
     with open_capture(path) as capture:
         return identity_of_capture(capture)

@@ -22,7 +22,13 @@ import numpy as np
 
 from sessions.bits.dtypes import LOGICAL_DTYPES
 from sessions.capture import format as cf
-from sessions.capture.hdf5_safety import HDF5_ERRORS, Problem, UnsafeObject, attribute_problems, describe_error
+from sessions.capture.hdf5_safety import (
+    HDF5_ERRORS,
+    Problem,
+    UnsafeObject,
+    attribute_problems,
+    describe_error,
+)
 from sessions.capture.reader import Capture, record_from_row
 
 PROGRESS_EVERY_ROWS = 200

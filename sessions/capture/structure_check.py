@@ -33,9 +33,15 @@ from pathlib import Path
 
 from sessions.capture import check_cache
 from sessions.capture import format as cf
-from sessions.capture.hdf5_safety import CHECK_TIMEOUT_ENV, CHECK_TIMEOUT_S, DEFAULT_MEMORY_BUDGET, Problem, describe_error
 from sessions.capture.data_check import data_problems
 from sessions.capture.file_walk import walk_problems
+from sessions.capture.hdf5_safety import (
+    CHECK_TIMEOUT_ENV,
+    CHECK_TIMEOUT_S,
+    DEFAULT_MEMORY_BUDGET,
+    Problem,
+    describe_error,
+)
 from sessions.capture.reader import Capture, CaptureError, load_capture
 from sessions.capture.record_scan import scan_problems
 from sessions.child_env import child_env

@@ -74,7 +74,8 @@ def _check_both(paths: tuple[str, str]) -> None:
 
 
 def _open(path: str) -> Capture:
-    from sessions.capture.reader import CaptureError, open_capture
+    from sessions.capture.opening import open_capture
+    from sessions.capture.reader import CaptureError
 
     capture = open_capture(path)
     if not capture.complete:

@@ -16,7 +16,12 @@ import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
-from sessions.capture.hdf5_safety import CHECK_TIMEOUT_ENV, CHECK_TIMEOUT_S, DEFAULT_MEMORY_BUDGET, Problem
+from sessions.capture.hdf5_safety import (
+    CHECK_TIMEOUT_ENV,
+    CHECK_TIMEOUT_S,
+    DEFAULT_MEMORY_BUDGET,
+    Problem,
+)
 from sessions.capture.structure_check import CheckReport, iter_check_files
 
 EXIT_VALID = 0

@@ -25,7 +25,8 @@ import sys
 import time
 from pathlib import Path
 
-from sessions.capture.reader import CaptureError, open_capture
+from sessions.capture.opening import open_capture
+from sessions.capture.reader import CaptureError
 from sessions.child_env import child_env
 from sessions.compare.comparison import CompareOptions, Comparison, iter_compare
 from sessions.compare.document import ReportFormatError, dumps, loads

@@ -161,7 +161,7 @@ def open_session_capture(ref: CaptureRef) -> Capture:
     the very handle that is returned, so the file cannot be swapped between check and read.
     Raises `CaptureError` (unreadable) or `CaptureIdentityError` (missing or changed).
     """
-    from sessions.capture.reader import open_capture
+    from sessions.capture.opening import open_capture
 
     if not ref.path.exists():
         raise CaptureIdentityError(

@@ -32,7 +32,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from sessions.capture.reader import Capture, open_capture
+from sessions.capture.opening import open_capture
+from sessions.capture.reader import Capture
 from sessions.progress import Progress, ProgressGenerator
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel

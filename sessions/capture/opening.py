@@ -1,0 +1,59 @@
+"""Opening an untrusted capture: the structure check in a child process first, then the reader.
+
+Kept apart from the reader because the check's child side is itself built on the reader: the
+reader knows nothing of checks, and this module puts the two in order.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sessions.capture.hdf5_safety import CHECK_TIMEOUT_S, DEFAULT_MEMORY_BUDGET
+from sessions.capture.reader import Capture, CaptureError, load_capture
+from sessions.capture.structure_check import iter_ensure_checked
+from sessions.progress import ProgressGenerator, run_to_end
+
+
+def iter_open_capture(
+    path: str | Path,
+    *,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    check_in_child: bool = True,
+    check_timeout_s: float = CHECK_TIMEOUT_S,
+) -> ProgressGenerator[Capture]:
+    """Open a capture read-only, without the HDF5 file lock, after its structure passed a check.
+
+    The check runs once per file version (path, inode, size, mtime; remembered on disk across
+    processes) in a child process with a time and memory limit, yielding the index rows it has
+    checked; a file that passed before yields nothing. Closing the generator kills the check.
+    `check_in_child=False` skips it: only for files this process just wrote itself with
+    `CaptureWriter`, never for a file that came from elsewhere.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CaptureError(path, "file", "does not exist" if not path.exists() else "is not a regular file")
+    if check_in_child:
+        failure = yield from iter_ensure_checked(path, memory_budget=memory_budget, timeout_s=check_timeout_s)
+        if failure is not None:
+            raise CaptureError(path, failure.location, failure.problem)
+    capture = load_capture(path, memory_budget=memory_budget)
+    if capture.row_problems:
+        capture.close()
+        first = capture.row_problems[0]
+        raise CaptureError(path, first.location, first.problem)
+    return capture
+
+
+def open_capture(
+    path: str | Path,
+    *,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    check_in_child: bool = True,
+    check_timeout_s: float = CHECK_TIMEOUT_S,
+) -> Capture:
+    """`iter_open_capture` without progress: a plain call for headless callers and small files."""
+    return run_to_end(
+        iter_open_capture(
+            path, memory_budget=memory_budget, check_in_child=check_in_child, check_timeout_s=check_timeout_s
+        )
+    )

@@ -75,4 +75,4 @@ def test_the_c_example_writes_a_valid_capture_bit_identical_to_its_python_twin(
     assert capsys.readouterr().out == f"{written}: valid (9 records, 3 token steps, 3 tokens, 3 dispatch events)\n"
     assert main(["report", str(written), str(twin)]) == 0
     out = capsys.readouterr().out
-    assert "VERDICT: PARITY" in out and "First divergence: none" in out
+    assert "\nPARITY: " in out and "First finding: none" in out and "ops        9 aligned (9 bit-exact)" in out

@@ -271,4 +271,4 @@ def test_deeply_nested_source_names_are_no_sources_not_a_crash(tmp_path: Path) -
         f[cf.tensor_path(0)].attrs.create("ggml_src", np.bytes_(nested), dtype=cf.utf8(len(nested)))
     status, out, err, _ = cli("report", "--native-profile", "llama.cpp", "--oracle-profile", "llama.cpp", str(native), str(oracle))
     assert (status, err) == (0, ""), "placed as a node without sources on both sides: the same bits"
-    assert "VERDICT: PARITY" in out
+    assert out.startswith("PARITY: ")

@@ -63,7 +63,7 @@ def test_a_tensor_edited_in_place_with_its_mtime_restored_is_compared_again(
     assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
     capsys.readouterr()
     assert report(native, oracle) == 1
-    assert "First divergence: step 0 prefill layer 0 layer_out" in capsys.readouterr().out
+    assert "First finding: diverged at 0:prefill:0:layer_out" in capsys.readouterr().out
 
 
 def test_the_least_recently_used_results_are_evicted_past_the_size_cap(tmp_path: Path) -> None:

@@ -376,3 +376,34 @@ def test_command_line_files_open_as_native_then_oracle(qtbot: QtBot, tmp_path: P
     # Positional order wins over the files' role hints: the user said which is which.
     assert (win.model.native.path, win.model.oracle.path) == (oracle, native)
     win.close()
+
+
+def test_the_inspector_says_when_it_is_pinned_unpins_on_a_second_click_and_copies_the_element(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
+    native, oracle = small_pair(tmp_path)
+    window.open_pair(native, oracle)
+    wait_compared(qtbot, window)
+    inspector = window.tensor_view.inspector
+    click_element(qtbot, window, "difference", 2, 3)
+    assert inspector.title.text().endswith("(pinned)") and inspector.hint.text().startswith("Pinned: hovering does not move")
+    inspector.copy_element()
+    assert QApplication.clipboard().text() == "0:prefill:0:attn_norm [2, 3]: native 0x8000 (-0.0) oracle 0x0000 (0.0), 1 ULP apart"
+    click_element(qtbot, window, "difference", 2, 3)
+    assert not inspector.title.text().endswith("(pinned)") and inspector.hint.text().startswith("Hover a heatmap")
+    assert window.tensor_view.pinned is None and inspector.current is not None and not inspector.current.pinned
+
+
+def test_the_shown_slice_exports_either_side_or_the_difference_as_npy_and_csv(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
+    native, oracle = small_pair(tmp_path)
+    window.open_pair(native, oracle)
+    wait_compared(qtbot, window)
+    data = window.tensor_view.data
+    assert data is not None
+    for what, suffix in (("native", ".npy"), ("difference", ".csv")):
+        target = tmp_path / f"out-{what}{suffix}"
+        window.export_slice(what, suffix, target)
+        qtbot.waitUntil(target.exists, timeout=WAIT_MS)
+    exported = np.load(tmp_path / "out-native.npy")
+    assert exported.dtype == np.float32 and exported.shape == (4, 8)
+    assert np.array_equal(exported.view(np.uint32) >> 16, data.native_bits.astype(np.uint32)), "bf16 widened exactly"
+    difference = np.loadtxt(tmp_path / "out-difference.csv", delimiter=",")
+    assert difference.shape == (4, 8) and np.isnan(difference[3, 4]) and np.flatnonzero(np.nan_to_num(difference)).tolist() == [1 * 8 + 2]

@@ -6,12 +6,20 @@ job; this widget only lays it out so that the disagreeing field is the one that 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QFont
-from PySide6.QtWidgets import QFrame, QGridLayout, QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QApplication,
+    QFrame,
+    QGridLayout,
+    QLabel,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 from sessions.bits.element_info import ElementInfo, describe, ulp_between
 from sessions.bits.quant_blocks import QuantBlock
@@ -85,6 +93,10 @@ def _flags(info: ElementInfo) -> str:
     return ", ".join(flags) or "—"
 
 
+HOVER_HINT = "Hover a heatmap to inspect an element; click one to pin it."
+PINNED_HINT = "Pinned: hovering does not move the inspector. Click the pinned element again to unpin, or click another element to pin that one."
+
+
 class ElementInspector(QFrame):
     ROWS = ("decimal", "hex bits", "sign/exp/mant", "flags")
 
@@ -92,14 +104,21 @@ class ElementInspector(QFrame):
         super().__init__(parent)
         self.setObjectName("inspector")
         self.current: InspectedElement | None = None
+        self.label = ""
+        """The op key of the shown slice, for copied text."""
         outer = QVBoxLayout(self)
         outer.setContentsMargins(10, 8, 10, 8)
         self.title = QLabel("Element inspector")
         self.title.setObjectName("sectionTitle")
         outer.addWidget(self.title)
-        self.hint = QLabel("Hover a heatmap to inspect an element; click to pin it.")
+        self.hint = QLabel(HOVER_HINT)
         self.hint.setWordWrap(True)
         outer.addWidget(self.hint)
+        self.copy_button = QPushButton("Copy element")
+        self.copy_button.setToolTip("Copy this element's place, both values and bits, and their ULP distance as text")
+        self.copy_button.clicked.connect(self.copy_element)
+        self.copy_button.setEnabled(False)
+        outer.addWidget(self.copy_button)
         mono = QFont("monospace")
         mono.setStyleHint(QFont.StyleHint.Monospace)
         self._cells: dict[tuple[str, str], QLabel] = {}
@@ -142,8 +161,32 @@ class ElementInspector(QFrame):
     def cell_text(self, row: str, side: str) -> str:
         return self._cells[(row, side)].text()
 
+    def element_text(self) -> str:
+        """The shown element as one line a user pastes into an issue or a chat."""
+        element = self.current
+        if element is None:
+            return ""
+        where = ", ".join(str(i) for i in element.coordinate)
+        distance = "bit-exact" if element.bit_exact else ("ULP distance undefined (NaN)" if element.ulp is None else f"{element.ulp} ULP apart")
+        return (
+            f"{self.label} [{where}]: native {element.native.hex} ({element.native.decimal}) "
+            f"oracle {element.oracle.hex} ({element.oracle.decimal}), {distance}"
+        )
+
+    def copy_element(self) -> None:
+        QApplication.clipboard().setText(self.element_text())
+
+    def unpinned(self) -> None:
+        """The pin was released: say so, and that hovering inspects again."""
+        if self.current is not None:
+            self.current = replace(self.current, pinned=False)
+            self.title.setText(self.title.text().removesuffix("  (pinned)"))
+        self.hint.setText(HOVER_HINT)
+
     def clear(self) -> None:
         self.current = None
+        self.copy_button.setEnabled(False)
+        self.hint.setText(HOVER_HINT)
         self.title.setText("Element inspector")
         for cell in self._cells.values():
             cell.setText("")
@@ -154,6 +197,8 @@ class ElementInspector(QFrame):
         self.current = element
         where = ", ".join(str(i) for i in element.coordinate)
         self.title.setText(f"Element [{where}]" + ("  (pinned)" if element.pinned else ""))
+        self.hint.setText(PINNED_HINT if element.pinned else HOVER_HINT)
+        self.copy_button.setEnabled(True)
         for side, info in (("native", element.native), ("oracle", element.oracle)):
             self._cells[("decimal", side)].setText(info.decimal)
             self._cells[("hex bits", side)].setText(info.hex)

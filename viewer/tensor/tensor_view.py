@@ -17,15 +17,18 @@ from PySide6.QtWidgets import (
     QComboBox,
     QHBoxLayout,
     QLabel,
+    QMenu,
     QPushButton,
     QSizePolicy,
     QSpinBox,
     QSplitter,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
 from sessions.bits.quant_blocks import block_of
+from sessions.compare.slice_export import FORMATS, WHAT
 from sessions.compare.tensor_diff import element_maps
 from viewer.pair_model import COLOUR_SCALES, PairModel
 from viewer.tensor.display_aggregate import block_factors
@@ -129,6 +132,8 @@ class TensorView(QWidget):
     detail_requested = Signal(object, object, object)
     """(slice, rows, cols): the zoomed-in region [rows) x [cols) of `slice` is wanted finer."""
     detail_shown = Signal()
+    export_requested = Signal(str, str)
+    """(what, suffix): write the shown slice's native, oracle or difference values as .npy or .csv."""
 
     def __init__(self, model: PairModel, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -159,6 +164,17 @@ class TensorView(QWidget):
             button.clicked.connect(lambda _=False, s=scale: model.set_scale(s))
             self.scale_buttons.addButton(button)
             top.addWidget(button)
+        self.export_button = QToolButton()
+        self.export_button.setText("Export")
+        self.export_button.setToolTip("Write the shown slice (either side, or native - oracle) as .npy or CSV")
+        self.export_button.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+        export_menu = QMenu(self.export_button)
+        for what in WHAT:
+            for suffix in FORMATS:
+                action = export_menu.addAction(f"{what} as {suffix}")
+                action.triggered.connect(lambda _=False, w=what, s=suffix: self.export_requested.emit(w, s))
+        self.export_button.setMenu(export_menu)
+        top.addWidget(self.export_button)
         outer.addLayout(top)
 
         splitter = QSplitter(Qt.Orientation.Horizontal)
@@ -249,6 +265,7 @@ class TensorView(QWidget):
 
     def show_slice(self, data: TensorSlice) -> None:
         self.data = data
+        self.inspector.label = data.request.label
         self.pinned = None
         self._clear_detail()
         self._show_title()
@@ -437,6 +454,7 @@ class TensorView(QWidget):
             return
         if self.pinned == where:
             self.pinned = None
+            self.inspector.unpinned()
             return
         self.select_element(where, pinned=True)
 

@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
 
 from sessions.capture.opening import open_capture
 from sessions.capture.reader import Capture
+from sessions.compare.slice_export import iter_export
 from sessions.progress import Progress, ProgressGenerator
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
@@ -160,6 +161,7 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(central)
         self.tensor_view.slice_requested.connect(self.load_slice)
         self.tensor_view.detail_requested.connect(self.load_detail)
+        self.tensor_view.export_requested.connect(lambda what, suffix: self.export_slice(what, suffix))
 
     def _build_tree_dock(self) -> None:
         self.tree = AlignmentTree(self.model)
@@ -307,7 +309,8 @@ class MainWindow(QMainWindow):
     # -- opening -----------------------------------------------------------------------------
 
     def open_dialog(self) -> None:
-        names, _ = QFileDialog.getOpenFileNames(self, "Open one or two captures", "", "Captures (*.h5 *.hdf5 *.capture);;All files (*)")
+        start = str(self.model.native.path.parent) if self.model.native is not None else ""
+        names, _ = QFileDialog.getOpenFileNames(self, "Open one or two captures", start, "Captures (*.h5 *.hdf5 *.capture);;All files (*)")
         if names:
             self.open_files([Path(n) for n in names[:2]])
 
@@ -462,6 +465,27 @@ class MainWindow(QMainWindow):
         self.progress.setVisible(busy)
         self.cancel_button.setVisible(busy)
         self._close_retired()
+
+    def export_slice(self, what: str, suffix: str, path: Path | None = None) -> None:
+        """Write the shown slice off the UI thread; `path` None asks, starting in the native capture's folder."""
+        data = self.tensor_view.data
+        if data is None:
+            self.statusBar().showMessage("Select an op whose tensors are shown first.", 5000)
+            return
+        if path is None:
+            start = self.model.native.path.parent if self.model.native is not None else Path.cwd()
+            suggested = start / f"{data.request.label.replace(':', '_')}-{what}{suffix}"
+            name, _ = QFileDialog.getSaveFileName(self, f"Export {what} values", str(suggested), f"*{suffix}")
+            if not name:
+                return
+            path = Path(name)
+        target = path
+        self.tasks.submit(
+            "export",
+            lambda: iter_export(data.native_bits, data.oracle_bits, data.dtype, what, target),
+            on_success=lambda written: self.statusBar().showMessage(f"Wrote {written}", 8000),
+            on_failure=lambda message: self.banners.show_message("export", "error", f"Could not export to {target}: {message}"),
+        )
 
     def cancel_work(self) -> None:
         self.tasks.cancel_all()

@@ -407,3 +407,22 @@ def test_the_shown_slice_exports_either_side_or_the_difference_as_npy_and_csv(qt
     assert np.array_equal(exported.view(np.uint32) >> 16, data.native_bits.astype(np.uint32)), "bf16 widened exactly"
     difference = np.loadtxt(tmp_path / "out-difference.csv", delimiter=",")
     assert difference.shape == (4, 8) and np.isnan(difference[3, 4]) and np.flatnonzero(np.nan_to_num(difference)).tolist() == [1 * 8 + 2]
+
+
+def test_a_failed_read_offers_a_deep_check_that_names_the_damaged_chunk(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
+    import zlib
+
+    from tests.test_capture_hostile_reads import ELEMENTS, pair_with_raw_chunk
+
+    corrupt = bytearray(zlib.compress(np.ones(ELEMENTS, np.float32).tobytes()))
+    corrupt[len(corrupt) // 2] ^= 0xFF
+    hostile, twin = pair_with_raw_chunk(tmp_path, bytes(corrupt))
+    window.open_pair(hostile, twin)
+    qtbot.waitUntil(lambda: any("Check both files deeply" in b.buttons for b in window.banners.banners("comparison")), timeout=WAIT_MS)
+    offer = next(b for b in window.banners.banners("comparison") if "Check both files deeply" in b.buttons)
+    assert offer.text.startswith("The comparison failed:")
+    offer.buttons["Check both files deeply"].click()
+    qtbot.waitUntil(lambda: len(window.banners.texts("deep-check")) == 2, timeout=WAIT_MS)
+    texts = window.banners.texts("deep-check")
+    assert any(t.startswith(f"{hostile.name}: ") and "chunk at (0,)" in t for t in texts), texts
+    assert any(t.startswith(f"{twin.name}: every tensor reads back") for t in texts)

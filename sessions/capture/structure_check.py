@@ -556,3 +556,14 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def iter_deep_check(paths: list[Path], *, timeout_s: float = CHECK_TIMEOUT_S) -> ProgressGenerator[list[tuple[Path, CheckReport]]]:
+    """`validate --deep` for the viewer: every tensor of each file read in the limited child, one
+    Progress per file. Offered when a read fails, so the user learns what else in the file is damaged."""
+    found: list[tuple[Path, CheckReport]] = []
+    yield Progress(0, len(paths), f"reading every tensor of {paths[0].name}" if paths else "nothing to check")
+    for path, report in iter_check_files(paths, timeout_s=timeout_s, deep=True):
+        found.append((path, report))
+        yield Progress(len(found), len(paths), f"read every tensor of {path.name}")
+    return found

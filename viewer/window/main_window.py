@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
 
 from sessions.capture.opening import open_capture
 from sessions.capture.reader import Capture
+from sessions.capture.structure_check import CheckReport, iter_deep_check
 from sessions.compare.slice_export import iter_export
 from sessions.progress import Progress, ProgressGenerator
 from viewer import comparison_view as cv
@@ -369,7 +370,7 @@ class MainWindow(QMainWindow):
             "compare",
             lambda: cv.iter_compare_pair(native, oracle, options),
             on_success=self.model.set_comparison,
-            on_failure=lambda message: self.banners.show_message("comparison", "error", f"The comparison failed: {message}"),
+            on_failure=lambda message: self.offer_deep_check("comparison", f"The comparison failed: {message}"),
             on_cancel=lambda: self.banners.show_message("comparison", "info", "Comparison cancelled. Open the pair again, or swap roles, to restart it."),
         )
 
@@ -441,8 +442,36 @@ class MainWindow(QMainWindow):
             "tensor",
             lambda: iter_prepare(request),
             on_success=self._slice_ready,
-            on_failure=lambda message: self.tensor_view.clear(f"Cannot show this pair: {message}"),
+            on_failure=self._tensor_failed,
         )
+
+    def _tensor_failed(self, message: str) -> None:
+        self.tensor_view.clear(f"Cannot show this pair: {message}")
+        self.offer_deep_check("tensor", f"A tensor could not be read: {message}")
+
+    def offer_deep_check(self, group: str, message: str) -> None:
+        """A failed read may be one damaged chunk among many: offer to read every tensor of both
+        files in the limited child (`validate --deep`), so the user learns all of it at once."""
+        self.banners.show_message(group, "error", message, actions=[("Check both files deeply", self.deep_check)])
+
+    def deep_check(self) -> None:
+        paths = [c.path for c in (self.model.native, self.model.oracle) if c is not None]
+        self.tasks.submit(
+            "deep-check",
+            lambda: iter_deep_check(paths),
+            on_success=self._deep_checked,
+            on_failure=lambda message: self.banners.show_message("deep-check", "error", f"The deep check could not run: {message}"),
+        )
+
+    def _deep_checked(self, found: list[tuple[Path, CheckReport]]) -> None:
+        self.banners.clear("deep-check")
+        for path, report in found:
+            if report.problems:
+                first = report.problems[0]
+                more = f" (and {len(report.problems) - 1} more problem(s); `parity-xray validate --deep` lists them all)" if len(report.problems) > 1 else ""
+                self.banners.show_message("deep-check", "error", f"{path.name}: {first.location}: {first.problem}{more}")
+            else:
+                self.banners.show_message("deep-check", "info", f"{path.name}: every tensor reads back ({report.contents})")
 
     def _slice_ready(self, data: TensorSlice) -> None:
         self.tasks.cancel_lane("detail")

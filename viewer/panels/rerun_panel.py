@@ -46,7 +46,7 @@ from sessions.progress import Progress
 from viewer.widgets.progress_bar import show_progress
 from viewer.workers import TaskSlots
 
-COLUMNS = ("op", "route that ran", "native vs oracle", "rerun vs native", "rerun vs oracle", "closer to exact (RMSE native / oracle / rerun)")
+COLUMNS = ("op", "route that ran", "native vs oracle", "rerun vs native", "rerun vs oracle", "closer to exact (RMSE n / o / rerun)")
 
 
 class RerunPanelModel(QObject):
@@ -101,7 +101,7 @@ class RerunPanel(QWidget):
         self.tasks = TaskSlots(self)
         self.key = QComboBox()
         self.key.setEditable(True)
-        self.key.setMinimumContentsLength(28)
+        self.key.setMinimumContentsLength(24)
         self.source = QComboBox()
         self.source.addItems(["oracle", "native"])
         self.route_from = QComboBox()
@@ -157,18 +157,24 @@ class RerunPanel(QWidget):
 
     def _layout(self) -> None:
         form = QFormLayout()
-        form.addRow("Op or segment (STEP:SEGMENT:LAYER:OP)", self.key)
+        form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)
+        form.addRow("Op or segment", self.key)
+        self.key.setToolTip("An op key, STEP:SEGMENT:LAYER:OP (e.g. 0:visual:0:sdpa), or a segment in the op's place (attention_block, decoder_layer)")
         sides = QHBoxLayout()
         for label, widget in (("inputs from", self.source), ("route from", self.route_from)):
             sides.addWidget(QLabel(label))
             sides.addWidget(widget)
         sides.addStretch(1)
         form.addRow("Sides", sides)
-        options = QHBoxLayout()
-        for widget in (self.head_chunk, QLabel("chunk limit"), self.chunk_limit, QLabel("dtype"), self.dtype, QLabel("device"), self.device):
-            options.addWidget(widget)
-        options.addStretch(1)
-        form.addRow("Options", options)
+        for title, widgets in (
+            ("Attention", (self.head_chunk, QLabel("chunk limit"), self.chunk_limit)),
+            ("Compute", (QLabel("dtype"), self.dtype, QLabel("device"), self.device)),
+        ):
+            row = QHBoxLayout()
+            for widget in widgets:
+                row.addWidget(widget)
+            row.addStretch(1)
+            form.addRow(title, row)
         buttons = QHBoxLayout()
         for widget in (self.run_button, self.cancel_button, self.progress, self.save_button):
             buttons.addWidget(widget)

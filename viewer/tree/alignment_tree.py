@@ -113,7 +113,7 @@ class AlignmentTree(QWidget):
         header = self.view.header()
         header.setStretchLastSection(False)
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
-        for col, width in ((2, 96), (3, 112)):
+        for col, width in ((2, 104), (3, 112)):
             header.setSectionResizeMode(col, QHeaderView.ResizeMode.Interactive)
             header.resizeSection(col, width)
         self.view.selectionModel().currentChanged.connect(self._current_changed)

@@ -1,0 +1,44 @@
+"""Every tab at 1280x720 and at 1920x1080 on the demo pair, saved for a person to look at.
+
+The assertions are the layout rules a small screen breaks first: the verdict strip stays on
+screen with its word, and every tab's widget gets a usable share of the window."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from PySide6.QtWidgets import QApplication
+from pytestqt.qtbot import QtBot
+
+from viewer.settings import ViewerSettings
+from viewer.window.main_window import TABS, MainWindow
+
+pytestmark = pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("width", "height"), [(1280, 720), (1920, 1080)])
+def test_every_tab_is_saved_at_common_screen_sizes_with_the_verdict_on_screen(
+    qtbot: QtBot, tmp_path: Path, demo_pairs: dict, artifacts_dir: Path, width: int, height: int
+) -> None:
+    win = MainWindow(ViewerSettings(tmp_path / "viewer.ini"))
+    qtbot.addWidget(win)
+    win.resize(width, height)
+    win.show()
+    qtbot.waitExposed(win)
+    win.open_pair(*demo_pairs["attention-contract"])
+    qtbot.waitUntil(lambda: win.model.comparison is not None and win.tensor_view.data is not None and not win.tasks.busy, timeout=120_000)
+    for index, name in enumerate(TABS):
+        win.show_panel(index)
+        qtbot.waitUntil(lambda: not win.tasks.busy, timeout=120_000)
+        QApplication.processEvents()
+        strip = win.verdict_strip
+        assert strip.isVisible() and strip.word.text() == "CONTRACT MISMATCH"
+        assert strip.geometry().bottom() < height // 4, "the verdict stays at the top"
+        panel = win.tabs.currentWidget()
+        assert panel.height() >= height // 3 and panel.width() >= width // 2, f"{name} keeps a usable share of the window"
+        image = win.grab()
+        assert (image.width(), image.height()) == (width, height)
+        assert image.save(str(artifacts_dir / f"tab-{index + 1}-{name.lower().replace(' ', '-')}-{width}x{height}.png"))
+    win.close()

@@ -25,6 +25,7 @@ from sessions.compare.contracts import ContractFinding
 from sessions.compare.in_child import iter_compare_in_child
 from sessions.compare.key import OpKey
 from sessions.compare.pair_tensors import PairSide, pair_sides
+from sessions.compare.provenance_diff import EXPECTED_TO_DIFFER
 from sessions.compare.token_parity import (
     TokenStep,
     TopEntry,
@@ -223,9 +224,17 @@ def contract_card(viewed: ViewedComparison) -> str | None:
 
 
 def provenance_mismatches(viewed: ViewedComparison | None) -> set[str]:
+    """Fields that differ and should not: the ones that make the runs incomparable or suspect."""
     if viewed is None:
         return set()
-    return {f.field for f in viewed.comparison.provenance.fields if not f.same}
+    return {f.field for f in viewed.comparison.provenance.fields if not f.same and f.field not in EXPECTED_TO_DIFFER}
+
+
+def provenance_expected(viewed: ViewedComparison | None) -> set[str]:
+    """Fields that differ by design between a port and its oracle (engine, version, compiler, device)."""
+    if viewed is None:
+        return set()
+    return {f.field for f in viewed.comparison.provenance.fields if not f.same and f.field in EXPECTED_TO_DIFFER}
 
 
 # -- error growth -----------------------------------------------------------------------------

@@ -61,6 +61,7 @@ class ProvenancePanel(QWidget):
         layout.setContentsMargins(8, 8, 8, 8)
         self.summary = QLabel()
         self.summary.setObjectName("sectionTitle")
+        self.summary.setWordWrap(True)
         layout.addWidget(self.summary)
         self.table = QTableWidget(0, 3)
         self.table.setHorizontalHeaderLabels(["field", "native", "oracle"])
@@ -84,7 +85,10 @@ class ProvenancePanel(QWidget):
         native = provenance_rows(self._model.native)
         oracle = provenance_rows(self._model.oracle)
         mismatched = self.mismatched_fields()
+        expected = cv.provenance_expected(self._model.comparison)
         keys = list(native) + [k for k in oracle if k not in native]
+        muted = QFont()
+        muted.setItalic(True)
         self.table.setRowCount(len(keys))
         bold = QFont()
         bold.setBold(True)
@@ -97,13 +101,16 @@ class ProvenancePanel(QWidget):
                 if differs:
                     item.setBackground(QBrush(MISMATCH_BACKGROUND))
                     item.setFont(bold)
+                elif key in expected:
+                    item.setFont(muted)
+                    item.setToolTip(f"{text}\n(differs by design between a port and its oracle: not a problem)")
                 self.table.setItem(row, col, item)
-        if self._model.comparison is None:
+        viewed = self._model.comparison
+        if viewed is None:
             self.summary.setText("Provenance of the open captures")
-        elif mismatched:
-            self.summary.setText(f"Provenance: {len(mismatched)} field(s) differ: {', '.join(sorted(mismatched))}")
         else:
-            self.summary.setText("Provenance: engines, model, weights, compiler and device as compared")
+            problems = f"  ·  {len(mismatched)} field(s) differ that should not: {', '.join(sorted(mismatched))}" if mismatched else ""
+            self.summary.setText(f"{viewed.comparison.provenance.summary}{problems}")
         self.table.setProperty("mismatched_rows", [k for k in keys if k in mismatched])
         self.table.resizeRowsToContents()
 

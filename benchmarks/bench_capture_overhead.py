@@ -25,7 +25,8 @@ import sessions  # noqa: E402,F401  (disables HDF5 filter plugins before h5py lo
 from backends.engines.demo_model import DemoConfig  # noqa: E402
 from backends.engines.gguf_export import VARIANTS, export_gguf  # noqa: E402
 from backends.engines.llama_demo import demo_weights_f32  # noqa: E402
-from backends.recorders.llama_recorder import LlamaSettings, iter_record_llama, plain_logits  # noqa: E402
+from backends.recorders.llama_process import iter_record_llama, plain_logits  # noqa: E402
+from backends.recorders.llama_recorder import LlamaSettings  # noqa: E402
 from backends.recorders.record_schedule import TokenSchedule  # noqa: E402
 
 BENCH_CONFIG = DemoConfig(

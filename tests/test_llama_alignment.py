@@ -11,7 +11,7 @@ pytest.importorskip("llama_cpp")
 
 from backends.engines.gguf_export import export_gguf, gguf_to_hf_names, read_gguf_weights, write_mlx_model_dir  # noqa: E402
 from backends.engines.llama_demo import demo_weights_f32  # noqa: E402
-from backends.recorders.llama_recorder import iter_record_llama  # noqa: E402
+from backends.recorders.llama_process import iter_record_llama  # noqa: E402
 from backends.recorders.mlx_recorder import iter_record_mlx  # noqa: E402
 from backends.recorders.record_schedule import TokenSchedule  # noqa: E402
 from sessions.capture.reader import open_capture  # noqa: E402

@@ -19,7 +19,7 @@ import numpy as np
 from backends.engines.demo_model import MODEL_ID, DemoConfig, seeded_weights
 from backends.engines.demo_scenarios import DECODE_STEPS
 from backends.engines.gguf_export import export_gguf, gguf_to_hf_names, read_gguf_weights, write_mlx_model_dir
-from backends.recorders.llama_recorder import iter_record_llama
+from backends.recorders.llama_process import iter_record_llama
 from backends.recorders.mlx_recorder import iter_record_mlx
 from backends.recorders.record_schedule import TokenSchedule
 from sessions.progress import Progress, ProgressGenerator, run_to_end

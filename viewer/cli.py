@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("viewer.demo_command", "generate the demo captures, or open the viewer on them"),
     "record": ("backends.commands.record", "record a real llama.cpp or MLX run into a capture"),
     "import": ("sessions.commands.import_dump", "turn safetensors / .npz / .npy+.bin dumps into a capture"),
+    "doctor": ("viewer.doctor.command", "check what a run needs on this machine and print the exact fix"),
 }
 
 

@@ -64,13 +64,13 @@ def _failure(done: subprocess.CompletedProcess[str]) -> str:
 
 
 def qt_platform(env: Mapping[str, str]) -> str:
-    """The platform plugin Qt will try first: QT_QPA_PLATFORM's first entry, else wayland in a
-    Wayland session, else xcb (macOS: cocoa)."""
-    if sys.platform == "darwin":
-        return "cocoa"
+    """The platform plugin Qt will try first: QT_QPA_PLATFORM's first entry, else cocoa on macOS,
+    wayland in a Wayland session, xcb otherwise."""
     chosen = env.get("QT_QPA_PLATFORM", "").split(";")[0].split(":")[0].strip().lower()
     if chosen:
         return chosen
+    if sys.platform == "darwin":
+        return "cocoa"
     if env.get("XDG_SESSION_TYPE") == "wayland" and env.get("WAYLAND_DISPLAY"):
         return "wayland"
     return "xcb"

@@ -7,6 +7,8 @@ FFN 2816, 16 query / 4 KV heads, vocabulary 8192: about 51 M parameters, ~100 MB
 seeded weights exported to GGUF. Printed: the GGUF size, the plain and recorded wall times
 (best of `--repeats`), their ratio, the capture size, and whether the recorded run's logits
 equal the plain run's bit for bit (they must: recording may cost time, never bits).
+Both run llama.cpp in this process, not in the recording child `record llama` uses, so the
+figures are the callback's cost without a process start-up on either side.
 """
 
 from __future__ import annotations
@@ -27,24 +29,16 @@ from backends.engines.demo_model import DemoConfig  # noqa: E402
 from backends.engines.gguf_export import VARIANTS, export_gguf  # noqa: E402
 from backends.recorders.llama_recorder import (  # noqa: E402
     LlamaSettings,
-    iter_record_llama,
-    plain_logits,
+    iter_plain_here,
+    iter_record_here,
 )
 from backends.recorders.record_schedule import TokenSchedule  # noqa: E402
+from sessions.progress import run_to_end  # noqa: E402
 
 BENCH_CONFIG = DemoConfig(
     hidden_size=1024, num_hidden_layers=3, intermediate_size=2816, num_attention_heads=16,
     num_key_value_heads=4, head_dim=64, vocab_size=8192, dead_gate_channels=8,
 )
-
-
-def _recorded(gguf: Path, schedule: TokenSchedule, out: Path, settings: LlamaSettings) -> list[np.ndarray]:
-    work = iter_record_llama(gguf, schedule, out, settings)
-    while True:
-        try:
-            next(work)
-        except StopIteration as done:
-            return done.value
 
 
 def main() -> int:
@@ -70,11 +64,11 @@ def main() -> int:
     plain, recorded = [], []
     for _ in range(args.repeats):
         start = time.perf_counter()
-        plain = plain_logits(gguf, schedule, settings)
+        plain = run_to_end(iter_plain_here(gguf, schedule, settings))
         plain_times.append(time.perf_counter() - start)
         out.unlink(missing_ok=True)
         start = time.perf_counter()
-        recorded = _recorded(gguf, schedule, out, settings)
+        recorded = run_to_end(iter_record_here(gguf, schedule, out, settings))
         recorded_times.append(time.perf_counter() - start)
     same = len(plain) == len(recorded) and all(a.tobytes() == b.tobytes() for a, b in zip(plain, recorded))
     best_plain, best_recorded = min(plain_times), min(recorded_times)

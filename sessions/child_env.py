@@ -1,4 +1,4 @@
-"""The environment of every child process that reads captures.
+"""The environment of every child process: capture readers, the comparison, llama.cpp recordings.
 
 Children re-import this project by module name, so they must find the same source tree as the
 parent whatever the working directory; they load no HDF5 filter plugin (GUIDE section 7); and a

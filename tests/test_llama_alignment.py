@@ -16,7 +16,7 @@ from backends.engines.gguf_export import (  # noqa: E402
     read_gguf_weights,
     write_mlx_model_dir,
 )
-from backends.recorders.llama_recorder import iter_record_llama  # noqa: E402
+from backends.recorders.llama_process import iter_record_llama  # noqa: E402
 from backends.recorders.mlx_recorder import iter_record_mlx  # noqa: E402
 from backends.recorders.record_schedule import TokenSchedule  # noqa: E402
 from sessions.capture.opening import open_capture  # noqa: E402

@@ -21,13 +21,8 @@ from backends.recorders.ggml_tensor_struct import (  # noqa: E402
     StructLayoutError,
     check_layout,
 )
-from backends.recorders.llama_recorder import (  # noqa: E402
-    SRC_ATTR,
-    LlamaSettings,
-    RecorderError,
-    iter_record_llama,
-    plain_logits,
-)
+from backends.recorders.llama_process import iter_record_llama, plain_logits  # noqa: E402
+from backends.recorders.llama_recorder import SRC_ATTR, LlamaSettings, RecorderError  # noqa: E402
 from backends.recorders.record_schedule import TokenSchedule  # noqa: E402
 from sessions.capture.opening import open_capture  # noqa: E402
 from sessions.capture.reader import Capture  # noqa: E402
@@ -190,3 +185,17 @@ def test_all_nodes_adds_the_unnamed_nodes(ggufs: dict[str, Path], tmp_path: Path
 def test_a_missing_model_is_refused(tmp_path: Path) -> None:
     with pytest.raises(RecorderError, match="no such GGUF file"):
         _record(tmp_path / "absent.gguf", tmp_path / "x.h5")
+
+
+@pytest.mark.parametrize(("extra_bufts", "declined"), [(True, {"declined": {"CPU_REPACK": 25}}), (False, {})])
+def test_provenance_keeps_the_build_and_the_buffer_types_that_ran(ggufs: dict[str, Path], tmp_path: Path, extra_bufts: bool, declined: dict[str, object]) -> None:
+    import llama_cpp
+
+    out = tmp_path / "llama.h5"
+    _record(ggufs["q8_0"], out, TokenSchedule(SCHEDULE.prompt), LlamaSettings(extra_bufts=extra_bufts))
+    with open_capture(out, check_in_child=False) as capture:
+        provenance = capture.meta.provenance
+    assert provenance["system_info"] == llama_cpp.llama_print_system_info().decode().strip()
+    assert provenance["parity_settings"]["extra_bufts"] is extra_bufts
+    # This build's repacking buffer type declines all 25 of the tiny q8_0 model's weights: they stay in the mapped file.
+    assert provenance["buffer_types"] == {"model": ["CPU_Mapped"], "KV": ["CPU"], "compute": ["CPU"], "output": ["CPU"], **declined}

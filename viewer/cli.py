@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "record": ("backends.commands.record", "record a real llama.cpp or MLX run into a capture"),
     "import": ("sessions.commands.import_dump", "turn safetensors / .npz / .npy+.bin dumps into a capture"),
     "cache": ("sessions.commands.cache", "show or --clear the cached comparison results and structure checks"),
+    "doctor": ("viewer.doctor.command", "check what a run needs on this machine and print the exact fix"),
 }
 
 

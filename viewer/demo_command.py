@@ -60,7 +60,13 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name:20s} {scenario.description}")
         return 0
     if args.generate is not None:
-        pairs = _generate(args.generate, args.scenario, args.seed)
+        from backends.recorders.llama_recorder import RecorderError
+
+        try:
+            pairs = _generate(args.generate, args.scenario, args.seed)
+        except RecorderError as exc:  # a llama scenario whose llama.cpp run failed or crashed (in its own process)
+            print(f"parity-xray demo: {exc}", file=sys.stderr)
+            return 1
         for name, (native, oracle) in pairs.items():
             print(f"{name:20s} native {native}\n{'':20s} oracle {oracle}")
         return 0

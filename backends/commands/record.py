@@ -5,7 +5,11 @@
 
 Engine libraries (llama_cpp, mlx_lm) are imported only when a recording runs, so listing the
 subcommands never loads them. docs/recorders.md explains what each recorder writes.
-Exit status: 0 recorded, 2 refused (bad arguments, unloadable model, layout self-check failed).
+llama.cpp runs in a child process (backends.recorders.llama_process): if it crashes (an
+instruction this CPU does not grant, a failed GGML_ASSERT), the command prints what happened
+and what to do instead of dying with it.
+Exit status: 0 recorded, 2 refused (bad arguments, unloadable model, layout self-check failed),
+3 the engine crashed.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ if TYPE_CHECKING:
 
 EXIT_OK = 0
 EXIT_REFUSED = 2
+EXIT_CRASHED = 3
 KV_CHOICES = ("f32", "f16", "bf16", "q8_0")
 
 
@@ -44,10 +49,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     llama.add_argument("--kv-type", choices=KV_CHOICES, default="f32", help="KV cache type (parity default f32)")
     llama.add_argument("--flash-attn", action="store_true", help="turn flash attention on (parity default off)")
     llama.add_argument("--threads", type=int, default=2, metavar="N")
+    llama.add_argument(
+        "--no-extra-bufts", dest="extra_bufts", action="store_false",
+        help="keep weights out of llama.cpp's repacked extra buffer types (no AMX / repacked kernels)",
+    )  # fmt: skip
     mlx.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
 
 
 def run(args: argparse.Namespace) -> int:
+    from backends.recorders.llama_process import LlamaCrashed
     from backends.recorders.record_schedule import TokenSchedule, parse_token_list
 
     try:
@@ -65,8 +75,14 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_REFUSED
     try:
         work = _work(args, schedule)
+        shown = None
         for progress in work:
-            print(f"  {progress.label} ({progress.done}/{progress.total})", flush=True)
+            if progress != shown:  # the child's latest progress comes again while it is quiet
+                print(f"  {progress.label} ({progress.done}/{progress.total})", flush=True)
+                shown = progress
+    except LlamaCrashed as exc:
+        print(f"record failed: {exc}")
+        return EXIT_CRASHED
     except (ValueError, RuntimeError, OSError, ImportError) as exc:
         print(f"record refused: {exc}")
         return EXIT_REFUSED
@@ -76,11 +92,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _work(args: argparse.Namespace, schedule: "TokenSchedule") -> Iterator[Progress]:
     if args.engine == "llama":
-        from backends.recorders.llama_recorder import LlamaSettings, iter_record_llama
+        from backends.recorders.llama_process import iter_record_llama
+        from backends.recorders.llama_recorder import LlamaSettings
 
         settings = LlamaSettings(
-            flash_attn=args.flash_attn, kv_type=args.kv_type, n_threads=args.threads, all_nodes=args.all_nodes
-        )
+            flash_attn=args.flash_attn, kv_type=args.kv_type, n_threads=args.threads, all_nodes=args.all_nodes,
+            extra_bufts=args.extra_bufts,
+        )  # fmt: skip
         return iter_record_llama(args.model, schedule, args.out, settings, role=args.role)
     from backends.recorders.mlx_recorder import iter_record_mlx
 

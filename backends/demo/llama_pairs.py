@@ -24,7 +24,7 @@ from backends.engines.gguf_export import (
     read_gguf_weights,
     write_mlx_model_dir,
 )
-from backends.recorders.llama_recorder import iter_record_llama
+from backends.recorders.llama_process import iter_record_llama
 from backends.recorders.mlx_recorder import iter_record_mlx
 from backends.recorders.record_schedule import TokenSchedule
 from sessions.progress import Progress, ProgressGenerator, run_to_end

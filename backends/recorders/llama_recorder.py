@@ -22,6 +22,10 @@ Parity settings are the defaults and are written into provenance: flash attentio
 F32 KV cache (llama.cpp's default F16 cache moves its own logits by ~1e-3), logits for every
 token (or the last layer is cut down to the output rows). With `n_ubatch` below the prompt
 length the node sequence repeats per micro-batch; each repetition is its own segment.
+
+Everything here runs llama.cpp in the calling process, where an illegal instruction or a failed
+GGML_ASSERT ends that process. Callers use `backends.recorders.llama_process`, which runs this
+in a child process and turns such an end into a message.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from __future__ import annotations
 import ctypes
 import json
 import re
+import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,16 +74,50 @@ SRC_ATTR = "ggml_src"
 ENGINE_NAME = "llama.cpp (llama-cpp-python)"
 
 
-_SILENT: list[Any] = []
+LOG_LINES: list[str] = []
+"""What llama.cpp logged in this process (the recorder runs in a child: one run per process)."""
+_LOG_CALLBACK: list[Any] = []
+_BUFFER_LINE = re.compile(r"^\w+:\s+(\S+)\s+(model|KV|compute|output)\s+buffer size")
+_DECLINED_LINE = re.compile(r"tensor '[^']*' \(\w+\)(?: \(and (\d+) others\))? cannot be used with preferred buffer type (\w+)")
+_LOG_WARN, _LOG_ERROR = 3, 4
+"""ggml_log_level values (1 debug, 2 info, 5 continuation are the others)."""
 
 
-def _silent_log() -> Any:
-    """One log callback for the process's lifetime: llama.cpp keeps the pointer after any run ends."""
-    if not _SILENT:
+def _keep_log() -> Any:
+    """One log callback for the process's lifetime (llama.cpp keeps the pointer after any run
+    ends): every line is kept for provenance, warnings and errors also go to stderr, where the
+    parent finds them when the run fails."""
+    if not _LOG_CALLBACK:
         import llama_cpp
 
-        _SILENT.append(llama_cpp.llama_log_callback(lambda level, text, data: None))
-    return _SILENT[0]
+        def log(level: int, text: bytes, _data: Any) -> None:
+            line = text.decode("utf-8", "replace")
+            LOG_LINES.append(line)
+            if level in (_LOG_WARN, _LOG_ERROR):
+                sys.stderr.write(line)
+
+        _LOG_CALLBACK.append(llama_cpp.llama_log_callback(log))
+    return _LOG_CALLBACK[0]
+
+
+def buffer_types(lines: list[str]) -> dict[str, Any]:
+    """Which ggml buffer types held what, from llama.cpp's log: `{"model": ["CPU_Mapped", "CPU_REPACK"],
+    "KV": ["CPU"], ..., "declined": {"CPU_REPACK": 25}}` ("declined": how many tensors could not go
+    to the buffer type llama.cpp preferred). The buffer type decides the kernel (a repacked or AMX
+    buffer runs other matmul code), so it belongs in provenance beside the system info."""
+    found: dict[str, Any] = {}
+    declined: dict[str, int] = {}
+    for line in lines:
+        if (buffer := _BUFFER_LINE.match(line)) is not None:
+            names = found.setdefault(buffer.group(2), [])
+            if buffer.group(1) not in names:
+                names.append(buffer.group(1))
+        elif (refused := _DECLINED_LINE.search(line)) is not None:
+            tensors = 1 + int(refused.group(1) or 0)
+            declined[refused.group(2)] = declined.get(refused.group(2), 0) + tensors
+    if declined:
+        found["declined"] = declined
+    return found
 
 
 class RecorderError(RuntimeError):
@@ -93,6 +133,9 @@ class LlamaSettings:
     n_threads: int = 2
     all_nodes: bool = False
     """Record every node; by default unnamed nodes are kept only when a weight anchors them."""
+    extra_bufts: bool = True
+    """llama.cpp's extra buffer types (weights repacked for AMX or wider SIMD kernels), its default.
+    Off keeps every weight in a plain CPU buffer: other kernels, other bits, and no AMX."""
 
     def __post_init__(self) -> None:
         if self.kv_type not in KV_TYPES:
@@ -261,9 +304,12 @@ class LlamaRun:
         self._pass: _Pass | None = None
         self._attention = AttentionTrace()
         self._occurrences: dict[tuple[int, str, int, str], int] = {}
-        llama.llama_log_set(_silent_log(), ctypes.c_void_p(0))
+        self.before_decode: Callable[[int], None] | None = None
+        """Called with the step number before each llama_decode (the child reports its stage)."""
+        llama.llama_log_set(_keep_log(), ctypes.c_void_p(0))
         llama.llama_backend_init()
         params = llama.llama_model_default_params()
+        params.use_extra_bufts = settings.extra_bufts
         self.model = llama.llama_model_load_from_file(str(model_path).encode(), params)
         if not self.model:
             raise RecorderError(f"{model_path}: llama.cpp could not load the model")
@@ -301,6 +347,7 @@ class LlamaRun:
             "recorder": "parity-xray record llama",
             "llama_cpp_python_version": self.llama.__version__,
             "system_info": self.llama.llama_print_system_info().decode("utf-8", "replace").strip(),
+            "buffer_types": buffer_types(LOG_LINES),
             "parity_settings": {**asdict(self.settings), "logits_all": True, "n_ubatch": self.schedule.ubatch},
             **self.schedule.as_provenance(),
         }
@@ -368,6 +415,8 @@ class LlamaRun:
                 batch.logits[i] = 1
             batch.n_tokens = len(tokens)
             self._pass = _Pass(step, [s for s, _ in segments], [r for _, r in segments])
+            if self.before_decode is not None:
+                self.before_decode(step)
             status = llama.llama_decode(self.context, batch)
             graphs = self._pass.graph + 1
             self._pass = None
@@ -410,11 +459,14 @@ class LlamaRun:
         return returned
 
 
-def iter_record_llama(
+def iter_record_here(
     model_path: Path, schedule: TokenSchedule, out: Path, settings: LlamaSettings = LlamaSettings(),
     *, role: str = "native", extra: dict[str, Any] | None = None, weights_hash: str | None = None,
+    before_decode: Callable[[int], None] | None = None,
 ) -> ProgressGenerator[list[np.ndarray]]:
-    """Record `schedule` on the GGUF at `model_path` into `out`; returns llama.cpp's logits per step.
+    """Record `schedule` on the GGUF at `model_path` into `out` in this process; returns llama.cpp's
+    logits per step. Only the recording child calls it (`backends.recorders.llama_process`): a crash
+    in llama.cpp here ends the process.
 
     `weights_hash` overrides the capture's weights hash (default: the GGUF file's SHA-256, which
     provenance keeps either way), for pairs whose engines load the same values from different files."""
@@ -423,6 +475,7 @@ def iter_record_llama(
         raise RecorderError(f"{model_path}: no such GGUF file")
     digest = artifact_sha256([model_path])
     run = LlamaRun(model_path, schedule, settings, record=True)
+    run.before_decode = before_decode
     try:
         meta = CaptureMeta(
             role=role,
@@ -443,15 +496,14 @@ def iter_record_llama(
     return returned
 
 
-def plain_logits(model_path: Path, schedule: TokenSchedule, settings: LlamaSettings = LlamaSettings()) -> list[np.ndarray]:
-    """The same schedule with no callback installed: what capture must not change."""
+def iter_plain_here(
+    model_path: Path, schedule: TokenSchedule, settings: LlamaSettings = LlamaSettings(),
+    before_decode: Callable[[int], None] | None = None,
+) -> ProgressGenerator[list[np.ndarray]]:
+    """The same schedule with no callback installed, in this process: what capture must not change."""
     run = LlamaRun(Path(model_path), schedule, settings, record=False)
+    run.before_decode = before_decode
     try:
-        work = run.run()
-        while True:
-            try:
-                next(work)
-            except StopIteration as done:
-                return done.value
+        return (yield from run.run())
     finally:
         run.close()

@@ -22,7 +22,6 @@ import json
 import os
 import resource
 import selectors
-import signal
 import subprocess
 import sys
 import threading
@@ -45,6 +44,7 @@ from sessions.capture.hdf5_safety import (
 from sessions.capture.reader import Capture, CaptureError, load_capture
 from sessions.capture.record_scan import scan_problems
 from sessions.child_env import child_env
+from sessions.child_process import signal_name
 from sessions.progress import Progress, ProgressGenerator, run_to_end
 
 SHARDING_MIN_BYTES = 16 * 1024**2
@@ -172,13 +172,6 @@ def table_problems(capture: Capture) -> list[Problem]:
     return found
 
 
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
 def shard_count(path: Path) -> int:
     """How many children check a file at once: one for small files, up to four cores' worth for large ones.
 
@@ -206,7 +199,7 @@ def _verdict(returncode: int, stdout: str, stderr: str) -> CheckReport:
             [
                 Problem(
                     where,
-                    f"reading the file's structure crashed the checking process ({_signal_name(-returncode)}); "
+                    f"reading the file's structure crashed the checking process ({signal_name(-returncode)}); "
                     "the file is corrupt or crafted",
                 )
             ]

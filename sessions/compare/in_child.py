@@ -17,30 +17,24 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
-import selectors
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from sessions.capture.opening import open_capture
 from sessions.capture.reader import CaptureError
-from sessions.child_env import child_env
+from sessions.child_process import ChildProcess, progress_line, signal_name
 from sessions.compare.comparison import CompareOptions, Comparison, iter_compare
 from sessions.compare.document import ReportFormatError, dumps, loads
 from sessions.compare.result_cache import iter_compare_cached
 from sessions.progress import Progress, ProgressGenerator
 
-PROGRESS = "progress"
 RESULT = "result"
 ERROR = "error"
 POLL_S = 0.05
 """How often the parent yields while the child is quiet, so closing its generator is prompt."""
 PRINT_INTERVAL_S = 0.02
 """The child reports progress at most this often: each line wakes the parent's interpreter."""
-READ_BYTES = 1024 * 1024
 
 
 def options_to_json(options: CompareOptions) -> str:
@@ -51,13 +45,6 @@ def options_from_json(text: str) -> CompareOptions:
     return CompareOptions.from_dict(json.loads(text))
 
 
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
 def _child_command(native: Path, oracle: Path, cache_dir: Path | None) -> list[str]:
     command = [sys.executable, "-m", "sessions.compare.in_child", "--options", "-"]
     if cache_dir is not None:
@@ -65,84 +52,28 @@ def _child_command(native: Path, oracle: Path, cache_dir: Path | None) -> list[s
     return command + [str(native), str(oracle)]
 
 
-class _Child:
-    """One comparing child and what it has printed so far; `close` kills and reaps it."""
-
-    def __init__(self, command: list[str], options: CompareOptions) -> None:
-        self.process = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env()
-        )
-        assert self.process.stdin is not None and self.process.stdout is not None and self.process.stderr is not None
-        try:
-            # On stdin, not argv: many manual alignment overrides would pass the kernel's 128 KiB limit of one argument.
-            with self.process.stdin as stdin:
-                stdin.write(options_to_json(options).encode("utf-8"))
-        except BrokenPipeError:
-            pass  # the child ended before reading its options; its exit status says why (see _outcome)
-        self.selector = selectors.DefaultSelector()
-        self.selector.register(self.process.stdout, selectors.EVENT_READ, "out")
-        self.selector.register(self.process.stderr, selectors.EVENT_READ, "err")
-        self.stdout = bytearray()
-        self.stderr = bytearray()
-        self._parsed = 0
-        self.latest: Progress | None = None
-
-    @property
-    def reading(self) -> bool:
-        return bool(self.selector.get_map())
-
-    def read(self, timeout_s: float) -> None:
-        for key, _ in self.selector.select(timeout_s):
-            chunk = os.read(key.fd, READ_BYTES)
-            if not chunk:
-                self.selector.unregister(key.fileobj)
-            elif key.data == "out":
-                self.stdout += chunk
-                self._parse_progress()
-            else:
-                self.stderr += chunk
-
-    def _parse_progress(self) -> None:
-        """Only whole progress lines; the result document is parsed once, at the end."""
-        end = self.stdout.rfind(b"\n") + 1
-        prefix = PROGRESS.encode() + b" "
-        for line in bytes(self.stdout[self._parsed : end]).splitlines():
-            if line.startswith(prefix):
-                parts = line[len(prefix) :].decode("utf-8", errors="replace").split(" ", 2)
-                if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
-                    self.latest = Progress(int(parts[0]), int(parts[1]), parts[2] if len(parts) == 3 else "")
-        self._parsed = end
-
-    def error_line(self) -> str | None:
-        """The child's closing `error` line, when it ended with one."""
-        text = bytes(self.stdout).rstrip(b"\n")
-        line = text[text.rfind(b"\n") + 1 :]
-        prefix = ERROR.encode() + b" "
-        return line[len(prefix) :].decode("utf-8", errors="replace") if line.startswith(prefix) else None
-
-    def document(self) -> str | None:
-        """Everything after the `result` marker line (the document is indented JSON, many lines)."""
-        marker = RESULT.encode() + b"\n"
-        if self.stdout.startswith(marker):
-            start = len(marker)
-        else:
-            at = self.stdout.find(b"\n" + marker)
-            if at < 0:
-                return None
-            start = at + 1 + len(marker)
-        return bytes(self.stdout[start:]).decode("utf-8", errors="replace")
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait()
-        for pipe in (self.process.stdout, self.process.stderr):
-            if pipe is not None:
-                pipe.close()
-        self.selector.close()
+def _error_line(child: ChildProcess) -> str | None:
+    """The child's closing `error` line, when it ended with one."""
+    text = bytes(child.stdout).rstrip(b"\n")
+    line = text[text.rfind(b"\n") + 1 :]
+    prefix = ERROR.encode() + b" "
+    return line[len(prefix) :].decode("utf-8", errors="replace") if line.startswith(prefix) else None
 
 
-def _outcome(child: _Child, native: Path, oracle: Path) -> Comparison:
+def _document(child: ChildProcess) -> str | None:
+    """Everything after the `result` marker line (the document is indented JSON, many lines)."""
+    marker = RESULT.encode() + b"\n"
+    if child.stdout.startswith(marker):
+        start = len(marker)
+    else:
+        at = child.stdout.find(b"\n" + marker)
+        if at < 0:
+            return None
+        start = at + 1 + len(marker)
+    return bytes(child.stdout[start:]).decode("utf-8", errors="replace")
+
+
+def _outcome(child: ChildProcess, native: Path, oracle: Path) -> Comparison:
     """The child's comparison, or the CaptureError its ending amounts to."""
     returncode = child.process.wait()
     pair = f"{native.name} against {oracle.name}"
@@ -150,22 +81,22 @@ def _outcome(child: _Child, native: Path, oracle: Path) -> Comparison:
         raise CaptureError(
             native,
             "comparison",
-            f"comparing {pair} crashed the comparing process ({_signal_name(-returncode)}); "
+            f"comparing {pair} crashed the comparing process ({signal_name(-returncode)}); "
             "one of the files is corrupt or crafted; this process and its open files are unaffected",
         )
-    error = child.error_line()
+    error = _error_line(child)
     if error is not None:
         detail = json.loads(error)
         if "path" in detail:
             raise CaptureError(detail["path"], detail["location"], detail["problem"])
         raise CaptureError(native, "comparison", f"comparing {pair} failed: {detail['type']}: {detail['message']}")
-    document = child.document()
+    document = _document(child)
     if returncode == 0 and document is not None:
         try:
             return loads(document)
         except ReportFormatError as exc:
             raise CaptureError(native, "comparison", f"the comparing process returned an unreadable result ({exc})") from None
-    tail = child.stderr.decode("utf-8", errors="replace").strip().splitlines()[-1:] or ["no output"]
+    tail = child.stderr_text().strip().splitlines()[-1:] or ["no output"]
     raise CaptureError(native, "comparison", f"comparing {pair}: the comparing process failed (exit {returncode}: {tail[0][:300]})")
 
 
@@ -179,7 +110,7 @@ def iter_compare_in_child(
     fails, or dies by a signal. Closing the generator kills and reaps the child (cancel).
     """
     native_path, oracle_path = Path(native_path), Path(oracle_path)
-    child = _Child(_child_command(native_path, oracle_path, cache_dir), options)
+    child = ChildProcess(_child_command(native_path, oracle_path, cache_dir), options_to_json(options))
     try:
         yield Progress(0, 1, f"starting the comparison of {native_path.name} and {oracle_path.name}")
         while child.reading:
@@ -209,8 +140,8 @@ def compare_here(native_path: Path, oracle_path: Path, options: CompareOptions, 
             now = time.monotonic()
             if now - last >= PRINT_INTERVAL_S:
                 last = now
-                label = step.label.replace("\n", " ")
-                _write_line(PROGRESS, f"{step.done} {step.total} {label}")
+                sys.stdout.write(progress_line(step) + "\n")
+                sys.stdout.flush()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,8 +9,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sessions.progress import Progress
+
+if TYPE_CHECKING:
+    from backends.engines.demo_scenarios import Scenario
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,6 +46,25 @@ def _generate(out_dir: Path, scenarios: list[str] | None, seed: int) -> dict[str
         print(f"[{step.done}/{step.total}] {step.label}", file=sys.stderr)
 
 
+def _listing(demo_dir: Path, scenarios: dict[str, Scenario], llama: dict[str, str]) -> str:
+    """Each scenario, the verdict its pair must get, and where its files are (or will be)."""
+    from backends.demo.generate import pair_paths
+
+    lines = [f"Demo scenarios; their captures live in {demo_dir} (written on first use).", ""]
+    for name, scenario in scenarios.items():
+        expected = scenario.expected
+        first = "" if expected.key is None else f", first {expected.kind} at {expected.key}"
+        native, _ = pair_paths(demo_dir, name)
+        state = "generated" if native.exists() else "not generated yet"
+        lines.append(f"{name:20s} {expected.word}{first} ({state})")
+        lines.append(f"{'':20s} {scenario.description}")
+    lines.append("")
+    lines.append("Real llama.cpp vs MLX runs of a tiny model (need the llama extra; `demo --generate DIR --scenario NAME`):")
+    lines += [f"{name:20s} GGUF {variant} weights" for name, variant in llama.items()]
+    lines += ["", "Open one with `parity-xray demo --scenario NAME`; write all with `parity-xray demo --generate DIR`."]
+    return "\n".join(lines) + "\n"
+
+
 def run(args: argparse.Namespace) -> int:
     from backends.demo.generate import (
         DEFAULT_SCENARIO,
@@ -56,8 +79,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"parity-xray demo: unknown scenario {', '.join(unknown)}; known: {', '.join([*SCENARIOS, *LLAMA_SCENARIOS])}")
         return 2
     if args.list:
-        for name, scenario in SCENARIOS.items():
-            print(f"{name:20s} {scenario.description}")
+        print(_listing(default_demo_dir(), SCENARIOS, LLAMA_SCENARIOS), end="")
         return 0
     if args.generate is not None:
         from backends.recorders.llama_recorder import RecorderError

@@ -70,6 +70,10 @@ a whole switch interval for the interpreter lock (5 ms by default), which adds u
 stalls. A 1 ms interval keeps them short (measured in benchmarks/bench_ui_stall.py)."""
 
 
+PAIR_BANNERS = ("open", "roles", "captures", "comparison", "captures-check", "session", "timeline", "rerun")
+"""Banner groups about the pair on show and its session: a new pair or another session clears them."""
+
+
 def iter_open(paths: list[Path]) -> ProgressGenerator[list[Capture]]:
     """Open captures one by one (each first passes the structural check in a child process)."""
     opened: list[Capture] = []
@@ -290,7 +294,7 @@ class MainWindow(QMainWindow):
         self.report_export = ReportExporter(lambda: self.session_file.session, self.model, camera, self.banners, status, self)
         self.session_file.document_changed.connect(self._update_roles)
         self.session_file.recent_changed.connect(self.rebuild_recent_sessions)
-        self.session_file.replaced.connect(self.bookmarks.set_session)
+        self.session_file.replaced.connect(self._session_replaced)
         self.session_file.about_to_save.connect(lambda: self.session_sync.record_view(with_layout=True))
         self.session_file.captures_wanted.connect(lambda: self.session_captures.check(self.session_file.session, self.session_file.folder))
         self.session_captures.pair_opening.connect(self.session_sync.expect_restore)
@@ -305,6 +309,12 @@ class MainWindow(QMainWindow):
         self.tree.break_requested.connect(self.session_sync.break_pairing)
         self.tree.pair_requested.connect(self.session_sync.pair_records)
         self.bookmarks.set_session(self.session_file.session)
+
+    def _session_replaced(self, session: Any) -> None:
+        """Another investigation took the old one's place: nothing of the old one may stay live."""
+        for group in PAIR_BANNERS:
+            self.banners.clear(group)
+        self.bookmarks.set_session(session)
 
     def _reveal_bookmark(self, bookmark: Any) -> None:
         self.bookmarks.select_bookmark(bookmark.id)
@@ -352,6 +362,8 @@ class MainWindow(QMainWindow):
         self._run_open([Path(native), Path(oracle)], explicit=True)
 
     def _run_open(self, paths: list[Path], explicit: bool) -> None:
+        if not self._may_leave_session_pair(paths):
+            return
         self.banners.clear("open")
         self.tasks.submit(
             "open",
@@ -361,12 +373,23 @@ class MainWindow(QMainWindow):
             on_cancel=lambda: self.banners.show_message("open", "info", "Opening was cancelled; what was open stays open."),
         )
 
+    def _may_leave_session_pair(self, paths: list[Path]) -> bool:
+        """Files outside the session's pair end that investigation: its unsaved work is asked about
+        first, as closing the window asks (False: the user cancelled, nothing is opened)."""
+        named = self.session_sync.pair_paths()
+        if not named or all(path.absolute() in named for path in paths):
+            return True
+        return self.session_file.settle_unsaved()
+
     def _files_opened(self, captures: list[Capture], explicit: bool) -> None:
-        """Files the user opened: roles come from the order (explicit) or the files' role hints."""
+        """Files the user opened: a pair other than the session's starts a new, empty investigation."""
         if explicit:
             native, oracle, guessed = captures[0], captures[1], False
         else:
             native, oracle, guessed = assign_roles(captures, (self.model.native, self.model.oracle))
+        named = self.session_sync.pair_paths()
+        if named and {c.path.absolute() for c in (native, oracle) if c is not None} != named:
+            self.session_file.start_new()
         self._show_pair(captures, native, oracle, guessed)
 
     def show_session_pair(self, captures: list[Capture]) -> None:

@@ -121,6 +121,10 @@ class SessionFile(QObject):
             return self.save()
         return answer == "discard"
 
+    def start_new(self) -> None:
+        """A new, empty investigation (another pair was opened); the caller settled the old one's work."""
+        self._install(SessionDocument(Investigation()))
+
     def close(self) -> bool:
         if not self.settle_unsaved():
             return False

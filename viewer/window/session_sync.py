@@ -152,6 +152,10 @@ class SessionSync(QObject):
 
     # -- the pair and its comparison ---------------------------------------------------------
 
+    def pair_paths(self) -> set[Path]:
+        """The native and oracle paths the session names (empty when it names no capture yet)."""
+        return {ref.path for role in ("native", "oracle") for ref in self.session.captures_of(role)}
+
     def compare_options(self, base: CompareOptions) -> CompareOptions:
         """The session's tolerance, its profiles for captures it names (0 / "" = bit-exact / detect),
         and its alignment overrides between the two open captures."""

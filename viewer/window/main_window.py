@@ -32,7 +32,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from sessions.capture.reader import Capture, open_capture
+from sessions.capture.reader import Capture, iter_open_capture
 from sessions.progress import Progress, ProgressGenerator
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
@@ -75,12 +75,13 @@ PAIR_BANNERS = ("open", "roles", "captures", "comparison", "captures-check", "se
 
 
 def iter_open(paths: list[Path]) -> ProgressGenerator[list[Capture]]:
-    """Open captures one by one (each first passes the structural check in a child process)."""
+    """Open captures one by one; each first passes the structural check in a child process, whose
+    progress this yields and which closing this generator (Esc, Cancel) stops."""
     opened: list[Capture] = []
     try:
         for i, path in enumerate(paths):
             yield Progress(i, len(paths), f"checking {path.name}")
-            opened.append(open_capture(path))
+            opened.append((yield from iter_open_capture(path)))
         yield Progress(len(paths), len(paths), "opened")
     except BaseException:
         for capture in opened:

@@ -2,7 +2,7 @@
 
 A session points at captures by path; a moved one is located (by the user, or beside the
 session file), a changed one is flagged and held back until the user accepts it, and the pair
-is opened only through `open_session_capture`, which checks identity on the very handle it
+is opened only through `iter_open_session_capture`, which checks identity on the very handle it
 returns. Each question is a banner with its choices, so the other views stay usable meanwhile;
 the file chooser is a replaceable callable, so tests answer it without a modal dialog.
 """
@@ -22,8 +22,8 @@ from sessions.investigation.capture_gate import (
     CaptureStatus,
     accept_changed_capture,
     check_captures_progress,
+    iter_open_session_capture,
     locate_capture,
-    open_session_capture,
 )
 from sessions.investigation.model import Investigation
 from sessions.progress import Progress, ProgressGenerator
@@ -42,13 +42,13 @@ def ask_capture(parent: QWidget, status: CaptureStatus) -> Path | None:
 
 
 def iter_open_session_captures(session: Investigation) -> ProgressGenerator[list[Capture]]:
-    """The session's native and oracle, each through the identity gate."""
+    """The session's native and oracle, each through the identity gate (closing it stops the open)."""
     refs = [session.captures_of("native")[0], session.captures_of("oracle")[0]]
     opened: list[Capture] = []
     try:
         for i, ref in enumerate(refs):
             yield Progress(i, len(refs), f"opening {ref.path.name}")
-            opened.append(open_session_capture(ref))
+            opened.append((yield from iter_open_session_capture(ref)))
     except BaseException:
         for capture in opened:
             capture.close()
@@ -65,7 +65,7 @@ class SessionCaptures(QObject):
     pair_opening = Signal(object)
     """The Investigation whose pair passed the gate and is being opened (its view is restored next)."""
     pair_refused = Signal()
-    """The pair did not pass the gate when it was opened; nothing of it is shown."""
+    """The pair did not pass the gate when it was opened, or its opening was cancelled; nothing of it is shown."""
 
     def __init__(self, tasks: TaskSlots, banners: BannerArea, open_pair: PairOpener, parent: QWidget) -> None:
         super().__init__(parent)
@@ -136,8 +136,12 @@ class SessionCaptures(QObject):
     def _open(self) -> None:
         session = self._session
         self.pair_opening.emit(session)
-        self._tasks.submit("open", lambda: iter_open_session_captures(session), on_success=self._open_pair, on_failure=self._refused)
+        self._tasks.submit("open", lambda: iter_open_session_captures(session), on_success=self._open_pair, on_failure=self._refused, on_cancel=self._cancelled)
 
     def _refused(self, message: str) -> None:
         self.pair_refused.emit()
         self._banners.show_message("captures-check", "error", f"Not shown: {message}")
+
+    def _cancelled(self) -> None:
+        self.pair_refused.emit()
+        self._banners.show_message("captures-check", "info", "Opening the session's captures was cancelled.", actions=[("Open them again", self._recheck)])

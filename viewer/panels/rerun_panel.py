@@ -157,6 +157,7 @@ class RerunPanel(QWidget):
 
     def _layout(self) -> None:
         form = QFormLayout()
+        form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)  # fields go under their labels on a 1280-wide screen
         form.addRow("Op or segment (STEP:SEGMENT:LAYER:OP)", self.key)
         sides = QHBoxLayout()
         for label, widget in (("inputs from", self.source), ("route from", self.route_from)):

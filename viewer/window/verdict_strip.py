@@ -74,7 +74,7 @@ class VerdictStrip(QFrame):
         self.detail.setText(detail)
         self.detail.setToolTip(detail)
         self.setStyleSheet(
-            f"QFrame#verdictStrip {{ background: {colour}; }} QFrame#verdictStrip QLabel {{ color: #ffffff; }}"
+            f"QFrame#verdictStrip {{ background: {colour}; }} QFrame#verdictStrip QLabel {{ color: #ffffff; background: transparent; }}"
             "QFrame#verdictStrip QPushButton { color: #1b1f24; background: #ffffff; border-radius: 3px; padding: 3px 10px; }"
         )
 

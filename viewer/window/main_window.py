@@ -59,6 +59,7 @@ from viewer.window.report_export import BookmarkCamera, ReportExporter, png_of
 from viewer.window.session_captures import SessionCaptures
 from viewer.window.session_file import SessionFile
 from viewer.window.session_sync import SessionSync, WindowView
+from viewer.window.uncaught_errors import show_uncaught_errors_in
 from viewer.window.verdict_strip import VerdictStrip
 from viewer.workers import TaskSlots
 
@@ -130,6 +131,7 @@ class MainWindow(QMainWindow):
         self._restore_layout()
         self._warm_up_panels()
         self._update_roles()
+        show_uncaught_errors_in(self.banners)
         self.session_file.offer_recovery()
 
     # -- construction ------------------------------------------------------------------------
@@ -427,9 +429,14 @@ class MainWindow(QMainWindow):
             "compare",
             lambda: cv.iter_compare_pair(native, oracle, options),
             on_success=self.model.set_comparison,
-            on_failure=lambda message: self.banners.show_message("comparison", "error", f"The comparison failed: {message}"),
+            on_failure=self._comparison_failed,
             on_cancel=lambda: self.banners.show_message("comparison", "info", "Comparison cancelled. Open the pair again, or swap roles, to restart it."),
         )
+
+    def _comparison_failed(self, message: str) -> None:
+        """The pair cannot be compared (unreadable, or no profile knows its names): the verdict is UNUSABLE."""
+        self.banners.show_message("comparison", "error", f"The comparison failed: {message}")
+        self.verdict_strip.show_unusable(message)
 
     def _show_capture_banners(self) -> None:
         self.banners.clear("captures")

@@ -16,9 +16,10 @@ from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
 from pytestqt.qtbot import QtBot
 
-from sessions.compare.verdict import UNUSABLE
+from sessions.compare.verdict import CONTRACT_MISMATCH, UNUSABLE
 from tests.hand_captures import T, bf16_bits, write_capture
 from viewer.settings import ViewerSettings
+from viewer.tree.alignment_tree import PAIR_ROLE
 from viewer.window.main_window import MainWindow
 
 pytestmark = pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")
@@ -43,6 +44,24 @@ def shoot(win: MainWindow, artifacts_dir: Path, name: str) -> None:
     image = win.grab()
     assert (image.width(), image.height()) == SCREEN
     assert image.save(str(artifacts_dir / f"viewer-720p-{name}.png"))
+
+
+def test_a_contract_mismatch_reads_as_the_strip_word_and_a_card_at_720p(qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]], artifacts_dir: Path) -> None:
+    window.open_pair(*demo_pairs["attention-contract"])
+    qtbot.waitUntil(lambda: window.model.comparison is not None and window.tensor_view.data is not None and not window.tasks.busy, timeout=WAIT_MS)
+    strip = window.verdict_strip
+    assert strip.isVisible() and strip.word.text() == CONTRACT_MISMATCH
+    assert strip.go.isVisible()
+    [card] = [b for b in window.banners.banners("comparison") if "CONTRACT MISMATCH at" in b.text]
+    assert card.isVisible() and card.level == "error"
+    assert strip.geometry().bottom() < window.banners.geometry().top(), "the verdict comes first"
+    tree = window.tree.view
+    current = tree.currentIndex()
+    assert tree.model().data(current.siblingAtColumn(0), PAIR_ROLE) is window.model.selected
+    assert window.model.selected.key == window.model.comparison.comparison.verdict.first.key
+    assert tree.viewport().rect().contains(tree.visualRect(current)), "the first finding's row is highlighted whole, not cut off"
+    assert window.tensor_view.height() >= 300, "the tensor view keeps room to be read below the strip and the card"
+    shoot(window, artifacts_dir, "contract-mismatch")
 
 
 def test_captures_no_profile_recognises_are_unusable_and_say_why(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:

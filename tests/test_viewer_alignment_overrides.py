@@ -31,7 +31,7 @@ def _captures(folder: Path) -> tuple[Path, Path]:
 
 def _window(qtbot: QtBot, settings: Path) -> MainWindow:
     win = MainWindow(ViewerSettings(settings))
-    win.session.ask_close = lambda: "discard"
+    win.session_file.ask_close = lambda: "discard"
     qtbot.addWidget(win)
     win.show()
     qtbot.waitExposed(win)
@@ -47,7 +47,7 @@ def test_a_broken_pairing_is_shown_with_its_reason_saved_and_still_applied_after
     win = _window(qtbot, tmp_path / "first.ini")
     win.open_pair(native, oracle)
     _compared(qtbot, win, 2)
-    qtbot.waitUntil(lambda: len(win.session.session.captures) == 2, timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: len(win.session_file.session.captures) == 2, timeout=WAIT_MS)
     asked: list[str] = []
     win.tree.ask_reason = lambda what: asked.append(what) or REASON
     actions = win.tree.actions_at(win.tree.row_index("ffn_down"))
@@ -62,13 +62,13 @@ def test_a_broken_pairing_is_shown_with_its_reason_saved_and_still_applied_after
     ]
     row = win.tree.row_index("native: ffn_down (step 0 prefill layer 0)")
     assert row.isValid() and row.siblingAtColumn(3).data() == f"{MANUAL_BREAK}: {REASON}"
-    assert [(o.action, o.left.key.name, o.right.key.name, o.reason) for o in win.session.session.overrides] == [("unpair", "ffn_down", "ffn_down", REASON)]
-    win.session.choose_path = lambda _purpose: tmp_path / "investigation.xray"
-    assert win.session.save_as()
+    assert [(o.action, o.left.key.name, o.right.key.name, o.reason) for o in win.session_file.session.overrides] == [("unpair", "ffn_down", "ffn_down", REASON)]
+    win.session_file.choose_path = lambda _purpose: tmp_path / "investigation.xray"
+    assert win.session_file.save_as()
     win.close()
 
     again = _window(qtbot, tmp_path / "second.ini")
-    assert again.session.open_session(tmp_path / "investigation.xray")
+    assert again.session_file.open_session(tmp_path / "investigation.xray")
     _compared(qtbot, again, 1)
     assert [(u.name, u.reason, u.detail) for u in again.model.comparison.comparison.unaligned] == [
         ("ffn_down", MANUAL_BREAK, REASON),
@@ -85,5 +85,5 @@ def test_a_broken_pairing_is_shown_with_its_reason_saved_and_still_applied_after
     manual = again.tree.row_index("ffn_down" + MANUAL_MARKER)
     assert manual.isValid()
     assert manual.data(Qt.ItemDataRole.ToolTipRole).endswith("paired by hand: checked by hand: same tensor")
-    assert [o.action for o in again.session.session.overrides] == ["unpair", "pair"]
+    assert [o.action for o in again.session_file.session.overrides] == ["unpair", "pair"]
     again.close()

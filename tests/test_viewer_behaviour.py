@@ -9,6 +9,7 @@ import pytest
 from PySide6.QtCore import QSettings, Qt
 from pytestqt.qtbot import QtBot
 
+from sessions.capture.structure_check import already_checked
 from sessions.progress import Progress, ProgressGenerator
 from tests.child_processes import child_reading
 from tests.hand_captures import T, write_capture
@@ -41,6 +42,13 @@ def large_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         write_capture(root / "large.native.h5", "native", native_tensors),
         write_capture(root / "large.oracle.h5", "oracle", oracle_tensors),
     )
+
+
+@pytest.fixture(scope="module")
+def many_records(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """8000 small records: the first open's structure check (one index row each, in a child) runs for seconds."""
+    tensors = [T("layer_out", np.full((2, 4), i, dtype=np.float32), layer=i) for i in range(8000)]
+    return write_capture(tmp_path_factory.mktemp("many") / "many-records.h5", "native", tensors)
 
 
 @pytest.fixture
@@ -83,6 +91,25 @@ def test_cancel_ends_the_comparing_child_process(qtbot: QtBot, window: MainWindo
     qtbot.waitUntil(lambda: not window.tasks.busy, timeout=WAIT_MS)
     assert not Path(f"/proc/{pid}").exists(), "the comparing child outlived the cancel"
     assert any("cancelled" in text for text in window.banners.texts("comparison"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the child through /proc")
+def test_esc_stops_the_first_open_structure_check_and_nothing_opens(qtbot: QtBot, window: MainWindow, many_records: Path) -> None:
+    window.open_files([many_records])
+    qtbot.waitUntil(lambda: child_reading(many_records) is not None and window.progress.format().startswith("checking many-records.h5"), timeout=WAIT_MS)
+    checker = child_reading(many_records)
+    assert checker is not None
+    assert window.progress.isVisible() and window.cancel_button.isVisible()
+    opening = window.tasks.task("open")
+    assert opening is not None
+    with qtbot.waitSignal(opening.cancelled, timeout=WAIT_MS):
+        qtbot.keyClick(window, Qt.Key.Key_Escape)
+    qtbot.waitUntil(lambda: not window.tasks.busy, timeout=WAIT_MS)
+    assert not Path(f"/proc/{checker}").exists(), "the checking child outlived Esc"
+    assert not already_checked(many_records), "the check was stopped, not run to its end"
+    assert window.model.native is None and window.model.oracle is None
+    assert any("Opening was cancelled" in text for text in window.banners.texts("open"))
+    assert not window.progress.isVisible()
 
 
 def test_a_newer_request_in_a_lane_cancels_the_older_one(qtbot: QtBot) -> None:

@@ -97,7 +97,7 @@ def test_a_rerun_from_the_selected_op_is_saved_and_opened_beside_the_pair(qtbot:
     window.dispatch.choose_save_path = lambda _parent, _suggested: tmp_path / "rerun.h5"
     with qtbot.waitSignal(window.dispatch.rerun_saved, timeout=WAIT_MS):
         banner.buttons["Save and compare…"].click()
-    [rerun] = window.session.session.reruns
+    [rerun] = window.session_file.session.reruns
     assert rerun.capture.path == tmp_path / "rerun.h5" and rerun.op is not None and rerun.op.op == "sdpa"
     with open_capture(tmp_path / "rerun.h5") as saved:
         assert saved.meta.role == "rerun"

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def new_window(qtbot: QtBot, settings_path: Path) -> MainWindow:
     win = MainWindow(ViewerSettings(settings_path))
-    win.session.ask_close = lambda: "discard"  # a test that fails midway must not leave a modal question at teardown
+    win.session_file.ask_close = lambda: "discard"  # a test that fails midway must not leave a modal question at teardown
     qtbot.addWidget(win)
     win.resize(1440, 900)
     win.show()
@@ -63,11 +63,11 @@ def saved_session(qtbot: QtBot, tmp_path: Path, pair: tuple[Path, Path], note: s
     win = new_window(qtbot, tmp_path / "first.ini")
     win.open_pair(*pair)
     wait_shown(qtbot, win)
-    qtbot.waitUntil(lambda: len(win.session.session.captures) == 2, timeout=WAIT_MS)
-    win.session.add_bookmark(note)
-    win.session.choose_path = lambda _purpose: tmp_path / "work" / "investigation.xray"
+    qtbot.waitUntil(lambda: len(win.session_file.session.captures) == 2, timeout=WAIT_MS)
+    win.session_sync.add_bookmark(note)
+    win.session_file.choose_path = lambda _purpose: tmp_path / "work" / "investigation.xray"
     (tmp_path / "work").mkdir(exist_ok=True)
-    assert win.session.save_as()
+    assert win.session_file.save_as()
     win.close()
     return tmp_path / "work" / "investigation.xray"
 
@@ -86,32 +86,32 @@ def test_bookmarks_notes_selection_and_view_survive_a_restart(qtbot: QtBot, tmp_
     with qtbot.waitSignal(win.tensor_view.slice_shown, timeout=WAIT_MS):
         win.load_slice(spec)
     win.model.set_scale("absolute")
-    second = win.session.add_bookmark("held index on the last head")
+    second = win.session_sync.add_bookmark("held index on the last head")
     win.tab_actions[1].trigger()
-    qtbot.waitUntil(lambda: len(win.session.session.captures) == 2 and not win.tasks.busy, timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: len(win.session_file.session.captures) == 2 and not win.tasks.busy, timeout=WAIT_MS)
     win.bookmarks.select_bookmark(second.id)
     win.tab_actions[0].trigger()
     win.grab().save(str(artifacts_dir / "viewer-bookmarks.png"))
     win.tab_actions[1].trigger()
     saved_at = tmp_path / "work" / "bug-1234.xray"
     saved_at.parent.mkdir()
-    win.session.choose_path = lambda purpose: saved_at if purpose == "save" else None
+    win.session_file.choose_path = lambda purpose: saved_at if purpose == "save" else None
     win.save_session_action.trigger()
-    assert saved_at.exists() and not win.session.document.dirty
+    assert saved_at.exists() and not win.session_file.document.dirty
     assert "bug-1234.xray" in win.windowTitle()
-    bookmarks = win.session.session.bookmarks
+    bookmarks = win.session_file.session.bookmarks
     questions: list[str] = []
-    win.session.ask_close = lambda: questions.append("asked") or "discard"
+    win.session_file.ask_close = lambda: questions.append("asked") or "discard"
     win.close()
     assert questions == [], "a saved session closes without a question"
 
     again = new_window(qtbot, settings)
     [recent] = again.recent_sessions_menu.actions()
     assert recent.text() == str(saved_at)
-    with qtbot.waitSignal(again.session.restored, timeout=WAIT_MS):
+    with qtbot.waitSignal(again.session_sync.restored, timeout=WAIT_MS):
         recent.trigger()
     wait_shown(qtbot, again)
-    restored = again.session.session
+    restored = again.session_file.session
     assert [(b.id, b.op, b.note) for b in restored.bookmarks] == [(b.id, b.op, b.note) for b in bookmarks]
     assert restored.bookmarks[0].note == "first divergence: q_norm rounding"
     assert again.model.selected.key == pair.key
@@ -125,11 +125,11 @@ def test_bookmarks_notes_selection_and_view_survive_a_restart(qtbot: QtBot, tmp_
     assert again.model.selected.key == first.key and again.model.scale == "ULP"
 
     markdown = tmp_path / "notes.md"
-    assert again.session.export_markdown(markdown)
+    assert again.report_export.export_markdown(markdown)
     assert "first divergence: q_norm rounding" in markdown.read_text() and "held index on the last head" in markdown.read_text()
     report = tmp_path / "report.html"
-    with qtbot.waitSignal(again.session.exported, timeout=WAIT_MS):
-        again.session.export_html(report)
+    with qtbot.waitSignal(again.report_export.exported, timeout=WAIT_MS):
+        again.report_export.export_html(report)
     images = ImageSources()
     images.feed(report.read_text())
     assert len(images.sources) == 2, "one screenshot per bookmark"
@@ -165,8 +165,8 @@ app = QApplication([])
 from viewer.window.main_window import MainWindow
 from viewer.settings import ViewerSettings
 window = MainWindow(ViewerSettings(Path(sys.argv[1])))
-window.session.session.set_title("crashed investigation")
-window.session.session.add_bookmark(OpKey(0, "visual", 0, "sdpa"), "written just before the crash")
+window.session_file.session.set_title("crashed investigation")
+window.session_file.session.add_bookmark(OpKey(0, "visual", 0, "sdpa"), "written just before the crash")
 print("autosaved", flush=True)
 time.sleep(120)
 """
@@ -191,10 +191,10 @@ def test_a_killed_viewers_session_is_offered_once_and_restored(qtbot: QtBot, tmp
     assert other.banners.banners("recovery") == [], "offered exactly once"
     other.close()
     offer.buttons["Restore"].click()
-    assert win.session.session.title == "crashed investigation"
-    assert [b.note for b in win.session.session.bookmarks] == ["written just before the crash"]
-    assert win.session.document.dirty and win.bookmarks.list.count() == 1
-    win.session.ask_close = lambda: "discard"
+    assert win.session_file.session.title == "crashed investigation"
+    assert [b.note for b in win.session_file.session.bookmarks] == ["written just before the crash"]
+    assert win.session_file.document.dirty and win.bookmarks.list.count() == 1
+    win.session_file.ask_close = lambda: "discard"
     win.close()
     third = new_window(qtbot, settings)
     assert third.banners.banners("recovery") == [], "a restored and discarded session is not offered again"
@@ -208,17 +208,17 @@ def test_a_moved_capture_is_located_through_the_chooser(qtbot: QtBot, tmp_path: 
     pair_copy[0].rename(moved)
     win = new_window(qtbot, tmp_path / "second.ini")
     asked: list[CaptureState] = []
-    win.session.choose_capture = lambda status: asked.append(status.state) or moved
-    win.session.open_session(session_file)
+    win.session_captures.choose_capture = lambda status: asked.append(status.state) or moved
+    win.session_file.open_session(session_file)
     qtbot.waitUntil(lambda: bool(win.banners.banners("captures-check")), timeout=WAIT_MS)
     [banner] = win.banners.banners("captures-check")
     assert "missing" in banner.text and win.model.native is None
     banner.buttons["Locate…"].click()
     wait_shown(qtbot, win)
     assert asked == [CaptureState.MISSING]
-    assert win.model.native.path == moved and win.session.session.captures_of("native")[0].path == moved
-    assert [b.note for b in win.session.session.bookmarks] == ["Q=1008 visual prefill: tiled reduction"]
-    win.session.ask_close = lambda: "discard"
+    assert win.model.native.path == moved and win.session_file.session.captures_of("native")[0].path == moved
+    assert [b.note for b in win.session_file.session.bookmarks] == ["Q=1008 visual prefill: tiled reduction"]
+    win.session_file.ask_close = lambda: "discard"
     win.close()
 
 
@@ -226,7 +226,7 @@ def test_a_changed_capture_is_flagged_and_none_of_its_data_is_shown_until_accept
     session_file = saved_session(qtbot, tmp_path, pair_copy)
     shutil.copy(demo_pairs["swiglu-order"][1], pair_copy[1])
     win = new_window(qtbot, tmp_path / "second.ini")
-    win.session.open_session(session_file)
+    win.session_file.open_session(session_file)
     qtbot.waitUntil(lambda: bool(win.banners.banners("captures-check")) and not win.tasks.busy, timeout=WAIT_MS)
     [banner] = win.banners.banners("captures-check")
     assert banner.level == "error" and "changed" in banner.text and "not the capture this session was saved with" in banner.text
@@ -234,8 +234,8 @@ def test_a_changed_capture_is_flagged_and_none_of_its_data_is_shown_until_accept
     banner.buttons["Accept this file"].click()
     wait_shown(qtbot, win)
     assert win.model.oracle.path == pair_copy[1]
-    assert win.session.session.captures_of("oracle")[0].identity.size == pair_copy[1].stat().st_size
-    win.session.ask_close = lambda: "discard"
+    assert win.session_file.session.captures_of("oracle")[0].identity.size == pair_copy[1].stat().st_size
+    win.session_file.ask_close = lambda: "discard"
     win.close()
 
 
@@ -244,12 +244,12 @@ def test_a_corrupt_session_opens_its_backup_and_says_so(qtbot: QtBot, tmp_path: 
     shutil.copy(session_file, session_file.with_name(session_file.name + ".1"))
     session_file.write_bytes(session_file.read_bytes()[:40])
     win = new_window(qtbot, tmp_path / "second.ini")
-    win.session.open_session(session_file)
+    win.session_file.open_session(session_file)
     notices = win.banners.texts("session")
     assert any("could not be read" in text and "Loaded the backup investigation.xray.1" in text for text in notices)
-    assert [b.note for b in win.session.session.bookmarks] == ["Q=1008 visual prefill: tiled reduction"]
+    assert [b.note for b in win.session_file.session.bookmarks] == ["Q=1008 visual prefill: tiled reduction"]
     wait_shown(qtbot, win)
-    win.session.ask_close = lambda: "discard"
+    win.session_file.ask_close = lambda: "discard"
     win.close()
 
 
@@ -257,16 +257,16 @@ def test_a_failed_save_is_shown_and_the_session_stays_in_memory(qtbot: QtBot, tm
     win = new_window(qtbot, tmp_path / "viewer.ini")
     from sessions.compare.key import OpKey
 
-    win.session.session.add_bookmark(OpKey(0, "visual", 0, "sdpa"), "must not be lost")
+    win.session_file.session.add_bookmark(OpKey(0, "visual", 0, "sdpa"), "must not be lost")
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the folder should be")
-    win.session.choose_path = lambda _purpose: blocker / "session.xray"
-    assert not win.session.save_as()
+    win.session_file.choose_path = lambda _purpose: blocker / "session.xray"
+    assert not win.session_file.save_as()
     [message] = win.banners.texts("session")
     assert "Could not save the session" in message and "Nothing was lost" in message
-    assert win.session.document.dirty and win.session.session.bookmarks[0].note == "must not be lost"
-    win.session.ask_close = lambda: "cancel"
+    assert win.session_file.document.dirty and win.session_file.session.bookmarks[0].note == "must not be lost"
+    win.session_file.ask_close = lambda: "cancel"
     win.close()
     assert win.isVisible(), "cancelling the question keeps the window and its work"
-    win.session.ask_close = lambda: "discard"
+    win.session_file.ask_close = lambda: "discard"
     win.close()

@@ -29,7 +29,7 @@ def create_window(files: list[Path], settings: ViewerSettings | None = None) -> 
     """The window, opening the given files: two are NATIVE ORACLE in that order, one uses its role hint."""
     window = MainWindow(settings)
     if len(files) == 1 and files[0].suffix == SESSION_SUFFIX:
-        window.session.open_session(files[0])
+        window.session_file.open_session(files[0])
     elif len(files) == 2:
         window.open_pair(files[0], files[1])
     elif len(files) == 1:

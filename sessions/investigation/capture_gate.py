@@ -154,20 +154,21 @@ class CaptureIdentityError(Exception):
         super().__init__(status.message)
 
 
-def open_session_capture(ref: CaptureRef) -> Capture:
+def iter_open_session_capture(ref: CaptureRef) -> ProgressGenerator[Capture]:
     """Open a capture the session names, refusing it unless its identity still matches.
 
     This is the gate in front of every read of session data: the identity is computed on
     the very handle that is returned, so the file cannot be swapped between check and read.
-    Raises `CaptureError` (unreadable) or `CaptureIdentityError` (missing or changed).
+    Yields the first open's structure-check progress (closing it stops the check). Raises
+    `CaptureError` (unreadable) or `CaptureIdentityError` (missing or changed).
     """
-    from sessions.capture.opening import open_capture
+    from sessions.capture.opening import iter_open_capture
 
     if not ref.path.exists():
         raise CaptureIdentityError(
             CaptureStatus(ref.id, ref.role, ref.path, CaptureState.MISSING, f"{ref.path}: missing (moved or deleted)")
         )
-    capture = open_capture(ref.path)
+    capture = yield from iter_open_capture(ref.path)
     try:
         status = _status(ref, ref.path, identity_of_capture(capture))
     except BaseException:
@@ -177,3 +178,8 @@ def open_session_capture(ref: CaptureRef) -> Capture:
         capture.close()
         raise CaptureIdentityError(status)
     return capture
+
+
+def open_session_capture(ref: CaptureRef) -> Capture:
+    """`iter_open_session_capture` without progress."""
+    return run_to_end(iter_open_session_capture(ref))

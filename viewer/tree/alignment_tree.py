@@ -4,7 +4,7 @@ Statuses, first divergence and unaligned reasons all come from the comparison
 (viewer.comparison_view reads them); this view arranges them and keeps its selection in
 step with the model's. Its context menu lets the user break a pairing or pair two unaligned
 records by hand; it only asks (through replaceable callables, so tests answer without a
-modal dialog) and emits the request -- the session controller records the override and
+modal dialog) and emits the request -- the window's session part records the override and
 compares again.
 """
 
@@ -14,11 +14,14 @@ from collections.abc import Callable
 from typing import Any
 
 from PySide6.QtCore import (
+    QEvent,
     QItemSelectionModel,
     QModelIndex,
+    QObject,
     QPoint,
     QSortFilterProxyModel,
     Qt,
+    QTimer,
     Signal,
 )
 from PySide6.QtGui import QAction, QBrush, QStandardItem, QStandardItemModel
@@ -120,6 +123,7 @@ class AlignmentTree(QWidget):
         self.view.setColumnHidden(1, True)
         self.view.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.view.customContextMenuRequested.connect(self._show_menu)
+        self.view.viewport().installEventFilter(self)
         layout.addWidget(self.view, 1)
         model.comparison_changed.connect(self.rebuild)
         model.selection_changed.connect(self._show_selection)
@@ -264,6 +268,20 @@ class AlignmentTree(QWidget):
         self.view.selectionModel().setCurrentIndex(
             index, QItemSelectionModel.SelectionFlag.ClearAndSelect | QItemSelectionModel.SelectionFlag.Rows
         )
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if event.type() == QEvent.Type.Resize and watched is self.view.viewport():
+            QTimer.singleShot(0, self, self._keep_current_whole)
+        return super().eventFilter(watched, event)
+
+    def _keep_current_whole(self) -> None:
+        """The view shrank after the highlighted row was scrolled into it (the summary wrapped, a
+        scroll bar appeared): bring the row back whole. A row the user scrolled away from stays away."""
+        current = self.view.currentIndex()
+        row, area = self.view.visualRect(current), self.view.viewport().rect()
+        cut = row.top() < area.top() or row.bottom() > area.bottom()
+        if current.isValid() and cut and row.bottom() >= area.top() and row.top() <= area.bottom():
+            self.view.scrollTo(current, QAbstractItemView.ScrollHint.EnsureVisible)
 
     def visible_leaf_labels(self) -> list[str]:
         """Op rows the filter lets through, in tree order (for tests and keyboard checks)."""

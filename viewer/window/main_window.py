@@ -32,7 +32,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from sessions.capture.opening import open_capture
+from sessions.capture.opening import iter_open_capture
 from sessions.capture.reader import Capture
 from sessions.capture.structure_check import CheckReport, iter_deep_check
 from sessions.compare.slice_export import iter_export
@@ -60,7 +60,11 @@ from viewer.widgets.progress_bar import show_progress
 from viewer.window.drop_hint import DropHint
 from viewer.window.help_dialog import HelpDialog
 from viewer.window.panel_tabs import PanelTabs
-from viewer.window.session_controller import SessionController
+from viewer.window.report_export import BookmarkCamera, ReportExporter, png_of
+from viewer.window.session_captures import SessionCaptures
+from viewer.window.session_file import SessionFile
+from viewer.window.session_sync import SessionSync, WindowView
+from viewer.window.uncaught_errors import show_uncaught_errors_in
 from viewer.window.verdict_strip import VerdictStrip
 from viewer.workers import TaskSlots
 
@@ -72,13 +76,18 @@ a whole switch interval for the interpreter lock (5 ms by default), which adds u
 stalls. A 1 ms interval keeps them short (measured in benchmarks/bench_ui_stall.py)."""
 
 
+PAIR_BANNERS = ("open", "roles", "captures", "comparison", "captures-check", "session", "timeline", "rerun")
+"""Banner groups about the pair on show and its session: a new pair or another session clears them."""
+
+
 def iter_open(paths: list[Path]) -> ProgressGenerator[list[Capture]]:
-    """Open captures one by one (each first passes the structural check in a child process)."""
+    """Open captures one by one; each first passes the structural check in a child process, whose
+    progress this yields and which closing this generator (Esc, Cancel) stops."""
     opened: list[Capture] = []
     try:
         for i, path in enumerate(paths):
             yield Progress(i, len(paths), f"checking {path.name}")
-            opened.append(open_capture(path))
+            opened.append((yield from iter_open_capture(path)))
         yield Progress(len(paths), len(paths), "opened")
     except BaseException:
         for capture in opened:
@@ -120,14 +129,15 @@ class MainWindow(QMainWindow):
         self._build_central()
         self._build_tree_dock()
         self._build_bookmarks_dock()
-        self.session = SessionController(self)
         self._build_status_bar()
-        self._build_actions()
         self._connect_model()
+        self._build_session()
+        self._build_actions()
         self._restore_layout()
         self._warm_up_panels()
         self._update_roles()
-        self.session.offer_recovery()
+        show_uncaught_errors_in(self.banners)
+        self.session_file.offer_recovery()
 
     # -- construction ------------------------------------------------------------------------
 
@@ -235,15 +245,15 @@ class MainWindow(QMainWindow):
         self.recent_menu = file_menu.addMenu("Open &recent")
         file_menu.addAction(self.swap_action)
         file_menu.addSeparator()
-        self.open_session_action = self._action("Open &session…", self.session.open_dialog, "Ctrl+Shift+O", tip="Open a saved investigation (.xray)")
-        self.save_session_action = self._action("&Save session", self.session.save, QKeySequence.StandardKey.Save, tip="Save the investigation (Ctrl+S)")
-        self.save_session_as_action = self._action("Save session &as…", self.session.save_as, "Ctrl+Alt+S", tip="Save the investigation to a new file")
+        self.open_session_action = self._action("Open &session…", self.session_file.open_dialog, "Ctrl+Shift+O", tip="Open a saved investigation (.xray)")
+        self.save_session_action = self._action("&Save session", self.session_file.save, QKeySequence.StandardKey.Save, tip="Save the investigation (Ctrl+S)")
+        self.save_session_as_action = self._action("Save session &as…", self.session_file.save_as, "Ctrl+Alt+S", tip="Save the investigation to a new file")
         for action in (self.open_session_action, self.save_session_action, self.save_session_as_action):
             file_menu.addAction(action)
         self.recent_sessions_menu = file_menu.addMenu("Recent sessio&ns")
         export = file_menu.addMenu("&Export")
-        self.export_md_action = self._action("Bookmarks and notes as &Markdown…", lambda: self.session.export_markdown())
-        self.export_html_action = self._action("&HTML report…", lambda: self.session.export_html())
+        self.export_md_action = self._action("Bookmarks and notes as &Markdown…", lambda: self.report_export.export_markdown())
+        self.export_html_action = self._action("&HTML report…", lambda: self.report_export.export_html())
         export.addAction(self.export_md_action)
         export.addAction(self.export_html_action)
         file_menu.addSeparator()
@@ -260,7 +270,7 @@ class MainWindow(QMainWindow):
             view.addAction(action)
             self.tab_actions.append(action)
         view.addSeparator()
-        self.bookmark_action = self._action("&Bookmark this op", lambda: self.session.add_bookmark(), "Ctrl+B", tip="Bookmark the selected op and its view (Ctrl+B)")
+        self.bookmark_action = self._action("&Bookmark this op", lambda: self.session_sync.add_bookmark(), "Ctrl+B", tip="Bookmark the selected op and its view (Ctrl+B)")
         navigate.addAction(self.bookmark_action)
         bookmarks_toggle = self.bookmarks_dock.toggleViewAction()
         bookmarks_toggle.setShortcut(QKeySequence("Ctrl+Shift+B"))
@@ -282,8 +292,52 @@ class MainWindow(QMainWindow):
         self.model.comparison_changed.connect(self._comparison_changed)
         self.model.selection_changed.connect(self._selection_changed)
         self.overview.op_clicked.connect(self.model.select)
-        self.session.document_changed.connect(self._update_roles)
-        self.session.connect_window()
+
+    def _build_session(self) -> None:
+        """The investigation's parts, each given what it needs of the window; built after the
+        window's own model handlers, so a restored selection wins over the first-finding jump."""
+        status = self.statusBar().showMessage
+        self.session_file = SessionFile(self.settings, self.banners, status, self)
+        self.session_captures = SessionCaptures(self.tasks, self.banners, self.show_session_pair, self)
+        view = WindowView(
+            panel=self.tabs.currentIndex,
+            show_panel=self.show_panel,
+            shown_slice=lambda: None if self.tensor_view.data is None else self.tensor_view.data.spec,
+            load_slice=self.load_slice,
+            save_layout=lambda: bytes(self.saveState()),
+            restore_layout=lambda state: self.restoreState(QByteArray(state)),
+        )
+        self.session_sync = SessionSync(lambda: self.session_file.session, self.model, self.tasks, self.banners, view, self.start_compare, status, self)
+        camera = BookmarkCamera(self.session_sync.show_bookmark, lambda: self.tasks.task("tensor") is not None, lambda: png_of(self.tensor_view))
+        self.report_export = ReportExporter(lambda: self.session_file.session, self.model, camera, self.banners, status, self)
+        self.session_file.document_changed.connect(self._update_roles)
+        self.session_file.recent_changed.connect(self.rebuild_recent_sessions)
+        self.session_file.replaced.connect(self._session_replaced)
+        self.session_file.about_to_save.connect(lambda: self.session_sync.record_view(with_layout=True))
+        self.session_file.captures_wanted.connect(lambda: self.session_captures.check(self.session_file.session, self.session_file.folder))
+        self.session_captures.pair_opening.connect(self.session_sync.expect_restore)
+        self.session_captures.pair_refused.connect(self.session_sync.restore_refused)
+        self.session_sync.bookmark_added.connect(self._reveal_bookmark)
+        self.tabs.currentChanged.connect(lambda _i: self.session_sync.record_view())
+        self.tensor_view.slice_shown.connect(self.session_sync.record_view)
+        self.tensor_view.slice_shown.connect(self.report_export.view_shown)
+        self.bookmarks.add_requested.connect(self.session_sync.add_bookmark)
+        self.bookmarks.jump_requested.connect(self.session_sync.show_bookmark)
+        self.dispatch.rerun_saved.connect(self.session_sync.record_rerun)
+        self.tree.break_requested.connect(self.session_sync.break_pairing)
+        self.tree.pair_requested.connect(self.session_sync.pair_records)
+        self.bookmarks.set_session(self.session_file.session)
+
+    def _session_replaced(self, session: Any) -> None:
+        """Another investigation took the old one's place: nothing of the old one may stay live."""
+        for group in PAIR_BANNERS:
+            self.banners.clear(group)
+        self.bookmarks.set_session(session)
+
+    def _reveal_bookmark(self, bookmark: Any) -> None:
+        self.bookmarks.select_bookmark(bookmark.id)
+        self.bookmarks_dock.show()
+        self.bookmarks.note.setFocus()
 
     def _restore_layout(self) -> None:
         geometry, state = self.settings.window_geometry(), self.settings.window_state()
@@ -327,20 +381,41 @@ class MainWindow(QMainWindow):
         self._run_open([Path(native), Path(oracle)], explicit=True)
 
     def _run_open(self, paths: list[Path], explicit: bool) -> None:
+        if not self._may_leave_session_pair(paths):
+            return
         self.banners.clear("open")
         self.tasks.submit(
             "open",
             lambda: iter_open(paths),
-            on_success=lambda captures: self.opened(captures, explicit),
+            on_success=lambda captures: self._files_opened(captures, explicit),
             on_failure=lambda message: self.banners.show_message("open", "error", f"Could not open: {message}"),
             on_cancel=lambda: self.banners.show_message("open", "info", "Opening was cancelled; what was open stays open."),
         )
 
-    def opened(self, captures: list[Capture], explicit: bool) -> None:
+    def _may_leave_session_pair(self, paths: list[Path]) -> bool:
+        """Files outside the session's pair end that investigation: its unsaved work is asked about
+        first, as closing the window asks (False: the user cancelled, nothing is opened)."""
+        named = self.session_sync.pair_paths()
+        if not named or all(path.absolute() in named for path in paths):
+            return True
+        return self.session_file.settle_unsaved()
+
+    def _files_opened(self, captures: list[Capture], explicit: bool) -> None:
+        """Files the user opened: a pair other than the session's starts a new, empty investigation."""
         if explicit:
             native, oracle, guessed = captures[0], captures[1], False
         else:
             native, oracle, guessed = assign_roles(captures, (self.model.native, self.model.oracle))
+        named = self.session_sync.pair_paths()
+        if named and {c.path.absolute() for c in (native, oracle) if c is not None} != named:
+            self.session_file.start_new()
+        self._show_pair(captures, native, oracle, guessed)
+
+    def show_session_pair(self, captures: list[Capture]) -> None:
+        """The saved session's (native, oracle), which passed its identity gate."""
+        self._show_pair(captures, captures[0], captures[1], False)
+
+    def _show_pair(self, captures: list[Capture], native: Capture | None, oracle: Capture | None, guessed: bool) -> None:
         for capture in captures:
             self.settings.add_recent(capture.path)
         self._rebuild_recent_menu()
@@ -365,14 +440,19 @@ class MainWindow(QMainWindow):
         if not self.model.has_pair:
             return
         native, oracle = self.model.native, self.model.oracle
-        options = self.session.compare_options(cv.VIEWER_OPTIONS)
+        options = self.session_sync.compare_options(cv.VIEWER_OPTIONS)
         self.tasks.submit(
             "compare",
             lambda: cv.iter_compare_pair(native, oracle, options),
             on_success=self.model.set_comparison,
-            on_failure=lambda message: self.offer_deep_check("comparison", f"The comparison failed: {message}"),
+            on_failure=self._comparison_failed,
             on_cancel=lambda: self.banners.show_message("comparison", "info", "Comparison cancelled. Open the pair again, or swap roles, to restart it."),
         )
+
+    def _comparison_failed(self, message: str) -> None:
+        """The pair cannot be compared (unreadable, or no profile knows its names): the verdict is UNUSABLE."""
+        self.offer_deep_check("comparison", f"The comparison failed: {message}")
+        self.verdict_strip.show_unusable(message)
 
     def _show_capture_banners(self) -> None:
         self.banners.clear("captures")
@@ -532,7 +612,7 @@ class MainWindow(QMainWindow):
     # -- panels, roles, recent, theme ----------------------------------------------------------
 
     def show_panel(self, index: int) -> None:
-        if self.stack.currentWidget() is self.tabs:
+        if self.stack.currentWidget() is self.tabs and 0 <= index < self.tabs.count():
             self.tabs.setCurrentIndex(index)
             self.tabs.currentWidget().setFocus()
 
@@ -550,7 +630,7 @@ class MainWindow(QMainWindow):
         title = "Parity X-ray"
         if has_any:
             title += f" — {name(self.model.native)} vs {name(self.model.oracle)}"
-        document = self.session.document
+        document = self.session_file.document
         if document.path is not None or document.dirty:
             title += f"   [{document.path.name if document.path else 'unsaved session'}{' *' if document.dirty else ''}]"
         self.setWindowTitle(title)
@@ -569,7 +649,7 @@ class MainWindow(QMainWindow):
         recent = self.settings.recent_sessions()
         for path in recent:
             action = self.recent_sessions_menu.addAction(path)
-            action.triggered.connect(lambda _=False, p=path: self.session.open_session(Path(p)))
+            action.triggered.connect(lambda _=False, p=path: self.session_file.open_session(Path(p)))
         self.recent_sessions_menu.setEnabled(bool(recent))
 
     def open_beside(self, native: Path, oracle: Path) -> MainWindow:
@@ -616,7 +696,7 @@ class MainWindow(QMainWindow):
     # -- closing -----------------------------------------------------------------------------
 
     def closeEvent(self, event: QCloseEvent) -> None:
-        if not self.session.close():
+        if not self.session_file.close():
             event.ignore()
             return
         self.dispatch.shutdown()

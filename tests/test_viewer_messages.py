@@ -1,0 +1,100 @@
+"""What the window says when something is wrong, read on a 1280x720 screen.
+
+A contract mismatch is the verdict strip's word plus a card; captures no profile recognises are
+UNUSABLE with the reason; an error no code path caught is an error banner with its traceback at
+hand (and on stderr), never a silent failure. Screenshots land in test-artifacts/.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import QApplication
+from pytestqt.qtbot import QtBot
+
+from sessions.compare.verdict import CONTRACT_MISMATCH, UNUSABLE
+from tests.hand_captures import T, bf16_bits, write_capture
+from viewer.settings import ViewerSettings
+from viewer.tree.alignment_tree import PAIR_ROLE
+from viewer.window.main_window import MainWindow
+
+pytestmark = pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")
+
+WAIT_MS = 120_000
+SCREEN = (1280, 720)
+
+
+@pytest.fixture
+def window(qtbot: QtBot, tmp_path: Path) -> MainWindow:
+    win = MainWindow(ViewerSettings(tmp_path / "viewer.ini"))
+    qtbot.addWidget(win)
+    win.resize(*SCREEN)
+    win.show()
+    qtbot.waitExposed(win)
+    yield win
+    win.close()
+
+
+def shoot(win: MainWindow, artifacts_dir: Path, name: str) -> None:
+    QApplication.processEvents()
+    image = win.grab()
+    assert (image.width(), image.height()) == SCREEN
+    assert image.save(str(artifacts_dir / f"viewer-720p-{name}.png"))
+
+
+def test_a_contract_mismatch_reads_as_the_strip_word_and_a_card_at_720p(qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]], artifacts_dir: Path) -> None:
+    window.open_pair(*demo_pairs["attention-contract"])
+    qtbot.waitUntil(lambda: window.model.comparison is not None and window.tensor_view.data is not None and not window.tasks.busy, timeout=WAIT_MS)
+    strip = window.verdict_strip
+    assert strip.isVisible() and strip.word.text() == CONTRACT_MISMATCH
+    assert strip.go.isVisible()
+    [card] = [b for b in window.banners.banners("comparison") if "CONTRACT MISMATCH at" in b.text]
+    assert card.isVisible() and card.level == "error"
+    assert strip.geometry().bottom() < window.banners.geometry().top(), "the verdict comes first"
+    tree = window.tree.view
+    current = tree.currentIndex()
+    assert tree.model().data(current.siblingAtColumn(0), PAIR_ROLE) is window.model.selected
+    assert window.model.selected.key == window.model.comparison.comparison.verdict.first.key
+    assert tree.viewport().rect().contains(tree.visualRect(current)), "the first finding's row is highlighted whole, not cut off"
+    assert window.tensor_view.height() >= 300, "the tensor view keeps room to be read below the strip and the card"
+    shoot(window, artifacts_dir, "contract-mismatch")
+
+
+def test_captures_no_profile_recognises_are_unusable_and_say_why(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
+    bits = bf16_bits(np.linspace(-1.0, 1.0, 32).reshape(4, 8))
+    tensors = [T("mystery.block.0.mix", bits, layer=0, dtype="bfloat16"), T("mystery.block.0.out", bits, layer=0, dtype="bfloat16")]
+    native = write_capture(tmp_path / "mystery.native.h5", "native", tensors)
+    oracle = write_capture(tmp_path / "mystery.oracle.h5", "oracle", tensors)
+    window.open_pair(native, oracle)
+    qtbot.waitUntil(lambda: bool(window.banners.banners("comparison")) and not window.tasks.busy, timeout=WAIT_MS)
+    [failure] = window.banners.banners("comparison")
+    assert failure.level == "error" and failure.text.startswith("The comparison failed: ")
+    assert "profile" in failure.text
+    assert window.verdict_strip.word.text() == UNUSABLE
+    assert window.verdict_strip.detail.text() == failure.text.removeprefix("The comparison failed: ")
+    assert window.banners.banners("uncaught") == [], "no exception escaped to the hook"
+    assert window.model.comparison is None and window.model.native is not None
+
+
+@pytest.mark.qt_no_exception_capture
+def test_an_error_escaping_a_slot_is_an_error_banner_with_its_traceback(qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]], artifacts_dir: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    window.open_pair(*demo_pairs["head-chunk"])
+    qtbot.waitUntil(lambda: window.model.comparison is not None and window.tensor_view.data is not None and not window.tasks.busy, timeout=WAIT_MS)
+    assert sys.excepthook is not sys.__excepthook__, "the viewer installed its hook (pytest-qt's is off for this test)"
+    QTimer.singleShot(0, lambda: window.model.set_scale("viridis"))
+    qtbot.waitUntil(lambda: bool(window.banners.banners("uncaught")), timeout=WAIT_MS)
+    [banner] = window.banners.banners("uncaught")
+    assert banner.level == "error"
+    assert banner.text == "Unexpected error: ValueError: colour scale must be one of ('absolute', 'relative', 'ULP'), not 'viridis'"
+    details = banner.label.toolTip()
+    assert details.startswith("Traceback (most recent call last):") and "in set_scale" in details
+    assert "Copy details" in banner.buttons
+    assert "Parity X-ray: uncaught error" in capfd.readouterr().err
+    assert window.model.scale == "ULP" and window.isVisible(), "the window carries on as it was"
+    shoot(window, artifacts_dir, "uncaught-error")
+    banner.buttons["Copy details"].click()
+    assert QApplication.clipboard().text() == details

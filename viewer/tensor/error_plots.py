@@ -28,10 +28,10 @@ def ulp_bucket_label(k: int) -> str:
 class ErrorPlots(pg.GraphicsLayoutWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.ulp_plot = self.addPlot(title="ULP of differing elements", axisItems=grid_axes())
-        self.abs_plot = self.addPlot(title="|error| of differing elements", axisItems=grid_axes())
-        self.row_plot = self.addPlot(title="max ULP per row", axisItems=grid_axes())
-        self.head_plot = self.addPlot(title="max ULP per head", axisItems=grid_axes())
+        self.ulp_plot = self.addPlot(title="ULP steps (differing)", axisItems=grid_axes())
+        self.abs_plot = self.addPlot(title="|error| (differing)", axisItems=grid_axes())
+        self.row_plot = self.addPlot(title="max ULP / row", axisItems=grid_axes())
+        self.head_plot = self.addPlot(title="max ULP / head", axisItems=grid_axes())
         for plot in self.plots:
             plot.titleLabel.opts["size"] = "9pt"
             plot.setTitle(plot.titleLabel.text)
@@ -91,7 +91,7 @@ class ErrorPlots(pg.GraphicsLayoutWidget):
             _message(plot, f"no {name} axis", MUTED)
             return
         values = np.asarray(profile.max_ulp, dtype=np.float64)
-        set_title(plot, f"max ULP per {name}")
+        set_title(plot, f"max ULP / {name}")
         plot.setToolTip(f"{int(np.count_nonzero(values))} of {values.size} {name}s differ")
         if curve:
             item = pg.PlotDataItem(np.arange(values.size), values, pen=pg.mkPen(HOT, width=1.5))

@@ -123,6 +123,10 @@ class AxisPicker(QWidget):
             self.changed.emit(spec)
 
 
+ERROR_PLOTS_MIN_HEIGHT = 170
+"""Below this the histograms' titles and axis labels run into each other (seen at 1280x720)."""
+
+
 class TensorView(QWidget):
     """Linked heatmaps (or curves for 1-D), the colour-scale switch, error plots and inspector."""
 
@@ -224,6 +228,7 @@ class TensorView(QWidget):
         self.maps.scene().sigMouseClicked.connect(self._clicked)
         left.addWidget(self.maps)
         self.errors = ErrorPlots()
+        self.errors.setMinimumHeight(ERROR_PLOTS_MIN_HEIGHT)
         left.addWidget(self.errors)
         left.setStretchFactor(0, 3)
         left.setStretchFactor(1, 1)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QWidget
 
-from sessions.compare.verdict import UNUSABLE
+from sessions.compare.verdict import UNUSABLE, Kind
 from viewer.pair_model import PairModel
 from viewer.theme import WORD_COLOURS
 
@@ -52,10 +52,14 @@ class VerdictStrip(QFrame):
         if first is None:
             detail = verdict.headline.split(": ", 1)[1]
         else:
-            detail = f"first {first.kind} at {first.key}: {first.detail}"
+            detail = f"first {first.kind} at {first.key}"
+            if first.kind != Kind.CONTRACT_MISMATCH:
+                detail += f": {first.detail}"  # a contract finding has its own card with both contracts
             if len(verdict.reasons) > 1:
                 detail += f"  ·  also: {'; '.join(verdict.reasons[1:])}"
         self._paint(verdict.word, detail, WORD_COLOURS[verdict.word])
+        if first is not None:
+            self.detail.setToolTip(f"{detail}\n{first.detail}")
         self.go.setVisible(first is not None)
         self.setVisible(True)
 

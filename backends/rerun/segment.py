@@ -310,11 +310,16 @@ class RerunSession:
 
     def __init__(self, native: Capture, oracle: Capture, comparison: Comparison) -> None:
         native_records, oracle_records = aligned_records(native, oracle, comparison)
-        self.native, self.oracle = native, oracle
+        self.native, self.oracle, self.comparison = native, oracle, comparison
         self.captured = {
             "native": CapturedOps.build(native, "native", native_records),
             "oracle": CapturedOps.build(oracle, "oracle", oracle_records),
         }
+        # Both captures run one model: a scalar (eps, RoPE base) only one side's provenance names
+        # is the other's too, so a capture recorded without a config can still be rerun.
+        shared = {**self.captured["oracle"].config, **self.captured["native"].config}
+        for side in self.captured.values():
+            side.config = {**shared, **side.config}
         self._weights: dict[tuple[str, str | None], WeightSource] = {}
 
     def weights(self, side: str, path: str | None = None) -> WeightSource:

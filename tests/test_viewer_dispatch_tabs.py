@@ -39,8 +39,8 @@ def shoot(win: MainWindow, artifacts_dir: Path, name: str) -> None:
 
 
 def test_the_new_panels_have_the_next_tab_shortcuts(window: MainWindow) -> None:
-    assert TABS[4:] == ("Dispatch timeline", "Rerun")
-    assert [a.shortcut().toString() for a in window.tab_actions] == [f"Ctrl+{i}" for i in range(1, 7)]
+    assert TABS[4:] == ("Dispatch timeline", "Rerun", "Diagnosis")
+    assert [a.shortcut().toString() for a in window.tab_actions] == [f"Ctrl+{i}" for i in range(1, 8)]
     window.tab_actions[4].trigger()
     assert window.tabs.currentWidget() is window.dispatch.timeline
     window.tab_actions[5].trigger()

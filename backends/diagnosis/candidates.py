@@ -29,7 +29,6 @@ from backends.rerun.inputs import (
     mx_to_bits,
 )
 from backends.rerun.segment import RerunSession, bits_metrics
-from sessions.bits.dtypes import as_values
 from sessions.compare.key import OpKey
 from sessions.compare.tensor_diff import TensorMetrics
 
@@ -224,7 +223,3 @@ def record_bits(ops: CapturedOps, key: OpKey) -> np.ndarray | None:
 def bits_array(bits: np.ndarray, logical: str) -> mx.array:
     """Stored bits back as an MLX array (the oracle route's output, to take a copy of it)."""
     return bits_to_mx(bits, logical)
-
-
-def as_float64(bits: np.ndarray, logical: str) -> np.ndarray:
-    return as_values(bits, logical).astype(np.float64)

@@ -56,8 +56,8 @@ def candidate_line(result: CandidateResult) -> str:
 def _op_line(op: OpDiagnosis) -> str:
     found = op.classification
     ran = op.native_ran or (f"closest {op.closest}" if op.closest else "—")
-    local = figure(found.local) if found.local else "—"
-    return f"{found.key.text():<28} {found.locality:<12} {ran:<34} local {local}; total {found.total.text()}"
+    local = found.local.short() if found.local else "—"
+    return f"{found.key.text():<28} {found.locality:<12} {ran:<34} local {local:<34} total {found.total.short()}"
 
 
 def render_text(diagnosis: Diagnosis, verbose: bool = False) -> str:

@@ -54,21 +54,20 @@ class ErrorFigure:
         return cls(metrics.differing, metrics.size, metrics.max_ulp, float(metrics.nmse), swaps)
 
     def text(self) -> str:
-        if self.bit_exact:
-            return "bit-exact"
-        if self.signed_zero_only:
-            return f"{self.differing:,} of {self.size:,} differ, all +0/-0 swaps"
-        ulp = "" if self.max_ulp is None else f", max {self.max_ulp:,} ULP"
-        return f"{self.differing:,} of {self.size:,} differ{ulp}, NMSE {self.nmse:.3g}"
+        return self._words(short=False)
 
     def short(self) -> str:
         """The same in a table cell's width."""
+        return self._words(short=True)
+
+    def _words(self, short: bool) -> str:
         if self.bit_exact:
             return "bit-exact"
+        count = f"{self.differing:,}" if short else f"{self.differing:,} of {self.size:,}"
         if self.signed_zero_only:
-            return f"{self.differing:,} ±0 swaps"
-        ulp = "" if self.max_ulp is None else f" · max {self.max_ulp:,} ULP"
-        return f"{self.differing:,} differ{ulp}"
+            return f"{count} ±0 swaps" if short else f"{count} differ, all +0/-0 swaps"
+        ulp = "" if self.max_ulp is None else f"{' ·' if short else ','} max {self.max_ulp:,} ULP"
+        return f"{count} differ{ulp}" + ("" if short else f", NMSE {self.nmse:.3g}")
 
     def closeness(self) -> tuple[int, int, float]:
         """Ranking key, smaller is closer: fewest differing elements, then smallest max ULP, then NMSE."""

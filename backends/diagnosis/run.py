@@ -324,6 +324,9 @@ def verdict_sentence(diagnosis: Diagnosis, diverged: int, dispatch_only: int) ->
                 sentence += f"; {len(more)} more local op(s), {'all' if explained == len(more) else explained} reproduced exactly by a candidate"
         if inherited:
             sentence += f"; {inherited} later op(s) are inherited"
+        earlier = [op for op in diagnosis.ops[: diagnosis.ops.index(first)] if op.classification.locality == Locality.UNDETERMINED]
+        if earlier:
+            sentence += f"; {len(earlier)} earlier diverged op(s) could not be classified, first {earlier[0].key}, so the cause may lie before it"
         return sentence + "." + _exact_clause(first.classification)
     if diagnosis.ops:
         words = sorted({str(op.classification.locality) for op in diagnosis.ops})

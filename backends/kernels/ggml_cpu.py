@@ -4,7 +4,7 @@ Diagnosis asks "which contract did llama.cpp run here?"; the only convincing ans
 computation that gives llama.cpp's exact bits from the same inputs. Each function below follows
 one ggml kernel's order of operations and rounding boundaries, written from the source
 (ggml-org/llama.cpp, ggml/src/ggml-cpu/) and checked against real llama.cpp captures
-(tests/test_diagnosis_ggml.py):
+(tests/test_diagnosis_candidates.py):
 
 - RMSNorm: `ggml_compute_forward_rms_norm_f32` (ops.cpp): squares in float, summed in
   `ggml_float` (double) left to right, `scale = 1.0f/sqrtf(mean + eps)`, `x * scale`; the

@@ -45,3 +45,41 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "mutation_corpus: 300 seeded byte-mutated captures through validate --deep and report (about 20 s)"
     )
+
+
+@pytest.fixture(scope="session")
+def llama_tiny_pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
+    """Real llama.cpp captures (native) against MLX (oracle) on one tiny Qwen3 per GGUF variant:
+    variant -> (native path, oracle path). Skipped where llama-cpp-python is not installed."""
+    pytest.importorskip("llama_cpp")
+    from backends.demo.llama_pairs import demo_weights_f32
+    from backends.engines.demo_model import DemoConfig
+    from backends.engines.gguf_export import (
+        export_gguf,
+        gguf_to_hf_names,
+        read_gguf_weights,
+        write_mlx_model_dir,
+    )
+    from backends.recorders.llama_process import iter_record_llama
+    from backends.recorders.mlx_recorder import iter_record_mlx
+    from backends.recorders.record_schedule import TokenSchedule
+    from sessions.progress import run_to_end
+
+    config = DemoConfig(
+        hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, vocab_size=96, dead_gate_channels=2,
+    )
+    directory = tmp_path_factory.mktemp("llama-tiny")
+    weights = demo_weights_f32(config, 11)
+    schedule = TokenSchedule((5, 17, 3, 88, 41, 9), decode_steps=2)
+    extra = {"config": config.as_dict()}
+    pairs = {}
+    for variant in ("f32", "f16", "q8_0"):
+        gguf = export_gguf(config.as_dict(), weights, directory / f"tiny.{variant}.gguf", variant)
+        held = gguf_to_hf_names(read_gguf_weights(gguf), list(weights), config.num_hidden_layers)
+        mlx_dir = write_mlx_model_dir(config.as_dict(), held, directory / f"mlx-{variant}")
+        native, oracle = directory / f"{variant}.native.h5", directory / f"{variant}.oracle.h5"
+        run_to_end(iter_record_llama(gguf, schedule, native, extra=extra))
+        run_to_end(iter_record_mlx(mlx_dir, schedule, oracle, extra=extra))
+        pairs[variant] = (native, oracle)
+    return pairs

@@ -39,13 +39,15 @@ def shoot(win: MainWindow, artifacts_dir: Path, name: str) -> None:
 
 
 def test_the_new_panels_have_the_next_tab_shortcuts(window: MainWindow) -> None:
-    assert TABS[4:] == ("Dispatch timeline", "Rerun", "Worst ops")
-    assert [a.shortcut().toString() for a in window.tab_actions] == [f"Ctrl+{i}" for i in range(1, 8)]
+    assert TABS[4:] == ("Dispatch timeline", "Rerun", "Diagnosis", "Worst ops")
+    assert [a.shortcut().toString() for a in window.tab_actions] == [f"Ctrl+{i}" for i in range(1, 9)]
     window.tab_actions[4].trigger()
     assert window.tabs.currentWidget() is window.dispatch.timeline
     window.tab_actions[5].trigger()
     assert window.tabs.currentWidget() is window.dispatch.rerun
     window.tab_actions[6].trigger()
+    assert window.tabs.currentWidget() is window.diagnosis
+    window.tab_actions[7].trigger()
     assert window.tabs.currentWidget() is window.worst_ops
 
 

@@ -28,7 +28,7 @@ def test_the_worst_ops_tab_ranks_like_report_and_selects_the_clicked_op(qtbot: Q
     table = win.worst_ops
     assert table.keys() == [p.key.text() for p in worst_ops(comparison, len(comparison.pairs))]
     assert len(table.keys()) == 105 and table.keys()[:3] == ["0:visual:1:ffn_down", "0:visual:1:ffn_act", "0:visual:-1:logits"]
-    win.tab_actions[6].trigger()
+    win.tab_actions[7].trigger()
     table.table.sortItems(6, Qt.SortOrder.DescendingOrder)
     by_differing = sorted((p for p in comparison.pairs if not p.metrics.bit_exact), key=lambda p: p.metrics.differing, reverse=True)
     assert table.keys()[0] == by_differing[0].key.text()

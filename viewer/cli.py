@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("sessions.commands.validate", "check capture files; exit 0 valid, 2 invalid"),
     "report": ("sessions.commands.report", "compare a native and an oracle capture headlessly"),
     "rerun": ("backends.commands.rerun", "recompute one captured op or segment live through MLX"),
+    "diagnose": ("backends.commands.diagnose", "say why the runs part: local vs inherited ops, and the contract each local op ran"),
     "demo": ("viewer.demo_command", "generate the demo captures, or open the viewer on them"),
     "record": ("backends.commands.record", "record a real llama.cpp or MLX run into a capture"),
     "import": ("sessions.commands.import_dump", "turn safetensors / .npz / .npy+.bin dumps into a capture"),

@@ -21,6 +21,7 @@ class PairModel(QObject):
     comparison_changed = Signal()
     selection_changed = Signal(object)
     scale_changed = Signal(str)
+    diagnosis_changed = Signal()
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -29,6 +30,8 @@ class PairModel(QObject):
         self.comparison: Any = None
         self.selected: Any = None
         self.scale = "ULP"
+        self.locality: dict[Any, str] = {}
+        """Op key -> local / inherited / undetermined, from the last diagnosis of this comparison."""
 
     def set_captures(self, native: Capture | None, oracle: Capture | None) -> list[Capture]:
         """Replace the open pair; returns the captures no longer shown, for the caller to close."""
@@ -36,6 +39,7 @@ class PairModel(QObject):
         self.native, self.oracle = native, oracle
         self.comparison = None
         self.selected = None
+        self.locality = {}
         self.captures_changed.emit()
         self.comparison_changed.emit()
         self.selection_changed.emit(None)
@@ -51,7 +55,13 @@ class PairModel(QObject):
     def set_comparison(self, comparison: Any) -> None:
         self.comparison = comparison
         self.selected = None
+        self.locality = {}
         self.comparison_changed.emit()
+
+    def set_locality(self, locality: dict[Any, str]) -> None:
+        """A diagnosis finished: each diagnosed op's cause, for every view that shows one."""
+        self.locality = dict(locality)
+        self.diagnosis_changed.emit()
 
     def select(self, pair: Any) -> None:
         if pair is self.selected:

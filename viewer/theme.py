@@ -57,6 +57,14 @@ WORD_COLOURS: dict[str, str] = {
 """The verdict strip's background per comparison word."""
 
 
+LOCALITY_COLOURS: dict[str, str] = {"local": "#d64541", "inherited": "#8a8f98", "undetermined": "#c9a227"}
+"""A diagnosed op's cause (backends.diagnosis.classify.Locality): local ops are where to look."""
+
+
+def locality_colour(word: str) -> QColor:
+    return QColor(LOCALITY_COLOURS.get(word, LOCALITY_COLOURS["undetermined"]))
+
+
 def asset(name: str) -> Path:
     return ASSETS / name
 

@@ -47,7 +47,7 @@ def _f64(array: mx.array) -> np.ndarray:
     return np.array(array.astype(mx.float32), dtype=np.float64)
 
 
-def _kv(arrays: dict[str, mx.array], history: dict[str, mx.array], kv_heads: int) -> tuple[mx.array, mx.array]:
+def kv_with_history(arrays: dict[str, mx.array], history: dict[str, mx.array], kv_heads: int) -> tuple[mx.array, mx.array]:
     """This call's K [kv_heads, rows, dim] and V (from v_proj [rows, kv*dim]) after the cache history."""
     k = arrays["k_rope"]
     v = arrays["v_proj"]
@@ -85,7 +85,7 @@ def compute_mlx(
         out = ops.rope(x[None], dims=params["dims"], base=params["base"], offset=params["offset"], device=device)
         return Computed(out[0], f"mx.fast.rope (NeoX, offset {params['offset']})")
     if op == "sdpa":
-        k, v = _kv(arrays, history, params["kv_heads"])
+        k, v = kv_with_history(arrays, history, params["kv_heads"])
         run = ops.sdpa(
             arrays["q_rope"][None],
             k[None],

@@ -141,14 +141,34 @@ class CapturedOps:
 
 
 def _weights_file(capture: Capture, explicit: Path | None) -> Path | None:
+    """The weights file: `explicit`, else the one the provenance names -- `weights_file` (the demo
+    engines), `gguf` (the llama.cpp recorder) or the single safetensors file in `model_dir` (the
+    MLX recorder) -- relative paths taken from the capture's folder."""
     if explicit is not None:
         return explicit
     provenance = capture.meta.provenance if isinstance(capture.meta.provenance, dict) else {}
-    name = provenance.get("weights_file")
-    if not isinstance(name, str) or not name:
-        return None
-    path = Path(name)
-    return path if path.is_absolute() else capture.path.parent / path
+    for field_name in ("weights_file", "gguf"):
+        name = provenance.get(field_name)
+        if isinstance(name, str) and name:
+            path = Path(name)
+            return path if path.is_absolute() else capture.path.parent / path
+    model_dir = provenance.get("model_dir")
+    if isinstance(model_dir, str) and model_dir:
+        folder = Path(model_dir) if Path(model_dir).is_absolute() else capture.path.parent / model_dir
+        files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
+        if len(files) == 1:
+            return files[0]
+    return None
+
+
+@dataclass(frozen=True)
+class StoredWeight:
+    """A weight as its GGUF file stores it: the GGML type and the raw bytes (quantized blocks)."""
+
+    ggml_type: str
+    """GGML type name, e.g. F32, F16, BF16, Q8_0, Q4_K."""
+    raw: np.ndarray
+    rows: int
 
 
 class WeightSource:
@@ -202,16 +222,36 @@ class WeightSource:
                 raise RerunInputError(f"{self.path}: cannot be read as safetensors ({exc})") from None
         return next((self._file[n] for n in names if n in self._file), None)
 
-    def _from_gguf(self, names: list[str]) -> mx.array | None:
-        """A GGUF tensor decoded by the gguf package (quantized blocks included), as float32 or its float type."""
-        from gguf import GGMLQuantizationType, GGUFReader
-        from gguf.quants import dequantize
+    def stored(self, op: str, layer: int) -> StoredWeight | None:
+        """The weight's stored form when it comes from a GGUF file; None for float records or safetensors."""
+        if self.path is None or self.path.suffix != ".gguf" or not self.path.is_file():
+            return None
+        from gguf import GGMLQuantizationType
+
+        self._read_gguf()
+        names = [n.format(n=layer) for n in WEIGHT_NAMES[op]]
+        tensor = next((self._gguf[n] for n in names if n in self._gguf), None)
+        if tensor is None:
+            return None
+        kind = GGMLQuantizationType(tensor.tensor_type)
+        raw = np.asarray(tensor.data)
+        return StoredWeight(kind.name, raw, int(raw.shape[0]) if raw.ndim > 1 else 1)
+
+    def _read_gguf(self) -> None:
+        from gguf import GGUFReader
 
         if self._gguf is None:
             try:
                 self._gguf = {t.name: t for t in GGUFReader(self.path).tensors}
             except (OSError, ValueError, KeyError) as exc:
                 raise RerunInputError(f"{self.path}: cannot be read as GGUF ({exc})") from None
+
+    def _from_gguf(self, names: list[str]) -> mx.array | None:
+        """A GGUF tensor decoded by the gguf package (quantized blocks included), as float32 or its float type."""
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        self._read_gguf()
         tensor = next((self._gguf[n] for n in names if n in self._gguf), None)
         if tensor is None:
             return None
@@ -273,8 +313,13 @@ def config_value(ops: CapturedOps, name: str, override: float | None, what: str)
     raise RerunInputError(f"{what} needs {name}; the {ops.side} capture's provenance config has none (pass it as an option)")
 
 
-def gather(ops: CapturedOps, key: OpKey, weights: WeightSource, overrides: dict[str, float] | None = None) -> OpInputs:
-    """The captured inputs of the op at `key` on one side, or RerunInputError naming what is missing."""
+def gather(
+    ops: CapturedOps, key: OpKey, weights: WeightSource, overrides: dict[str, float] | None = None, mask_side: CapturedOps | None = None
+) -> OpInputs:
+    """The captured inputs of the op at `key` on one side, or RerunInputError naming what is missing.
+
+    `mask_side` is the capture whose attention mask the op applies (default: `ops`): a rerun on
+    the other side's route applies that side's mask, which is part of its route."""
     if key.op not in OP_INPUTS:
         raise RerunInputError(f"{key.op} cannot be rerun: its input is token ids, not a captured tensor" if key.op == "embed" else f"unknown canonical op {key.op!r}")
     overrides = overrides or {}
@@ -296,7 +341,7 @@ def gather(ops: CapturedOps, key: OpKey, weights: WeightSource, overrides: dict[
         raise RerunInputError(_missing_message(key, ops.side, needs, missing, where))
     history = kv_history(ops, key) if key.op == "sdpa" else {}
     weight = weights.get(key.op, key.layer) if key.op in WEIGHT_NAMES else None
-    params = op_params(ops, key, arrays, weight, overrides)
+    params = op_params(ops, key, arrays, weight, overrides, mask_side)
     dtype = next(iter(arrays.values())).dtype
     return OpInputs(key, arrays, history, weight, params, str(dtype).removeprefix("mlx.core."))
 
@@ -335,7 +380,9 @@ def kv_history(ops: CapturedOps, key: OpKey) -> dict[str, mx.array]:
     return {"k": mx.concatenate(ks, axis=1), "v": mx.concatenate(vs, axis=1)}
 
 
-def op_params(ops: CapturedOps, key: OpKey, arrays: dict[str, mx.array], weight: mx.array | None, overrides: dict[str, float]) -> dict[str, Any]:
+def op_params(
+    ops: CapturedOps, key: OpKey, arrays: dict[str, mx.array], weight: mx.array | None, overrides: dict[str, float], mask_side: CapturedOps | None = None
+) -> dict[str, Any]:
     """The scalars an op needs beside its arrays (eps, RoPE base and offset, heads, scale, mask).
 
     `arrays` may be captured inputs or a segment rerun's own intermediate results: only
@@ -357,7 +404,7 @@ def op_params(ops: CapturedOps, key: OpKey, arrays: dict[str, mx.array], weight:
         params["head_dim"] = q.shape[-1]
         params["kv_heads"] = k.shape[0]
         params["scale"] = float(overrides.get("scale", 1.0 / math.sqrt(q.shape[-1])))
-        params["mask"] = _mask_of(ops, key, q.shape[1])
+        params["mask"] = _mask_of(mask_side or ops, key, q.shape[1])
     return params
 
 

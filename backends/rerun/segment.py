@@ -199,7 +199,8 @@ def _cast(arrays: dict[str, mx.array], dtype: mx.Dtype | None) -> dict[str, mx.a
     return arrays if dtype is None else {k: v.astype(dtype) for k, v in arrays.items()}
 
 
-def _metrics(a: np.ndarray, b: np.ndarray, logical: str) -> TensorMetrics:
+def bits_metrics(a: np.ndarray, b: np.ndarray, logical: str) -> TensorMetrics:
+    """The diff engine's metrics of two same-shape bit arrays (a as native, b as oracle)."""
     acc = DiffAccumulator(logical, a.shape, Tolerance(), rows_axis=0 if a.ndim >= 2 else None)
     acc.add(a, b, 0)
     return acc.finish()
@@ -234,6 +235,9 @@ class _Sides:
     ops: dict[str, CapturedOps]
     weights: WeightSource
     source: CapturedOps
+    route: CapturedOps
+    """The side whose route the rerun follows; its attention mask is part of that route."""
+    other_weights: WeightSource
 
 
 def _judge(key: OpKey, sides: _Sides, computed: Computed, reference: np.ndarray, computed_dtype: str, inputs_agree: bool | None) -> OpRerun:
@@ -249,9 +253,9 @@ def _judge(key: OpKey, sides: _Sides, computed: Computed, reference: np.ndarray,
     bits_by_side = {name: sides.ops[name].bits(m) for name, m in captured.items() if m is not None and m.shape == bits.shape}
     n, o = bits_by_side.get("native"), bits_by_side.get("oracle")
     three_way = {
-        "native vs oracle": _metrics(n, o, logical) if n is not None and o is not None else None,
-        "rerun vs native": _metrics(bits, n, logical) if n is not None else None,
-        "rerun vs oracle": _metrics(bits, o, logical) if o is not None else None,
+        "native vs oracle": bits_metrics(n, o, logical) if n is not None and o is not None else None,
+        "rerun vs native": bits_metrics(bits, n, logical) if n is not None else None,
+        "rerun vs oracle": bits_metrics(bits, o, logical) if o is not None else None,
     }
     exact = {name: _distance(b, logical, reference) for name, b in (*bits_by_side.items(), ("rerun", bits))}
     sdpa = computed.sdpa
@@ -272,12 +276,18 @@ def _judge(key: OpKey, sides: _Sides, computed: Computed, reference: np.ndarray,
     )
 
 
+def _with_cache(arrays: dict[str, mx.array], history: dict[str, mx.array]) -> dict[str, mx.array]:
+    """An op's inputs including the KV cache it attends over: inputs agree only if the cache does too."""
+    return {**arrays, **{f"cached {name}": value for name, value in history.items()}}
+
+
 def _other_inputs(sides: _Sides, key: OpKey) -> dict[str, mx.array] | None:
     other = next(c for name, c in sides.ops.items() if c is not sides.source)
     try:
-        return gather(other, key, WeightSource(other, sides.weights.path)).arrays
+        found = gather(other, key, sides.other_weights)
     except RerunInputError:
         return None
+    return _with_cache(found.arrays, found.history)
 
 
 def _segment_start(source: CapturedOps, key: OpKey) -> dict[str, mx.array]:
@@ -291,6 +301,63 @@ def _segment_start(source: CapturedOps, key: OpKey) -> dict[str, mx.array]:
     return {LAYER_INPUT: source.array(mapped)}
 
 
+class RerunSession:
+    """Both captures' records by the comparison's keys, and their weights, found once for many reruns.
+
+    A single rerun builds one and drops it; a diagnosis reruns hundreds of ops of the same pair,
+    so it keeps one: the records are checked against the comparison once, and a weights file
+    (a GGUF is parsed, its quantized blocks decoded) is read once."""
+
+    def __init__(self, native: Capture, oracle: Capture, comparison: Comparison) -> None:
+        native_records, oracle_records = aligned_records(native, oracle, comparison)
+        self.native, self.oracle, self.comparison = native, oracle, comparison
+        self.captured = {
+            "native": CapturedOps.build(native, "native", native_records),
+            "oracle": CapturedOps.build(oracle, "oracle", oracle_records),
+        }
+        # Both captures run one model: a scalar (eps, RoPE base) only one side's provenance names
+        # is the other's too, so a capture recorded without a config can still be rerun.
+        shared = {**self.captured["oracle"].config, **self.captured["native"].config}
+        for side in self.captured.values():
+            side.config = {**shared, **side.config}
+        self._weights: dict[tuple[str, str | None], WeightSource] = {}
+
+    def weights(self, side: str, path: str | None = None) -> WeightSource:
+        """`side`'s weights (from its records, the file it references, or `path`), read once."""
+        found = self._weights.get((side, path))
+        if found is None:
+            found = WeightSource(self.captured[side], None if path is None else Path(path))
+            self._weights[(side, path)] = found
+        return found
+
+    def iter_rerun(self, target: OpKey, options: RerunOptions = RerunOptions()) -> ProgressGenerator[RerunResult]:
+        """One rerun of `target` (see `iter_rerun`)."""
+        device = ops.device_of(options.device)
+        segment_ops = SEGMENTS.get(target.op, (target.op,))
+        route_side = options.route_from or options.source
+        other_side = next(side for side in SIDES if side != options.source)
+        source = self.captured[options.source]
+        sides = _Sides(
+            self.captured, self.weights(options.source, options.weights_path), source, self.captured[route_side],
+            self.weights(other_side, options.weights_path),
+        )
+        routes, route_sources = resolve_routes(self.captured[route_side], target, options)
+        compute_dtype = ops.DTYPES[options.dtype] if options.dtype else None
+        result = RerunResult(
+            target, options, options.device, mx.__version__, routes, route_sources, [],
+            native_path=str(self.native.path), oracle_path=str(self.oracle.path), source_meta=source.capture.meta.as_dict(),
+        )
+        if target.op in SEGMENTS:
+            yield from _run_segment(sides, target, segment_ops, routes, compute_dtype, device, result)
+        else:
+            yield from _run_op(sides, target, routes, compute_dtype, device, result)
+        if device.type == mx.cpu:
+            result.notes.append(CPU_NOTE)
+        if compute_dtype is not None and any(op.computed_dtype != op.dtype for op in result.ops):
+            result.notes.append(f"Computed in {options.dtype}, then rounded to the captured dtype for the bit comparison.")
+        return result
+
+
 def iter_rerun(
     native: Capture, oracle: Capture, comparison: Comparison, target: OpKey, options: RerunOptions = RerunOptions()
 ) -> ProgressGenerator[RerunResult]:
@@ -302,39 +369,15 @@ def iter_rerun(
     Raises RerunInputError (what is missing, which side), ValueError (a bad option) or
     CaptureError (an unreadable tensor) -- each a message for the user, never a crash.
     """
-    device = ops.device_of(options.device)
-    segment_ops = SEGMENTS.get(target.op, (target.op,))
-    total = len(segment_ops) + 1
-    yield Progress(0, total, "finding records by canonical key")
-    native_records, oracle_records = aligned_records(native, oracle, comparison)
-    captured = {
-        "native": CapturedOps.build(native, "native", native_records),
-        "oracle": CapturedOps.build(oracle, "oracle", oracle_records),
-    }
-    source = captured[options.source]
-    weights_path = None if options.weights_path is None else Path(options.weights_path)
-    sides = _Sides(captured, WeightSource(source, weights_path), source)
-    routes, route_sources = resolve_routes(captured[options.route_from or options.source], target, options)
-    compute_dtype = ops.DTYPES[options.dtype] if options.dtype else None
-    result = RerunResult(
-        target, options, options.device, mx.__version__, routes, route_sources, [],
-        native_path=str(native.path), oracle_path=str(oracle.path), source_meta=source.capture.meta.as_dict(),
-    )
-    if target.op in SEGMENTS:
-        yield from _run_segment(sides, target, segment_ops, routes, compute_dtype, device, result)
-    else:
-        yield from _run_op(sides, target, routes, compute_dtype, device, result)
-    if device.type == mx.cpu:
-        result.notes.append(CPU_NOTE)
-    if compute_dtype is not None and any(op.computed_dtype != op.dtype for op in result.ops):
-        result.notes.append(f"Computed in {options.dtype}, then rounded to the captured dtype for the bit comparison.")
-    return result
+    yield Progress(0, len(SEGMENTS.get(target.op, (target.op,))) + 1, "finding records by canonical key")
+    session = RerunSession(native, oracle, comparison)
+    return (yield from session.iter_rerun(target, options))
 
 
 def _run_op(sides: _Sides, key: OpKey, routes: Routes, dtype: mx.Dtype | None, device: mx.Device, result: RerunResult) -> ProgressGenerator[None]:
-    inputs = gather(sides.source, key, sides.weights)
+    inputs = gather(sides.source, key, sides.weights, mask_side=sides.route)
     other = _other_inputs(sides, key)
-    agree = None if other is None else _same_inputs(inputs.arrays, other)
+    agree = None if other is None else _same_inputs(_with_cache(inputs.arrays, inputs.history), other)
     arrays, history = _cast(inputs.arrays, dtype), _cast(inputs.history, dtype)
     weight = None if inputs.weight is None else (inputs.weight.astype(dtype) if dtype is not None else inputs.weight.astype(next(iter(arrays.values())).dtype))
     yield Progress(1, 2, f"rerunning {key.label()}")
@@ -351,16 +394,16 @@ def _run_segment(
     source = sides.source
     chain = _segment_start(source, target)
     other_ops = next(c for c in sides.ops.values() if c is not source)
+    history_key = OpKey(target.step, target.segment, target.layer, "sdpa", 0)
+    history = kv_history(source, history_key)
     try:
         other_start = _segment_start(other_ops, target)
-        agree: bool | None = _same_inputs(chain, other_start)
+        agree: bool | None = _same_inputs(_with_cache(chain, history), _with_cache(other_start, kv_history(other_ops, history_key)))
     except RerunInputError:
         agree = None
     exact = to_f64(chain)
     captured_dtype = chain[LAYER_INPUT].dtype
     chain = _cast(chain, dtype)
-    history_key = OpKey(target.step, target.segment, target.layer, "sdpa", 0)
-    history = kv_history(source, history_key)
     history_f64 = to_f64(history)
     history = _cast(history, dtype)
     total = len(segment_ops) + 1
@@ -369,7 +412,7 @@ def _run_segment(
         yield Progress(number + 1, total, f"rerunning {key.label()}")
         arrays = {name: chain[name] for name in OP_INPUTS[op]}
         weight = sides.weights.get(op, target.layer) if op in WEIGHT_NAMES else None
-        params = op_params(source, key, arrays, weight, {})
+        params = op_params(source, key, arrays, weight, {}, sides.route)
         compute_weight = None if weight is None else weight.astype(dtype if dtype is not None else captured_dtype)
         computed = compute_mlx(op, arrays, history if op == "sdpa" else {}, compute_weight, params, routes, device)
         reference = compute_f64(op, {n: exact[n] for n in OP_INPUTS[op]}, history_f64 if op == "sdpa" else {}, weight_f64(weight), params)

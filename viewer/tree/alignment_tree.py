@@ -43,7 +43,7 @@ from sessions.compare.align import UnalignedRecord
 from sessions.compare.verdict import SEVERITY, Kind
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
-from viewer.theme import icon, status_colour, status_icon
+from viewer.theme import icon, locality_colour, status_colour, status_icon
 
 PAIR_ROLE = Qt.ItemDataRole.UserRole + 1
 UNALIGNED_ROLE = Qt.ItemDataRole.UserRole + 3
@@ -53,8 +53,10 @@ ReasonQuestion = Callable[[str], "str | None"]
 """Given what is about to be done, the user's reason, or None (cancelled)."""
 PartnerChoice = Callable[[UnalignedRecord, list[UnalignedRecord]], "UnalignedRecord | None"]
 """Given an unaligned record and the other side's unaligned records, the chosen one or None."""
-COLUMNS = ("op", "status", "ULP err p99", "differing")
-"""The status column is hidden (icon and colour show it) but the filter box matches its text."""
+COLUMNS = ("op", "status", "ULP err p99", "differing", "cause")
+"""The status column is hidden (icon and colour show it) but the filter box matches its text.
+"cause" is local / inherited / undetermined once a diagnosis has classified the op."""
+CAUSE_COLUMN = 4
 
 
 def ask_reason(parent: QWidget, what: str) -> str | None:
@@ -116,17 +118,19 @@ class AlignmentTree(QWidget):
         header = self.view.header()
         header.setStretchLastSection(False)
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
-        for col, width in ((2, 104), (3, 112)):
+        for col, width in ((2, 104), (3, 112), (CAUSE_COLUMN, 76)):
             header.setSectionResizeMode(col, QHeaderView.ResizeMode.Interactive)
             header.resizeSection(col, width)
         self.view.selectionModel().currentChanged.connect(self._current_changed)
         self.view.setColumnHidden(1, True)
+        self.view.setColumnHidden(CAUSE_COLUMN, True)
         self.view.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.view.customContextMenuRequested.connect(self._show_menu)
         self.view.viewport().installEventFilter(self)
         layout.addWidget(self.view, 1)
         model.comparison_changed.connect(self.rebuild)
         model.selection_changed.connect(self._show_selection)
+        model.diagnosis_changed.connect(self._show_causes)
 
     def _filter_changed(self, text: str) -> None:
         self.proxy.setFilterFixedString(text)
@@ -188,6 +192,29 @@ class AlignmentTree(QWidget):
         self.view.collapseAll()
         for r in range(self.proxy.rowCount()):
             self.view.expand(self.proxy.index(r, 0))
+
+    def _show_causes(self) -> None:
+        """Each diagnosed op's cause in its row: local ops are where a person looks first."""
+        comparison = self._model.comparison
+        self.view.setColumnHidden(CAUSE_COLUMN, not self._model.locality)
+        if comparison is None:
+            return
+        for pair in cv.pairs(comparison):
+            item = self._items.get(id(pair))
+            if item is None:
+                continue
+            parent = item.parent() or self.items.invisibleRootItem()
+            cell = parent.child(item.row(), CAUSE_COLUMN)
+            cause = self._model.locality.get(pair.key, "")
+            cell.setText(cause)
+            cell.setForeground(QBrush(locality_colour(cause)))
+
+    def cause_of(self, pair: Any) -> str:
+        """The cause column's text on a pair's row (tests, keyboard checks)."""
+        item = self._items.get(id(pair))
+        if item is None:
+            return ""
+        return str(self.items.index(item.row(), CAUSE_COLUMN, item.parent().index() if item.parent() else self.items.invisibleRootItem().index()).data() or "")
 
     # -- manual alignment --------------------------------------------------------------------
 
@@ -299,7 +326,7 @@ class AlignmentTree(QWidget):
 
 
 def _row(label: str, status: str | None = None, ulp: str = "", differing: str = "") -> list[QStandardItem]:
-    cells = [QStandardItem(label), QStandardItem(status or ""), QStandardItem(ulp), QStandardItem(differing)]
+    cells = [QStandardItem(label), QStandardItem(status or ""), QStandardItem(ulp), QStandardItem(differing), QStandardItem("")]
     for cell in cells:
         cell.setEditable(False)
     if status is not None:

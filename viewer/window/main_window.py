@@ -40,6 +40,7 @@ from sessions.progress import Progress, ProgressGenerator
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
 from viewer.panels.bookmarks_panel import BookmarksPanel
+from viewer.panels.diagnosis_panel import DiagnosisPanel
 from viewer.panels.dispatch_tabs import DispatchTabs
 from viewer.panels.overview_plot import OverviewPlot
 from viewer.panels.provenance_panel import ProvenancePanel
@@ -68,7 +69,7 @@ from viewer.window.uncaught_errors import show_uncaught_errors_in
 from viewer.window.verdict_strip import VerdictStrip
 from viewer.workers import TaskSlots
 
-TABS = ("Tensor diff", "Overview", "Token parity", "Provenance", "Dispatch timeline", "Rerun", "Worst ops")
+TABS = ("Tensor diff", "Overview", "Token parity", "Provenance", "Dispatch timeline", "Rerun", "Diagnosis", "Worst ops")
 
 GIL_SWITCH_INTERVAL_S = 0.001
 """Painting runs hundreds of short Python callbacks; with a worker thread busy, each one may wait
@@ -162,8 +163,9 @@ class MainWindow(QMainWindow):
         self.provenance = ProvenancePanel(self.model)
         self.dispatch = DispatchTabs(self.model, self.tasks, self.banners, self)
         self.dispatch.open_pair_requested.connect(self.open_beside)
+        self.diagnosis = DiagnosisPanel(self.model)
         self.worst_ops = WorstOpsTable(self.model)
-        panels = (self.tensor_view, self.overview, self.token_table, self.provenance, self.dispatch.timeline, self.dispatch.rerun, self.worst_ops)
+        panels = (self.tensor_view, self.overview, self.token_table, self.provenance, self.dispatch.timeline, self.dispatch.rerun, self.diagnosis, self.worst_ops)
         for name, widget in zip(TABS, panels):
             self.tabs.addTab(widget, name)
         self.stack.addWidget(self.drop_hint)
@@ -700,6 +702,7 @@ class MainWindow(QMainWindow):
             event.ignore()
             return
         self.dispatch.shutdown()
+        self.diagnosis.shutdown()
         self.settings.save_window(QByteArray(self.saveGeometry()), QByteArray(self.saveState()))
         self.settings.sync()
         self.tasks.shutdown()

@@ -1,0 +1,93 @@
+"""`parity-xray diagnose NATIVE ORACLE [--op KEY | --first N | --all]`: say why the runs part.
+
+Classifies the diverged ops as local (computes differently by itself) or inherited (only
+passes on different inputs), names the arithmetic contract each local op ran by reproducing
+its bits with the candidate registry, and with --all measures how much of the final logits'
+error each local op explains (docs/diagnosis.md).
+
+Exit codes: 0 every local op found is reproduced exactly by a candidate (or there is nothing
+to diagnose); 1 a local op has no exact reproduction, or an op could not be classified;
+2 it could not run (a missing file, a bad key), with a one-line reason on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from backends.diagnosis.classify import Locality
+from backends.diagnosis.document import render_html, render_text, to_dict
+from backends.diagnosis.run import DiagnoseOptions, Diagnosis, iter_diagnose
+from backends.rerun.inputs import RerunInputError
+from sessions.capture.opening import open_capture
+from sessions.capture.reader import CaptureError
+from sessions.compare.comparison import CompareOptions
+from sessions.compare.key import OpKey
+from sessions.compare.profiles import ProfileError
+from sessions.compare.result_cache import iter_compare_cached
+from sessions.progress import Progress, ProgressGenerator, run_to_end
+
+EXIT_EXPLAINED, EXIT_UNEXPLAINED, EXIT_UNUSABLE = 0, 1, 2
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("native", help="capture of the engine under test")
+    parser.add_argument("oracle", help="capture of the reference engine")
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument("--op", metavar="KEY", help="diagnose one op, e.g. 0:visual:0:sdpa")
+    scope.add_argument("--first", type=int, metavar="N", help="walk the diverged ops until N local ones are found (default 1)")
+    scope.add_argument("--all", action="store_true", help="classify every diverged op and measure each local op's share of the final logits error")
+    parser.add_argument("--no-budget", action="store_true", help="with --all: skip the replays that share out the final logits error")
+    parser.add_argument("--json", metavar="OUT", help="also write the diagnosis as JSON (docs/diagnosis.md)")
+    parser.add_argument("--html", metavar="OUT", help="also write a self-contained HTML page")
+    parser.add_argument("--verbose", action="store_true", help="list the candidates at every local op, not only the first")
+    parser.add_argument("--native-profile", help="built-in profile name or TOML path (default: detected)")
+    parser.add_argument("--oracle-profile", help="built-in profile name or TOML path (default: detected)")
+
+
+def options_from(args: argparse.Namespace) -> DiagnoseOptions:
+    if args.op:
+        return DiagnoseOptions(mode="op", key=OpKey.parse(args.op))
+    if args.all:
+        return DiagnoseOptions(mode="all", budget=not args.no_budget)
+    return DiagnoseOptions(mode="first", first=args.first or 1)
+
+
+def exit_code(diagnosis: Diagnosis) -> int:
+    unexplained = any(op.native_ran is None for op in diagnosis.local_chain)
+    undetermined = any(op.classification.locality == Locality.UNDETERMINED for op in diagnosis.ops)
+    return EXIT_UNEXPLAINED if unexplained or undetermined else EXIT_EXPLAINED
+
+
+def _with_progress(work: ProgressGenerator[Diagnosis]) -> Diagnosis:
+    """Drive the diagnosis, telling a person on a terminal what it is doing (stderr, one line)."""
+    live = sys.stderr.isatty()
+    while True:
+        try:
+            step = next(work)
+        except StopIteration as done:
+            if live:
+                print(" " * 79, end="\r", file=sys.stderr)
+            return done.value  # type: ignore[no-any-return]
+        if live and isinstance(step, Progress):
+            print(f"[{step.done}/{step.total}] {step.label}"[:79].ljust(79), end="\r", file=sys.stderr)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        options = options_from(args)
+        compare = CompareOptions(native_profile=args.native_profile, oracle_profile=args.oracle_profile)
+        with open_capture(args.native) as native, open_capture(args.oracle) as oracle:
+            comparison = run_to_end(iter_compare_cached(native, oracle, compare))
+            diagnosis = _with_progress(iter_diagnose(native, oracle, comparison, options))
+    except (RerunInputError, CaptureError, ProfileError, ValueError, OSError) as exc:
+        print(f"parity-xray diagnose: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    print(render_text(diagnosis, verbose=args.verbose))
+    if args.json:
+        Path(args.json).write_text(json.dumps(to_dict(diagnosis), indent=1, allow_nan=False), encoding="utf-8")
+    if args.html:
+        Path(args.html).write_text(render_html(diagnosis), encoding="utf-8")
+    return exit_code(diagnosis)

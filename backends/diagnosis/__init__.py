@@ -1,0 +1,1 @@
+"""Diagnosis: which ops compute differently by themselves, and which arithmetic contract each one ran."""

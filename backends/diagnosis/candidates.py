@@ -1,0 +1,224 @@
+"""Candidate arithmetic contracts: what one looks like, what it reads, and how its bits are judged.
+
+A local op computes differently from the oracle on the same inputs; the question is how. A
+candidate is one concrete answer -- "ggml's RMSNorm: squares summed in double, 1/sqrtf" -- as a
+small function that computes the op that way from captured inputs. Run on the native's own
+inputs, a candidate that gives the native's bits exactly names the contract the native ran;
+compared with the oracle's route on the same inputs, it names the oracle's. The registry
+(`backends.diagnosis.registry`) is data: adding a contract is one entry there and one test.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from backends.rerun import ops as rerun_ops
+from backends.rerun.inputs import (
+    OP_INPUTS,
+    CapturedOps,
+    RerunInputError,
+    StoredWeight,
+    bits_to_mx,
+    gather,
+    mx_to_bits,
+)
+from backends.rerun.segment import RerunSession, bits_metrics
+from sessions.compare.key import OpKey
+from sessions.compare.tensor_diff import TensorMetrics
+
+
+@dataclass(frozen=True)
+class ErrorFigure:
+    """How far one tensor is from another, in the terms a bit-level investigation uses."""
+
+    differing: int
+    size: int
+    max_ulp: int | None
+    nmse: float
+    signed_zero_only: bool
+    """Every differing element is a +0/-0 swap."""
+
+    @property
+    def bit_exact(self) -> bool:
+        return self.differing == 0
+
+    @classmethod
+    def of(cls, metrics: TensorMetrics) -> ErrorFigure:
+        swaps = metrics.differing > 0 and metrics.signed_zero_only == metrics.differing
+        return cls(metrics.differing, metrics.size, metrics.max_ulp, float(metrics.nmse), swaps)
+
+    def text(self) -> str:
+        return self._words(short=False)
+
+    def short(self) -> str:
+        """The same in a table cell's width."""
+        return self._words(short=True)
+
+    def _words(self, short: bool) -> str:
+        if self.bit_exact:
+            return "bit-exact"
+        count = f"{self.differing:,}" if short else f"{self.differing:,} of {self.size:,}"
+        if self.signed_zero_only:
+            return f"{count} ±0 swaps" if short else f"{count} differ, all +0/-0 swaps"
+        ulp = "" if self.max_ulp is None else f"{' ·' if short else ','} max {self.max_ulp:,} ULP"
+        return f"{count} differ{ulp}" + ("" if short else f", NMSE {self.nmse:.3g}")
+
+    def closeness(self) -> tuple[int, int, float]:
+        """Ranking key, smaller is closer: fewest differing elements, then smallest max ULP, then NMSE."""
+        return self.differing, self.max_ulp if self.max_ulp is not None else 1 << 62, self.nmse
+
+
+def compare_bits(a: np.ndarray, b: np.ndarray, logical: str) -> ErrorFigure:
+    return ErrorFigure.of(bits_metrics(a, b, logical))
+
+
+@dataclass
+class CandidateInputs:
+    """What a candidate computes from: one side's captured inputs of one op, in canonical layout."""
+
+    key: OpKey
+    side: str
+    """Whose captured inputs these are."""
+    arrays: dict[str, mx.array]
+    history: dict[str, mx.array]
+    """SDPA's KV cache from earlier forward calls: "k" and "v", [kv_heads, rows, dim]."""
+    weight: mx.array | None
+    stored: StoredWeight | None
+    """The weight as its GGUF file stores it (quantized blocks), where it comes from one."""
+    params: dict[str, Any]
+    dtype: str
+    """The logical dtype of the op's captured output: a candidate's result is rounded to it."""
+    kv_cells: int | None
+    """KV cells the native engine's attention call covered (its dispatch events): a padded cache."""
+    route_output: np.ndarray | None
+    """The op computed on the oracle's route from these inputs (bits, canonical layout)."""
+
+    def values(self, name: str) -> np.ndarray:
+        """One input as float32 numpy (exact for bf16, f16 and f32)."""
+        return np.array(self.arrays[name].astype(mx.float32))
+
+    def weight_values(self) -> np.ndarray:
+        assert self.weight is not None
+        return np.array(self.weight.astype(mx.float32))
+
+    def first(self) -> str:
+        return OP_INPUTS[self.key.op][0]
+
+    def compute_dtype(self) -> mx.Dtype:
+        return next(iter(self.arrays.values())).dtype
+
+
+CandidateOutput = mx.array | np.ndarray
+"""A candidate returns MLX or float numpy output in canonical layout; it is rounded to the captured dtype."""
+
+
+def _always(_: CandidateInputs) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    id: str
+    ops: frozenset[str]
+    description: str
+    """One line: the arithmetic, in order, with its rounding boundaries."""
+    source: str
+    """Which engine does this, and where in its code."""
+    run: Callable[[CandidateInputs], CandidateOutput]
+    unavailable: Callable[[CandidateInputs], str | None] = _always
+    """Why this candidate cannot run on these inputs, or None when it can."""
+
+
+@dataclass
+class CandidateResult:
+    id: str
+    description: str
+    source: str
+    vs_native: ErrorFigure | None = None
+    """Against the native's captured output; None when the candidate did not run."""
+    vs_oracle_route: ErrorFigure | None = None
+    """Against the oracle's route on the same inputs."""
+    skipped: str | None = None
+    seconds: float = 0.0
+    bits: np.ndarray | None = field(default=None, repr=False)
+
+
+def output_bits(output: CandidateOutput, logical: str) -> np.ndarray:
+    """A candidate's output rounded once to the captured dtype, as stored bits."""
+    array = output if isinstance(output, mx.array) else mx.array(np.asarray(output, dtype=np.float32))
+    if logical in rerun_ops.DTYPES:
+        array = array.astype(rerun_ops.DTYPES[logical])
+    mx.eval(array)
+    return mx_to_bits(array)[0]
+
+
+def run_candidate(candidate: Candidate, inputs: CandidateInputs, native_bits: np.ndarray | None) -> CandidateResult:
+    """Run one candidate and judge its bits against the native's and the oracle route's."""
+    result = CandidateResult(candidate.id, candidate.description, candidate.source)
+    why_not = candidate.unavailable(inputs)
+    if why_not is not None:
+        result.skipped = why_not
+        return result
+    start = time.perf_counter()
+    try:
+        bits = output_bits(candidate.run(inputs), inputs.dtype)
+    except (RerunInputError, rerun_ops.RerunOpError, ValueError) as exc:
+        result.skipped = str(exc)
+        return result
+    result.seconds = time.perf_counter() - start
+    result.bits = bits
+    if native_bits is not None and native_bits.shape == bits.shape:
+        result.vs_native = compare_bits(bits, native_bits, inputs.dtype)
+    if inputs.route_output is not None and inputs.route_output.shape == bits.shape:
+        result.vs_oracle_route = compare_bits(bits, inputs.route_output, inputs.dtype)
+    return result
+
+
+def _kv_cells(native: CapturedOps, key: OpKey) -> int | None:
+    mapped = native.find(key.step, key.segment, key.layer, "sdpa")
+    if mapped is None:
+        return None
+    events = native.dispatch_events(mapped.record.seq)
+    return int(max(events["kv_len"].tolist())) if len(events) else None
+
+
+def candidate_inputs(session: RerunSession, side: str, key: OpKey, route_output: np.ndarray | None) -> CandidateInputs:
+    """`side`'s captured inputs of the op at `key`, with the weights the native engine ran on.
+
+    Weights come from the native side first (its GGUF keeps the quantized blocks a ggml
+    candidate needs), then the oracle's; the attention mask is the oracle's, the one kind a
+    capture can name completely (causal or none). RerunInputError says what is missing."""
+    ops = session.captured[side]
+    oracle = session.captured["oracle"]
+    failures: list[str] = []
+    for weights_side in ("native", "oracle"):
+        weights = session.weights(weights_side)
+        try:
+            gathered = gather(ops, key, weights, mask_side=oracle)
+        except RerunInputError as exc:
+            failures.append(str(exc))
+            continue
+        stored = weights.stored(key.op, key.layer) if gathered.weight is not None else None
+        native_record = session.captured["native"].find(key.step, key.segment, key.layer, key.op)
+        dtype = native_record.record.dtype if native_record is not None else gathered.dtype
+        return CandidateInputs(
+            key, side, gathered.arrays, gathered.history, gathered.weight, stored, gathered.params, dtype,
+            _kv_cells(session.captured["native"], key), route_output,
+        )
+    raise RerunInputError(failures[-1])
+
+
+def record_bits(ops: CapturedOps, key: OpKey) -> np.ndarray | None:
+    mapped = ops.find(key.step, key.segment, key.layer, key.op)
+    return None if mapped is None else ops.bits(mapped)
+
+
+def bits_array(bits: np.ndarray, logical: str) -> mx.array:
+    """Stored bits back as an MLX array (the oracle route's output, to take a copy of it)."""
+    return bits_to_mx(bits, logical)

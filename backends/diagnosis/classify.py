@@ -1,0 +1,120 @@
+"""Local or inherited: did this op compute differently, or only receive different inputs?
+
+Once the runs part, nearly every later op differs, and most of them do nothing wrong: they pass
+on what they were given. The test is a rerun: compute the op on the oracle's route from the
+native's own captured inputs. If that gives the native's bits, the op did exactly what the
+oracle would have done with those inputs -- its error is inherited. If not, the op itself
+computes differently -- it is local, and "native vs oracle's route on the native's inputs" is
+its local error, beside the total.
+
+The verdict holds only if the rerun is faithful to the oracle, so that is checked: on the
+oracle's own inputs its route must give the oracle's own bits. When it does not, the op is
+left undetermined, with the reason, rather than guessed at.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+
+from backends.diagnosis.candidates import ErrorFigure, compare_bits, record_bits
+from backends.rerun.inputs import OP_INPUTS, RerunInputError
+from backends.rerun.ops import RerunOpError
+from backends.rerun.segment import OpRerun, RerunOptions, RerunSession
+from sessions.compare.comparison import PairResult
+from sessions.compare.key import OpKey
+from sessions.progress import run_to_end
+
+NATIVE_ON_ORACLE_ROUTE = RerunOptions(source="native", route_from="oracle")
+ORACLE_ON_ITS_ROUTE = RerunOptions(source="oracle", route_from="oracle")
+
+
+class Locality(StrEnum):
+    LOCAL = "local"
+    INHERITED = "inherited"
+    UNDETERMINED = "undetermined"
+
+
+@dataclass
+class Classification:
+    key: OpKey
+    kind: str
+    """The pair's kind under the verdict model (diverged, contract-mismatch, signed-zero-only, ...)."""
+    locality: Locality
+    why: str
+    """One sentence: what the rerun showed."""
+    total: ErrorFigure
+    """Native vs oracle, as captured."""
+    local: ErrorFigure | None = None
+    """Native vs the oracle's route on the native's inputs (the reference, as the oracle is in
+    `total`): the part of the error this op adds."""
+    inputs_agree: bool | None = None
+    oracle_route: list[str] = field(default_factory=list)
+    """The route the rerun followed and where each choice came from."""
+    closer_to_exact: str = "unknown"
+    """On the native's inputs, against float64: 'native', "oracle's route", 'tie' or 'unknown'."""
+    rmse_from_exact: dict[str, float] = field(default_factory=dict)
+    route_bits: np.ndarray | None = field(default=None, repr=False)
+    """The oracle's route on the native's inputs (canonical layout): the candidates' second yardstick."""
+
+
+def _closer(op: OpRerun) -> tuple[str, dict[str, float]]:
+    native, route = op.exact.get("native"), op.exact.get("rerun")
+    if native is None or route is None:
+        return "unknown", {}
+    rmse = {"native": native.rmse, "oracle's route": route.rmse}
+    if native.rmse == route.rmse:
+        return "tie", rmse
+    return ("native" if native.rmse < route.rmse else "oracle's route"), rmse
+
+
+def _route_check(session: RerunSession, key: OpKey, op: OpRerun) -> tuple[bool, str]:
+    """Whether the oracle's route, rerun on the oracle's own inputs, gives the oracle's bits."""
+    vs_oracle = op.three_way["rerun vs oracle"]
+    if op.inputs_agree and vs_oracle is not None:
+        return vs_oracle.bit_exact, f"{vs_oracle.differing:,} elements differ"
+    check = run_to_end(session.iter_rerun(key, ORACLE_ON_ITS_ROUTE))
+    own = check.ops[0].three_way["rerun vs oracle"]
+    if own is None:
+        return False, "the oracle capture has no record to check against"
+    return own.bit_exact, f"{own.differing:,} elements differ"
+
+
+def classify(session: RerunSession, pair: PairResult) -> Classification:
+    """Local, inherited or undetermined, for one aligned pair whose bits differ."""
+    key = pair.key
+    found = Classification(key, str(pair.verdict), Locality.UNDETERMINED, "", ErrorFigure.of(pair.metrics))
+    if key.op not in OP_INPUTS:
+        found.why = f"{key.op} cannot be rerun (its input is token ids, not a captured tensor), so its error cannot be split"
+        return found
+    try:
+        result = run_to_end(session.iter_rerun(key, NATIVE_ON_ORACLE_ROUTE))
+        (op,) = result.ops
+        found.oracle_route = result.route_sources
+        found.inputs_agree = op.inputs_agree
+        route_ok, route_detail = _route_check(session, key, op)
+    except (RerunInputError, RerunOpError, ValueError) as exc:
+        found.why = f"cannot be rerun on the oracle's route from the native's inputs: {exc}"
+        return found
+    found.route_bits = op.bits
+    found.closer_to_exact, found.rmse_from_exact = _closer(op)
+    native_bits = record_bits(session.captured["native"], key)
+    if native_bits is None or native_bits.shape != op.bits.shape:
+        found.why = "the rerun's output has no native record of its shape to compare with"
+        return found
+    found.local = compare_bits(native_bits, op.bits, op.dtype)
+    if not route_ok:
+        found.why = (
+            f"the oracle's route does not reproduce the oracle's own bits from its own inputs ({route_detail}), so the rerun "
+            f"cannot say what the oracle would have done with the native's inputs"
+        )
+    elif found.local.bit_exact:
+        found.locality = Locality.INHERITED
+        found.why = "the oracle's route on the native's inputs gives the native's bits: the difference was already in the inputs"
+    else:
+        found.locality = Locality.LOCAL
+        agree = " from the same inputs" if op.inputs_agree else " on the native's inputs"
+        found.why = f"the oracle's route{agree} differs from the native ({found.local.text()}): this op computes differently"
+    return found

@@ -1,0 +1,348 @@
+"""`iter_diagnose`: say why the runs part, not only where.
+
+For the diverged ops it is asked about (one op, the first N local ones, or all), it classifies
+each as local or inherited (backends.diagnosis.classify), tries the registry's candidate
+contracts at each local op on the native's own inputs (backends.diagnosis.registry), and, for
+a whole run, measures how much of the final logits' error each local op explains
+(backends.diagnosis.budget). The result leads with one sentence that every surface -- the
+CLI, the JSON, the HTML page, the viewer's panel -- shows first.
+
+A plain generator: it yields Progress per op and returns the Diagnosis; closing it cancels.
+Candidates run only at local ops; inherited ops cost one rerun each.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+from backends.diagnosis.budget import (
+    Budget,
+    BudgetRow,
+    Injection,
+    NotMeasurable,
+    Replay,
+    baseline,
+    final_logits_pair,
+    measure,
+    squared_error,
+)
+from backends.diagnosis.candidates import (
+    CandidateInputs,
+    CandidateResult,
+    ErrorFigure,
+    bits_array,
+    candidate_inputs,
+    output_bits,
+    record_bits,
+    run_candidate,
+)
+from backends.diagnosis.classify import Classification, Locality, classify
+from backends.diagnosis.registry import REGISTRY, candidates_for
+from backends.rerun.inputs import RerunInputError
+from backends.rerun.ops import RerunOpError
+from backends.rerun.segment import RerunSession
+from sessions.capture.reader import Capture
+from sessions.compare.comparison import Comparison, PairResult
+from sessions.compare.key import OpKey
+from sessions.compare.verdict import Kind
+from sessions.progress import Progress, ProgressGenerator
+
+MODES = ("op", "first", "all")
+
+
+@dataclass(frozen=True)
+class DiagnoseOptions:
+    mode: str = "first"
+    """'op' (one key), 'first' (walk diverged ops until `first` local ones are found) or 'all'."""
+    key: OpKey | None = None
+    first: int = 1
+    budget: bool = True
+    """With mode 'all': replay each local op to the final logits."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
+        if self.mode == "op" and self.key is None:
+            raise ValueError("mode 'op' needs a key")
+        if self.first < 1:
+            raise ValueError(f"--first needs at least 1 local op, not {self.first}")
+
+
+@dataclass
+class OpDiagnosis:
+    classification: Classification
+    candidates: list[CandidateResult] = field(default_factory=list)
+    native_ran: str | None = None
+    """The candidate that reproduces the native's bits exactly (the declared contract's, when several do)."""
+    also_exact: list[str] = field(default_factory=list)
+    closest: str | None = None
+    """With no exact reproduction: the candidate closest to the native's bits."""
+    oracle_ran: str | None = None
+    """The candidate that reproduces the oracle's route on the same inputs."""
+    native_declared: str = ""
+    oracle_declared: str = ""
+
+    @property
+    def key(self) -> OpKey:
+        return self.classification.key
+
+    def result(self, candidate_id: str) -> CandidateResult:
+        return next(c for c in self.candidates if c.id == candidate_id)
+
+
+@dataclass
+class DispatchNote:
+    """A dispatch-only op: identical bits here, different calls; which candidates give those bits."""
+
+    key: OpKey
+    native_summary: str
+    oracle_summary: str
+    reproducing: list[str]
+
+
+@dataclass
+class Diagnosis:
+    native_path: str
+    oracle_path: str
+    mode: str
+    verdict: str
+    """The sentence every surface leads with."""
+    comparison_word: str
+    ops: list[OpDiagnosis] = field(default_factory=list)
+    """Classified ops in execution order."""
+    dispatch: list[DispatchNote] = field(default_factory=list)
+    budget: Budget | None = None
+    notes: list[str] = field(default_factory=list)
+    device: str = "cpu"
+    mlx_version: str = mx.__version__
+    seconds: float = 0.0
+
+    @property
+    def local_chain(self) -> list[OpDiagnosis]:
+        return [op for op in self.ops if op.classification.locality == Locality.LOCAL]
+
+    def contracts(self) -> dict[str, int]:
+        """How many local ops each reproducing contract explains, most first; unexplained ops under ''."""
+        counts = Counter(op.native_ran or "" for op in self.local_chain)
+        return dict(counts.most_common())
+
+    def locality(self) -> dict[OpKey, str]:
+        """Each classified op's word (local / inherited / undetermined), for the tree's column."""
+        return {op.key: str(op.classification.locality) for op in self.ops}
+
+
+def _declared(session: RerunSession, side: str, key: OpKey) -> str:
+    mapped = session.captured[side].find(key.step, key.segment, key.layer, key.op)
+    return "" if mapped is None else mapped.record.effective_contract_id or ""
+
+
+def _preferred(ids: list[str], declared: str) -> str | None:
+    """The declared contract when it is among `ids`, else the first in registry order."""
+    return declared if declared in ids else (ids[0] if ids else None)
+
+
+def _search(session: RerunSession, found: Classification) -> OpDiagnosis:
+    """Every candidate for the op, on the native's own inputs, judged against both yardsticks."""
+    key = found.key
+    result = OpDiagnosis(found, native_declared=_declared(session, "native", key), oracle_declared=_declared(session, "oracle", key))
+    try:
+        inputs = candidate_inputs(session, "native", key, found.route_bits)
+    except RerunInputError as exc:
+        session_note = f"candidates could not read the native's inputs: {exc}"
+        result.candidates = [CandidateResult(c.id, c.description, c.source, skipped=session_note) for c in candidates_for(key.op)]
+        return result
+    native_bits = record_bits(session.captured["native"], key)
+    result.candidates = [run_candidate(c, inputs, native_bits) for c in candidates_for(key.op)]
+    ran = [c for c in result.candidates if c.vs_native is not None]
+    exact = [c.id for c in ran if c.vs_native is not None and c.vs_native.bit_exact]
+    result.native_ran = _preferred(exact, result.native_declared)
+    result.also_exact = [i for i in exact if i != result.native_ran]
+    if result.native_ran is None and ran:
+        result.closest = min(ran, key=lambda c: c.vs_native.closeness()).id  # type: ignore[union-attr]
+    oracle_exact = [c.id for c in ran if c.vs_oracle_route is not None and c.vs_oracle_route.bit_exact]
+    result.oracle_ran = _preferred(oracle_exact, result.oracle_declared)
+    return result
+
+
+def _dispatch_note(session: RerunSession, comparison: Comparison, pair: PairResult) -> DispatchNote:
+    difference = next((d for d in comparison.dispatch_differences if d.key == pair.key), None)
+    reproducing: list[str] = []
+    try:
+        inputs = candidate_inputs(session, "native", pair.key, record_bits(session.captured["oracle"], pair.key))
+    except RerunInputError:
+        inputs = None
+    if inputs is not None:
+        native_bits = record_bits(session.captured["native"], pair.key)
+        for candidate in candidates_for(pair.key.op):
+            if candidate.id.startswith("attn.mlx_sdpa"):
+                judged = run_candidate(candidate, inputs, native_bits)
+                if judged.vs_native is not None and judged.vs_native.bit_exact:
+                    reproducing.append(candidate.id)
+    return DispatchNote(
+        pair.key, difference.native_summary if difference else "", difference.oracle_summary if difference else "", reproducing
+    )
+
+
+def _targets(comparison: Comparison, options: DiagnoseOptions) -> list[PairResult]:
+    differing = [p for p in comparison.pairs if not p.post_eos and not p.metrics.bit_exact]
+    if options.mode == "op":
+        assert options.key is not None
+        pair = next((p for p in comparison.pairs if p.key == options.key), None)
+        if pair is None:
+            raise ValueError(f"{options.key} is not an aligned op of this comparison")
+        return [pair] if not pair.metrics.bit_exact else []
+    return differing
+
+
+def iter_diagnose(native: Capture, oracle: Capture, comparison: Comparison, options: DiagnoseOptions = DiagnoseOptions()) -> ProgressGenerator[Diagnosis]:
+    """Diagnose the pair's differences; yields Progress per op classified, returns the Diagnosis.
+
+    Raises ValueError for a bad option or a key the comparison does not hold; CaptureError when
+    a capture changed since it was compared. What cannot be rerun is reported per op, never raised."""
+    started = time.perf_counter()
+    targets = _targets(comparison, options)
+    yield Progress(0, max(1, len(targets)), "finding records by canonical key")
+    session = RerunSession(native, oracle, comparison)
+    diagnosis = Diagnosis(str(native.path), str(oracle.path), options.mode, "", comparison.verdict.word)
+    locals_found = 0
+    for number, pair in enumerate(targets):
+        yield Progress(number, len(targets), f"classifying {pair.key.text()}")
+        found = classify(session, pair)
+        op = _search(session, found) if found.locality == Locality.LOCAL else OpDiagnosis(found)
+        diagnosis.ops.append(op)
+        locals_found += found.locality == Locality.LOCAL
+        if options.mode == "first" and locals_found >= options.first:
+            break
+    dispatch_only = [p for p in comparison.pairs if p.verdict == Kind.DISPATCH_ONLY and not p.post_eos]
+    if dispatch_only and (not targets or options.mode == "all") and options.mode != "op":
+        yield Progress(len(targets), len(targets) + 1, f"checking the dispatch-only {dispatch_only[0].key.text()}")
+        diagnosis.dispatch.append(_dispatch_note(session, comparison, dispatch_only[0]))
+    if options.mode == "all" and options.budget and diagnosis.local_chain:
+        diagnosis.budget = yield from _iter_budget(session, comparison, diagnosis)
+    diagnosis.verdict = verdict_sentence(diagnosis, len(targets), len(dispatch_only))
+    if options.mode == "first" and len(diagnosis.ops) < len(targets):
+        diagnosis.notes.append(f"Stopped after {locals_found} local op(s); {len(targets) - len(diagnosis.ops)} later diverged op(s) were not classified (--all classifies every one).")
+    diagnosis.seconds = time.perf_counter() - started
+    return diagnosis
+
+
+# -- the budget ------------------------------------------------------------------------------
+
+
+def _injection(session: RerunSession, op: OpDiagnosis) -> Injection:
+    """The op's result as the native computes it from the oracle's inputs (see budget's docstring)."""
+    key, found = op.key, op.classification
+    native_bits = record_bits(session.captured["native"], key)
+    assert native_bits is not None
+    logical = session.captured["native"].find(key.step, key.segment, key.layer, key.op).record.dtype  # type: ignore[union-attr]
+    if found.inputs_agree:
+        return Injection(key, bits_array(native_bits, logical), "the native's record (its inputs equal the oracle's)")
+    if op.native_ran is not None:
+        candidate = next(c for c in REGISTRY if c.id == op.native_ran)
+        inputs: CandidateInputs = candidate_inputs(session, "oracle", key, record_bits(session.captured["oracle"], key))
+        bits = output_bits(candidate.run(inputs), inputs.dtype)
+        return Injection(key, bits_array(bits, inputs.dtype), f"{op.native_ran} on the oracle's inputs")
+    return Injection(key, bits_array(native_bits, logical), "the native's record: no candidate reproduces this op, so this carries upstream error too")
+
+
+def _iter_budget(session: RerunSession, comparison: Comparison, diagnosis: Diagnosis) -> ProgressGenerator[Budget]:
+    final = final_logits_pair(comparison)
+    if final is None:
+        return Budget(None, None, notes=["No logits pair before the shared EOS: there is no final error to share out."])
+    budget = Budget(final.key, ErrorFigure.of(final.metrics))
+    replay = Replay(session, final.key)
+    oracle_final = record_bits(session.captured["oracle"], final.key)
+    native_final = record_bits(session.captured["native"], final.key)
+    assert oracle_final is not None and native_final is not None
+    logical = final.metrics.dtype
+    chain = diagnosis.local_chain
+    try:
+        reference, budget.baseline_exact = baseline(replay, chain[0].key, oracle_final, logical)
+    except (NotMeasurable, RerunInputError, RerunOpError) as exc:
+        budget.notes.append(f"The run cannot be replayed from {chain[0].key}: {exc}")
+        return budget
+    if not budget.baseline_exact:
+        budget.notes.append("The replay without any change does not give the oracle's final logits bit for bit; shares are measured against the replay's own baseline.")
+    total_error = squared_error(native_final, oracle_final, logical)
+    for number, op in enumerate(chain):
+        yield Progress(number, len(chain), f"replaying from {op.key.text()} to the final logits")
+        try:
+            injection = _injection(session, op)
+        except (RerunInputError, RerunOpError, ValueError) as exc:
+            budget.rows.append(BudgetRow(op.key, op.classification.local, not_measured=f"its injection could not be computed: {exc}"))
+            continue
+        budget.rows.append(measure(replay, injection, op.classification.local, reference, total_error, logical))
+    return budget
+
+
+# -- the sentence ----------------------------------------------------------------------------
+
+
+def _contract_clause(op: OpDiagnosis) -> str:
+    if op.native_ran is not None:
+        return f"the native ran `{op.native_ran}` (bit-exact reproduction)"
+    if op.closest is not None:
+        closest = op.result(op.closest).vs_native
+        assert closest is not None
+        return f"no candidate reproduces the native's bits exactly; the closest is `{op.closest}` ({closest.text()})"
+    return "no candidate could run on its inputs"
+
+
+def _oracle_clause(op: OpDiagnosis) -> str:
+    declared = f" (declared `{op.oracle_declared}`)" if op.oracle_declared and op.oracle_declared != op.oracle_ran else ""
+    if op.oracle_ran is not None:
+        return f"the oracle's contract on these inputs is `{op.oracle_ran}`{declared}"
+    route = "; ".join(op.classification.oracle_route)
+    return f"no candidate reproduces the oracle's route ({route})"
+
+
+def _exact_clause(found: Classification) -> str:
+    if found.closer_to_exact in ("native", "oracle's route"):
+        return f" Against the float64 reference the {found.closer_to_exact} is closer to exact."
+    return " Against the float64 reference both are equally close." if found.closer_to_exact == "tie" else ""
+
+
+def verdict_sentence(diagnosis: Diagnosis, diverged: int, dispatch_only: int) -> str:
+    """The one sentence every surface leads with."""
+    chain = diagnosis.local_chain
+    if chain:
+        first = chain[0]
+        sentence = f"{first.key} is local: {_contract_clause(first)}; {_oracle_clause(first)}"
+        later = diagnosis.ops[diagnosis.ops.index(first) + 1 :]
+        inherited = sum(op.classification.locality == Locality.INHERITED for op in later)
+        more = chain[1:]
+        if more:
+            same = all(op.native_ran == first.native_ran for op in more) and first.native_ran is not None
+            explained = sum(op.native_ran is not None for op in more)
+            if same:
+                sentence += f"; {len(more)} more local op(s) with the same contract"
+            else:
+                sentence += f"; {len(more)} more local op(s), {'all' if explained == len(more) else explained} reproduced exactly by a candidate"
+        if inherited:
+            sentence += f"; {inherited} later op(s) are inherited"
+        earlier = [op for op in diagnosis.ops[: diagnosis.ops.index(first)] if op.classification.locality == Locality.UNDETERMINED]
+        if earlier:
+            sentence += f"; {len(earlier)} earlier diverged op(s) could not be classified, first {earlier[0].key}, so the cause may lie before it"
+        return sentence + "." + _exact_clause(first.classification)
+    if diagnosis.ops:
+        words = sorted({str(op.classification.locality) for op in diagnosis.ops})
+        if words == ["inherited"]:
+            return f"All {len(diagnosis.ops)} diagnosed op(s) are inherited: each did what the oracle's route does with its inputs."
+        first_open = next(op for op in diagnosis.ops if op.classification.locality == Locality.UNDETERMINED)
+        return f"{first_open.key} is undetermined: {first_open.classification.why}."
+    if diagnosis.dispatch:
+        note = diagnosis.dispatch[0]
+        both = " and ".join(f"`{c}`" for c in note.reproducing) or "no MLX SDPA candidate"
+        return (
+            f"Nothing computes differently on this CPU: {dispatch_only} op(s) are dispatch-only, first {note.key}, with identical bits. "
+            f"The native ran {note.native_summary}; the oracle ran {note.oracle_summary}. Here {both} give the same bits "
+            f"(MLX runs every SDPA call as its decomposed fallback on a CPU); on Metal the calls would take different kernels, "
+            f"which this CPU cannot measure."
+        )
+    if diverged == 0 and diagnosis.mode == "op":
+        return "That op is bit-exact: nothing to diagnose there."
+    return f"Nothing to diagnose: no aligned op before the shared EOS differs ({diagnosis.comparison_word})."

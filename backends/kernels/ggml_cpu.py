@@ -1,0 +1,300 @@
+"""ggml's CPU arithmetic (x86 AVX2 + FMA + F16C build, llamafile on), repeated in numpy to the bit.
+
+Diagnosis asks "which contract did llama.cpp run here?"; the only convincing answer is a
+computation that gives llama.cpp's exact bits from the same inputs. Each function below follows
+one ggml kernel's order of operations and rounding boundaries, written from the source
+(ggml-org/llama.cpp, ggml/src/ggml-cpu/) and checked against real llama.cpp captures
+(tests/test_diagnosis_candidates.py):
+
+- RMSNorm: `ggml_compute_forward_rms_norm_f32` (ops.cpp): squares in float, summed in
+  `ggml_float` (double) left to right, `scale = 1.0f/sqrtf(mean + eps)`, `x * scale`; the
+  weight is a separate `ggml_mul`.
+- mul_mat: `ggml_compute_forward_mul_mat` converts the activations to the weight type's
+  `vec_dot_type` first (F32 stays, F16 -> F16, Q8_0/Q4_0 -> Q8_0 blocks, K-quants -> Q8_K
+  blocks); with two or more activation rows `llamafile_sgemm` (tinyBLAS, sgemm.cpp) runs --
+  8 FMA lanes per output over k, then `hsum` -- and with one row (`n < 2`: "only enable
+  sgemm for prompt processing") `ggml_vec_dot_f32` -- 4 x 8 FMA lanes, GGML_F32x8_REDUCE.
+- Q8_0: `quantize_row_q8_0` (arch/x86/quants.c): `d = max/127`, values times `127/max`,
+  rounded to nearest even; the dot is integer per 4 bytes, scaled by the two block scales'
+  float product and FMA-accumulated in 8 lanes (tinyBLAS_Q0_AVX and ggml_vec_dot_q8_0_q8_0
+  agree).
+- SwiGLU: `ggml_vec_swiglu_f32` (vec.cpp): `x / (1 + ggml_v_expf(-x)) * g` in 8-lane blocks
+  with ggml's own polynomial exp (vec.h), `expf` for the tail.
+- RoPE: `ggml_rope_cache_init` (theta *= powf(base, -2/n_dims) per pair, `cosf`/`sinf`) and
+  `rotate_pairs`, whose `x0*cos - x1*sin` GCC contracts into an FMA.
+- Attention without flash attention: `kq = mul_mat(k, q)` (q is a permuted view, not contiguous,
+  so llamafile is skipped and every row takes vec_dot), `ggml_compute_forward_soft_max_f32`
+  (scale, additive mask, max, `ggml_vec_soft_max_f32`, `1.0/sum`), `kqv = mul_mat(v^T, kq)`,
+  over the KV cache padded to the length llama.cpp allocated.
+
+Inputs are float32 numpy arrays (widened from whatever dtype was captured); outputs are float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from backends.kernels.f32_ops import fma, hadd8, hsum8, libm, libm_map
+
+F32 = np.float32
+LANES = 8
+Q8_0_BLOCK = 32
+Q8_K_BLOCK = 256
+CHUNK_ELEMENTS = 1 << 20
+"""Lane accumulators per chunk of outputs: bounds the float64 temporaries of the FMA emulation."""
+
+
+def rms_norm(x: np.ndarray, eps: float) -> np.ndarray:
+    """ggml_compute_forward_rms_norm_f32 over the last axis (no weight: that is a separate mul)."""
+    x = np.asarray(x, dtype=F32)
+    squares = (x * x).astype(np.float64)
+    total = np.add.accumulate(squares, axis=-1)[..., -1]
+    mean = (total / x.shape[-1]).astype(F32)
+    scale = (F32(1.0) / np.sqrt((mean + F32(eps)).astype(F32))).astype(F32)
+    return (x * scale[..., None]).astype(F32)
+
+
+def _chunk(rows: int, lanes: int) -> int:
+    """Outputs per chunk, so that rows x outputs x lanes stays near CHUNK_ELEMENTS."""
+    return max(1, CHUNK_ELEMENTS // max(1, rows * lanes))
+
+
+def dot_tinyblas(weight: np.ndarray, x: np.ndarray, fused: bool = True) -> np.ndarray:
+    """x @ weight.T in tinyBLAS's order: per output 8 lanes, lane i accumulating elements i, i+8, ...
+    with an FMA (or a rounded multiply then add when `fused` is off), then `hsum`."""
+    weight, x = np.asarray(weight, dtype=F32), np.asarray(x, dtype=F32)
+    rows, k = x.shape
+    out = np.empty((rows, weight.shape[0]), dtype=F32)
+    step = _chunk(rows, LANES)
+    for start in range(0, weight.shape[0], step):
+        w = weight[start : start + step]
+        acc = np.zeros((rows, w.shape[0], LANES), dtype=F32)
+        for l0 in range(0, k, LANES):
+            a, b = w[None, :, l0 : l0 + LANES], x[:, None, l0 : l0 + LANES]
+            acc = fma(a, b, acc) if fused else ((a * b).astype(F32) + acc).astype(F32)
+        out[:, start : start + w.shape[0]] = hsum8(acc)
+    return out
+
+
+def dot_vec_f32(weight: np.ndarray, x: np.ndarray, fused: bool = True) -> np.ndarray:
+    """x @ weight.T as ggml_vec_dot_f32 sums one output: four 8-lane FMA accumulators over steps of
+    32 (a rounded multiply, then add, when `fused` is off), reduced (0+2)+(1+3) and then across
+    lanes; leftovers added one by one."""
+    weight, x = np.asarray(weight, dtype=F32), np.asarray(x, dtype=F32)
+    rows, k = x.shape
+    whole = k - k % 32
+    out = np.empty((rows, weight.shape[0]), dtype=F32)
+    step = _chunk(rows, 4 * LANES)
+    for start in range(0, weight.shape[0], step):
+        w = weight[start : start + step]
+        sums = np.zeros((4, rows, w.shape[0], LANES), dtype=F32)
+        for i in range(0, whole, 32):
+            for j in range(4):
+                lo = i + j * LANES
+                a, b = x[:, None, lo : lo + LANES], w[None, :, lo : lo + LANES]
+                sums[j] = fma(a, b, sums[j]) if fused else ((a * b).astype(F32) + sums[j]).astype(F32)
+        reduced = ((sums[0] + sums[2]).astype(F32) + (sums[1] + sums[3]).astype(F32)).astype(F32)
+        total = hadd8(reduced).astype(np.float64)
+        for i in range(whole, k):
+            total = total + (x[:, None, i] * w[None, :, i]).astype(F32).astype(np.float64)
+        out[:, start : start + w.shape[0]] = total.astype(F32)
+    return out
+
+
+def mul_mat(weight: np.ndarray, x: np.ndarray, fused: bool = True) -> np.ndarray:
+    """ggml_compute_forward_mul_mat for float types: tinyBLAS from two activation rows, vec_dot for one."""
+    x = np.asarray(x, dtype=F32)
+    if x.shape[0] >= 2 and x.shape[1] % LANES == 0:
+        return dot_tinyblas(weight, x, fused)
+    return dot_vec_f32(weight, x, fused)
+
+
+@dataclass(frozen=True)
+class Q8Blocks:
+    """Rows of Q8_0 blocks: the fp16 scale (as float32) and 32 int8 values per block."""
+
+    scale: np.ndarray
+    """[rows, blocks] float32 values of the stored fp16 scales."""
+    values: np.ndarray
+    """[rows, blocks, 32] int32 holding the int8 quants."""
+
+
+def quantize_q8_0(x: np.ndarray, reference: bool = False) -> Q8Blocks:
+    """Activations as ggml converts them for a Q8_0 dot product.
+
+    AVX2 `quantize_row_q8_0` (default) multiplies by `127/max` and rounds to nearest even;
+    `quantize_row_q8_0_ref` (`reference`) multiplies by `1/d` and rounds half away from zero."""
+    x = np.asarray(x, dtype=F32)
+    rows, k = x.shape
+    blocks = x.reshape(rows, k // Q8_0_BLOCK, Q8_0_BLOCK)
+    amax = np.max(np.abs(blocks), axis=-1)
+    d = (amax / F32(127)).astype(F32)
+    with np.errstate(divide="ignore"):
+        if reference:
+            inverse = np.where(d != 0, F32(1) / d, F32(0)).astype(F32)
+        else:
+            inverse = np.where(amax != 0, F32(127) / amax, F32(0)).astype(F32)
+    scaled = (blocks * inverse[..., None]).astype(F32)
+    rounded = np.where(scaled >= 0, np.floor(scaled + F32(0.5)), -np.floor(-scaled + F32(0.5))) if reference else np.rint(scaled)
+    return Q8Blocks(d.astype(np.float16).astype(F32), np.clip(rounded, -128, 127).astype(np.int32))
+
+
+def q8_0_blocks(raw: np.ndarray, rows: int) -> Q8Blocks:
+    """A GGUF Q8_0 tensor's stored bytes as blocks (2-byte fp16 scale, then 32 int8)."""
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, -1, 2 + Q8_0_BLOCK)
+    scale = blocks[..., :2].copy().view(np.float16)[..., 0].astype(F32)
+    return Q8Blocks(scale, blocks[..., 2:].copy().view(np.int8).astype(np.int32))
+
+
+def mul_mat_q8_0(weight: Q8Blocks, x: Q8Blocks) -> np.ndarray:
+    """The Q8_0 x Q8_0 dot: per block 8 integer lanes of 4 products, converted to float, times the
+    float product of the two scales, FMA-accumulated per lane; then `hsum`."""
+    rows, nb = x.scale.shape
+    outputs = weight.scale.shape[0]
+    out = np.empty((rows, outputs), dtype=F32)
+    step = _chunk(rows, Q8_0_BLOCK)
+    for start in range(0, outputs, step):
+        wq, wd = weight.values[start : start + step], weight.scale[start : start + step]
+        acc = np.zeros((rows, wq.shape[0], LANES), dtype=F32)
+        for b in range(nb):
+            lanes = (wq[None, :, b, :] * x.values[:, None, b, :]).reshape(rows, wq.shape[0], LANES, 4).sum(-1).astype(F32)
+            both = (wd[None, :, b] * x.scale[:, None, b]).astype(F32)
+            acc = fma(both[..., None], lanes, acc)
+        out[:, start : start + wq.shape[0]] = hsum8(acc)
+    return out
+
+
+def quantize_q8_k(x: np.ndarray) -> np.ndarray:
+    """Activations rounded through `quantize_row_q8_K_ref` blocks of 256 and read back (d * q):
+    `iscale = -127/max` (max = the element of largest magnitude, signed), `nearest_int`, d = 1/iscale."""
+    x = np.asarray(x, dtype=F32)
+    rows, k = x.shape
+    blocks = x.reshape(rows, k // Q8_K_BLOCK, Q8_K_BLOCK)
+    at = np.argmax(np.abs(blocks), axis=-1)
+    signed_max = np.take_along_axis(blocks, at[..., None], axis=-1)[..., 0]
+    with np.errstate(divide="ignore"):
+        iscale = np.where(signed_max != 0, F32(-127) / signed_max, F32(0)).astype(F32)
+    quants = np.minimum(np.rint((iscale[..., None] * blocks).astype(F32)), 127)
+    with np.errstate(divide="ignore"):
+        d = np.where(iscale != 0, F32(1) / iscale, F32(0)).astype(F32)
+    return (quants.astype(F32) * d[..., None]).astype(F32).reshape(rows, k)
+
+
+def _v_expf(x: np.ndarray) -> np.ndarray:
+    """ggml_v_expf (AVX2 + FMA), lane by lane: ARM's optimized-routines expf, max error 1.45 ULP."""
+    def h(text: str) -> np.float32:
+        return F32(float.fromhex(text))
+
+    x = np.asarray(x, dtype=F32)
+    r = h("0x1.8p23")
+    z = fma(x, h("0x1.715476p+0"), r)
+    n = (z - r).astype(F32)
+    b = fma(-n, h("0x1.7f7d1cp-20"), fma(-n, h("0x1.62e4p-1"), x))
+    e = (z.view(np.uint32) << np.uint32(23)).astype(np.uint32)
+    k = (e + F32(1).view(np.uint32)).astype(np.uint32).view(F32)
+    u = (b * b).astype(F32)
+    j = fma(fma(fma(h("0x1.0e4020p-7"), b, h("0x1.573e2ep-5")), u, fma(h("0x1.555e66p-3"), b, h("0x1.fffdb6p-2"))), u, (h("0x1.ffffecp-1") * b).astype(F32))
+    out = fma(j, k, k)
+    big = np.abs(n) > F32(126)
+    if big.any():
+        g = np.where(n <= 0, np.uint32(0x82000000), np.uint32(0)).astype(np.uint32)
+        s1 = (g + np.uint32(0x7F000000)).astype(np.uint32).view(F32)
+        s2 = (e - g).astype(np.uint32).view(F32)
+        with np.errstate(over="ignore", under="ignore"):
+            far = np.where(np.abs(n) > F32(192), (s1 * s1).astype(F32), (fma(s2, j, s2) * s1).astype(F32))
+        out = np.where(big, far, out)
+    return out
+
+
+def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """ggml_vec_swiglu_f32 per row: ggml_v_silu in 8-lane blocks, `x/(1+expf(-x))` for the tail."""
+    gate, up = np.asarray(gate, dtype=F32), np.asarray(up, dtype=F32)
+    width = gate.shape[-1]
+    vector = width - width % LANES
+    silu = np.empty_like(gate)
+    with np.errstate(over="ignore"):
+        head = gate[..., :vector]
+        silu[..., :vector] = (head / (F32(1) + _v_expf((F32(0) - head).astype(F32)))).astype(F32)
+        tail = gate[..., vector:]
+        silu[..., vector:] = (tail / (F32(1) + libm_map("expf", -tail))).astype(F32)
+    return (silu * up).astype(F32)
+
+
+def rope_tables(rows: int, offset: int, dims: int, base: float) -> tuple[np.ndarray, np.ndarray]:
+    """ggml_rope_cache_init per position: theta starts at the position and is multiplied by
+    `powf(base, -2.0f/n_dims)` per pair, in float; cos/sin by `cosf`/`sinf`. [rows, dims/2] each."""
+    theta_scale = F32(libm("powf")(float(F32(base)), float(F32(-2.0) / F32(dims))))
+    thetas = np.empty((rows, dims // 2), dtype=F32)
+    theta = np.arange(offset, offset + rows, dtype=F32)
+    for i in range(dims // 2):
+        thetas[:, i] = theta
+        theta = (theta * theta_scale).astype(F32)
+    return libm_map("cosf", thetas), libm_map("sinf", thetas)
+
+
+def rope(x: np.ndarray, *, offset: int, base: float, neox: bool = True, fused: bool = True) -> np.ndarray:
+    """rotate_pairs over [heads, rows, dim] (NeoX halves, or interleaved pairs). With `fused`, the
+    contraction GCC makes of `x0*cos - x1*sin` and `x0*sin + x1*cos`: fma(x0, cos, -(x1*sin))."""
+    x = np.asarray(x, dtype=F32)
+    dims = x.shape[-1]
+    cos, sin = rope_tables(x.shape[-2], offset, dims, base)
+    x0, x1 = (x[..., : dims // 2], x[..., dims // 2 :]) if neox else (x[..., 0::2], x[..., 1::2])
+    if fused:
+        first = fma(x0, cos, -(x1 * sin).astype(F32))
+        second = fma(x0, sin, (x1 * cos).astype(F32))
+    else:
+        first = ((x0 * cos).astype(F32) - (x1 * sin).astype(F32)).astype(F32)
+        second = ((x0 * sin).astype(F32) + (x1 * cos).astype(F32)).astype(F32)
+    if neox:
+        return np.concatenate([first, second], axis=-1)
+    out = np.empty_like(x)
+    out[..., 0::2], out[..., 1::2] = first, second
+    return out
+
+
+def soft_max(scores: np.ndarray, scale: float, mask: np.ndarray | None) -> np.ndarray:
+    """ggml_compute_forward_soft_max_f32 over the last axis: scale, add the mask, subtract the max,
+    ggml_v_expf in 8-lane blocks each hsum'd into a double sum (expf for the tail), times (float)(1/sum)."""
+    w = (np.asarray(scores, dtype=F32) * F32(scale)).astype(F32)
+    if mask is not None:
+        w = (w + mask.astype(F32)).astype(F32)
+    peak = np.max(w, axis=-1, keepdims=True)
+    width = w.shape[-1]
+    vector = width - width % LANES
+    shifted = (w - peak).astype(F32)
+    out = np.empty_like(w)
+    total = np.zeros(w.shape[:-1], dtype=np.float64)
+    for i in range(0, vector, LANES):
+        block = _v_expf(shifted[..., i : i + LANES])
+        out[..., i : i + LANES] = block
+        total += hsum8(block).astype(np.float64)
+    for i in range(vector, width):
+        out[..., i] = libm_map("expf", shifted[..., i])
+        total += out[..., i].astype(np.float64)
+    inverse = (1.0 / total).astype(F32)
+    return (out * inverse[..., None]).astype(F32)
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float, causal: bool, kv_cells: int) -> np.ndarray:
+    """llama.cpp attention without flash attention, for q [heads, rows, dim] over k/v [kv_heads,
+    kv_len, dim]: the cache holds `kv_cells` cells (unused ones zero and masked with -inf); returns
+    [heads, rows, dim]. Query row i sits at cache position kv_len - rows + i."""
+    q, k, v = (np.asarray(a, dtype=F32) for a in (q, k, v))
+    heads, rows, dim = q.shape
+    kv_heads, kv_len = k.shape[0], k.shape[1]
+    cells = max(kv_cells, kv_len)
+    pad = ((0, 0), (0, cells - kv_len), (0, 0))
+    k, v = np.pad(k, pad), np.pad(v, pad)
+    position = np.arange(kv_len - rows, kv_len)[:, None]
+    cell = np.arange(cells)[None, :]
+    visible = (cell < kv_len) & ((cell <= position) if causal else True)
+    mask = np.where(visible, F32(0), F32(-np.inf)).astype(F32)
+    group = heads // kv_heads
+    out = np.empty_like(q)
+    for h in range(heads):
+        kq = dot_vec_f32(k[h // group], q[h])
+        probs = soft_max(kq, scale, mask)
+        out[h] = mul_mat(np.ascontiguousarray(v[h // group].T), probs)
+    return out

@@ -1,0 +1,104 @@
+"""The Diagnosis panel driven like a user: diagnose, read the verdict, pick an op, cancel; the tree's cause column."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import Qt
+
+from sessions.capture.opening import open_capture
+from sessions.compare.result_cache import iter_compare_cached
+from sessions.progress import run_to_end
+from viewer import comparison_view as cv
+from viewer.pair_model import PairModel
+from viewer.panels.diagnosis_panel import DiagnosisPanel
+from viewer.settings import ViewerSettings
+from viewer.window.main_window import TABS, MainWindow
+
+pytestmark = [pytest.mark.slow, pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")]
+
+
+@pytest.fixture
+def window(qtbot, tmp_path: Path, demo_pairs: dict):  # type: ignore[no-untyped-def]
+    """The window on the attention-contract pair, compared, with the Diagnosis tab shown."""
+    main = MainWindow(ViewerSettings(tmp_path / "viewer.ini"))
+    qtbot.addWidget(main)
+    main.resize(1280, 720)
+    main.show()
+    qtbot.waitExposed(main)
+    main.open_pair(*demo_pairs["attention-contract"])
+    qtbot.waitUntil(lambda: main.model.comparison is not None and not main.tasks.busy, timeout=120_000)
+    main.show_panel(TABS.index("Diagnosis"))
+    yield main
+    main.close()
+
+
+def test_diagnosing_every_op_leads_with_the_verdict_and_fills_the_tree_cause_column(qtbot, window: MainWindow, artifacts_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    panel = window.diagnosis
+    assert window.tree.view.isColumnHidden(4)
+    panel.scope.setCurrentIndex(panel.scope.findData("all"))
+    with qtbot.waitSignal(panel.finished, timeout=120_000):
+        qtbot.mouseClick(panel.run_button, Qt.MouseButton.LeftButton)
+    assert panel.verdict.text().startswith("0:visual:0:sdpa is local: the native ran `attn.bf16.single_range` (bit-exact reproduction)")
+    assert [panel.ops.item(r, 0).text() for r in range(panel.ops.rowCount())] == ["0:visual:0:sdpa", "0:visual:1:sdpa"]
+    assert panel.ops.item(0, 2).text() == "attn.bf16.single_range"
+    candidates = {panel.candidates.item(r, 0).text(): panel.candidates.item(r, 1).text() for r in range(panel.candidates.rowCount())}
+    assert candidates["attn.bf16.single_range"] == "bit-exact" and candidates["attn.f32.tiled64x64"] == "27,961 differ · max 29,937 ULP"
+    assert panel.details.tabText(1) == "Budget of 6:decode:-1:logits" and panel.budget.item(0, 1).text() == "100%"
+    assert "105 diverged op(s) classified: 2 local, 103 inherited, 0 undetermined" in panel.summary.text()
+    assert window.model.selected.key.text() == "0:visual:0:sdpa"
+    assert not window.tree.view.isColumnHidden(4)
+    pairs = {p.key.text(): p for p in window.model.comparison.comparison.pairs}
+    assert window.tree.cause_of(pairs["0:visual:0:sdpa"]) == "local" and window.tree.cause_of(pairs["0:visual:0:o_proj"]) == "inherited"
+    assert window.tree.cause_of(pairs["0:text-before:0:sdpa"]) == ""
+    verdict = panel.verdict
+    qtbot.waitUntil(lambda: verdict.height() >= verdict.heightForWidth(verdict.width()) > 2 * verdict.fontMetrics().height())
+    window.grab().save(str(artifacts_dir / "diagnosis-panel-1280x720.png"))
+    panel.show_inherited.setChecked(True)
+    assert panel.ops.rowCount() == 105
+    panel.ops.setCurrentCell(1, 0)
+    assert window.model.selected.key.text() == "0:visual:0:o_proj"
+    assert panel.candidates.rowCount() == 0 and panel.details.tabText(0) == "Candidates at 0:visual:0:o_proj"
+    assert panel.why.text().startswith("0:visual:0:o_proj is inherited: the oracle's route on the native's inputs gives the native's bits")
+    window.resize(1440, 900)
+    panel.show_inherited.setChecked(False)
+    qtbot.waitUntil(lambda: verdict.height() >= verdict.heightForWidth(verdict.width()))
+    window.grab().save(str(artifacts_dir / "diagnosis-panel-1440x900.png"))
+
+
+@pytest.fixture
+def panel(qtbot, demo_pairs: dict):  # type: ignore[no-untyped-def]
+    """The panel alone, on a model holding the attention-contract pair and its comparison."""
+    native, oracle = (open_capture(p) for p in demo_pairs["attention-contract"])
+    model = PairModel()
+    model.set_captures(native, oracle)
+    comparison = run_to_end(iter_compare_cached(native, oracle))
+    model.set_comparison(cv.ViewedComparison(comparison, comparison.contracts.by_key()))
+    widget = DiagnosisPanel(model)
+    qtbot.addWidget(widget)
+    widget.show()
+    yield widget
+    widget.shutdown()
+    native.close()
+    oracle.close()
+
+
+def test_cancel_stops_the_diagnosis_and_says_so(qtbot, panel: DiagnosisPanel) -> None:  # type: ignore[no-untyped-def]
+    panel.scope.setCurrentIndex(panel.scope.findData("all"))
+    with qtbot.waitSignal(panel.cancelled, timeout=60_000):
+        panel.run()
+        qtbot.mouseClick(panel.cancel_button, Qt.MouseButton.LeftButton)
+    assert panel.verdict.text() == "Diagnosis cancelled." and panel.diagnosis is None and panel.model.locality == {}
+
+
+def test_the_selected_op_scope_needs_a_selection_and_then_diagnoses_it(qtbot, panel: DiagnosisPanel) -> None:  # type: ignore[no-untyped-def]
+    panel.scope.setCurrentIndex(panel.scope.findData("op"))
+    panel.run()
+    assert panel.verdict.text() == "Select an op in the alignment tree first, or choose another scope."
+    panel.model.select(next(p for p in panel.model.comparison.comparison.pairs if p.key.text() == "0:visual:0:o_proj"))
+    with qtbot.waitSignal(panel.finished, timeout=60_000):
+        panel.run()
+    assert panel.verdict.text() == "All 1 diagnosed op(s) are inherited: each did what the oracle's route does with its inputs."
+    panel.show_inherited.setChecked(True)
+    assert panel.ops.item(0, 1).text() == "inherited"

@@ -1,0 +1,292 @@
+"""The Diagnosis panel: why the runs part -- local vs inherited ops, and the contract each local op ran.
+
+The work is `backends.diagnosis.run.iter_diagnose`, a plain generator; this panel runs it on a
+worker (`viewer.workers.TaskSlots`, newest request wins) with progress and Cancel, then shows
+what it returned: the verdict sentence first (the same sentence the CLI, JSON and HTML lead
+with), the classified ops, the candidates at the chosen op, and with "every diverged op" the
+budget of the final logits. Choosing an op here selects it in the window (tree, tensors
+follow); each op's cause is handed to the window's model for the tree's column.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QCheckBox,
+    QComboBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QProgressBar,
+    QPushButton,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from backends.diagnosis.candidates import ErrorFigure
+from backends.diagnosis.document import candidate_line, figure, share_text
+from backends.diagnosis.run import (
+    DiagnoseOptions,
+    Diagnosis,
+    OpDiagnosis,
+    iter_diagnose,
+)
+from sessions.compare.verdict import Kind
+from sessions.progress import Progress
+from viewer import comparison_view as cv
+from viewer.pair_model import PairModel
+from viewer.theme import locality_colour, status_colour
+from viewer.widgets.progress_bar import show_progress
+from viewer.workers import TaskSlots
+
+SCOPES = (("first", "First local op"), ("all", "Every diverged op, with the budget"), ("op", "The selected op"))
+OP_COLUMNS = ("op", "cause", "native ran", "local error")
+CANDIDATE_COLUMNS = ("candidate", "vs native", "vs oracle's route", "what it computes")
+BUDGET_COLUMNS = ("local op", "share of the final logits error", "local error", "injected")
+
+
+def _item(text: str, tip: str = "") -> QTableWidgetItem:
+    item = QTableWidgetItem(text)
+    item.setFlags(item.flags() & ~Qt.ItemFlag.ItemIsEditable)
+    if tip:
+        item.setToolTip(tip)
+    return item
+
+
+def _short(value: ErrorFigure | None) -> str:
+    return "—" if value is None else value.short()
+
+
+def _table(columns: tuple[str, ...]) -> QTableWidget:
+    table = QTableWidget(0, len(columns))
+    table.setHorizontalHeaderLabels(list(columns))
+    table.verticalHeader().setVisible(False)
+    table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+    table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+    table.setWordWrap(False)
+    header = table.horizontalHeader()
+    header.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
+    header.setStretchLastSection(True)
+    return table
+
+
+class DiagnosisPanel(QWidget):
+    finished = Signal(object)
+    failed = Signal(str)
+    cancelled = Signal()
+
+    def __init__(self, model: PairModel, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.model = model
+        self.tasks = TaskSlots(self)
+        self.diagnosis: Diagnosis | None = None
+        self.listed: list[OpDiagnosis] = []
+        """The ops the table shows, row by row."""
+        self.scope = QComboBox()
+        for value, label in SCOPES:
+            self.scope.addItem(label, value)
+        self.run_button = QPushButton("Diagnose")
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setEnabled(False)
+        self.show_inherited = QCheckBox("list inherited ops too")
+        self.show_inherited.setToolTip("Inherited ops did what the oracle's route does with their inputs; the local ones are where to look.")
+        self.progress = QProgressBar()
+        self.progress.setTextVisible(True)
+        self.verdict = QLabel("Open a native and an oracle capture, let the comparison finish, then diagnose.")
+        self.verdict.setObjectName("diagnosisVerdict")
+        self.verdict.setWordWrap(True)
+        self.verdict.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.verdict.setStyleSheet("font-weight: bold; padding: 6px; border-left: 4px solid #4a90d9;")
+        self.summary = QLabel()
+        self.summary.setWordWrap(True)
+        self.ops = _table(OP_COLUMNS)
+        self.why = QLabel()
+        self.why.setWordWrap(True)
+        self.why.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.candidates = _table(CANDIDATE_COLUMNS)
+        self.budget = _table(BUDGET_COLUMNS)
+        self.details = QTabWidget()
+        self._layout()
+        self.run_button.clicked.connect(self.run)
+        self.cancel_button.clicked.connect(lambda: self.tasks.cancel_lane("diagnose"))
+        self.ops.currentCellChanged.connect(lambda row, *_: self._op_chosen(row))
+        self.show_inherited.toggled.connect(self._refill)
+        self.tasks.progressed.connect(lambda p: show_progress(self.progress, p, p.label[:60]))
+        self.tasks.busy_changed.connect(self._busy)
+        model.captures_changed.connect(self._reset)
+        model.comparison_changed.connect(self._reset)
+        model.selection_changed.connect(self._follow_selection)
+
+    def _layout(self) -> None:
+        controls = QHBoxLayout()
+        controls.addWidget(QLabel("Diagnose"))
+        for widget in (self.scope, self.run_button, self.cancel_button, self.show_inherited):
+            controls.addWidget(widget)
+        controls.addWidget(self.progress, 1)
+        candidates_page = QWidget()
+        page = QVBoxLayout(candidates_page)
+        page.setContentsMargins(0, 4, 0, 0)
+        page.addWidget(self.why)
+        page.addWidget(self.candidates, 1)
+        self.details.addTab(candidates_page, "Candidates")
+        self.details.addTab(self.budget, "Budget")
+        split = QSplitter(Qt.Orientation.Horizontal)
+        split.addWidget(self.ops)
+        split.addWidget(self.details)
+        split.setStretchFactor(0, 2)
+        split.setStretchFactor(1, 3)
+        split.setSizes([390, 640])
+        layout = QVBoxLayout(self)
+        layout.addLayout(controls)
+        layout.addWidget(self.verdict)
+        layout.addWidget(self.summary)
+        layout.addWidget(split, 1)
+
+    # -- running ---------------------------------------------------------------------------
+
+    def options(self) -> DiagnoseOptions:
+        scope = self.scope.currentData()
+        if scope == "op":
+            pair = self.model.selected
+            if pair is None:
+                raise ValueError("Select an op in the alignment tree first, or choose another scope.")
+            return DiagnoseOptions(mode="op", key=pair.key)
+        return DiagnoseOptions(mode=scope)
+
+    def run(self) -> None:
+        native, oracle, viewed = self.model.native, self.model.oracle, self.model.comparison
+        if native is None or oracle is None or viewed is None:
+            self.verdict.setText("Open a native and an oracle capture first, and let the comparison finish.")
+            return
+        try:
+            options = self.options()
+        except ValueError as exc:
+            self.verdict.setText(str(exc))
+            return
+        comparison = viewed.comparison
+        self.verdict.setText("Diagnosing…")
+        self.tasks.submit("diagnose", lambda: iter_diagnose(native, oracle, comparison, options), self._succeeded, self._failed, self._cancelled)
+
+    def _succeeded(self, diagnosis: Diagnosis) -> None:
+        show_progress(self.progress, Progress(1, 1), "done")
+        self.show_diagnosis(diagnosis)
+        self.model.set_locality(diagnosis.locality())
+        self.finished.emit(diagnosis)
+
+    def _failed(self, message: str) -> None:
+        self.verdict.setText(f"The diagnosis could not run: {message}")
+        self.failed.emit(message)
+
+    def _cancelled(self) -> None:
+        self.verdict.setText("Diagnosis cancelled.")
+        self.cancelled.emit()
+
+    def _busy(self, busy: bool) -> None:
+        self.run_button.setEnabled(not busy)
+        self.cancel_button.setEnabled(busy)
+
+    def _reset(self) -> None:
+        self.tasks.cancel_lane("diagnose")
+        self.diagnosis = None
+        self.listed = []
+        for table in (self.ops, self.candidates, self.budget):
+            table.setRowCount(0)
+        self.summary.setText("")
+        self.why.setText("")
+
+    # -- showing -----------------------------------------------------------------------------
+
+    def show_diagnosis(self, diagnosis: Diagnosis) -> None:
+        self.diagnosis = diagnosis
+        self.verdict.setText(diagnosis.verdict)
+        counts = {w: sum(str(op.classification.locality) == w for op in diagnosis.ops) for w in ("local", "inherited", "undetermined")}
+        contracts = ", ".join(f"{name or 'no exact candidate'} ×{n}" for name, n in diagnosis.contracts().items())
+        parts = [f"{len(diagnosis.ops)} diverged op(s) classified: {counts['local']} local, {counts['inherited']} inherited, {counts['undetermined']} undetermined"]
+        if contracts:
+            parts.append(f"local ops explained by {contracts}")
+        parts += diagnosis.notes
+        parts.append(f"{diagnosis.seconds:.1f} s on {diagnosis.device} (MLX {diagnosis.mlx_version})")
+        self.summary.setText(" · ".join(parts))
+        self._fill_ops(diagnosis)
+        self._show_budget(diagnosis)
+        self.layout().activate()
+        if not diagnosis.ops:
+            self.why.setText("\n".join(f"{n.key}: reproducing the bits here: {', '.join(n.reproducing) or 'none'}" for n in diagnosis.dispatch))
+
+    def _refill(self) -> None:
+        if self.diagnosis is not None:
+            self._fill_ops(self.diagnosis)
+
+    def _fill_ops(self, diagnosis: Diagnosis) -> None:
+        """The classified ops (local and undetermined ones, or all), the first local one chosen."""
+        everything = self.show_inherited.isChecked()
+        self.listed = [op for op in diagnosis.ops if everything or str(op.classification.locality) != "inherited"]
+        self.ops.setRowCount(len(self.listed))
+        for row, op in enumerate(self.listed):
+            found = op.classification
+            ran = op.native_ran or (f"closest: {op.closest}" if op.closest else "—")
+            tip = f"{found.why}\ntotal error: {found.total.text()}\nlocal error: {figure(found.local)}"
+            cells = (_item(found.key.text(), tip), _item(str(found.locality), tip), _item(ran, tip), _item(_short(found.local), tip))
+            cells[1].setForeground(locality_colour(str(found.locality)))
+            for column, cell in enumerate(cells):
+                self.ops.setItem(row, column, cell)
+        self.ops.resizeColumnsToContents()
+        first = next((n for n, op in enumerate(self.listed) if str(op.classification.locality) == "local"), 0 if self.listed else None)
+        if first is not None:
+            self.ops.setCurrentCell(first, 0)
+
+    def _show_budget(self, diagnosis: Diagnosis) -> None:
+        budget = diagnosis.budget
+        rows = [] if budget is None else sorted(budget.rows, key=lambda r: -(r.share or 0.0))
+        self.budget.setRowCount(len(rows))
+        for row, entry in enumerate(rows):
+            for column, text in enumerate((entry.key.text(), share_text(entry), _short(entry.local), entry.injected)):
+                self.budget.setItem(row, column, _item(text))
+        self.budget.resizeColumnsToContents()
+        title = "Budget" if budget is None or budget.final_logits is None else f"Budget of {budget.final_logits}"
+        self.details.setTabText(1, title)
+
+    def _op_chosen(self, row: int) -> None:
+        if not 0 <= row < len(self.listed):
+            return
+        op = self.listed[row]
+        self._show_candidates(op)
+        pair = cv.find_pair(self.model.comparison, op.key)
+        if pair is not None:
+            self.model.select(pair)
+
+    def _show_candidates(self, op: OpDiagnosis) -> None:
+        found = op.classification
+        route = "; ".join(found.oracle_route) or "—"
+        self.why.setText(f"{found.key} is {found.locality}: {found.why}.")
+        self.why.setToolTip(f"Oracle's route: {route}.\nCloser to exact (float64): {found.closer_to_exact}.")
+        self.layout().activate()
+        self.candidates.setRowCount(len(op.candidates))
+        for row, result in enumerate(op.candidates):
+            native = _short(result.vs_native) if result.skipped is None else "not run"
+            tip = f"{candidate_line(result)}\n{result.description}\nsource: {result.source}"
+            cells = (_item(result.id, tip), _item(native, tip), _item(_short(result.vs_oracle_route), tip), _item(result.description, tip))
+            if result.vs_native is not None and result.vs_native.bit_exact:
+                cells[0].setForeground(status_colour(Kind.BIT_EXACT))
+            for column, cell in enumerate(cells):
+                self.candidates.setItem(row, column, cell)
+        self.candidates.resizeColumnsToContents()
+        self.details.setTabText(0, f"Candidates at {found.key}")
+
+    def _follow_selection(self, pair: Any) -> None:
+        """The window chose an op: show its row here when it was diagnosed."""
+        if pair is None or self.diagnosis is None:
+            return
+        rows = [n for n, op in enumerate(self.listed) if op.key == pair.key]
+        if rows and self.ops.currentRow() != rows[0]:
+            self.ops.setCurrentCell(rows[0], 0)
+
+    def shutdown(self) -> None:
+        self.tasks.shutdown()

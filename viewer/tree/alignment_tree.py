@@ -53,7 +53,7 @@ ReasonQuestion = Callable[[str], "str | None"]
 """Given what is about to be done, the user's reason, or None (cancelled)."""
 PartnerChoice = Callable[[UnalignedRecord, list[UnalignedRecord]], "UnalignedRecord | None"]
 """Given an unaligned record and the other side's unaligned records, the chosen one or None."""
-COLUMNS = ("op", "status", "ULP err p99", "differing", "cause")
+COLUMNS = ("op", "status", "ULP p99", "differing", "cause")
 """The status column is hidden (icon and colour show it) but the filter box matches its text.
 "cause" is local / inherited / undetermined once a diagnosis has classified the op."""
 CAUSE_COLUMN = 4
@@ -118,7 +118,7 @@ class AlignmentTree(QWidget):
         header = self.view.header()
         header.setStretchLastSection(False)
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
-        for col, width in ((2, 104), (3, 112), (CAUSE_COLUMN, 76)):
+        for col, width in ((2, 84), (3, 100), (CAUSE_COLUMN, 64)):
             header.setSectionResizeMode(col, QHeaderView.ResizeMode.Interactive)
             header.resizeSection(col, width)
         self.view.selectionModel().currentChanged.connect(self._current_changed)

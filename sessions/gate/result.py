@@ -42,7 +42,7 @@ SHORT_OF_BUDGET = "short of the token budget"
 RULES = (NO_SHARED_EOS, SHORT_OF_BUDGET)
 """The gate's own rules; every rule failure's text starts with one of these."""
 KEYS_NAMED = 3
-"""How many first-finding keys the summary line names per word before saying how many more."""
+"""How many distinct first-finding keys the summary line names per word before saying how many more."""
 
 
 class GateFormatError(ValueError):
@@ -141,8 +141,13 @@ class GateResult:
 
 
 def _keys(keys: list[str]) -> str:
-    named = ", ".join(keys[:KEYS_NAMED])
-    return named if len(keys) <= KEYS_NAMED else f"{named} and {len(keys) - KEYS_NAMED} more"
+    """Distinct keys in order, `×n` where n cases share one: forty cases failing at one op is one place."""
+    counts: dict[str, int] = {}
+    for key in keys:
+        counts[key] = counts.get(key, 0) + 1
+    named = [key if n == 1 else f"{key} ×{n}" for key, n in counts.items()]
+    shown = ", ".join(named[:KEYS_NAMED])
+    return shown if len(named) <= KEYS_NAMED else f"{shown} and {len(named) - KEYS_NAMED} more"
 
 
 def summary_line(cases: list[CaseResult]) -> str:

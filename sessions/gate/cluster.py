@@ -119,6 +119,9 @@ class DaskGate:
             self.close()
             where = f"the scheduler at {self.scheduler}" if self.scheduler else "a local Dask cluster"
             raise ClusterError(f"cannot use {where}: {type(exc).__name__}: {exc}") from None
+        except BaseException:  # Ctrl-C while the cluster starts: `with` will not call __exit__
+            self.close()
+            raise
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:

@@ -74,6 +74,8 @@ def test_enter_and_double_click_open_the_cases_pair_in_a_main_window(qtbot: QtBo
     assert len(window.opened) == 2
     qtbot.waitUntil(lambda: window.opened[1].model.native is not None, timeout=WAIT_MS)
     assert window.opened[1].model.native.path == demo_pairs["clean"][0]
+    # Closed only when idle: a main window closed mid-comparison waits out its tasks' 30 s (viewer.workers).
+    qtbot.waitUntil(lambda: not window.opened[1].tasks.busy, timeout=WAIT_MS)
     for case_window in list(window.opened):
         case_window.close()
 

@@ -169,11 +169,14 @@ class DaskGate:
     def cancel(self) -> None:
         """Stop every case still running or queued, and their children; see the module docstring."""
         assert self.client is not None
-        Event(self.cancel_event, client=self.client).set()
+        cancel = Event(self.cancel_event, client=self.client)
+        cancel.set()
         try:
             wait(list(self._pending), timeout=CANCEL_WAIT_S)
         except TimeoutError:
-            self.client.cancel(list(self._pending), force=True)
+            self.client.cancel(list(self._pending), force=True)  # the event stays set for the stragglers
+        else:
+            cancel.clear()  # every task has ended: this removes the event from a long-lived scheduler
         self._pending = set()
 
     def close(self) -> None:

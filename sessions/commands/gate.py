@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         manifest = load_manifest(args.manifest)
     except ManifestError as exc:
         return _fail(f"bad manifest: {exc}")
-    run = _GateRun(manifest.cases, want_html=args.html is not None, use_cache=not args.no_cache)
+    state = _GateRun(manifest.cases, want_html=args.html is not None, use_cache=not args.no_cache)
     started = time.monotonic()
     try:
         with DaskGate(args.workers, args.scheduler) as dask_gate:
@@ -63,17 +63,17 @@ def run(args: argparse.Namespace) -> int:
             print(f"judging {len(manifest.cases)} case(s) on {cluster}")
             if dashboard is not None:
                 print(f"Dask dashboard: {dashboard}")
-            for index, outcome in dask_gate.judge(list(manifest.cases), run.previous, run.want_html):
-                run.finished(index, outcome)
+            for index, outcome in dask_gate.judge(list(manifest.cases), state.previous, state.want_html):
+                state.finished(index, outcome)
     except ClusterError as exc:
         return _fail(str(exc))
     except KeyboardInterrupt:
-        print(f"\nparity-xray gate: cancelled; {run.done} of {len(manifest.cases)} case(s) were judged; nothing written", file=sys.stderr)
+        print(f"\nparity-xray gate: cancelled; {state.done} of {len(manifest.cases)} case(s) were judged; nothing written", file=sys.stderr)
         return EXIT_CANCELLED
-    gate = run.result(str(manifest.path), cluster, dashboard, time.monotonic() - started)
+    gate = state.result(str(manifest.path), cluster, dashboard, time.monotonic() - started)
     sys.stdout.write(render_text(gate))
     try:
-        run.write(gate, args.json, args.html)
+        state.write(gate, args.json, args.html)
     except OSError as exc:
         return _fail(f"cannot write the results: {exc}")
     return gate.exit_code
@@ -153,10 +153,7 @@ def render_text(gate: GateResult) -> str:
     """The table of every case in manifest order, then the summary line."""
     rows = [("case", "verdict", "gate", "first finding", "tokens", "EOS")]
     for c in gate.cases:
-        tokens = eos = ""
-        if c.tokens is not None:
-            tokens = f"{c.tokens.compared}" + ("" if c.tokens.budget is None else f"/{c.tokens.budget}")
-            eos = f"step {c.tokens.eos_step}" if c.tokens.eos_reached else "not reached"
+        tokens, eos = ("", "") if c.tokens is None else (c.tokens.compared_text(), c.tokens.eos_text())
         rows.append((c.name, c.word, "pass" if c.passed else "FAIL", "" if c.first is None else c.first.key, tokens, eos))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]

@@ -35,11 +35,10 @@ GATE_STYLE = """
 def _tokens(c: CaseResult) -> tuple[str, str]:
     if c.tokens is None:
         return "", ""
-    t = c.tokens
-    compared = f"{t.compared}" if t.budget is None else f"{t.compared} / {t.budget}"
-    if t.first_divergence_step is not None:
-        compared += f" (differ from step {t.first_divergence_step})"
-    return compared, (f"step {t.eos_step}" if t.eos_reached else "not reached")
+    compared = c.tokens.compared_text()
+    if c.tokens.first_divergence_step is not None:
+        compared += f" (differ from step {c.tokens.first_divergence_step})"
+    return compared, c.tokens.eos_text()
 
 
 def _row(c: CaseResult) -> str:

@@ -68,6 +68,13 @@ class CaseTokens:
     """The shared EOS step (both runs emit the same stop token), when reached."""
     first_divergence_step: int | None
 
+    def compared_text(self) -> str:
+        """Steps compared, out of the budget when there is one ("64/64"); every surface writes it so."""
+        return f"{self.compared}" if self.budget is None else f"{self.compared}/{self.budget}"
+
+    def eos_text(self) -> str:
+        return f"step {self.eos_step}" if self.eos_reached else "not reached"
+
 
 @dataclass
 class WorstOp:

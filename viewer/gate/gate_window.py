@@ -24,10 +24,7 @@ VERDICT_COLUMN = COLUMNS.index("verdict")
 
 def case_cells(case: CaseResult) -> tuple[str, ...]:
     """The row's texts, in COLUMNS order."""
-    tokens = eos = ""
-    if case.tokens is not None:
-        tokens = f"{case.tokens.compared}" + ("" if case.tokens.budget is None else f" / {case.tokens.budget}")
-        eos = f"step {case.tokens.eos_step}" if case.tokens.eos_reached else "not reached"
+    tokens, eos = ("", "") if case.tokens is None else (case.tokens.compared_text(), case.tokens.eos_text())
     first = "" if case.first is None else f"{case.first.key} ({case.first.kind})"
     worst = "" if case.worst_op is None else case.worst_op.key
     notes = "; ".join(case.rule_failures + (case.reasons if case.word == UNUSABLE else []))

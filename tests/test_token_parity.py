@@ -9,7 +9,7 @@ import pytest
 from hand_captures import T, bf16_bits, write_capture
 
 from sessions.capture.opening import open_capture
-from sessions.compare.comparison import iter_compare
+from sessions.compare.comparison import CompareOptions, iter_compare
 from sessions.compare.token_parity import DIFFER, MATCH, POST_EOS, step_word
 from sessions.compare.verdict import DIVERGENCE, PARITY
 from sessions.progress import run_to_end
@@ -82,3 +82,18 @@ def test_equal_tokens_over_different_logits_are_a_near_miss_with_kl_and_delta_lo
 def test_identical_logits_read_as_a_plain_match(tmp_path: Path) -> None:
     step = _compare(tmp_path, ([_logits(0, 3)], [(0, 3, False)]), ([_logits(0, 3)], [(0, 3, False)])).tokens.steps[0]
     assert step_word(step) == "match" and step.logits is not None and step.logits.summary() == "logits bit-identical"
+
+
+def test_a_token_budget_compares_only_the_steps_before_it_and_reads_nothing_after(tmp_path: Path) -> None:
+    tokens = [(0, 3, False), (1, 4, False), (2, 9, False)]
+    native = write_capture(tmp_path / "n.h5", "native", [_logits(0, 3), _logits(1, 4), _logits(2, 9), _logits(3, 5)], tokens + [(3, 5, False)])
+    oracle = write_capture(tmp_path / "o.h5", "oracle", [_logits(0, 3), _logits(1, 4), _logits(2, 9)], tokens)
+    with open_capture(native) as n, open_capture(oracle) as o:
+        whole = run_to_end(iter_compare(n, o))
+        budget = run_to_end(iter_compare(n, o, CompareOptions(max_steps=3)))
+    assert whole.verdict.word == DIVERGENCE and whole.tokens.first_divergence_step == 3
+    assert [u.step for u in whole.unaligned] == [3]
+    assert budget.verdict.word == PARITY and budget.verdict.first is None
+    assert budget.tokens.compared_steps == 3 and [s.step for s in budget.tokens.steps] == [0, 1, 2]
+    assert budget.unaligned == [] and budget.post_eos_unaligned == []
+    assert sorted(p.key.step for p in budget.pairs) == [0, 1, 2]

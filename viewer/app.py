@@ -1,4 +1,4 @@
-"""`parity-xray [NATIVE ORACLE]`, `parity-xray [open] FILE.xray`: the desktop viewer's entry point."""
+"""`parity-xray [NATIVE ORACLE]`, `parity-xray [open] FILE.xray`, `parity-xray GATE.json`: the desktop viewer's entry point."""
 
 from __future__ import annotations
 
@@ -9,10 +9,14 @@ from pathlib import Path
 from PySide6.QtWidgets import QApplication
 
 import sessions  # noqa: F401  (disables HDF5 filter plugins before h5py is imported)
+from sessions.gate.result import GateFormatError, load_gate_file
+from viewer.gate.gate_window import GateWindow
 from viewer.settings import APPLICATION, ORGANISATION, ViewerSettings
 from viewer.window.main_window import MainWindow
 
 SESSION_SUFFIX = ".xray"
+GATE_SUFFIX = ".json"
+"""`parity-xray GATE.json` opens a gate's result (`parity-xray gate --json`)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="parity-xray",
         description="Open the viewer: empty (drop files onto it), on a NATIVE and an ORACLE capture, or on a saved session (open FILE.xray).",
     )
-    parser.add_argument("files", nargs="*", type=Path, metavar="CAPTURE", help="NATIVE ORACLE, one capture, or one FILE.xray session")
+    parser.add_argument("files", nargs="*", type=Path, metavar="CAPTURE", help="NATIVE ORACLE, one capture, one FILE.xray session, or one GATE.json gate result")
     parser.add_argument("--settings", type=Path, help="use this INI file for layout, recent files and theme")
     return parser
 
@@ -47,9 +51,17 @@ def run_viewer(argv: list[str]) -> int:
     if len(args.files) > 2:
         print("parity-xray: give at most two captures: NATIVE ORACLE", file=sys.stderr)
         return 2
+    gate = None
+    if len(args.files) == 1 and args.files[0].suffix == GATE_SUFFIX:
+        try:
+            gate = load_gate_file(args.files[0])
+        except GateFormatError as exc:
+            print(f"parity-xray: {args.files[0]}: not a gate result: {exc}", file=sys.stderr)
+            return 2
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setOrganizationName(ORGANISATION)
     app.setApplicationName(APPLICATION)
-    window = create_window(args.files, ViewerSettings(args.settings) if args.settings else None)
+    settings = ViewerSettings(args.settings) if args.settings else None
+    window = GateWindow(gate, settings) if gate is not None else create_window(args.files, settings)
     window.show()
     return int(app.exec())

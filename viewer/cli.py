@@ -16,6 +16,7 @@ from types import ModuleType
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("sessions.commands.validate", "check capture files; exit 0 valid, 2 invalid"),
     "report": ("sessions.commands.report", "compare a native and an oracle capture headlessly"),
+    "gate": ("sessions.commands.gate", "judge every case of a manifest like report, on a Dask cluster; exit 0 all pass, 1 any fails, 2 any unusable"),
     "rerun": ("backends.commands.rerun", "recompute one captured op or segment live through MLX"),
     "diagnose": ("backends.commands.diagnose", "say why the runs part: local vs inherited ops, and the contract each local op ran"),
     "demo": ("viewer.demo_command", "generate the demo captures, or open the viewer on them"),

@@ -100,6 +100,10 @@ class CompareOptions:
     """The user's manual pairings and breaks (sessions.compare.align.ManualPair / ManualBreak), in the order made."""
     policy: TolerancePolicy | None = None
     """Per-op, per-dtype tolerances (sessions.compare.tolerance_policy); its rules win over atol/rtol/max_ulp."""
+    max_steps: int | None = None
+    """Compare only token steps 0 .. max_steps-1 (a gate's token budget, e.g. the first 64 of a
+    384-step run): later steps' records and tokens are left out before alignment and never read,
+    as if both captures had ended there. None: every captured step."""
 
     @property
     def tolerance(self) -> Tolerance:
@@ -314,9 +318,10 @@ def iter_compare(
     """
     yield Progress(0, 1, "aligning records")
     native_profile, oracle_profile = resolve_profiles(native, oracle, options) if profiles is None else profiles
+    native_tokens, oracle_tokens = _tokens_within(native.tokens, options.max_steps), _tokens_within(oracle.tokens, options.max_steps)
     alignment: Alignment = align(
-        native.records,
-        oracle.records,
+        [r for r in native.records if options.max_steps is None or r.step < options.max_steps],
+        [r for r in oracle.records if options.max_steps is None or r.step < options.max_steps],
         native_profile,
         oracle_profile,
         native_sources=sources_for(native, native_profile),
@@ -333,7 +338,7 @@ def iter_compare(
     dispatch = compare_dispatch(alignment.pairs, native.dispatch, oracle.dispatch)
     total = sum(pair_bytes(p) for p in alignment.pairs) or 1
     yield Progress(0, total, f"execution state checked: {len(contracts.findings)} contract finding(s), {len(dispatch)} dispatch difference(s)")
-    eos = shared_eos_step(tokens_by_step(native.tokens), tokens_by_step(oracle.tokens))
+    eos = shared_eos_step(tokens_by_step(native_tokens), tokens_by_step(oracle_tokens))
     heads = _heads(alignment.pairs, native.dispatch)
     contract_keys = set(contracts.by_key())
     dispatch_keys = {d.key for d in dispatch}
@@ -354,8 +359,13 @@ def iter_compare(
             results.append(_pair_result(pair, metrics, post_eos, _within(metrics, tolerance), tolerance, contract, differs))
             if logit_rows is not None and logit_rows.native is not None and logit_rows.oracle is not None:
                 _keep_logits(logits, pair, logit_rows, options.top_k)
-    tokens = compare_tokens(native.tokens, oracle.tokens, {step: agreement for step, (_, agreement) in logits.items()})
+    tokens = compare_tokens(native_tokens, oracle_tokens, {step: agreement for step, (_, agreement) in logits.items()})
     return _assemble(native, oracle, native_profile, oracle_profile, options, alignment, contracts, dispatch, results, tokens, eos)
+
+
+def _tokens_within(table: np.ndarray, max_steps: int | None) -> np.ndarray:
+    """The token table's rows of the steps a budget of `max_steps` covers (all when None)."""
+    return table if max_steps is None else table[table["step"] < max_steps]
 
 
 def _provenance_contracts(capture: Capture) -> dict[str, object]:

@@ -32,7 +32,8 @@ def comparison_to_dict(comparison: Comparison) -> dict[str, Any]:
     return {"format": DOCUMENT_FORMAT, "version": DOCUMENT_VERSION, **plain(comparison)}
 
 
-def _build(tp: Any, value: Any) -> Any:
+def from_plain(tp: Any, value: Any) -> Any:
+    """The inverse of `plain` for a value of type `tp` (a dataclass tree): the report and gate documents read back."""
     if tp is OpKey:
         return OpKey.parse(value)
     if isinstance(tp, type) and issubclass(tp, Enum):
@@ -42,15 +43,15 @@ def _build(tp: Any, value: Any) -> Any:
         if value is None:
             return None
         options = [a for a in get_args(tp) if a is not type(None)]
-        return _build(options[0], value) if len(options) == 1 else value
+        return from_plain(options[0], value) if len(options) == 1 else value
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ReportFormatError(f"{tp.__name__} must be an object")
         hints = get_type_hints(tp)
-        return tp(**{f.name: _build(hints[f.name], value[f.name]) for f in dataclasses.fields(tp) if f.name in value})
+        return tp(**{f.name: from_plain(hints[f.name], value[f.name]) for f in dataclasses.fields(tp) if f.name in value})
     if origin is list:
         (item,) = get_args(tp)
-        return [_build(item, v) for v in value]
+        return [from_plain(item, v) for v in value]
     if origin is tuple:
         return tuple(value)
     if origin is dict:
@@ -64,7 +65,7 @@ def comparison_from_dict(data: dict[str, Any]) -> Comparison:
     if data.get("format") != DOCUMENT_FORMAT or data.get("version") != DOCUMENT_VERSION:
         raise ReportFormatError(f"not a {DOCUMENT_FORMAT} version {DOCUMENT_VERSION} document")
     try:
-        return _build(Comparison, data)
+        return from_plain(Comparison, data)
     except (KeyError, TypeError, ValueError) as exc:
         raise ReportFormatError(f"malformed report document ({type(exc).__name__}: {exc})") from None
 

@@ -112,11 +112,11 @@ def iter_compare_in_child(
     native_path, oracle_path = Path(native_path), Path(oracle_path)
     child = ChildProcess(_child_command(native_path, oracle_path, cache_dir), options_to_json(options))
     try:
-        yield Progress(0, 1, f"starting the comparison of {native_path.name} and {oracle_path.name}")
+        starting = Progress(0, 1, f"starting the comparison of {native_path.name} and {oracle_path.name}")
+        yield starting
         while child.reading:
             child.read(POLL_S)
-            if child.latest is not None:
-                yield child.latest
+            yield starting if child.latest is None else child.latest
         return _outcome(child, native_path, oracle_path)
     finally:
         child.close()

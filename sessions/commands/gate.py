@@ -1,0 +1,160 @@
+"""`parity-xray gate MANIFEST`: many capture pairs judged like `report`, one summary line, one exit code.
+
+A parity claim is made over many cases ("the 10-image, 40-image, and per-image EOS gates"),
+so the gate judges every case of a manifest (sessions.gate.manifest) on a Dask cluster
+(sessions.gate.cluster), prints each case as it finishes, then the table and the summary
+line, and exits like `report`: 0 every case passes, 1 any fails, 2 any is unusable or the
+manifest is bad. 130 when cancelled with Ctrl-C (nothing is written then: a partial gate is
+no claim). Unchanged cases reuse their cached result (sessions.gate.cache).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import re
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sessions.compare.verdict import EXIT_UNUSABLE, UNUSABLE
+
+if TYPE_CHECKING:
+    from sessions.gate.judge import CachedCase, CaseOutcome
+    from sessions.gate.manifest import GateCase
+    from sessions.gate.result import CaseResult, GateResult
+
+EXIT_CANCELLED = 130
+"""The shell's code for a command ended by Ctrl-C (128 + SIGINT)."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("manifest", help="TOML manifest of the cases (docs/gate.md)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--workers", type=int, metavar="N", help="local Dask worker processes, one thread each (default: one per core)")
+    where.add_argument("--scheduler", metavar="tcp://HOST:8786", help="judge on this existing Dask cluster; its workers must see the capture paths")
+    parser.add_argument("--json", metavar="OUT", help="write the results as JSON (docs/gate.md)")
+    parser.add_argument("--html", metavar="OUT", help="write an HTML summary, and each case's own report in OUT-cases/ beside it")
+    parser.add_argument("--no-cache", action="store_true", help="judge every case again, even those whose captures and options did not change")
+
+
+def _fail(message: str) -> int:
+    print(f"parity-xray gate: {message}", file=sys.stderr)
+    return EXIT_UNUSABLE
+
+
+def run(args: argparse.Namespace) -> int:
+    # Imported here, not at the top: building the CLI's parser must not load Dask.
+    from sessions.gate.cluster import ClusterError, DaskGate
+    from sessions.gate.manifest import ManifestError, load_manifest
+
+    if args.workers is not None and args.workers < 1:
+        return _fail(f"--workers must be at least 1, got {args.workers}")
+    try:
+        manifest = load_manifest(args.manifest)
+    except ManifestError as exc:
+        return _fail(f"bad manifest: {exc}")
+    state = _GateRun(manifest.cases, want_html=args.html is not None, use_cache=not args.no_cache)
+    started = time.monotonic()
+    try:
+        with DaskGate(args.workers, args.scheduler) as dask_gate:
+            cluster, dashboard = dask_gate.description, dask_gate.dashboard
+            print(f"judging {len(manifest.cases)} case(s) on {cluster}")
+            if dashboard is not None:
+                print(f"Dask dashboard: {dashboard}")
+            for index, outcome in dask_gate.judge(list(manifest.cases), state.previous, state.want_html):
+                state.finished(index, outcome)
+    except ClusterError as exc:
+        return _fail(str(exc))
+    except KeyboardInterrupt:
+        print(f"\nparity-xray gate: cancelled; {state.done} of {len(manifest.cases)} case(s) were judged; nothing written", file=sys.stderr)
+        return EXIT_CANCELLED
+    gate = state.result(str(manifest.path), cluster, dashboard, time.monotonic() - started)
+    sys.stdout.write(render_text(gate))
+    try:
+        state.write(gate, args.json, args.html)
+    except OSError as exc:
+        return _fail(f"cannot write the results: {exc}")
+    return gate.exit_code
+
+
+class _GateRun:
+    """The cases' cache keys, what the cache holds for them, and each outcome as it comes."""
+
+    def __init__(self, cases: tuple[GateCase, ...], want_html: bool, use_cache: bool) -> None:
+        from sessions.gate.cache import case_key, gate_cache_dir, load_entry, load_html
+
+        self.cases = cases
+        self.want_html = want_html
+        self.cache_dir = gate_cache_dir()
+        self.keys = [case_key(c) for c in cases]
+        self.pages: dict[int, str] = {}
+        self.results: dict[int, CaseResult] = {}
+        self.previous: list[CachedCase | None] = []
+        for index, key in enumerate(self.keys):
+            entry = load_entry(self.cache_dir, key) if use_cache else None
+            page = load_html(self.cache_dir, key) if entry is not None and want_html else None
+            if want_html and page is None:
+                entry = None  # its report is needed and gone: judge it again
+            if page is not None:
+                self.pages[index] = page
+            self.previous.append(entry)
+
+    @property
+    def done(self) -> int:
+        return len(self.results)
+
+    def finished(self, index: int, outcome: CaseOutcome) -> None:
+        from sessions.gate.cache import store_entry
+
+        store_entry(self.cache_dir, self.keys[index], outcome)
+        if outcome.html is not None:
+            self.pages[index] = outcome.html
+        self.results[index] = outcome.result
+        print(f"[{self.done}/{len(self.cases)}] {progress_line(outcome.result)}", flush=True)
+
+    def result(self, manifest: str, cluster: str, dashboard: str | None, seconds: float) -> GateResult:
+        from sessions.gate.result import GateResult
+
+        cases = [self.results[i] for i in range(len(self.cases))]
+        created = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        return GateResult(manifest, cluster, dashboard, created, round(seconds, 3), cases)
+
+    def write(self, gate: GateResult, json_out: str | None, html_out: str | None) -> None:
+        """Each case's report into OUT-cases/ beside the HTML summary, then the summary and the JSON."""
+        from sessions.atomic_write import atomic_write_bytes
+        from sessions.gate.html_summary import render_gate_html
+        from sessions.gate.result import dumps
+
+        if html_out is not None:
+            html_path = Path(html_out)
+            folder = html_path.with_name(f"{html_path.stem}-cases")
+            folder.mkdir(parents=True, exist_ok=True)
+            for index, case in enumerate(gate.cases):
+                if index in self.pages:
+                    page = folder / f"{index + 1:03d}-{re.sub(r'[^A-Za-z0-9._-]+', '_', case.name)}.html"
+                    atomic_write_bytes(page, self.pages[index].encode("utf-8"))
+                    case.report = page.relative_to(html_path.parent).as_posix()
+            atomic_write_bytes(html_path, render_gate_html(gate).encode("utf-8"))
+        if json_out is not None:
+            atomic_write_bytes(Path(json_out), dumps(gate).encode("utf-8"))
+
+
+def progress_line(c: CaseResult) -> str:
+    """One finished case: name, word, where it first fails or why it fails the gate, and where it ran."""
+    where = "cached" if c.reused else f"{c.seconds:.1f} s on {c.worker}" if c.worker else "no worker returned it"
+    notes = [f"first {c.first.kind} at {c.first.key}"] if c.first is not None else []
+    notes += c.rule_failures + (c.reasons if c.word == UNUSABLE else [])
+    return "  ".join([c.name, c.word, *(["; ".join(notes)] if notes else []), f"({where})"])
+
+
+def render_text(gate: GateResult) -> str:
+    """The table of every case in manifest order, then the summary line."""
+    rows = [("case", "verdict", "gate", "first finding", "tokens", "EOS")]
+    for c in gate.cases:
+        tokens, eos = ("", "") if c.tokens is None else (c.tokens.compared_text(), c.tokens.eos_text())
+        rows.append((c.name, c.word, "pass" if c.passed else "FAIL", "" if c.first is None else c.first.key, tokens, eos))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+    return "\n" + "\n".join(lines) + f"\n\n{gate.headline}\n"

@@ -1,0 +1,309 @@
+"""`parity-xray gate` on real Dask clusters over the real demo captures.
+
+A LocalCluster started by the gate itself, and a cluster started here as separate `dask
+scheduler` and `dask worker` processes on loopback (as on a real cluster, the gate only gets
+its address). Every case's verdict is checked against `report`'s (`iter_compare`, in this
+process) and against the scenario's documented verdict. Failures are made for real: a
+worker process is SIGKILLed while its case's comparison is held still (SIGSTOP), a comparing
+child gets the SIGSEGV a crafted file would give libhdf5, and the gate is interrupted with a
+real SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from html import escape
+from pathlib import Path
+
+import pytest
+from distributed import Client
+
+from backends.engines.demo_scenarios import SCENARIOS
+from sessions.capture.opening import open_capture
+from sessions.child_env import child_env
+from sessions.commands import gate as gate_command
+from sessions.compare.comparison import iter_compare
+from sessions.compare.verdict import UNUSABLE, Verdict
+from sessions.gate.result import CaseResult, GateResult, load_gate_file
+from sessions.progress import run_to_end
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+DASK = Path(sys.executable).with_name("dask")
+IN_CHILD = b"sessions.compare.in_child"
+
+
+@pytest.fixture(scope="module")
+def report_verdicts(demo_pairs: dict[str, tuple[Path, Path]]) -> dict[str, Verdict]:
+    """What `report` says about each demo scenario: iter_compare's verdict, computed here."""
+    verdicts = {}
+    for name, (native, oracle) in demo_pairs.items():
+        with open_capture(native) as n, open_capture(oracle) as o:
+            verdicts[name] = run_to_end(iter_compare(n, o)).verdict
+    return verdicts
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A `dask scheduler` and a `dask worker` (two worker processes, one thread each) on loopback.
+
+    The scheduler's own settings: a task fails the first time a worker dies under it
+    (allowed-failures 0), so the worker-kill test needs one kill, not four; and when a gate has
+    more cases than twice the threads, the scheduler queues them and a worker holds only the
+    task it runs (worker-saturation 1.0), so its death takes no other case with it."""
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    env = dict(child_env(), DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES="0", DASK_DISTRIBUTED__SCHEDULER__WORKER_SATURATION="1.0")
+    scratch = tmp_path_factory.mktemp("dask")
+    logs = [open(scratch / name, "wb") for name in ("scheduler.log", "worker.log")]  # noqa: SIM115  (closed at teardown)
+    scheduler = subprocess.Popen(
+        [str(DASK), "scheduler", "--host", "127.0.0.1", "--port", str(port), "--dashboard-address", f"127.0.0.1:{_free_port()}"],
+        env=env, stdout=logs[0], stderr=subprocess.STDOUT,
+    )
+    worker = subprocess.Popen(
+        [str(DASK), "worker", address, "--nworkers", "2", "--nthreads", "1", "--host", "127.0.0.1", "--no-dashboard", "--local-directory", str(scratch)],
+        env=env, stdout=logs[1], stderr=subprocess.STDOUT,
+    )
+    try:
+        with Client(address, timeout=30) as client:
+            client.wait_for_workers(2, timeout=60)
+        yield address
+    finally:
+        for process in (worker, scheduler):
+            process.terminate()
+            try:
+                process.wait(20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        for log in logs:
+            log.close()
+
+
+def _gate(*argv: str) -> int:
+    parser = argparse.ArgumentParser()
+    gate_command.add_arguments(parser)
+    return gate_command.run(parser.parse_args(list(argv)))
+
+
+def _runs(tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]]) -> None:
+    """The demo folder as `runs/` beside the manifest, so the manifest's paths are relative."""
+    (tmp_path / "runs").symlink_to(demo_pairs["clean"][0].parent, target_is_directory=True)
+
+
+def _case(gate: GateResult, name: str) -> CaseResult:
+    return next(c for c in gate.cases if c.name == name)
+
+
+def _matches_report(gate: GateResult, report_verdicts: dict[str, Verdict]) -> None:
+    for name, verdict in report_verdicts.items():
+        case = _case(gate, name)
+        expected = SCENARIOS[name].expected
+        assert case.word == verdict.word == expected.word, name
+        found = None if case.first is None else (case.first.kind, case.first.key)
+        assert found == (None if verdict.first is None else (str(verdict.first.kind), verdict.first.key.text())), name
+        assert found == (None if expected.kind is None else (str(expected.kind), expected.key.text() if expected.key else None)), name
+
+
+GLOB = 'cases = "runs/*.native.h5"\noracle = "runs/*.oracle.h5"\n'
+EOS_CASES = """
+[[case]]
+name = "clean, EOS required within 64"
+native = "runs/clean.native.h5"
+oracle = "runs/clean.oracle.h5"
+token_budget = 64
+eos = "require"
+
+[[case]]
+name = "post-eos, EOS required within 64"
+native = "runs/post-eos.native.h5"
+oracle = "runs/post-eos.oracle.h5"
+token_budget = 64
+eos = "require"
+"""
+
+
+def test_a_local_gate_judges_every_scenario_as_report_does_and_writes_json_and_html(
+    tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], report_verdicts: dict[str, Verdict], capsys: pytest.CaptureFixture[str]
+) -> None:
+    _runs(tmp_path, demo_pairs)
+    manifest = tmp_path / "gate.toml"
+    manifest.write_text(GLOB + EOS_CASES)
+    assert _gate(str(manifest), "--workers", "2", "--json", str(tmp_path / "gate.json"), "--html", str(tmp_path / "out" / "gate.html")) == 1
+    out = capsys.readouterr().out
+    gate = load_gate_file(tmp_path / "gate.json")
+    assert out.startswith("judging 8 case(s) on a LocalCluster of 2 worker process(es) at tcp://127.0.0.1:")
+    assert [line.split("]")[0] for line in out.splitlines() if line.startswith("[")] == [f"[{i}/8" for i in range(1, 9)]
+    _matches_report(gate, report_verdicts)
+    assert [c.name for c in gate.cases][:6] == sorted(report_verdicts)
+    clean_eos, post_eos = _case(gate, "clean, EOS required within 64"), _case(gate, "post-eos, EOS required within 64")
+    assert (clean_eos.word, clean_eos.passed, clean_eos.tokens.compared, clean_eos.tokens.eos_reached) == ("PARITY", False, 7, False)
+    assert clean_eos.rule_failures == [
+        'no shared EOS within the 7 token steps compared (eos = "require")',
+        "short of the token budget: 7 of 64 token steps captured and no shared EOS",
+    ]
+    assert (post_eos.word, post_eos.passed, post_eos.tokens.compared, post_eos.tokens.eos_step, post_eos.rule_failures) == ("PARITY", True, 4, 3, [])
+    assert _case(gate, "swiglu-order").worst_op.key == "0:text-before:1:ffn_down"
+    summary = (
+        "3/8 pass; 1 contract mismatch at 0:visual:0:sdpa; 1 divergence at 0:text-before:0:ffn_act; "
+        "1 signed-zero-only at 0:text-before:0:ffn_act; 1 dispatch-only at 0:text-after:0:sdpa; 1 no shared EOS; 1 short of the token budget"
+    )
+    assert gate.headline == summary and out.endswith(f"\n{summary}\n")
+    assert json.loads((tmp_path / "gate.json").read_text())["counts"] == {"cases": 8, "passed": 3, "failed": 5, "unusable": 0, "reused": 0}
+    page = (tmp_path / "out" / "gate.html").read_text()
+    assert summary in page
+    for case in gate.cases:
+        assert case.report is not None and f'href="{case.report}"' in page
+        report = (tmp_path / "out" / case.report).read_text()
+        assert escape(report_verdicts[case.name.split(",")[0]].headline) in report
+
+
+def test_a_gate_on_a_separately_started_cluster_judges_as_report_does(
+    tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], report_verdicts: dict[str, Verdict], cluster: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _runs(tmp_path, demo_pairs)
+    (tmp_path / "gate.toml").write_text(GLOB)
+    assert _gate(str(tmp_path / "gate.toml"), "--scheduler", cluster, "--json", str(tmp_path / "gate.json")) == 1
+    out = capsys.readouterr().out
+    assert out.startswith(f"judging 6 case(s) on the cluster at {cluster} (2 worker(s))\nDask dashboard: http://127.0.0.1:")
+    gate = load_gate_file(tmp_path / "gate.json")
+    _matches_report(gate, report_verdicts)
+    with Client(cluster, timeout=30) as client:
+        assert {c.worker for c in gate.cases} <= set(client.scheduler_info(n_workers=-1)["workers"])
+    assert not any(c.reused for c in gate.cases)
+
+
+def test_a_rerun_reuses_unchanged_cases_and_judges_a_changed_capture_again(
+    tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], cluster: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in ("clean", "swiglu-order"):
+        (tmp_path / name).mkdir()
+        for side, path in zip(("native", "oracle"), demo_pairs[name], strict=True):
+            shutil.copy(path, tmp_path / name / f"{side}.h5")
+    (tmp_path / "gate.toml").write_text('cases = "*/native.h5"\noracle = "*/oracle.h5"\n')
+
+    def gate() -> GateResult:
+        _gate(str(tmp_path / "gate.toml"), "--scheduler", cluster, "--json", str(tmp_path / "gate.json"))
+        capsys.readouterr()
+        return load_gate_file(tmp_path / "gate.json")
+
+    first = gate()
+    assert [(c.name, c.word, c.reused) for c in first.cases] == [("clean", "PARITY", False), ("swiglu-order", "DIVERGENCE", False)]
+    again = gate()
+    assert [(c.word, c.reused, c.seconds) for c in again.cases] == [(c.word, True, c.seconds) for c in first.cases]
+    os.utime(tmp_path / "swiglu-order" / "native.h5")  # a touch: new mtime and ctime, the same content
+    shutil.copy(demo_pairs["swiglu-order"][0], tmp_path / "clean" / "oracle.h5")  # clean's oracle is now another run
+    changed = gate()
+    assert [(c.name, c.word, c.reused) for c in changed.cases] == [("clean", "DIVERGENCE", False), ("swiglu-order", "DIVERGENCE", True)]
+
+
+def _process_with(*parts: bytes) -> int | None:
+    """A live process whose command line names all of `parts`."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if all(p in cmdline for p in parts):
+                return int(entry.name)
+    return None
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _wait_for_child(path: Path, timeout_s: float = 60.0) -> int:
+    """The comparing child of the case whose native capture is `path`, as soon as it starts."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pid = _process_with(IN_CHILD, str(path).encode())
+        if pid is not None:
+            return pid
+        time.sleep(0.01)
+    raise AssertionError(f"no comparison of {path} started")
+
+
+def test_a_killed_worker_and_a_crashing_reader_make_their_cases_unusable_and_the_gate_goes_on(
+    tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], cluster: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cases = (("doomed", "clean"), ("crashing", "swiglu-order"), ("head-chunk", "head-chunk"), ("signed-zero", "signed-zero"), ("post-eos", "post-eos"))
+    for name, source in cases:  # five cases on two threads: queued on the scheduler (see the cluster fixture)
+        (tmp_path / name).mkdir()
+        for side, path in zip(("native", "oracle"), demo_pairs[source], strict=True):
+            (tmp_path / name / f"{side}.h5").symlink_to(path)  # a path naming the case, for finding its comparing child
+    (tmp_path / "gate.toml").write_text('cases = "*/native.h5"\noracle = "*/oracle.h5"\n')
+    held: list[int] = []
+
+    def kill_the_worker() -> None:
+        child = _wait_for_child(tmp_path / "doomed" / "native.h5")
+        os.kill(child, signal.SIGSTOP)  # hold the comparison still, so the worker dies mid-case
+        held.append(child)
+        os.kill(_parent(child), signal.SIGKILL)
+
+    def crash_the_reader() -> None:
+        os.kill(_wait_for_child(tmp_path / "crashing" / "native.h5"), signal.SIGSEGV)
+
+    saboteurs = [threading.Thread(target=kill_the_worker), threading.Thread(target=crash_the_reader)]
+    for thread in saboteurs:
+        thread.start()
+    try:
+        code = _gate(str(tmp_path / "gate.toml"), "--scheduler", cluster, "--json", str(tmp_path / "gate.json"))
+    finally:
+        for thread in saboteurs:
+            thread.join()
+        for pid in held:
+            os.kill(pid, signal.SIGKILL)  # the dead worker's orphan, still stopped
+    out = capsys.readouterr().out
+    gate = load_gate_file(tmp_path / "gate.json")
+    assert code == 2 and gate.exit_code == 2
+    doomed, crashing = _case(gate, "doomed"), _case(gate, "crashing")
+    assert doomed.word == UNUSABLE and doomed.reasons[0].startswith("the Dask worker judging it died (")
+    assert crashing.word == UNUSABLE and "crashed the comparing process (SIGSEGV)" in crashing.reasons[0]
+    assert [(c.name, c.word) for c in gate.cases if c.word != UNUSABLE] == [("head-chunk", "DISPATCH-ONLY"), ("post-eos", "PARITY"), ("signed-zero", "SIGNED-ZERO-ONLY")]
+    assert out.endswith("\n1/5 pass; 1 signed-zero-only at 0:text-before:0:ffn_act; 1 dispatch-only at 0:text-after:0:sdpa; 2 unusable\n")
+    with Client(cluster, timeout=30) as client:
+        client.wait_for_workers(2, timeout=60)  # the killed worker's nanny starts a new one
+
+
+def test_ctrl_c_stops_the_running_comparisons_and_leaves_nothing_on_the_cluster(
+    tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], cluster: str
+) -> None:
+    _runs(tmp_path, demo_pairs)
+    (tmp_path / "gate.toml").write_text(GLOB)
+    gate = subprocess.Popen(
+        [sys.executable, "-m", "viewer.cli", "gate", str(tmp_path / "gate.toml"), "--scheduler", cluster, "--no-cache", "--json", str(tmp_path / "gate.json")],
+        cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    child = _wait_for_child(tmp_path / "runs" / "attention-contract.native.h5")
+    os.kill(child, signal.SIGSTOP)  # a comparison that will not finish by itself
+    gate.send_signal(signal.SIGINT)
+    out, err = gate.communicate(timeout=30)
+    assert gate.returncode == 130, err
+    assert "parity-xray gate: cancelled;" in err and "nothing written" in err
+    assert not (tmp_path / "gate.json").exists()
+    deadline = time.monotonic() + 10
+    while (_process_with(IN_CHILD, str(tmp_path).encode()) is not None or Path(f"/proc/{child}").exists()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{child}").exists(), "the held comparison outlived the cancelled gate"
+    assert _process_with(IN_CHILD, str(tmp_path).encode()) is None
+    with Client(cluster, timeout=30) as client:
+        assert client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)) == 0

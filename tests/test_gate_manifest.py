@@ -1,0 +1,124 @@
+"""The gate manifest: explicit and globbed cases, options per case, and bad manifests refused with a location."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from sessions.commands import gate as gate_command
+from sessions.compare.comparison import CompareOptions
+from sessions.compare.tensor_diff import Tolerance
+from sessions.gate.manifest import (
+    EOS_REQUIRE,
+    EOS_STOP,
+    GateCase,
+    ManifestError,
+    load_manifest,
+)
+from sessions.gate.result import (
+    CaseFinding,
+    CaseResult,
+    CaseTokens,
+    summary_line,
+    unusable,
+)
+
+
+def _write(folder: Path, text: str) -> Path:
+    path = folder / "gate.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _runs(folder: Path, names: list[str]) -> None:
+    for name in names:
+        (folder / "runs" / name).mkdir(parents=True)
+        for side in ("native", "oracle"):
+            (folder / "runs" / name / f"{side}.h5").write_bytes(b"")
+
+
+def test_a_glob_names_each_case_by_what_its_wildcard_matched_and_pairs_the_oracle_pattern(tmp_path: Path) -> None:
+    _runs(tmp_path, ["img02", "img01"])
+    manifest = load_manifest(_write(tmp_path, 'token_budget = 64\nmax_ulp = 2\ncases = "runs/*/native.h5"\noracle = "runs/*/oracle.h5"\n'))
+    assert manifest.cases == (
+        GateCase("img01", str(tmp_path / "runs/img01/native.h5"), str(tmp_path / "runs/img01/oracle.h5"), CompareOptions(max_ulp=2, max_steps=64)),
+        GateCase("img02", str(tmp_path / "runs/img02/native.h5"), str(tmp_path / "runs/img02/oracle.h5"), CompareOptions(max_ulp=2, max_steps=64)),
+    )
+
+
+def test_explicit_cases_take_the_top_level_options_and_override_them_one_by_one(tmp_path: Path) -> None:
+    (tmp_path / "my.toml").write_text("")
+    manifest = load_manifest(_write(tmp_path, """
+token_budget = 64
+native_profile = "llama.cpp"
+
+[[case]]
+name = "canonical"
+native = "a/native.h5"
+oracle = "/data/a/oracle.h5"
+token_budget = 384
+eos = "require"
+atol = 0.5
+oracle_profile = "my.toml"
+
+[[case]]
+native = "b/native.h5"
+oracle = "b/oracle.h5"
+"""))
+    first, second = manifest.cases
+    assert first == GateCase(
+        "canonical", str(tmp_path / "a/native.h5"), "/data/a/oracle.h5",
+        CompareOptions(atol=0.5, native_profile="llama.cpp", oracle_profile=str(tmp_path / "my.toml"), max_steps=384), EOS_REQUIRE,
+    )
+    assert second == GateCase("b/native.h5", str(tmp_path / "b/native.h5"), str(tmp_path / "b/oracle.h5"), CompareOptions(native_profile="llama.cpp", max_steps=64), EOS_STOP)
+    assert second.token_budget == 64
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "message"),
+    [
+        ("token_budget = 64\nmax_ulp = = 1\n", 2, "not valid TOML: Invalid value"),
+        ('max_ulps = 1\n[[case]]\nnative = "n.h5"\noracle = "o.h5"\n', 1, "the top level: unknown key 'max_ulps'; known: cases, oracle, case"),
+        ('[[case]]\nnative = "n.h5"\noracle = "o.h5"\n\n[[case]]\nname = "two"\nnative = "n.h5"\n\noracle = "o.h5"\ntoken_budget = -1\n', 10,
+         "case 2 ('two'): 'token_budget' must be an integer >= 1, got -1"),
+        ('token_budget = 0\n[[case]]\nnative = "n.h5"\noracle = "o.h5"\n', 1, "case 1: 'token_budget' must be an integer >= 1, got 0"),
+        ('[[case]]\nname = "x"\nnative = "n.h5"\n', 1, "case 1 ('x'): needs 'oracle', the path of its oracle capture"),
+        ('[[case]]\nnative = "n.h5"\noracle = "o.h5"\neos = "always"\n', 4, "'eos' must be one of 'stop', 'require', got 'always'"),
+        ('[[case]]\nnative = "n.h5"\noracle = "o.h5"\noracle_profile = "llama"\n', 4, "'oracle_profile' is neither a built-in profile"),
+        ('cases = "runs/*/native.h5"\noracle = "runs/oracle.h5"\n', 2, "must have the same wildcards in the same order"),
+        ('cases = "runs/*/native.h5"\noracle = "runs/*/oracle.h5"\n', 1, "'runs/*/native.h5' matches no file under"),
+        ('[[case]]\nname = "a"\nnative = "n.h5"\noracle = "o.h5"\n[[case]]\nname = "a"\nnative = "m.h5"\noracle = "o.h5"\n', None,
+         "case 'a': the name is used twice (cases 1 and 2)"),
+        ("token_budget = 4\n", None, "no cases"),
+    ],
+)
+def test_a_bad_manifest_is_refused_with_its_file_line_and_what_is_wrong(tmp_path: Path, text: str, line: int | None, message: str) -> None:
+    path = _write(tmp_path, text)
+    with pytest.raises(ManifestError) as info:
+        load_manifest(path)
+    assert info.value.line == line
+    assert str(info.value).startswith(f"{path}:{line}: " if line else f"{path}: ")
+    assert message in str(info.value)
+
+
+def test_the_command_exits_2_on_a_bad_manifest_before_starting_any_cluster(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    gate_command.add_arguments(parser)
+    path = _write(tmp_path, '[[case]]\nnative = "n.h5"\n')
+    assert gate_command.run(parser.parse_args([str(path)])) == 2
+    assert capsys.readouterr().err == f"parity-xray gate: bad manifest: {path}:1: case 1: needs 'oracle', the path of its oracle capture\n"
+
+
+def _case(name: str, word: str, key: str | None = None, rules: tuple[str, ...] = ()) -> CaseResult:
+    first = None if key is None else CaseFinding("diverged", key, "")
+    return CaseResult(name, "n.h5", "o.h5", word, first, [], list(rules), CaseTokens(64, 64, False, None, None), None, EOS_STOP, Tolerance(), None, None)
+
+
+def test_the_summary_line_counts_passes_then_each_failing_word_with_its_first_keys_then_rules_then_unusable() -> None:
+    cases = [_case(f"p{i}", "PARITY") for i in range(38)]
+    cases += [_case("d", "DIVERGENCE", "0:visual:17:sdpa"), unusable("u", "n.h5", "o.h5", EOS_STOP, Tolerance(), "gone")]
+    assert summary_line(cases) == "38/40 pass; 1 divergence at 0:visual:17:sdpa; 1 unusable"
+    cases = [_case(f"d{i}", "DIVERGENCE", f"0:visual:{i % 4}:sdpa") for i in range(6)] + [_case("e", "PARITY", rules=("no shared EOS within 64 token steps",))]
+    assert summary_line(cases) == "0/7 pass; 6 divergence at 0:visual:0:sdpa ×2, 0:visual:1:sdpa ×2, 0:visual:2:sdpa and 1 more; 1 no shared EOS"

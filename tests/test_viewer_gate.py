@@ -1,0 +1,102 @@
+"""`parity-xray GATE.json`: the gate's cases in a table, coloured like the verdict strip; a case opens its pair.
+
+The gate result is made for real: each case judged by the same code a Dask worker runs
+(sessions.gate.judge.iter_judge_case), on the demo captures and on a missing file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtWidgets import QApplication
+from pytestqt.qtbot import QtBot
+
+from sessions.compare.comparison import CompareOptions
+from sessions.gate.judge import iter_judge_case
+from sessions.gate.manifest import GateCase
+from sessions.gate.result import GateResult, dumps, load_gate_file
+from sessions.progress import run_to_end
+from viewer.app import run_viewer
+from viewer.gate.gate_window import COLUMNS, GateWindow
+from viewer.settings import ViewerSettings
+from viewer.theme import WORD_COLOURS
+
+pytestmark = [pytest.mark.slow, pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints", "This plugin does not support raise")]
+
+WAIT_MS = 120_000
+
+
+@pytest.fixture(scope="module")
+def gate_file(demo_pairs: dict[str, tuple[Path, Path]], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cases = [GateCase(name, str(demo_pairs[name][0]), str(demo_pairs[name][1]), CompareOptions(max_steps=64)) for name in ("clean", "swiglu-order")]
+    cases.append(GateCase("missing", str(demo_pairs["clean"][0].with_name("gone.h5")), str(demo_pairs["clean"][1]), CompareOptions()))
+    results = [run_to_end(iter_judge_case(case)).result for case in cases]
+    path = tmp_path_factory.mktemp("gate") / "gate.json"
+    path.write_text(dumps(GateResult("gate.toml", "this process", None, "2026-07-15T00:00:00+00:00", 1.0, results)))
+    return path
+
+
+def test_the_table_shows_each_case_with_its_word_in_the_verdict_strips_colour(qtbot: QtBot, gate_file: Path, tmp_path: Path) -> None:
+    window = GateWindow(load_gate_file(gate_file), ViewerSettings(tmp_path / "viewer.ini"))
+    qtbot.addWidget(window)
+    rows = [[window.table.item(r, c).text() for c in range(len(COLUMNS))] for r in range(window.table.rowCount())]
+    assert [row[:6] for row in rows] == [
+        ["clean", "PARITY", "FAIL", "", "7/64", "not reached"],
+        ["swiglu-order", "DIVERGENCE", "FAIL", "0:text-before:0:ffn_act (diverged)", "7/64", "not reached"],
+        ["missing", "UNUSABLE", "FAIL", "", "", ""],
+    ]
+    assert rows[0][7] == "short of the token budget: 7 of 64 token steps captured and no shared EOS"
+    assert rows[1][6] == "0:text-before:1:ffn_down"
+    assert rows[2][7].endswith("gone.h5: No such file or directory")
+    colours = [window.table.item(r, COLUMNS.index("verdict")).background().color().name() for r in range(3)]
+    assert colours == [WORD_COLOURS["PARITY"], WORD_COLOURS["DIVERGENCE"], WORD_COLOURS["UNUSABLE"]]
+    assert window.headline.text() == "<b>0/3 pass; 1 divergence at 0:text-before:0:ffn_act; 2 short of the token budget; 1 unusable</b> (exit 2)"
+
+
+def test_enter_and_double_click_open_the_cases_pair_in_a_main_window(qtbot: QtBot, gate_file: Path, demo_pairs: dict[str, tuple[Path, Path]], tmp_path: Path) -> None:
+    window = GateWindow(load_gate_file(gate_file), ViewerSettings(tmp_path / "viewer.ini"))
+    qtbot.addWidget(window)
+    window.show()
+    qtbot.waitExposed(window)
+    window.table.selectRow(1)
+    window.table.setFocus()
+    qtbot.keyClick(window.table, Qt.Key.Key_Return)
+    assert len(window.opened) == 1
+    opened = window.opened[0]
+    qtbot.waitUntil(lambda: opened.model.comparison is not None and not opened.tasks.busy, timeout=WAIT_MS)
+    assert (opened.model.native.path, opened.model.oracle.path) == demo_pairs["swiglu-order"]
+    assert opened.model.comparison.comparison.verdict.word == "DIVERGENCE"
+    rect = window.table.visualRect(window.table.model().index(0, 0))
+    qtbot.mouseClick(window.table.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())  # a double-click starts with a press
+    qtbot.mouseDClick(window.table.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())
+    assert len(window.opened) == 2
+    qtbot.waitUntil(lambda: window.opened[1].model.native is not None, timeout=WAIT_MS)
+    assert window.opened[1].model.native.path == demo_pairs["clean"][0]
+    # Closed only when idle: a main window closed mid-comparison waits out its tasks' 30 s (viewer.workers).
+    qtbot.waitUntil(lambda: not window.opened[1].tasks.busy, timeout=WAIT_MS)
+    for case_window in list(window.opened):
+        case_window.close()
+
+
+def test_parity_xray_gate_json_opens_the_gate_window_and_a_report_json_is_refused(
+    qtbot: QtBot, gate_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = {id(w) for w in QApplication.topLevelWidgets() if w.isVisible()}
+    shown: list[str] = []
+
+    def look_and_quit() -> None:
+        new = [w for w in QApplication.topLevelWidgets() if w.isVisible() and id(w) not in before]
+        shown.extend(type(w).__name__ for w in new)
+        for widget in new:
+            widget.close()
+        QApplication.quit()
+
+    QTimer.singleShot(0, look_and_quit)
+    assert run_viewer([str(gate_file), "--settings", str(tmp_path / "viewer.ini")]) == 0
+    assert shown == ["GateWindow"]
+    report = tmp_path / "report.json"
+    report.write_text('{"format": "parity-xray-report", "version": 3}')
+    assert run_viewer([str(report)]) == 2
+    assert capsys.readouterr().err == f"parity-xray: {report}: not a gate result: not a parity-xray-gate version 1 document\n"

@@ -1,0 +1,92 @@
+"""A gate's result (`parity-xray GATE.json`): one row per case, and each case's pair one keypress away.
+
+The table shows what `parity-xray gate` printed, read from its JSON document (docs/gate.md),
+with each verdict word in the colour of the main window's verdict strip, so a reader scanning
+forty rows sees at once which are not green. Opening a case (double-click, Enter) opens its
+native and oracle captures in a main window of their own; the gate window stays as it is.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QLabel,
+    QMainWindow,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from sessions.compare.verdict import UNUSABLE
+from sessions.gate.result import CaseResult, GateResult
+from viewer.settings import ViewerSettings
+from viewer.theme import WORD_COLOURS
+from viewer.window.main_window import MainWindow
+
+COLUMNS = ("case", "verdict", "gate", "first finding", "tokens", "EOS", "worst op", "notes")
+VERDICT_COLUMN = COLUMNS.index("verdict")
+
+
+def case_cells(case: CaseResult) -> tuple[str, ...]:
+    """The row's texts, in COLUMNS order."""
+    tokens, eos = ("", "") if case.tokens is None else (case.tokens.compared_text(), case.tokens.eos_text())
+    first = "" if case.first is None else f"{case.first.key} ({case.first.kind})"
+    worst = "" if case.worst_op is None else case.worst_op.key
+    notes = "; ".join(case.rule_failures + (case.reasons if case.word == UNUSABLE else []))
+    return (case.name, case.word, "pass" if case.passed else "FAIL", first, tokens, eos, worst, notes)
+
+
+class GateWindow(QMainWindow):
+    def __init__(self, gate: GateResult, settings: ViewerSettings | None = None, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.gate = gate
+        self.settings = settings
+        self.opened: list[MainWindow] = []
+        """The case windows opened from here, kept alive while they are open."""
+        self.setObjectName("ParityXrayGateWindow")
+        self.setWindowTitle(f"Parity X-ray gate: {gate.manifest}")
+        central = QWidget()
+        layout = QVBoxLayout(central)
+        self.headline = QLabel(f"<b>{gate.headline}</b> (exit {gate.exit_code})")
+        self.headline.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.headline.setWordWrap(True)
+        layout.addWidget(self.headline)
+        layout.addWidget(QLabel(f"judged on {gate.cluster} in {gate.seconds:.1f} s, finished {gate.created}; double-click or Enter opens a case"))
+        self.table = QTableWidget(len(gate.cases), len(COLUMNS))
+        self.table.setHorizontalHeaderLabels(COLUMNS)
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        for row, case in enumerate(gate.cases):
+            for column, text in enumerate(case_cells(case)):
+                item = QTableWidgetItem(text)
+                item.setToolTip(text)
+                if column == VERDICT_COLUMN:
+                    item.setBackground(QColor(WORD_COLOURS.get(case.word, WORD_COLOURS[UNUSABLE])))
+                    item.setForeground(QColor("white"))
+                self.table.setItem(row, column, item)
+        self.table.resizeColumnsToContents()
+        self.table.horizontalHeader().setStretchLastSection(True)
+        # Qt activates an item on Enter/Return and on double-click (single click where the style says so).
+        self.table.activated.connect(lambda index: self.open_case(index.row()))
+        layout.addWidget(self.table)
+        self.setCentralWidget(central)
+        self.resize(1200, 600)
+        if gate.cases:
+            self.table.selectRow(0)
+
+    def open_case(self, row: int) -> MainWindow | None:
+        """The case's pair in a main window of its own (its comparison runs with the viewer's defaults)."""
+        if not 0 <= row < len(self.gate.cases):
+            return None
+        case = self.gate.cases[row]
+        window = MainWindow(self.settings)
+        window.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        self.opened.append(window)
+        window.destroyed.connect(lambda _=None, w=window: self.opened.remove(w) if w in self.opened else None)
+        window.show()
+        window.open_pair(case.native, case.oracle)
+        return window

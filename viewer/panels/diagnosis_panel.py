@@ -14,7 +14,6 @@ from typing import Any
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
-    QAbstractItemView,
     QCheckBox,
     QComboBox,
     QHBoxLayout,
@@ -44,6 +43,7 @@ from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
 from viewer.theme import locality_colour, status_colour
 from viewer.widgets.progress_bar import show_progress
+from viewer.widgets.read_only_table import read_only_table
 from viewer.workers import TaskSlots
 
 SCOPES = (("first", "First local op"), ("all", "Every diverged op, with the budget"), ("op", "The selected op"))
@@ -65,11 +65,7 @@ def _short(value: ErrorFigure | None) -> str:
 
 
 def _table(columns: tuple[str, ...]) -> QTableWidget:
-    table = QTableWidget(0, len(columns))
-    table.setHorizontalHeaderLabels(list(columns))
-    table.verticalHeader().setVisible(False)
-    table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-    table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+    table = read_only_table(columns)
     table.setWordWrap(False)
     header = table.horizontalHeader()
     header.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 from PySide6.QtGui import QBrush, QColor, QFont
 from PySide6.QtWidgets import (
-    QAbstractItemView,
     QHeaderView,
     QLabel,
-    QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
     QWidget,
@@ -19,6 +17,7 @@ from PySide6.QtWidgets import (
 
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
+from viewer.widgets.read_only_table import read_only_table
 
 COLUMNS = ("step", "native token", "oracle token", "verdict", "Δlogit", "KL (nats)", "top-k overlap", "native top-k (id: logit)", "oracle top-k (id: logit)")
 VERDICT_COLOURS = {"match": "#2e9d57", "match, logits differ": "#c9a227", "differ": "#d64541", "EOS": "#4a90d9", "post-EOS": "#7d8694"}
@@ -36,11 +35,7 @@ class TokenTable(QWidget):
         self.summary.setObjectName("sectionTitle")
         self.summary.setWordWrap(True)
         layout.addWidget(self.summary)
-        self.table = QTableWidget(0, len(COLUMNS))
-        self.table.setHorizontalHeaderLabels(list(COLUMNS))
-        self.table.verticalHeader().setVisible(False)
-        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table = read_only_table(COLUMNS)
         header = self.table.horizontalHeader()
         for col in range(7):
             header.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)

@@ -11,10 +11,8 @@ from typing import Any
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (
-    QAbstractItemView,
     QHeaderView,
     QLabel,
-    QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
     QWidget,
@@ -24,6 +22,7 @@ from sessions.compare.comparison import worst_ops
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
 from viewer.theme import STATUS_COLOURS
+from viewer.widgets.read_only_table import read_only_table
 
 COLUMNS = ("rank", "op", "kind", "NMSE", "ULP err p99", "ULP steps max", "differing", "cosine")
 PAIR_ROLE = Qt.ItemDataRole.UserRole + 1
@@ -50,12 +49,7 @@ class WorstOpsTable(QWidget):
         self.summary = QLabel("The worst ops appear once a pair is compared")
         self.summary.setObjectName("sectionTitle")
         layout.addWidget(self.summary)
-        self.table = QTableWidget(0, len(COLUMNS))
-        self.table.setHorizontalHeaderLabels(list(COLUMNS))
-        self.table.verticalHeader().setVisible(False)
-        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.table = read_only_table(COLUMNS)
         header = self.table.horizontalHeader()
         header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         header.setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)

@@ -9,8 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import Qt, QTimer
-from PySide6.QtWidgets import QApplication
+from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
 from sessions.compare.comparison import CompareOptions
@@ -18,7 +17,7 @@ from sessions.gate.judge import iter_judge_case
 from sessions.gate.manifest import GateCase
 from sessions.gate.result import GateResult, dumps, load_gate_file
 from sessions.progress import run_to_end
-from viewer.app import run_viewer
+from viewer.app import window_for
 from viewer.gate.gate_window import COLUMNS, GateWindow
 from viewer.settings import ViewerSettings
 from viewer.theme import WORD_COLOURS
@@ -83,20 +82,11 @@ def test_enter_and_double_click_open_the_cases_pair_in_a_main_window(qtbot: QtBo
 def test_parity_xray_gate_json_opens_the_gate_window_and_a_report_json_is_refused(
     qtbot: QtBot, gate_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    before = {id(w) for w in QApplication.topLevelWidgets() if w.isVisible()}
-    shown: list[str] = []
-
-    def look_and_quit() -> None:
-        new = [w for w in QApplication.topLevelWidgets() if w.isVisible() and id(w) not in before]
-        shown.extend(type(w).__name__ for w in new)
-        for widget in new:
-            widget.close()
-        QApplication.quit()
-
-    QTimer.singleShot(0, look_and_quit)
-    assert run_viewer([str(gate_file), "--settings", str(tmp_path / "viewer.ini")]) == 0
-    assert shown == ["GateWindow"]
+    window = window_for([str(gate_file), "--settings", str(tmp_path / "viewer.ini")])
+    assert isinstance(window, GateWindow)
+    qtbot.addWidget(window)
+    assert window.table.rowCount() == len(load_gate_file(gate_file).cases)
     report = tmp_path / "report.json"
     report.write_text('{"format": "parity-xray-report", "version": 3}')
-    assert run_viewer([str(report)]) == 2
+    assert window_for([str(report)]) == 2
     assert capsys.readouterr().err == f"parity-xray: {report}: not a gate result: not a parity-xray-gate version 1 document\n"

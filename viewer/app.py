@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QApplication, QWidget
 
 import sessions  # noqa: F401  (disables HDF5 filter plugins before h5py is imported)
 from sessions.gate.result import GateFormatError, load_gate_file
@@ -41,7 +41,9 @@ def create_window(files: list[Path], settings: ViewerSettings | None = None) -> 
     return window
 
 
-def run_viewer(argv: list[str]) -> int:
+def window_for(argv: list[str]) -> QWidget | int:
+    """The window the command line asks for, or an exit code with the reason printed (tests
+    check the choice here without entering the event loop, which a quit would end for good)."""
     if argv[:1] == ["open"]:
         argv = argv[1:]
         if len(argv) != 1 or not argv[0].endswith(SESSION_SUFFIX):
@@ -62,6 +64,12 @@ def run_viewer(argv: list[str]) -> int:
     app.setOrganizationName(ORGANISATION)
     app.setApplicationName(APPLICATION)
     settings = ViewerSettings(args.settings) if args.settings else None
-    window = GateWindow(gate, settings) if gate is not None else create_window(args.files, settings)
+    return GateWindow(gate, settings) if gate is not None else create_window(args.files, settings)
+
+
+def run_viewer(argv: list[str]) -> int:
+    window = window_for(argv)
+    if isinstance(window, int):
+        return window
     window.show()
-    return int(app.exec())
+    return int(QApplication.instance().exec())  # type: ignore[union-attr]

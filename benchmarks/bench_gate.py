@@ -9,8 +9,10 @@ each capture's structure check, each comparison in its child process. The captur
 once beforehand, so all runs find them in the page cache. Then the gate runs once more on the
 widest cluster with its cache: what an unchanged rerun costs.
 
-Printed per run: wall time, cases per second, and the speed-up over one worker. Other load on
-the machine shows in the figures; the load average is printed with them.
+Printed per run: wall time, cases per second, the speed-up over one worker, and the CPU time of
+the whole process tree with the cores it kept busy on average (CPU / wall): where that stays
+below the worker count, the cores were not free. Other load on the machine shows in the
+figures; the load average is printed with them.
 
 Usage: python benchmarks/bench_gate.py [--dir /tmp/parity-xray-bench-gate] [--seeds 10]
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -58,8 +61,15 @@ def warm(directory: Path) -> None:
         path.read_bytes()
 
 
-def run_gate(manifest: Path, workers: int, cache: Path, extra: list[str]) -> tuple[float, dict]:
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_gate(manifest: Path, workers: int, cache: Path, extra: list[str]) -> tuple[float, float, dict]:
+    """(wall s, CPU s of the whole process tree: the gate, its cluster, every child it reaped, the document)."""
     out = cache / "gate.json"
+    cpu = _children_cpu_s()
     started = time.monotonic()
     done = subprocess.run(
         [*GATE_COMMAND, str(manifest), "--workers", str(workers), "--json", str(out), *extra],
@@ -68,7 +78,7 @@ def run_gate(manifest: Path, workers: int, cache: Path, extra: list[str]) -> tup
     wall = time.monotonic() - started
     if done.returncode not in (0, 1):
         raise SystemExit(f"gate failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    return wall, json.loads(out.read_text())
+    return wall, _children_cpu_s() - cpu, json.loads(out.read_text())
 
 
 def main() -> None:
@@ -82,17 +92,17 @@ def main() -> None:
     every = local_worker_count()
     counts = sorted({1, 2, every})
     print(f"{args.seeds * len(SCENARIOS)} cases; this machine has {every} core(s); load average before: {os.getloadavg()[0]:.2f}")
-    print(f"{'workers':>8} {'wall s':>8} {'cases/s':>8} {'speed-up':>9}  summary")
+    print(f"{'workers':>8} {'wall s':>8} {'cases/s':>8} {'speed-up':>9} {'CPU s':>7} {'cores used':>10}  summary")
     base = None
     for workers in counts:
         with tempfile.TemporaryDirectory(prefix="bench-gate-") as cache:
-            wall, gate = run_gate(manifest, workers, Path(cache), ["--no-cache"])
+            wall, cpu, gate = run_gate(manifest, workers, Path(cache), ["--no-cache"])
         base = base or wall
         label = f"{workers}" + (" (all)" if workers == every else "")
-        print(f"{label:>8} {wall:8.1f} {len(gate['cases']) / wall:8.2f} {base / wall:8.2f}x  {gate['headline']}", flush=True)
+        print(f"{label:>8} {wall:8.1f} {len(gate['cases']) / wall:8.2f} {base / wall:8.2f}x {cpu:7.1f} {cpu / wall:10.2f}  {gate['headline']}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-gate-") as cache:
         run_gate(manifest, every, Path(cache), [])
-        wall, gate = run_gate(manifest, every, Path(cache), [])
+        wall, _, gate = run_gate(manifest, every, Path(cache), [])
     reused = sum(c["reused"] for c in gate["cases"])
     print(f"unchanged rerun on {every} worker(s): {wall:.1f} s, {reused} of {len(gate['cases'])} cases reused from the cache")
     print(f"load average after: {os.getloadavg()[0]:.2f}")

@@ -84,10 +84,6 @@ def first_finding_record(viewed: ViewedComparison | None) -> UnalignedRecord | N
     return next((u for u in viewed.comparison.unaligned if unaligned_key(u) == first.key), None)
 
 
-def pair_status(pair: PairResult) -> str:
-    return pair.verdict
-
-
 def divergent(viewed: ViewedComparison) -> list[PairResult]:
     """Pairs worth stepping through with F8: every kind that is not bit-exact, before EOS."""
     return [p for p in viewed.comparison.pairs if p.verdict in NOT_EXACT]

@@ -113,7 +113,7 @@ class CompareOptions:
         """A policy rule that fits the pair, else the command-line bounds, else the policy's default."""
         if self.policy is None:
             return self.tolerance
-        rule = next((r for r in self.policy.rules if r.fits(key, dtype)), None)
+        rule = self.policy.rule_for(key, dtype)
         if rule is not None:
             return rule.tolerance
         return self.tolerance if not self.tolerance.is_bit_exact else self.policy.default.tolerance

@@ -68,8 +68,9 @@ class TolerancePolicy:
     source: str = ""
     """Where the policy came from (a file path), for reports."""
 
-    def tolerance_for(self, key: OpKey, dtype: str) -> Tolerance:
-        return next((r.tolerance for r in self.rules if r.fits(key, dtype)), self.default.tolerance)
+    def rule_for(self, key: OpKey, dtype: str) -> ToleranceRule | None:
+        """The first rule that fits the pair; None leaves it to the command line or the default."""
+        return next((r for r in self.rules if r.fits(key, dtype)), None)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TolerancePolicy:

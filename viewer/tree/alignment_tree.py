@@ -169,7 +169,7 @@ class AlignmentTree(QWidget):
                     parent.appendRow(row)
                     groups[path] = row[0]
                 parent = groups[path]
-            status = cv.pair_status(pair)
+            status = pair.verdict
             manual = pair.manual_reason is not None
             label = cv.pair_op_label(pair) + (MANUAL_MARKER if manual else "")
             row = _row(label, status, cv.pair_ulp_error_text(pair), cv.pair_differing_text(pair))

@@ -49,7 +49,9 @@ STRING_ATTRS = (
     "created_utc",
     "prompt",
 )
-INT_ATTRS = ("seed",)
+INT_ATTRS = ("seed", "batch_size", "batch_row")
+"""`batch_size` and `batch_row` (both optional): a run of `batch_size` requests in one batch, whose
+records hold every request along stored axis 0, compared for the request in row `batch_row`."""
 
 
 def utf8(n: int) -> np.dtype:
@@ -74,8 +76,14 @@ INDEX_DTYPE = np.dtype(
         ("effective_contract_id", utf8(64)),
         ("t_start_ns", "<i8"),
         ("t_end_ns", "<i8"),
+        ("position", "<i8"),
     ]
 )
+
+INDEX_OPTIONAL_FIELDS = {"position": -1}
+"""Index fields a file may lack (written before they existed), with the value such rows read as.
+`position` is the absolute token position of the record's first row (canonical rows axis); -1
+unknown, which alignment by position then derives from segment order."""
 
 DISPATCH_DTYPE = np.dtype(
     [
@@ -101,7 +109,7 @@ DISPATCH_DTYPE = np.dtype(
 )
 
 INDEX_STRING_FIELDS = tuple(n for n in INDEX_DTYPE.names if INDEX_DTYPE[n].kind == "S")
-INDEX_INT_FIELDS = ("seq", "step", "layer", "occurrence", "ndim", "t_start_ns", "t_end_ns")
+INDEX_INT_FIELDS = ("seq", "step", "layer", "occurrence", "ndim", "t_start_ns", "t_end_ns", "position")
 
 TOKENS_DTYPE = np.dtype(
     [

@@ -20,6 +20,10 @@ class CaptureMeta:
     created_utc: str = ""
     prompt: str = ""
     seed: int = 0
+    batch_size: int = 1
+    batch_row: int = 0
+    """With batch_size > 1, every record holds the batch's requests along stored axis 0; the
+    request under comparison is this row."""
     provenance: dict[str, Any] = field(default_factory=dict)
 
     def provenance_bytes(self) -> bytes:

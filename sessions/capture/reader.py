@@ -75,6 +75,8 @@ class Record:
     effective_contract_id: str
     t_start_ns: int
     t_end_ns: int
+    position: int = -1
+    """Absolute token position of the first row (canonical rows axis); -1 when not recorded."""
 
     @property
     def size(self) -> int:
@@ -98,6 +100,7 @@ def record_from_row(row: np.void) -> Record:
         effective_contract_id=cf.decode_field(row["effective_contract_id"]),
         t_start_ns=int(row["t_start_ns"]),
         t_end_ns=int(row["t_end_ns"]),
+        position=int(row["position"]),
     )
 
 
@@ -127,6 +130,7 @@ def records_from_index(index: np.ndarray) -> list[Record]:
             effective_contract_id=texts["effective_contract_id"][i],
             t_start_ns=ints["t_start_ns"][i],
             t_end_ns=ints["t_end_ns"][i],
+            position=ints["position"][i],
         )
         for i in range(len(index))
     ]
@@ -243,7 +247,12 @@ class Capture:
                 raise self._fail("/ attribute 'provenance_json'", f"is not JSON ({reason})") from None
             if not isinstance(provenance, dict):
                 raise self._fail("/ attribute 'provenance_json'", f"is a JSON {type(provenance).__name__}; the format holds one JSON object")
-        meta = CaptureMeta(seed=_attr_int(self._root_attr("seed"), 0), provenance=provenance, **texts)
+        batch_size, batch_row = _attr_int(self._root_attr("batch_size"), 1), _attr_int(self._root_attr("batch_row"), 0)
+        if batch_size < 1 or not 0 <= batch_row < batch_size:
+            raise self._fail("/ attributes 'batch_size', 'batch_row'", f"row {batch_row} of a batch of {batch_size} is not a request of that batch")
+        meta = CaptureMeta(
+            seed=_attr_int(self._root_attr("seed"), 0), batch_size=batch_size, batch_row=batch_row, provenance=provenance, **texts
+        )
         return meta, _attr_int(self._root_attr(cf.ATTR_COMPLETE), 0) == 1
 
     def _read_table(self, path: str, dtype: np.dtype, required: bool) -> np.ndarray:
@@ -284,7 +293,7 @@ class Capture:
             return raw
         table = np.zeros(len(raw), dtype=dtype)
         for name in dtype.names:
-            table[name] = raw[name]
+            table[name] = raw[name] if name in raw.dtype.names else cf.INDEX_OPTIONAL_FIELDS[name]
         return table
 
     def _committed_index_prefix(self, index: np.ndarray) -> np.ndarray:
@@ -422,10 +431,10 @@ def _quantized_problems(
 
 def _field_problem(stored: np.dtype, expected: np.dtype) -> str | None:
     """Why a stored compound cannot stand for the format's table, or None when every field fits."""
-    missing = [n for n in expected.names if n not in stored.names]
+    missing = [n for n in expected.names if n not in stored.names and n not in cf.INDEX_OPTIONAL_FIELDS]
     if missing:
         return f"lacks field(s) {', '.join(missing)}"
-    for name in expected.names:
+    for name in (n for n in expected.names if n in stored.names):
         have, want = stored[name], expected[name]
         if have.shape != want.shape:
             return f"field {name!r} has shape {have.shape}; the format's is {want.shape}"
@@ -454,6 +463,7 @@ def index_problems(index: np.ndarray) -> tuple[list[Problem], np.ndarray]:
         (index["step"] < 0, "step is negative"),
         (index["layer"] < -1, "layer is below -1"),
         (index["occurrence"] < 0, "occurrence is negative"),
+        (index["position"] < -1, "position is below -1 (-1: not recorded)"),
     )
     bad_rows = np.zeros(len(index), dtype=bool)
     for bad, what in checks:

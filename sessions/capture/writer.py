@@ -88,6 +88,9 @@ class CaptureWriter:
             raw = value.encode("utf-8")
             attrs.create(name, np.bytes_(raw), dtype=h5py.string_dtype("utf-8", max(1, len(raw))))
         attrs.create("seed", np.int64(meta.seed))
+        if meta.batch_size != 1:
+            attrs.create("batch_size", np.int64(meta.batch_size))
+            attrs.create("batch_row", np.int64(meta.batch_row))
         attrs.create(cf.ATTR_PROVENANCE, np.frombuffer(meta.provenance_bytes(), dtype=np.uint8))
         attrs.create(cf.ATTR_COMPLETE, np.int8(0))
 
@@ -120,6 +123,7 @@ class CaptureWriter:
         t_start_ns: int | None = None,
         t_end_ns: int | None = None,
         attrs: dict[str, str] | None = None,
+        position: int = -1,
     ) -> int:
         """Store one tensor and queue its index row; returns its sequence number.
 
@@ -127,6 +131,7 @@ class CaptureWriter:
         of bfloat16 bits, raw bytes of Q8_0 blocks with `logical_shape`). `attrs` are extra
         engine-specific string attributes of the tensor's dataset (fixed-length UTF-8), e.g. the
         llama.cpp recorder's `ggml_src` (docs/capture-format.md, "Recorder attributes").
+        `position` is the absolute token position of the tensor's first row (-1: not recorded).
         """
         logical = dtype or logical_name_of(array)
         ld = logical_dtype(logical)
@@ -175,6 +180,7 @@ class CaptureWriter:
                 ),
                 end if t_start_ns is None else t_start_ns,
                 end,
+                position,
             )
         )
         self._seq += 1

@@ -36,6 +36,7 @@ class T:
     contract_id: str = ""
     effective_contract_id: str = ""
     dispatch: list[dict[str, Any]] = field(default_factory=list)
+    position: int = -1
 
 
 def write_capture(
@@ -66,6 +67,7 @@ def write_capture(
             kernel_id=t.kernel_id,
             contract_id=t.contract_id,
             effective_contract_id=t.effective_contract_id,
+            position=t.position,
         )
         for call, event in enumerate(t.dispatch):
             writer.add_dispatch(index_seq=seq, call=call, **event)

@@ -55,7 +55,7 @@ def test_the_command_names_what_is_missing_and_exits_2(demo_pairs: dict, capsys:
 def test_keys_parse_with_an_optional_occurrence() -> None:
     key = rerun_target("2:decode:1:sdpa#1")
     assert (key.step, key.segment, key.layer, key.op, key.occurrence) == (2, "decode", 1, "sdpa", 1)
-    with pytest.raises(ValueError, match="STEP, LAYER and OCCURRENCE must be integers"):
+    with pytest.raises(ValueError, match="STEP, LAYER, OCCURRENCE and positions must be integers"):
         rerun_target("x:visual:0:sdpa")
 
 

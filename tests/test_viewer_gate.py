@@ -87,6 +87,6 @@ def test_parity_xray_gate_json_opens_the_gate_window_and_a_report_json_is_refuse
     qtbot.addWidget(window)
     assert window.table.rowCount() == len(load_gate_file(gate_file).cases)
     report = tmp_path / "report.json"
-    report.write_text('{"format": "parity-xray-report", "version": 3}')
+    report.write_text('{"format": "parity-xray-report", "version": 4}')
     assert window_for([str(report)]) == 2
     assert capsys.readouterr().err == f"parity-xray: {report}: not a gate result: not a parity-xray-gate version 1 document\n"

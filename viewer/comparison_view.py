@@ -7,11 +7,8 @@ domain logic and a change in the engine's result shape is absorbed here.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from html import escape
-
-import numpy as np
 
 from sessions.capture.reader import Capture, CaptureError
 from sessions.compare.align import UnalignedRecord
@@ -24,7 +21,7 @@ from sessions.compare.comparison import (
 from sessions.compare.contracts import ContractFinding
 from sessions.compare.in_child import iter_compare_in_child
 from sessions.compare.key import OpKey
-from sessions.compare.pair_tensors import PairSide, pair_sides
+from sessions.compare.pair_tensors import pair_sides
 from sessions.compare.provenance_diff import EXPECTED_TO_DIFFER
 from sessions.compare.token_parity import (
     TokenStep,
@@ -308,10 +305,6 @@ def token_summary(viewed: ViewedComparison) -> str:
 # -- tensors ----------------------------------------------------------------------------------
 
 
-def _to_canonical(side: PairSide) -> Callable[[np.ndarray], np.ndarray]:
-    return side.layout.apply if side.layout is not None else (lambda bits: bits)
-
-
 def tensor_request(viewed: ViewedComparison | None, native: Capture, oracle: Capture, pair: PairResult, spec: SliceSpec | None) -> TensorRequest | str:
     """What to load for a pair, or a sentence saying why it has no element view."""
     if viewed is None:
@@ -326,10 +319,8 @@ def tensor_request(viewed: ViewedComparison | None, native: Capture, oracle: Cap
         dtype=dtype,
         native=native,
         oracle=oracle,
-        native_record=native_side.record,
-        oracle_record=oracle_side.record,
-        to_canonical_native=_to_canonical(native_side),
-        to_canonical_oracle=_to_canonical(oracle_side),
+        native_side=native_side,
+        oracle_side=oracle_side,
         spec=spec,
         metrics=pair.metrics,
     )

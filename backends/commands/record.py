@@ -41,6 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         sub.add_argument("--tokens", required=True, help="prompt token ids, e.g. 1,2,3")
         sub.add_argument("--decode-steps", type=int, default=0, metavar="N", help="greedy decode steps after the prefill")
         sub.add_argument("--ubatch", type=int, default=512, metavar="N", help="prefill micro-batch size (each piece is a segment)")
+        sub.add_argument(
+            "--segments", default="", metavar="SIZES",
+            help="cut the prefill into cache-preserving calls, e.g. 5,1008,14 or text-before=5,visual=1008,text-after=14 (default: one call)",
+        )
+        sub.add_argument("--feed-last", type=int, default=0, metavar="K", help="feed the prompt's last K tokens one call each, as decode would")
+        sub.add_argument("--repeat", type=int, default=1, metavar="K", help="record the same run K times (X.h5, X.run2.h5, ...): run-to-run determinism")
         sub.add_argument("--stop-tokens", default="", metavar="IDS", help="token ids that end the run (marked is_stop)")
         sub.add_argument("--role", choices=ROLES, default=role, help=f"capture role (default {role})")
         sub.add_argument("--out", type=Path, required=True, metavar="X.h5")
@@ -54,43 +60,56 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="keep weights out of llama.cpp's repacked extra buffer types (no AMX / repacked kernels)",
     )  # fmt: skip
     mlx.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+    mlx.add_argument("--batch", type=int, default=1, metavar="N", help="run the prompt inside a batch of N requests (batch invariance)")
+    mlx.add_argument("--batch-row", type=int, default=0, metavar="R", help="the prompt's row in the batch (default 0)")
+
+
+def repeat_paths(out: Path, repeat: int) -> list[Path]:
+    """Where `--repeat K` writes: X.h5, then X.run2.h5 ... X.runK.h5."""
+    return [out] + [out.with_name(f"{out.stem}.run{k}{out.suffix}") for k in range(2, repeat + 1)]
 
 
 def run(args: argparse.Namespace) -> int:
     from backends.recorders.llama_process import LlamaCrashed
-    from backends.recorders.record_schedule import TokenSchedule, parse_token_list
+    from backends.recorders.record_schedule import TokenSchedule, parse_segments, parse_token_list
 
     try:
+        if args.repeat < 1:
+            raise ValueError(f"--repeat must be at least 1, not {args.repeat}")
         schedule = TokenSchedule(
             tuple(parse_token_list(args.tokens)),
             args.decode_steps,
             args.ubatch,
             frozenset(parse_token_list(args.stop_tokens)) if args.stop_tokens.strip() else frozenset(),
+            parse_segments(args.segments) if args.segments.strip() else (),
+            args.feed_last,
         )
     except ValueError as exc:
         print(f"record refused: {exc}")
         return EXIT_REFUSED
-    if args.out.exists() and not args.force:
-        print(f"record refused: {args.out} already exists (--force replaces it)")
+    outs = repeat_paths(args.out, args.repeat)
+    taken = [out for out in outs if out.exists()]
+    if taken and not args.force:
+        print(f"record refused: {taken[0]} already exists (--force replaces it)")
         return EXIT_REFUSED
-    try:
-        work = _work(args, schedule)
-        shown = None
-        for progress in work:
-            if progress != shown:  # the child's latest progress comes again while it is quiet
-                print(f"  {progress.label} ({progress.done}/{progress.total})", flush=True)
-                shown = progress
-    except LlamaCrashed as exc:
-        print(f"record failed: {exc}")
-        return EXIT_CRASHED
-    except (ValueError, RuntimeError, OSError, ImportError) as exc:
-        print(f"record refused: {exc}")
-        return EXIT_REFUSED
-    print(f"{args.out}: recorded {args.engine} run of {args.model}")
+    for out in outs:
+        try:
+            shown = None
+            for progress in _work(args, schedule, out):
+                if progress != shown:  # the child's latest progress comes again while it is quiet
+                    print(f"  {progress.label} ({progress.done}/{progress.total})", flush=True)
+                    shown = progress
+        except LlamaCrashed as exc:
+            print(f"record failed: {exc}")
+            return EXIT_CRASHED
+        except (ValueError, RuntimeError, OSError, ImportError) as exc:
+            print(f"record refused: {exc}")
+            return EXIT_REFUSED
+        print(f"{out}: recorded {args.engine} run of {args.model}")
     return EXIT_OK
 
 
-def _work(args: argparse.Namespace, schedule: "TokenSchedule") -> Iterator[Progress]:
+def _work(args: argparse.Namespace, schedule: "TokenSchedule", out: Path) -> Iterator[Progress]:
     if args.engine == "llama":
         from backends.recorders.llama_process import iter_record_llama
         from backends.recorders.llama_recorder import LlamaSettings
@@ -99,7 +118,7 @@ def _work(args: argparse.Namespace, schedule: "TokenSchedule") -> Iterator[Progr
             flash_attn=args.flash_attn, kv_type=args.kv_type, n_threads=args.threads, all_nodes=args.all_nodes,
             extra_bufts=args.extra_bufts,
         )  # fmt: skip
-        return iter_record_llama(args.model, schedule, args.out, settings, role=args.role)
+        return iter_record_llama(args.model, schedule, out, settings, role=args.role)
     from backends.recorders.mlx_recorder import iter_record_mlx
 
-    return iter_record_mlx(args.model, schedule, args.out, role=args.role, device=args.device)
+    return iter_record_mlx(args.model, schedule, out, role=args.role, device=args.device, batch=args.batch, batch_row=args.batch_row)

@@ -97,6 +97,8 @@ class CaptureSink:
         self.writer = writer
         self.step = 0
         self.segment = ""
+        self.position = -1
+        """The token position of the current call's first row (-1: not tracked by this engine)."""
 
     def now_ns(self) -> int:
         return self.writer.now_ns()
@@ -125,6 +127,7 @@ class CaptureSink:
             contract_id=contract_id,
             effective_contract_id=effective_contract_id,
             t_start_ns=t_start_ns,
+            position=self.position,
         )
 
     def dispatch(

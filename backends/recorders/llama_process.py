@@ -66,11 +66,14 @@ def _schedule_json(schedule: TokenSchedule) -> dict[str, Any]:
         "decode_steps": schedule.decode_steps,
         "ubatch": schedule.ubatch,
         "stop_tokens": sorted(schedule.stop_tokens),
+        "cut": [list(c) for c in schedule.cut],
+        "feed_last": schedule.feed_last,
     }
 
 
 def _schedule_from(data: dict[str, Any]) -> TokenSchedule:
-    return TokenSchedule(tuple(data["prompt"]), data["decode_steps"], data["ubatch"], frozenset(data["stop_tokens"]))
+    cut = tuple((str(name), int(size)) for name, size in data["cut"])
+    return TokenSchedule(tuple(data["prompt"]), data["decode_steps"], data["ubatch"], frozenset(data["stop_tokens"]), cut, data["feed_last"])
 
 
 def iter_record_llama(

@@ -281,6 +281,8 @@ class _Pass:
     step: int
     segments: list[str]
     rows: list[int]
+    starts: list[int]
+    """The first token position of each micro-batch."""
     first_name: str | None = None
     graph: int = -1
     started: dict[int, int] = field(default_factory=dict)
@@ -381,7 +383,7 @@ class LlamaRun:
             current.started[address] = self.writer.now_ns()
             return True
         graph = min(current.graph, len(current.segments) - 1)
-        segment, rows = current.segments[graph], current.rows[graph]
+        segment, rows, first = current.segments[graph], current.rows[graph], current.starts[graph]
         layer = _node_layer(name, sources)
         count_key = (current.step, segment, layer, name)
         occurrence = self._occurrences.get(count_key, 0)
@@ -399,11 +401,13 @@ class LlamaRun:
             kernel_id=node.op,
             t_start_ns=started,
             attrs={SRC_ATTR: json.dumps(node.sources)},
+            position=first,
         )
         self._attention.see(self.writer, node, seq, started)
         return True
 
-    def _decode(self, tokens: list[int], start: int, step: int, segments: list[tuple[str, int]]) -> np.ndarray:
+    def _decode(self, tokens: list[int], start: int, step: int, segments: list[tuple[str, int, int]]) -> np.ndarray:
+        """One llama_decode of `tokens` from position `start`; `segments` are its micro-batches (segment, first, stop)."""
         llama = self.llama
         batch = llama.llama_batch_init(len(tokens), 0, 1)
         try:
@@ -414,7 +418,7 @@ class LlamaRun:
                 batch.seq_id[i][0] = 0
                 batch.logits[i] = 1
             batch.n_tokens = len(tokens)
-            self._pass = _Pass(step, [s for s, _ in segments], [r for _, r in segments])
+            self._pass = _Pass(step, [s for s, _, _ in segments], [b - a for _, a, b in segments], [a for _, a, _ in segments])
             if self.before_decode is not None:
                 self.before_decode(step)
             status = llama.llama_decode(self.context, batch)
@@ -440,12 +444,12 @@ class LlamaRun:
         total = schedule.decode_steps + 1
         for step in range(total):
             if step == 0:
-                tokens = list(schedule.prompt)
-                segments = [(name, end - begin) for name, begin, end in schedule.segments()]
+                calls = [(list(schedule.prompt[call[0][1] : call[-1][2]]), call) for call in schedule.calls()]
             else:
-                tokens, segments = [emitted[-1]], [(DECODE, 1)]
-            logits = self._decode(tokens, position, step, segments)
-            position += len(tokens)
+                calls = [([emitted[-1]], [(DECODE, position, position + 1)])]
+            for tokens, segments in calls:
+                logits = self._decode(tokens, position, step, segments)
+                position += len(tokens)
             returned.append(logits)
             token = int(np.argmax(logits[-1]))
             emitted.append(token)

@@ -79,10 +79,12 @@ class MlxRecorder(OracleEngine):
         self.cache = make_prompt_cache(model)
         self._leaves, self._layers = _classes(model)
 
-    def forward(self, tokens: list[int]) -> mx.array:
-        logits = super().forward(tokens)
+    def forward_rows(self, rows: list[list[int]]) -> mx.array:
+        """One call over a batch of equally long requests; logits [batch, rows, vocab]."""
+        with self._instrumented():
+            logits = self.model(mx.array(rows), cache=self.cache)
         if LOGITS_NAME not in self.names.values():
-            self.sink.tensor(LOGITS_NAME, logits[None])
+            self.sink.tensor(LOGITS_NAME, logits)
         return logits
 
     @contextmanager
@@ -110,30 +112,35 @@ class MlxRecorder(OracleEngine):
         return call
 
 
-def _greedy(logits: mx.array) -> int:
-    return int(mx.argmax(logits[-1]).item())
+def batch_prompts(prompt: tuple[int, ...], batch: int, row: int, vocab: int) -> list[list[int]]:
+    """`batch` requests of the prompt's length with the prompt itself in `row`; the others are the
+    prompt's tokens shifted by their row (mod the vocabulary), so every row is a different request."""
+    return [[(t + (r - row) * 7919) % vocab if r != row else t for t in prompt] for r in range(batch)]
 
 
-def run_schedule(recorder: MlxRecorder, schedule: TokenSchedule) -> ProgressGenerator[list[int]]:
-    """Prefill (segment by segment), then greedy decode; one token step per forward group."""
+def run_schedule(recorder: MlxRecorder, schedule: TokenSchedule, rows: list[list[int]], request: int) -> ProgressGenerator[list[int]]:
+    """Prefill (segment by segment), then greedy decode of every request in `rows` (one, or a
+    batch whose row `request` is the request recorded in the token table)."""
     sink, writer = recorder.sink, recorder.sink.writer
-    emitted: list[int] = []
+    emitted: list[list[int]] = []
     total = schedule.decode_steps + 1
     for step in range(total):
         sink.step = step
-        pieces = [(s, schedule.prompt[a:b]) for s, a, b in schedule.segments()] if step == 0 else [(DECODE, (emitted[-1],))]
-        for segment, ids in pieces:
-            sink.segment = segment
-            logits = recorder.forward(list(ids))
-        token = _greedy(logits)
-        emitted.append(token)
+        at = len(schedule.prompt) + step - 1
+        pieces = [(s, a, [r[a:b] for r in rows]) for s, a, b in schedule.segments()] if step == 0 else [(DECODE, at, [[t] for t in emitted[-1]])]
+        for segment, first, ids in pieces:
+            sink.segment, sink.position = segment, first
+            logits = recorder.forward_rows(ids)
+        tokens = [int(t) for t in mx.argmax(logits[:, -1], axis=-1).tolist()]
+        emitted.append(tokens)
+        token = tokens[request]
         stop = token in schedule.stop_tokens
         writer.add_token(step=step, segment=sink.segment, token_id=token, is_stop=stop)
         writer.end_step()
         yield Progress(step + 1, total, f"step {step}")
         if stop:
             break
-    return emitted
+    return [tokens[request] for tokens in emitted]
 
 
 def iter_record_mlx(
@@ -145,11 +152,16 @@ def iter_record_mlx(
     device: str = "cpu",
     extra: dict[str, Any] | None = None,
     weights_hash: str | None = None,
+    batch: int = 1,
+    batch_row: int = 0,
 ) -> ProgressGenerator[list[int]]:
     """Record one run of the model in `model_dir` into `out`; yields Progress, returns the emitted tokens.
 
     `weights_hash` overrides the capture's weights hash (default: the safetensors files' SHA-256,
-    which provenance keeps either way)."""
+    which provenance keeps either way). With `batch` > 1 the prompt runs as row `batch_row` of a
+    batch of other requests (`batch_prompts`): the batch-invariance check."""
+    if batch < 1 or not 0 <= batch_row < batch:
+        raise ValueError(f"row {batch_row} is not a row of a batch of {batch}")
     model_dir = Path(model_dir)
     stream = mx.cpu if device == "cpu" else mx.gpu
     with mx.stream(stream):
@@ -167,6 +179,8 @@ def iter_record_mlx(
             "mlx_version": mx.__version__,
             "mlx_lm_version": mlx_lm.__version__,
             "head_chunk": False,
+            "batch": batch,
+            "batch_row": batch_row,
             **schedule.as_provenance(),
             **(extra or {}),
         }
@@ -180,8 +194,11 @@ def iter_record_mlx(
             compiler=f"mlx {mx.__version__}",
             prompt=schedule.describe(),
             provenance=provenance,
+            batch_size=batch,
+            batch_row=batch_row if batch > 1 else 0,
         )
+        rows = batch_prompts(schedule.prompt, batch, batch_row, vocab or 1) if batch > 1 else [list(schedule.prompt)]
         with CaptureWriter(out, meta) as writer:
             sink = CaptureSink(writer)
-            emitted = yield from run_schedule(MlxRecorder(model, sink), schedule)
+            emitted = yield from run_schedule(MlxRecorder(model, sink), schedule, rows, batch_row if batch > 1 else 0)
     return emitted

@@ -1,9 +1,10 @@
 """What every recorder shares: the token schedule (one prefill, then greedy decode steps) and artifact hashes.
 
-Both real-engine recorders (llama.cpp and MLX) must cut a run the same way or their captures
-cannot be aligned: the prefill is token step 0, split into micro-batches when the engine
-computes it in pieces (llama.cpp's `n_ubatch`, MLX's prefill step), each piece one segment;
-every later step decodes the greedy token of the step before, segment `decode`.
+The prefill is token step 0: one forward call, or the calls a cut names (`--segments`), and
+the prompt's last tokens fed one call each (`--feed-last`); a call split into micro-batches
+(llama.cpp's `n_ubatch`, MLX's prefill step) is one segment per piece. Every later step decodes
+the greedy token of the step before, segment `decode`. Runs cut alike align call by call; runs
+cut differently align by token position, which every record carries.
 """
 
 from __future__ import annotations
@@ -16,19 +17,34 @@ PREFILL = "prefill"
 DECODE = "decode"
 
 
-def prefill_segments(n_tokens: int, ubatch: int) -> list[tuple[str, int, int]]:
-    """(segment, start, end) of each micro-batch of an `n_tokens` prefill.
+Piece = tuple[str, int, int]
+"""(segment, first position, stop position) of one micro-batch."""
 
-    One piece is segment `prefill`; several are `prefill.0`, `prefill.1`, ... in order.
-    """
-    if n_tokens < 1:
-        raise ValueError("the prompt needs at least one token")
-    if ubatch < 1:
-        raise ValueError(f"micro-batch size must be positive, not {ubatch}")
-    bounds = [(start, min(start + ubatch, n_tokens)) for start in range(0, n_tokens, ubatch)]
+
+def _pieces(name: str, first: int, stop: int, ubatch: int) -> list[Piece]:
+    """One call's micro-batches: the call itself when it fits in `ubatch`, else `name.0`, `name.1`, ..."""
+    bounds = [(start, min(start + ubatch, stop)) for start in range(first, stop, ubatch)]
     if len(bounds) == 1:
-        return [(PREFILL, 0, n_tokens)]
-    return [(f"{PREFILL}.{i}", start, end) for i, (start, end) in enumerate(bounds)]
+        return [(name, first, stop)]
+    return [(f"{name}.{i}", start, end) for i, (start, end) in enumerate(bounds)]
+
+
+def parse_segments(text: str) -> tuple[tuple[str, int], ...]:
+    """`5,1008,14` or `text-before=5,visual=1008,text-after=14` as (segment, tokens) calls; unnamed
+    calls are `prefill.0`, `prefill.1`, ..."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise ValueError("no segment sizes given")
+    calls: list[tuple[str, int]] = []
+    for i, part in enumerate(parts):
+        name, _, size = part.rpartition("=")
+        if not size.isdigit() or int(size) < 1:
+            raise ValueError(f"segment {part!r}: the size must be a positive integer (e.g. 5 or visual=1008)")
+        calls.append((name or f"{PREFILL}.{i}", int(size)))
+    names = [n for n, _ in calls]
+    if len(set(names)) != len(names):
+        raise ValueError(f"segment names repeat in {text!r}: each call needs its own name")
+    return tuple(calls)
 
 
 def parse_token_list(text: str) -> list[int]:
@@ -49,18 +65,45 @@ def parse_token_list(text: str) -> list[int]:
 
 @dataclass(frozen=True)
 class TokenSchedule:
+    """How a run feeds its prompt and decodes: the cut of the prompt into forward calls decides
+    which kernels each position meets, so two runs cut differently are compared by position."""
+
     prompt: tuple[int, ...]
     decode_steps: int = 0
     ubatch: int = 512
     stop_tokens: frozenset[int] = frozenset()
+    cut: tuple[tuple[str, int], ...] = ()
+    """The prompt's forward calls as (segment, tokens), e.g. text-before 5, visual 1008, text-after 14; empty: one call."""
+    feed_last: int = 0
+    """The prompt's last tokens fed one call each (segments `feed-P`), as decode would feed them."""
 
     def __post_init__(self) -> None:
         if self.decode_steps < 0:
             raise ValueError(f"decode steps must be >= 0, not {self.decode_steps}")
-        prefill_segments(len(self.prompt), self.ubatch)
+        if not self.prompt:
+            raise ValueError("the prompt needs at least one token")
+        if self.ubatch < 1:
+            raise ValueError(f"micro-batch size must be positive, not {self.ubatch}")
+        head = len(self.prompt) - self.feed_last
+        if not 0 <= self.feed_last < len(self.prompt):
+            raise ValueError(f"feeding the last {self.feed_last} of {len(self.prompt)} prompt tokens one by one leaves no prefill")
+        if self.cut and sum(n for _, n in self.cut) != head:
+            raise ValueError(f"the segments hold {sum(n for _, n in self.cut)} tokens; the prompt's prefill has {head}")
 
-    def segments(self) -> list[tuple[str, int, int]]:
-        return prefill_segments(len(self.prompt), self.ubatch)
+    def calls(self) -> list[list[Piece]]:
+        """The prompt's forward calls in order, each as its micro-batches (llama.cpp's `n_ubatch`)."""
+        head = len(self.prompt) - self.feed_last
+        calls: list[list[Piece]] = []
+        first = 0
+        for name, size in self.cut or ((PREFILL, head),):
+            calls.append(_pieces(name, first, first + size, self.ubatch))
+            first += size
+        calls += [[(f"feed-{p}", p, p + 1)] for p in range(head, len(self.prompt))]
+        return calls
+
+    def segments(self) -> list[Piece]:
+        """Every micro-batch of the prompt in order: one segment each."""
+        return [piece for call in self.calls() for piece in call]
 
     def describe(self) -> str:
         return " ".join(map(str, self.prompt))
@@ -71,6 +114,8 @@ class TokenSchedule:
             "decode_steps": self.decode_steps,
             "ubatch": self.ubatch,
             "stop_tokens": sorted(self.stop_tokens),
+            "cut": [list(c) for c in self.cut],
+            "feed_last": self.feed_last,
             "segments": [list(s) for s in self.segments()],
         }
 

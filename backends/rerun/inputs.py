@@ -24,7 +24,7 @@ import numpy as np
 from backends.engines.capture_sink import to_numpy_bits
 from sessions.bits.dtypes import logical_dtype
 from sessions.capture.reader import Capture
-from sessions.compare.align import MappedRecord
+from sessions.compare.mapped_record import MappedRecord
 from sessions.compare.key import OpKey
 
 LAYER_INPUT = "layer_input"

@@ -39,6 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tolerance-policy", metavar="POLICY.toml", help="per-op, per-dtype tolerances (docs/tolerance-policy.md); its rules win over --atol/--rtol/--max-ulp")
     parser.add_argument("--native-profile", help="built-in profile name or TOML path (default: detected)")
     parser.add_argument("--oracle-profile", help="built-in profile name or TOML path (default: detected)")
+    parser.add_argument(
+        "--align", choices=("auto", "calls", "positions"), default="auto",
+        help="pair records by the same forward calls, or by token position when the runs were cut differently (default: auto; docs/profiles.md)",
+    )
     parser.add_argument("--top", type=int, default=10, metavar="N", help="how many worst ops to list (default 10)")
     parser.add_argument("--no-cache", action="store_true", help="recompute even if a cached result exists")
     parser.add_argument("--full", action="store_true", help="also list provenance field by field, every contract finding, the error growth and every token step")
@@ -139,6 +143,7 @@ def _report(args: argparse.Namespace, session: Investigation | None = None) -> i
         max_ulp=args.max_ulp,
         native_profile=args.native_profile,
         oracle_profile=args.oracle_profile,
+        alignment=getattr(args, "align", "auto"),
     )
     captures: list[Capture] = []
     try:

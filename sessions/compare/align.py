@@ -10,11 +10,22 @@ than seq so a saved session still means the same records after a re-capture.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from sessions.bits.dtypes import logical_dtype
 from sessions.capture.reader import Record
 from sessions.compare.key import OpKey, RecordKey
-from sessions.compare.layout_transform import LayoutError, LayoutTransform
+from sessions.compare.layout_transform import LayoutError
+from sessions.compare.mapped_record import MappedRecord, canonical_shape, cut_problem
+from sessions.compare.positions import (
+    Call,
+    Span,
+    calls,
+    overlap,
+    record_spans,
+    span_text,
+    uncovered,
+)
 from sessions.compare.profiles import Profile
 
 NO_RULE = "no_rule"
@@ -32,15 +43,16 @@ OVERRIDE_MISSING = "override_missing"
 """A manual override names a record this capture does not hold (re-captured, or another run)."""
 OVERRIDE_UNUSABLE = "override_unusable"
 """A manual pairing cannot be made: a record has no canonical op, or is already manually paired."""
+NOT_BATCHED = "not_batched"
+"""A record of a batched run whose stored axis 0 is not the batch: which row is the request is unknown."""
+NO_POSITIONS = "no_positions"
+"""Runs cut differently are compared position by position; this record cannot be cut by position."""
 
-
-@dataclass(frozen=True)
-class MappedRecord:
-    record: Record
-    key: OpKey
-    layout: LayoutTransform | None
-    shape: tuple[int, ...]
-    """The canonical shape, after the layout transform."""
+CALLS = "calls"
+POSITIONS = "positions"
+ALIGN_MODES = ("auto", CALLS, POSITIONS)
+"""How records are paired: by the same forward calls (both runs cut the prompt alike), or by token
+position (docs/profiles.md, "Alignment modes"); auto picks calls when both runs made the same calls."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +108,9 @@ class Alignment:
     unaligned: list[UnalignedRecord]
     native_profile: str
     oracle_profile: str
+    mode: str = CALLS
+    native_calls: list[Call] = field(default_factory=list)
+    oracle_calls: list[Call] = field(default_factory=list)
 
 
 def _unaligned(side: str, record: Record, reason: str, detail: str, key: OpKey | None = None) -> UnalignedRecord:
@@ -105,13 +120,19 @@ def _unaligned(side: str, record: Record, reason: str, detail: str, key: OpKey |
 
 
 def map_records(
-    records: list[Record], profile: Profile, side: str, sources: dict[int, tuple[str, ...]] | None = None
+    records: list[Record],
+    profile: Profile,
+    side: str,
+    sources: dict[int, tuple[str, ...]] | None = None,
+    batch: tuple[int, int] | None = None,
 ) -> tuple[list[MappedRecord], list[UnalignedRecord]]:
     """Each record's canonical key and shape under `profile`, or why it has none.
 
     `sources` (seq -> source tensor names, `sessions.compare.record_sources`) feeds rules that anchor
-    a record by what it consumes."""
+    a record by what it consumes. `batch` is (batch size, request row) of a batched run, whose
+    records hold the batch along stored axis 0."""
     sources = sources or {}
+    batch_row = batch[1] if batch is not None else None
     counts = Counter((r.step, r.segment, r.layer, r.name) for r in records)
     mapped: list[MappedRecord] = []
     rejected: list[UnalignedRecord] = []
@@ -140,12 +161,16 @@ def map_records(
                 continue
             layer = match.layer
         key = OpKey(record.step, record.segment, layer, match.op, match.occurrence)
+        if batch is not None and (not record.shape or record.shape[0] != batch[0]):
+            axis0 = record.shape[0] if record.shape else "a scalar"
+            rejected.append(_unaligned(side, record, NOT_BATCHED, f"its stored axis 0 is {axis0}, not the run's batch of {batch[0]}", key))
+            continue
         try:
-            shape = match.layout.output_shape(record.shape) if match.layout else record.shape
+            shape = canonical_shape(record, match.layout, batch_row)
         except LayoutError as exc:
             rejected.append(_unaligned(side, record, LAYOUT, str(exc), key))
             continue
-        mapped.append(MappedRecord(record, key, match.layout, shape))
+        mapped.append(MappedRecord(record, key, match.layout, shape, batch_row=batch_row))
     return mapped, rejected
 
 
@@ -244,25 +269,8 @@ def _comparable(pair: AlignedPair, unaligned: list[UnalignedRecord]) -> bool:
     return False
 
 
-def align(
-    native: list[Record],
-    oracle: list[Record],
-    native_profile: Profile,
-    oracle_profile: Profile,
-    *,
-    native_sources: dict[int, tuple[str, ...]] | None = None,
-    oracle_sources: dict[int, tuple[str, ...]] | None = None,
-    overrides: tuple[AlignOverride, ...] = (),
-) -> Alignment:
-    """`overrides` are the user's: manual pairs are made first (their records take no part in
-    automatic matching), breaks are applied last, and any override naming a record that is not
-    there becomes an unaligned row with reason OVERRIDE_MISSING. Of several overrides naming
-    the same native record, the last one counts."""
-    overrides = _latest(overrides)
-    n_mapped, unaligned = map_records(native, native_profile, "native", native_sources)
-    o_mapped, o_rejected = map_records(oracle, oracle_profile, "oracle", oracle_sources)
-    unaligned.extend(o_rejected)
-    manual = _take_manual_pairs(overrides, n_mapped, o_mapped, native, oracle, unaligned)
+def _pair_by_key(n_mapped: list[MappedRecord], o_mapped: list[MappedRecord], unaligned: list[UnalignedRecord]) -> list[AlignedPair]:
+    """Same calls: records pair when their keys are equal; a key claimed twice pairs nothing."""
     n_unique, n_dupes = _by_key(n_mapped)
     o_unique, o_dupes = _by_key(o_mapped)
     for side, dupes, other in (("native", n_dupes, o_unique), ("oracle", o_dupes, n_unique)):
@@ -276,18 +284,123 @@ def align(
                 unaligned.append(
                     _unaligned(other_side, partner.record, DUPLICATE_KEY, f"its partner key {key.label()} is ambiguous on the {side} side", key)
                 )
-    candidates = list(manual)
+    pairs: list[AlignedPair] = []
     for key, n in n_unique.items():
         o = o_unique.pop(key, None)
         if o is None:
             if key not in o_dupes:
                 unaligned.append(_unaligned("native", n.record, NO_PARTNER, f"no oracle record for {key.label()}", key))
             continue
-        candidates.append(AlignedPair(key, n, o))
+        pairs.append(AlignedPair(key, n, o))
     for key, o in o_unique.items():
         if key not in n_dupes:
             unaligned.append(_unaligned("oracle", o.record, NO_PARTNER, f"no native record for {key.label()}", key))
+    return pairs
+
+
+Placed = tuple[Span, MappedRecord]
+
+
+def _placed(side: str, mapped: list[MappedRecord], spans: dict[int, Span], unaligned: list[UnalignedRecord]) -> dict[tuple[int, str, int], list[Placed]]:
+    """A side's records by (layer, op, occurrence), sorted by position; records that cannot be
+    cut by position, or that claim positions another record of the same op holds, are unaligned."""
+    groups: dict[tuple[int, str, int], list[Placed]] = defaultdict(list)
+    for m in mapped:
+        problem = "quantized blocks cannot be cut into positions" if logical_dtype(m.record.dtype).is_quantized else cut_problem(m)
+        if problem is not None:
+            unaligned.append(_unaligned(side, m.record, NO_POSITIONS, problem, m.key))
+            continue
+        groups[(m.key.layer, m.key.op, m.key.occurrence)].append((spans[m.record.seq], m))
+    for group in groups.values():
+        group.sort(key=lambda placed: placed[0])
+        clashing = {i for i in range(1, len(group)) if group[i][0][0] < group[i - 1][0][1]}
+        clashing |= {i - 1 for i in clashing}
+        for i in sorted(clashing):
+            span, m = group[i]
+            unaligned.append(_unaligned(side, m.record, DUPLICATE_KEY, f"{span_text(span)} of {m.key.op} are held by more than one {side} record", m.key))
+        group[:] = [placed for i, placed in enumerate(group) if i not in clashing]
+    return groups
+
+
+def _pair_by_position(
+    n_mapped: list[MappedRecord], o_mapped: list[MappedRecord], n_spans: dict[int, Span], o_spans: dict[int, Span], unaligned: list[UnalignedRecord]
+) -> list[AlignedPair]:
+    """Runs cut differently: each (layer, op, occurrence) pairs the positions both sides hold, one
+    pair per overlap of a native and an oracle record, named by the native call and the positions."""
+    natives, oracles = _placed("native", n_mapped, n_spans, unaligned), _placed("oracle", o_mapped, o_spans, unaligned)
+    for side, mine, theirs in (("native", natives, oracles), ("oracle", oracles, natives)):
+        other = "oracle" if side == "native" else "native"
+        for group, placed in mine.items():
+            covered = [span for span, _ in theirs.get(group, [])]
+            for span, m in placed:
+                for gap in uncovered(span, covered):
+                    unaligned.append(_unaligned(side, m.record, NO_PARTNER, f"no {other} record of {m.key.op} holds {span_text(gap)}", m.key))
+    pairs: list[AlignedPair] = []
+    for (layer, op, occurrence), n_group in natives.items():
+        o_group = oracles.get((layer, op, occurrence), [])
+        j = 0
+        for n_span, n in n_group:
+            while j < len(o_group) and o_group[j][0][1] <= n_span[0]:
+                j += 1
+            k = j
+            while k < len(o_group) and o_group[k][0][0] < n_span[1]:
+                o_span, o = o_group[k]
+                both = overlap(n_span, o_span)
+                assert both is not None
+                key = OpKey(n.key.step, n.key.segment, layer, op, occurrence, both)
+                n_cut = n.cut((both[0] - n_span[0], both[1] - n_span[0]), key)
+                o_cut = o.cut((both[0] - o_span[0], both[1] - o_span[0]), key)
+                pairs.append(AlignedPair(key, n_cut, o_cut))
+                k += 1
+    return pairs
+
+
+def auto_mode(native: list[MappedRecord], oracle: list[MappedRecord], native_calls: list[Call], oracle_calls: list[Call]) -> str:
+    """Calls when both runs made the same forward calls for the prompt and each shared call holds
+    the same positions (a run that stops earlier is still cut alike). Otherwise positions, but
+    only when they can be trusted: both runs recorded them, or the prompts are equally long, so
+    positions derived from call order mean the same tokens on both sides; else calls, whose
+    shape mismatches then say what differs instead of a guess."""
+    prompt = [c for c in native_calls if c.step == 0], [c for c in oracle_calls if c.step == 0]
+    spans = {(c.step, c.segment): c.span for c in oracle_calls}
+    if prompt[0] == prompt[1] and all(spans.get((c.step, c.segment), c.span) == c.span for c in native_calls):
+        return CALLS
+    recorded = all(m.record.position >= 0 for m in native) and all(m.record.position >= 0 for m in oracle)
+    extent = [max((c.span[1] for c in calls_), default=0) for calls_ in prompt]
+    return POSITIONS if recorded or extent[0] == extent[1] else CALLS
+
+
+def align(
+    native: list[Record],
+    oracle: list[Record],
+    native_profile: Profile,
+    oracle_profile: Profile,
+    *,
+    native_sources: dict[int, tuple[str, ...]] | None = None,
+    oracle_sources: dict[int, tuple[str, ...]] | None = None,
+    overrides: tuple[AlignOverride, ...] = (),
+    mode: str = "auto",
+    native_batch: tuple[int, int] | None = None,
+    oracle_batch: tuple[int, int] | None = None,
+) -> Alignment:
+    """`overrides` are the user's: manual pairs are made first (their records take no part in
+    automatic matching), breaks are applied last, and any override naming a record that is not
+    there becomes an unaligned row with reason OVERRIDE_MISSING. Of several overrides naming
+    the same native record, the last one counts. `mode` is one of ALIGN_MODES; `*_batch` is
+    (batch size, request row) of a batched run."""
+    overrides = _latest(overrides)
+    n_mapped, unaligned = map_records(native, native_profile, "native", native_sources, native_batch)
+    o_mapped, o_rejected = map_records(oracle, oracle_profile, "oracle", oracle_sources, oracle_batch)
+    unaligned.extend(o_rejected)
+    n_spans, o_spans = record_spans(n_mapped), record_spans(o_mapped)
+    n_calls, o_calls = calls(n_mapped, n_spans), calls(o_mapped, o_spans)
+    chosen = mode if mode != "auto" else auto_mode(n_mapped, o_mapped, n_calls, o_calls)
+    candidates = _take_manual_pairs(overrides, n_mapped, o_mapped, native, oracle, unaligned)
+    if chosen == CALLS:
+        candidates += _pair_by_key(n_mapped, o_mapped, unaligned)
+    else:
+        candidates += _pair_by_position(n_mapped, o_mapped, n_spans, o_spans, unaligned)
     pairs = [p for p in _apply_breaks(overrides, candidates, native, unaligned) if _comparable(p, unaligned)]
     pairs.sort(key=lambda p: p.native.record.seq)
     unaligned.sort(key=lambda u: (u.side, u.seq))
-    return Alignment(pairs, unaligned, native_profile.name, oracle_profile.name)
+    return Alignment(pairs, unaligned, native_profile.name, oracle_profile.name, chosen, n_calls, o_calls)

@@ -21,6 +21,9 @@ from sessions.bits.dtypes import logical_dtype
 from sessions.capture.read_ahead import ReadAhead
 from sessions.capture.reader import Capture
 from sessions.compare.align import (
+    ALIGN_MODES,
+    ONE_SIDED,
+    POSITIONS,
     AlignedPair,
     Alignment,
     AlignOverride,
@@ -41,6 +44,7 @@ from sessions.compare.dispatch_diff import (
     events_by_record,
 )
 from sessions.compare.key import OpKey, RecordKey
+from sessions.compare.mapped_record import batch_of
 from sessions.compare.pair_reader import (
     PairReader,
     chunk_rows,
@@ -50,6 +54,7 @@ from sessions.compare.pair_reader import (
 from sessions.compare.profile_identity import ProfileIdentity, identify
 from sessions.compare.profiles import (
     CANONICAL_OPS,
+    rows_axis,
     HEADS_SOURCE,
     Profile,
     ProfileError,
@@ -78,6 +83,8 @@ from sessions.compare.verdict import (
 )
 from sessions.progress import Progress, ProgressGenerator
 
+DISPATCH_NOT_COMPARED = "not compared: the runs were cut into different calls, so their attention calls differ by construction"
+
 READ_AHEAD_BYTES = 256 * 1024 * 1024
 """How far ahead of the comparison (both sides together) the kernel is asked to be reading."""
 
@@ -104,6 +111,9 @@ class CompareOptions:
     """Compare only token steps 0 .. max_steps-1 (a gate's token budget, e.g. the first 64 of a
     384-step run): later steps' records and tokens are left out before alignment and never read,
     as if both captures had ended there. None: every captured step."""
+    alignment: str = "auto"
+    """One of sessions.compare.align.ALIGN_MODES: pair records by the same forward calls, by token
+    position (runs cut differently), or `auto`: by calls when both runs made the same calls."""
 
     @property
     def tolerance(self) -> Tolerance:
@@ -154,10 +164,53 @@ class PairResult:
     """This pair's kind under the one verdict model (sessions.compare.verdict)."""
     manual_reason: str | None = None
     """Set when the user paired these records by hand: their reason."""
+    native_window: tuple[int, int] | None = None
+    """Rows of the native record's rows axis this pair compares, when it compares part of it (alignment by position)."""
+    oracle_window: tuple[int, int] | None = None
 
     @property
     def label(self) -> str:
         return self.key.label()
+
+
+@dataclass
+class AlignmentMode:
+    """How the pairs were made, for every surface to say: by the same calls or by position, and
+    how each run was cut into forward calls and batched."""
+
+    mode: str
+    native_calls: list[str]
+    """The native run's forward calls in order ("text-before 0-4", "visual 5-1012", ...)."""
+    oracle_calls: list[str]
+    native_batch: str
+    """"" for one request, else e.g. "row 3 of a batch of 8"."""
+    oracle_batch: str
+
+    @property
+    def is_plain(self) -> bool:
+        """Same calls and one request on each side: nothing a user needs told about the pairing."""
+        return self.mode != POSITIONS and not self.native_batch and not self.oracle_batch
+
+    def short(self) -> str:
+        """"same calls" or "by position", with the batch rows: for a strip or a table cell."""
+        batch = [f"{side} is {text}" for side, text in (("native", self.native_batch), ("oracle", self.oracle_batch)) if text]
+        batch_text = f" ({'; '.join(batch)})" if batch else ""
+        return f"{'by position' if self.mode == POSITIONS else 'same calls'}{batch_text}"
+
+    def words(self) -> str:
+        """One line: "same calls", or "by position: native prefill 0-1026; oracle text-before 0-4, ..."."""
+        if self.mode != POSITIONS:
+            return self.short()
+        return f"{self.short()}: native {_calls_text(self.native_calls)}; oracle {_calls_text(self.oracle_calls)}"
+
+
+def _calls_text(calls: list[str], shown: int = 4) -> str:
+    more = f", and {len(calls) - shown} more call(s)" if len(calls) > shown else ""
+    return ", ".join(calls[:shown]) + more
+
+
+def _batch_text(batch: tuple[int, int] | None) -> str:
+    return "" if batch is None else f"row {batch[1]} of a batch of {batch[0]}"
 
 
 @dataclass
@@ -193,6 +246,7 @@ class Comparison:
     tokens: TokenParity
     verdict: Verdict
     """What every surface says about this comparison (sessions.compare.verdict)."""
+    alignment: AlignmentMode
 
 
 def profile_for(choice: str | None, capture: Capture, side: str) -> Profile:
@@ -317,6 +371,8 @@ def iter_compare(
     tensor cannot be read (the capture is unusable as input).
     """
     yield Progress(0, 1, "aligning records")
+    if options.alignment not in ALIGN_MODES:
+        raise ValueError(f"alignment {options.alignment!r} is not one of {', '.join(ALIGN_MODES)}")
     native_profile, oracle_profile = resolve_profiles(native, oracle, options) if profiles is None else profiles
     native_tokens, oracle_tokens = _tokens_within(native.tokens, options.max_steps), _tokens_within(oracle.tokens, options.max_steps)
     alignment: Alignment = align(
@@ -327,6 +383,9 @@ def iter_compare(
         native_sources=sources_for(native, native_profile),
         oracle_sources=sources_for(oracle, oracle_profile),
         overrides=options.overrides,
+        mode=options.alignment,
+        native_batch=batch_of(native),
+        oracle_batch=batch_of(oracle),
     )
     routes = validated_routes(
         native_profile.contracts,
@@ -335,7 +394,7 @@ def iter_compare(
         _provenance_contracts(oracle),
     )
     contracts = check_contracts(alignment.pairs, routes, native.meta.engine_name == oracle.meta.engine_name)
-    dispatch = compare_dispatch(alignment.pairs, native.dispatch, oracle.dispatch)
+    dispatch = compare_dispatch(alignment.pairs, native.dispatch, oracle.dispatch) if alignment.mode != POSITIONS else []
     total = sum(pair_bytes(p) for p in alignment.pairs) or 1
     yield Progress(0, total, f"execution state checked: {len(contracts.findings)} contract finding(s), {len(dispatch)} dispatch difference(s)")
     eos = shared_eos_step(tokens_by_step(native_tokens), tokens_by_step(oracle_tokens))
@@ -399,7 +458,7 @@ def _pair_result(
         pair.key, n.record.name, n.record.seq, o.record.name, o.record.seq,
         n.layout.spec if n.layout is not None else None,
         o.layout.spec if o.layout is not None else None,
-        metrics, post_eos, within, kind, pair.manual_reason,
+        metrics, post_eos, within, kind, pair.manual_reason, n.window, o.window,
     )
 
 
@@ -410,7 +469,15 @@ def _pair_detail(r: PairResult, contracts: dict[OpKey, list[ContractFinding]], d
     if r.verdict == Kind.DISPATCH_ONLY:
         return f"bits identical, attention calls differ in {', '.join(dispatch[r.key].fields)}"
     ulp = "" if m.max_ulp is None else f", max {m.max_ulp:,} ULP"
-    return f"{m.differing:,} of {m.size:,} elements differ{ulp}"
+    return f"{m.differing:,} of {m.size:,} elements differ{ulp}{_first_position(r)}"
+
+
+def _first_position(r: PairResult) -> str:
+    """Where in the prompt the pair first differs, when it was paired by position."""
+    first = r.metrics.first_difference
+    if not r.key.positions or first is None or len(first.coord) != len(r.metrics.shape):
+        return ""
+    return f", first at position {r.key.positions[0] + first.coord[rows_axis(r.key.op)]}"
 
 
 def _token_finding(tokens: TokenParity, results: list[PairResult]) -> Finding | None:
@@ -439,7 +506,9 @@ def unaligned_key(u: UnalignedRecord) -> OpKey:
 
 
 def _unaligned_findings(unaligned: list[UnalignedRecord]) -> list[Finding]:
-    ordered = sorted(unaligned, key=lambda u: (u.step, u.side != "native", u.seq))
+    """Unaligned records are findings, except the stages a profile declares one-sided: the other
+    engine has no such tensor by design, and their consumers are compared."""
+    ordered = sorted((u for u in unaligned if u.reason != ONE_SIDED), key=lambda u: (u.step, u.side != "native", u.seq))
     return [Finding(Kind.UNALIGNED, unaligned_key(u), f"{u.side} {u.name!r}: {u.reason}") for u in ordered]
 
 
@@ -483,4 +552,11 @@ def _assemble(
         error_growth=[GrowthPoint(r.key, r.metrics.max_ulp, r.metrics.nmse) for r in compared],
         tokens=tokens,
         verdict=verdict,
+        alignment=AlignmentMode(
+            alignment.mode,
+            [c.text() for c in alignment.native_calls],
+            [c.text() for c in alignment.oracle_calls],
+            _batch_text(batch_of(native)),
+            _batch_text(batch_of(oracle)),
+        ),
     )

@@ -18,7 +18,7 @@ from sessions.compare.json_plain import plain
 from sessions.compare.key import OpKey
 
 DOCUMENT_FORMAT = "parity-xray-report"
-DOCUMENT_VERSION = 3
+DOCUMENT_VERSION = 4
 """2: pairs carry their layout transform specs, and the profiles their identity (file, content hash).
 3: every op is named by its key's text form; one verdict object (word, first finding, reasons, counts)
 and a kind per pair replace the verdict string, first_finding and first_beyond_tolerance."""

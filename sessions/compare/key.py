@@ -14,7 +14,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from sessions.capture.reader import Record
 
-KEY_SYNTAX = "STEP:SEGMENT:LAYER:OP[#OCCURRENCE] (e.g. 0:visual:0:sdpa, 1:decode:-1:logits, 0:visual:2:q_rope#1)"
+KEY_SYNTAX = (
+    "STEP:SEGMENT:LAYER:OP[#OCCURRENCE][@FIRST[-LAST]] "
+    "(e.g. 0:visual:0:sdpa, 1:decode:-1:logits, 0:visual:2:q_rope#1, 0:prefill:3:ffn_down@5-1012)"
+)
 
 
 @dataclass(frozen=True, order=True)
@@ -22,17 +25,28 @@ class OpKey:
     """One canonical op at one place in the run: what alignment pairs records by.
 
     Layer -1 is a model-level op (embed, final_norm, logits). Occurrence counts repeats of the
-    same canonical op within (step, segment, layer) -- rare once a profile has mapped names."""
+    same canonical op within (step, segment, layer) -- rare once a profile has mapped names.
+    `positions` is set when the runs were cut into different calls and this pair is the token
+    positions [first, stop) of the native call at (step, segment) (docs/profiles.md, "Alignment
+    modes"); empty when the pair is whole calls on both sides."""
 
     step: int
     segment: str
     layer: int
     op: str
     occurrence: int = 0
+    positions: tuple[int, ...] = ()
+
+    def _positions_text(self, first_last: str) -> str:
+        if not self.positions:
+            return ""
+        first, last = self.positions[0], self.positions[1] - 1
+        return f"{first}" if first == last else f"{first}{first_last}{last}"
 
     def text(self) -> str:
         occurrence = f"#{self.occurrence}" if self.occurrence else ""
-        return f"{self.step}:{self.segment}:{self.layer}:{self.op}{occurrence}"
+        positions = f"@{self._positions_text('-')}" if self.positions else ""
+        return f"{self.step}:{self.segment}:{self.layer}:{self.op}{occurrence}{positions}"
 
     def __str__(self) -> str:
         return self.text()
@@ -41,7 +55,15 @@ class OpKey:
         """The same place in words, for sentences ("first bit difference: step 0 visual layer 0 sdpa")."""
         layer = "" if self.layer < 0 else f" layer {self.layer}"
         occurrence = f"#{self.occurrence}" if self.occurrence else ""
-        return f"step {self.step} {self.segment}{layer} {self.op}{occurrence}"
+        positions = ""
+        if self.positions:
+            word = "position" if self.positions[1] - self.positions[0] == 1 else "positions"
+            positions = f" {word} {self._positions_text('–')}"
+        return f"step {self.step} {self.segment}{layer} {self.op}{occurrence}{positions}"
+
+    def whole_call(self) -> OpKey:
+        """The same op without a position range: the key of the call it is cut from."""
+        return OpKey(self.step, self.segment, self.layer, self.op, self.occurrence)
 
     @classmethod
     def parse(cls, text: str) -> OpKey:
@@ -50,14 +72,19 @@ class OpKey:
         if len(parts) != 4 or not all(parts):
             raise ValueError(f"key {text!r} is not {KEY_SYNTAX}")
         step, segment, layer, op = parts
+        span = ""
+        if "@" in op:
+            op, span = op.split("@", 1)
         occurrence = "0"
         if "#" in op:
             op, occurrence = op.split("#", 1)
         try:
-            key = cls(int(step), segment, int(layer), op, int(occurrence))
+            first, _, last = span.partition("-")
+            positions = (int(first), int(last or first) + 1) if span else ()
+            key = cls(int(step), segment, int(layer), op, int(occurrence), positions)
         except ValueError:
-            raise ValueError(f"key {text!r}: STEP, LAYER and OCCURRENCE must be integers; the syntax is {KEY_SYNTAX}") from None
-        if not op or key.step < 0 or key.layer < -1 or key.occurrence < 0:
+            raise ValueError(f"key {text!r}: STEP, LAYER, OCCURRENCE and positions must be integers; the syntax is {KEY_SYNTAX}") from None
+        if not op or key.step < 0 or key.layer < -1 or key.occurrence < 0 or (positions and not 0 <= positions[0] < positions[1]):
             raise ValueError(f"key {text!r} is not {KEY_SYNTAX}")
         return key
 

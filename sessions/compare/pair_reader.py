@@ -14,26 +14,23 @@ import numpy as np
 
 from sessions.bits.dtypes import logical_dtype
 from sessions.capture.reader import Capture, RecordReader, stored_span
-from sessions.compare.align import AlignedPair, MappedRecord
+from sessions.compare.align import AlignedPair
+from sessions.compare.mapped_record import MappedRecord
 
 ADVISE_MIN_BYTES = 1024 * 1024
 """Smaller records get no read-ahead: finding their span costs about what their read does."""
 
 
 def pair_bytes(pair: AlignedPair) -> int:
-    """Stored bytes of both sides of a pair."""
-    return 2 * pair.native.record.size * logical_dtype(pair.native.record.dtype).storage.itemsize
+    """Stored bytes of both sides of a pair (of what the pair compares, when it is part of a record)."""
+    if logical_dtype(pair.native.record.dtype).is_quantized:
+        return 2 * pair.native.record.size * logical_dtype(pair.native.record.dtype).storage.itemsize
+    return 2 * int(np.prod(pair.native.shape, dtype=np.int64)) * logical_dtype(pair.native.record.dtype).storage.itemsize
 
 
-def _units(mapped: MappedRecord) -> tuple[int, int, int]:
-    """(chunk axis of the stored tensor, its length, canonical rows per index of it)."""
-    shape = mapped.record.shape
-    layout = mapped.layout
-    if layout is None:
-        return 0, shape[0], 1
-    axis = layout.chunk_axis()
-    assert axis is not None
-    return axis, shape[axis], layout.rows_per_unit(shape)
+def _rows_per_unit(mapped: MappedRecord) -> int:
+    """Canonical axis-0 rows per index of the stored axis they are read along."""
+    return mapped.layout.rows_per_unit(mapped.stored_shape()) if mapped.layout is not None else 1
 
 
 def chunk_rows(pair: AlignedPair, chunk_bytes: int) -> list[tuple[int, int]] | None:
@@ -45,7 +42,7 @@ def chunk_rows(pair: AlignedPair, chunk_bytes: int) -> list[tuple[int, int]] | N
     row_bytes = max(1, int(np.prod(pair.native.shape[1:], dtype=np.int64)) * logical_dtype(record.dtype).storage.itemsize)
     if rows * row_bytes <= chunk_bytes:
         return None
-    step = math.lcm(_units(pair.native)[2], _units(pair.oracle)[2])
+    step = math.lcm(_rows_per_unit(pair.native), _rows_per_unit(pair.oracle))
     per_chunk = max(step, (chunk_bytes // row_bytes) // step * step)
     return [(start, min(rows, start + per_chunk)) for start in range(0, rows, per_chunk)]
 
@@ -101,19 +98,14 @@ class _Side:
 
     def whole(self) -> np.ndarray:
         assert self._mapped is not None
-        bits = self._stored(None)
         if logical_dtype(self._mapped.record.dtype).is_quantized:
-            return bits.reshape(-1)
-        return self._mapped.layout.apply(bits) if self._mapped.layout is not None else bits
+            return self._stored(None).reshape(-1)
+        return self._mapped.canonical(self._stored(self._mapped.selection()))
 
     def rows(self, rows: tuple[int, int]) -> np.ndarray:
-        """Canonical rows [start, stop): the stored slice, then the layout transform."""
+        """Canonical rows [start, stop) of what the pair compares: the stored slice, then the layout transform."""
         assert self._mapped is not None
-        axis, _, per_unit = _units(self._mapped)
-        selection = [slice(None)] * len(self._mapped.record.shape)
-        selection[axis] = slice(rows[0] // per_unit, rows[1] // per_unit)
-        bits = self._stored(tuple(selection))
-        return self._mapped.layout.apply(bits) if self._mapped.layout is not None else bits
+        return self._mapped.canonical(self._stored(self._mapped.selection(rows)))
 
 
 class PairReader:

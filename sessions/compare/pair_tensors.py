@@ -9,28 +9,19 @@ recorded, so a capture rewritten since then is refused instead of showing other 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from sessions.bits.dtypes import logical_dtype
 from sessions.capture.reader import Capture, CaptureError, Record
-from sessions.compare.align import MappedRecord
 from sessions.compare.comparison import Comparison, PairResult
 from sessions.compare.key import OpKey
 from sessions.compare.layout_transform import LayoutError, LayoutTransform
+from sessions.compare.mapped_record import MappedRecord, batch_of, canonical_shape
 from sessions.progress import Progress, ProgressGenerator, run_to_end
 
 READ_CHUNK_BYTES = 2 * 1024 * 1024
 """Bytes per read: h5py holds the interpreter lock while it reads, so a UI thread waiting on
 it gets a turn between chunks."""
-
-
-@dataclass(frozen=True)
-class PairSide:
-    record: Record
-    layout: LayoutTransform | None
-    """Stored layout -> canonical layout; None when stored canonical (and for quantized blocks)."""
 
 
 def _record_by_seq(capture: Capture, seq: int) -> Record | None:
@@ -40,8 +31,8 @@ def _record_by_seq(capture: Capture, seq: int) -> Record | None:
     return next((r for r in records if r.seq == seq), None)
 
 
-def _side(capture: Capture, side: str, seq: int, name: str, spec: str | None, pair: PairResult) -> PairSide:
-    """The record the comparison read on one side, checked to still be that record."""
+def _side(capture: Capture, side: str, seq: int, name: str, spec: str | None, window: tuple[int, int] | None, pair: PairResult) -> MappedRecord:
+    """The record the comparison read on one side, as it read it, checked to still be that record."""
     place = f"record seq {seq}"
     record = _record_by_seq(capture, seq)
     if record is None:
@@ -51,29 +42,30 @@ def _side(capture: Capture, side: str, seq: int, name: str, spec: str | None, pa
             capture.path, place,
             f"is {record.name!r} ({record.dtype}), but {pair.label} paired {side} {name!r} ({pair.metrics.dtype}) -- the capture changed since it was compared",
         )
+    batch = batch_of(capture)
     if logical_dtype(record.dtype).is_quantized:
-        canonical: tuple[int, ...] = (record.size,)
-        layout = None
-    else:
-        try:
-            layout = LayoutTransform.parse(spec) if spec is not None else None
-            canonical = layout.output_shape(record.shape) if layout is not None else record.shape
-        except LayoutError as exc:
-            raise CaptureError(capture.path, place, f"cannot be brought to the canonical layout of {pair.label}: {exc}") from None
-    if list(canonical) != list(pair.metrics.shape):
+        return MappedRecord(record, pair.key, None, (record.size,))
+    try:
+        layout = LayoutTransform.parse(spec) if spec is not None else None
+        mapped = MappedRecord(record, pair.key, layout, canonical_shape(record, layout, batch[1] if batch else None), batch_row=batch[1] if batch else None)
+    except LayoutError as exc:
+        raise CaptureError(capture.path, place, f"cannot be brought to the canonical layout of {pair.label}: {exc}") from None
+    if window is not None:
+        mapped = mapped.cut(window, pair.key)
+    if list(mapped.shape) != list(pair.metrics.shape):
         raise CaptureError(
             capture.path, place,
-            f"has canonical shape {list(canonical)}, but {pair.label} compared {list(pair.metrics.shape)} -- the capture changed since it was compared",
+            f"has canonical shape {list(mapped.shape)}, but {pair.label} compared {list(pair.metrics.shape)} -- the capture changed since it was compared",
         )
-    return PairSide(record, layout)
+    return mapped
 
 
-def pair_sides(native: Capture, oracle: Capture, pair: PairResult) -> tuple[PairSide, PairSide]:
-    """The (native, oracle) records and transforms of a compared pair; CaptureError when a
+def pair_sides(native: Capture, oracle: Capture, pair: PairResult) -> tuple[MappedRecord, MappedRecord]:
+    """The (native, oracle) records of a compared pair, as it read them; CaptureError when a
     capture no longer holds what was compared."""
     return (
-        _side(native, "native", pair.native_seq, pair.native_name, pair.native_layout, pair),
-        _side(oracle, "oracle", pair.oracle_seq, pair.oracle_name, pair.oracle_layout, pair),
+        _side(native, "native", pair.native_seq, pair.native_name, pair.native_layout, pair.native_window, pair),
+        _side(oracle, "oracle", pair.oracle_seq, pair.oracle_name, pair.oracle_layout, pair.oracle_window, pair),
     )
 
 
@@ -84,20 +76,21 @@ def aligned_records(native: Capture, oracle: Capture, comparison: Comparison) ->
     native_records: dict[OpKey, MappedRecord] = {}
     oracle_records: dict[OpKey, MappedRecord] = {}
     for pair in comparison.pairs:
-        n, o = pair_sides(native, oracle, pair)
-        shape = tuple(pair.metrics.shape)
-        native_records[pair.key] = MappedRecord(n.record, pair.key, n.layout, shape)
-        oracle_records[pair.key] = MappedRecord(o.record, pair.key, o.layout, shape)
+        native_records[pair.key], oracle_records[pair.key] = pair_sides(native, oracle, pair)
     return native_records, oracle_records
 
 
-def iter_read_canonical(capture: Capture, side: PairSide, label: str) -> ProgressGenerator[np.ndarray]:
-    """One side's stored bits in the canonical layout, read a few MB at a time along the stored
-    first axis; yields Progress(rows read, rows). Quantized blocks come back as flat bytes."""
+def iter_read_canonical(capture: Capture, side: MappedRecord, label: str) -> ProgressGenerator[np.ndarray]:
+    """What one side of a pair compares, in the canonical layout, read a few MB at a time along
+    the stored first axis; yields Progress(rows read, rows). Quantized blocks come back as flat bytes."""
     record = side.record
     if logical_dtype(record.dtype).is_quantized:
         return capture.read_bits(record).reshape(-1)
-    if len(record.shape) == 0 or record.size == 0:
+    selection = side.selection()
+    if selection is not None:
+        bits = capture.read_bits(record, selection)
+        yield Progress(1, 1, label)
+    elif len(record.shape) == 0 or record.size == 0:
         bits = capture.read_bits(record)
     else:
         row_bytes = max(1, record.size // record.shape[0]) * logical_dtype(record.dtype).storage.itemsize
@@ -108,7 +101,7 @@ def iter_read_canonical(capture: Capture, side: PairSide, label: str) -> Progres
             parts.append(capture.read_bits(record, (slice(start, min(rows, start + step)),)))
             yield Progress(min(rows, start + step), rows, label)
         bits = np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
-    return side.layout.apply(bits) if side.layout is not None else bits
+    return side.canonical(bits)
 
 
 def iter_read_pair_bits(native: Capture, oracle: Capture, pair: PairResult) -> ProgressGenerator[tuple[np.ndarray, np.ndarray, str]]:

@@ -51,6 +51,11 @@ CANONICAL_OPS: dict[str, str] = {
 }
 """Canonical ops and their canonical layouts (docs/architecture.md); `(heads dim)` is one axis."""
 
+
+def rows_axis(op: str) -> int:
+    """The canonical axis of `op` whose index is a token position: what alignment by position cuts."""
+    return re.findall(r"\([^)]*\)|\S+", CANONICAL_OPS[op]).index("rows")
+
 HEADS_SOURCE: dict[str, tuple[str, ...]] = {
     "q_proj": ("q_rope", "q_norm"),
     "sdpa": ("q_rope", "q_norm"),

@@ -82,7 +82,15 @@ class DecodedSession:
 
 
 def _op(op: OpKey | None) -> dict[str, Any] | None:
-    return None if op is None else asdict(op)
+    """An op key as an object; `positions` only when the pair was aligned by position."""
+    if op is None:
+        return None
+    fields = asdict(op)
+    if not op.positions:
+        del fields["positions"]
+    else:
+        fields["positions"] = list(op.positions)
+    return fields
 
 
 def _view(view: ViewState) -> dict[str, Any]:
@@ -225,7 +233,10 @@ class _Node:
 
 
 def _read_op(n: _Node) -> OpKey:
-    op = OpKey(n.integer("step"), n.text("segment"), n.integer("layer"), n.text("op"), n.integer("occurrence"))
+    positions = n.get("positions", (list,), [])
+    if positions and (len(positions) != 2 or not all(isinstance(p, int) and not isinstance(p, bool) for p in positions) or not 0 <= positions[0] < positions[1]):
+        raise n.fail(f"must be [first, stop) token positions, not {json.dumps(positions)[:60]}", "positions")
+    op = OpKey(n.integer("step"), n.text("segment"), n.integer("layer"), n.text("op"), n.integer("occurrence"), tuple(positions))
     n.done()
     return op
 

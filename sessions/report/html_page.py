@@ -14,7 +14,8 @@ import datetime as _dt
 import math
 from html import escape
 
-from sessions.compare.comparison import Comparison, worst_ops
+from sessions.compare.align import POSITIONS
+from sessions.compare.comparison import DISPATCH_NOT_COMPARED, Comparison, worst_ops
 from sessions.compare.key import OpKey
 from sessions.compare.tensor_diff import ElementSample
 from sessions.compare.token_parity import POST_EOS, step_word
@@ -133,6 +134,8 @@ def growth_svg(c: Comparison, width: int = FIGURE_WIDTH, height: int = FIGURE_HE
 
 
 def _dispatch(c: Comparison) -> str:
+    if not c.dispatch_differences and c.alignment.mode == POSITIONS:
+        return f"<p>Dispatch {escape(DISPATCH_NOT_COMPARED)}.</p>"
     if not c.dispatch_differences:
         return "<p>No dispatch differences: every attention op made the same primitive calls on both sides.</p>"
     rows = [[f"<code>{escape(d.key.text())}</code>", escape(", ".join(d.fields)), escape(d.native_summary), escape(d.oracle_summary)] for d in c.dispatch_differences]
@@ -193,6 +196,7 @@ def render_html(c: Comparison, session: Investigation | None = None, screenshots
     ]
     if c.verdict.reasons:
         out.append("<ul>" + "".join(f"<li>{escape(r)}</li>" for r in c.verdict.reasons) + "</ul>")
+    out.append(f"<p>Alignment: {escape(c.alignment.words())}</p>")
     out.append(f"<p>Tolerance: {escape(tolerance_text(c))}</p>")
     if session.summary:
         out.append(f"<h2>Summary</h2><div class='note'>{escape(session.summary)}</div>")

@@ -9,7 +9,8 @@ lists everything.
 
 from __future__ import annotations
 
-from sessions.compare.comparison import Comparison, PairResult, unaligned_key, worst_ops
+from sessions.compare.align import POSITIONS
+from sessions.compare.comparison import DISPATCH_NOT_COMPARED, Comparison, PairResult, unaligned_key, worst_ops
 from sessions.compare.tensor_diff import ElementSample, TensorMetrics
 from sessions.compare.token_parity import POST_EOS, step_word
 from sessions.compare.verdict import Kind
@@ -71,6 +72,7 @@ def render(c: Comparison, top: int = 10, full: bool = False) -> str:
         f"native     {c.native_path} [profile {c.native_profile}]",
         f"oracle     {c.oracle_path} [profile {c.oracle_profile}]",
         f"provenance {c.provenance.summary}",
+        f"alignment  {c.alignment.words()}",
         f"tolerance  {tolerance_text(c)}",
         f"ops        {_counts_line(c)}",
     ]
@@ -90,7 +92,7 @@ def render(c: Comparison, top: int = 10, full: bool = False) -> str:
     out += [
         f"  {d.key} differs in {', '.join(d.fields)}\n    native: {d.native_summary}\n    oracle: {d.oracle_summary}"
         for d in c.dispatch_differences[:limit]
-    ] or ["  no differences"]
+    ] or [f"  {DISPATCH_NOT_COMPARED}" if c.alignment.mode == POSITIONS else "  no differences"]
     out += _more(len(c.dispatch_differences), limit)
     out += ["", f"Unaligned records ({len(c.unaligned)}, plus {len(c.post_eos_unaligned)} post-EOS: invalid, not failures)"]
     out += [f"  {unaligned_key(u)} {u.side} {u.name!r} (seq {u.seq}): {u.reason}: {u.detail}" for u in c.unaligned[:limit]] or ["  none"]

@@ -9,7 +9,6 @@ resolution bits of the slice are kept so the inspector reads exact elements.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,6 +16,8 @@ import pyqtgraph as pg
 
 from sessions.bits.dtypes import as_values, logical_dtype
 from sessions.capture.reader import Capture, Record
+from sessions.compare.mapped_record import MappedRecord
+from sessions.compare.pair_tensors import iter_read_canonical
 from sessions.compare.tensor_diff import TensorMetrics, element_maps
 from sessions.progress import Progress, ProgressGenerator
 from viewer.tensor.display_aggregate import (
@@ -76,10 +77,9 @@ class TensorRequest:
     dtype: str
     native: Capture
     oracle: Capture
-    native_record: Record
-    oracle_record: Record
-    to_canonical_native: Callable[[np.ndarray], np.ndarray]
-    to_canonical_oracle: Callable[[np.ndarray], np.ndarray]
+    native_side: MappedRecord
+    oracle_side: MappedRecord
+    """Each side's record as the comparison read it (its batch row, positions and layout)."""
     spec: SliceSpec | None = None
     metrics: TensorMetrics | None = None
     """The diff engine's metrics of the whole pair (histogram, per-row and per-head profiles)."""
@@ -115,20 +115,6 @@ class TensorSlice:
     @property
     def is_1d(self) -> bool:
         return self.native_bits.ndim == 1
-
-
-def iter_read_bits(capture: Capture, record: Record, label: str) -> ProgressGenerator[np.ndarray]:
-    """A whole tensor's bits, read a few MB at a time along its first axis."""
-    if len(record.shape) == 0 or record.size == 0:
-        return capture.read_bits(record)
-    row_bytes = max(1, record.size // record.shape[0]) * logical_dtype(record.dtype).storage.itemsize
-    step = max(1, CHUNK_BYTES // row_bytes)
-    parts: list[np.ndarray] = []
-    rows = record.shape[0]
-    for start in range(0, rows, step):
-        parts.append(capture.read_bits(record, (slice(start, min(rows, start + step)),)))
-        yield Progress(min(rows, start + step), rows, label)
-    return np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
 
 
 def _as_2d(array: np.ndarray) -> np.ndarray:
@@ -200,15 +186,13 @@ def iter_prepare(request: TensorRequest) -> ProgressGenerator[TensorSlice]:
     notes: list[str] = []
     dtype = request.dtype
     if logical_dtype(request.dtype).is_quantized:
-        native, native_raw = yield from _iter_decoded(request.native, request.native_record, f"decoding native {request.label}")
-        oracle, oracle_raw = yield from _iter_decoded(request.oracle, request.oracle_record, f"decoding oracle {request.label}")
+        native, native_raw = yield from _iter_decoded(request.native, request.native_side.record, f"decoding native {request.label}")
+        oracle, oracle_raw = yield from _iter_decoded(request.oracle, request.oracle_side.record, f"decoding oracle {request.label}")
         raw_blocks, dtype = (native_raw, oracle_raw), "float32"
         notes.append(f"{request.dtype} decoded to float32 for display")
     else:
-        native = yield from iter_read_bits(request.native, request.native_record, f"reading native {request.label}")
-        oracle = yield from iter_read_bits(request.oracle, request.oracle_record, f"reading oracle {request.label}")
-        native = request.to_canonical_native(native)
-        oracle = request.to_canonical_oracle(oracle)
+        native = yield from iter_read_canonical(request.native, request.native_side, f"reading native {request.label}")
+        oracle = yield from iter_read_canonical(request.oracle, request.oracle_side, f"reading oracle {request.label}")
     shape = tuple(native.shape)
     spec = request.spec or SliceSpec.default(shape)
     native_cut = np.ascontiguousarray(spec.cut(native))

@@ -57,9 +57,12 @@ class VerdictStrip(QFrame):
                 detail += f": {first.detail}"  # a contract finding has its own card with both contracts
             if len(verdict.reasons) > 1:
                 detail += f"  ·  also: {'; '.join(verdict.reasons[1:])}"
+        alignment = viewed.comparison.alignment
+        if not alignment.is_plain:
+            detail += f"  ·  aligned {alignment.short()}"
         self._paint(verdict.word, detail, WORD_COLOURS[verdict.word])
-        if first is not None:
-            self.detail.setToolTip(f"{detail}\n{first.detail}")
+        tip = [detail] + ([first.detail] if first is not None else []) + ([f"aligned {alignment.words()}"] if not alignment.is_plain else [])
+        self.detail.setToolTip("\n".join(tip))
         self.go.setVisible(first is not None)
         self.setVisible(True)
 

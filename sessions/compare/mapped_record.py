@@ -1,0 +1,96 @@
+"""A record as one aligned pair compares it: its batch row, its token positions, its canonical layout.
+
+Runs cut differently (docs/profiles.md, "Alignment modes") compare part of a record: the
+rows of a combined prefill that a segmented run computed in one of its calls, or the row of a
+batch that holds the request. Every reader of a pair's bits (the comparison's chunked reads,
+the viewer, reruns) asks the record for its stored selection here, so all of them read the
+same elements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from sessions.capture.reader import Capture, Record
+from sessions.compare.key import OpKey
+from sessions.compare.layout_transform import LayoutTransform
+from sessions.compare.profiles import rows_axis
+
+
+@dataclass(frozen=True)
+class MappedRecord:
+    record: Record
+    key: OpKey
+    layout: LayoutTransform | None
+    shape: tuple[int, ...]
+    """The canonical shape of what is compared: after the batch row, the window and the layout transform."""
+    window: tuple[int, int] | None = None
+    """Canonical rows [start, stop) of this record on its op's rows axis that the pair compares; None: all."""
+    batch_row: int | None = None
+    """Stored axis-0 index of the request compared, in a record of a batched run; None: not batched."""
+
+    def stored_shape(self) -> tuple[int, ...]:
+        """The record's stored shape as the layout sees it: a batched record's axis 0 is one request."""
+        shape = self.record.shape
+        return shape if self.batch_row is None else (1, *shape[1:])
+
+    def _stored_axis(self, canonical_axis: int) -> int:
+        """The stored axis whose index ranges are ranges of canonical axis `canonical_axis`."""
+        if self.layout is None:
+            return canonical_axis
+        group = self.layout.outputs[canonical_axis]
+        return self.layout.inputs.index(group[0])
+
+    def selection(self, rows: tuple[int, int] | None = None) -> tuple[slice, ...] | None:
+        """The stored selection holding what the pair compares, narrowed to its canonical axis-0
+        rows [start, stop) when `rows` is given; None when that is the whole record."""
+        shape = self.record.shape
+        selection = [slice(0, n) for n in shape]
+        if self.batch_row is not None:
+            selection[0] = slice(self.batch_row, self.batch_row + 1)
+        if self.window is not None:
+            axis = self._stored_axis(rows_axis(self.key.op))
+            selection[axis] = slice(self.window[0], self.window[1])
+        if rows is not None:
+            axis = self._stored_axis(0)
+            per_unit = self.layout.rows_per_unit(self.stored_shape()) if self.layout is not None else 1
+            base = selection[axis].start
+            selection[axis] = slice(base + rows[0] // per_unit, base + rows[1] // per_unit)
+        if all(s == slice(0, n) for s, n in zip(selection, shape)):
+            return None
+        return tuple(selection)
+
+    def canonical(self, bits: np.ndarray) -> np.ndarray:
+        """Stored bits of `selection()` (or a narrowing of it) brought to the canonical layout."""
+        return self.layout.apply(bits) if self.layout is not None else bits
+
+    def cut(self, window: tuple[int, int], key: OpKey) -> MappedRecord:
+        """This record narrowed to canonical rows `window` of its rows axis, paired under `key`."""
+        axis = rows_axis(self.key.op)
+        shape = list(self.shape)
+        shape[axis] = window[1] - window[0]
+        whole = window == (0, self.shape[axis])
+        return replace(self, key=key, shape=tuple(shape), window=None if whole else window)
+
+
+def batch_of(capture: Capture) -> tuple[int, int] | None:
+    """(batch size, request row) of a batched run's capture; None for one request."""
+    return (capture.meta.batch_size, capture.meta.batch_row) if capture.meta.batch_size > 1 else None
+
+
+def canonical_shape(record: Record, layout: LayoutTransform | None, batch_row: int | None) -> tuple[int, ...]:
+    """A record's canonical shape (before any window); LayoutError when the layout does not fit."""
+    shape = record.shape if batch_row is None else (1, *record.shape[1:])
+    return layout.output_shape(shape) if layout is not None else shape
+
+
+def cut_problem(mapped: MappedRecord) -> str | None:
+    """Why this record cannot be cut by token position, or None when it can."""
+    if mapped.layout is None:
+        return None
+    group = mapped.layout.outputs[rows_axis(mapped.key.op)]
+    if len(group) == 1:
+        return None
+    return f"its layout {mapped.layout.spec!r} merges the token rows with {', '.join(group[1:])}, so one position's elements are not one slice"

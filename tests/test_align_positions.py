@@ -1,0 +1,193 @@
+"""Runs cut into different forward calls are compared position by position.
+
+The Qwen3-VL seed's fourth defect: the native ran one combined prefill, llama.cpp ran three
+cache-preserving calls (text-before Q=5, visual Q=1008, text-after Q=14). These captures are
+that cut in miniature shape but real size: 1027 prompt positions, records in the canonical
+layout, one bit flipped at position 700 where a test plants it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hand_captures import T, bf16_bits, write_capture
+from sessions.capture.opening import open_capture
+from sessions.commands import report as report_command
+from sessions.compare.align import NO_PARTNER, POSITIONS
+from sessions.compare.comparison import CompareOptions, iter_compare
+from sessions.compare.key import OpKey
+from sessions.compare.pair_tensors import read_pair_bits
+from sessions.compare.verdict import DIVERGENCE, PARITY
+from sessions.progress import run_to_end
+
+SEGMENTS = (("text-before", 5), ("visual", 1008), ("text-after", 14))
+PROMPT = sum(n for _, n in SEGMENTS)
+HIDDEN, HEADS, DIM = 8, 2, 4
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PARITY_XRAY_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _prompt_tensors(rng_seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(rng_seed)
+    return {
+        "embed": bf16_bits(rng.standard_normal((PROMPT, HIDDEN))),
+        "q_rope": bf16_bits(rng.standard_normal((HEADS, PROMPT, DIM))),
+        "layer_out": bf16_bits(rng.standard_normal((PROMPT, HIDDEN))),
+        "logits": bf16_bits(rng.standard_normal((PROMPT, 16))),
+    }
+
+
+def _flip(bits: np.ndarray, position: int, axis: int = 0) -> np.ndarray:
+    out = bits.copy()
+    index = [0] * out.ndim
+    index[axis] = position
+    out[tuple(index)] ^= 1
+    return out
+
+
+def _call(data: dict[str, np.ndarray], first: int, stop: int, segment: str, recorded: bool, last: bool) -> list[T]:
+    """One forward call's records: its rows of every tensor, logits only for the prompt's last row."""
+    at = first if recorded else -1
+    out = [
+        T("embed", data["embed"][first:stop], segment=segment, dtype="bfloat16", position=at),
+        T("q_rope", data["q_rope"][:, first:stop], segment=segment, layer=0, dtype="bfloat16", position=at),
+        T("layer_out", data["layer_out"][first:stop], segment=segment, layer=0, dtype="bfloat16", position=at),
+    ]
+    if last:
+        out.append(T("logits", data["logits"][stop - 1 : stop], segment=segment, dtype="bfloat16", position=stop - 1 if recorded else -1))
+    return out
+
+
+def combined(path: Path, data: dict[str, np.ndarray], recorded: bool = True) -> Path:
+    return write_capture(path, "native", _call(data, 0, PROMPT, "prefill", recorded, True), [(0, 7, False)])
+
+
+def segmented(path: Path, data: dict[str, np.ndarray], recorded: bool = True) -> Path:
+    tensors: list[T] = []
+    first = 0
+    for i, (segment, rows) in enumerate(SEGMENTS):
+        tensors += _call(data, first, first + rows, segment, recorded, i == len(SEGMENTS) - 1)
+        first += rows
+    return write_capture(path, "oracle", tensors, [(0, 7, False)])
+
+
+def _compare(native: Path, oracle: Path, **options: object):
+    with open_capture(native) as n, open_capture(oracle) as o:
+        return run_to_end(iter_compare(n, o, CompareOptions(native_profile="canonical", oracle_profile="canonical", **options)))
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["positions recorded", "positions derived from call order"])
+def test_identical_data_cut_into_one_call_or_three_segments_is_parity_position_by_position(tmp_path: Path, recorded: bool) -> None:
+    data = _prompt_tensors()
+    c = _compare(combined(tmp_path / "n.h5", data, recorded), segmented(tmp_path / "o.h5", data, recorded))
+    assert c.verdict.word == PARITY
+    assert c.alignment.mode == POSITIONS
+    assert [p.key.text() for p in c.pairs if p.key.op == "layer_out"] == [
+        "0:prefill:0:layer_out@0-4",
+        "0:prefill:0:layer_out@5-1012",
+        "0:prefill:0:layer_out@1013-1026",
+    ]
+    assert [p.key.text() for p in c.pairs if p.key.op == "logits"] == ["0:prefill:-1:logits@1026"]
+    assert c.unaligned == []
+    assert c.alignment.words() == "by position: native prefill 0-1026; oracle text-before 0-4, visual 5-1012, text-after 1013-1026"
+
+
+@pytest.mark.parametrize("op, axis", [("layer_out", 0), ("q_rope", 1)], ids=["rows first", "heads rows dim"])
+def test_one_flipped_bit_at_position_700_is_named_by_layer_op_and_position_on_every_surface(tmp_path: Path, op: str, axis: int) -> None:
+    data = _prompt_tensors()
+    planted = {**data, op: _flip(data[op], 700, axis)}
+    native, oracle = combined(tmp_path / "n.h5", planted), segmented(tmp_path / "o.h5", data)
+    c = _compare(native, oracle)
+    assert c.verdict.word == DIVERGENCE
+    first = c.verdict.first
+    assert first is not None and first.key == OpKey(0, "prefill", 0, op, 0, (5, 1013))
+    assert first.detail.endswith("first at position 700")
+    assert [p.key.text() for p in c.pairs if not p.metrics.bit_exact] == [f"0:prefill:0:{op}@5-1012"]
+
+    json_path = tmp_path / "report.json"
+    parser = argparse.ArgumentParser()
+    report_command.add_arguments(parser)
+    code = report_command.run(
+        parser.parse_args([str(native), str(oracle), "--native-profile", "canonical", "--oracle-profile", "canonical", "--json", str(json_path), "--no-cache"])
+    )
+    document = json.loads(json_path.read_text())
+    assert code == 1
+    assert document["verdict"]["first"]["key"] == f"0:prefill:0:{op}@5-1012"
+    assert document["alignment"]["mode"] == "positions"
+
+
+def test_the_pair_read_back_is_the_slice_of_the_combined_call_that_the_segment_computed(tmp_path: Path) -> None:
+    data = _prompt_tensors()
+    native, oracle = combined(tmp_path / "n.h5", _prompt_tensors(1)), segmented(tmp_path / "o.h5", data)
+    c = _compare(native, oracle)
+    pair = next(p for p in c.pairs if p.key.text() == "0:visual:0:q_rope@5-1012".replace("visual", "prefill"))
+    with open_capture(native) as n, open_capture(oracle) as o:
+        native_bits, oracle_bits, dtype = read_pair_bits(n, o, pair)
+    assert dtype == "bfloat16"
+    np.testing.assert_array_equal(native_bits, _prompt_tensors(1)["q_rope"][:, 5:1013])
+    np.testing.assert_array_equal(oracle_bits, data["q_rope"][:, 5:1013])
+
+
+def test_positions_only_one_run_holds_are_listed_and_the_rest_still_pairs(tmp_path: Path) -> None:
+    data = _prompt_tensors()
+    native = write_capture(tmp_path / "n.h5", "native", _call(data, 0, 1013, "prefill", True, False))
+    oracle = segmented(tmp_path / "o.h5", data)
+    c = _compare(native, oracle, alignment="positions")
+    assert all(p.metrics.bit_exact for p in c.pairs)
+    uncovered = [(u.side, u.name, u.reason, u.detail) for u in c.unaligned if u.name == "layer_out"]
+    assert uncovered == [("oracle", "layer_out", NO_PARTNER, "no native record of layer_out holds positions 1013-1026")]
+
+
+def test_the_prompt_tail_fed_token_by_token_pairs_with_the_same_rows_of_one_prefill(tmp_path: Path) -> None:
+    data = _prompt_tensors()
+    fed = _call(data, 0, PROMPT - 4, "prefill", True, False)
+    for position in range(PROMPT - 4, PROMPT):
+        fed += _call(data, position, position + 1, f"feed-{position}", True, position == PROMPT - 1)
+    native = combined(tmp_path / "n.h5", data)
+    oracle = write_capture(tmp_path / "o.h5", "oracle", fed, [(0, 7, False)])
+    c = _compare(native, oracle)
+    assert c.verdict.word == PARITY
+    assert [p.key.text() for p in c.pairs if p.key.op == "embed"][-2:] == ["0:prefill:-1:embed@1025", "0:prefill:-1:embed@1026"]
+
+
+def test_a_request_alone_compares_with_its_row_of_a_batch_and_ignores_the_other_requests(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    batch = bf16_bits(rng.standard_normal((8, 6, HIDDEN)))
+    alone = write_capture(tmp_path / "alone.h5", "native", [T("model.layers.0", batch[3:4].copy(), layer=0, dtype="bfloat16")])
+    other_rows_differ = batch.copy()
+    other_rows_differ[2] ^= 1
+    batched = write_capture(
+        tmp_path / "batch.h5", "oracle", [T("model.layers.0", other_rows_differ, layer=0, dtype="bfloat16")], batch_size=8, batch_row=3
+    )
+    with open_capture(alone) as n, open_capture(batched) as o:
+        c = run_to_end(iter_compare(n, o, CompareOptions(native_profile="mlx-lm", oracle_profile="mlx-lm")))
+    assert c.verdict.word == PARITY and len(c.pairs) == 1
+    assert c.alignment.words() == "same calls (oracle is row 3 of a batch of 8)"
+
+    own_row_differs = batch.copy()
+    own_row_differs[3, 4, 5] ^= 1
+    batched = write_capture(
+        tmp_path / "batch2.h5", "oracle", [T("model.layers.0", own_row_differs, layer=0, dtype="bfloat16")], batch_size=8, batch_row=3
+    )
+    with open_capture(alone) as n, open_capture(batched) as o:
+        c = run_to_end(iter_compare(n, o, CompareOptions(native_profile="mlx-lm", oracle_profile="mlx-lm")))
+    assert c.verdict.word == DIVERGENCE
+    assert c.pairs[0].metrics.first_difference is not None and c.pairs[0].metrics.first_difference.coord == [4, 5]
+
+
+def test_a_key_with_positions_reads_back_from_its_text() -> None:
+    key = OpKey(0, "prefill", 3, "ffn_down", 1, (5, 1013))
+    assert key.text() == "0:prefill:3:ffn_down#1@5-1012"
+    assert OpKey.parse(key.text()) == key
+    assert OpKey.parse("0:prefill:3:ffn_down@700") == OpKey(0, "prefill", 3, "ffn_down", 0, (700, 701))
+    assert key.label() == "step 0 prefill layer 3 ffn_down#1 positions 5–1012"
+    with pytest.raises(ValueError, match="positions must be integers"):
+        OpKey.parse("0:prefill:3:ffn_down@a-b")

@@ -1,7 +1,8 @@
 """Every surface names the same verdict, kind and key for the same pair.
 
 One case per demo scenario plus planted cases (a 1-ULP flip, a signed-zero flip, a contract
-change, a dispatch-only change, a missing record, a token difference after the shared EOS).
+change, a dispatch-only change, a missing record, a token difference after the shared EOS, a
+bit flipped in runs cut into different calls).
 For each, the CLI text, the JSON, the HTML, the tree's first non-exact op, Ctrl+J's target,
 the Overview's marker and the window's verdict strip are read and must agree with what the
 case documents.
@@ -50,8 +51,29 @@ class Case:
     key: str | None
 
 
+def _planted_cut(tmp_path: Path) -> Case:
+    """One prefill of 4 rows against the same rows cut into two calls, one bit flipped at position 3."""
+    rng = np.random.default_rng(8)
+    norm, out = bf16_bits(rng.standard_normal((4, 8))), bf16_bits(rng.standard_normal((4, 8)))
+    flipped = out.copy()
+    flipped[3, 5] ^= 1
+    native = write_capture(
+        tmp_path / "cut.native.h5", "native",
+        [T("attn_norm", norm, layer=0, dtype="bfloat16", position=0), T("layer_out", flipped, layer=0, dtype="bfloat16", position=0)],
+        [(0, 5, False)],
+    )
+    oracle = write_capture(
+        tmp_path / "cut.oracle.h5", "oracle",
+        [T(name, bits[a:b], segment=segment, layer=0, dtype="bfloat16", position=a) for segment, a, b in (("first", 0, 2), ("second", 2, 4)) for name, bits in (("attn_norm", norm), ("layer_out", out))],
+        [(0, 5, False)],
+    )
+    return Case(native, oracle, DIVERGENCE, Kind.DIVERGED, "0:prefill:0:layer_out@2-3")
+
+
 def _planted(tmp_path: Path, name: str) -> Case:
     """Three ops of one layer and two token steps, with one planted difference on the native side."""
+    if name == "cut-position":
+        return _planted_cut(tmp_path)
     rng = np.random.default_rng(7)
     norm = bf16_bits(rng.standard_normal((4, 8)))
     attention = bf16_bits(rng.standard_normal((4, 32)))
@@ -94,7 +116,7 @@ def _planted(tmp_path: Path, name: str) -> Case:
     return Case(native, oracle, *expected)
 
 
-PLANTED = ("one-ulp", "signed-zero", "contract", "dispatch-only", "missing", "post-eos-token")
+PLANTED = ("one-ulp", "signed-zero", "contract", "dispatch-only", "missing", "post-eos-token", "cut-position")
 SCENARIOS = ("clean", "head-chunk", "attention-contract", "swiglu-order", "signed-zero", "post-eos")
 
 
@@ -159,6 +181,7 @@ def test_every_surface_names_the_same_verdict_kind_and_key(case: Case, tmp_path:
     win.open_pair(case.native, case.oracle)
     qtbot.waitUntil(lambda: win.model.comparison is not None and not win.tasks.busy, timeout=WAIT_MS)
     assert win.verdict_strip.word.text() == case.word
+    assert ("aligned by position" in win.verdict_strip.detail.text()) == ("@" in (case.key or ""))
     pair_kinds = {Kind.DIVERGED, Kind.SIGNED_ZERO_ONLY, Kind.CONTRACT_MISMATCH, Kind.DISPATCH_ONLY}
     if case.key is None:
         assert not win.verdict_strip.go.isVisible()

@@ -103,8 +103,13 @@ def find_pair(viewed: ViewedComparison | None, key: OpKey) -> PairResult | None:
 
 
 def pair_op_label(pair: PairResult) -> str:
+    """The op under its layer row; with the positions it holds when the runs were cut differently."""
     occurrence = f" #{pair.key.occurrence}" if pair.key.occurrence else ""
-    return f"{pair.key.op}{occurrence}"
+    positions = ""
+    if pair.key.positions:
+        first, stop = pair.key.positions
+        positions = f" @ {first}" if stop - first == 1 else f" @ {first}–{stop - 1}"
+    return f"{pair.key.op}{occurrence}{positions}"
 
 
 def pair_ulp_error_text(pair: PairResult) -> str:
@@ -181,7 +186,8 @@ def unaligned_reason(record: UnalignedRecord) -> str:
 def summary_line(viewed: ViewedComparison) -> str:
     c = viewed.comparison
     exact = c.verdict.counts.get(Kind.BIT_EXACT, 0)
-    return f"{len(c.pairs)} aligned ops, {exact} bit-exact; {len(c.unaligned)} unaligned; profiles {c.native_profile} / {c.oracle_profile}"
+    aligned = "" if c.alignment.is_plain else f"; aligned {c.alignment.short()}"
+    return f"{len(c.pairs)} aligned ops, {exact} bit-exact; {len(c.unaligned)} unaligned; profiles {c.native_profile} / {c.oracle_profile}{aligned}"
 
 
 def headline(viewed: ViewedComparison) -> str:

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 from sessions.progress import Progress
 
 if TYPE_CHECKING:
-    from backends.engines.demo_scenarios import Scenario
+    from backends.demo.cut_pairs import CutScenario
+    from backends.engines.demo_scenarios import ExpectedVerdict, Scenario
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,18 +47,25 @@ def _generate(out_dir: Path, scenarios: list[str] | None, seed: int) -> dict[str
         print(f"[{step.done}/{step.total}] {step.label}", file=sys.stderr)
 
 
-def _listing(demo_dir: Path, scenarios: dict[str, Scenario], llama: dict[str, str]) -> str:
+def _verdict_text(expected: "ExpectedVerdict") -> str:
+    return expected.word + ("" if expected.key is None else f", first {expected.kind} at {expected.key}")
+
+
+def _listing(demo_dir: Path, scenarios: dict[str, Scenario], cut: dict[str, "CutScenario"], llama: dict[str, str]) -> str:
     """Each scenario, the verdict its pair must get, and where its files are (or will be)."""
     from backends.demo.generate import pair_paths
 
     lines = [f"Demo scenarios; their captures live in {demo_dir} (written on first use).", ""]
     for name, scenario in scenarios.items():
-        expected = scenario.expected
-        first = "" if expected.key is None else f", first {expected.kind} at {expected.key}"
         native, _ = pair_paths(demo_dir, name)
         state = "generated" if native.exists() else "not generated yet"
-        lines.append(f"{name:20s} {expected.word}{first} ({state})")
+        lines.append(f"{name:20s} {_verdict_text(scenario.expected)} ({state})")
         lines.append(f"{'':20s} {scenario.description}")
+    lines.append("")
+    lines.append("One engine run twice, cut or batched differently (real runs; llama ones need the llama extra):")
+    for name, cut_scenario in cut.items():
+        lines.append(f"{name:24s} {_verdict_text(cut_scenario.expected)}")
+        lines.append(f"{'':24s} {cut_scenario.description}")
     lines.append("")
     lines.append("Real llama.cpp vs MLX runs of a tiny model (need the llama extra; `demo --generate DIR --scenario NAME`):")
     lines += [f"{name:20s} GGUF {variant} weights" for name, variant in llama.items()]
@@ -72,14 +80,16 @@ def run(args: argparse.Namespace) -> int:
         default_demo_dir,
         pair_paths,
     )
+    from backends.demo.cut_pairs import CUT_SCENARIOS
     from backends.demo.llama_pairs import LLAMA_SCENARIOS
 
-    unknown = sorted(set(args.scenario or ()) - set(SCENARIOS) - set(LLAMA_SCENARIOS))
+    known = [*SCENARIOS, *CUT_SCENARIOS, *LLAMA_SCENARIOS]
+    unknown = sorted(set(args.scenario or ()) - set(known))
     if unknown:
-        print(f"parity-xray demo: unknown scenario {', '.join(unknown)}; known: {', '.join([*SCENARIOS, *LLAMA_SCENARIOS])}")
+        print(f"parity-xray demo: unknown scenario {', '.join(unknown)}; known: {', '.join(known)}")
         return 2
     if args.list:
-        print(_listing(default_demo_dir(), SCENARIOS, LLAMA_SCENARIOS), end="")
+        print(_listing(default_demo_dir(), SCENARIOS, CUT_SCENARIOS, LLAMA_SCENARIOS), end="")
         return 0
     if args.generate is not None:
         from backends.recorders.llama_recorder import RecorderError
@@ -97,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     native, oracle = pair_paths(demo_dir, scenario)
     if not (native.exists() and oracle.exists()):
         print(f"Generating the demo captures into {demo_dir} (once) ...", file=sys.stderr)
-        _generate(demo_dir, None, args.seed)
+        _generate(demo_dir, None if scenario in SCENARIOS else [scenario], args.seed)
     from viewer.app import run_viewer
 
     return run_viewer([str(native), str(oracle)])

@@ -20,7 +20,8 @@ from backends.engines.demo_model import MODEL_ID, DemoConfig
 from backends.engines.demo_scenarios import SEGMENT_ROWS, ExpectedVerdict
 from backends.engines.gguf_export import write_mlx_model_dir
 from backends.recorders.record_schedule import TokenSchedule
-from sessions.compare.verdict import PARITY
+from sessions.compare.key import OpKey
+from sessions.compare.verdict import DIVERGENCE, PARITY, Kind
 from sessions.progress import Progress, ProgressGenerator, run_to_end
 
 DECODE_STEPS = 3
@@ -73,6 +74,7 @@ CUT_SCENARIOS: dict[str, CutScenario] = {
     "prefill-vs-decode-llama": CutScenario(
         "llama", Feed(), Feed(feed_last=4),
         "llama.cpp: the prompt's last 4 tokens inside the prefill vs fed one llama_decode each",
+        ExpectedVerdict(DIVERGENCE, Kind.DIVERGED, OpKey(0, "prefill", 0, "q_proj", 0, (79, 80))),
     ),
     "repeat-llama": CutScenario("llama", Feed(), Feed(), "llama.cpp: the same run twice (run-to-run determinism)"),
 }

@@ -16,6 +16,7 @@ import numpy as np
 import platformdirs
 from mlx_lm.models.cache import KVCache
 
+from backends.demo.cut_pairs import CUT_SCENARIOS, iter_generate_cut
 from backends.demo.llama_pairs import LLAMA_SCENARIOS, iter_generate_llama
 from backends.engines.capture_sink import CaptureSink
 from backends.engines.demo_model import (
@@ -136,10 +137,11 @@ def iter_generate(
     """Write every requested scenario's pair into `out_dir`; yields Progress, returns the paths."""
     names = list(SCENARIOS) if scenarios is None else list(scenarios)
     llama_names = [n for n in names if n in LLAMA_SCENARIOS]
-    names = [n for n in names if n not in LLAMA_SCENARIOS]
+    cut_names = [n for n in names if n in CUT_SCENARIOS]
+    names = [n for n in names if n not in LLAMA_SCENARIOS and n not in CUT_SCENARIOS]
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
-        known = [*SCENARIOS, *LLAMA_SCENARIOS]
+        known = [*SCENARIOS, *CUT_SCENARIOS, *LLAMA_SCENARIOS]
         raise ValueError(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(known)}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -178,6 +180,8 @@ def iter_generate(
                 _run(NativeEngine(config, weights, scenario.native, sink), sink, prompt, scenario.native, eos)
             yield Progress(3 + 2 * number, total, f"{name}: native")
             results[name] = (native_path, oracle_path)
+    if cut_names:
+        results.update((yield from iter_generate_cut(out_dir, cut_names, seed)))
     if llama_names:
         results.update((yield from iter_generate_llama(out_dir, llama_names, seed)))
     return results

@@ -158,6 +158,8 @@ class Replay:
 
     def run(self, start: OpKey, injection: Injection | None) -> mx.array:
         """The final logits with the run recomputed from `start` on (the oracle's state before it)."""
+        if start.positions:
+            raise NotMeasurable("the replay recomputes whole forward calls, and these runs were cut into different calls (aligned by position)")
         positions = self.ops.positions
         here, last = (start.step, start.segment), (self.final.step, self.final.segment)
         if here not in positions or last not in positions:

@@ -181,7 +181,7 @@ def run_candidate(candidate: Candidate, inputs: CandidateInputs, native_bits: np
 
 
 def _kv_cells(native: CapturedOps, key: OpKey) -> int | None:
-    mapped = native.find(key.step, key.segment, key.layer, "sdpa")
+    mapped = native.find(key.step, key.segment, key.layer, "sdpa", key.positions)
     if mapped is None:
         return None
     events = native.dispatch_events(mapped.record.seq)
@@ -205,7 +205,7 @@ def candidate_inputs(session: RerunSession, side: str, key: OpKey, route_output:
             failures.append(str(exc))
             continue
         stored = weights.stored(key.op, key.layer) if gathered.weight is not None else None
-        native_record = session.captured["native"].find(key.step, key.segment, key.layer, key.op)
+        native_record = session.captured["native"].find(key.step, key.segment, key.layer, key.op, key.positions)
         dtype = native_record.record.dtype if native_record is not None else gathered.dtype
         return CandidateInputs(
             key, side, gathered.arrays, gathered.history, gathered.weight, stored, gathered.params, dtype,
@@ -215,7 +215,7 @@ def candidate_inputs(session: RerunSession, side: str, key: OpKey, route_output:
 
 
 def record_bits(ops: CapturedOps, key: OpKey) -> np.ndarray | None:
-    mapped = ops.find(key.step, key.segment, key.layer, key.op)
+    mapped = ops.find(key.step, key.segment, key.layer, key.op, key.positions)
     return None if mapped is None else ops.bits(mapped)
 
 

@@ -115,13 +115,13 @@ class CapturedOps:
         config = provenance.get("config", {})
         return cls(side, capture, records, positions, config if isinstance(config, dict) else {})
 
-    def find(self, step: int, segment: str, layer: int, op: str) -> MappedRecord | None:
-        return self.by_key.get(OpKey(step, segment, layer, op, 0))
+    def find(self, step: int, segment: str, layer: int, op: str, positions: tuple[int, ...] = ()) -> MappedRecord | None:
+        """The record paired under this key; `positions` when the comparison aligned by position."""
+        return self.by_key.get(OpKey(step, segment, layer, op, 0, positions))
 
     def bits(self, mapped: MappedRecord) -> np.ndarray:
-        """A record's stored bits in canonical layout."""
-        bits = self.capture.read_bits(mapped.record)
-        return mapped.layout.apply(bits) if mapped.layout is not None else bits
+        """What the pair compares of a record (its batch row and positions), in canonical layout."""
+        return mapped.canonical(self.capture.read_bits(mapped.record, mapped.selection()))
 
     def array(self, mapped: MappedRecord) -> mx.array:
         return bits_to_mx(self.bits(mapped), mapped.record.dtype)
@@ -331,7 +331,7 @@ def gather(
             layer, op = layer_input_key(ops, key.step, key.segment, key.layer)
         else:
             layer, op = key.layer, name
-        mapped = ops.find(key.step, key.segment, layer, op)
+        mapped = ops.find(key.step, key.segment, layer, op, key.positions)
         if mapped is None:
             missing.append(op if name == LAYER_INPUT else name)
         else:
@@ -347,7 +347,10 @@ def gather(
 
 
 def kv_history_rows(ops: CapturedOps, key: OpKey) -> int:
-    """Rows of K/V the layer's cache holds before this forward call (the RoPE offset)."""
+    """Rows of K/V the layer's cache holds before this forward call (the RoPE offset): the first
+    position, when the comparison aligned by position."""
+    if key.positions:
+        return key.positions[0]
     total = 0
     for step, segment in ops.earlier_positions(key.step, key.segment):
         mapped = ops.find(step, segment, key.layer, "k_rope") or ops.find(step, segment, key.layer, "k_proj")
@@ -360,16 +363,39 @@ def kv_history_rows(ops: CapturedOps, key: OpKey) -> int:
     return total
 
 
+def _history_calls(ops: CapturedOps, key: OpKey) -> list[tuple[MappedRecord | None, MappedRecord | None, str]]:
+    """(k_rope, v_proj, where) of each part of the KV cache before this call: the earlier calls,
+    or, aligned by position, the pairs holding positions 0 .. first-1 of this layer in order."""
+    if not key.positions:
+        return [
+            (ops.find(step, segment, key.layer, "k_rope"), ops.find(step, segment, key.layer, "v_proj"), f"step {step} {segment}")
+            for step, segment in ops.earlier_positions(key.step, key.segment)
+        ]
+    before = sorted(
+        (k for k in ops.by_key if k.op == "k_rope" and k.layer == key.layer and k.positions and k.positions[1] <= key.positions[0]),
+        key=lambda k: k.positions,
+    )
+    covered = 0
+    parts: list[tuple[MappedRecord | None, MappedRecord | None, str]] = []
+    for k in before:
+        if k.positions[0] != covered:
+            break
+        v = ops.by_key.get(OpKey(k.step, k.segment, k.layer, "v_proj", 0, k.positions))
+        parts.append((ops.by_key[k], v, f"positions {k.positions[0]}-{k.positions[1] - 1}"))
+        covered = k.positions[1]
+    if covered != key.positions[0]:
+        parts.append((None, None, f"positions {covered}-{key.positions[0] - 1}"))
+    return parts
+
+
 def kv_history(ops: CapturedOps, key: OpKey) -> dict[str, mx.array]:
     ks, vs = [], []
-    for step, segment in ops.earlier_positions(key.step, key.segment):
-        k = ops.find(step, segment, key.layer, "k_rope")
-        v = ops.find(step, segment, key.layer, "v_proj")
+    for k, v, where in _history_calls(ops, key):
         if k is None or v is None:
             gone = " and ".join(n for n, m in (("k", k), ("v", v)) if m is None)
             raise RerunInputError(
-                f"SDPA rerun needs the K/V cache of layer {key.layer} from step {step} {segment} (an earlier call "
-                f"of this layer); the {ops.side} capture has no {gone} there"
+                f"SDPA rerun needs the K/V cache of layer {key.layer} from {where} (earlier rows of this layer's "
+                f"cache); the {ops.side} capture has no aligned {gone} there"
             )
         ks.append(ops.array(k))
         v_arr = ops.array(v)
@@ -410,7 +436,7 @@ def op_params(
 
 def _mask_of(ops: CapturedOps, key: OpKey, rows: int) -> str | None:
     """The mask the captured call used, from its dispatch events; a decoder's causal/none without them."""
-    mapped = ops.find(key.step, key.segment, key.layer, "sdpa")
+    mapped = ops.find(key.step, key.segment, key.layer, "sdpa", key.positions)
     events = ops.dispatch_events(mapped.record.seq) if mapped is not None else ops.capture.dispatch[:0]
     kinds = {bytes(k).rstrip(b"\0").decode() for k in events["mask_kind"].tolist()} if len(events) else set()
     if not kinds:

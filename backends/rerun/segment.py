@@ -186,7 +186,7 @@ def resolve_routes(route_ops: CapturedOps, key: OpKey, options: RerunOptions) ->
 
 def _attention_route(route_ops: CapturedOps, key: OpKey) -> tuple[str, str]:
     """The reduction the route side's record says ran: its effective contract, unless MLX's SDPA ran it."""
-    mapped = route_ops.find(key.step, key.segment, key.layer, "sdpa")
+    mapped = route_ops.find(key.step, key.segment, key.layer, "sdpa", key.positions)
     if mapped is None:
         return ops.MLX_SDPA, f"the {route_ops.side} capture has no sdpa record here; MLX's primitive"
     record = mapped.record
@@ -243,7 +243,7 @@ class _Sides:
 def _judge(key: OpKey, sides: _Sides, computed: Computed, reference: np.ndarray, computed_dtype: str, inputs_agree: bool | None) -> OpRerun:
     """Three-way metrics and distances from exact for one op's rerun output."""
     out = computed.output
-    captured = {name: c.find(key.step, key.segment, key.layer, key.op) for name, c in sides.ops.items()}
+    captured = {name: c.find(key.step, key.segment, key.layer, key.op, key.positions) for name, c in sides.ops.items()}
     reference_record = next((m for m in captured.values() if m is not None), None)
     logical = reference_record.record.dtype if reference_record is not None else str(out.dtype).removeprefix("mlx.core.")
     if logical in ops.DTYPES and out.dtype != ops.DTYPES[logical]:
@@ -292,7 +292,7 @@ def _other_inputs(sides: _Sides, key: OpKey) -> dict[str, mx.array] | None:
 
 def _segment_start(source: CapturedOps, key: OpKey) -> dict[str, mx.array]:
     layer, op = layer_input_key(source, key.step, key.segment, key.layer)
-    mapped = source.find(key.step, key.segment, layer, op)
+    mapped = source.find(key.step, key.segment, layer, op, key.positions)
     if mapped is None:
         raise RerunInputError(
             f"a {key.op.replace('_', ' ')} rerun of layer {key.layer} needs the layer's input ({op} of "

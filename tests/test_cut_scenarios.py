@@ -1,0 +1,94 @@
+"""The cut demo scenarios: one real engine run twice, fed differently, and what that finds.
+
+Every pair is recorded here by the real MLX or llama.cpp recorder (nothing planted); each test
+checks the documented finding (docs/demo-scenarios.md), which for most cuts on a CPU is parity
+position by position, and for llama.cpp's prompt tail fed token by token is a divergence at the
+first fed position.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from backends.demo.cut_pairs import CUT_SCENARIOS, iter_generate_cut
+from backends.diagnosis.classify import Locality
+from backends.diagnosis.run import DiagnoseOptions, iter_diagnose
+from sessions.capture.opening import open_capture
+from sessions.compare.comparison import Comparison, iter_compare
+from sessions.progress import run_to_end
+from viewer.cli import main
+
+MLX_NAMES = [n for n, s in CUT_SCENARIOS.items() if s.engine == "mlx"]
+LLAMA_NAMES = [n for n, s in CUT_SCENARIOS.items() if s.engine == "llama"]
+
+
+@pytest.fixture(scope="module")
+def cut_pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
+    names = MLX_NAMES + (LLAMA_NAMES if _has_llama() else [])
+    return run_to_end(iter_generate_cut(tmp_path_factory.mktemp("cut"), names))
+
+
+def _has_llama() -> bool:
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _compare(native: Path, oracle: Path) -> Comparison:
+    with open_capture(native) as n, open_capture(oracle) as o:
+        return run_to_end(iter_compare(n, o))
+
+
+def _finding(c: Comparison) -> tuple[str, object, object]:
+    first = c.verdict.first
+    return c.verdict.word, None if first is None else first.kind, None if first is None else first.key
+
+
+@pytest.mark.parametrize("name", MLX_NAMES + LLAMA_NAMES)
+def test_each_cut_scenario_validates_and_finds_what_its_documentation_says(cut_pairs: dict[str, tuple[Path, Path]], name: str) -> None:
+    if name not in cut_pairs:
+        pytest.skip("the llama extra (llama-cpp-python) is not installed")
+    native, oracle = cut_pairs[name]
+    for path in (native, oracle):
+        assert main(["validate", str(path)]) == 0
+    expected = CUT_SCENARIOS[name].expected
+    assert _finding(_compare(native, oracle)) == (expected.word, expected.kind, expected.key)
+
+
+def test_the_segmented_pair_is_compared_position_by_position_and_says_so(cut_pairs: dict[str, tuple[Path, Path]]) -> None:
+    c = _compare(*cut_pairs["segmented-vs-combined"])
+    assert c.alignment.mode == "positions"
+    assert c.alignment.native_calls[:2] == ["prefill 0-82", "decode 83"]
+    assert c.alignment.oracle_calls[:3] == ["text-before 0-4", "visual 5-76", "text-after 77-82"]
+    assert [p.key.text() for p in c.pairs if p.key.op == "sdpa" and p.key.layer == 0 and p.key.step == 0] == [
+        "0:prefill:0:sdpa@0-4",
+        "0:prefill:0:sdpa@5-76",
+        "0:prefill:0:sdpa@77-82",
+    ]
+
+
+def test_the_batched_request_is_read_from_its_row(cut_pairs: dict[str, tuple[Path, Path]]) -> None:
+    native, oracle = cut_pairs["batch-row"]
+    with open_capture(oracle) as o:
+        assert (o.meta.batch_size, o.meta.batch_row) == (8, 3)
+        assert o.records[0].shape[0] == 8
+    c = _compare(native, oracle)
+    assert c.alignment.words() == "same calls (oracle is row 3 of a batch of 8)"
+    assert c.unaligned == []
+
+
+def test_diagnose_works_position_by_position_on_the_llama_tail_fed_token_by_token(cut_pairs: dict[str, tuple[Path, Path]]) -> None:
+    if "prefill-vs-decode-llama" not in cut_pairs:
+        pytest.skip("the llama extra (llama-cpp-python) is not installed")
+    native, oracle = cut_pairs["prefill-vs-decode-llama"]
+    with open_capture(native) as n, open_capture(oracle) as o:
+        found = run_to_end(iter_diagnose(n, o, run_to_end(iter_compare(n, o)), DiagnoseOptions()))
+    local = [op for op in found.ops if op.classification.locality == Locality.LOCAL]
+    assert [op.key.text() for op in local] == ["0:prefill:0:k_norm@80"]
+    assert local[0].native_ran == "ggml.rms_norm"
+    undetermined = next(op for op in found.ops if op.key.text() == "0:prefill:0:q_proj@79")
+    assert "does not reproduce the oracle's own bits" in undetermined.classification.why

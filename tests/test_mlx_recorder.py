@@ -17,9 +17,14 @@ from backends.recorders.mlx_recorder import (
     iter_record_mlx,
     load_local_model,
 )
-from backends.recorders.record_schedule import TokenSchedule
+from backends.commands.record import repeat_paths
+from backends.recorders.record_schedule import TokenSchedule, parse_segments
 from sessions.capture.opening import open_capture
 from sessions.commands.validate import validate_file
+from sessions.compare.comparison import iter_compare
+from sessions.compare.verdict import PARITY
+from sessions.progress import run_to_end
+from viewer.cli import main
 
 TINY = DemoConfig(
     hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
@@ -94,3 +99,39 @@ def test_a_directory_without_weights_is_refused_by_name(tmp_path: Path) -> None:
         _drain(iter_record_mlx(tmp_path, TokenSchedule(PROMPT), tmp_path / "x.h5"))
     with pytest.raises(ModelDirError, match="not a directory"):
         load_local_model(tmp_path / "absent")
+
+
+def test_a_cut_schedule_names_its_calls_and_micro_batches_and_refuses_sizes_that_do_not_add_up() -> None:
+    schedule = TokenSchedule(tuple(range(10)), ubatch=3, cut=parse_segments("text-before=2,visual=5,1"), feed_last=2)
+    assert schedule.segments() == [
+        ("text-before", 0, 2), ("visual.0", 2, 5), ("visual.1", 5, 7), ("prefill.2", 7, 8), ("feed-8", 8, 9), ("feed-9", 9, 10),
+    ]
+    with pytest.raises(ValueError, match="the segments hold 7 tokens; the prompt's prefill has 8"):
+        TokenSchedule(tuple(range(10)), cut=parse_segments("2,5"), feed_last=2)
+    with pytest.raises(ValueError, match="the size must be a positive integer"):
+        parse_segments("visual=0")
+    with pytest.raises(ValueError, match="leaves no prefill"):
+        TokenSchedule((1, 2), feed_last=2)
+
+
+def test_record_mlx_repeats_a_segmented_run_and_each_record_knows_its_positions(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "seg.h5"
+    argv = ["record", "mlx", str(model_dir), "--tokens", "3,14,15,92,65", "--segments", "2,3", "--decode-steps", "1", "--repeat", "2", "--out", str(out)]
+    assert main(argv) == 0
+    assert repeat_paths(out, 2) == [out, tmp_path / "seg.run2.h5"]
+    with open_capture(out) as first, open_capture(tmp_path / "seg.run2.h5") as second:
+        positions = {(r.segment, r.position) for r in first.records}
+        assert positions == {("prefill.0", 0), ("prefill.1", 2), ("decode", 5)}
+        assert run_to_end(iter_compare(first, second)).verdict.word == PARITY
+    assert main(argv) == 2
+    assert f"{out} already exists" in capsys.readouterr().out
+
+
+def test_a_request_recorded_inside_a_batch_keeps_its_own_tokens(model_dir: Path, tmp_path: Path) -> None:
+    alone = _drain(iter_record_mlx(model_dir, TokenSchedule(PROMPT, decode_steps=2), tmp_path / "alone.h5"))
+    batched = _drain(iter_record_mlx(model_dir, TokenSchedule(PROMPT, decode_steps=2), tmp_path / "batch.h5", batch=4, batch_row=2))
+    assert batched == alone
+    with open_capture(tmp_path / "batch.h5") as capture:
+        assert (capture.meta.batch_size, capture.meta.batch_row) == (4, 2)
+        assert {r.shape[0] for r in capture.records} == {4}
+        assert [int(t) for t in capture.tokens["token_id"]] == alone

@@ -197,13 +197,17 @@ def banner_messages(viewed: ViewedComparison) -> list[tuple[str, str]]:
     return [("error" if "MISMATCH" in w else "warning", w) for w in viewed.comparison.provenance.warnings]
 
 
-def contract_card(viewed: ViewedComparison) -> str | None:
-    """The contract findings as a card (rich text): which op, which contract each side ran, and
-    why that matters -- settled from index metadata before any tensor byte was read."""
+def contract_card(viewed: ViewedComparison) -> tuple[str, str] | None:
+    """The contract findings as a card (rich text): a headline short enough for one line at 1280
+    px (which op, what each side ran; the verdict strip above names the mismatch) and the details
+    (kernel, declared and effective contract per side, and why that matters) -- settled from
+    index metadata before any tensor byte was read."""
     findings = viewed.comparison.contracts.findings
     if not findings:
         return None
     first = findings[0]
+    ran = {side: escape(ids.effective_contract_id or ids.kernel_id or "not recorded") for side, ids in (("native", first.native), ("oracle", first.oracle))}
+    headline = f"<b>At <code>{first.key}</code></b> native ran <code>{ran['native']}</code>, oracle <code>{ran['oracle']}</code>"
     rows = "".join(
         f"<tr><td><b>{side}</b>&nbsp;&nbsp;</td><td>kernel <code>{escape(ids.kernel_id or 'not recorded')}</code>, "
         f"declared <code>{escape(ids.contract_id or 'not recorded')}</code>, effective <code>{escape(ids.effective_contract_id or 'not recorded')}</code></td></tr>"
@@ -211,12 +215,12 @@ def contract_card(viewed: ViewedComparison) -> str | None:
     )
     ops = len({f.key for f in findings})
     more = f" {ops - 1} more op(s) have contract findings (F8 steps through them)." if ops > 1 else ""
-    return (
-        f"<b>CONTRACT MISMATCH at <code>{first.key}</code></b> ({escape(first.kind)}, checked before any tensor data)"
-        f"<table>{rows}</table>"
+    details = (
+        f"{escape(first.kind)}, found from the index before any tensor data was read:<table>{rows}</table>"
         f"Why it matters: the two runs executed different arithmetic here, so their bits are not expected to agree, "
         f"and every later difference may be inherited from this op.{more}"
     )
+    return headline, details
 
 
 def provenance_mismatches(viewed: ViewedComparison | None) -> set[str]:

@@ -77,6 +77,11 @@ a whole switch interval for the interpreter lock (5 ms by default), which adds u
 stalls. A 1 ms interval keeps them short (measured in benchmarks/bench_ui_stall.py)."""
 
 
+CARD_EXPANDED_FROM_HEIGHT = 900
+"""Window height from which the contract card opens with its details shown. Below it the card is
+one line (which op, what each side ran) with a Details toggle: at 1280x720 the full card took
+~100 px of height and left each of the three tensor maps 11 px of data (now about 44)."""
+
 PAIR_BANNERS = ("open", "roles", "captures", "comparison", "captures-check", "session", "timeline", "rerun")
 """Banner groups about the pair on show and its session: a new pair or another session clears them."""
 
@@ -471,7 +476,9 @@ class MainWindow(QMainWindow):
             self.banners.show_message("comparison", level, text)
         card = cv.contract_card(comparison)
         if card is not None:
-            self.banners.show_message("comparison", "error", card)
+            headline, details = card
+            expanded = self.height() >= CARD_EXPANDED_FROM_HEIGHT
+            self.banners.show_message("comparison", "error", headline, details=details, expanded=expanded)
         self.tabs.prerender_hidden()
         target = cv.first_finding_pair(comparison) or cv.first_pair(comparison)
         if target is not None:

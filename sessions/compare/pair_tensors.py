@@ -33,17 +33,10 @@ class PairSide:
     """Stored layout -> canonical layout; None when stored canonical (and for quantized blocks)."""
 
 
-def _record_by_seq(capture: Capture, seq: int) -> Record | None:
-    records = capture.records
-    if 0 <= seq < len(records) and records[seq].seq == seq:
-        return records[seq]
-    return next((r for r in records if r.seq == seq), None)
-
-
 def _side(capture: Capture, side: str, seq: int, name: str, spec: str | None, pair: PairResult) -> PairSide:
     """The record the comparison read on one side, checked to still be that record."""
     place = f"record seq {seq}"
-    record = _record_by_seq(capture, seq)
+    record = capture.record(seq)
     if record is None:
         raise CaptureError(capture.path, place, f"is missing; {pair.label} paired {side} {name!r} -- the capture changed since it was compared")
     if record.name != name or record.dtype != pair.metrics.dtype:

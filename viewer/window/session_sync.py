@@ -20,7 +20,7 @@ from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QWidget
 
 from sessions.capture.identity import CaptureIdentity, identity_of_capture
-from sessions.capture.reader import Capture, Record
+from sessions.capture.reader import Capture
 from sessions.compare.align import UnalignedRecord
 from sessions.compare.comparison import CompareOptions, PairResult
 from sessions.compare.key import OpKey, RecordKey
@@ -79,11 +79,6 @@ def slice_spec_of(view: ViewState, ndim: int) -> SliceSpec | None:
     index = tuple(s if isinstance(s, int) else 0 for s in view.slices)
     row, col = view.layout.get("row_axis"), int(view.layout["col_axis"])
     return SliceSpec(None if row is None else int(row), col, index)
-
-
-def _record(capture: Capture, seq: int) -> Record:
-    """The record a comparison row names by seq (rows come from this very capture)."""
-    return next(r for r in capture.records if r.seq == seq)
 
 
 class SessionSync(QObject):
@@ -235,7 +230,10 @@ class SessionSync(QObject):
         if len(refs) != 2 or model.native is None or model.oracle is None:
             self._banners.show_message("session", "warning", "The open captures are not recorded in the session yet; try again in a moment.")
             return False
-        native, oracle = _record(model.native, native_seq), _record(model.oracle, oracle_seq)
+        native, oracle = model.native.record(native_seq), model.oracle.record(oracle_seq)
+        if native is None or oracle is None:
+            self._banners.show_message("session", "warning", "The open captures no longer hold those records; open the pair again.")
+            return False
         self.session.add_override(
             action, RecordRef(refs["native"].id, RecordKey.of(native)), RecordRef(refs["oracle"].id, RecordKey.of(oracle)), reason
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from html import escape
+from pathlib import Path
 
 import numpy as np
 
@@ -33,6 +34,7 @@ from sessions.compare.token_parity import (
 )
 from sessions.compare.verdict import NOT_EXACT, Finding, Kind
 from sessions.progress import ProgressGenerator
+from sessions.report.text import tolerance_text
 from viewer.tensor.tensor_loader import SliceSpec, TensorRequest
 
 
@@ -189,6 +191,23 @@ def summary_line(viewed: ViewedComparison) -> str:
 
 def headline(viewed: ViewedComparison) -> str:
     return viewed.comparison.verdict.headline
+
+
+def tolerance_label(viewed: ViewedComparison | None) -> str:
+    """The tolerance a comparison was judged with, short enough for the status bar."""
+    if viewed is None:
+        return "tolerance…"
+    c = viewed.comparison
+    tol = c.tolerance
+    bounds = [f"{name} {value:g}" for name, value in (("atol", tol.atol), ("rtol", tol.rtol), ("max ULP", tol.max_ulp)) if value is not None]
+    policy = f" + {Path(c.tolerance_policy).name}" if c.tolerance_policy else ""
+    return f"tolerance: {', '.join(bounds) or 'bit-exact'}{policy}"
+
+
+def tolerance_tooltip(viewed: ViewedComparison | None) -> str:
+    """The tolerance in the words of `report`'s tolerance line, and how to change it."""
+    judged = "" if viewed is None else f"Judged with: {tolerance_text(viewed.comparison)}.\n"
+    return f"{judged}Change the tolerance or the per-op policy file and compare again (Ctrl+T)."
 
 
 def banner_messages(viewed: ViewedComparison) -> list[tuple[str, str]]:

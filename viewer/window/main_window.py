@@ -36,6 +36,7 @@ from sessions.capture.opening import iter_open_capture
 from sessions.capture.reader import Capture
 from sessions.capture.structure_check import CheckReport, iter_deep_check
 from sessions.compare.slice_export import iter_export
+from sessions.compare.tolerance_policy import PolicyError
 from sessions.progress import Progress, ProgressGenerator
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
@@ -65,6 +66,7 @@ from viewer.window.report_export import BookmarkCamera, ReportExporter, png_of
 from viewer.window.session_captures import SessionCaptures
 from viewer.window.session_file import SessionFile
 from viewer.window.session_sync import SessionSync, WindowView
+from viewer.window.tolerance import ToleranceDialog, ToleranceIndicator
 from viewer.window.uncaught_errors import show_uncaught_errors_in
 from viewer.window.verdict_strip import VerdictStrip
 from viewer.workers import TaskSlots
@@ -207,6 +209,9 @@ class MainWindow(QMainWindow):
         self.role_label = QLabel()
         self.role_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         bar.addWidget(self.role_label, 1)
+        self.tolerance_indicator = ToleranceIndicator(self.model)
+        self.tolerance_indicator.clicked.connect(self.edit_tolerance)
+        bar.addPermanentWidget(self.tolerance_indicator)
         self.progress = QProgressBar()
         self.progress.setFixedWidth(260)
         self.progress.setVisible(False)
@@ -241,6 +246,7 @@ class MainWindow(QMainWindow):
         self.cancel_action = self._action("&Cancel work", self.cancel_work, "Esc", tip="Cancel the running read or comparison")
         self.quit_action = self._action("&Quit", self.close, QKeySequence.StandardKey.Quit)
         self.theme_action = self._action("Switch to &light theme", self.toggle_theme, "Ctrl+Shift+T")
+        self.tolerance_action = self._action("&Tolerance…", self.edit_tolerance, "Ctrl+T", tip="Set atol, rtol, max ULP error or a per-op policy file, and compare again (Ctrl+T)")
         toolbar = self.addToolBar("Main")
         toolbar.setObjectName("mainToolbar")
         toolbar.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
@@ -268,6 +274,7 @@ class MainWindow(QMainWindow):
         navigate = menu.addMenu("&Navigate")
         for action in (self.jump_action, self.next_action, self.prev_action, self.cancel_action):
             navigate.addAction(action)
+        menu.addMenu("&Compare").addAction(self.tolerance_action)
         view = menu.addMenu("&View")
         focus_tree = self._action("Alignment &tree", self._focus_tree, "Ctrl+0")
         view.addAction(focus_tree)
@@ -292,6 +299,15 @@ class MainWindow(QMainWindow):
     def show_help(self) -> HelpDialog:
         dialog = HelpDialog(self.actions(), self)
         dialog.show()
+        return dialog
+
+    def edit_tolerance(self) -> ToleranceDialog:
+        """The session's tolerance and policy, to change; accepting records them and compares again."""
+        session = self.session_file.session
+        dialog = ToleranceDialog(session.tolerance, session.tolerance_policy, self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.chosen.connect(self.session_sync.set_tolerance)
+        dialog.open()
         return dialog
 
     def _connect_model(self) -> None:
@@ -447,7 +463,11 @@ class MainWindow(QMainWindow):
         if not self.model.has_pair:
             return
         native, oracle = self.model.native, self.model.oracle
-        options = self.session_sync.compare_options(cv.VIEWER_OPTIONS)
+        try:
+            options = self.session_sync.compare_options(cv.VIEWER_OPTIONS)
+        except PolicyError as exc:
+            self._policy_unusable(str(exc))
+            return
         self.tasks.submit(
             "compare",
             lambda: cv.iter_compare_pair(native, oracle, options),
@@ -455,6 +475,14 @@ class MainWindow(QMainWindow):
             on_failure=self._comparison_failed,
             on_cancel=lambda: self.banners.show_message("comparison", "info", "Comparison cancelled. Open the pair again, or swap roles, to restart it."),
         )
+
+    def _policy_unusable(self, problem: str) -> None:
+        """The session's policy file cannot be used (moved, edited): no verdict, as `report` exits 2."""
+        self.tasks.cancel_lane("compare")
+        self.model.set_comparison(None)
+        message = f"The tolerance policy cannot be used: {problem}"
+        self.banners.show_message("comparison", "error", message, actions=[("Tolerance…", self.edit_tolerance)])
+        self.verdict_strip.show_unusable(message)
 
     def _comparison_failed(self, message: str) -> None:
         """The pair cannot be compared (unreadable, or no profile knows its names): the verdict is UNUSABLE."""

@@ -2,7 +2,8 @@
 
 A user must read the outcome in five seconds without choosing a tab; the strip reads the one
 verdict model (sessions.compare.verdict), the same object `report` prints, so the window and
-the CLI cannot disagree.
+the CLI cannot disagree. Its tooltip names the tolerance the verdict was judged with (the status
+bar always shows it).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QWidget
 
 from sessions.compare.verdict import UNUSABLE, Kind
+from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
 from viewer.theme import WORD_COLOURS
 
@@ -58,8 +60,8 @@ class VerdictStrip(QFrame):
             if len(verdict.reasons) > 1:
                 detail += f"  ·  also: {'; '.join(verdict.reasons[1:])}"
         self._paint(verdict.word, detail, WORD_COLOURS[verdict.word])
-        if first is not None:
-            self.detail.setToolTip(f"{detail}\n{first.detail}")
+        tooltip = detail if first is None else f"{detail}\n{first.detail}"
+        self.detail.setToolTip(f"{tooltip}\n{cv.tolerance_tooltip(viewed)}")
         self.go.setVisible(first is not None)
         self.setVisible(True)
 

@@ -36,6 +36,8 @@ class T:
     contract_id: str = ""
     effective_contract_id: str = ""
     dispatch: list[dict[str, Any]] = field(default_factory=list)
+    attrs: dict[str, str] = field(default_factory=dict)
+    """Recorder attributes of the tensor's dataset (e.g. llama.cpp's `ggml_src`)."""
 
 
 def write_capture(
@@ -66,6 +68,7 @@ def write_capture(
             kernel_id=t.kernel_id,
             contract_id=t.contract_id,
             effective_contract_id=t.effective_contract_id,
+            attrs=t.attrs,
         )
         for call, event in enumerate(t.dispatch):
             writer.add_dispatch(index_seq=seq, call=call, **event)

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from sessions.capture.reader import Capture, CaptureError
+from sessions.capture.record_attributes import RecordAttributes, iter_records_attributes
 from sessions.compare.align import UnalignedRecord
 from sessions.compare.comparison import (
     CompareOptions,
@@ -356,3 +357,26 @@ def tensor_request(viewed: ViewedComparison | None, native: Capture, oracle: Cap
         spec=spec,
         metrics=pair.metrics,
     )
+
+
+# -- raw attributes ---------------------------------------------------------------------------
+
+
+def row_title(row: PairResult | UnalignedRecord) -> str:
+    """A tree row's name in the attributes window's title."""
+    return row.key.text() if isinstance(row, PairResult) else unaligned_label(row)
+
+
+def iter_row_attributes(native: Capture, oracle: Capture, row: PairResult | UnalignedRecord) -> ProgressGenerator[list[RecordAttributes]]:
+    """A tree row's records, both sides of a pair or the one unaligned record, with their HDF5
+    attributes; CaptureError when a capture no longer holds what was compared."""
+    if isinstance(row, PairResult):
+        native_side, oracle_side = pair_sides(native, oracle, row)
+        sides = [("native", native, native_side.record), ("oracle", oracle, oracle_side.record)]
+    else:
+        capture = native if row.side == "native" else oracle
+        record = capture.record(row.seq)
+        if record is None or record.name != row.name:
+            raise CaptureError(capture.path, f"record seq {row.seq}", f"is not {row.name!r} any more -- the capture changed since it was compared")
+        sides = [(row.side, capture, record)]
+    return (yield from iter_records_attributes(sides))

@@ -34,12 +34,14 @@ from PySide6.QtWidgets import (
 
 from sessions.capture.opening import iter_open_capture
 from sessions.capture.reader import Capture
+from sessions.capture.record_attributes import RecordAttributes
 from sessions.capture.structure_check import CheckReport, iter_deep_check
 from sessions.compare.slice_export import iter_export
 from sessions.compare.tolerance_policy import PolicyError
 from sessions.progress import Progress, ProgressGenerator
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
+from viewer.panels.attributes_dialog import AttributesDialog
 from viewer.panels.bookmarks_panel import BookmarksPanel
 from viewer.panels.diagnosis_panel import DiagnosisPanel
 from viewer.panels.dispatch_tabs import DispatchTabs
@@ -84,7 +86,7 @@ CARD_EXPANDED_FROM_HEIGHT = 900
 one line (which op, what each side ran) with a Details toggle: at 1280x720 the full card took
 ~100 px of height and left each of the three tensor maps 11 px of data (now about 44)."""
 
-PAIR_BANNERS = ("open", "roles", "captures", "comparison", "captures-check", "session", "timeline", "rerun")
+PAIR_BANNERS = ("open", "roles", "captures", "comparison", "captures-check", "session", "timeline", "rerun", "attributes")
 """Banner groups about the pair on show and its session: a new pair or another session clears them."""
 
 
@@ -134,6 +136,7 @@ class MainWindow(QMainWindow):
         self.tasks = TaskSlots(self)
         self._retired: list[Capture] = []
         self._beside: list[MainWindow] = []
+        self.attributes_dialog: AttributesDialog | None = None
         self._build_central()
         self._build_tree_dock()
         self._build_bookmarks_dock()
@@ -186,6 +189,7 @@ class MainWindow(QMainWindow):
     def _build_tree_dock(self) -> None:
         self.tree = AlignmentTree(self.model)
         self.tree.jump_requested.connect(self.jump_to_first_finding)
+        self.tree.attributes_requested.connect(self.show_attributes)
         dock = QDockWidget("Alignment", self)
         dock.setObjectName("alignmentDock")
         dock.setWidget(self.tree)
@@ -309,6 +313,25 @@ class MainWindow(QMainWindow):
         dialog.chosen.connect(self.session_sync.set_tolerance)
         dialog.open()
         return dialog
+
+    def show_attributes(self, row: Any) -> None:
+        """A tree row's records with their raw HDF5 attributes, read off the UI thread, in a window of their own."""
+        native, oracle = self.model.native, self.model.oracle
+        if native is None or oracle is None:
+            return
+        self.tasks.submit(
+            "attributes",
+            lambda: cv.iter_row_attributes(native, oracle, row),
+            on_success=lambda sides: self._attributes_ready(cv.row_title(row), sides),
+            on_failure=lambda message: self.banners.show_message("attributes", "error", f"The attributes cannot be read: {message}"),
+        )
+
+    def _attributes_ready(self, title: str, sides: list[RecordAttributes]) -> None:
+        if self.attributes_dialog is not None:
+            self.attributes_dialog.close()
+            self.attributes_dialog.deleteLater()
+        self.attributes_dialog = AttributesDialog(title, sides, self)
+        self.attributes_dialog.show()
 
     def _connect_model(self) -> None:
         self.model.captures_changed.connect(self._update_roles)

@@ -37,6 +37,8 @@ class T:
     effective_contract_id: str = ""
     dispatch: list[dict[str, Any]] = field(default_factory=list)
     position: int = -1
+    attrs: dict[str, str] = field(default_factory=dict)
+    """Recorder attributes of the tensor's dataset (e.g. llama.cpp's `ggml_src`)."""
 
 
 def write_capture(
@@ -68,6 +70,7 @@ def write_capture(
             contract_id=t.contract_id,
             effective_contract_id=t.effective_contract_id,
             position=t.position,
+            attrs=t.attrs,
         )
         for call, event in enumerate(t.dispatch):
             writer.add_dispatch(index_seq=seq, call=call, **event)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from hand_captures import T, bf16_bits, write_capture
+
 from sessions.capture.opening import open_capture
 from sessions.commands import report as report_command
 from sessions.compare.align import NO_PARTNER, POSITIONS

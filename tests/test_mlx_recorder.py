@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
+from backends.commands.record import repeat_paths
 from backends.engines.demo_model import DemoConfig, seeded_weights
 from backends.engines.gguf_export import write_mlx_model_dir
 from backends.recorders.mlx_recorder import (
@@ -17,7 +18,6 @@ from backends.recorders.mlx_recorder import (
     iter_record_mlx,
     load_local_model,
 )
-from backends.commands.record import repeat_paths
 from backends.recorders.record_schedule import TokenSchedule, parse_segments
 from sessions.capture.opening import open_capture
 from sessions.commands.validate import validate_file

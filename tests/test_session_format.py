@@ -49,6 +49,7 @@ def full_session(data_dir: Path) -> Investigation:
     s.add_rerun(data_dir / "rerun.h5", identity(4), description="sdpa with head chunking off", op=OpKey(0, "prefill", 0, "sdpa"))
     s.set_tolerance(SavedTolerance(max_ulp=1, atol=1e-3, rtol=1e-2, nmse=1e-6))
     s.set_tolerance(SavedTolerance(max_ulp=4), op="logits")
+    s.set_tolerance_policy(data_dir / "policy.toml")
     s.add_override(
         "pair",
         RecordRef(native.id, RecordKey(0, "visual", 0, "Qcur-0", 2)),
@@ -163,6 +164,7 @@ def test_old_session_files_migrate_to_the_current_schema(version: int, fixture: 
     assert s.view.layout["visible"] == ["timeline", "heatmap", "bits"]
     assert s.tolerance_for("logits") == SavedTolerance(max_ulp=2, atol=0.001)
     assert s.tolerance_for("sdpa") == SavedTolerance()
+    assert s.tolerance_policy is None
     assert [(r.capture.id, r.capture.role, r.op, r.description) for r in s.reruns] == [
         ("rerun", "rerun", OpKey(0, "visual", 0, "sdpa"), "sdpa with the 64x64 tiled FP32 contract")
     ]

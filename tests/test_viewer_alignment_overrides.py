@@ -51,7 +51,7 @@ def test_a_broken_pairing_is_shown_with_its_reason_saved_and_still_applied_after
     asked: list[str] = []
     win.tree.ask_reason = lambda what: asked.append(what) or REASON
     actions = win.tree.actions_at(win.tree.row_index("ffn_down"))
-    assert [a.text() for a in actions] == ["Break this pairing…"]
+    assert [a.text() for a in actions] == ["Break this pairing…", "HDF5 attributes…"]
     actions[0].trigger()
     _compared(qtbot, win, 1)
     assert "ffn_down" in asked[0]
@@ -78,7 +78,7 @@ def test_a_broken_pairing_is_shown_with_its_reason_saved_and_still_applied_after
     again.tree.choose_partner = lambda record, candidates: next(c for c in candidates if c.name == "ffn_down")
     again.tree.ask_reason = lambda what: "checked by hand: same tensor"
     actions = again.tree.actions_at(again.tree.row_index("oracle: ffn_down (step 0 prefill layer 0)"))
-    assert [a.text() for a in actions] == ["Pair with…"]
+    assert [a.text() for a in actions] == ["Pair with…", "HDF5 attributes…"]
     actions[0].trigger()
     _compared(qtbot, again, 2)
     assert again.model.comparison.comparison.unaligned == []

@@ -1,7 +1,8 @@
 """Every tab at 1280x720 and at 1920x1080 on the demo pair, saved for a person to look at.
 
 The assertions are the layout rules a small screen breaks first: the verdict strip stays on
-screen with its word, and every tab's widget gets a usable share of the window."""
+screen with its word, every tab's widget gets a usable share of the window, and the contract
+card leaves the tensor maps room to read (one line with its details folded at 1280x720)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from PySide6.QtWidgets import QApplication
 from pytestqt.qtbot import QtBot
 
 from viewer.settings import ViewerSettings
-from viewer.window.main_window import TABS, MainWindow
+from viewer.window.main_window import CARD_EXPANDED_FROM_HEIGHT, TABS, MainWindow
 
 pytestmark = pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")
 
@@ -29,6 +30,11 @@ def test_every_tab_is_saved_at_common_screen_sizes_with_the_verdict_on_screen(
     qtbot.waitExposed(win)
     win.open_pair(*demo_pairs["attention-contract"])
     qtbot.waitUntil(lambda: win.model.comparison is not None and win.tensor_view.data is not None and not win.tasks.busy, timeout=120_000)
+    QApplication.processEvents()
+    [card] = win.banners.banners("comparison")
+    assert card.details.isVisible() == (height >= CARD_EXPANDED_FROM_HEIGHT) and "attn.f32.tiled64x64" in card.label.text()
+    maps = {name: plot.vb.height() for name, plot in win.tensor_view.plots.items()}
+    assert min(maps.values()) >= 40, f"each tensor map keeps at least 40 px of data beside the contract card: {maps}"
     for index, name in enumerate(TABS):
         win.show_panel(index)
         qtbot.waitUntil(lambda: not win.tasks.busy, timeout=120_000)

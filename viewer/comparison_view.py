@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from html import escape
+from pathlib import Path
 
 from sessions.capture.reader import Capture, CaptureError
+from sessions.capture.record_attributes import RecordAttributes, iter_records_attributes
 from sessions.compare.align import UnalignedRecord
 from sessions.compare.comparison import (
     CompareOptions,
@@ -30,6 +32,7 @@ from sessions.compare.token_parity import (
 )
 from sessions.compare.verdict import NOT_EXACT, Finding, Kind
 from sessions.progress import ProgressGenerator
+from sessions.report.text import tolerance_text
 from viewer.tensor.tensor_loader import SliceSpec, TensorRequest
 
 
@@ -194,19 +197,40 @@ def headline(viewed: ViewedComparison) -> str:
     return viewed.comparison.verdict.headline
 
 
+def tolerance_label(viewed: ViewedComparison | None) -> str:
+    """The tolerance a comparison was judged with, short enough for the status bar."""
+    if viewed is None:
+        return "tolerance…"
+    c = viewed.comparison
+    tol = c.tolerance
+    bounds = [f"{name} {value:g}" for name, value in (("atol", tol.atol), ("rtol", tol.rtol), ("max ULP", tol.max_ulp)) if value is not None]
+    policy = f" + {Path(c.tolerance_policy).name}" if c.tolerance_policy else ""
+    return f"tolerance: {', '.join(bounds) or 'bit-exact'}{policy}"
+
+
+def tolerance_tooltip(viewed: ViewedComparison | None) -> str:
+    """The tolerance in the words of `report`'s tolerance line, and how to change it."""
+    judged = "" if viewed is None else f"Judged with: {tolerance_text(viewed.comparison)}.\n"
+    return f"{judged}Change the tolerance or the per-op policy file and compare again (Ctrl+T)."
+
+
 def banner_messages(viewed: ViewedComparison) -> list[tuple[str, str]]:
     """Provenance warnings: what makes the whole comparison suspect. The verdict itself is the
     verdict strip's, and contract findings have their own card."""
     return [("error" if "MISMATCH" in w else "warning", w) for w in viewed.comparison.provenance.warnings]
 
 
-def contract_card(viewed: ViewedComparison) -> str | None:
-    """The contract findings as a card (rich text): which op, which contract each side ran, and
-    why that matters -- settled from index metadata before any tensor byte was read."""
+def contract_card(viewed: ViewedComparison) -> tuple[str, str] | None:
+    """The contract findings as a card (rich text): a headline short enough for one line at 1280
+    px (which op, what each side ran; the verdict strip above names the mismatch) and the details
+    (kernel, declared and effective contract per side, and why that matters) -- settled from
+    index metadata before any tensor byte was read."""
     findings = viewed.comparison.contracts.findings
     if not findings:
         return None
     first = findings[0]
+    ran = {side: escape(ids.effective_contract_id or ids.kernel_id or "not recorded") for side, ids in (("native", first.native), ("oracle", first.oracle))}
+    headline = f"<b>At <code>{first.key}</code></b> native ran <code>{ran['native']}</code>, oracle <code>{ran['oracle']}</code>"
     rows = "".join(
         f"<tr><td><b>{side}</b>&nbsp;&nbsp;</td><td>kernel <code>{escape(ids.kernel_id or 'not recorded')}</code>, "
         f"declared <code>{escape(ids.contract_id or 'not recorded')}</code>, effective <code>{escape(ids.effective_contract_id or 'not recorded')}</code></td></tr>"
@@ -214,12 +238,12 @@ def contract_card(viewed: ViewedComparison) -> str | None:
     )
     ops = len({f.key for f in findings})
     more = f" {ops - 1} more op(s) have contract findings (F8 steps through them)." if ops > 1 else ""
-    return (
-        f"<b>CONTRACT MISMATCH at <code>{first.key}</code></b> ({escape(first.kind)}, checked before any tensor data)"
-        f"<table>{rows}</table>"
+    details = (
+        f"{escape(first.kind)}, found from the index before any tensor data was read:<table>{rows}</table>"
         f"Why it matters: the two runs executed different arithmetic here, so their bits are not expected to agree, "
         f"and every later difference may be inherited from this op.{more}"
     )
+    return headline, details
 
 
 def provenance_mismatches(viewed: ViewedComparison | None) -> set[str]:
@@ -330,3 +354,26 @@ def tensor_request(viewed: ViewedComparison | None, native: Capture, oracle: Cap
         spec=spec,
         metrics=pair.metrics,
     )
+
+
+# -- raw attributes ---------------------------------------------------------------------------
+
+
+def row_title(row: PairResult | UnalignedRecord) -> str:
+    """A tree row's name in the attributes window's title."""
+    return row.key.text() if isinstance(row, PairResult) else unaligned_label(row)
+
+
+def iter_row_attributes(native: Capture, oracle: Capture, row: PairResult | UnalignedRecord) -> ProgressGenerator[list[RecordAttributes]]:
+    """A tree row's records, both sides of a pair or the one unaligned record, with their HDF5
+    attributes; CaptureError when a capture no longer holds what was compared."""
+    if isinstance(row, PairResult):
+        native_side, oracle_side = pair_sides(native, oracle, row)
+        sides = [("native", native, native_side.record), ("oracle", oracle, oracle_side.record)]
+    else:
+        capture = native if row.side == "native" else oracle
+        record = capture.record(row.seq)
+        if record is None or record.name != row.name:
+            raise CaptureError(capture.path, f"record seq {row.seq}", f"is not {row.name!r} any more -- the capture changed since it was compared")
+        sides = [(row.side, capture, record)]
+    return (yield from iter_records_attributes(sides))

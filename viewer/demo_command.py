@@ -74,13 +74,13 @@ def _listing(demo_dir: Path, scenarios: dict[str, Scenario], cut: dict[str, "Cut
 
 
 def run(args: argparse.Namespace) -> int:
+    from backends.demo.cut_pairs import CUT_SCENARIOS
     from backends.demo.generate import (
         DEFAULT_SCENARIO,
         SCENARIOS,
         default_demo_dir,
         pair_paths,
     )
-    from backends.demo.cut_pairs import CUT_SCENARIOS
     from backends.demo.llama_pairs import LLAMA_SCENARIOS
 
     known = [*SCENARIOS, *CUT_SCENARIOS, *LLAMA_SCENARIOS]

@@ -71,7 +71,11 @@ def repeat_paths(out: Path, repeat: int) -> list[Path]:
 
 def run(args: argparse.Namespace) -> int:
     from backends.recorders.llama_process import LlamaCrashed
-    from backends.recorders.record_schedule import TokenSchedule, parse_segments, parse_token_list
+    from backends.recorders.record_schedule import (
+        TokenSchedule,
+        parse_segments,
+        parse_token_list,
+    )
 
     try:
         if args.repeat < 1:

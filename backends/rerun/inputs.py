@@ -24,8 +24,8 @@ import numpy as np
 from backends.engines.capture_sink import to_numpy_bits
 from sessions.bits.dtypes import logical_dtype
 from sessions.capture.reader import Capture
-from sessions.compare.mapped_record import MappedRecord
 from sessions.compare.key import OpKey
+from sessions.compare.mapped_record import MappedRecord
 
 LAYER_INPUT = "layer_input"
 """Pseudo-op: the residual stream entering a layer (embed for layer 0, else the previous layer_out)."""

@@ -309,6 +309,13 @@ class Capture:
     def records(self) -> list[Record]:
         return records_from_index(self.index)
 
+    def record(self, seq: int) -> Record | None:
+        """The record with this seq (a comparison or a session names records by seq); None when absent."""
+        records = self.records
+        if 0 <= seq < len(records) and records[seq].seq == seq:
+            return records[seq]
+        return next((r for r in records if r.seq == seq), None)
+
     @property
     def contents(self) -> CaptureContents:
         steps = np.unique(self.index["step"]).size if len(self.index) else 0

@@ -54,12 +54,12 @@ from sessions.compare.pair_reader import (
 from sessions.compare.profile_identity import ProfileIdentity, identify
 from sessions.compare.profiles import (
     CANONICAL_OPS,
-    rows_axis,
     HEADS_SOURCE,
     Profile,
     ProfileError,
     detect_profile,
     resolve_profile,
+    rows_axis,
 )
 from sessions.compare.provenance_diff import ProvenanceDiff, diff_provenance
 from sessions.compare.record_sources import sources_for

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from sessions.bits.dtypes import logical_dtype
-from sessions.capture.reader import Capture, CaptureError, Record
+from sessions.capture.reader import Capture, CaptureError
 from sessions.compare.comparison import Comparison, PairResult
 from sessions.compare.key import OpKey
 from sessions.compare.layout_transform import LayoutError, LayoutTransform
@@ -24,17 +24,10 @@ READ_CHUNK_BYTES = 2 * 1024 * 1024
 it gets a turn between chunks."""
 
 
-def _record_by_seq(capture: Capture, seq: int) -> Record | None:
-    records = capture.records
-    if 0 <= seq < len(records) and records[seq].seq == seq:
-        return records[seq]
-    return next((r for r in records if r.seq == seq), None)
-
-
 def _side(capture: Capture, side: str, seq: int, name: str, spec: str | None, window: tuple[int, int] | None, pair: PairResult) -> MappedRecord:
     """The record the comparison read on one side, as it read it, checked to still be that record."""
     place = f"record seq {seq}"
-    record = _record_by_seq(capture, seq)
+    record = capture.record(seq)
     if record is None:
         raise CaptureError(capture.path, place, f"is missing; {pair.label} paired {side} {name!r} -- the capture changed since it was compared")
     if record.name != name or record.dtype != pair.metrics.dtype:

@@ -182,6 +182,9 @@ class Investigation:
     tolerance: SavedTolerance = SavedTolerance()
     op_tolerances: Mapping[str, SavedTolerance] = field(default_factory=dict)
     """Per canonical op, replacing `tolerance` for that op."""
+    tolerance_policy: Path | None = None
+    """A tolerance policy file (docs/tolerance-policy.md), by absolute path: read again at each
+    comparison, as `report --tolerance-policy` reads it, never copied into the session."""
     overrides: tuple[AlignmentOverride, ...] = ()
     selected_op: OpKey | None = None
     view: ViewState = ViewState()
@@ -291,6 +294,10 @@ class Investigation:
             self.tolerance = tolerance
         else:
             self.op_tolerances = {**self.op_tolerances, op: tolerance}
+        self._changed(ChangeKind.TOLERANCES)
+
+    def set_tolerance_policy(self, path: str | Path | None) -> None:
+        self.tolerance_policy = None if path is None else Path(path).absolute()
         self._changed(ChangeKind.TOLERANCES)
 
     def clear_op_tolerance(self, op: str) -> None:

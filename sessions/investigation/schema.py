@@ -13,6 +13,7 @@ Version history:
 - 2: captures are a list with ids (several per role, e.g. a CPU and a Metal oracle), path and
   in-file location apart, identity nested, profile and relative path per capture; structured
   op and record keys; overrides between any two captures; a bookmark keeps its view.
+- 3: the tolerances name a tolerance policy file (`tolerances/policy`, a path or null).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from sessions.investigation.model import (
 )
 
 FORMAT = "parity-xray-session"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 FILE_SUFFIX = ".xray"
 
 
@@ -141,6 +142,7 @@ def encode_session(session: Investigation, base_dir: Path | None = None) -> dict
             "tolerances": {
                 "default": asdict(session.tolerance),
                 "per_op": {op: asdict(t) for op, t in session.op_tolerances.items()},
+                "policy": None if session.tolerance_policy is None else str(session.tolerance_policy),
             },
             "alignment_overrides": [
                 {
@@ -307,6 +309,7 @@ def _read_session(n: _Node) -> Investigation:
     per_op_node = tolerances.node("per_op")
     per_op = {op: _read_tolerance(per_op_node.node(op)) for op in list(per_op_node.value)}
     per_op_node.done()
+    policy = tolerances.get("policy", (str, type(None)))
     tolerances.done()
     ids = [c.id for c in captures] + [r.capture.id for r in reruns]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
@@ -336,6 +339,7 @@ def _read_session(n: _Node) -> Investigation:
         reruns=tuple(reruns),
         tolerance=default,
         op_tolerances=per_op,
+        tolerance_policy=None if policy is None else Path(policy),
         overrides=tuple(overrides),
         selected_op=_read_optional_op(n.optional_node("selected_op")),
         view=_read_view(n.node("view")),
@@ -423,7 +427,17 @@ def upgrade_v1_to_v2(document: dict[str, Any], source: str) -> dict[str, Any]:
     return {**document, "schema_version": 2, "session": session}
 
 
-MIGRATIONS: dict[int, Callable[[dict[str, Any], str], dict[str, Any]]] = {1: upgrade_v1_to_v2}
+def upgrade_v2_to_v3(document: dict[str, Any], source: str) -> dict[str, Any]:
+    """A version-2 session compared without a policy file."""
+    try:
+        session = document["session"]
+        tolerances = {**session["tolerances"], "policy": None}
+    except (KeyError, TypeError) as exc:
+        raise SessionFormatError(source, "/session/tolerances", f"not a valid schema 2 session ({type(exc).__name__}: {exc})") from None
+    return {**document, "schema_version": 3, "session": {**session, "tolerances": tolerances}}
+
+
+MIGRATIONS: dict[int, Callable[[dict[str, Any], str], dict[str, Any]]] = {1: upgrade_v1_to_v2, 2: upgrade_v2_to_v3}
 """MIGRATIONS[v] upgrades a version-v document to v + 1; every version below SCHEMA_VERSION has one."""
 
 

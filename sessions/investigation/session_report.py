@@ -1,4 +1,4 @@
-"""What `parity-xray report --session FILE.xray` compares: the session's pair, profiles and tolerance.
+"""What `parity-xray report --session FILE.xray` compares: the session's pair, profiles, tolerance and policy.
 
 A headless report must not compare data the session was not saved with, so each capture's
 identity is checked first (the same rule as the viewer's), and a moved or changed capture is
@@ -20,7 +20,7 @@ class SessionReportError(Exception):
 
 
 def apply_session(args: argparse.Namespace) -> Investigation:
-    """Fill NATIVE, ORACLE, profiles and tolerances from the session (command-line values win)."""
+    """Fill NATIVE, ORACLE, profiles, tolerances and the tolerance policy from the session (command-line values win)."""
     if args.native is not None or args.oracle is not None:
         raise SessionReportError("give either NATIVE ORACLE or --session FILE.xray, not both")
     try:
@@ -43,4 +43,6 @@ def apply_session(args: argparse.Namespace) -> Investigation:
     for name, value in (("atol", tolerance.atol), ("rtol", tolerance.rtol), ("max_ulp", tolerance.max_ulp)):
         if getattr(args, name) is None and value:
             setattr(args, name, value)
+    if getattr(args, "tolerance_policy", None) is None and session.tolerance_policy is not None:
+        args.tolerance_policy = str(session.tolerance_policy)
     return session

@@ -10,7 +10,13 @@ lists everything.
 from __future__ import annotations
 
 from sessions.compare.align import POSITIONS
-from sessions.compare.comparison import DISPATCH_NOT_COMPARED, Comparison, PairResult, unaligned_key, worst_ops
+from sessions.compare.comparison import (
+    DISPATCH_NOT_COMPARED,
+    Comparison,
+    PairResult,
+    unaligned_key,
+    worst_ops,
+)
 from sessions.compare.tensor_diff import ElementSample, TensorMetrics
 from sessions.compare.token_parity import POST_EOS, step_word
 from sessions.compare.verdict import Kind

@@ -194,6 +194,8 @@ class TensorView(QWidget):
             plot.setMenuEnabled(False)
             plot.invertY(True)
             plot.getAxis("left").setWidth(44)
+            if name != "difference":
+                plot.hideAxis("bottom")  # the maps share their columns (linked below): one column axis, under the last, leaves the maps their height
             image = pg.ImageItem()
             plot.addItem(image)
             detail = pg.ImageItem()

@@ -5,7 +5,7 @@ Statuses, first divergence and unaligned reasons all come from the comparison
 step with the model's. Its context menu lets the user break a pairing or pair two unaligned
 records by hand; it only asks (through replaceable callables, so tests answer without a
 modal dialog) and emits the request -- the window's session part records the override and
-compares again.
+compares again. It also offers a row's raw HDF5 attributes, which the window reads and shows.
 """
 
 from __future__ import annotations
@@ -76,6 +76,8 @@ class AlignmentTree(QWidget):
     """(PairResult, reason): the user broke this pairing."""
     pair_requested = Signal(object, object, str)
     """(native UnalignedRecord, oracle UnalignedRecord, reason): the user paired them by hand."""
+    attributes_requested = Signal(object)
+    """(PairResult or UnalignedRecord): the user asked for the row's records' HDF5 attributes."""
 
     def __init__(self, model: PairModel, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -226,18 +228,24 @@ class AlignmentTree(QWidget):
             menu.exec(self.view.viewport().mapToGlobal(position))
 
     def actions_at(self, index: QModelIndex) -> list[QAction]:
-        """The context menu's actions for a row (a proxy index): break a pair, or pair an unaligned record."""
+        """The context menu's actions for a row (a proxy index): break a pair, or pair an unaligned
+        record; and for any row naming records, their HDF5 attributes."""
         source = self.proxy.mapToSource(index.siblingAtColumn(0))
         pair, record = source.data(PAIR_ROLE), source.data(UNALIGNED_ROLE)
+        actions: list[QAction] = []
         if pair is not None:
-            action = QAction("Break this pairing…", self)
-            action.triggered.connect(lambda: self.break_pairing(pair))
-            return [action]
+            actions.append(self._menu_action("Break this pairing…", lambda: self.break_pairing(pair)))
         if record is not None and record.seq >= 0 and self._partners(record):
-            action = QAction("Pair with…", self)
-            action.triggered.connect(lambda: self.pair_unaligned(record))
-            return [action]
-        return []
+            actions.append(self._menu_action("Pair with…", lambda: self.pair_unaligned(record)))
+        row = pair if pair is not None else record if record is not None and record.seq >= 0 else None
+        if row is not None:
+            actions.append(self._menu_action("HDF5 attributes…", lambda: self.attributes_requested.emit(row)))
+        return actions
+
+    def _menu_action(self, text: str, slot: Callable[[], None]) -> QAction:
+        action = QAction(text, self)
+        action.triggered.connect(slot)
+        return action
 
     def _partners(self, record: UnalignedRecord) -> list[UnalignedRecord]:
         """Real records of the other side in the unaligned branch (rows for stale overrides have seq -1)."""

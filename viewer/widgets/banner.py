@@ -1,6 +1,8 @@
 """In-window messages: a bad file or a contract mismatch is read in the window, not in a dialog.
 
-A modal dialog would block the other open views; a banner leaves them usable.
+A modal dialog would block the other open views; a banner leaves them usable. A long message
+(the contract card) may keep its details behind a toggle, so on a small screen it takes one
+line of the window's height instead of five.
 """
 
 from __future__ import annotations
@@ -26,7 +28,17 @@ BannerAction = tuple[str, Callable[[], None]]
 
 
 class Banner(QFrame):
-    def __init__(self, level: str, text: str, closable: bool = True, parent: QWidget | None = None, actions: Sequence[BannerAction] = ()) -> None:
+    def __init__(
+        self,
+        level: str,
+        text: str,
+        closable: bool = True,
+        parent: QWidget | None = None,
+        actions: Sequence[BannerAction] = (),
+        details: str = "",
+        expanded: bool = True,
+    ) -> None:
+        """`details` (optional) sits below `text`, shown or hidden by a Details toggle; `expanded` is its first state."""
         super().__init__(parent)
         if level not in LEVELS:
             raise ValueError(f"banner level must be one of {LEVELS}, not {level!r}")
@@ -40,7 +52,25 @@ class Banner(QFrame):
         self.label.setObjectName("bannerText")
         self.label.setWordWrap(True)
         self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        layout.addWidget(self.label, 1)
+        texts = QVBoxLayout()
+        texts.setContentsMargins(0, 0, 0, 0)
+        texts.addWidget(self.label)
+        self.details = QLabel(details)
+        self.details.setObjectName("bannerText")
+        self.details.setWordWrap(True)
+        self.details.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.details.setVisible(bool(details) and expanded)
+        texts.addWidget(self.details)
+        layout.addLayout(texts, 1)
+        self.details_toggle = QToolButton()
+        self.details_toggle.setText("Details")
+        self.details_toggle.setCheckable(True)
+        self.details_toggle.setChecked(expanded)
+        self.details_toggle.setToolTip("Show or hide the details")
+        self.details_toggle.setAutoRaise(True)
+        self.details_toggle.setVisible(bool(details))
+        self.details_toggle.toggled.connect(self.details.setVisible)
+        layout.addWidget(self.details_toggle, 0, Qt.AlignmentFlag.AlignTop)
         self.buttons: dict[str, QPushButton] = {}
         for text_, callback in actions:
             button = QPushButton(text_)
@@ -63,7 +93,8 @@ class Banner(QFrame):
 
     @property
     def text(self) -> str:
-        return self.label.text()
+        """The whole message, details included (shown or not)."""
+        return f"{self.label.text()}\n{self.details.text()}" if self.details.text() else self.label.text()
 
 
 class BannerArea(QWidget):
@@ -77,8 +108,10 @@ class BannerArea(QWidget):
         self._groups: dict[str, list[Banner]] = {}
         self.setVisible(False)
 
-    def show_message(self, group: str, level: str, text: str, closable: bool = True, actions: Sequence[BannerAction] = ()) -> Banner:
-        banner = Banner(level, text, closable, self, actions)
+    def show_message(
+        self, group: str, level: str, text: str, closable: bool = True, actions: Sequence[BannerAction] = (), details: str = "", expanded: bool = True
+    ) -> Banner:
+        banner = Banner(level, text, closable, self, actions, details, expanded)
         banner.destroyed.connect(self._refresh)
         self._groups.setdefault(group, []).append(banner)
         self._layout.addWidget(banner)

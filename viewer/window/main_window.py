@@ -34,11 +34,14 @@ from PySide6.QtWidgets import (
 
 from sessions.capture.opening import iter_open_capture
 from sessions.capture.reader import Capture
+from sessions.capture.record_attributes import RecordAttributes
 from sessions.capture.structure_check import CheckReport, iter_deep_check
 from sessions.compare.slice_export import iter_export
+from sessions.compare.tolerance_policy import PolicyError
 from sessions.progress import Progress, ProgressGenerator
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
+from viewer.panels.attributes_dialog import AttributesDialog
 from viewer.panels.bookmarks_panel import BookmarksPanel
 from viewer.panels.diagnosis_panel import DiagnosisPanel
 from viewer.panels.dispatch_tabs import DispatchTabs
@@ -65,6 +68,7 @@ from viewer.window.report_export import BookmarkCamera, ReportExporter, png_of
 from viewer.window.session_captures import SessionCaptures
 from viewer.window.session_file import SessionFile
 from viewer.window.session_sync import SessionSync, WindowView
+from viewer.window.tolerance import ToleranceDialog, ToleranceIndicator
 from viewer.window.uncaught_errors import show_uncaught_errors_in
 from viewer.window.verdict_strip import VerdictStrip
 from viewer.workers import TaskSlots
@@ -77,7 +81,12 @@ a whole switch interval for the interpreter lock (5 ms by default), which adds u
 stalls. A 1 ms interval keeps them short (measured in benchmarks/bench_ui_stall.py)."""
 
 
-PAIR_BANNERS = ("open", "roles", "captures", "comparison", "captures-check", "session", "timeline", "rerun")
+CARD_EXPANDED_FROM_HEIGHT = 900
+"""Window height from which the contract card opens with its details shown. Below it the card is
+one line (which op, what each side ran) with a Details toggle: at 1280x720 the full card took
+~100 px of height and left each of the three tensor maps 11 px of data (now about 44)."""
+
+PAIR_BANNERS = ("open", "roles", "captures", "comparison", "captures-check", "session", "timeline", "rerun", "attributes")
 """Banner groups about the pair on show and its session: a new pair or another session clears them."""
 
 
@@ -127,6 +136,7 @@ class MainWindow(QMainWindow):
         self.tasks = TaskSlots(self)
         self._retired: list[Capture] = []
         self._beside: list[MainWindow] = []
+        self.attributes_dialog: AttributesDialog | None = None
         self._build_central()
         self._build_tree_dock()
         self._build_bookmarks_dock()
@@ -179,6 +189,7 @@ class MainWindow(QMainWindow):
     def _build_tree_dock(self) -> None:
         self.tree = AlignmentTree(self.model)
         self.tree.jump_requested.connect(self.jump_to_first_finding)
+        self.tree.attributes_requested.connect(self.show_attributes)
         dock = QDockWidget("Alignment", self)
         dock.setObjectName("alignmentDock")
         dock.setWidget(self.tree)
@@ -202,6 +213,9 @@ class MainWindow(QMainWindow):
         self.role_label = QLabel()
         self.role_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         bar.addWidget(self.role_label, 1)
+        self.tolerance_indicator = ToleranceIndicator(self.model)
+        self.tolerance_indicator.clicked.connect(self.edit_tolerance)
+        bar.addPermanentWidget(self.tolerance_indicator)
         self.progress = QProgressBar()
         self.progress.setFixedWidth(260)
         self.progress.setVisible(False)
@@ -236,6 +250,7 @@ class MainWindow(QMainWindow):
         self.cancel_action = self._action("&Cancel work", self.cancel_work, "Esc", tip="Cancel the running read or comparison")
         self.quit_action = self._action("&Quit", self.close, QKeySequence.StandardKey.Quit)
         self.theme_action = self._action("Switch to &light theme", self.toggle_theme, "Ctrl+Shift+T")
+        self.tolerance_action = self._action("&Tolerance…", self.edit_tolerance, "Ctrl+T", tip="Set atol, rtol, max ULP error or a per-op policy file, and compare again (Ctrl+T)")
         toolbar = self.addToolBar("Main")
         toolbar.setObjectName("mainToolbar")
         toolbar.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
@@ -263,6 +278,7 @@ class MainWindow(QMainWindow):
         navigate = menu.addMenu("&Navigate")
         for action in (self.jump_action, self.next_action, self.prev_action, self.cancel_action):
             navigate.addAction(action)
+        menu.addMenu("&Compare").addAction(self.tolerance_action)
         view = menu.addMenu("&View")
         focus_tree = self._action("Alignment &tree", self._focus_tree, "Ctrl+0")
         view.addAction(focus_tree)
@@ -288,6 +304,34 @@ class MainWindow(QMainWindow):
         dialog = HelpDialog(self.actions(), self)
         dialog.show()
         return dialog
+
+    def edit_tolerance(self) -> ToleranceDialog:
+        """The session's tolerance and policy, to change; accepting records them and compares again."""
+        session = self.session_file.session
+        dialog = ToleranceDialog(session.tolerance, session.tolerance_policy, self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.chosen.connect(self.session_sync.set_tolerance)
+        dialog.open()
+        return dialog
+
+    def show_attributes(self, row: Any) -> None:
+        """A tree row's records with their raw HDF5 attributes, read off the UI thread, in a window of their own."""
+        native, oracle = self.model.native, self.model.oracle
+        if native is None or oracle is None:
+            return
+        self.tasks.submit(
+            "attributes",
+            lambda: cv.iter_row_attributes(native, oracle, row),
+            on_success=lambda sides: self._attributes_ready(cv.row_title(row), sides),
+            on_failure=lambda message: self.banners.show_message("attributes", "error", f"The attributes cannot be read: {message}"),
+        )
+
+    def _attributes_ready(self, title: str, sides: list[RecordAttributes]) -> None:
+        if self.attributes_dialog is not None:
+            self.attributes_dialog.close()
+            self.attributes_dialog.deleteLater()
+        self.attributes_dialog = AttributesDialog(title, sides, self)
+        self.attributes_dialog.show()
 
     def _connect_model(self) -> None:
         self.model.captures_changed.connect(self._update_roles)
@@ -442,7 +486,11 @@ class MainWindow(QMainWindow):
         if not self.model.has_pair:
             return
         native, oracle = self.model.native, self.model.oracle
-        options = self.session_sync.compare_options(cv.VIEWER_OPTIONS)
+        try:
+            options = self.session_sync.compare_options(cv.VIEWER_OPTIONS)
+        except PolicyError as exc:
+            self._policy_unusable(str(exc))
+            return
         self.tasks.submit(
             "compare",
             lambda: cv.iter_compare_pair(native, oracle, options),
@@ -450,6 +498,14 @@ class MainWindow(QMainWindow):
             on_failure=self._comparison_failed,
             on_cancel=lambda: self.banners.show_message("comparison", "info", "Comparison cancelled. Open the pair again, or swap roles, to restart it."),
         )
+
+    def _policy_unusable(self, problem: str) -> None:
+        """The session's policy file cannot be used (moved, edited): no verdict, as `report` exits 2."""
+        self.tasks.cancel_lane("compare")
+        self.model.set_comparison(None)
+        message = f"The tolerance policy cannot be used: {problem}"
+        self.banners.show_message("comparison", "error", message, actions=[("Tolerance…", self.edit_tolerance)])
+        self.verdict_strip.show_unusable(message)
 
     def _comparison_failed(self, message: str) -> None:
         """The pair cannot be compared (unreadable, or no profile knows its names): the verdict is UNUSABLE."""
@@ -471,7 +527,9 @@ class MainWindow(QMainWindow):
             self.banners.show_message("comparison", level, text)
         card = cv.contract_card(comparison)
         if card is not None:
-            self.banners.show_message("comparison", "error", card)
+            headline, details = card
+            expanded = self.height() >= CARD_EXPANDED_FROM_HEIGHT
+            self.banners.show_message("comparison", "error", headline, details=details, expanded=expanded)
         self.tabs.prerender_hidden()
         target = cv.first_finding_pair(comparison) or cv.first_pair(comparison)
         if target is not None:

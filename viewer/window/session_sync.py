@@ -3,7 +3,8 @@
 The session records the open captures (by path and identity), their profiles, the selected op,
 the view (slice, colour scale, panel, dock layout), bookmarks, reruns and alignment overrides;
 a restored session puts its selection and view back once its pair is compared. The comparison
-takes the session's tolerance, profiles and overrides through `compare_options`. This part
+takes the session's tolerance, tolerance policy, profiles and overrides through `compare_options`;
+a new tolerance (`set_tolerance`) is recorded and compared again, as an override is. This part
 follows the `PairModel` and changes the view only through the callables in `WindowView`, so it
 never needs the window itself.
 """
@@ -20,16 +21,18 @@ from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QWidget
 
 from sessions.capture.identity import CaptureIdentity, identity_of_capture
-from sessions.capture.reader import Capture, Record
+from sessions.capture.reader import Capture
 from sessions.compare.align import UnalignedRecord
 from sessions.compare.comparison import CompareOptions, PairResult
 from sessions.compare.key import OpKey, RecordKey
+from sessions.compare.tolerance_policy import load_policy
 from sessions.investigation.model import (
     Bookmark,
     CaptureRef,
     ColourScale,
     Investigation,
     RecordRef,
+    SavedTolerance,
     ViewState,
     overrides_for_pair,
 )
@@ -79,11 +82,6 @@ def slice_spec_of(view: ViewState, ndim: int) -> SliceSpec | None:
     index = tuple(s if isinstance(s, int) else 0 for s in view.slices)
     row, col = view.layout.get("row_axis"), int(view.layout["col_axis"])
     return SliceSpec(None if row is None else int(row), col, index)
-
-
-def _record(capture: Capture, seq: int) -> Record:
-    """The record a comparison row names by seq (rows come from this very capture)."""
-    return next(r for r in capture.records if r.seq == seq)
 
 
 class SessionSync(QObject):
@@ -157,15 +155,21 @@ class SessionSync(QObject):
         return {ref.path for role in ("native", "oracle") for ref in self.session.captures_of(role)}
 
     def compare_options(self, base: CompareOptions) -> CompareOptions:
-        """The session's tolerance, its profiles for captures it names (0 / "" = bit-exact / detect),
-        and its alignment overrides between the two open captures."""
+        """The session's tolerance and policy, its profiles for captures it names (0 / "" = bit-exact
+        / detect), and its alignment overrides between the two open captures.
+
+        The policy file is read again each time, as `report --tolerance-policy` reads it: an
+        edited policy counts at the next comparison. PolicyError (naming the file and the
+        problem) when it cannot be used."""
         tol = self.session.tolerance
+        policy = self.session.tolerance_policy
         refs = self._session_refs()
         profiles = {role: ref.profile or None for role, ref in refs.items()}
         overrides = overrides_for_pair(self.session.overrides, refs["native"].id, refs["oracle"].id) if len(refs) == 2 else ()
         return replace(
             base,
             atol=tol.atol or None, rtol=tol.rtol or None, max_ulp=tol.max_ulp or None,
+            policy=None if policy is None else load_policy(policy),
             native_profile=profiles.get("native") or base.native_profile,
             oracle_profile=profiles.get("oracle") or base.oracle_profile,
             overrides=overrides,
@@ -220,6 +224,15 @@ class SessionSync(QObject):
         if self._restoring:
             self._apply_restored()
 
+    def set_tolerance(self, tolerance: SavedTolerance, policy: Path | None) -> None:
+        """Record the user's tolerance and policy file in the session and compare again with them."""
+        session = self.session
+        if tolerance != session.tolerance:
+            session.set_tolerance(tolerance)
+        if policy != session.tolerance_policy:
+            session.set_tolerance_policy(policy)
+        self._recompare()
+
     # -- manual alignment --------------------------------------------------------------------
 
     def break_pairing(self, pair: PairResult, reason: str) -> bool:
@@ -235,7 +248,10 @@ class SessionSync(QObject):
         if len(refs) != 2 or model.native is None or model.oracle is None:
             self._banners.show_message("session", "warning", "The open captures are not recorded in the session yet; try again in a moment.")
             return False
-        native, oracle = _record(model.native, native_seq), _record(model.oracle, oracle_seq)
+        native, oracle = model.native.record(native_seq), model.oracle.record(oracle_seq)
+        if native is None or oracle is None:
+            self._banners.show_message("session", "warning", "The open captures no longer hold those records; open the pair again.")
+            return False
         self.session.add_override(
             action, RecordRef(refs["native"].id, RecordKey.of(native)), RecordRef(refs["oracle"].id, RecordKey.of(oracle)), reason
         )

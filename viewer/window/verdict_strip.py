@@ -2,7 +2,8 @@
 
 A user must read the outcome in five seconds without choosing a tab; the strip reads the one
 verdict model (sessions.compare.verdict), the same object `report` prints, so the window and
-the CLI cannot disagree.
+the CLI cannot disagree. Its tooltip names the tolerance the verdict was judged with (the status
+bar always shows it).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QWidget
 
 from sessions.compare.verdict import UNUSABLE, Kind
+from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
 from viewer.theme import WORD_COLOURS
 
@@ -62,7 +64,7 @@ class VerdictStrip(QFrame):
             detail += f"  ·  aligned {alignment.short()}"
         self._paint(verdict.word, detail, WORD_COLOURS[verdict.word])
         tip = [detail] + ([first.detail] if first is not None else []) + ([f"aligned {alignment.words()}"] if not alignment.is_plain else [])
-        self.detail.setToolTip("\n".join(tip))
+        self.detail.setToolTip("\n".join([*tip, cv.tolerance_tooltip(viewed)]))
         self.go.setVisible(first is not None)
         self.setVisible(True)
 

@@ -1,0 +1,173 @@
+"""Tolerance… in the window: the bounds and policy `report` takes, judged the same, kept in the session."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QDialogButtonBox
+from pytestqt.qtbot import QtBot
+
+from sessions.commands import report as report_command
+from sessions.compare.verdict import DIVERGENCE, UNUSABLE, Kind
+from tests.hand_captures import T, bf16_bits, write_capture
+from viewer.settings import ViewerSettings
+from viewer.tree.alignment_tree import PAIR_ROLE
+from viewer.window.main_window import MainWindow
+from viewer.window.tolerance import ToleranceDialog
+
+pytestmark = pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints", "This plugin does not support raise")
+
+WAIT_MS = 120_000
+ADMITTED = "0:text-before:0:ffn_act"
+"""swiglu-order's documented first divergence (docs/demo-scenarios.md); its elements are at most 2 ULP apart."""
+NEXT = "0:text-before:0:ffn_down"
+"""The first op beyond 2 ULP, where the verdict's first finding moves once ffn_act is admitted."""
+
+
+def _window(qtbot: QtBot, tmp_path: Path) -> MainWindow:
+    win = MainWindow(ViewerSettings(tmp_path / "viewer.ini"))
+    win.session_file.ask_close = lambda: "discard"
+    qtbot.addWidget(win)
+    win.show()
+    qtbot.waitExposed(win)
+    return win
+
+
+def _compared(qtbot: QtBot, win: MainWindow) -> None:
+    qtbot.waitUntil(lambda: win.model.comparison is not None and not win.tasks.busy, timeout=WAIT_MS)
+
+
+def _accept(qtbot: QtBot, dialog: ToleranceDialog) -> None:
+    qtbot.mouseClick(dialog.buttons.button(QDialogButtonBox.StandardButton.Ok), Qt.MouseButton.LeftButton)
+
+
+def _choose(qtbot: QtBot, win: MainWindow, max_ulp: int, policy: Path | None) -> None:
+    """Set the tolerance through the dialog, as a user does, and wait for the comparison it starts."""
+    dialog = win.edit_tolerance()
+    dialog.max_ulp.setValue(max_ulp)
+    dialog.policy.setText("" if policy is None else str(policy))
+    _accept(qtbot, dialog)
+    qtbot.waitUntil(lambda: win.model.comparison is not None and not win.tasks.busy
+                    and win.model.comparison.comparison.tolerance.max_ulp == (max_ulp or None)
+                    and win.model.comparison.comparison.tolerance_policy == ("" if policy is None else str(policy.resolve())), timeout=WAIT_MS)
+
+
+def _tree_kinds(win: MainWindow) -> dict[str, Kind]:
+    """Each op row's kind as the tree shows it, by key."""
+    found: dict[str, Kind] = {}
+
+    def walk(parent) -> None:  # type: ignore[no-untyped-def]
+        for row in range(parent.rowCount()):
+            item = parent.child(row, 0)
+            pair = item.data(PAIR_ROLE)
+            if pair is not None:
+                found[pair.key.text()] = Kind(parent.child(row, 1).text())
+            walk(item)
+
+    walk(win.tree.items.invisibleRootItem())
+    return found
+
+
+def _report(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    parser = argparse.ArgumentParser()
+    report_command.add_arguments(parser)
+    code = report_command.run(parser.parse_args(args))
+    return code, capsys.readouterr().out.splitlines()[0]
+
+
+def _hand_pair(tmp_path: Path) -> tuple[Path, Path]:
+    """layer_out then logits, each with one element 1 ULP apart."""
+    out, logits = bf16_bits([[1.0, 2.0, 3.0, 4.0]]), bf16_bits([[0.5, 1.5, 2.5, 3.5]])
+    n_out, n_logits = out.copy(), logits.copy()
+    n_out[0, 1] += 1
+    n_logits[0, 2] += 1
+    native = write_capture(tmp_path / "n.h5", "native", [T("layer_out", n_out, layer=0, dtype="bfloat16"), T("logits", n_logits, dtype="bfloat16")])
+    oracle = write_capture(tmp_path / "o.h5", "oracle", [T("layer_out", out, layer=0, dtype="bfloat16"), T("logits", logits, dtype="bfloat16")])
+    return native, oracle
+
+
+def _policy(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "policy.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.mark.slow
+def test_a_max_ulp_set_in_the_window_admits_the_documented_divergence_and_the_strip_tree_and_report_agree(
+    qtbot: QtBot, tmp_path: Path, demo_pairs: dict, capsys: pytest.CaptureFixture[str]
+) -> None:
+    native, oracle = demo_pairs["swiglu-order"]
+    win = _window(qtbot, tmp_path)
+    dialog = win.edit_tolerance()
+    dialog.max_ulp.setValue(2)
+    _accept(qtbot, dialog)  # before any pair is open: the next one is compared with it
+
+    win.open_pair(native, oracle)
+    _compared(qtbot, win)
+
+    assert win.verdict_strip.word.text() == DIVERGENCE and win.verdict_strip.detail.text().startswith(f"first diverged at {NEXT}:")
+    kinds = _tree_kinds(win)
+    assert (kinds[ADMITTED], kinds[NEXT]) == (Kind.WITHIN_TOLERANCE, Kind.DIVERGED)
+    assert win.tolerance_indicator.text() == "tolerance: max ULP 2"
+    assert "max_ulp=2" in win.verdict_strip.detail.toolTip()
+    assert win.session_file.session.tolerance.max_ulp == 2
+    code, first_line = _report([str(native), str(oracle), "--max-ulp", "2"], capsys)
+    assert code == 1 and first_line.startswith(f"{DIVERGENCE}: first diverged at {NEXT} (")
+    win.close()
+
+
+def test_a_policy_chosen_in_the_window_is_kept_in_the_session_and_report_judges_alike(qtbot: QtBot, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    native, oracle = _hand_pair(tmp_path)
+    policy = _policy(tmp_path, '[[rule]]\nop = "logits"\nmax_ulp = 1\n')
+    win = _window(qtbot, tmp_path)
+    win.open_pair(native, oracle)
+    _compared(qtbot, win)
+
+    _choose(qtbot, win, max_ulp=0, policy=policy)
+
+    assert win.verdict_strip.word.text() == DIVERGENCE and win.verdict_strip.detail.text().startswith("first diverged at 0:prefill:0:layer_out:")
+    assert _tree_kinds(win) == {"0:prefill:0:layer_out": Kind.DIVERGED, "0:prefill:-1:logits": Kind.WITHIN_TOLERANCE}
+    assert win.tolerance_indicator.text() == "tolerance: bit-exact + policy.toml"
+    assert win.session_file.session.tolerance_policy == policy
+    code, first_line = _report([str(native), str(oracle), "--tolerance-policy", str(policy)], capsys)
+    assert code == 1 and first_line.startswith(f"{DIVERGENCE}: first diverged at 0:prefill:0:layer_out (")
+
+    qtbot.waitUntil(lambda: len(win.session_file.session.captures) == 2, timeout=WAIT_MS)
+    win.session_file.choose_path = lambda _purpose: tmp_path / "investigation.xray"
+    assert win.session_file.save_as()
+    code, session_line = _report(["--session", str(tmp_path / "investigation.xray")], capsys)
+    assert (code, session_line) == (1, first_line), "the saved session names the policy, and `report --session` judges with it"
+    win.close()
+
+
+def test_a_malformed_policy_is_refused_with_its_file_and_problem_and_one_broken_later_makes_the_verdict_unusable(qtbot: QtBot, tmp_path: Path) -> None:
+    native, oracle = _hand_pair(tmp_path)
+    policy = _policy(tmp_path, '[[rule]]\nop = "logits"\nmax_ulps = 1\n')
+    win = _window(qtbot, tmp_path)
+    win.open_pair(native, oracle)
+    _compared(qtbot, win)
+
+    dialog = win.edit_tolerance()
+    dialog.policy.setText(str(policy))
+    _accept(qtbot, dialog)
+
+    assert dialog.isVisible(), "the dialog stays open to fix the file"
+    assert dialog.error.text().startswith(str(policy)) and "rule 1: unknown key(s) max_ulps" in dialog.error.text()
+    assert win.session_file.session.tolerance_policy is None and not win.tasks.busy
+    dialog.reject()
+
+    _policy(tmp_path, '[[rule]]\nmatch = "."\nmax_ulp = 1\n')
+    _choose(qtbot, win, max_ulp=0, policy=policy)
+    assert win.verdict_strip.word.text() == "PARITY"
+    _policy(tmp_path, "[[rule]\n")
+    win.start_compare()
+
+    assert win.verdict_strip.word.text() == UNUSABLE
+    assert f"The tolerance policy cannot be used: {policy}: not TOML" in win.verdict_strip.detail.text()
+    [banner] = win.banners.banners("comparison")
+    assert str(policy) in banner.text and "Tolerance…" in banner.buttons
+    assert win.model.comparison is None, "no verdict is shown that the policy did not judge"
+    win.close()

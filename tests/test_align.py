@@ -20,7 +20,8 @@ from sessions.compare.align import (
     SHAPE_MISMATCH,
     align,
 )
-from sessions.compare.comparison import CompareOptions, iter_compare
+from sessions.compare.comparison import iter_compare
+from sessions.compare.options import CompareOptions
 from sessions.compare.profiles import (
     ProfileError,
     builtin_profiles,

@@ -19,10 +19,11 @@ from sessions.compare.align import (
     ManualBreak,
     ManualPair,
 )
-from sessions.compare.comparison import CompareOptions, iter_compare
+from sessions.compare.comparison import iter_compare
 from sessions.compare.document import dumps, loads
 from sessions.compare.in_child import options_from_json, options_to_json
 from sessions.compare.key import RecordKey
+from sessions.compare.options import CompareOptions
 from sessions.compare.result_cache import iter_compare_cached
 from sessions.compare.verdict import DIVERGENCE, PARITY, Kind
 from sessions.investigation.model import (

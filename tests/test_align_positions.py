@@ -19,8 +19,9 @@ from hand_captures import T, bf16_bits, write_capture
 from sessions.capture.opening import open_capture
 from sessions.commands import report as report_command
 from sessions.compare.align import NO_PARTNER, POSITIONS
-from sessions.compare.comparison import CompareOptions, iter_compare
+from sessions.compare.comparison import iter_compare
 from sessions.compare.key import OpKey
+from sessions.compare.options import CompareOptions
 from sessions.compare.pair_tensors import read_pair_bits
 from sessions.compare.verdict import DIVERGENCE, PARITY
 from sessions.progress import run_to_end

@@ -11,8 +11,9 @@ from hand_captures import T, bf16_bits, write_capture
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.opening import open_capture
 from sessions.capture.writer import CaptureWriter
-from sessions.compare.comparison import CompareOptions, iter_compare
+from sessions.compare.comparison import iter_compare
 from sessions.compare.document import dumps, loads
+from sessions.compare.options import CompareOptions
 from sessions.compare.profile_identity import ProfileIdentity, profile_content_hash
 from sessions.compare.profiles import (
     BUILTIN_DIR,

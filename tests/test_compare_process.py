@@ -12,10 +12,11 @@ import pytest
 from sessions.capture.opening import open_capture
 from sessions.capture.reader import CaptureError
 from sessions.compare.align import ManualBreak
-from sessions.compare.comparison import CompareOptions, iter_compare
+from sessions.compare.comparison import iter_compare
 from sessions.compare.document import dumps
 from sessions.compare.in_child import iter_compare_in_child
 from sessions.compare.key import RecordKey
+from sessions.compare.options import CompareOptions
 from sessions.progress import run_to_end
 from tests.child_processes import child_reading
 from tests.hand_captures import T, write_capture

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sessions.commands import gate as gate_command
-from sessions.compare.comparison import CompareOptions
+from sessions.compare.options import CompareOptions
 from sessions.compare.tensor_diff import Tolerance
 from sessions.gate.manifest import (
     EOS_REQUIRE,

@@ -21,7 +21,8 @@ from backends.recorders.mlx_recorder import iter_record_mlx  # noqa: E402
 from backends.recorders.record_schedule import TokenSchedule  # noqa: E402
 from sessions.capture.opening import open_capture  # noqa: E402
 from sessions.compare.align import ONE_SIDED, Alignment, align  # noqa: E402
-from sessions.compare.comparison import CompareOptions, iter_compare  # noqa: E402
+from sessions.compare.comparison import iter_compare  # noqa: E402
+from sessions.compare.options import CompareOptions
 from sessions.compare.profiles import (  # noqa: E402
     BUILTIN_DIR,
     BUILTIN_FILES,

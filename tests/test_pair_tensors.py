@@ -10,8 +10,9 @@ from hand_captures import T, bf16_bits, write_capture
 
 from sessions.capture.opening import open_capture
 from sessions.capture.reader import CaptureError
-from sessions.compare.comparison import CompareOptions, Comparison, iter_compare
+from sessions.compare.comparison import Comparison, iter_compare
 from sessions.compare.document import dumps, loads
+from sessions.compare.options import CompareOptions
 from sessions.compare.pair_tensors import iter_read_pair_bits, read_pair_bits
 from sessions.progress import Progress, run_to_end
 

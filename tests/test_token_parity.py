@@ -9,7 +9,8 @@ import pytest
 from hand_captures import T, bf16_bits, write_capture
 
 from sessions.capture.opening import open_capture
-from sessions.compare.comparison import CompareOptions, iter_compare
+from sessions.compare.comparison import iter_compare
+from sessions.compare.options import CompareOptions
 from sessions.compare.token_parity import DIFFER, MATCH, POST_EOS, step_word
 from sessions.compare.verdict import DIVERGENCE, PARITY
 from sessions.progress import run_to_end

@@ -10,9 +10,10 @@ import pytest
 
 from sessions.capture.opening import open_capture
 from sessions.commands import report as report_command
-from sessions.compare.comparison import CompareOptions, iter_compare
+from sessions.compare.comparison import iter_compare
 from sessions.compare.in_child import options_from_json, options_to_json
 from sessions.compare.key import OpKey
+from sessions.compare.options import CompareOptions
 from sessions.compare.tensor_diff import Tolerance
 from sessions.compare.tolerance_policy import PolicyError, load_policy
 from sessions.compare.verdict import DIVERGENCE, PARITY, Kind

@@ -12,7 +12,7 @@ import pytest
 from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
-from sessions.compare.comparison import CompareOptions
+from sessions.compare.options import CompareOptions
 from sessions.gate.judge import iter_judge_case
 from sessions.gate.manifest import GateCase
 from sessions.gate.result import GateResult, dumps, load_gate_file

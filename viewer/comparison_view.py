@@ -14,15 +14,11 @@ from pathlib import Path
 from sessions.capture.reader import Capture, CaptureError
 from sessions.capture.record_attributes import RecordAttributes, iter_records_attributes
 from sessions.compare.align import UnalignedRecord
-from sessions.compare.comparison import (
-    CompareOptions,
-    Comparison,
-    PairResult,
-    unaligned_key,
-)
+from sessions.compare.comparison import Comparison, PairResult, unaligned_key
 from sessions.compare.contracts import ContractFinding
 from sessions.compare.in_child import iter_compare_in_child
 from sessions.compare.key import OpKey
+from sessions.compare.options import CompareOptions
 from sessions.compare.pair_tensors import pair_sides
 from sessions.compare.provenance_diff import EXPECTED_TO_DIFFER
 from sessions.compare.token_parity import (

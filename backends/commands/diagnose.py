@@ -23,8 +23,8 @@ from backends.diagnosis.run import DiagnoseOptions, Diagnosis, iter_diagnose
 from backends.rerun.inputs import RerunInputError
 from sessions.capture.opening import open_capture
 from sessions.capture.reader import CaptureError
-from sessions.compare.comparison import CompareOptions
 from sessions.compare.key import OpKey
+from sessions.compare.options import CompareOptions
 from sessions.compare.profiles import ProfileError
 from sessions.compare.result_cache import iter_compare_cached
 from sessions.progress import Progress, ProgressGenerator, run_to_end

@@ -29,8 +29,8 @@ from backends.rerun.segment import (
 )
 from sessions.capture.opening import open_capture
 from sessions.capture.reader import CaptureError
-from sessions.compare.comparison import CompareOptions
 from sessions.compare.json_plain import plain
+from sessions.compare.options import CompareOptions
 from sessions.compare.profiles import ProfileError
 from sessions.compare.result_cache import iter_compare_cached
 from sessions.progress import run_to_end

@@ -56,6 +56,10 @@ class CaptureError(Exception):
         self.problem = printable(problem)
         super().__init__(f"{self.path}: {location}: {problem}")
 
+    def __reduce__(self) -> tuple[type[CaptureError], tuple[str, str, str]]:
+        """Rebuilt from its three parts when it crosses a process boundary (a parallel comparison's worker)."""
+        return CaptureError, (self.path, self.location, self.problem)
+
 
 @dataclass(frozen=True)
 class Record:

@@ -43,6 +43,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--align", choices=("auto", "calls", "positions"), default="auto",
         help="pair records by the same forward calls, or by token position when the runs were cut differently (default: auto; docs/profiles.md)",
     )
+    parser.add_argument(
+        "--workers", type=int, default=0, metavar="N",
+        help="processes comparing at once (default: one per core for a pair over 256 MiB, else 1)",
+    )
     parser.add_argument("--top", type=int, default=10, metavar="N", help="how many worst ops to list (default 10)")
     parser.add_argument("--no-cache", action="store_true", help="recompute even if a cached result exists")
     parser.add_argument("--full", action="store_true", help="also list provenance field by field, every contract finding, the error growth and every token step")
@@ -122,9 +126,10 @@ def run(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace, session: Investigation | None = None) -> int:
     # Imported after the head start, so the disk works while numpy and h5py load.
     from sessions.capture.reader import CaptureError
-    from sessions.compare.comparison import CompareOptions, iter_compare
+    from sessions.compare.comparison import iter_compare
     from sessions.compare.document import dumps
     from sessions.compare.layout_transform import LayoutError
+    from sessions.compare.options import CompareOptions
     from sessions.compare.profiles import ProfileError
     from sessions.compare.result_cache import iter_compare_cached
     from sessions.compare.tolerance_policy import PolicyError, load_policy
@@ -144,6 +149,7 @@ def _report(args: argparse.Namespace, session: Investigation | None = None) -> i
         native_profile=args.native_profile,
         oracle_profile=args.oracle_profile,
         alignment=getattr(args, "align", "auto"),
+        workers=getattr(args, "workers", 0),
     )
     captures: list[Capture] = []
     try:

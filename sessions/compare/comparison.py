@@ -13,11 +13,9 @@ returns the `Comparison`; closing the generator cancels it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from sessions.bits.dtypes import logical_dtype
 from sessions.capture.read_ahead import ReadAhead
 from sessions.capture.reader import Capture
 from sessions.compare.align import (
@@ -26,9 +24,6 @@ from sessions.compare.align import (
     POSITIONS,
     AlignedPair,
     Alignment,
-    AlignOverride,
-    ManualBreak,
-    ManualPair,
     UnalignedRecord,
     align,
 )
@@ -43,18 +38,19 @@ from sessions.compare.dispatch_diff import (
     compare_dispatch,
     events_by_record,
 )
-from sessions.compare.key import OpKey, RecordKey
+from sessions.compare.key import OpKey
 from sessions.compare.mapped_record import batch_of
+from sessions.compare.options import CompareOptions
+from sessions.compare.pair_compare import iter_compare_pairs
 from sessions.compare.pair_reader import (
     PairReader,
-    chunk_rows,
     pair_bytes,
     read_ahead_spans,
 )
+from sessions.compare.parallel_compare import iter_compare_in_workers, worker_count
 from sessions.compare.profile_identity import ProfileIdentity, identify
 from sessions.compare.profiles import (
     CANONICAL_OPS,
-    HEADS_SOURCE,
     Profile,
     ProfileError,
     detect_profile,
@@ -63,16 +59,14 @@ from sessions.compare.profiles import (
 )
 from sessions.compare.provenance_diff import ProvenanceDiff, diff_provenance
 from sessions.compare.record_sources import sources_for
-from sessions.compare.tensor_diff import DiffAccumulator, TensorMetrics, Tolerance
+from sessions.compare.tensor_diff import TensorMetrics, Tolerance
 from sessions.compare.token_parity import (
     StepLogits,
     TokenParity,
     compare_tokens,
-    logit_agreement,
     shared_eos_step,
     tokens_by_step,
 )
-from sessions.compare.tolerance_policy import TolerancePolicy
 from sessions.compare.verdict import (
     FAILING,
     Finding,
@@ -87,64 +81,6 @@ DISPATCH_NOT_COMPARED = "not compared: the runs were cut into different calls, s
 
 READ_AHEAD_BYTES = 256 * 1024 * 1024
 """How far ahead of the comparison (both sides together) the kernel is asked to be reading."""
-
-
-@dataclass(frozen=True)
-class CompareOptions:
-    atol: float | None = None
-    rtol: float | None = None
-    max_ulp: int | None = None
-    native_profile: str | None = None
-    """Built-in profile name or TOML path; None detects it from the record names."""
-    oracle_profile: str | None = None
-    top_k: int = 5
-    chunk_bytes: int = 4 * 1024 * 1024
-    """Bytes of one side read per step, into a buffer reused for the whole comparison. It bounds
-    memory, and a chunk this small is still in cache when it is compared. CPU seconds to compare
-    a 1 GB pair from the page cache: 2 MiB 0.24, 4 MiB 0.22, 8 MiB 0.25, 16 MiB 0.26, 64 MiB
-    0.47 (its buffers' page faults)."""
-    overrides: tuple[AlignOverride, ...] = ()
-    """The user's manual pairings and breaks (sessions.compare.align.ManualPair / ManualBreak), in the order made."""
-    policy: TolerancePolicy | None = None
-    """Per-op, per-dtype tolerances (sessions.compare.tolerance_policy); its rules win over atol/rtol/max_ulp."""
-    max_steps: int | None = None
-    """Compare only token steps 0 .. max_steps-1 (a gate's token budget, e.g. the first 64 of a
-    384-step run): later steps' records and tokens are left out before alignment and never read,
-    as if both captures had ended there. None: every captured step."""
-    alignment: str = "auto"
-    """One of sessions.compare.align.ALIGN_MODES: pair records by the same forward calls, by token
-    position (runs cut differently), or `auto`: by calls when both runs made the same calls."""
-
-    @property
-    def tolerance(self) -> Tolerance:
-        return Tolerance(self.atol, self.rtol, self.max_ulp)
-
-    def tolerance_for(self, key: OpKey, dtype: str) -> Tolerance:
-        """A policy rule that fits the pair, else the command-line bounds, else the policy's default."""
-        if self.policy is None:
-            return self.tolerance
-        rule = self.policy.rule_for(key, dtype)
-        if rule is not None:
-            return rule.tolerance
-        return self.tolerance if not self.tolerance.is_bit_exact else self.policy.default.tolerance
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> CompareOptions:
-        """The inverse of `dataclasses.asdict` (options cross a process boundary as JSON): a dict
-        override with an `oracle` record is a ManualPair, one without a ManualBreak."""
-
-        def override(o: dict[str, Any]) -> AlignOverride:
-            native = RecordKey(**o["native"])
-            if "oracle" in o:
-                return ManualPair(native, RecordKey(**o["oracle"]), o["reason"])
-            return ManualBreak(native, o["reason"])
-
-        policy = data.get("policy")
-        return cls(**{
-            **data,
-            "overrides": tuple(override(o) for o in data.get("overrides", ())),
-            "policy": None if policy is None else TolerancePolicy.from_dict(policy),
-        })
 
 
 @dataclass
@@ -284,74 +220,6 @@ def _heads(pairs: list[AlignedPair], native_dispatch: np.ndarray) -> dict[tuple[
     return heads
 
 
-def _axes(pair: AlignedPair, heads: dict[tuple[int, str, int, str], int]) -> tuple[int | None, tuple[int, int] | None]:
-    """Canonical rows axis and (axis, head count) of a pair, for its per-row/per-head profiles."""
-    layout = CANONICAL_OPS[pair.key.op]
-    shape = pair.native.shape
-    if logical_dtype(pair.native.record.dtype).is_quantized or len(shape) < 2:
-        return None, None
-    if layout.startswith("heads") and len(shape) == 3:
-        return 1, (0, shape[0])
-    if "(heads dim)" in layout:
-        for source in (f"dispatch:{pair.key.op}", *HEADS_SOURCE.get(pair.key.op, ())):
-            n = heads.get((pair.key.step, pair.key.segment, pair.key.layer, source))
-            if n and shape[1] % n == 0:
-                return 0, (1, n)
-    return 0, None
-
-
-class _LogitRows:
-    """The last canonical row of each side of a logits pair: the row the step's token comes from."""
-
-    def __init__(self) -> None:
-        self.native: np.ndarray | None = None
-        self.oracle: np.ndarray | None = None
-
-    def keep(self, native: np.ndarray, oracle: np.ndarray, rows: tuple[int, int], total_rows: int) -> None:
-        if rows[1] == total_rows and native.ndim == 2:
-            self.native, self.oracle = native[-1].copy(), oracle[-1].copy()
-
-
-def _compare_pair(
-    pair: AlignedPair,
-    reader: PairReader,
-    options: CompareOptions,
-    heads: dict[tuple[int, str, int, str], int],
-    logit_rows: _LogitRows | None,
-    progress: tuple[int, int],
-) -> ProgressGenerator[TensorMetrics]:
-    """One pair through a DiffAccumulator, chunk by chunk; `progress` is (bytes done before it, total)."""
-    rows_axis, head_split = _axes(pair, heads)
-    logical = pair.native.record.dtype
-    shape = pair.native.shape if not logical_dtype(logical).is_quantized else (pair.native.record.size,)
-    ranges = chunk_rows(pair, options.chunk_bytes)
-    reader.use(pair)
-
-    def reread_oracle(start: int, stop: int) -> np.ndarray:
-        return reader.oracle.rows((start, stop))
-
-    accumulator = DiffAccumulator(
-        logical, shape, options.tolerance_for(pair.key, logical), rows_axis, head_split, reread_oracle if ranges is not None else None
-    )
-    label = pair.key.label()
-    if ranges is None:
-        n_bits, o_bits = reader.native.whole(), reader.oracle.whole()
-        accumulator.add(n_bits, o_bits, 0)
-        if logit_rows is not None and n_bits.ndim == 2:
-            logit_rows.keep(n_bits, o_bits, (0, n_bits.shape[0]), n_bits.shape[0])
-    else:
-        done = progress[0]
-        for rows in ranges:
-            n_bits, o_bits = reader.native.rows(rows), reader.oracle.rows(rows)
-            accumulator.add(n_bits, o_bits, rows[0])
-            if logit_rows is not None:
-                logit_rows.keep(n_bits, o_bits, rows, pair.native.shape[0])
-            done += n_bits.nbytes + o_bits.nbytes
-            yield Progress(done, progress[1], label)
-    yield Progress(progress[0] + pair_bytes(pair), progress[1], label)
-    return accumulator.finish()
-
-
 def _within(metrics: TensorMetrics, tolerance: Tolerance) -> bool:
     return metrics.bit_exact if tolerance.is_bit_exact else metrics.beyond_tolerance == 0
 
@@ -403,21 +271,22 @@ def iter_compare(
     dispatch_keys = {d.key for d in dispatch}
     results: list[PairResult] = []
     logits: dict[int, tuple[int, StepLogits]] = {}
-    done = 0
-    reader = PairReader(native, oracle)
-    spans, span_bytes_done = read_ahead_spans(native, oracle, alignment.pairs)
-    with ReadAhead(spans, READ_AHEAD_BYTES) as read_ahead:
-        for index, pair in enumerate(alignment.pairs):
-            logit_rows = _LogitRows() if pair.key.op == "logits" else None
-            metrics = yield from _compare_pair(pair, reader, options, heads, logit_rows, (done, total))
-            done += pair_bytes(pair)
-            read_ahead.consumed(span_bytes_done[index])
-            post_eos = eos is not None and pair.key.step > eos
-            contract, differs = pair.key in contract_keys, pair.key in dispatch_keys
-            tolerance = options.tolerance_for(pair.key, pair.native.record.dtype)
-            results.append(_pair_result(pair, metrics, post_eos, _within(metrics, tolerance), tolerance, contract, differs))
-            if logit_rows is not None and logit_rows.native is not None and logit_rows.oracle is not None:
-                _keep_logits(logits, pair, logit_rows, options.top_k)
+    workers = worker_count(options, total)
+    if workers > 1:
+        outcomes = yield from iter_compare_in_workers(native, oracle, alignment.pairs, options, heads, workers, total)
+    else:
+        spans, span_bytes_done = read_ahead_spans(native, oracle, alignment.pairs)
+        with ReadAhead(spans, READ_AHEAD_BYTES) as read_ahead:
+            outcomes = yield from iter_compare_pairs(
+                PairReader(native, oracle), alignment.pairs, options, heads, (0, total), lambda i: read_ahead.consumed(span_bytes_done[i])
+            )
+    for pair, (metrics, agreement) in zip(alignment.pairs, outcomes):
+        post_eos = eos is not None and pair.key.step > eos
+        contract, differs = pair.key in contract_keys, pair.key in dispatch_keys
+        tolerance = options.tolerance_for(pair.key, pair.native.record.dtype)
+        results.append(_pair_result(pair, metrics, post_eos, _within(metrics, tolerance), tolerance, contract, differs))
+        if agreement is not None:
+            _keep_logits(logits, pair, agreement)
     tokens = compare_tokens(native_tokens, oracle_tokens, {step: agreement for step, (_, agreement) in logits.items()})
     return _assemble(native, oracle, native_profile, oracle_profile, options, alignment, contracts, dispatch, results, tokens, eos)
 
@@ -432,13 +301,12 @@ def _provenance_contracts(capture: Capture) -> dict[str, object]:
     return table if isinstance(table, dict) else {}
 
 
-def _keep_logits(logits: dict[int, tuple[int, StepLogits]], pair: AlignedPair, rows: _LogitRows, k: int) -> None:
+def _keep_logits(logits: dict[int, tuple[int, StepLogits]], pair: AlignedPair, agreement: StepLogits) -> None:
     """The agreement of the step's last logits record (its last segment emits the token)."""
-    assert rows.native is not None and rows.oracle is not None
     step, seq = pair.key.step, pair.native.record.seq
     if step in logits and logits[step][0] > seq:
         return
-    logits[step] = (seq, logit_agreement(rows.native, rows.oracle, pair.native.record.dtype, k))
+    logits[step] = (seq, agreement)
 
 
 def _pair_result(

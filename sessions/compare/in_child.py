@@ -24,8 +24,9 @@ from pathlib import Path
 from sessions.capture.opening import open_capture
 from sessions.capture.reader import CaptureError
 from sessions.child_process import ChildProcess, progress_line, signal_name
-from sessions.compare.comparison import CompareOptions, Comparison, iter_compare
+from sessions.compare.comparison import Comparison, iter_compare
 from sessions.compare.document import ReportFormatError, dumps, loads
+from sessions.compare.options import CompareOptions
 from sessions.compare.result_cache import iter_compare_cached
 from sessions.progress import Progress, ProgressGenerator
 

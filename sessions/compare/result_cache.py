@@ -27,13 +27,9 @@ from pathlib import Path
 from sessions.capture.check_cache import cache_root, identity_of
 from sessions.capture.identity import identity_of_capture
 from sessions.capture.reader import Capture
-from sessions.compare.comparison import (
-    CompareOptions,
-    Comparison,
-    iter_compare,
-    resolve_profiles,
-)
+from sessions.compare.comparison import Comparison, iter_compare, resolve_profiles
 from sessions.compare.document import DOCUMENT_VERSION, ReportFormatError, dumps, loads
+from sessions.compare.options import CompareOptions
 from sessions.compare.profile_identity import identify
 from sessions.compare.profiles import Profile
 from sessions.progress import Progress, ProgressGenerator

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sessions.compare.comparison import CompareOptions
+from sessions.compare.options import CompareOptions
 from sessions.compare.profiles import builtin_profiles
 
 EOS_STOP = "stop"

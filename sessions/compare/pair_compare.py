@@ -1,0 +1,118 @@
+"""One aligned pair's tensors through the diff engine, chunk by chunk, and a run of pairs in order.
+
+The same code compares pairs in the comparison's own process and in parallel workers
+(sessions.compare.parallel_compare): a pair's outcome is its metrics and, for a logits pair, the
+agreement of the row its step's token comes from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from sessions.bits.dtypes import logical_dtype
+from sessions.compare.align import AlignedPair
+from sessions.compare.options import CompareOptions
+from sessions.compare.pair_reader import PairReader, chunk_rows, pair_bytes
+from sessions.compare.profiles import CANONICAL_OPS, HEADS_SOURCE
+from sessions.compare.tensor_diff import DiffAccumulator, TensorMetrics
+from sessions.compare.token_parity import StepLogits, logit_agreement
+from sessions.progress import Progress, ProgressGenerator
+
+Heads = dict[tuple[int, str, int, str], int]
+"""Head counts per (step, segment, layer, op), for per-head profiles of merged (heads dim) axes."""
+PairOutcome = tuple[TensorMetrics, StepLogits | None]
+
+
+def _axes(pair: AlignedPair, heads: Heads) -> tuple[int | None, tuple[int, int] | None]:
+    """Canonical rows axis and (axis, head count) of a pair, for its per-row/per-head profiles."""
+    layout = CANONICAL_OPS[pair.key.op]
+    shape = pair.native.shape
+    if logical_dtype(pair.native.record.dtype).is_quantized or len(shape) < 2:
+        return None, None
+    if layout.startswith("heads") and len(shape) == 3:
+        return 1, (0, shape[0])
+    if "(heads dim)" in layout:
+        for source in (f"dispatch:{pair.key.op}", *HEADS_SOURCE.get(pair.key.op, ())):
+            n = heads.get((pair.key.step, pair.key.segment, pair.key.layer, source))
+            if n and shape[1] % n == 0:
+                return 0, (1, n)
+    return 0, None
+
+
+class _LogitRows:
+    """The last canonical row of each side of a logits pair: the row the step's token comes from."""
+
+    def __init__(self) -> None:
+        self.native: np.ndarray | None = None
+        self.oracle: np.ndarray | None = None
+
+    def keep(self, native: np.ndarray, oracle: np.ndarray, rows: tuple[int, int], total_rows: int) -> None:
+        if rows[1] == total_rows and native.ndim == 2:
+            self.native, self.oracle = native[-1].copy(), oracle[-1].copy()
+
+
+def _compare_pair(
+    pair: AlignedPair,
+    reader: PairReader,
+    options: CompareOptions,
+    heads: Heads,
+    logit_rows: _LogitRows | None,
+    progress: tuple[int, int],
+) -> ProgressGenerator[TensorMetrics]:
+    """One pair through a DiffAccumulator, chunk by chunk; `progress` is (bytes done before it, total)."""
+    rows_axis, head_split = _axes(pair, heads)
+    logical = pair.native.record.dtype
+    shape = pair.native.shape if not logical_dtype(logical).is_quantized else (pair.native.record.size,)
+    ranges = chunk_rows(pair, options.chunk_bytes)
+    reader.use(pair)
+
+    def reread_oracle(start: int, stop: int) -> np.ndarray:
+        return reader.oracle.rows((start, stop))
+
+    accumulator = DiffAccumulator(
+        logical, shape, options.tolerance_for(pair.key, logical), rows_axis, head_split, reread_oracle if ranges is not None else None
+    )
+    label = pair.key.label()
+    if ranges is None:
+        n_bits, o_bits = reader.native.whole(), reader.oracle.whole()
+        accumulator.add(n_bits, o_bits, 0)
+        if logit_rows is not None and n_bits.ndim == 2:
+            logit_rows.keep(n_bits, o_bits, (0, n_bits.shape[0]), n_bits.shape[0])
+    else:
+        done = progress[0]
+        for rows in ranges:
+            n_bits, o_bits = reader.native.rows(rows), reader.oracle.rows(rows)
+            accumulator.add(n_bits, o_bits, rows[0])
+            if logit_rows is not None:
+                logit_rows.keep(n_bits, o_bits, rows, pair.native.shape[0])
+            done += n_bits.nbytes + o_bits.nbytes
+            yield Progress(done, progress[1], label)
+    yield Progress(progress[0] + pair_bytes(pair), progress[1], label)
+    return accumulator.finish()
+
+
+def iter_compare_pairs(
+    reader: PairReader,
+    pairs: list[AlignedPair],
+    options: CompareOptions,
+    heads: Heads,
+    progress: tuple[int, int],
+    after_pair: Callable[[int], None] | None = None,
+) -> ProgressGenerator[list[PairOutcome]]:
+    """Compare `pairs` in order; `progress` is (bytes done before them, total), `after_pair(i)` is
+    told when pair i is done (the read-ahead moves on)."""
+    outcomes: list[PairOutcome] = []
+    done = progress[0]
+    for index, pair in enumerate(pairs):
+        logit_rows = _LogitRows() if pair.key.op == "logits" else None
+        metrics = yield from _compare_pair(pair, reader, options, heads, logit_rows, (done, progress[1]))
+        done += pair_bytes(pair)
+        agreement = None
+        if logit_rows is not None and logit_rows.native is not None and logit_rows.oracle is not None:
+            agreement = logit_agreement(logit_rows.native, logit_rows.oracle, pair.native.record.dtype, options.top_k)
+        outcomes.append((metrics, agreement))
+        if after_pair is not None:
+            after_pair(index)
+    return outcomes

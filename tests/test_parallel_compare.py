@@ -1,0 +1,56 @@
+"""A comparison split over worker processes says exactly what the one-process comparison says."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+from sessions.capture.opening import open_capture
+from sessions.compare.align import align
+from sessions.compare.comparison import iter_compare, resolve_profiles
+from sessions.compare.document import dumps
+from sessions.compare.options import CompareOptions
+from sessions.compare.pair_reader import pair_bytes
+from sessions.compare.parallel_compare import PARALLEL_MIN_BYTES, shards, worker_count
+from sessions.progress import Progress, run_to_end
+
+
+def test_two_workers_give_the_same_document_as_one_process(demo_pairs: dict[str, tuple[Path, Path]]) -> None:
+    native, oracle = demo_pairs["swiglu-order"]
+    with open_capture(native) as n, open_capture(oracle) as o:
+        alone = run_to_end(iter_compare(n, o, CompareOptions(workers=1)))
+        work = iter_compare(n, o, CompareOptions(workers=2))
+        labels: list[str] = []
+        while True:
+            try:
+                labels.append(next(work).label)
+            except StopIteration as stop:
+                split = stop.value
+                break
+    assert dumps(split) == dumps(alone)
+    assert "comparing on 2 processes" in labels
+    assert split.verdict.first is not None and split.verdict.first.key.text() == "0:text-before:0:ffn_act"
+
+
+def test_closing_a_parallel_comparison_stops_its_workers(demo_pairs: dict[str, tuple[Path, Path]]) -> None:
+    native, oracle = demo_pairs["clean"]
+    with open_capture(native) as n, open_capture(oracle) as o:
+        work = iter_compare(n, o, CompareOptions(workers=2))
+        step = next(work)
+        while "processes" not in step.label:
+            step = next(work)
+        assert isinstance(step, Progress)
+        work.close()
+    assert multiprocessing.active_children() == []
+
+
+def test_shards_are_consecutive_runs_of_about_equal_bytes_and_small_pairs_stay_in_one_process(demo_pairs: dict[str, tuple[Path, Path]]) -> None:
+    native, oracle = demo_pairs["clean"]
+    with open_capture(native) as n, open_capture(oracle) as o:
+        pairs = align(n.records, o.records, *resolve_profiles(n, o, CompareOptions())).pairs
+    parts = shards(pairs, 8)
+    assert [i for part in parts for i in part] == list(range(len(pairs)))
+    sizes = [sum(pair_bytes(pairs[i]) for i in part) for part in parts]
+    assert len(parts) == 8 and max(sizes) < 2 * sum(sizes) / 8
+    assert worker_count(CompareOptions(), PARALLEL_MIN_BYTES - 1) == 1
+    assert worker_count(CompareOptions(workers=3), 10) == 3

@@ -29,7 +29,8 @@ from sessions.capture.hdf5_safety import (
     attribute_problems,
     describe_error,
 )
-from sessions.capture.reader import Capture, record_from_row
+from sessions.capture.reader import Capture, listed
+from sessions.capture.records import record_from_row
 
 PROGRESS_EVERY_ROWS = 200
 
@@ -171,17 +172,20 @@ class RecordScan:
     ) -> list[Problem]:
         """Problems of index rows start..stop-1 (rows with row-level problems are skipped: those are reported already)."""
         index = self._capture.index[start:stop]
-        bad = self._capture.bad_rows[start:stop].tolist()
+        usable = ~self._capture.bad_rows[start:stop]
+        packed = (index["offset"] != -1) | (index["nbytes"] != -1)
+        found = self._pack_problems(start, np.flatnonzero(packed & usable) + start)
+        rows = np.flatnonzero(~packed & usable).tolist()
         paths = index["path"].tolist()
         dtypes = index["dtype"].tolist()
         ndims = index["ndim"].tolist()
         shapes = index["shape"].tolist()
-        found: list[Problem] = []
         total = stop - start
-        for i in range(total):
-            if progress is not None and i % PROGRESS_EVERY_ROWS == 0:
-                progress(i, total)
-            if bad[i] or self._is_clean(paths[i], dtypes[i], tuple(shapes[i][: ndims[i]])):
+        done = total - len(rows)
+        for n, i in enumerate(rows):
+            if progress is not None and n % PROGRESS_EVERY_ROWS == 0:
+                progress(done + n, total)
+            if self._is_clean(paths[i], dtypes[i], tuple(shapes[i][: ndims[i]])):
                 continue
             self.thorough_rows += 1
             record = record_from_row(index[i])
@@ -195,6 +199,44 @@ class RecordScan:
         if progress is not None:
             progress(total, total)
         return found
+
+    def _pack_problems(self, start: int, rows: np.ndarray) -> list[Problem]:
+        """Problems of packed rows `rows` (in order): each pack checked once, every row's byte range at once.
+
+        A pack is reported by the shard holding its first row, so problems are not repeated
+        when shards' reports are merged."""
+        if not len(rows):
+            return []
+        index = self._capture.index
+        paths = index["path"][rows]
+        run_starts = np.flatnonzero(np.concatenate(([True], paths[1:] != paths[:-1])))
+        packs, first_run, run_pack = np.unique(paths[run_starts], return_index=True, return_inverse=True)
+        row_pack = np.repeat(run_pack, np.diff(np.append(run_starts, len(rows))))
+        earlier = index[:start]
+        earlier_paths = earlier["path"][((earlier["offset"] != -1) | (earlier["nbytes"] != -1)) & ~self._capture.bad_rows[:start]]
+        owned = ~np.isin(packs, earlier_paths) if len(earlier_paths) else np.ones(len(packs), dtype=bool)
+        sizes = np.full(len(packs), -1, dtype=np.int64)
+        found: list[Problem] = []
+        for number, raw in enumerate(packs.tolist()):
+            path = cf.decode_field(raw)
+            dataset, problems = self._capture.pack(path)
+            if not problems and dataset is not None:
+                sizes[number] = dataset.shape[0]
+            elif owned[number]:
+                row = int(rows[run_starts[first_run[number]]])
+                where = f"/index row {row} ({cf.decode_field(index['name'][row])})"
+                found += problems if dataset is not None else [Problem(f"{where} -> {p.location}", p.problem) for p in problems]
+        size = sizes[row_pack]
+        offsets, nbytes = index["offset"][rows], index["nbytes"][rows]
+        beyond = (size >= 0) & (offsets > size - nbytes)
+
+        def describe(at: int) -> Problem:
+            row, end = int(rows[at]), int(offsets[at]) + int(nbytes[at])
+            where = f"/index row {row} ({cf.decode_field(index['name'][row])})"
+            pack = cf.decode_field(index["path"][row])
+            return Problem(where, f"its bytes [{int(offsets[at])}, {end}) end past its pack {pack} ({int(size[at])} bytes)")
+
+        return found + listed(beyond, describe, "bytes end past their pack")
 
 
 def scan_problems(

@@ -21,8 +21,8 @@ from sessions.capture import format as cf
 
 Selection = tuple[slice | int, ...] | None
 
-MAX_LOG2_ELEMENTS = 58
-"""Rows whose shape holds more than 2**58 elements take no byte count (the product would overflow int64)."""
+MAX_ELEMENTS = 2**58
+"""Rows whose shape holds more elements take no byte count (counting bytes would overflow int64)."""
 
 
 def stored_nbytes(dtype: str, shape: tuple[int, ...]) -> int:
@@ -44,27 +44,32 @@ def stored_shape(dtype: str, shape: tuple[int, ...]) -> tuple[int, ...]:
     return (*shape[:-1], shape[-1] // block * size)
 
 
-def expected_nbytes(index: np.ndarray) -> np.ndarray:
-    """`stored_nbytes` of every index row at once; -1 where none fits (also an unknown dtype,
-    an ndim outside 0..8, a negative dimension, or a shape too large to count)."""
-    ndims = index["ndim"].astype(np.int64)
-    valid = (ndims >= 0) & (ndims <= cf.MAX_NDIM) & ~(index["shape"] < 0).any(axis=1)
-    dims = np.where(np.arange(cf.MAX_NDIM) < ndims[:, None], index["shape"], 1)
-    with np.errstate(divide="ignore"):
-        fits = np.log2(np.maximum(dims, 1)).sum(axis=1) <= MAX_LOG2_ELEMENTS
-    usable = valid & fits
-    elements = np.prod(np.where(usable[:, None], dims, 1), axis=1)
-    counted = np.full(len(index), -1, dtype=np.int64)
-    for raw in np.unique(index["dtype"]).tolist():
+def expected_nbytes(dtypes: np.ndarray, dtype_codes: np.ndarray, ndims: np.ndarray, dims: list[np.ndarray]) -> np.ndarray:
+    """`stored_nbytes` of every index row at once, from its dtype (`codes` of the column), ndim
+    and shape (one column per axis); -1 where none fits (also an unknown dtype, an ndim
+    outside 0..8, a negative dimension, or a shape too large to count)."""
+    usable = (ndims >= 0) & (ndims <= cf.MAX_NDIM)
+    elements = np.ones(len(ndims), dtype=np.int64)
+    approximate = np.ones(len(ndims), dtype=np.float64)
+    last = np.zeros(len(ndims), dtype=np.int64)
+    for axis, extent in enumerate(dims):
+        used = axis < ndims
+        usable &= ~used | (extent >= 0)
+        taken = np.where(used, extent, 1)
+        elements *= taken
+        approximate *= taken
+        last = np.where(ndims == axis + 1, extent, last)
+    usable &= approximate <= MAX_ELEMENTS
+    counted = np.full(len(ndims), -1, dtype=np.int64)
+    for code, raw in enumerate(dtypes.tolist()):
         ld = LOGICAL_DTYPES.get(cf.decode_field(raw))
-        rows = usable & (index["dtype"] == raw)
+        rows = usable & (dtype_codes == code)
         if ld is None or not rows.any():
             continue
         if ld.ggml_type is None:
             counted[rows] = elements[rows] * ld.storage.itemsize
             continue
         block, size = quant_block_geometry(ld.ggml_type)
-        last = np.take_along_axis(dims, np.maximum(ndims - 1, 0)[:, None], axis=1)[:, 0]
         whole = rows & (ndims > 0) & (last % block == 0)
         counted[whole] = elements[whole] // block * size
     return counted
@@ -145,21 +150,22 @@ def byte_runs(shape: tuple[int, ...], itemsize: int, selection: Selection) -> By
     return ByteRuns(low * inner, length, shape[axis] * inner, count, box, within)
 
 
-def overlapping(index: np.ndarray, ranged: np.ndarray) -> np.ndarray:
-    """For each row `ranged` marks, a row of the same pack path whose bytes it shares, or -1.
+def overlapping(offsets: np.ndarray, nbytes: np.ndarray, ranged: np.ndarray, pack_codes: np.ndarray) -> np.ndarray:
+    """For each row `ranged` marks, a row of the same pack (same `pack_codes`) whose bytes it shares, or -1.
 
-    Sorted by (path, offset), any two overlapping ranges imply an overlapping neighbour pair
+    Sorted by (pack, offset), any two overlapping ranges imply an overlapping neighbour pair
     (the earlier of the two overlaps the range right after it), so checking neighbours finds
-    every pack that has an overlap."""
-    partner = np.full(len(index), -1, dtype=np.int64)
-    rows = np.flatnonzero(ranged & (index["nbytes"] > 0))
+    every pack that has an overlap. A writer appends, so rows usually come in that order
+    already and need no sort."""
+    partner = np.full(len(offsets), -1, dtype=np.int64)
+    rows = np.flatnonzero(ranged & (nbytes > 0))
     if len(rows) < 2:
         return partner
-    paths = index["path"][rows]
-    order = np.lexsort((index["offset"][rows], paths))
-    rows, paths = rows[order], paths[order]
-    starts = index["offset"][rows]
-    ends = starts + np.minimum(index["nbytes"][rows], np.iinfo(np.int64).max - starts)
-    hit = (paths[1:] == paths[:-1]) & (starts[1:] < ends[:-1])
+    packs, starts = pack_codes[rows], offsets[rows]
+    if not np.all((packs[1:] > packs[:-1]) | ((packs[1:] == packs[:-1]) & (starts[1:] >= starts[:-1]))):
+        order = np.lexsort((starts, packs))
+        rows, packs, starts = rows[order], packs[order], starts[order]
+    ends = starts + np.minimum(nbytes[rows], np.iinfo(np.int64).max - starts)
+    hit = (packs[1:] == packs[:-1]) & (starts[1:] < ends[:-1])
     partner[rows[1:][hit]] = rows[:-1][hit]
     return partner

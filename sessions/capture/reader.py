@@ -34,6 +34,7 @@ from sessions.bits.dtypes import (
 )
 from sessions.capture import format as cf
 from sessions.capture.chunk_read import ChunkedReader, has_filters
+from sessions.capture.columns import codes, column, shape_columns
 from sessions.capture.hdf5_safety import (
     DEFAULT_MEMORY_BUDGET,
     HDF5_ERRORS,
@@ -449,16 +450,24 @@ def index_problems(index: np.ndarray) -> tuple[list[Problem], np.ndarray]:
 
     Returns the problems (at most LISTED_ROWS named per kind) and a mask of the rows that have any.
     """
-    known = np.array([name.encode() for name in LOGICAL_DTYPES])
-    offsets, nbytes = index["offset"], index["nbytes"]
+    seqs, ndims, offsets, nbytes = (column(index, name) for name in ("seq", "ndim", "offset", "nbytes"))
+    dims = shape_columns(index)
+    dtypes, dtype_codes = codes(index["dtype"])
+    known = np.array([cf.decode_field(raw) in LOGICAL_DTYPES for raw in dtypes.tolist()], dtype=bool)[dtype_codes]
+    negative = np.logical_or.reduce([extent < 0 for extent in dims])
+    bad_ndim = (ndims < 0) | (ndims > cf.MAX_NDIM)
     packed = (offsets != -1) | (nbytes != -1)
     ranged = packed & (offsets >= 0) & (nbytes >= 0)
-    described = np.isin(index["dtype"], known) & (index["ndim"] >= 0) & (index["ndim"] <= cf.MAX_NDIM)
-    described &= ~(index["shape"] < 0).any(axis=1)
-    counted = expected_nbytes(index)
-    partner = overlapping(index, ranged)
-    pack_paths = index["path"][ranged]
-    clash = ~packed & np.isin(index["path"], pack_paths) if len(pack_paths) else np.zeros(len(index), dtype=bool)
+    counted = np.full(len(index), -1, dtype=np.int64)
+    partner = np.full(len(index), -1, dtype=np.int64)
+    clash = np.zeros(len(index), dtype=bool)
+    if ranged.any():
+        counted = expected_nbytes(dtypes, dtype_codes, ndims, dims)
+        _, path_codes = codes(index["path"])
+        partner = overlapping(offsets, nbytes, ranged, path_codes)
+        is_pack = np.zeros(int(path_codes.max()) + 1, dtype=bool)
+        is_pack[path_codes[ranged]] = True
+        clash = ~packed & is_pack[path_codes]
 
     def text(row: int, field: str) -> str:
         return cf.decode_field(index[field][row])
@@ -476,18 +485,18 @@ def index_problems(index: np.ndarray) -> tuple[list[Problem], np.ndarray]:
             return f" ({exc})"
 
     checks: tuple[tuple[np.ndarray, str, Callable[[int], str] | None], ...] = (
-        (index["seq"] != np.arange(len(index)), "seq is not the row's position (rows are in execution order)", None),
-        ((index["ndim"] < 0) | (index["ndim"] > cf.MAX_NDIM), f"ndim is outside 0..{cf.MAX_NDIM}", None),
-        ((index["shape"] < 0).any(axis=1), "shape has a negative dimension", None),
-        (~np.isin(index["dtype"], known), "logical dtype is not one the format knows", lambda row: f" ({text(row, 'dtype')!r})"),
+        (seqs != np.arange(len(index)), "seq is not the row's position (rows are in execution order)", None),
+        (bad_ndim, f"ndim is outside 0..{cf.MAX_NDIM}", None),
+        (negative, "shape has a negative dimension", None),
+        (~known, "logical dtype is not one the format knows", lambda row: f" ({text(row, 'dtype')!r})"),
         (index["path"] == b"", "tensor path is empty", None),
-        (index["step"] < 0, "step is negative", None),
-        (index["layer"] < -1, "layer is below -1", None),
-        (index["occurrence"] < 0, "occurrence is negative", None),
-        (index["position"] < -1, "position is below -1 (-1: not recorded)", None),
+        (column(index, "step") < 0, "step is negative", None),
+        (column(index, "layer") < -1, "layer is below -1", None),
+        (column(index, "occurrence") < 0, "occurrence is negative", None),
+        (column(index, "position") < -1, "position is below -1 (-1: not recorded)", None),
         ((offsets < -1) | (nbytes < -1), "offset or nbytes is below -1", None),
         (packed & ~ranged & (offsets >= -1) & (nbytes >= -1), PACKED_BOTH, None),
-        (ranged & described & (nbytes != counted), "nbytes is not the byte count of its dtype and shape", count_detail),
+        (ranged & known & ~bad_ndim & ~negative & (nbytes != counted), "nbytes is not the byte count of its dtype and shape", count_detail),
         (
             partner >= 0,
             "its bytes overlap another row's in the same pack",

@@ -22,6 +22,7 @@ import numpy as np
 
 from sessions.bits.dtypes import LOGICAL_DTYPES
 from sessions.capture import format as cf
+from sessions.capture.columns import codes
 from sessions.capture.hdf5_safety import (
     HDF5_ERRORS,
     Problem,
@@ -175,20 +176,20 @@ class RecordScan:
         usable = ~self._capture.bad_rows[start:stop]
         packed = (index["offset"] != -1) | (index["nbytes"] != -1)
         found = self._pack_problems(start, np.flatnonzero(packed & usable) + start)
-        rows = np.flatnonzero(~packed & usable).tolist()
-        paths = index["path"].tolist()
-        dtypes = index["dtype"].tolist()
-        ndims = index["ndim"].tolist()
-        shapes = index["shape"].tolist()
+        rows = index[~packed & usable]
+        paths = rows["path"].tolist()
+        dtypes = rows["dtype"].tolist()
+        ndims = rows["ndim"].tolist()
+        shapes = rows["shape"].tolist()
         total = stop - start
         done = total - len(rows)
-        for n, i in enumerate(rows):
-            if progress is not None and n % PROGRESS_EVERY_ROWS == 0:
-                progress(done + n, total)
+        for i in range(len(rows)):
+            if progress is not None and i % PROGRESS_EVERY_ROWS == 0:
+                progress(done + i, total)
             if self._is_clean(paths[i], dtypes[i], tuple(shapes[i][: ndims[i]])):
                 continue
             self.thorough_rows += 1
-            record = record_from_row(index[i])
+            record = record_from_row(rows[i])
             thorough = self._capture.record_problems(record)
             if not thorough and self._failure is not None:
                 # libhdf5 failed once and not when asked again (a damaged heap it half-cached on the
@@ -208,10 +209,9 @@ class RecordScan:
         if not len(rows):
             return []
         index = self._capture.index
-        paths = index["path"][rows]
-        run_starts = np.flatnonzero(np.concatenate(([True], paths[1:] != paths[:-1])))
-        packs, first_run, run_pack = np.unique(paths[run_starts], return_index=True, return_inverse=True)
-        row_pack = np.repeat(run_pack, np.diff(np.append(run_starts, len(rows))))
+        packs, row_pack = codes(index["path"][rows])
+        first = np.full(len(packs), len(rows), dtype=np.int64)
+        np.minimum.at(first, row_pack, np.arange(len(rows)))
         earlier = index[:start]
         earlier_paths = earlier["path"][((earlier["offset"] != -1) | (earlier["nbytes"] != -1)) & ~self._capture.bad_rows[:start]]
         owned = ~np.isin(packs, earlier_paths) if len(earlier_paths) else np.ones(len(packs), dtype=bool)
@@ -223,7 +223,7 @@ class RecordScan:
             if not problems and dataset is not None:
                 sizes[number] = dataset.shape[0]
             elif owned[number]:
-                row = int(rows[run_starts[first_run[number]]])
+                row = int(rows[first[number]])
                 where = f"/index row {row} ({cf.decode_field(index['name'][row])})"
                 found += problems if dataset is not None else [Problem(f"{where} -> {p.location}", p.problem) for p in problems]
         size = sizes[row_pack]

@@ -87,7 +87,9 @@ class CaptureWriter:
         self._filled = 0
         self._buffer_seq: int | None = None
         """Sequence number of the first tensor in the buffer: the name of the pack it becomes."""
+        self._buffer_path = b""
         self._buffer_attrs: dict[str, str] = {}
+        self._texts: dict[tuple[str, str], bytes] = {}
         partial = self.path.with_name(f".{self.path.name}.partial")
         self._file = h5py.File(partial, "w", locking=False)
         self._t0 = time.perf_counter_ns()
@@ -180,30 +182,26 @@ class CaptureWriter:
         if self._packed:
             path, offset, nbytes = self._pack_tensor(seq, name, stored, logical, shape, attrs or {})
         else:
-            path, offset, nbytes = self._tensor_dataset(seq, stored, logical, shape, ld.is_quantized, attrs or {}), -1, -1
+            path, offset, nbytes = self._tensor_dataset(seq, stored, logical, shape, ld.is_quantized, attrs or {}).encode(), -1, -1
         key = (step, segment, layer, name)
         occurrence = self._occurrences[key]
         self._occurrences[key] += 1
         end = self.now_ns() if t_end_ns is None else t_end_ns
-        padded = np.zeros(cf.MAX_NDIM, dtype=np.int64)
-        padded[: len(shape)] = shape
         self._pending_index.append(
             (
                 seq,
                 step,
-                cf.encode_field(segment, cf.INDEX_DTYPE["segment"], "segment"),
+                self._encoded("segment", segment),
                 layer,
-                cf.encode_field(name, cf.INDEX_DTYPE["name"], "name"),
+                self._encoded("name", name),
                 occurrence,
                 logical.encode(),
                 len(shape),
-                padded,
-                path.encode(),
-                cf.encode_field(kernel_id, cf.INDEX_DTYPE["kernel_id"], "kernel_id"),
-                cf.encode_field(contract_id, cf.INDEX_DTYPE["contract_id"], "contract_id"),
-                cf.encode_field(
-                    effective_contract_id, cf.INDEX_DTYPE["effective_contract_id"], "effective_contract_id"
-                ),
+                shape + (0,) * (cf.MAX_NDIM - len(shape)),
+                path,
+                self._encoded("kernel_id", kernel_id),
+                self._encoded("contract_id", contract_id),
+                self._encoded("effective_contract_id", effective_contract_id),
                 end if t_start_ns is None else t_start_ns,
                 end,
                 position,
@@ -213,6 +211,13 @@ class CaptureWriter:
         )
         self._seq += 1
         return seq
+
+    def _encoded(self, field: str, text: str) -> bytes:
+        """An index text field's bytes, checked against its size once per distinct text (names repeat every step)."""
+        raw = self._texts.get((field, text))
+        if raw is None:
+            raw = self._texts[(field, text)] = cf.encode_field(text, cf.INDEX_DTYPE[field], field)
+        return raw
 
     def _tensor_dataset(
         self, seq: int, stored: np.ndarray, logical: str, shape: tuple[int, ...], quantized: bool, attrs: dict[str, str]
@@ -231,7 +236,7 @@ class CaptureWriter:
 
     def _pack_tensor(
         self, seq: int, name: str, stored: np.ndarray, logical: str, shape: tuple[int, ...], attrs: dict[str, str]
-    ) -> tuple[str, int, int]:
+    ) -> tuple[bytes, int, int]:
         """The tensor's bytes into the pack buffer, or a pack of its own; returns (pack path, offset, nbytes)."""
         raw = np.ascontiguousarray(stored).reshape(-1).view(np.uint8)
         expected = stored_nbytes(logical, shape)
@@ -240,18 +245,18 @@ class CaptureWriter:
         named = {cf.packed_attribute(key, seq): text for key, text in attrs.items()}
         if raw.size >= OWN_PACK_BYTES:
             self._write_pack(seq, raw, named)
-            return cf.pack_path(seq, self._group), 0, raw.size
+            return cf.pack_path(seq, self._group).encode(), 0, raw.size
         if self._filled + raw.size > PACK_BYTES:
             self._flush_pack()
         if self._buffer_seq is None:
-            self._buffer_seq = seq
+            self._buffer_seq, self._buffer_path = seq, cf.pack_path(seq, self._group).encode()
             if self._buffer.size == 0:
                 self._buffer = np.empty(PACK_BYTES, dtype=np.uint8)
         offset = self._filled
         self._buffer[offset : offset + raw.size] = raw
         self._filled += raw.size
         self._buffer_attrs.update(named)
-        return cf.pack_path(self._buffer_seq, self._group), offset, raw.size
+        return self._buffer_path, offset, raw.size
 
     def _flush_pack(self) -> None:
         """The buffered tensors become one pack of the current step group."""

@@ -32,6 +32,8 @@ class T:
     segment: str = "prefill"
     layer: int = -1
     dtype: str | None = None
+    logical_shape: tuple[int, ...] | None = None
+    """Of GGML blocks (`dtype` q8_0, ...)."""
     kernel_id: str = ""
     contract_id: str = ""
     effective_contract_id: str = ""
@@ -65,6 +67,7 @@ def write_capture(
             segment=t.segment,
             layer=t.layer,
             dtype=t.dtype,
+            logical_shape=t.logical_shape,
             kernel_id=t.kernel_id,
             contract_id=t.contract_id,
             effective_contract_id=t.effective_contract_id,

@@ -562,10 +562,10 @@ class RecordReader:
 
     def read(self, selection: Selection = None) -> np.ndarray:
         """Stored bits of the record, or of `selection`, in a new array."""
-        if self._record.packed:
-            shape = selection_shape(stored_shape(self._record.dtype, self._record.shape), selection)
-            return self.read_into(np.empty(shape, dtype=self._storage), selection)
         with self._located():
+            if self._record.packed:
+                shape = selection_shape(stored_shape(self._record.dtype, self._record.shape), selection)
+                return self.read_into(np.empty(shape, dtype=self._storage), selection)
             if self._chunked is not None:
                 return self._chunked.read(selection)
             return self._dataset[()] if selection is None else self._dataset[selection]

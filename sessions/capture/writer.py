@@ -224,9 +224,9 @@ class CaptureWriter:
     ) -> str:
         """The tensor as a dataset of its own (the layout before packs); returns its path."""
         assert self._step_group is not None
-        chunks = self._compression is not None and stored.size > 0
+        chunks = self._compression is not None and stored.size > 0 and stored.ndim > 0
         ds = self._step_group.create_dataset(
-            f"t{seq:08d}", data=stored, compression=self._compression, chunks=True if chunks else None
+            f"t{seq:08d}", data=stored, compression=self._compression if chunks else None, chunks=True if chunks else None
         )
         ds.attrs.create(cf.ATTR_LOGICAL_DTYPE, np.bytes_(logical.encode()), dtype=cf.utf8(len(logical)))
         if quantized:

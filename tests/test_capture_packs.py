@@ -23,7 +23,7 @@ from sessions.capture.opening import open_capture
 from sessions.capture.reader import CaptureError, RecordReader, load_capture, stored_span
 from sessions.capture.record_scan import RecordScan
 from sessions.capture.records import records_from_index
-from sessions.capture.structure_check import check_here, occurrence_counts
+from sessions.capture.structure_check import SHARDING_MIN_DATASETS, check_here, occurrence_counts
 from sessions.capture.writer import CaptureWriter
 from sessions.compare.comparison import CompareOptions, iter_compare
 from sessions.compare.record_sources import record_sources
@@ -354,3 +354,21 @@ def test_bf16_bits_in_a_pack_keep_nan_payloads_and_signed_zero(tmp_path: Path) -
         writer.end_step()
     with open_capture(path) as capture:
         assert capture.read_bits(capture.records[0]).tolist() == bits.tolist()
+
+
+def test_only_many_datasets_of_their_own_are_shared_out_between_checking_children(tmp_path: Path) -> None:
+    """Each checking child says how many rows name datasets of their own (each checked on its
+    own); with fewer than SHARDING_MIN_DATASETS the first child checks every row and the parent
+    starts no other, so a packed capture costs one child however large it is."""
+    path = tmp_path / "datasets.h5"
+    write_every_kind(path, "datasets")
+    with h5py.File(path, "r+") as f:
+        last = cf.decode_field(f[cf.INDEX_PATH][-1]["path"])
+        f[last].attrs.create(cf.ATTR_LOGICAL_DTYPE, np.bytes_(b"float16"))
+    said: list[int] = []
+    first = check_here(path, shard=0, shards=2, announce=said.append)
+    second = check_here(path, shard=1, shards=2, announce=said.append)
+    assert said == [21, 21] and 21 < SHARDING_MIN_DATASETS
+    assert [p.location for p in first.problems] == [f"{last} attribute 'logical_dtype'"] and second.problems == []
+    write_every_kind(tmp_path / "packed.h5", "packed")
+    assert check_here(tmp_path / "packed.h5", announce=said.append).problems == [] and said[-1] == 0

@@ -10,8 +10,13 @@ caller carries on. Files that pass are remembered in this process and on disk
 spawns another check.
 
 Run as `python -m sessions.capture.structure_check [--memory-budget BYTES] [--shard I/N] PATH`: prints
-`progress DONE TOTAL` lines while it checks index rows, then one JSON object with the problems
-found and what the file holds. The parent turns the progress lines into `Progress`.
+`datasets D` once it has read the index (D rows name datasets of their own, each checked on
+its own), `progress DONE TOTAL` lines while it checks index rows, then one JSON object with the
+problems found and what the file holds. The parent turns the progress lines into `Progress`.
+
+Packed rows cost a vectorised pass over the index plus one check per pack, so a file is split
+over several children only when it has many datasets of its own (older writers' files): the
+first child says how many, and the parent starts the others only then.
 """
 
 from __future__ import annotations
@@ -52,6 +57,9 @@ from sessions.progress import Progress, ProgressGenerator, run_to_end
 
 SHARDING_MIN_BYTES = 16 * 1024**2
 MAX_SHARDS = 4
+SHARDING_MIN_DATASETS = 16_000
+"""Rows naming datasets of their own (about 65 us each to check) worth more children; below, one child checks them all."""
+DATASETS_PREFIX = b"datasets "
 INTERPRETER_HEADROOM = 1536 * 1024**2
 """Address space the child's interpreter, numpy and libhdf5 need besides the read budget."""
 PROGRESS_PREFIX = b"progress "
@@ -91,23 +99,33 @@ def check_here(
     shards: int = 1,
     progress: Callable[[int, int], None] | None = None,
     deep: bool = False,
+    announce: Callable[[int], None] | None = None,
 ) -> CheckReport:
     """Check a file in this process, collecting every problem (each child runs this).
 
     With several shards, shard i checks the i-th contiguous slice of index rows' datasets;
     shard 0 also reports the row-level, cross-table and whole-tree problems, so merging the
-    shards' reports in shard order lists problems in file order. `deep` then reads the data of
-    the shard's records, when its structure had no problem. `progress(done, total)` counts this
-    shard's rows (twice when deep).
+    shards' reports in shard order lists problems in file order. A file with fewer than
+    SHARDING_MIN_DATASETS rows naming datasets of their own is checked by shard 0 alone, and
+    `announce(rows)` says how many there are, so the parent knows whether to start the other
+    shards. `deep` then reads the data of the shard's records, when its structure had no
+    problem. `progress(done, total)` counts this shard's rows (twice when deep).
     """
     try:
         capture = load_capture(path, memory_budget=memory_budget)
     except CaptureError as exc:
+        if announce is not None:
+            announce(0)
         return CheckReport([Problem(exc.location, exc.problem)] if shard == 0 else [])
     with capture:
+        datasets = dataset_rows(capture)
+        if announce is not None:
+            announce(datasets)
+        if datasets < SHARDING_MIN_DATASETS:
+            shards = 1
         report = CheckReport(list(capture.row_problems) if shard == 0 else [], capture.complete, capture.describe())
         n = len(capture.index)
-        start, stop = n * shard // shards, n * (shard + 1) // shards
+        start, stop = (n * shard // shards, n * (shard + 1) // shards) if shard < shards else (n, n)
         total = (stop - start) * (2 if deep else 1)
         counted = None if progress is None else (lambda done, _: progress(done, total))
         report.problems += scan_problems(capture, start, stop, counted)
@@ -124,6 +142,11 @@ def check_here(
         except CaptureError as exc:
             report.problems.append(Problem(exc.location, exc.problem))
     return report
+
+
+def dataset_rows(capture: Capture) -> int:
+    """Index rows whose tensor is a dataset of its own: the rows a check visits one by one."""
+    return int(np.count_nonzero((column(capture.index, "offset") == -1) & (column(capture.index, "nbytes") == -1)))
 
 
 def occurrence_counts(index: np.ndarray) -> np.ndarray:
@@ -190,11 +213,13 @@ def table_problems(capture: Capture) -> list[Problem]:
 
 
 def shard_count(path: Path) -> int:
-    """How many children check a file at once: one for small files, up to four cores' worth for large ones.
+    """How many children may check a file at once: one for small files, up to four cores' worth for large ones.
 
-    Checking one index row's dataset costs about 65 us (opening its header, type, dataspace and
-    one attribute in libhdf5), so a 50,000-record capture takes over 3 s on one core; small files
-    are not worth the extra interpreter start-ups (0.2 s each).
+    Checking an index row whose tensor is a dataset of its own costs about 65 us (opening its
+    header, type, dataspace and one attribute in libhdf5), so a 50,000-record capture in that
+    layout takes over 3 s on one core; small files are not worth the extra interpreter
+    start-ups (0.2 s each), nor are packed files, whose rows are checked at once (the first
+    child says which: `iter_check_in_child`).
     """
     if path.stat().st_size < SHARDING_MIN_BYTES:
         return 1
@@ -232,19 +257,24 @@ class _Children:
     """Checking children (the shards of one file, or one child checking a batch of files) and what each has printed so far."""
 
     def __init__(self, commands: list[list[str]]) -> None:
-        env = child_env()
-        shards = len(commands)
+        self._env = child_env()
         self.processes: list[subprocess.Popen[bytes]] = []
         self.selector = selectors.DefaultSelector()
-        self.stdout = [bytearray() for _ in range(shards)]
-        self.stderr = [bytearray() for _ in range(shards)]
-        self.done = [0] * shards
-        self.totals: list[int | None] = [None] * shards
-        self.begun = [-1] * shards
+        self.stdout: list[bytearray] = []
+        self.stderr: list[bytearray] = []
+        self.done: list[int] = []
+        self.totals: list[int | None] = []
+        self.begun: list[int] = []
         """The file a batch child announced last (`begin I`)."""
-        self.reports: list[list[str]] = [[] for _ in range(shards)]
+        self.reports: list[list[str]] = []
         """The report lines a batch child printed, one per file, in order."""
-        self._parsed = [0] * shards
+        self.datasets: list[int | None] = []
+        """The rows naming datasets of their own a shard found (`datasets D`), once it said."""
+        self._parsed: list[int] = []
+        self.start(commands)
+
+    def start(self, commands: list[list[str]]) -> None:
+        """Start more children (the later shards of a file), numbered after those already running."""
         try:
             for command in commands:
                 child = subprocess.Popen(
@@ -252,10 +282,15 @@ class _Children:
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
-                    env=env,
+                    env=self._env,
                 )
                 shard = len(self.processes)
                 self.processes.append(child)
+                for values, empty in (
+                    (self.stdout, bytearray()), (self.stderr, bytearray()), (self.done, 0), (self.totals, None),
+                    (self.begun, -1), (self.reports, []), (self.datasets, None), (self._parsed, 0),
+                ):  # fmt: skip
+                    values.append(empty)  # type: ignore[attr-defined]
                 assert child.stdout is not None and child.stderr is not None
                 self.selector.register(child.stdout, selectors.EVENT_READ, (shard, self.stdout))
                 self.selector.register(child.stderr, selectors.EVENT_READ, (shard, self.stderr))
@@ -288,6 +323,8 @@ class _Children:
                 self.done[shard], self.totals[shard] = 0, None
             elif line.startswith(b"{"):
                 self.reports[shard].append(line.decode("utf-8", errors="replace"))
+            elif line.startswith(DATASETS_PREFIX) and line[len(DATASETS_PREFIX) :].isdigit():
+                self.datasets[shard] = int(line[len(DATASETS_PREFIX) :])
             numbers = line[len(PROGRESS_PREFIX) :].split() if line.startswith(PROGRESS_PREFIX) else []
             if len(numbers) == 2 and all(n.isdigit() for n in numbers):
                 self.done[shard], self.totals[shard] = int(numbers[0]), int(numbers[1])
@@ -336,13 +373,15 @@ def iter_check_in_child(
 ) -> ProgressGenerator[CheckReport]:
     """Run the check in child processes, yielding rows checked; a crash or hang of any child is itself the finding.
 
-    `deep` also reads every record's data there (`validate --deep`). Closing the generator kills
-    the children (cancel): none is left running.
+    `deep` also reads every record's data there (`validate --deep`). The first shard starts
+    alone; the others start once it says the file has enough datasets of their own to share
+    out (`SHARDING_MIN_DATASETS`). Closing the generator kills the children (cancel): none is
+    left running.
     """
     deadline = time.monotonic() + timeout_s
     label = f"{'reading' if deep else 'checking'} {path.name}"
     shards = shard_count(path)
-    children = _Children([_child_command([path], memory_budget, deep, shard, shards) for shard in range(shards)])
+    children = _Children([_child_command([path], memory_budget, deep, 0, shards)])
     try:
         yield children.progress(label)
         while children.reading:
@@ -350,6 +389,9 @@ def iter_check_in_child(
             if remaining <= 0:
                 return _timeout_report(timeout_s, children.progress(label))
             children.read(min(POLL_S, remaining))
+            announced = children.datasets[0]
+            if len(children.processes) < shards and announced is not None and announced >= SHARDING_MIN_DATASETS:
+                children.start([_child_command([path], memory_budget, deep, shard, shards) for shard in range(1, shards)])
             yield children.progress(label)
         merged = CheckReport()
         for shard, child in enumerate(children.processes):
@@ -551,11 +593,15 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(f"{PROGRESS_PREFIX.decode()}{done} {total}\n")
         sys.stdout.flush()
 
+    def announce(datasets: int) -> None:
+        sys.stdout.write(f"{DATASETS_PREFIX.decode()}{datasets}\n")
+        sys.stdout.flush()
+
     for number, path in enumerate(args.paths):
         sys.stdout.write(f"{BEGIN_PREFIX.decode()}{number}\n")
         sys.stdout.flush()
         try:
-            report = check_here(path, args.memory_budget, shard, shards, progress, args.deep)
+            report = check_here(path, args.memory_budget, shard, shards, progress, args.deep, announce)
         except MemoryError:
             report = CheckReport([Problem("structure check", "reading the file's structure ran out of its memory limit")])
         except Exception as exc:  # noqa: BLE001  (any libhdf5 failure on a bad file is a finding, not a crash)

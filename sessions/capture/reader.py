@@ -1,13 +1,15 @@
 """Lazy capture reader for untrusted files.
 
 The index, dispatch and token tables are each one read; tensors are read on demand, whole or
-as a slice. Files come from other people's engines (GUIDE section 7), so:
+as a slice, from a dataset of their own or as a byte range of a pack (docs/capture-format.md,
+"Packs"); `records` are built from the index only when asked for. Files come from other people's engines (GUIDE section 7), so:
 - the file is opened read-only with locking off, never blocking the engine that writes it;
 - the first open of a file runs its full structural check in a child process
   (`sessions.capture.structure_check`), so a file that crashes or hangs libhdf5 takes the child down,
   not the viewer;
 - every object is checked through its metadata (`sessions.capture.hdf5_safety`) before its data is
-  read, and index rows are checked against the datasets they point at;
+  read, and index rows are checked against the datasets they point at (a pack once, then each
+  row's byte range);
 - every problem surfaces as a `CaptureError` naming the file, the place and what is wrong.
 """
 

@@ -1,4 +1,8 @@
-"""The structural check of every index row's dataset, fast enough for 50,000-record captures.
+"""The structural check of every index row's dataset or pack, fast enough for a million records.
+
+A packed row needs no object of its own: each pack is checked once (`Capture.pack`) and every
+row's byte range against its pack's size in one pass over the index columns. The rest of this
+module is about rows whose tensor is a dataset of its own (files from older writers).
 
 `Capture.record_problems` checks one row thoroughly (links walked part by part, the dataset
 creation property list, the element type translated to numpy, attributes read through

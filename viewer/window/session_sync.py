@@ -82,8 +82,8 @@ def slice_spec_of(view: ViewState, ndim: int) -> SliceSpec | None:
 
 
 def _record(capture: Capture, seq: int) -> Record:
-    """The record a comparison row names by seq (rows come from this very capture)."""
-    return next(r for r in capture.records if r.seq == seq)
+    """The record a comparison row names by seq (rows come from this very capture, whose seq is the row's position)."""
+    return capture.records[seq]
 
 
 class SessionSync(QObject):

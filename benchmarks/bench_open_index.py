@@ -100,7 +100,7 @@ def main() -> int:
         seconds = time.perf_counter() - start
         write_ms = seconds * 1e3 / args.rows
         print(f"built {path} ({path.stat().st_size / 1e6:.1f} MB, {args.rows} rows, {args.layout}) in {seconds:.1f} s")
-    print(f"{os.cpu_count()} cores; the first check runs in {shard_count(path)} child process(es)")
+    print(f"{os.cpu_count()} cores; the first check may use up to {shard_count(path)} child processes (more than one only for many datasets of their own)")
     os.environ["PARITY_XRAY_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-open-cache-")
 
     start = time.perf_counter()

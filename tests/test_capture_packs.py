@@ -18,6 +18,7 @@ from gguf import GGMLQuantizationType, quantize
 from hand_captures import T, bf16_bits, write_capture
 
 from sessions.capture import format as cf
+from sessions.capture.columns import IndexColumns
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.opening import open_capture
 from sessions.capture.reader import CaptureError, RecordReader, load_capture, stored_span
@@ -219,7 +220,7 @@ def test_occurrence_counts_over_the_columns_follow_the_occurrence_rule() -> None
         key = (int(row["step"]), bytes(row["segment"]), int(row["layer"]), bytes(row["name"]))
         expected.append(seen.get(key, 0))
         seen[key] = expected[-1] + 1
-    assert occurrence_counts(index).tolist() == expected
+    assert occurrence_counts(IndexColumns(index)).tolist() == expected
 
 
 def base(path: Path) -> Path:

@@ -19,15 +19,42 @@ SORTED_RUNS = 4096
 _FNV_PRIME = np.uint64(0x100000001B3)
 
 
-def column(table: np.ndarray, name: str) -> np.ndarray:
-    """One field of a table as a contiguous array."""
-    return np.ascontiguousarray(table[name])
+class IndexColumns:
+    """An index table's columns, each copied (or coded) once, whatever number of checks use it."""
 
+    def __init__(self, index: np.ndarray) -> None:
+        self.index = index
+        self._copies: dict[str, np.ndarray] = {}
+        self._codes: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._dims: list[np.ndarray] | None = None
 
-def shape_columns(index: np.ndarray) -> list[np.ndarray]:
-    """The index's `shape` as one contiguous column per axis."""
-    shape = index["shape"]
-    return [np.ascontiguousarray(shape[:, axis]) for axis in range(shape.shape[1])]
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        """One field as a contiguous array."""
+        if name not in self._copies:
+            self._copies[name] = np.ascontiguousarray(self.index[name])
+        return self._copies[name]
+
+    def codes(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """`codes` of a text field."""
+        if name not in self._codes:
+            self._codes[name] = codes(self.index[name])
+        return self._codes[name]
+
+    @property
+    def dims(self) -> list[np.ndarray]:
+        """`shape` as one contiguous column per axis."""
+        if self._dims is None:
+            shape = self.index["shape"]
+            self._dims = [np.ascontiguousarray(shape[:, axis]) for axis in range(shape.shape[1])]
+        return self._dims
+
+    @property
+    def packed(self) -> np.ndarray:
+        """Rows whose `offset` or `nbytes` is set: a byte range of a pack (or a broken attempt at one)."""
+        return (self["offset"] != -1) | (self["nbytes"] != -1)
 
 
 def _words(text: np.ndarray) -> list[np.ndarray]:

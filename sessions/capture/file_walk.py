@@ -19,7 +19,6 @@ viewer must still open it.
 from __future__ import annotations
 
 import h5py
-import numpy as np
 
 from sessions.capture import format as cf
 from sessions.capture.hdf5_safety import (
@@ -61,9 +60,7 @@ def walk_problems(capture: Capture) -> list[Problem]:
     """Problems of every link, attribute and unnamed object of a finished file, in the order they are reached."""
     if not capture.complete:
         return []
-    paths = capture.index["path"]
-    runs = paths[np.concatenate(([True], paths[1:] != paths[:-1]))] if len(paths) else paths
-    rows = {normalised_path(cf.decode_field(raw)) for raw in set(runs.tolist())}
+    rows = {normalised_path(cf.decode_field(raw)) for raw in capture.columns.codes("path")[0].tolist()}
     root = capture.walker.group_id("/")
     found = attribute_problems(root, "/", capture.memory_budget)
     seen: set[int] = set()

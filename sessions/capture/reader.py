@@ -36,7 +36,7 @@ from sessions.bits.dtypes import (
 )
 from sessions.capture import format as cf
 from sessions.capture.chunk_read import ChunkedReader, has_filters
-from sessions.capture.columns import codes, column, shape_columns
+from sessions.capture.columns import IndexColumns
 from sessions.capture.hdf5_safety import (
     DEFAULT_MEMORY_BUDGET,
     HDF5_ERRORS,
@@ -126,7 +126,9 @@ class Capture:
         self.tokens = self._read_table(cf.TOKENS_PATH, cf.TOKENS_DTYPE, required=False)
         if not self.complete:
             self.index = self._committed_index_prefix(self.index)
-        self.row_problems, self.bad_rows = index_problems(self.index)
+        self.columns = IndexColumns(self.index)
+        """The index's columns as contiguous arrays and codes, for checks over every row at once."""
+        self.row_problems, self.bad_rows = index_problems(self.columns)
         """Problems of index rows on their own, and a mask of the rows that have them (open_capture refuses these)."""
 
     @property
@@ -243,7 +245,7 @@ class Capture:
 
     @property
     def contents(self) -> CaptureContents:
-        steps = np.unique(self.index["step"]).size if len(self.index) else 0
+        steps = np.unique(self.columns["step"]).size if len(self.index) else 0
         return CaptureContents(len(self.index), int(steps), len(self.tokens), len(self.dispatch), self.complete)
 
     def describe(self) -> str:
@@ -446,26 +448,27 @@ def _range_problems(record: Record, where: str, pack_bytes: int) -> list[Problem
 PACKED_BOTH = "offset and nbytes are both -1 (the path names a dataset of its own) or both a byte range of a pack"
 
 
-def index_problems(index: np.ndarray) -> tuple[list[Problem], np.ndarray]:
+def index_problems(columns: IndexColumns) -> tuple[list[Problem], np.ndarray]:
     """Row-level problems of an index table that need no other object, in one vectorised pass
     (the byte ranges of packed rows included: their counts, and no two sharing a byte).
 
     Returns the problems (at most LISTED_ROWS named per kind) and a mask of the rows that have any.
     """
-    seqs, ndims, offsets, nbytes = (column(index, name) for name in ("seq", "ndim", "offset", "nbytes"))
-    dims = shape_columns(index)
-    dtypes, dtype_codes = codes(index["dtype"])
+    index = columns.index
+    seqs, ndims, offsets, nbytes = (columns[name] for name in ("seq", "ndim", "offset", "nbytes"))
+    dims = columns.dims
+    dtypes, dtype_codes = columns.codes("dtype")
     known = np.array([cf.decode_field(raw) in LOGICAL_DTYPES for raw in dtypes.tolist()], dtype=bool)[dtype_codes]
     negative = np.logical_or.reduce([extent < 0 for extent in dims])
     bad_ndim = (ndims < 0) | (ndims > cf.MAX_NDIM)
-    packed = (offsets != -1) | (nbytes != -1)
+    packed = columns.packed
     ranged = packed & (offsets >= 0) & (nbytes >= 0)
     counted = np.full(len(index), -1, dtype=np.int64)
     partner = np.full(len(index), -1, dtype=np.int64)
     clash = np.zeros(len(index), dtype=bool)
     if ranged.any():
         counted = expected_nbytes(dtypes, dtype_codes, ndims, dims)
-        _, path_codes = codes(index["path"])
+        _, path_codes = columns.codes("path")
         partner = overlapping(offsets, nbytes, ranged, path_codes)
         is_pack = np.zeros(int(path_codes.max()) + 1, dtype=bool)
         is_pack[path_codes[ranged]] = True
@@ -492,10 +495,10 @@ def index_problems(index: np.ndarray) -> tuple[list[Problem], np.ndarray]:
         (negative, "shape has a negative dimension", None),
         (~known, "logical dtype is not one the format knows", lambda row: f" ({text(row, 'dtype')!r})"),
         (index["path"] == b"", "tensor path is empty", None),
-        (column(index, "step") < 0, "step is negative", None),
-        (column(index, "layer") < -1, "layer is below -1", None),
-        (column(index, "occurrence") < 0, "occurrence is negative", None),
-        (column(index, "position") < -1, "position is below -1 (-1: not recorded)", None),
+        (columns["step"] < 0, "step is negative", None),
+        (columns["layer"] < -1, "layer is below -1", None),
+        (columns["occurrence"] < 0, "occurrence is negative", None),
+        (columns["position"] < -1, "position is below -1 (-1: not recorded)", None),
         ((offsets < -1) | (nbytes < -1), "offset or nbytes is below -1", None),
         (packed & ~ranged & (offsets >= -1) & (nbytes >= -1), PACKED_BOTH, None),
         (ranged & known & ~bad_ndim & ~negative & (nbytes != counted), "nbytes is not the byte count of its dtype and shape", count_detail),

@@ -26,7 +26,6 @@ import numpy as np
 
 from sessions.bits.dtypes import LOGICAL_DTYPES
 from sessions.capture import format as cf
-from sessions.capture.columns import codes
 from sessions.capture.hdf5_safety import (
     HDF5_ERRORS,
     Problem,
@@ -178,7 +177,7 @@ class RecordScan:
         """Problems of index rows start..stop-1 (rows with row-level problems are skipped: those are reported already)."""
         index = self._capture.index[start:stop]
         usable = ~self._capture.bad_rows[start:stop]
-        packed = (index["offset"] != -1) | (index["nbytes"] != -1)
+        packed = self._capture.columns.packed[start:stop]
         found = self._pack_problems(start, np.flatnonzero(packed & usable) + start)
         rows = index[~packed & usable]
         paths = rows["path"].tolist()
@@ -212,17 +211,17 @@ class RecordScan:
         when shards' reports are merged."""
         if not len(rows):
             return []
-        index = self._capture.index
-        packs, row_pack = codes(index["path"][rows])
+        index, columns = self._capture.index, self._capture.columns
+        paths, path_codes = columns.codes("path")
+        packs, row_pack = np.unique(path_codes[rows], return_inverse=True)
         first = np.full(len(packs), len(rows), dtype=np.int64)
         np.minimum.at(first, row_pack, np.arange(len(rows)))
-        earlier = index[:start]
-        earlier_paths = earlier["path"][((earlier["offset"] != -1) | (earlier["nbytes"] != -1)) & ~self._capture.bad_rows[:start]]
-        owned = ~np.isin(packs, earlier_paths) if len(earlier_paths) else np.ones(len(packs), dtype=bool)
+        earlier = path_codes[:start][columns.packed[:start] & ~self._capture.bad_rows[:start]]
+        owned = ~np.isin(packs, earlier)
         sizes = np.full(len(packs), -1, dtype=np.int64)
         found: list[Problem] = []
-        for number, raw in enumerate(packs.tolist()):
-            path = cf.decode_field(raw)
+        for number, code in enumerate(packs.tolist()):
+            path = cf.decode_field(paths[code])
             dataset, problems = self._capture.pack(path)
             if not problems and dataset is not None:
                 sizes[number] = dataset.shape[0]
@@ -231,7 +230,7 @@ class RecordScan:
                 where = f"/index row {row} ({cf.decode_field(index['name'][row])})"
                 found += problems if dataset is not None else [Problem(f"{where} -> {p.location}", p.problem) for p in problems]
         size = sizes[row_pack]
-        offsets, nbytes = index["offset"][rows], index["nbytes"][rows]
+        offsets, nbytes = columns["offset"][rows], columns["nbytes"][rows]
         beyond = (size >= 0) & (offsets > size - nbytes)
 
         def describe(at: int) -> Problem:

@@ -39,7 +39,7 @@ import numpy as np
 
 from sessions.capture import check_cache
 from sessions.capture import format as cf
-from sessions.capture.columns import codes, column
+from sessions.capture.columns import IndexColumns
 from sessions.capture.data_check import data_problems
 from sessions.capture.file_walk import walk_problems
 from sessions.capture.hdf5_safety import (
@@ -146,22 +146,22 @@ def check_here(
 
 def dataset_rows(capture: Capture) -> int:
     """Index rows whose tensor is a dataset of its own: the rows a check visits one by one."""
-    return int(np.count_nonzero((column(capture.index, "offset") == -1) & (column(capture.index, "nbytes") == -1)))
+    return len(capture.index) - int(np.count_nonzero(capture.columns.packed))
 
 
-def occurrence_counts(index: np.ndarray) -> np.ndarray:
+def occurrence_counts(columns: IndexColumns) -> np.ndarray:
     """For each index row, how many earlier rows have its (step, segment, layer, name): what its
     `occurrence` must be. Computed over the columns at once (a row-by-row pass takes seconds
     for a million rows): rows sorted stably by that key, each counted from its key's first."""
-    _, segments = codes(index["segment"])
-    _, names = codes(index["name"])
-    where = column(index, "step").astype(np.int64) << 32 | (column(index, "layer").astype(np.int64) & 0xFFFFFFFF)
+    _, segments = columns.codes("segment")
+    _, names = columns.codes("name")
+    where = columns["step"].astype(np.int64) << 32 | (columns["layer"].astype(np.int64) & 0xFFFFFFFF)
     what = names * (int(segments.max(initial=0)) + 1) + segments
     order = np.lexsort((what, where))
     sorted_where, sorted_what = where[order], what[order]
     starts = np.flatnonzero(np.concatenate(([True], (sorted_where[1:] != sorted_where[:-1]) | (sorted_what[1:] != sorted_what[:-1]))))
-    counts = np.empty(len(index), dtype=np.int64)
-    counts[order] = np.arange(len(index)) - np.repeat(starts, np.diff(np.append(starts, len(index))))
+    counts = np.empty(len(columns), dtype=np.int64)
+    counts[order] = np.arange(len(columns)) - np.repeat(starts, np.diff(np.append(starts, len(columns))))
     return counts
 
 
@@ -172,7 +172,7 @@ def table_problems(capture: Capture) -> list[Problem]:
     model has hundreds of thousands of rows.
     """
     index, dispatch, tokens = capture.index, capture.dispatch, capture.tokens
-    expected = occurrence_counts(index)
+    expected = occurrence_counts(capture.columns)
 
     def where(row: int) -> str:
         return f"/index row {row} ({cf.decode_field(index['name'][row])})"
@@ -192,8 +192,9 @@ def table_problems(capture: Capture) -> list[Problem]:
     def dispatch_seq(row: int) -> Problem:
         return Problem(f"/dispatch row {row}", f"index_seq {int(seqs[row])} is not a record (0..{n_records - 1})")
 
-    found = listed(index["occurrence"] != expected, occurrence, "occurrence breaks the occurrence rule")
-    found += listed(index["t_end_ns"] < index["t_start_ns"], lambda row: Problem(where(row), "ends before it starts"), "rows end before they start")
+    columns = capture.columns
+    found = listed(columns["occurrence"] != expected, occurrence, "occurrence breaks the occurrence rule")
+    found += listed(columns["t_end_ns"] < columns["t_start_ns"], lambda row: Problem(where(row), "ends before it starts"), "rows end before they start")
     found += listed((seqs < 0) | (seqs >= n_records), dispatch_seq, "index_seq is not a record", cf.DISPATCH_PATH)
     for column, allowed in (("mask_kind", cf.MASK_KINDS), ("primitive", cf.PRIMITIVES), ("metal_primitive", cf.METAL_PRIMITIVES)):
         values = dispatch[column]

@@ -7,6 +7,7 @@ and every way a hostile file can misplace a record's bytes is refused by name, p
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -373,3 +374,16 @@ def test_only_many_datasets_of_their_own_are_shared_out_between_checking_childre
     assert [p.location for p in first.problems] == [f"{last} attribute 'logical_dtype'"] and second.problems == []
     write_every_kind(tmp_path / "packed.h5", "packed")
     assert check_here(tmp_path / "packed.h5", announce=said.append).problems == [] and said[-1] == 0
+
+
+def test_a_pack_cut_short_after_its_check_is_a_located_read_error(tmp_path: Path) -> None:
+    """Contiguous packs are read with pread: bytes the file no longer has are an error, never zeros."""
+    path = base(tmp_path / "cut.h5")
+    with open_capture(path) as capture:
+        span = stored_span(capture, capture.records[4])
+        assert span is not None
+        os.truncate(path, span[0] + 10)
+        with pytest.raises(CaptureError) as refused:
+            capture.read_bits(capture.records[4])
+    assert refused.value.location == cf.pack_path(3, 1)
+    assert refused.value.problem == f"data cannot be read (the file ends at byte {span[0] + 10}, inside this record's bytes (cut short since it was checked))"

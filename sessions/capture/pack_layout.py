@@ -124,6 +124,9 @@ def selection_shape(shape: tuple[int, ...], selection: Selection) -> tuple[int, 
 def byte_runs(shape: tuple[int, ...], itemsize: int, selection: Selection) -> ByteRuns:
     """The runs holding `selection` of a C-order array: the first axis the selection does not
     take whole decides them; every axis before it is whole, every axis after it read whole."""
+    if selection is None:
+        total = math.prod(shape) * itemsize
+        return ByteRuns(0, total, total, 1, shape, None)
     parts = _parts(shape, selection)
     whole = [part == (0, extent, 1) for part, extent in zip(parts, shape)]
     if all(whole):

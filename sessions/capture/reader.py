@@ -16,6 +16,7 @@ as a slice, from a dataset of their own or as a byte range of a pack (docs/captu
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -51,7 +52,7 @@ from sessions.capture.hdf5_safety import (
 )
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.pack_layout import Selection, expected_nbytes, overlapping, selection_shape, stored_nbytes, stored_shape
-from sessions.capture.pack_read import read_packed
+from sessions.capture.pack_read import Pack, read_packed
 from sessions.capture.records import Record, Records
 
 
@@ -116,7 +117,8 @@ class Capture:
         self._budget = memory_budget
         self._file_size = path.stat().st_size
         self._walker = LinkWalker(file)
-        self._packs: dict[str, tuple[h5py.Dataset | None, list[Problem]]] = {}
+        self._packs: dict[str, tuple[Pack | None, list[Problem]]] = {}
+        self._descriptor: int | None = None
         self._pack_decoder: tuple[str, ChunkedReader] | None = None
         self.dropped_rows: dict[str, int] = {}
         """Rows an unfinished writer left past its last committed step, per table (not shown)."""
@@ -291,52 +293,55 @@ class Capture:
             found.append(Problem(record.path, f"has shape {shape}; the index row says {record.shape}"))
         return h5py.Dataset(ds), found
 
-    def pack(self, path: str) -> tuple[h5py.Dataset | None, list[Problem]]:
+    def pack(self, path: str) -> tuple[Pack | None, list[Problem]]:
         """The pack at `path` and what keeps it from holding records' bytes, checked once per
-        pack whatever number of records it holds. The dataset is None when the path does not
-        lead to one (the problems then say where along the path)."""
+        pack whatever number of records it holds. None when the path does not lead to a
+        dataset (the problems then say where along the path)."""
         known = self._packs.get(path)
         if known is None:
             known = self._packs[path] = self._check_pack(path)
         return known
 
-    def _check_pack(self, path: str) -> tuple[h5py.Dataset | None, list[Problem]]:
+    def _check_pack(self, path: str) -> tuple[Pack | None, list[Problem]]:
         try:
             dsid = self._walker.dataset_id(path)
         except UnsafeObject as exc:
             return None, [exc.problem]
-        found = [] if self._plain_pack(dsid) else dataset_problems(dsid, path, self._budget, self._file_size)
+        address = self._plain_pack_address(dsid)
+        found = [] if address is not None else dataset_problems(dsid, path, self._budget, self._file_size)
         found += attribute_problems(dsid, path, self._budget)
+        dataset = h5py.Dataset(dsid)
         if found:
-            return h5py.Dataset(dsid), found
+            return Pack(dataset, -1, None, False), found
         tid = dsid.get_type()
         if tid.get_class() != h5py.h5t.INTEGER or tid.get_size() != 1 or tid.get_sign() != h5py.h5t.SGN_NONE:
             kind = "an enum of " if tid.get_class() == h5py.h5t.ENUM else ""
             found.append(Problem(path, f"is a pack of {kind}{tid.dtype}; a pack holds bytes (H5T_STD_U8LE)"))
         if len(dsid.shape) != 1:
             found.append(Problem(path, f"is a pack of shape {dsid.shape}; a pack is 1-D"))
-        return h5py.Dataset(dsid), found
+            return Pack(dataset, -1, None, False), found
+        return Pack(dataset, int(dsid.shape[0]), address, address is None and has_filters(dataset)), found
 
-    def _plain_pack(self, dsid: h5py.h5d.DatasetID) -> bool:
-        """Whether a pack is the reference writer's: contiguous bytes inside the file, within the
-        budget. An address for its data means contiguous storage, which rules out filters,
-        external raw data and virtual layouts, so it needs none of `dataset_problems`'
-        property-list reads (a third of a pack's check)."""
+    def _plain_pack_address(self, dsid: h5py.h5d.DatasetID) -> int | None:
+        """Where a pack's bytes start in the file when it is the reference writer's kind: one
+        contiguous run inside the file, within the budget; None otherwise. An address for its
+        data means contiguous storage, which rules out filters, external raw data and virtual
+        layouts, so such a pack needs none of `dataset_problems`' property-list reads."""
         try:
             offset, shape, tid = dsid.get_offset(), dsid.shape, dsid.get_type()
         except HDF5_ERRORS:
-            return False
+            return None
         if offset is None or len(shape) != 1 or tid.get_class() != h5py.h5t.INTEGER or tid.get_size() != 1:
-            return False
-        return shape[0] <= self._budget and offset + shape[0] <= self._file_size
+            return None
+        return int(offset) if shape[0] <= self._budget and offset + shape[0] <= self._file_size else None
 
     def _inspect_packed(self, record: Record, where: str) -> tuple[h5py.Dataset | None, list[Problem]]:
         pack, found = self.pack(record.path)
         if pack is None:
             return None, [Problem(f"{where} -> {p.location}", p.problem) for p in found]
         if found:
-            return pack, found
-        return pack, _range_problems(record, where, pack.shape[0])
+            return pack.dataset, found
+        return pack.dataset, _range_problems(record, where, pack.size)
 
     def _checked_dataset(self, record: Record) -> h5py.Dataset:
         ds, found = self._inspect(record)
@@ -350,13 +355,22 @@ class Capture:
 
         A pack's decoder is kept while records of that pack are read (it keeps the chunk it
         decoded last, which the next small record of the pack most likely shares)."""
-        if not has_filters(dataset):
-            return None
-        if not record.packed:
-            return ChunkedReader(dataset, record.path, self._budget, self._file_size)
-        if self._pack_decoder is None or self._pack_decoder[0] != record.path:
-            self._pack_decoder = (record.path, ChunkedReader(dataset, record.path, self._budget, self._file_size))
-        return self._pack_decoder[1]
+        if record.packed:
+            pack = self._packs[record.path][0]
+            if pack is None or not pack.filtered:
+                return None
+            if self._pack_decoder is None or self._pack_decoder[0] != record.path:
+                self._pack_decoder = (record.path, ChunkedReader(dataset, record.path, self._budget, self._file_size))
+            return self._pack_decoder[1]
+        return ChunkedReader(dataset, record.path, self._budget, self._file_size) if has_filters(dataset) else None
+
+    @property
+    def descriptor(self) -> int | None:
+        """A read-only descriptor of the file, for reading contiguous packs' bytes with pread
+        (libhdf5 costs about 40 us per read, a pread 2); None where os.preadv does not exist."""
+        if self._descriptor is None and hasattr(os, "preadv"):
+            self._descriptor = os.open(self.path, os.O_RDONLY)
+        return self._descriptor
 
     def read_bits(self, record: Record, selection: Selection = None) -> np.ndarray:
         """The stored bits of a tensor (uint16 for bfloat16, raw bytes for quantized blocks)."""
@@ -379,6 +393,9 @@ class Capture:
 
     def close(self) -> None:
         self._file.close()
+        if self._descriptor is not None:
+            os.close(self._descriptor)
+            self._descriptor = None
 
     def __enter__(self) -> "Capture":
         return self
@@ -577,6 +594,7 @@ class RecordReader:
         self._dataset = capture._checked_dataset(record)
         self._chunked = capture.chunked_reader(record, self._dataset)
         self._storage = logical_dtype(record.dtype).storage
+        self._pack = capture.pack(record.path)[0] if record.packed else None
 
     def read(self, selection: Selection = None) -> np.ndarray:
         """Stored bits of the record, or of `selection`, in a new array."""
@@ -592,9 +610,10 @@ class RecordReader:
         """Stored bits of the record, or of `selection`, into `out` (C-contiguous, the
         selection's shape, the stored dtype), which is returned."""
         with self._located():
-            if self._record.packed:
+            if self._pack is not None:
                 shape = stored_shape(self._record.dtype, self._record.shape)
-                return read_packed(self._dataset, self._chunked, self._record.offset, shape, self._storage, selection, out)
+                descriptor = self._capture.descriptor
+                return read_packed(self._pack, descriptor, self._chunked, self._record.offset, shape, self._storage, selection, out)
             if self._chunked is not None:
                 out[...] = self._chunked.read(selection)
             else:
@@ -618,11 +637,10 @@ def stored_span(capture: Capture, record: Record) -> tuple[int, int] | None:
     reports that). For read-ahead: telling the kernel which bytes come next."""
     try:
         ds = capture._checked_dataset(record)
-        offset = ds.id.get_offset()
-        if offset is None:
-            return None
         if record.packed:
-            return int(offset) + record.offset, record.nbytes
-        return int(offset), int(ds.id.get_storage_size())
+            pack = capture.pack(record.path)[0]
+            return None if pack is None or pack.address is None else (pack.address + record.offset, record.nbytes)
+        offset = ds.id.get_offset()
+        return None if offset is None else (int(offset), int(ds.id.get_storage_size()))
     except (CaptureError, OSError, ValueError, TypeError):
         return None

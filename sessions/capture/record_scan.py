@@ -222,13 +222,13 @@ class RecordScan:
         found: list[Problem] = []
         for number, code in enumerate(packs.tolist()):
             path = cf.decode_field(paths[code])
-            dataset, problems = self._capture.pack(path)
-            if not problems and dataset is not None:
-                sizes[number] = dataset.shape[0]
+            pack, problems = self._capture.pack(path)
+            if not problems and pack is not None:
+                sizes[number] = pack.size
             elif owned[number]:
                 row = int(rows[first[number]])
                 where = f"/index row {row} ({cf.decode_field(index['name'][row])})"
-                found += problems if dataset is not None else [Problem(f"{where} -> {p.location}", p.problem) for p in problems]
+                found += problems if pack is not None else [Problem(f"{where} -> {p.location}", p.problem) for p in problems]
         size = sizes[row_pack]
         offsets, nbytes = columns["offset"][rows], columns["nbytes"][rows]
         beyond = (size >= 0) & (offsets > size - nbytes)

@@ -10,6 +10,7 @@ counts) uses the index columns instead.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import overload
@@ -46,7 +47,7 @@ class Record:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def packed(self) -> bool:

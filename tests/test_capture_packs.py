@@ -387,3 +387,13 @@ def test_a_pack_cut_short_after_its_check_is_a_located_read_error(tmp_path: Path
             capture.read_bits(capture.records[4])
     assert refused.value.location == cf.pack_path(3, 1)
     assert refused.value.problem == f"data cannot be read (the file ends at byte {span[0] + 10}, inside this record's bytes (cut short since it was checked))"
+
+
+def test_a_capture_replaced_at_its_path_while_open_is_still_read_from_the_file_it_opened(tmp_path: Path) -> None:
+    path = base(tmp_path / "first.h5")
+    with open_capture(path) as capture:
+        other = base(tmp_path / "other.h5")
+        with h5py.File(other, "r+") as f:
+            f[PACK][...] = np.zeros(384, np.uint8)
+        os.replace(other, path)
+        assert capture.read_values(capture.records[1]).tolist() == np.full((4, 8), 1, np.float32).tolist()

@@ -32,6 +32,8 @@ class T:
     segment: str = "prefill"
     layer: int = -1
     dtype: str | None = None
+    logical_shape: tuple[int, ...] | None = None
+    """Of GGML blocks (`dtype` q8_0, ...)."""
     kernel_id: str = ""
     contract_id: str = ""
     effective_contract_id: str = ""
@@ -46,12 +48,14 @@ def write_capture(
     role: str,
     tensors: list[T],
     tokens: list[tuple[int, int, bool]] = (),  # type: ignore[assignment]
+    layout: str = "packed",
     **meta: Any,
 ) -> Path:
-    """Write `tensors` in order (steps flushed as they change) and `tokens` as (step, id, is_stop)."""
+    """Write `tensors` in order (steps flushed as they change) and `tokens` as (step, id, is_stop),
+    in packs or (`layout="datasets"`) each tensor in a dataset of its own."""
     base = {"engine_name": f"hand-{role}", "model_id": "hand-model", "weights_hash": "sha256:aa", "prompt": "p", "device": "cpu"}
     base.update(meta)
-    writer = CaptureWriter(path, CaptureMeta(role=role, **base))
+    writer = CaptureWriter(path, CaptureMeta(role=role, **base), layout=layout)
     step = tensors[0].step if tensors else 0
     token_rows = list(tokens)
     for t in tensors:
@@ -66,6 +70,7 @@ def write_capture(
             segment=t.segment,
             layer=t.layer,
             dtype=t.dtype,
+            logical_shape=t.logical_shape,
             kernel_id=t.kernel_id,
             contract_id=t.contract_id,
             effective_contract_id=t.effective_contract_id,

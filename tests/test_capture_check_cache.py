@@ -56,8 +56,8 @@ print(json.dumps({"checks_spawned": len(spawned), "error": error}))
 """
 
 
-def write(path: Path, rows: int = 4) -> Path:
-    with CaptureWriter(path, CaptureMeta(role="native", engine_name="cache")) as writer:
+def write(path: Path, rows: int = 4, layout: str = "packed") -> Path:
+    with CaptureWriter(path, CaptureMeta(role="native", engine_name="cache"), layout=layout) as writer:
         for seq in range(rows):
             writer.add_tensor(f"l_out-{seq % 4}", np.full((2, 8), seq, np.float32), step=seq // 100, segment="decode", layer=seq % 4)
             if seq % 100 == 99:
@@ -68,7 +68,8 @@ def write(path: Path, rows: int = 4) -> Path:
 
 @pytest.fixture(scope="module")
 def many_rows(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write(tmp_path_factory.mktemp("many") / "many.h5", MANY_ROWS)
+    """Each tensor a dataset of its own: the layout whose check takes long enough to report progress row by row."""
+    return write(tmp_path_factory.mktemp("many") / "many.h5", MANY_ROWS, layout="datasets")
 
 
 def open_in_a_new_process(path: Path) -> tuple[int, str]:

@@ -30,7 +30,8 @@ VICTIM = cf.tensor_path(0)
 
 
 def base_capture(path: Path, records: int = 2) -> None:
-    with CaptureWriter(path, CaptureMeta(role="native", engine_name="hostile-base")) as writer:
+    """Tensors in datasets of their own: the cases below replace one (tests/test_capture_packs.py has the packs' cases)."""
+    with CaptureWriter(path, CaptureMeta(role="native", engine_name="hostile-base"), layout="datasets") as writer:
         for i in range(records):
             writer.add_tensor(f"t{i}", np.arange(16, dtype=np.float32), step=0, segment="prefill")
         writer.end_step()

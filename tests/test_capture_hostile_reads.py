@@ -66,7 +66,7 @@ def pair_with_raw_chunk(tmp_path: Path, stored: bytes, compression: str = "gzip"
     """(hostile, twin): the same one-tensor capture, the hostile one's tensor a chunked dataset
     whose single chunk holds `stored` as written, whatever it decodes to."""
     tensors = [T("l_out-0", np.zeros(ELEMENTS, np.float32), layer=0)]
-    hostile = write_capture(tmp_path / "hostile.h5", "native", tensors, [(0, 1, False)])
+    hostile = write_capture(tmp_path / "hostile.h5", "native", tensors, [(0, 1, False)], layout="datasets")
     twin = write_capture(tmp_path / "twin.h5", "oracle", tensors, [(0, 1, False)])
     with h5py.File(hostile, "r+") as f:
         path = cf.decode_field(f[cf.INDEX_PATH][0]["path"])
@@ -230,7 +230,7 @@ def test_a_table_field_name_that_is_not_utf8_is_a_located_refusal(tmp_path: Path
 def test_a_logical_shape_that_is_text_is_a_located_refusal(tmp_path: Path) -> None:
     blocks = quantize(np.ones((2, 64), np.float32), GGMLQuantizationType.Q8_0)
     path = tmp_path / "quantized.h5"
-    with CaptureWriter(path, CaptureMeta(role="native")) as writer:
+    with CaptureWriter(path, CaptureMeta(role="native"), layout="datasets") as writer:
         writer.add_tensor("ffn_gate-0", blocks, step=0, segment="prefill", layer=0, dtype="q8_0", logical_shape=(2, 64))
         writer.end_step()
     with h5py.File(path, "r+") as f:
@@ -268,7 +268,7 @@ def test_deeply_nested_source_names_are_no_sources_not_a_crash(tmp_path: Path) -
     oracle = write_capture(tmp_path / "oracle.h5", "oracle", tensors)
     with h5py.File(native, "r+") as f:
         nested = b"[" * 25_000 + b"]" * 25_000
-        f[cf.tensor_path(0)].attrs.create("ggml_src", np.bytes_(nested), dtype=cf.utf8(len(nested)))
+        f[cf.pack_path(0)].attrs.create(cf.packed_attribute("ggml_src", 0), np.bytes_(nested), dtype=cf.utf8(len(nested)))
     status, out, err, _ = cli("report", "--native-profile", "llama.cpp", "--oracle-profile", "llama.cpp", str(native), str(oracle))
     assert (status, err) == (0, ""), "placed as a node without sources on both sides: the same bits"
     assert out.startswith("PARITY: ")

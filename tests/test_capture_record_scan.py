@@ -30,7 +30,7 @@ VICTIM = cf.tensor_path(1)
 def write_every_kind(path: Path) -> None:
     """One tensor of each kind a capture holds: every plain dtype, a scalar, an empty one, quantized blocks."""
     rng = np.random.default_rng(3)
-    with CaptureWriter(path, CaptureMeta(role="native", engine_name="scan")) as writer:
+    with CaptureWriter(path, CaptureMeta(role="native", engine_name="scan"), layout="datasets") as writer:
         writer.add_tensor("bf16", rng.standard_normal((2, 8)).astype(ml_dtypes.bfloat16), step=0, segment="prefill")
         writer.add_tensor("f32", rng.standard_normal((3, 4)).astype(np.float32), step=0, segment="prefill")
         for dtype in ("float16", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"):

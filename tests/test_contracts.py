@@ -40,8 +40,8 @@ def _findings(tmp_path: Path, native: T, oracle: T, same_engine: bool = False) -
 
 
 def test_contract_mismatch_is_reported_before_any_tensor_is_read(tmp_path: Path) -> None:
-    native = write_capture(tmp_path / "n.h5", "native", [_sdpa("sdpa", "k", "attn.single", "attn.single")])
-    oracle = write_capture(tmp_path / "o.h5", "oracle", [_sdpa("sdpa", "k", "attn.tiled", "attn.tiled")])
+    native = write_capture(tmp_path / "n.h5", "native", [_sdpa("sdpa", "k", "attn.single", "attn.single")], layout="datasets")
+    oracle = write_capture(tmp_path / "o.h5", "oracle", [_sdpa("sdpa", "k", "attn.tiled", "attn.tiled")], layout="datasets")
     for path in (native, oracle):
         with h5py.File(path, "r+") as f:
             del f[cf.tensor_path(0)]

@@ -24,6 +24,7 @@ from backends.recorders.ggml_tensor_struct import (  # noqa: E402
 from backends.recorders.llama_process import iter_record_llama, plain_logits  # noqa: E402
 from backends.recorders.llama_recorder import SRC_ATTR, LlamaSettings, RecorderError  # noqa: E402
 from backends.recorders.record_schedule import TokenSchedule  # noqa: E402
+from sessions.capture import format as cf  # noqa: E402
 from sessions.capture.opening import open_capture  # noqa: E402
 from sessions.capture.reader import Capture  # noqa: E402
 from sessions.commands.validate import validate_file  # noqa: E402
@@ -52,8 +53,9 @@ def _record(gguf: Path, out: Path, schedule: TokenSchedule = SCHEDULE, settings:
 
 
 def _sources(out: Path, capture: Capture, seq: int) -> list[str]:
+    """The node's `ggml_src`, on its pack as `ggml_src[SEQ]` (docs/capture-format.md, "Recorder attributes")."""
     with h5py.File(out, "r", locking=False) as file:
-        return json.loads(file[capture.records[seq].path].attrs[SRC_ATTR].decode())
+        return json.loads(file[capture.records[seq].path].attrs[cf.packed_attribute(SRC_ATTR, seq)].decode())
 
 
 def test_the_mirror_is_proven_against_the_installed_library() -> None:

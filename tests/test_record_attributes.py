@@ -18,9 +18,9 @@ from tests.hand_captures import bf16_bits
 SOURCES = ["blk.0.ffn_gate.weight", "ffn_norm-0"]
 
 
-def _capture(path: Path) -> Path:
+def _capture(path: Path, layout: str = "datasets") -> Path:
     """Two bfloat16 records as the llama.cpp recorder writes them (each with `ggml_src`)."""
-    with CaptureWriter(path, CaptureMeta(role="native", engine_name="hand llama.cpp")) as writer:
+    with CaptureWriter(path, CaptureMeta(role="native", engine_name="hand llama.cpp"), layout=layout) as writer:
         for name in ("ffn_gate-0", "ffn_up-0"):
             writer.add_tensor(name, bf16_bits([[1.0, 2.0], [3.0, 4.0]]), step=0, segment="prefill", layer=0, dtype="bfloat16",
                               kernel_id="MUL_MAT", attrs={"ggml_src": json.dumps(SOURCES)})
@@ -40,6 +40,16 @@ def test_a_recorders_attributes_and_the_index_row_are_listed_with_type_shape_and
     assert (rows["logical_dtype"].hdf5_type, rows["logical_dtype"].shape, rows["logical_dtype"].value) == ("fixed-length string, 8 bytes (UTF-8)", "scalar", "bfloat16")
     assert json.loads(rows["ggml_src"].value) == SOURCES
     assert not any(row.problem for row in shown.attributes)
+
+
+def test_a_packed_record_shows_its_own_attributes_of_the_pack_and_not_its_neighbours(tmp_path: Path) -> None:
+    with load_capture(_capture(tmp_path / "packed.h5", layout="packed")) as capture:
+        first, second = (record_attributes(capture, capture.records[i], "native") for i in (0, 1))
+    assert first.path == second.path
+    assert [row.name for row in first.attributes] == ["ggml_src[0]"]
+    assert [row.name for row in second.attributes] == ["ggml_src[1]"]
+    assert json.loads(second.attributes[0].value) == SOURCES
+    assert dict(second.index_row)["name"] == "ffn_up-0"
 
 
 def test_hostile_and_oversized_attributes_become_rows_that_say_why_and_nothing_is_read(tmp_path: Path) -> None:

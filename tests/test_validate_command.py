@@ -22,7 +22,7 @@ def validate(*files: Path, deep: bool = False) -> int:
 
 
 def good_capture(path: Path, finish: bool = True) -> Path:
-    writer = CaptureWriter(path, CaptureMeta(role="oracle", engine_name="validate"))
+    writer = CaptureWriter(path, CaptureMeta(role="oracle", engine_name="validate"), layout="datasets")
     for step in range(2):
         seq = writer.add_tensor("kqv_out-0", np.zeros((4, 64), np.float32), step=step, segment="decode", layer=0)
         writer.add_dispatch(index_seq=seq, call=0, kv_group=0, head_start=0, head_count=4, q_heads=4, kv_heads=1, q_rows=1, kv_len=3 + step, head_dim=64, primitive="fallback")
@@ -169,7 +169,7 @@ def test_hard_link_cycles_and_compact_storage_are_valid(tmp_path: Path, capsys: 
 def test_deep_validation_reads_every_tensor(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A stored chunk that no longer inflates passes the metadata check and fails the deep one."""
     path = tmp_path / "gzip.h5"
-    with CaptureWriter(path, CaptureMeta(role="oracle", engine_name="deep"), compression="gzip") as writer:
+    with CaptureWriter(path, CaptureMeta(role="oracle", engine_name="deep"), compression="gzip", layout="datasets") as writer:
         writer.add_tensor("l_out-0", np.arange(512, dtype=np.float32), step=0, segment="prefill", layer=0)
         writer.end_step()
     assert validate(path) == 0

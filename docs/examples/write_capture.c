@@ -6,8 +6,10 @@
  *
  * It writes STEPS token steps of a one-layer toy model with the llama.cpp tensor names: per
  * step a bfloat16 `l_out-0`, a float16 `kqv_out-0` with one attention dispatch row, a float32
- * `result_output`, and one token. Every value is a function of (step, element), so a Python
- * twin writes the same bits (tests/test_c_writer.py) and `parity-xray report` finds PARITY.
+ * `result_output`, and one token. The step's three tensors are packed: their bytes back to back
+ * in one 1-D byte dataset of the step's group, each index row giving its offset and byte count.
+ * Every value is a function of (step, element), so a Python twin writes the same bits
+ * (tests/test_c_writer.py) and `parity-xray report` finds PARITY.
  * Error handling is reduced to one check per call that creates something: a real engine
  * would report which call failed.
  */
@@ -69,20 +71,6 @@ static void set_int_attr(hid_t obj, const char *name, int64_t value) {
     H5Aclose(a);
 }
 
-/* IEEE half precision, little-endian. libhdf5 names it H5T_IEEE_F16LE from 1.14.4 on; before
- * that it is built from the single-precision type (the same recipe h5py uses). */
-static hid_t f16_type(void) {
-#if H5_VERSION_GE(1, 14, 4)
-    return H5Tcopy(H5T_IEEE_F16LE);
-#else
-    hid_t t = check(H5Tcopy(H5T_IEEE_F32LE), "H5Tcopy");
-    H5Tset_fields(t, 15, 10, 5, 0, 10); /* sign bit 15, exponent bits 10..14, mantissa bits 0..9 */
-    H5Tset_size(t, 2);
-    H5Tset_ebias(t, 15);
-    return t;
-#endif
-}
-
 /* Insert a member whose type the caller made: H5Tinsert copies it, so it is closed here. */
 static void insert_owned(hid_t compound, const char *name, size_t offset, hid_t member) {
     if (H5Tinsert(compound, name, offset, member) < 0) fail(name);
@@ -90,11 +78,11 @@ static void insert_owned(hid_t compound, const char *name, size_t offset, hid_t 
 }
 
 #pragma pack(push, 1)
-typedef struct { /* /index row: 456 bytes */
+typedef struct { /* /index row: 480 bytes */
     int64_t seq; int32_t step; char segment[16]; int32_t layer; char name[64];
     int32_t occurrence; char dtype[16]; int32_t ndim; int64_t shape[8]; char path[64];
     char kernel_id[64]; char contract_id[64]; char effective_contract_id[64];
-    int64_t t_start_ns, t_end_ns;
+    int64_t t_start_ns, t_end_ns, position, offset, nbytes;
 } index_row;
 
 typedef struct { /* /dispatch row: 164 bytes */
@@ -127,6 +115,9 @@ static hid_t index_type(void) {
     insert_owned(t, "effective_contract_id", 376, str_type(64));
     H5Tinsert(t, "t_start_ns", 440, H5T_STD_I64LE);
     H5Tinsert(t, "t_end_ns", 448, H5T_STD_I64LE);
+    H5Tinsert(t, "position", 456, H5T_STD_I64LE);
+    H5Tinsert(t, "offset", 464, H5T_STD_I64LE);
+    H5Tinsert(t, "nbytes", 472, H5T_STD_I64LE);
     return t;
 }
 
@@ -187,19 +178,27 @@ static void append_rows(hid_t ds, hid_t type, const void *rows, hsize_t n) {
     H5Sclose(space);
 }
 
-/* One tensor dataset with its logical_dtype attribute. */
-static void write_tensor(hid_t group, const char *name, hid_t file_type, hid_t mem_type, int ndim,
-                         const hsize_t *dims, const void *data, const char *logical) {
-    hid_t space = H5Screate_simple(ndim, dims, NULL);
-    hid_t ds = check(H5Dcreate2(group, name, file_type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), name);
-    if (H5Dwrite(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0) fail("H5Dwrite (tensor)");
-    str_attr(ds, "logical_dtype", logical);
+/* One pack: the step's tensors' bytes, back to back, as a 1-D H5T_STD_U8LE dataset written whole,
+ * once, in the step's group (contiguous: each tensor is then one run of the file). */
+static void write_pack(hid_t group, const char *name, const unsigned char *bytes, hsize_t n) {
+    hid_t space = H5Screate_simple(1, &n, NULL);
+    hid_t ds = check(H5Dcreate2(group, name, H5T_STD_U8LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), name);
+    if (H5Dwrite(ds, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, bytes) < 0) fail("H5Dwrite (pack)");
     H5Dclose(ds);
     H5Sclose(space);
 }
 
+/* Appends a tensor's stored bytes to the pack buffer; returns its offset there. The format's
+ * bytes are little-endian: on a little-endian host, the values as they lie in memory. */
+static int64_t pack_bytes(unsigned char *pack, size_t *filled, const void *data, size_t n) {
+    int64_t offset = (int64_t)*filled;
+    memcpy(pack + *filled, data, n);
+    *filled += n;
+    return offset;
+}
+
 static index_row row_for(int64_t seq, int32_t step, const char *name, int32_t layer, const char *dtype,
-                         int ndim, const hsize_t *dims, const char *path) {
+                         int ndim, const hsize_t *dims, const char *path, int64_t offset, int64_t nbytes) {
     index_row r;
     memset(&r, 0, sizeof r);
     r.seq = seq;
@@ -212,6 +211,9 @@ static index_row row_for(int64_t seq, int32_t step, const char *name, int32_t la
     for (int i = 0; i < ndim; i++) r.shape[i] = (int64_t)dims[i];
     strncpy(r.path, path, sizeof r.path);
     r.t_start_ns = r.t_end_ns = seq * 1000;
+    r.position = -1; /* unknown: alignment derives positions from segment order */
+    r.offset = offset;
+    r.nbytes = nbytes;
     return r;
 }
 
@@ -275,7 +277,6 @@ int main(int argc, char **argv) {
     /* POSIX renames the open file; on Windows close it, rename it, and open it again. */
     if (rename(partial, argv[1]) != 0) fail("rename");
 
-    hid_t f16 = f16_type();
     int64_t seq = 0;
     for (int32_t step = 0; step < STEPS; step++) {
         /* 2. This step's group (block J holds steps 2^J-1 .. 2^(J+1)-2, all created with the block). */
@@ -293,9 +294,11 @@ int main(int argc, char **argv) {
         hid_t group = check(H5Gopen2(blocks[block], group_name, H5P_DEFAULT), group_name);
 
         index_row rows[3];
-        char name[32], path[128]; /* a tensor path fits the index field's 64 bytes */
+        char pack_name[32], path[128]; /* a pack path fits the index field's 64 bytes */
         uint16_t bf16[ROWS * COLS], half[ROWS * COLS];
         float logits[VOCAB];
+        unsigned char pack[sizeof bf16 + sizeof half + sizeof logits];
+        size_t filled = 0;
         for (int i = 0; i < ROWS * COLS; i++) {
             bf16[i] = (uint16_t)(0x3f80 + 7 * i + step);   /* bfloat16 bits */
             half[i] = (uint16_t)(0x3c00 + 3 * i + step);   /* float16 bits, written as they are */
@@ -303,20 +306,16 @@ int main(int argc, char **argv) {
         for (int i = 0; i < VOCAB; i++) logits[i] = (float)(i - step) / 8.0f;
         hsize_t matrix[2] = {ROWS, COLS}, vector[2] = {1, VOCAB};
 
-        snprintf(name, sizeof name, "t%08lld", (long long)seq);
-        write_tensor(group, name, H5T_STD_U16LE, H5T_NATIVE_UINT16, 2, matrix, bf16, "bfloat16");
-        snprintf(path, sizeof path, "/tensors/b%02d/%s/%s", block, group_name, name);
-        rows[0] = row_for(seq++, step, "l_out-0", 0, "bfloat16", 2, matrix, path);
-
-        snprintf(name, sizeof name, "t%08lld", (long long)seq);
-        write_tensor(group, name, f16, f16, 2, matrix, half, "float16");
-        snprintf(path, sizeof path, "/tensors/b%02d/%s/%s", block, group_name, name);
-        rows[1] = row_for(seq++, step, "kqv_out-0", 0, "float16", 2, matrix, path);
-
-        snprintf(name, sizeof name, "t%08lld", (long long)seq);
-        write_tensor(group, name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 2, vector, logits, "float32");
-        snprintf(path, sizeof path, "/tensors/b%02d/%s/%s", block, group_name, name);
-        rows[2] = row_for(seq++, step, "result_output", -1, "float32", 2, vector, path);
+        /* The pack is named after its first tensor's seq; every row of the step points at it. */
+        snprintf(pack_name, sizeof pack_name, "p%08lld", (long long)seq);
+        snprintf(path, sizeof path, "/tensors/b%02d/%s/%s", block, group_name, pack_name);
+        int64_t at = pack_bytes(pack, &filled, bf16, sizeof bf16);
+        rows[0] = row_for(seq++, step, "l_out-0", 0, "bfloat16", 2, matrix, path, at, sizeof bf16);
+        at = pack_bytes(pack, &filled, half, sizeof half);
+        rows[1] = row_for(seq++, step, "kqv_out-0", 0, "float16", 2, matrix, path, at, sizeof half);
+        at = pack_bytes(pack, &filled, logits, sizeof logits);
+        rows[2] = row_for(seq++, step, "result_output", -1, "float32", 2, vector, path, at, sizeof logits);
+        write_pack(group, pack_name, pack, filled);
         H5Gclose(group);
 
         dispatch_row call;
@@ -354,7 +353,6 @@ int main(int argc, char **argv) {
 
     /* 4. The complete marker, written last, in place. */
     set_int_attr(file, "complete", 1);
-    H5Tclose(f16);
     H5Tclose(itype);
     H5Tclose(dtype);
     H5Tclose(ttype);

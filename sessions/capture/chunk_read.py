@@ -160,12 +160,22 @@ class ChunkedReader:
         self._pipeline = [dcpl.get_filter(i)[:3] for i in range(dcpl.get_nfilters())]
         self._chunk = tuple(int(c) for c in dcpl.get_chunk())
         self._chunk_bytes = int(np.prod(self._chunk, dtype=np.int64)) * dataset.dtype.itemsize
+        self._last: tuple[tuple[int, ...], np.ndarray | None] | None = None
+        """The chunk decoded last: a pack's small records share chunks, and are read one after another."""
 
     def _fail(self, offset: tuple[int, ...], problem: str) -> UnsafeObject:
         return UnsafeObject(Problem(f"{self._location} chunk at {offset}", problem))
 
     def _decode(self, offset: tuple[int, ...]) -> np.ndarray | None:
         """One chunk's elements in the chunk's shape, or None where no chunk was written (fill value)."""
+        if self._last is not None and self._last[0] == offset:
+            return self._last[1]
+        self._last = None
+        decoded = self._decode_stored(offset)
+        self._last = (offset, decoded)
+        return decoded
+
+    def _decode_stored(self, offset: tuple[int, ...]) -> np.ndarray | None:
         dsid = self._dataset.id
         info = dsid.get_chunk_info_by_coord(offset)
         if info.byte_offset is None:

@@ -16,13 +16,8 @@ import numpy as np
 
 from sessions.bits.dtypes import logical_dtype
 from sessions.capture.hdf5_safety import Problem
-from sessions.capture.reader import (
-    Capture,
-    CaptureError,
-    Record,
-    RecordReader,
-    record_from_row,
-)
+from sessions.capture.reader import Capture, CaptureError, Record, RecordReader
+from sessions.capture.records import record_from_row
 
 SLICE_BYTES = 64 * 1024**2
 """Largest slice of one record read at once: the check's memory stays far below its limit."""

@@ -6,9 +6,9 @@ link nobody uses still opens another file there, and an object-reference dataset
 attribute still reaches a decoder. `validate` promises that a file it accepts holds nothing the
 format refuses, so the structural check walks the whole tree once: links of every group
 reached by hard links, the attributes of every object, and every dataset and named type that
-no index row names (the record scan checks the ones that rows name). Groups are walked with
-an explicit stack and each object is visited once by address, so hard-link cycles and deep
-nesting neither loop nor exhaust the interpreter's stack.
+no index row names (the record scan checks the datasets and packs that rows name). Groups are
+walked with an explicit stack and each object is visited once by address, so hard-link cycles
+and deep nesting neither loop nor exhaust the interpreter's stack.
 
 Only finished files are walked. In a file whose writer did not finish, the groups and tensors
 of the step being written may point past the end of what was flushed; readers never go there
@@ -60,7 +60,7 @@ def walk_problems(capture: Capture) -> list[Problem]:
     """Problems of every link, attribute and unnamed object of a finished file, in the order they are reached."""
     if not capture.complete:
         return []
-    rows = {normalised_path(cf.decode_field(raw)) for raw in capture.index["path"].tolist()}
+    rows = {normalised_path(cf.decode_field(raw)) for raw in capture.columns.codes("path")[0].tolist()}
     root = capture.walker.group_id("/")
     found = attribute_problems(root, "/", capture.memory_budget)
     seen: set[int] = set()

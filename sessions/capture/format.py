@@ -77,13 +77,17 @@ INDEX_DTYPE = np.dtype(
         ("t_start_ns", "<i8"),
         ("t_end_ns", "<i8"),
         ("position", "<i8"),
+        ("offset", "<i8"),
+        ("nbytes", "<i8"),
     ]
 )
 
-INDEX_OPTIONAL_FIELDS = {"position": -1}
+INDEX_OPTIONAL_FIELDS = {"position": -1, "offset": -1, "nbytes": -1}
 """Index fields a file may lack (written before they existed), with the value such rows read as.
 `position` is the absolute token position of the record's first row (canonical rows axis); -1
-unknown, which alignment by position then derives from segment order."""
+unknown, which alignment by position then derives from segment order. `offset` and `nbytes`
+place a packed record's bytes in the pack its `path` names; -1 (both) when `path` names a
+dataset holding the tensor alone, the layout of every file written before packs existed."""
 
 DISPATCH_DTYPE = np.dtype(
     [
@@ -109,7 +113,7 @@ DISPATCH_DTYPE = np.dtype(
 )
 
 INDEX_STRING_FIELDS = tuple(n for n in INDEX_DTYPE.names if INDEX_DTYPE[n].kind == "S")
-INDEX_INT_FIELDS = ("seq", "step", "layer", "occurrence", "ndim", "t_start_ns", "t_end_ns", "position")
+INDEX_INT_FIELDS = ("seq", "step", "layer", "occurrence", "ndim", "t_start_ns", "t_end_ns", "position", "offset", "nbytes")
 
 TOKENS_DTYPE = np.dtype(
     [
@@ -136,8 +140,19 @@ def step_group_path(group: int) -> str:
 
 
 def tensor_path(seq: int, group: int = 0) -> str:
-    """Where the reference writer puts tensor `seq`, written in its step group `group`."""
+    """Where the reference writer puts tensor `seq` as a dataset of its own, in step group `group`."""
     return f"{step_group_path(group)}/t{seq:08d}"
+
+
+def pack_path(first_seq: int, group: int = 0) -> str:
+    """Where the reference writer puts the pack whose first tensor is `first_seq`, in step group `group`."""
+    return f"{step_group_path(group)}/p{first_seq:08d}"
+
+
+def packed_attribute(name: str, seq: int) -> str:
+    """The name of a packed record's recorder attribute `name` on its pack: one pack holds many
+    records' bytes, so each attribute says whose it is (`ggml_src[123]`)."""
+    return f"{name}[{seq}]"
 
 
 def decode_field(raw: bytes | np.bytes_) -> str:

@@ -143,6 +143,8 @@ class LinkWalker:
 
     def __init__(self, file: h5py.File) -> None:
         self._groups: dict[str, h5py.h5g.GroupID] = {"/": file.id}
+        self._hard: set[str] = set()
+        """Paths of groups whose every part was already found to be a hard link: a read-only file's links do not change."""
 
     def group_id(self, path: str) -> h5py.h5g.GroupID:
         """The group at a hard-link path (as `resolve` returns), opened once and kept."""
@@ -163,8 +165,11 @@ class LinkWalker:
         current = "/"
         parts = _normalise(path)
         for i, part in enumerate(parts):
-            group = self.group_id(current)
             candidate = _join(current, part)
+            if candidate in self._hard:
+                current = candidate
+                continue
+            group = self.group_id(current)
             try:
                 info = group.links.get_info(part.encode()) if group.links.exists(part.encode()) else None
             except HDF5_ERRORS as exc:
@@ -179,6 +184,8 @@ class LinkWalker:
                     raise UnsafeObject(Problem(candidate, f"soft links nest deeper than {MAX_SOFT_LINK_HOPS} (a loop?)"))
                 target = group.links.get_val(part.encode()).decode(errors="replace")
                 candidate = self.resolve(target if target.startswith("/") else _join(current, target), hops=hops + 1)
+            elif i < len(parts) - 1:
+                self._hard.add(candidate)
             current = candidate
         return current
 

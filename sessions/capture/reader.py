@@ -1,19 +1,24 @@
 """Lazy capture reader for untrusted files.
 
 The index, dispatch and token tables are each one read; tensors are read on demand, whole or
-as a slice. Files come from other people's engines (GUIDE section 7), so:
+as a slice, from a dataset of their own or as a byte range of a pack (docs/capture-format.md,
+"Packs"); `records` are built from the index only when asked for. Files come from other people's engines (GUIDE section 7), so:
 - the file is opened read-only with locking off, never blocking the engine that writes it;
 - the first open of a file runs its full structural check in a child process
   (`sessions.capture.structure_check`), so a file that crashes or hangs libhdf5 takes the child down,
   not the viewer;
 - every object is checked through its metadata (`sessions.capture.hdf5_safety`) before its data is
-  read, and index rows are checked against the datasets they point at;
+  read, and index rows are checked against the datasets they point at (a pack once, then each
+  row's byte range);
 - every problem surfaces as a `CaptureError` naming the file, the place and what is wrong.
 """
 
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -32,6 +37,7 @@ from sessions.bits.dtypes import (
 )
 from sessions.capture import format as cf
 from sessions.capture.chunk_read import ChunkedReader, has_filters
+from sessions.capture.columns import IndexColumns
 from sessions.capture.hdf5_safety import (
     DEFAULT_MEMORY_BUDGET,
     HDF5_ERRORS,
@@ -45,6 +51,16 @@ from sessions.capture.hdf5_safety import (
     read_attribute,
 )
 from sessions.capture.meta import CaptureMeta
+from sessions.capture.pack_layout import (
+    Selection,
+    expected_nbytes,
+    overlapping,
+    selection_shape,
+    stored_nbytes,
+    stored_shape,
+)
+from sessions.capture.pack_read import Pack, read_packed
+from sessions.capture.records import Record, Records
 
 
 class CaptureError(Exception):
@@ -59,85 +75,6 @@ class CaptureError(Exception):
     def __reduce__(self) -> tuple[type[CaptureError], tuple[str, str, str]]:
         """Rebuilt from its three parts when it crosses a process boundary (a parallel comparison's worker)."""
         return CaptureError, (self.path, self.location, self.problem)
-
-
-@dataclass(frozen=True)
-class Record:
-    """One captured tensor, as its index row describes it."""
-
-    seq: int
-    step: int
-    segment: str
-    layer: int
-    name: str
-    occurrence: int
-    dtype: str
-    shape: tuple[int, ...]
-    path: str
-    kernel_id: str
-    contract_id: str
-    effective_contract_id: str
-    t_start_ns: int
-    t_end_ns: int
-    position: int = -1
-    """Absolute token position of the first row (canonical rows axis); -1 when not recorded."""
-
-    @property
-    def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
-
-
-def record_from_row(row: np.void) -> Record:
-    ndim = int(row["ndim"])
-    return Record(
-        seq=int(row["seq"]),
-        step=int(row["step"]),
-        segment=cf.decode_field(row["segment"]),
-        layer=int(row["layer"]),
-        name=cf.decode_field(row["name"]),
-        occurrence=int(row["occurrence"]),
-        dtype=cf.decode_field(row["dtype"]),
-        shape=tuple(int(d) for d in row["shape"][:ndim]),
-        path=cf.decode_field(row["path"]),
-        kernel_id=cf.decode_field(row["kernel_id"]),
-        contract_id=cf.decode_field(row["contract_id"]),
-        effective_contract_id=cf.decode_field(row["effective_contract_id"]),
-        t_start_ns=int(row["t_start_ns"]),
-        t_end_ns=int(row["t_end_ns"]),
-        position=int(row["position"]),
-    )
-
-
-def _text_column(column: np.ndarray) -> list[str]:
-    return [cf.decode_field(raw) for raw in column.tolist()]
-
-
-def records_from_index(index: np.ndarray) -> list[Record]:
-    """All records of an index table, built column-wise: 50,000 rows in well under a second."""
-    texts = {name: _text_column(index[name]) for name in cf.INDEX_STRING_FIELDS}
-    ints = {name: index[name].tolist() for name in cf.INDEX_INT_FIELDS}
-    ndims = index["ndim"].tolist()
-    shapes = index["shape"].tolist()
-    return [
-        Record(
-            seq=ints["seq"][i],
-            step=ints["step"][i],
-            segment=texts["segment"][i],
-            layer=ints["layer"][i],
-            name=texts["name"][i],
-            occurrence=ints["occurrence"][i],
-            dtype=texts["dtype"][i],
-            shape=tuple(shapes[i][: ndims[i]]),
-            path=texts["path"][i],
-            kernel_id=texts["kernel_id"][i],
-            contract_id=texts["contract_id"][i],
-            effective_contract_id=texts["effective_contract_id"][i],
-            t_start_ns=ints["t_start_ns"][i],
-            t_end_ns=ints["t_end_ns"][i],
-            position=ints["position"][i],
-        )
-        for i in range(len(index))
-    ]
 
 
 def _attr_text(value: np.ndarray | None) -> str:
@@ -191,6 +128,9 @@ class Capture:
         self._budget = memory_budget
         self._file_size = path.stat().st_size
         self._walker = LinkWalker(file)
+        self._packs: dict[str, tuple[Pack | None, list[Problem]]] = {}
+        self._descriptor: int | None = None
+        self._pack_decoder: tuple[str, ChunkedReader] | None = None
         self.dropped_rows: dict[str, int] = {}
         """Rows an unfinished writer left past its last committed step, per table (not shown)."""
         self.meta, self.complete = self._read_root()
@@ -199,7 +139,9 @@ class Capture:
         self.tokens = self._read_table(cf.TOKENS_PATH, cf.TOKENS_DTYPE, required=False)
         if not self.complete:
             self.index = self._committed_index_prefix(self.index)
-        self.row_problems, self.bad_rows = index_problems(self.index)
+        self.columns = IndexColumns(self.index)
+        """The index's columns as contiguous arrays and codes, for checks over every row at once."""
+        self.row_problems, self.bad_rows = index_problems(self.columns)
         """Problems of index rows on their own, and a mask of the rows that have them (open_capture refuses these)."""
 
     @property
@@ -310,8 +252,9 @@ class Capture:
         return index[:first]
 
     @cached_property
-    def records(self) -> list[Record]:
-        return records_from_index(self.index)
+    def records(self) -> Records:
+        """The index rows as `Record`s, each built the first time it is asked for (sessions.capture.records)."""
+        return Records(self.index)
 
     def record(self, seq: int) -> Record | None:
         """The record with this seq (a comparison or a session names records by seq); None when absent."""
@@ -322,7 +265,7 @@ class Capture:
 
     @property
     def contents(self) -> CaptureContents:
-        steps = np.unique(self.index["step"]).size if len(self.index) else 0
+        steps = np.unique(self.columns["step"]).size if len(self.index) else 0
         return CaptureContents(len(self.index), int(steps), len(self.tokens), len(self.dispatch), self.complete)
 
     def describe(self) -> str:
@@ -330,15 +273,17 @@ class Capture:
         return self.contents.describe()
 
     def record_problems(self, record: Record) -> list[Problem]:
-        """Everything wrong between one index row and the dataset it points at, from metadata only."""
+        """Everything wrong between one index row and the dataset (or pack) it points at, from metadata only."""
         return self._inspect(record)[1]
 
-    def _inspect(self, record: Record) -> tuple[h5py.h5d.DatasetID | None, list[Problem]]:
+    def _inspect(self, record: Record) -> tuple[h5py.Dataset | None, list[Problem]]:
         where = f"/index row {record.seq} ({record.name})"
         try:
             ld = logical_dtype(record.dtype)
         except UnknownDtypeError as exc:
             return None, [Problem(where, str(exc))]
+        if record.packed:
+            return self._inspect_packed(record, where)
         try:
             ds = self._walker.dataset_id(record.path)
         except UnsafeObject as exc:
@@ -346,12 +291,12 @@ class Capture:
         found = dataset_problems(ds, record.path, self._budget, self._file_size)
         found += attribute_problems(ds, record.path, self._budget)
         if found:
-            return ds, found
+            return None, found
         try:
             stored_logical = _attr_text(read_attribute(ds, record.path, cf.ATTR_LOGICAL_DTYPE, self._budget))
             shape_attr = read_attribute(ds, record.path, cf.ATTR_LOGICAL_SHAPE, self._budget) if ld.is_quantized else None
         except UnsafeObject as exc:
-            return ds, [exc.problem]
+            return None, [exc.problem]
         if stored_logical != record.dtype:
             found.append(
                 Problem(f"{record.path} attribute 'logical_dtype'", f"is {stored_logical!r}; the index row says {record.dtype!r}")
@@ -364,33 +309,92 @@ class Capture:
             found += _quantized_problems(shape, record, ld.ggml_type or "", shape_attr)
         elif shape != record.shape:
             found.append(Problem(record.path, f"has shape {shape}; the index row says {record.shape}"))
-        return ds, found
+        return h5py.Dataset(ds), found
+
+    def pack(self, path: str) -> tuple[Pack | None, list[Problem]]:
+        """The pack at `path` and what keeps it from holding records' bytes, checked once per
+        pack whatever number of records it holds. None when the path does not lead to a
+        dataset (the problems then say where along the path)."""
+        known = self._packs.get(path)
+        if known is None:
+            known = self._packs[path] = self._check_pack(path)
+        return known
+
+    def _check_pack(self, path: str) -> tuple[Pack | None, list[Problem]]:
+        try:
+            dsid = self._walker.dataset_id(path)
+        except UnsafeObject as exc:
+            return None, [exc.problem]
+        address = self._plain_pack_address(dsid)
+        found = [] if address is not None else dataset_problems(dsid, path, self._budget, self._file_size)
+        found += attribute_problems(dsid, path, self._budget)
+        dataset = h5py.Dataset(dsid)
+        if found:
+            return Pack(dataset, -1, None, False), found
+        tid = dsid.get_type()
+        if tid.get_class() != h5py.h5t.INTEGER or tid.get_size() != 1 or tid.get_sign() != h5py.h5t.SGN_NONE:
+            kind = "an enum of " if tid.get_class() == h5py.h5t.ENUM else ""
+            found.append(Problem(path, f"is a pack of {kind}{tid.dtype}; a pack holds bytes (H5T_STD_U8LE)"))
+        if len(dsid.shape) != 1:
+            found.append(Problem(path, f"is a pack of shape {dsid.shape}; a pack is 1-D"))
+            return Pack(dataset, -1, None, False), found
+        return Pack(dataset, int(dsid.shape[0]), address, address is None and has_filters(dataset)), found
+
+    def _plain_pack_address(self, dsid: h5py.h5d.DatasetID) -> int | None:
+        """Where a pack's bytes start in the file when it is the reference writer's kind: one
+        contiguous run inside the file, within the budget; None otherwise. An address for its
+        data means contiguous storage, which rules out filters, external raw data and virtual
+        layouts, so such a pack needs none of `dataset_problems`' property-list reads."""
+        try:
+            offset, shape, tid = dsid.get_offset(), dsid.shape, dsid.get_type()
+        except HDF5_ERRORS:
+            return None
+        if offset is None or len(shape) != 1 or tid.get_class() != h5py.h5t.INTEGER or tid.get_size() != 1:
+            return None
+        return int(offset) if shape[0] <= self._budget and offset + shape[0] <= self._file_size else None
+
+    def _inspect_packed(self, record: Record, where: str) -> tuple[h5py.Dataset | None, list[Problem]]:
+        pack, found = self.pack(record.path)
+        if pack is None:
+            return None, [Problem(f"{where} -> {p.location}", p.problem) for p in found]
+        if found:
+            return pack.dataset, found
+        return pack.dataset, _range_problems(record, where, pack.size)
 
     def _checked_dataset(self, record: Record) -> h5py.Dataset:
         ds, found = self._inspect(record)
         if found or ds is None:
             first = found[0] if found else Problem(record.path, "cannot be opened")
             raise self._fail(first.location, first.problem)
-        return h5py.Dataset(ds)
+        return ds
 
     def chunked_reader(self, record: Record, dataset: h5py.Dataset) -> ChunkedReader | None:
-        """The bounded chunk decoder of a record's filtered dataset; None when libhdf5 reads it as stored."""
-        if not has_filters(dataset):
-            return None
-        return ChunkedReader(dataset, record.path, self._budget, self._file_size)
+        """The bounded chunk decoder of a record's filtered dataset or pack; None when libhdf5 reads it as stored.
 
-    def read_bits(self, record: Record, selection: tuple[slice | int, ...] | None = None) -> np.ndarray:
+        A pack's decoder is kept while records of that pack are read (it keeps the chunk it
+        decoded last, which the next small record of the pack most likely shares)."""
+        if record.packed:
+            pack = self._packs[record.path][0]
+            if pack is None or not pack.filtered:
+                return None
+            if self._pack_decoder is None or self._pack_decoder[0] != record.path:
+                self._pack_decoder = (record.path, ChunkedReader(dataset, record.path, self._budget, self._file_size))
+            return self._pack_decoder[1]
+        return ChunkedReader(dataset, record.path, self._budget, self._file_size) if has_filters(dataset) else None
+
+    @property
+    def descriptor(self) -> int | None:
+        """libhdf5's own descriptor of the open file, for reading contiguous packs' bytes with
+        pread (libhdf5 costs about 40 us per read, a pread 2). Its own, not the path opened
+        again: a file replaced at that path since must not be read. None where its driver has
+        no descriptor or os.preadv does not exist."""
+        if self._descriptor is None and hasattr(os, "preadv") and self._file.driver == "sec2":
+            self._descriptor = int(self._file.id.get_vfd_handle())
+        return self._descriptor
+
+    def read_bits(self, record: Record, selection: Selection = None) -> np.ndarray:
         """The stored bits of a tensor (uint16 for bfloat16, raw bytes for quantized blocks)."""
-        ds = self._checked_dataset(record)
-        try:
-            chunked = self.chunked_reader(record, ds)
-            if chunked is not None:
-                return chunked.read(selection)
-            return ds[()] if selection is None else ds[selection]
-        except UnsafeObject as exc:
-            raise self._fail(exc.problem.location, exc.problem.problem) from None
-        except (*HDF5_ERRORS, IndexError) as exc:
-            raise self._fail(record.path, f"data cannot be read ({describe_error(exc)})") from None
+        return RecordReader(self, record).read(selection)
 
     def read_values(self, record: Record, selection: tuple[slice | int, ...] | None = None) -> np.ndarray:
         """A tensor's values for display: bfloat16 through ml_dtypes, quantized blocks decoded."""
@@ -409,6 +413,7 @@ class Capture:
 
     def close(self) -> None:
         self._file.close()
+        self._descriptor = None
 
     def __enter__(self) -> "Capture":
         return self
@@ -458,34 +463,109 @@ def _field_problem(stored: np.dtype, expected: np.dtype) -> str | None:
     return None
 
 
-def index_problems(index: np.ndarray) -> tuple[list[Problem], np.ndarray]:
-    """Row-level problems of an index table that need no other object, in one vectorised pass.
+LISTED_ROWS = 20
+"""Rows named one by one per kind of problem; the rest are counted, so a file with a million
+bad rows gets a report a person can read."""
 
-    Returns the problems (at most 20 listed per kind) and a mask of the rows that have any.
+
+def listed(bad: np.ndarray, describe: Callable[[int], Problem], summary: str, table: str = cf.INDEX_PATH) -> list[Problem]:
+    """The problems of the rows `bad` marks: the first LISTED_ROWS described, the rest counted."""
+    rows = np.flatnonzero(bad)
+    found = [describe(int(row)) for row in rows[:LISTED_ROWS]]
+    if len(rows) > LISTED_ROWS:
+        found.append(Problem(table, f"{len(rows) - LISTED_ROWS} more rows where {summary}"))
+    return found
+
+
+def _range_problems(record: Record, where: str, pack_bytes: int) -> list[Problem]:
+    """Whether a packed record's byte range is its tensor's size and lies inside its pack."""
+    if record.offset < 0 or record.nbytes < 0:
+        return [Problem(where, PACKED_BOTH)]
+    try:
+        expected = stored_nbytes(record.dtype, record.shape)
+    except ValueError as exc:
+        return [Problem(where, str(exc))]
+    if record.nbytes != expected:
+        return [Problem(where, f"nbytes is {record.nbytes}; a {record.dtype} tensor of shape {record.shape} takes {expected}")]
+    if record.offset + record.nbytes > pack_bytes:
+        end = record.offset + record.nbytes
+        return [Problem(where, f"its bytes [{record.offset}, {end}) end past its pack {record.path} ({pack_bytes} bytes)")]
+    return []
+
+
+PACKED_BOTH = "offset and nbytes are both -1 (the path names a dataset of its own) or both a byte range of a pack"
+
+
+def index_problems(columns: IndexColumns) -> tuple[list[Problem], np.ndarray]:
+    """Row-level problems of an index table that need no other object, in one vectorised pass
+    (the byte ranges of packed rows included: their counts, and no two sharing a byte).
+
+    Returns the problems (at most LISTED_ROWS named per kind) and a mask of the rows that have any.
     """
-    found: list[Problem] = []
-    known = np.array([name.encode() for name in LOGICAL_DTYPES])
-    checks = (
-        (index["seq"] != np.arange(len(index)), "seq is not the row's position (rows are in execution order)"),
-        ((index["ndim"] < 0) | (index["ndim"] > cf.MAX_NDIM), f"ndim is outside 0..{cf.MAX_NDIM}"),
-        ((index["shape"] < 0).any(axis=1), "shape has a negative dimension"),
-        (~np.isin(index["dtype"], known), "logical dtype is not one the format knows"),
-        (index["path"] == b"", "tensor path is empty"),
-        (index["step"] < 0, "step is negative"),
-        (index["layer"] < -1, "layer is below -1"),
-        (index["occurrence"] < 0, "occurrence is negative"),
-        (index["position"] < -1, "position is below -1 (-1: not recorded)"),
+    index = columns.index
+    seqs, ndims, offsets, nbytes = (columns[name] for name in ("seq", "ndim", "offset", "nbytes"))
+    dims = columns.dims
+    dtypes, dtype_codes = columns.codes("dtype")
+    known = np.array([cf.decode_field(raw) in LOGICAL_DTYPES for raw in dtypes.tolist()], dtype=bool)[dtype_codes]
+    negative = np.logical_or.reduce([extent < 0 for extent in dims])
+    bad_ndim = (ndims < 0) | (ndims > cf.MAX_NDIM)
+    packed = columns.packed
+    ranged = packed & (offsets >= 0) & (nbytes >= 0)
+    counted = np.full(len(index), -1, dtype=np.int64)
+    partner = np.full(len(index), -1, dtype=np.int64)
+    clash = np.zeros(len(index), dtype=bool)
+    if ranged.any():
+        counted = expected_nbytes(dtypes, dtype_codes, ndims, dims)
+        _, path_codes = columns.codes("path")
+        partner = overlapping(offsets, nbytes, ranged, path_codes)
+        is_pack = np.zeros(int(path_codes.max()) + 1, dtype=bool)
+        is_pack[path_codes[ranged]] = True
+        clash = ~packed & is_pack[path_codes]
+
+    def text(row: int, field: str) -> str:
+        return cf.decode_field(index[field][row])
+
+    def shape(row: int) -> tuple[int, ...]:
+        return tuple(int(d) for d in index["shape"][row][: int(index["ndim"][row])])
+
+    def range_of(row: int) -> str:
+        return f"[{int(offsets[row])}, {int(offsets[row]) + int(nbytes[row])})"
+
+    def count_detail(row: int) -> str:
+        try:
+            return f" ({int(nbytes[row])}; a {text(row, 'dtype')} tensor of shape {shape(row)} takes {stored_nbytes(text(row, 'dtype'), shape(row))})"
+        except ValueError as exc:
+            return f" ({exc})"
+
+    checks: tuple[tuple[np.ndarray, str, Callable[[int], str] | None], ...] = (
+        (seqs != np.arange(len(index)), "seq is not the row's position (rows are in execution order)", None),
+        (bad_ndim, f"ndim is outside 0..{cf.MAX_NDIM}", None),
+        (negative, "shape has a negative dimension", None),
+        (~known, "logical dtype is not one the format knows", lambda row: f" ({text(row, 'dtype')!r})"),
+        (index["path"] == b"", "tensor path is empty", None),
+        (columns["step"] < 0, "step is negative", None),
+        (columns["layer"] < -1, "layer is below -1", None),
+        (columns["occurrence"] < 0, "occurrence is negative", None),
+        (columns["position"] < -1, "position is below -1 (-1: not recorded)", None),
+        ((offsets < -1) | (nbytes < -1), "offset or nbytes is below -1", None),
+        (packed & ~ranged & (offsets >= -1) & (nbytes >= -1), PACKED_BOTH, None),
+        (ranged & known & ~bad_ndim & ~negative & (nbytes != counted), "nbytes is not the byte count of its dtype and shape", count_detail),
+        (
+            partner >= 0,
+            "its bytes overlap another row's in the same pack",
+            lambda row: f" ({range_of(row)} and /index row {int(partner[row])}'s {range_of(int(partner[row]))} in {text(row, 'path')})",
+        ),
+        (clash, "its dataset is also a pack of other rows' bytes", None),
     )
+    found: list[Problem] = []
     bad_rows = np.zeros(len(index), dtype=bool)
-    for bad, what in checks:
+    for bad, what, detail in checks:
         bad_rows |= bad
-        rows = np.flatnonzero(bad)
-        for row in rows[:20]:
-            name = cf.decode_field(index["name"][row])
-            detail = f" ({cf.decode_field(index['dtype'][row])!r})" if "dtype" in what else ""
-            found.append(Problem(f"/index row {int(row)} ({name})", what + detail))
-        if len(rows) > 20:
-            found.append(Problem("/index", f"{len(rows) - 20} more rows where {what}"))
+
+        def describe(row: int, what: str = what, detail: Callable[[int], str] | None = detail) -> Problem:
+            return Problem(f"/index row {row} ({text(row, 'name')})", what + (detail(row) if detail else ""))
+
+        found += listed(bad, describe, what)
     return found, bad_rows
 
 
@@ -516,13 +596,14 @@ def load_capture(path: Path, *, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> C
 
 
 class RecordReader:
-    """One record's dataset, checked once, then read slice by slice into the caller's arrays.
+    """One record's dataset (or pack), checked once, then read slice by slice into the caller's arrays.
 
     A streaming comparison reads a large record in dozens of slices. `Capture.read_bits` checks
     the dataset's metadata on every call (about what copying a few MiB from the page cache
-    costs) and returns a fresh array (whose page faults cost more than the copy); this does
-    neither. Quantized records are read with `Capture.read_bits`: their stored shape is not
-    the record's.
+    costs) and returns a fresh array (whose page faults cost more than the copy); `read_into`
+    does neither. A packed record's slice is a run of its pack's bytes, read straight into
+    the caller's array. Quantized records are read whole: their stored shape is GGML blocks,
+    not the record's shape.
     """
 
     def __init__(self, capture: Capture, record: Record) -> None:
@@ -530,20 +611,42 @@ class RecordReader:
         self._record = record
         self._dataset = capture._checked_dataset(record)
         self._chunked = capture.chunked_reader(record, self._dataset)
+        self._storage = logical_dtype(record.dtype).storage
+        self._pack = capture.pack(record.path)[0] if record.packed else None
 
-    def read_into(self, out: np.ndarray, selection: tuple[slice | int, ...] | None = None) -> np.ndarray:
+    def read(self, selection: Selection = None) -> np.ndarray:
+        """Stored bits of the record, or of `selection`, in a new array."""
+        with self._located():
+            if self._record.packed:
+                shape = selection_shape(stored_shape(self._record.dtype, self._record.shape), selection)
+                return self.read_into(np.empty(shape, dtype=self._storage), selection)
+            if self._chunked is not None:
+                return self._chunked.read(selection)
+            return self._dataset[()] if selection is None else self._dataset[selection]
+
+    def read_into(self, out: np.ndarray, selection: Selection = None) -> np.ndarray:
         """Stored bits of the record, or of `selection`, into `out` (C-contiguous, the
         selection's shape, the stored dtype), which is returned."""
-        try:
+        with self._located():
+            if self._pack is not None:
+                shape = stored_shape(self._record.dtype, self._record.shape)
+                descriptor = self._capture.descriptor
+                return read_packed(self._pack, descriptor, self._chunked, self._record.offset, shape, self._storage, selection, out)
             if self._chunked is not None:
                 out[...] = self._chunked.read(selection)
             else:
                 self._dataset.read_direct(out, selection)
+        return out
+
+    @contextmanager
+    def _located(self) -> Iterator[None]:
+        """Failures of a read as the capture's errors: where, and libhdf5's words."""
+        try:
+            yield
         except UnsafeObject as exc:
             raise self._capture._fail(exc.problem.location, exc.problem.problem) from None
         except (*HDF5_ERRORS, IndexError) as exc:
             raise self._capture._fail(self._record.path, f"data cannot be read ({describe_error(exc)})") from None
-        return out
 
 
 def stored_span(capture: Capture, record: Record) -> tuple[int, int] | None:
@@ -552,6 +655,9 @@ def stored_span(capture: Capture, record: Record) -> tuple[int, int] | None:
     reports that). For read-ahead: telling the kernel which bytes come next."""
     try:
         ds = capture._checked_dataset(record)
+        if record.packed:
+            pack = capture.pack(record.path)[0]
+            return None if pack is None or pack.address is None else (pack.address + record.offset, record.nbytes)
         offset = ds.id.get_offset()
         return None if offset is None else (int(offset), int(ds.id.get_storage_size()))
     except (CaptureError, OSError, ValueError, TypeError):

@@ -11,6 +11,7 @@ shown becomes a row that says why; nothing here raises on a bad file.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 
 import h5py
@@ -58,6 +59,9 @@ class RecordAttributes:
     stored: str
     """The dataset's stored element type and shape (quantized blocks are stored as bytes), or why unknown."""
     attributes: tuple[AttributeRow, ...]
+
+
+_PACKED_NAME = re.compile(r"\[(\d+)\]$")
 
 
 def type_text(tid: h5py.h5t.TypeID, depth: int = 0) -> str:
@@ -139,8 +143,19 @@ def index_row(record: Record) -> tuple[tuple[str, str], ...]:
     return tuple((f.name, printable(str(getattr(record, f.name)))) for f in dataclasses.fields(record))
 
 
-def _dataset_rows(capture: Capture, location: str) -> tuple[str, tuple[AttributeRow, ...]]:
-    """(the dataset's stored type and shape, a row per attribute), reached through checked links only."""
+def _other_records(dsid: h5py.h5d.DatasetID, index: int, seq: int) -> bool:
+    """Whether attribute `index` of a pack belongs to another record of it (`NAME[SEQ]`, docs/capture-format.md)."""
+    try:
+        name = h5py.h5a.open(dsid, index=index).get_name().decode("utf-8", errors="replace")
+    except HDF5_ERRORS:
+        return False
+    found = _PACKED_NAME.search(name)
+    return found is not None and int(found.group(1)) != seq
+
+
+def _dataset_rows(capture: Capture, location: str, seq: int | None = None) -> tuple[str, tuple[AttributeRow, ...]]:
+    """(the dataset's stored type and shape, a row per attribute), reached through checked links only.
+    With `seq` the dataset is a pack: attributes of its other records are left out."""
     try:
         dsid = capture.walker.dataset_id(location)
     except UnsafeObject as exc:
@@ -153,15 +168,16 @@ def _dataset_rows(capture: Capture, location: str) -> tuple[str, tuple[Attribute
         count = h5py.h5a.get_num_attrs(dsid)
     except HDF5_ERRORS as exc:
         return stored, (AttributeRow("(attributes)", "?", "?", f"cannot be listed ({describe_error(exc)})", problem=True),)
-    rows = [_attribute_row(dsid, location, i, capture.memory_budget) for i in range(min(count, MAX_LISTED))]
-    if count > MAX_LISTED:
-        rows.append(AttributeRow("…", "", "", f"{count - MAX_LISTED:,} more attributes, not listed", problem=True))
+    mine = [i for i in range(count) if seq is None or not _other_records(dsid, i, seq)]
+    rows = [_attribute_row(dsid, location, i, capture.memory_budget) for i in mine[:MAX_LISTED]]
+    if len(mine) > MAX_LISTED:
+        rows.append(AttributeRow("…", "", "", f"{len(mine) - MAX_LISTED:,} more attributes, not listed", problem=True))
     return stored, tuple(rows)
 
 
 def record_attributes(capture: Capture, record: Record, side: str) -> RecordAttributes:
     """Everything the file says about one record beside its data; problems are rows, never raised."""
-    stored, rows = _dataset_rows(capture, record.path)
+    stored, rows = _dataset_rows(capture, record.path, record.seq if record.packed else None)
     return RecordAttributes(side, str(capture.path), printable(record.path), index_row(record), stored, rows)
 
 

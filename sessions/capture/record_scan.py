@@ -1,4 +1,8 @@
-"""The structural check of every index row's dataset, fast enough for 50,000-record captures.
+"""The structural check of every index row's dataset or pack, fast enough for a million records.
+
+A packed row needs no object of its own: each pack is checked once (`Capture.pack`) and every
+row's byte range against its pack's size in one pass over the index columns. The rest of this
+module is about rows whose tensor is a dataset of its own (files from older writers).
 
 `Capture.record_problems` checks one row thoroughly (links walked part by part, the dataset
 creation property list, the element type translated to numpy, attributes read through
@@ -29,7 +33,8 @@ from sessions.capture.hdf5_safety import (
     attribute_problems,
     describe_error,
 )
-from sessions.capture.reader import Capture, record_from_row
+from sessions.capture.reader import Capture, listed
+from sessions.capture.records import record_from_row
 
 PROGRESS_EVERY_ROWS = 200
 
@@ -171,20 +176,23 @@ class RecordScan:
     ) -> list[Problem]:
         """Problems of index rows start..stop-1 (rows with row-level problems are skipped: those are reported already)."""
         index = self._capture.index[start:stop]
-        bad = self._capture.bad_rows[start:stop].tolist()
-        paths = index["path"].tolist()
-        dtypes = index["dtype"].tolist()
-        ndims = index["ndim"].tolist()
-        shapes = index["shape"].tolist()
-        found: list[Problem] = []
+        usable = ~self._capture.bad_rows[start:stop]
+        packed = self._capture.columns.packed[start:stop]
+        found = self._pack_problems(start, np.flatnonzero(packed & usable) + start)
+        rows = index[~packed & usable]
+        paths = rows["path"].tolist()
+        dtypes = rows["dtype"].tolist()
+        ndims = rows["ndim"].tolist()
+        shapes = rows["shape"].tolist()
         total = stop - start
-        for i in range(total):
+        done = total - len(rows)
+        for i in range(len(rows)):
             if progress is not None and i % PROGRESS_EVERY_ROWS == 0:
-                progress(i, total)
-            if bad[i] or self._is_clean(paths[i], dtypes[i], tuple(shapes[i][: ndims[i]])):
+                progress(done + i, total)
+            if self._is_clean(paths[i], dtypes[i], tuple(shapes[i][: ndims[i]])):
                 continue
             self.thorough_rows += 1
-            record = record_from_row(index[i])
+            record = record_from_row(rows[i])
             thorough = self._capture.record_problems(record)
             if not thorough and self._failure is not None:
                 # libhdf5 failed once and not when asked again (a damaged heap it half-cached on the
@@ -195,6 +203,43 @@ class RecordScan:
         if progress is not None:
             progress(total, total)
         return found
+
+    def _pack_problems(self, start: int, rows: np.ndarray) -> list[Problem]:
+        """Problems of packed rows `rows` (in order): each pack checked once, every row's byte range at once.
+
+        A pack is reported by the shard holding its first row, so problems are not repeated
+        when shards' reports are merged."""
+        if not len(rows):
+            return []
+        index, columns = self._capture.index, self._capture.columns
+        paths, path_codes = columns.codes("path")
+        packs, row_pack = np.unique(path_codes[rows], return_inverse=True)
+        first = np.full(len(packs), len(rows), dtype=np.int64)
+        np.minimum.at(first, row_pack, np.arange(len(rows)))
+        earlier = path_codes[:start][columns.packed[:start] & ~self._capture.bad_rows[:start]]
+        owned = ~np.isin(packs, earlier)
+        sizes = np.full(len(packs), -1, dtype=np.int64)
+        found: list[Problem] = []
+        for number, code in enumerate(packs.tolist()):
+            path = cf.decode_field(paths[code])
+            pack, problems = self._capture.pack(path)
+            if not problems and pack is not None:
+                sizes[number] = pack.size
+            elif owned[number]:
+                row = int(rows[first[number]])
+                where = f"/index row {row} ({cf.decode_field(index['name'][row])})"
+                found += problems if pack is not None else [Problem(f"{where} -> {p.location}", p.problem) for p in problems]
+        size = sizes[row_pack]
+        offsets, nbytes = columns["offset"][rows], columns["nbytes"][rows]
+        beyond = (size >= 0) & (offsets > size - nbytes)
+
+        def describe(at: int) -> Problem:
+            row, end = int(rows[at]), int(offsets[at]) + int(nbytes[at])
+            where = f"/index row {row} ({cf.decode_field(index['name'][row])})"
+            pack = cf.decode_field(index["path"][row])
+            return Problem(where, f"its bytes [{int(offsets[at])}, {end}) end past its pack {pack} ({int(size[at])} bytes)")
+
+        return found + listed(beyond, describe, "bytes end past their pack")
 
 
 def scan_problems(

@@ -10,8 +10,13 @@ caller carries on. Files that pass are remembered in this process and on disk
 spawns another check.
 
 Run as `python -m sessions.capture.structure_check [--memory-budget BYTES] [--shard I/N] PATH`: prints
-`progress DONE TOTAL` lines while it checks index rows, then one JSON object with the problems
-found and what the file holds. The parent turns the progress lines into `Progress`.
+`datasets D` once it has read the index (D rows name datasets of their own, each checked on
+its own), `progress DONE TOTAL` lines while it checks index rows, then one JSON object with the
+problems found and what the file holds. The parent turns the progress lines into `Progress`.
+
+Packed rows cost a vectorised pass over the index plus one check per pack, so a file is split
+over several children only when it has many datasets of its own (older writers' files): the
+first child says how many, and the parent starts the others only then.
 """
 
 from __future__ import annotations
@@ -30,8 +35,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from sessions.capture import check_cache
 from sessions.capture import format as cf
+from sessions.capture.columns import IndexColumns
 from sessions.capture.data_check import data_problems
 from sessions.capture.file_walk import walk_problems
 from sessions.capture.hdf5_safety import (
@@ -41,7 +49,7 @@ from sessions.capture.hdf5_safety import (
     Problem,
     describe_error,
 )
-from sessions.capture.reader import Capture, CaptureError, load_capture
+from sessions.capture.reader import Capture, CaptureError, listed, load_capture
 from sessions.capture.record_scan import scan_problems
 from sessions.child_env import child_env
 from sessions.child_process import signal_name
@@ -49,6 +57,9 @@ from sessions.progress import Progress, ProgressGenerator, run_to_end
 
 SHARDING_MIN_BYTES = 16 * 1024**2
 MAX_SHARDS = 4
+SHARDING_MIN_DATASETS = 16_000
+"""Rows naming datasets of their own (about 65 us each to check) worth more children; below, one child checks them all."""
+DATASETS_PREFIX = b"datasets "
 INTERPRETER_HEADROOM = 1536 * 1024**2
 """Address space the child's interpreter, numpy and libhdf5 need besides the read budget."""
 PROGRESS_PREFIX = b"progress "
@@ -88,23 +99,33 @@ def check_here(
     shards: int = 1,
     progress: Callable[[int, int], None] | None = None,
     deep: bool = False,
+    announce: Callable[[int], None] | None = None,
 ) -> CheckReport:
     """Check a file in this process, collecting every problem (each child runs this).
 
     With several shards, shard i checks the i-th contiguous slice of index rows' datasets;
     shard 0 also reports the row-level, cross-table and whole-tree problems, so merging the
-    shards' reports in shard order lists problems in file order. `deep` then reads the data of
-    the shard's records, when its structure had no problem. `progress(done, total)` counts this
-    shard's rows (twice when deep).
+    shards' reports in shard order lists problems in file order. A file with fewer than
+    SHARDING_MIN_DATASETS rows naming datasets of their own is checked by shard 0 alone, and
+    `announce(rows)` says how many there are, so the parent knows whether to start the other
+    shards. `deep` then reads the data of the shard's records, when its structure had no
+    problem. `progress(done, total)` counts this shard's rows (twice when deep).
     """
     try:
         capture = load_capture(path, memory_budget=memory_budget)
     except CaptureError as exc:
+        if announce is not None:
+            announce(0)
         return CheckReport([Problem(exc.location, exc.problem)] if shard == 0 else [])
     with capture:
+        datasets = dataset_rows(capture)
+        if announce is not None:
+            announce(datasets)
+        if datasets < SHARDING_MIN_DATASETS:
+            shards = 1
         report = CheckReport(list(capture.row_problems) if shard == 0 else [], capture.complete, capture.describe())
         n = len(capture.index)
-        start, stop = n * shard // shards, n * (shard + 1) // shards
+        start, stop = (n * shard // shards, n * (shard + 1) // shards) if shard < shards else (n, n)
         total = (stop - start) * (2 if deep else 1)
         counted = None if progress is None else (lambda done, _: progress(done, total))
         report.problems += scan_problems(capture, start, stop, counted)
@@ -123,61 +144,83 @@ def check_here(
     return report
 
 
+def dataset_rows(capture: Capture) -> int:
+    """Index rows whose tensor is a dataset of its own: the rows a check visits one by one."""
+    return len(capture.index) - int(np.count_nonzero(capture.columns.packed))
+
+
+def occurrence_counts(columns: IndexColumns) -> np.ndarray:
+    """For each index row, how many earlier rows have its (step, segment, layer, name): what its
+    `occurrence` must be. Computed over the columns at once (a row-by-row pass takes seconds
+    for a million rows): rows sorted stably by that key, each counted from its key's first."""
+    _, segments = columns.codes("segment")
+    _, names = columns.codes("name")
+    where = columns["step"].astype(np.int64) << 32 | (columns["layer"].astype(np.int64) & 0xFFFFFFFF)
+    what = names * (int(segments.max(initial=0)) + 1) + segments
+    order = np.lexsort((what, where))
+    sorted_where, sorted_what = where[order], what[order]
+    starts = np.flatnonzero(np.concatenate(([True], (sorted_where[1:] != sorted_where[:-1]) | (sorted_what[1:] != sorted_what[:-1]))))
+    counts = np.empty(len(columns), dtype=np.int64)
+    counts[order] = np.arange(len(columns)) - np.repeat(starts, np.diff(np.append(starts, len(columns))))
+    return counts
+
+
 def table_problems(capture: Capture) -> list[Problem]:
     """Cross-table problems: dispatch rows pointing nowhere, unknown kinds, broken occurrence counts.
 
-    Works on the index columns, not on `Record` objects: building 50,000 of them costs half a second.
+    Works on whole columns, not on `Record` objects or rows one by one: a capture of a real
+    model has hundreds of thousands of rows.
     """
-    found: list[Problem] = []
-    index = capture.index
-    seen: dict[tuple[int, str, int, str], int] = {}
-    rows = zip(
-        index["step"].tolist(),
-        [cf.decode_field(raw) for raw in index["segment"].tolist()],
-        index["layer"].tolist(),
-        [cf.decode_field(raw) for raw in index["name"].tolist()],
-        index["occurrence"].tolist(),
-        index["t_start_ns"].tolist(),
-        index["t_end_ns"].tolist(),
-    )
-    for seq, (step, segment, layer, name, occurrence, t_start, t_end) in enumerate(rows):
-        key = (step, segment, layer, name)
-        expected = seen.get(key, 0)
-        if occurrence != expected:
-            found.append(
-                Problem(
-                    f"/index row {seq} ({name})",
-                    f"occurrence is {occurrence}; {expected} earlier rows have this name in step "
-                    f"{step}, segment {segment!r}, layer {layer}, so it should be {expected}",
-                )
-            )
-        seen[key] = expected + 1
-        if t_end < t_start:
-            found.append(Problem(f"/index row {seq} ({name})", "ends before it starts"))
+    index, dispatch, tokens = capture.index, capture.dispatch, capture.tokens
+    expected = occurrence_counts(capture.columns)
+
+    def where(row: int) -> str:
+        return f"/index row {row} ({cf.decode_field(index['name'][row])})"
+
+    def occurrence(row: int) -> Problem:
+        segment = cf.decode_field(index["segment"][row])
+        step, layer, have, want = (int(v) for v in (index["step"][row], index["layer"][row], index["occurrence"][row], expected[row]))
+        return Problem(
+            where(row),
+            f"occurrence is {have}; {want} earlier rows have this name in step {step}, segment {segment!r}, "
+            f"layer {layer}, so it should be {want}",
+        )
+
     n_records = len(index)
-    for row, event in enumerate(capture.dispatch):
-        where = f"/dispatch row {row}"
-        if not 0 <= int(event["index_seq"]) < n_records:
-            found.append(Problem(where, f"index_seq {int(event['index_seq'])} is not a record (0..{n_records - 1})"))
-        mask = cf.decode_field(event["mask_kind"])
-        if mask not in cf.MASK_KINDS:
-            found.append(Problem(where, f"mask_kind {mask!r} is not one of {cf.MASK_KINDS}"))
-        for column, allowed in (("primitive", cf.PRIMITIVES), ("metal_primitive", cf.METAL_PRIMITIVES)):
-            value = cf.decode_field(event[column])
-            if value not in allowed:
-                found.append(Problem(where, f"{column} {value!r} is not one of {allowed}"))
-    for row, token in enumerate(capture.tokens):
-        if int(token["is_stop"]) not in (0, 1):
-            found.append(Problem(f"/tokens row {row}", f"is_stop is {int(token['is_stop'])}; it is 0 or 1"))
+    seqs = dispatch["index_seq"]
+
+    def dispatch_seq(row: int) -> Problem:
+        return Problem(f"/dispatch row {row}", f"index_seq {int(seqs[row])} is not a record (0..{n_records - 1})")
+
+    columns = capture.columns
+    found = listed(columns["occurrence"] != expected, occurrence, "occurrence breaks the occurrence rule")
+    found += listed(columns["t_end_ns"] < columns["t_start_ns"], lambda row: Problem(where(row), "ends before it starts"), "rows end before they start")
+    found += listed((seqs < 0) | (seqs >= n_records), dispatch_seq, "index_seq is not a record", cf.DISPATCH_PATH)
+    for column, allowed in (("mask_kind", cf.MASK_KINDS), ("primitive", cf.PRIMITIVES), ("metal_primitive", cf.METAL_PRIMITIVES)):
+        values = dispatch[column]
+
+        def unknown(row: int, column: str = column, allowed: tuple[str, ...] = allowed, values: np.ndarray = values) -> Problem:
+            return Problem(f"/dispatch row {row}", f"{column} {cf.decode_field(values[row])!r} is not one of {allowed}")
+
+        known = np.array([kind.encode() for kind in allowed])
+        found += listed(~np.isin(values, known), unknown, f"{column} is not one it may be", cf.DISPATCH_PATH)
+    stops = tokens["is_stop"]
+
+    def stop_flag(row: int) -> Problem:
+        return Problem(f"/tokens row {row}", f"is_stop is {int(stops[row])}; it is 0 or 1")
+
+    found += listed((stops != 0) & (stops != 1), stop_flag, "is_stop is neither 0 nor 1", cf.TOKENS_PATH)
     return found
 
 
 def shard_count(path: Path) -> int:
-    """How many children check a file at once: one for small files, up to four cores' worth for large ones.
+    """How many children may check a file at once: one for small files, up to four cores' worth for large ones.
 
-    Checking one index row's dataset costs about 65 us (opening its header, type, dataspace and
-    one attribute in libhdf5), so a 50,000-record capture takes over 3 s on one core; small files
-    are not worth the extra interpreter start-ups (0.2 s each).
+    Checking an index row whose tensor is a dataset of its own costs about 65 us (opening its
+    header, type, dataspace and one attribute in libhdf5), so a 50,000-record capture in that
+    layout takes over 3 s on one core; small files are not worth the extra interpreter
+    start-ups (0.2 s each), nor are packed files, whose rows are checked at once (the first
+    child says which: `iter_check_in_child`).
     """
     if path.stat().st_size < SHARDING_MIN_BYTES:
         return 1
@@ -215,19 +258,24 @@ class _Children:
     """Checking children (the shards of one file, or one child checking a batch of files) and what each has printed so far."""
 
     def __init__(self, commands: list[list[str]]) -> None:
-        env = child_env()
-        shards = len(commands)
+        self._env = child_env()
         self.processes: list[subprocess.Popen[bytes]] = []
         self.selector = selectors.DefaultSelector()
-        self.stdout = [bytearray() for _ in range(shards)]
-        self.stderr = [bytearray() for _ in range(shards)]
-        self.done = [0] * shards
-        self.totals: list[int | None] = [None] * shards
-        self.begun = [-1] * shards
+        self.stdout: list[bytearray] = []
+        self.stderr: list[bytearray] = []
+        self.done: list[int] = []
+        self.totals: list[int | None] = []
+        self.begun: list[int] = []
         """The file a batch child announced last (`begin I`)."""
-        self.reports: list[list[str]] = [[] for _ in range(shards)]
+        self.reports: list[list[str]] = []
         """The report lines a batch child printed, one per file, in order."""
-        self._parsed = [0] * shards
+        self.datasets: list[int | None] = []
+        """The rows naming datasets of their own a shard found (`datasets D`), once it said."""
+        self._parsed: list[int] = []
+        self.start(commands)
+
+    def start(self, commands: list[list[str]]) -> None:
+        """Start more children (the later shards of a file), numbered after those already running."""
         try:
             for command in commands:
                 child = subprocess.Popen(
@@ -235,10 +283,15 @@ class _Children:
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
-                    env=env,
+                    env=self._env,
                 )
                 shard = len(self.processes)
                 self.processes.append(child)
+                for values, empty in (
+                    (self.stdout, bytearray()), (self.stderr, bytearray()), (self.done, 0), (self.totals, None),
+                    (self.begun, -1), (self.reports, []), (self.datasets, None), (self._parsed, 0),
+                ):  # fmt: skip
+                    values.append(empty)  # type: ignore[attr-defined]
                 assert child.stdout is not None and child.stderr is not None
                 self.selector.register(child.stdout, selectors.EVENT_READ, (shard, self.stdout))
                 self.selector.register(child.stderr, selectors.EVENT_READ, (shard, self.stderr))
@@ -271,6 +324,8 @@ class _Children:
                 self.done[shard], self.totals[shard] = 0, None
             elif line.startswith(b"{"):
                 self.reports[shard].append(line.decode("utf-8", errors="replace"))
+            elif line.startswith(DATASETS_PREFIX) and line[len(DATASETS_PREFIX) :].isdigit():
+                self.datasets[shard] = int(line[len(DATASETS_PREFIX) :])
             numbers = line[len(PROGRESS_PREFIX) :].split() if line.startswith(PROGRESS_PREFIX) else []
             if len(numbers) == 2 and all(n.isdigit() for n in numbers):
                 self.done[shard], self.totals[shard] = int(numbers[0]), int(numbers[1])
@@ -319,13 +374,15 @@ def iter_check_in_child(
 ) -> ProgressGenerator[CheckReport]:
     """Run the check in child processes, yielding rows checked; a crash or hang of any child is itself the finding.
 
-    `deep` also reads every record's data there (`validate --deep`). Closing the generator kills
-    the children (cancel): none is left running.
+    `deep` also reads every record's data there (`validate --deep`). The first shard starts
+    alone; the others start once it says the file has enough datasets of their own to share
+    out (`SHARDING_MIN_DATASETS`). Closing the generator kills the children (cancel): none is
+    left running.
     """
     deadline = time.monotonic() + timeout_s
     label = f"{'reading' if deep else 'checking'} {path.name}"
     shards = shard_count(path)
-    children = _Children([_child_command([path], memory_budget, deep, shard, shards) for shard in range(shards)])
+    children = _Children([_child_command([path], memory_budget, deep, 0, shards)])
     try:
         yield children.progress(label)
         while children.reading:
@@ -333,6 +390,9 @@ def iter_check_in_child(
             if remaining <= 0:
                 return _timeout_report(timeout_s, children.progress(label))
             children.read(min(POLL_S, remaining))
+            announced = children.datasets[0]
+            if len(children.processes) < shards and announced is not None and announced >= SHARDING_MIN_DATASETS:
+                children.start([_child_command([path], memory_budget, deep, shard, shards) for shard in range(1, shards)])
             yield children.progress(label)
         merged = CheckReport()
         for shard, child in enumerate(children.processes):
@@ -534,11 +594,15 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(f"{PROGRESS_PREFIX.decode()}{done} {total}\n")
         sys.stdout.flush()
 
+    def announce(datasets: int) -> None:
+        sys.stdout.write(f"{DATASETS_PREFIX.decode()}{datasets}\n")
+        sys.stdout.flush()
+
     for number, path in enumerate(args.paths):
         sys.stdout.write(f"{BEGIN_PREFIX.decode()}{number}\n")
         sys.stdout.flush()
         try:
-            report = check_here(path, args.memory_budget, shard, shards, progress, args.deep)
+            report = check_here(path, args.memory_budget, shard, shards, progress, args.deep, announce)
         except MemoryError:
             report = CheckReport([Problem("structure check", "reading the file's structure ran out of its memory limit")])
         except Exception as exc:  # noqa: BLE001  (any libhdf5 failure on a bad file is a finding, not a crash)

@@ -17,6 +17,13 @@ landed (docs/capture-format.md, "Writing"):
   dispatch rows and tokens never point past the records shown;
 - `complete` exists from the start as 0 and turns 1 by one in-place write at `close`;
 - the file is created under a temporary name and renamed once its empty structure is on disk.
+
+Tensors go into packs by default (docs/capture-format.md, "Packs"): small tensors are copied
+into a buffer that becomes one dataset of a step group when it fills or the step ends, and a
+large tensor becomes a pack of its own, written from the caller's array. A dataset per tensor
+cost 290 us to write and 65 us to check, whatever its size; a pack costs that per few MiB. A
+pack is written whole, once, into the step group being filled, so it is as kill-safe as the
+per-tensor datasets it replaces (`layout="datasets"` still writes those).
 """
 
 from __future__ import annotations
@@ -34,8 +41,18 @@ import numpy as np
 from sessions.bits.dtypes import logical_dtype, logical_name_of, to_storage
 from sessions.capture import format as cf
 from sessions.capture.meta import CaptureMeta
+from sessions.capture.pack_layout import stored_nbytes
 
 COMPRESSIONS = (None, "gzip", "lzf")
+LAYOUTS = ("packed", "datasets")
+"""Tensors as byte ranges of packs (the default), or each in a dataset of its own (the layout before packs)."""
+PACK_BYTES = 16 * 1024**2
+"""Small tensors gathered into one pack: large enough that a pack's own cost (creating,
+flushing and checking one dataset) is small next to writing its bytes, small enough to buffer."""
+OWN_PACK_BYTES = 4 * 1024**2
+"""A tensor of at least this many bytes is a pack of its own, written without a copy."""
+PACK_CHUNK_BYTES = 1024**2
+"""Chunk of a compressed pack: the unit a reader decodes."""
 TABLES: tuple[tuple[str, np.dtype], ...] = (
     (cf.INDEX_PATH, cf.INDEX_DTYPE),
     (cf.DISPATCH_PATH, cf.DISPATCH_DTYPE),
@@ -49,14 +66,30 @@ def _set_scalar(obj_id: h5py.h5o.ObjectID, name: str, value: np.ndarray) -> None
     h5py.h5a.open(obj_id, name.encode()).write(value)
 
 
+def _add_text_attrs(ds: h5py.Dataset, attrs: dict[str, str]) -> None:
+    for name, text in attrs.items():
+        raw = text.encode("utf-8")
+        ds.attrs.create(name, np.bytes_(raw), dtype=cf.utf8(max(1, len(raw))))
+
+
 class CaptureWriter:
-    def __init__(self, path: str | Path, meta: CaptureMeta, compression: str | None = None) -> None:
+    def __init__(self, path: str | Path, meta: CaptureMeta, compression: str | None = None, layout: str = "packed") -> None:
         if meta.role not in cf.ROLES:
             raise ValueError(f"role must be one of {cf.ROLES}, not {meta.role!r}")
         if compression not in COMPRESSIONS:
             raise ValueError(f"compression must be one of {COMPRESSIONS}, not {compression!r}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, not {layout!r}")
         self.path = Path(path)
         self._compression = compression
+        self._packed = layout == "packed"
+        self._buffer = np.empty(0, dtype=np.uint8)
+        self._filled = 0
+        self._buffer_seq: int | None = None
+        """Sequence number of the first tensor in the buffer: the name of the pack it becomes."""
+        self._buffer_path = b""
+        self._buffer_attrs: dict[str, str] = {}
+        self._texts: dict[tuple[str, str], bytes] = {}
         partial = self.path.with_name(f".{self.path.name}.partial")
         self._file = h5py.File(partial, "w", locking=False)
         self._t0 = time.perf_counter_ns()
@@ -129,8 +162,10 @@ class CaptureWriter:
 
         `dtype` names the logical dtype when the array holds bits of another (a uint16 array
         of bfloat16 bits, raw bytes of Q8_0 blocks with `logical_shape`). `attrs` are extra
-        engine-specific string attributes of the tensor's dataset (fixed-length UTF-8), e.g. the
-        llama.cpp recorder's `ggml_src` (docs/capture-format.md, "Recorder attributes").
+        engine-specific string attributes of the tensor (fixed-length UTF-8; on its pack as
+        `NAME[SEQ]`, or on its own dataset), e.g. the llama.cpp recorder's `ggml_src`
+        (docs/capture-format.md, "Recorder attributes"). The array is copied or written before
+        this returns, so the caller may reuse it.
         `position` is the absolute token position of the tensor's first row (-1: not recorded).
         """
         logical = dtype or logical_name_of(array)
@@ -144,47 +179,102 @@ class CaptureWriter:
         seq = self._seq
         if self._step_group is None:
             self._step_group = self._open_step_group()
-        path = cf.tensor_path(seq, self._group)
-        chunks = self._compression is not None and stored.size > 0
-        ds = self._step_group.create_dataset(
-            f"t{seq:08d}", data=stored, compression=self._compression, chunks=True if chunks else None
-        )
-        ds.attrs.create(cf.ATTR_LOGICAL_DTYPE, np.bytes_(logical.encode()), dtype=cf.utf8(len(logical)))
-        if ld.is_quantized:
-            ds.attrs.create(cf.ATTR_LOGICAL_SHAPE, np.asarray(shape, dtype=np.int64))
-        for attr_name, text in (attrs or {}).items():
-            raw = text.encode("utf-8")
-            ds.attrs.create(attr_name, np.bytes_(raw), dtype=cf.utf8(max(1, len(raw))))
+        if self._packed:
+            path, offset, nbytes = self._pack_tensor(seq, name, stored, logical, shape, attrs or {})
+        else:
+            path, offset, nbytes = self._tensor_dataset(seq, stored, logical, shape, ld.is_quantized, attrs or {}).encode(), -1, -1
         key = (step, segment, layer, name)
         occurrence = self._occurrences[key]
         self._occurrences[key] += 1
         end = self.now_ns() if t_end_ns is None else t_end_ns
-        padded = np.zeros(cf.MAX_NDIM, dtype=np.int64)
-        padded[: len(shape)] = shape
         self._pending_index.append(
             (
                 seq,
                 step,
-                cf.encode_field(segment, cf.INDEX_DTYPE["segment"], "segment"),
+                self._encoded("segment", segment),
                 layer,
-                cf.encode_field(name, cf.INDEX_DTYPE["name"], "name"),
+                self._encoded("name", name),
                 occurrence,
                 logical.encode(),
                 len(shape),
-                padded,
-                path.encode(),
-                cf.encode_field(kernel_id, cf.INDEX_DTYPE["kernel_id"], "kernel_id"),
-                cf.encode_field(contract_id, cf.INDEX_DTYPE["contract_id"], "contract_id"),
-                cf.encode_field(
-                    effective_contract_id, cf.INDEX_DTYPE["effective_contract_id"], "effective_contract_id"
-                ),
+                shape + (0,) * (cf.MAX_NDIM - len(shape)),
+                path,
+                self._encoded("kernel_id", kernel_id),
+                self._encoded("contract_id", contract_id),
+                self._encoded("effective_contract_id", effective_contract_id),
                 end if t_start_ns is None else t_start_ns,
                 end,
                 position,
+                offset,
+                nbytes,
             )
         )
         self._seq += 1
         return seq
+
+    def _encoded(self, field: str, text: str) -> bytes:
+        """An index text field's bytes, checked against its size once per distinct text (names repeat every step)."""
+        raw = self._texts.get((field, text))
+        if raw is None:
+            raw = self._texts[(field, text)] = cf.encode_field(text, cf.INDEX_DTYPE[field], field)
+        return raw
+
+    def _tensor_dataset(
+        self, seq: int, stored: np.ndarray, logical: str, shape: tuple[int, ...], quantized: bool, attrs: dict[str, str]
+    ) -> str:
+        """The tensor as a dataset of its own (the layout before packs); returns its path."""
+        assert self._step_group is not None
+        chunks = self._compression is not None and stored.size > 0 and stored.ndim > 0
+        ds = self._step_group.create_dataset(
+            f"t{seq:08d}", data=stored, compression=self._compression if chunks else None, chunks=True if chunks else None
+        )
+        ds.attrs.create(cf.ATTR_LOGICAL_DTYPE, np.bytes_(logical.encode()), dtype=cf.utf8(len(logical)))
+        if quantized:
+            ds.attrs.create(cf.ATTR_LOGICAL_SHAPE, np.asarray(shape, dtype=np.int64))
+        _add_text_attrs(ds, attrs)
+        return cf.tensor_path(seq, self._group)
+
+    def _pack_tensor(
+        self, seq: int, name: str, stored: np.ndarray, logical: str, shape: tuple[int, ...], attrs: dict[str, str]
+    ) -> tuple[bytes, int, int]:
+        """The tensor's bytes into the pack buffer, or a pack of its own; returns (pack path, offset, nbytes)."""
+        raw = np.ascontiguousarray(stored).reshape(-1).view(np.uint8)
+        expected = stored_nbytes(logical, shape)
+        if raw.size != expected:
+            raise ValueError(f"{name}: {raw.size} bytes; {logical} of logical shape {shape} takes {expected}")
+        named = {cf.packed_attribute(key, seq): text for key, text in attrs.items()}
+        if raw.size >= OWN_PACK_BYTES:
+            self._write_pack(seq, raw, named)
+            return cf.pack_path(seq, self._group).encode(), 0, raw.size
+        if self._filled + raw.size > PACK_BYTES:
+            self._flush_pack()
+        if self._buffer_seq is None:
+            self._buffer_seq, self._buffer_path = seq, cf.pack_path(seq, self._group).encode()
+            if self._buffer.size == 0:
+                self._buffer = np.empty(PACK_BYTES, dtype=np.uint8)
+        offset = self._filled
+        self._buffer[offset : offset + raw.size] = raw
+        self._filled += raw.size
+        self._buffer_attrs.update(named)
+        return self._buffer_path, offset, raw.size
+
+    def _flush_pack(self) -> None:
+        """The buffered tensors become one pack of the current step group."""
+        if self._buffer_seq is not None:
+            self._write_pack(self._buffer_seq, self._buffer[: self._filled], self._buffer_attrs)
+        self._buffer_seq, self._filled, self._buffer_attrs = None, 0, {}
+
+    def _write_pack(self, first_seq: int, raw: np.ndarray, attrs: dict[str, str]) -> None:
+        """One pack, created, written and given its records' attributes before anything under its step is committed."""
+        assert self._step_group is not None
+        chunked = self._compression is not None and raw.size > 0
+        ds = self._step_group.create_dataset(
+            f"p{first_seq:08d}",
+            data=raw,
+            compression=self._compression if chunked else None,
+            chunks=(min(raw.size, PACK_CHUNK_BYTES),) if chunked else None,
+        )
+        _add_text_attrs(ds, attrs)
 
     def add_dispatch(
         self,
@@ -255,6 +345,7 @@ class CaptureWriter:
             cf.DISPATCH_PATH: self._pending_dispatch,
             cf.TOKENS_PATH: self._pending_tokens,
         }
+        self._flush_pack()
         grown: list[h5py.Dataset] = []
         for path, dtype in TABLES:
             rows = pending[path]

@@ -26,7 +26,7 @@ from sessions.compare.positions import (
     span_text,
     uncovered,
 )
-from sessions.compare.profiles import Profile
+from sessions.compare.profiles import Profile, RuleMatch
 
 NO_RULE = "no_rule"
 LAYER_CONFLICT = "layer_conflict"
@@ -129,16 +129,23 @@ def map_records(
     """Each record's canonical key and shape under `profile`, or why it has none.
 
     `sources` (seq -> source tensor names, `sessions.compare.record_sources`) feeds rules that anchor
-    a record by what it consumes. `batch` is (batch size, request row) of a batched run, whose
-    records hold the batch along stored axis 0."""
+    a record by what it consumes. A rule match depends only on the name, occurrence, count,
+    kernel and sources, which repeat every token step, so each distinct combination is matched
+    once (a capture of a real model has hundreds of thousands of records, a few thousand names).
+    `batch` is (batch size, request row) of a batched run, whose records hold the batch along
+    stored axis 0."""
     sources = sources or {}
     batch_row = batch[1] if batch is not None else None
     counts = Counter((r.step, r.segment, r.layer, r.name) for r in records)
+    matches: dict[tuple[str, int, int, str, tuple[str, ...]], RuleMatch | None] = {}
     mapped: list[MappedRecord] = []
     rejected: list[UnalignedRecord] = []
     for record in records:
         count = counts[(record.step, record.segment, record.layer, record.name)]
-        match = profile.match(record.name, record.occurrence, count, record.kernel_id, sources.get(record.seq, ()))
+        asked = (record.name, record.occurrence, count, record.kernel_id, sources.get(record.seq, ()))
+        if asked not in matches:
+            matches[asked] = profile.match(*asked)
+        match = matches[asked]
         if match is not None and match.one_sided is not None:
             rejected.append(_unaligned(side, record, ONE_SIDED, match.one_sided))
             continue

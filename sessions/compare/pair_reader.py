@@ -79,7 +79,7 @@ class _Side:
         self._mapped, self._reader = mapped, None
 
     def _array(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        need = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        need = math.prod(shape) * dtype.itemsize
         if self._buffer.size < need:
             self._buffer = np.empty(0, dtype=np.uint8)  # drop the old buffer before the larger one exists
             self._buffer = np.empty(need, dtype=np.uint8)

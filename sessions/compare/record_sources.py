@@ -2,11 +2,12 @@
 
 Alignment anchors nodes llama.cpp leaves unnamed by the weight they multiply, and tells the
 four `norm-N` of a layer apart by what they normalise; both need each record's sources. They
-live beside the tensor (docs/capture-format.md, "Recorder attributes"), not in the index, so
-they are read only when a profile asks for them (`Profile.uses_sources`), only for the records
-a rule that looks at sources could match by name and kernel (each read opens the dataset's
-object header: about 85 us a record, 0.85 s for 10,000), and only through
-`hdf5_safety.read_attribute`, which checks each attribute's type and size before reading it.
+live beside the tensor (on its dataset, or on its pack as `ggml_src[SEQ]`; docs/capture-format.md,
+"Recorder attributes"), not in the index, so they are read only when a profile asks for them
+(`Profile.uses_sources`), only for the records a rule that looks at sources could match by name
+and kernel (each read of a record in a dataset of its own opens that dataset's object header:
+about 85 us a record, 0.85 s for 10,000), and only through `hdf5_safety.read_attribute`, which
+checks each attribute's type and size before reading it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Iterable
 
 import h5py
 
+from sessions.capture import format as cf
 from sessions.capture.hdf5_safety import UnsafeObject, read_attribute
 from sessions.capture.reader import Capture, CaptureError, Record
 from sessions.compare.profiles import NameRule, Profile
@@ -29,10 +31,13 @@ def record_sources(capture: Capture, records: Iterable[Record] | None = None) ->
     found: dict[int, tuple[str, ...]] = {}
     try:
         with h5py.File(capture.path, "r", locking=False) as file:
+            opened: tuple[str, h5py.h5o.ObjectID] | None = None
             for record in capture.records if records is None else records:
+                name = cf.packed_attribute(SRC_ATTR, record.seq) if record.packed else SRC_ATTR
                 try:
-                    dataset_id = h5py.h5o.open(file.id, record.path.encode())
-                    raw = read_attribute(dataset_id, record.path, SRC_ATTR)
+                    if opened is None or opened[0] != record.path:
+                        opened = (record.path, h5py.h5o.open(file.id, record.path.encode()))
+                    raw = read_attribute(opened[1], record.path, name)
                 except (KeyError, ValueError, UnsafeObject):
                     continue
                 if raw is None:

@@ -1,0 +1,123 @@
+"""Index rows as `Record` objects, built only when a caller asks for them.
+
+A capture of a real model holds hundreds of thousands of index rows. The index itself is one
+read (a structured array, 0.05 s for 240,000 rows), but a `Record` decodes seven text fields,
+and building all of them took 2.9 s for 240,000 rows. Most callers touch a few records (the
+viewer's selection, one tensor read) or walk them once, so `Records` builds each batch of rows
+the first time any row of it is asked for, and keeps it. Code that looks at every row (checks,
+counts) uses the index columns instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, fields
+from typing import overload
+
+import numpy as np
+
+from sessions.capture import format as cf
+
+
+@dataclass(frozen=True)
+class Record:
+    """One captured tensor, as its index row describes it."""
+
+    seq: int
+    step: int
+    segment: str
+    layer: int
+    name: str
+    occurrence: int
+    dtype: str
+    shape: tuple[int, ...]
+    path: str
+    kernel_id: str
+    contract_id: str
+    effective_contract_id: str
+    t_start_ns: int
+    t_end_ns: int
+    position: int = -1
+    """Absolute token position of the first row (canonical rows axis); -1 when not recorded."""
+    offset: int = -1
+    """Where the tensor's bytes start in the pack `path` names; -1 when `path` names a dataset holding the tensor alone."""
+    nbytes: int = -1
+    """How many bytes the tensor takes in its pack; -1 for a dataset of its own."""
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def packed(self) -> bool:
+        """Whether the tensor's bytes are a range of a pack (docs/capture-format.md, "Packs")."""
+        return self.offset != -1 or self.nbytes != -1
+
+
+_FIELDS = tuple(f.name for f in fields(Record))
+
+
+def _text_column(column: np.ndarray) -> list[str]:
+    """A fixed-length text column decoded once per distinct value: names, segments and dtypes repeat."""
+    raws = column.tolist()
+    texts = {raw: cf.decode_field(raw) for raw in set(raws)}
+    return [texts[raw] for raw in raws]
+
+
+def records_from_index(index: np.ndarray) -> list[Record]:
+    """Records of index rows, built column by column."""
+    columns = {name: _text_column(index[name]) for name in cf.INDEX_STRING_FIELDS}
+    columns.update({name: index[name].tolist() for name in cf.INDEX_INT_FIELDS})
+    ndims = index["ndim"].tolist()
+    columns["shape"] = [tuple(dims[:ndim]) for dims, ndim in zip(index["shape"].tolist(), ndims)]
+    built = []
+    for values in zip(*(columns[name] for name in _FIELDS)):
+        # The dataclass's own __init__ sets 17 frozen fields one object.__setattr__ at a time,
+        # most of the cost of a record; filling its __dict__ at once gives the same object.
+        record = object.__new__(Record)
+        record.__dict__.update(zip(_FIELDS, values))
+        built.append(record)
+    return built
+
+
+def record_from_row(row: np.void) -> Record:
+    return records_from_index(np.asarray(row).reshape(1))[0]
+
+
+class Records(Sequence[Record]):
+    """The records of an index table: each batch of rows built the first time one of them is asked for, then kept."""
+
+    BATCH_ROWS = 4096
+
+    def __init__(self, index: np.ndarray) -> None:
+        self._index = index
+        self._batches: dict[int, list[Record]] = {}
+
+    def _batch(self, number: int) -> list[Record]:
+        batch = self._batches.get(number)
+        if batch is None:
+            start = number * self.BATCH_ROWS
+            batch = self._batches[number] = records_from_index(self._index[start : start + self.BATCH_ROWS])
+        return batch
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    @overload
+    def __getitem__(self, item: int) -> Record: ...
+
+    @overload
+    def __getitem__(self, item: slice) -> list[Record]: ...
+
+    def __getitem__(self, item: int | slice) -> Record | list[Record]:
+        if isinstance(item, slice):
+            return [self[i] for i in range(*item.indices(len(self)))]
+        at = int(item) + len(self) if int(item) < 0 else int(item)
+        if not 0 <= at < len(self):
+            raise IndexError(f"record {item} of {len(self)}")
+        return self._batch(at // self.BATCH_ROWS)[at % self.BATCH_ROWS]
+
+    def __iter__(self) -> Iterator[Record]:
+        for number in range((len(self) + self.BATCH_ROWS - 1) // self.BATCH_ROWS):
+            yield from self._batch(number)

@@ -61,8 +61,13 @@ def window(qtbot: QtBot, tmp_path: Path) -> MainWindow:
     win.close()
 
 
+def _diffing(progress: Progress) -> bool:
+    """Tensor bytes are being compared: pair by pair ("step 0 prefill layer 3 ...") or on workers."""
+    return (progress.label.startswith("step") or progress.label.startswith("comparing on")) and progress.done > 0
+
+
 def test_cancel_during_a_long_diff_stops_it_and_leaves_the_window_usable(qtbot: QtBot, window: MainWindow, large_pair: tuple[Path, Path]) -> None:
-    with qtbot.waitSignal(window.tasks.progressed, timeout=WAIT_MS, check_params_cb=lambda p: p.label.startswith("step") and p.done > 0):
+    with qtbot.waitSignal(window.tasks.progressed, timeout=WAIT_MS, check_params_cb=_diffing):
         window.open_pair(*large_pair)
     compare = window.tasks.task("compare")
     assert compare is not None
@@ -83,7 +88,7 @@ def test_cancel_during_a_long_diff_stops_it_and_leaves_the_window_usable(qtbot: 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the child through /proc")
 def test_cancel_ends_the_comparing_child_process(qtbot: QtBot, window: MainWindow, large_pair: tuple[Path, Path]) -> None:
-    with qtbot.waitSignal(window.tasks.progressed, timeout=WAIT_MS, check_params_cb=lambda p: p.label.startswith("step") and p.done > 0):
+    with qtbot.waitSignal(window.tasks.progressed, timeout=WAIT_MS, check_params_cb=_diffing):
         window.open_pair(*large_pair)
     pid = child_reading(large_pair[0])
     assert pid is not None, "the diff does not run in a child process"

@@ -52,7 +52,7 @@ def test_a_contract_mismatch_reads_as_the_strip_word_and_a_card_at_720p(qtbot: Q
     strip = window.verdict_strip
     assert strip.isVisible() and strip.word.text() == CONTRACT_MISMATCH
     assert strip.go.isVisible()
-    [card] = [b for b in window.banners.banners("comparison") if "CONTRACT MISMATCH at" in b.text]
+    [card] = [b for b in window.banners.banners("comparison") if "native ran" in b.text]
     assert card.isVisible() and card.level == "error"
     assert strip.geometry().bottom() < window.banners.geometry().top(), "the verdict comes first"
     tree = window.tree.view

@@ -395,7 +395,7 @@ def kv_history(ops: CapturedOps, key: OpKey) -> dict[str, mx.array]:
             gone = " and ".join(n for n, m in (("k", k), ("v", v)) if m is None)
             raise RerunInputError(
                 f"SDPA rerun needs the K/V cache of layer {key.layer} from {where} (earlier rows of this layer's "
-                f"cache); the {ops.side} capture has no aligned {gone} there"
+                f"cache); the {ops.side} capture has no {gone} there"
             )
         ks.append(ops.array(k))
         v_arr = ops.array(v)

@@ -88,3 +88,22 @@ def _flush_tokens(writer: CaptureWriter, rows: list[tuple[int, int, bool]], up_t
     while rows and (up_to is None or rows[0][0] <= up_to):
         step, token, stop = rows.pop(0)
         writer.add_token(step=step, segment="decode" if step else "prefill", token_id=token, is_stop=stop)
+
+
+def one_ulp_pair(tmp_path: Path) -> tuple[Path, Path]:
+    """layer_out and logits, each with one element 1 ULP apart (layer_out first in execution order)."""
+    out = bf16_bits([[1.0, 2.0, 3.0, 4.0]])
+    logits = bf16_bits([[0.5, 1.5, 2.5, 3.5]])
+    n_out, n_logits = out.copy(), logits.copy()
+    n_out[0, 1] += 1
+    n_logits[0, 2] += 1
+    native = write_capture(tmp_path / "n.h5", "native", [T("layer_out", n_out, layer=0, dtype="bfloat16"), T("logits", n_logits, dtype="bfloat16")])
+    oracle = write_capture(tmp_path / "o.h5", "oracle", [T("layer_out", out, layer=0, dtype="bfloat16"), T("logits", logits, dtype="bfloat16")])
+    return native, oracle
+
+
+def policy_file(tmp_path: Path, text: str) -> Path:
+    """A tolerance policy TOML file holding `text`."""
+    path = tmp_path / "policy.toml"
+    path.write_text(text, encoding="utf-8")
+    return path

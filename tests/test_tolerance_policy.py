@@ -18,30 +18,12 @@ from sessions.compare.tensor_diff import Tolerance
 from sessions.compare.tolerance_policy import PolicyError, load_policy
 from sessions.compare.verdict import DIVERGENCE, PARITY, Kind
 from sessions.progress import run_to_end
-from tests.hand_captures import T, bf16_bits, write_capture
-
-
-def _pair(tmp_path: Path) -> tuple[Path, Path]:
-    """layer_out and logits, each with one element 1 ULP apart (layer_out first in execution order)."""
-    out = bf16_bits([[1.0, 2.0, 3.0, 4.0]])
-    logits = bf16_bits([[0.5, 1.5, 2.5, 3.5]])
-    n_out, n_logits = out.copy(), logits.copy()
-    n_out[0, 1] += 1
-    n_logits[0, 2] += 1
-    native = write_capture(tmp_path / "n.h5", "native", [T("layer_out", n_out, layer=0, dtype="bfloat16"), T("logits", n_logits, dtype="bfloat16")])
-    oracle = write_capture(tmp_path / "o.h5", "oracle", [T("layer_out", out, layer=0, dtype="bfloat16"), T("logits", logits, dtype="bfloat16")])
-    return native, oracle
-
-
-def _policy(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "policy.toml"
-    path.write_text(text, encoding="utf-8")
-    return path
+from tests.hand_captures import one_ulp_pair, policy_file
 
 
 def test_a_rule_for_the_logits_passes_them_and_leaves_other_ops_bit_exact(tmp_path: Path) -> None:
-    native, oracle = _pair(tmp_path)
-    policy = load_policy(_policy(tmp_path, '[[rule]]\nop = "logits"\nmax_ulp = 1\n'))
+    native, oracle = one_ulp_pair(tmp_path)
+    policy = load_policy(policy_file(tmp_path, '[[rule]]\nop = "logits"\nmax_ulp = 1\n'))
     with open_capture(native) as n, open_capture(oracle) as o:
         comparison = run_to_end(iter_compare(n, o, CompareOptions(policy=policy)))
     kinds = {p.key.op: p.verdict for p in comparison.pairs}
@@ -51,16 +33,16 @@ def test_a_rule_for_the_logits_passes_them_and_leaves_other_ops_bit_exact(tmp_pa
 
 
 def test_a_key_regex_and_a_dtype_select_the_ops_a_rule_covers(tmp_path: Path) -> None:
-    native, oracle = _pair(tmp_path)
-    covering = load_policy(_policy(tmp_path, '[[rule]]\nmatch = "^0:prefill:"\ndtype = "bfloat16"\nmax_ulp = 1\n'))
-    other_dtype = load_policy(_policy(tmp_path, '[[rule]]\nmatch = "^0:prefill:"\ndtype = "float16"\nmax_ulp = 1\n'))
+    native, oracle = one_ulp_pair(tmp_path)
+    covering = load_policy(policy_file(tmp_path, '[[rule]]\nmatch = "^0:prefill:"\ndtype = "bfloat16"\nmax_ulp = 1\n'))
+    other_dtype = load_policy(policy_file(tmp_path, '[[rule]]\nmatch = "^0:prefill:"\ndtype = "float16"\nmax_ulp = 1\n'))
     with open_capture(native) as n, open_capture(oracle) as o:
         assert run_to_end(iter_compare(n, o, CompareOptions(policy=covering))).verdict.word == PARITY
         assert run_to_end(iter_compare(n, o, CompareOptions(policy=other_dtype))).verdict.word == DIVERGENCE
 
 
 def test_rules_win_over_the_command_line_bounds_which_win_over_the_policy_default(tmp_path: Path) -> None:
-    policy = load_policy(_policy(tmp_path, '[default]\nmax_ulp = 9\n[[rule]]\nop = "logits"\natol = 0.5\n'))
+    policy = load_policy(policy_file(tmp_path, '[default]\nmax_ulp = 9\n[[rule]]\nop = "logits"\natol = 0.5\n'))
     options = CompareOptions(max_ulp=2, policy=policy)
     assert options.tolerance_for(OpKey(0, "prefill", -1, "logits"), "bfloat16") == Tolerance(atol=0.5)
     assert options.tolerance_for(OpKey(0, "prefill", 0, "sdpa"), "bfloat16") == Tolerance(max_ulp=2)
@@ -69,8 +51,8 @@ def test_rules_win_over_the_command_line_bounds_which_win_over_the_policy_defaul
 
 
 def test_report_takes_the_policy_and_every_output_says_which_ops_passed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    native, oracle = _pair(tmp_path)
-    path = _policy(tmp_path, '[[rule]]\nop = "logits"\nmax_ulp = 1\n[[rule]]\nop = "layer_out"\nmax_ulp = 1\n')
+    native, oracle = one_ulp_pair(tmp_path)
+    path = policy_file(tmp_path, '[[rule]]\nop = "logits"\nmax_ulp = 1\n[[rule]]\nop = "layer_out"\nmax_ulp = 1\n')
     parser = argparse.ArgumentParser()
     report_command.add_arguments(parser)
     out_json, out_html = tmp_path / "r.json", tmp_path / "r.html"
@@ -97,7 +79,7 @@ def test_report_takes_the_policy_and_every_output_says_which_ops_passed(tmp_path
     ],
 )
 def test_a_bad_policy_names_the_file_the_place_and_the_problem(tmp_path: Path, text: str, problem: str) -> None:
-    path = _policy(tmp_path, text)
+    path = policy_file(tmp_path, text)
     with pytest.raises(PolicyError) as caught:
         load_policy(path)
     assert str(caught.value).startswith(str(path)) and problem in str(caught.value)

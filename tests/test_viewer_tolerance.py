@@ -12,7 +12,7 @@ from pytestqt.qtbot import QtBot
 
 from sessions.commands import report as report_command
 from sessions.compare.verdict import DIVERGENCE, UNUSABLE, Kind
-from tests.hand_captures import T, bf16_bits, write_capture
+from tests.hand_captures import one_ulp_pair, policy_file
 from viewer.settings import ViewerSettings
 from viewer.tree.alignment_tree import PAIR_ROLE
 from viewer.window.main_window import MainWindow
@@ -78,21 +78,6 @@ def _report(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
     return code, capsys.readouterr().out.splitlines()[0]
 
 
-def _hand_pair(tmp_path: Path) -> tuple[Path, Path]:
-    """layer_out then logits, each with one element 1 ULP apart."""
-    out, logits = bf16_bits([[1.0, 2.0, 3.0, 4.0]]), bf16_bits([[0.5, 1.5, 2.5, 3.5]])
-    n_out, n_logits = out.copy(), logits.copy()
-    n_out[0, 1] += 1
-    n_logits[0, 2] += 1
-    native = write_capture(tmp_path / "n.h5", "native", [T("layer_out", n_out, layer=0, dtype="bfloat16"), T("logits", n_logits, dtype="bfloat16")])
-    oracle = write_capture(tmp_path / "o.h5", "oracle", [T("layer_out", out, layer=0, dtype="bfloat16"), T("logits", logits, dtype="bfloat16")])
-    return native, oracle
-
-
-def _policy(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "policy.toml"
-    path.write_text(text, encoding="utf-8")
-    return path
 
 
 @pytest.mark.slow
@@ -120,8 +105,8 @@ def test_a_max_ulp_set_in_the_window_admits_the_documented_divergence_and_the_st
 
 
 def test_a_policy_chosen_in_the_window_is_kept_in_the_session_and_report_judges_alike(qtbot: QtBot, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    native, oracle = _hand_pair(tmp_path)
-    policy = _policy(tmp_path, '[[rule]]\nop = "logits"\nmax_ulp = 1\n')
+    native, oracle = one_ulp_pair(tmp_path)
+    policy = policy_file(tmp_path, '[[rule]]\nop = "logits"\nmax_ulp = 1\n')
     win = _window(qtbot, tmp_path)
     win.open_pair(native, oracle)
     _compared(qtbot, win)
@@ -144,8 +129,8 @@ def test_a_policy_chosen_in_the_window_is_kept_in_the_session_and_report_judges_
 
 
 def test_a_malformed_policy_is_refused_with_its_file_and_problem_and_one_broken_later_makes_the_verdict_unusable(qtbot: QtBot, tmp_path: Path) -> None:
-    native, oracle = _hand_pair(tmp_path)
-    policy = _policy(tmp_path, '[[rule]]\nop = "logits"\nmax_ulps = 1\n')
+    native, oracle = one_ulp_pair(tmp_path)
+    policy = policy_file(tmp_path, '[[rule]]\nop = "logits"\nmax_ulps = 1\n')
     win = _window(qtbot, tmp_path)
     win.open_pair(native, oracle)
     _compared(qtbot, win)
@@ -159,10 +144,10 @@ def test_a_malformed_policy_is_refused_with_its_file_and_problem_and_one_broken_
     assert win.session_file.session.tolerance_policy is None and not win.tasks.busy
     dialog.reject()
 
-    _policy(tmp_path, '[[rule]]\nmatch = "."\nmax_ulp = 1\n')
+    policy_file(tmp_path, '[[rule]]\nmatch = "."\nmax_ulp = 1\n')
     _choose(qtbot, win, max_ulp=0, policy=policy)
     assert win.verdict_strip.word.text() == "PARITY"
-    _policy(tmp_path, "[[rule]\n")
+    policy_file(tmp_path, "[[rule]\n")
     win.start_compare()
 
     assert win.verdict_strip.word.text() == UNUSABLE

@@ -143,6 +143,22 @@ def run_schedule(recorder: MlxRecorder, schedule: TokenSchedule, rows: list[list
     return [tokens[request] for tokens in emitted]
 
 
+def plain_run_mlx(model_dir: Path, schedule: TokenSchedule, device: str = "cpu") -> list[int]:
+    """The schedule through mlx-lm with nothing recorded: the baseline a recording's cost is measured against."""
+    with mx.stream(mx.cpu if device == "cpu" else mx.gpu):
+        model, _ = load_local_model(Path(model_dir))
+        cache = make_prompt_cache(model)
+        emitted: list[int] = []
+        for step in range(schedule.decode_steps + 1):
+            pieces = [list(schedule.prompt[a:b]) for _, a, b in schedule.segments()] if step == 0 else [[emitted[-1]]]
+            for ids in pieces:
+                logits = model(mx.array(ids)[None], cache=cache)
+            emitted.append(int(mx.argmax(logits[0, -1]).item()))
+            if emitted[-1] in schedule.stop_tokens:
+                break
+    return emitted
+
+
 def iter_record_mlx(
     model_dir: Path,
     schedule: TokenSchedule,

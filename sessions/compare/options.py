@@ -42,7 +42,8 @@ class CompareOptions:
     position (runs cut differently), or `auto`: by calls when both runs made the same calls."""
     workers: int = 0
     """Processes that compare pairs at once: 0 picks one per core for a comparison large enough to
-    pay for starting them (sessions.compare.parallel_compare), 1 compares in this process."""
+    pay for starting them on a machine with cores to spare (sessions.compare.parallel_compare), 1
+    compares in this process."""
 
     @property
     def tolerance(self) -> Tolerance:

@@ -29,8 +29,12 @@ from sessions.compare.pair_compare import Heads, PairOutcome, iter_compare_pairs
 from sessions.compare.pair_reader import PairReader, pair_bytes
 from sessions.progress import Progress, ProgressGenerator, run_to_end
 
-PARALLEL_MIN_BYTES = 256 * 1024 * 1024
-"""Below this many bytes (both sides), starting workers (about 0.3 s each) costs more than it saves."""
+PARALLEL_MIN_BYTES = 2 * 1024**3
+"""Below this many bytes (both sides), starting workers (about 0.3 s each, plus opening both
+captures) costs more than it saves: one process compares a warm bf16 pair at about 3.5 GB/s
+(benchmarks/bench_report.py, 2.15 GB: 0.61 s in one process, 0.97 s on two workers of 2 cores)."""
+MIN_AUTO_CORES = 4
+"""With fewer cores the one process, its read-ahead thread and the page cache already fill them."""
 MAX_AUTO_WORKERS = 16
 SHARDS_PER_WORKER = 4
 POLL_SECONDS = 0.1
@@ -44,9 +48,10 @@ def worker_count(options: CompareOptions, total_bytes: int) -> int:
     """How many processes compare: as asked, else one per core for a large comparison."""
     if options.workers > 0:
         return options.workers
-    if total_bytes < PARALLEL_MIN_BYTES:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if total_bytes < PARALLEL_MIN_BYTES or cores < MIN_AUTO_CORES:
         return 1
-    return max(1, min(MAX_AUTO_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+    return min(MAX_AUTO_WORKERS, cores)
 
 
 def shards(pairs: list[AlignedPair], parts: int) -> list[range]:

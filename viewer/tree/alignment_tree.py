@@ -11,6 +11,7 @@ compares again. It also offers a row's raw HDF5 attributes, which the window rea
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from PySide6.QtCore import (
@@ -47,6 +48,14 @@ from viewer.theme import icon, locality_colour, status_colour, status_icon
 
 PAIR_ROLE = Qt.ItemDataRole.UserRole + 1
 UNALIGNED_ROLE = Qt.ItemDataRole.UserRole + 3
+GROUP_ROLE = Qt.ItemDataRole.UserRole + 4
+LAZY_FROM_ROWS = 20_000
+"""A comparison with more op rows than this (a real model: 240,000) makes a group's rows when it
+is opened: making every row takes about 0.3 ms each, over a minute for a real model."""
+FILTER_MADE_MAX = 200
+"""In a lazy tree, the filter makes the rows of this many matching ops (and their groups' rows)."""
+PLACEHOLDER = "…"
+UNALIGNED_BRANCH = "unaligned"
 MANUAL_MARKER = " [manual]"
 """Appended to a hand-made pair's label: visible, and the filter box finds every manual pair."""
 ReasonQuestion = Callable[[str], "str | None"]
@@ -83,7 +92,12 @@ class AlignmentTree(QWidget):
         super().__init__(parent)
         self._model = model
         self._items: dict[int, QStandardItem] = {}
+        """Rows made so far, by id of their pair (all of them unless the comparison is lazy)."""
         self._unaligned_items: dict[int, QStandardItem] = {}
+        self._paths: dict[int, tuple[Any, ...]] = {}
+        """Each pair's group path (step, segment, layer place), by id of the pair."""
+        self._root = _Group("")
+        self._lazy = False
         self.ask_reason: ReasonQuestion = lambda what: ask_reason(self, what)
         self.choose_partner: PartnerChoice = lambda record, candidates: choose_partner(self, record, candidates)
         layout = QVBoxLayout(self)
@@ -124,6 +138,7 @@ class AlignmentTree(QWidget):
             header.setSectionResizeMode(col, QHeaderView.ResizeMode.Interactive)
             header.resizeSection(col, width)
         self.view.selectionModel().currentChanged.connect(self._current_changed)
+        self.view.expanded.connect(self._expanded)
         self.view.setColumnHidden(1, True)
         self.view.setColumnHidden(CAUSE_COLUMN, True)
         self.view.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
@@ -135,6 +150,8 @@ class AlignmentTree(QWidget):
         model.diagnosis_changed.connect(self._show_causes)
 
     def _filter_changed(self, text: str) -> None:
+        if text and self._lazy:
+            self._materialize_matches(text)
         self.proxy.setFilterFixedString(text)
         if text:
             self.view.expandAll()
@@ -142,58 +159,132 @@ class AlignmentTree(QWidget):
     # -- building ----------------------------------------------------------------------------
 
     def rebuild(self) -> None:
+        """Group the pairs once (step, segment, layer, worst kind below each group); rows are made
+        when a group is expanded, or all at once for a comparison small enough to show whole."""
         self.items.removeRows(0, self.items.rowCount())
         self._items = {}
         self._unaligned_items = {}
+        self._paths = {}
+        self._root = _Group("")
         comparison = self._model.comparison
         if comparison is None:
             self.summary.setText("Comparing…" if self._model.has_pair else "Open a native and an oracle capture")
             return
-        self.summary.setText(cv.summary_line(comparison))
-        groups: dict[tuple[Any, ...], QStandardItem] = {}
         layered: set[tuple[int, str]] = set()
-        root = self.items.invisibleRootItem()
+        leaves: dict[tuple[Any, ...], list[Any]] = {}
         for pair in cv.pairs(comparison):
-            step, segment, layer = pair.key.step, pair.key.segment, pair.key.layer
-            parent = root
-            path: tuple[Any, ...] = ()
-            if layer >= 0:
-                layered.add((step, segment))
-                place: tuple[str, Any] = (f"layer {layer}", layer)
+            key = pair.key
+            if key.layer >= 0:
+                layered.add((key.step, key.segment))
+                place: Any = key.layer
             else:
                 # Model-level ops sit where they ran, before or after the layers, so the tree
                 # reads top to bottom in execution order, like every other surface.
-                place = ("after layers", "after") if (step, segment) in layered else ("before layers", "before")
-            for label, part in ((f"step {step}", step), (segment, segment), place):
-                path = (*path, part)
-                if path not in groups:
-                    row = _row(label)
-                    parent.appendRow(row)
-                    groups[path] = row[0]
-                parent = groups[path]
-            status = pair.verdict
-            manual = pair.manual_reason is not None
-            label = cv.pair_op_label(pair) + (MANUAL_MARKER if manual else "")
-            row = _row(label, status, cv.pair_ulp_error_text(pair), cv.pair_differing_text(pair))
-            row[0].setData(pair, PAIR_ROLE)
-            tooltip = cv.pair_tooltip(pair, comparison)
-            row[0].setToolTip(f"{tooltip}\npaired by hand: {pair.manual_reason}" if manual else tooltip)
-            parent.appendRow(row)
-            self._items[id(pair)] = row[0]
-            _worsen(groups, path, status)
+                place = "after" if (key.step, key.segment) in layered else "before"
+            path = (key.step, key.segment, place)
+            leaves.setdefault(path, []).append(pair)
+            self._paths[id(pair)] = path
+        for path, pairs in leaves.items():
+            worst = max((p.verdict for p in pairs), key=SEVERITY.__getitem__)
+            group = self._root
+            for label, part in zip((f"step {path[0]}", path[1], _place_label(path[2])), path):
+                group = group.child(part, label)
+                group.worsen(worst)
+            group.pairs = pairs
         unaligned = cv.unaligned(comparison)
         if unaligned:
-            branch = _row(f"Unaligned records ({len(unaligned)})", Kind.UNALIGNED)
-            root.appendRow(branch)
-            for record in unaligned:
-                row = _row(cv.unaligned_label(record), Kind.UNALIGNED, "", cv.unaligned_reason(record))
-                row[0].setData(record, UNALIGNED_ROLE)
-                self._unaligned_items[id(record)] = row[0]
-                row[0].setToolTip(cv.unaligned_reason(record))
-                branch[0].appendRow(row)
+            branch = self._root.child(UNALIGNED_BRANCH, f"Unaligned records ({len(unaligned)})")
+            branch.worsen(Kind.UNALIGNED)
+            branch.records = list(unaligned)
+        self._lazy = len(cv.pairs(comparison)) + len(unaligned) > LAZY_FROM_ROWS
+        lazy = " (a group's rows are made when it is opened)" if self._lazy else ""
+        self.summary.setText(cv.summary_line(comparison) + lazy)
+        self._root.item = self.items.invisibleRootItem()
+        self._populate(self._root)
+        if not self._lazy:
+            self._populate_all(self._root)
         self.view.collapseAll()
-        for r in range(self.proxy.rowCount()):
+        for r in range(1 if self._lazy else self.proxy.rowCount()):
             self.view.expand(self.proxy.index(r, 0))
+
+    def _populate(self, group: _Group) -> None:
+        """Make a group's rows (once): its sub-groups, each with a placeholder until it is opened, then its ops."""
+        if group.built or group.item is None:
+            return
+        group.built = True
+        if group.item.hasChildren():
+            group.item.removeRows(0, group.item.rowCount())
+        comparison = self._model.comparison
+        for child in group.children.values():
+            row = _row(child.label, child.status)
+            row[0].setData(child.path, GROUP_ROLE)
+            row[0].appendRow(_row(PLACEHOLDER))
+            child.item = row[0]
+            group.item.appendRow(row)
+        for pair in group.pairs:
+            manual = pair.manual_reason is not None
+            label = cv.pair_op_label(pair) + (MANUAL_MARKER if manual else "")
+            row = _row(label, pair.verdict, cv.pair_ulp_error_text(pair), cv.pair_differing_text(pair))
+            row[0].setData(pair, PAIR_ROLE)
+            tooltip = cv.pair_tooltip(pair, comparison) if comparison is not None else ""
+            row[0].setToolTip(f"{tooltip}\npaired by hand: {pair.manual_reason}" if manual else tooltip)
+            cause = self._model.locality.get(pair.key, "")
+            if cause:
+                row[CAUSE_COLUMN].setText(cause)
+                row[CAUSE_COLUMN].setForeground(QBrush(locality_colour(cause)))
+            group.item.appendRow(row)
+            self._items[id(pair)] = row[0]
+        for record in group.records:
+            row = _row(cv.unaligned_label(record), Kind.UNALIGNED, "", cv.unaligned_reason(record))
+            row[0].setData(record, UNALIGNED_ROLE)
+            row[0].setToolTip(cv.unaligned_reason(record))
+            self._unaligned_items[id(record)] = row[0]
+            group.item.appendRow(row)
+
+    def _populate_all(self, group: _Group) -> None:
+        self._populate(group)
+        for child in group.children.values():
+            self._populate_all(child)
+
+    def _expanded(self, index: QModelIndex) -> None:
+        path = self.proxy.mapToSource(index.siblingAtColumn(0)).data(GROUP_ROLE)
+        group = self._root.find(path) if isinstance(path, tuple) else None
+        if group is not None and not group.built:
+            self._populate(group)
+
+    def _item_for(self, pair: Any) -> QStandardItem | None:
+        """A pair's row, making the rows of the groups on its path first."""
+        path = self._paths.get(id(pair))
+        if path is None:
+            return None
+        group = self._root
+        for part in path:
+            self._populate(group)
+            group = group.children[part]
+        self._populate(group)
+        return self._items.get(id(pair))
+
+    def _unaligned_item_for(self, record: UnalignedRecord) -> QStandardItem | None:
+        branch = self._root.children.get(UNALIGNED_BRANCH)
+        if branch is not None:
+            self._populate(branch)
+        return self._unaligned_items.get(id(record))
+
+    def _materialize_matches(self, text: str) -> None:
+        """Make the rows of the first pairs the filter text finds, so the filter can show them; the
+        summary says when there are more than are shown."""
+        comparison = self._model.comparison
+        if comparison is None:
+            return
+        needle = text.lower()
+        found = 0
+        for pair in cv.pairs(comparison):
+            if needle in _search_text(pair, self._paths[id(pair)]):
+                found += 1
+                if found <= FILTER_MADE_MAX:
+                    self._item_for(pair)
+        more = f"; the first {FILTER_MADE_MAX:,} of {found:,} matching ops are shown, narrow the filter for the rest" if found > FILTER_MADE_MAX else ""
+        self.summary.setText(cv.summary_line(comparison) + more)
 
     def _show_causes(self) -> None:
         """Each diagnosed op's cause in its row: local ops are where a person looks first."""
@@ -201,8 +292,10 @@ class AlignmentTree(QWidget):
         self.view.setColumnHidden(CAUSE_COLUMN, not self._model.locality)
         if comparison is None:
             return
-        for pair in cv.pairs(comparison):
-            item = self._items.get(id(pair))
+        by_key = {pair.key: pair for pair in cv.pairs(comparison)} if self._model.locality else {}
+        for key in self._model.locality:
+            pair = by_key.get(key)
+            item = self._item_for(pair) if pair is not None else None
             if item is None:
                 continue
             parent = item.parent() or self.items.invisibleRootItem()
@@ -213,7 +306,7 @@ class AlignmentTree(QWidget):
 
     def cause_of(self, pair: Any) -> str:
         """The cause column's text on a pair's row (tests, keyboard checks)."""
-        item = self._items.get(id(pair))
+        item = self._item_for(pair)
         if item is None:
             return ""
         return str(self.items.index(item.row(), CAUSE_COLUMN, item.parent().index() if item.parent() else self.items.invisibleRootItem().index()).data() or "")
@@ -281,14 +374,14 @@ class AlignmentTree(QWidget):
             self._model.select(pair)
 
     def _show_selection(self, pair: Any) -> None:
-        item = self._items.get(id(pair)) if pair is not None else None
+        item = self._item_for(pair) if pair is not None else None
         if item is None:
             return
         self._make_current(item)
 
     def reveal_unaligned(self, record: UnalignedRecord) -> None:
         """Select an unaligned record's row (Ctrl+J when the first finding is a record without a partner)."""
-        item = self._unaligned_items.get(id(record))
+        item = self._unaligned_item_for(record)
         if item is not None:
             self._make_current(item)
 
@@ -353,12 +446,46 @@ def _paint(cells: list[QStandardItem], status: str) -> None:
         cells[0].setForeground(brush)
 
 
-def _worsen(groups: dict[tuple[Any, ...], QStandardItem], path: tuple[Any, ...], status: str) -> None:
-    """A group shows the worst verdict below it, so a collapsed tree still points at the problem."""
-    for depth in range(1, len(path) + 1):
-        item = groups[path[:depth]]
-        current = item.data(Qt.ItemDataRole.UserRole + 2)
-        if current is None or SEVERITY[status] > SEVERITY[current]:
-            parent = item.parent() or item.model().invisibleRootItem()
-            cells = [parent.child(item.row(), c) for c in range(len(COLUMNS))]
-            _paint(cells, status)
+@dataclass(eq=False)
+class _Group:
+    """A step, segment or layer row before (or after) its rows exist: what it holds and the worst kind below it."""
+
+    label: str
+    path: tuple[Any, ...] = ()
+    """Where it sits (step, segment, layer place): what its row holds to find it again. A row never
+    holds the group itself: the model deletes rows whose Python wrappers the group would keep."""
+    status: str | None = None
+    children: dict[Any, _Group] = field(default_factory=dict)
+    pairs: list[Any] = field(default_factory=list)
+    records: list[UnalignedRecord] = field(default_factory=list)
+    item: QStandardItem | None = None
+    built: bool = False
+
+    def child(self, part: Any, label: str) -> _Group:
+        found = self.children.get(part)
+        if found is None:
+            found = self.children[part] = _Group(label, (*self.path, part))
+        return found
+
+    def find(self, path: tuple[Any, ...]) -> _Group | None:
+        group: _Group | None = self
+        for part in path:
+            group = group.children.get(part) if group is not None else None
+        return group
+
+    def worsen(self, status: str) -> None:
+        """A group shows the worst verdict below it, so a collapsed tree still points at the problem."""
+        if self.status is None or SEVERITY[status] > SEVERITY[self.status]:
+            self.status = status
+
+
+def _place_label(place: Any) -> str:
+    """A layer group's label, or where model-level ops sit: before or after the layers."""
+    return f"layer {place}" if isinstance(place, int) else f"{place} layers"
+
+
+def _search_text(pair: Any, path: tuple[Any, ...]) -> str:
+    """What the filter box matches a pair against when its row may not exist yet: its row's cells
+    and its groups' labels."""
+    manual = MANUAL_MARKER if pair.manual_reason is not None else ""
+    return f"{cv.pair_op_label(pair)}{manual} {pair.verdict} step {path[0]} {path[1]} {_place_label(path[2])}".lower()

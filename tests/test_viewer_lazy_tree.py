@@ -1,0 +1,79 @@
+"""A comparison of a real model's size (240,000 op rows) makes its tree rows only when a group opens.
+
+Making every row up front took over a minute for 240,000 pairs. These tests lower the threshold to
+the demo pair's size, so the real window, tree and comparison run the large path: groups are made
+when opened, Ctrl+J and the filter still reach ops inside groups nobody opened.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import Qt
+from pytestqt.qtbot import QtBot
+
+from viewer.settings import ViewerSettings
+from viewer.tree import alignment_tree
+from viewer.tree.alignment_tree import PAIR_ROLE, PLACEHOLDER
+from viewer.window.main_window import MainWindow
+
+pytestmark = pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")
+
+WAIT_MS = 120_000
+
+
+@pytest.fixture
+def lazy_window(qtbot: QtBot, tmp_path: Path, demo_pairs: dict, monkeypatch: pytest.MonkeyPatch) -> MainWindow:
+    monkeypatch.setattr(alignment_tree, "LAZY_FROM_ROWS", 10)
+    win = MainWindow(ViewerSettings(tmp_path / "viewer.ini"))
+    qtbot.addWidget(win)
+    win.resize(1280, 720)
+    win.show()
+    win.open_pair(*demo_pairs["swiglu-order"])
+    qtbot.waitUntil(lambda: win.model.comparison is not None and not win.tasks.busy, timeout=WAIT_MS)
+    yield win
+    win.close()
+
+
+def _made_op_rows(win: MainWindow) -> int:
+    return len(win.tree._items)
+
+
+def test_only_the_opened_groups_rows_exist_and_opening_a_group_makes_them(lazy_window: MainWindow, qtbot: QtBot) -> None:
+    tree = lazy_window.tree
+    pairs = lazy_window.model.comparison.comparison.pairs
+    made = _made_op_rows(lazy_window)
+    assert made < len(pairs), "the rows of unopened groups are not made"
+    assert "made when it is opened" in tree.summary.text()
+    last_step = tree.proxy.index(tree.proxy.rowCount() - 2, 0)
+    assert tree.proxy.index(0, 0, last_step).data() == PLACEHOLDER
+    tree.view.expand(last_step)
+    assert tree.proxy.index(0, 0, last_step).data() != PLACEHOLDER
+    segment = tree.proxy.index(0, 0, last_step)
+    tree.view.expand(segment)
+    layer = tree.proxy.index(0, 0, segment)
+    tree.view.expand(layer)
+    assert tree.proxy.mapToSource(tree.proxy.index(0, 0, layer)).data(PAIR_ROLE) is not None
+    assert _made_op_rows(lazy_window) > made
+
+
+def test_ctrl_j_and_the_filter_reach_ops_in_groups_nobody_opened(lazy_window: MainWindow, qtbot: QtBot) -> None:
+    first = lazy_window.model.comparison.comparison.verdict.first
+    assert first is not None
+    qtbot.keyClick(lazy_window, Qt.Key.Key_J, Qt.KeyboardModifier.ControlModifier)
+    assert lazy_window.model.selected is not None and lazy_window.model.selected.key == first.key
+    current = lazy_window.tree.view.currentIndex()
+    assert lazy_window.tree.proxy.mapToSource(current.siblingAtColumn(0)).data(PAIR_ROLE) is lazy_window.model.selected
+
+    lazy_window.tree.filter.setText("ffn_down")
+    expected = sum(p.key.op == "ffn_down" for p in lazy_window.model.comparison.comparison.pairs)
+    assert expected > 1 and lazy_window.tree.visible_leaf_labels() == ["ffn_down"] * expected
+
+
+def test_a_filter_finding_more_ops_than_it_makes_says_so(lazy_window: MainWindow, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(alignment_tree, "FILTER_MADE_MAX", 3)
+    lazy_window.tree.filter.setText("layer_out")
+    expected = sum(p.key.op == "layer_out" for p in lazy_window.model.comparison.comparison.pairs)
+    assert f"the first 3 of {expected} matching ops are shown" in lazy_window.tree.summary.text()
+    assert len(lazy_window.tree.visible_leaf_labels()) >= 3

@@ -19,6 +19,7 @@ from PySide6.QtCore import (
     QItemSelectionModel,
     QModelIndex,
     QObject,
+    QPersistentModelIndex,
     QPoint,
     QSortFilterProxyModel,
     Qt,
@@ -54,7 +55,6 @@ LAZY_FROM_ROWS = 20_000
 is opened: making every row takes about 0.3 ms each, over a minute for a real model."""
 FILTER_MADE_MAX = 200
 """In a lazy tree, the filter makes the rows of this many matching ops (and their groups' rows)."""
-PLACEHOLDER = "…"
 UNALIGNED_BRANCH = "unaligned"
 MANUAL_MARKER = " [manual]"
 """Appended to a hand-made pair's label: visible, and the filter box finds every manual pair."""
@@ -116,7 +116,8 @@ class AlignmentTree(QWidget):
         self.summary.setObjectName("sectionTitle")
         self.summary.setWordWrap(True)
         layout.addWidget(self.summary)
-        self.items = QStandardItemModel(0, len(COLUMNS), self)
+        self.items = _LazyItems(self._unbuilt_group, self)
+        self.items.populate = self._populate
         self.items.setHorizontalHeaderLabels(list(COLUMNS))
         self.proxy = QSortFilterProxyModel(self)
         self.proxy.setSourceModel(self.items)
@@ -138,7 +139,6 @@ class AlignmentTree(QWidget):
             header.setSectionResizeMode(col, QHeaderView.ResizeMode.Interactive)
             header.resizeSection(col, width)
         self.view.selectionModel().currentChanged.connect(self._current_changed)
-        self.view.expanded.connect(self._expanded)
         self.view.setColumnHidden(1, True)
         self.view.setColumnHidden(CAUSE_COLUMN, True)
         self.view.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
@@ -161,11 +161,12 @@ class AlignmentTree(QWidget):
     def rebuild(self) -> None:
         """Group the pairs once (step, segment, layer, worst kind below each group); rows are made
         when a group is expanded, or all at once for a comparison small enough to show whole."""
-        self.items.removeRows(0, self.items.rowCount())
+        # Python's handles on the old rows go first, while the rows still exist.
         self._items = {}
         self._unaligned_items = {}
         self._paths = {}
         self._root = _Group("")
+        self.items.removeRows(0, self.items.rowCount())
         comparison = self._model.comparison
         if comparison is None:
             self.summary.setText("Comparing…" if self._model.has_pair else "Open a native and an oracle capture")
@@ -199,7 +200,7 @@ class AlignmentTree(QWidget):
         self._lazy = len(cv.pairs(comparison)) + len(unaligned) > LAZY_FROM_ROWS
         lazy = " (a group's rows are made when it is opened)" if self._lazy else ""
         self.summary.setText(cv.summary_line(comparison) + lazy)
-        self._root.item = self.items.invisibleRootItem()
+        self._root.row = QPersistentModelIndex()
         self._populate(self._root)
         if not self._lazy:
             self._populate_all(self._root)
@@ -208,19 +209,19 @@ class AlignmentTree(QWidget):
             self.view.expand(self.proxy.index(r, 0))
 
     def _populate(self, group: _Group) -> None:
-        """Make a group's rows (once): its sub-groups, each with a placeholder until it is opened, then its ops."""
-        if group.built or group.item is None:
+        """Make a group's rows (once): its sub-groups (each made when it is opened), then its ops."""
+        if group.built or group.row is None:
             return
         group.built = True
-        if group.item.hasChildren():
-            group.item.removeRows(0, group.item.rowCount())
+        parent = self.items.itemFromIndex(group.row) if group.path else self.items.invisibleRootItem()
+        if parent is None:
+            return
         comparison = self._model.comparison
         for child in group.children.values():
             row = _row(child.label, child.status)
             row[0].setData(child.path, GROUP_ROLE)
-            row[0].appendRow(_row(PLACEHOLDER))
-            child.item = row[0]
-            group.item.appendRow(row)
+            parent.appendRow(row)
+            child.row = QPersistentModelIndex(row[0].index())
         for pair in group.pairs:
             manual = pair.manual_reason is not None
             label = cv.pair_op_label(pair) + (MANUAL_MARKER if manual else "")
@@ -232,25 +233,26 @@ class AlignmentTree(QWidget):
             if cause:
                 row[CAUSE_COLUMN].setText(cause)
                 row[CAUSE_COLUMN].setForeground(QBrush(locality_colour(cause)))
-            group.item.appendRow(row)
+            parent.appendRow(row)
             self._items[id(pair)] = row[0]
         for record in group.records:
             row = _row(cv.unaligned_label(record), Kind.UNALIGNED, "", cv.unaligned_reason(record))
             row[0].setData(record, UNALIGNED_ROLE)
             row[0].setToolTip(cv.unaligned_reason(record))
             self._unaligned_items[id(record)] = row[0]
-            group.item.appendRow(row)
+            parent.appendRow(row)
 
     def _populate_all(self, group: _Group) -> None:
         self._populate(group)
         for child in group.children.values():
             self._populate_all(child)
 
-    def _expanded(self, index: QModelIndex) -> None:
-        path = self.proxy.mapToSource(index.siblingAtColumn(0)).data(GROUP_ROLE)
+    def _unbuilt_group(self, index: QModelIndex) -> _Group | None:
+        """The group of a row (a source index) whose rows are not made yet; the model makes them
+        when the view asks (fetchMore), the way Qt expects rows to arrive on expanding."""
+        path = index.siblingAtColumn(0).data(GROUP_ROLE) if index.isValid() else None
         group = self._root.find(path) if isinstance(path, tuple) else None
-        if group is not None and not group.built:
-            self._populate(group)
+        return group if group is not None and not group.built and (group.children or group.pairs or group.records) else None
 
     def _item_for(self, pair: Any) -> QStandardItem | None:
         """A pair's row, making the rows of the groups on its path first."""
@@ -446,6 +448,27 @@ def _paint(cells: list[QStandardItem], status: str) -> None:
         cells[0].setForeground(brush)
 
 
+class _LazyItems(QStandardItemModel):
+    """The tree's rows, where a group row whose rows are not made yet says it has children and
+    makes them when the view fetches them."""
+
+    def __init__(self, unbuilt: Callable[[QModelIndex], Any], parent: QObject) -> None:
+        super().__init__(0, len(COLUMNS), parent)
+        self._unbuilt = unbuilt
+        self.populate: Callable[[Any], None] = lambda _group: None
+
+    def hasChildren(self, parent: QModelIndex = QModelIndex()) -> bool:  # noqa: B008  (Qt's own default)
+        return self._unbuilt(parent) is not None or super().hasChildren(parent)
+
+    def canFetchMore(self, parent: QModelIndex) -> bool:
+        return self._unbuilt(parent) is not None
+
+    def fetchMore(self, parent: QModelIndex) -> None:
+        group = self._unbuilt(parent)
+        if group is not None:
+            self.populate(group)
+
+
 @dataclass(eq=False)
 class _Group:
     """A step, segment or layer row before (or after) its rows exist: what it holds and the worst kind below it."""
@@ -458,7 +481,9 @@ class _Group:
     children: dict[Any, _Group] = field(default_factory=dict)
     pairs: list[Any] = field(default_factory=list)
     records: list[UnalignedRecord] = field(default_factory=list)
-    item: QStandardItem | None = None
+    row: QPersistentModelIndex | None = None
+    """Its row once made (the root's is invalid): an index, not the item, which the model deletes
+    with its rows while a Python handle on it would stay."""
     built: bool = False
 
     def child(self, part: Any, label: str) -> _Group:

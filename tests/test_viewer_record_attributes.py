@@ -47,6 +47,7 @@ def test_a_pairs_row_shows_both_records_index_rows_and_dataset_attributes(qtbot:
     assert (native.index_value("name"), oracle.index_value("name")) == ("ffn_swiglu-0", "model.layers.0.mlp.swiglu")
     assert native.index_value("dtype") == oracle.index_value("dtype") == "bfloat16"
     assert int(native.index_value("offset") or -1) >= 0 and int(native.index_value("nbytes") or 0) > 0, "the demo writes packs"
+    assert (native.value_of("(none)") or "").startswith("its pack holds no attributes for it")
     assert str(demo_pairs["swiglu-order"][0]) in native.heading.text()
     assert dialog.grab().save(str(artifacts_dir / "viewer-hdf5-attributes.png"))
     win.close()

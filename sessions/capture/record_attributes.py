@@ -178,6 +178,8 @@ def _dataset_rows(capture: Capture, location: str, seq: int | None = None) -> tu
 def record_attributes(capture: Capture, record: Record, side: str) -> RecordAttributes:
     """Everything the file says about one record beside its data; problems are rows, never raised."""
     stored, rows = _dataset_rows(capture, record.path, record.seq if record.packed else None)
+    if record.packed and not rows:
+        rows = (AttributeRow("(none)", "", "", f"its pack holds no attributes for it (a packed tensor's are NAME[{record.seq}] on the pack)"),)
     return RecordAttributes(side, str(capture.path), printable(record.path), index_row(record), stored, rows)
 
 

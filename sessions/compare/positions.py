@@ -37,13 +37,14 @@ def _rows(mapped: MappedRecord) -> int:
 
 
 def record_spans(mapped: list[MappedRecord]) -> dict[int, Span]:
-    """Each record's positions, by seq: recorded, or derived from the order of the calls.
+    """Each record's positions, by seq: recorded, or derived from the order of the calls. `mapped`
+    is in execution order, as `map_records` returns it.
 
     Derived: calls (step, segment) follow one another in execution order, each as long as its
     longest record; a record as long as its call starts where the call starts, a shorter one
     (the logits of the last row) ends where the call ends."""
     by_call: dict[tuple[int, str], list[MappedRecord]] = defaultdict(list)
-    for m in sorted(mapped, key=lambda m: m.record.seq):
+    for m in mapped:
         by_call[(m.record.step, m.record.segment)].append(m)
     spans: dict[int, Span] = {}
     start = 0
@@ -63,7 +64,7 @@ def record_spans(mapped: list[MappedRecord]) -> dict[int, Span]:
 def calls(mapped: list[MappedRecord], spans: dict[int, Span]) -> list[Call]:
     """The run's forward calls in execution order, each spanning its records' positions."""
     found: dict[tuple[int, str], Span] = {}
-    for m in sorted(mapped, key=lambda m: m.record.seq):
+    for m in mapped:
         call = (m.record.step, m.record.segment)
         first, stop = spans[m.record.seq]
         if call in found:

@@ -37,9 +37,41 @@ from sessions.capture.meta import CaptureMeta  # noqa: E402
 from sessions.capture.writer import CaptureWriter  # noqa: E402
 
 ROWS, COLS = 1008, 16384
+OP_NAMES = ("attn_norm", "q_proj", "k_proj", "v_proj", "sdpa", "o_proj", "ffn_norm", "ffn_gate", "ffn_up", "ffn_act", "ffn_down", "l_out")
+OPS_PER_LAYER = len(OP_NAMES)
+STEP_RECORDS = 36 * OPS_PER_LAYER
+"""A 36-layer model's ops per token step: 240,000 records are about 555 steps."""
 HEARTBEAT_MS = 10
 TRACE_AFTER_S = 0.5
 """A gap this long dumps every thread's stack to stderr while it lasts: what the UI thread is stuck in."""
+
+
+def build_many_records_pair(directory: Path, records: int) -> tuple[Path, Path]:
+    """A real model's record count: `records` small bfloat16 tensors per side in token steps of
+    STEP_RECORDS, identical but for one bit in the record at 60% of the run (its first divergence)."""
+    import ml_dtypes
+
+    native_path, oracle_path = directory / f"stall-{records}.native.h5", directory / f"stall-{records}.oracle.h5"
+    if native_path.exists() and oracle_path.exists():
+        return native_path, oracle_path
+    tensor = np.random.default_rng(12).standard_normal((4, 16)).astype(ml_dtypes.bfloat16)
+    flipped = tensor.copy()
+    flipped.view(np.uint16)[1, 3] ^= 1
+    planted = records * 3 // 5
+    common = {"model_id": "bench", "weights_hash": "sha256:bench", "prompt": "bench"}
+    with CaptureWriter(native_path, CaptureMeta(role="native", engine_name="bench-native", **common)) as native, CaptureWriter(
+        oracle_path, CaptureMeta(role="oracle", engine_name="bench-oracle", **common)
+    ) as oracle:
+        for seq in range(records):
+            step, layer = seq // STEP_RECORDS, seq % STEP_RECORDS // OPS_PER_LAYER
+            name = OP_NAMES[seq % OPS_PER_LAYER]
+            oracle.add_tensor(name, tensor, step=step, segment="decode", layer=layer)
+            native.add_tensor(name, flipped if seq == planted else tensor, step=step, segment="decode", layer=layer)
+            if seq % STEP_RECORDS == STEP_RECORDS - 1:
+                for writer in (native, oracle):
+                    writer.add_token(step=step, segment="decode", token_id=step % 100, is_stop=False)
+                    writer.end_step()
+    return native_path, oracle_path
 
 
 def build_pair(directory: Path, layers: int) -> tuple[Path, Path]:
@@ -162,10 +194,73 @@ def run(app: QApplication, native: Path, oracle: Path, settings_dir: Path) -> di
     return {**result, **{k: round(v, 2) for k, v in phases.items()}}
 
 
+def run_many_records(app: QApplication, native: Path, oracle: Path, settings_dir: Path) -> dict[str, object]:
+    """The window on a real model's record count: open and compare, the tree, the Overview,
+    Ctrl+J, the tree filter, stepping through findings and another op."""
+    from viewer.settings import ViewerSettings
+    from viewer.window.main_window import MainWindow
+
+    def wait(condition, timeout_s: float = 900.0) -> float:  # type: ignore[no-untyped-def]
+        start = time.perf_counter()
+        while not condition():
+            app.processEvents()
+            time.sleep(0.001)
+            if time.perf_counter() - start > timeout_s:
+                raise TimeoutError("the window did not finish in time")
+        return time.perf_counter() - start
+
+    def settle(seconds: float = 0.3) -> None:
+        wait(lambda: not window.tasks.busy)
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            app.processEvents()
+            time.sleep(0.001)
+
+    window = MainWindow(ViewerSettings(settings_dir / "bench.ini"))
+    window.resize(1440, 900)
+    window.show()
+    wait(lambda: window.isVisible())
+    beat = Heartbeat()
+    beat.start()
+    phases: dict[str, float] = {}
+    ends: dict[str, float] = {}
+    window.open_pair(native, oracle)
+    phases["open_s"] = wait(lambda: window.model.native is not None)
+    ends["open"] = beat.now_ms()
+    phases["compare_s"] = wait(lambda: window.model.comparison is not None)
+    settle()
+    ends["compare_tree_and_first_finding"] = beat.now_ms()
+    window.show_panel(1)
+    settle()
+    ends["overview"] = beat.now_ms()
+    window.show_panel(0)
+    window.jump_to_first_finding()
+    settle()
+    ends["ctrl_j"] = beat.now_ms()
+    window.tree.filter.setText("ffn_down")
+    settle()
+    window.tree.filter.setText("")
+    settle()
+    ends["tree_filter"] = beat.now_ms()
+    for direction in (1, -1):
+        window.step_divergence(direction)
+        settle(0.1)
+    pairs = window.model.comparison.comparison.pairs
+    window.model.select(pairs[len(pairs) // 3])
+    settle()
+    ends["step_and_another_op"] = beat.now_ms()
+    result = beat.stop(ends)
+    result["pairs"] = len(pairs)
+    result["first_finding"] = str(window.model.selected.key) if window.model.selected is not None else ""
+    window.close()
+    return {**result, **{k: round(v, 2) for k, v in phases.items()}}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=8, help="1008 x 16384 float32 records per side (66 MB each)")
     parser.add_argument("--dir", type=Path, help="where to build (and reuse) the pair; default a temporary folder")
+    parser.add_argument("--records", type=int, help="instead: this many small records per side (240000: a real 8B model's run)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
     app = QApplication.instance() or QApplication(sys.argv[:1])
@@ -173,10 +268,14 @@ def main(argv: list[str] | None = None) -> int:
         directory = args.dir or Path(scratch)
         directory.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        native, oracle = build_pair(directory, args.layers)
+        if args.records:
+            native, oracle = build_many_records_pair(directory, args.records)
+        else:
+            native, oracle = build_pair(directory, args.layers)
         build_s = time.perf_counter() - t0
         size_mb = (native.stat().st_size + oracle.stat().st_size) / 1e6
-        figures = {"pair_mb": round(size_mb, 1), "build_s": round(build_s, 1), **run(app, native, oracle, Path(scratch))}
+        drive = run_many_records if args.records else run
+        figures = {"pair_mb": round(size_mb, 1), "build_s": round(build_s, 1), **drive(app, native, oracle, Path(scratch))}
     print(json.dumps(figures, indent=2))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))

@@ -172,3 +172,28 @@ def test_a_profile_edit_invalidates_the_cached_result_and_a_comment_does_not(tmp
     assert sorted((u.side, u.reason) for u in edited.unaligned) == [("native", "no_partner"), ("oracle", "no_partner")]
     assert edited.oracle_profile_identity.path == first.oracle_profile_identity.path
     assert edited.oracle_profile_identity.sha256 != first.oracle_profile_identity.sha256
+
+
+def test_bit_identical_records_get_exactly_the_metrics_the_diff_engine_gives_them(demo_pairs: dict[str, tuple[Path, Path]]) -> None:
+    """Identical small records are settled from their stored bytes (two preads) instead of the
+    diff engine; what they get must be what a full pass over the same tensors gives."""
+    from sessions.compare.align import align
+    from sessions.compare.comparison import resolve_profiles
+    from sessions.compare.pair_reader import PairReader
+    from sessions.compare.tensor_diff import DiffAccumulator
+
+    native_path, _ = demo_pairs["swiglu-order"]
+    options = CompareOptions()
+    with open_capture(native_path) as n, open_capture(native_path) as again:
+        comparison = run_to_end(iter_compare(n, again, options))
+        profile, _ = resolve_profiles(n, again, options)
+        pairs = {p.key: p for p in align(list(n.records), list(again.records), profile, profile).pairs}
+        assert len(comparison.pairs) == len(pairs) > 100
+        reader = PairReader(n, again)
+        for result in comparison.pairs:
+            pair = pairs[result.key]
+            reader.use(pair)
+            logical = pair.native.record.dtype
+            full = DiffAccumulator(logical, pair.native.shape, options.tolerance_for(pair.key, logical))
+            full.add(reader.native.whole(), reader.oracle.whole())
+            assert result.metrics == full.finish(), result.key

@@ -75,6 +75,7 @@ from sessions.compare.verdict import (
     classify_pair,
     judge,
 )
+from sessions.gc_pause import garbage_collection_paused
 from sessions.progress import Progress, ProgressGenerator
 
 DISPATCH_NOT_COMPARED = "not compared: the runs were cut into different calls, so their attention calls differ by construction"
@@ -238,6 +239,13 @@ def iter_compare(
     then. Raises ProfileError when a profile cannot be found or read, and CaptureError when a
     tensor cannot be read (the capture is unusable as input).
     """
+    with garbage_collection_paused():
+        return (yield from _iter_compare(native, oracle, options, profiles))
+
+
+def _iter_compare(
+    native: Capture, oracle: Capture, options: CompareOptions, profiles: tuple[Profile, Profile] | None
+) -> ProgressGenerator[Comparison]:
     yield Progress(0, 1, "aligning records")
     if options.alignment not in ALIGN_MODES:
         raise ValueError(f"alignment {options.alignment!r} is not one of {', '.join(ALIGN_MODES)}")

@@ -10,7 +10,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import types
+from collections.abc import Callable
 from enum import Enum
+from functools import cache
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from sessions.compare.comparison import Comparison
@@ -34,31 +36,56 @@ def comparison_to_dict(comparison: Comparison) -> dict[str, Any]:
 
 def from_plain(tp: Any, value: Any) -> Any:
     """The inverse of `plain` for a value of type `tp` (a dataclass tree): the report and gate documents read back."""
+    return _reader(tp)(value)
+
+
+Reader = Callable[[Any], Any]
+
+
+@cache
+def _reader(tp: Any) -> Reader:
+    """A function turning a plain value into a `tp`, built once per type: resolving a dataclass's
+    type hints costs more than building it, and a real model's document has millions of objects."""
     if tp is OpKey:
-        return OpKey.parse(value)
+        return OpKey.parse
     if isinstance(tp, type) and issubclass(tp, Enum):
-        return tp(value)
+        return tp
     origin = get_origin(tp)
     if origin in (Union, types.UnionType):
-        if value is None:
-            return None
         options = [a for a in get_args(tp) if a is not type(None)]
-        return from_plain(options[0], value) if len(options) == 1 else value
+        if len(options) != 1:
+            return _same
+        inner = _reader(options[0])
+        return lambda value: None if value is None else inner(value)
     if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise ReportFormatError(f"{tp.__name__} must be an object")
-        hints = get_type_hints(tp)
-        return tp(**{f.name: from_plain(hints[f.name], value[f.name]) for f in dataclasses.fields(tp) if f.name in value})
+        return _dataclass_reader(tp)
     if origin is list:
         (item,) = get_args(tp)
-        return [from_plain(item, v) for v in value]
+        read_item = _reader(item)
+        return lambda value: [read_item(v) for v in value]
     if origin is tuple:
-        return tuple(value)
+        return tuple
     if origin is dict:
-        return dict(value)
-    if tp is float and isinstance(value, str):
-        return float(value)
+        return dict
+    if tp is float:
+        return lambda value: float(value) if isinstance(value, str) else value
+    return _same
+
+
+def _same(value: Any) -> Any:
     return value
+
+
+def _dataclass_reader(tp: type) -> Reader:
+    hints = get_type_hints(tp)
+    fields = [(f.name, _reader(hints[f.name])) for f in dataclasses.fields(tp)]
+
+    def read(value: Any) -> Any:
+        if not isinstance(value, dict):
+            raise ReportFormatError(f"{tp.__name__} must be an object")
+        return tp(**{name: read_field(value[name]) for name, read_field in fields if name in value})
+
+    return read
 
 
 def comparison_from_dict(data: dict[str, Any]) -> Comparison:
@@ -70,8 +97,11 @@ def comparison_from_dict(data: dict[str, Any]) -> Comparison:
         raise ReportFormatError(f"malformed report document ({type(exc).__name__}: {exc})") from None
 
 
-def dumps(comparison: Comparison) -> str:
-    return json.dumps(comparison_to_dict(comparison), indent=1, allow_nan=False)
+def dumps(comparison: Comparison, *, for_people: bool = True) -> str:
+    """Indented for people (the CLI's `--json`); compact between processes and in the cache,
+    where json's C encoder writes a real model's document several times faster (the indenting
+    encoder is pure Python)."""
+    return json.dumps(comparison_to_dict(comparison), indent=1 if for_people else None, allow_nan=False)
 
 
 def loads(text: str) -> Comparison:

@@ -62,7 +62,7 @@ def _error_line(child: ChildProcess) -> str | None:
 
 
 def _document(child: ChildProcess) -> str | None:
-    """Everything after the `result` marker line (the document is indented JSON, many lines)."""
+    """Everything after the `result` marker line: the document, compact JSON on one line."""
     marker = RESULT.encode() + b"\n"
     if child.stdout.startswith(marker):
         start = len(marker)
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001  (any failure is reported to the parent as a message, not a traceback)
         _write_line(ERROR, json.dumps({"type": type(exc).__name__, "message": str(exc)}))
         return 1
-    sys.stdout.write(f"{RESULT}\n{dumps(comparison)}\n")
+    sys.stdout.write(f"{RESULT}\n{dumps(comparison, for_people=False)}\n")
     sys.stdout.flush()
     return 0
 

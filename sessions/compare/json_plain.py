@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -33,10 +34,10 @@ def plain(value: Any, omit: frozenset[str] = frozenset()) -> Any:
     if isinstance(value, OpKey):
         return value.text()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        out = {f.name: plain(getattr(value, f.name), omit) for f in dataclasses.fields(value) if f.name not in omit}
-        for name in DERIVED_PROPERTIES:
-            if isinstance(getattr(type(value), name, None), property):
-                out[name] = plain(getattr(value, name), omit)
+        names, derived = _shape_of(type(value))
+        out = {name: plain(getattr(value, name), omit) for name in names if name not in omit}
+        for name in derived:
+            out[name] = plain(getattr(value, name), omit)
         return out
     if isinstance(value, (list, tuple)):
         return [plain(v, omit) for v in value]
@@ -45,3 +46,11 @@ def plain(value: Any, omit: frozenset[str] = frozenset()) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
     return value
+
+
+@cache
+def _shape_of(tp: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """A dataclass's field names and the derived properties written beside them, looked up once
+    per class: a real model's document has millions of objects."""
+    fields = tuple(f.name for f in dataclasses.fields(tp))
+    return fields, tuple(name for name in DERIVED_PROPERTIES if isinstance(getattr(tp, name, None), property))

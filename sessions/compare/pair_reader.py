@@ -23,9 +23,8 @@ ADVISE_MIN_BYTES = 1024 * 1024
 
 def pair_bytes(pair: AlignedPair) -> int:
     """Stored bytes of both sides of a pair (of what the pair compares, when it is part of a record)."""
-    if logical_dtype(pair.native.record.dtype).is_quantized:
-        return 2 * pair.native.record.size * logical_dtype(pair.native.record.dtype).storage.itemsize
-    return 2 * int(np.prod(pair.native.shape, dtype=np.int64)) * logical_dtype(pair.native.record.dtype).storage.itemsize
+    ld = logical_dtype(pair.native.record.dtype)
+    return 2 * (pair.native.record.size if ld.is_quantized else math.prod(pair.native.shape)) * ld.storage.itemsize
 
 
 def _rows_per_unit(mapped: MappedRecord) -> int:
@@ -39,7 +38,7 @@ def chunk_rows(pair: AlignedPair, chunk_bytes: int) -> list[tuple[int, int]] | N
     if logical_dtype(record.dtype).is_quantized or not pair.native.shape or not record.shape:
         return None
     rows = pair.native.shape[0]
-    row_bytes = max(1, int(np.prod(pair.native.shape[1:], dtype=np.int64)) * logical_dtype(record.dtype).storage.itemsize)
+    row_bytes = max(1, math.prod(pair.native.shape[1:]) * logical_dtype(record.dtype).storage.itemsize)
     if rows * row_bytes <= chunk_bytes:
         return None
     step = math.lcm(_rows_per_unit(pair.native), _rows_per_unit(pair.oracle))

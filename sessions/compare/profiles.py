@@ -52,6 +52,7 @@ CANONICAL_OPS: dict[str, str] = {
 """Canonical ops and their canonical layouts (docs/architecture.md); `(heads dim)` is one axis."""
 
 
+@cache
 def rows_axis(op: str) -> int:
     """The canonical axis of `op` whose index is a token position: what alignment by position cuts."""
     return re.findall(r"\([^)]*\)|\S+", CANONICAL_OPS[op]).index("rows")

@@ -131,7 +131,7 @@ def store(cache_dir: Path, key: str, comparison: Comparison, max_bytes: int = MA
         cache_dir.mkdir(parents=True, exist_ok=True)
         fd, temp = tempfile.mkstemp(dir=cache_dir, prefix=".tmp-", suffix=ENTRY_SUFFIX)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(dumps(comparison))
+            handle.write(dumps(comparison, for_people=False))
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temp, cache_dir / f"{key}{ENTRY_SUFFIX}")

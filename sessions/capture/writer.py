@@ -124,6 +124,8 @@ class CaptureWriter:
         if meta.batch_size != 1:
             attrs.create("batch_size", np.int64(meta.batch_size))
             attrs.create("batch_row", np.int64(meta.batch_row))
+        if meta.batch_stacked:
+            attrs.create("batch_stacked", np.int64(1))
         attrs.create(cf.ATTR_PROVENANCE, np.frombuffer(meta.provenance_bytes(), dtype=np.uint8))
         attrs.create(cf.ATTR_COMPLETE, np.int8(0))
 

@@ -120,6 +120,19 @@ class TokenSchedule:
         }
 
 
+def check_batch(batch: int, row: int) -> None:
+    """ValueError unless `row` is a request of a batch of `batch`."""
+    if batch < 1 or not 0 <= row < batch:
+        raise ValueError(f"row {row} is not a row of a batch of {batch}")
+
+
+def batch_prompts(prompt: tuple[int, ...], batch: int, row: int, vocab: int) -> list[list[int]]:
+    """`batch` requests of the prompt's length with the prompt itself in `row`; the others are the
+    prompt's tokens shifted by their row (mod the vocabulary), so every row is a different request.
+    Equal lengths keep every call's rows aligned across the batch, so a record splits by request."""
+    return [[(t + (r - row) * 7919) % vocab if r != row else t for t in prompt] for r in range(batch)]
+
+
 def artifact_sha256(paths: list[Path]) -> str:
     """SHA-256 over the files' names and bytes, in the order given: a capture's weights hash."""
     digest = hashlib.sha256()

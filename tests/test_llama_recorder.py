@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 from pathlib import Path
 
 import h5py
@@ -235,5 +236,6 @@ def test_provenance_keeps_the_build_and_the_buffer_types_that_ran(ggufs: dict[st
         provenance = capture.meta.provenance
     assert provenance["system_info"] == llama_cpp.llama_print_system_info().decode().strip()
     assert provenance["parity_settings"]["extra_bufts"] is extra_bufts
+    assert provenance["omp_wait_policy"] == os.environ.get("OMP_WAIT_POLICY", "PASSIVE"), "idle OpenMP threads sleep unless told otherwise"
     # This build's repacking buffer type declines all 25 of the tiny q8_0 model's weights: they stay in the mapped file.
     assert provenance["buffer_types"] == {"model": ["CPU_Mapped"], "KV": ["CPU"], "compute": ["CPU"], "output": ["CPU"], **declined}

@@ -42,6 +42,7 @@ from backends.recorders.llama_recorder import (
     RecorderError,
     iter_plain_here,
     iter_record_here,
+    quiet_openmp,
 )
 from backends.recorders.record_schedule import TokenSchedule, check_batch
 from sessions.child_process import ChildProcess, progress_line
@@ -211,6 +212,7 @@ def _run_job(job: dict[str, Any], protocol: _Protocol) -> list[np.ndarray]:
 
 
 def main() -> int:
+    quiet_openmp()
     protocol = _Protocol(os.fdopen(os.dup(1), "w"))
     os.dup2(2, 1)
     from sessions import crash_point

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -80,6 +81,7 @@ _NAME_LAYER = re.compile(r"-(\d+)(?: \([a-z ]+\))*$")
 _CACHE_LAYER = re.compile(r"^cache_[kv]_l(\d+)\b")
 _WEIGHT_LAYER = re.compile(r"^blk\.(\d+)\.")
 SRC_ATTR = "ggml_src"
+OPENMP_WAIT = ("OMP_WAIT_POLICY", "PASSIVE")
 ENGINE_NAME = "llama.cpp (llama-cpp-python)"
 
 
@@ -129,6 +131,19 @@ def buffer_types(lines: list[str]) -> dict[str, Any]:
     return found
 
 
+def quiet_openmp() -> None:
+    """Let llama.cpp's idle OpenMP threads sleep instead of spin, unless the environment says otherwise.
+
+    ggml's CPU backend (built with OpenMP) computes in parallel regions whose worker threads then
+    spin, waiting for the next one. A recording stops the graph after every recorded node to run
+    Python, so those spinning threads took the cores the recorder and the writer needed: a
+    recorded 50 M-parameter run spent most of its time in libgomp's spin loop (perf), 4-6x longer
+    than with them asleep. libgomp reads the variable once, when it loads, so this runs before
+    llama_cpp is imported. How threads wait never changes what ggml computes: each thread's share
+    of the work is fixed by its index."""
+    os.environ.setdefault(OPENMP_WAIT[0], OPENMP_WAIT[1])
+
+
 class RecorderError(RuntimeError):
     """A run that cannot be recorded faithfully, with what went wrong."""
 
@@ -159,6 +174,7 @@ class NodeRead:
     layer: int
     dtype: str
     bits: np.ndarray
+    """May view llama.cpp's own memory: valid only until the callback that read it returns."""
     logical_shape: tuple[int, ...] | None = None
     stacked: bool = False
     """Axis 0 holds the requests of a batched call, one row each (the recorder added it)."""
@@ -240,10 +256,15 @@ class NodeReader:
         if not buffer or not node.data:
             raise RecorderError(f"node {name!r} ({op}) has no readable buffer")
         size = int(lib.ggml_nbytes(address))
-        raw = (ctypes.c_uint8 * size)()
-        if size:
-            lib.ggml_backend_tensor_get(address, raw, 0, size)
-        data = np.frombuffer(raw, dtype=np.uint8)
+        if lib.ggml_backend_buffer_is_host(buffer):
+            # Host memory (the CPU backend's): viewed where llama.cpp keeps it, for as long as the
+            # callback runs, so the writer's copy into its pack is the only one.
+            data = np.frombuffer((ctypes.c_uint8 * size).from_address(node.data), dtype=np.uint8)
+        else:
+            raw = (ctypes.c_uint8 * size)()
+            if size:
+                lib.ggml_backend_tensor_get(address, raw, 0, size)
+            data = np.frombuffer(raw, dtype=np.uint8)
         ne = [int(n) for n in node.ne]
         request = request_ne(ne, rows, batch) if batch > 1 else None
         shape = self._shape(ne, key, rows) if request is None else (batch, *self._shape(request, key, rows))
@@ -408,6 +429,7 @@ class LlamaRun:
             "llama_cpp_python_version": self.llama.__version__,
             "system_info": self.llama.llama_print_system_info().decode("utf-8", "replace").strip(),
             "buffer_types": buffer_types(LOG_LINES),
+            "omp_wait_policy": os.environ.get(OPENMP_WAIT[0], ""),
             "parity_settings": {**asdict(self.settings), "logits_all": True, "n_ubatch": self.schedule.ubatch, "kv_unified": False},
             "batch": self.batch,
             "batch_row": self.batch_row,

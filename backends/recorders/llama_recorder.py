@@ -54,10 +54,10 @@ from backends.recorders.ggml_tensor_struct import (
 from backends.recorders.record_schedule import (
     DECODE,
     TokenSchedule,
-    artifact_sha256,
     batch_prompts,
     check_batch,
 )
+from sessions.artifact_hash import artifact_sha256
 from sessions.bits.dtypes import LOGICAL_DTYPES
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.writer import CaptureWriter

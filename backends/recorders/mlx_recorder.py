@@ -29,10 +29,10 @@ from backends.engines.oracle_engine import OracleEngine, layer_of
 from backends.recorders.record_schedule import (
     DECODE,
     TokenSchedule,
-    artifact_sha256,
     batch_prompts,
     check_batch,
 )
+from sessions.artifact_hash import artifact_sha256
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.writer import CaptureWriter
 from sessions.progress import Progress, ProgressGenerator

@@ -136,9 +136,10 @@ def quiet_openmp() -> None:
 
     ggml's CPU backend (built with OpenMP) computes in parallel regions whose worker threads then
     spin, waiting for the next one. A recording stops the graph after every recorded node to run
-    Python, so those spinning threads took the cores the recorder and the writer needed: a
-    recorded 50 M-parameter run spent most of its time in libgomp's spin loop (perf), 4-6x longer
-    than with them asleep. libgomp reads the variable once, when it loads, so this runs before
+    Python, so those threads spin through all of it: on the 2-core development VM a recorded
+    50 M-parameter run spent most of its samples in libgomp's spin loop (perf) and 2.6-3.2 s of
+    CPU, against 0.9-1.1 s with the threads asleep, and took 2-10x as long whenever other
+    processes wanted the cores. libgomp reads the variable once, when it loads, so this runs before
     llama_cpp is imported. How threads wait never changes what ggml computes: each thread's share
     of the work is fixed by its index."""
     os.environ.setdefault(OPENMP_WAIT[0], OPENMP_WAIT[1])

@@ -131,6 +131,18 @@ def test_nodes_carry_op_sources_layer_and_occurrence(ggufs: dict[str, Path], tmp
         assert decode_q == [(1, 128), (1, 4, 32), (1, 4, 32)]
 
 
+def test_views_read_without_stopping_the_graph_hold_the_bits_of_what_they_view(ggufs: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "llama.h5"
+    _record(ggufs["f32"], out)
+    with open_capture(out, check_in_child=False) as capture:
+        for step in (0, 1):
+            bits = {(r.name, r.kernel_id): capture.read_bits(r) for r in capture.records if r.step == step and r.layer == 0}
+            projection, per_head = bits[("Qcur-0", "MUL_MAT")], bits[("Qcur-0", "RESHAPE")]
+            assert per_head.shape == (projection.shape[0], 4, 32) and per_head.tobytes() == projection.tobytes()
+            assert bits[("Kcur-0 (view)", "VIEW")].tobytes() == bits[("Kcur-0", "ROPE")].tobytes()
+            assert bits[("kqv-0 (permuted)", "PERMUTE")].tobytes() == bits[("kqv-0", "MUL_MAT")].transpose(1, 0, 2).tobytes()
+
+
 def test_each_attention_gets_one_dispatch_event_on_its_kqv_out(ggufs: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "llama.h5"
     _record(ggufs["f32"], out)

@@ -81,6 +81,8 @@ _NAME_LAYER = re.compile(r"-(\d+)(?: \([a-z ]+\))*$")
 _CACHE_LAYER = re.compile(r"^cache_[kv]_l(\d+)\b")
 _WEIGHT_LAYER = re.compile(r"^blk\.(\d+)\.")
 SRC_ATTR = "ggml_src"
+NO_COMPUTE_OPS = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"})
+"""ggml ops that only describe memory another tensor holds: the CPU backend computes nothing for them."""
 OPENMP_WAIT = ("OMP_WAIT_POLICY", "PASSIVE")
 ENGINE_NAME = "llama.cpp (llama-cpp-python)"
 
@@ -353,6 +355,8 @@ class _Pass:
     first_name: str | None = None
     graph: int = -1
     started: dict[int, int] = field(default_factory=dict)
+    computed: bool = False
+    """Every node of the graph asked about so far is computed, or computes nothing."""
 
 
 class LlamaRun:
@@ -461,18 +465,32 @@ class LlamaRun:
             if current.first_name is None or name == current.first_name:
                 current.first_name = name
                 current.graph += 1
+                current.computed = False
             if not reader.wanted(name, sources, self.settings.all_nodes):
+                current.computed = False
+                return False
+            if current.computed and op in NO_COMPUTE_OPS:
+                # Its bits are final already: everything before it is computed and it computes
+                # nothing. Read now, the graph goes on without stopping here (each stop costs
+                # llama.cpp a separate graph computation; a third of a layer's records are views).
+                self._record(address, name, op, sources, current, self.writer.now_ns())
                 return False
             current.started[address] = self.writer.now_ns()
             return True
+        current.computed = True
+        self._record(address, name, op, sources, current, current.started.pop(address, None))
+        return True
+
+    def _record(self, address: int, name: str, op: str, sources: list[str], current: _Pass, started: int | None) -> None:
+        """Write the computed node at `address` as the next record of the current graph."""
+        assert self.reader is not None and self.writer is not None
         graph = min(current.graph, len(current.segments) - 1)
         segment, rows, first = current.segments[graph], current.rows[graph], current.starts[graph]
         layer = _node_layer(name, sources)
         count_key = (current.step, segment, layer, name)
         occurrence = self._occurrences.get(count_key, 0)
         self._occurrences[count_key] = occurrence + 1
-        node = reader.read(address, (name, op, occurrence), rows, self.batch)
-        started = current.started.pop(address, None)
+        node = self.reader.read(address, (name, op, occurrence), rows, self.batch)
         seq = self.writer.add_tensor(
             node.name,
             node.bits,
@@ -487,7 +505,6 @@ class LlamaRun:
             position=first,
         )
         self._attention.see(self.writer, node, seq, started)
-        return True
 
     def _decode(self, tokens: list[list[int]], start: int, step: int, segments: list[tuple[str, int, int]]) -> np.ndarray:
         """One llama_decode of each sequence's `tokens` (equally many) from position `start`, sequence

@@ -8,7 +8,9 @@ seeded weights exported to GGUF. Printed: the GGUF size, the plain and recorded 
 (best of `--repeats`), their ratio, the capture size, and whether the recorded run's logits
 equal the plain run's bit for bit (they must: recording may cost time, never bits).
 Both run llama.cpp in this process, not in the recording child `record llama` uses, so the
-figures are the callback's cost without a process start-up on either side. `--engine mlx` runs
+figures are the callback's cost without a process start-up on either side; both run with
+OpenMP's passive wait policy, as the recording child sets it (`quiet_openmp`: llama.cpp's idle
+threads sleep instead of spinning), unless `OMP_WAIT_POLICY` is set. `--engine mlx` runs
 the same model as an mlx-lm directory (float32) on MLX's CPU stream: plain mlx-lm against
 `record mlx`'s recorder, and compares the greedy tokens (the recorder must not change them).
 """
@@ -34,6 +36,7 @@ from backends.recorders.llama_recorder import (  # noqa: E402
     LlamaSettings,
     iter_plain_here,
     iter_record_here,
+    quiet_openmp,
 )
 from backends.recorders.mlx_recorder import iter_record_mlx, plain_run_mlx  # noqa: E402
 from backends.recorders.record_schedule import TokenSchedule  # noqa: E402
@@ -46,6 +49,7 @@ BENCH_CONFIG = DemoConfig(
 
 
 def main() -> int:
+    quiet_openmp()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engine", choices=("llama", "mlx"), default="llama")
     parser.add_argument("--variant", choices=VARIANTS, default="f16", help="GGUF weights (llama only)")

@@ -12,11 +12,13 @@ import argparse
 import json
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 from hand_captures import T, bf16_bits, write_capture
 
 from sessions.capture.opening import open_capture
+from sessions.capture.reader import CaptureError
 from sessions.commands import report as report_command
 from sessions.compare.align import NO_PARTNER, POSITIONS
 from sessions.compare.comparison import iter_compare
@@ -182,6 +184,57 @@ def test_a_request_alone_compares_with_its_row_of_a_batch_and_ignores_the_other_
         c = run_to_end(iter_compare(n, o, CompareOptions(native_profile="mlx-lm", oracle_profile="mlx-lm")))
     assert c.verdict.word == DIVERGENCE
     assert c.pairs[0].metrics.first_difference is not None and c.pairs[0].metrics.first_difference.coord == [4, 5]
+
+
+def test_a_stacked_batch_gives_each_request_its_record_without_the_added_axis(tmp_path: Path) -> None:
+    """llama.cpp's records have no batch axis: a batched run stacks the requests along an added axis 0
+    (`batch_stacked`), so row 3 is the request's record itself, read through its layout and cut by position."""
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((8, 6, HEADS, DIM)).astype(np.float32)
+    out = rng.standard_normal((8, 6, HIDDEN)).astype(np.float32)
+    q[3, 4, 1, 2] = np.nextafter(q[3, 4, 1, 2], np.float32(np.inf))
+    alone_q = rng.standard_normal((6, HEADS, DIM)).astype(np.float32)
+    alone_q[:4], alone_q[4:] = q[3, :4], q[3, 4:]
+    alone_q[4, 1, 2] = np.nextafter(q[3, 4, 1, 2], np.float32(-np.inf))
+    halves = [(0, 4, "prefill.0"), (4, 6, "prefill.1")]
+    alone = write_capture(
+        tmp_path / "alone.h5", "native",
+        [t for a, b, seg in halves for t in (
+            T("Qcur-0", alone_q[a:b].copy(), segment=seg, layer=0, kernel_id="ROPE", position=a),
+            T("l_out-0", out[3, a:b].copy(), segment=seg, layer=0, kernel_id="ADD", position=a),
+            T("ffn_out-0", out[3, a:b].copy(), segment=seg, layer=0, kernel_id="MUL_MAT", position=a),
+        )],
+    )  # fmt: skip
+    whole = out.reshape(48, HIDDEN)
+    batched = write_capture(
+        tmp_path / "batch.h5", "oracle",
+        [T("Qcur-0", q, layer=0, kernel_id="ROPE", position=0), T("l_out-0", out, layer=0, kernel_id="ADD", position=0),
+         T("ffn_out-0", whole, layer=0, kernel_id="MUL_MAT", position=0)],
+        batch_size=8, batch_row=3, batch_stacked=True,
+    )  # fmt: skip
+    with open_capture(alone) as n, open_capture(batched) as o:
+        c = run_to_end(iter_compare(n, o, CompareOptions(native_profile="llama.cpp", oracle_profile="llama.cpp")))
+        first = c.pairs[c.first_divergence]
+        native_bits, oracle_bits, _ = read_pair_bits(n, o, first)
+    assert c.alignment.words() == "by position (oracle is row 3 of a batch of 8): native prefill.0 0-3, prefill.1 4-5; oracle prefill 0-5"
+    assert [(p.key.text(), p.verdict.value) for p in c.pairs] == [
+        ("0:prefill.0:0:q_rope@0-3", "bit-exact"), ("0:prefill.0:0:layer_out@0-3", "bit-exact"),
+        ("0:prefill.1:0:q_rope@4-5", "diverged"), ("0:prefill.1:0:layer_out@4-5", "bit-exact"),
+    ]  # fmt: skip
+    assert first.metrics.first_difference is not None and first.metrics.first_difference.coord == [1, 0, 2]
+    assert native_bits.shape == oracle_bits.shape == (HEADS, 2, DIM)
+    assert [(u.side, u.name, u.reason, u.detail) for u in c.unaligned if u.side == "oracle"] == [
+        ("oracle", "ffn_out-0", "not_batched", "its stored axis 0 is 48, not the run's batch of 8")
+    ]
+
+
+def test_a_batch_stacked_attribute_other_than_0_or_1_is_refused(tmp_path: Path) -> None:
+    path = write_capture(tmp_path / "x.h5", "oracle", [T("l_out-0", np.zeros((2, 1, HIDDEN), np.float32), layer=0)], batch_size=2, batch_row=1)
+    with h5py.File(path, "r+", locking=False) as file:
+        file.attrs.create("batch_stacked", np.int64(2))
+    with pytest.raises(CaptureError, match="batch_stacked.*is 2; the format allows 0 or 1"):
+        with open_capture(path):
+            pass
 
 
 def test_a_key_with_positions_reads_back_from_its_text() -> None:

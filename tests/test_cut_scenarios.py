@@ -81,6 +81,21 @@ def test_the_batched_request_is_read_from_its_row(cut_pairs: dict[str, tuple[Pat
     assert c.unaligned == []
 
 
+def test_llama_gives_a_request_the_same_prefill_bits_in_a_batch_and_other_bits_from_its_first_decode(cut_pairs: dict[str, tuple[Path, Path]]) -> None:
+    if "batch-row-llama" not in cut_pairs:
+        pytest.skip("the llama extra (llama-cpp-python) is not installed")
+    native, oracle = cut_pairs["batch-row-llama"]
+    with open_capture(oracle) as o:
+        assert (o.meta.batch_size, o.meta.batch_row, o.meta.batch_stacked) == (8, 3, True)
+    c = _compare(native, oracle)
+    assert c.alignment.words() == "same calls (oracle is row 3 of a batch of 8)"
+    kinds = {(p.key.step, p.verdict.value) for p in c.pairs}
+    assert kinds == {(0, "bit-exact"), *{(s, k) for s in (1, 2, 3) for k in ("bit-exact", "diverged")}}
+    assert sorted(p.key.op for p in c.pairs if p.key.step == 1 and p.verdict.value == "bit-exact") == ["attn_norm", "embed"]
+    assert {u.reason for u in c.unaligned} == {"one_sided"}
+    assert c.tokens.first_divergence_step is None and c.tokens.compared_steps == 4
+
+
 def test_diagnose_works_position_by_position_on_the_llama_tail_fed_token_by_token(cut_pairs: dict[str, tuple[Path, Path]]) -> None:
     if "prefill-vs-decode-llama" not in cut_pairs:
         pytest.skip("the llama extra (llama-cpp-python) is not installed")

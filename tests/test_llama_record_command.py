@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from backends.demo.llama_pairs import demo_weights_f32  # noqa: E402
 from backends.engines.gguf_export import export_gguf  # noqa: E402
 from sessions.capture.opening import open_capture  # noqa: E402
 from tests.test_llama_recorder import TINY  # noqa: E402
-from viewer.cli import build_parser  # noqa: E402
+from viewer.cli import build_parser, main  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +53,7 @@ def test_an_existing_output_is_refused_unless_forced(gguf: Path, tmp_path: Path,
         (["record", "llama", "absent.gguf", "--tokens", "1"], "absent.gguf: no such GGUF file"),
         (["record", "mlx", "absent-dir", "--tokens", "1"], "absent-dir: not a directory"),
         (["record", "llama", "GGUF", "--tokens", "1,96"], "token id 96 is outside tiny.bf16.gguf's vocabulary (96 ids)"),
+        (["record", "llama", "GGUF", "--tokens", "1", "--batch", "2", "--batch-row", "2"], "row 2 is not a row of a batch of 2"),
     ],
 )
 def test_bad_input_is_refused_with_exit_2(
@@ -61,3 +63,29 @@ def test_bad_input_is_refused_with_exit_2(
     assert _run([str(gguf) if a == "GGUF" else a for a in argv] + ["--out", str(out)]) == record_command.EXIT_REFUSED
     assert message in capsys.readouterr().out
     assert not out.exists()
+
+
+def test_a_request_recorded_as_a_row_of_a_batch_reports_against_itself_alone(
+    gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    alone, batched, report = tmp_path / "alone.h5", tmp_path / "batch.h5", tmp_path / "report.json"
+    run = ["record", "llama", str(gguf), "--tokens", "5,17,3,88,41", "--decode-steps", "2"]
+    assert _run([*run, "--out", str(alone)]) == record_command.EXIT_OK
+    assert _run([*run, "--batch", "3", "--batch-row", "1", "--out", str(batched)]) == record_command.EXIT_OK
+    assert main(["validate", str(batched)]) == 0
+    with open_capture(batched) as capture:
+        assert (capture.meta.batch_size, capture.meta.batch_row, capture.meta.batch_stacked) == (3, 1, True)
+        assert {r.shape for r in capture.records if r.name == "l_out-0"} == {(3, 5, 64), (3, 1, 64)}
+    capsys.readouterr()
+    assert main(["report", str(alone), str(batched), "--json", str(report)]) == 1
+    text, document = capsys.readouterr().out, json.loads(report.read_text())
+    verdict = document["verdict"]
+    assert verdict["headline"].startswith("DIVERGENCE: first diverged at 1:decode:0:q_proj")
+    assert text.startswith(verdict["headline"] + "\n")
+    assert "alignment  same calls (oracle is row 1 of a batch of 3)" in text
+    assert document["alignment"]["oracle_batch"] == "row 1 of a batch of 3"
+    prefill = [p for p in document["pairs"] if p["key"].startswith("0:")]
+    assert len(prefill) == 37 and {p["verdict"] for p in prefill} == {"bit-exact"}
+    assert {u["reason"] for u in document["unaligned"]} == {"one_sided"}
+    assert document["dispatch_differences"] == [], "each side's attention batch is the batch its capture declares"
+    assert "step 1: match" in text and "step 2: match" in text

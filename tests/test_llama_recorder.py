@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 from pathlib import Path
 
 import h5py
@@ -22,7 +23,12 @@ from backends.recorders.ggml_tensor_struct import (  # noqa: E402
     check_layout,
 )
 from backends.recorders.llama_process import iter_record_llama, plain_logits  # noqa: E402
-from backends.recorders.llama_recorder import SRC_ATTR, LlamaSettings, RecorderError  # noqa: E402
+from backends.recorders.llama_recorder import (  # noqa: E402
+    SRC_ATTR,
+    LlamaSettings,
+    RecorderError,
+    request_ne,
+)
 from backends.recorders.record_schedule import TokenSchedule  # noqa: E402
 from sessions.capture import format as cf  # noqa: E402
 from sessions.capture.opening import open_capture  # noqa: E402
@@ -43,8 +49,10 @@ def ggufs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {v: export_gguf(TINY.as_dict(), weights, directory / f"tiny.{v}.gguf", v) for v in VARIANTS}
 
 
-def _record(gguf: Path, out: Path, schedule: TokenSchedule = SCHEDULE, settings: LlamaSettings = LlamaSettings()) -> list[np.ndarray]:
-    work = iter_record_llama(gguf, schedule, out, settings)
+def _record(
+    gguf: Path, out: Path, schedule: TokenSchedule = SCHEDULE, settings: LlamaSettings = LlamaSettings(), batch: int = 1, batch_row: int = 0
+) -> list[np.ndarray]:
+    work = iter_record_llama(gguf, schedule, out, settings, batch=batch, batch_row=batch_row)
     while True:
         try:
             next(work)
@@ -123,6 +131,18 @@ def test_nodes_carry_op_sources_layer_and_occurrence(ggufs: dict[str, Path], tmp
         assert decode_q == [(1, 128), (1, 4, 32), (1, 4, 32)]
 
 
+def test_views_read_without_stopping_the_graph_hold_the_bits_of_what_they_view(ggufs: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "llama.h5"
+    _record(ggufs["f32"], out)
+    with open_capture(out, check_in_child=False) as capture:
+        for step in (0, 1):
+            bits = {(r.name, r.kernel_id): capture.read_bits(r) for r in capture.records if r.step == step and r.layer == 0}
+            projection, per_head = bits[("Qcur-0", "MUL_MAT")], bits[("Qcur-0", "RESHAPE")]
+            assert per_head.shape == (projection.shape[0], 4, 32) and per_head.tobytes() == projection.tobytes()
+            assert bits[("Kcur-0 (view)", "VIEW")].tobytes() == bits[("Kcur-0", "ROPE")].tobytes()
+            assert bits[("kqv-0 (permuted)", "PERMUTE")].tobytes() == bits[("kqv-0", "MUL_MAT")].transpose(1, 0, 2).tobytes()
+
+
 def test_each_attention_gets_one_dispatch_event_on_its_kqv_out(ggufs: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "llama.h5"
     _record(ggufs["f32"], out)
@@ -144,6 +164,35 @@ def test_micro_batches_are_recorded_as_segments(ggufs: dict[str, Path], tmp_path
         prefill = np.concatenate([capture.read_values(r) for r in capture.records if r.name == "result_output" and r.step == 0])
     assert logits == [("prefill.0", (2, 96)), ("prefill.1", (2, 96)), ("prefill.2", (1, 96)), ("decode", (1, 96))]
     assert prefill.tobytes() == returned[0].tobytes()
+
+
+def test_a_batched_node_splits_by_request_only_where_its_elements_are_the_requests_in_turn() -> None:
+    hidden_of_3x5_tokens, per_stream_scores, whole_k_cache = [64, 15, 1, 1], [256, 5, 4, 3], [64, 768, 1, 1]
+    assert request_ne(hidden_of_3x5_tokens, rows=5, batch=3) == [64, 5, 1, 1]
+    assert request_ne(per_stream_scores, rows=5, batch=3) == [256, 5, 4, 1]
+    assert request_ne(whole_k_cache, rows=5, batch=3) is None
+
+
+def test_a_batched_run_stacks_each_sequence_in_its_row_and_keeps_the_requests_tokens_and_logits(ggufs: dict[str, Path], tmp_path: Path) -> None:
+    alone, batched = tmp_path / "alone.h5", tmp_path / "batch.h5"
+    schedule = TokenSchedule(SCHEDULE.prompt, decode_steps=1, ubatch=2)
+    own = _record(ggufs["f32"], alone, schedule)
+    returned = _record(ggufs["f32"], batched, schedule, batch=3, batch_row=2)
+    assert validate_file(batched, 2**31, 60).problems == []
+    with open_capture(alone, check_in_child=False) as a, open_capture(batched, check_in_child=False) as b:
+        assert (b.meta.batch_size, b.meta.batch_row, b.meta.batch_stacked) == (3, 2, True)
+        assert (b.meta.provenance["batch"], b.meta.provenance["parity_settings"]["kv_unified"]) == (3, False)
+        assert [int(t) for t in b.tokens["token_id"]] == [int(t) for t in a.tokens["token_id"]]
+        logits = [(r.segment, r.shape) for r in b.records if r.name == "result_output"]
+        assert logits == [("prefill.0", (3, 2, 96)), ("prefill.1", (3, 2, 96)), ("prefill.2", (3, 1, 96)), ("decode", (3, 1, 96))]
+        prefill = np.concatenate([b.read_values(r)[2] for r in b.records if r.name == "result_output" and r.step == 0])
+        shapes = {(r.name, r.kernel_id): r.shape for r in b.records if r.step == 0 and r.segment == "prefill.0"}
+        events = {(int(e["batch"]), int(e["q_rows"]), int(e["kv_len"]), int(e["q_heads"])) for e in b.dispatch}
+    assert prefill.tobytes() == returned[0].tobytes()
+    assert [x.shape for x in returned] == [x.shape for x in own] == [(5, 96), (1, 96)]
+    assert shapes[("Qcur-0", "ROPE")] == (3, 2, 4, 32) and shapes[("kq-0", "MUL_MAT")] == (3, 4, 2, 256)
+    assert shapes[("cache_k_l0 (reshaped)", "RESHAPE")] == (3 * 256, 64), "the KV cache buffer holds every sequence whole"
+    assert events == {(3, 2, 256, 4), (3, 1, 256, 4)}
 
 
 def test_an_f16_kv_cache_is_recorded_in_float16_and_named_in_provenance(ggufs: dict[str, Path], tmp_path: Path) -> None:
@@ -199,5 +248,6 @@ def test_provenance_keeps_the_build_and_the_buffer_types_that_ran(ggufs: dict[st
         provenance = capture.meta.provenance
     assert provenance["system_info"] == llama_cpp.llama_print_system_info().decode().strip()
     assert provenance["parity_settings"]["extra_bufts"] is extra_bufts
+    assert provenance["omp_wait_policy"] == os.environ.get("OMP_WAIT_POLICY", "PASSIVE"), "idle OpenMP threads sleep unless told otherwise"
     # This build's repacking buffer type declines all 25 of the tiny q8_0 model's weights: they stay in the mapped file.
     assert provenance["buffer_types"] == {"model": ["CPU_Mapped"], "KV": ["CPU"], "compute": ["CPU"], "output": ["CPU"], **declined}

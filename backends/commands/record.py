@@ -1,7 +1,7 @@
 """`parity-xray record llama|mlx ...`: capture a real engine's run.
 
-    parity-xray record llama MODEL.gguf --tokens 1,2,3 [--decode-steps N] [--all-nodes] --out X.h5
-    parity-xray record mlx MODEL_DIR --tokens 1,2,3 [--decode-steps N] --out X.h5
+    parity-xray record llama MODEL.gguf --tokens 1,2,3 [--decode-steps N] [--all-nodes] [--batch N --batch-row R] --out X.h5
+    parity-xray record mlx MODEL_DIR --tokens 1,2,3 [--decode-steps N] [--batch N --batch-row R] --out X.h5
 
 Engine libraries (llama_cpp, mlx_lm) are imported only when a recording runs, so listing the
 subcommands never loads them. docs/recorders.md explains what each recorder writes.
@@ -60,8 +60,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="keep weights out of llama.cpp's repacked extra buffer types (no AMX / repacked kernels)",
     )  # fmt: skip
     mlx.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
-    mlx.add_argument("--batch", type=int, default=1, metavar="N", help="run the prompt inside a batch of N requests (batch invariance)")
-    mlx.add_argument("--batch-row", type=int, default=0, metavar="R", help="the prompt's row in the batch (default 0)")
+    for sub in (llama, mlx):
+        sub.add_argument(
+            "--batch", type=int, default=1, metavar="N",
+            help="run the prompt inside a batch of N equally long requests (batch invariance); llama.cpp: one sequence each",
+        )
+        sub.add_argument("--batch-row", type=int, default=0, metavar="R", help="the prompt's row in the batch (default 0)")
 
 
 def repeat_paths(out: Path, repeat: int) -> list[Path]:
@@ -122,7 +126,7 @@ def _work(args: argparse.Namespace, schedule: "TokenSchedule", out: Path) -> Ite
             flash_attn=args.flash_attn, kv_type=args.kv_type, n_threads=args.threads, all_nodes=args.all_nodes,
             extra_bufts=args.extra_bufts,
         )  # fmt: skip
-        return iter_record_llama(args.model, schedule, out, settings, role=args.role)
+        return iter_record_llama(args.model, schedule, out, settings, role=args.role, batch=args.batch, batch_row=args.batch_row)
     from backends.recorders.mlx_recorder import iter_record_mlx
 
     return iter_record_mlx(args.model, schedule, out, role=args.role, device=args.device, batch=args.batch, batch_row=args.batch_row)

@@ -76,6 +76,11 @@ CUT_SCENARIOS: dict[str, CutScenario] = {
         "llama.cpp: the prompt's last 4 tokens inside the prefill vs fed one llama_decode each",
         ExpectedVerdict(DIVERGENCE, Kind.DIVERGED, OpKey(0, "prefill", 0, "q_proj", 0, (79, 80))),
     ),
+    "batch-row-llama": CutScenario(
+        "llama", Feed(), Feed(batch=8, batch_row=3),
+        "llama.cpp: the request alone vs sequence 3 of a batch of 8 (one KV cache stream per sequence)",
+        ExpectedVerdict(DIVERGENCE, Kind.DIVERGED, OpKey(1, "decode", 0, "q_proj", 0)),
+    ),
     "repeat-llama": CutScenario("llama", Feed(), Feed(), "llama.cpp: the same run twice (run-to-run determinism)"),
 }
 
@@ -94,7 +99,7 @@ def _record(scenario: CutScenario, feed: Feed, model: Path, prompt: tuple[int, .
     if scenario.engine == "llama":
         from backends.recorders.llama_process import iter_record_llama
 
-        run_to_end(iter_record_llama(model, schedule, out, role=role, extra=extra, weights_hash=held))
+        run_to_end(iter_record_llama(model, schedule, out, role=role, extra=extra, weights_hash=held, batch=feed.batch, batch_row=feed.batch_row))
         return
     from backends.recorders.mlx_recorder import iter_record_mlx
 

@@ -94,6 +94,7 @@ class GgmlLibrary:
             "ggml_blck_size": ([ctypes.c_int], ctypes.c_int64),
             "ggml_type_size": ([ctypes.c_int], size),
             "ggml_backend_tensor_get": ([p, p, size, size], None),
+            "ggml_backend_buffer_is_host": ([p], ctypes.c_bool),
             "ggml_init": ([_InitParams], p),
             "ggml_free": ([p], None),
             "ggml_new_tensor_4d": ([p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64], p),

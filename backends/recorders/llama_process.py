@@ -42,8 +42,9 @@ from backends.recorders.llama_recorder import (
     RecorderError,
     iter_plain_here,
     iter_record_here,
+    quiet_openmp,
 )
-from backends.recorders.record_schedule import TokenSchedule
+from backends.recorders.record_schedule import TokenSchedule, check_batch
 from sessions.child_process import ChildProcess, progress_line
 from sessions.progress import Progress, ProgressGenerator, run_to_end
 
@@ -78,15 +79,20 @@ def _schedule_from(data: dict[str, Any]) -> TokenSchedule:
 
 def iter_record_llama(
     model_path: Path, schedule: TokenSchedule, out: Path, settings: LlamaSettings = LlamaSettings(),
-    *, role: str = "native", extra: dict[str, Any] | None = None, weights_hash: str | None = None,
+    *, role: str = "native", extra: dict[str, Any] | None = None, weights_hash: str | None = None, batch: int = 1, batch_row: int = 0,
 ) -> ProgressGenerator[list[np.ndarray]]:
     """Record `schedule` on the GGUF at `model_path` into `out` in a child process; yields its
-    progress, returns llama.cpp's logits per step. Raises RecorderError when the run is refused,
-    LlamaCrashed when llama.cpp crashed. Closing the generator kills the child.
+    progress, returns llama.cpp's logits per step (the request's, in a batch). Raises RecorderError
+    when the run is refused, LlamaCrashed when llama.cpp crashed. Closing the generator kills the child.
 
     `weights_hash` overrides the capture's weights hash (default: the GGUF file's SHA-256, which
-    provenance keeps either way), for pairs whose engines load the same values from different files."""
-    job = {"mode": "record", "out": str(out), "role": role, "extra": extra or {}, "weights_hash": weights_hash}
+    provenance keeps either way), for pairs whose engines load the same values from different files.
+    With `batch` > 1 the prompt is row `batch_row` of a batch of requests (`iter_record_here`)."""
+    check_batch(batch, batch_row)
+    job = {
+        "mode": "record", "out": str(out), "role": role, "extra": extra or {}, "weights_hash": weights_hash,
+        "batch": batch, "batch_row": batch_row,
+    }  # fmt: skip
     return (yield from _iter_child(Path(model_path), schedule, settings, job))
 
 
@@ -194,7 +200,8 @@ def _run_job(job: dict[str, Any], protocol: _Protocol) -> list[np.ndarray]:
     protocol.write("stage", f"loading {model.name}")
     if job["mode"] == "record":
         work = iter_record_here(model, schedule, Path(job["out"]), settings, role=job["role"], extra=job["extra"],
-                                weights_hash=job["weights_hash"], before_decode=before_decode)  # fmt: skip
+                                weights_hash=job["weights_hash"], before_decode=before_decode,
+                                batch=job["batch"], batch_row=job["batch_row"])  # fmt: skip
     else:
         work = iter_plain_here(model, schedule, settings, before_decode=before_decode)
     while True:
@@ -205,6 +212,7 @@ def _run_job(job: dict[str, Any], protocol: _Protocol) -> list[np.ndarray]:
 
 
 def main() -> int:
+    quiet_openmp()
     protocol = _Protocol(os.fdopen(os.dup(1), "w"))
     os.dup2(2, 1)
     from sessions import crash_point

@@ -23,6 +23,10 @@ F32 KV cache (llama.cpp's default F16 cache moves its own logits by ~1e-3), logi
 token (or the last layer is cut down to the output rows). With `n_ubatch` below the prompt
 length the node sequence repeats per micro-batch; each repetition is its own segment.
 
+A batch of requests (`batch` > 1) runs each request as its own sequence with one KV-cache stream
+per sequence; nodes whose elements are the requests in turn are stored with a leading request
+axis (`request_ne`), the others whole (docs/recorders.md, "Batches").
+
 Everything here runs llama.cpp in the calling process, where an illegal instruction or a failed
 GGML_ASSERT ends that process. Callers use `backends.recorders.llama_process`, which runs this
 in a child process and turns such an end into a message.
@@ -32,10 +36,11 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +48,16 @@ import numpy as np
 
 from backends.recorders.ggml_tensor_struct import (
     GgmlLibrary,
-    GgmlTensor,
     load_checked,
     tensor_at,
 )
-from backends.recorders.record_schedule import DECODE, TokenSchedule, artifact_sha256
+from backends.recorders.record_schedule import (
+    DECODE,
+    TokenSchedule,
+    batch_prompts,
+    check_batch,
+)
+from sessions.artifact_hash import artifact_sha256
 from sessions.bits.dtypes import LOGICAL_DTYPES
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.writer import CaptureWriter
@@ -71,6 +81,9 @@ _NAME_LAYER = re.compile(r"-(\d+)(?: \([a-z ]+\))*$")
 _CACHE_LAYER = re.compile(r"^cache_[kv]_l(\d+)\b")
 _WEIGHT_LAYER = re.compile(r"^blk\.(\d+)\.")
 SRC_ATTR = "ggml_src"
+NO_COMPUTE_OPS = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"})
+"""ggml ops that only describe memory another tensor holds: the CPU backend computes nothing for them."""
+OPENMP_WAIT = ("OMP_WAIT_POLICY", "PASSIVE")
 ENGINE_NAME = "llama.cpp (llama-cpp-python)"
 
 
@@ -120,6 +133,20 @@ def buffer_types(lines: list[str]) -> dict[str, Any]:
     return found
 
 
+def quiet_openmp() -> None:
+    """Let llama.cpp's idle OpenMP threads sleep instead of spin, unless the environment says otherwise.
+
+    ggml's CPU backend (built with OpenMP) computes in parallel regions whose worker threads then
+    spin, waiting for the next one. A recording stops the graph after every recorded node to run
+    Python, so those threads spin through all of it: on the 2-core development VM a recorded
+    50 M-parameter run spent most of its samples in libgomp's spin loop (perf) and 2.6-3.2 s of
+    CPU, against 0.9-1.1 s with the threads asleep, and took 2-10x as long whenever other
+    processes wanted the cores. libgomp reads the variable once, when it loads, so this runs before
+    llama_cpp is imported. How threads wait never changes what ggml computes: each thread's share
+    of the work is fixed by its index."""
+    os.environ.setdefault(OPENMP_WAIT[0], OPENMP_WAIT[1])
+
+
 class RecorderError(RuntimeError):
     """A run that cannot be recorded faithfully, with what went wrong."""
 
@@ -150,7 +177,32 @@ class NodeRead:
     layer: int
     dtype: str
     bits: np.ndarray
+    """May view llama.cpp's own memory: valid only until the callback that read it returns."""
     logical_shape: tuple[int, ...] | None = None
+    stacked: bool = False
+    """Axis 0 holds the requests of a batched call, one row each (the recorder added it)."""
+
+    def request_shape(self) -> tuple[int, ...]:
+        """The shape of one request's part: what a run of that request alone records."""
+        shape = tuple(self.logical_shape or self.bits.shape)
+        return shape[1:] if self.stacked else shape
+
+
+def request_ne(ne: list[int], rows: int, batch: int) -> list[int] | None:
+    """One request's ggml shape in a node of a call over `batch` equally long sequences, or None
+    when the node's elements are not the requests one after another.
+
+    llama.cpp gives every per-token tensor the call's tokens as its outermost dimension, each
+    sequence's `rows` tokens in turn in seq_id order (its equal split of a batch), and with one KV
+    cache stream per sequence (`kv_unified` off) the attention tensors a fourth dimension of one
+    stream per sequence. Anything else (the KV cache buffers and their writes) holds every request
+    in a layout that is not a row per request."""
+    if ne[3] == batch:
+        return ne[:3] + [1]
+    outer = max((i for i in range(4) if ne[i] != 1), default=0)
+    if ne[outer] == batch * rows:
+        return ne[:outer] + [rows] + ne[outer + 1 :]
+    return None
 
 
 def _node_layer(name: str, sources: list[str]) -> int:
@@ -186,17 +238,19 @@ class NodeReader:
     def wanted(self, name: str, sources: list[str], all_nodes: bool) -> bool:
         return all_nodes or not _DEFAULT_NAME.match(name) or any(_is_weight(s) for s in sources)
 
-    def _shape(self, node: GgmlTensor, key: tuple[str, str, int], rows: int) -> tuple[int, ...]:
+    def _shape(self, ne: list[int], key: tuple[str, str, int], rows: int) -> tuple[int, ...]:
         """numpy shape = ggml ne reversed, trimmed of ggml's padding 1s. A one-row step keeps the
         rank the same node had in a multi-row step, so [rows, X] stays 2-D at rows = 1."""
-        ne = list(node.ne)
         rank = max((i + 1 for i in range(4) if ne[i] != 1), default=1)
         if rows > 1:
             self._ranks[key] = rank
         rank = max(rank, self._ranks.get(key, rank))
         return tuple(reversed(ne[:rank]))
 
-    def read(self, address: int, key: tuple[str, str, int], rows: int) -> NodeRead:
+    def read(self, address: int, key: tuple[str, str, int], rows: int, batch: int = 1) -> NodeRead:
+        """The node's elements; in a call over `batch` requests of `rows` tokens each, stacked
+        with a leading request axis when its elements are the requests one after another (a
+        reshape: the bits stay where llama.cpp put them), else whole."""
         name, op, sources = self.describe(address)
         node = tensor_at(address)
         lib = self.library.lib
@@ -205,23 +259,38 @@ class NodeReader:
         if not buffer or not node.data:
             raise RecorderError(f"node {name!r} ({op}) has no readable buffer")
         size = int(lib.ggml_nbytes(address))
-        raw = (ctypes.c_uint8 * size)()
-        if size:
-            lib.ggml_backend_tensor_get(address, raw, 0, size)
-        data = np.frombuffer(raw, dtype=np.uint8)
-        shape = self._shape(node, key, rows)
+        if lib.ggml_backend_buffer_is_host(buffer):
+            # Host memory (the CPU backend's): viewed where llama.cpp keeps it, for as long as the
+            # callback runs, so the writer's copy into its pack is the only one.
+            data = np.frombuffer((ctypes.c_uint8 * size).from_address(node.data), dtype=np.uint8)
+        else:
+            raw = (ctypes.c_uint8 * size)()
+            if size:
+                lib.ggml_backend_tensor_get(address, raw, 0, size)
+            data = np.frombuffer(raw, dtype=np.uint8)
+        ne = [int(n) for n in node.ne]
+        request = request_ne(ne, rows, batch) if batch > 1 else None
+        shape = self._shape(ne, key, rows) if request is None else (batch, *self._shape(request, key, rows))
+        if batch > 1 and request is None and shape[0] == batch:
+            raise RecorderError(
+                f"node {name!r} ({op}) holds the whole batch in one layout, yet its axis 0 is {batch}, which a reader "
+                "would take for the batch's requests: record with another batch size"
+            )
         layer = _node_layer(name, sources)
-        strides = tuple(int(s) for s in reversed(list(node.nb)[: len(shape)]))
+        # All four ggml dimensions, padding 1s included: C order over them is C order over `shape`.
+        whole = tuple(reversed(ne))
+        strides = tuple(int(s) for s in reversed(list(node.nb)))
         ggml_type = int(node.type)
         if ggml_type in PLAIN_TYPES:
             dtype, np_dtype = PLAIN_TYPES[ggml_type]
             # ggml_nbytes spans the last element's offset, so these strides stay inside `data`.
-            view = np.lib.stride_tricks.as_strided(data.view(np_dtype), shape=shape, strides=strides)
-            return NodeRead(name, op, sources, layer, dtype, np.ascontiguousarray(view))
-        return self._quantized(ggml_type, data, shape, strides, name, op, sources, layer)
+            view = np.lib.stride_tricks.as_strided(data.view(np_dtype), shape=whole, strides=strides)
+            return NodeRead(name, op, sources, layer, dtype, np.ascontiguousarray(view).reshape(shape), stacked=request is not None)
+        found = self._quantized(ggml_type, data, whole, strides, shape, name, op, sources, layer)
+        return replace(found, stacked=request is not None)
 
     def _quantized(
-        self, ggml_type: int, data: np.ndarray, shape: tuple[int, ...], strides: tuple[int, ...],
+        self, ggml_type: int, data: np.ndarray, whole: tuple[int, ...], strides: tuple[int, ...], shape: tuple[int, ...],
         name: str, op: str, sources: list[str], layer: int,
     ) -> NodeRead:
         """GGML blocks: kept raw when the capture format knows the type, else decoded by `gguf`."""
@@ -229,8 +298,8 @@ class NodeReader:
 
         lib = self.library.lib
         block, type_size = int(lib.ggml_blck_size(ggml_type)), int(lib.ggml_type_size(ggml_type))
-        row_bytes = shape[-1] // block * type_size
-        rows_shape = shape[:-1] + (row_bytes,)
+        row_bytes = whole[-1] // block * type_size
+        rows_shape = whole[:-1] + (row_bytes,)
         rows = np.ascontiguousarray(np.lib.stride_tricks.as_strided(data, shape=rows_shape, strides=strides[:-1] + (1,)))
         type_name = self.library.type_name(ggml_type)
         logical = type_name.lower()
@@ -257,7 +326,7 @@ class AttentionTrace:
 
     def see(self, writer: CaptureWriter, node: NodeRead, seq: int, started: int | None) -> None:
         stem, layer = node.name.rsplit("-", 1)[0], node.layer
-        shape = tuple(node.logical_shape or node.bits.shape)
+        shape = node.request_shape()
         if stem == "Kcur" and node.op == "ROPE" and len(shape) == 3:
             self.kv_heads[layer] = shape[1]
         elif stem == "kq" and node.op == "MUL_MAT" and len(shape) == 3:
@@ -267,7 +336,7 @@ class AttentionTrace:
         elif stem == "kqv_out" and layer in self.scores and len(shape) == 2:
             heads, rows, cells, start = self.scores.pop(layer)
             writer.add_dispatch(
-                index_seq=seq, call=0, kv_group=-1, head_start=0, head_count=heads, q_heads=heads,
+                index_seq=seq, call=0, batch=(node.logical_shape or node.bits.shape)[0] if node.stacked else 1, kv_group=-1, head_start=0, head_count=heads, q_heads=heads,
                 kv_heads=self.kv_heads.get(layer, heads), q_rows=rows, kv_len=cells, head_dim=shape[1] // heads,
                 mask_kind=self.masks.pop(layer, "none"), dtype=node.dtype, primitive="fallback",
                 t_start_ns=start or 0, t_end_ns=writer.now_ns(),
@@ -286,18 +355,24 @@ class _Pass:
     first_name: str | None = None
     graph: int = -1
     started: dict[int, int] = field(default_factory=dict)
+    computed: bool = False
+    """Every node of the graph asked about so far is computed, or computes nothing."""
 
 
 class LlamaRun:
     """One llama.cpp model + context, decoding a token schedule, optionally recording it."""
 
-    def __init__(self, model_path: Path, schedule: TokenSchedule, settings: LlamaSettings, *, record: bool) -> None:
+    def __init__(
+        self, model_path: Path, schedule: TokenSchedule, settings: LlamaSettings, *, record: bool, batch: int = 1, batch_row: int = 0,
+    ) -> None:
         import llama_cpp as llama
 
+        check_batch(batch, batch_row)
         self.llama = llama
         self.schedule = schedule
         self.settings = settings
         self.record = record
+        self.batch, self.batch_row = batch, batch_row
         self.writer: CaptureWriter | None = None
         """Set before `run` when recording; the callback writes through it."""
         self.errors: list[str] = []
@@ -320,6 +395,8 @@ class LlamaRun:
         if outside:
             llama.llama_model_free(self.model)
             raise RecorderError(f"token id {outside[0]} is outside {model_path.name}'s vocabulary ({self.vocab_size} ids)")
+        self.requests = batch_prompts(schedule.prompt, batch, batch_row, self.vocab_size)
+        """Each sequence's prompt: the request in row `batch_row`, other requests around it."""
         self._callback = llama.ggml_backend_sched_eval_callback(self._eval)
         self.context = llama.llama_init_from_model(self.model, self._context_params())
         if not self.context:
@@ -333,9 +410,16 @@ class LlamaRun:
         llama, s = self.llama, self.settings
         params = llama.llama_context_default_params()
         total = len(self.schedule.prompt) + self.schedule.decode_steps + 1
-        params.n_ctx = max(256, -(-total // 256) * 256)
-        params.n_batch = max(len(self.schedule.prompt), 1)
-        params.n_ubatch = min(self.schedule.ubatch, params.n_batch)
+        # One KV cache stream per sequence (not unified): each request attends over its own cells,
+        # as many as a run of it alone has, and the attention nodes get a per-sequence dimension.
+        # llama.cpp then splits a batch equally: each micro-batch holds n_ubatch / n_seq_max tokens
+        # of every sequence, so a request's micro-batches are those of its run alone.
+        params.n_seq_max = self.batch
+        params.kv_unified = False
+        params.n_ctx = max(256, -(-total // 256) * 256) * self.batch
+        prompt = max(len(self.schedule.prompt), 1)
+        params.n_batch = prompt * self.batch
+        params.n_ubatch = min(self.schedule.ubatch, prompt) * self.batch
         params.n_threads = params.n_threads_batch = s.n_threads
         params.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_ENABLED if s.flash_attn else llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
         params.type_k = params.type_v = KV_TYPES[s.kv_type]
@@ -350,7 +434,10 @@ class LlamaRun:
             "llama_cpp_python_version": self.llama.__version__,
             "system_info": self.llama.llama_print_system_info().decode("utf-8", "replace").strip(),
             "buffer_types": buffer_types(LOG_LINES),
-            "parity_settings": {**asdict(self.settings), "logits_all": True, "n_ubatch": self.schedule.ubatch},
+            "omp_wait_policy": os.environ.get(OPENMP_WAIT[0], ""),
+            "parity_settings": {**asdict(self.settings), "logits_all": True, "n_ubatch": self.schedule.ubatch, "kv_unified": False},
+            "batch": self.batch,
+            "batch_row": self.batch_row,
             **self.schedule.as_provenance(),
         }
 
@@ -378,18 +465,32 @@ class LlamaRun:
             if current.first_name is None or name == current.first_name:
                 current.first_name = name
                 current.graph += 1
+                current.computed = False
             if not reader.wanted(name, sources, self.settings.all_nodes):
+                current.computed = False
+                return False
+            if current.computed and op in NO_COMPUTE_OPS:
+                # Its bits are final already: everything before it is computed and it computes
+                # nothing. Read now, the graph goes on without stopping here (each stop costs
+                # llama.cpp a separate graph computation; a third of a layer's records are views).
+                self._record(address, name, op, sources, current, self.writer.now_ns())
                 return False
             current.started[address] = self.writer.now_ns()
             return True
+        current.computed = True
+        self._record(address, name, op, sources, current, current.started.pop(address, None))
+        return True
+
+    def _record(self, address: int, name: str, op: str, sources: list[str], current: _Pass, started: int | None) -> None:
+        """Write the computed node at `address` as the next record of the current graph."""
+        assert self.reader is not None and self.writer is not None
         graph = min(current.graph, len(current.segments) - 1)
         segment, rows, first = current.segments[graph], current.rows[graph], current.starts[graph]
         layer = _node_layer(name, sources)
         count_key = (current.step, segment, layer, name)
         occurrence = self._occurrences.get(count_key, 0)
         self._occurrences[count_key] = occurrence + 1
-        node = reader.read(address, (name, op, occurrence), rows)
-        started = current.started.pop(address, None)
+        node = self.reader.read(address, (name, op, occurrence), rows, self.batch)
         seq = self.writer.add_tensor(
             node.name,
             node.bits,
@@ -404,20 +505,25 @@ class LlamaRun:
             position=first,
         )
         self._attention.see(self.writer, node, seq, started)
-        return True
 
-    def _decode(self, tokens: list[int], start: int, step: int, segments: list[tuple[str, int, int]]) -> np.ndarray:
-        """One llama_decode of `tokens` from position `start`; `segments` are its micro-batches (segment, first, stop)."""
+    def _decode(self, tokens: list[list[int]], start: int, step: int, segments: list[tuple[str, int, int]]) -> np.ndarray:
+        """One llama_decode of each sequence's `tokens` (equally many) from position `start`, sequence
+        after sequence; `segments` are its micro-batches (segment, first, stop). Returns the logits
+        [sequence, token, vocab]."""
         llama = self.llama
-        batch = llama.llama_batch_init(len(tokens), 0, 1)
+        length = len(tokens[0])
+        batch = llama.llama_batch_init(length * len(tokens), 0, 1)
         try:
-            for i, token in enumerate(tokens):
-                batch.token[i] = token
-                batch.pos[i] = start + i
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = 0
-                batch.logits[i] = 1
-            batch.n_tokens = len(tokens)
+            i = 0
+            for sequence, ids in enumerate(tokens):
+                for offset, token in enumerate(ids):
+                    batch.token[i] = token
+                    batch.pos[i] = start + offset
+                    batch.n_seq_id[i] = 1
+                    batch.seq_id[i][0] = sequence
+                    batch.logits[i] = 1
+                    i += 1
+            batch.n_tokens = i
             self._pass = _Pass(step, [s for s, _, _ in segments], [b - a for _, a, b in segments], [a for _, a, _ in segments])
             if self.before_decode is not None:
                 self.before_decode(step)
@@ -433,26 +539,27 @@ class LlamaRun:
         if self.record and graphs != len(segments):
             raise RecorderError(f"step {step}: llama.cpp computed {graphs} micro-batch graph(s), the schedule expects {len(segments)}")
         pointer = llama.llama_get_logits(self.context)
-        return np.ctypeslib.as_array(pointer, shape=(len(tokens), self.vocab_size)).copy()
+        return np.ctypeslib.as_array(pointer, shape=(len(tokens), length, self.vocab_size)).copy()
 
     def run(self) -> ProgressGenerator[list[np.ndarray]]:
-        """Prefill, then greedy decode; returns the logits llama.cpp handed back, per step."""
+        """Prefill, then greedy decode of every sequence; returns the logits llama.cpp handed back
+        for the request (row `batch_row`), per step."""
         schedule, writer = self.schedule, self.writer
-        emitted: list[int] = []
+        emitted: list[list[int]] = []
         returned: list[np.ndarray] = []
         position = 0
         total = schedule.decode_steps + 1
         for step in range(total):
             if step == 0:
-                calls = [(list(schedule.prompt[call[0][1] : call[-1][2]]), call) for call in schedule.calls()]
+                calls = [([r[call[0][1] : call[-1][2]] for r in self.requests], call) for call in schedule.calls()]
             else:
-                calls = [([emitted[-1]], [(DECODE, position, position + 1)])]
+                calls = [([[t] for t in emitted[-1]], [(DECODE, position, position + 1)])]
             for tokens, segments in calls:
                 logits = self._decode(tokens, position, step, segments)
-                position += len(tokens)
-            returned.append(logits)
-            token = int(np.argmax(logits[-1]))
-            emitted.append(token)
+                position += len(tokens[0])
+            returned.append(logits[self.batch_row])
+            emitted.append([int(t) for t in np.argmax(logits[:, -1], axis=-1)])
+            token = emitted[-1][self.batch_row]
             stop = token in schedule.stop_tokens
             if writer is not None:
                 writer.add_token(step=step, segment=segments[-1][0], token_id=token, is_stop=stop)
@@ -466,19 +573,21 @@ class LlamaRun:
 def iter_record_here(
     model_path: Path, schedule: TokenSchedule, out: Path, settings: LlamaSettings = LlamaSettings(),
     *, role: str = "native", extra: dict[str, Any] | None = None, weights_hash: str | None = None,
-    before_decode: Callable[[int], None] | None = None,
+    before_decode: Callable[[int], None] | None = None, batch: int = 1, batch_row: int = 0,
 ) -> ProgressGenerator[list[np.ndarray]]:
     """Record `schedule` on the GGUF at `model_path` into `out` in this process; returns llama.cpp's
     logits per step. Only the recording child calls it (`backends.recorders.llama_process`): a crash
     in llama.cpp here ends the process.
 
     `weights_hash` overrides the capture's weights hash (default: the GGUF file's SHA-256, which
-    provenance keeps either way), for pairs whose engines load the same values from different files."""
+    provenance keeps either way), for pairs whose engines load the same values from different files.
+    With `batch` > 1 the prompt runs as sequence `batch_row` of a batch of other requests
+    (`batch_prompts`), each its own sequence: records hold the requests stacked along axis 0."""
     model_path = Path(model_path)
     if not model_path.is_file():
         raise RecorderError(f"{model_path}: no such GGUF file")
     digest = artifact_sha256([model_path])
-    run = LlamaRun(model_path, schedule, settings, record=True)
+    run = LlamaRun(model_path, schedule, settings, record=True, batch=batch, batch_row=batch_row)
     run.before_decode = before_decode
     try:
         meta = CaptureMeta(
@@ -491,6 +600,9 @@ def iter_record_here(
             compiler=f"llama-cpp-python {run.llama.__version__}",
             prompt=schedule.describe(),
             provenance={**run.provenance(), "gguf": str(model_path.resolve()), "weights_sha256": digest, **(extra or {})},
+            batch_size=batch,
+            batch_row=batch_row,
+            batch_stacked=batch > 1,
         )
         with CaptureWriter(out, meta) as writer:
             run.writer = writer

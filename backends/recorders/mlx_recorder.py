@@ -26,7 +26,13 @@ from mlx_lm.models.cache import make_prompt_cache
 from backends.engines.capture_sink import CaptureSink
 from backends.engines.demo_scenarios import EngineOptions
 from backends.engines.oracle_engine import OracleEngine, layer_of
-from backends.recorders.record_schedule import DECODE, TokenSchedule, artifact_sha256
+from backends.recorders.record_schedule import (
+    DECODE,
+    TokenSchedule,
+    batch_prompts,
+    check_batch,
+)
+from sessions.artifact_hash import artifact_sha256
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.writer import CaptureWriter
 from sessions.progress import Progress, ProgressGenerator
@@ -112,12 +118,6 @@ class MlxRecorder(OracleEngine):
         return call
 
 
-def batch_prompts(prompt: tuple[int, ...], batch: int, row: int, vocab: int) -> list[list[int]]:
-    """`batch` requests of the prompt's length with the prompt itself in `row`; the others are the
-    prompt's tokens shifted by their row (mod the vocabulary), so every row is a different request."""
-    return [[(t + (r - row) * 7919) % vocab if r != row else t for t in prompt] for r in range(batch)]
-
-
 def run_schedule(recorder: MlxRecorder, schedule: TokenSchedule, rows: list[list[int]], request: int) -> ProgressGenerator[list[int]]:
     """Prefill (segment by segment), then greedy decode of every request in `rows` (one, or a
     batch whose row `request` is the request recorded in the token table)."""
@@ -176,8 +176,7 @@ def iter_record_mlx(
     `weights_hash` overrides the capture's weights hash (default: the safetensors files' SHA-256,
     which provenance keeps either way). With `batch` > 1 the prompt runs as row `batch_row` of a
     batch of other requests (`batch_prompts`): the batch-invariance check."""
-    if batch < 1 or not 0 <= batch_row < batch:
-        raise ValueError(f"row {batch_row} is not a row of a batch of {batch}")
+    check_batch(batch, batch_row)
     model_dir = Path(model_dir)
     stream = mx.cpu if device == "cpu" else mx.gpu
     with mx.stream(stream):

@@ -1,4 +1,4 @@
-"""What every recorder shares: the token schedule (one prefill, then greedy decode steps) and artifact hashes.
+"""What every recorder shares: the token schedule (one prefill, then greedy decode steps) and batches of requests.
 
 The prefill is token step 0: one forward call, or the calls a cut names (`--segments`), and
 the prompt's last tokens fed one call each (`--feed-last`); a call split into micro-batches
@@ -9,9 +9,7 @@ cut differently align by token position, which every record carries.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
-from pathlib import Path
 
 PREFILL = "prefill"
 DECODE = "decode"
@@ -120,12 +118,14 @@ class TokenSchedule:
         }
 
 
-def artifact_sha256(paths: list[Path]) -> str:
-    """SHA-256 over the files' names and bytes, in the order given: a capture's weights hash."""
-    digest = hashlib.sha256()
-    for path in paths:
-        digest.update(Path(path).name.encode() + b"|")
-        with Path(path).open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()
+def check_batch(batch: int, row: int) -> None:
+    """ValueError unless `row` is a request of a batch of `batch`."""
+    if batch < 1 or not 0 <= row < batch:
+        raise ValueError(f"row {row} is not a row of a batch of {batch}")
+
+
+def batch_prompts(prompt: tuple[int, ...], batch: int, row: int, vocab: int) -> list[list[int]]:
+    """`batch` requests of the prompt's length with the prompt itself in `row`; the others are the
+    prompt's tokens shifted by their row (mod the vocabulary), so every row is a different request.
+    Equal lengths keep every call's rows aligned across the batch, so a record splits by request."""
+    return [[(t + (r - row) * 7919) % vocab if r != row else t for t in prompt] for r in range(batch)]

@@ -49,9 +49,11 @@ STRING_ATTRS = (
     "created_utc",
     "prompt",
 )
-INT_ATTRS = ("seed", "batch_size", "batch_row")
+INT_ATTRS = ("seed", "batch_size", "batch_row", "batch_stacked")
 """`batch_size` and `batch_row` (both optional): a run of `batch_size` requests in one batch, whose
-records hold every request along stored axis 0, compared for the request in row `batch_row`."""
+records hold every request along stored axis 0, compared for the request in row `batch_row`;
+`batch_stacked` (optional, 0 or 1): 1 when that axis was added to stack the requests, so a request's
+record is that row with axis 0 removed."""
 
 
 def utf8(n: int) -> np.dtype:

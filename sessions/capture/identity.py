@@ -57,7 +57,10 @@ def identity_of_capture(capture: Capture) -> CaptureIdentity:
     """Identity of an already open capture: hashing the same handle that will be read avoids a swap in between."""
     stat = os.stat(capture.path)
     digest = hashlib.sha256(IDENTITY_DOMAIN)
-    root = {"meta": capture.meta.as_dict(), "complete": capture.complete}
+    meta = capture.meta.as_dict()
+    if not meta["batch_stacked"]:
+        del meta["batch_stacked"]  # a field newer than saved sessions: their captures keep the identity they saved
+    root = {"meta": meta, "complete": capture.complete}
     digest.update(json.dumps(root, sort_keys=True, ensure_ascii=True).encode("ascii"))
     digest.update(b"\0")
     digest.update(capture.index.tobytes())

@@ -24,6 +24,10 @@ class CaptureMeta:
     batch_row: int = 0
     """With batch_size > 1, every record holds the batch's requests along stored axis 0; the
     request under comparison is this row."""
+    batch_stacked: bool = False
+    """True when stored axis 0 was added to hold the batch (a request alone has no such axis, as
+    in llama.cpp, whose token rows carry no batch axis), so the request's record is `record[batch_row]`;
+    False when axis 0 is the engine's own batch axis (size 1 alone, as in MLX): `record[batch_row:batch_row + 1]`."""
     provenance: dict[str, Any] = field(default_factory=dict)
 
     def provenance_bytes(self) -> bytes:

@@ -196,8 +196,12 @@ class Capture:
         batch_size, batch_row = _attr_int(self._root_attr("batch_size"), 1), _attr_int(self._root_attr("batch_row"), 0)
         if batch_size < 1 or not 0 <= batch_row < batch_size:
             raise self._fail("/ attributes 'batch_size', 'batch_row'", f"row {batch_row} of a batch of {batch_size} is not a request of that batch")
+        stacked = _attr_int(self._root_attr("batch_stacked"), 0)
+        if stacked not in (0, 1):
+            raise self._fail("/ attribute 'batch_stacked'", f"is {stacked}; the format allows 0 or 1")
         meta = CaptureMeta(
-            seed=_attr_int(self._root_attr("seed"), 0), batch_size=batch_size, batch_row=batch_row, provenance=provenance, **texts
+            seed=_attr_int(self._root_attr("seed"), 0), batch_size=batch_size, batch_row=batch_row, batch_stacked=bool(stacked),
+            provenance=provenance, **texts,
         )
         return meta, _attr_int(self._root_attr(cf.ATTR_COMPLETE), 0) == 1
 

@@ -66,10 +66,21 @@ def _set_scalar(obj_id: h5py.h5o.ObjectID, name: str, value: np.ndarray) -> None
     h5py.h5a.open(obj_id, name.encode()).write(value)
 
 
+_SCALAR_SPACE = h5py.h5s.create(h5py.h5s.SCALAR)
+_TEXT_TYPES: dict[int, h5py.h5t.TypeID] = {}
+
+
 def _add_text_attrs(ds: h5py.Dataset, attrs: dict[str, str]) -> None:
+    """New fixed-length UTF-8 attributes, through h5py's low-level calls: a recorder adds one per
+    record (llama.cpp's `ggml_src`), and `attrs.create` costs twice as much per attribute (about
+    100 us: it looks for an existing one and rebuilds the type each time)."""
     for name, text in attrs.items():
         raw = text.encode("utf-8")
-        ds.attrs.create(name, np.bytes_(raw), dtype=cf.utf8(max(1, len(raw))))
+        size = max(1, len(raw))
+        text_type = _TEXT_TYPES.get(size)
+        if text_type is None:
+            text_type = _TEXT_TYPES[size] = h5py.h5t.py_create(cf.utf8(size), logical=True)
+        h5py.h5a.create(ds.id, name.encode("utf-8"), text_type, _SCALAR_SPACE).write(np.array(raw, dtype=f"S{size}"), mtype=text_type)
 
 
 class CaptureWriter:
@@ -124,6 +135,8 @@ class CaptureWriter:
         if meta.batch_size != 1:
             attrs.create("batch_size", np.int64(meta.batch_size))
             attrs.create("batch_row", np.int64(meta.batch_row))
+        if meta.batch_stacked:
+            attrs.create("batch_stacked", np.int64(1))
         attrs.create(cf.ATTR_PROVENANCE, np.frombuffer(meta.provenance_bytes(), dtype=np.uint8))
         attrs.create(cf.ATTR_COMPLETE, np.int8(0))
 

@@ -1,7 +1,8 @@
 """`parity-xray cache [--clear]`: what Parity X-ray keeps in its cache directory, and emptying it.
 
 The cache holds comparison results (`comparisons/`, capped and evicted least recently used
-first) and the files that passed their structural check (`checked/`). It lives in the user
+first), the files that passed their structural check (`checked/`) and the weights hashes of
+recorded models (`hashes/`, `sessions.artifact_hash`). It lives in the user
 cache directory or in `$PARITY_XRAY_CACHE_DIR`, which may be a folder the user also keeps other
 things in, so `--clear` removes only the entries Parity X-ray wrote there (its `.json` entries
 and interrupted temporary files), never the folders or anything else.
@@ -13,6 +14,7 @@ import argparse
 import os
 from pathlib import Path
 
+from sessions.artifact_hash import hashes_dir
 from sessions.capture.check_cache import CACHE_DIR_ENV, cache_root, checked_dir
 from sessions.compare.result_cache import MAX_CACHE_BYTES, default_cache_dir
 
@@ -47,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     folders = (
         ("comparison results", default_cache_dir(), f", limit {_mib(MAX_CACHE_BYTES)}"),
         ("passed structure checks", checked_dir(), ""),
+        ("weights hashes of recorded models", hashes_dir(), ""),
     )
     where = f"${CACHE_DIR_ENV}" if os.environ.get(CACHE_DIR_ENV) else "user cache directory"
     print(f"cache: {cache_root()} ({where})")

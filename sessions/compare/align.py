@@ -16,7 +16,12 @@ from sessions.bits.dtypes import logical_dtype
 from sessions.capture.reader import Record
 from sessions.compare.key import OpKey, RecordKey
 from sessions.compare.layout_transform import LayoutError
-from sessions.compare.mapped_record import MappedRecord, canonical_shape, cut_problem
+from sessions.compare.mapped_record import (
+    BatchRow,
+    MappedRecord,
+    canonical_shape,
+    cut_problem,
+)
 from sessions.compare.positions import (
     Call,
     Span,
@@ -124,7 +129,7 @@ def map_records(
     profile: Profile,
     side: str,
     sources: dict[int, tuple[str, ...]] | None = None,
-    batch: tuple[int, int] | None = None,
+    batch: BatchRow | None = None,
 ) -> tuple[list[MappedRecord], list[UnalignedRecord]]:
     """Each record's canonical key and shape under `profile`, or why it has none.
 
@@ -132,10 +137,9 @@ def map_records(
     a record by what it consumes. A rule match depends only on the name, occurrence, count,
     kernel and sources, which repeat every token step, so each distinct combination is matched
     once (a capture of a real model has hundreds of thousands of records, a few thousand names).
-    `batch` is (batch size, request row) of a batched run, whose records hold the batch along
-    stored axis 0."""
+    `batch` is where a batched run, whose records hold the batch along stored axis 0, keeps the
+    request compared."""
     sources = sources or {}
-    batch_row = batch[1] if batch is not None else None
     counts = Counter((r.step, r.segment, r.layer, r.name) for r in records)
     matches: dict[tuple[str, int, int, str, tuple[str, ...]], RuleMatch | None] = {}
     mapped: list[MappedRecord] = []
@@ -168,16 +172,16 @@ def map_records(
                 continue
             layer = match.layer
         key = OpKey(record.step, record.segment, layer, match.op, match.occurrence)
-        if batch is not None and (not record.shape or record.shape[0] != batch[0]):
+        if batch is not None and (not record.shape or record.shape[0] != batch.size):
             axis0 = record.shape[0] if record.shape else "a scalar"
-            rejected.append(_unaligned(side, record, NOT_BATCHED, f"its stored axis 0 is {axis0}, not the run's batch of {batch[0]}", key))
+            rejected.append(_unaligned(side, record, NOT_BATCHED, f"its stored axis 0 is {axis0}, not the run's batch of {batch.size}", key))
             continue
         try:
-            shape = canonical_shape(record, match.layout, batch_row)
+            shape = canonical_shape(record, match.layout, batch)
         except LayoutError as exc:
             rejected.append(_unaligned(side, record, LAYOUT, str(exc), key))
             continue
-        mapped.append(MappedRecord(record, key, match.layout, shape, batch_row=batch_row))
+        mapped.append(MappedRecord(record, key, match.layout, shape, batch=batch))
     return mapped, rejected
 
 
@@ -387,14 +391,14 @@ def align(
     oracle_sources: dict[int, tuple[str, ...]] | None = None,
     overrides: tuple[AlignOverride, ...] = (),
     mode: str = "auto",
-    native_batch: tuple[int, int] | None = None,
-    oracle_batch: tuple[int, int] | None = None,
+    native_batch: BatchRow | None = None,
+    oracle_batch: BatchRow | None = None,
 ) -> Alignment:
     """`overrides` are the user's: manual pairs are made first (their records take no part in
     automatic matching), breaks are applied last, and any override naming a record that is not
     there becomes an unaligned row with reason OVERRIDE_MISSING. Of several overrides naming
     the same native record, the last one counts. `mode` is one of ALIGN_MODES; `*_batch` is
-    (batch size, request row) of a batched run."""
+    where a batched run keeps the request."""
     overrides = _latest(overrides)
     n_mapped, unaligned = map_records(native, native_profile, "native", native_sources, native_batch)
     o_mapped, o_rejected = map_records(oracle, oracle_profile, "oracle", oracle_sources, oracle_batch)

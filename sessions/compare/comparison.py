@@ -39,7 +39,7 @@ from sessions.compare.dispatch_diff import (
     events_by_record,
 )
 from sessions.compare.key import OpKey
-from sessions.compare.mapped_record import batch_of
+from sessions.compare.mapped_record import BatchRow, batch_of
 from sessions.compare.options import CompareOptions
 from sessions.compare.pair_compare import iter_compare_pairs
 from sessions.compare.pair_reader import (
@@ -146,8 +146,8 @@ def _calls_text(calls: list[str], shown: int = 4) -> str:
     return ", ".join(calls[:shown]) + more
 
 
-def _batch_text(batch: tuple[int, int] | None) -> str:
-    return "" if batch is None else f"row {batch[1]} of a batch of {batch[0]}"
+def _batch_text(batch: BatchRow | None) -> str:
+    return "" if batch is None else batch.text()
 
 
 @dataclass
@@ -270,7 +270,8 @@ def _iter_compare(
         _provenance_contracts(oracle),
     )
     contracts = check_contracts(alignment.pairs, routes, native.meta.engine_name == oracle.meta.engine_name)
-    dispatch = compare_dispatch(alignment.pairs, native.dispatch, oracle.dispatch) if alignment.mode != POSITIONS else []
+    batches = (native.meta.batch_size, oracle.meta.batch_size)
+    dispatch = compare_dispatch(alignment.pairs, native.dispatch, oracle.dispatch, batches) if alignment.mode != POSITIONS else []
     total = sum(pair_bytes(p) for p in alignment.pairs) or 1
     yield Progress(0, total, f"execution state checked: {len(contracts.findings)} contract finding(s), {len(dispatch)} dispatch difference(s)")
     eos = shared_eos_step(tokens_by_step(native_tokens), tokens_by_step(oracle_tokens))

@@ -20,6 +20,25 @@ from sessions.compare.profiles import rows_axis
 
 
 @dataclass(frozen=True)
+class BatchRow:
+    """Where a batched run's records keep the request under comparison (docs/capture-format.md,
+    root attributes `batch_size`, `batch_row`, `batch_stacked`)."""
+
+    size: int
+    row: int
+    stacked: bool = False
+    """Axis 0 was added to stack the requests: the request's record is row `row` without axis 0.
+    Otherwise axis 0 is the engine's own batch axis, which the request alone has too (size 1)."""
+
+    def text(self) -> str:
+        return f"row {self.row} of a batch of {self.size}"
+
+    def request_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape of one request's record in a record of the batch."""
+        return shape[1:] if self.stacked else (1, *shape[1:])
+
+
+@dataclass(frozen=True)
 class MappedRecord:
     record: Record
     key: OpKey
@@ -28,28 +47,29 @@ class MappedRecord:
     """The canonical shape of what is compared: after the batch row, the window and the layout transform."""
     window: tuple[int, int] | None = None
     """Canonical rows [start, stop) of this record on its op's rows axis that the pair compares; None: all."""
-    batch_row: int | None = None
-    """Stored axis-0 index of the request compared, in a record of a batched run; None: not batched."""
+    batch: BatchRow | None = None
+    """The request compared, in a record of a batched run (its stored axis-0 row); None: not batched."""
 
     def stored_shape(self) -> tuple[int, ...]:
-        """The record's stored shape as the layout sees it: a batched record's axis 0 is one request."""
+        """The record's stored shape as the layout sees it: a batched record's request alone."""
         shape = self.record.shape
-        return shape if self.batch_row is None else (1, *shape[1:])
+        return shape if self.batch is None else self.batch.request_shape(shape)
 
     def _stored_axis(self, canonical_axis: int) -> int:
         """The stored axis whose index ranges are ranges of canonical axis `canonical_axis`."""
+        added = 1 if self.batch is not None and self.batch.stacked else 0
         if self.layout is None:
-            return canonical_axis
+            return canonical_axis + added
         group = self.layout.outputs[canonical_axis]
-        return self.layout.inputs.index(group[0])
+        return self.layout.inputs.index(group[0]) + added
 
     def selection(self, rows: tuple[int, int] | None = None) -> tuple[slice, ...] | None:
         """The stored selection holding what the pair compares, narrowed to its canonical axis-0
         rows [start, stop) when `rows` is given; None when that is the whole record."""
         shape = self.record.shape
         selection = [slice(0, n) for n in shape]
-        if self.batch_row is not None:
-            selection[0] = slice(self.batch_row, self.batch_row + 1)
+        if self.batch is not None:
+            selection[0] = slice(self.batch.row, self.batch.row + 1)
         if self.window is not None:
             axis = self._stored_axis(rows_axis(self.key.op))
             selection[axis] = slice(self.window[0], self.window[1])
@@ -64,6 +84,8 @@ class MappedRecord:
 
     def canonical(self, bits: np.ndarray) -> np.ndarray:
         """Stored bits of `selection()` (or a narrowing of it) brought to the canonical layout."""
+        if self.batch is not None and self.batch.stacked:
+            bits = bits.reshape(bits.shape[1:])
         return self.layout.apply(bits) if self.layout is not None else bits
 
     def cut(self, window: tuple[int, int], key: OpKey) -> MappedRecord:
@@ -75,14 +97,15 @@ class MappedRecord:
         return replace(self, key=key, shape=tuple(shape), window=None if whole else window)
 
 
-def batch_of(capture: Capture) -> tuple[int, int] | None:
-    """(batch size, request row) of a batched run's capture; None for one request."""
-    return (capture.meta.batch_size, capture.meta.batch_row) if capture.meta.batch_size > 1 else None
+def batch_of(capture: Capture) -> BatchRow | None:
+    """Where a batched run's capture keeps its request; None for one request."""
+    meta = capture.meta
+    return BatchRow(meta.batch_size, meta.batch_row, meta.batch_stacked) if meta.batch_size > 1 or meta.batch_stacked else None
 
 
-def canonical_shape(record: Record, layout: LayoutTransform | None, batch_row: int | None) -> tuple[int, ...]:
+def canonical_shape(record: Record, layout: LayoutTransform | None, batch: BatchRow | None) -> tuple[int, ...]:
     """A record's canonical shape (before any window); LayoutError when the layout does not fit."""
-    shape = record.shape if batch_row is None else (1, *record.shape[1:])
+    shape = record.shape if batch is None else batch.request_shape(record.shape)
     return layout.output_shape(shape) if layout is not None else shape
 
 

@@ -1,0 +1,74 @@
+"""A capture's weights hash: SHA-256 over the artifact files, remembered while the files stay the same.
+
+Recording a model hashes its files every time, and that is seconds of every recording: a 677 MB
+GGUF took 0.56 s on the development VM, longer than the 48-token run it was recorded with. The
+digest is kept in the user cache directory (`hashes/`, beside `checked/`, or in
+`$PARITY_XRAY_CACHE_DIR`), one small JSON entry per list of files, and counts only while every
+file has the same resolved path, device, inode, size, modification and change time as when it
+was hashed: the trust the structure-check cache gives a capture (`sessions.capture.check_cache`),
+where ctime is what a writer cannot set back. Cache trouble only means hashing again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from sessions.atomic_write import atomic_write_bytes
+from sessions.capture.check_cache import cache_root
+
+HASH_VERSION = 1
+"""What the digest covers (each file's name, `|`, its bytes, in order); bumped if that changes."""
+
+
+def hashes_dir() -> Path:
+    return cache_root() / "hashes"
+
+
+def _identity(paths: list[Path]) -> list[dict[str, object]]:
+    found: list[dict[str, object]] = []
+    for path in paths:
+        stat = path.stat()
+        found.append(
+            {"path": str(path.resolve()), "device": stat.st_dev, "inode": stat.st_ino, "size": stat.st_size,
+             "mtime_ns": stat.st_mtime_ns, "ctime_ns": stat.st_ctime_ns}
+        )  # fmt: skip
+    return found
+
+
+def _entry(identity: list[dict[str, object]]) -> Path:
+    """One entry per list of files (by path, device and inode), so a changed file replaces its own entry."""
+    material = json.dumps([[f["path"], f["device"], f["inode"]] for f in identity])
+    return hashes_dir() / (hashlib.sha256(material.encode("utf-8", errors="surrogateescape")).hexdigest() + ".json")
+
+
+def _digest(paths: list[Path]) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(path.name.encode() + b"|")
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def artifact_sha256(paths: list[Path]) -> str:
+    """SHA-256 over the files' names and bytes, in the order given: a capture's weights hash."""
+    paths = [Path(p) for p in paths]
+    identity = _identity(paths)
+    entry = _entry(identity)
+    try:
+        stored = json.loads(entry.read_text("utf-8"))
+        if stored["version"] == HASH_VERSION and stored["files"] == identity:
+            return str(stored["sha256"])
+    except (OSError, ValueError, UnicodeDecodeError, KeyError, TypeError):
+        pass
+    digest = _digest(paths)
+    if _identity(paths) == identity:  # a file that changed while it was read is hashed again next time
+        try:
+            entry.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(entry, json.dumps({"version": HASH_VERSION, "files": identity, "sha256": digest}).encode())
+        except OSError:
+            pass
+    return digest

@@ -6,6 +6,8 @@ import json
 import multiprocessing
 from pathlib import Path
 
+import pytest
+
 from sessions.capture.opening import open_capture
 from sessions.compare.align import align
 from sessions.compare.comparison import iter_compare, resolve_profiles
@@ -67,3 +69,59 @@ def test_shards_are_consecutive_runs_of_about_equal_bytes_and_small_pairs_stay_i
     assert len(parts) == 8 and max(sizes) < 2 * sum(sizes) / 8
     assert worker_count(CompareOptions(), PARALLEL_MIN_BYTES - 1) == 1
     assert worker_count(CompareOptions(workers=3), 10) == 3
+
+
+class _IdleWorkers:
+    """A pool whose workers never get to a shard (still starting, or every core busy)."""
+
+    def __init__(self, processes: int, initializer: object = None, initargs: tuple[object, ...] = ()) -> None:
+        self.processes = processes
+
+    def apply_async(self, function: object, args: tuple[object, ...]) -> _IdleWorkers:
+        return self
+
+    def ready(self) -> bool:
+        return False
+
+    def wait(self, timeout: float) -> None:
+        raise AssertionError("the comparing process waited for a worker that was never needed")
+
+    def get(self) -> None:
+        raise AssertionError("a worker's result was used for a shard the comparing process took")
+
+    def close(self) -> None:
+        pass
+
+    def terminate(self) -> None:
+        pass
+
+    def join(self) -> None:
+        pass
+
+
+def test_the_comparing_process_takes_every_shard_no_worker_gets_to(
+    demo_pairs: dict[str, tuple[Path, Path]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: list[int] = []
+
+    def idle_pool(processes: int, initializer: object = None, initargs: tuple[object, ...] = ()) -> _IdleWorkers:
+        started.append(processes)
+        return _IdleWorkers(processes)
+
+    monkeypatch.setattr(multiprocessing.get_context("spawn"), "Pool", idle_pool)
+    native, oracle = demo_pairs["swiglu-order"]
+    with open_capture(native) as n, open_capture(oracle) as o:
+        alone = run_to_end(iter_compare(n, o, CompareOptions(workers=1)))
+        work = iter_compare(n, o, CompareOptions(workers=3))
+        steps: list[Progress] = []
+        while True:
+            try:
+                steps.append(next(work))
+            except StopIteration as stop:
+                split = stop.value
+                break
+    assert started == [2]
+    assert dumps(split) == dumps(alone)
+    shared = [s for s in steps if s.label == "comparing on 3 processes"]
+    assert [s.done for s in shared] == sorted(s.done for s in shared)
+    assert shared[-1].done == shared[-1].total

@@ -1,11 +1,15 @@
-"""Comparing a pair of captures on every core: worker processes, each reading its own records.
+"""Comparing a pair of captures on every core: this process and worker processes, each reading its own records.
 
 One process compares at about the speed it can decode and diff bytes, not at the speed the disk
 delivers them; users run this on 10-24-core machines. The aligned pairs are cut into shards of
-consecutive pairs (a few times more shards than workers, so a slow shard does not hold the
-others), each worker opens both captures once (the first-open check is cached) and compares
-its shards with the same per-pair code and bounded buffers as a one-process comparison, and
-the results come back in execution order. Closing the generator terminates the workers.
+consecutive pairs (a few times more shards than processes, so a slow shard does not hold the
+others). Every shard is queued for the workers, front first, and the comparing process itself
+takes shards from the back while the workers start: a worker costs about 0.3 s before it
+compares anything (an interpreter, numpy, h5py, opening both captures; the first-open check is
+cached), and a comparison that ends before they are up has paid only for starting them. A shard
+is compared by whoever claims it first (a flag per shard, shared by all processes), with the same
+per-pair code and bounded buffers as a one-process comparison; the results come back in
+execution order. Closing the generator terminates the workers.
 
 Workers start with `spawn`: the comparison's process may hold threads (read-ahead) and open HDF5
 handles, neither of which survives a fork safely.
@@ -14,12 +18,11 @@ handles, neither of which survives a fork safely.
 from __future__ import annotations
 
 import ctypes
-import multiprocessing
 import os
 import signal
 import sys
-from multiprocessing.pool import AsyncResult, Pool
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sessions.capture.opening import open_capture
 from sessions.capture.reader import Capture
@@ -29,10 +32,14 @@ from sessions.compare.pair_compare import Heads, PairOutcome, iter_compare_pairs
 from sessions.compare.pair_reader import PairReader, pair_bytes
 from sessions.progress import Progress, ProgressGenerator, run_to_end
 
+if TYPE_CHECKING:
+    from multiprocessing.pool import AsyncResult
+    from multiprocessing.sharedctypes import SynchronizedArray
+
 PARALLEL_MIN_BYTES = 2 * 1024**3
 """Below this many bytes (both sides), starting workers (about 0.3 s each, plus opening both
-captures) costs more than it saves: one process compares a warm bf16 pair at about 3.5 GB/s
-(benchmarks/bench_report.py, 2.15 GB: 0.61 s in one process, 0.97 s on two workers of 2 cores)."""
+captures) costs more than it saves: one process compares a warm bit-identical bf16 pair at about
+5 GB/s, close to what copying it from the page cache costs (benchmarks/bench_report.py)."""
 MIN_AUTO_CORES = 4
 """With fewer cores the one process, its read-ahead thread and the page cache already fill them."""
 MAX_AUTO_WORKERS = 16
@@ -42,6 +49,8 @@ PR_SET_PDEATHSIG = 1
 
 _open: dict[str, Capture] = {}
 """A worker's open captures, by path: opened once for all its shards."""
+_claims: SynchronizedArray[int] | None = None
+"""A worker's view of the shared flags: shard i is taken once flag i is set."""
 
 
 def worker_count(options: CompareOptions, total_bytes: int) -> int:
@@ -70,9 +79,20 @@ def shards(pairs: list[AlignedPair], parts: int) -> list[range]:
     return out
 
 
-def _die_with_parent() -> None:
+def _claim(claims: SynchronizedArray[int], index: int) -> bool:
+    """Take shard `index` unless another process has; exactly one claim of each shard succeeds."""
+    with claims.get_lock():
+        if claims[index]:
+            return False
+        claims[index] = 1
+        return True
+
+
+def _start_worker(claims: SynchronizedArray[int]) -> None:
     """A worker's first act: when the comparing process is killed (the viewer's cancel kills its
     comparison child), its workers die too instead of finishing their shards unseen (Linux)."""
+    global _claims
+    _claims = claims
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
@@ -83,8 +103,13 @@ def _capture(path: str) -> Capture:
     return _open[path]
 
 
-def _compare_shard(native: str, oracle: str, pairs: list[AlignedPair], options: CompareOptions, heads: Heads) -> list[PairOutcome]:
-    """In a worker: one shard's outcomes."""
+def _compare_shard(
+    index: int, native: str, oracle: str, pairs: list[AlignedPair], options: CompareOptions, heads: Heads
+) -> list[PairOutcome] | None:
+    """In a worker: one shard's outcomes, or None when the comparing process took the shard."""
+    assert _claims is not None
+    if not _claim(_claims, index):
+        return None
     reader = PairReader(_capture(native), _capture(oracle))
     return run_to_end(iter_compare_pairs(reader, pairs, options, heads, (0, 1)))
 
@@ -92,23 +117,53 @@ def _compare_shard(native: str, oracle: str, pairs: list[AlignedPair], options: 
 def iter_compare_in_workers(
     native: Capture, oracle: Capture, pairs: list[AlignedPair], options: CompareOptions, heads: Heads, workers: int, total: int
 ) -> ProgressGenerator[list[PairOutcome]]:
-    """Every pair's outcome, in order, compared by `workers` processes; yields Progress(bytes, total)."""
+    """Every pair's outcome, in order, compared by this process and `workers - 1` others; yields
+    Progress(bytes, total)."""
+    import multiprocessing  # only a parallel comparison pays for loading it
+
+    label = f"comparing on {workers} processes"
     parts = shards(pairs, workers * SHARDS_PER_WORKER)
-    pool: Pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_die_with_parent)
+    sizes = [sum(pair_bytes(pairs[i]) for i in part) for part in parts]
+    context = multiprocessing.get_context("spawn")
+    claims = context.Array("b", len(parts))
+    pool = context.Pool(workers - 1, initializer=_start_worker, initargs=(claims,))
     try:
-        pending: list[tuple[range, AsyncResult[list[PairOutcome]]]] = [
-            (part, pool.apply_async(_compare_shard, (str(native.path), str(oracle.path), [pairs[i] for i in part], options, heads)))
-            for part in parts
+        pending: list[AsyncResult[list[PairOutcome] | None]] = [
+            pool.apply_async(_compare_shard, (index, str(native.path), str(oracle.path), [pairs[i] for i in part], options, heads))
+            for index, part in enumerate(parts)
         ]
-        sizes = [sum(pair_bytes(pairs[i]) for i in part) for part in parts]
-        while True:
-            ready = [result.ready() for _, result in pending]
-            yield Progress(sum(size for size, r in zip(sizes, ready) if r), total, f"comparing on {workers} processes")
-            if all(ready):
+        yield Progress(0, total, label)
+        own: dict[int, list[PairOutcome]] = {}
+        reader = PairReader(native, oracle)
+
+        def done_elsewhere() -> int:
+            return sum(size for index, (size, result) in enumerate(zip(sizes, pending)) if index not in own and result.ready())
+
+        for index in reversed(range(len(parts))):
+            if not _claim(claims, index):
                 break
-            next(result for (_, result), r in zip(pending, ready) if not r).wait(POLL_SECONDS)
+            mine = sum(sizes[i] for i in own)
+            work = iter_compare_pairs(reader, [pairs[i] for i in parts[index]], options, heads, (mine, total))
+            while True:
+                try:
+                    step = next(work)
+                except StopIteration as stop:
+                    own[index] = stop.value
+                    break
+                yield Progress(step.done + done_elsewhere(), total, label)
+        while True:
+            waiting = [result for index, result in enumerate(pending) if index not in own and not result.ready()]
+            yield Progress(sum(sizes[i] for i in own) + done_elsewhere(), total, label)
+            if not waiting:
+                break
+            waiting[0].wait(POLL_SECONDS)
         pool.close()
-        return [outcome for _, result in pending for outcome in result.get()]
+        outcomes: list[PairOutcome] = []
+        for index, result in enumerate(pending):
+            shard = own[index] if index in own else result.get()
+            assert shard is not None, "a shard nobody else claimed was compared by a worker"
+            outcomes += shard
+        return outcomes
     finally:
         pool.terminate()
         pool.join()

@@ -1,15 +1,19 @@
 """Comparing a pair of captures on every core: this process and worker processes, each reading its own records.
 
 One process compares at about the speed it can decode and diff bytes, not at the speed the disk
-delivers them; users run this on 10-24-core machines. The aligned pairs are cut into shards of
+delivers them: a bit-identical warm pair streams at about the speed of copying it from the page
+cache, but a pair whose elements differ is decoded element by element, orders of magnitude
+slower; users run this on 10-24-core machines. The aligned pairs are cut into shards of
 consecutive pairs (a few times more shards than processes, so a slow shard does not hold the
-others). Every shard is queued for the workers, front first, and the comparing process itself
-takes shards from the back while the workers start: a worker costs about 0.3 s before it
-compares anything (an interpreter, numpy, h5py, opening both captures; the first-open check is
-cached), and a comparison that ends before they are up has paid only for starting them. A shard
-is compared by whoever claims it first (a flag per shard, shared by all processes), with the same
-per-pair code and bounded buffers as a one-process comparison; the results come back in
-execution order. Closing the generator terminates the workers.
+others). This process compares shards from the front, in the order a one-process comparison
+reads them (with its read-ahead), and starts workers only once, at the rate it is going, the
+rest would take it longer than SPAWN_WHEN_LEFT_S: a worker costs about 0.3 s before it compares
+anything (an interpreter, numpy, h5py, opening both captures; the first-open check is cached),
+which on a busy 2-core machine doubled a warm 1 GB report that one process finishes in half a
+second. Workers take the remaining shards from the back; a shard is compared by whoever claims
+it first (a flag per shard, shared by all processes), with the same per-pair code and bounded
+buffers as a one-process comparison, and the results come back in execution order. Closing the
+generator terminates the workers.
 
 Workers start with `spawn`: the comparison's process may hold threads (read-ahead) and open HDF5
 handles, neither of which survives a fork safely.
@@ -21,6 +25,8 @@ import ctypes
 import os
 import signal
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,17 +39,22 @@ from sessions.compare.pair_reader import PairReader, pair_bytes
 from sessions.progress import Progress, ProgressGenerator, run_to_end
 
 if TYPE_CHECKING:
-    from multiprocessing.pool import AsyncResult
+    from multiprocessing.pool import AsyncResult, Pool
     from multiprocessing.sharedctypes import SynchronizedArray
 
 PARALLEL_MIN_BYTES = 2 * 1024**3
-"""Below this many bytes (both sides), starting workers (about 0.3 s each, plus opening both
-captures) costs more than it saves: one process compares a warm bit-identical bf16 pair at about
-5 GB/s, close to what copying it from the page cache costs (benchmarks/bench_report.py)."""
+"""Below this many bytes (both sides), no workers are chosen by default: one process compares a
+warm bit-identical bf16 pair at about 5 GB/s, close to what copying it from the page cache costs
+(benchmarks/bench_report.py)."""
 MIN_AUTO_CORES = 4
 """With fewer cores the one process, its read-ahead thread and the page cache already fill them."""
 MAX_AUTO_WORKERS = 16
 SHARDS_PER_WORKER = 4
+SPAWN_WHEN_LEFT_S = 1.0
+"""Workers start once this process, at the rate it has compared so far, would need longer than
+this for the rest: about twice what a worker takes to start on a busy machine."""
+MEASURE_S = 0.1
+"""How long this process compares before its rate is trusted (its first reads pay for its buffers)."""
 POLL_SECONDS = 0.1
 PR_SET_PDEATHSIG = 1
 
@@ -54,7 +65,7 @@ _claims: SynchronizedArray[int] | None = None
 
 
 def worker_count(options: CompareOptions, total_bytes: int) -> int:
-    """How many processes compare: as asked, else one per core for a large comparison."""
+    """How many processes may compare: as asked, else one per core for a large comparison."""
     if options.workers > 0:
         return options.workers
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -114,56 +125,106 @@ def _compare_shard(
     return run_to_end(iter_compare_pairs(reader, pairs, options, heads, (0, 1)))
 
 
-def iter_compare_in_workers(
-    native: Capture, oracle: Capture, pairs: list[AlignedPair], options: CompareOptions, heads: Heads, workers: int, total: int
-) -> ProgressGenerator[list[PairOutcome]]:
-    """Every pair's outcome, in order, compared by this process and `workers - 1` others; yields
-    Progress(bytes, total)."""
-    import multiprocessing  # only a parallel comparison pays for loading it
+class _Workers:
+    """The shards' claims and, once started, the workers and their pending shards.
 
-    label = f"comparing on {workers} processes"
+    Until workers start only this process claims shards, so a plain bytearray holds the claims;
+    the array the workers share starts as a copy of it."""
+
+    def __init__(self, parts: list[range]) -> None:
+        self.parts = parts
+        self._taken = bytearray(len(parts))
+        self._shared: SynchronizedArray[int] | None = None
+        self.pool: Pool | None = None
+        self.pending: dict[int, AsyncResult[list[PairOutcome] | None]] = {}
+
+    def claim(self, index: int) -> bool:
+        if self._shared is not None:
+            return _claim(self._shared, index)
+        if self._taken[index]:
+            return False
+        self._taken[index] = 1
+        return True
+
+    def start(self, count: int, native: Capture, oracle: Capture, pairs: list[AlignedPair], options: CompareOptions, heads: Heads) -> None:
+        """Start `count` workers on the shards not taken yet, the last shard first."""
+        import multiprocessing  # only a comparison that starts workers pays for loading it
+
+        context = multiprocessing.get_context("spawn")
+        self._shared = context.Array("b", list(self._taken))
+        self.pool = context.Pool(count, initializer=_start_worker, initargs=(self._shared,))
+        paths = (str(native.path), str(oracle.path))
+        for index in reversed(range(len(self.parts))):
+            if not self._taken[index]:
+                shard = [pairs[i] for i in self.parts[index]]
+                self.pending[index] = self.pool.apply_async(_compare_shard, (index, *paths, shard, options, heads))
+
+    def done(self, sizes: list[int], own: dict[int, list[PairOutcome]]) -> int:
+        """Bytes of the shards workers have finished."""
+        return sum(sizes[i] for i, result in self.pending.items() if i not in own and result.ready())
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+
+
+def iter_compare_in_workers(
+    native: Capture,
+    oracle: Capture,
+    pairs: list[AlignedPair],
+    options: CompareOptions,
+    heads: Heads,
+    workers: int,
+    total: int,
+    after_pair: Callable[[int], None] | None = None,
+) -> ProgressGenerator[list[PairOutcome]]:
+    """Every pair's outcome, in order, compared by this process and, when the comparison is slow
+    enough to pay for them, `workers - 1` others; yields Progress(bytes, total). `after_pair(i)` is
+    told when this process is done with pair i (the read-ahead moves on)."""
     parts = shards(pairs, workers * SHARDS_PER_WORKER)
     sizes = [sum(pair_bytes(pairs[i]) for i in part) for part in parts]
-    context = multiprocessing.get_context("spawn")
-    claims = context.Array("b", len(parts))
-    pool = context.Pool(workers - 1, initializer=_start_worker, initargs=(claims,))
+    others = _Workers(parts)
+    own: dict[int, list[PairOutcome]] = {}
+    reader = PairReader(native, oracle)
+    started = time.monotonic()
     try:
-        pending: list[AsyncResult[list[PairOutcome] | None]] = [
-            pool.apply_async(_compare_shard, (index, str(native.path), str(oracle.path), [pairs[i] for i in part], options, heads))
-            for index, part in enumerate(parts)
-        ]
-        yield Progress(0, total, label)
-        own: dict[int, list[PairOutcome]] = {}
-        reader = PairReader(native, oracle)
-
-        def done_elsewhere() -> int:
-            return sum(size for index, (size, result) in enumerate(zip(sizes, pending)) if index not in own and result.ready())
-
-        for index in reversed(range(len(parts))):
-            if not _claim(claims, index):
+        for index, part in enumerate(parts):
+            if not others.claim(index):
                 break
             mine = sum(sizes[i] for i in own)
-            work = iter_compare_pairs(reader, [pairs[i] for i in parts[index]], options, heads, (mine, total))
+
+            def done_with(i: int, first: int = part.start) -> None:
+                if after_pair is not None:
+                    after_pair(first + i)
+
+            work = iter_compare_pairs(reader, [pairs[i] for i in part], options, heads, (mine, total), done_with)
             while True:
                 try:
                     step = next(work)
                 except StopIteration as stop:
                     own[index] = stop.value
                     break
-                yield Progress(step.done + done_elsewhere(), total, label)
-        while True:
-            waiting = [result for index, result in enumerate(pending) if index not in own and not result.ready()]
-            yield Progress(sum(sizes[i] for i in own) + done_elsewhere(), total, label)
+                if others.pool is None:
+                    elapsed = time.monotonic() - started
+                    if elapsed >= MEASURE_S and step.done and (total - step.done) * elapsed / step.done > SPAWN_WHEN_LEFT_S:
+                        others.start(workers - 1, native, oracle, pairs, options, heads)
+                if others.pool is None:
+                    yield step
+                else:
+                    yield Progress(step.done + others.done(sizes, own), total, f"comparing on {workers} processes")
+        while others.pool is not None:
+            waiting = [result for i, result in others.pending.items() if i not in own and not result.ready()]
+            yield Progress(sum(sizes[i] for i in own) + others.done(sizes, own), total, f"comparing on {workers} processes")
             if not waiting:
+                others.pool.close()
                 break
             waiting[0].wait(POLL_SECONDS)
-        pool.close()
         outcomes: list[PairOutcome] = []
-        for index, result in enumerate(pending):
-            shard = own[index] if index in own else result.get()
-            assert shard is not None, "a shard nobody else claimed was compared by a worker"
+        for index in range(len(parts)):
+            shard = own[index] if index in own else others.pending[index].get()
+            assert shard is not None, "a shard this process did not take was compared by a worker"
             outcomes += shard
         return outcomes
     finally:
-        pool.terminate()
-        pool.join()
+        others.close()

@@ -100,8 +100,9 @@ def _claim(claims: SynchronizedArray[int], index: int) -> bool:
 
 
 def _start_worker(claims: SynchronizedArray[int]) -> None:
-    """A worker's first act: when the comparing process is killed (the viewer's cancel kills its
-    comparison child), its workers die too instead of finishing their shards unseen (Linux)."""
+    """A worker's first act: it keeps the claims every process shares, and dies with the comparing
+    process, so that when that one is killed (the viewer's cancel kills its comparison child) its
+    workers do not finish their shards unseen (Linux)."""
     global _claims
     _claims = claims
     if sys.platform.startswith("linux"):

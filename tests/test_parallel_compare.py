@@ -6,7 +6,10 @@ import json
 import multiprocessing
 from pathlib import Path
 
+import pytest
+
 from sessions.capture.opening import open_capture
+from sessions.compare import parallel_compare
 from sessions.compare.align import align
 from sessions.compare.comparison import iter_compare, resolve_profiles
 from sessions.compare.document import dumps
@@ -28,7 +31,20 @@ def _rounded(value: object) -> object:
     return value
 
 
-def test_two_workers_give_the_same_document_as_one_process(demo_pairs: dict[str, tuple[Path, Path]]) -> None:
+@pytest.fixture
+def workers_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Start the workers at the first chunk: the demo pairs take this process far less than the
+    second that would otherwise make them worth starting."""
+    monkeypatch.setattr(parallel_compare, "SPAWN_WHEN_LEFT_S", 0.0)
+    monkeypatch.setattr(parallel_compare, "MEASURE_S", 0.0)
+
+
+def test_two_workers_give_the_same_document_as_one_process(
+    demo_pairs: dict[str, tuple[Path, Path]], workers_at_once: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_claim = parallel_compare._Workers.claim
+    # This process keeps the first shard; the workers compare all the others.
+    monkeypatch.setattr(parallel_compare._Workers, "claim", lambda self, index: index == 0 and real_claim(self, index))
     native, oracle = demo_pairs["swiglu-order"]
     with open_capture(native) as n, open_capture(oracle) as o:
         alone = run_to_end(iter_compare(n, o, CompareOptions(workers=1)))
@@ -45,7 +61,7 @@ def test_two_workers_give_the_same_document_as_one_process(demo_pairs: dict[str,
     assert split.verdict.first is not None and split.verdict.first.key.text() == "0:text-before:0:ffn_act"
 
 
-def test_closing_a_parallel_comparison_stops_its_workers(demo_pairs: dict[str, tuple[Path, Path]]) -> None:
+def test_closing_a_parallel_comparison_stops_its_workers(demo_pairs: dict[str, tuple[Path, Path]], workers_at_once: None) -> None:
     native, oracle = demo_pairs["clean"]
     with open_capture(native) as n, open_capture(oracle) as o:
         work = iter_compare(n, o, CompareOptions(workers=2))
@@ -67,3 +83,82 @@ def test_shards_are_consecutive_runs_of_about_equal_bytes_and_small_pairs_stay_i
     assert len(parts) == 8 and max(sizes) < 2 * sum(sizes) / 8
     assert worker_count(CompareOptions(), PARALLEL_MIN_BYTES - 1) == 1
     assert worker_count(CompareOptions(workers=3), 10) == 3
+
+
+class _IdleWorkers:
+    """A pool whose workers never get to a shard (still starting, or every core busy)."""
+
+    def __init__(self, processes: int, initializer: object = None, initargs: tuple[object, ...] = ()) -> None:
+        self.processes = processes
+
+    def apply_async(self, function: object, args: tuple[object, ...]) -> _IdleWorkers:
+        return self
+
+    def ready(self) -> bool:
+        return False
+
+    def wait(self, timeout: float) -> None:
+        raise AssertionError("the comparing process waited for a worker that was never needed")
+
+    def get(self) -> None:
+        raise AssertionError("a worker's result was used for a shard the comparing process took")
+
+    def close(self) -> None:
+        pass
+
+    def terminate(self) -> None:
+        pass
+
+    def join(self) -> None:
+        pass
+
+
+def test_the_comparing_process_takes_every_shard_no_worker_gets_to(
+    demo_pairs: dict[str, tuple[Path, Path]], workers_at_once: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: list[int] = []
+
+    def idle_pool(processes: int, initializer: object = None, initargs: tuple[object, ...] = ()) -> _IdleWorkers:
+        started.append(processes)
+        return _IdleWorkers(processes)
+
+    monkeypatch.setattr(multiprocessing.get_context("spawn"), "Pool", idle_pool)
+    native, oracle = demo_pairs["swiglu-order"]
+    with open_capture(native) as n, open_capture(oracle) as o:
+        alone = run_to_end(iter_compare(n, o, CompareOptions(workers=1)))
+        work = iter_compare(n, o, CompareOptions(workers=3))
+        steps: list[Progress] = []
+        while True:
+            try:
+                steps.append(next(work))
+            except StopIteration as stop:
+                split = stop.value
+                break
+    assert started == [2]
+    assert dumps(split) == dumps(alone)
+    shared = [s for s in steps if s.label == "comparing on 3 processes"]
+    assert [s.done for s in shared] == sorted(s.done for s in shared)
+    assert shared[-1].done == shared[-1].total
+
+
+def test_a_comparison_one_process_finishes_quickly_starts_no_workers(
+    demo_pairs: dict[str, tuple[Path, Path]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_pool(*args: object, **kwargs: object) -> None:
+        raise AssertionError("workers were started for a comparison one process finishes in well under a second")
+
+    monkeypatch.setattr(multiprocessing.get_context("spawn"), "Pool", no_pool)
+    native, oracle = demo_pairs["swiglu-order"]
+    with open_capture(native) as n, open_capture(oracle) as o:
+        alone = run_to_end(iter_compare(n, o, CompareOptions(workers=1)))
+        work = iter_compare(n, o, CompareOptions(workers=4))
+        labels: list[str] = []
+        while True:
+            try:
+                labels.append(next(work).label)
+            except StopIteration as stop:
+                split = stop.value
+                break
+    assert dumps(split) == dumps(alone)
+    assert not any("processes" in label for label in labels)
+    assert multiprocessing.active_children() == []

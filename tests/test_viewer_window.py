@@ -189,7 +189,7 @@ def test_overview_click_on_a_point_selects_that_op(qtbot: QtBot, window: MainWin
     window.show_panel(1)
     overview = window.overview
     target = 3
-    spot = overview.ulp_scatter.points()[target]
+    spot = next(spot for scatter in overview.ulp_scatters.values() for spot in scatter.points() if spot.data() == target)
     scene = overview.ulp_plot.vb.mapViewToScene(spot.pos())
     point = overview.plot_widget.mapFromScene(scene)
     qtbot.mouseClick(overview.plot_widget.viewport(), Qt.MouseButton.LeftButton, pos=QPoint(point.x(), point.y()))
@@ -426,3 +426,18 @@ def test_a_failed_read_offers_a_deep_check_that_names_the_damaged_chunk(qtbot: Q
     texts = window.banners.texts("deep-check")
     assert any(t.startswith(f"{hostile.name}: ") and "chunk at (0,)" in t for t in texts), texts
     assert any(t.startswith(f"{twin.name}: every tensor reads back") for t in texts)
+
+
+def test_a_long_runs_overview_shows_each_colours_worst_op_of_every_stretch() -> None:
+    from viewer.panels.overview_plot import POINT_BINS, worst_per_bin
+
+    ops = np.arange(1, 10 * POINT_BINS, 3)
+    y = np.sin(ops.astype(np.float64))
+    shown = worst_per_bin(ops, y, 10 * POINT_BINS)
+    stretches = shown * POINT_BINS // (10 * POINT_BINS)
+    assert len(np.unique(stretches)) == len(shown) == POINT_BINS
+    for op, stretch in zip(shown, stretches):
+        inside = ops[ops * POINT_BINS // (10 * POINT_BINS) == stretch]
+        assert y[np.searchsorted(ops, op)] == np.sin(inside.astype(np.float64)).max()
+    few = np.array([0, 5, 9])
+    assert worst_per_bin(few, np.zeros(3), 10).tolist() == [0, 5, 9]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
 
+from backends.rerun.segment import rerunnable_keys
 from sessions.capture.reader import Capture, CaptureError
 from sessions.capture.record_attributes import RecordAttributes, iter_records_attributes
 from sessions.compare.align import UnalignedRecord
@@ -34,10 +35,20 @@ from viewer.tensor.tensor_loader import SliceSpec, TensorRequest
 
 @dataclass
 class ViewedComparison:
-    """The engine's comparison plus its contract findings grouped by op key."""
+    """The engine's comparison plus what the panels look up in it, found once: its contract
+    findings by op key and its error growth series. Made on the worker thread: over a real
+    model's hundreds of thousands of pairs these take seconds the window must not wait for."""
 
     comparison: Comparison
     findings: dict[OpKey, list[ContractFinding]] = field(default_factory=dict)
+    growth: list[GrowthSample] = field(default_factory=list)
+    rerunnable: list[str] = field(default_factory=list)
+    """The keys a rerun can recompute (`rerunnable_keys`), as text."""
+
+    @classmethod
+    def of(cls, comparison: Comparison) -> ViewedComparison:
+        rerunnable = [key.text() for key in rerunnable_keys(comparison)]
+        return cls(comparison, comparison.contracts.by_key(), _growth_samples(comparison), rerunnable)
 
 
 VIEWER_OPTIONS = CompareOptions(chunk_bytes=4 * 1024 * 1024)
@@ -48,7 +59,7 @@ def iter_compare_pair(native: Capture, oracle: Capture, options: CompareOptions 
     150-250 ms at a time (h5py reads, numpy), and a file that crashes libhdf5 mid-diff would
     take the window down. The window keeps its own open captures for showing tensors."""
     comparison = yield from iter_compare_in_child(native.path, oracle.path, options)
-    return ViewedComparison(comparison, comparison.contracts.by_key())
+    return ViewedComparison.of(comparison)
 
 
 # -- pairs ------------------------------------------------------------------------------------
@@ -268,9 +279,13 @@ class GrowthSample:
 
 
 def growth_series(viewed: ViewedComparison) -> list[GrowthSample]:
-    by_key = {p.key: p for p in viewed.comparison.pairs}
+    return viewed.growth
+
+
+def _growth_samples(comparison: Comparison) -> list[GrowthSample]:
+    by_key = {p.key: p for p in comparison.pairs}
     samples = []
-    for point in viewed.comparison.error_growth:
+    for point in comparison.error_growth:
         pair = by_key[point.key]
         samples.append(GrowthSample(pair, float(point.max_ulp or 0), float(point.nmse), pair.verdict))
     return samples

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from enum import Enum
 from functools import cache
 from typing import Any, Union, get_args, get_origin, get_type_hints
@@ -18,6 +18,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 from sessions.compare.comparison import Comparison
 from sessions.compare.json_plain import plain
 from sessions.compare.key import OpKey
+from sessions.gc_pause import garbage_collection_paused
 
 DOCUMENT_FORMAT = "parity-xray-report"
 DOCUMENT_VERSION = 4
@@ -98,17 +99,55 @@ def comparison_from_dict(data: dict[str, Any]) -> Comparison:
 
 
 def dumps(comparison: Comparison, *, for_people: bool = True) -> str:
-    """Indented for people (the CLI's `--json`); compact between processes and in the cache,
-    where json's C encoder writes a real model's document several times faster (the indenting
-    encoder is pure Python)."""
-    return json.dumps(comparison_to_dict(comparison), indent=1 if for_people else None, allow_nan=False)
+    """Indented for people (the CLI's `--json`); compact in the cache, where json's C encoder
+    writes a real model's document several times faster (the indenting encoder is pure Python)."""
+    with garbage_collection_paused():
+        return json.dumps(comparison_to_dict(comparison), indent=1 if for_people else None, allow_nan=False)
 
 
 def loads(text: str) -> Comparison:
+    return comparison_from_dict(_json_object(text, "the document"))
+
+
+def _json_object(text: str, what: str) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ReportFormatError(f"not JSON ({exc})") from None
+        raise ReportFormatError(f"{what} is not JSON ({exc})") from None
     if not isinstance(data, dict):
-        raise ReportFormatError("the document is not an object")
-    return comparison_from_dict(data)
+        raise ReportFormatError(f"{what} is not an object")
+    return data
+
+
+def document_lines(comparison: Comparison) -> Iterator[str]:
+    """The document as lines, for a process that reads it while it shows a window: first the
+    document without its lists (each list's name kept, empty), then one `NAME<TAB>ITEM` line
+    per item. A real model's document is hundreds of MB; parsed in one `json.loads` it holds
+    the interpreter lock for seconds, and the window with it. Line by line, it never does."""
+    with garbage_collection_paused():
+        data = comparison_to_dict(comparison)
+        lists = {name: value for name, value in data.items() if isinstance(value, list)}
+        yield json.dumps({**data, **{name: [] for name in lists}}, allow_nan=False)
+        for name, items in lists.items():
+            for item in items:
+                yield f"{name}\t{json.dumps(item, allow_nan=False)}"
+
+
+def loads_lines(text: str) -> Comparison:
+    """The comparison `document_lines` wrote, read line by line (each one a short parse)."""
+    end = text.find("\n")
+    head = _json_object(text if end < 0 else text[:end], "the document's first line")
+    while end >= 0:
+        start, end = end + 1, text.find("\n", end + 1)
+        line = text[start:] if end < 0 else text[start:end]
+        if not line:
+            continue
+        name, tab, item = line.partition("\t")
+        if not tab or not isinstance(head.get(name), list):
+            raise ReportFormatError(f"a line of the document names no list of it ({line[:60]!r})")
+        try:
+            head[name].append(json.loads(item))
+        except json.JSONDecodeError as exc:
+            raise ReportFormatError(f"an item of {name} is not JSON ({exc})") from None
+    with garbage_collection_paused():
+        return comparison_from_dict(head)

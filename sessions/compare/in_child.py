@@ -8,7 +8,8 @@ libhdf5 during the diff ends the child, and the caller gets a message naming the
 
 The child streams `progress DONE TOTAL LABEL` lines and ends with a `result` line followed by
 the comparison as the JSON document of sessions.compare.document (the CLI's `--json` output and
-the sidecar cache's content), or one `error {...}` line. Run as
+the sidecar cache's content) in lines (`document_lines`: the parent parses it a line at a
+time, never holding its interpreter's lock for long), or one `error {...}` line. Run as
 `python -m sessions.compare.in_child [--options JSON] [--cache-dir DIR] NATIVE ORACLE`.
 """
 
@@ -25,7 +26,7 @@ from sessions.capture.opening import open_capture
 from sessions.capture.reader import CaptureError
 from sessions.child_process import ChildProcess, progress_line, signal_name
 from sessions.compare.comparison import Comparison, iter_compare
-from sessions.compare.document import ReportFormatError, dumps, loads
+from sessions.compare.document import ReportFormatError, document_lines, loads_lines
 from sessions.compare.options import CompareOptions
 from sessions.compare.result_cache import iter_compare_cached
 from sessions.progress import Progress, ProgressGenerator
@@ -62,7 +63,7 @@ def _error_line(child: ChildProcess) -> str | None:
 
 
 def _document(child: ChildProcess) -> str | None:
-    """Everything after the `result` marker line: the document, compact JSON on one line."""
+    """Everything after the `result` marker line: the document's lines (`document_lines`)."""
     marker = RESULT.encode() + b"\n"
     if child.stdout.startswith(marker):
         start = len(marker)
@@ -94,7 +95,7 @@ def _outcome(child: ChildProcess, native: Path, oracle: Path) -> Comparison:
     document = _document(child)
     if returncode == 0 and document is not None:
         try:
-            return loads(document)
+            return loads_lines(document)
         except ReportFormatError as exc:
             raise CaptureError(native, "comparison", f"the comparing process returned an unreadable result ({exc})") from None
     tail = child.stderr_text().strip().splitlines()[-1:] or ["no output"]
@@ -161,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001  (any failure is reported to the parent as a message, not a traceback)
         _write_line(ERROR, json.dumps({"type": type(exc).__name__, "message": str(exc)}))
         return 1
-    sys.stdout.write(f"{RESULT}\n{dumps(comparison, for_people=False)}\n")
+    sys.stdout.write(f"{RESULT}\n")
+    sys.stdout.writelines(f"{line}\n" for line in document_lines(comparison))
     sys.stdout.flush()
     return 0
 

@@ -29,28 +29,44 @@ def plain(value: Any, omit: frozenset[str] = frozenset()) -> Any:
     text form (`0:visual:0:sdpa`), ready for `rerun --op`. Non-finite floats become
     the strings "NaN", "Infinity", "-Infinity" (strict JSON has no such numbers).
     """
-    if isinstance(value, np.ndarray):
-        return None
-    if isinstance(value, OpKey):
-        return value.text()
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        names, derived = _shape_of(type(value))
+    kind = type(value)
+    if kind in _AS_IS:
+        return value
+    if kind is float:
+        return value if math.isfinite(value) else _non_finite(value)
+    shape = _shape_of(kind)
+    if shape is not None:
+        names, derived = shape
         out = {name: plain(getattr(value, name), omit) for name in names if name not in omit}
         for name in derived:
             out[name] = plain(getattr(value, name), omit)
         return out
+    if isinstance(value, np.ndarray):
+        return None
+    if isinstance(value, OpKey):
+        return value.text()
     if isinstance(value, (list, tuple)):
         return [plain(v, omit) for v in value]
     if isinstance(value, dict):
         return {str(k): plain(v, omit) for k, v in value.items()}
     if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+        return _non_finite(value)
     return value
 
 
+_AS_IS = frozenset({int, str, bool, type(None)})
+"""Types written as they are, checked first: they are most of a document's millions of values."""
+
+
+def _non_finite(value: float) -> str:
+    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+
+
 @cache
-def _shape_of(tp: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _shape_of(tp: type) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
     """A dataclass's field names and the derived properties written beside them, looked up once
-    per class: a real model's document has millions of objects."""
+    per class (a real model's document has millions of objects); None for any other class."""
+    if not dataclasses.is_dataclass(tp) or tp is OpKey:
+        return None
     fields = tuple(f.name for f in dataclasses.fields(tp))
     return fields, tuple(name for name in DERIVED_PROPERTIES if isinstance(getattr(tp, name, None), property))

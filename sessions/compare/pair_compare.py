@@ -67,8 +67,8 @@ def _whole_stored_bytes_identical(pair: AlignedPair, reader: PairReader, chunk_b
         pair.key.op == "logits"
         or native.window is not None
         or oracle.window is not None
-        or native.batch_row is not None
-        or oracle.batch_row is not None
+        or native.batch is not None
+        or oracle.batch is not None
         or native.record.dtype != oracle.record.dtype
         or native.record.shape != oracle.record.shape
         or native.layout != oracle.layout

@@ -80,7 +80,10 @@ class DispatchTabs(QObject):
 
     def _comparison_changed(self) -> None:
         viewed = self.model.comparison
-        self.rerun_model.set_pair(self.model.native, self.model.oracle, viewed.comparison if viewed is not None else None)
+        if viewed is None:
+            self.rerun_model.set_pair(self.model.native, self.model.oracle, None)
+        else:
+            self.rerun_model.set_pair(self.model.native, self.model.oracle, viewed.comparison, viewed.rerunnable)
         if viewed is None or not self.model.has_pair:
             return
         native, oracle, comparison = self.model.native, self.model.oracle, viewed.comparison

@@ -1,7 +1,8 @@
 """Error growth across execution order: where the first bit flips and how it amplifies.
 
 One point per aligned op (max ULP above, NMSE below), coloured by verdict, with the first
-divergence marked. Clicking a point selects that op everywhere.
+divergence marked; a run of more than POINT_BINS ops shows each colour's worst op per stretch
+of it. Clicking a point selects that op everywhere.
 """
 
 from __future__ import annotations
@@ -21,6 +22,23 @@ from viewer.widgets.opaque_grid_axis import grid_axes, show_grid
 FIRST = "#d64541"
 FLOOR = 1e-30
 """NMSE of a bit-exact op is 0; it is drawn on this floor so a log axis can show it."""
+
+
+POINT_BINS = 2000
+"""Up to this many ops each is a point; a longer run is cut into this many equal stretches and
+each verdict colour shows its worst op of each stretch (the lines still pass through every op).
+pyqtgraph styles scatter points one by one in Python: a real model's 240,000 took seconds."""
+
+
+def worst_per_bin(ops: np.ndarray, y: np.ndarray, total: int) -> np.ndarray:
+    """Of `ops` (ascending op positions, `y` their values), the one with the largest value in
+    each of POINT_BINS equal stretches of the run's `total` ops; all of them for a short run."""
+    if total <= POINT_BINS:
+        return ops
+    bins = ops * POINT_BINS // total
+    order = np.lexsort((-y, bins))
+    first = np.concatenate(([True], bins[order][1:] != bins[order][:-1]))
+    return np.sort(ops[order][first])
 
 
 class OverviewPlot(QWidget):
@@ -46,14 +64,19 @@ class OverviewPlot(QWidget):
             show_grid(plot, x=True, y=True, alpha=0.15)
             plot.getAxis("left").setWidth(52)
         self.nmse_plot.getAxis("bottom").setLabel("aligned op, in execution order")
-        self.ulp_scatter = pg.ScatterPlotItem(size=8, hoverable=True, tip=None)
-        self.nmse_scatter = pg.ScatterPlotItem(size=8, hoverable=True, tip=None)
-        self.ulp_line = pg.PlotDataItem(pen=pg.mkPen("#6b7480", width=1))
-        self.nmse_line = pg.PlotDataItem(pen=pg.mkPen("#6b7480", width=1))
-        for plot, line, scatter in ((self.ulp_plot, self.ulp_line, self.ulp_scatter), (self.nmse_plot, self.nmse_line, self.nmse_scatter)):
+        # One scatter per verdict colour: pyqtgraph styles a whole scatter at array speed, but
+        # one point at a time when each point has its own brush (seconds for a real model's run).
+        self.ulp_scatters = {status: pg.ScatterPlotItem(size=8, hoverable=True, tip=None, brush=pg.mkBrush(colour), pen=None) for status, colour in STATUS_COLOURS.items()}
+        self.nmse_scatters = {status: pg.ScatterPlotItem(size=8, hoverable=True, tip=None, brush=pg.mkBrush(colour), pen=None) for status, colour in STATUS_COLOURS.items()}
+        # A real model's run is hundreds of thousands of ops: the lines are thinned to the pixels
+        # they cover and drawn only where the view is.
+        self.ulp_line = pg.PlotDataItem(pen=pg.mkPen("#6b7480", width=1), autoDownsample=True, clipToView=True, skipFiniteCheck=True)
+        self.nmse_line = pg.PlotDataItem(pen=pg.mkPen("#6b7480", width=1), autoDownsample=True, clipToView=True, skipFiniteCheck=True)
+        for plot, line, scatters in ((self.ulp_plot, self.ulp_line, self.ulp_scatters), (self.nmse_plot, self.nmse_line, self.nmse_scatters)):
             plot.addItem(line)
-            plot.addItem(scatter)
-            scatter.sigClicked.connect(self._clicked)
+            for scatter in scatters.values():
+                plot.addItem(scatter)
+                scatter.sigClicked.connect(self._clicked)
         self.first_lines = [pg.InfiniteLine(angle=90, pen=pg.mkPen(FIRST, width=2, style=Qt.PenStyle.DashLine)) for _ in range(2)]
         self.first_label = pg.TextItem("", color=FIRST, anchor=(0, 0), fill=pg.mkBrush(pg.getConfigOption("background")))
         self.first_label.setZValue(10)
@@ -72,8 +95,8 @@ class OverviewPlot(QWidget):
         comparison = self._model.comparison
         if comparison is None:
             self.points, self._position = [], {}
-            self.ulp_scatter.clear()
-            self.nmse_scatter.clear()
+            for scatter in (*self.ulp_scatters.values(), *self.nmse_scatters.values()):
+                scatter.clear()
             self.ulp_line.setData([], [])
             self.nmse_line.setData([], [])
             self.headline.setText("Comparing…" if self._model.has_pair else "Open a pair to see where the runs part")
@@ -82,12 +105,14 @@ class OverviewPlot(QWidget):
         self.points = [s.pair for s in series]
         self._position = {id(p): i for i, p in enumerate(self.points)}
         x = np.arange(len(series), dtype=np.float64)
-        ulp = np.array([np.log2(1.0 + s.max_ulp) for s in series], dtype=np.float64)
-        nmse = np.array([np.log10(max(s.nmse, FLOOR)) for s in series], dtype=np.float64)
-        brushes = [pg.mkBrush(STATUS_COLOURS[s.status]) for s in series]
-        spots = [{"pos": (x[i], ulp[i]), "data": i, "brush": brushes[i], "pen": None} for i in range(len(series))]
-        self.ulp_scatter.setData(spots)
-        self.nmse_scatter.setData([{"pos": (x[i], nmse[i]), "data": i, "brush": brushes[i], "pen": None} for i in range(len(series))])
+        ulp = np.log2(1.0 + np.fromiter((s.max_ulp for s in series), dtype=np.float64, count=len(series)))
+        nmse = np.log10(np.maximum(np.fromiter((s.nmse for s in series), dtype=np.float64, count=len(series)), FLOOR))
+        statuses = np.array([s.status for s in series], dtype=object)
+        for status in STATUS_COLOURS:
+            ops = np.flatnonzero(statuses == status)
+            for scatters, y in ((self.ulp_scatters, ulp), (self.nmse_scatters, nmse)):
+                shown = worst_per_bin(ops, y[ops], len(series))
+                scatters[status].setData(x=x[shown], y=y[shown], data=shown)
         self.ulp_line.setData(x, ulp)
         self.nmse_line.setData(x, nmse)
         first = cv.first_finding_pair(comparison)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QObject, QStringListModel, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -64,10 +64,13 @@ class RerunPanelModel(QObject):
         self.keys: list[str] = []
         self.result: RerunResult | None = None
 
-    def set_pair(self, native: Capture | None, oracle: Capture | None, comparison: Comparison | None) -> None:
-        """Keys come from the comparison's pairs: until a pair is compared there is nothing to rerun."""
+    def set_pair(self, native: Capture | None, oracle: Capture | None, comparison: Comparison | None, keys: list[str] | None = None) -> None:
+        """Keys come from the comparison's pairs: until a pair is compared there is nothing to rerun.
+        `keys`: those already found (off the UI thread, `ViewedComparison.rerunnable`)."""
         self.native, self.oracle, self.comparison = native, oracle, comparison
-        self.keys = [k.text() for k in rerunnable_keys(comparison)] if comparison is not None else []
+        if keys is None:
+            keys = [k.text() for k in rerunnable_keys(comparison)] if comparison is not None else []
+        self.keys = keys
         self.set_result(None)
         self.captures_changed.emit()
 
@@ -238,8 +241,8 @@ class RerunPanel(QWidget):
 
     def _captures_changed(self) -> None:
         current = self.key.currentText()
-        self.key.clear()
-        self.key.addItems(self.model.keys)
+        # One model reset: adding a real model's hundreds of thousands of keys one by one took seconds.
+        self.key.setModel(QStringListModel(self.model.keys, self.key))
         if current:
             self.key.setCurrentText(current)
 

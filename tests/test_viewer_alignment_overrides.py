@@ -11,8 +11,8 @@ from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
 from sessions.compare.align import MANUAL_BREAK
+from viewer.comparison_view import MANUAL_MARKER
 from viewer.settings import ViewerSettings
-from viewer.tree.alignment_tree import MANUAL_MARKER
 from viewer.window.main_window import MainWindow
 
 pytestmark = pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints", "This plugin does not support raise")

@@ -77,3 +77,13 @@ def test_a_filter_finding_more_ops_than_it_makes_says_so(lazy_window: MainWindow
     expected = sum(p.key.op == "layer_out" for p in lazy_window.model.comparison.comparison.pairs)
     assert f"the first 3 of {expected} matching ops are shown" in lazy_window.tree.summary.text()
     assert len(lazy_window.tree.visible_leaf_labels()) >= 3
+
+
+def test_the_filter_finds_each_matching_pair_once_in_order_and_counts_past_the_limit() -> None:
+    from viewer.comparison_view import TreePlaces
+
+    places = TreePlaces({}, {}, {}, "q_proj step 0\nffn_up ffn step 0\nsdpa step 1\nffn_down step 1")
+    assert places.matches("ffn", 10) == ([1, 3], 2)
+    assert places.matches("ffn", 1) == ([1], 2)
+    assert places.matches("step 1", 10) == ([2, 3], 2)
+    assert places.matches("zzz", 10) == ([], 0)

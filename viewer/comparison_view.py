@@ -15,7 +15,7 @@ from backends.rerun.segment import rerunnable_keys
 from sessions.capture.reader import Capture, CaptureError
 from sessions.capture.record_attributes import RecordAttributes, iter_records_attributes
 from sessions.compare.align import UnalignedRecord
-from sessions.compare.comparison import Comparison, PairResult, unaligned_key
+from sessions.compare.comparison import Comparison, PairResult, unaligned_key, worst_ops
 from sessions.compare.contracts import ContractFinding
 from sessions.compare.in_child import iter_compare_in_child
 from sessions.compare.key import OpKey
@@ -27,7 +27,7 @@ from sessions.compare.token_parity import (
     TopEntry,
     step_word,
 )
-from sessions.compare.verdict import NOT_EXACT, Finding, Kind
+from sessions.compare.verdict import NOT_EXACT, SEVERITY, Finding, Kind
 from sessions.progress import ProgressGenerator
 from sessions.report.text import tolerance_text
 from viewer.tensor.tensor_loader import SliceSpec, TensorRequest
@@ -44,11 +44,104 @@ class ViewedComparison:
     growth: list[GrowthSample] = field(default_factory=list)
     rerunnable: list[str] = field(default_factory=list)
     """The keys a rerun can recompute (`rerunnable_keys`), as text."""
+    tree: TreePlaces = field(default_factory=lambda: TreePlaces({}, {}, {}, ""))
+    worst: list[PairResult] = field(default_factory=list)
+    """The worst WORST_OPS_SHOWN differing ops, worst first (`worst_ops`)."""
+    differing: int = 0
+    """How many pre-EOS ops differ in all."""
 
     @classmethod
     def of(cls, comparison: Comparison) -> ViewedComparison:
         rerunnable = [key.text() for key in rerunnable_keys(comparison)]
-        return cls(comparison, comparison.contracts.by_key(), _growth_samples(comparison), rerunnable)
+        differing = worst_ops(comparison, len(comparison.pairs))
+        return cls(
+            comparison,
+            comparison.contracts.by_key(),
+            _growth_samples(comparison),
+            rerunnable,
+            tree_places(comparison),
+            differing[:WORST_OPS_SHOWN],
+            len(differing),
+        )
+
+
+WORST_OPS_SHOWN = 1000
+"""Rows of the Worst ops table: past the first divergence of a real model's run nearly every op
+differs, and a table row costs about what a tree row does (0.3 ms)."""
+
+
+TreePath = tuple[int, str, "int | str"]
+"""Where a pair sits in the alignment tree: (step, segment, layer), or for a model-level op
+"before"/"after" in place of the layer."""
+MANUAL_MARKER = " [manual]"
+"""Marks a pair the user made by hand, in its row and in what the filter matches."""
+
+
+@dataclass(frozen=True)
+class TreePlaces:
+    """The alignment tree's groups and what its filter searches, for every pair at once."""
+
+    leaves: dict[TreePath, list[PairResult]]
+    """Each group's pairs, groups in execution order."""
+    worst: dict[TreePath, Kind]
+    """Each group's worst verdict, shown on it and on the groups above it."""
+    path_of: dict[int, TreePath]
+    """A pair's group, by id(pair)."""
+    search: str
+    """One lower-case line per pair (`search_text`), in the order of the comparison's pairs."""
+
+    def matches(self, needle: str, limit: int) -> tuple[list[int], int]:
+        """Positions (in the comparison's pairs) of the first `limit` pairs whose line holds
+        `needle`, and how many pairs' lines do: found with str.find over one string, not by
+        building and searching hundreds of thousands of strings on each keystroke."""
+        found: list[int] = []
+        count = line = counted_to = 0
+        at = self.search.find(needle) if needle and "\n" not in needle else -1
+        while at >= 0:
+            line += self.search.count("\n", counted_to, at)
+            count += 1
+            if len(found) < limit:
+                found.append(line)
+            end = self.search.find("\n", at)
+            if end < 0:
+                break
+            line, counted_to = line + 1, end + 1
+            at = self.search.find(needle, counted_to)
+        return found, count
+
+
+def place_label(place: int | str) -> str:
+    """A layer group's label, or where model-level ops sit: before or after the layers."""
+    return f"layer {place}" if isinstance(place, int) else f"{place} layers"
+
+
+def search_text(pair: PairResult, path: TreePath) -> str:
+    """What the filter box matches a pair against when its row may not exist yet: its row's cells
+    and its groups' labels."""
+    manual = MANUAL_MARKER if pair.manual_reason is not None else ""
+    return f"{pair_op_label(pair)}{manual} {pair.verdict} step {path[0]} {path[1]} {place_label(path[2])}".lower()
+
+
+def tree_places(comparison: Comparison) -> TreePlaces:
+    layered: set[tuple[int, str]] = set()
+    leaves: dict[TreePath, list[PairResult]] = {}
+    path_of: dict[int, TreePath] = {}
+    lines = []
+    for pair in comparison.pairs:
+        key = pair.key
+        if key.layer >= 0:
+            layered.add((key.step, key.segment))
+            place: int | str = key.layer
+        else:
+            # Model-level ops sit where they ran, before or after the layers, so the tree
+            # reads top to bottom in execution order, like every other surface.
+            place = "after" if (key.step, key.segment) in layered else "before"
+        path = (key.step, key.segment, place)
+        leaves.setdefault(path, []).append(pair)
+        path_of[id(pair)] = path
+        lines.append(search_text(pair, path).replace("\n", " "))
+    worst = {path: max((p.verdict for p in pairs), key=SEVERITY.__getitem__) for path, pairs in leaves.items()}
+    return TreePlaces(leaves, worst, path_of, "\n".join(lines))
 
 
 VIEWER_OPTIONS = CompareOptions(chunk_bytes=4 * 1024 * 1024)

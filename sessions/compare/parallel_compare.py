@@ -27,6 +27,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -62,6 +63,18 @@ _open: dict[str, Capture] = {}
 """A worker's open captures, by path: opened once for all its shards."""
 _claims: SynchronizedArray[int] | None = None
 """A worker's view of the shared flags: shard i is taken once flag i is set."""
+_job: _Job | None = None
+"""A worker's comparison: given once when it starts, so a task is only a shard's number."""
+
+
+@dataclass(frozen=True)
+class _Job:
+    native: str
+    oracle: str
+    pairs: list[AlignedPair]
+    parts: list[range]
+    options: CompareOptions
+    heads: Heads
 
 
 def worker_count(options: CompareOptions, total_bytes: int) -> int:
@@ -99,12 +112,16 @@ def _claim(claims: SynchronizedArray[int], index: int) -> bool:
         return True
 
 
-def _start_worker(claims: SynchronizedArray[int]) -> None:
-    """A worker's first act: it keeps the claims every process shares, and dies with the comparing
-    process, so that when that one is killed (the viewer's cancel kills its comparison child) its
-    workers do not finish their shards unseen (Linux)."""
-    global _claims
-    _claims = claims
+def _start_worker(claims: SynchronizedArray[int], job: _Job) -> None:
+    """A worker's first act: it keeps the claims every process shares and the comparison, and dies
+    with the comparing process, so that when that one is killed (the viewer's cancel kills its
+    comparison child) its workers do not finish their shards unseen (Linux).
+
+    The pairs come here, with the worker's start, not with each task: a task carrying a shard's
+    pairs could fill the pool's pipe, and a pool closed while its feeder thread blocks on that
+    pipe never finishes closing (a comparison cancelled just after its workers started hung)."""
+    global _claims, _job
+    _claims, _job = claims, job
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
@@ -115,15 +132,14 @@ def _capture(path: str) -> Capture:
     return _open[path]
 
 
-def _compare_shard(
-    index: int, native: str, oracle: str, pairs: list[AlignedPair], options: CompareOptions, heads: Heads
-) -> list[PairOutcome] | None:
+def _compare_shard(index: int) -> list[PairOutcome] | None:
     """In a worker: one shard's outcomes, or None when the comparing process took the shard."""
-    assert _claims is not None
+    assert _claims is not None and _job is not None
     if not _claim(_claims, index):
         return None
-    reader = PairReader(_capture(native), _capture(oracle))
-    return run_to_end(iter_compare_pairs(reader, pairs, options, heads, (0, 1)))
+    job = _job
+    reader = PairReader(_capture(job.native), _capture(job.oracle))
+    return run_to_end(iter_compare_pairs(reader, [job.pairs[i] for i in job.parts[index]], job.options, job.heads, (0, 1)))
 
 
 class _Workers:
@@ -153,12 +169,11 @@ class _Workers:
 
         context = multiprocessing.get_context("spawn")
         self._shared = context.Array("b", list(self._taken))
-        self.pool = context.Pool(count, initializer=_start_worker, initargs=(self._shared,))
-        paths = (str(native.path), str(oracle.path))
+        job = _Job(str(native.path), str(oracle.path), pairs, self.parts, options, heads)
+        self.pool = context.Pool(count, initializer=_start_worker, initargs=(self._shared, job))
         for index in reversed(range(len(self.parts))):
             if not self._taken[index]:
-                shard = [pairs[i] for i in self.parts[index]]
-                self.pending[index] = self.pool.apply_async(_compare_shard, (index, *paths, shard, options, heads))
+                self.pending[index] = self.pool.apply_async(_compare_shard, (index,))
 
     def done(self, sizes: list[int], own: dict[int, list[PairOutcome]]) -> int:
         """Bytes of the shards workers have finished."""

@@ -1,6 +1,7 @@
 """The worst ops, as a sortable table: the same ranking `report` and the HTML print, one click from the tensors.
 
-Rows are every pre-EOS op whose bits differ, ranked like `worst_ops` (NMSE, then p99 ULP error);
+Rows are the pre-EOS ops whose bits differ (the worst WORST_OPS_SHOWN of them), ranked like
+`worst_ops` (NMSE, then p99 ULP error);
 a header click re-sorts by any column, and selecting a row selects that op everywhere.
 """
 
@@ -18,7 +19,6 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from sessions.compare.comparison import worst_ops
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
 from viewer.theme import STATUS_COLOURS
@@ -61,7 +61,7 @@ class WorstOpsTable(QWidget):
     def rebuild(self) -> None:
         viewed = self._model.comparison
         self.table.setSortingEnabled(False)
-        rows = worst_ops(viewed.comparison, len(viewed.comparison.pairs)) if viewed is not None else []
+        rows = viewed.worst if viewed is not None else []
         self.table.setRowCount(len(rows))
         for r, pair in enumerate(rows):
             m = pair.metrics
@@ -85,7 +85,10 @@ class WorstOpsTable(QWidget):
         if viewed is None:
             self.summary.setText("The worst ops appear once a pair is compared")
         else:
-            self.summary.setText(f"{len(rows)} op(s) differ before the shared EOS, worst first (NMSE, then p99 ULP error); click a header to re-sort")
+            shown = f"the worst {len(rows):,} of " if len(rows) < viewed.differing else ""
+            self.summary.setText(
+                f"{shown}{viewed.differing:,} op(s) differ before the shared EOS, worst first (NMSE, then p99 ULP error); click a header to re-sort"
+            )
 
     def keys(self) -> list[str]:
         """The op keys in the order shown (tests)."""

@@ -56,8 +56,6 @@ is opened: making every row takes about 0.3 ms each, over a minute for a real mo
 FILTER_MADE_MAX = 200
 """In a lazy tree, the filter makes the rows of this many matching ops (and their groups' rows)."""
 UNALIGNED_BRANCH = "unaligned"
-MANUAL_MARKER = " [manual]"
-"""Appended to a hand-made pair's label: visible, and the filter box finds every manual pair."""
 ReasonQuestion = Callable[[str], "str | None"]
 """Given what is about to be done, the user's reason, or None (cancelled)."""
 PartnerChoice = Callable[[UnalignedRecord, list[UnalignedRecord]], "UnalignedRecord | None"]
@@ -171,24 +169,12 @@ class AlignmentTree(QWidget):
         if comparison is None:
             self.summary.setText("Comparing…" if self._model.has_pair else "Open a native and an oracle capture")
             return
-        layered: set[tuple[int, str]] = set()
-        leaves: dict[tuple[Any, ...], list[Any]] = {}
-        for pair in cv.pairs(comparison):
-            key = pair.key
-            if key.layer >= 0:
-                layered.add((key.step, key.segment))
-                place: Any = key.layer
-            else:
-                # Model-level ops sit where they ran, before or after the layers, so the tree
-                # reads top to bottom in execution order, like every other surface.
-                place = "after" if (key.step, key.segment) in layered else "before"
-            path = (key.step, key.segment, place)
-            leaves.setdefault(path, []).append(pair)
-            self._paths[id(pair)] = path
+        self._paths = comparison.tree.path_of
+        leaves = comparison.tree.leaves
         for path, pairs in leaves.items():
-            worst = max((p.verdict for p in pairs), key=SEVERITY.__getitem__)
+            worst = comparison.tree.worst[path]
             group = self._root
-            for label, part in zip((f"step {path[0]}", path[1], _place_label(path[2])), path):
+            for label, part in zip((f"step {path[0]}", path[1], cv.place_label(path[2])), path):
                 group = group.child(part, label)
                 group.worsen(worst)
             group.pairs = pairs
@@ -224,7 +210,7 @@ class AlignmentTree(QWidget):
             child.row = QPersistentModelIndex(row[0].index())
         for pair in group.pairs:
             manual = pair.manual_reason is not None
-            label = cv.pair_op_label(pair) + (MANUAL_MARKER if manual else "")
+            label = cv.pair_op_label(pair) + (cv.MANUAL_MARKER if manual else "")
             row = _row(label, pair.verdict, cv.pair_ulp_error_text(pair), cv.pair_differing_text(pair))
             row[0].setData(pair, PAIR_ROLE)
             tooltip = cv.pair_tooltip(pair, comparison) if comparison is not None else ""
@@ -278,13 +264,10 @@ class AlignmentTree(QWidget):
         comparison = self._model.comparison
         if comparison is None:
             return
-        needle = text.lower()
-        found = 0
-        for pair in cv.pairs(comparison):
-            if needle in _search_text(pair, self._paths[id(pair)]):
-                found += 1
-                if found <= FILTER_MADE_MAX:
-                    self._item_for(pair)
+        shown, found = comparison.tree.matches(text.lower(), FILTER_MADE_MAX)
+        pairs = cv.pairs(comparison)
+        for position in shown:
+            self._item_for(pairs[position])
         more = f"; the first {FILTER_MADE_MAX:,} of {found:,} matching ops are shown, narrow the filter for the rest" if found > FILTER_MADE_MAX else ""
         self.summary.setText(cv.summary_line(comparison) + more)
 
@@ -504,13 +487,3 @@ class _Group:
             self.status = status
 
 
-def _place_label(place: Any) -> str:
-    """A layer group's label, or where model-level ops sit: before or after the layers."""
-    return f"layer {place}" if isinstance(place, int) else f"{place} layers"
-
-
-def _search_text(pair: Any, path: tuple[Any, ...]) -> str:
-    """What the filter box matches a pair against when its row may not exist yet: its row's cells
-    and its groups' labels."""
-    manual = MANUAL_MARKER if pair.manual_reason is not None else ""
-    return f"{cv.pair_op_label(pair)}{manual} {pair.verdict} step {path[0]} {path[1]} {_place_label(path[2])}".lower()

@@ -28,6 +28,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -151,43 +152,57 @@ class Heartbeat:
         }
 
 
-def run(app: QApplication, native: Path, oracle: Path, settings_dir: Path) -> dict[str, object]:
+def wait(app: QApplication, condition: Callable[[], object], timeout_s: float = 900.0) -> float:
+    """Run the event loop until `condition()` holds; the seconds it took."""
+    start = time.perf_counter()
+    while not condition():
+        app.processEvents()
+        time.sleep(0.001)
+        if time.perf_counter() - start > timeout_s:
+            raise TimeoutError("the window did not finish in time")
+    return time.perf_counter() - start
+
+
+def shown_window(app: QApplication, settings_dir: Path):  # type: ignore[no-untyped-def]
+    """The real main window at 1440x900, shown, with its settings in `settings_dir`."""
     from viewer.settings import ViewerSettings
     from viewer.window.main_window import MainWindow
-
-    def wait(condition, timeout_s: float = 900.0) -> float:  # type: ignore[no-untyped-def]
-        start = time.perf_counter()
-        while not condition():
-            app.processEvents()
-            time.sleep(0.001)
-            if time.perf_counter() - start > timeout_s:
-                raise TimeoutError("the window did not finish in time")
-        return time.perf_counter() - start
 
     window = MainWindow(ViewerSettings(settings_dir / "bench.ini"))
     window.resize(1440, 900)
     window.show()
-    wait(lambda: window.isVisible())
+    wait(app, lambda: window.isVisible())
+    return window
+
+
+def opened(app: QApplication, native: Path, oracle: Path, settings_dir: Path):  # type: ignore[no-untyped-def]
+    """The shown window with the heartbeat started and the pair opened: (window, beat, phases, ends)."""
+    window = shown_window(app, settings_dir)
     beat = Heartbeat()
     beat.start()
     phases: dict[str, float] = {}
     ends: dict[str, float] = {}
     window.open_pair(native, oracle)
-    phases["open_s"] = wait(lambda: window.model.native is not None)
+    phases["open_s"] = wait(app, lambda: window.model.native is not None)
+    return window, beat, phases, ends
+
+
+def run(app: QApplication, native: Path, oracle: Path, settings_dir: Path) -> dict[str, object]:
+    window, beat, phases, ends = opened(app, native, oracle, settings_dir)
     ends["open_and_first_paint"] = beat.now_ms()
-    phases["compare_s"] = wait(lambda: window.model.comparison is not None)
+    phases["compare_s"] = wait(app, lambda: window.model.comparison is not None)
     ends["compare"] = beat.now_ms()
-    phases["first_divergence_heatmaps_s"] = wait(lambda: window.tensor_view.data is not None and not window.tasks.busy)
+    phases["first_divergence_heatmaps_s"] = wait(app, lambda: window.tensor_view.data is not None and not window.tasks.busy)
     for scale in ("absolute", "relative", "ULP"):
         window.model.set_scale(scale)
         app.processEvents()
     ends["heatmaps_and_scales"] = beat.now_ms()
     pairs = window.model.comparison.comparison.pairs
     window.model.select(pairs[-1])
-    phases["another_op_s"] = wait(lambda: window.tensor_view.data is not None and window.tensor_view.data.request.label == pairs[-1].label and not window.tasks.busy)
+    phases["another_op_s"] = wait(app, lambda: window.tensor_view.data is not None and window.tensor_view.data.request.label == pairs[-1].label and not window.tasks.busy)
     ends["another_op"] = beat.now_ms()
     window.tensor_view.plots["native"].setRange(xRange=(COLS // 2, COLS // 2 + 400), yRange=(0, 200), padding=0)
-    phases["zoom_detail_s"] = wait(lambda: window.tensor_view.detail is not None and not window.tasks.busy)
+    phases["zoom_detail_s"] = wait(app, lambda: window.tensor_view.detail is not None and not window.tasks.busy)
     ends["zoom_detail"] = beat.now_ms()
     window.tensor_view.select_element((5, 5), pinned=True)
     for index in range(4):
@@ -202,37 +217,17 @@ def run(app: QApplication, native: Path, oracle: Path, settings_dir: Path) -> di
 def run_many_records(app: QApplication, native: Path, oracle: Path, settings_dir: Path) -> dict[str, object]:
     """The window on a real model's record count: open and compare, the tree, the Overview,
     Ctrl+J, the tree filter, stepping through findings and another op."""
-    from viewer.settings import ViewerSettings
-    from viewer.window.main_window import MainWindow
-
-    def wait(condition, timeout_s: float = 900.0) -> float:  # type: ignore[no-untyped-def]
-        start = time.perf_counter()
-        while not condition():
-            app.processEvents()
-            time.sleep(0.001)
-            if time.perf_counter() - start > timeout_s:
-                raise TimeoutError("the window did not finish in time")
-        return time.perf_counter() - start
 
     def settle(seconds: float = 0.3) -> None:
-        wait(lambda: not window.tasks.busy)
+        wait(app, lambda: not window.tasks.busy)
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
             app.processEvents()
             time.sleep(0.001)
 
-    window = MainWindow(ViewerSettings(settings_dir / "bench.ini"))
-    window.resize(1440, 900)
-    window.show()
-    wait(lambda: window.isVisible())
-    beat = Heartbeat()
-    beat.start()
-    phases: dict[str, float] = {}
-    ends: dict[str, float] = {}
-    window.open_pair(native, oracle)
-    phases["open_s"] = wait(lambda: window.model.native is not None)
+    window, beat, phases, ends = opened(app, native, oracle, settings_dir)
     ends["open"] = beat.now_ms()
-    phases["compare_s"] = wait(lambda: window.model.comparison is not None)
+    phases["compare_s"] = wait(app, lambda: window.model.comparison is not None)
     settle()
     ends["compare_tree_and_first_finding"] = beat.now_ms()
     window.show_panel(1)

@@ -11,7 +11,7 @@ import pytest
 from sessions.capture.opening import open_capture
 from sessions.compare import parallel_compare
 from sessions.compare.align import align
-from sessions.compare.comparison import iter_compare, resolve_profiles
+from sessions.compare.comparison import Comparison, iter_compare, resolve_profiles
 from sessions.compare.document import dumps
 from sessions.compare.options import CompareOptions
 from sessions.compare.pair_reader import pair_bytes
@@ -39,23 +39,26 @@ def workers_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(parallel_compare, "MEASURE_S", 0.0)
 
 
+def _alone_and_on_workers(paths: tuple[Path, Path], workers: int) -> tuple[Comparison, Comparison, list[str]]:
+    """The pair compared in one process, then allowing `workers` processes, and the labels of the latter's progress."""
+    with open_capture(paths[0]) as n, open_capture(paths[1]) as o:
+        alone = run_to_end(iter_compare(n, o, CompareOptions(workers=1)))
+        work = iter_compare(n, o, CompareOptions(workers=workers))
+        labels: list[str] = []
+        while True:
+            try:
+                labels.append(next(work).label)
+            except StopIteration as stop:
+                return alone, stop.value, labels
+
+
 def test_two_workers_give_the_same_document_as_one_process(
     demo_pairs: dict[str, tuple[Path, Path]], workers_at_once: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     real_claim = parallel_compare._Workers.claim
     # This process keeps the first shard; the workers compare all the others.
     monkeypatch.setattr(parallel_compare._Workers, "claim", lambda self, index: index == 0 and real_claim(self, index))
-    native, oracle = demo_pairs["swiglu-order"]
-    with open_capture(native) as n, open_capture(oracle) as o:
-        alone = run_to_end(iter_compare(n, o, CompareOptions(workers=1)))
-        work = iter_compare(n, o, CompareOptions(workers=2))
-        labels: list[str] = []
-        while True:
-            try:
-                labels.append(next(work).label)
-            except StopIteration as stop:
-                split = stop.value
-                break
+    alone, split, labels = _alone_and_on_workers(demo_pairs["swiglu-order"], 2)
     assert _rounded(json.loads(dumps(split))) == _rounded(json.loads(dumps(alone)))
     assert "comparing on 2 processes" in labels
     assert split.verdict.first is not None and split.verdict.first.key.text() == "0:text-before:0:ffn_act"
@@ -148,17 +151,7 @@ def test_a_comparison_one_process_finishes_quickly_starts_no_workers(
         raise AssertionError("workers were started for a comparison one process finishes in well under a second")
 
     monkeypatch.setattr(multiprocessing.get_context("spawn"), "Pool", no_pool)
-    native, oracle = demo_pairs["swiglu-order"]
-    with open_capture(native) as n, open_capture(oracle) as o:
-        alone = run_to_end(iter_compare(n, o, CompareOptions(workers=1)))
-        work = iter_compare(n, o, CompareOptions(workers=4))
-        labels: list[str] = []
-        while True:
-            try:
-                labels.append(next(work).label)
-            except StopIteration as stop:
-                split = stop.value
-                break
+    alone, split, labels = _alone_and_on_workers(demo_pairs["swiglu-order"], 4)
     assert dumps(split) == dumps(alone)
     assert not any("processes" in label for label in labels)
     assert multiprocessing.active_children() == []

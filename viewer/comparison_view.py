@@ -7,9 +7,11 @@ domain logic and a change in the engine's result shape is absorbed here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from html import escape
 from pathlib import Path
+
+import numpy as np
 
 from backends.rerun.segment import rerunnable_keys
 from sessions.capture.reader import Capture, CaptureError
@@ -35,30 +37,34 @@ from viewer.tensor.tensor_loader import SliceSpec, TensorRequest
 
 @dataclass
 class ViewedComparison:
-    """The engine's comparison plus what the panels look up in it, found once: its contract
-    findings by op key and its error growth series. Made on the worker thread: over a real
-    model's hundreds of thousands of pairs these take seconds the window must not wait for."""
+    """The engine's comparison plus what the panels look up in it, found once (`of`), on the
+    worker thread: over a real model's hundreds of thousands of pairs these take seconds the
+    window must not wait for."""
 
     comparison: Comparison
-    findings: dict[OpKey, list[ContractFinding]] = field(default_factory=dict)
-    growth: list[GrowthSample] = field(default_factory=list)
-    rerunnable: list[str] = field(default_factory=list)
+    findings: dict[OpKey, list[ContractFinding]]
+    """Contract findings by op key."""
+    pair_of: dict[OpKey, PairResult]
+    """Each op's pair, by its key (the first pair under a key, as a search in order finds)."""
+    growth: GrowthSeries
+    rerunnable: list[str]
     """The keys a rerun can recompute (`rerunnable_keys`), as text."""
-    tree: TreePlaces = field(default_factory=lambda: TreePlaces({}, {}, {}, ""))
-    worst: list[PairResult] = field(default_factory=list)
+    tree: TreePlaces
+    worst: list[PairResult]
     """The worst WORST_OPS_SHOWN differing ops, worst first (`worst_ops`)."""
-    differing: int = 0
+    differing: int
     """How many pre-EOS ops differ in all."""
 
     @classmethod
     def of(cls, comparison: Comparison) -> ViewedComparison:
-        rerunnable = [key.text() for key in rerunnable_keys(comparison)]
+        pair_of = {pair.key: pair for pair in reversed(comparison.pairs)}
         differing = worst_ops(comparison, len(comparison.pairs))
         return cls(
             comparison,
             comparison.contracts.by_key(),
-            _growth_samples(comparison),
-            rerunnable,
+            pair_of,
+            _growth_series(comparison, pair_of),
+            [key.text() for key in rerunnable_keys(comparison)],
             tree_places(comparison),
             differing[:WORST_OPS_SHOWN],
             len(differing),
@@ -200,9 +206,7 @@ def neighbour_divergence(viewed: ViewedComparison, current: PairResult | None, d
 
 def find_pair(viewed: ViewedComparison | None, key: OpKey) -> PairResult | None:
     """The pair with this key (from the verdict, the timeline, a bookmark or a saved selection)."""
-    if viewed is None:
-        return None
-    return next((p for p in viewed.comparison.pairs if p.key == key), None)
+    return None if viewed is None else viewed.pair_of.get(key)
 
 
 def pair_op_label(pair: PairResult) -> str:
@@ -364,24 +368,32 @@ def provenance_expected(viewed: ViewedComparison | None) -> set[str]:
 
 
 @dataclass(frozen=True)
-class GrowthSample:
-    pair: PairResult
-    max_ulp: float
-    nmse: float
-    status: str
+class GrowthSeries:
+    """The error growth in execution order, as arrays: one entry per compared op."""
+
+    pairs: list[PairResult]
+    max_ulp: np.ndarray
+    nmse: np.ndarray
+    statuses: np.ndarray
+    """Each op's verdict kind (an object array, for selecting each colour's ops at once)."""
+    position: dict[int, int]
+    """An op's place in the series, by id(pair)."""
 
 
-def growth_series(viewed: ViewedComparison) -> list[GrowthSample]:
+def growth_series(viewed: ViewedComparison) -> GrowthSeries:
     return viewed.growth
 
 
-def _growth_samples(comparison: Comparison) -> list[GrowthSample]:
-    by_key = {p.key: p for p in comparison.pairs}
-    samples = []
-    for point in comparison.error_growth:
-        pair = by_key[point.key]
-        samples.append(GrowthSample(pair, float(point.max_ulp or 0), float(point.nmse), pair.verdict))
-    return samples
+def _growth_series(comparison: Comparison, pair_of: dict[OpKey, PairResult]) -> GrowthSeries:
+    points = comparison.error_growth
+    pairs = [pair_of[point.key] for point in points]
+    return GrowthSeries(
+        pairs,
+        np.fromiter((float(point.max_ulp or 0) for point in points), dtype=np.float64, count=len(points)),
+        np.fromiter((float(point.nmse) for point in points), dtype=np.float64, count=len(points)),
+        np.array([pair.verdict for pair in pairs], dtype=object),
+        {id(pair): i for i, pair in enumerate(pairs)},
+    )
 
 
 # -- tokens -----------------------------------------------------------------------------------

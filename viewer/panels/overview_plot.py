@@ -102,16 +102,14 @@ class OverviewPlot(QWidget):
             self.headline.setText("Comparing…" if self._model.has_pair else "Open a pair to see where the runs part")
             return
         series = cv.growth_series(comparison)
-        self.points = [s.pair for s in series]
-        self._position = {id(p): i for i, p in enumerate(self.points)}
-        x = np.arange(len(series), dtype=np.float64)
-        ulp = np.log2(1.0 + np.fromiter((s.max_ulp for s in series), dtype=np.float64, count=len(series)))
-        nmse = np.log10(np.maximum(np.fromiter((s.nmse for s in series), dtype=np.float64, count=len(series)), FLOOR))
-        statuses = np.array([s.status for s in series], dtype=object)
+        self.points, self._position = series.pairs, series.position
+        x = np.arange(len(series.pairs), dtype=np.float64)
+        ulp = np.log2(1.0 + series.max_ulp)
+        nmse = np.log10(np.maximum(series.nmse, FLOOR))
         for status in STATUS_COLOURS:
-            ops = np.flatnonzero(statuses == status)
+            ops = np.flatnonzero(series.statuses == status)
             for scatters, y in ((self.ulp_scatters, ulp), (self.nmse_scatters, nmse)):
-                shown = worst_per_bin(ops, y[ops], len(series))
+                shown = worst_per_bin(ops, y[ops], len(series.pairs))
                 scatters[status].setData(x=x[shown], y=y[shown], data=shown)
         self.ulp_line.setData(x, ulp)
         self.nmse_line.setData(x, nmse)

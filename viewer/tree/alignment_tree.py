@@ -26,7 +26,7 @@ from PySide6.QtCore import (
     QTimer,
     Signal,
 )
-from PySide6.QtGui import QAction, QBrush, QStandardItem, QStandardItemModel
+from PySide6.QtGui import QAction, QBrush, QIcon, QStandardItem, QStandardItemModel
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QHBoxLayout,
@@ -93,6 +93,7 @@ class AlignmentTree(QWidget):
         """Rows made so far, by id of their pair (all of them unless the comparison is lazy)."""
         self._unaligned_items: dict[int, QStandardItem] = {}
         self._paths: dict[int, tuple[Any, ...]] = {}
+        self._icons: dict[str, QIcon] = {}
         """Each pair's group path (step, segment, layer place), by id of the pair."""
         self._root = _Group("")
         self._lazy = False
@@ -204,14 +205,14 @@ class AlignmentTree(QWidget):
             return
         comparison = self._model.comparison
         for child in group.children.values():
-            row = _row(child.label, child.status)
+            row = self._row(child.label, child.status)
             row[0].setData(child.path, GROUP_ROLE)
             parent.appendRow(row)
             child.row = QPersistentModelIndex(row[0].index())
         for pair in group.pairs:
             manual = pair.manual_reason is not None
             label = cv.pair_op_label(pair) + (cv.MANUAL_MARKER if manual else "")
-            row = _row(label, pair.verdict, cv.pair_ulp_error_text(pair), cv.pair_differing_text(pair))
+            row = self._row(label, pair.verdict, cv.pair_ulp_error_text(pair), cv.pair_differing_text(pair))
             row[0].setData(pair, PAIR_ROLE)
             tooltip = cv.pair_tooltip(pair, comparison) if comparison is not None else ""
             row[0].setToolTip(f"{tooltip}\npaired by hand: {pair.manual_reason}" if manual else tooltip)
@@ -222,11 +223,32 @@ class AlignmentTree(QWidget):
             parent.appendRow(row)
             self._items[id(pair)] = row[0]
         for record in group.records:
-            row = _row(cv.unaligned_label(record), Kind.UNALIGNED, "", cv.unaligned_reason(record))
+            row = self._row(cv.unaligned_label(record), Kind.UNALIGNED, "", cv.unaligned_reason(record))
             row[0].setData(record, UNALIGNED_ROLE)
             row[0].setToolTip(cv.unaligned_reason(record))
             self._unaligned_items[id(record)] = row[0]
             parent.appendRow(row)
+
+    def _row(self, label: str, status: str | None = None, ulp: str = "", differing: str = "") -> list[QStandardItem]:
+        cells = [QStandardItem(label), QStandardItem(status or ""), QStandardItem(ulp), QStandardItem(differing), QStandardItem("")]
+        for cell in cells:
+            cell.setEditable(False)
+        if status is not None:
+            self._paint(cells, status)
+        return cells
+
+    def _paint(self, cells: list[QStandardItem], status: str) -> None:
+        if status not in self._icons:
+            # One icon per verdict kind for the tree's life: loading the SVG took most of a row's cost.
+            self._icons[status] = status_icon(status)
+        cells[0].setIcon(self._icons[status])
+        cells[0].setData(status, Qt.ItemDataRole.UserRole + 2)
+        cells[1].setText(status)
+        brush = QBrush(status_colour(status))
+        for cell in cells[1:]:
+            cell.setForeground(brush)
+        if status != Kind.BIT_EXACT:
+            cells[0].setForeground(brush)
 
     def _populate_all(self, group: _Group) -> None:
         self._populate(group)
@@ -409,26 +431,6 @@ class AlignmentTree(QWidget):
 
         walk(QModelIndex())
         return out
-
-
-def _row(label: str, status: str | None = None, ulp: str = "", differing: str = "") -> list[QStandardItem]:
-    cells = [QStandardItem(label), QStandardItem(status or ""), QStandardItem(ulp), QStandardItem(differing), QStandardItem("")]
-    for cell in cells:
-        cell.setEditable(False)
-    if status is not None:
-        _paint(cells, status)
-    return cells
-
-
-def _paint(cells: list[QStandardItem], status: str) -> None:
-    cells[0].setIcon(status_icon(status))
-    cells[0].setData(status, Qt.ItemDataRole.UserRole + 2)
-    cells[1].setText(status)
-    brush = QBrush(status_colour(status))
-    for cell in cells[1:]:
-        cell.setForeground(brush)
-    if status != Kind.BIT_EXACT:
-        cells[0].setForeground(brush)
 
 
 class _LazyItems(QStandardItemModel):

@@ -10,6 +10,7 @@ from PySide6.QtCore import Qt
 from sessions.capture.opening import open_capture
 from sessions.compare.comparison import iter_compare
 from sessions.progress import run_to_end
+from viewer.comparison_view import ViewedComparison
 from viewer.panels.rerun_panel import RerunPanel, RerunPanelModel
 
 pytestmark = [pytest.mark.slow, pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")]
@@ -19,7 +20,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.qt_log_ignore("This plugin does not 
 def panel(qtbot, demo_pairs: dict):  # type: ignore[no-untyped-def]
     native, oracle = (open_capture(p) for p in demo_pairs["attention-contract"])
     model = RerunPanelModel()
-    model.set_pair(native, oracle, run_to_end(iter_compare(native, oracle)))
+    model.set_pair(native, oracle, ViewedComparison.of(run_to_end(iter_compare(native, oracle))))
     widget = RerunPanel(model)
     qtbot.addWidget(widget)
     widget.resize(1440, 900)

@@ -19,6 +19,7 @@ from sessions.capture.record_attributes import RecordAttributes, iter_records_at
 from sessions.compare.align import UnalignedRecord
 from sessions.compare.comparison import Comparison, PairResult, unaligned_key, worst_ops
 from sessions.compare.contracts import ContractFinding
+from sessions.compare.dispatch_diff import DispatchDifference
 from sessions.compare.in_child import iter_compare_in_child
 from sessions.compare.key import OpKey
 from sessions.compare.options import CompareOptions
@@ -44,6 +45,8 @@ class ViewedComparison:
     comparison: Comparison
     findings: dict[OpKey, list[ContractFinding]]
     """Contract findings by op key."""
+    dispatch_of: dict[OpKey, list[DispatchDifference]]
+    """Dispatch differences by op key."""
     pair_of: dict[OpKey, PairResult]
     """Each op's pair, by its key (the first pair under a key, as a search in order finds)."""
     growth: GrowthSeries
@@ -62,6 +65,7 @@ class ViewedComparison:
         return cls(
             comparison,
             comparison.contracts.by_key(),
+            _by_key(comparison.dispatch_differences),
             pair_of,
             _growth_series(comparison, pair_of),
             [key.text() for key in rerunnable_keys(comparison)],
@@ -69,6 +73,13 @@ class ViewedComparison:
             differing[:WORST_OPS_SHOWN],
             len(differing),
         )
+
+
+def _by_key(differences: list[DispatchDifference]) -> dict[OpKey, list[DispatchDifference]]:
+    found: dict[OpKey, list[DispatchDifference]] = {}
+    for difference in differences:
+        found.setdefault(difference.key, []).append(difference)
+    return found
 
 
 WORST_OPS_SHOWN = 1000
@@ -270,7 +281,7 @@ def pair_tooltip(pair: PairResult, viewed: ViewedComparison | None = None) -> st
         lines.append("after the shared EOS: not compared for parity")
     if viewed is not None:
         lines += [f"{f.kind}: {f.detail}" for f in viewed.findings.get(pair.key, [])]
-        lines += [f"dispatch differs in {', '.join(d.fields)}" for d in viewed.comparison.dispatch_differences if d.key == pair.key]
+        lines += [f"dispatch differs in {', '.join(d.fields)}" for d in viewed.dispatch_of.get(pair.key, [])]
     return "\n".join(lines)
 
 

@@ -55,8 +55,8 @@ class _LogitRows:
             self.native, self.oracle = native[-1].copy(), oracle[-1].copy()
 
 
-def _whole_stored_bytes_identical(pair: AlignedPair, reader: PairReader, chunk_bytes: int) -> bool:
-    """Whether a small pair is provably bit-exact from its stored bytes alone: both sides whole
+def _whole_stored_bytes_identical(pair: AlignedPair, reader: PairReader) -> bool:
+    """Whether a pair read whole is provably bit-exact from its stored bytes alone: both sides whole
     records of one dtype, shape and layout transform, each one contiguous run of its file, with
     equal bytes. A real model's run is hundreds of thousands of such small, mostly identical
     records; checking them with two preads skips the reader and the diff engine's set-up, which
@@ -72,7 +72,6 @@ def _whole_stored_bytes_identical(pair: AlignedPair, reader: PairReader, chunk_b
         or native.record.dtype != oracle.record.dtype
         or native.record.shape != oracle.record.shape
         or native.layout != oracle.layout
-        or chunk_rows(pair, chunk_bytes) is not None
     ):
         return False
     spans = []
@@ -99,11 +98,11 @@ def _compare_pair(
     """One pair through a DiffAccumulator, chunk by chunk; `progress` is (bytes done before it, total)."""
     logical = pair.native.record.dtype
     shape = pair.native.shape if not logical_dtype(logical).is_quantized else (pair.native.record.size,)
-    if _whole_stored_bytes_identical(pair, reader, options.chunk_bytes):
+    ranges = chunk_rows(pair, options.chunk_bytes)
+    if ranges is None and _whole_stored_bytes_identical(pair, reader):
         yield Progress(progress[0] + pair_bytes(pair), progress[1], pair.key.label())
         return TensorMetrics.identical(logical, shape)
     rows_axis, head_split = _axes(pair, heads)
-    ranges = chunk_rows(pair, options.chunk_bytes)
     reader.use(pair)
 
     def reread_oracle(start: int, stop: int) -> np.ndarray:

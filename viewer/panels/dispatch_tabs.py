@@ -80,10 +80,7 @@ class DispatchTabs(QObject):
 
     def _comparison_changed(self) -> None:
         viewed = self.model.comparison
-        if viewed is None:
-            self.rerun_model.set_pair(self.model.native, self.model.oracle, None)
-        else:
-            self.rerun_model.set_pair(self.model.native, self.model.oracle, viewed.comparison, viewed.rerunnable)
+        self.rerun_model.set_pair(self.model.native, self.model.oracle, viewed)
         if viewed is None or not self.model.has_pair:
             return
         native, oracle, comparison = self.model.native, self.model.oracle, viewed.comparison

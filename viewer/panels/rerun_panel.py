@@ -38,11 +38,11 @@ from backends.rerun.segment import (
     RerunResult,
     iter_rerun,
     rerun_target,
-    rerunnable_keys,
 )
 from sessions.capture.reader import Capture
 from sessions.compare.comparison import Comparison
 from sessions.progress import Progress
+from viewer.comparison_view import ViewedComparison
 from viewer.widgets.progress_bar import show_progress
 from viewer.workers import TaskSlots
 
@@ -64,13 +64,12 @@ class RerunPanelModel(QObject):
         self.keys: list[str] = []
         self.result: RerunResult | None = None
 
-    def set_pair(self, native: Capture | None, oracle: Capture | None, comparison: Comparison | None, keys: list[str] | None = None) -> None:
-        """Keys come from the comparison's pairs: until a pair is compared there is nothing to rerun.
-        `keys`: those already found (off the UI thread, `ViewedComparison.rerunnable`)."""
-        self.native, self.oracle, self.comparison = native, oracle, comparison
-        if keys is None:
-            keys = [k.text() for k in rerunnable_keys(comparison)] if comparison is not None else []
-        self.keys = keys
+    def set_pair(self, native: Capture | None, oracle: Capture | None, viewed: ViewedComparison | None) -> None:
+        """Keys come from the comparison's pairs (found off the UI thread,
+        `ViewedComparison.rerunnable`): until a pair is compared there is nothing to rerun."""
+        self.native, self.oracle = native, oracle
+        self.comparison = viewed.comparison if viewed is not None else None
+        self.keys = viewed.rerunnable if viewed is not None else []
         self.set_result(None)
         self.captures_changed.emit()
 

@@ -299,9 +299,8 @@ class AlignmentTree(QWidget):
         self.view.setColumnHidden(CAUSE_COLUMN, not self._model.locality)
         if comparison is None:
             return
-        by_key = {pair.key: pair for pair in cv.pairs(comparison)} if self._model.locality else {}
         for key in self._model.locality:
-            pair = by_key.get(key)
+            pair = cv.find_pair(comparison, key)
             item = self._item_for(pair) if pair is not None else None
             if item is None:
                 continue

@@ -51,8 +51,10 @@ class WorstOpsTable(QWidget):
         layout.addWidget(self.summary)
         self.table = read_only_table(COLUMNS)
         header = self.table.horizontalHeader()
+        # Every column as wide as its contents, the op key whole: a narrow window scrolls
+        # sideways rather than cut the key to "0:visua…".
         header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        header.setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
+        header.setStretchLastSection(False)
         header.setSortIndicator(0, Qt.SortOrder.AscendingOrder)
         self.table.itemSelectionChanged.connect(self._selected)
         layout.addWidget(self.table, 1)

@@ -187,6 +187,13 @@ def opened(app: QApplication, native: Path, oracle: Path, settings_dir: Path):  
     return window, beat, phases, ends
 
 
+def uncaught_errors(window) -> list[str]:  # type: ignore[no-untyped-def]
+    """The errors the window showed as unexpected: a drive that met one measured a broken window."""
+    from viewer.window.uncaught_errors import GROUP
+
+    return list(window.banners.texts(GROUP))
+
+
 def run(app: QApplication, native: Path, oracle: Path, settings_dir: Path) -> dict[str, object]:
     window, beat, phases, ends = opened(app, native, oracle, settings_dir)
     ends["open_and_first_paint"] = beat.now_ms()
@@ -210,6 +217,7 @@ def run(app: QApplication, native: Path, oracle: Path, settings_dir: Path) -> di
         app.processEvents()
     ends["inspect_and_panels"] = beat.now_ms()
     result = beat.stop(ends)
+    result["uncaught_errors"] = uncaught_errors(window)
     window.close()
     return {**result, **{k: round(v, 2) for k, v in phases.items()}}
 
@@ -253,6 +261,7 @@ def run_many_records(app: QApplication, native: Path, oracle: Path, settings_dir
     result = beat.stop(ends)
     result["pairs"] = len(pairs)
     result["first_finding_after_ctrl_j"] = first_finding
+    result["uncaught_errors"] = uncaught_errors(window)
     window.close()
     return {**result, **{k: round(v, 2) for k, v in phases.items()}}
 
@@ -280,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(figures, indent=2))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
-    return 0
+    return 1 if figures["uncaught_errors"] else 0
 
 
 if __name__ == "__main__":

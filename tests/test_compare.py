@@ -207,8 +207,11 @@ def test_the_document_in_lines_reads_back_to_the_same_comparison_and_a_broken_li
         comparison = run_to_end(iter_compare(n, o))
     lines = list(document_lines(comparison))
     assert [line.split("\t")[0] for line in lines[1:]] == ["pairs"] * len(comparison.pairs) + ["error_growth"] * len(comparison.error_growth)
-    assert dumps(loads_lines("\n".join(lines) + "\n")) == dumps(comparison)
+    assert dumps(loads_lines(("\n".join(lines) + "\n").encode())) == dumps(comparison)
+    assert dumps(loads_lines(b"result\n" + "\n".join(lines).encode(), start=len(b"result\n"))) == dumps(comparison), "read from where it starts"
     with pytest.raises(ReportFormatError, match="an item of pairs is not JSON"):
-        loads_lines("\n".join([lines[0], "pairs\t{broken"]))
+        loads_lines("\n".join([lines[0], "pairs\t{broken"]).encode())
+    with pytest.raises(ReportFormatError, match="an item of pairs is not JSON"):
+        loads_lines(lines[0].encode() + b"\npairs\t\xff\xfe")
     with pytest.raises(ReportFormatError, match="names no list of it"):
-        loads_lines("\n".join([lines[0], "verdict\t{}"]))
+        loads_lines("\n".join([lines[0], "verdict\t{}"]).encode())

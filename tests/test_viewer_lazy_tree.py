@@ -15,7 +15,7 @@ from pytestqt.qtbot import QtBot
 
 from viewer.settings import ViewerSettings
 from viewer.tree import alignment_tree
-from viewer.tree.alignment_tree import PAIR_ROLE
+from viewer.tree.alignment_tree import PAIR_ROLE, PLACEHOLDER_ROLE
 from viewer.window.main_window import MainWindow
 
 pytestmark = pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")
@@ -47,7 +47,9 @@ def test_only_the_opened_groups_rows_exist_and_opening_a_group_makes_them(lazy_w
     assert made < len(pairs), "the rows of unopened groups are not made"
     assert "made when it is opened" in tree.summary.text()
     last_step = tree.proxy.index(tree.proxy.rowCount() - 2, 0)
-    assert tree.proxy.hasChildren(last_step) and tree.items.rowCount(tree.proxy.mapToSource(last_step)) == 0
+    unopened = tree.proxy.mapToSource(last_step)
+    assert tree.proxy.hasChildren(last_step), "an unopened group still shows it can be opened"
+    assert tree.items.rowCount(unopened) == 1 and tree.items.index(0, 0, unopened).data(PLACEHOLDER_ROLE), "only its placeholder row exists"
     tree.view.expand(last_step)
     assert tree.proxy.rowCount(last_step) > 0
     segment = tree.proxy.index(0, 0, last_step)
@@ -80,9 +82,9 @@ def test_a_filter_finding_more_ops_than_it_makes_says_so(lazy_window: MainWindow
 
 
 def test_the_filter_finds_each_matching_pair_once_in_order_and_counts_past_the_limit() -> None:
-    from viewer.comparison_view import TreePlaces
+    from viewer.comparison_view import TreeGroup, TreePlaces
 
-    places = TreePlaces({}, {}, {}, "q_proj step 0\nffn_up ffn step 0\nsdpa step 1\nffn_down step 1")
+    places = TreePlaces(TreeGroup(""), {}, "q_proj step 0\nffn_up ffn step 0\nsdpa step 1\nffn_down step 1")
     assert places.matches("ffn", 10) == ([1, 3], 2)
     assert places.matches("ffn", 1) == ([1], 2)
     assert places.matches("step 1", 10) == ([2, 3], 2)

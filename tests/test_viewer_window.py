@@ -441,3 +441,22 @@ def test_a_long_runs_overview_shows_each_colours_worst_op_of_every_stretch() -> 
         assert y[np.searchsorted(ops, op)] == np.sin(inside.astype(np.float64)).max()
     few = np.array([0, 5, 9])
     assert worst_per_bin(few, np.zeros(3), 10).tolist() == [0, 5, 9]
+    none = np.array([], dtype=np.int64)
+    assert worst_per_bin(none, np.zeros(0), 10 * POINT_BINS).tolist() == [], "a verdict colour no op of a long run has draws nothing"
+
+
+def test_the_overview_draws_a_long_runs_lines_thinned_to_the_pixels_they_cover(qtbot: QtBot) -> None:
+    from viewer.pair_model import PairModel
+    from viewer.panels.overview_plot import OverviewPlot
+
+    overview = OverviewPlot(PairModel())
+    qtbot.addWidget(overview)
+    overview.resize(1000, 500)
+    overview.show()
+    ops = 220_000
+    overview.ulp_line.setData(np.arange(ops, dtype=np.float64), np.random.default_rng(3).random(ops))
+    overview.ulp_plot.autoRange()
+    qtbot.wait(50)
+    overview.grab()
+    drawn = overview.ulp_line.curve.xData.size
+    assert drawn < ops // 10, f"{drawn} of {ops} points drawn: the line is not thinned"

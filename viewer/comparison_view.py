@@ -7,9 +7,10 @@ domain logic and a change in the engine's result shape is absorbed here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -31,6 +32,7 @@ from sessions.compare.token_parity import (
     step_word,
 )
 from sessions.compare.verdict import NOT_EXACT, SEVERITY, Finding, Kind
+from sessions.gc_pause import garbage_collection_paused
 from sessions.progress import ProgressGenerator
 from sessions.report.text import tolerance_text
 from viewer.tensor.tensor_loader import SliceSpec, TensorRequest
@@ -90,18 +92,50 @@ differs, and a table row costs about what a tree row does (0.3 ms)."""
 TreePath = tuple[int, str, "int | str"]
 """Where a pair sits in the alignment tree: (step, segment, layer), or for a model-level op
 "before"/"after" in place of the layer."""
+UNALIGNED_BRANCH = "unaligned"
 MANUAL_MARKER = " [manual]"
 """Marks a pair the user made by hand, in its row and in what the filter matches."""
+
+
+@dataclass(eq=False)
+class TreeGroup:
+    """A step, segment or layer row of the alignment tree, before (or after) its row exists:
+    what it holds and the worst verdict below it. Built for every pair on the worker thread;
+    the tree makes a group's rows when it is opened."""
+
+    label: str
+    path: tuple[Any, ...] = ()
+    """Where it sits (step, segment, layer place), which its row holds to find it again."""
+    status: str | None = None
+    children: dict[Any, TreeGroup] = field(default_factory=dict)
+    pairs: list[PairResult] = field(default_factory=list)
+    records: list[UnalignedRecord] = field(default_factory=list)
+
+    def child(self, part: Any, label: str) -> TreeGroup:
+        found = self.children.get(part)
+        if found is None:
+            found = self.children[part] = TreeGroup(label, (*self.path, part))
+        return found
+
+    def find(self, path: tuple[Any, ...]) -> TreeGroup | None:
+        group: TreeGroup | None = self
+        for part in path:
+            group = group.children.get(part) if group is not None else None
+        return group
+
+    def worsen(self, status: str) -> None:
+        """A group shows the worst verdict below it, so a collapsed tree still points at the problem."""
+        if self.status is None or SEVERITY[status] > SEVERITY[self.status]:
+            self.status = status
 
 
 @dataclass(frozen=True)
 class TreePlaces:
     """The alignment tree's groups and what its filter searches, for every pair at once."""
 
-    leaves: dict[TreePath, list[PairResult]]
-    """Each group's pairs, groups in execution order."""
-    worst: dict[TreePath, Kind]
-    """Each group's worst verdict, shown on it and on the groups above it."""
+    root: TreeGroup
+    """Steps, then segments, then layer places (pairs below them), in execution order; last,
+    the unaligned records' branch (UNALIGNED_BRANCH) when there are any."""
     path_of: dict[int, TreePath]
     """A pair's group, by id(pair)."""
     search: str
@@ -157,8 +191,19 @@ def tree_places(comparison: Comparison) -> TreePlaces:
         leaves.setdefault(path, []).append(pair)
         path_of[id(pair)] = path
         lines.append(search_text(pair, path).replace("\n", " "))
-    worst = {path: max((p.verdict for p in pairs), key=SEVERITY.__getitem__) for path, pairs in leaves.items()}
-    return TreePlaces(leaves, worst, path_of, "\n".join(lines))
+    root = TreeGroup("")
+    for path, grouped in leaves.items():
+        worst = max((p.verdict for p in grouped), key=SEVERITY.__getitem__)
+        group = root
+        for label, part in zip((f"step {path[0]}", path[1], place_label(path[2])), path):
+            group = group.child(part, label)
+            group.worsen(worst)
+        group.pairs = grouped
+    if comparison.unaligned:
+        branch = root.child(UNALIGNED_BRANCH, f"Unaligned records ({len(comparison.unaligned)})")
+        branch.worsen(Kind.UNALIGNED)
+        branch.records = list(comparison.unaligned)
+    return TreePlaces(root, path_of, "\n".join(lines))
 
 
 VIEWER_OPTIONS = CompareOptions(chunk_bytes=4 * 1024 * 1024)
@@ -167,9 +212,12 @@ VIEWER_OPTIONS = CompareOptions(chunk_bytes=4 * 1024 * 1024)
 def iter_compare_pair(native: Capture, oracle: Capture, options: CompareOptions = VIEWER_OPTIONS) -> ProgressGenerator[ViewedComparison]:
     """The diff runs in a child process: on a worker thread it held the interpreter lock for
     150-250 ms at a time (h5py reads, numpy), and a file that crashes libhdf5 mid-diff would
-    take the window down. The window keeps its own open captures for showing tensors."""
-    comparison = yield from iter_compare_in_child(native.path, oracle.path, options)
-    return ViewedComparison.of(comparison)
+    take the window down. The window keeps its own open captures for showing tensors, and
+    keeps the comparison away from the cyclic collector (`kept`), whose walks over its objects
+    stalled the window for a second at a time."""
+    comparison = yield from iter_compare_in_child(native.path, oracle.path, options, kept=True)
+    with garbage_collection_paused(keep_made=True):
+        return ViewedComparison.of(comparison)
 
 
 # -- pairs ------------------------------------------------------------------------------------

@@ -13,10 +13,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy.ma  # noqa: F401  (see below)
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from sessions.capture.reader import CaptureError
 from sessions.progress import Progress, ProgressGenerator
+
+# numpy imports numpy.ma on first use (np.unique does). Imported on a worker thread while the
+# window runs, it held the import lock for half a second (PySide's import hook reads the source
+# of each module imported after it) and the window waited on it; here it is imported once, first.
 
 PROGRESS_INTERVAL_S = 0.05
 """Progress reaches the UI at most this often: a fast generator must not flood the event loop."""

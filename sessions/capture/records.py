@@ -88,7 +88,9 @@ def record_from_row(row: np.void) -> Record:
 class Records(Sequence[Record]):
     """The records of an index table: each batch of rows built the first time one of them is asked for, then kept."""
 
-    BATCH_ROWS = 4096
+    BATCH_ROWS = 1024
+    """Building a batch holds the interpreter lock (4 ms for 1,024 rows): a window asking for one
+    record must not wait for many."""
 
     def __init__(self, index: np.ndarray) -> None:
         self._index = index

@@ -109,10 +109,10 @@ def loads(text: str) -> Comparison:
     return comparison_from_dict(_json_object(text, "the document"))
 
 
-def _json_object(text: str, what: str) -> dict[str, Any]:
+def _json_object(text: str | bytes, what: str) -> dict[str, Any]:
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ReportFormatError(f"{what} is not JSON ({exc})") from None
     if not isinstance(data, dict):
         raise ReportFormatError(f"{what} is not an object")
@@ -133,21 +133,24 @@ def document_lines(comparison: Comparison) -> Iterator[str]:
                 yield f"{name}\t{json.dumps(item, allow_nan=False)}"
 
 
-def loads_lines(text: str) -> Comparison:
-    """The comparison `document_lines` wrote, read line by line (each one a short parse)."""
-    end = text.find("\n")
-    head = _json_object(text if end < 0 else text[:end], "the document's first line")
-    while end >= 0:
-        start, end = end + 1, text.find("\n", end + 1)
-        line = text[start:] if end < 0 else text[start:end]
-        if not line:
-            continue
-        name, tab, item = line.partition("\t")
-        if not tab or not isinstance(head.get(name), list):
-            raise ReportFormatError(f"a line of the document names no list of it ({line[:60]!r})")
-        try:
-            head[name].append(json.loads(item))
-        except json.JSONDecodeError as exc:
-            raise ReportFormatError(f"an item of {name} is not JSON ({exc})") from None
+def loads_lines(data: bytes | bytearray, start: int = 0) -> Comparison:
+    """The comparison `document_lines` wrote, as UTF-8 bytes from `start`, read line by line
+    (each one a short parse). Never decoded whole: turning a real model's 230 MB into one str
+    held the interpreter lock, and a window's event loop, for half a second."""
     with garbage_collection_paused():
+        end = data.find(b"\n", start)
+        head = _json_object(bytes(data[start:] if end < 0 else data[start:end]), "the document's first line")
+        while end >= 0:
+            begin, end = end + 1, data.find(b"\n", end + 1)
+            line = data[begin:] if end < 0 else data[begin:end]
+            if not line:
+                continue
+            raw_name, tab, item = line.partition(b"\t")
+            name = raw_name.decode("utf-8", errors="replace")
+            if not tab or not isinstance(head.get(name), list):
+                raise ReportFormatError(f"a line of the document names no list of it ({bytes(line[:60])!r})")
+            try:
+                head[name].append(json.loads(item))
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise ReportFormatError(f"an item of {name} is not JSON ({exc})") from None
         return comparison_from_dict(head)

@@ -29,6 +29,7 @@ from sessions.compare.comparison import Comparison, iter_compare
 from sessions.compare.document import ReportFormatError, document_lines, loads_lines
 from sessions.compare.options import CompareOptions
 from sessions.compare.result_cache import iter_compare_cached
+from sessions.gc_pause import garbage_collection_paused
 from sessions.progress import Progress, ProgressGenerator
 
 RESULT = "result"
@@ -62,20 +63,16 @@ def _error_line(child: ChildProcess) -> str | None:
     return line[len(prefix) :].decode("utf-8", errors="replace") if line.startswith(prefix) else None
 
 
-def _document(child: ChildProcess) -> str | None:
-    """Everything after the `result` marker line: the document's lines (`document_lines`)."""
+def _document_start(child: ChildProcess) -> int | None:
+    """Where the document's lines (`document_lines`) begin in the child's output: after the `result` marker line."""
     marker = RESULT.encode() + b"\n"
     if child.stdout.startswith(marker):
-        start = len(marker)
-    else:
-        at = child.stdout.find(b"\n" + marker)
-        if at < 0:
-            return None
-        start = at + 1 + len(marker)
-    return bytes(child.stdout[start:]).decode("utf-8", errors="replace")
+        return len(marker)
+    at = child.stdout.find(b"\n" + marker)
+    return None if at < 0 else at + 1 + len(marker)
 
 
-def _outcome(child: ChildProcess, native: Path, oracle: Path) -> Comparison:
+def _outcome(child: ChildProcess, native: Path, oracle: Path, kept: bool) -> Comparison:
     """The child's comparison, or the CaptureError its ending amounts to."""
     returncode = child.process.wait()
     pair = f"{native.name} against {oracle.name}"
@@ -92,10 +89,11 @@ def _outcome(child: ChildProcess, native: Path, oracle: Path) -> Comparison:
         if "path" in detail:
             raise CaptureError(detail["path"], detail["location"], detail["problem"])
         raise CaptureError(native, "comparison", f"comparing {pair} failed: {detail['type']}: {detail['message']}")
-    document = _document(child)
-    if returncode == 0 and document is not None:
+    start = _document_start(child)
+    if returncode == 0 and start is not None:
         try:
-            return loads_lines(document)
+            with garbage_collection_paused(keep_made=kept):
+                return loads_lines(child.stdout, start)
         except ReportFormatError as exc:
             raise CaptureError(native, "comparison", f"the comparing process returned an unreadable result ({exc})") from None
     tail = child.stderr_text().strip().splitlines()[-1:] or ["no output"]
@@ -103,13 +101,14 @@ def _outcome(child: ChildProcess, native: Path, oracle: Path) -> Comparison:
 
 
 def iter_compare_in_child(
-    native_path: Path, oracle_path: Path, options: CompareOptions = CompareOptions(), cache_dir: Path | None = None
+    native_path: Path, oracle_path: Path, options: CompareOptions = CompareOptions(), cache_dir: Path | None = None, kept: bool = False
 ) -> ProgressGenerator[Comparison]:
     """`iter_compare` of two capture files in a child process; yields its progress, returns its Comparison.
 
     `cache_dir` set: the child goes through the sidecar cache there (sessions.compare.result_cache);
-    None: it always computes. Raises CaptureError naming the file when the child reports one,
-    fails, or dies by a signal. Closing the generator kills and reaps the child (cancel).
+    None: it always computes. `kept`: the caller keeps the comparison for long (a window), so the
+    collector is kept off it (`garbage_collection_paused(keep_made=True)`). Raises CaptureError
+    naming the file when the child reports one, fails, or dies by a signal. Closing the generator kills and reaps the child (cancel).
     """
     native_path, oracle_path = Path(native_path), Path(oracle_path)
     child = ChildProcess(_child_command(native_path, oracle_path, cache_dir), options_to_json(options))
@@ -119,7 +118,7 @@ def iter_compare_in_child(
         while child.reading:
             child.read(POLL_S)
             yield starting if child.latest is None else child.latest
-        return _outcome(child, native_path, oracle_path)
+        return _outcome(child, native_path, oracle_path, kept)
     finally:
         child.close()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from PySide6.QtCore import QObject, QStringListModel, Signal
+from PySide6.QtGui import QShowEvent
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -153,9 +154,9 @@ class RerunPanel(QWidget):
         self.save_button.clicked.connect(self._ask_save)
         self.tasks.progressed.connect(self._progressed)
         self.tasks.busy_changed.connect(self._busy)
+        self._keys_shown = False
         model.captures_changed.connect(self._captures_changed)
         model.result_changed.connect(self._show)
-        self._captures_changed()
 
     def _layout(self) -> None:
         form = QFormLayout()
@@ -239,11 +240,25 @@ class RerunPanel(QWidget):
         self.cancel_button.setEnabled(busy)
 
     def _captures_changed(self) -> None:
+        """The key list follows the comparison when the panel is shown: a real model's hundreds
+        of thousands of keys take 25-110 ms to hand to Qt, which the comparison's arrival must
+        not wait for while the panel is hidden."""
+        self._keys_shown = False
+        if self.isVisible():
+            self._show_keys()
+
+    def _show_keys(self) -> None:
         current = self.key.currentText()
         # One model reset: adding a real model's hundreds of thousands of keys one by one took seconds.
         self.key.setModel(QStringListModel(self.model.keys, self.key))
+        self._keys_shown = True
         if current:
             self.key.setCurrentText(current)
+
+    def showEvent(self, event: QShowEvent) -> None:
+        if not self._keys_shown:
+            self._show_keys()
+        super().showEvent(event)
 
     def _show(self, result: RerunResult | None) -> None:
         self.save_button.setEnabled(result is not None)

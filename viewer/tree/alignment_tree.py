@@ -11,7 +11,6 @@ compares again. It also offers a row's raw HDF5 attributes, which the window rea
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from PySide6.QtCore import (
@@ -42,7 +41,7 @@ from PySide6.QtWidgets import (
 )
 
 from sessions.compare.align import UnalignedRecord
-from sessions.compare.verdict import SEVERITY, Kind
+from sessions.compare.verdict import Kind
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
 from viewer.theme import icon, locality_colour, status_colour, status_icon
@@ -50,12 +49,12 @@ from viewer.theme import icon, locality_colour, status_colour, status_icon
 PAIR_ROLE = Qt.ItemDataRole.UserRole + 1
 UNALIGNED_ROLE = Qt.ItemDataRole.UserRole + 3
 GROUP_ROLE = Qt.ItemDataRole.UserRole + 4
+PLACEHOLDER_ROLE = Qt.ItemDataRole.UserRole + 5
 LAZY_FROM_ROWS = 20_000
 """A comparison with more op rows than this (a real model: 240,000) makes a group's rows when it
 is opened: making every row takes about 0.3 ms each, over a minute for a real model."""
-FILTER_MADE_MAX = 200
+FILTER_MADE_MAX = 50
 """In a lazy tree, the filter makes the rows of this many matching ops (and their groups' rows)."""
-UNALIGNED_BRANCH = "unaligned"
 ReasonQuestion = Callable[[str], "str | None"]
 """Given what is about to be done, the user's reason, or None (cancelled)."""
 PartnerChoice = Callable[[UnalignedRecord, list[UnalignedRecord]], "UnalignedRecord | None"]
@@ -93,9 +92,14 @@ class AlignmentTree(QWidget):
         """Rows made so far, by id of their pair (all of them unless the comparison is lazy)."""
         self._unaligned_items: dict[int, QStandardItem] = {}
         self._paths: dict[int, tuple[Any, ...]] = {}
-        self._icons: dict[str, QIcon] = {}
         """Each pair's group path (step, segment, layer place), by id of the pair."""
-        self._root = _Group("")
+        self._looks: dict[str, tuple[QIcon, QBrush]] = {}
+        self._root = cv.TreeGroup("")
+        self._rows: dict[tuple[Any, ...], QPersistentModelIndex] = {}
+        """Each group's row once made, by its path (the root's is invalid): an index, not the
+        item, which the model deletes with its rows while a Python handle on it would stay."""
+        self._built: set[tuple[Any, ...]] = set()
+        """Paths of the groups whose rows are made."""
         self._lazy = False
         self.ask_reason: ReasonQuestion = lambda what: ask_reason(self, what)
         self.choose_partner: PartnerChoice = lambda record, candidates: choose_partner(self, record, candidates)
@@ -115,8 +119,7 @@ class AlignmentTree(QWidget):
         self.summary.setObjectName("sectionTitle")
         self.summary.setWordWrap(True)
         layout.addWidget(self.summary)
-        self.items = _LazyItems(self._unbuilt_group, self)
-        self.items.populate = self._populate
+        self.items = QStandardItemModel(0, len(COLUMNS), self)
         self.items.setHorizontalHeaderLabels(list(COLUMNS))
         self.proxy = QSortFilterProxyModel(self)
         self.proxy.setSourceModel(self.items)
@@ -143,6 +146,7 @@ class AlignmentTree(QWidget):
         self.view.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.view.customContextMenuRequested.connect(self._show_menu)
         self.view.viewport().installEventFilter(self)
+        self.view.expanded.connect(self._expanded)
         layout.addWidget(self.view, 1)
         model.comparison_changed.connect(self.rebuild)
         model.selection_changed.connect(self._show_selection)
@@ -158,57 +162,52 @@ class AlignmentTree(QWidget):
     # -- building ----------------------------------------------------------------------------
 
     def rebuild(self) -> None:
-        """Group the pairs once (step, segment, layer, worst kind below each group); rows are made
-        when a group is expanded, or all at once for a comparison small enough to show whole."""
+        """Show the comparison's groups (found on the worker thread: step, segment, layer, worst
+        kind below each); rows are made when a group is expanded, or all at once for a
+        comparison small enough to show whole."""
         # Python's handles on the old rows go first, while the rows still exist.
         self._items = {}
         self._unaligned_items = {}
         self._paths = {}
-        self._root = _Group("")
+        self._root = cv.TreeGroup("")
+        self._rows = {}
+        self._built = set()
         self.items.removeRows(0, self.items.rowCount())
         comparison = self._model.comparison
         if comparison is None:
             self.summary.setText("Comparing…" if self._model.has_pair else "Open a native and an oracle capture")
             return
         self._paths = comparison.tree.path_of
-        leaves = comparison.tree.leaves
-        for path, pairs in leaves.items():
-            worst = comparison.tree.worst[path]
-            group = self._root
-            for label, part in zip((f"step {path[0]}", path[1], cv.place_label(path[2])), path):
-                group = group.child(part, label)
-                group.worsen(worst)
-            group.pairs = pairs
-        unaligned = cv.unaligned(comparison)
-        if unaligned:
-            branch = self._root.child(UNALIGNED_BRANCH, f"Unaligned records ({len(unaligned)})")
-            branch.worsen(Kind.UNALIGNED)
-            branch.records = list(unaligned)
-        self._lazy = len(cv.pairs(comparison)) + len(unaligned) > LAZY_FROM_ROWS
+        self._root = comparison.tree.root
+        self._lazy = len(cv.pairs(comparison)) + len(cv.unaligned(comparison)) > LAZY_FROM_ROWS
         lazy = " (a group's rows are made when it is opened)" if self._lazy else ""
         self.summary.setText(cv.summary_line(comparison) + lazy)
-        self._root.row = QPersistentModelIndex()
+        self._rows[()] = QPersistentModelIndex()
         self._populate(self._root)
         if not self._lazy:
             self._populate_all(self._root)
-        self.view.collapseAll()
         for r in range(1 if self._lazy else self.proxy.rowCount()):
             self.view.expand(self.proxy.index(r, 0))
 
-    def _populate(self, group: _Group) -> None:
+    def _populate(self, group: cv.TreeGroup) -> None:
         """Make a group's rows (once): its sub-groups (each made when it is opened), then its ops."""
-        if group.built or group.row is None:
+        row_index = self._rows.get(group.path)
+        if group.path in self._built or row_index is None:
             return
-        group.built = True
-        parent = self.items.itemFromIndex(group.row) if group.path else self.items.invisibleRootItem()
+        self._built.add(group.path)
+        parent = self.items.itemFromIndex(row_index) if group.path else self.items.invisibleRootItem()
         if parent is None:
             return
         comparison = self._model.comparison
+        if parent.rowCount() and parent.child(0).data(PLACEHOLDER_ROLE):
+            parent.removeRow(0)
         for child in group.children.values():
             row = self._row(child.label, child.status)
             row[0].setData(child.path, GROUP_ROLE)
+            if self._lazy:
+                row[0].appendRow(_placeholder())
             parent.appendRow(row)
-            child.row = QPersistentModelIndex(row[0].index())
+            self._rows[child.path] = QPersistentModelIndex(row[0].index())
         for pair in group.pairs:
             manual = pair.manual_reason is not None
             label = cv.pair_op_label(pair) + (cv.MANUAL_MARKER if manual else "")
@@ -238,29 +237,32 @@ class AlignmentTree(QWidget):
         return cells
 
     def _paint(self, cells: list[QStandardItem], status: str) -> None:
-        if status not in self._icons:
-            # One icon per verdict kind for the tree's life: loading the SVG took most of a row's cost.
-            self._icons[status] = status_icon(status)
-        cells[0].setIcon(self._icons[status])
+        if status not in self._looks:
+            # One icon and brush per verdict kind for the tree's life: loading the SVG took most of a row's cost.
+            self._looks[status] = status_icon(status), QBrush(status_colour(status))
+        look, brush = self._looks[status]
+        cells[0].setIcon(look)
         cells[0].setData(status, Qt.ItemDataRole.UserRole + 2)
         cells[1].setText(status)
-        brush = QBrush(status_colour(status))
         for cell in cells[1:]:
             cell.setForeground(brush)
         if status != Kind.BIT_EXACT:
             cells[0].setForeground(brush)
 
-    def _populate_all(self, group: _Group) -> None:
+    def _populate_all(self, group: cv.TreeGroup) -> None:
         self._populate(group)
         for child in group.children.values():
             self._populate_all(child)
 
-    def _unbuilt_group(self, index: QModelIndex) -> _Group | None:
-        """The group of a row (a source index) whose rows are not made yet; the model makes them
-        when the view asks (fetchMore), the way Qt expects rows to arrive on expanding."""
-        path = index.siblingAtColumn(0).data(GROUP_ROLE) if index.isValid() else None
+    def _expanded(self, index: QModelIndex) -> None:
+        """A group opened: make its rows in place of its placeholder. A group row made before its
+        rows holds one empty row, so the view draws it as openable without asking Python (a
+        `hasChildren` override is called hundreds of times per layout, each call waiting for the
+        interpreter lock while a worker thread runs)."""
+        path = self.proxy.mapToSource(index.siblingAtColumn(0)).data(GROUP_ROLE)
         group = self._root.find(path) if isinstance(path, tuple) else None
-        return group if group is not None and not group.built and (group.children or group.pairs or group.records) else None
+        if group is not None:
+            self._populate(group)
 
     def _item_for(self, pair: Any) -> QStandardItem | None:
         """A pair's row, making the rows of the groups on its path first."""
@@ -275,7 +277,7 @@ class AlignmentTree(QWidget):
         return self._items.get(id(pair))
 
     def _unaligned_item_for(self, record: UnalignedRecord) -> QStandardItem | None:
-        branch = self._root.children.get(UNALIGNED_BRANCH)
+        branch = self._root.children.get(cv.UNALIGNED_BRANCH)
         if branch is not None:
             self._populate(branch)
         return self._unaligned_items.get(id(record))
@@ -424,7 +426,7 @@ class AlignmentTree(QWidget):
         def walk(parent: QModelIndex) -> None:
             for r in range(self.proxy.rowCount(parent)):
                 index = self.proxy.index(r, 0, parent)
-                if self.proxy.rowCount(index) == 0:
+                if self.proxy.rowCount(index) == 0 and not index.data(PLACEHOLDER_ROLE):
                     out.append(str(index.data()))
                 walk(index)
 
@@ -432,59 +434,10 @@ class AlignmentTree(QWidget):
         return out
 
 
-class _LazyItems(QStandardItemModel):
-    """The tree's rows, where a group row whose rows are not made yet says it has children and
-    makes them when the view fetches them."""
-
-    def __init__(self, unbuilt: Callable[[QModelIndex], Any], parent: QObject) -> None:
-        super().__init__(0, len(COLUMNS), parent)
-        self._unbuilt = unbuilt
-        self.populate: Callable[[Any], None] = lambda _group: None
-
-    def hasChildren(self, parent: QModelIndex = QModelIndex()) -> bool:  # noqa: B008  (Qt's own default)
-        return self._unbuilt(parent) is not None or super().hasChildren(parent)
-
-    def canFetchMore(self, parent: QModelIndex) -> bool:
-        return self._unbuilt(parent) is not None
-
-    def fetchMore(self, parent: QModelIndex) -> None:
-        group = self._unbuilt(parent)
-        if group is not None:
-            self.populate(group)
-
-
-@dataclass(eq=False)
-class _Group:
-    """A step, segment or layer row before (or after) its rows exist: what it holds and the worst kind below it."""
-
-    label: str
-    path: tuple[Any, ...] = ()
-    """Where it sits (step, segment, layer place): what its row holds to find it again. A row never
-    holds the group itself: the model deletes rows whose Python wrappers the group would keep."""
-    status: str | None = None
-    children: dict[Any, _Group] = field(default_factory=dict)
-    pairs: list[Any] = field(default_factory=list)
-    records: list[UnalignedRecord] = field(default_factory=list)
-    row: QPersistentModelIndex | None = None
-    """Its row once made (the root's is invalid): an index, not the item, which the model deletes
-    with its rows while a Python handle on it would stay."""
-    built: bool = False
-
-    def child(self, part: Any, label: str) -> _Group:
-        found = self.children.get(part)
-        if found is None:
-            found = self.children[part] = _Group(label, (*self.path, part))
-        return found
-
-    def find(self, path: tuple[Any, ...]) -> _Group | None:
-        group: _Group | None = self
-        for part in path:
-            group = group.children.get(part) if group is not None else None
-        return group
-
-    def worsen(self, status: str) -> None:
-        """A group shows the worst verdict below it, so a collapsed tree still points at the problem."""
-        if self.status is None or SEVERITY[status] > SEVERITY[self.status]:
-            self.status = status
-
-
+def _placeholder() -> list[QStandardItem]:
+    """The one empty row of a group whose rows are not made yet (the filter never matches it)."""
+    cells = [QStandardItem() for _ in COLUMNS]
+    for cell in cells:
+        cell.setEditable(False)
+        cell.setData(True, PLACEHOLDER_ROLE)
+    return cells

@@ -7,6 +7,7 @@ domain logic and a change in the engine's result shape is absorbed here.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from backends.dispatch.timeline import Timeline, build_timeline
 from backends.rerun.segment import rerunnable_keys
 from sessions.capture.reader import Capture, CaptureError
 from sessions.capture.record_attributes import RecordAttributes, iter_records_attributes
@@ -59,11 +61,28 @@ class ViewedComparison:
     """The worst WORST_OPS_SHOWN differing ops, worst first (`worst_ops`)."""
     differing: int
     """How many pre-EOS ops differ in all."""
+    position_of: dict[int, int]
+    """Each pair's place in the comparison's pairs, by id(pair)."""
+    stepped: list[int]
+    """Places of the pairs F8 steps through (every kind that is not bit-exact, before EOS), ascending."""
+    timeline: Timeline | None = None
+    """Both captures' dispatch events on one call axis (`build_timeline`), when the captures were given."""
+    timeline_problem: str = ""
+    """Why there is no timeline, when building it failed."""
 
     @classmethod
-    def of(cls, comparison: Comparison) -> ViewedComparison:
+    def of(cls, comparison: Comparison, native: Capture | None = None, oracle: Capture | None = None) -> ViewedComparison:
+        """With the captures, the dispatch timeline too: built here, before the comparison
+        arrives, a worker building it after competed with the window for the interpreter lock
+        while the window drew the comparison."""
         pair_of = {pair.key: pair for pair in reversed(comparison.pairs)}
         differing = worst_ops(comparison, len(comparison.pairs))
+        timeline, problem = None, ""
+        if native is not None and oracle is not None:
+            try:
+                timeline = build_timeline(native, oracle, comparison)
+            except Exception as exc:  # a capture's dispatch table can be anything: the window says why, never crashes
+                problem = f"{type(exc).__name__}: {exc}"
         return cls(
             comparison,
             comparison.contracts.by_key(),
@@ -74,6 +93,10 @@ class ViewedComparison:
             tree_places(comparison),
             differing[:WORST_OPS_SHOWN],
             len(differing),
+            {id(pair): i for i, pair in enumerate(comparison.pairs)},
+            [i for i, pair in enumerate(comparison.pairs) if pair.verdict in NOT_EXACT],
+            timeline,
+            problem,
         )
 
 
@@ -213,11 +236,11 @@ def iter_compare_pair(native: Capture, oracle: Capture, options: CompareOptions 
     """The diff runs in a child process: on a worker thread it held the interpreter lock for
     150-250 ms at a time (h5py reads, numpy), and a file that crashes libhdf5 mid-diff would
     take the window down. The window keeps its own open captures for showing tensors, and
-    keeps the comparison away from the cyclic collector (`kept`), whose walks over its objects
-    stalled the window for a second at a time."""
-    comparison = yield from iter_compare_in_child(native.path, oracle.path, options, kept=True)
+    keeps the comparison away from the cyclic collector (`for_window`), whose walks over its
+    objects stalled the window for a second at a time."""
+    comparison = yield from iter_compare_in_child(native.path, oracle.path, options, for_window=True)
     with garbage_collection_paused(keep_made=True):
-        return ViewedComparison.of(comparison)
+        return ViewedComparison.of(comparison, native, oracle)
 
 
 # -- pairs ------------------------------------------------------------------------------------
@@ -249,18 +272,16 @@ def first_finding_record(viewed: ViewedComparison | None) -> UnalignedRecord | N
     return next((u for u in viewed.comparison.unaligned if unaligned_key(u) == first.key), None)
 
 
-def divergent(viewed: ViewedComparison) -> list[PairResult]:
-    """Pairs worth stepping through with F8: every kind that is not bit-exact, before EOS."""
-    return [p for p in viewed.comparison.pairs if p.verdict in NOT_EXACT]
-
-
 def neighbour_divergence(viewed: ViewedComparison, current: PairResult | None, direction: int) -> PairResult | None:
-    order = {id(p): i for i, p in enumerate(viewed.comparison.pairs)}
-    here = order.get(id(current), -1 if direction > 0 else len(order))
-    candidates = divergent(viewed)
+    """The next (or previous) pair worth stepping through with F8: every kind that is not
+    bit-exact, before EOS. Found by bisection in places worked out on the worker thread."""
+    pairs, stepped = viewed.comparison.pairs, viewed.stepped
+    here = viewed.position_of.get(id(current), -1 if direction > 0 else len(pairs))
     if direction > 0:
-        return next((p for p in candidates if order[id(p)] > here), None)
-    return next((p for p in reversed(candidates) if order[id(p)] < here), None)
+        at = bisect_right(stepped, here)
+        return pairs[stepped[at]] if at < len(stepped) else None
+    at = bisect_left(stepped, here)
+    return pairs[stepped[at - 1]] if at > 0 else None
 
 
 def find_pair(viewed: ViewedComparison | None, key: OpKey) -> PairResult | None:
@@ -428,15 +449,37 @@ def provenance_expected(viewed: ViewedComparison | None) -> set[str]:
 
 @dataclass(frozen=True)
 class GrowthSeries:
-    """The error growth in execution order, as arrays: one entry per compared op."""
+    """The error growth in execution order, as the Overview draws it: one entry per compared op."""
 
     pairs: list[PairResult]
-    max_ulp: np.ndarray
-    nmse: np.ndarray
-    statuses: np.ndarray
-    """Each op's verdict kind (an object array, for selecting each colour's ops at once)."""
+    ulp_log: np.ndarray
+    """log2(1 + max ULP) of each op: the upper plot's height."""
+    nmse_log: np.ndarray
+    """log10 of each op's NMSE, bit-exact ops on NMSE_FLOOR: the lower plot's height."""
+    points: dict[str, tuple[np.ndarray, np.ndarray]]
+    """Per verdict kind, the ops drawn as points of that colour in the upper and lower plots
+    (`worst_per_bin`), as positions in the series."""
     position: dict[int, int]
     """An op's place in the series, by id(pair)."""
+
+
+NMSE_FLOOR = 1e-30
+"""NMSE of a bit-exact op is 0; it is drawn on this floor so a log axis can show it."""
+POINT_BINS = 2000
+"""Up to this many ops each is a point; a longer run is cut into this many equal stretches and
+each verdict colour shows its worst op of each stretch (the lines still pass through every op).
+pyqtgraph styles scatter points one by one in Python: a real model's 240,000 took seconds."""
+
+
+def worst_per_bin(ops: np.ndarray, y: np.ndarray, total: int) -> np.ndarray:
+    """Of `ops` (ascending op positions, `y` their values), the one with the largest value in
+    each of POINT_BINS equal stretches of the run's `total` ops; all of them for a short run."""
+    if total <= POINT_BINS or not ops.size:
+        return ops
+    bins = ops * POINT_BINS // total
+    order = np.lexsort((-y, bins))
+    first = np.concatenate(([True], bins[order][1:] != bins[order][:-1]))
+    return np.sort(ops[order][first])
 
 
 def growth_series(viewed: ViewedComparison) -> GrowthSeries:
@@ -446,13 +489,17 @@ def growth_series(viewed: ViewedComparison) -> GrowthSeries:
 def _growth_series(comparison: Comparison, pair_of: dict[OpKey, PairResult]) -> GrowthSeries:
     points = comparison.error_growth
     pairs = [pair_of[point.key] for point in points]
-    return GrowthSeries(
-        pairs,
-        np.fromiter((float(point.max_ulp or 0) for point in points), dtype=np.float64, count=len(points)),
-        np.fromiter((float(point.nmse) for point in points), dtype=np.float64, count=len(points)),
-        np.array([pair.verdict for pair in pairs], dtype=object),
-        {id(pair): i for i, pair in enumerate(pairs)},
-    )
+    ulp_log = np.log2(1.0 + np.fromiter((float(point.max_ulp or 0) for point in points), dtype=np.float64, count=len(points)))
+    nmse = np.fromiter((float(point.nmse) for point in points), dtype=np.float64, count=len(points))
+    nmse_log = np.log10(np.maximum(nmse, NMSE_FLOOR))
+    by_kind: dict[str, list[int]] = {}
+    for i, pair in enumerate(pairs):
+        by_kind.setdefault(pair.verdict, []).append(i)
+    drawn = {}
+    for kind, positions in by_kind.items():
+        ops = np.asarray(positions, dtype=np.int64)
+        drawn[kind] = worst_per_bin(ops, ulp_log[ops], len(pairs)), worst_per_bin(ops, nmse_log[ops], len(pairs))
+    return GrowthSeries(pairs, ulp_log, nmse_log, drawn, {id(pair): i for i, pair in enumerate(pairs)})
 
 
 # -- tokens -----------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -36,6 +37,9 @@ RESULT = "result"
 ERROR = "error"
 POLL_S = 0.05
 """How often the parent yields while the child is quiet, so closing its generator is prompt."""
+BEHIND_A_WINDOW_NICENESS = 5
+"""A comparison for a window runs this much nicer than the window: on a machine with two cores,
+its processes otherwise took the window's painting time (stalls of 0.2-0.4 s while comparing)."""
 PRINT_INTERVAL_S = 0.02
 """The child reports progress at most this often: each line wakes the parent's interpreter."""
 
@@ -48,17 +52,23 @@ def options_from_json(text: str) -> CompareOptions:
     return CompareOptions.from_dict(json.loads(text))
 
 
-def _child_command(native: Path, oracle: Path, cache_dir: Path | None) -> list[str]:
+def _child_command(native: Path, oracle: Path, cache_dir: Path | None, for_window: bool) -> list[str]:
     command = [sys.executable, "-m", "sessions.compare.in_child", "--options", "-"]
     if cache_dir is not None:
         command += ["--cache-dir", str(cache_dir)]
+    if for_window:
+        command += ["--behind-a-window"]
     return command + [str(native), str(oracle)]
 
 
 def _error_line(child: ChildProcess) -> str | None:
     """The child's closing `error` line, when it ended with one."""
-    text = bytes(child.stdout).rstrip(b"\n")
-    line = text[text.rfind(b"\n") + 1 :]
+    output = child.stdout
+    end = len(output)
+    while end and output[end - 1] == ord("\n"):
+        end -= 1
+    # The last line alone: a copy of a real model's whole document held the interpreter lock for 0.1 s.
+    line = bytes(output[output.rfind(b"\n", 0, end) + 1 : end])
     prefix = ERROR.encode() + b" "
     return line[len(prefix) :].decode("utf-8", errors="replace") if line.startswith(prefix) else None
 
@@ -72,7 +82,7 @@ def _document_start(child: ChildProcess) -> int | None:
     return None if at < 0 else at + 1 + len(marker)
 
 
-def _outcome(child: ChildProcess, native: Path, oracle: Path, kept: bool) -> Comparison:
+def _outcome(child: ChildProcess, native: Path, oracle: Path, for_window: bool) -> Comparison:
     """The child's comparison, or the CaptureError its ending amounts to."""
     returncode = child.process.wait()
     pair = f"{native.name} against {oracle.name}"
@@ -92,7 +102,7 @@ def _outcome(child: ChildProcess, native: Path, oracle: Path, kept: bool) -> Com
     start = _document_start(child)
     if returncode == 0 and start is not None:
         try:
-            with garbage_collection_paused(keep_made=kept):
+            with garbage_collection_paused(keep_made=for_window):
                 return loads_lines(child.stdout, start)
         except ReportFormatError as exc:
             raise CaptureError(native, "comparison", f"the comparing process returned an unreadable result ({exc})") from None
@@ -101,24 +111,25 @@ def _outcome(child: ChildProcess, native: Path, oracle: Path, kept: bool) -> Com
 
 
 def iter_compare_in_child(
-    native_path: Path, oracle_path: Path, options: CompareOptions = CompareOptions(), cache_dir: Path | None = None, kept: bool = False
+    native_path: Path, oracle_path: Path, options: CompareOptions = CompareOptions(), cache_dir: Path | None = None, for_window: bool = False
 ) -> ProgressGenerator[Comparison]:
     """`iter_compare` of two capture files in a child process; yields its progress, returns its Comparison.
 
     `cache_dir` set: the child goes through the sidecar cache there (sessions.compare.result_cache);
-    None: it always computes. `kept`: the caller keeps the comparison for long (a window), so the
-    collector is kept off it (`garbage_collection_paused(keep_made=True)`). Raises CaptureError
+    None: it always computes. `for_window`: the caller is a window, which keeps the comparison
+    for long, so the collector is kept off it (`garbage_collection_paused(keep_made=True)`), and
+    the child runs at a lower priority (BEHIND_A_WINDOW_NICENESS). Raises CaptureError
     naming the file when the child reports one, fails, or dies by a signal. Closing the generator kills and reaps the child (cancel).
     """
     native_path, oracle_path = Path(native_path), Path(oracle_path)
-    child = ChildProcess(_child_command(native_path, oracle_path, cache_dir), options_to_json(options))
+    child = ChildProcess(_child_command(native_path, oracle_path, cache_dir, for_window), options_to_json(options))
     try:
         starting = Progress(0, 1, f"starting the comparison of {native_path.name} and {oracle_path.name}")
         yield starting
         while child.reading:
             child.read(POLL_S)
             yield starting if child.latest is None else child.latest
-        return _outcome(child, native_path, oracle_path, kept)
+        return _outcome(child, native_path, oracle_path, for_window)
     finally:
         child.close()
 
@@ -149,9 +160,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sessions.compare.in_child")
     parser.add_argument("--options", default=options_to_json(CompareOptions()), help="CompareOptions as a JSON object; - reads it from stdin")
     parser.add_argument("--cache-dir", type=Path, help="use the sidecar result cache in this folder")
+    parser.add_argument("--behind-a-window", action="store_true", help="run at a lower priority than the window waiting for it")
     parser.add_argument("native", type=Path)
     parser.add_argument("oracle", type=Path)
     args = parser.parse_args(argv)
+    if args.behind_a_window:
+        os.nice(BEHIND_A_WINDOW_NICENESS)
     try:
         options = options_from_json(sys.stdin.read() if args.options == "-" else args.options)
         comparison = compare_here(args.native, args.oracle, options, args.cache_dir)

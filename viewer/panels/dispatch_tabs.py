@@ -1,8 +1,9 @@
 """The dispatch timeline and the live rerun, mounted beside the window's other panels.
 
-Both follow the window's `PairModel`: the timeline is rebuilt off the UI thread once a pair
-is compared, and a selection made in the tree, the overview or the timeline ends in
-`PairModel.select`, so every view (timeline highlight, rerun key, tensors) follows it.
+Both follow the window's `PairModel`: the timeline arrives with the comparison (built off the
+UI thread, `ViewedComparison.timeline`), and a selection made in the tree, the overview or the
+timeline ends in `PairModel.select`, so every view (timeline highlight, rerun key, tensors)
+follows it.
 """
 
 from __future__ import annotations
@@ -14,11 +15,9 @@ from typing import Any
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QFileDialog, QWidget
 
-from backends.dispatch.timeline import Timeline, build_timeline
+from backends.dispatch.timeline import Timeline
 from backends.rerun.segment import RerunResult
 from sessions.capture.identity import CaptureIdentity, identity_of_file
-from sessions.capture.reader import Capture
-from sessions.compare.comparison import Comparison
 from sessions.compare.key import OpKey
 from sessions.progress import Progress, ProgressGenerator
 from viewer import comparison_view as cv
@@ -31,11 +30,6 @@ from viewer.workers import TaskSlots
 
 SaveChooser = Callable[[QWidget, str], "Path | None"]
 """Asks where to save a rerun capture (a file dialog; tests inject a path)."""
-
-
-def iter_timeline(native: Capture, oracle: Capture, comparison: Comparison) -> ProgressGenerator[Timeline]:
-    yield Progress(0, 1, "laying out attention calls")
-    return build_timeline(native, oracle, comparison)
 
 
 def iter_identity(path: Path) -> ProgressGenerator[tuple[Path, CaptureIdentity]]:
@@ -74,7 +68,6 @@ class DispatchTabs(QObject):
     # -- following the pair ------------------------------------------------------------------
 
     def _captures_changed(self) -> None:
-        self.tasks.cancel_lane("timeline")
         self.timeline_model.set_timeline(None)
         self.rerun_model.set_pair(self.model.native, self.model.oracle, None)
 
@@ -83,14 +76,10 @@ class DispatchTabs(QObject):
         self.rerun_model.set_pair(self.model.native, self.model.oracle, viewed)
         if viewed is None or not self.model.has_pair:
             return
-        native, oracle, comparison = self.model.native, self.model.oracle, viewed.comparison
-        assert native is not None and oracle is not None
-        self.tasks.submit(
-            "timeline",
-            lambda: iter_timeline(native, oracle, comparison),
-            on_success=self._timeline_ready,
-            on_failure=lambda message: self.banners.show_message("timeline", "warning", f"The dispatch timeline could not be built: {message}"),
-        )
+        if viewed.timeline is not None:
+            self._timeline_ready(viewed.timeline)
+        elif viewed.timeline_problem:
+            self.banners.show_message("timeline", "warning", f"The dispatch timeline could not be built: {viewed.timeline_problem}")
 
     def _timeline_ready(self, timeline: Timeline) -> None:
         self.timeline_model.set_timeline(timeline)

@@ -2,7 +2,8 @@
 
 One point per aligned op (max ULP above, NMSE below), coloured by verdict, with the first
 divergence marked; a run of more than POINT_BINS ops shows each colour's worst op per stretch
-of it. Clicking a point selects that op everywhere.
+of it (`comparison_view.worst_per_bin`, chosen on the worker thread). Clicking a point selects
+that op everywhere.
 """
 
 from __future__ import annotations
@@ -20,25 +21,6 @@ from viewer.theme import STATUS_COLOURS
 from viewer.widgets.opaque_grid_axis import grid_axes, show_grid
 
 FIRST = "#d64541"
-FLOOR = 1e-30
-"""NMSE of a bit-exact op is 0; it is drawn on this floor so a log axis can show it."""
-
-
-POINT_BINS = 2000
-"""Up to this many ops each is a point; a longer run is cut into this many equal stretches and
-each verdict colour shows its worst op of each stretch (the lines still pass through every op).
-pyqtgraph styles scatter points one by one in Python: a real model's 240,000 took seconds."""
-
-
-def worst_per_bin(ops: np.ndarray, y: np.ndarray, total: int) -> np.ndarray:
-    """Of `ops` (ascending op positions, `y` their values), the one with the largest value in
-    each of POINT_BINS equal stretches of the run's `total` ops; all of them for a short run."""
-    if total <= POINT_BINS or not ops.size:
-        return ops
-    bins = ops * POINT_BINS // total
-    order = np.lexsort((-y, bins))
-    first = np.concatenate(([True], bins[order][1:] != bins[order][:-1]))
-    return np.sort(ops[order][first])
 
 
 class OverviewPlot(QWidget):
@@ -107,15 +89,13 @@ class OverviewPlot(QWidget):
         series = cv.growth_series(comparison)
         self.points, self._position = series.pairs, series.position
         x = np.arange(len(series.pairs), dtype=np.float64)
-        ulp = np.log2(1.0 + series.max_ulp)
-        nmse = np.log10(np.maximum(series.nmse, FLOOR))
+        empty = np.zeros(0, dtype=np.int64)
         for status in STATUS_COLOURS:
-            ops = np.flatnonzero(series.statuses == status)
-            for scatters, y in ((self.ulp_scatters, ulp), (self.nmse_scatters, nmse)):
-                shown = worst_per_bin(ops, y[ops], len(series.pairs))
-                scatters[status].setData(x=x[shown], y=y[shown], data=shown)
-        self.ulp_line.setData(x, ulp)
-        self.nmse_line.setData(x, nmse)
+            upper, lower = series.points.get(status, (empty, empty))
+            self.ulp_scatters[status].setData(x=x[upper], y=series.ulp_log[upper], data=upper)
+            self.nmse_scatters[status].setData(x=x[lower], y=series.nmse_log[lower], data=lower)
+        self.ulp_line.setData(x, series.ulp_log)
+        self.nmse_line.setData(x, series.nmse_log)
         first = cv.first_finding_pair(comparison)
         self.headline.setText(cv.headline(comparison))
         if first is not None and id(first) in self._position:
@@ -124,7 +104,7 @@ class OverviewPlot(QWidget):
                 line.setPos(at)
                 plot.addItem(line)
             self.first_label.setText(f"first {first.verdict}: {first.key}")
-            self.first_label.setPos(at + 0.5, float(ulp.max()) if ulp.size else 0.0)
+            self.first_label.setPos(at + 0.5, float(series.ulp_log.max()) if series.ulp_log.size else 0.0)
             self.ulp_plot.addItem(self.first_label)
         self.ulp_plot.autoRange()
         self.nmse_plot.autoRange()

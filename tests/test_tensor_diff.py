@@ -222,3 +222,31 @@ def test_float16_and_integer_sums_match_the_float64_definition() -> None:
         rmse, nmse, cosine = _exact_sums(native, oracle, dtype)
         assert m.rmse == pytest.approx(rmse, rel=1e-12) and m.nmse == pytest.approx(nmse, rel=1e-12)
         assert m.cosine == pytest.approx(cosine, rel=1e-12)
+
+
+_METRICS_UNDER_BLAS_THREADS = """
+import numpy as np
+from sessions.compare.tensor_diff import DiffAccumulator, Tolerance
+rng = np.random.default_rng(7)
+oracle = rng.standard_normal(1_000_000).astype(np.float32)
+native = oracle + rng.standard_normal(oracle.size).astype(np.float32) * np.float32(1e-3)
+acc = DiffAccumulator("float32", oracle.shape, Tolerance())
+acc.add(native.view(np.uint32), oracle.view(np.uint32), 0)
+m = acc.finish()
+print(repr(m.nmse), repr(m.cosine))
+"""
+
+
+def test_nmse_and_cosine_read_the_same_whatever_number_of_threads_blas_uses() -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    printed = set()
+    for threads in ("1", "2"):
+        env = {**os.environ, "OPENBLAS_NUM_THREADS": threads, "OMP_NUM_THREADS": threads, "PYTHONPATH": str(root)}
+        done = subprocess.run([sys.executable, "-c", _METRICS_UNDER_BLAS_THREADS], env=env, capture_output=True, text=True, timeout=120, check=True)
+        printed.add(done.stdout.strip())
+    assert len(printed) == 1, f"the last bits follow the thread count: {printed}"

@@ -36,6 +36,14 @@ BLOCK_ELEMENTS = 1 << 18
 of the differing elements."""
 
 
+def _dot(a: np.ndarray, b: np.ndarray) -> float:
+    """The sum of a * b by numpy's pairwise summation, never BLAS: OpenBLAS splits a long dot
+    product over its threads, so its last bits followed the machine's core count (one vector:
+    ...628167 with one thread, ...628188 with two). These sums are NMSE and cosine, which read
+    the same on a laptop and on a CI machine."""
+    return float(np.multiply(a, b).sum())
+
+
 @dataclass(frozen=True)
 class Tolerance:
     """Optional, explicit acceptance bounds. All None means the verdict is bit-exact.
@@ -253,7 +261,7 @@ class _Squares:
         """(sum of squares, the block's values) -- the values for the non-finite fallback."""
         if self.logical == "float64":
             values = block.view(np.float64)
-            return float(np.dot(values, values)), values
+            return _dot(values, values), values
         if self._scratch is None or self._scratch.size < block.size:
             self._scratch = np.empty(min(BLOCK_ELEMENTS, max(block.size, 1)), dtype=np.float64)
         if self.logical in ("bfloat16", "float16"):
@@ -268,7 +276,7 @@ class _Squares:
             return float(squares.sum(dtype=np.float64)), values
         wide64 = self._scratch[: block.size]
         np.copyto(wide64, as_values(block, self.logical))
-        return float(np.dot(wide64, wide64)), wide64
+        return _dot(wide64, wide64), wide64
 
     def of(self, bits: np.ndarray) -> tuple[float, int]:
         flat = bits.reshape(-1)
@@ -280,7 +288,7 @@ class _Squares:
                 total, count = total + block_total, count + int(values.size)
                 continue
             finite = values[np.isfinite(values)].astype(np.float64)
-            total, count = total + float(np.dot(finite, finite)), count + int(finite.size)
+            total, count = total + _dot(finite, finite), count + int(finite.size)
         return total, count
 
 
@@ -440,14 +448,14 @@ class DiffAccumulator:
         """The chunk's sums were started as if native == oracle (every element adds b*b); replace
         the differing elements' share with their true a*a, b*b, a*b over both-finite positions."""
         b_finite = np.isfinite(vb)
-        removed = float(np.dot(vb[b_finite], vb[b_finite]))
+        removed = _dot(vb[b_finite], vb[b_finite])
         fa, fb = va[finite], vb[finite]
         delta = fa - fb
         self._finite += int(fa.size) - int(np.count_nonzero(b_finite))
-        self._sum_sq_diff += float(np.dot(delta, delta))
-        self._sum_aa += float(np.dot(fa, fa)) - removed
-        self._sum_bb += float(np.dot(fb, fb)) - removed
-        self._sum_ab += float(np.dot(fa, fb)) - removed
+        self._sum_sq_diff += _dot(delta, delta)
+        self._sum_aa += _dot(fa, fa) - removed
+        self._sum_bb += _dot(fb, fb) - removed
+        self._sum_ab += _dot(fa, fb) - removed
 
     def _add_ulps(self, native_bits: np.ndarray, oracle_bits: np.ndarray, ulp: np.ndarray, counted: np.ndarray, flat: np.ndarray, row0: int) -> None:
         values = ulp[counted]

@@ -19,6 +19,7 @@ from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
 from viewer.theme import STATUS_COLOURS
 from viewer.widgets.opaque_grid_axis import grid_axes, show_grid
+from viewer.widgets.stale_while_hidden import StaleWhileHidden
 
 FIRST = "#d64541"
 
@@ -67,7 +68,8 @@ class OverviewPlot(QWidget):
         self.first_label.setZValue(10)
         self.selected_lines = [pg.InfiniteLine(angle=90, pen=pg.mkPen("#00e5ff", width=1)) for _ in range(2)]
         layout.addWidget(self.plot_widget, 1)
-        model.comparison_changed.connect(self.rebuild)
+        self._refresh = StaleWhileHidden(self, self.rebuild)
+        model.comparison_changed.connect(self._refresh.request)
         model.selection_changed.connect(self._show_selection)
 
     def rebuild(self) -> None:
@@ -108,6 +110,7 @@ class OverviewPlot(QWidget):
             self.ulp_plot.addItem(self.first_label)
         self.ulp_plot.autoRange()
         self.nmse_plot.autoRange()
+        self._show_selection(self._model.selected)
 
     def _clicked(self, _item: pg.ScatterPlotItem, spots: list[Any], event: Any = None) -> None:
         """Points overlap when hundreds of ops share the axis: take the one nearest the click."""
@@ -118,6 +121,8 @@ class OverviewPlot(QWidget):
         self.op_clicked.emit(self.points[int(nearest.data())])
 
     def _show_selection(self, pair: Any) -> None:
+        if self._refresh.stale:
+            return  # the points are another comparison's until the rebuild, which shows the selection
         for plot, line in zip((self.ulp_plot, self.nmse_plot), self.selected_lines):
             if pair is None or id(pair) not in self._position:
                 if line in plot.items:

@@ -14,6 +14,8 @@ from __future__ import annotations
 from PySide6.QtCore import QEvent, QObject, QTimer
 from PySide6.QtWidgets import QTabWidget, QWidget
 
+from viewer.widgets.stale_while_hidden import bring_hidden_pages_up_to_date
+
 RESIZE_SETTLE_MS = 300
 """A resize is followed by more while the user drags: prerender once the size has settled."""
 PRERENDER_PASSES = 2
@@ -69,6 +71,7 @@ class PanelTabs(QTabWidget):
             return
         page = self._queue.pop(0)
         if page is not self.currentWidget():
+            bring_hidden_pages_up_to_date(page)
             page.grab()
         if self._queue:
             self._timer.start()

@@ -1,0 +1,52 @@
+"""Hidden panels rebuild when they are seen: a comparison's arrival redraws only what is on screen."""
+
+from __future__ import annotations
+
+import pytest
+from pytestqt.qtbot import QtBot
+
+from sessions.capture.opening import open_capture
+from sessions.compare.comparison import iter_compare
+from sessions.progress import run_to_end
+from viewer.comparison_view import ViewedComparison
+from viewer.pair_model import PairModel
+from viewer.panels.overview_plot import OverviewPlot
+from viewer.panels.token_table import TokenTable
+from viewer.widgets.stale_while_hidden import bring_hidden_pages_up_to_date
+
+pytestmark = pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")
+
+
+@pytest.fixture
+def viewed(demo_pairs: dict) -> ViewedComparison:  # type: ignore[type-arg]
+    native, oracle = (open_capture(p) for p in demo_pairs["post-eos"])
+    return ViewedComparison.of(run_to_end(iter_compare(native, oracle)))
+
+
+def test_a_hidden_token_table_rebuilds_when_shown_or_read_and_a_shown_one_at_once(qtbot: QtBot, viewed: ViewedComparison) -> None:
+    steps = len(viewed.comparison.tokens.steps)
+    model = PairModel()
+    hidden = TokenTable(model)
+    qtbot.addWidget(hidden)
+    model.set_comparison(viewed)
+    assert hidden.table.rowCount() == 0, "not rebuilt while nobody sees it"
+    hidden.show()
+    assert hidden.table.rowCount() == steps
+    model.set_comparison(None)
+    assert hidden.table.rowCount() == 0, "a shown panel follows at once"
+    hidden.hide()
+    model.set_comparison(viewed)
+    assert len(hidden.verdicts()) == steps, "reading it brings it up to date"
+
+
+def test_the_tabs_bring_a_hidden_overview_up_to_date_before_painting_it_with_the_selection(qtbot: QtBot, viewed: ViewedComparison) -> None:
+    model = PairModel()
+    overview = OverviewPlot(model)
+    qtbot.addWidget(overview)
+    model.set_comparison(viewed)
+    chosen = viewed.growth.pairs[2]
+    model.select(chosen)
+    assert overview.points == []
+    bring_hidden_pages_up_to_date(overview)
+    assert overview.points == viewed.growth.pairs
+    assert overview.selected_lines[0] in overview.ulp_plot.items and overview.selected_lines[0].value() == 2.0

@@ -215,3 +215,46 @@ def test_the_document_in_lines_reads_back_to_the_same_comparison_and_a_broken_li
         loads_lines(lines[0].encode() + b"\npairs\t\xff\xfe")
     with pytest.raises(ReportFormatError, match="names no list of it"):
         loads_lines("\n".join([lines[0], "verdict\t{}"]).encode())
+
+
+def test_large_identical_records_settled_from_stored_bytes_get_the_chunked_diffs_metrics(
+    demo_pairs: dict[str, tuple[Path, Path]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records larger than a chunk are checked byte for byte first; what they get must be what
+    the chunked diff engine gives them (per-row and per-head profiles included)."""
+    from sessions.compare import pair_compare
+    from sessions.compare.pair_reader import pair_bytes
+
+    native_path, _ = demo_pairs["head-chunk"]
+    chunked = CompareOptions(chunk_bytes=1024)
+    check = pair_compare._stored_bytes_identical
+    large_settled = []
+
+    def counted(pair, reader):  # type: ignore[no-untyped-def]
+        same = check(pair, reader)
+        if same and pair_bytes(pair) > 2 * chunked.chunk_bytes:
+            large_settled.append(pair.key)
+        return same
+
+    with open_capture(native_path) as n, open_capture(native_path) as again:
+        monkeypatch.setattr(pair_compare, "_stored_bytes_identical", counted)
+        settled = run_to_end(iter_compare(n, again, chunked))
+        monkeypatch.setattr(pair_compare, "_stored_bytes_identical", lambda pair, reader: False)
+        streamed = run_to_end(iter_compare(n, again, chunked))
+    assert len(large_settled) > 10, "records of several chunks were settled from their bytes"
+    assert [p.metrics for p in settled.pairs] == [p.metrics for p in streamed.pairs]
+
+
+def test_a_difference_in_a_large_records_last_stored_piece_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sessions.compare import pair_reader
+
+    monkeypatch.setattr(pair_reader, "STORED_PIECE_BYTES", 256)
+    values = bf16_bits(np.random.default_rng(5).standard_normal((64, 32)))
+    flipped = values.copy()
+    flipped[-1, -1] ^= 1
+    n = write_capture(tmp_path / "n.h5", "native", [T("l_out-0", values, layer=0, dtype="bfloat16")])
+    o = write_capture(tmp_path / "o.h5", "oracle", [T("l_out-0", flipped, layer=0, dtype="bfloat16")])
+    with open_capture(n) as native, open_capture(o) as oracle:
+        comparison = run_to_end(iter_compare(native, oracle, CompareOptions(chunk_bytes=1024)))
+    (pair,) = comparison.pairs
+    assert pair.metrics.differing == 1 and pair.metrics.max_ulp == 1

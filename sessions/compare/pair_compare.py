@@ -7,7 +7,6 @@ agreement of the row its step's token comes from.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import numpy as np
@@ -55,13 +54,15 @@ class _LogitRows:
             self.native, self.oracle = native[-1].copy(), oracle[-1].copy()
 
 
-def _whole_stored_bytes_identical(pair: AlignedPair, reader: PairReader) -> bool:
-    """Whether a pair read whole is provably bit-exact from its stored bytes alone: both sides whole
-    records of one dtype, shape and layout transform, each one contiguous run of its file, with
-    equal bytes. A real model's run is hundreds of thousands of such small, mostly identical
-    records; checking them with two preads skips the reader and the diff engine's set-up, which
-    cost ten times more than the bytes. Anything else (and any read that comes up short) goes
-    the full way, which also reports what is wrong with a record."""
+def _stored_bytes_identical(pair: AlignedPair, reader: PairReader) -> bool:
+    """Whether a pair is provably bit-exact from its stored bytes alone: both sides whole records
+    of one dtype, shape and layout transform, each one contiguous run of its file, with equal
+    bytes. A real model's run is hundreds of thousands of such small, mostly identical records;
+    checking their bytes skips the reader and the diff engine's set-up, which cost ten times
+    more than the bytes. A large identical record is settled at memcmp speed instead of going
+    through the diff engine (a 4 GiB pair reports in 2.0-2.2x `cat`; 3.4x at 2 GiB before).
+    Anything else (a short read, the first differing piece) goes the full way, which also
+    reports what is wrong."""
     native, oracle = pair.native, pair.oracle
     if (
         pair.key.op == "logits"
@@ -81,10 +82,7 @@ def _whole_stored_bytes_identical(pair: AlignedPair, reader: PairReader) -> bool
             return False
         spans.append((descriptor, span))
     (n_fd, (n_at, n_bytes)), (o_fd, (o_at, o_bytes)) = spans
-    if n_bytes != o_bytes:
-        return False
-    native_bytes = os.pread(n_fd, n_bytes, n_at)
-    return len(native_bytes) == n_bytes and native_bytes == os.pread(o_fd, o_bytes, o_at)
+    return n_bytes == o_bytes and reader.stored_bytes_equal((n_fd, n_at), (o_fd, o_at), n_bytes)
 
 
 def _compare_pair(
@@ -99,7 +97,7 @@ def _compare_pair(
     logical = pair.native.record.dtype
     shape = pair.native.shape if not logical_dtype(logical).is_quantized else (pair.native.record.size,)
     ranges = chunk_rows(pair, options.chunk_bytes)
-    if ranges is None and _whole_stored_bytes_identical(pair, reader):
+    if _stored_bytes_identical(pair, reader):
         yield Progress(progress[0] + pair_bytes(pair), progress[1], pair.key.label())
         return TensorMetrics.identical(logical, shape)
     rows_axis, head_split = _axes(pair, heads)

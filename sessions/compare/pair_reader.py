@@ -9,6 +9,7 @@ and the chunk size keeps what was just read in cache while it is compared.
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
@@ -19,6 +20,8 @@ from sessions.compare.mapped_record import MappedRecord
 
 ADVISE_MIN_BYTES = 1024 * 1024
 """Smaller records get no read-ahead: finding their span costs about what their read does."""
+STORED_PIECE_BYTES = 4 * 1024 * 1024
+"""Stored bytes are compared this much at a time: both pieces stay in cache while compared."""
 
 
 def pair_bytes(pair: AlignedPair) -> int:
@@ -114,6 +117,24 @@ class PairReader:
     def __init__(self, native: Capture, oracle: Capture) -> None:
         self.native = _Side(native)
         self.oracle = _Side(oracle)
+        self._pieces: tuple[bytearray, bytearray] | None = None
+
+    def stored_bytes_equal(self, native: tuple[int, int], oracle: tuple[int, int], size: int) -> bool:
+        """Whether `size` bytes at (file descriptor, offset) `native` and `oracle` are equal, read
+        STORED_PIECE_BYTES at a time into two buffers kept for the comparison: a fresh buffer per
+        record faults its pages in again (a 33 MB record read into new memory cost 8x the same
+        read into a kept buffer). A short read is a difference: the caller's full pass says why."""
+        if self._pieces is None:
+            self._pieces = bytearray(STORED_PIECE_BYTES), bytearray(STORED_PIECE_BYTES)
+        a, b = self._pieces
+        (n_fd, n_at), (o_fd, o_at) = native, oracle
+        for done in range(0, size, STORED_PIECE_BYTES):
+            n = min(STORED_PIECE_BYTES, size - done)
+            if os.preadv(n_fd, [memoryview(a)[:n]], n_at + done) != n or os.preadv(o_fd, [memoryview(b)[:n]], o_at + done) != n:
+                return False
+            if not (a == b if n == STORED_PIECE_BYTES else a[:n] == b[:n]):
+                return False
+        return True
 
     def use(self, pair: AlignedPair) -> None:
         """Make `pair` the one read; its records are checked on their first read."""

@@ -180,6 +180,12 @@ def test_f8_and_shift_f8_step_through_divergences_from_the_keyboard(qtbot: QtBot
     assert window.model.selected is diverged[1]
     qtbot.keyClick(window.tree.view, Qt.Key.Key_F8, Qt.KeyboardModifier.ShiftModifier)
     assert window.model.selected is diverged[0]
+    for expected in [*diverged[1:], diverged[-1]]:
+        window.step_divergence(+1)
+        assert window.model.selected is expected, "F8 walks every divergence in order and stays on the last"
+    window.model.select(comparison.pairs[-1])
+    window.step_divergence(-1)
+    assert window.model.selected is next(p for p in reversed(diverged) if p is not comparison.pairs[-1])
     wait_idle(qtbot, window)
 
 
@@ -461,25 +467,3 @@ def test_the_overview_draws_a_long_runs_lines_thinned_to_the_pixels_they_cover(q
     drawn = overview.ulp_line.curve.xData.size
     assert drawn < ops // 10, f"{drawn} of {ops} points drawn: the line is not thinned"
 
-
-def test_f8_and_shift_f8_step_through_the_ops_that_are_not_bit_exact_in_execution_order(
-    qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]]
-) -> None:
-    from sessions.compare.verdict import NOT_EXACT
-
-    window.open_pair(*demo_pairs["swiglu-order"])
-    wait_compared(qtbot, window)
-    pairs = window.model.comparison.comparison.pairs
-    stepped = [p for p in pairs if p.verdict in NOT_EXACT]
-    assert len(stepped) > 2
-    window.model.select(pairs[0])
-    visited = []
-    for _ in range(len(stepped) + 1):
-        qtbot.keyClick(window, Qt.Key.Key_F8)
-        visited.append(window.model.selected)
-    assert visited == [*stepped, stepped[-1]], "F8 walks every op that is not bit-exact, in order, and stays on the last"
-    qtbot.keyClick(window, Qt.Key.Key_F8, Qt.KeyboardModifier.ShiftModifier)
-    assert window.model.selected is stepped[-2]
-    window.model.select(pairs[-1])
-    qtbot.keyClick(window, Qt.Key.Key_F8, Qt.KeyboardModifier.ShiftModifier)
-    assert window.model.selected is next(p for p in reversed(stepped) if pairs.index(p) < len(pairs) - 1)

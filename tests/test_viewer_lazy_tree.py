@@ -89,3 +89,5 @@ def test_the_filter_finds_each_matching_pair_once_in_order_and_counts_past_the_l
     assert places.matches("ffn", 1) == ([1], 2)
     assert places.matches("step 1", 10) == ([2, 3], 2)
     assert places.matches("zzz", 10) == ([], 0)
+    assert places.matches("step", 1) == ([0], 4) and places.matches("step", 3) == ([0, 1, 2], 4), "counted past the limit at once"
+    assert places.matches("ffn", 0) == ([], 2), "a line holding the needle twice counts once"

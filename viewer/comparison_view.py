@@ -7,6 +7,7 @@ domain logic and a change in the engine's result shape is absorbed here.
 
 from __future__ import annotations
 
+import re
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from html import escape
@@ -167,11 +168,15 @@ class TreePlaces:
     def matches(self, needle: str, limit: int) -> tuple[list[int], int]:
         """Positions (in the comparison's pairs) of the first `limit` pairs whose line holds
         `needle`, and how many pairs' lines do: found with str.find over one string, not by
-        building and searching hundreds of thousands of strings on each keystroke."""
+        building and searching hundreds of thousands of strings on each keystroke. Past the
+        first `limit`, lines are counted with one str.count when no line holds the needle twice
+        (one regular-expression scan says so): stepping through 20,000 matches took 80 ms."""
         found: list[int] = []
         count = line = counted_to = 0
         at = self.search.find(needle) if needle and "\n" not in needle else -1
         while at >= 0:
+            if len(found) == limit and not _twice_on_a_line(needle).search(self.search):
+                return found, count + self.search.count(needle, at)
             line += self.search.count("\n", counted_to, at)
             count += 1
             if len(found) < limit:
@@ -182,6 +187,10 @@ class TreePlaces:
             line, counted_to = line + 1, end + 1
             at = self.search.find(needle, counted_to)
         return found, count
+
+
+def _twice_on_a_line(needle: str) -> re.Pattern[str]:
+    return re.compile(f"{re.escape(needle)}[^\n]*{re.escape(needle)}")
 
 
 def place_label(place: int | str) -> str:

@@ -23,6 +23,7 @@ from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
 from viewer.theme import STATUS_COLOURS
 from viewer.widgets.read_only_table import read_only_table
+from viewer.widgets.stale_while_hidden import StaleWhileHidden
 
 COLUMNS = ("rank", "op", "kind", "NMSE", "ULP err p99", "ULP steps max", "differing", "cosine")
 PAIR_ROLE = Qt.ItemDataRole.UserRole + 1
@@ -58,9 +59,10 @@ class WorstOpsTable(QWidget):
         header.setSortIndicator(0, Qt.SortOrder.AscendingOrder)
         self.table.itemSelectionChanged.connect(self._selected)
         layout.addWidget(self.table, 1)
-        model.comparison_changed.connect(self.rebuild)
+        self._refresh = StaleWhileHidden(self, self._rebuild_now)
+        model.comparison_changed.connect(self._refresh.request)
 
-    def rebuild(self) -> None:
+    def _rebuild_now(self) -> None:
         viewed = self._model.comparison
         self.table.setSortingEnabled(False)
         rows = viewed.worst if viewed is not None else []
@@ -94,6 +96,7 @@ class WorstOpsTable(QWidget):
 
     def keys(self) -> list[str]:
         """The op keys in the order shown (tests)."""
+        self._refresh.bring_up_to_date()
         return [self.table.item(r, 1).text() for r in range(self.table.rowCount())]
 
     def _selected(self) -> None:

@@ -1,10 +1,10 @@
 """A panel that brings itself up to date when it is seen, not while it is hidden.
 
 A real model's comparison arrives with every panel to redraw; a hidden tab's rebuild (the
-Overview's 220,000-op lines, the token table's hundreds of rows) added tens of milliseconds
-each to the arrival's one event-loop turn. A panel marked stale rebuilds when it is shown,
-when the tabs paint it offscreen (`bring_hidden_pages_up_to_date`, one page per turn), or when
-someone reads it; a visible panel rebuilds at once.
+Overview's 220,000-op lines, the token table's hundreds of rows, the Worst ops' thousand) added
+tens of milliseconds each to the arrival's one event-loop turn. A panel marked stale rebuilds
+when it is shown, when the tabs paint it offscreen (`bring_hidden_pages_up_to_date`, one page
+per turn), or when someone reads it; a visible panel rebuilds at once.
 """
 
 from __future__ import annotations

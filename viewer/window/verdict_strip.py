@@ -16,6 +16,8 @@ from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
 from viewer.theme import WORD_COLOURS
 
+COMPARING = "#5f6773"
+
 
 class VerdictStrip(QFrame):
     go_requested = Signal()
@@ -24,6 +26,12 @@ class VerdictStrip(QFrame):
     def __init__(self, model: PairModel, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._model = model
+        self.setStyleSheet(
+            "".join(f'QFrame#verdictStrip[tone="{tone.lstrip("#")}"] {{ background: {tone}; }}' for tone in (COMPARING, *WORD_COLOURS.values()))
+            + "QFrame#verdictStrip QLabel { color: #ffffff; background: transparent; border: none; }"
+            "QFrame#verdictStrip QLabel#verdictWord { font-size: 16pt; font-weight: bold; }"
+            "QFrame#verdictStrip QPushButton { color: #1b1f24; background: #ffffff; border-radius: 3px; padding: 3px 10px; }"
+        )
         self.setObjectName("verdictStrip")
         layout = QHBoxLayout(self)
         layout.setContentsMargins(12, 6, 12, 6)
@@ -46,7 +54,7 @@ class VerdictStrip(QFrame):
         viewed = self._model.comparison
         if viewed is None:
             self.setVisible(self._model.has_pair)
-            self._paint("Comparing…", "", "#5f6773")
+            self._paint("Comparing…", "", COMPARING)
             self.go.setVisible(False)
             return
         verdict = viewed.comparison.verdict
@@ -78,10 +86,9 @@ class VerdictStrip(QFrame):
         self.word.setText(word)
         self.detail.setText(detail)
         self.detail.setToolTip(detail)
-        self.setStyleSheet(
-            f"QFrame#verdictStrip {{ background: {colour}; }}"
-            "QFrame#verdictStrip QLabel { color: #ffffff; background: transparent; border: none; }"
-            "QFrame#verdictStrip QLabel#verdictWord { font-size: 16pt; font-weight: bold; }"
-            "QFrame#verdictStrip QPushButton { color: #1b1f24; background: #ffffff; border-radius: 3px; padding: 3px 10px; }"
-        )
+        # One style sheet with a rule per colour, set once; a new sheet per verdict re-parsed and
+        # restyled the strip and its children (10 ms of a real model's comparison's arrival).
+        self.setProperty("tone", colour.lstrip("#"))
+        self.style().unpolish(self)
+        self.style().polish(self)
 

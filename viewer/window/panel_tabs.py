@@ -18,6 +18,9 @@ from viewer.widgets.stale_while_hidden import bring_hidden_pages_up_to_date
 
 RESIZE_SETTLE_MS = 300
 """A resize is followed by more while the user drags: prerender once the size has settled."""
+PRERENDER_GAP_MS = 50
+"""Time between two offscreen paints: the window first shows what just arrived, and stays free
+to answer between pages (zero-interval timers ran back to back with the arrival's repaints)."""
 PRERENDER_PASSES = 2
 """Offscreen paints per hidden page: the first applies its pending resize and range changes,
 which pyqtgraph turns into label and axis updates that the second paint settles."""
@@ -29,7 +32,7 @@ class PanelTabs(QTabWidget):
         self._queue: list[QWidget] = []
         self._timer = QTimer(self)
         self._timer.setSingleShot(True)
-        self._timer.setInterval(0)
+        self._timer.setInterval(PRERENDER_GAP_MS)
         self._timer.timeout.connect(self._prerender_next)
         self._settled = QTimer(self)
         self._settled.setSingleShot(True)

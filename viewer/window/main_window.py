@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QByteArray, Qt, QUrl
+from PySide6.QtCore import QByteArray, QEvent, QObject, Qt, QUrl
 from PySide6.QtGui import (
     QAction,
     QCloseEvent,
@@ -180,6 +180,7 @@ class MainWindow(QMainWindow):
             self.tabs.addTab(widget, name)
         self.stack.addWidget(self.drop_hint)
         self.stack.addWidget(self.tabs)
+        self.stack.installEventFilter(self)
         layout.addWidget(self.stack, 1)
         self.setCentralWidget(central)
         self.tensor_view.slice_requested.connect(self.load_slice)
@@ -754,6 +755,11 @@ class MainWindow(QMainWindow):
         self.open_files(paths)
 
     # -- closing -----------------------------------------------------------------------------
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if watched is self.stack and event.type() == QEvent.Type.Resize:
+            self.tabs.follow_while_hidden(self.stack)
+        return super().eventFilter(watched, event)
 
     def closeEvent(self, event: QCloseEvent) -> None:
         if not self.session_file.close():

@@ -46,9 +46,15 @@ class PanelTabs(QTabWidget):
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         if event.type() == QEvent.Type.Resize and watched is self.currentWidget():
             self._sync_hidden_pages()
-            if self.isVisible():
-                self._settled.start()
+            self._settled.start()
         return False
+
+    def follow_while_hidden(self, area: QWidget) -> None:
+        """While the tabs wait hidden in `area` (behind the drop hint), give them its size, so
+        every page, the current one too, is painted offscreen at the size it will be shown at:
+        the first paint after a pair opened (the tensor view's seven plots) cost ~100 ms."""
+        if not self.isVisible() and self.geometry() != area.rect():
+            self.setGeometry(area.rect())
 
     def _sync_hidden_pages(self) -> None:
         """Give every hidden page the current page's geometry (Qt sends it the resize on show)."""
@@ -60,7 +66,7 @@ class PanelTabs(QTabWidget):
 
     def prerender_hidden(self) -> None:
         """Paint each hidden page offscreen, PRERENDER_PASSES times, one page per turn."""
-        current = self.currentWidget()
+        current = self.currentWidget() if self.isVisible() else None
         hidden = [self.widget(i) for i in range(self.count()) if self.widget(i) is not current]
         self._queue = [page for _ in range(PRERENDER_PASSES) for page in hidden]
         self._timer.start()
@@ -73,7 +79,7 @@ class PanelTabs(QTabWidget):
         if not self._queue:
             return
         page = self._queue.pop(0)
-        if page is not self.currentWidget():
+        if page is not self.currentWidget() or not self.isVisible():
             bring_hidden_pages_up_to_date(page)
             page.grab()
         if self._queue:

@@ -3,9 +3,9 @@
 Recording a model hashes its files every time, and that is seconds of every recording: a 677 MB
 GGUF took 0.56 s on the development VM, longer than the 48-token run it was recorded with. The
 digest is kept in the user cache directory (`hashes/`, beside `checked/`, or in
-`$PARITY_XRAY_CACHE_DIR`), one small JSON entry per list of files, and counts only while every
-file has the same resolved path, device, inode, size, modification and change time as when it
-was hashed: the trust the structure-check cache gives a capture (`sessions.capture.check_cache`),
+`$PARITY_XRAY_CACHE_DIR`), one small JSON entry per list of files (the most recent 4,096 kept),
+and counts only while every file has the same resolved path, device, inode, size, modification
+and change time as when it was hashed: the trust the structure-check cache gives a capture (`sessions.capture.check_cache`),
 where ctime is what a writer cannot set back. Cache trouble only means hashing again.
 """
 
@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 from sessions.atomic_write import atomic_write_bytes
-from sessions.capture.check_cache import cache_root
+from sessions.capture.check_cache import cache_root, identity_of, prune
 
 HASH_VERSION = 1
 """What the digest covers (each file's name, `|`, its bytes, in order); bumped if that changes."""
@@ -27,20 +28,15 @@ def hashes_dir() -> Path:
 
 
 def _identity(paths: list[Path]) -> list[dict[str, object]]:
-    found: list[dict[str, object]] = []
-    for path in paths:
-        stat = path.stat()
-        found.append(
-            {"path": str(path.resolve()), "device": stat.st_dev, "inode": stat.st_ino, "size": stat.st_size,
-             "mtime_ns": stat.st_mtime_ns, "ctime_ns": stat.st_ctime_ns}
-        )  # fmt: skip
-    return found
+    """Each file as the structure-check cache identifies it (no memory budget: hashing has none)."""
+    return [asdict(identity_of(path, 0)) for path in paths]
 
 
-def _entry(identity: list[dict[str, object]]) -> Path:
-    """One entry per list of files (by path, device and inode), so a changed file replaces its own entry."""
-    material = json.dumps([[f["path"], f["device"], f["inode"]] for f in identity])
-    return hashes_dir() / (hashlib.sha256(material.encode("utf-8", errors="surrogateescape")).hexdigest() + ".json")
+def _entry(paths: list[Path]) -> Path:
+    """One entry per list of files (each named as the structure-check cache names it: by path,
+    device and inode), so a changed file replaces its own entry."""
+    names = "".join(identity_of(path, 0).entry_name() for path in paths)
+    return hashes_dir() / (hashlib.sha256(names.encode()).hexdigest() + ".json")
 
 
 def _digest(paths: list[Path]) -> str:
@@ -57,7 +53,7 @@ def artifact_sha256(paths: list[Path]) -> str:
     """SHA-256 over the files' names and bytes, in the order given: a capture's weights hash."""
     paths = [Path(p) for p in paths]
     identity = _identity(paths)
-    entry = _entry(identity)
+    entry = _entry(paths)
     try:
         stored = json.loads(entry.read_text("utf-8"))
         if stored["version"] == HASH_VERSION and stored["files"] == identity:
@@ -69,6 +65,7 @@ def artifact_sha256(paths: list[Path]) -> str:
         try:
             entry.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(entry, json.dumps({"version": HASH_VERSION, "files": identity, "sha256": digest}).encode())
+            prune(entry.parent)
         except OSError:
             pass
     return digest

@@ -25,7 +25,7 @@ from sessions.compare.comparison import Comparison, PairResult, unaligned_key, w
 from sessions.compare.contracts import ContractFinding
 from sessions.compare.dispatch_diff import DispatchDifference
 from sessions.compare.in_child import iter_compare_in_child
-from sessions.compare.key import OpKey
+from sessions.compare.key import OpKey, grouped_by_key
 from sessions.compare.options import CompareOptions
 from sessions.compare.pair_tensors import pair_sides
 from sessions.compare.provenance_diff import EXPECTED_TO_DIFFER
@@ -87,7 +87,7 @@ class ViewedComparison:
         return cls(
             comparison,
             comparison.contracts.by_key(),
-            _by_key(comparison.dispatch_differences),
+            grouped_by_key(comparison.dispatch_differences),
             pair_of,
             _growth_series(comparison, pair_of),
             [key.text() for key in rerunnable_keys(comparison)],
@@ -99,13 +99,6 @@ class ViewedComparison:
             timeline,
             problem,
         )
-
-
-def _by_key(differences: list[DispatchDifference]) -> dict[OpKey, list[DispatchDifference]]:
-    found: dict[OpKey, list[DispatchDifference]] = {}
-    for difference in differences:
-        found.setdefault(difference.key, []).append(difference)
-    return found
 
 
 WORST_OPS_SHOWN = 1000

@@ -40,7 +40,7 @@ import os
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +187,10 @@ class NodeRead:
         shape = tuple(self.logical_shape or self.bits.shape)
         return shape[1:] if self.stacked else shape
 
+    def requests(self) -> int:
+        """How many requests the node holds, one per row of axis 0 when stacked."""
+        return (self.logical_shape or self.bits.shape)[0] if self.stacked else 1
+
 
 def request_ne(ne: list[int], rows: int, batch: int) -> list[int] | None:
     """One request's ggml shape in a node of a call over `batch` equally long sequences, or None
@@ -286,12 +290,11 @@ class NodeReader:
             # ggml_nbytes spans the last element's offset, so these strides stay inside `data`.
             view = np.lib.stride_tricks.as_strided(data.view(np_dtype), shape=whole, strides=strides)
             return NodeRead(name, op, sources, layer, dtype, np.ascontiguousarray(view).reshape(shape), stacked=request is not None)
-        found = self._quantized(ggml_type, data, whole, strides, shape, name, op, sources, layer)
-        return replace(found, stacked=request is not None)
+        return self._quantized(ggml_type, data, whole, strides, shape, name, op, sources, layer, stacked=request is not None)
 
     def _quantized(
         self, ggml_type: int, data: np.ndarray, whole: tuple[int, ...], strides: tuple[int, ...], shape: tuple[int, ...],
-        name: str, op: str, sources: list[str], layer: int,
+        name: str, op: str, sources: list[str], layer: int, stacked: bool,
     ) -> NodeRead:
         """GGML blocks: kept raw when the capture format knows the type, else decoded by `gguf`."""
         import gguf
@@ -304,13 +307,13 @@ class NodeReader:
         type_name = self.library.type_name(ggml_type)
         logical = type_name.lower()
         if logical in LOGICAL_DTYPES:
-            return NodeRead(name, op, sources, layer, logical, rows.reshape(-1, row_bytes), shape)
+            return NodeRead(name, op, sources, layer, logical, rows.reshape(-1, row_bytes), shape, stacked)
         try:
             qtype = gguf.GGMLQuantizationType(ggml_type)
             values = gguf.quants.dequantize(rows.reshape(-1, row_bytes), qtype).reshape(shape)
         except (ValueError, NotImplementedError) as exc:
             raise RecorderError(f"node {name!r} ({op}) has type {type_name}, which gguf cannot decode ({exc})") from None
-        return NodeRead(name, op, sources + [f"decoded-from:{type_name}"], layer, "float32", values.astype(np.float32))
+        return NodeRead(name, op, sources + [f"decoded-from:{type_name}"], layer, "float32", values.astype(np.float32), stacked=stacked)
 
 
 @dataclass
@@ -336,7 +339,7 @@ class AttentionTrace:
         elif stem == "kqv_out" and layer in self.scores and len(shape) == 2:
             heads, rows, cells, start = self.scores.pop(layer)
             writer.add_dispatch(
-                index_seq=seq, call=0, batch=(node.logical_shape or node.bits.shape)[0] if node.stacked else 1, kv_group=-1, head_start=0, head_count=heads, q_heads=heads,
+                index_seq=seq, call=0, batch=node.requests(), kv_group=-1, head_start=0, head_count=heads, q_heads=heads,
                 kv_heads=self.kv_heads.get(layer, heads), q_rows=rows, kv_len=cells, head_dim=shape[1] // heads,
                 mask_kind=self.masks.pop(layer, "none"), dtype=node.dtype, primitive="fallback",
                 t_start_ns=start or 0, t_end_ns=writer.now_ns(),

@@ -210,10 +210,10 @@ def iter_record_mlx(
             prompt=schedule.describe(),
             provenance=provenance,
             batch_size=batch,
-            batch_row=batch_row if batch > 1 else 0,
+            batch_row=batch_row,
         )
-        rows = batch_prompts(schedule.prompt, batch, batch_row, vocab or 1) if batch > 1 else [list(schedule.prompt)]
+        rows = batch_prompts(schedule.prompt, batch, batch_row, vocab or 1)
         with CaptureWriter(out, meta) as writer:
             sink = CaptureSink(writer)
-            emitted = yield from run_schedule(MlxRecorder(model, sink), schedule, rows, batch_row if batch > 1 else 0)
+            emitted = yield from run_schedule(MlxRecorder(model, sink), schedule, rows, batch_row)
     return emitted

@@ -90,7 +90,7 @@ def remember_pass(identity: FileIdentity) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(folder / identity.entry_name(), json.dumps(asdict(identity), sort_keys=True).encode())
-        _prune(folder)
+        prune(folder)
     except OSError:
         return
 
@@ -103,7 +103,8 @@ def forget(identity: FileIdentity) -> None:
         return
 
 
-def _prune(folder: Path) -> None:
+def prune(folder: Path) -> None:
+    """Keep a cache folder's MAX_ENTRIES most recently written entries."""
     entries = []
     for entry in os.scandir(folder):
         if entry.name.endswith(".json"):

@@ -37,7 +37,7 @@ class Pack:
     """Whether its chunks pass through filters (then they are decoded here, bounded)."""
 
 
-def _pread(descriptor: int, address: int, out: np.ndarray) -> None:
+def pread_exact(descriptor: int, address: int, out: np.ndarray) -> None:
     """Exactly `out.size` bytes from `address` of the file; OSError where the file now ends
     sooner (it was cut short after its check)."""
     view = memoryview(out)
@@ -61,7 +61,7 @@ def _read_runs(pack: Pack, descriptor: int | None, chunked: ChunkedReader | None
         return
     if pack.address is not None and descriptor is not None and runs.count <= PREAD_RUNS:
         for run in range(runs.count):
-            _pread(descriptor, pack.address + first + run * runs.stride, out[run * runs.length : (run + 1) * runs.length])
+            pread_exact(descriptor, pack.address + first + run * runs.stride, out[run * runs.length : (run + 1) * runs.length])
         return
     space = pack.dataset.id.get_space()
     stride = runs.stride if runs.count > 1 else runs.length

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from sessions.capture.reader import Record
 from sessions.compare.align import AlignedPair
-from sessions.compare.key import OpKey
+from sessions.compare.key import OpKey, grouped_by_key
 
 KERNEL_CONTRACT_MISMATCH = "KERNEL_CONTRACT_MISMATCH"
 ROUTE_MISSING = "ROUTE_MISSING"
@@ -55,10 +55,7 @@ class ContractCheck:
     unrecorded: int
 
     def by_key(self) -> dict[OpKey, list[ContractFinding]]:
-        grouped: dict[OpKey, list[ContractFinding]] = {}
-        for finding in self.findings:
-            grouped.setdefault(finding.key, []).append(finding)
-        return grouped
+        return grouped_by_key(self.findings)
 
 
 def _ids(record: Record) -> ContractIds:

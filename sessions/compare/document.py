@@ -109,7 +109,7 @@ def loads(text: str) -> Comparison:
     return comparison_from_dict(_json_object(text, "the document"))
 
 
-def _json_object(text: str | bytes, what: str) -> dict[str, Any]:
+def _json_object(text: str | bytes | bytearray, what: str) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -133,22 +133,23 @@ def document_lines(comparison: Comparison) -> Iterator[str]:
                 yield f"{name}\t{json.dumps(item, allow_nan=False)}"
 
 
-def loads_lines(data: bytes | bytearray, start: int = 0) -> Comparison:
+def loads_lines(data: bytes | bytearray, start: int = 0, keep_made: bool = False) -> Comparison:
     """The comparison `document_lines` wrote, as UTF-8 bytes from `start`, read line by line:
     each line is parsed and turned into its object at once. Never decoded whole (turning a real
     model's 230 MB into one str held the interpreter lock, and a window's event loop, for half
     a second), and no parsed document outlives its line (freeing 220,000 parsed items at once
-    held it for another).
+    held it for another). `keep_made`: the caller keeps the comparison for long
+    (`garbage_collection_paused`).
     """
-    with garbage_collection_paused():
+    with garbage_collection_paused(keep_made=keep_made):
         end = data.find(b"\n", start)
-        head = _json_object(bytes(data[start:] if end < 0 else data[start:end]), "the document's first line")
+        head = _json_object(data[start:] if end < 0 else data[start:end], "the document's first line")
         comparison = comparison_from_dict(head)
         hints = get_type_hints(Comparison)
         items: dict[str, tuple[list[Any], Reader]] = {}
         for name, value in head.items():
             if isinstance(value, list) and get_origin(hints.get(name)) is list:
-                items[name] = list(getattr(comparison, name)), _reader(get_args(hints[name])[0])
+                items[name] = getattr(comparison, name), _reader(get_args(hints[name])[0])
         while end >= 0:
             begin, end = end + 1, data.find(b"\n", end + 1)
             line = data[begin:] if end < 0 else data[begin:end]
@@ -167,6 +168,4 @@ def loads_lines(data: bytes | bytearray, start: int = 0) -> Comparison:
                 found.append(read(parsed))
             except (KeyError, TypeError, ValueError) as exc:
                 raise ReportFormatError(f"malformed report document ({type(exc).__name__} in an item of {name}: {exc})") from None
-        for name, (found, _read) in items.items():
-            setattr(comparison, name, found)
         return comparison

@@ -30,7 +30,6 @@ from sessions.compare.comparison import Comparison, iter_compare
 from sessions.compare.document import ReportFormatError, document_lines, loads_lines
 from sessions.compare.options import CompareOptions
 from sessions.compare.result_cache import iter_compare_cached
-from sessions.gc_pause import garbage_collection_paused
 from sessions.progress import Progress, ProgressGenerator
 
 RESULT = "result"
@@ -102,8 +101,7 @@ def _outcome(child: ChildProcess, native: Path, oracle: Path, for_window: bool) 
     start = _document_start(child)
     if returncode == 0 and start is not None:
         try:
-            with garbage_collection_paused(keep_made=for_window):
-                return loads_lines(child.stdout, start)
+            return loads_lines(child.stdout, start, keep_made=for_window)
         except ReportFormatError as exc:
             raise CaptureError(native, "comparison", f"the comparing process returned an unreadable result ({exc})") from None
     tail = child.stderr_text().strip().splitlines()[-1:] or ["no output"]

@@ -32,7 +32,7 @@ def plain(value: Any, omit: frozenset[str] = frozenset()) -> Any:
     kind = type(value)
     if kind in _AS_IS:
         return value
-    if kind is float:
+    if isinstance(value, float):
         return value if math.isfinite(value) else _non_finite(value)
     shape = _shape_of(kind)
     if shape is not None:
@@ -49,8 +49,6 @@ def plain(value: Any, omit: frozenset[str] = frozenset()) -> Any:
         return [plain(v, omit) for v in value]
     if isinstance(value, dict):
         return {str(k): plain(v, omit) for k, v in value.items()}
-    if isinstance(value, float) and not math.isfinite(value):
-        return _non_finite(value)
     return value
 
 

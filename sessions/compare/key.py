@@ -8,8 +8,9 @@ link between two surfaces.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from sessions.capture.reader import Record
@@ -103,3 +104,19 @@ class RecordKey:
     @classmethod
     def of(cls, record: Record) -> RecordKey:
         return cls(record.step, record.segment, record.layer, record.name, record.occurrence)
+
+
+class Keyed(Protocol):
+    @property
+    def key(self) -> OpKey: ...
+
+
+KeyedT = TypeVar("KeyedT", bound=Keyed)
+
+
+def grouped_by_key(items: Iterable[KeyedT]) -> dict[OpKey, list[KeyedT]]:
+    """Findings (contract findings, dispatch differences) by the op they name, in their order."""
+    grouped: dict[OpKey, list[KeyedT]] = {}
+    for item in items:
+        grouped.setdefault(item.key, []).append(item)
+    return grouped

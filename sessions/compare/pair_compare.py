@@ -96,10 +96,10 @@ def _compare_pair(
     """One pair through a DiffAccumulator, chunk by chunk; `progress` is (bytes done before it, total)."""
     logical = pair.native.record.dtype
     shape = pair.native.shape if not logical_dtype(logical).is_quantized else (pair.native.record.size,)
-    ranges = chunk_rows(pair, options.chunk_bytes)
     if _stored_bytes_identical(pair, reader):
         yield Progress(progress[0] + pair_bytes(pair), progress[1], pair.key.label())
         return TensorMetrics.identical(logical, shape)
+    ranges = chunk_rows(pair, options.chunk_bytes)
     rows_axis, head_split = _axes(pair, heads)
     reader.use(pair)
 

@@ -337,6 +337,16 @@ def test_an_open_refuses_a_range_past_its_pack_naming_the_file(tmp_path: Path) -
     assert refused.value.problem == f"its bytes [{1 << 62}, {(1 << 62) + 128}) end past its pack {cf.pack_path(3, 1)} (384 bytes)"
 
 
+@pytest.mark.parametrize("check_in_child", [True, False], ids=["checked-in-a-child", "opened-without-the-check"])
+def test_an_open_refuses_overlapping_rows_whether_or_not_the_child_checked_them(tmp_path: Path, check_in_child: bool) -> None:
+    path = base(tmp_path / "hostile.h5")
+    with h5py.File(path, "r+") as f:
+        set_rows(offset={1: 64})(f)
+    with pytest.raises(CaptureError) as refused:
+        open_capture(path, check_in_child=check_in_child)
+    assert (refused.value.location, refused.value.problem) == HOSTILE["a range overlapping another"][1:]
+
+
 @pytest.mark.parametrize("layout", ["chunked", "compact"])
 def test_packs_stored_chunked_or_compact_are_valid(tmp_path: Path, layout: str) -> None:
     path = base(tmp_path / f"{layout}.h5")

@@ -25,9 +25,10 @@ def iter_open_capture(
 
     The check runs once per file version (path, inode, size, mtime; remembered on disk across
     processes) in a child process with a time and memory limit, yielding the index rows it has
-    checked; a file that passed before yields nothing. Closing the generator kills the check.
-    `check_in_child=False` skips it: only for files this process just wrote itself with
-    `CaptureWriter`, never for a file that came from elsewhere.
+    checked; a file that passed before yields nothing. It lists the index rows' own problems
+    too, so only a file opened without it has them looked for here. Closing the generator kills
+    the check. `check_in_child=False` skips it: only for files this process just wrote itself
+    with `CaptureWriter`, never for a file that came from elsewhere.
     """
     path = Path(path)
     if not path.is_file():
@@ -37,7 +38,7 @@ def iter_open_capture(
         if failure is not None:
             raise CaptureError(path, failure.location, failure.problem)
     capture = load_capture(path, memory_budget=memory_budget)
-    if capture.row_problems:
+    if not check_in_child and capture.row_problems:
         capture.close()
         first = capture.row_problems[0]
         raise CaptureError(path, first.location, first.problem)

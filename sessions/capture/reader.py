@@ -141,8 +141,23 @@ class Capture:
             self.index = self._committed_index_prefix(self.index)
         self.columns = IndexColumns(self.index)
         """The index's columns as contiguous arrays and codes, for checks over every row at once."""
-        self.row_problems, self.bad_rows = index_problems(self.columns)
-        """Problems of index rows on their own, and a mask of the rows that have them (open_capture refuses these)."""
+        self._row_problems: tuple[list[Problem], np.ndarray] | None = None
+
+    @property
+    def row_problems(self) -> list[Problem]:
+        """Problems of index rows on their own (open_capture refuses a file with any). Found on
+        first use: a file whose structure check passed has none, and its open skips them."""
+        return self._index_problems()[0]
+
+    @property
+    def bad_rows(self) -> np.ndarray:
+        """A mask of the rows that have `row_problems`."""
+        return self._index_problems()[1]
+
+    def _index_problems(self) -> tuple[list[Problem], np.ndarray]:
+        if self._row_problems is None:
+            self._row_problems = index_problems(self.columns)
+        return self._row_problems
 
     @property
     def walker(self) -> LinkWalker:

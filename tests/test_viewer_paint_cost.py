@@ -107,6 +107,50 @@ def test_hidden_panels_follow_the_shown_panels_size(qtbot: QtBot) -> None:
     assert [p.geometry() for p in pages[1:]] == [pages[0].geometry()] * 2
 
 
+def _idle_empty_window(qtbot: QtBot, tmp_path: Path) -> MainWindow:
+    """A shown 1440x900 window with no pair whose panels were painted offscreen behind the drop hint."""
+    window = MainWindow(ViewerSettings(tmp_path / "viewer.ini"))
+    qtbot.addWidget(window)
+    window.resize(1440, 900)
+    window.show()
+    qtbot.waitExposed(window)
+    qtbot.waitUntil(lambda: not window.tabs.prerendering, timeout=10_000)
+    return window
+
+
+def test_an_idle_window_paints_its_hidden_panels_once_and_then_rests(qtbot: QtBot, tmp_path: Path) -> None:
+    """Painting a hidden page offscreen sends it a resize to its own size; taken for a new size,
+    it started the next round of offscreen paints, forever, while the window sat idle."""
+    window = _idle_empty_window(qtbot, tmp_path)
+    busy = []
+    for _ in range(40):
+        qtbot.wait(25)
+        busy.append(window.tabs.prerendering)
+    assert not any(busy)
+    window.close()
+
+
+def test_opening_a_pair_shows_panels_laid_out_at_their_size_and_a_strip_that_was_already_there(
+    qtbot: QtBot, tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]]
+) -> None:
+    """The panels wait behind the drop hint at the size they are shown at, below a verdict strip
+    that is there from the start: opening a pair resizes no plot (a resize re-ranged every plot
+    and redrew its axes in the first paint)."""
+    window = _idle_empty_window(qtbot, tmp_path)
+    strip = window.verdict_strip
+    assert strip.isVisible() and strip.word.text() == "No pair open"
+    height = strip.height()
+    events = {name: _EventCounter() for name in ("maps", "errors")}
+    window.tensor_view.maps.installEventFilter(events["maps"])
+    window.tensor_view.errors.installEventFilter(events["errors"])
+    window.open_pair(*demo_pairs["clean"])
+    qtbot.waitUntil(lambda: window.tensor_view.maps.isVisible())
+    qtbot.wait(50)
+    assert {name: counter.count[QEvent.Type.Resize] for name, counter in events.items()} == {"maps": 0, "errors": 0}
+    assert strip.height() == height and strip.word.text() in ("Comparing…", "PARITY")
+    window.close()
+
+
 def _compared_window(qtbot: QtBot, tmp_path: Path, pair: tuple[Path, Path]) -> MainWindow:
     """A shown 1440x900 window that has compared `pair` and finished prerendering its panels."""
     window = MainWindow(ViewerSettings(tmp_path / "viewer.ini"))

@@ -143,6 +143,9 @@ class TensorView(QWidget):
         super().__init__(parent)
         self._model = model
         self.data: TensorSlice | None = None
+        self._blank = False
+        """Nothing drawn since the last clear: clearing again only sets the message (clearing
+        re-ranges every plot and redraws its axes, ~60 ms of the first paint after a pair opens)."""
         self.detail: DetailRegion | None = None
         self.pinned: tuple[int, ...] | None = None
         outer = QVBoxLayout(self)
@@ -244,6 +247,7 @@ class TensorView(QWidget):
         outer.addWidget(splitter, 1)
         model.scale_changed.connect(self._scale_changed)
         model.selection_changed.connect(self._selection_changed)
+        self.clear(self.title.text())
 
     # -- data in -----------------------------------------------------------------------------
 
@@ -252,9 +256,13 @@ class TensorView(QWidget):
             self.clear("Select an op in the alignment tree")
 
     def clear(self, message: str) -> None:
+        self.title.setText(message)
+        if self._blank:
+            self.slice_shown.emit()
+            return
+        self._blank = True
         self.data = None
         self.pinned = None
-        self.title.setText(message)
         self._clear_detail()
         for image in self.images.values():
             image.clear()
@@ -271,6 +279,7 @@ class TensorView(QWidget):
         self.title.setText(f"Loading {label} …")
 
     def show_slice(self, data: TensorSlice) -> None:
+        self._blank = False
         self.data = data
         self.inspector.label = data.request.label
         self.pinned = None

@@ -31,10 +31,13 @@ class StaleWhileHidden(QObject):
         if self._panel.isVisible():
             self.bring_up_to_date()
 
-    def bring_up_to_date(self) -> None:
-        if self.stale:
-            self.stale = False
-            self._refresh()
+    def bring_up_to_date(self) -> bool:
+        """Refresh if stale; whether it did."""
+        if not self.stale:
+            return False
+        self.stale = False
+        self._refresh()
+        return True
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         if watched is self._panel and event.type() == QEvent.Type.Show:
@@ -42,7 +45,6 @@ class StaleWhileHidden(QObject):
         return False
 
 
-def bring_hidden_pages_up_to_date(page: QWidget) -> None:
-    """Refresh every stale panel on a page about to be painted offscreen."""
-    for refresher in page.findChildren(StaleWhileHidden):
-        refresher.bring_up_to_date()
+def bring_hidden_pages_up_to_date(page: QWidget) -> bool:
+    """Refresh every stale panel on a page about to be painted offscreen; whether any was."""
+    return any([refresher.bring_up_to_date() for refresher in page.findChildren(StaleWhileHidden)])

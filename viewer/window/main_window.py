@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QByteArray, QEvent, QObject, Qt, QUrl
+from PySide6.QtCore import QByteArray, QEvent, QObject, Qt, QTimer, QUrl
 from PySide6.QtGui import (
     QAction,
     QCloseEvent,
@@ -534,6 +534,13 @@ class MainWindow(QMainWindow):
         self.tabs.prerender_hidden()
         target = cv.first_finding_pair(comparison) or cv.first_pair(comparison)
         if target is not None:
+            # On a timer of its own, not in this turn nor a posted event: the window first paints
+            # the verdict and tree and answers input, then the tensors load (together they held
+            # it ~200 ms on a 240k-record pair). A selection made meanwhile (a restored session's) wins.
+            QTimer.singleShot(1, lambda: self._select_arrived(comparison, target))
+
+    def _select_arrived(self, comparison: Any, target: Any) -> None:
+        if self.model.comparison is comparison and self.model.selected is None:
             self.model.select(target)
 
     def jump_to_first_finding(self) -> None:

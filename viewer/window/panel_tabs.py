@@ -12,7 +12,13 @@ paint.
 from __future__ import annotations
 
 from PySide6.QtCore import QEvent, QObject, QTimer
-from PySide6.QtWidgets import QTabWidget, QWidget
+from PySide6.QtWidgets import (
+    QStackedWidget,
+    QStyle,
+    QStyleOptionTabWidgetFrame,
+    QTabWidget,
+    QWidget,
+)
 
 from viewer.widgets.stale_while_hidden import bring_hidden_pages_up_to_date
 
@@ -30,6 +36,7 @@ class PanelTabs(QTabWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._queue: list[QWidget] = []
+        self._painting = False
         self._timer = QTimer(self)
         self._timer.setSingleShot(True)
         self._timer.setInterval(PRERENDER_GAP_MS)
@@ -44,7 +51,9 @@ class PanelTabs(QTabWidget):
         self.widget(index).installEventFilter(self)
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
-        if event.type() == QEvent.Type.Resize and watched is self.currentWidget():
+        # Painting a hidden page offscreen sends it a resize (to its unchanged size): that is no
+        # new size to prerender for, or the tabs would prerender forever behind the drop hint.
+        if event.type() == QEvent.Type.Resize and watched is self.currentWidget() and not self._painting:
             self._sync_hidden_pages()
             self._settled.start()
         return False
@@ -55,6 +64,18 @@ class PanelTabs(QTabWidget):
         the first paint after a pair opened (the tensor view's seven plots) cost ~100 ms."""
         if not self.isVisible() and self.geometry() != area.rect():
             self.setGeometry(area.rect())
+            self._lay_out_pages_while_hidden()
+            self._settled.start()
+
+    def _lay_out_pages_while_hidden(self) -> None:
+        """Give the pages the rectangle below the tab bar, as Qt does only once the tabs are shown
+        (hidden, QTabWidget defers its layout): otherwise showing them resized every plot again."""
+        option = QStyleOptionTabWidgetFrame()
+        self.initStyleOption(option)
+        contents = self.style().subElementRect(QStyle.SubElement.SE_TabWidgetTabContents, option, self)
+        pages = self.findChild(QStackedWidget)
+        if pages is not None and contents.isValid():
+            pages.setGeometry(contents)
 
     def _sync_hidden_pages(self) -> None:
         """Give every hidden page the current page's geometry (Qt sends it the resize on show)."""
@@ -65,7 +86,8 @@ class PanelTabs(QTabWidget):
                 page.setGeometry(current.geometry())
 
     def prerender_hidden(self) -> None:
-        """Paint each hidden page offscreen, PRERENDER_PASSES times, one page per turn."""
+        """Paint each hidden page offscreen, PRERENDER_PASSES times, one page per turn (a stale
+        page is first brought up to date in a turn of its own)."""
         current = self.currentWidget() if self.isVisible() else None
         hidden = [self.widget(i) for i in range(self.count()) if self.widget(i) is not current]
         self._queue = [page for _ in range(PRERENDER_PASSES) for page in hidden]
@@ -73,14 +95,22 @@ class PanelTabs(QTabWidget):
 
     @property
     def prerendering(self) -> bool:
-        return bool(self._queue)
+        """Pages are waiting to be painted offscreen, or will be once a resize settles."""
+        return bool(self._queue) or self._settled.isActive()
 
     def _prerender_next(self) -> None:
         if not self._queue:
             return
         page = self._queue.pop(0)
         if page is not self.currentWidget() or not self.isVisible():
-            bring_hidden_pages_up_to_date(page)
-            page.grab()
+            if bring_hidden_pages_up_to_date(page):
+                # Rebuilt this turn, painted the next: the two together stalled the window ~100 ms.
+                self._queue.insert(0, page)
+            else:
+                self._painting = True
+                try:
+                    page.grab()
+                finally:
+                    self._painting = False
         if self._queue:
             self._timer.start()

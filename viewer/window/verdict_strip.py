@@ -53,8 +53,7 @@ class VerdictStrip(QFrame):
     def refresh(self) -> None:
         viewed = self._model.comparison
         if viewed is None:
-            self.setVisible(self._model.has_pair)
-            self._paint("Comparing…", "", COMPARING)
+            self._paint(*self._waiting(), COMPARING)
             self.go.setVisible(False)
             return
         verdict = viewed.comparison.verdict
@@ -74,13 +73,21 @@ class VerdictStrip(QFrame):
         tip = [detail] + ([first.detail] if first is not None else []) + ([f"aligned {alignment.words()}"] if not alignment.is_plain else [])
         self.detail.setToolTip("\n".join([*tip, cv.tolerance_tooltip(viewed)]))
         self.go.setVisible(first is not None)
-        self.setVisible(True)
+
+    def _waiting(self) -> tuple[str, str]:
+        """What the strip says before there is a verdict. Shown from the start, so the panels
+        below keep one height when a pair opens (a strip appearing then resized and redrew
+        every plot: ~100 ms of the first paint)."""
+        if self._model.has_pair:
+            return "Comparing…", ""
+        if self._model.native is not None or self._model.oracle is not None:
+            return "One capture open", "open the other run's capture to compare the two (Ctrl+O)"
+        return "No pair open", "the verdict shows here once a native and an oracle capture are open"
 
     def show_unusable(self, message: str) -> None:
         """An input that cannot be read: the same word `report` uses for exit 2."""
         self._paint(UNUSABLE, message, WORD_COLOURS[UNUSABLE])
         self.go.setVisible(False)
-        self.setVisible(True)
 
     def _paint(self, word: str, detail: str, colour: str) -> None:
         self.word.setText(word)

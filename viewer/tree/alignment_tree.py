@@ -53,8 +53,10 @@ PLACEHOLDER_ROLE = Qt.ItemDataRole.UserRole + 5
 LAZY_FROM_ROWS = 20_000
 """A comparison with more op rows than this (a real model: 240,000) makes a group's rows when it
 is opened: making every row takes about 0.3 ms each, over a minute for a real model."""
-FILTER_MADE_MAX = 50
-"""In a lazy tree, the filter makes the rows of this many matching ops (and their groups' rows)."""
+FILTER_MADE_MAX = 30
+"""In a lazy tree, the filter makes the rows of this many matching ops (and their groups' rows):
+more than a screen holds with their group rows, and each costs ~1 ms of the keystroke (at 50 a
+filter on a real model's tree held the window over 100 ms)."""
 ReasonQuestion = Callable[[str], "str | None"]
 """Given what is about to be done, the user's reason, or None (cancelled)."""
 PartnerChoice = Callable[[UnalignedRecord, list[UnalignedRecord]], "UnalignedRecord | None"]

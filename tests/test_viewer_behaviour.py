@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ from PySide6.QtCore import QSettings, Qt
 from pytestqt.qtbot import QtBot
 
 from sessions.capture.structure_check import already_checked
+from sessions.compare.in_child import BEHIND_A_WINDOW_NICENESS
 from sessions.progress import Progress, ProgressGenerator
 from tests.child_processes import child_reading
 from tests.hand_captures import T, write_capture
@@ -107,6 +109,23 @@ def test_cancel_ends_the_comparing_child_process(qtbot: QtBot, window: MainWindo
     qtbot.waitUntil(lambda: not window.tasks.busy, timeout=WAIT_MS)
     assert not Path(f"/proc/{pid}").exists(), "the comparing child outlived the cancel"
     assert any("cancelled" in text for text in window.banners.texts("comparison"))
+
+
+def _niceness(pid: int) -> int:
+    """The scheduling niceness of a live process (field 19 of /proc/PID/stat)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the child through /proc")
+def test_the_comparing_child_runs_nicer_than_the_window_it_works_for(qtbot: QtBot, window: MainWindow, large_pair: tuple[Path, Path]) -> None:
+    """On two cores the child's processes otherwise took the window's painting time."""
+    with qtbot.waitSignal(window.tasks.progressed, timeout=WAIT_MS, check_params_cb=_diffing):
+        window.open_pair(*large_pair)
+    pid = child_reading(large_pair[0])
+    assert pid is not None, "the diff does not run in a child process"
+    assert _niceness(pid) == min(19, os.nice(0) + BEHIND_A_WINDOW_NICENESS)
+    window.cancel_button.click()
+    qtbot.waitUntil(lambda: not window.tasks.busy, timeout=WAIT_MS)
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the child through /proc")

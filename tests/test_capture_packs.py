@@ -109,6 +109,27 @@ def test_both_layouts_read_back_the_same_bits_whole_and_in_every_slice(tmp_path:
         assert packed.read_bits(q8).shape == (4, 68), "GGML blocks as quantize returns them: one row of block bytes per row"
 
 
+def test_strided_and_odd_sized_tensors_are_packed_in_their_logical_order(tmp_path: Path) -> None:
+    """A recorder hands the writer views of permuted tensors: their bytes land in the pack in
+    the logical (C) order, whatever the strides, next to records of odd byte counts."""
+    base = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4)
+    tensors = [
+        T("odd", np.arange(3, dtype=np.uint8), dtype="uint8"),
+        T("permuted", base.transpose(2, 0, 1)),
+        T("strided", base[:, ::2, 1::2]),
+        T("bf16-permuted", bf16_bits(base).transpose(1, 2, 0), dtype="bfloat16"),
+        T("empty", np.zeros((0, 4), np.float32)),
+    ]
+    path = write_capture(tmp_path / "strided.h5", "native", tensors)
+    with open_capture(path) as capture:
+        read = {r.name: capture.read_bits(r) for r in capture.records}
+        assert [r.offset for r in capture.records] == [0, 3, 99, 131, 179]
+    assert read["permuted"].tobytes() == np.ascontiguousarray(base.transpose(2, 0, 1)).tobytes()
+    assert read["strided"].tobytes() == np.ascontiguousarray(base[:, ::2, 1::2]).tobytes()
+    assert read["bf16-permuted"].tobytes() == np.ascontiguousarray(bf16_bits(base).transpose(1, 2, 0)).tobytes()
+    assert read["odd"].tolist() == [0, 1, 2] and read["empty"].shape == (0, 4)
+
+
 def test_a_packed_record_is_read_into_the_callers_buffer_and_its_span_is_its_bytes_in_the_file(tmp_path: Path) -> None:
     written = write_every_kind(tmp_path / "packed.h5", "packed")
     raw = (tmp_path / "packed.h5").read_bytes()

@@ -250,26 +250,29 @@ class CaptureWriter:
     def _pack_tensor(
         self, seq: int, name: str, stored: np.ndarray, logical: str, shape: tuple[int, ...], attrs: dict[str, str]
     ) -> tuple[bytes, int, int]:
-        """The tensor's bytes into the pack buffer, or a pack of its own; returns (pack path, offset, nbytes)."""
-        raw = np.ascontiguousarray(stored).reshape(-1).view(np.uint8)
+        """The tensor's bytes into the pack buffer, or a pack of its own; returns (pack path, offset, nbytes).
+
+        A strided array (a recorder's view of a permuted tensor) is copied once, straight into
+        the buffer in its logical order, not first made contiguous and then copied again."""
+        size = stored.nbytes
         expected = stored_nbytes(logical, shape)
-        if raw.size != expected:
-            raise ValueError(f"{name}: {raw.size} bytes; {logical} of logical shape {shape} takes {expected}")
+        if size != expected:
+            raise ValueError(f"{name}: {size} bytes; {logical} of logical shape {shape} takes {expected}")
         named = {cf.packed_attribute(key, seq): text for key, text in attrs.items()}
-        if raw.size >= OWN_PACK_BYTES:
-            self._write_pack(seq, raw, named)
-            return cf.pack_path(seq, self._group).encode(), 0, raw.size
-        if self._filled + raw.size > PACK_BYTES:
+        if size >= OWN_PACK_BYTES:
+            self._write_pack(seq, np.ascontiguousarray(stored).reshape(-1).view(np.uint8), named)
+            return cf.pack_path(seq, self._group).encode(), 0, size
+        if self._filled + size > PACK_BYTES:
             self._flush_pack()
         if self._buffer_seq is None:
             self._buffer_seq, self._buffer_path = seq, cf.pack_path(seq, self._group).encode()
             if self._buffer.size == 0:
                 self._buffer = np.empty(PACK_BYTES, dtype=np.uint8)
         offset = self._filled
-        self._buffer[offset : offset + raw.size] = raw
-        self._filled += raw.size
+        np.copyto(self._buffer[offset : offset + size].view(stored.dtype).reshape(stored.shape), stored)
+        self._filled += size
         self._buffer_attrs.update(named)
-        return self._buffer_path, offset, raw.size
+        return self._buffer_path, offset, size
 
     def _flush_pack(self) -> None:
         """The buffered tensors become one pack of the current step group."""

@@ -68,7 +68,7 @@ class ErrorPlots(pg.GraphicsLayoutWidget):
         else:
             self._bars(self.ulp_plot, histogram[: max(used, 4)])
         labels = [ulp_bucket_label(k) for k in range(max(used, 4))]
-        step = max(1, (len(labels) + 3) // 4)
+        step = max(1, (len(labels) + 2) // 3)  # three labels: four ran together at 1280x720
         self.ulp_plot.getAxis("bottom").setTicks([[(i, labels[i]) for i in range(0, len(labels), step)]])
         self._bars(self.abs_plot, data.abs_hist.astype(np.float64))
         self._profile(self.row_plot, metrics.per_row if metrics is not None else None, "row", curve=True)

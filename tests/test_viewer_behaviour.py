@@ -99,12 +99,18 @@ def test_cancel_during_a_long_diff_stops_it_and_leaves_the_window_usable(
     assert first.key.layer == 1 and first.metrics.differing == 1 and first.metrics.max_ulp == 1
 
 
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the child through /proc")
-def test_cancel_ends_the_comparing_child_process(qtbot: QtBot, window: MainWindow, large_pair: tuple[Path, Path]) -> None:
+def _comparing_child(qtbot: QtBot, window: MainWindow, large_pair: tuple[Path, Path]) -> int:
+    """Open the large pair and return the pid of the child comparing it, once it is diffing."""
     with qtbot.waitSignal(window.tasks.progressed, timeout=WAIT_MS, check_params_cb=_diffing):
         window.open_pair(*large_pair)
     pid = child_reading(large_pair[0])
     assert pid is not None, "the diff does not run in a child process"
+    return pid
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the child through /proc")
+def test_cancel_ends_the_comparing_child_process(qtbot: QtBot, window: MainWindow, large_pair: tuple[Path, Path]) -> None:
+    pid = _comparing_child(qtbot, window, large_pair)
     window.cancel_button.click()
     qtbot.waitUntil(lambda: not window.tasks.busy, timeout=WAIT_MS)
     assert not Path(f"/proc/{pid}").exists(), "the comparing child outlived the cancel"
@@ -119,10 +125,7 @@ def _niceness(pid: int) -> int:
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the child through /proc")
 def test_the_comparing_child_runs_nicer_than_the_window_it_works_for(qtbot: QtBot, window: MainWindow, large_pair: tuple[Path, Path]) -> None:
     """On two cores the child's processes otherwise took the window's painting time."""
-    with qtbot.waitSignal(window.tasks.progressed, timeout=WAIT_MS, check_params_cb=_diffing):
-        window.open_pair(*large_pair)
-    pid = child_reading(large_pair[0])
-    assert pid is not None, "the diff does not run in a child process"
+    pid = _comparing_child(qtbot, window, large_pair)
     assert _niceness(pid) == min(19, os.nice(0) + BEHIND_A_WINDOW_NICENESS)
     window.cancel_button.click()
     qtbot.waitUntil(lambda: not window.tasks.busy, timeout=WAIT_MS)

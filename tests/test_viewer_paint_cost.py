@@ -107,12 +107,18 @@ def test_hidden_panels_follow_the_shown_panels_size(qtbot: QtBot) -> None:
     assert [p.geometry() for p in pages[1:]] == [pages[0].geometry()] * 2
 
 
-def _idle_empty_window(qtbot: QtBot, tmp_path: Path) -> MainWindow:
-    """A shown 1440x900 window with no pair whose panels were painted offscreen behind the drop hint."""
+def _shown_window(qtbot: QtBot, tmp_path: Path) -> MainWindow:
+    """A shown 1440x900 window with no pair."""
     window = MainWindow(ViewerSettings(tmp_path / "viewer.ini"))
     qtbot.addWidget(window)
     window.resize(1440, 900)
     window.show()
+    return window
+
+
+def _idle_empty_window(qtbot: QtBot, tmp_path: Path) -> MainWindow:
+    """A shown window with no pair whose panels were painted offscreen behind the drop hint."""
+    window = _shown_window(qtbot, tmp_path)
     qtbot.waitExposed(window)
     qtbot.waitUntil(lambda: not window.tabs.prerendering, timeout=10_000)
     return window
@@ -153,10 +159,7 @@ def test_opening_a_pair_shows_panels_laid_out_at_their_size_and_a_strip_that_was
 
 def _compared_window(qtbot: QtBot, tmp_path: Path, pair: tuple[Path, Path]) -> MainWindow:
     """A shown 1440x900 window that has compared `pair` and finished prerendering its panels."""
-    window = MainWindow(ViewerSettings(tmp_path / "viewer.ini"))
-    qtbot.addWidget(window)
-    window.resize(1440, 900)
-    window.show()
+    window = _shown_window(qtbot, tmp_path)
     window.open_pair(*pair)
     qtbot.waitUntil(lambda: window.model.comparison is not None, timeout=60_000)
     qtbot.waitUntil(lambda: not window.tabs.prerendering, timeout=10_000)

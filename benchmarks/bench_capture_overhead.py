@@ -1,6 +1,7 @@
 """What recording costs: llama.cpp or MLX decoding the same tokens with and without recording.
 
-Run: .venv/bin/python benchmarks/bench_capture_overhead.py [--engine llama|mlx] [--variant f16] [--prompt 32] [--decode 16] [--keep DIR]
+Run: .venv/bin/python benchmarks/bench_capture_overhead.py [--engine llama|mlx] [--variant f16] [--prompt 32] [--decode 16]
+[--hidden H] [--whole-cache] [--keep DIR]
 
 The model is the demo's Qwen3 architecture with bigger dimensions (3 layers, hidden 1024,
 FFN 2816, 16 query / 4 KV heads, vocabulary 8192: about 51 M parameters, ~100 MB as F16),
@@ -57,6 +58,7 @@ def main() -> int:
     parser.add_argument("--decode", type=int, default=16, help="decode steps")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--whole-cache", action="store_true", help="llama: record the whole KV cache in every view at every step (the layout before written cells)")
     parser.add_argument("--keep", type=Path, help="write the GGUF and capture here instead of a temp dir")
     parser.add_argument("--hidden", type=int, default=BENCH_CONFIG.hidden_size, help="hidden size (FFN is 2.75x, heads of 64); larger: compute dominates")
     args = parser.parse_args()
@@ -74,7 +76,7 @@ def main() -> int:
         return _mlx(write_mlx_model_dir(config.as_dict(), weights, work_dir / "mlx-bench"), params, schedule, work_dir / "bench.h5", args)
     gguf = export_gguf(config.as_dict(), weights, work_dir / f"bench.{args.variant}.gguf", args.variant)
     del weights
-    settings = LlamaSettings(n_threads=args.threads)
+    settings = LlamaSettings(n_threads=args.threads, whole_cache=args.whole_cache)
     out = work_dir / "bench.h5"
     plain_times, recorded_times = [], []
     plain, recorded = [], []

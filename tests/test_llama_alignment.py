@@ -83,7 +83,7 @@ def test_records_only_llama_cpp_has_are_listed_one_sided_with_their_reason(pair:
     by_name = {(u.step, u.name, u.occurrence): u.detail for u in alignment.unaligned}
     assert by_name[(0, "kq-0", 0)].startswith("attention scores")
     assert by_name[(0, "kq_soft_max-1", 0)].startswith("attention probabilities")
-    assert by_name[(0, "cache_k_l0 (view)", 0)].startswith("KV-cache")
+    assert by_name[(0, "cache_k_l0 (view) (written)", 0)].startswith("KV-cache")
     assert by_name[(0, "Qcur-0", 1)].startswith("per-head view")
     norms = [by_name[(0, "norm-1", i)].split(" norm")[0] for i in range(4)]
     assert norms == ["attention", "Q", "K", "FFN"]

@@ -188,10 +188,14 @@ def test_a_batched_run_stacks_each_sequence_in_its_row_and_keeps_the_requests_to
         prefill = np.concatenate([b.read_values(r)[2] for r in b.records if r.name == "result_output" and r.step == 0])
         shapes = {(r.name, r.kernel_id): r.shape for r in b.records if r.step == 0 and r.segment == "prefill.0"}
         events = {(int(e["batch"]), int(e["q_rows"]), int(e["kv_len"]), int(e["q_heads"])) for e in b.dispatch}
+        first = [r for r in b.records if r.step == 0 and r.segment == "prefill.0"]
+        keys = b.read_values(next(r for r in first if r.name == "cache_k_l0 (reshaped) (view) (written)"))
+        rope = b.read_values(next(r for r in first if r.name == "Kcur-0" and r.kernel_id == "ROPE"))
     assert prefill.tobytes() == returned[0].tobytes()
     assert [x.shape for x in returned] == [x.shape for x in own] == [(5, 96), (1, 96)]
     assert shapes[("Qcur-0", "ROPE")] == (3, 2, 4, 32) and shapes[("kq-0", "MUL_MAT")] == (3, 4, 2, 256)
-    assert shapes[("cache_k_l0 (reshaped)", "RESHAPE")] == (3 * 256, 64), "the KV cache buffer holds every sequence whole"
+    assert shapes[("cache_k_l0 (reshaped) (view) (written)", "SET_ROWS")] == (3, 2, 64), "each sequence's cells, from its own cache stream"
+    assert keys.tobytes() == rope.tobytes()
     assert events == {(3, 2, 256, 4), (3, 1, 256, 4)}
 
 
@@ -209,18 +213,64 @@ def test_a_quantized_kv_cache_is_kept_as_ggml_blocks_the_reader_decodes(ggufs: d
     _record(ggufs["f32"], out, TokenSchedule(SCHEDULE.prompt), LlamaSettings(kv_type="q8_0", flash_attn=True))
     assert validate_file(out, 2**31, 60).problems == []
     with open_capture(out, check_in_child=False) as capture:
-        written = next(r for r in capture.records if r.name == "cache_k_l0 (view)" and r.kernel_id == "SET_ROWS")
-        assert written.dtype == "q8_0"
+        written = next(r for r in capture.records if r.name == "cache_k_l0 (view) (written)")
+        assert (written.dtype, written.shape) == ("q8_0", (len(SCHEDULE.prompt), 64))
         keys = capture.read_values(written)
         rope = next(r for r in capture.records if r.name == "Kcur-0" and r.kernel_id == "ROPE")
         k = capture.read_values(rope).reshape(len(SCHEDULE.prompt), -1)
-    assert np.allclose(keys[: len(SCHEDULE.prompt)], k, atol=np.abs(k).max() / 100)
+    assert np.allclose(keys, k, atol=np.abs(k).max() / 100) and not np.array_equal(keys, k)
 
 
 def test_a_quantized_v_cache_without_flash_attention_is_refused_by_llama_cpp(ggufs: dict[str, Path], tmp_path: Path) -> None:
     with pytest.raises(RecorderError, match="quantized KV cache without flash attention"):
         _record(ggufs["f32"], tmp_path / "x.h5", TokenSchedule(SCHEDULE.prompt), LlamaSettings(kv_type="q8_0"))
     assert not (tmp_path / "x.h5").exists()
+
+
+K_WRITE, V_WRITE = "cache_k_l0 (view) (written)", "cache_v_l0 (reshaped) (view) (written)"
+
+
+def test_each_step_records_the_cache_cells_it_wrote_once_and_bit_for_bit(ggufs: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "llama.h5"
+    _record(ggufs["f32"], out, TokenSchedule(SCHEDULE.prompt, decode_steps=2, ubatch=2))
+    with open_capture(out, check_in_child=False) as capture:
+        records = capture.records
+        assert not [r.name for r in records if r.name.startswith("cache_") and not r.name.endswith("(written)")], "no view of the whole cache"
+        graphs = sorted({(r.step, r.segment) for r in records})
+        for step, segment in graphs:
+            def values(name: str, op: str) -> np.ndarray:
+                (record,) = [r for r in records if (r.step, r.segment, r.name, r.kernel_id) == (step, segment, name, op)]
+                return capture.read_values(record)
+            keys, rope = values(K_WRITE, "SET_ROWS"), values("Kcur-0", "ROPE")
+            assert keys.tobytes() == rope.tobytes() and keys.shape == (rope.shape[0], 64), (step, segment)
+            assert values(V_WRITE, "SET_ROWS").tobytes() == values("Vcur-0", "MUL_MAT").tobytes(), "the transposed V cache, token by token"
+        positions = [(r.position, r.shape[0]) for r in records if r.name == K_WRITE]
+    assert graphs == [(0, "prefill.0"), (0, "prefill.1"), (0, "prefill.2"), (1, "decode"), (2, "decode")]
+    assert positions == [(0, 2), (2, 2), (4, 1), (5, 1), (6, 1)], "every position written once, in order"
+
+
+def test_the_whole_cache_setting_records_every_cell_and_holds_the_written_ones_where_they_were_written(
+    ggufs: dict[str, Path], tmp_path: Path
+) -> None:
+    written, whole = tmp_path / "written.h5", tmp_path / "whole.h5"
+    schedule = TokenSchedule(SCHEDULE.prompt, decode_steps=2)
+    _record(ggufs["f32"], written, schedule)
+    _record(ggufs["f32"], whole, schedule, LlamaSettings(whole_cache=True))
+    with open_capture(written, check_in_child=False) as a, open_capture(whole, check_in_child=False) as b:
+        views = {r.name for r in b.records if r.name.startswith("cache_k_l0")}
+        assert views == {"cache_k_l0 (view)", "cache_k_l0 (view) (permuted)"}
+        cache_bytes = [sum(r.nbytes for r in c.records if r.name.startswith("cache_")) for c in (a, b)]
+        assert cache_bytes == [2 * 2 * 7 * 64 * 4, 3 * 2 * 7 * 256 * 64 * 4], "2 layers, K and V, 7 positions: once each, or 7 whole caches each step"
+        for step in (0, 1, 2):
+            def values(capture: Capture, name: str) -> tuple[np.ndarray, int]:
+                (record,) = [r for r in capture.records if (r.step, r.name, r.kernel_id) == (step, name, "SET_ROWS")]
+                return capture.read_values(record), record.position
+            (keys, first), (cache_k, _) = values(a, K_WRITE), values(b, "cache_k_l0 (view)")
+            (vals, _), (cache_v, _) = values(a, V_WRITE), values(b, "cache_v_l0 (reshaped) (view)")
+            cells = slice(first, first + keys.shape[0])
+            assert cache_k.shape == (256, 64) and keys.tobytes() == cache_k[cells].tobytes()
+            assert cache_v.shape == (64 * 256, 1) and vals.tobytes() == np.ascontiguousarray(cache_v.reshape(64, 256)[:, cells].T).tobytes()
+    assert a.meta.provenance["parity_settings"]["whole_cache"] is False and b.meta.provenance["parity_settings"]["whole_cache"] is True
 
 
 def test_all_nodes_adds_the_unnamed_nodes(ggufs: dict[str, Path], tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """`parity-xray record llama|mlx ...`: capture a real engine's run.
 
-    parity-xray record llama MODEL.gguf --tokens 1,2,3 [--decode-steps N] [--all-nodes] [--batch N --batch-row R] --out X.h5
+    parity-xray record llama MODEL.gguf --tokens 1,2,3 [--decode-steps N] [--all-nodes] [--whole-cache] [--batch N --batch-row R] --out X.h5
     parity-xray record mlx MODEL_DIR --tokens 1,2,3 [--decode-steps N] [--batch N --batch-row R] --out X.h5
 
 Engine libraries (llama_cpp, mlx_lm) are imported only when a recording runs, so listing the
@@ -52,6 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         sub.add_argument("--out", type=Path, required=True, metavar="X.h5")
         sub.add_argument("--force", action="store_true", help="replace X.h5 if it exists")
     llama.add_argument("--all-nodes", action="store_true", help="record every graph node, not only named or weight-anchored ones")
+    llama.add_argument(
+        "--whole-cache", action="store_true",
+        help="record the whole KV cache in each of its views at every step (quadratic); default: the cells each step wrote",
+    )
     llama.add_argument("--kv-type", choices=KV_CHOICES, default="f32", help="KV cache type (parity default f32)")
     llama.add_argument("--flash-attn", action="store_true", help="turn flash attention on (parity default off)")
     llama.add_argument("--threads", type=int, default=2, metavar="N")
@@ -124,7 +128,7 @@ def _work(args: argparse.Namespace, schedule: "TokenSchedule", out: Path) -> Ite
 
         settings = LlamaSettings(
             flash_attn=args.flash_attn, kv_type=args.kv_type, n_threads=args.threads, all_nodes=args.all_nodes,
-            extra_bufts=args.extra_bufts,
+            whole_cache=args.whole_cache, extra_bufts=args.extra_bufts,
         )  # fmt: skip
         return iter_record_llama(args.model, schedule, out, settings, role=args.role, batch=args.batch, batch_row=args.batch_row)
     from backends.recorders.mlx_recorder import iter_record_mlx

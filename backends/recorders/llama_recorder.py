@@ -75,6 +75,8 @@ PLAIN_TYPES: dict[int, tuple[str, np.dtype]] = {
     27: ("int64", np.dtype("<i8")),
     28: ("float64", np.dtype("<f8")),
 }
+INDEX_TYPES = (26, 27)
+"""ggml_type ids of SET_ROWS indices (I32, I64)."""
 _DEFAULT_NAME = re.compile(r"^node_\d+$")
 _NAME_LAYER = re.compile(r"-(\d+)(?: \([a-z ]+\))*$")
 """`Qcur-3`, also with the suffixes ggml appends to derived views: `Qcur-3 (view) (permuted)`."""
@@ -160,6 +162,10 @@ class LlamaSettings:
     n_threads: int = 2
     all_nodes: bool = False
     """Record every node; by default unnamed nodes are kept only when a weight anchors them."""
+    whole_cache: bool = False
+    """Record the KV cache as llama.cpp's nodes show it: every cell at every step, in each of its
+    views (quadratic in the positions). By default a `SET_ROWS` write is recorded as the cells it
+    wrote (`NAME (written)`) and the cache's views are left out: each cell's bits once."""
     extra_bufts: bool = True
     """llama.cpp's extra buffer types (weights repacked for AMX or wider SIMD kernels), its default.
     Off keeps every weight in a plain CPU buffer: other kernels, other bits, and no AMX."""
@@ -225,6 +231,10 @@ def _is_weight(name: str) -> bool:
     return name.endswith(".weight")
 
 
+Described = tuple[str, str, list[str]]
+"""A node's name, op and source names, as `NodeReader.describe` reads them."""
+
+
 class NodeReader:
     """Reads one computed node through the proven mirror; never calls into ggml on a bad node
     (a ggml assertion would abort the whole process)."""
@@ -233,14 +243,34 @@ class NodeReader:
         self.library = library
         self._ranks: dict[tuple[str, str, int], int] = {}
 
-    def describe(self, address: int) -> tuple[str, str, list[str]]:
+    def describe(self, address: int) -> Described:
         node = tensor_at(address)
         name = node.name.decode("utf-8", "replace")
         sources = [tensor_at(src).name.decode("utf-8", "replace") for src in node.src if src]
         return name, self.library.op_desc(address), sources
 
-    def wanted(self, name: str, sources: list[str], all_nodes: bool) -> bool:
-        return all_nodes or not _DEFAULT_NAME.match(name) or any(_is_weight(s) for s in sources)
+    def wanted(self, name: str, op: str, sources: list[str], settings: LlamaSettings) -> bool:
+        if not settings.whole_cache and op in NO_COMPUTE_OPS and _CACHE_LAYER.match(name):
+            return False
+        return settings.all_nodes or not _DEFAULT_NAME.match(name) or any(_is_weight(s) for s in sources)
+
+    def _host_bytes(self, address: int) -> np.ndarray:
+        """The tensor's memory as bytes: viewed in place for host memory (valid while the callback
+        runs), copied out of any other backend's."""
+        node = tensor_at(address)
+        lib = self.library.lib
+        view_src = tensor_at(node.view_src) if node.view_src else None
+        buffer = view_src.buffer if view_src is not None else node.buffer
+        if not buffer or not node.data:
+            name = node.name.decode("utf-8", "replace")
+            raise RecorderError(f"node {name!r} ({self.library.op_desc(address)}) has no readable buffer")
+        size = int(lib.ggml_nbytes(address))
+        if lib.ggml_backend_buffer_is_host(buffer):
+            return np.frombuffer((ctypes.c_uint8 * size).from_address(node.data), dtype=np.uint8)
+        raw = (ctypes.c_uint8 * size)()
+        if size:
+            lib.ggml_backend_tensor_get(address, raw, 0, size)
+        return np.frombuffer(raw, dtype=np.uint8)
 
     def _shape(self, ne: list[int], key: tuple[str, str, int], rows: int) -> tuple[int, ...]:
         """numpy shape = ggml ne reversed, trimmed of ggml's padding 1s. A one-row step keeps the
@@ -251,27 +281,15 @@ class NodeReader:
         rank = max(rank, self._ranks.get(key, rank))
         return tuple(reversed(ne[:rank]))
 
-    def read(self, address: int, key: tuple[str, str, int], rows: int, batch: int = 1) -> NodeRead:
+    def read(self, address: int, described: Described, key: tuple[str, str, int], rows: int, batch: int = 1) -> NodeRead:
         """The node's elements; in a call over `batch` requests of `rows` tokens each, stacked
         with a leading request axis when its elements are the requests one after another (a
         reshape: the bits stay where llama.cpp put them), else whole."""
-        name, op, sources = self.describe(address)
+        name, op, sources = described
         node = tensor_at(address)
-        lib = self.library.lib
-        view_src = tensor_at(node.view_src) if node.view_src else None
-        buffer = view_src.buffer if view_src is not None else node.buffer
-        if not buffer or not node.data:
-            raise RecorderError(f"node {name!r} ({op}) has no readable buffer")
-        size = int(lib.ggml_nbytes(address))
-        if lib.ggml_backend_buffer_is_host(buffer):
-            # Host memory (the CPU backend's): viewed where llama.cpp keeps it, for as long as the
-            # callback runs, so the writer's copy into its pack is the only one.
-            data = np.frombuffer((ctypes.c_uint8 * size).from_address(node.data), dtype=np.uint8)
-        else:
-            raw = (ctypes.c_uint8 * size)()
-            if size:
-                lib.ggml_backend_tensor_get(address, raw, 0, size)
-            data = np.frombuffer(raw, dtype=np.uint8)
+        # Host memory (the CPU backend's) is viewed where llama.cpp keeps it, for as long as the
+        # callback runs, so the writer's copy into its pack is the only one.
+        data = self._host_bytes(address)
         ne = [int(n) for n in node.ne]
         request = request_ne(ne, rows, batch) if batch > 1 else None
         shape = self._shape(ne, key, rows) if request is None else (batch, *self._shape(request, key, rows))
@@ -288,22 +306,59 @@ class NodeReader:
         if ggml_type in PLAIN_TYPES:
             dtype, np_dtype = PLAIN_TYPES[ggml_type]
             # ggml_nbytes spans the last element's offset, so these strides stay inside `data`.
+            # A view in llama.cpp's memory, strided or not: the writer copies it once, into its pack.
             view = np.lib.stride_tricks.as_strided(data.view(np_dtype), shape=whole, strides=strides)
-            return NodeRead(name, op, sources, layer, dtype, np.ascontiguousarray(view).reshape(shape), stacked=request is not None)
-        return self._quantized(ggml_type, data, whole, strides, shape, name, op, sources, layer, stacked=request is not None)
+            return NodeRead(name, op, sources, layer, dtype, view.reshape(shape), stacked=request is not None)
+        row_bytes = self._row_bytes(ggml_type, whole[-1])
+        rows = np.lib.stride_tricks.as_strided(data, shape=whole[:-1] + (row_bytes,), strides=strides[:-1] + (1,))
+        return self._quantized(ggml_type, np.ascontiguousarray(rows), shape, name, op, sources, layer, stacked=request is not None)
+
+    def read_written(self, address: int, described: Described, rows: int, batch: int = 1) -> NodeRead:
+        """The cells a `SET_ROWS` node wrote, in the order of its index tensor, instead of the whole
+        destination it returns (a KV cache: every cell so far, at every step).
+
+        Read from the destination after the node ran, so they are the stored bits (an F16 cache's
+        rounding included). The V cache without flash attention is transposed, one element per
+        index; llama.cpp orders those indices token by token, so each token's elements still come
+        out as one row. Stored as [tokens, elements], stacked by request in a batch."""
+        name, op, sources = described
+        node = tensor_at(address)
+        indices = tensor_at(node.src[1])
+        ne, index_ne, index_type = [int(n) for n in node.ne], [int(n) for n in indices.ne], int(indices.type)
+        tokens = rows * batch
+        if ne[2:] != [1, 1] or index_ne[1:] != [1, 1, 1] or index_type not in INDEX_TYPES or not tokens or index_ne[0] % tokens:
+            raise RecorderError(
+                f"node {name!r} ({op}) is not a 2-D write through a 1-D integer index of whole tokens ({index_ne}): record the whole cache"
+            )
+        index = self._host_bytes(node.src[1]).view(PLAIN_TYPES[index_type][1])[: index_ne[0]].astype(np.int64)
+        if index.size and (index.min() < 0 or index.max() >= ne[1]):
+            raise RecorderError(f"node {name!r} ({op}) writes rows {int(index.min())}..{int(index.max())} of {ne[1]}: outside its destination")
+        ggml_type = int(node.type)
+        row_bytes = self._row_bytes(ggml_type, ne[0])
+        destination = np.lib.stride_tricks.as_strided(self._host_bytes(address), shape=(ne[1], row_bytes), strides=(int(node.nb[1]), 1))
+        written = destination[index]
+        shape: tuple[int, ...] = (rows, index.size // tokens * ne[0])
+        if batch > 1:
+            shape = (batch, *shape)
+        layer = _node_layer(name, sources)
+        name = f"{name} (written)"
+        if ggml_type in PLAIN_TYPES:
+            dtype, np_dtype = PLAIN_TYPES[ggml_type]
+            return NodeRead(name, op, sources, layer, dtype, written.view(np_dtype).reshape(shape), stacked=batch > 1)
+        return self._quantized(ggml_type, written, shape, name, op, sources, layer, stacked=batch > 1)
+
+    def _row_bytes(self, ggml_type: int, elements: int) -> int:
+        lib = self.library.lib
+        return elements // int(lib.ggml_blck_size(ggml_type)) * int(lib.ggml_type_size(ggml_type))
 
     def _quantized(
-        self, ggml_type: int, data: np.ndarray, whole: tuple[int, ...], strides: tuple[int, ...], shape: tuple[int, ...],
-        name: str, op: str, sources: list[str], layer: int, stacked: bool,
+        self, ggml_type: int, rows: np.ndarray, shape: tuple[int, ...], name: str, op: str, sources: list[str], layer: int, stacked: bool,
     ) -> NodeRead:
-        """GGML blocks: kept raw when the capture format knows the type, else decoded by `gguf`."""
+        """GGML blocks, one row of them per row of `rows`: kept raw when the capture format knows
+        the type, else decoded by `gguf`."""
         import gguf
 
-        lib = self.library.lib
-        block, type_size = int(lib.ggml_blck_size(ggml_type)), int(lib.ggml_type_size(ggml_type))
-        row_bytes = whole[-1] // block * type_size
-        rows_shape = whole[:-1] + (row_bytes,)
-        rows = np.ascontiguousarray(np.lib.stride_tricks.as_strided(data, shape=rows_shape, strides=strides[:-1] + (1,)))
+        row_bytes = rows.shape[-1]
         type_name = self.library.type_name(ggml_type)
         logical = type_name.lower()
         if logical in LOGICAL_DTYPES:
@@ -357,7 +412,8 @@ class _Pass:
     """The first token position of each micro-batch."""
     first_name: str | None = None
     graph: int = -1
-    started: dict[int, int] = field(default_factory=dict)
+    asked: dict[int, tuple[int, Described]] = field(default_factory=dict)
+    """Nodes the graph stops after: when each was asked for (ns), and what it is."""
     computed: bool = False
     """Every node of the graph asked about so far is computed, or computes nothing."""
 
@@ -463,37 +519,45 @@ class LlamaRun:
         current, reader = self._pass, self.reader
         if current is None or reader is None or self.writer is None:
             return not ask
-        name, op, sources = reader.describe(address)
-        if ask:
-            if current.first_name is None or name == current.first_name:
-                current.first_name = name
-                current.graph += 1
-                current.computed = False
-            if not reader.wanted(name, sources, self.settings.all_nodes):
-                current.computed = False
-                return False
-            if current.computed and op in NO_COMPUTE_OPS:
-                # Its bits are final already: everything before it is computed and it computes
-                # nothing. Read now, the graph goes on without stopping here (each stop costs
-                # llama.cpp a separate graph computation; a third of a layer's records are views).
-                self._record(address, name, op, sources, current, self.writer.now_ns())
-                return False
-            current.started[address] = self.writer.now_ns()
+        if not ask:
+            asked = current.asked.pop(address, None)
+            started, described = asked if asked is not None else (None, reader.describe(address))
+            current.computed = True
+            self._record(address, described, current, started)
             return True
-        current.computed = True
-        self._record(address, name, op, sources, current, current.started.pop(address, None))
+        described = reader.describe(address)
+        name, op, sources = described
+        if current.first_name is None or name == current.first_name:
+            current.first_name = name
+            current.graph += 1
+            current.computed = False
+        if not reader.wanted(name, op, sources, self.settings):
+            if op not in NO_COMPUTE_OPS:
+                current.computed = False
+            return False
+        if current.computed and op in NO_COMPUTE_OPS:
+            # Its bits are final already: everything before it is computed and it computes
+            # nothing. Read now, the graph goes on without stopping here (each stop costs
+            # llama.cpp a separate graph computation; a third of a layer's records are views).
+            self._record(address, described, current, self.writer.now_ns())
+            return False
+        current.asked[address] = (self.writer.now_ns(), described)
         return True
 
-    def _record(self, address: int, name: str, op: str, sources: list[str], current: _Pass, started: int | None) -> None:
+    def _record(self, address: int, described: Described, current: _Pass, started: int | None) -> None:
         """Write the computed node at `address` as the next record of the current graph."""
         assert self.reader is not None and self.writer is not None
+        name, op, sources = described
         graph = min(current.graph, len(current.segments) - 1)
         segment, rows, first = current.segments[graph], current.rows[graph], current.starts[graph]
         layer = _node_layer(name, sources)
         count_key = (current.step, segment, layer, name)
         occurrence = self._occurrences.get(count_key, 0)
         self._occurrences[count_key] = occurrence + 1
-        node = self.reader.read(address, (name, op, occurrence), rows, self.batch)
+        if op == "SET_ROWS" and not self.settings.whole_cache:
+            node = self.reader.read_written(address, described, rows, self.batch)
+        else:
+            node = self.reader.read(address, described, (name, op, occurrence), rows, self.batch)
         seq = self.writer.add_tensor(
             node.name,
             node.bits,

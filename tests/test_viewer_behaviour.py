@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -171,6 +173,26 @@ def test_a_newer_request_in_a_lane_cancels_the_older_one(qtbot: QtBot) -> None:
         pass
     qtbot.waitUntil(lambda: slots.idle, timeout=WAIT_MS)
     assert results == ["newest"]
+
+
+def test_shutting_down_ends_running_work_while_the_ui_thread_runs_no_events() -> None:
+    """A closing window waits for its workers inside its close event, running no events: a
+    worker whose thread waited for the UI thread to end it made every close mid-task wait out
+    the whole timeout (30 s)."""
+    slots = TaskSlots()
+    running = threading.Event()
+
+    def endless() -> ProgressGenerator[str]:
+        n = 0
+        while True:
+            running.set()
+            n += 1
+            time.sleep(0.001)
+            yield Progress(n, 0, "forever")
+
+    slots.submit("tensor", endless, lambda _r: None, lambda _m: None)
+    assert running.wait(WAIT_MS / 1000)
+    assert slots.shutdown(ms=10_000) is True
 
 
 def test_a_failing_generator_reports_a_message_not_a_traceback(qtbot: QtBot) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy.ma  # noqa: F401  (see below)
-from PySide6.QtCore import QObject, QThread, Signal, Slot
+from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
 
 from sessions.capture.reader import CaptureError
 from sessions.progress import Progress, ProgressGenerator
@@ -98,7 +98,10 @@ class Task(QObject):
             (self._runner.cancelled, self.cancelled),
         ):
             signal.connect(relay)
-            signal.connect(self._thread.quit)
+            # Direct: the worker thread ends its own event loop. Queued, quit() would wait for the
+            # UI thread, which may itself be waiting for this thread (a window closing mid-task
+            # waited out the whole timeout, 30 s).
+            signal.connect(self._thread.quit, Qt.ConnectionType.DirectConnection)
         self._thread.finished.connect(self.ended)
 
     def start(self) -> None:
@@ -206,10 +209,9 @@ class TaskSlots(QObject):
         for task in list(self._lanes.values()):
             task.cancel()
 
-    def shutdown(self, ms: int = 30_000) -> None:
-        """Cancel everything and wait for the threads, so none outlives the window."""
+    def shutdown(self, ms: int = 30_000) -> bool:
+        """Cancel everything and wait for the threads, so none outlives the window; whether all ended."""
         tasks = list(self._alive)
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            task.wait(ms)
+        return all([task.wait(ms) for task in tasks])

@@ -28,8 +28,10 @@ def ulp_bucket_label(k: int) -> str:
 class ErrorPlots(pg.GraphicsLayoutWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.ulp_plot = self.addPlot(title="ULP steps (differing)", axisItems=grid_axes())
-        self.abs_plot = self.addPlot(title="|error| (differing)", axisItems=grid_axes())
+        self.ci.setContentsMargins(2, 2, 2, 2)
+        self.ci.layout.setHorizontalSpacing(2)
+        self.ulp_plot = self.addPlot(title="ULP steps", axisItems=grid_axes())
+        self.abs_plot = self.addPlot(title="|error|", axisItems=grid_axes())
         self.row_plot = self.addPlot(title="max ULP / row", axisItems=grid_axes())
         self.head_plot = self.addPlot(title="max ULP / head", axisItems=grid_axes())
         for plot in self.plots:
@@ -37,15 +39,22 @@ class ErrorPlots(pg.GraphicsLayoutWidget):
             plot.setTitle(plot.titleLabel.text)
             plot.setMenuEnabled(False)
             show_grid(plot, x=False, y=True, alpha=0.2)
-            plot.getAxis("left").setWidth(36)
+            plot.getAxis("left").setWidth(30)
             for side in ("left", "bottom"):
                 plot.getAxis(side).enableAutoSIPrefix(False)
-            plot.setMinimumWidth(120)
+            plot.setMinimumWidth(90)
+        # At 1280x720 four plots share ~500 px: one y label says what both histograms count, and
+        # the profiles' axes are wide enough for maxima like 30000.
+        for plot, width in ((self.ulp_plot, 42), (self.row_plot, 48), (self.head_plot, 48)):
+            plot.getAxis("left").setWidth(width)
+        self.ulp_plot.getAxis("left").setLabel("log10(1+n)")
+        self.ulp_plot.setToolTip("differing elements by ULP steps apart; bar heights log10(1 + count)")
+        self.abs_plot.setToolTip("differing elements of the shown slice by |native - oracle|; bar heights log10(1 + count)")
         self.ulp_plot.getAxis("bottom").setLabel("ULP ≤")
         self.row_plot.getAxis("bottom").setLabel("row")
         self.head_plot.getAxis("bottom").setLabel("head")
         abs_ticks = [(i, f"1e{int(round(np.log10(ABS_EDGES[i + 1])))}") for i in range(0, len(ABS_EDGES) - 1, 8)]
-        self.abs_plot.getAxis("bottom").setTicks([abs_ticks])
+        self.abs_plot.getAxis("bottom").setTicks(_one_label_then_the_rest(abs_ticks[2], abs_ticks))
 
     @property
     def plots(self) -> tuple[pg.PlotItem, ...]:
@@ -67,9 +76,9 @@ class ErrorPlots(pg.GraphicsLayoutWidget):
             _message(self.ulp_plot, "quantized: blocks are\ncompared byte by byte", MUTED)
         else:
             self._bars(self.ulp_plot, histogram[: max(used, 4)])
-        labels = [ulp_bucket_label(k) for k in range(max(used, 4))]
-        step = max(1, (len(labels) + 2) // 3)  # three labels: four ran together at 1280x720
-        self.ulp_plot.getAxis("bottom").setTicks([[(i, labels[i]) for i in range(0, len(labels), step)]])
+        ticks = [(k, ulp_bucket_label(k)) for k in range(max(used, 4))]
+        step = max(1, (len(ticks) + 2) // 3)
+        self.ulp_plot.getAxis("bottom").setTicks(_one_label_then_the_rest(ticks[0], ticks[step::step]))
         self._bars(self.abs_plot, data.abs_hist.astype(np.float64))
         self._profile(self.row_plot, metrics.per_row if metrics is not None else None, "row", curve=True)
         self._profile(self.head_plot, metrics.per_head if metrics is not None else None, "head", curve=False)
@@ -80,8 +89,7 @@ class ErrorPlots(pg.GraphicsLayoutWidget):
             _message(plot, "no differing elements", EXACT)
             return
         heights = np.log10(counts + 1.0)
-        plot.addItem(pg.BarGraphItem(x=np.arange(counts.size), height=heights, width=0.85, brush=HOT))
-        plot.getAxis("left").setLabel("log10(1+n)")
+        plot.addItem(pg.BarGraphItem(x=np.arange(counts.size), height=heights, width=0.85, brush=HOT, pen=None))
 
     @staticmethod
     def _profile(plot: pg.PlotItem, profile: AxisProfile | None, name: str, curve: bool) -> None:
@@ -100,6 +108,12 @@ class ErrorPlots(pg.GraphicsLayoutWidget):
         else:
             brushes = [HOT if v > 0 else EXACT for v in values]
             plot.addItem(pg.BarGraphItem(x=np.arange(values.size), height=np.maximum(values, 0.02 * max(1.0, values.max())), width=0.8, brushes=brushes))
+
+
+def _one_label_then_the_rest(first: tuple[int, str], rest: list[tuple[int, str]]) -> list[list[tuple[int, str]]]:
+    """Tick levels: pyqtgraph always labels the first level and the next only where it has room,
+    so a plot ~70 px wide (four of them at 1280x720) shows one label instead of overlapping ones."""
+    return [[first], [tick for tick in rest if tick != first]]
 
 
 def _message(plot: pg.PlotItem, text: str, colour: str) -> None:

@@ -28,11 +28,13 @@ def _run(argv: list[str]) -> int:
 
 def test_record_llama_writes_the_capture_with_its_settings(gguf: Path, tmp_path: Path) -> None:
     out = tmp_path / "x.h5"
-    argv = ["record", "llama", str(gguf), "--tokens", "1,2,3", "--decode-steps", "1", "--ubatch", "2", "--kv-type", "f16", "--out", str(out)]
+    argv = ["record", "llama", str(gguf), "--tokens", "1,2,3", "--decode-steps", "1", "--ubatch", "2", "--kv-type", "f16", "--whole-cache", "--out", str(out)]
     assert _run(argv) == record_command.EXIT_OK
     with open_capture(out, check_in_child=False) as capture:
         assert capture.meta.role == "native"
         assert capture.meta.provenance["parity_settings"]["kv_type"] == "f16"
+        assert capture.meta.provenance["parity_settings"]["whole_cache"] is True
+        assert {r.shape for r in capture.records if r.name == "cache_k_l0 (view)" and r.kernel_id == "SET_ROWS"} == {(256, 64)}
         assert sorted({r.segment for r in capture.records}) == ["decode", "prefill.0", "prefill.1"]
 
 

@@ -98,3 +98,25 @@ def test_an_error_escaping_a_slot_is_an_error_banner_with_its_traceback(qtbot: Q
     shoot(window, artifacts_dir, "uncaught-error")
     banner.buttons["Copy details"].click()
     assert QApplication.clipboard().text() == details
+
+
+def test_a_window_closed_as_its_comparison_arrives_runs_nothing_on_its_deleted_parts(
+    qtbot: QtBot, tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The first finding is selected on a timer once the comparison has arrived; a window closed
+    and deleted before it fired ran it on its deleted model ("Signal source has been deleted")."""
+    window = MainWindow(ViewerSettings(tmp_path / "viewer.ini"))
+    closed: list[bool] = []
+
+    def close_on_arrival() -> None:
+        if window.model.comparison is not None and not closed:
+            closed.append(window.close())
+            window.deleteLater()
+
+    window.model.comparison_changed.connect(close_on_arrival)
+    window.show()
+    window.open_pair(*demo_pairs["head-chunk"])
+    qtbot.waitUntil(lambda: bool(closed), timeout=WAIT_MS)
+    qtbot.wait(100)
+    assert closed == [True]
+    assert "uncaught error" not in capfd.readouterr().err

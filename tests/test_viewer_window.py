@@ -12,9 +12,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from PySide6.QtCore import QMimeData, QPoint, QPointF, Qt, QUrl
+from PySide6.QtCore import QEvent, QMimeData, QObject, QPoint, QPointF, Qt, QUrl
 from PySide6.QtGui import QDragEnterEvent, QDropEvent
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QApplication, QWidget
 from pytestqt.qtbot import QtBot
 
 from sessions.bits.element_info import describe, ulp_between
@@ -467,3 +467,40 @@ def test_the_overview_draws_a_long_runs_lines_thinned_to_the_pixels_they_cover(q
     drawn = overview.ulp_line.curve.xData.size
     assert drawn < ops // 10, f"{drawn} of {ops} points drawn: the line is not thinned"
 
+
+
+class _WindowsShown(QObject):
+    """Every widget shown as a window of its own, the main window excepted."""
+
+    def __init__(self, main: QWidget) -> None:
+        super().__init__()
+        self.main = main
+        self.shown: list[str] = []
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if event.type() == QEvent.Type.Show and isinstance(watched, QWidget) and watched.isWindow() and watched is not self.main:
+            self.shown.append(type(watched).__name__)
+        return False
+
+
+def test_a_banner_with_details_opens_no_window_of_its_own_and_the_window_keeps_the_keyboard(qtbot: QtBot, tmp_path: Path) -> None:
+    """A parentless widget made visible is a window of its own: the contract card's Details
+    toggle and text flashed as windows and took the keyboard focus, so Ctrl+J did nothing until
+    the user clicked the window again."""
+    win = MainWindow(ViewerSettings(tmp_path / "viewer.ini"))
+    qtbot.addWidget(win)
+    win.show()
+    qtbot.waitUntil(lambda: QApplication.activeWindow() is win)
+    spy = _WindowsShown(win)
+    QApplication.instance().installEventFilter(spy)
+    try:
+        win.banners.show_message("comparison", "error", "At 0:visual:0:sdpa native ran attn.bf16", details="the contract's details", expanded=True)
+        win.banners.show_message("captures", "warning", "a card shown folded", details="more", expanded=False)
+        qtbot.wait(50)
+    finally:
+        QApplication.instance().removeEventFilter(spy)
+    assert spy.shown == []
+    assert QApplication.activeWindow() is win
+    qtbot.keyClick(win, Qt.Key.Key_J, Qt.KeyboardModifier.ControlModifier)
+    assert win.statusBar().currentMessage() == "Open a pair first.", "Ctrl+J reached the window"
+    win.close()

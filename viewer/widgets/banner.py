@@ -55,14 +55,16 @@ class Banner(QFrame):
         texts = QVBoxLayout()
         texts.setContentsMargins(0, 0, 0, 0)
         texts.addWidget(self.label)
-        self.details = QLabel(details)
+        # Children from the start: a parentless widget made visible is a window of its own, and
+        # showing it took the keyboard focus from the main window (Ctrl+J then did nothing).
+        self.details = QLabel(details, self)
         self.details.setObjectName("bannerText")
         self.details.setWordWrap(True)
         self.details.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.details.setVisible(bool(details) and expanded)
         texts.addWidget(self.details)
         layout.addLayout(texts, 1)
-        self.details_toggle = QToolButton()
+        self.details_toggle = QToolButton(self)
         self.details_toggle.setText("Details")
         self.details_toggle.setCheckable(True)
         self.details_toggle.setChecked(expanded)

@@ -126,7 +126,7 @@ class ReportExporter(QObject):
     def _shoot(self) -> None:
         bookmark = self._queue.pop(0)
         self._screenshots[bookmark.id] = self._camera.grab()
-        QTimer.singleShot(0, self._next_bookmark)
+        QTimer.singleShot(0, self, self._next_bookmark)
 
     def _finish(self) -> None:
         path, self._path = self._path, None

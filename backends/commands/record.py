@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         sub.add_argument("--role", choices=ROLES, default=role, help=f"capture role (default {role})")
         sub.add_argument("--out", type=Path, required=True, metavar="X.h5")
         sub.add_argument("--force", action="store_true", help="replace X.h5 if it exists")
-    llama.add_argument("--all-nodes", action="store_true", help="record every graph node, not only named or weight-anchored ones")
+    llama.add_argument("--all-nodes", action="store_true", help="record every graph node, not only named or weight-anchored ones (the KV cache's views only with --whole-cache)")
     llama.add_argument(
         "--whole-cache", action="store_true",
         help="record the whole KV cache in each of its views at every step (quadratic); default: the cells each step wrote",

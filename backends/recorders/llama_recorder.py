@@ -161,7 +161,8 @@ class LlamaSettings:
     kv_type: str = "f32"
     n_threads: int = 2
     all_nodes: bool = False
-    """Record every node; by default unnamed nodes are kept only when a weight anchors them."""
+    """Record every node (the KV cache's views only with `whole_cache`); by default unnamed nodes
+    are kept only when a weight anchors them."""
     whole_cache: bool = False
     """Record the KV cache as llama.cpp's nodes show it: every cell at every step, in each of its
     views (quadratic in the positions). By default a `SET_ROWS` write is recorded as the cells it

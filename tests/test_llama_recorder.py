@@ -27,6 +27,7 @@ from backends.recorders.llama_recorder import (  # noqa: E402
     SRC_ATTR,
     LlamaSettings,
     RecorderError,
+    node_view,
     request_ne,
 )
 from backends.recorders.record_schedule import TokenSchedule  # noqa: E402
@@ -171,6 +172,14 @@ def test_a_batched_node_splits_by_request_only_where_its_elements_are_the_reques
     assert request_ne(hidden_of_3x5_tokens, rows=5, batch=3) == [64, 5, 1, 1]
     assert request_ne(per_stream_scores, rows=5, batch=3) == [256, 5, 4, 1]
     assert request_ne(whole_k_cache, rows=5, batch=3) is None
+
+
+def test_a_node_is_read_through_its_strides_only_within_its_bytes() -> None:
+    data = np.arange(16, dtype=np.uint8)
+    transposed = node_view(data, np.dtype("<u2"), (2, 4), (2, 4))
+    assert transposed.tolist() == node_view(data, np.dtype("<u2"), (4, 2), (4, 2)).T.tolist()
+    with pytest.raises(RecorderError, match=r"shape \(2, 4\) and strides \(16, 2\) reach past its 16 bytes"):
+        node_view(data, np.dtype("<u2"), (2, 4), (16, 2))
 
 
 def test_a_batched_run_stacks_each_sequence_in_its_row_and_keeps_the_requests_tokens_and_logits(ggufs: dict[str, Path], tmp_path: Path) -> None:

@@ -216,6 +216,16 @@ def request_ne(ne: list[int], rows: int, batch: int) -> list[int] | None:
     return None
 
 
+def node_view(data: np.ndarray, dtype: np.dtype, shape: tuple[int, ...], strides: tuple[int, ...]) -> np.ndarray:
+    """A node's elements as a view of its bytes. numpy refuses strides that reach past `data`
+    (ggml_nbytes spans the last element, so a node read through a correct mirror never does);
+    `as_strided` would read whatever memory lies there."""
+    try:
+        return np.ndarray(shape, dtype=dtype, buffer=data, strides=strides)
+    except (TypeError, ValueError) as exc:
+        raise RecorderError(f"a node's shape {shape} and strides {strides} reach past its {data.size} bytes ({exc})") from None
+
+
 def _node_layer(name: str, sources: list[str]) -> int:
     for pattern, text in ((_NAME_LAYER, name), (_CACHE_LAYER, name)):
         found = pattern.search(text)
@@ -306,12 +316,11 @@ class NodeReader:
         ggml_type = int(node.type)
         if ggml_type in PLAIN_TYPES:
             dtype, np_dtype = PLAIN_TYPES[ggml_type]
-            # ggml_nbytes spans the last element's offset, so these strides stay inside `data`.
             # A view in llama.cpp's memory, strided or not: the writer copies it once, into its pack.
-            view = np.lib.stride_tricks.as_strided(data.view(np_dtype), shape=whole, strides=strides)
+            view = node_view(data, np_dtype, whole, strides)
             return NodeRead(name, op, sources, layer, dtype, view.reshape(shape), stacked=request is not None)
         row_bytes = self._row_bytes(ggml_type, whole[-1])
-        rows = np.lib.stride_tricks.as_strided(data, shape=whole[:-1] + (row_bytes,), strides=strides[:-1] + (1,))
+        rows = node_view(data, np.dtype(np.uint8), whole[:-1] + (row_bytes,), strides[:-1] + (1,))
         return self._quantized(ggml_type, np.ascontiguousarray(rows), shape, name, op, sources, layer, stacked=request is not None)
 
     def read_written(self, address: int, described: Described, rows: int, batch: int = 1) -> NodeRead:
@@ -336,7 +345,7 @@ class NodeReader:
             raise RecorderError(f"node {name!r} ({op}) writes rows {int(index.min())}..{int(index.max())} of {ne[1]}: outside its destination")
         ggml_type = int(node.type)
         row_bytes = self._row_bytes(ggml_type, ne[0])
-        destination = np.lib.stride_tricks.as_strided(self._host_bytes(address), shape=(ne[1], row_bytes), strides=(int(node.nb[1]), 1))
+        destination = node_view(self._host_bytes(address), np.dtype(np.uint8), (ne[1], row_bytes), (int(node.nb[1]), 1))
         written = destination[index]
         shape: tuple[int, ...] = (rows, index.size // tokens * ne[0])
         if batch > 1:

@@ -258,6 +258,17 @@ def test_each_step_records_the_cache_cells_it_wrote_once_and_bit_for_bit(ggufs: 
     assert positions == [(0, 2), (2, 2), (4, 1), (5, 1), (6, 1)], "every position written once, in order"
 
 
+def test_with_flash_attention_the_cache_cast_for_the_kernel_is_left_out_too(ggufs: dict[str, Path], tmp_path: Path) -> None:
+    written, whole = tmp_path / "written.h5", tmp_path / "whole.h5"
+    schedule = TokenSchedule(SCHEDULE.prompt, decode_steps=1)
+    _record(ggufs["f32"], written, schedule, LlamaSettings(flash_attn=True))
+    _record(ggufs["f32"], whole, schedule, LlamaSettings(flash_attn=True, whole_cache=True))
+    with open_capture(written, check_in_child=False) as a, open_capture(whole, check_in_child=False) as b:
+        cache = [{(r.name, r.kernel_id) for r in c.records if r.step == 1 and r.layer == 0 and r.name.startswith("cache_")} for c in (a, b)]
+    assert cache[0] == {(K_WRITE, "SET_ROWS"), ("cache_v_l0 (view) (written)", "SET_ROWS")}, "not transposed with flash attention"
+    assert ("cache_k_l0 (view) (permuted) (copy)", "CPY") in cache[1], "the whole cache cast to F16 for the kernel"
+
+
 def test_the_whole_cache_setting_records_every_cell_and_holds_the_written_ones_where_they_were_written(
     ggufs: dict[str, Path], tmp_path: Path
 ) -> None:

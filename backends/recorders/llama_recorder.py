@@ -165,8 +165,9 @@ class LlamaSettings:
     are kept only when a weight anchors them."""
     whole_cache: bool = False
     """Record the KV cache as llama.cpp's nodes show it: every cell at every step, in each of its
-    views (quadratic in the positions). By default a `SET_ROWS` write is recorded as the cells it
-    wrote (`NAME (written)`) and the cache's views are left out: each cell's bits once."""
+    views and copies (quadratic in the positions). By default a `SET_ROWS` write is recorded as
+    the cells it wrote (`NAME (written)`), and the cache's views and its copies (flash attention
+    casts an F32 cache to F16 every step) are left out: each cell's bits once."""
     extra_bufts: bool = True
     """llama.cpp's extra buffer types (weights repacked for AMX or wider SIMD kernels), its default.
     Off keeps every weight in a plain CPU buffer: other kernels, other bits, and no AMX."""
@@ -261,7 +262,7 @@ class NodeReader:
         return name, self.library.op_desc(address), sources
 
     def wanted(self, name: str, op: str, sources: list[str], settings: LlamaSettings) -> bool:
-        if not settings.whole_cache and op in NO_COMPUTE_OPS and _CACHE_LAYER.match(name):
+        if not settings.whole_cache and op != "SET_ROWS" and _CACHE_LAYER.match(name):
             return False
         return settings.all_nodes or not _DEFAULT_NAME.match(name) or any(_is_weight(s) for s in sources)
 

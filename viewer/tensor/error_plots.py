@@ -86,7 +86,7 @@ class ErrorPlots(pg.GraphicsLayoutWidget):
     @staticmethod
     def _bars(plot: pg.PlotItem, counts: np.ndarray) -> None:
         if counts.size == 0 or not counts.any():
-            _message(plot, "no differing elements", EXACT)
+            _message(plot, "no differing\nelements", EXACT)  # one line overran its neighbour at 1280x720
             return
         heights = np.log10(counts + 1.0)
         plot.addItem(pg.BarGraphItem(x=np.arange(counts.size), height=heights, width=0.85, brush=HOT, pen=None))

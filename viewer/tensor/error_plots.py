@@ -34,19 +34,17 @@ class ErrorPlots(pg.GraphicsLayoutWidget):
         self.abs_plot = self.addPlot(title="|error|", axisItems=grid_axes())
         self.row_plot = self.addPlot(title="max ULP / row", axisItems=grid_axes())
         self.head_plot = self.addPlot(title="max ULP / head", axisItems=grid_axes())
-        for plot in self.plots:
+        # At 1280x720 four plots share ~500 px: one y label says what both histograms count, and
+        # the profiles' axes are wide enough for maxima like 30000.
+        for plot, left_width in zip(self.plots, (42, 30, 48, 48)):
             plot.titleLabel.opts["size"] = "9pt"
             plot.setTitle(plot.titleLabel.text)
             plot.setMenuEnabled(False)
             show_grid(plot, x=False, y=True, alpha=0.2)
-            plot.getAxis("left").setWidth(30)
+            plot.getAxis("left").setWidth(left_width)
             for side in ("left", "bottom"):
                 plot.getAxis(side).enableAutoSIPrefix(False)
             plot.setMinimumWidth(90)
-        # At 1280x720 four plots share ~500 px: one y label says what both histograms count, and
-        # the profiles' axes are wide enough for maxima like 30000.
-        for plot, width in ((self.ulp_plot, 42), (self.row_plot, 48), (self.head_plot, 48)):
-            plot.getAxis("left").setWidth(width)
         self.ulp_plot.getAxis("left").setLabel("log10(1+n)")
         self.ulp_plot.setToolTip("differing elements by ULP steps apart; bar heights log10(1 + count)")
         self.abs_plot.setToolTip("differing elements of the shown slice by |native - oracle|; bar heights log10(1 + count)")

@@ -536,8 +536,8 @@ class MainWindow(QMainWindow):
         if target is not None:
             # On a timer of its own, not in this turn nor a posted event: the window first paints
             # the verdict and tree and answers input, then the tensors load (together they held
-            # it ~200 ms on a 240k-record pair). A selection made meanwhile (a restored session's) wins.
-            # The window as the timer's context: a window closed meanwhile cancels it.
+            # it ~200 ms on a 240k-record pair). A selection made meanwhile (a restored session's) wins;
+            # the window is the timer's context, so closing it meanwhile cancels the timer.
             QTimer.singleShot(1, self, lambda: self._select_arrived(comparison, target))
 
     def _select_arrived(self, comparison: Any, target: Any) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -143,8 +144,31 @@ def test_profile_rules_check_kernel_source_and_one_sided_keys() -> None:
     assert profile.match("node_7", 0, 1, "MUL_MAT", ("blk.3.x",)) is None
     one = profile.match("x-2", 0, 1)
     assert one is not None and one.one_sided == "only here" and profile.uses_sources
-    with pytest.raises(ProfileError, match="a one_sided rule names no op and no layout"):
-        profile_from_dict({"name": "p", "rule": [{"name": "x", "op": "embed", "one_sided": "why"}]}, "p.toml")
+    optional = profile_from_dict({"name": "p", "rule": [{"name": "x", "op": "k_cache", "one_sided": "why"}]}, "p.toml").match("x", 0, 1)
+    assert optional is not None and (optional.op, optional.one_sided) == ("k_cache", "why")
+    with pytest.raises(ProfileError, match="a one_sided rule without an op takes no layout"):
+        profile_from_dict({"name": "p", "rule": [{"name": "x", "layout": "a b -> b a", "one_sided": "why"}]}, "p.toml")
+
+
+def test_two_llama_cpp_runs_cut_differently_compare_the_kv_cache_cells_each_step_wrote(pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """The cells pair by position whatever the micro-batches (6 prompt tokens in one call against
+    calls of 4 and 2), bit for bit; against MLX, which records no cache, they are one-sided."""
+    cut = tmp_path / "ubatch4.h5"
+    _drain(iter_record_llama(pair[0].parent / "tiny.f32.gguf", dataclasses.replace(SCHEDULE, ubatch=4), cut))
+    with open_capture(pair[0], check_in_child=False) as native, open_capture(cut, check_in_child=False) as oracle:
+        comparison = run_to_end(iter_compare(native, oracle, CompareOptions()))
+    cells = sorted((p.key.op, p.key.layer, p.key.step, p.key.positions) for p in comparison.pairs if p.key.op.endswith("_cache"))
+    assert cells == sorted(
+        (op, layer, step, positions)
+        for op in ("k_cache", "v_cache")
+        for layer in range(TINY.num_hidden_layers)
+        for step, positions in ((0, (0, 4)), (0, (4, 6)), (1, (6, 7)))
+    )
+    k_cache = next(p for p in comparison.pairs if p.key.op == "k_cache" and p.key.positions == (4, 6))
+    assert (k_cache.native_name, k_cache.native_window, k_cache.metrics.shape) == ("cache_k_l0 (view) (written)", (4, 6), [2, 64])
+    assert all(p.metrics.bit_exact for p in comparison.pairs if p.key.op.endswith("_cache"))
+    against_mlx = [u for u in _align(pair).unaligned if u.name.startswith("cache_v_l1") and u.step == 1]
+    assert [(u.reason, u.key.op if u.key else None) for u in against_mlx] == [(ONE_SIDED, "v_cache")]
 
 
 def test_the_comparison_of_a_real_capture_anchors_every_output_projection_by_its_weight(pair: tuple[Path, Path], tmp_path: Path) -> None:

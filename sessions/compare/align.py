@@ -130,8 +130,9 @@ def map_records(
     side: str,
     sources: dict[int, tuple[str, ...]] | None = None,
     batch: BatchRow | None = None,
-) -> tuple[list[MappedRecord], list[UnalignedRecord]]:
-    """Each record's canonical key and shape under `profile`, or why it has none.
+) -> tuple[list[MappedRecord], list[UnalignedRecord], dict[int, str]]:
+    """Each record's canonical key and shape under `profile`, or why it has none, and the records
+    of optional stages (seq -> why the other engine may not record them: `_unless_recorded`).
 
     `sources` (seq -> source tensor names, `sessions.compare.record_sources`) feeds rules that anchor
     a record by what it consumes. A rule match depends only on the name, occurrence, count,
@@ -144,13 +145,14 @@ def map_records(
     matches: dict[tuple[str, int, int, str, tuple[str, ...]], RuleMatch | None] = {}
     mapped: list[MappedRecord] = []
     rejected: list[UnalignedRecord] = []
+    optional: dict[int, str] = {}
     for record in records:
         count = counts[(record.step, record.segment, record.layer, record.name)]
         asked = (record.name, record.occurrence, count, record.kernel_id, sources.get(record.seq, ()))
         if asked not in matches:
             matches[asked] = profile.match(*asked)
         match = matches[asked]
-        if match is not None and match.one_sided is not None:
+        if match is not None and match.one_sided is not None and not match.op:
             rejected.append(_unaligned(side, record, ONE_SIDED, match.one_sided))
             continue
         if match is None:
@@ -182,7 +184,25 @@ def map_records(
             rejected.append(_unaligned(side, record, LAYOUT, str(exc), key))
             continue
         mapped.append(MappedRecord(record, key, match.layout, shape, batch=batch))
-    return mapped, rejected
+        if match.one_sided is not None:
+            optional[record.seq] = match.one_sided
+    return mapped, rejected, optional
+
+
+def _unless_recorded(
+    side: str, mapped: list[MappedRecord], optional: dict[int, str], other: list[MappedRecord], unaligned: list[UnalignedRecord]
+) -> list[MappedRecord]:
+    """A side's records without those of optional stages (the KV cache's written cells) whose op
+    the other capture never records: one-sided with their reason, not a partner missing per record."""
+    recorded = {m.key.op for m in other}
+    kept: list[MappedRecord] = []
+    for m in mapped:
+        why = optional.get(m.record.seq)
+        if why is not None and m.key.op not in recorded:
+            unaligned.append(_unaligned(side, m.record, ONE_SIDED, why, m.key))
+        else:
+            kept.append(m)
+    return kept
 
 
 def _by_key(mapped: list[MappedRecord]) -> tuple[dict[OpKey, MappedRecord], dict[OpKey, list[MappedRecord]]]:
@@ -400,9 +420,13 @@ def align(
     the same native record, the last one counts. `mode` is one of ALIGN_MODES; `*_batch` is
     where a batched run keeps the request."""
     overrides = _latest(overrides)
-    n_mapped, unaligned = map_records(native, native_profile, "native", native_sources, native_batch)
-    o_mapped, o_rejected = map_records(oracle, oracle_profile, "oracle", oracle_sources, oracle_batch)
+    n_mapped, unaligned, n_optional = map_records(native, native_profile, "native", native_sources, native_batch)
+    o_mapped, o_rejected, o_optional = map_records(oracle, oracle_profile, "oracle", oracle_sources, oracle_batch)
     unaligned.extend(o_rejected)
+    n_mapped, o_mapped = (
+        _unless_recorded("native", n_mapped, n_optional, o_mapped, unaligned),
+        _unless_recorded("oracle", o_mapped, o_optional, n_mapped, unaligned),
+    )
     n_spans, o_spans = record_spans(n_mapped), record_spans(o_mapped)
     n_calls, o_calls = calls(n_mapped, n_spans), calls(o_mapped, o_spans)
     chosen = mode if mode != "auto" else auto_mode(n_mapped, o_mapped, n_calls, o_calls)

@@ -9,7 +9,9 @@ layout transform. Real-engine recorders give more to match on: the record's kern
 llama.cpp recorder writes the ggml op there, `kernel = "ROPE"`) and its source tensor names
 (`source = "blk.{layer}.attn_output.weight"` anchors a node llama.cpp leaves unnamed). A rule
 with `one_sided = "why"` instead of an op names a stage the other engine has no tensor for;
-alignment lists such records as one-sided with that reason.
+alignment lists such records as one-sided with that reason. With an op as well, the stage is
+canonical but optional (the KV cache's written cells: llama.cpp records them, mlx-lm does not):
+its records pair when the other capture has that op, and are one-sided with the reason when not.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ CANONICAL_OPS: dict[str, str] = {
     "k_norm": "heads rows dim",
     "q_rope": "heads rows dim",
     "k_rope": "heads rows dim",
+    "k_cache": "rows (heads dim)",
+    "v_cache": "rows (heads dim)",
     "sdpa": "rows (heads dim)",
     "o_proj": "rows hidden",
     "attn_residual": "rows hidden",
@@ -62,6 +66,8 @@ HEADS_SOURCE: dict[str, tuple[str, ...]] = {
     "sdpa": ("q_rope", "q_norm"),
     "k_proj": ("k_rope", "k_norm"),
     "v_proj": ("k_rope", "k_norm"),
+    "k_cache": ("k_rope", "k_norm"),
+    "v_cache": ("k_rope", "k_norm"),
 }
 """For ops whose canonical axis is `(heads dim)`: the ops of the same layer whose axis 0 counts the heads."""
 
@@ -92,7 +98,8 @@ class NameRule:
     """Only records whose source tensors are unknown: a fallback for callers that do not read
     them, which must not catch a record its sources would place elsewhere."""
     one_sided: str | None = None
-    """Instead of an op: why the other engine has no such tensor."""
+    """Why the other engine may have no such tensor: instead of an op (it never has), or beside
+    one (an optional stage, one-sided only when the other capture has no record of the op)."""
 
     def matches_occurrence(self, occurrence: int, count: int) -> bool:
         if self.count is not None and count != self.count:
@@ -116,7 +123,8 @@ class RuleMatch:
     occurrence: int
     layout: LayoutTransform | None
     one_sided: str | None = None
-    """Set when the record is a known stage without a counterpart: the reason."""
+    """Set when the record is a known stage that may have no counterpart: the reason (with `op`
+    empty: it never has one)."""
 
 
 @dataclass(frozen=True)
@@ -204,9 +212,9 @@ def _rule(entry: Any, where: str) -> NameRule:
     if not isinstance(entry.get("without_sources", False), bool):
         raise ProfileError(f"{where}: without_sources must be true or false")
     one_sided = entry.get("one_sided")
-    if one_sided is not None:
-        if op is not None or "layout" in entry:
-            raise ProfileError(f"{where}: a one_sided rule names no op and no layout")
+    if one_sided is not None and op is None:
+        if "layout" in entry:
+            raise ProfileError(f"{where}: a one_sided rule without an op takes no layout")
         op = ""
     elif op not in CANONICAL_OPS:
         raise ProfileError(f"{where}: op {op!r} is not a canonical op ({', '.join(CANONICAL_OPS)})")

@@ -10,8 +10,8 @@ seeded weights exported to GGUF. Printed: the GGUF size, the plain and recorded 
 equal the plain run's bit for bit (they must: recording may cost time, never bits).
 Both run llama.cpp in this process, not in the recording child `record llama` uses, so the
 figures are the callback's cost without a process start-up on either side; both run with
-OpenMP's passive wait policy, as the recording child sets it (`quiet_openmp`: llama.cpp's idle
-threads sleep instead of spinning), unless `OMP_WAIT_POLICY` is set. `--engine mlx` runs
+the OpenMP wait the recording child sets (`brief_openmp_wait`: llama.cpp's idle threads spin
+3,000 rounds, then sleep), unless `OMP_WAIT_POLICY` or `GOMP_SPINCOUNT` is set. `--engine mlx` runs
 the same model as an mlx-lm directory (float32) on MLX's CPU stream: plain mlx-lm against
 `record mlx`'s recorder, and compares the greedy tokens (the recorder must not change them).
 """
@@ -35,9 +35,9 @@ from backends.engines.demo_model import DemoConfig  # noqa: E402
 from backends.engines.gguf_export import VARIANTS, export_gguf, write_mlx_model_dir  # noqa: E402
 from backends.recorders.llama_recorder import (  # noqa: E402
     LlamaSettings,
+    brief_openmp_wait,
     iter_plain_here,
     iter_record_here,
-    quiet_openmp,
 )
 from backends.recorders.mlx_recorder import iter_record_mlx, plain_run_mlx  # noqa: E402
 from backends.recorders.record_schedule import TokenSchedule  # noqa: E402
@@ -50,7 +50,7 @@ BENCH_CONFIG = DemoConfig(
 
 
 def main() -> int:
-    quiet_openmp()
+    brief_openmp_wait()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engine", choices=("llama", "mlx"), default="llama")
     parser.add_argument("--variant", choices=VARIANTS, default="f16", help="GGUF weights (llama only)")

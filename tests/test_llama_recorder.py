@@ -24,9 +24,11 @@ from backends.recorders.ggml_tensor_struct import (  # noqa: E402
 )
 from backends.recorders.llama_process import iter_record_llama, plain_logits  # noqa: E402
 from backends.recorders.llama_recorder import (  # noqa: E402
+    OPENMP_WAIT,
     SRC_ATTR,
     LlamaSettings,
     RecorderError,
+    brief_openmp_wait,
     node_view,
     request_ne,
 )
@@ -318,6 +320,18 @@ def test_provenance_keeps_the_build_and_the_buffer_types_that_ran(ggufs: dict[st
         provenance = capture.meta.provenance
     assert provenance["system_info"] == llama_cpp.llama_print_system_info().decode().strip()
     assert provenance["parity_settings"]["extra_bufts"] is extra_bufts
-    assert provenance["omp_wait_policy"] == os.environ.get("OMP_WAIT_POLICY", "PASSIVE"), "idle OpenMP threads sleep unless told otherwise"
+    user_set = any(name in os.environ for name in OPENMP_WAIT)
+    assert provenance["openmp_wait"] == ({name: os.environ.get(name, "") for name in OPENMP_WAIT} if user_set else OPENMP_WAIT)
     # This build's repacking buffer type declines all 25 of the tiny q8_0 model's weights: they stay in the mapped file.
     assert provenance["buffer_types"] == {"model": ["CPU_Mapped"], "KV": ["CPU"], "compute": ["CPU"], "output": ["CPU"], **declined}
+
+
+def test_openmp_workers_spin_briefly_unless_the_environment_says_how_they_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in OPENMP_WAIT:
+        monkeypatch.delenv(name, raising=False)
+    brief_openmp_wait()
+    assert {name: os.environ[name] for name in OPENMP_WAIT} == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "3000"}
+    monkeypatch.delenv("GOMP_SPINCOUNT")
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    brief_openmp_wait()
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE" and "GOMP_SPINCOUNT" not in os.environ, "a user's policy gets no spin count beside it"

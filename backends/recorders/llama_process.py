@@ -40,9 +40,9 @@ from backends.recorders.llama_crash import explain_crash
 from backends.recorders.llama_recorder import (
     LlamaSettings,
     RecorderError,
+    brief_openmp_wait,
     iter_plain_here,
     iter_record_here,
-    quiet_openmp,
 )
 from backends.recorders.record_schedule import TokenSchedule, check_batch
 from sessions.child_process import ChildProcess, progress_line
@@ -212,7 +212,7 @@ def _run_job(job: dict[str, Any], protocol: _Protocol) -> list[np.ndarray]:
 
 
 def main() -> int:
-    quiet_openmp()
+    brief_openmp_wait()
     protocol = _Protocol(os.fdopen(os.dup(1), "w"))
     os.dup2(2, 1)
     from sessions import crash_point

@@ -85,7 +85,8 @@ _WEIGHT_LAYER = re.compile(r"^blk\.(\d+)\.")
 SRC_ATTR = "ggml_src"
 NO_COMPUTE_OPS = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"})
 """ggml ops that only describe memory another tensor holds: the CPU backend computes nothing for them."""
-OPENMP_WAIT = ("OMP_WAIT_POLICY", "PASSIVE")
+OPENMP_WAIT = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "3000"}
+"""How llama.cpp's idle OpenMP workers wait while a recording stops its graph (`brief_openmp_wait`)."""
 ENGINE_NAME = "llama.cpp (llama-cpp-python)"
 
 
@@ -135,18 +136,24 @@ def buffer_types(lines: list[str]) -> dict[str, Any]:
     return found
 
 
-def quiet_openmp() -> None:
-    """Let llama.cpp's idle OpenMP threads sleep instead of spin, unless the environment says otherwise.
+def brief_openmp_wait() -> None:
+    """Let llama.cpp's idle OpenMP threads spin briefly, then sleep, unless the environment says
+    how they wait (either variable set: both left as they are).
 
     ggml's CPU backend (built with OpenMP) computes in parallel regions whose worker threads then
-    spin, waiting for the next one. A recording stops the graph after every recorded node to run
-    Python, so those threads spin through all of it: on the 2-core development VM a recorded
-    50 M-parameter run spent most of its samples in libgomp's spin loop (perf) and 2.6-3.2 s of
-    CPU, against 0.9-1.1 s with the threads asleep, and took 2-10x as long whenever other
-    processes wanted the cores. libgomp reads the variable once, when it loads, so this runs before
-    llama_cpp is imported. How threads wait never changes what ggml computes: each thread's share
-    of the work is fixed by its index."""
-    os.environ.setdefault(OPENMP_WAIT[0], OPENMP_WAIT[1])
+    wait for the next one, by default spinning for milliseconds. A recording stops the graph after
+    every recorded node to run Python, so those threads spun through all of it: on the 2-core
+    development VM a recorded 50 M-parameter run spent most of its samples in libgomp's spin loop
+    (perf) and took 2-10x as long whenever other processes wanted the cores. Asleep at once
+    (`OMP_WAIT_POLICY=PASSIVE` alone), every stop pays for waking them: about 400 us a stop there,
+    most of a recording's overhead. A spin of 3,000 rounds (libgomp counts ~100,000 a millisecond)
+    bridges a short callback: measured on that VM, 5 runs each, recording took 0.34-0.47 s against
+    0.60-0.90 s asleep at once, and no longer with two busy processes on its cores (0.95-1.35 s
+    against 0.57-1.35 s); 20,000 rounds took 3x as long under that load. libgomp reads the
+    variables once, when it loads, so this runs before llama_cpp is imported. How threads wait never
+    changes what ggml computes: each thread's share of the work is fixed by its index."""
+    if not any(name in os.environ for name in OPENMP_WAIT):
+        os.environ.update(OPENMP_WAIT)
 
 
 class RecorderError(RuntimeError):
@@ -504,7 +511,7 @@ class LlamaRun:
             "llama_cpp_python_version": self.llama.__version__,
             "system_info": self.llama.llama_print_system_info().decode("utf-8", "replace").strip(),
             "buffer_types": buffer_types(LOG_LINES),
-            "omp_wait_policy": os.environ.get(OPENMP_WAIT[0], ""),
+            "openmp_wait": {name: os.environ.get(name, "") for name in OPENMP_WAIT},
             "parity_settings": {**asdict(self.settings), "logits_all": True, "n_ubatch": self.schedule.ubatch, "kv_unified": False},
             "batch": self.batch,
             "batch_row": self.batch_row,

@@ -18,6 +18,7 @@ from backends.engines.gguf_export import (  # noqa: E402
     write_mlx_model_dir,
 )
 from backends.recorders.llama_process import iter_record_llama  # noqa: E402
+from backends.recorders.llama_recorder import LlamaSettings  # noqa: E402
 from backends.recorders.mlx_recorder import iter_record_mlx  # noqa: E402
 from backends.recorders.record_schedule import TokenSchedule  # noqa: E402
 from sessions.capture.opening import open_capture  # noqa: E402
@@ -32,6 +33,7 @@ from sessions.compare.profiles import (  # noqa: E402
     profile_from_dict,
 )
 from sessions.compare.record_sources import record_sources, sources_for  # noqa: E402
+from sessions.compare.verdict import Kind  # noqa: E402
 from sessions.progress import run_to_end  # noqa: E402
 from tests.test_llama_recorder import TINY  # noqa: E402
 
@@ -169,6 +171,22 @@ def test_two_llama_cpp_runs_cut_differently_compare_the_kv_cache_cells_each_step
     assert all(p.metrics.bit_exact for p in comparison.pairs if p.key.op.endswith("_cache"))
     against_mlx = [u for u in _align(pair).unaligned if u.name.startswith("cache_v_l1") and u.step == 1]
     assert [(u.reason, u.key.op if u.key else None) for u in against_mlx] == [(ONE_SIDED, "v_cache")]
+
+
+def test_flash_attention_on_and_off_store_the_same_cache_cells_and_part_at_the_attention(pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """Flash attention stores V untransposed, the other path transposed: both come out as the
+    cells each token wrote, so the first layer's cache compares bit for bit and the first finding
+    is the attention itself, where the two paths run different kernels."""
+    flash = tmp_path / "flash.h5"
+    _drain(iter_record_llama(pair[0].parent / "tiny.f32.gguf", SCHEDULE, flash, LlamaSettings(flash_attn=True)))
+    with open_capture(pair[0], check_in_child=False) as native, open_capture(flash, check_in_child=False) as oracle:
+        comparison = run_to_end(iter_compare(native, oracle, CompareOptions()))
+    verdicts = {p.label: p.verdict for p in comparison.pairs if p.key.layer == 0 and p.key.op.endswith("_cache")}
+    assert verdicts == {f"step {s} {segment} layer 0 {op}": "bit-exact" for s, segment in ((0, "prefill"), (1, "decode")) for op in ("k_cache", "v_cache")}
+    assert comparison.verdict.first is not None
+    first = comparison.verdict.first.key
+    assert (first.step, first.layer, first.op, comparison.verdict.first.kind) == (0, 0, "sdpa", Kind.CONTRACT_MISMATCH)
+    assert comparison.verdict.first.detail == "KERNEL_CONTRACT_MISMATCH: kernel_id: native 'CONT' vs oracle 'RESHAPE'"
 
 
 def test_the_comparison_of_a_real_capture_anchors_every_output_projection_by_its_weight(pair: tuple[Path, Path], tmp_path: Path) -> None:

@@ -2,7 +2,8 @@
 
 One case per demo scenario plus planted cases (a 1-ULP flip, a signed-zero flip, a contract
 change, a dispatch-only change, a missing record, a token difference after the shared EOS, a
-bit flipped in runs cut into different calls).
+bit flipped in runs cut into different calls), and two real llama.cpp runs, flash attention off
+and on.
 For each, the CLI text, the JSON, the HTML, the tree's first non-exact op, Ctrl+J's target,
 the Overview's marker and the window's verdict strip are read and must agree with what the
 case documents.
@@ -116,15 +117,37 @@ def _planted(tmp_path: Path, name: str) -> Case:
     return Case(native, oracle, *expected)
 
 
+def _llama_flash_attention(tmp_path: Path) -> Case:
+    """Two real llama.cpp runs of one tiny model, flash attention off and on: every op before the
+    first layer's attention agrees, its KV-cache cells included, and the attention ran other kernels."""
+    pytest.importorskip("llama_cpp")
+    from backends.demo.llama_pairs import demo_weights_f32
+    from backends.engines.gguf_export import export_gguf
+    from backends.recorders.llama_process import iter_record_llama
+    from backends.recorders.llama_recorder import LlamaSettings
+    from backends.recorders.record_schedule import TokenSchedule
+    from sessions.progress import run_to_end
+    from tests.test_llama_recorder import TINY
+
+    gguf = export_gguf(TINY.as_dict(), demo_weights_f32(TINY, 3), tmp_path / "tiny.f32.gguf", "f32")
+    schedule = TokenSchedule((5, 17, 3, 88, 41), decode_steps=1)
+    native, oracle = tmp_path / "llama.h5", tmp_path / "llama.flash.h5"
+    run_to_end(iter_record_llama(gguf, schedule, native))
+    run_to_end(iter_record_llama(gguf, schedule, oracle, LlamaSettings(flash_attn=True)))
+    return Case(native, oracle, CONTRACT_MISMATCH, Kind.CONTRACT_MISMATCH, "0:prefill:0:sdpa")
+
+
 PLANTED = ("one-ulp", "signed-zero", "contract", "dispatch-only", "missing", "post-eos-token", "cut-position")
 SCENARIOS = ("clean", "head-chunk", "attention-contract", "swiglu-order", "signed-zero", "post-eos")
 
 
-@pytest.fixture(params=[f"planted:{n}" for n in PLANTED] + [f"demo:{n}" for n in SCENARIOS])
+@pytest.fixture(params=[f"planted:{n}" for n in PLANTED] + [f"demo:{n}" for n in SCENARIOS] + ["llama:flash-attention"])
 def case(request: pytest.FixtureRequest, tmp_path: Path) -> Case:
     source, name = request.param.split(":")
     if source == "planted":
         return _planted(tmp_path, name)
+    if source == "llama":
+        return _llama_flash_attention(tmp_path)
     from backends.engines.demo_scenarios import SCENARIOS as DOCUMENTED
 
     native, oracle = request.getfixturevalue("demo_pairs")[name]

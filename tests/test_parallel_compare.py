@@ -15,7 +15,7 @@ from sessions.compare.comparison import Comparison, iter_compare, resolve_profil
 from sessions.compare.document import dumps
 from sessions.compare.options import CompareOptions
 from sessions.compare.pair_reader import pair_bytes
-from sessions.compare.parallel_compare import PARALLEL_MIN_BYTES, shards, worker_count
+from sessions.compare.parallel_compare import shards, worker_count
 from sessions.progress import Progress, run_to_end
 
 
@@ -76,7 +76,7 @@ def test_closing_a_parallel_comparison_stops_its_workers(demo_pairs: dict[str, t
     assert multiprocessing.active_children() == []
 
 
-def test_shards_are_consecutive_runs_of_about_equal_bytes_and_small_pairs_stay_in_one_process(demo_pairs: dict[str, tuple[Path, Path]]) -> None:
+def test_shards_are_consecutive_runs_of_about_equal_bytes_and_workers_are_as_many_as_asked(demo_pairs: dict[str, tuple[Path, Path]]) -> None:
     native, oracle = demo_pairs["clean"]
     with open_capture(native) as n, open_capture(oracle) as o:
         pairs = align(n.records, o.records, *resolve_profiles(n, o, CompareOptions())).pairs
@@ -84,8 +84,7 @@ def test_shards_are_consecutive_runs_of_about_equal_bytes_and_small_pairs_stay_i
     assert [i for part in parts for i in part] == list(range(len(pairs)))
     sizes = [sum(pair_bytes(pairs[i]) for i in part) for part in parts]
     assert len(parts) == 8 and max(sizes) < 2 * sum(sizes) / 8
-    assert worker_count(CompareOptions(), PARALLEL_MIN_BYTES - 1) == 1
-    assert worker_count(CompareOptions(workers=3), 10) == 3
+    assert worker_count(CompareOptions(workers=3)) == 3
 
 
 class _IdleWorkers:

@@ -280,7 +280,7 @@ def _iter_compare(
     dispatch_keys = {d.key for d in dispatch}
     results: list[PairResult] = []
     logits: dict[int, tuple[int, StepLogits]] = {}
-    workers = worker_count(options, total)
+    workers = worker_count(options)
     spans, span_bytes_done = read_ahead_spans(native, oracle, alignment.pairs)
     with ReadAhead(spans, READ_AHEAD_BYTES) as read_ahead:
 

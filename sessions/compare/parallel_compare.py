@@ -43,10 +43,6 @@ if TYPE_CHECKING:
     from multiprocessing.pool import AsyncResult, Pool
     from multiprocessing.sharedctypes import SynchronizedArray
 
-PARALLEL_MIN_BYTES = 2 * 1024**3
-"""Below this many bytes (both sides), no workers are chosen by default: one process compares a
-warm bit-identical bf16 pair at about 5 GB/s, close to what copying it from the page cache costs
-(benchmarks/bench_report.py)."""
 MIN_AUTO_CORES = 4
 """With fewer cores the one process, its read-ahead thread and the page cache already fill them."""
 MAX_AUTO_WORKERS = 16
@@ -77,14 +73,15 @@ class _Job:
     heads: Heads
 
 
-def worker_count(options: CompareOptions, total_bytes: int) -> int:
-    """How many processes may compare: as asked, else one per core for a large comparison."""
+def worker_count(options: CompareOptions) -> int:
+    """How many processes may compare: as asked, else one per core. Not by size: a pair's bytes
+    do not say how long it takes (a differing pair is decoded element by element, orders of
+    magnitude slower than an identical one streams), and workers start only once this process,
+    at the rate it is going, would need longer than SPAWN_WHEN_LEFT_S for the rest."""
     if options.workers > 0:
         return options.workers
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if total_bytes < PARALLEL_MIN_BYTES or cores < MIN_AUTO_CORES:
-        return 1
-    return min(MAX_AUTO_WORKERS, cores)
+    return 1 if cores < MIN_AUTO_CORES else min(MAX_AUTO_WORKERS, cores)
 
 
 def shards(pairs: list[AlignedPair], parts: int) -> list[range]:

@@ -38,7 +38,7 @@ from sessions.progress import run_to_end  # noqa: E402
 from tests.test_llama_recorder import TINY  # noqa: E402
 
 LAYER_STAGES = {
-    "attn_norm", "q_proj", "k_proj", "v_proj", "q_norm", "k_norm", "q_rope", "k_rope", "sdpa", "o_proj",
+    "attn_norm", "q_proj", "k_proj", "v_proj", "q_norm", "k_norm", "q_rope", "k_rope", "k_cache", "v_cache", "sdpa", "o_proj",
     "attn_residual", "ffn_norm", "ffn_gate", "ffn_up", "ffn_act", "ffn_down", "layer_out",
 }
 SCHEDULE = TokenSchedule((5, 17, 3, 88, 41, 9), decode_steps=1)
@@ -86,7 +86,6 @@ def test_records_only_llama_cpp_has_are_listed_one_sided_with_their_reason(pair:
     by_name = {(u.step, u.name, u.occurrence): u.detail for u in alignment.unaligned}
     assert by_name[(0, "kq-0", 0)].startswith("attention scores")
     assert by_name[(0, "kq_soft_max-1", 0)].startswith("attention probabilities")
-    assert by_name[(0, "cache_k_l0 (view) (written)", 0)].startswith("KV-cache")
     assert by_name[(0, "Qcur-0", 1)].startswith("per-head view")
     norms = [by_name[(0, "norm-1", i)].split(" norm")[0] for i in range(4)]
     assert norms == ["attention", "Q", "K", "FFN"]
@@ -154,7 +153,7 @@ def test_profile_rules_check_kernel_source_and_one_sided_keys() -> None:
 
 def test_two_llama_cpp_runs_cut_differently_compare_the_kv_cache_cells_each_step_wrote(pair: tuple[Path, Path], tmp_path: Path) -> None:
     """The cells pair by position whatever the micro-batches (6 prompt tokens in one call against
-    calls of 4 and 2), bit for bit; against MLX, which records no cache, they are one-sided."""
+    calls of 4 and 2), bit for bit."""
     cut = tmp_path / "ubatch4.h5"
     _drain(iter_record_llama(pair[0].parent / "tiny.f32.gguf", dataclasses.replace(SCHEDULE, ubatch=4), cut))
     with open_capture(pair[0], check_in_child=False) as native, open_capture(cut, check_in_child=False) as oracle:
@@ -169,8 +168,33 @@ def test_two_llama_cpp_runs_cut_differently_compare_the_kv_cache_cells_each_step
     k_cache = next(p for p in comparison.pairs if p.key.op == "k_cache" and p.key.positions == (4, 6))
     assert (k_cache.native_name, k_cache.native_window, k_cache.metrics.shape) == ("cache_k_l0 (view) (written)", (4, 6), [2, 64])
     assert all(p.metrics.bit_exact for p in comparison.pairs if p.key.op.endswith("_cache"))
-    against_mlx = [u for u in _align(pair).unaligned if u.name.startswith("cache_v_l1") and u.step == 1]
-    assert [(u.reason, u.key.op if u.key else None) for u in against_mlx] == [(ONE_SIDED, "v_cache")]
+
+
+def test_the_cache_cells_llama_cpp_wrote_pair_with_those_mlx_lm_wrote_and_equal_their_k_rope_and_v_proj(pair: tuple[Path, Path]) -> None:
+    """Each engine's cache holds its own post-RoPE keys and projected values, bit for bit, so
+    both sides' cells are what their k_rope and v_proj say; against a capture that records no
+    cache (the demo oracle) the cells are one-sided."""
+    alignment = _align(pair)
+    with open_capture(pair[0], check_in_child=False) as native, open_capture(pair[1], check_in_child=False) as oracle:
+        for step in (0, 1):
+            by_op = {p.key.op: p for p in alignment.pairs if (p.key.step, p.key.layer) == (step, 1)}
+            for side, capture in (("native", native), ("oracle", oracle)):
+                def canonical(op: str) -> np.ndarray:
+                    mapped = getattr(by_op[op], side)
+                    bits = capture.read_bits(mapped.record)
+                    return mapped.layout.apply(bits) if mapped.layout else bits
+
+                keys, rope = canonical("k_cache"), canonical("k_rope")
+                assert keys.shape == (rope.shape[1], rope.shape[0] * rope.shape[2])
+                assert keys.tobytes() == np.ascontiguousarray(rope.transpose(1, 0, 2)).tobytes()
+                assert canonical("v_cache").tobytes() == canonical("v_proj").tobytes()
+    with open_capture(pair[0], check_in_child=False) as native:
+        no_cache = [r for r in native.records if not r.name.startswith("cache_")]
+        llama = builtin_profiles()["llama.cpp"]
+        unaligned = align(native.records, no_cache, llama, llama).unaligned
+    written = {(u.key.op if u.key else None, u.reason, u.detail) for u in unaligned if u.name.endswith("(written)")}
+    reason = "KV-cache cells written this step: the other capture records no KV cache"
+    assert written == {("k_cache", ONE_SIDED, reason), ("v_cache", ONE_SIDED, reason)}
 
 
 def test_flash_attention_on_and_off_store_the_same_cache_cells_and_part_at_the_attention(pair: tuple[Path, Path], tmp_path: Path) -> None:

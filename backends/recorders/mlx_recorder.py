@@ -5,8 +5,10 @@ Qwen3: instead of a fixed list of Qwen3 classes it wraps the classes of the mode
 modules (Linear, RMSNorm, RoPE, Embedding, quantized layers, ...) and of its decoder layers,
 found by walking `named_modules()`. Module outputs, the derived attention-residual and
 activation stages, and every SDPA call with its dispatch events are recorded exactly as the
-demo oracle records them, with mlx-lm's own SDPA route (no head chunking). A model whose
-logits come from a tied embedding (no `lm_head` module) gets its logits recorded as `lm_head`.
+demo oracle records them, with mlx-lm's own SDPA route (no head chunking); so are the cells
+each call wrote into a plain KV cache (`kv_cache.keys`, `kv_cache.values`: the cache bits a
+llama.cpp recording's written cells compare with). A model whose logits come from a tied
+embedding (no `lm_head` module) gets its logits recorded as `lm_head`.
 
 Models load with `mlx_lm.utils.load_model` from the directory; nothing is ever downloaded.
 """
@@ -21,7 +23,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 import mlx_lm
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from backends.engines.capture_sink import CaptureSink
 from backends.engines.demo_scenarios import EngineOptions
@@ -40,6 +42,9 @@ from sessions.progress import Progress, ProgressGenerator
 MLX_RECORDING = EngineOptions(head_chunk=False)
 """mlx-lm as it ships: one SDPA call per attention, MLX's own route."""
 LOGITS_NAME = "lm_head"
+CACHE_KEYS = "model.layers.{layer}.kv_cache.keys"
+CACHE_VALUES = "model.layers.{layer}.kv_cache.values"
+"""The cells each call wrote into a layer's KV cache, [batch, kv_heads, rows, dim] as mlx-lm stores them."""
 
 
 class ModelDirError(ValueError):
@@ -101,12 +106,32 @@ class MlxRecorder(OracleEngine):
         for cls in self._layers:
             cls.__call__ = self._entering_layer(self._recording(originals[cls]))
         mx.fast.scaled_dot_product_attention = self._spy_sdpa
+        caches = [(layer, cache) for layer, cache in enumerate(self.cache) if type(cache) is KVCache]
+        for layer, cache in caches:
+            cache.update_and_fetch = self._recording_cache(layer, cache.update_and_fetch)  # type: ignore[method-assign]
         try:
             yield
         finally:
+            for _, cache in caches:
+                del cache.update_and_fetch
             mx.fast.scaled_dot_product_attention = self._sdpa
             for cls, original in originals.items():
                 cls.__call__ = original
+
+    def _recording_cache(self, layer: int, original: Callable[[mx.array, mx.array], tuple[mx.array, mx.array]]) -> Callable[..., Any]:
+        """The cells a call wrote into layer `layer`'s KV cache, read back from the cache (`CACHE_KEYS`,
+        `CACHE_VALUES`): mlx-lm's plain `KVCache` keeps every cell in order, so they are the last
+        rows of what it returns. Other caches (rotating, quantized) store cells elsewhere and are
+        not recorded."""
+
+        def update_and_fetch(keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+            stored_keys, stored_values = original(keys, values)
+            rows = keys.shape[2]
+            self.sink.tensor(CACHE_KEYS.format(layer=layer), stored_keys[..., -rows:, :], layer=layer)
+            self.sink.tensor(CACHE_VALUES.format(layer=layer), stored_values[..., -rows:, :], layer=layer)
+            return stored_keys, stored_values
+
+        return update_and_fetch
 
     def _entering_layer(self, recording: Callable[..., Any]) -> Callable[..., Any]:
         """The SDPA spy names its record after the layer whose forward is running."""

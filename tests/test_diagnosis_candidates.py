@@ -68,6 +68,7 @@ CASES: dict[str, tuple[str, str, str]] = {
     "ggml.attn.f32": ("llama-f32", "0:prefill:0:sdpa", NATIVE),
     # residuals and copies
     "residual.add": ("clean", "0:visual:0:attn_residual", BOTH),
+    "cache.store": ("llama-f32", "1:decode:1:k_cache", BOTH),
     "copy.plus_zero": ("signed-zero", "0:text-before:0:ffn_act", NATIVE),
 }
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from backends.commands.diagnose import EXIT_EXPLAINED
@@ -19,6 +20,7 @@ from sessions.capture.opening import open_capture
 from sessions.compare.key import OpKey
 from sessions.compare.result_cache import iter_compare_cached
 from sessions.progress import Progress, run_to_end
+from tests.hand_captures import T, bf16_bits, write_capture
 from viewer.cli import main
 
 pytestmark = pytest.mark.slow
@@ -136,3 +138,24 @@ def test_the_diagnosis_yields_progress_and_closing_it_cancels(demo_pairs: dict) 
         first, second = next(work), next(work)
         assert isinstance(first, Progress) and second.label == "classifying 0:text-before:0:ffn_act"
         work.close()
+
+
+def test_a_kv_cache_saved_through_x_plus_zero_is_local_at_k_cache_and_the_plus_zero_copy_reproduces_it(tmp_path: Path) -> None:
+    """Seed 001's trap on the cache itself: the native keeps its keys through a deep clone taken
+    as x + 0, so every -0.0 key is stored as +0.0. The keys agree, the cells do not, and only the
+    copy explains them."""
+    rng = np.random.default_rng(3)
+    keys = bf16_bits(rng.standard_normal((2, 3, 4)))
+    keys[0, 1, 2] = keys[1, 2, 0] = 0x8000
+    cells = np.ascontiguousarray(keys.transpose(1, 0, 2)).reshape(3, 8)
+    cloned = np.where(cells == 0x8000, np.uint16(0), cells)
+
+    def capture(name: str, stored: np.ndarray) -> Path:
+        tensors = [T("k_rope", keys, layer=0, dtype="bfloat16"), T("k_cache", stored, layer=0, dtype="bfloat16")]
+        return write_capture(tmp_path / f"{name}.h5", name, tensors, [(0, 5, False)])
+
+    found = diagnose((capture("native", cloned), capture("oracle", cells)))
+    (op,) = found.ops
+    assert op.key == OpKey(0, "prefill", 0, "k_cache") and op.classification.locality == Locality.LOCAL
+    assert (op.native_ran, op.oracle_ran) == ("copy.plus_zero", "cache.store")
+    assert op.classification.local is not None and op.classification.local.differing == 2

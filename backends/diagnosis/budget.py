@@ -160,6 +160,8 @@ class Replay:
         """The final logits with the run recomputed from `start` on (the oracle's state before it)."""
         if start.positions:
             raise NotMeasurable("the replay recomputes whole forward calls, and these runs were cut into different calls (aligned by position)")
+        if injection is not None and injection.key.layer >= 0 and injection.key.op not in DECODER_LAYER:
+            raise NotMeasurable(f"the replay computes a layer's {', '.join(DECODER_LAYER)} and keeps its KV cache as k_rope and v_proj; it has no {injection.key.op} to change")
         positions = self.ops.positions
         here, last = (start.step, start.segment), (self.final.step, self.final.segment)
         if here not in positions or last not in positions:

@@ -29,6 +29,7 @@ from backends.kernels import ggml_cpu
 from backends.rerun import ops as rerun_ops
 from backends.rerun.compute import (
     ADDS,
+    CACHES,
     LINEARS,
     NORMS,
     Routes,
@@ -39,7 +40,7 @@ from backends.rerun.compute import (
 CPU = mx.Device(mx.cpu)
 HEAD_NORMS = ("q_norm", "k_norm")
 ROPES = ("q_rope", "k_rope")
-ALL_OPS = frozenset((*NORMS, *HEAD_NORMS, *LINEARS, *ROPES, "sdpa", "ffn_act", *ADDS))
+ALL_OPS = frozenset((*NORMS, *HEAD_NORMS, *LINEARS, *ROPES, *CACHES, "sdpa", "ffn_act", *ADDS))
 MLX_SOURCE = "ml-explore/mlx"
 GGML_SOURCE = "ggml-org/llama.cpp ggml/src/ggml-cpu"
 
@@ -403,6 +404,11 @@ REGISTRY: tuple[Candidate, ...] = (
         f"{GGML_SOURCE}/ops.cpp ggml_compute_forward_soft_max_f32, ggml-cpu.c mul_mat; llama.cpp build_attn_mha", _ggml_attention, _contract_mask_unavailable,
     ),
     Candidate("residual.add", frozenset(ADDS), "a + b in the input dtype, one rounding", "every engine's residual add", _mlx(Routes())),
+    Candidate(
+        "cache.store", frozenset(CACHES),
+        "the step's post-RoPE keys / projected values stored as they are, rounded once (to nearest even) when the cache's dtype is narrower",
+        "mlx-lm KVCache.update_and_fetch (a slice assignment); ggml set_rows (GGML_CPU_FP32_TO_FP16 for an F16 cache)", _mlx(Routes()),
+    ),
     Candidate(
         "copy.plus_zero", ALL_OPS,
         "the op as the oracle's route computes it, then an extra x + 0.0 copy: every -0.0 becomes +0.0, nothing else changes",

@@ -11,7 +11,7 @@ keeps that an observation rather than an assumption.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import mlx.core as mx
 import numpy as np
@@ -23,6 +23,9 @@ from backends.rerun import ops
 NORMS = ("attn_norm", "ffn_norm", "final_norm")
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "ffn_gate", "ffn_up", "ffn_down", "logits")
 ADDS = {"attn_residual": ("layer_input", "o_proj"), "layer_out": ("attn_residual", "ffn_down")}
+CACHES = ("k_cache", "v_cache")
+ArrayT = TypeVar("ArrayT", mx.array, np.ndarray)
+CACHE_ROUTE = "stored as is, in the cache's dtype"
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,8 @@ def compute_mlx(
         return Computed(ops.residual_add(arrays[a], arrays[b], device), "a + b")
     if op == "ffn_act":
         return Computed(ops.swiglu(arrays["ffn_gate"], arrays["ffn_up"], routes.swiglu, device), f"swiglu {routes.swiglu}")
+    if op in CACHES:
+        return Computed(cache_cells(op, arrays), CACHE_ROUTE)
     raise ops.RerunOpError(f"{op} has no rerun")
 
 
@@ -137,7 +142,20 @@ def compute_f64(op: str, arrays: dict[str, np.ndarray], history: dict[str, np.nd
         return ref.residual_add(arrays[a], arrays[b])
     if op == "ffn_act":
         return ref.swiglu(arrays["ffn_gate"], arrays["ffn_up"])
+    if op in CACHES:
+        return cache_cells(op, arrays)
     raise ops.RerunOpError(f"{op} has no float64 reference")
+
+
+def cache_cells(op: str, arrays: dict[str, ArrayT]) -> ArrayT:
+    """What a KV-cache write stores: the step's post-RoPE keys [heads, rows, dim] or projected
+    values [rows, heads*dim], as one row of cells per token. Moving bits computes nothing; the
+    only arithmetic a store can do is round to the cache's dtype, which the comparison with the
+    captured record applies."""
+    if op == "v_cache":
+        return arrays["v_proj"]
+    keys = arrays["k_rope"]
+    return keys.transpose(1, 0, 2).reshape(keys.shape[1], -1)
 
 
 def to_f64(arrays: dict[str, mx.array]) -> dict[str, np.ndarray]:

@@ -39,6 +39,8 @@ OP_INPUTS: dict[str, tuple[str, ...]] = {
     "k_norm": ("k_proj",),
     "q_rope": ("q_norm",),
     "k_rope": ("k_norm",),
+    "k_cache": ("k_rope",),
+    "v_cache": ("v_proj",),
     "sdpa": ("q_rope", "k_rope", "v_proj"),
     "o_proj": ("sdpa",),
     "attn_residual": (LAYER_INPUT, "o_proj"),

@@ -168,6 +168,25 @@ def test_two_llama_cpp_runs_cut_differently_compare_the_kv_cache_cells_each_step
     k_cache = next(p for p in comparison.pairs if p.key.op == "k_cache" and p.key.positions == (4, 6))
     assert (k_cache.native_name, k_cache.native_window, k_cache.metrics.shape) == ("cache_k_l0 (view) (written)", (4, 6), [2, 64])
     assert all(p.metrics.bit_exact for p in comparison.pairs if p.key.op.endswith("_cache"))
+    probabilities = sorted((p.key.layer, p.key.positions, tuple(p.metrics.shape)) for p in comparison.pairs if p.key.op == "attn_probs" and p.key.step == 0)
+    assert probabilities == [(layer, positions, (4, rows, 256)) for layer in (0, 1) for positions, rows in (((0, 4), 4), ((4, 6), 2))]
+    assert all(p.metrics.bit_exact for p in comparison.pairs if p.key.op == "attn_probs")
+
+
+def test_an_f16_cache_against_an_f32_one_is_a_dtype_mismatch_and_parts_first_at_the_attention_probabilities(pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """llama.cpp's F16 cache rounds the keys it stores; the scores read the rounded keys, so the
+    first thing that differs is the softmax's output, and the cells themselves are named as
+    stored in another dtype rather than compared."""
+    f16 = tmp_path / "f16.h5"
+    _drain(iter_record_llama(pair[0].parent / "tiny.f32.gguf", SCHEDULE, f16, LlamaSettings(kv_type="f16")))
+    with open_capture(pair[0], check_in_child=False) as native, open_capture(f16, check_in_child=False) as oracle:
+        comparison = run_to_end(iter_compare(native, oracle, CompareOptions()))
+    assert comparison.verdict.first is not None
+    first = comparison.verdict.first.key
+    assert (first.step, first.layer, first.op, comparison.verdict.first.kind) == (0, 0, "attn_probs", Kind.DIVERGED)
+    mismatched = sorted((u.name, u.detail) for u in comparison.unaligned if (u.step, u.layer, u.side, u.reason) == (0, 0, "native", "dtype_mismatch"))
+    detail = "dtypes differ: native float32 vs oracle float16"
+    assert mismatched == [("cache_k_l0 (view) (written)", detail), ("cache_v_l0 (reshaped) (view) (written)", detail)]
 
 
 def test_the_cache_cells_llama_cpp_wrote_pair_with_those_mlx_lm_wrote_and_equal_their_k_rope_and_v_proj(pair: tuple[Path, Path]) -> None:

@@ -41,6 +41,7 @@ CANONICAL_OPS: dict[str, str] = {
     "k_rope": "heads rows dim",
     "k_cache": "rows (heads dim)",
     "v_cache": "rows (heads dim)",
+    "attn_probs": "heads rows cells",
     "sdpa": "rows (heads dim)",
     "o_proj": "rows hidden",
     "attn_residual": "rows hidden",

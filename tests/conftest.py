@@ -50,7 +50,8 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(scope="session")
 def llama_tiny_pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
     """Real llama.cpp captures (native) against MLX (oracle) on one tiny Qwen3 per GGUF variant:
-    variant -> (native path, oracle path). Skipped where llama-cpp-python is not installed."""
+    variant -> (native path, oracle path), plus "f32-kv16": the f32 weights with llama.cpp's F16
+    KV cache. Skipped where llama-cpp-python is not installed."""
     pytest.importorskip("llama_cpp")
     from backends.demo.llama_pairs import demo_weights_f32
     from backends.engines.demo_model import DemoConfig
@@ -61,6 +62,7 @@ def llama_tiny_pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tupl
         write_mlx_model_dir,
     )
     from backends.recorders.llama_process import iter_record_llama
+    from backends.recorders.llama_recorder import LlamaSettings
     from backends.recorders.mlx_recorder import iter_record_mlx
     from backends.recorders.record_schedule import TokenSchedule
     from sessions.progress import run_to_end
@@ -82,4 +84,8 @@ def llama_tiny_pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tupl
         run_to_end(iter_record_llama(gguf, schedule, native, extra=extra))
         run_to_end(iter_record_mlx(mlx_dir, schedule, oracle, extra=extra))
         pairs[variant] = (native, oracle)
+        if variant == "f32":
+            f16_cache = directory / "f32-kv16.native.h5"
+            run_to_end(iter_record_llama(gguf, schedule, f16_cache, LlamaSettings(kv_type="f16"), extra=extra))
+            pairs["f32-kv16"] = (f16_cache, oracle)
     return pairs

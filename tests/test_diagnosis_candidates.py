@@ -66,6 +66,7 @@ CASES: dict[str, tuple[str, str, str]] = {
     "attn.f32.tiled64x64": ("attention-contract", "0:visual:0:sdpa", ORACLE),
     "attn.auto_qtile64": ("attention-contract", "0:visual:0:sdpa", ORACLE),
     "ggml.attn.f32": ("llama-f32", "0:prefill:0:sdpa", NATIVE),
+    "ggml.attn.f16_cache": ("llama-f32-kv16", "0:prefill:0:sdpa", NATIVE),
     # residuals and copies
     "residual.add": ("clean", "0:visual:0:attn_residual", BOTH),
     "cache.store": ("llama-f32", "1:decode:1:k_cache", BOTH),
@@ -134,3 +135,14 @@ def test_a_candidate_that_cannot_run_says_why(sessions: dict[str, RerunSession])
     assert q8_0.unavailable(q_proj) == "needs the weight's stored Q8_0 blocks; the weight does not come from a GGUF file"
     rope = candidate_inputs(session, "native", OpKey.parse("0:text-before:0:q_rope"), None)
     assert position0.unavailable(rope) == "the cache offset is 0 here: positions from 0 are the captured positions"
+
+
+@pytest.mark.parametrize("key", ["0:prefill:1:sdpa", "2:decode:1:sdpa"])
+def test_attention_over_an_f16_cache_is_the_f16_contract_in_prefill_and_decode_and_not_the_f32_one(sessions: dict[str, RerunSession], key: str) -> None:
+    """Prefill (six query rows: tinyBLAS) and decode (one row: vec_dot_f16) both round q and the
+    probabilities to F16; the F32 cache's contract misses every element there, and the F16 one
+    misses the F32 cache's run."""
+    assert _reproduces(sessions["llama-f32-kv16"], "ggml.attn.f16_cache", key) == NATIVE
+    assert _reproduces(sessions["llama-f32-kv16"], "ggml.attn.f32", key) == NEITHER
+    assert _reproduces(sessions["llama-f32"], "ggml.attn.f16_cache", key) == NEITHER
+

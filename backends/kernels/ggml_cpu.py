@@ -25,7 +25,11 @@ one ggml kernel's order of operations and rounding boundaries, written from the 
 - Attention without flash attention: `kq = mul_mat(k, q)` (q is a permuted view, not contiguous,
   so llamafile is skipped and every row takes vec_dot), `ggml_compute_forward_soft_max_f32`
   (scale, additive mask, max, `ggml_vec_soft_max_f32`, `1.0/sum`), `kqv = mul_mat(v^T, kq)`,
-  over the KV cache padded to the length llama.cpp allocated.
+  over the KV cache padded to the length llama.cpp allocated. Over an F16 cache (llama.cpp's
+  default type) K and V are stored rounded to F16, and each mul_mat converts its activations
+  (q, then the probabilities) to F16, its `vec_dot_type`, into a contiguous buffer: llamafile
+  then takes two or more query rows, `ggml_vec_dot_f16` one, both accumulating in float32 as
+  for F32 operands.
 
 Inputs are float32 numpy arrays (widened from whatever dtype was captured); outputs are float32.
 """
@@ -277,11 +281,21 @@ def soft_max(scores: np.ndarray, scale: float, mask: np.ndarray | None) -> np.nd
     return (out * inverse[..., None]).astype(F32)
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float, causal: bool, kv_cells: int) -> np.ndarray:
+def _f16(x: np.ndarray) -> np.ndarray:
+    """Rounded to F16 (nearest even, as F16C converts) and widened back: an F16 operand's values."""
+    return np.asarray(x, dtype=F32).astype(np.float16).astype(F32)
+
+
+def attention(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float, causal: bool, kv_cells: int, f16_cache: bool = False
+) -> np.ndarray:
     """llama.cpp attention without flash attention, for q [heads, rows, dim] over k/v [kv_heads,
     kv_len, dim]: the cache holds `kv_cells` cells (unused ones zero and masked with -inf); returns
-    [heads, rows, dim]. Query row i sits at cache position kv_len - rows + i."""
+    [heads, rows, dim]. Query row i sits at cache position kv_len - rows + i. `f16_cache`: the
+    cache stores F16, so both products take F16 operands (module docstring)."""
     q, k, v = (np.asarray(a, dtype=F32) for a in (q, k, v))
+    if f16_cache:
+        k, v = _f16(k), _f16(v)
     heads, rows, dim = q.shape
     kv_heads, kv_len = k.shape[0], k.shape[1]
     cells = max(kv_cells, kv_len)
@@ -294,7 +308,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float, caus
     group = heads // kv_heads
     out = np.empty_like(q)
     for h in range(heads):
-        kq = dot_vec_f32(k[h // group], q[h])
+        kq = mul_mat(k[h // group], _f16(q[h])) if f16_cache else dot_vec_f32(k[h // group], q[h])
         probs = soft_max(kq, scale, mask)
-        out[h] = mul_mat(np.ascontiguousarray(v[h // group].T), probs)
+        out[h] = mul_mat(np.ascontiguousarray(v[h // group].T), _f16(probs) if f16_cache else probs)
     return out

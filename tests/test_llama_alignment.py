@@ -22,8 +22,10 @@ from backends.recorders.llama_recorder import LlamaSettings  # noqa: E402
 from backends.recorders.mlx_recorder import iter_record_mlx  # noqa: E402
 from backends.recorders.record_schedule import TokenSchedule  # noqa: E402
 from sessions.capture.opening import open_capture  # noqa: E402
+from sessions.capture.reader import Capture  # noqa: E402
 from sessions.compare.align import ONE_SIDED, Alignment, align  # noqa: E402
 from sessions.compare.comparison import iter_compare  # noqa: E402
+from sessions.compare.mapped_record import MappedRecord  # noqa: E402
 from sessions.compare.options import CompareOptions
 from sessions.compare.profiles import (  # noqa: E402
     BUILTIN_DIR,
@@ -67,6 +69,12 @@ def _align(pair: tuple[Path, Path], with_sources: bool = True) -> Alignment:
     with open_capture(pair[0], check_in_child=False) as native, open_capture(pair[1], check_in_child=False) as oracle:
         sources = sources_for(native, profiles["llama.cpp"]) if with_sources else None
         return align(native.records, oracle.records, profiles["llama.cpp"], profiles["mlx-lm"], native_sources=sources)
+
+
+def _canonical(capture: Capture, mapped: MappedRecord) -> np.ndarray:
+    """A record's bits in its op's canonical layout."""
+    bits = capture.read_bits(mapped.record)
+    return mapped.layout.apply(bits) if mapped.layout else bits
 
 
 def test_every_layer_stage_both_engines_compute_is_aligned(pair: tuple[Path, Path]) -> None:
@@ -122,10 +130,7 @@ def test_the_engines_agree_on_the_embedding_and_part_at_the_first_rms_norm(pair:
     first = {p.key.op: p for p in _align(pair).pairs if p.key.step == 0 and p.key.layer in (-1, 0)}
     with open_capture(pair[0], check_in_child=False) as native, open_capture(pair[1], check_in_child=False) as oracle:
         def bits(op: str) -> tuple[np.ndarray, np.ndarray]:
-            p = first[op]
-            n = native.read_bits(p.native.record)
-            o = oracle.read_bits(p.oracle.record)
-            return (p.native.layout.apply(n) if p.native.layout else n), (p.oracle.layout.apply(o) if p.oracle.layout else o)
+            return _canonical(native, first[op].native), _canonical(oracle, first[op].oracle)
 
         embed_n, embed_o = bits("embed")
         norm_n, norm_o = bits("attn_norm")
@@ -198,15 +203,11 @@ def test_the_cache_cells_llama_cpp_wrote_pair_with_those_mlx_lm_wrote_and_equal_
         for step in (0, 1):
             by_op = {p.key.op: p for p in alignment.pairs if (p.key.step, p.key.layer) == (step, 1)}
             for side, capture in (("native", native), ("oracle", oracle)):
-                def canonical(op: str) -> np.ndarray:
-                    mapped = getattr(by_op[op], side)
-                    bits = capture.read_bits(mapped.record)
-                    return mapped.layout.apply(bits) if mapped.layout else bits
-
-                keys, rope = canonical("k_cache"), canonical("k_rope")
+                keys, rope = (_canonical(capture, getattr(by_op[op], side)) for op in ("k_cache", "k_rope"))
                 assert keys.shape == (rope.shape[1], rope.shape[0] * rope.shape[2])
                 assert keys.tobytes() == np.ascontiguousarray(rope.transpose(1, 0, 2)).tobytes()
-                assert canonical("v_cache").tobytes() == canonical("v_proj").tobytes()
+                values, projected = (_canonical(capture, getattr(by_op[op], side)) for op in ("v_cache", "v_proj"))
+                assert values.tobytes() == projected.tobytes()
     with open_capture(pair[0], check_in_child=False) as native:
         no_cache = [r for r in native.records if not r.name.startswith("cache_")]
         llama = builtin_profiles()["llama.cpp"]

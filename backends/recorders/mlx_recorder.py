@@ -45,6 +45,8 @@ LOGITS_NAME = "lm_head"
 CACHE_KEYS = "model.layers.{layer}.kv_cache.keys"
 CACHE_VALUES = "model.layers.{layer}.kv_cache.values"
 """The cells each call wrote into a layer's KV cache, [batch, kv_heads, rows, dim] as mlx-lm stores them."""
+CacheUpdate = Callable[[mx.array, mx.array], tuple[mx.array, mx.array]]
+"""`KVCache.update_and_fetch`: this call's keys and values in, every cached key and value out."""
 
 
 class ModelDirError(ValueError):
@@ -118,7 +120,7 @@ class MlxRecorder(OracleEngine):
             for cls, original in originals.items():
                 cls.__call__ = original
 
-    def _recording_cache(self, layer: int, original: Callable[[mx.array, mx.array], tuple[mx.array, mx.array]]) -> Callable[..., Any]:
+    def _recording_cache(self, layer: int, original: CacheUpdate) -> CacheUpdate:
         """The cells a call wrote into layer `layer`'s KV cache, read back from the cache (`CACHE_KEYS`,
         `CACHE_VALUES`): mlx-lm's plain `KVCache` keeps every cell in order, so they are the last
         rows of what it returns. Other caches (rotating, quantized) store cells elsewhere and are

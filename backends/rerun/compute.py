@@ -24,8 +24,8 @@ NORMS = ("attn_norm", "ffn_norm", "final_norm")
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "ffn_gate", "ffn_up", "ffn_down", "logits")
 ADDS = {"attn_residual": ("layer_input", "o_proj"), "layer_out": ("attn_residual", "ffn_down")}
 CACHES = ("k_cache", "v_cache")
-ArrayT = TypeVar("ArrayT", mx.array, np.ndarray)
 CACHE_ROUTE = "stored as is, in the cache's dtype"
+ArrayT = TypeVar("ArrayT", mx.array, np.ndarray)
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,13 @@ from sessions.compare.align import (
     LAYER_CONFLICT,
     NO_PARTNER,
     NO_RULE,
+    ONE_SIDED,
     SHAPE_MISMATCH,
+    ManualPair,
     align,
 )
 from sessions.compare.comparison import iter_compare
+from sessions.compare.key import RecordKey
 from sessions.compare.options import CompareOptions
 from sessions.compare.profiles import (
     ProfileError,
@@ -164,3 +167,26 @@ def test_the_fallback_output_projection_rule_serves_only_records_without_known_s
     assert anchored is not None and (anchored.op, anchored.layer) == ("o_proj", 3)
     with pytest.raises(ProfileError, match="without_sources must be true or false"):
         profile_from_dict({"name": "p", "rule": [{"name": "x", "op": "embed", "without_sources": "yes"}]}, "p.toml")
+
+
+def test_an_optional_stage_pairs_in_the_layers_the_other_capture_records_it_and_is_one_sided_elsewhere(tmp_path: Path) -> None:
+    """An engine may record its KV cache in some layers only (mlx-lm keeps a rotating cache in
+    sliding-window layers): the other layers' cells are one-sided, not missing partners."""
+    cells = [T("k_cache", _q(10 + layer, (ROWS, HEADS * DIM)), layer=layer, dtype="bfloat16") for layer in (0, 1)]
+    native = write_capture(tmp_path / "n.h5", "native", cells, [(0, 5, False)])
+    oracle = write_capture(tmp_path / "o.h5", "oracle", cells[:1], [(0, 5, False)])
+    alignment = _align(native, oracle, "canonical", "canonical")
+    assert [(p.key.layer, p.key.op) for p in alignment.pairs] == [(0, "k_cache")]
+    assert [(u.side, u.layer, u.reason) for u in alignment.unaligned] == [("native", 1, ONE_SIDED)]
+
+
+def test_a_manual_pairing_of_an_optional_stage_holds_where_the_other_capture_lacks_it(tmp_path: Path) -> None:
+    """The user's pairing comes first: a record the other side has no op for is still theirs to pair."""
+    native = write_capture(tmp_path / "n.h5", "native", [T("k_cache", _q(20, (ROWS, HEADS * DIM)), layer=0, dtype="bfloat16")], [(0, 5, False)])
+    oracle = write_capture(tmp_path / "o.h5", "oracle", [T("k_proj", _q(20, (ROWS, HEADS * DIM)), layer=0, dtype="bfloat16")], [(0, 5, False)])
+    override = ManualPair(RecordKey(0, "prefill", 0, "k_cache"), RecordKey(0, "prefill", 0, "k_proj"), "the cache holds the projection")
+    profiles = builtin_profiles()
+    with open_capture(native) as n, open_capture(oracle) as o:
+        alignment = align(n.records, o.records, profiles["canonical"], profiles["canonical"], overrides=(override,))
+    assert [(p.native.record.name, p.oracle.record.name, p.manual_reason) for p in alignment.pairs] == [("k_cache", "k_proj", "the cache holds the projection")]
+    assert alignment.unaligned == []

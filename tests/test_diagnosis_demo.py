@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import mlx.core as mx
 import numpy as np
 import pytest
 
 from backends.commands.diagnose import EXIT_EXPLAINED
+from backends.diagnosis.budget import Injection, NotMeasurable, Replay
 from backends.diagnosis.classify import Locality
 from backends.diagnosis.run import DiagnoseOptions, Diagnosis, iter_diagnose
+from backends.rerun.segment import RerunSession
 from sessions.capture.opening import open_capture
 from sessions.compare.key import OpKey
 from sessions.compare.result_cache import iter_compare_cached
@@ -159,3 +162,35 @@ def test_a_kv_cache_saved_through_x_plus_zero_is_local_at_k_cache_and_the_plus_z
     assert op.key == OpKey(0, "prefill", 0, "k_cache") and op.classification.locality == Locality.LOCAL
     assert (op.native_ran, op.oracle_ran) == ("copy.plus_zero", "cache.store")
     assert op.classification.local is not None and op.classification.local.differing == 2
+
+
+def test_an_f16_cache_truncated_is_local_against_one_rounded_to_nearest_which_the_store_reproduces(tmp_path: Path) -> None:
+    """float32 keys stored in an F16 cache: `cache.store` rounds once, to nearest even, as F16C and
+    MLX's astype do, so it is the oracle's contract bit for bit; a native that truncates instead
+    is local there, and no candidate is it."""
+    keys = np.random.default_rng(4).standard_normal((2, 3, 4)).astype(np.float32)
+    cells = np.ascontiguousarray(keys.transpose(1, 0, 2)).reshape(3, 8)
+    nearest = cells.astype(np.float16)
+    too_far = np.abs(nearest.astype(np.float32)) > np.abs(cells)
+    truncated = (nearest.view(np.uint16) - too_far.astype(np.uint16)).view(np.float16)
+    assert too_far.any()
+
+    def capture(name: str, stored: np.ndarray) -> Path:
+        tensors = [T("k_rope", keys, layer=0), T("k_cache", stored.view(np.uint16), layer=0, dtype="float16")]
+        return write_capture(tmp_path / f"{name}.h5", name, tensors, [(0, 5, False)])
+
+    (op,) = diagnose((capture("native", truncated), capture("oracle", nearest))).ops
+    assert op.key == OpKey(0, "prefill", 0, "k_cache") and op.classification.locality == Locality.LOCAL
+    assert (op.native_ran, op.oracle_ran) == (None, "cache.store")
+    assert op.classification.local is not None and op.classification.local.differing == int(too_far.sum())
+
+
+def test_the_budget_replay_says_it_cannot_change_a_cache_op(demo_pairs: dict) -> None:
+    """The replay keeps each layer's cache as k_rope and v_proj: an injected k_cache would change
+    nothing, so it is refused with the reason rather than measured as a share of 0."""
+    with open_capture(demo_pairs["clean"][0]) as native, open_capture(demo_pairs["clean"][1]) as oracle:
+        comparison = run_to_end(iter_compare_cached(native, oracle))
+        replay = Replay(RerunSession(native, oracle, comparison), comparison.pairs[-1].key)
+        key = OpKey(0, "visual", 0, "k_cache")
+        with pytest.raises(NotMeasurable, match="it has no k_cache to change"):
+            replay.run(key, Injection(key, mx.zeros((1,)), "a test"))

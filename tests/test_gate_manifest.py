@@ -43,8 +43,8 @@ def test_a_glob_names_each_case_by_what_its_wildcard_matched_and_pairs_the_oracl
     _runs(tmp_path, ["img02", "img01"])
     manifest = load_manifest(_write(tmp_path, 'token_budget = 64\nmax_ulp = 2\ncases = "runs/*/native.h5"\noracle = "runs/*/oracle.h5"\n'))
     assert manifest.cases == (
-        GateCase("img01", str(tmp_path / "runs/img01/native.h5"), str(tmp_path / "runs/img01/oracle.h5"), CompareOptions(max_ulp=2, max_steps=64)),
-        GateCase("img02", str(tmp_path / "runs/img02/native.h5"), str(tmp_path / "runs/img02/oracle.h5"), CompareOptions(max_ulp=2, max_steps=64)),
+        GateCase("img01", str(tmp_path / "runs/img01/native.h5"), str(tmp_path / "runs/img01/oracle.h5"), CompareOptions(max_ulp=2, max_steps=64, workers=1)),
+        GateCase("img02", str(tmp_path / "runs/img02/native.h5"), str(tmp_path / "runs/img02/oracle.h5"), CompareOptions(max_ulp=2, max_steps=64, workers=1)),
     )
 
 
@@ -70,9 +70,9 @@ oracle = "b/oracle.h5"
     first, second = manifest.cases
     assert first == GateCase(
         "canonical", str(tmp_path / "a/native.h5"), "/data/a/oracle.h5",
-        CompareOptions(atol=0.5, native_profile="llama.cpp", oracle_profile=str(tmp_path / "my.toml"), max_steps=384), EOS_REQUIRE,
+        CompareOptions(atol=0.5, native_profile="llama.cpp", oracle_profile=str(tmp_path / "my.toml"), max_steps=384, workers=1), EOS_REQUIRE,
     )
-    assert second == GateCase("b/native.h5", str(tmp_path / "b/native.h5"), str(tmp_path / "b/oracle.h5"), CompareOptions(native_profile="llama.cpp", max_steps=64), EOS_STOP)
+    assert second == GateCase("b/native.h5", str(tmp_path / "b/native.h5"), str(tmp_path / "b/oracle.h5"), CompareOptions(native_profile="llama.cpp", max_steps=64, workers=1), EOS_STOP)
     assert second.token_budget == 64
 
 

@@ -22,10 +22,8 @@ from backends.recorders.llama_recorder import LlamaSettings  # noqa: E402
 from backends.recorders.mlx_recorder import iter_record_mlx  # noqa: E402
 from backends.recorders.record_schedule import TokenSchedule  # noqa: E402
 from sessions.capture.opening import open_capture  # noqa: E402
-from sessions.capture.reader import Capture  # noqa: E402
-from sessions.compare.align import ONE_SIDED, Alignment, align  # noqa: E402
+from sessions.compare.align import ONE_SIDED, PADDED_DIFFERENTLY, Alignment, align  # noqa: E402
 from sessions.compare.comparison import iter_compare  # noqa: E402
-from sessions.compare.mapped_record import MappedRecord  # noqa: E402
 from sessions.compare.options import CompareOptions
 from sessions.compare.profiles import (  # noqa: E402
     BUILTIN_DIR,
@@ -69,12 +67,6 @@ def _align(pair: tuple[Path, Path], with_sources: bool = True) -> Alignment:
     with open_capture(pair[0], check_in_child=False) as native, open_capture(pair[1], check_in_child=False) as oracle:
         sources = sources_for(native, profiles["llama.cpp"]) if with_sources else None
         return align(native.records, oracle.records, profiles["llama.cpp"], profiles["mlx-lm"], native_sources=sources)
-
-
-def _canonical(capture: Capture, mapped: MappedRecord) -> np.ndarray:
-    """A record's bits in its op's canonical layout."""
-    bits = capture.read_bits(mapped.record)
-    return mapped.layout.apply(bits) if mapped.layout else bits
 
 
 def test_every_layer_stage_both_engines_compute_is_aligned(pair: tuple[Path, Path]) -> None:
@@ -130,7 +122,7 @@ def test_the_engines_agree_on_the_embedding_and_part_at_the_first_rms_norm(pair:
     first = {p.key.op: p for p in _align(pair).pairs if p.key.step == 0 and p.key.layer in (-1, 0)}
     with open_capture(pair[0], check_in_child=False) as native, open_capture(pair[1], check_in_child=False) as oracle:
         def bits(op: str) -> tuple[np.ndarray, np.ndarray]:
-            return _canonical(native, first[op].native), _canonical(oracle, first[op].oracle)
+            return first[op].native.canonical(native.read_bits(first[op].native.record)), first[op].oracle.canonical(oracle.read_bits(first[op].oracle.record))
 
         embed_n, embed_o = bits("embed")
         norm_n, norm_o = bits("attn_norm")
@@ -178,6 +170,28 @@ def test_two_llama_cpp_runs_cut_differently_compare_the_kv_cache_cells_each_step
     assert all(p.metrics.bit_exact for p in comparison.pairs if p.key.op == "attn_probs")
 
 
+def test_probabilities_over_caches_padded_differently_are_set_aside_and_the_runs_stay_at_parity(pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """300 prompt tokens in one call pad the cache to 512 cells; cut at 256 the first call's cache
+    has 256. Those probabilities cannot be compared cell by cell, which is no divergence: the
+    attention output they feed is, and every op agrees bit for bit."""
+    prompt = tuple((i * 7 + 3) % TINY.vocab_size for i in range(300))
+    schedule = TokenSchedule(prompt, decode_steps=1)
+    whole, cut = tmp_path / "whole.h5", tmp_path / "cut.h5"
+    gguf = pair[0].parent / "tiny.f32.gguf"
+    _drain(iter_record_llama(gguf, schedule, whole))
+    _drain(iter_record_llama(gguf, dataclasses.replace(schedule, ubatch=256), cut))
+    with open_capture(whole, check_in_child=False) as native, open_capture(cut, check_in_child=False) as oracle:
+        comparison = run_to_end(iter_compare(native, oracle, CompareOptions()))
+    assert comparison.verdict.word == "PARITY"
+    padded = [u for u in comparison.unaligned if u.reason == PADDED_DIFFERENTLY]
+    assert sorted((u.side, u.layer, u.key.positions if u.key else None) for u in padded) == [
+        (side, layer, (0, 256)) for side in ("native", "oracle") for layer in range(TINY.num_hidden_layers)
+    ]
+    assert "padded to 512 and 256 cells" in padded[0].detail
+    compared = {p.key.text() for p in comparison.pairs if p.key.op == "attn_probs" and p.key.layer == 0}
+    assert compared == {"0:prefill:0:attn_probs@256-299", "1:decode:0:attn_probs@300"}
+
+
 def test_an_f16_cache_against_an_f32_one_is_a_dtype_mismatch_and_parts_first_at_the_attention_probabilities(pair: tuple[Path, Path], tmp_path: Path) -> None:
     """llama.cpp's F16 cache rounds the keys it stores; the scores read the rounded keys, so the
     first thing that differs is the softmax's output, and the cells themselves are named as
@@ -203,10 +217,10 @@ def test_the_cache_cells_llama_cpp_wrote_pair_with_those_mlx_lm_wrote_and_equal_
         for step in (0, 1):
             by_op = {p.key.op: p for p in alignment.pairs if (p.key.step, p.key.layer) == (step, 1)}
             for side, capture in (("native", native), ("oracle", oracle)):
-                keys, rope = (_canonical(capture, getattr(by_op[op], side)) for op in ("k_cache", "k_rope"))
+                keys, rope = (getattr(by_op[op], side).canonical(capture.read_bits(getattr(by_op[op], side).record)) for op in ("k_cache", "k_rope"))
                 assert keys.shape == (rope.shape[1], rope.shape[0] * rope.shape[2])
                 assert keys.tobytes() == np.ascontiguousarray(rope.transpose(1, 0, 2)).tobytes()
-                values, projected = (_canonical(capture, getattr(by_op[op], side)) for op in ("v_cache", "v_proj"))
+                values, projected = (getattr(by_op[op], side).canonical(capture.read_bits(getattr(by_op[op], side).record)) for op in ("v_cache", "v_proj"))
                 assert values.tobytes() == projected.tobytes()
     with open_capture(pair[0], check_in_child=False) as native:
         no_cache = [r for r in native.records if not r.name.startswith("cache_")]

@@ -328,7 +328,8 @@ def test_provenance_keeps_the_build_and_the_buffer_types_that_ran(ggufs: dict[st
 
 def test_openmp_workers_spin_briefly_unless_the_environment_says_how_they_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in OPENMP_WAIT:
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "set")  # so that monkeypatch puts back what was there, set or not
+        monkeypatch.delenv(name)
     brief_openmp_wait()
     assert {name: os.environ[name] for name in OPENMP_WAIT} == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "3000"}
     monkeypatch.delenv("GOMP_SPINCOUNT")

@@ -20,7 +20,7 @@ from enum import StrEnum
 import numpy as np
 
 from backends.diagnosis.candidates import ErrorFigure, compare_bits, record_bits
-from backends.rerun.inputs import OP_INPUTS, RerunInputError
+from backends.rerun.inputs import RerunInputError, why_not_rerunnable
 from backends.rerun.ops import RerunOpError
 from backends.rerun.segment import OpRerun, RerunOptions, RerunSession
 from sessions.compare.comparison import PairResult
@@ -86,8 +86,9 @@ def classify(session: RerunSession, pair: PairResult) -> Classification:
     """Local, inherited or undetermined, for one aligned pair whose bits differ."""
     key = pair.key
     found = Classification(key, str(pair.verdict), Locality.UNDETERMINED, "", ErrorFigure.of(pair.metrics))
-    if key.op not in OP_INPUTS:
-        found.why = f"{key.op} cannot be rerun (its input is token ids, not a captured tensor), so its error cannot be split"
+    why = why_not_rerunnable(key.op)
+    if why is not None:
+        found.why = f"{key.op} cannot be rerun ({why}), so its error cannot be split"
         return found
     try:
         result = run_to_end(session.iter_rerun(key, NATIVE_ON_ORACLE_ROUTE))

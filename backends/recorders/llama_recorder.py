@@ -148,10 +148,12 @@ def brief_openmp_wait() -> None:
     (`OMP_WAIT_POLICY=PASSIVE` alone), every stop pays for waking them: about 400 us a stop there,
     most of a recording's overhead. A spin of 3,000 rounds (libgomp counts ~100,000 a millisecond)
     bridges a short callback: measured on that VM, 5 runs each, recording took 0.34-0.47 s against
-    0.60-0.90 s asleep at once, and no longer with two busy processes on its cores (0.95-1.35 s
-    against 0.57-1.35 s); 20,000 rounds took 3x as long under that load. libgomp reads the
-    variables once, when it loads, so this runs before llama_cpp is imported. How threads wait never
-    changes what ggml computes: each thread's share of the work is fixed by its index."""
+    0.60-0.90 s asleep at once, and with two busy processes on its cores 0.95-1.35 s against
+    0.57-1.35 s (within that load's noise; 20,000 rounds took 3x as long under it). These are
+    libgomp's variables (GCC's OpenMP, which the Makefile's build links); another OpenMP runtime
+    ignores GOMP_SPINCOUNT. libgomp reads them once, when it loads, so this runs before llama_cpp
+    is imported. How threads wait never changes what ggml computes: each thread's share of the
+    work is fixed by its index."""
     if not any(name in os.environ for name in OPENMP_WAIT):
         os.environ.update(OPENMP_WAIT)
 

@@ -54,6 +54,18 @@ OP_INPUTS: dict[str, tuple[str, ...]] = {
     "logits": ("final_norm",),
 }
 """The captured inputs each canonical op reads (embed reads token ids, which are not rerun)."""
+NOT_RERUNNABLE: dict[str, str] = {
+    "embed": "its input is token ids, not a captured tensor",
+    "attn_probs": "its input, the raw attention scores over the padded cache, is not a canonical op",
+}
+"""Canonical ops without a rerun, and why."""
+
+
+def why_not_rerunnable(op: str) -> str | None:
+    """Why `op` cannot be rerun, or None when it can."""
+    if op in OP_INPUTS:
+        return None
+    return NOT_RERUNNABLE.get(op, f"{op!r} is not a canonical op")
 
 SHORT_NAMES = {"q_rope": "q", "k_rope": "k", "v_proj": "v"}
 """How an SDPA message names its inputs ("needs q, k and v")."""
@@ -322,8 +334,9 @@ def gather(
 
     `mask_side` is the capture whose attention mask the op applies (default: `ops`): a rerun on
     the other side's route applies that side's mask, which is part of its route."""
-    if key.op not in OP_INPUTS:
-        raise RerunInputError(f"{key.op} cannot be rerun: its input is token ids, not a captured tensor" if key.op == "embed" else f"unknown canonical op {key.op!r}")
+    why = why_not_rerunnable(key.op)
+    if why is not None:
+        raise RerunInputError(f"{key.op} cannot be rerun: {why}")
     overrides = overrides or {}
     needs = OP_INPUTS[key.op]
     arrays: dict[str, mx.array] = {}

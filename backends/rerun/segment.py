@@ -34,6 +34,7 @@ from backends.rerun.compute import (
 )
 from backends.rerun.inputs import (
     LAYER_INPUT,
+    NOT_RERUNNABLE,
     OP_INPUTS,
     WEIGHT_NAMES,
     CapturedOps,
@@ -146,8 +147,8 @@ def rerun_target(text: str) -> OpKey:
     """An op key (sessions.compare.key) that names something a rerun can recompute: an op with
     captured inputs, or a segment (attention_block, decoder_layer) at that layer."""
     key = OpKey.parse(text)
-    if key.op == "embed":
-        raise ValueError(f"key {text!r}: embed cannot be rerun: its input is token ids, not a captured tensor")
+    if key.op in NOT_RERUNNABLE:
+        raise ValueError(f"key {text!r}: {key.op} cannot be rerun: {NOT_RERUNNABLE[key.op]}")
     if key.op not in OP_INPUTS and key.op not in SEGMENTS:
         raise ValueError(f"key {text!r}: {key.op!r} is neither a rerunnable op ({', '.join(OP_INPUTS)}) nor a segment ({', '.join(SEGMENTS)})")
     return key

@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--workers", type=int, default=0, metavar="N",
-        help="processes comparing at most at once (default: one per core, up to 16, for a pair over 2 GiB on 4 or more cores; else 1); "
+        help="processes comparing at most at once (default: one per core, up to 16, on 4 or more cores; else 1); "
         "the others start only once this one would take over a second for the rest",
     )
     parser.add_argument("--top", type=int, default=10, metavar="N", help="how many worst ops to list (default 10)")

@@ -31,7 +31,7 @@ from sessions.compare.positions import (
     span_text,
     uncovered,
 )
-from sessions.compare.profiles import Profile, RuleMatch
+from sessions.compare.profiles import Profile, RuleMatch, padded_axis
 
 NO_RULE = "no_rule"
 LAYER_CONFLICT = "layer_conflict"
@@ -42,6 +42,11 @@ SHAPE_MISMATCH = "shape_mismatch"
 DTYPE_MISMATCH = "dtype_mismatch"
 ONE_SIDED = "one_sided"
 """A stage the profile knows the other engine has no tensor for (KV-cache views, kq, ...)."""
+PADDED_DIFFERENTLY = "padded_differently"
+"""A pair over caches padded to different lengths (attention probabilities of runs cut differently):
+the cells do not correspond one to one, and what the stage feeds is compared."""
+BY_DESIGN = frozenset({ONE_SIDED, PADDED_DIFFERENTLY})
+"""Unaligned reasons that are not findings: the runs hold these records differently by design."""
 MANUAL_BREAK = "manual_break"
 """The user broke this pairing; the detail is their reason."""
 OVERRIDE_MISSING = "override_missing"
@@ -189,16 +194,22 @@ def map_records(
     return mapped, rejected, optional
 
 
+def _recorded(mapped: list[MappedRecord]) -> set[tuple[int, str]]:
+    """The (layer, op) a side has records of."""
+    return {(m.key.layer, m.key.op) for m in mapped}
+
+
 def _unless_recorded(
-    side: str, mapped: list[MappedRecord], optional: dict[int, str], other: list[MappedRecord], unaligned: list[UnalignedRecord]
+    side: str, mapped: list[MappedRecord], optional: dict[int, str], other: set[tuple[int, str]], unaligned: list[UnalignedRecord]
 ) -> list[MappedRecord]:
     """A side's records without those of optional stages (the KV cache's written cells) whose op
-    the other capture never records: one-sided with their reason, not a partner missing per record."""
-    recorded = {m.key.op for m in other}
+    the other capture never records in that layer: one-sided with their reason, not a partner
+    missing per record. By layer, because an engine may record a stage in some layers only
+    (mlx-lm's sliding-window layers keep a rotating cache, which `record mlx` does not record)."""
     kept: list[MappedRecord] = []
     for m in mapped:
         why = optional.get(m.record.seq)
-        if why is not None and m.key.op not in recorded:
+        if why is not None and (m.key.layer, m.key.op) not in other:
             unaligned.append(_unaligned(side, m.record, ONE_SIDED, why, m.key))
         else:
             kept.append(m)
@@ -288,7 +299,13 @@ def _comparable(pair: AlignedPair, unaligned: list[UnalignedRecord]) -> bool:
     """Whether both sides hold the same canonical shape and dtype; if not, both become unaligned."""
     n, o = pair.native, pair.oracle
     problem = None
-    if n.shape != o.shape:
+    padded = padded_axis(pair.key.op)
+    if n.shape != o.shape and padded is not None and _differ_only_on(n.shape, o.shape, padded):
+        problem = (
+            PADDED_DIFFERENTLY,
+            f"the caches were padded to {n.shape[padded]} and {o.shape[padded]} cells, so the cells do not correspond one to one; what {pair.key.op} feeds is compared",
+        )
+    elif n.shape != o.shape:
         problem = (SHAPE_MISMATCH, f"canonical shapes differ: native {list(n.shape)} vs oracle {list(o.shape)}")
     elif n.record.dtype != o.record.dtype:
         problem = (DTYPE_MISMATCH, f"dtypes differ: native {n.record.dtype} vs oracle {o.record.dtype}")
@@ -298,6 +315,10 @@ def _comparable(pair: AlignedPair, unaligned: list[UnalignedRecord]) -> bool:
     unaligned.append(_unaligned("native", n.record, problem[0], detail, pair.key))
     unaligned.append(_unaligned("oracle", o.record, problem[0], detail, o.key))
     return False
+
+
+def _differ_only_on(a: tuple[int, ...], b: tuple[int, ...], axis: int) -> bool:
+    return len(a) == len(b) and all(x == y for i, (x, y) in enumerate(zip(a, b)) if i != axis)
 
 
 def _pair_by_key(n_mapped: list[MappedRecord], o_mapped: list[MappedRecord], unaligned: list[UnalignedRecord]) -> list[AlignedPair]:
@@ -423,14 +444,13 @@ def align(
     n_mapped, unaligned, n_optional = map_records(native, native_profile, "native", native_sources, native_batch)
     o_mapped, o_rejected, o_optional = map_records(oracle, oracle_profile, "oracle", oracle_sources, oracle_batch)
     unaligned.extend(o_rejected)
-    n_mapped, o_mapped = (
-        _unless_recorded("native", n_mapped, n_optional, o_mapped, unaligned),
-        _unless_recorded("oracle", o_mapped, o_optional, n_mapped, unaligned),
-    )
     n_spans, o_spans = record_spans(n_mapped), record_spans(o_mapped)
     n_calls, o_calls = calls(n_mapped, n_spans), calls(o_mapped, o_spans)
     chosen = mode if mode != "auto" else auto_mode(n_mapped, o_mapped, n_calls, o_calls)
+    n_recorded, o_recorded = _recorded(n_mapped), _recorded(o_mapped)
     candidates = _take_manual_pairs(overrides, n_mapped, o_mapped, native, oracle, unaligned)
+    n_mapped = _unless_recorded("native", n_mapped, n_optional, o_recorded, unaligned)
+    o_mapped = _unless_recorded("oracle", o_mapped, o_optional, n_recorded, unaligned)
     if chosen == CALLS:
         candidates += _pair_by_key(n_mapped, o_mapped, unaligned)
     else:

@@ -20,7 +20,7 @@ from sessions.capture.read_ahead import ReadAhead
 from sessions.capture.reader import Capture
 from sessions.compare.align import (
     ALIGN_MODES,
-    ONE_SIDED,
+    BY_DESIGN,
     POSITIONS,
     AlignedPair,
     Alignment,
@@ -385,9 +385,10 @@ def unaligned_key(u: UnalignedRecord) -> OpKey:
 
 
 def _unaligned_findings(unaligned: list[UnalignedRecord]) -> list[Finding]:
-    """Unaligned records are findings, except the stages a profile declares one-sided: the other
-    engine has no such tensor by design, and their consumers are compared."""
-    ordered = sorted((u for u in unaligned if u.reason != ONE_SIDED), key=lambda u: (u.step, u.side != "native", u.seq))
+    """Unaligned records are findings, except those the runs hold differently by design (a stage
+    a profile declares one-sided, probabilities over caches padded differently): their consumers
+    are compared."""
+    ordered = sorted((u for u in unaligned if u.reason not in BY_DESIGN), key=lambda u: (u.step, u.side != "native", u.seq))
     return [Finding(Kind.UNALIGNED, unaligned_key(u), f"{u.side} {u.name!r}: {u.reason}") for u in ordered]
 
 

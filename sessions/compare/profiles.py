@@ -57,6 +57,18 @@ CANONICAL_OPS: dict[str, str] = {
 """Canonical ops and their canonical layouts (docs/architecture.md); `(heads dim)` is one axis."""
 
 
+PADDED_AXIS = "cells"
+"""A canonical axis whose length is the engine's allocation, not the model's (llama.cpp pads its
+KV cache to a multiple of 256 cells): runs cut differently may hold more or fewer of them."""
+
+
+@cache
+def padded_axis(op: str) -> int | None:
+    """The canonical axis of `op` that counts padded cache cells, if it has one."""
+    axes = re.findall(r"\([^)]*\)|\S+", CANONICAL_OPS[op])
+    return axes.index(PADDED_AXIS) if PADDED_AXIS in axes else None
+
+
 @cache
 def rows_axis(op: str) -> int:
     """The canonical axis of `op` whose index is a token position: what alignment by position cuts."""

@@ -185,6 +185,7 @@ class _Reader:
             rtol=None if values.get("rtol") is None else float(values["rtol"]),
             max_ulp=values.get("max_ulp"),
             max_steps=values.get("token_budget"),
+            workers=1,
             **profiles,
         )
         return options, eos

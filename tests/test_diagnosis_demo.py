@@ -194,3 +194,15 @@ def test_the_budget_replay_says_it_cannot_change_a_cache_op(demo_pairs: dict) ->
         key = OpKey(0, "visual", 0, "k_cache")
         with pytest.raises(NotMeasurable, match="it has no k_cache to change"):
             replay.run(key, Injection(key, mx.zeros((1,)), "a test"))
+
+
+def test_llama_cpp_as_the_oracle_an_f16_cache_is_named_at_the_first_attention(llama_tiny_pairs: dict) -> None:
+    """Both runs are llama.cpp, F32 cache against F16: the recorder names the KQ mask causal after
+    checking its values, so the attention can be rerun; its inputs agree bit for bit, so it is
+    local even though MLX's route cannot reproduce llama.cpp's bits, and each side's ggml
+    contract is named."""
+    found = diagnose((llama_tiny_pairs["f32"][0], llama_tiny_pairs["f32-kv16"][0]))
+    first = next(op for op in found.ops if op.classification.locality == Locality.LOCAL)
+    assert first.key == OpKey(0, "prefill", 0, "sdpa") and first.classification.inputs_agree is True
+    assert (first.native_ran, first.oracle_ran) == ("ggml.attn.f32", "ggml.attn.f16_cache")
+    assert first.classification.why.startswith("native and oracle read bit-identical inputs and their outputs differ")

@@ -154,7 +154,8 @@ def test_each_attention_gets_one_dispatch_event_on_its_kqv_out(ggufs: dict[str, 
         events = [(by_seq[int(e["index_seq"])].name, int(e["q_rows"]), int(e["kv_len"]), int(e["q_heads"]), int(e["kv_heads"]), int(e["head_dim"]),
                    e["mask_kind"].decode(), e["primitive"].decode()) for e in capture.dispatch]
     prompt = len(SCHEDULE.prompt)
-    assert events[:2] == [(f"kqv_out-{n}", prompt, 256, 4, 2, 32, "additive", "fallback") for n in range(2)]
+    assert events[:2] == [(f"kqv_out-{n}", prompt, 256, 4, 2, 32, "causal", "fallback") for n in range(2)]
+    assert {e[6] for e in events} == {"causal"}, "a single sequence's KQ mask is the causal one, value for value, in decode too"
     assert len(events) == 2 * 3 and {e[1] for e in events[2:]} == {1}
 
 

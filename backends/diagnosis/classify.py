@@ -54,20 +54,26 @@ class Classification:
     oracle_route: list[str] = field(default_factory=list)
     """The route the rerun followed and where each choice came from."""
     closer_to_exact: str = "unknown"
-    """On the native's inputs, against float64: 'native', "oracle's route", 'tie' or 'unknown'."""
+    """On the native's inputs, against float64: 'native', "oracle's route", 'oracle' (its record, when the inputs agree
+    and its route cannot be rerun faithfully), 'tie' or 'unknown'."""
     rmse_from_exact: dict[str, float] = field(default_factory=dict)
     route_bits: np.ndarray | None = field(default=None, repr=False)
     """The oracle's route on the native's inputs (canonical layout): the candidates' second yardstick."""
 
 
 def _closer(op: OpRerun) -> tuple[str, dict[str, float]]:
-    native, route = op.exact.get("native"), op.exact.get("rerun")
-    if native is None or route is None:
+    return _closer_of(op, "rerun", "oracle's route")
+
+
+def _closer_of(op: OpRerun, reference: str, name: str) -> tuple[str, dict[str, float]]:
+    """Which of the native and `reference` (the rerun, or the oracle's record) is nearer float64."""
+    native, other = op.exact.get("native"), op.exact.get(reference)
+    if native is None or other is None:
         return "unknown", {}
-    rmse = {"native": native.rmse, "oracle's route": route.rmse}
-    if native.rmse == route.rmse:
+    rmse = {"native": native.rmse, name: other.rmse}
+    if native.rmse == other.rmse:
         return "tie", rmse
-    return ("native" if native.rmse < route.rmse else "oracle's route"), rmse
+    return ("native" if native.rmse < other.rmse else name), rmse
 
 
 def _route_check(session: RerunSession, key: OpKey, op: OpRerun) -> tuple[bool, str]:
@@ -106,7 +112,19 @@ def classify(session: RerunSession, pair: PairResult) -> Classification:
         found.why = "the rerun's output has no native record of its shape to compare with"
         return found
     found.local = compare_bits(native_bits, op.bits, op.dtype)
-    if not route_ok:
+    oracle_bits = record_bits(session.captured["oracle"], key)
+    if not route_ok and op.inputs_agree and oracle_bits is not None and oracle_bits.shape == native_bits.shape:
+        # Bit-identical inputs, different outputs: local by definition, whatever a rerun can
+        # reproduce; the oracle's own record is what it does with these inputs.
+        found.route_bits = oracle_bits
+        found.local = compare_bits(native_bits, oracle_bits, op.dtype)
+        found.closer_to_exact, found.rmse_from_exact = _closer_of(op, "oracle", "oracle")
+        found.locality = Locality.LOCAL
+        found.why = (
+            f"native and oracle read bit-identical inputs and their outputs differ ({found.local.text()}): this op computes "
+            f"differently (the oracle's route does not reproduce the oracle's own bits, {route_detail}, so its record is the reference)"
+        )
+    elif not route_ok:
         found.why = (
             f"the oracle's route does not reproduce the oracle's own bits from its own inputs ({route_detail}), so the rerun "
             f"cannot say what the oracle would have done with the native's inputs"

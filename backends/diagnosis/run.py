@@ -301,7 +301,7 @@ def _oracle_clause(op: OpDiagnosis) -> str:
 
 
 def _exact_clause(found: Classification) -> str:
-    if found.closer_to_exact in ("native", "oracle's route"):
+    if found.closer_to_exact in ("native", "oracle's route", "oracle"):
         return f" Against the float64 reference the {found.closer_to_exact} is closer to exact."
     return " Against the float64 reference both are equally close." if found.closer_to_exact == "tie" else ""
 

@@ -11,7 +11,8 @@ again with `ask=False`, when its data is readable. Two rules keep a run honest:
 With the parity settings (no flash attention) each layer's attention is three ggml nodes
 (`kq-N`, `kq_soft_max-N`, `kqv-N`); the recorder writes one dispatch event for it on the
 `kqv_out-N` record: primitive `fallback` (decomposed), heads, rows, the cache cells attended
-(llama.cpp's padded KV length) and the mask kind (`additive`: its KQ mask).
+(llama.cpp's padded KV length) and the mask kind (`causal` when its KQ mask is, value for
+value, the causal mask of the call's positions; else `additive`).
 
 What a record holds: the node's name (llama.cpp's `NAME-LAYER`, or ggml's `node_N` for an
 unnamed one), its op (`ggml_op_desc`) as `kernel_id`, and its source tensor names as the
@@ -367,6 +368,25 @@ class NodeReader:
             return NodeRead(name, op, sources, layer, dtype, written.view(np_dtype).reshape(shape), stacked=batch > 1)
         return self._quantized(ggml_type, written, shape, name, op, sources, layer, stacked=batch > 1)
 
+    def mask_kind(self, address: int, first: int, rows: int) -> str:
+        """The kind of mask a `SOFT_MAX` node applied: `causal` when it is, value for value, the
+        causal mask of these rows over the cache (0 up to each row's own position `first + i`,
+        -inf after, every stream alike), `additive` for any other values (a sliding window,
+        sequences sharing a cache), `none` without one. Only a mask the capture can name
+        completely lets a rerun or diagnosis apply it."""
+        node = tensor_at(address)
+        if not node.src[1]:
+            return "none"
+        mask = tensor_at(node.src[1])
+        ne, ggml_type = [int(n) for n in mask.ne], int(mask.type)
+        if ggml_type not in (0, 1) or ne[1] < rows or ne[2] != 1:
+            return "additive"
+        strides = tuple(int(b) for b in reversed(list(mask.nb)))
+        values = node_view(self._host_bytes(node.src[1]), PLAIN_TYPES[ggml_type][1], tuple(reversed(ne)), strides)
+        visible = np.arange(ne[0])[None, :] <= first + np.arange(rows)[:, None]
+        causal = np.where(visible, np.float32(0), np.float32(-np.inf))
+        return "causal" if np.array_equal(values[:, 0, :rows].astype(np.float32), np.broadcast_to(causal, (ne[3], rows, ne[0]))) else "additive"
+
     def _row_bytes(self, ggml_type: int, elements: int) -> int:
         lib = self.library.lib
         return elements // int(lib.ggml_blck_size(ggml_type)) * int(lib.ggml_type_size(ggml_type))
@@ -402,7 +422,8 @@ class AttentionTrace:
     """layer -> (heads, rows, cache cells attended, start ns) of its `kq-N`."""
     masks: dict[int, str] = field(default_factory=dict)
 
-    def see(self, writer: CaptureWriter, node: NodeRead, seq: int, started: int | None) -> None:
+    def see(self, writer: CaptureWriter, node: NodeRead, seq: int, started: int | None, mask: str = "none") -> None:
+        """`mask`: the kind of a `kq_soft_max` node's mask (`NodeReader.mask_kind`)."""
         stem, layer = node.name.rsplit("-", 1)[0], node.layer
         shape = node.request_shape()
         if stem == "Kcur" and node.op == "ROPE" and len(shape) == 3:
@@ -410,7 +431,7 @@ class AttentionTrace:
         elif stem == "kq" and node.op == "MUL_MAT" and len(shape) == 3:
             self.scores[layer] = (shape[0], shape[1], shape[2], started)
         elif stem == "kq_soft_max":
-            self.masks[layer] = "additive" if any("kq_mask" in s for s in node.sources) else "none"
+            self.masks[layer] = mask
         elif stem == "kqv_out" and layer in self.scores and len(shape) == 2:
             heads, rows, cells, start = self.scores.pop(layer)
             writer.add_dispatch(
@@ -591,7 +612,8 @@ class LlamaRun:
             attrs={SRC_ATTR: json.dumps(node.sources)},
             position=first,
         )
-        self._attention.see(self.writer, node, seq, started)
+        mask = self.reader.mask_kind(address, first, rows) if op == "SOFT_MAX" else "none"
+        self._attention.see(self.writer, node, seq, started, mask)
 
     def _decode(self, tokens: list[list[int]], start: int, step: int, segments: list[tuple[str, int, int]]) -> np.ndarray:
         """One llama_decode of each sequence's `tokens` (equally many) from position `start`, sequence

@@ -107,6 +107,8 @@ def test_diagnose_works_position_by_position_on_the_llama_tail_fed_token_by_toke
     (first,) = local
     assert first.classification.inputs_agree is True
     assert first.classification.why.startswith("native and oracle read bit-identical inputs and their outputs differ (613 of 768 differ, max 512 ULP")
-    # The oracle's one-row call took ggml's vector dot, which the candidate repeats on the
-    # one-row window; the native's row was computed inside an 80-row call (tinyBLAS).
-    assert (first.native_ran, first.oracle_ran) == (None, "ggml.mul_mat.f32")
+    # One contract, two kernel paths: the native computed row 79 inside its 83-row prefill
+    # (tinyBLAS), the oracle in a call of its own (vector dot); the candidate follows each call.
+    assert (first.native_ran, first.oracle_ran) == ("ggml.mul_mat.f32", "ggml.mul_mat.f32")
+    assert (first.native_call_rows, first.oracle_call_rows) == (83, 1)
+    assert "(in a call of 1 row(s) against the native's 83: the kernel follows the call's shape)" in found.verdict

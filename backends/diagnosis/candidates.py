@@ -98,6 +98,9 @@ class CandidateInputs:
     """KV cells the native engine's attention call covered (its dispatch events): a padded cache."""
     route_output: np.ndarray | None
     """The op computed on the oracle's route from these inputs (bits, canonical layout)."""
+    call_rows: int | None = None
+    """Rows of the forward call the native computed this op in (whole, not the compared window):
+    the batch shape its kernels were chosen by."""
 
     def values(self, name: str) -> np.ndarray:
         """One input as float32 numpy (exact for bf16, f16 and f32)."""
@@ -209,9 +212,15 @@ def candidate_inputs(session: RerunSession, side: str, key: OpKey, route_output:
         dtype = native_record.record.dtype if native_record is not None else gathered.dtype
         return CandidateInputs(
             key, side, gathered.arrays, gathered.history, gathered.weight, stored, gathered.params, dtype,
-            _kv_cells(session.captured["native"], key), route_output,
+            _kv_cells(session.captured["native"], key), route_output, call_rows(session.captured["native"], key),
         )
     raise RerunInputError(failures[-1])
+
+
+def call_rows(ops: CapturedOps, key: OpKey) -> int | None:
+    """Rows of the forward call that computed `ops`' record of `key` (None without one)."""
+    mapped = ops.find(key.step, key.segment, key.layer, key.op, key.positions)
+    return None if mapped is None else mapped.call_rows()
 
 
 def record_bits(ops: CapturedOps, key: OpKey) -> np.ndarray | None:

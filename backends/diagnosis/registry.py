@@ -102,7 +102,7 @@ def _ggml_mul_mat(activations: np.dtype | None, fused: bool = True) -> Callable[
         x = inputs.values(inputs.first())
         if activations is not None:
             x = x.astype(activations).astype(np.float32)
-        return ggml_cpu.mul_mat(inputs.weight_values(), x, fused)
+        return ggml_cpu.mul_mat(inputs.weight_values(), x, fused, inputs.call_rows)
 
     return run
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import mlx.core as mx
 
@@ -35,6 +35,7 @@ from backends.diagnosis.candidates import (
     CandidateResult,
     ErrorFigure,
     bits_array,
+    call_rows,
     candidate_inputs,
     output_bits,
     record_bits,
@@ -85,6 +86,10 @@ class OpDiagnosis:
     """The candidate that reproduces the oracle's route on the same inputs."""
     native_declared: str = ""
     oracle_declared: str = ""
+    native_call_rows: int | None = None
+    oracle_call_rows: int | None = None
+    """Set when the two sides computed this op in calls of different shapes (runs cut differently):
+    the rows of each side's call, by which its kernels were chosen."""
 
     @property
     def key(self) -> OpKey:
@@ -163,6 +168,12 @@ def _search(session: RerunSession, found: Classification) -> OpDiagnosis:
     result.also_exact = [i for i in exact if i != result.native_ran]
     if result.native_ran is None and ran:
         result.closest = min(ran, key=lambda c: c.vs_native.closeness()).id  # type: ignore[union-attr]
+    oracle_rows = call_rows(session.captured["oracle"], key)
+    if oracle_rows is not None and oracle_rows != inputs.call_rows:
+        # The oracle computed these rows in a call of another shape: its contract is judged with
+        # the kernels that shape chooses.
+        result.oracle_call_rows, result.native_call_rows = oracle_rows, inputs.call_rows
+        ran = [run_candidate(c, replace(inputs, call_rows=oracle_rows), native_bits) for c in candidates_for(key.op)]
     oracle_exact = [c.id for c in ran if c.vs_oracle_route is not None and c.vs_oracle_route.bit_exact]
     result.oracle_ran = _preferred(oracle_exact, result.oracle_declared)
     return result
@@ -295,7 +306,10 @@ def _contract_clause(op: OpDiagnosis) -> str:
 def _oracle_clause(op: OpDiagnosis) -> str:
     declared = f" (declared `{op.oracle_declared}`)" if op.oracle_declared and op.oracle_declared != op.oracle_ran else ""
     if op.oracle_ran is not None:
-        return f"the oracle's contract on these inputs is `{op.oracle_ran}`{declared}"
+        shapes = ""
+        if op.oracle_call_rows is not None:
+            shapes = f" (in a call of {op.oracle_call_rows} row(s) against the native's {op.native_call_rows}: the kernel follows the call's shape)"
+        return f"the oracle's contract on these inputs is `{op.oracle_ran}`{declared}{shapes}"
     route = "; ".join(op.classification.oracle_route)
     return f"no candidate reproduces the oracle's route ({route})"
 

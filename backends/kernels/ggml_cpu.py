@@ -107,10 +107,13 @@ def dot_vec_f32(weight: np.ndarray, x: np.ndarray, fused: bool = True) -> np.nda
     return out
 
 
-def mul_mat(weight: np.ndarray, x: np.ndarray, fused: bool = True) -> np.ndarray:
-    """ggml_compute_forward_mul_mat for float types: tinyBLAS from two activation rows, vec_dot for one."""
+def mul_mat(weight: np.ndarray, x: np.ndarray, fused: bool = True, call_rows: int | None = None) -> np.ndarray:
+    """ggml_compute_forward_mul_mat for float types: tinyBLAS from two activation rows, vec_dot for one.
+    `call_rows`: the rows of the call the engine ran, when `x` is only some of them (a position
+    window): the path follows the call, and each output's sum is the same in either path's
+    tiling, so rows computed inside a larger call come out as that call gave them."""
     x = np.asarray(x, dtype=F32)
-    if x.shape[0] >= 2 and x.shape[1] % LANES == 0:
+    if (call_rows or x.shape[0]) >= 2 and x.shape[1] % LANES == 0:
         return dot_tinyblas(weight, x, fused)
     return dot_vec_f32(weight, x, fused)
 

@@ -82,6 +82,12 @@ class MappedRecord:
             return None
         return tuple(selection)
 
+    def call_rows(self) -> int:
+        """Rows the forward call that wrote this record computed, whole (not the window a pair
+        compares) and over every request of a batch: the batch shape the engine's kernels saw."""
+        rows = self.record.shape[self._stored_axis(rows_axis(self.key.op))]
+        return rows * (self.batch.size if self.batch is not None else 1)
+
     def canonical(self, bits: np.ndarray) -> np.ndarray:
         """Stored bits of `selection()` (or a narrowing of it) brought to the canonical layout."""
         if self.batch is not None and self.batch.stacked:

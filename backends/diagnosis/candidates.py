@@ -136,6 +136,8 @@ class Candidate:
     run: Callable[[CandidateInputs], CandidateOutput]
     unavailable: Callable[[CandidateInputs], str | None] = _always
     """Why this candidate cannot run on these inputs, or None when it can."""
+    follows_call_shape: bool = False
+    """Its kernel path depends on the rows of the call (`CandidateInputs.call_rows`)."""
 
 
 @dataclass

@@ -61,11 +61,7 @@ class Classification:
     """The oracle's route on the native's inputs (canonical layout): the candidates' second yardstick."""
 
 
-def _closer(op: OpRerun) -> tuple[str, dict[str, float]]:
-    return _closer_of(op, "rerun", "oracle's route")
-
-
-def _closer_of(op: OpRerun, reference: str, name: str) -> tuple[str, dict[str, float]]:
+def _closer(op: OpRerun, reference: str, name: str) -> tuple[str, dict[str, float]]:
     """Which of the native and `reference` (the rerun, or the oracle's record) is nearer float64."""
     native, other = op.exact.get("native"), op.exact.get(reference)
     if native is None or other is None:
@@ -106,25 +102,26 @@ def classify(session: RerunSession, pair: PairResult) -> Classification:
         found.why = f"cannot be rerun on the oracle's route from the native's inputs: {exc}"
         return found
     found.route_bits = op.bits
-    found.closer_to_exact, found.rmse_from_exact = _closer(op)
+    found.closer_to_exact, found.rmse_from_exact = _closer(op, "rerun", "oracle's route")
     native_bits = record_bits(session.captured["native"], key)
     if native_bits is None or native_bits.shape != op.bits.shape:
         found.why = "the rerun's output has no native record of its shape to compare with"
         return found
-    found.local = compare_bits(native_bits, op.bits, op.dtype)
-    oracle_bits = record_bits(session.captured["oracle"], key)
-    if not route_ok and op.inputs_agree and oracle_bits is not None and oracle_bits.shape == native_bits.shape:
+    oracle_bits = record_bits(session.captured["oracle"], key) if not route_ok and op.inputs_agree else None
+    if oracle_bits is not None and oracle_bits.shape == native_bits.shape:
         # Bit-identical inputs, different outputs: local by definition, whatever a rerun can
         # reproduce; the oracle's own record is what it does with these inputs.
         found.route_bits = oracle_bits
         found.local = compare_bits(native_bits, oracle_bits, op.dtype)
-        found.closer_to_exact, found.rmse_from_exact = _closer_of(op, "oracle", "oracle")
+        found.closer_to_exact, found.rmse_from_exact = _closer(op, "oracle", "oracle")
         found.locality = Locality.LOCAL
         found.why = (
             f"native and oracle read bit-identical inputs and their outputs differ ({found.local.text()}): this op computes "
             f"differently (the oracle's route does not reproduce the oracle's own bits, {route_detail}, so its record is the reference)"
         )
-    elif not route_ok:
+        return found
+    found.local = compare_bits(native_bits, op.bits, op.dtype)
+    if not route_ok:
         found.why = (
             f"the oracle's route does not reproduce the oracle's own bits from its own inputs ({route_detail}), so the rerun "
             f"cannot say what the oracle would have done with the native's inputs"

@@ -287,22 +287,22 @@ REGISTRY: tuple[Candidate, ...] = (
     Candidate(
         "ggml.mul_mat.f32", LINEAR_OPS,
         "ggml F32 mul_mat: from 2 activation rows tinyBLAS (8 FMA lanes per output, then hsum), for 1 row ggml_vec_dot_f32 (4 x 8 FMA lanes)",
-        f"{GGML_SOURCE}/llamafile/sgemm.cpp tinyBLAS (n >= 2), vec.cpp ggml_vec_dot_f32", _ggml_mul_mat(None),
+        f"{GGML_SOURCE}/llamafile/sgemm.cpp tinyBLAS (n >= 2), vec.cpp ggml_vec_dot_f32", _ggml_mul_mat(None), follows_call_shape=True,
     ),
     Candidate(
         "ggml.mul_mat.f32.no_fma", LINEAR_OPS,
         "ggml F32 mul_mat with FMA contraction off: every lane product rounded before it is added",
-        f"{GGML_SOURCE}/llamafile/sgemm.cpp madd() without __FMA__", _ggml_mul_mat(None, fused=False),
+        f"{GGML_SOURCE}/llamafile/sgemm.cpp madd() without __FMA__", _ggml_mul_mat(None, fused=False), follows_call_shape=True,
     ),
     Candidate(
         "ggml.mul_mat.f16", LINEAR_OPS,
         "activations converted to F16 first (vec_dot_type of F16 weights), then ggml's float mul_mat order",
-        f"{GGML_SOURCE}/ggml-cpu.c ggml_compute_forward_mul_mat (from_float to F16); sgemm.cpp tinyBLAS<ggml_fp16_t>", _ggml_mul_mat(np.dtype(np.float16)),
+        f"{GGML_SOURCE}/ggml-cpu.c ggml_compute_forward_mul_mat (from_float to F16); sgemm.cpp tinyBLAS<ggml_fp16_t>", _ggml_mul_mat(np.dtype(np.float16)), follows_call_shape=True,
     ),
     Candidate(
         "ggml.mul_mat.bf16", LINEAR_OPS,
         "activations rounded to bfloat16 first (vec_dot_type of BF16 weights), then ggml's float mul_mat order",
-        f"{GGML_SOURCE}/ggml-cpu.c ggml_compute_forward_mul_mat (from_float to BF16); sgemm.cpp tinyBLAS<ggml_bf16_t>", _ggml_mul_mat(np.dtype(ml_dtypes.bfloat16)),
+        f"{GGML_SOURCE}/ggml-cpu.c ggml_compute_forward_mul_mat (from_float to BF16); sgemm.cpp tinyBLAS<ggml_bf16_t>", _ggml_mul_mat(np.dtype(ml_dtypes.bfloat16)), follows_call_shape=True,
     ),
     Candidate(
         "ggml.mul_mat.q8_0", LINEAR_OPS,

@@ -168,12 +168,14 @@ def _search(session: RerunSession, found: Classification) -> OpDiagnosis:
     result.also_exact = [i for i in exact if i != result.native_ran]
     if result.native_ran is None and ran:
         result.closest = min(ran, key=lambda c: c.vs_native.closeness()).id  # type: ignore[union-attr]
+    shaped = [c for c in candidates_for(key.op) if c.follows_call_shape]
     oracle_rows = call_rows(session.captured["oracle"], key)
-    if oracle_rows is not None and oracle_rows != inputs.call_rows:
-        # The oracle computed these rows in a call of another shape: its contract is judged with
-        # the kernels that shape chooses.
+    if shaped and oracle_rows is not None and oracle_rows != inputs.call_rows:
+        # The oracle computed these rows in a call of another shape: the candidates whose kernel
+        # follows the call's shape are judged again with the kernels the oracle's call chose.
         result.oracle_call_rows, result.native_call_rows = oracle_rows, inputs.call_rows
-        ran = [run_candidate(c, replace(inputs, call_rows=oracle_rows), native_bits) for c in candidates_for(key.op)]
+        again = {c.id: run_candidate(c, replace(inputs, call_rows=oracle_rows), native_bits) for c in shaped}
+        ran = [again.get(c.id, c) for c in ran]
     oracle_exact = [c.id for c in ran if c.vs_oracle_route is not None and c.vs_oracle_route.bit_exact]
     result.oracle_ran = _preferred(oracle_exact, result.oracle_declared)
     return result

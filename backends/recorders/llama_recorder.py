@@ -369,23 +369,22 @@ class NodeReader:
         return self._quantized(ggml_type, written, shape, name, op, sources, layer, stacked=batch > 1)
 
     def mask_kind(self, address: int, first: int, rows: int) -> str:
-        """The kind of mask a `SOFT_MAX` node applied: `causal` when it is, value for value, the
-        causal mask of these rows over the cache (0 up to each row's own position `first + i`,
-        -inf after, every stream alike), `additive` for any other values (a sliding window,
-        sequences sharing a cache), `none` without one. Only a mask the capture can name
-        completely lets a rerun or diagnosis apply it."""
-        node = tensor_at(address)
-        if not node.src[1]:
+        """The kind of the mask tensor at `address` (a `SOFT_MAX` node's second source; 0: none):
+        `causal` when it is, value for value, the causal mask of these rows over the cache (0 up
+        to each row's own position `first + i`, -inf after, every stream alike), `additive` for
+        any other values (a sliding window, sequences sharing a cache), `none` without one. Only
+        a mask the capture can name completely lets a rerun or diagnosis apply it."""
+        if not address:
             return "none"
-        mask = tensor_at(node.src[1])
+        mask = tensor_at(address)
         ne, ggml_type = [int(n) for n in mask.ne], int(mask.type)
         if ggml_type not in (0, 1) or ne[1] < rows or ne[2] != 1:
             return "additive"
         strides = tuple(int(b) for b in reversed(list(mask.nb)))
-        values = node_view(self._host_bytes(node.src[1]), PLAIN_TYPES[ggml_type][1], tuple(reversed(ne)), strides)
+        values = node_view(self._host_bytes(address), PLAIN_TYPES[ggml_type][1], tuple(reversed(ne)), strides)[:, 0, :rows]
         visible = np.arange(ne[0])[None, :] <= first + np.arange(rows)[:, None]
-        causal = np.where(visible, np.float32(0), np.float32(-np.inf))
-        return "causal" if np.array_equal(values[:, 0, :rows].astype(np.float32), np.broadcast_to(causal, (ne[3], rows, ne[0]))) else "additive"
+        causal = np.broadcast_to(np.where(visible, np.float32(0), np.float32(-np.inf)), values.shape)
+        return "causal" if np.array_equal(values.astype(np.float32), causal) else "additive"
 
     def _row_bytes(self, ggml_type: int, elements: int) -> int:
         lib = self.library.lib
@@ -457,6 +456,9 @@ class _Pass:
     """Nodes the graph stops after: when each was asked for (ns), and what it is."""
     computed: bool = False
     """Every node of the graph asked about so far is computed, or computes nothing."""
+    masks: dict[tuple[int, int], str] = field(default_factory=dict)
+    """(graph, mask tensor address) -> its kind: every layer's soft_max reads the graph's one KQ
+    mask, which is checked once."""
 
 
 class LlamaRun:
@@ -612,8 +614,18 @@ class LlamaRun:
             attrs={SRC_ATTR: json.dumps(node.sources)},
             position=first,
         )
-        mask = self.reader.mask_kind(address, first, rows) if op == "SOFT_MAX" else "none"
-        self._attention.see(self.writer, node, seq, started, mask)
+        self._attention.see(self.writer, node, seq, started, self._mask_kind(address, op, current, first, rows))
+
+    def _mask_kind(self, address: int, op: str, current: _Pass, first: int, rows: int) -> str:
+        """The kind of a `SOFT_MAX` node's mask, read once per graph ("none" for other nodes)."""
+        assert self.reader is not None
+        if op != "SOFT_MAX":
+            return "none"
+        mask = int(tensor_at(address).src[1] or 0)
+        key = (current.graph, mask)
+        if key not in current.masks:
+            current.masks[key] = self.reader.mask_kind(mask, first, rows)
+        return current.masks[key]
 
     def _decode(self, tokens: list[list[int]], start: int, step: int, segments: list[tuple[str, int, int]]) -> np.ndarray:
         """One llama_decode of each sequence's `tokens` (equally many) from position `start`, sequence

@@ -74,18 +74,17 @@ def llama_tiny_pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tupl
     directory = tmp_path_factory.mktemp("llama-tiny")
     weights = demo_weights_f32(config, 11)
     schedule = TokenSchedule((5, 17, 3, 88, 41, 9), decode_steps=2)
-    extra = {"config": config.as_dict()}
     pairs = {}
     for variant in ("f32", "f16", "q8_0"):
         gguf = export_gguf(config.as_dict(), weights, directory / f"tiny.{variant}.gguf", variant)
         held = gguf_to_hf_names(read_gguf_weights(gguf), list(weights), config.num_hidden_layers)
         mlx_dir = write_mlx_model_dir(config.as_dict(), held, directory / f"mlx-{variant}")
         native, oracle = directory / f"{variant}.native.h5", directory / f"{variant}.oracle.h5"
-        run_to_end(iter_record_llama(gguf, schedule, native, extra=extra))
-        run_to_end(iter_record_mlx(mlx_dir, schedule, oracle, extra=extra))
+        run_to_end(iter_record_llama(gguf, schedule, native))
+        run_to_end(iter_record_mlx(mlx_dir, schedule, oracle))
         pairs[variant] = (native, oracle)
         if variant == "f32":
             f16_cache = directory / "f32-kv16.native.h5"
-            run_to_end(iter_record_llama(gguf, schedule, f16_cache, LlamaSettings(kv_type="f16"), extra=extra))
+            run_to_end(iter_record_llama(gguf, schedule, f16_cache, LlamaSettings(kv_type="f16")))
             pairs["f32-kv16"] = (f16_cache, oracle)
     return pairs

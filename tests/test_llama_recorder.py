@@ -327,6 +327,18 @@ def test_provenance_keeps_the_build_and_the_buffer_types_that_ran(ggufs: dict[st
     assert provenance["buffer_types"] == {"model": ["CPU_Mapped"], "KV": ["CPU"], "compute": ["CPU"], "output": ["CPU"], **declined}
 
 
+def test_provenance_carries_the_models_config_from_the_gguf_under_config_json_names(ggufs: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "llama.h5"
+    _record(ggufs["f16"], out, TokenSchedule(SCHEDULE.prompt))
+    with open_capture(out, check_in_child=False) as capture:
+        config = capture.meta.provenance["config"]
+    # The GGUF stores eps as float32: the config keeps that value, the one llama.cpp ran with.
+    assert config["rms_norm_eps"] == float(np.float32(TINY.rms_norm_eps)) and config["rope_theta"] == TINY.rope_theta
+    assert {k: config[k] for k in ("model_type", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim")} == {
+        "model_type": "qwen3", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+    }
+
+
 def test_openmp_workers_spin_briefly_unless_the_environment_says_how_they_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in OPENMP_WAIT:
         monkeypatch.setenv(name, "set")  # so that monkeypatch puts back what was there, set or not

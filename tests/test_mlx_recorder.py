@@ -71,6 +71,8 @@ def test_recording_a_model_dir_writes_a_valid_capture_with_unchanged_logits(mode
         logits = [capture.read_values(r)[0] for r in capture.records if r.name == LOGITS_NAME]
         assert [int(t) for t in capture.tokens["token_id"]] == emitted
         assert capture.meta.provenance["prompt_tokens"] == list(PROMPT)
+        config = capture.meta.provenance["config"]
+        assert (config["rms_norm_eps"], config["rope_theta"], config["head_dim"]) == (TINY.rms_norm_eps, TINY.rope_theta, 16)
     for recorded, plain in zip(logits, _plain_logits(model_dir, schedule, emitted), strict=True):
         assert recorded.view(np.uint32).tobytes() == plain.view(np.uint32).tobytes()
 

@@ -95,3 +95,42 @@ def test_weights_stored_in_the_capture_are_used_before_any_file(tmp_path: Path) 
         result = run_to_end(iter_rerun(native, oracle, run_to_end(iter_compare(native, oracle)), rerun_target("0:prefill:0:q_proj"), RerunOptions(source="native")))
     assert result.reproduces("native") and result.ops[0].dtype == "float32"
     assert result.ops[0].exact["rerun"].rmse < 1e-5
+
+
+def _record_without_config(pair: tuple[Path, Path], tmp_path: Path, **where: str) -> tuple[Path, Path]:
+    """The tiny llama.cpp/MLX pair recorded again as an older recorder wrote it: no provenance
+    config (`where` may also point the weights references elsewhere)."""
+    from backends.recorders.llama_process import iter_record_llama
+    from backends.recorders.mlx_recorder import iter_record_mlx
+    from backends.recorders.record_schedule import TokenSchedule
+
+    folder = pair[0].parent
+    with open_capture(pair[0], check_in_child=False) as capture:
+        schedule = TokenSchedule(tuple(capture.meta.provenance["prompt_tokens"]))
+    native, oracle = tmp_path / "native.h5", tmp_path / "oracle.h5"
+    run_to_end(iter_record_llama(folder / "tiny.f32.gguf", schedule, native, extra={"config": {}, **where}))
+    run_to_end(iter_record_mlx(folder / "mlx-f32", schedule, oracle, extra={"config": {}, **where}))
+    return native, oracle
+
+
+def test_a_capture_without_a_config_takes_eps_and_rope_base_from_the_weights_file_it_references(
+    llama_tiny_pairs: dict[str, tuple[Path, Path]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    native, oracle = _record_without_config(llama_tiny_pairs["f32"], tmp_path)
+    with open_capture(native, check_in_child=False) as capture:
+        assert capture.meta.provenance["config"] == {}
+    for op in ("q_norm", "q_rope"):
+        out = tmp_path / f"{op}.json"
+        assert main(["rerun", str(native), str(oracle), "--op", f"0:prefill:0:{op}", "--json", str(out)]) == 0
+        assert json.loads(out.read_text())["ops"][0]["three_way"]["rerun vs oracle"]["bit_exact"] is True, op
+
+
+def test_a_scalar_no_capture_and_no_weights_file_names_is_asked_for_by_name(
+    llama_tiny_pairs: dict[str, tuple[Path, Path]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    native, oracle = _record_without_config(llama_tiny_pairs["f32"], tmp_path, gguf=str(tmp_path / "gone.gguf"), model_dir=str(tmp_path / "gone"))
+    assert main(["rerun", str(native), str(oracle), "--op", "0:prefill:0:q_rope"]) == 2
+    assert (
+        "q_rope rerun needs rope_theta; neither capture's provenance config nor a weights file they reference names it "
+        "(docs/capture-format.md, provenance `config`)"
+    ) in capsys.readouterr().err

@@ -129,7 +129,7 @@ def iter_generate_cut(out_dir: Path, scenarios: list[str], seed: int = 0) -> Pro
                 models["mlx"] = (write_mlx_model_dir(fields, weights, work / "mlx-f32"), "")
         model, held = models[scenario.engine]
         native, oracle = out_dir / f"{name}.native.h5", out_dir / f"{name}.oracle.h5"
-        extra: dict[str, object] = {"scenario": name, "seed": seed, "config": config.as_dict()}
+        extra: dict[str, object] = {"scenario": name, "seed": seed}
         _record(scenario, scenario.native, model, prompt, native, "native", extra, held)
         _record(scenario, scenario.oracle, model, prompt, oracle, "oracle", extra, held)
         yield Progress(number + 1, len(scenarios), f"{name}: {scenario.engine} runs")

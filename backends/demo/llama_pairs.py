@@ -86,7 +86,7 @@ def iter_generate_llama(out_dir: Path, scenarios: list[str], seed: int = 0) -> P
         gguf_path, mlx_dir, held_hash = prepare_variant(config, weights, variant, out_dir / WORK_DIR)
         yield Progress(3 * number + 1, total, f"{name}: {gguf_path.name}")
         native, oracle = out_dir / f"{name}.native.h5", out_dir / f"{name}.oracle.h5"
-        extra = {"scenario": name, "gguf_variant": variant, "seed": seed, "config": config.as_dict()}
+        extra = {"scenario": name, "gguf_variant": variant, "seed": seed}
         run_to_end(iter_record_llama(gguf_path, schedule, native, role="native", extra=extra, weights_hash=held_hash))
         yield Progress(3 * number + 2, total, f"{name}: llama.cpp native")
         run_to_end(iter_record_mlx(mlx_dir, schedule, oracle, role="oracle", extra=extra, weights_hash=held_hash))

@@ -138,7 +138,7 @@ class Replay:
     def _compute(self, key: OpKey, arrays: dict[str, mx.array], history: dict[str, mx.array]) -> mx.array:
         dtype = next(iter(arrays.values())).dtype
         weight = self._weight(key.op, key.layer, dtype) if key.op in WEIGHT_NAMES else None
-        params = op_params(self.ops, key, arrays, weight, {})
+        params = op_params(self.ops, key, arrays, weight)
         return compute_mlx(key.op, arrays, history if key.op == "sdpa" else {}, weight, params, self._route(key), CPU).output
 
     def _layer(self, position: int, layer: int, x: mx.array, injection: Injection | None, cache: dict[tuple[int, int], tuple[mx.array, mx.array]]) -> mx.array:

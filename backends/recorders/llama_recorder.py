@@ -52,6 +52,7 @@ from backends.recorders.ggml_tensor_struct import (
     load_checked,
     tensor_at,
 )
+from backends.recorders.model_config import ModelConfigError, gguf_config
 from backends.recorders.record_schedule import (
     DECODE,
     TokenSchedule,
@@ -720,7 +721,9 @@ def iter_record_here(
             device="cpu",
             compiler=f"llama-cpp-python {run.llama.__version__}",
             prompt=schedule.describe(),
-            provenance={**run.provenance(), "gguf": str(model_path.resolve()), "weights_sha256": digest, **(extra or {})},
+            provenance={
+                **run.provenance(), "gguf": str(model_path.resolve()), "weights_sha256": digest, **_model_config(model_path), **(extra or {}),
+            },
             batch_size=batch,
             batch_row=batch_row,
             batch_stacked=batch > 1,
@@ -731,6 +734,15 @@ def iter_record_here(
     finally:
         run.close()
     return returned
+
+
+def _model_config(model_path: Path) -> dict[str, Any]:
+    """Provenance `config` from the GGUF's metadata; a file the `gguf` package cannot parse (a
+    type newer than it) still records, and says why its config is missing."""
+    try:
+        return {"config": gguf_config(model_path)}
+    except ModelConfigError as exc:
+        return {"config": {}, "config_error": str(exc)}
 
 
 def iter_plain_here(

@@ -28,6 +28,7 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 from backends.engines.capture_sink import CaptureSink
 from backends.engines.demo_scenarios import EngineOptions
 from backends.engines.oracle_engine import OracleEngine, layer_of
+from backends.recorders.model_config import hf_config
 from backends.recorders.record_schedule import (
     DECODE,
     TokenSchedule,
@@ -217,6 +218,7 @@ def iter_record_mlx(
             "recorder": "parity-xray record mlx",
             "model_dir": str(model_dir.resolve()),
             "model_type": config.get("model_type", ""),
+            "config": hf_config(config),
             "weights_sha256": digest,
             "mlx_version": mx.__version__,
             "mlx_lm_version": mlx_lm.__version__,

@@ -22,6 +22,7 @@ import mlx.core as mx
 import numpy as np
 
 from backends.engines.capture_sink import to_numpy_bits
+from backends.recorders.model_config import ModelConfigError, weights_file_config
 from sessions.bits.dtypes import logical_dtype
 from sessions.capture.reader import Capture
 from sessions.compare.key import OpKey
@@ -117,6 +118,9 @@ class CapturedOps:
     positions: list[tuple[int, str]]
     """(step, segment) in execution order: the order the KV cache grew in."""
     config: dict[str, Any] = field(default_factory=dict)
+    config_problem: str = ""
+    """Why a weights file's config could not be read (", and x.gguf: ..."), for the message of a
+    rerun that needs a scalar neither capture names."""
 
     @classmethod
     def build(cls, capture: Capture, side: str, records: dict[OpKey, MappedRecord]) -> "CapturedOps":
@@ -318,17 +322,43 @@ def layer_input_key(ops: CapturedOps, step: int, segment: str, layer: int) -> tu
     return layer - 1, "layer_out"
 
 
-def config_value(ops: CapturedOps, name: str, override: float | None, what: str) -> float:
-    if override is not None:
-        return override
+RERUN_CONFIG = ("rms_norm_eps", "rope_theta")
+"""The model scalars a rerun reads from the provenance `config`: the norms' eps, RoPE's base."""
+
+
+def share_config(native: CapturedOps, oracle: CapturedOps) -> None:
+    """Give both sides one model config. Both captures run one model: a scalar only one side's
+    provenance names is the other's too, and one that neither names comes from the weights files
+    they reference (a GGUF's metadata, the config.json beside a safetensors file), so a capture
+    recorded without a config can still be rerun. Each side prefers its own: a GGUF keeps eps
+    as float32, config.json as written."""
+    recorded = {side.side: side.config for side in (native, oracle)}
+    from_files: dict[str, dict[str, Any]] = {side.side: {} for side in (native, oracle)}
+    problems: list[str] = []
+    if any(name not in {**native.config, **oracle.config} for name in RERUN_CONFIG):
+        for side in (native, oracle):
+            path = _weights_file(side.capture, None)
+            try:
+                from_files[side.side] = weights_file_config(path) if path is not None else {}
+            except ModelConfigError as exc:
+                problems.append(str(exc))
+    for side, other in ((native, oracle), (oracle, native)):
+        side.config = {**from_files[other.side], **from_files[side.side], **recorded[other.side], **recorded[side.side]}
+        side.config_problem = "".join(f"; {problem}" for problem in problems)
+
+
+def config_value(ops: CapturedOps, name: str, what: str) -> float:
     value = ops.config.get(name)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
-    raise RerunInputError(f"{what} needs {name}; the {ops.side} capture's provenance config has none (pass it as an option)")
+    raise RerunInputError(
+        f"{what} needs {name}; neither capture's provenance config nor a weights file they reference "
+        f"names it{ops.config_problem} (docs/capture-format.md, provenance `config`)"
+    )
 
 
 def gather(
-    ops: CapturedOps, key: OpKey, weights: WeightSource, overrides: dict[str, float] | None = None, mask_side: CapturedOps | None = None
+    ops: CapturedOps, key: OpKey, weights: WeightSource, mask_side: CapturedOps | None = None
 ) -> OpInputs:
     """The captured inputs of the op at `key` on one side, or RerunInputError naming what is missing.
 
@@ -337,7 +367,6 @@ def gather(
     why = why_not_rerunnable(key.op)
     if why is not None:
         raise RerunInputError(f"{key.op} cannot be rerun: {why}")
-    overrides = overrides or {}
     needs = OP_INPUTS[key.op]
     arrays: dict[str, mx.array] = {}
     missing: list[str] = []
@@ -356,7 +385,7 @@ def gather(
         raise RerunInputError(_missing_message(key, ops.side, needs, missing, where))
     history = kv_history(ops, key) if key.op == "sdpa" else {}
     weight = weights.get(key.op, key.layer) if key.op in WEIGHT_NAMES else None
-    params = op_params(ops, key, arrays, weight, overrides, mask_side)
+    params = op_params(ops, key, arrays, weight, mask_side)
     dtype = next(iter(arrays.values())).dtype
     return OpInputs(key, arrays, history, weight, params, str(dtype).removeprefix("mlx.core."))
 
@@ -422,7 +451,7 @@ def kv_history(ops: CapturedOps, key: OpKey) -> dict[str, mx.array]:
 
 
 def op_params(
-    ops: CapturedOps, key: OpKey, arrays: dict[str, mx.array], weight: mx.array | None, overrides: dict[str, float], mask_side: CapturedOps | None = None
+    ops: CapturedOps, key: OpKey, arrays: dict[str, mx.array], weight: mx.array | None, mask_side: CapturedOps | None = None
 ) -> dict[str, Any]:
     """The scalars an op needs beside its arrays (eps, RoPE base and offset, heads, scale, mask).
 
@@ -432,19 +461,19 @@ def op_params(
     op = key.op
     params: dict[str, Any] = {}
     if op in ("attn_norm", "ffn_norm", "final_norm", "q_norm", "k_norm"):
-        params["eps"] = config_value(ops, "rms_norm_eps", overrides.get("eps"), f"{op} rerun")
+        params["eps"] = config_value(ops, "rms_norm_eps", f"{op} rerun")
     if op in ("q_norm", "k_norm"):
         assert weight is not None
         params["heads"] = arrays[OP_INPUTS[op][0]].shape[-1] // weight.shape[-1]
     if op in ("q_rope", "k_rope"):
-        params["base"] = config_value(ops, "rope_theta", overrides.get("rope_base"), f"{op} rerun")
+        params["base"] = config_value(ops, "rope_theta", f"{op} rerun")
         params["offset"] = kv_history_rows(ops, key)
-        params["dims"] = int(overrides.get("rope_dims", arrays[OP_INPUTS[op][0]].shape[-1]))
+        params["dims"] = int(arrays[OP_INPUTS[op][0]].shape[-1])
     if op == "sdpa":
         q, k = arrays["q_rope"], arrays["k_rope"]
         params["head_dim"] = q.shape[-1]
         params["kv_heads"] = k.shape[0]
-        params["scale"] = float(overrides.get("scale", 1.0 / math.sqrt(q.shape[-1])))
+        params["scale"] = 1.0 / math.sqrt(q.shape[-1])
         params["mask"] = _mask_of(mask_side or ops, key, q.shape[1])
     return params
 

@@ -45,6 +45,7 @@ from backends.rerun.inputs import (
     layer_input_key,
     mx_to_bits,
     op_params,
+    share_config,
 )
 from sessions.bits.dtypes import as_bit_pattern, as_values
 from sessions.capture.reader import Capture
@@ -316,11 +317,7 @@ class RerunSession:
             "native": CapturedOps.build(native, "native", native_records),
             "oracle": CapturedOps.build(oracle, "oracle", oracle_records),
         }
-        # Both captures run one model: a scalar (eps, RoPE base) only one side's provenance names
-        # is the other's too, so a capture recorded without a config can still be rerun.
-        shared = {**self.captured["oracle"].config, **self.captured["native"].config}
-        for side in self.captured.values():
-            side.config = {**shared, **side.config}
+        share_config(self.captured["native"], self.captured["oracle"])
         self._weights: dict[tuple[str, str | None], WeightSource] = {}
 
     def weights(self, side: str, path: str | None = None) -> WeightSource:
@@ -413,7 +410,7 @@ def _run_segment(
         yield Progress(number + 1, total, f"rerunning {key.label()}")
         arrays = {name: chain[name] for name in OP_INPUTS[op]}
         weight = sides.weights.get(op, target.layer) if op in WEIGHT_NAMES else None
-        params = op_params(source, key, arrays, weight, {}, sides.route)
+        params = op_params(source, key, arrays, weight, sides.route)
         compute_weight = None if weight is None else weight.astype(dtype if dtype is not None else captured_dtype)
         computed = compute_mlx(op, arrays, history if op == "sdpa" else {}, compute_weight, params, routes, device)
         reference = compute_f64(op, {n: exact[n] for n in OP_INPUTS[op]}, history_f64 if op == "sdpa" else {}, weight_f64(weight), params)

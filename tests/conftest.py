@@ -87,4 +87,7 @@ def llama_tiny_pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tupl
             f16_cache = directory / "f32-kv16.native.h5"
             run_to_end(iter_record_llama(gguf, schedule, f16_cache, LlamaSettings(kv_type="f16")))
             pairs["f32-kv16"] = (f16_cache, oracle)
+            flash = directory / "f32-flash.native.h5"
+            run_to_end(iter_record_llama(gguf, schedule, flash, LlamaSettings(flash_attn=True)))
+            pairs["f32-flash"] = (flash, oracle)
     return pairs

@@ -10,8 +10,10 @@ ggml.rms_norm" a measurement rather than a guess.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from backends.diagnosis.candidates import candidate_inputs, record_bits, run_candidate
@@ -67,6 +69,7 @@ CASES: dict[str, tuple[str, str, str]] = {
     "attn.auto_qtile64": ("attention-contract", "0:visual:0:sdpa", ORACLE),
     "ggml.attn.f32": ("llama-f32", "0:prefill:0:sdpa", NATIVE),
     "ggml.attn.f16_cache": ("llama-f32-kv16", "0:prefill:0:sdpa", NATIVE),
+    "ggml.attn.flash": ("llama-f32-flash", "0:prefill:0:sdpa", NATIVE),
     # residuals and copies
     "residual.add": ("clean", "0:visual:0:attn_residual", BOTH),
     "cache.store": ("llama-f32", "1:decode:1:k_cache", BOTH),
@@ -146,3 +149,45 @@ def test_attention_over_an_f16_cache_is_the_f16_contract_in_prefill_and_decode_a
     assert _reproduces(sessions["llama-f32-kv16"], "ggml.attn.f32", key) == NEITHER
     assert _reproduces(sessions["llama-f32"], "ggml.attn.f16_cache", key) == NEITHER
 
+
+
+@pytest.mark.parametrize("key", ["0:prefill:1:sdpa", "2:decode:1:sdpa"])
+def test_flash_attention_is_its_own_contract_and_not_either_decomposed_one(sessions: dict[str, RerunSession], key: str) -> None:
+    """The one-row kernel (six query rows, then one): F16 q and values, an F16 accumulator."""
+    assert _reproduces(sessions["llama-f32-flash"], "ggml.attn.flash", key) == NATIVE
+    assert _reproduces(sessions["llama-f32-flash"], "ggml.attn.f16_cache", key) == NEITHER
+    assert _reproduces(sessions["llama-f32"], "ggml.attn.flash", key) == NEITHER
+
+
+def test_flash_attention_from_64_query_rows_is_the_tiled_kernel_bit_for_bit(llama_tiny_pairs: dict, tmp_path: Path) -> None:
+    """A 70-row prefill takes ggml's tiled kernel (q in float32, 64-cell tiles). Its first 63
+    rows, as a call of their own, would take the one-row kernel, whose arithmetic misses them:
+    the two paths are told apart."""
+    from backends.kernels import ggml_cpu
+    from backends.recorders.llama_process import iter_record_llama
+    from backends.recorders.llama_recorder import LlamaSettings
+    from backends.recorders.record_schedule import TokenSchedule
+
+    out = tmp_path / "flash70.h5"
+    gguf = llama_tiny_pairs["f32"][0].parent / "tiny.f32.gguf"
+    run_to_end(iter_record_llama(gguf, TokenSchedule(tuple((i * 7) % 90 + 1 for i in range(70))), out, LlamaSettings(flash_attn=True)))
+    with open_capture(out, check_in_child=False) as capture:
+        def last(name: str) -> np.ndarray:
+            return capture.read_values([r for r in capture.records if r.name == name][-1]).astype(np.float32)
+
+        q, k, v, out_bits = last("Qcur-0").transpose(1, 0, 2), last("Kcur-0").transpose(1, 0, 2), last("Vcur-0").reshape(70, 2, 32), last("kqv_out-0")
+    v = v.transpose(1, 0, 2)
+    tiled = ggml_cpu.flash_attention(q, k, v, scale=32**-0.5, causal=True)
+    one_row = ggml_cpu.flash_attention(q[:, :63], k[:, :63], v[:, :63], scale=32**-0.5, causal=True)
+    assert np.array_equal(tiled.transpose(1, 0, 2).reshape(70, -1).view(np.uint32), out_bits.view(np.uint32))
+    assert not np.array_equal(one_row.transpose(1, 0, 2).reshape(63, -1).view(np.uint32), out_bits[:63].view(np.uint32))
+
+
+def test_flash_attention_over_512_cells_in_one_row_is_refused_with_the_reason(sessions: dict[str, RerunSession]) -> None:
+    flash = next(c for c in REGISTRY if c.id == "ggml.attn.flash")
+    decode = candidate_inputs(sessions["llama-f32-flash"], "native", OpKey.parse("2:decode:1:sdpa"), None)
+    assert flash.unavailable(decode) is None
+    assert flash.unavailable(replace(decode, kv_cells=512)) == (
+        "a one-row call over 512 cache cells (>= 512) splits the cells across llama.cpp's threads and merges the parts, "
+        "which this candidate does not model"
+    )

@@ -241,6 +241,26 @@ def _ggml_attention(f16_cache: bool) -> Callable[[CandidateInputs], CandidateOut
     return run
 
 
+def _ggml_flash_attention(inputs: CandidateInputs) -> CandidateOutput:
+    k, v = kv_with_history(inputs.arrays, inputs.history, inputs.params["kv_heads"])
+    out = ggml_cpu.flash_attention(
+        np.array(inputs.arrays["q_rope"].astype(mx.float32)), np.array(k.astype(mx.float32)), np.array(v.astype(mx.float32)),
+        scale=inputs.params["scale"], causal=inputs.params["mask"] == "causal", call_rows=inputs.call_rows,
+    )
+    return out.transpose(1, 0, 2).reshape(out.shape[1], -1)
+
+
+def _flash_unavailable(inputs: CandidateInputs) -> str | None:
+    rows = inputs.call_rows or inputs.arrays["q_rope"].shape[1]
+    cells = inputs.kv_cells or inputs.history.get("k", inputs.arrays["k_rope"]).shape[1] + inputs.arrays["k_rope"].shape[1]
+    if rows == 1 and cells >= ggml_cpu.FLASH_SPLIT_CELLS:
+        return (
+            f"a one-row call over {cells} cache cells (>= {ggml_cpu.FLASH_SPLIT_CELLS}) splits the cells across llama.cpp's "
+            "threads and merges the parts, which this candidate does not model"
+        )
+    return _contract_mask_unavailable(inputs)
+
+
 # -- copies ----------------------------------------------------------------------------------
 
 
@@ -412,6 +432,15 @@ REGISTRY: tuple[Candidate, ...] = (
         "soft_max in float32, the probabilities rounded to F16 for kqv; float32 accumulation (tinyBLAS from two query rows, vec_dot_f16 for one)",
         f"{GGML_SOURCE}/ggml-cpu.c mul_mat (vec_dot_type F16), vec.cpp ggml_vec_dot_f16, llamafile/sgemm.cpp; llama.cpp type_k/type_v f16",
         _ggml_attention(True), _contract_mask_unavailable,
+    ),
+    Candidate(
+        "ggml.attn.flash", frozenset({"sdpa"}),
+        "llama.cpp flash attention on the CPU, K and V in F16: below 64 query rows q rounded to F16, vec_dot_f16 scores, an online "
+        "softmax cell by cell with libm expf into an F16 accumulator; from 64 rows, tiles of 64 cells with float32 FMA chains, "
+        "ggml_v_expf and a float32 accumulator; then times 1/sum",
+        f"{GGML_SOURCE}/ops.cpp ggml_compute_forward_flash_attn_ext_f16_one_chunk and _tiled, simd-gemm.h; llama.cpp build_attn_mha "
+        "(an F32 cache cast to F16 for the kernel)",
+        _ggml_flash_attention, _flash_unavailable, follows_call_shape=True,
     ),
     Candidate("residual.add", frozenset(ADDS), "a + b in the input dtype, one rounding", "every engine's residual add", _mlx(Routes())),
     Candidate(

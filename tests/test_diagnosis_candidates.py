@@ -159,35 +159,72 @@ def test_flash_attention_is_its_own_contract_and_not_either_decomposed_one(sessi
     assert _reproduces(sessions["llama-f32"], "ggml.attn.flash", key) == NEITHER
 
 
+def _flash_run(llama_tiny_pairs: dict, tmp_path: Path, prompt: int, decode_steps: int = 0) -> Path:
+    from backends.recorders.llama_process import iter_record_llama
+    from backends.recorders.llama_recorder import LlamaSettings
+    from backends.recorders.record_schedule import TokenSchedule
+
+    out = tmp_path / f"flash{prompt}.h5"
+    gguf = llama_tiny_pairs["f32"][0].parent / "tiny.f32.gguf"
+    schedule = TokenSchedule(tuple((i * 7) % 90 + 1 for i in range(prompt)), decode_steps=decode_steps)
+    run_to_end(iter_record_llama(gguf, schedule, out, LlamaSettings(flash_attn=True)))
+    return out
+
+
+def _layer0_attention(path: Path, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """Layer 0's q [heads, rows, dim] at `step`, the keys and values of every step up to it
+    [kv_heads, cells, dim], llama.cpp's output [rows, heads*dim] and the cells its call covered."""
+    with open_capture(path, check_in_child=False) as capture:
+        def at(name: str, upto: int, last: bool = True) -> np.ndarray:
+            found = [r for r in capture.records if r.layer == 0 and r.step == upto and r.name == name]
+            return capture.read_values(found[-1 if last else 0]).astype(np.float32)
+
+        q = at("Qcur-0", step).transpose(1, 0, 2)
+        k = np.concatenate([at("Kcur-0", s) for s in range(step + 1)]).transpose(1, 0, 2)
+        v = np.concatenate([at("Vcur-0", s, last=False) for s in range(step + 1)])
+        out = at("kqv_out-0", step)
+        kqv = next(r for r in capture.records if r.layer == 0 and r.step == step and r.name == "kqv_out-0")
+        cells = int(capture.dispatch[capture.dispatch["index_seq"] == kqv.seq]["kv_len"][0])
+    return q, k, v.reshape(v.shape[0], k.shape[0], -1).transpose(1, 0, 2), out, cells
+
+
+def _bits(attention: np.ndarray) -> np.ndarray:
+    return attention.transpose(1, 0, 2).reshape(attention.shape[1], -1).view(np.uint32)
+
+
 def test_flash_attention_from_64_query_rows_is_the_tiled_kernel_bit_for_bit(llama_tiny_pairs: dict, tmp_path: Path) -> None:
     """A 70-row prefill takes ggml's tiled kernel (q in float32, 64-cell tiles). Its first 63
     rows, as a call of their own, would take the one-row kernel, whose arithmetic misses them:
     the two paths are told apart."""
     from backends.kernels import ggml_cpu
-    from backends.recorders.llama_process import iter_record_llama
-    from backends.recorders.llama_recorder import LlamaSettings
-    from backends.recorders.record_schedule import TokenSchedule
 
-    out = tmp_path / "flash70.h5"
-    gguf = llama_tiny_pairs["f32"][0].parent / "tiny.f32.gguf"
-    run_to_end(iter_record_llama(gguf, TokenSchedule(tuple((i * 7) % 90 + 1 for i in range(70))), out, LlamaSettings(flash_attn=True)))
-    with open_capture(out, check_in_child=False) as capture:
-        def last(name: str) -> np.ndarray:
-            return capture.read_values([r for r in capture.records if r.name == name][-1]).astype(np.float32)
-
-        q, k, v, out_bits = last("Qcur-0").transpose(1, 0, 2), last("Kcur-0").transpose(1, 0, 2), last("Vcur-0").reshape(70, 2, 32), last("kqv_out-0")
-    v = v.transpose(1, 0, 2)
+    q, k, v, out, _ = _layer0_attention(_flash_run(llama_tiny_pairs, tmp_path, 70), 0)
     tiled = ggml_cpu.flash_attention(q, k, v, scale=32**-0.5, causal=True)
     one_row = ggml_cpu.flash_attention(q[:, :63], k[:, :63], v[:, :63], scale=32**-0.5, causal=True)
-    assert np.array_equal(tiled.transpose(1, 0, 2).reshape(70, -1).view(np.uint32), out_bits.view(np.uint32))
-    assert not np.array_equal(one_row.transpose(1, 0, 2).reshape(63, -1).view(np.uint32), out_bits[:63].view(np.uint32))
+    assert np.array_equal(_bits(tiled), out.view(np.uint32))
+    assert not np.array_equal(_bits(one_row), out[:63].view(np.uint32))
 
 
-def test_flash_attention_over_512_cells_in_one_row_is_refused_with_the_reason(sessions: dict[str, RerunSession]) -> None:
+def test_a_decode_step_over_512_cells_is_split_across_the_threads_and_merged_bit_for_bit(llama_tiny_pairs: dict, tmp_path: Path) -> None:
+    """300 prompt tokens fill more than 256 cells, so llama.cpp attends over 512 (its dispatch
+    event says so) and splits them between its 2 threads; one pass over all cells misses."""
+    from backends.kernels import ggml_cpu
+
+    path = _flash_run(llama_tiny_pairs, tmp_path, 300, decode_steps=1)
+    q, k, v, out, cells = _layer0_attention(path, 1)
+    with open_capture(path, check_in_child=False) as capture:
+        assert (cells, capture.meta.provenance["threads"]) == (512, 2)
+    split = ggml_cpu.flash_attention(q, k, v, scale=32**-0.5, causal=True, cells=cells, threads=2)
+    whole = ggml_cpu.flash_attention(q, k, v, scale=32**-0.5, causal=True)
+    assert np.array_equal(_bits(split), out.view(np.uint32))
+    assert not np.array_equal(_bits(whole), out.view(np.uint32))
+
+
+def test_a_split_decode_whose_thread_count_is_unknown_is_not_run_and_says_why(sessions: dict[str, RerunSession]) -> None:
     flash = next(c for c in REGISTRY if c.id == "ggml.attn.flash")
     decode = candidate_inputs(sessions["llama-f32-flash"], "native", OpKey.parse("2:decode:1:sdpa"), None)
-    assert flash.unavailable(decode) is None
-    assert flash.unavailable(replace(decode, kv_cells=512)) == (
-        "a one-row call over 512 cache cells (>= 512) splits the cells across llama.cpp's threads and merges the parts, "
-        "which this candidate does not model"
+    assert (decode.kv_cells, decode.threads) == (256, 2) and flash.unavailable(decode) is None
+    assert flash.unavailable(replace(decode, kv_cells=512, threads=None)) == (
+        "a one-row call over 512 cache cells splits them across llama.cpp's threads, and the native capture does not say how many "
+        "(provenance `threads`)"
     )

@@ -339,6 +339,19 @@ def test_provenance_carries_the_models_config_from_the_gguf_under_config_json_na
     }
 
 
+def test_each_flash_attention_gets_one_dispatch_event_on_its_kqv_out_over_the_padded_cache(ggufs: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "flash.h5"
+    _record(ggufs["f32"], out, settings=LlamaSettings(flash_attn=True))
+    with open_capture(out, check_in_child=False) as capture:
+        events = capture.dispatch
+        assert [capture.records[seq].name for seq in events["index_seq"].tolist()] == ["kqv_out-0", "kqv_out-1"] * 3
+        assert {cf.decode_field(p) for p in events["primitive"].tolist()} == {"flash_attn_ext"}
+        assert {cf.decode_field(m) for m in events["mask_kind"].tolist()} == {"causal"}
+        assert events["q_rows"].tolist() == [5, 5, 1, 1, 1, 1] and set(events["kv_len"].tolist()) == {256}
+        assert (int(events["q_heads"][0]), int(events["kv_heads"][0]), int(events["head_dim"][0])) == (4, 2, 32)
+        assert capture.meta.provenance["threads"] == LlamaSettings().n_threads
+
+
 def test_openmp_workers_spin_briefly_unless_the_environment_says_how_they_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in OPENMP_WAIT:
         monkeypatch.setenv(name, "set")  # so that monkeypatch puts back what was there, set or not

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PySide6.QtCore import Qt
 
-from backends.dispatch.timeline import build_timeline
+from backends.dispatch.timeline import PRIMITIVE_CODES, build_timeline
 from sessions.capture.opening import open_capture
 from sessions.compare.comparison import iter_compare
 from sessions.progress import run_to_end
@@ -99,3 +99,21 @@ def test_ten_thousand_calls_are_painted_by_one_item_with_level_of_detail(qtbot, 
     assert view.items.painted_rects == int(np.sum((view.model.boxes.x1 >= 10) & (view.model.boxes.x0 <= 14)))
     image.save(str(artifacts_dir / "timeline-10k-1440x900.png"))
     print(f"10,500-call timeline painted in {paint_s * 1000:.0f} ms")
+
+
+@pytest.mark.slow
+def test_a_llama_cpp_pair_is_coloured_by_what_ran_flash_attention_against_separate_ops(qtbot, llama_tiny_pairs: dict, artifacts_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    """llama.cpp calls have no Metal route to colour by; flash attention and the decomposed
+    attention are told apart by colour, and every op dispatches differently."""
+    with open_capture(llama_tiny_pairs["f32-flash"][0]) as n, open_capture(llama_tiny_pairs["f32"][0]) as o:
+        view = _view(qtbot, build_timeline(n, o, run_to_end(iter_compare(n, o))))
+    timeline = view.model.timeline
+    assert not timeline.knows_metal_routes()
+    assert view.model.colour_by == "executed" and view.colours.currentData() == "executed"
+    codes = view.model.colour_codes()
+    assert {PRIMITIVE_CODES[c] for c in codes[timeline.side == 0].tolist()} == {"flash_attn_ext"}
+    assert {PRIMITIVE_CODES[c] for c in codes[timeline.side == 1].tolist()} == {"fallback"}
+    assert "6 op(s) dispatch differently" in view.summary.text()
+    view.resize(1280, 720)
+    qtbot.wait(50)
+    view.grab().save(str(artifacts_dir / "timeline-llama-flash-vs-separate-ops-1280x720.png"))

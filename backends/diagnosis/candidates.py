@@ -101,6 +101,9 @@ class CandidateInputs:
     call_rows: int | None = None
     """Rows of the forward call the native computed this op in (whole, not the compared window):
     the batch shape its kernels were chosen by."""
+    threads: int | None = None
+    """CPU threads the native engine computed with (provenance `threads`): ggml splits some
+    calls' work across them in ways that change bits."""
 
     def values(self, name: str) -> np.ndarray:
         """One input as float32 numpy (exact for bf16, f16 and f32)."""
@@ -215,8 +218,15 @@ def candidate_inputs(session: RerunSession, side: str, key: OpKey, route_output:
         return CandidateInputs(
             key, side, gathered.arrays, gathered.history, gathered.weight, stored, gathered.params, dtype,
             _kv_cells(session.captured["native"], key), route_output, call_rows(session.captured["native"], key),
+            _threads(session.captured["native"]),
         )
     raise RerunInputError(failures[-1])
+
+
+def _threads(ops: CapturedOps) -> int | None:
+    provenance = ops.capture.meta.provenance if isinstance(ops.capture.meta.provenance, dict) else {}
+    threads = provenance.get("threads")
+    return threads if isinstance(threads, int) and not isinstance(threads, bool) and threads > 0 else None
 
 
 def call_rows(ops: CapturedOps, key: OpKey) -> int | None:

@@ -246,17 +246,17 @@ def _ggml_flash_attention(inputs: CandidateInputs) -> CandidateOutput:
     out = ggml_cpu.flash_attention(
         np.array(inputs.arrays["q_rope"].astype(mx.float32)), np.array(k.astype(mx.float32)), np.array(v.astype(mx.float32)),
         scale=inputs.params["scale"], causal=inputs.params["mask"] == "causal", call_rows=inputs.call_rows,
+        cells=inputs.kv_cells, threads=inputs.threads,
     )
     return out.transpose(1, 0, 2).reshape(out.shape[1], -1)
 
 
 def _flash_unavailable(inputs: CandidateInputs) -> str | None:
     rows = inputs.call_rows or inputs.arrays["q_rope"].shape[1]
-    cells = inputs.kv_cells or inputs.history.get("k", inputs.arrays["k_rope"]).shape[1] + inputs.arrays["k_rope"].shape[1]
-    if rows == 1 and cells >= ggml_cpu.FLASH_SPLIT_CELLS:
+    if rows == 1 and (inputs.kv_cells or 0) >= ggml_cpu.FLASH_SPLIT_CELLS and inputs.threads is None:
         return (
-            f"a one-row call over {cells} cache cells (>= {ggml_cpu.FLASH_SPLIT_CELLS}) splits the cells across llama.cpp's "
-            "threads and merges the parts, which this candidate does not model"
+            f"a one-row call over {inputs.kv_cells} cache cells splits them across llama.cpp's threads, and the native "
+            "capture does not say how many (provenance `threads`)"
         )
     return _contract_mask_unavailable(inputs)
 
@@ -436,9 +436,11 @@ REGISTRY: tuple[Candidate, ...] = (
     Candidate(
         "ggml.attn.flash", frozenset({"sdpa"}),
         "llama.cpp flash attention on the CPU, K and V in F16: below 64 query rows q rounded to F16, vec_dot_f16 scores, an online "
-        "softmax cell by cell with libm expf into an F16 accumulator; from 64 rows, tiles of 64 cells with float32 FMA chains, "
-        "ggml_v_expf and a float32 accumulator; then times 1/sum",
-        f"{GGML_SOURCE}/ops.cpp ggml_compute_forward_flash_attn_ext_f16_one_chunk and _tiled, simd-gemm.h; llama.cpp build_attn_mha "
+        "softmax cell by cell with libm expf into an F16 accumulator (one row over 512 cells or more: a run of cells per thread, "
+        "merged in order); from 64 rows, tiles of 64 cells with float32 FMA chains, ggml_v_expf and a float32 accumulator; "
+        "then times 1/sum",
+        f"{GGML_SOURCE}/ops.cpp ggml_compute_forward_flash_attn_ext_f16_one_chunk, _tiled and ggml_flash_attn_ext_reduce_partials, "
+        "simd-gemm.h; llama.cpp build_attn_mha "
         "(an F32 cache cast to F16 for the kernel)",
         _ggml_flash_attention, _flash_unavailable, follows_call_shape=True,
     ),

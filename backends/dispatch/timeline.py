@@ -87,6 +87,12 @@ class Timeline:
     def __len__(self) -> int:
         return int(self.side.size)
 
+    def knows_metal_routes(self) -> bool:
+        """Some call has a Metal primitive, recorded or predicted: not so for engines the route
+        predictor does not cover (llama.cpp), whose boxes say only what ran."""
+        unknown = PRIMITIVE_CODES.index(metal_routes.UNKNOWN)
+        return bool((self.metal > unknown).any() or (self.predicted_metal > unknown).any())
+
 
 def _keys_by_seq(comparison: Comparison) -> tuple[dict[int, OpKey], dict[int, OpKey]]:
     """Each side's record seq -> the key the comparison paired it under: the session's profiles

@@ -329,16 +329,24 @@ FLASH_SPLIT_CELLS = 512
 """A one-row flash-attention call over at least this many cache cells splits the cells across threads."""
 
 
-def flash_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float, causal: bool, call_rows: int | None = None) -> np.ndarray:
+def flash_attention(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float, causal: bool, call_rows: int | None = None,
+    cells: int | None = None, threads: int | None = None,
+) -> np.ndarray:
     """llama.cpp's CPU flash attention for q [heads, rows, dim] over k/v [kv_heads, kv_len, dim],
     K and V in F16 (llama.cpp casts an F32 cache for the kernel); returns [heads, rows, dim].
     Query row i sits at cache position kv_len - rows + i. A call of `FLASH_TILED_ROWS` rows or
     more (`call_rows`, when q is a window of a larger call) takes the tiled kernel, a shorter one
-    the one-row kernel; one row over `FLASH_SPLIT_CELLS` cells or more is split across threads,
-    which neither models."""
+    the one-row kernel. One row over a padded cache of `cells` >= `FLASH_SPLIT_CELLS` is split
+    across the engine's `threads`, which it then needs (ValueError without)."""
     k, v = _f16(k), _f16(v)
-    if (call_rows or q.shape[1]) >= FLASH_TILED_ROWS and v.shape[-1] % LANES == 0:
+    rows = call_rows or q.shape[1]
+    if rows >= FLASH_TILED_ROWS and v.shape[-1] % LANES == 0:
         return _flash_tiled(np.asarray(q, dtype=F32), k, v, scale, causal)
+    if rows == 1 and cells is not None and cells >= FLASH_SPLIT_CELLS:
+        if threads is None:
+            raise ValueError(f"a one-row flash attention over {cells} cells is split across threads: the thread count is needed")
+        return _flash_one_row(q, k, v, scale, causal, (cells, threads))
     return _flash_one_row(q, k, v, scale, causal)
 
 
@@ -348,7 +356,7 @@ def _visible(rows: int, kv_len: int, causal: bool) -> np.ndarray:
     return (np.arange(kv_len)[None, :] <= position) if causal else np.ones((rows, kv_len), dtype=bool)
 
 
-def _flash_one_row(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, causal: bool) -> np.ndarray:
+def _flash_one_row(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, causal: bool, split: tuple[int, int] | None = None) -> np.ndarray:
     """`ggml_compute_forward_flash_attn_ext_f16_one_chunk`: K and V are F16 (llama.cpp casts an F32
     cache for the kernel), so q is rounded to F16 and each score is `ggml_vec_dot_f16`, times
     the scale. The cells are visited in order with an online softmax in float32 and libm's
@@ -356,7 +364,11 @@ def _flash_one_row(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, ca
     value by expf(s - M). The accumulator is F16 (`ggml_vec_scale_f16`, `ggml_vec_mad_f16`:
     each update rounded to F16), the sum `S = S*ms + vs` float32, contracted into an FMA as GCC
     does (unfused, 409 of 7,680 elements of a real 60-row prefill differ); the output is the
-    accumulator times 1/S. Masked cells are skipped, so the padded cache changes nothing."""
+    accumulator times 1/S. Masked cells are skipped, so the padded cache changes nothing.
+
+    `split` = (cells, threads): one row whose padded cache of `cells` is split into one run of
+    cells per thread, each run kept as (M, S, accumulator) and merged in order by
+    `ggml_flash_attn_ext_reduce_partials` (the decode path from `FLASH_SPLIT_CELLS`)."""
     q = _f16(q)
     heads, rows, dim = q.shape
     kv_heads, kv_len = k.shape[0], k.shape[1]
@@ -364,11 +376,36 @@ def _flash_one_row(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, ca
     scores = np.stack([dot_vec_f32(k[h // group], q[h]) for h in range(heads)])
     scores = (scores * F32(scale)).astype(F32)
     seen = _visible(rows, kv_len, causal)
+    values = np.repeat(v, group, axis=0)
+    if split is None:
+        _, total, acc = _online_softmax(scores, values, seen)
+        return _divided(acc, total)
+    cells, threads = split
+    chunk = -(-cells // threads)
     peak = np.full((heads, rows), -np.inf, dtype=F32)
     total = np.zeros((heads, rows), dtype=F32)
     acc = np.zeros((heads, rows, dim), dtype=F32)
-    values = np.repeat(v, group, axis=0)
-    for cell in range(kv_len):
+    for start in range(0, min(cells, kv_len), chunk):
+        part = slice(start, min(start + chunk, kv_len))
+        part_peak, part_total, part_acc = _online_softmax(scores[:, :, part], values[:, part], seen[:, part])
+        merged = part_total != 0
+        new_peak = np.maximum(peak, part_peak)
+        with np.errstate(invalid="ignore"):
+            old_scale = libm_map("expf", np.where(merged, (peak - new_peak).astype(F32), F32(0)))
+            new_scale = libm_map("expf", np.where(merged, (part_peak - new_peak).astype(F32), F32(0)))
+        acc = np.where(merged[..., None], fma(acc, old_scale[..., None], (part_acc * new_scale[..., None]).astype(F32)), acc)
+        total = np.where(merged, fma(total, old_scale, (part_total * new_scale).astype(F32)), total)
+        peak = np.where(merged, new_peak, peak)
+    return _divided(acc, total)
+
+
+def _online_softmax(scores: np.ndarray, values: np.ndarray, seen: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The one-row kernel's pass over `scores` [heads, rows, cells] in order: (M, S, accumulator)."""
+    heads, rows, cells = scores.shape
+    peak = np.full((heads, rows), -np.inf, dtype=F32)
+    total = np.zeros((heads, rows), dtype=F32)
+    acc = np.zeros((heads, rows, values.shape[-1]), dtype=F32)
+    for cell in range(cells):
         visible = seen[:, cell]
         if not visible.any():
             continue
@@ -385,6 +422,11 @@ def _flash_one_row(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, ca
         acc = np.where(visible[None, :, None], updated, acc)
         total = np.where(visible[None, :], summed, total)
         peak = np.where(higher, s, peak)
+    return peak, total, acc
+
+
+def _divided(acc: np.ndarray, total: np.ndarray) -> np.ndarray:
+    """The accumulator times 1/S (0 where nothing was attended)."""
     inverse = np.where(total == 0, F32(0), (F32(1) / np.where(total == 0, F32(1), total)).astype(F32))
     return (acc * inverse[..., None]).astype(F32)
 
@@ -434,5 +476,4 @@ def _flash_tiled(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, caus
         weights = np.where(live[..., None], weights, F32(0))
         for cell in range(cells):
             acc = fma(weights[..., cell, None], values[:, None, start + cell, :], acc)
-    inverse = np.where(total == 0, F32(0), (F32(1) / np.where(total == 0, F32(1), total)).astype(F32))
-    return (acc * inverse[..., None]).astype(F32)
+    return _divided(acc, total)

@@ -411,16 +411,38 @@ class NodeReader:
         return NodeRead(name, op, sources + [f"decoded-from:{type_name}"], layer, "float32", values.astype(np.float32), stacked=stacked)
 
 
+@dataclass(frozen=True)
+class FlashCall:
+    """A FLASH_ATTN_EXT node's geometry, read from its sources when it is asked for."""
+
+    heads: int
+    rows: int
+    cells: int
+    """Cache cells the kernel attends over: llama.cpp's padded KV length."""
+    kv_heads: int
+    head_dim: int
+    v_head_dim: int
+    mask: str
+    started: int
+
+
+MASK_SOURCE = {"SOFT_MAX": 1, "FLASH_ATTN_EXT": 3}
+"""Which source of an attention node is its KQ mask."""
+
+
 @dataclass
 class AttentionTrace:
-    """Turns llama.cpp's decomposed attention (kq MUL_MAT, kq_soft_max, kqv) into one dispatch
-    event on the `kqv_out-N` record: what actually ran, over how many cache cells, with which
-    mask. Flash attention has no such nodes and gets no event."""
+    """Turns each llama.cpp attention into one dispatch event on its `kqv_out-N` record: what
+    actually ran, over how many cache cells, with which mask. Decomposed (kq MUL_MAT,
+    kq_soft_max, kqv) it is a `fallback`; flash attention's one unnamed FLASH_ATTN_EXT node,
+    seen just before its layer's `kqv_out`, is a `flash_attn_ext`."""
 
     kv_heads: dict[int, int] = field(default_factory=dict)
     scores: dict[int, tuple[int, int, int, int | None]] = field(default_factory=dict)
     """layer -> (heads, rows, cache cells attended, start ns) of its `kq-N`."""
     masks: dict[int, str] = field(default_factory=dict)
+    flash: FlashCall | None = None
+    """The flash-attention call whose `kqv_out` comes next."""
 
     def see(self, writer: CaptureWriter, node: NodeRead, seq: int, started: int | None, mask: str = "none") -> None:
         """`mask`: the kind of a `kq_soft_max` node's mask (`NodeReader.mask_kind`)."""
@@ -439,6 +461,13 @@ class AttentionTrace:
                 kv_heads=self.kv_heads.get(layer, heads), q_rows=rows, kv_len=cells, head_dim=shape[1] // heads,
                 mask_kind=self.masks.pop(layer, "none"), dtype=node.dtype, primitive="fallback",
                 t_start_ns=start or 0, t_end_ns=writer.now_ns(),
+            )
+        elif stem == "kqv_out" and self.flash is not None:
+            call, self.flash = self.flash, None
+            writer.add_dispatch(
+                index_seq=seq, call=0, batch=node.requests(), kv_group=-1, head_start=0, head_count=call.heads, q_heads=call.heads,
+                kv_heads=call.kv_heads, q_rows=call.rows, kv_len=call.cells, head_dim=call.head_dim, v_head_dim=call.v_head_dim,
+                mask_kind=call.mask, dtype=node.dtype, primitive="flash_attn_ext", t_start_ns=call.started, t_end_ns=writer.now_ns(),
             )
 
 
@@ -541,6 +570,7 @@ class LlamaRun:
             "parity_settings": {**asdict(self.settings), "logits_all": True, "n_ubatch": self.schedule.ubatch, "kv_unified": False},
             "batch": self.batch,
             "batch_row": self.batch_row,
+            "threads": self.settings.n_threads,
             **self.schedule.as_provenance(),
         }
 
@@ -575,6 +605,8 @@ class LlamaRun:
             current.first_name = name
             current.graph += 1
             current.computed = False
+        if op == "FLASH_ATTN_EXT":
+            self._attention.flash = self._flash_call(address, current)
         if not reader.wanted(name, op, sources, self.settings):
             if op not in NO_COMPUTE_OPS:
                 current.computed = False
@@ -617,12 +649,25 @@ class LlamaRun:
         )
         self._attention.see(self.writer, node, seq, started, self._mask_kind(address, op, current, first, rows))
 
+    def _flash_call(self, address: int, current: _Pass) -> FlashCall:
+        assert self.writer is not None
+        node = tensor_at(address)
+        q, k, v = (tensor_at(node.src[i]) for i in range(3))
+        graph = min(current.graph, len(current.segments) - 1)
+        return FlashCall(
+            heads=int(q.ne[2]), rows=int(q.ne[1]), cells=int(k.ne[1]), kv_heads=int(k.ne[2]), head_dim=int(q.ne[0]),
+            v_head_dim=int(v.ne[0]), mask=self._mask_kind(address, "FLASH_ATTN_EXT", current, current.starts[graph], current.rows[graph]),
+            started=self.writer.now_ns(),
+        )
+
     def _mask_kind(self, address: int, op: str, current: _Pass, first: int, rows: int) -> str:
-        """The kind of a `SOFT_MAX` node's mask, read once per graph ("none" for other nodes)."""
+        """The kind of a `SOFT_MAX` or `FLASH_ATTN_EXT` node's mask, read once per graph ("none"
+        for other nodes)."""
         assert self.reader is not None
-        if op != "SOFT_MAX":
+        source = MASK_SOURCE.get(op)
+        if source is None:
             return "none"
-        mask = int(tensor_at(address).src[1] or 0)
+        mask = int(tensor_at(address).src[source] or 0)
         key = (current.graph, mask)
         if key not in current.masks:
             current.masks[key] = self.reader.mask_kind(mask, first, rows)

@@ -18,8 +18,11 @@ MAX_NDIM = 8
 ROLES = ("native", "oracle", "rerun")
 SEGMENTS = ("text-before", "visual", "text-after", "prefill", "decode")
 MASK_KINDS = ("none", "causal", "bool", "additive")
-PRIMITIVES = ("sdpa_vector", "sdpa_vector_2pass", "sdpa_full", "fallback")
-METAL_PRIMITIVES = ("", "unknown", *PRIMITIVES)
+MLX_PRIMITIVES = ("sdpa_vector", "sdpa_vector_2pass", "sdpa_full", "fallback")
+PRIMITIVES = (*MLX_PRIMITIVES, "flash_attn_ext")
+"""A dispatch row's `primitive`: MLX's fused kernels or its decomposed fallback (a decomposed
+llama.cpp attention too), or ggml's fused flash-attention op."""
+METAL_PRIMITIVES = ("", "unknown", *MLX_PRIMITIVES)
 """A dispatch row's `metal_primitive`: empty when not predicted, "unknown" when no rule table covers the MLX version."""
 
 INDEX_PATH = "/index"

@@ -27,7 +27,7 @@ class TimelineModel(QObject):
         self.timeline = timeline
         self.lane_mode = "group"
         self.x_mode = "call"
-        self.colour_by = "metal"
+        self.colour_by = "metal" if timeline is None or timeline.knows_metal_routes() else "executed"
         self.selected: int | None = None
         self.boxes: Boxes | None = None
         self._relayout()
@@ -36,7 +36,11 @@ class TimelineModel(QObject):
         self.boxes = layout(self.timeline, self.lane_mode, self.x_mode) if self.timeline is not None else None
 
     def set_timeline(self, timeline: Timeline | None) -> None:
+        """A timeline without any Metal route is coloured by the primitive that ran: by Metal it
+        would be all grey."""
         self.timeline = timeline
+        if timeline is not None and not timeline.knows_metal_routes():
+            self.colour_by = "executed"
         self.selected = None
         self._relayout()
         self.changed.emit()

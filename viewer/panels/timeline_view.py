@@ -30,6 +30,7 @@ PRIMITIVE_COLOURS: dict[str, str] = {
     "sdpa_vector_2pass": "#06b6d4",
     "sdpa_full": "#2e9d57",
     "fallback": "#e0a526",
+    "flash_attn_ext": "#7c3aed",
 }
 DIFFERS_COLOUR = "#d64541"
 MISMATCH_COLOUR = "#c04fd8"
@@ -198,7 +199,7 @@ class TimelineView(QWidget):
 
     def _legend(self) -> QLabel:
         swatches = " ".join(
-            f"<span style='color:{PRIMITIVE_COLOURS[name]}'>■</span> {name}" for name in ("sdpa_vector", "sdpa_vector_2pass", "sdpa_full", "fallback")
+            f"<span style='color:{colour}'>■</span> {name}" for name, colour in PRIMITIVE_COLOURS.items() if name not in ("", "unknown")
         )
         marks = f"<span style='color:{DIFFERS_COLOUR}'>□</span> differs between sides  <span style='color:{MISMATCH_COLOUR}'>┅</span> route ≠ prediction"
         legend = QLabel(f"{swatches}   {marks}")
@@ -207,6 +208,9 @@ class TimelineView(QWidget):
 
     def _rebuild(self) -> None:
         self.items.refresh()
+        self.colours.blockSignals(True)
+        self.colours.setCurrentIndex(self.colours.findData(self.model.colour_by))
+        self.colours.blockSignals(False)
         boxes, timeline = self.model.boxes, self.model.timeline
         left, bottom = self.plot.getAxis("left"), self.plot.getAxis("bottom")
         if boxes is None or timeline is None:

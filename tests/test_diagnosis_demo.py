@@ -206,3 +206,20 @@ def test_llama_cpp_as_the_oracle_an_f16_cache_is_named_at_the_first_attention(ll
     assert first.key == OpKey(0, "prefill", 0, "sdpa") and first.classification.inputs_agree is True
     assert (first.native_ran, first.oracle_ran) == ("ggml.attn.f32", "ggml.attn.f16_cache")
     assert first.classification.why.startswith("native and oracle read bit-identical inputs and their outputs differ")
+
+
+def test_llama_cpp_as_the_oracle_splits_local_from_inherited_by_the_contracts_that_give_its_bits(llama_tiny_pairs: dict) -> None:
+    """Flash attention on (native) against off (oracle), both llama.cpp. MLX's route does not
+    give llama.cpp's bits, so the candidates that do decide: `ggml.mul_mat.f32` gives the oracle's
+    o_proj from its inputs and the native's from the native's, so o_proj only inherited. Every
+    local op is an attention; where candidates that give the oracle's bits disagree on the
+    native's inputs, the op is left undetermined, naming them."""
+    found = diagnose((llama_tiny_pairs["f32-flash"][0], llama_tiny_pairs["f32"][0]), mode="all", budget=False)
+    assert {(op.key.op, op.native_ran, op.oracle_ran) for op in found.local_chain} == {("sdpa", "ggml.attn.flash", "ggml.attn.f32")}
+    assert len(found.local_chain) == 6
+    o_proj = next(op.classification for op in found.ops if op.key == OpKey(0, "prefill", 0, "o_proj"))
+    assert o_proj.locality == Locality.INHERITED
+    assert o_proj.why.startswith("the contracts that give the oracle's own bits from its own inputs (`ggml.mul_mat.f32`; the oracle's route does not")
+    undetermined = [op.classification for op in found.ops if op.classification.locality == Locality.UNDETERMINED]
+    assert all("`ggml.rms_norm` give the native's bits and the oracle's route" in c.why for c in undetermined)
+    assert len(found.ops) - len(found.local_chain) - len(undetermined) == sum(op.classification.locality == Locality.INHERITED for op in found.ops) > 60

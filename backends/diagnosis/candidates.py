@@ -196,12 +196,15 @@ def _kv_cells(native: CapturedOps, key: OpKey) -> int | None:
     return int(max(events["kv_len"].tolist())) if len(events) else None
 
 
-def candidate_inputs(session: RerunSession, side: str, key: OpKey, route_output: np.ndarray | None) -> CandidateInputs:
+def candidate_inputs(
+    session: RerunSession, side: str, key: OpKey, route_output: np.ndarray | None, shaped_by: str = "native"
+) -> CandidateInputs:
     """`side`'s captured inputs of the op at `key`, with the weights the native engine ran on.
 
     Weights come from the native side first (its GGUF keeps the quantized blocks a ggml
     candidate needs), then the oracle's; the attention mask is the oracle's, the one kind a
-    capture can name completely (causal or none). RerunInputError says what is missing."""
+    capture can name completely (causal or none). The call's rows, cache cells and threads,
+    which choose a kernel's path, are `shaped_by`'s. RerunInputError says what is missing."""
     ops = session.captured[side]
     oracle = session.captured["oracle"]
     failures: list[str] = []
@@ -215,10 +218,10 @@ def candidate_inputs(session: RerunSession, side: str, key: OpKey, route_output:
         stored = weights.stored(key.op, key.layer) if gathered.weight is not None else None
         native_record = session.captured["native"].find(key.step, key.segment, key.layer, key.op, key.positions)
         dtype = native_record.record.dtype if native_record is not None else gathered.dtype
+        shape = session.captured[shaped_by]
         return CandidateInputs(
             key, side, gathered.arrays, gathered.history, gathered.weight, stored, gathered.params, dtype,
-            _kv_cells(session.captured["native"], key), route_output, call_rows(session.captured["native"], key),
-            _threads(session.captured["native"]),
+            _kv_cells(shape, key), route_output, call_rows(shape, key), _threads(shape),
         )
     raise RerunInputError(failures[-1])
 
@@ -227,6 +230,12 @@ def _threads(ops: CapturedOps) -> int | None:
     provenance = ops.capture.meta.provenance if isinstance(ops.capture.meta.provenance, dict) else {}
     threads = provenance.get("threads")
     return threads if isinstance(threads, int) and not isinstance(threads, bool) and threads > 0 else None
+
+
+def declared_contract(session: RerunSession, side: str, key: OpKey) -> str:
+    """The contract `side`'s record says it ran (its `effective_contract_id`), or ''."""
+    mapped = session.captured[side].find(key.step, key.segment, key.layer, key.op)
+    return "" if mapped is None else mapped.record.effective_contract_id or ""
 
 
 def call_rows(ops: CapturedOps, key: OpKey) -> int | None:

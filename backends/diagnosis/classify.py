@@ -19,7 +19,15 @@ from enum import StrEnum
 
 import numpy as np
 
-from backends.diagnosis.candidates import ErrorFigure, compare_bits, record_bits
+from backends.diagnosis.candidates import (
+    ErrorFigure,
+    candidate_inputs,
+    compare_bits,
+    declared_contract,
+    record_bits,
+    run_candidate,
+)
+from backends.diagnosis.registry import candidates_for
 from backends.rerun.inputs import RerunInputError, why_not_rerunnable
 from backends.rerun.ops import RerunOpError
 from backends.rerun.segment import OpRerun, RerunOptions, RerunSession
@@ -84,6 +92,70 @@ def _route_check(session: RerunSession, key: OpKey, op: OpRerun) -> tuple[bool, 
     return own.bit_exact, f"{own.differing:,} elements differ"
 
 
+@dataclass
+class OracleContracts:
+    """The candidates that give the oracle's own bits from the oracle's own inputs, each with its
+    bits on the native's inputs (registry order, the oracle's declared contract first)."""
+
+    on_native: dict[str, np.ndarray]
+
+    def verdict(self, native_bits: np.ndarray) -> bool | None:
+        """True: every one gives the native's bits (inherited); False: none does (local); None:
+        they disagree, and the oracle's bits cannot say which it ran."""
+        same = {bool(np.array_equal(bits, native_bits)) for bits in self.on_native.values()}
+        return same.pop() if len(same) == 1 else None
+
+
+def _oracle_contracts(session: RerunSession, key: OpKey) -> OracleContracts | None:
+    """Where the rerun's (MLX) route cannot play the oracle -- llama.cpp as the oracle -- the
+    contracts the oracle demonstrably ran can: each candidate is run on the oracle's own inputs
+    with the kernels the oracle's call chose, and those giving its bits are run on the native's.
+    None when no candidate gives the oracle's bits."""
+    oracle_bits = record_bits(session.captured["oracle"], key)
+    if oracle_bits is None:
+        return None
+    try:
+        own = candidate_inputs(session, "oracle", key, None, shaped_by="oracle")
+        theirs = candidate_inputs(session, "native", key, None, shaped_by="oracle")
+    except RerunInputError:
+        return None
+    declared = declared_contract(session, "oracle", key)
+    on_native: dict[str, np.ndarray] = {}
+    for candidate in sorted(candidates_for(key.op), key=lambda c: c.id != declared):
+        judged = run_candidate(candidate, own, oracle_bits)
+        if judged.vs_native is not None and judged.vs_native.bit_exact:
+            again = run_candidate(candidate, theirs, None)
+            if again.bits is not None:
+                on_native[candidate.id] = again.bits
+    return OracleContracts(on_native) if on_native else None
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(name if name.startswith("the ") else f"`{name}`" for name in names)
+
+
+def _decide_by_contracts(found: Classification, contracts: OracleContracts, native_bits: np.ndarray, dtype: str, route_note: str) -> None:
+    names = _names(list(contracts.on_native))
+    found.route_bits = next(iter(contracts.on_native.values()))
+    found.local = compare_bits(native_bits, found.route_bits, dtype)
+    found.oracle_route = [f"{name}: it gives the oracle's own bits from the oracle's inputs" for name in contracts.on_native]
+    found.closer_to_exact, found.rmse_from_exact = "unknown", {}
+    which = f"the contracts that give the oracle's own bits from its own inputs ({names}{route_note})"
+    verdict = contracts.verdict(native_bits)
+    if verdict is True:
+        found.locality = Locality.INHERITED
+        found.why = f"{which} give the native's bits on the native's inputs: the difference was already in the inputs"
+    elif verdict is False:
+        found.locality = Locality.LOCAL
+        found.why = f"{which} differ from the native on the native's inputs ({found.local.text()}): this op computes differently"
+    else:
+        agree = [name for name, bits in contracts.on_native.items() if np.array_equal(bits, native_bits)]
+        found.why = (
+            f"{which} disagree on the native's inputs: {_names(agree)} give the native's bits and "
+            f"{_names([n for n in contracts.on_native if n not in agree])} do not, so the oracle's bits cannot say which it ran"
+        )
+
+
 def classify(session: RerunSession, pair: PairResult) -> Classification:
     """Local, inherited or undetermined, for one aligned pair whose bits differ."""
     key = pair.key
@@ -121,6 +193,16 @@ def classify(session: RerunSession, pair: PairResult) -> Classification:
         )
         return found
     found.local = compare_bits(native_bits, op.bits, op.dtype)
+    if not (route_ok and session.oracle.meta.mlx_version()):
+        # The rerun's route is MLX: it is the oracle's own code only when the oracle ran on MLX.
+        # Otherwise its reproducing the oracle's bits may be a coincidence of these inputs, and
+        # the contracts that reproduce them decide, the route among them.
+        contracts = _oracle_contracts(session, key)
+        if contracts is not None:
+            if route_ok:
+                contracts.on_native = {"the oracle's route": op.bits, **contracts.on_native}
+            _decide_by_contracts(found, contracts, native_bits, op.dtype, "" if route_ok else f"; the oracle's route does not, {route_detail}")
+            return found
     if not route_ok:
         found.why = (
             f"the oracle's route does not reproduce the oracle's own bits from its own inputs ({route_detail}), so the rerun "

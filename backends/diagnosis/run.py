@@ -37,6 +37,7 @@ from backends.diagnosis.candidates import (
     bits_array,
     call_rows,
     candidate_inputs,
+    declared_contract,
     output_bits,
     record_bits,
     run_candidate,
@@ -140,11 +141,6 @@ class Diagnosis:
         return {op.key: str(op.classification.locality) for op in self.ops}
 
 
-def _declared(session: RerunSession, side: str, key: OpKey) -> str:
-    mapped = session.captured[side].find(key.step, key.segment, key.layer, key.op)
-    return "" if mapped is None else mapped.record.effective_contract_id or ""
-
-
 def _preferred(ids: list[str], declared: str) -> str | None:
     """The declared contract when it is among `ids`, else the first in registry order."""
     return declared if declared in ids else (ids[0] if ids else None)
@@ -153,7 +149,7 @@ def _preferred(ids: list[str], declared: str) -> str | None:
 def _search(session: RerunSession, found: Classification) -> OpDiagnosis:
     """Every candidate for the op, on the native's own inputs, judged against both yardsticks."""
     key = found.key
-    result = OpDiagnosis(found, native_declared=_declared(session, "native", key), oracle_declared=_declared(session, "oracle", key))
+    result = OpDiagnosis(found, native_declared=declared_contract(session, "native", key), oracle_declared=declared_contract(session, "oracle", key))
     try:
         inputs = candidate_inputs(session, "native", key, found.route_bits)
     except RerunInputError as exc:

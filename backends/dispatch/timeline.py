@@ -10,7 +10,6 @@ holds tens of thousands of calls and the view filters and hit-tests them vectori
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,15 +30,6 @@ X_MODES = ("call", "time")
 
 def _code(text: str) -> int:
     return PRIMITIVE_CODES.index(text) if text in PRIMITIVE_CODES else 1
-
-
-def _version(capture: Capture) -> str:
-    provenance = capture.meta.provenance if isinstance(capture.meta.provenance, dict) else {}
-    version = provenance.get("mlx_version")
-    if isinstance(version, str) and version:
-        return version
-    found = re.search(r"mlx\s+(\d+\.\d+\.\d+)", capture.meta.compiler)
-    return found.group(1) if found else ""
 
 
 def device_class(capture: Capture) -> metal_routes.DeviceClass:
@@ -139,7 +129,7 @@ def build_timeline(native: Capture, oracle: Capture, comparison: Comparison) -> 
         tables.append(table)
         columns["side"] += [side] * len(table)
         columns["slot"] += [slots[keys[side].get(seq) or (side, seq)] for seq in table["index_seq"].tolist()]
-        here, metal = _predict(table, device_class(capture), _version(capture))
+        here, metal = _predict(table, device_class(capture), capture.meta.mlx_version())
         columns["predicted"] += here
         columns["predicted_metal"] += metal
     both = np.concatenate(tables) if tables else np.zeros(0, dtype=cf.DISPATCH_DTYPE)
@@ -184,7 +174,7 @@ def build_timeline(native: Capture, oracle: Capture, comparison: Comparison) -> 
         mask_kind=[cf.decode_field(v) for v in both["mask_kind"].tolist()],
         keys=slot_keys,
         difference_fields=fields,
-        versions=(_version(native), _version(oracle)),
+        versions=(native.meta.mlx_version(), oracle.meta.mlx_version()),
     )
 
 

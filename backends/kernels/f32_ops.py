@@ -70,10 +70,3 @@ def hsum8(lanes: np.ndarray) -> np.ndarray:
     use: high half plus low half, then lanes (0+2) + (1+3)."""
     half = (lanes[..., 4:8] + lanes[..., 0:4]).astype(np.float32)
     return ((half[..., 0] + half[..., 2]) + (half[..., 1] + half[..., 3])).astype(np.float32)
-
-
-def hadd8(lanes: np.ndarray) -> np.ndarray:
-    """The horizontal sum ggml's GGML_F32x8_REDUCE uses on AVX: low plus high half, then two
-    `_mm_hadd_ps`: (0+1) + (2+3)."""
-    half = (lanes[..., 0:4] + lanes[..., 4:8]).astype(np.float32)
-    return ((half[..., 0] + half[..., 1]) + (half[..., 2] + half[..., 3])).astype(np.float32)

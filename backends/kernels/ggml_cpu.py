@@ -44,14 +44,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from backends.kernels.f32_ops import fma, hadd8, hsum8, libm, libm_map
+from backends.kernels import f32_jit
+from backends.kernels.f32_ops import fma, hsum8, libm, libm_map
 
 F32 = np.float32
 LANES = 8
 Q8_0_BLOCK = 32
 Q8_K_BLOCK = 256
-CHUNK_ELEMENTS = 1 << 20
-"""Lane accumulators per chunk of outputs: bounds the float64 temporaries of the FMA emulation."""
 
 
 def rms_norm(x: np.ndarray, eps: float) -> np.ndarray:
@@ -64,51 +63,21 @@ def rms_norm(x: np.ndarray, eps: float) -> np.ndarray:
     return (x * scale[..., None]).astype(F32)
 
 
-def _chunk(rows: int, lanes: int) -> int:
-    """Outputs per chunk, so that rows x outputs x lanes stays near CHUNK_ELEMENTS."""
-    return max(1, CHUNK_ELEMENTS // max(1, rows * lanes))
-
-
 def dot_tinyblas(weight: np.ndarray, x: np.ndarray, fused: bool = True) -> np.ndarray:
     """x @ weight.T in tinyBLAS's order: per output 8 lanes, lane i accumulating elements i, i+8, ...
     with an FMA (or a rounded multiply then add when `fused` is off), then `hsum`."""
-    weight, x = np.asarray(weight, dtype=F32), np.asarray(x, dtype=F32)
-    rows, k = x.shape
-    out = np.empty((rows, weight.shape[0]), dtype=F32)
-    step = _chunk(rows, LANES)
-    for start in range(0, weight.shape[0], step):
-        w = weight[start : start + step]
-        acc = np.zeros((rows, w.shape[0], LANES), dtype=F32)
-        for l0 in range(0, k, LANES):
-            a, b = w[None, :, l0 : l0 + LANES], x[:, None, l0 : l0 + LANES]
-            acc = fma(a, b, acc) if fused else ((a * b).astype(F32) + acc).astype(F32)
-        out[:, start : start + w.shape[0]] = hsum8(acc)
-    return out
+    return f32_jit.dot_tinyblas(_contiguous(weight), _contiguous(x), fused)
 
 
 def dot_vec_f32(weight: np.ndarray, x: np.ndarray, fused: bool = True) -> np.ndarray:
     """x @ weight.T as ggml_vec_dot_f32 sums one output: four 8-lane FMA accumulators over steps of
     32 (a rounded multiply, then add, when `fused` is off), reduced (0+2)+(1+3) and then across
     lanes; leftovers added one by one."""
-    weight, x = np.asarray(weight, dtype=F32), np.asarray(x, dtype=F32)
-    rows, k = x.shape
-    whole = k - k % 32
-    out = np.empty((rows, weight.shape[0]), dtype=F32)
-    step = _chunk(rows, 4 * LANES)
-    for start in range(0, weight.shape[0], step):
-        w = weight[start : start + step]
-        sums = np.zeros((4, rows, w.shape[0], LANES), dtype=F32)
-        for i in range(0, whole, 32):
-            for j in range(4):
-                lo = i + j * LANES
-                a, b = x[:, None, lo : lo + LANES], w[None, :, lo : lo + LANES]
-                sums[j] = fma(a, b, sums[j]) if fused else ((a * b).astype(F32) + sums[j]).astype(F32)
-        reduced = ((sums[0] + sums[2]).astype(F32) + (sums[1] + sums[3]).astype(F32)).astype(F32)
-        total = hadd8(reduced).astype(np.float64)
-        for i in range(whole, k):
-            total = total + (x[:, None, i] * w[None, :, i]).astype(F32).astype(np.float64)
-        out[:, start : start + w.shape[0]] = total.astype(F32)
-    return out
+    return f32_jit.dot_vec_f32(_contiguous(weight), _contiguous(x), fused)
+
+
+def _contiguous(values: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(values, dtype=F32)
 
 
 def mul_mat(weight: np.ndarray, x: np.ndarray, fused: bool = True, call_rows: int | None = None) -> np.ndarray:
@@ -162,19 +131,10 @@ def q8_0_blocks(raw: np.ndarray, rows: int) -> Q8Blocks:
 def mul_mat_q8_0(weight: Q8Blocks, x: Q8Blocks) -> np.ndarray:
     """The Q8_0 x Q8_0 dot: per block 8 integer lanes of 4 products, converted to float, times the
     float product of the two scales, FMA-accumulated per lane; then `hsum`."""
-    rows, nb = x.scale.shape
-    outputs = weight.scale.shape[0]
-    out = np.empty((rows, outputs), dtype=F32)
-    step = _chunk(rows, Q8_0_BLOCK)
-    for start in range(0, outputs, step):
-        wq, wd = weight.values[start : start + step], weight.scale[start : start + step]
-        acc = np.zeros((rows, wq.shape[0], LANES), dtype=F32)
-        for b in range(nb):
-            lanes = (wq[None, :, b, :] * x.values[:, None, b, :]).reshape(rows, wq.shape[0], LANES, 4).sum(-1).astype(F32)
-            both = (wd[None, :, b] * x.scale[:, None, b]).astype(F32)
-            acc = fma(both[..., None], lanes, acc)
-        out[:, start : start + wq.shape[0]] = hsum8(acc)
-    return out
+    return f32_jit.dot_q8_0(
+        _contiguous(weight.scale), np.ascontiguousarray(weight.values, dtype=np.int32),
+        _contiguous(x.scale), np.ascontiguousarray(x.values, dtype=np.int32),
+    )
 
 
 def quantize_q8_k(x: np.ndarray) -> np.ndarray:
@@ -450,9 +410,7 @@ def _flash_tiled(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, caus
     tile = FLASH_TILE_CELLS
     for start in range(0, kv_len, tile):
         cells = min(tile, kv_len - start)
-        scores = np.zeros((heads, rows, cells), dtype=F32)
-        for d in range(dim):
-            scores = fma(q[:, :, d, None], keys[:, None, start : start + cells, d], scores)
+        scores = np.stack([f32_jit.fma_dot(_contiguous(q[h]), _contiguous(keys[h, start : start + cells])) for h in range(heads)])
         scores = ((scores * F32(scale)).astype(F32) + mask[None, :, start : start + cells]).astype(F32)
         scores = np.concatenate([scores, np.full((heads, rows, tile - cells), -np.inf, dtype=F32)], axis=-1)
         tile_peak = scores.max(axis=-1)
@@ -474,6 +432,6 @@ def _flash_tiled(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, caus
             tile_sum += hsum8(block).astype(np.float64)
         total = np.where(live, (total.astype(np.float64) + tile_sum).astype(F32), total)
         weights = np.where(live[..., None], weights, F32(0))
-        for cell in range(cells):
-            acc = fma(weights[..., cell, None], values[:, None, start + cell, :], acc)
+        for h in range(heads):
+            f32_jit.fma_accumulate(acc[h], _contiguous(weights[h, :, :cells]), _contiguous(values[h, start : start + cells]))
     return _divided(acc, total)

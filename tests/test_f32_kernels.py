@@ -1,0 +1,59 @@
+"""The float32 FMA the ggml candidates are built on: rounded once, exactly, in numpy and compiled."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+from numba import njit
+
+from backends.kernels.f32_jit import fma32
+from backends.kernels.f32_ops import fma
+
+
+@njit
+def _compiled(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    out = np.empty(a.size, dtype=np.float32)
+    for i in range(a.size):
+        out[i] = fma32(a[i], b[i], c[i])
+    return out
+
+
+def _round_to_float32(exact: Fraction) -> np.float32:
+    """The float32 nearest `exact`, ties to the even mantissa."""
+    near = np.float32(float(exact))
+    around = (np.nextafter(near, np.float32(-np.inf)), near, np.nextafter(near, np.float32(np.inf)))
+    return min(around, key=lambda v: (abs(Fraction(float(v)) - exact), int(np.array(v).view(np.uint32)) & 1))
+
+
+def _tie_prone(count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """c = an odd-mantissa float32 (1 + k*2^-23) * 2^s, and a*b = half its ulp minus 2^-46 of that
+    half: (1 + 2^-23) * (1 - 2^-23) * 2^(s-24). The exact sum lies just below the midpoint
+    between c and its even neighbour; float64 cannot hold it and lands on the midpoint, and a
+    second rounding would then break the tie toward the even neighbour, the wrong way."""
+    rng = np.random.default_rng(5)
+    k = rng.integers(0, 2**22, size=count) * 2 + 1
+    scale = np.exp2(rng.integers(-20, 20, size=count))
+    sign = rng.choice([-1.0, 1.0], size=count)
+    c = (sign * (1 + k * 2.0**-23) * scale).astype(np.float32)
+    a = (sign * (1 + 2.0**-23)).astype(np.float32)
+    b = ((1 - 2.0**-23) * 2.0**-24 * scale).astype(np.float32)
+    return a, b, c
+
+
+def test_fma_rounds_the_exact_sum_once_to_nearest_even_ties_included() -> None:
+    a, b, c = _tie_prone(3000)
+    exact = [_round_to_float32(Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z))) for x, y, z in zip(a, b, c, strict=True)]
+    expected = np.array(exact, dtype=np.float32).view(np.uint32)
+    double_rounded = (a.astype(np.float64) * b + c).astype(np.float32).view(np.uint32)
+    assert (double_rounded != expected).sum() > 0, "the sample must hold ties that rounding twice breaks the wrong way"
+    assert np.array_equal(fma(a, b, c).view(np.uint32), expected)
+    assert np.array_equal(_compiled(a, b, c).view(np.uint32), expected)
+
+
+def test_the_compiled_fma_gives_the_numpy_fmas_bits_over_every_magnitude() -> None:
+    rng = np.random.default_rng(6)
+    count = 1_000_000
+    a, b = rng.normal(size=count).astype(np.float32), rng.normal(size=count).astype(np.float32)
+    c = (rng.normal(size=count) * np.exp2(rng.integers(-40, 40, size=count))).astype(np.float32)
+    assert np.array_equal(_compiled(a, b, c).view(np.uint32), fma(a, b, c).view(np.uint32))

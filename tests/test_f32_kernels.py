@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 from numba import njit
@@ -57,3 +61,52 @@ def test_the_compiled_fma_gives_the_numpy_fmas_bits_over_every_magnitude() -> No
     a, b = rng.normal(size=count).astype(np.float32), rng.normal(size=count).astype(np.float32)
     c = (rng.normal(size=count) * np.exp2(rng.integers(-40, 40, size=count))).astype(np.float32)
     assert np.array_equal(_compiled(a, b, c).view(np.uint32), fma(a, b, c).view(np.uint32))
+
+
+_THREADS_SCRIPT = """
+import sys, threading
+import numpy as np
+from numba import njit, prange
+from backends.kernels import f32_jit
+
+@njit(parallel=True)
+def unguarded(w, x):
+    out = np.empty((x.shape[0], w.shape[0]), np.float32)
+    for o in prange(w.shape[0]):
+        for r in range(x.shape[0]):
+            acc = np.float32(0)
+            for i in range(w.shape[1]):
+                acc += w[o, i] * x[r, i]
+            out[r, o] = acc
+    return out
+
+w, x = np.ones((512, 256), np.float32), np.ones((16, 256), np.float32)
+kernel = unguarded if sys.argv[1] == "unguarded" else (lambda w, x: f32_jit.dot_tinyblas(w, x, True))
+results = []
+def work():
+    for _ in range(30):
+        results.append(float(kernel(w, x)[0, 0]))
+threads = [threading.Thread(target=work) for _ in range(3)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(len(results), sorted(set(results)))
+"""
+
+
+def test_threads_launching_kernels_at_once_never_end_the_process_even_on_numbas_workqueue_layer() -> None:
+    """The viewer's workers may overlap. On the workqueue threading layer (macOS, Linux without
+    libgomp) two parallel launches at once terminate the process, as the unguarded kernel shows;
+    the kernels here take turns."""
+    env = {**os.environ, "NUMBA_THREADING_LAYER": "workqueue"}
+    root = Path(__file__).resolve().parents[1]
+
+    def run(which: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", _THREADS_SCRIPT, which], env=env, cwd=root, capture_output=True, text=True, timeout=300)
+
+    unguarded = run("unguarded")
+    assert unguarded.returncode != 0 and "Concurrent access has been detected" in unguarded.stderr
+    guarded = run("guarded")
+    assert guarded.returncode == 0, guarded.stderr
+    assert guarded.stdout.split() == ["90", "[256.0]"]

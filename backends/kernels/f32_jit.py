@@ -14,11 +14,35 @@ which LLVM does not fuse without fast-math flags, so the float64 steps are what 
 
 from __future__ import annotations
 
+import functools
+import threading
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 F32 = np.float32
 LANES = 8
+
+_LAUNCH = threading.Lock()
+"""One parallel kernel at a time per process: numba's workqueue threading layer (macOS, or Linux
+without libgomp) terminates the process when two threads launch parallel kernels at once, and
+the viewer's workers may overlap."""
+
+
+def parallel_kernel(function: Callable[..., Any]) -> Callable[..., Any]:
+    """`function` compiled with its outer `prange` over outputs spread across the cores (each
+    output's chain stays whole, so the bits do not depend on the thread count), launched under
+    `_LAUNCH`."""
+    compiled = njit(cache=True, parallel=True)(function)
+
+    @functools.wraps(function)
+    def launch(*args: Any) -> Any:
+        with _LAUNCH:
+            return compiled(*args)
+
+    return launch
 
 
 @njit(inline="always", cache=True)
@@ -55,15 +79,15 @@ def reduce8(lanes: np.ndarray, adjacent: bool) -> np.float32:
     return np.float32(np.float32(h0 + h2) + np.float32(h1 + h3))
 
 
-@njit(cache=True)
+@parallel_kernel
 def dot_tinyblas(weight: np.ndarray, x: np.ndarray, fused: bool) -> np.ndarray:
     """x @ weight.T, per output 8 lanes, lane i accumulating elements i, i+8, ...; then tinyBLAS's `hsum`."""
     rows, k = x.shape
     outputs = weight.shape[0]
     out = np.empty((rows, outputs), dtype=np.float32)
-    lanes = np.empty(LANES, dtype=np.float32)
-    for r in range(rows):
-        for o in range(outputs):
+    for o in prange(outputs):
+        lanes = np.empty(LANES, dtype=np.float32)
+        for r in range(rows):
             lanes[:] = 0
             for start in range(0, k, LANES):
                 for lane in range(LANES):
@@ -72,7 +96,7 @@ def dot_tinyblas(weight: np.ndarray, x: np.ndarray, fused: bool) -> np.ndarray:
     return out
 
 
-@njit(cache=True)
+@parallel_kernel
 def dot_vec_f32(weight: np.ndarray, x: np.ndarray, fused: bool) -> np.ndarray:
     """x @ weight.T as ggml_vec_dot_f32: four 8-lane accumulators over steps of 32, reduced
     (0+2) + (1+3), then across lanes; leftover elements added one by one in float64."""
@@ -80,10 +104,10 @@ def dot_vec_f32(weight: np.ndarray, x: np.ndarray, fused: bool) -> np.ndarray:
     outputs = weight.shape[0]
     whole = k - k % 32
     out = np.empty((rows, outputs), dtype=np.float32)
-    sums = np.empty((4, LANES), dtype=np.float32)
-    reduced = np.empty(LANES, dtype=np.float32)
-    for r in range(rows):
-        for o in range(outputs):
+    for o in prange(outputs):
+        sums = np.empty((4, LANES), dtype=np.float32)
+        reduced = np.empty(LANES, dtype=np.float32)
+        for r in range(rows):
             sums[:, :] = 0
             for start in range(0, whole, 32):
                 for j in range(4):
@@ -99,7 +123,7 @@ def dot_vec_f32(weight: np.ndarray, x: np.ndarray, fused: bool) -> np.ndarray:
     return out
 
 
-@njit(cache=True)
+@parallel_kernel
 def dot_q8_0(weight_scale: np.ndarray, weight_values: np.ndarray, x_scale: np.ndarray, x_values: np.ndarray) -> np.ndarray:
     """The Q8_0 x Q8_0 dot of every activation row with every weight row: per block of 32, 8
     integer lanes of 4 products, converted to float, times the float product of the two scales,
@@ -107,9 +131,9 @@ def dot_q8_0(weight_scale: np.ndarray, weight_values: np.ndarray, x_scale: np.nd
     rows, blocks = x_scale.shape
     outputs = weight_scale.shape[0]
     out = np.empty((rows, outputs), dtype=np.float32)
-    lanes = np.empty(LANES, dtype=np.float32)
-    for r in range(rows):
-        for o in range(outputs):
+    for o in prange(outputs):
+        lanes = np.empty(LANES, dtype=np.float32)
+        for r in range(rows):
             lanes[:] = 0
             for b in range(blocks):
                 both = np.float32(weight_scale[o, b] * x_scale[r, b])
@@ -122,15 +146,15 @@ def dot_q8_0(weight_scale: np.ndarray, weight_values: np.ndarray, x_scale: np.nd
     return out
 
 
-@njit(cache=True)
+@parallel_kernel
 def fma_dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """a @ b.T with each output one FMA chain from 0 along the shared axis (`simd_gemm`'s order
     for every output: its lanes are outputs, never a split of one output's sum)."""
     rows, k = a.shape
     outputs = b.shape[0]
     out = np.empty((rows, outputs), dtype=np.float32)
-    for r in range(rows):
-        for o in range(outputs):
+    for o in prange(outputs):
+        for r in range(rows):
             acc = np.float32(0)
             for i in range(k):
                 acc = fma32(a[r, i], b[o, i], acc)
@@ -138,12 +162,12 @@ def fma_dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return out
 
 
-@njit(cache=True)
+@parallel_kernel
 def fma_accumulate(acc: np.ndarray, weights: np.ndarray, values: np.ndarray) -> None:
     """acc[r, d] gains weights[r, c] * values[c, d] for c in order, one FMA each (in place)."""
     rows, cells = weights.shape
     dims = values.shape[1]
-    for r in range(rows):
+    for r in prange(rows):
         for c in range(cells):
             w = weights[r, c]
             for d in range(dims):

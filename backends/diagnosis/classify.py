@@ -8,8 +8,11 @@ computes differently -- it is local, and "native vs oracle's route on the native
 its local error, beside the total.
 
 The verdict holds only if the rerun is faithful to the oracle, so that is checked: on the
-oracle's own inputs its route must give the oracle's own bits. When it does not, the op is
-left undetermined, with the reason, rather than guessed at.
+oracle's own inputs its route must give the oracle's own bits. The route is MLX, so it is the
+oracle's own code only when the oracle ran on MLX; for any other oracle (llama.cpp) the
+candidate contracts that give the oracle's own bits decide, the route among them if it does
+too. When nothing faithful agrees, the op is left undetermined, with the reason, rather than
+guessed at.
 """
 
 from __future__ import annotations

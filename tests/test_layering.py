@@ -75,3 +75,16 @@ def test_headless_cli_commands_load_no_qt() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_window_and_the_cli_start_without_importing_numba() -> None:
+    """numba takes about a second to import; only a diagnosis's ggml candidates need it."""
+    code = (
+        "import sys\n"
+        "import viewer.window.main_window\n"
+        "from viewer.cli import build_parser\n"
+        "build_parser()\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('numba', 'llvmlite')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

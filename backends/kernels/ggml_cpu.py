@@ -41,10 +41,10 @@ Inputs are float32 numpy arrays (widened from whatever dtype was captured); outp
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
 
-from backends.kernels import f32_jit
 from backends.kernels.f32_ops import fma, hsum8, libm, libm_map
 
 F32 = np.float32
@@ -66,14 +66,22 @@ def rms_norm(x: np.ndarray, eps: float) -> np.ndarray:
 def dot_tinyblas(weight: np.ndarray, x: np.ndarray, fused: bool = True) -> np.ndarray:
     """x @ weight.T in tinyBLAS's order: per output 8 lanes, lane i accumulating elements i, i+8, ...
     with an FMA (or a rounded multiply then add when `fused` is off), then `hsum`."""
-    return f32_jit.dot_tinyblas(_contiguous(weight), _contiguous(x), fused)
+    return _jit().dot_tinyblas(_contiguous(weight), _contiguous(x), fused)
 
 
 def dot_vec_f32(weight: np.ndarray, x: np.ndarray, fused: bool = True) -> np.ndarray:
     """x @ weight.T as ggml_vec_dot_f32 sums one output: four 8-lane FMA accumulators over steps of
     32 (a rounded multiply, then add, when `fused` is off), reduced (0+2)+(1+3) and then across
     lanes; leftovers added one by one."""
-    return f32_jit.dot_vec_f32(_contiguous(weight), _contiguous(x), fused)
+    return _jit().dot_vec_f32(_contiguous(weight), _contiguous(x), fused)
+
+
+def _jit() -> ModuleType:
+    """The compiled kernels, imported on first use: numba takes about a second to import, which
+    the window and the CLI should not pay before anyone diagnoses."""
+    from backends.kernels import f32_jit
+
+    return f32_jit
 
 
 def _contiguous(values: np.ndarray) -> np.ndarray:
@@ -131,7 +139,7 @@ def q8_0_blocks(raw: np.ndarray, rows: int) -> Q8Blocks:
 def mul_mat_q8_0(weight: Q8Blocks, x: Q8Blocks) -> np.ndarray:
     """The Q8_0 x Q8_0 dot: per block 8 integer lanes of 4 products, converted to float, times the
     float product of the two scales, FMA-accumulated per lane; then `hsum`."""
-    return f32_jit.dot_q8_0(
+    return _jit().dot_q8_0(
         _contiguous(weight.scale), np.ascontiguousarray(weight.values, dtype=np.int32),
         _contiguous(x.scale), np.ascontiguousarray(x.values, dtype=np.int32),
     )
@@ -410,7 +418,7 @@ def _flash_tiled(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, caus
     tile = FLASH_TILE_CELLS
     for start in range(0, kv_len, tile):
         cells = min(tile, kv_len - start)
-        scores = np.stack([f32_jit.fma_dot(_contiguous(q[h]), _contiguous(keys[h, start : start + cells])) for h in range(heads)])
+        scores = np.stack([_jit().fma_dot(_contiguous(q[h]), _contiguous(keys[h, start : start + cells])) for h in range(heads)])
         scores = ((scores * F32(scale)).astype(F32) + mask[None, :, start : start + cells]).astype(F32)
         scores = np.concatenate([scores, np.full((heads, rows, tile - cells), -np.inf, dtype=F32)], axis=-1)
         tile_peak = scores.max(axis=-1)
@@ -433,5 +441,5 @@ def _flash_tiled(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, caus
         total = np.where(live, (total.astype(np.float64) + tile_sum).astype(F32), total)
         weights = np.where(live[..., None], weights, F32(0))
         for h in range(heads):
-            f32_jit.fma_accumulate(acc[h], _contiguous(weights[h, :, :cells]), _contiguous(values[h, start : start + cells]))
+            _jit().fma_accumulate(acc[h], _contiguous(weights[h, :, :cells]), _contiguous(values[h, start : start + cells]))
     return _divided(acc, total)

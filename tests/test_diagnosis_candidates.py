@@ -225,6 +225,6 @@ def test_a_split_decode_whose_thread_count_is_unknown_is_not_run_and_says_why(se
     decode = candidate_inputs(sessions["llama-f32-flash"], "native", OpKey.parse("2:decode:1:sdpa"), None)
     assert (decode.kv_cells, decode.threads) == (256, 2) and flash.unavailable(decode) is None
     assert flash.unavailable(replace(decode, kv_cells=512, threads=None)) == (
-        "a one-row call over 512 cache cells splits them across llama.cpp's threads, and the native capture does not say how many "
+        "a one-row call over 512 cache cells splits them across llama.cpp's threads, and the capture does not say how many "
         "(provenance `threads`)"
     )

@@ -9,6 +9,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
+import pytest
 from numba import njit
 
 from backends.kernels.f32_jit import fma32
@@ -110,3 +111,24 @@ def test_threads_launching_kernels_at_once_never_end_the_process_even_on_numbas_
     guarded = run("guarded")
     assert guarded.returncode == 0, guarded.stderr
     assert guarded.stdout.split() == ["90", "[256.0]"]
+
+
+def test_an_overflowing_sum_keeps_its_sign_and_one_just_below_the_overflow_midpoint_is_the_largest_float32() -> None:
+    top = np.finfo(np.float32).max
+    a = np.array([1e30, -1e30, 4188889 * 2.0**30, -4188889 * 2.0**30], dtype=np.float32)
+    b = np.array([1e30, 1e30, 2099863 * 2.0**30, 2099863 * 2.0**30], dtype=np.float32)
+    c = np.array([-1, 1, top, -top], dtype=np.float32)
+    expected = np.array([np.inf, -np.inf, top, -top], dtype=np.float32)
+    assert np.array_equal(_compiled(a, b, c), expected)
+    assert np.array_equal(fma(a, b, c), expected)
+
+
+def test_shapes_that_do_not_fit_are_refused_before_a_compiled_kernel_reads_past_them() -> None:
+    from backends.kernels import ggml_cpu
+
+    with pytest.raises(ValueError, match=r"activations \(3, 64\) with weights \(4, 16\) needs one shared width, a multiple of 8"):
+        ggml_cpu.dot_tinyblas(np.ones((4, 16)), np.ones((3, 64)))
+    with pytest.raises(ValueError, match="needs one shared width"):
+        ggml_cpu.dot_vec_f32(np.ones((4, 12)), np.ones((3, 16)))
+    with pytest.raises(ValueError, match="the heads or widths do not fit"):
+        ggml_cpu.flash_attention(np.ones((4, 2, 64)), np.ones((2, 3, 32)), np.ones((2, 3, 32)), scale=1.0, causal=True)

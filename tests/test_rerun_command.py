@@ -97,9 +97,9 @@ def test_weights_stored_in_the_capture_are_used_before_any_file(tmp_path: Path) 
     assert result.ops[0].exact["rerun"].rmse < 1e-5
 
 
-def _record_without_config(pair: tuple[Path, Path], tmp_path: Path, **where: str) -> tuple[Path, Path]:
+def _record_without_config(pair: tuple[Path, Path], tmp_path: Path, config: dict | None = None, **where: str) -> tuple[Path, Path]:
     """The tiny llama.cpp/MLX pair recorded again as an older recorder wrote it: no provenance
-    config (`where` may also point the weights references elsewhere)."""
+    config, or `config` (`where` may also point the weights references elsewhere)."""
     from backends.recorders.llama_process import iter_record_llama
     from backends.recorders.mlx_recorder import iter_record_mlx
     from backends.recorders.record_schedule import TokenSchedule
@@ -108,17 +108,18 @@ def _record_without_config(pair: tuple[Path, Path], tmp_path: Path, **where: str
     with open_capture(pair[0], check_in_child=False) as capture:
         schedule = TokenSchedule(tuple(capture.meta.provenance["prompt_tokens"]))
     native, oracle = tmp_path / "native.h5", tmp_path / "oracle.h5"
-    run_to_end(iter_record_llama(folder / "tiny.f32.gguf", schedule, native, extra={"config": {}, **where}))
-    run_to_end(iter_record_mlx(folder / "mlx-f32", schedule, oracle, extra={"config": {}, **where}))
+    run_to_end(iter_record_llama(folder / "tiny.f32.gguf", schedule, native, extra={"config": config or {}, **where}))
+    run_to_end(iter_record_mlx(folder / "mlx-f32", schedule, oracle, extra={"config": config or {}, **where}))
     return native, oracle
 
 
-def test_a_capture_without_a_config_takes_eps_and_rope_base_from_the_weights_file_it_references(
-    llama_tiny_pairs: dict[str, tuple[Path, Path]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("config", [{}, {"rms_norm_eps": None, "rope_theta": "fast"}])
+def test_a_capture_without_a_usable_config_takes_eps_and_rope_base_from_the_weights_file_it_references(
+    llama_tiny_pairs: dict[str, tuple[Path, Path]], tmp_path: Path, capsys: pytest.CaptureFixture[str], config: dict
 ) -> None:
-    native, oracle = _record_without_config(llama_tiny_pairs["f32"], tmp_path)
+    native, oracle = _record_without_config(llama_tiny_pairs["f32"], tmp_path, config)
     with open_capture(native, check_in_child=False) as capture:
-        assert capture.meta.provenance["config"] == {}
+        assert capture.meta.provenance["config"] == config
     for op in ("q_norm", "q_rope"):
         out = tmp_path / f"{op}.json"
         assert main(["rerun", str(native), str(oracle), "--op", f"0:prefill:0:{op}", "--json", str(out)]) == 0

@@ -114,6 +114,10 @@ def test_a_llama_cpp_pair_is_coloured_by_what_ran_flash_attention_against_separa
     assert {PRIMITIVE_CODES[c] for c in codes[timeline.side == 0].tolist()} == {"flash_attn_ext"}
     assert {PRIMITIVE_CODES[c] for c in codes[timeline.side == 1].tolist()} == {"fallback"}
     assert "6 op(s) dispatch differently" in view.summary.text()
+    with open_capture(llama_tiny_pairs["f32"][0]) as n, open_capture(llama_tiny_pairs["f32"][1]) as o:
+        view.model.set_timeline(build_timeline(n, o, run_to_end(iter_compare(n, o))))
+    assert view.model.timeline.knows_metal_routes() and view.model.colour_by == "metal", "an MLX side brings the user's choice back"
+    view.model.set_timeline(timeline)
     view.resize(1280, 720)
     qtbot.wait(50)
     view.grab().save(str(artifacts_dir / "timeline-llama-flash-vs-separate-ops-1280x720.png"))

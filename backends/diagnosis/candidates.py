@@ -95,7 +95,7 @@ class CandidateInputs:
     dtype: str
     """The logical dtype of the op's captured output: a candidate's result is rounded to it."""
     kv_cells: int | None
-    """KV cells the native engine's attention call covered (its dispatch events): a padded cache."""
+    """KV cells the engine's attention call covered (its dispatch events): a padded cache."""
     route_output: np.ndarray | None
     """The op computed on the oracle's route from these inputs (bits, canonical layout)."""
     call_rows: int | None = None
@@ -139,8 +139,8 @@ class Candidate:
     run: Callable[[CandidateInputs], CandidateOutput]
     unavailable: Callable[[CandidateInputs], str | None] = _always
     """Why this candidate cannot run on these inputs, or None when it can."""
-    follows_call_shape: bool = False
-    """Its kernel path depends on the rows of the call (`CandidateInputs.call_rows`)."""
+    follows: tuple[str, ...] = ()
+    """The call's shape its kernel path depends on: `CandidateInputs` fields among `CALL_SHAPE`."""
 
 
 @dataclass
@@ -196,19 +196,28 @@ def _kv_cells(native: CapturedOps, key: OpKey) -> int | None:
     return int(max(events["kv_len"].tolist())) if len(events) else None
 
 
-def candidate_inputs(
-    session: RerunSession, side: str, key: OpKey, route_output: np.ndarray | None, shaped_by: str = "native"
-) -> CandidateInputs:
-    """`side`'s captured inputs of the op at `key`, with the weights the native engine ran on.
+CALL_SHAPE = ("call_rows", "kv_cells", "threads")
+"""What about an engine's call chooses a kernel's path (`call_shape`)."""
 
-    Weights come from the native side first (its GGUF keeps the quantized blocks a ggml
-    candidate needs), then the oracle's; the attention mask is the oracle's, the one kind a
-    capture can name completely (causal or none). The call's rows, cache cells and threads,
-    which choose a kernel's path, are `shaped_by`'s. RerunInputError says what is missing."""
+
+def call_shape(ops: CapturedOps, key: OpKey) -> dict[str, int | None]:
+    """The rows, cache cells and threads of the call `ops`' engine computed `key` in."""
+    return {"call_rows": call_rows(ops, key), "kv_cells": _kv_cells(ops, key), "threads": _threads(ops)}
+
+
+def candidate_inputs(
+    session: RerunSession, side: str, key: OpKey, route_output: np.ndarray | None, engine: str = "native"
+) -> CandidateInputs:
+    """`side`'s captured inputs of the op at `key`, as `engine`'s engine would run them.
+
+    Weights come from `engine`'s side first (a GGUF keeps the quantized blocks a ggml candidate
+    needs), then the other's; the call's rows, cache cells and threads, which choose a kernel's
+    path, are `engine`'s; the attention mask is the oracle's, the one kind a capture can name
+    completely (causal or none). RerunInputError says what is missing."""
     ops = session.captured[side]
     oracle = session.captured["oracle"]
     failures: list[str] = []
-    for weights_side in ("native", "oracle"):
+    for weights_side in (engine, next(name for name in session.captured if name != engine)):
         weights = session.weights(weights_side)
         try:
             gathered = gather(ops, key, weights, mask_side=oracle)
@@ -218,10 +227,10 @@ def candidate_inputs(
         stored = weights.stored(key.op, key.layer) if gathered.weight is not None else None
         native_record = session.captured["native"].find(key.step, key.segment, key.layer, key.op, key.positions)
         dtype = native_record.record.dtype if native_record is not None else gathered.dtype
-        shape = session.captured[shaped_by]
+        shape = call_shape(session.captured[engine], key)
         return CandidateInputs(
             key, side, gathered.arrays, gathered.history, gathered.weight, stored, gathered.params, dtype,
-            _kv_cells(shape, key), route_output, call_rows(shape, key), _threads(shape),
+            shape["kv_cells"], route_output, shape["call_rows"], shape["threads"],
         )
     raise RerunInputError(failures[-1])
 

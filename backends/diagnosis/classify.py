@@ -9,10 +9,10 @@ its local error, beside the total.
 
 The verdict holds only if the rerun is faithful to the oracle, so that is checked: on the
 oracle's own inputs its route must give the oracle's own bits. The route is MLX, so it is the
-oracle's own code only when the oracle ran on MLX; for any other oracle (llama.cpp) the
-candidate contracts that give the oracle's own bits decide, the route among them if it does
-too. When nothing faithful agrees, the op is left undetermined, with the reason, rather than
-guessed at.
+oracle's own code only when the oracle ran on MLX. Otherwise (llama.cpp as the oracle), or when
+the route fails that check, the candidate contracts that give the oracle's own bits decide, the
+route among them if it gives them too. When nothing faithful agrees, the op is left
+undetermined, with the reason, rather than guessed at.
 """
 
 from __future__ import annotations
@@ -118,8 +118,8 @@ def _oracle_contracts(session: RerunSession, key: OpKey) -> OracleContracts | No
     if oracle_bits is None:
         return None
     try:
-        own = candidate_inputs(session, "oracle", key, None, shaped_by="oracle")
-        theirs = candidate_inputs(session, "native", key, None, shaped_by="oracle")
+        own = candidate_inputs(session, "oracle", key, None, engine="oracle")
+        theirs = candidate_inputs(session, "native", key, None, engine="oracle")
     except RerunInputError:
         return None
     declared = declared_contract(session, "oracle", key)
@@ -197,9 +197,10 @@ def classify(session: RerunSession, pair: PairResult) -> Classification:
         return found
     found.local = compare_bits(native_bits, op.bits, op.dtype)
     if not (route_ok and session.oracle.meta.mlx_version()):
-        # The rerun's route is MLX: it is the oracle's own code only when the oracle ran on MLX.
-        # Otherwise its reproducing the oracle's bits may be a coincidence of these inputs, and
-        # the contracts that reproduce them decide, the route among them.
+        # The rerun's route is MLX: it is the oracle's own code only when the oracle ran on MLX
+        # and it passed the check. Otherwise its reproducing the oracle's bits may be a
+        # coincidence of these inputs, and the contracts that reproduce them decide, the route
+        # among them.
         contracts = _oracle_contracts(session, key)
         if contracts is not None:
             if route_ok:

@@ -17,6 +17,7 @@ import mlx.core as mx
 import numpy as np
 
 from backends.diagnosis.candidates import (
+    CALL_SHAPE,
     Candidate,
     CandidateInputs,
     CandidateOutput,
@@ -241,22 +242,29 @@ def _ggml_attention(f16_cache: bool) -> Callable[[CandidateInputs], CandidateOut
     return run
 
 
+def _flash_cells(inputs: CandidateInputs, filled: int) -> int:
+    """The cells the call attended over: the recorder's padded count, else the filled length."""
+    return inputs.kv_cells or filled
+
+
 def _ggml_flash_attention(inputs: CandidateInputs) -> CandidateOutput:
     k, v = kv_with_history(inputs.arrays, inputs.history, inputs.params["kv_heads"])
     out = ggml_cpu.flash_attention(
         np.array(inputs.arrays["q_rope"].astype(mx.float32)), np.array(k.astype(mx.float32)), np.array(v.astype(mx.float32)),
         scale=inputs.params["scale"], causal=inputs.params["mask"] == "causal", call_rows=inputs.call_rows,
-        cells=inputs.kv_cells, threads=inputs.threads,
+        cells=_flash_cells(inputs, k.shape[1]), threads=inputs.threads,
     )
     return out.transpose(1, 0, 2).reshape(out.shape[1], -1)
 
 
 def _flash_unavailable(inputs: CandidateInputs) -> str | None:
     rows = inputs.call_rows or inputs.arrays["q_rope"].shape[1]
-    if rows == 1 and (inputs.kv_cells or 0) >= ggml_cpu.FLASH_SPLIT_CELLS and inputs.threads is None:
+    history = inputs.history.get("k")
+    cells = _flash_cells(inputs, inputs.arrays["k_rope"].shape[1] + (history.shape[1] if history is not None else 0))
+    if rows == 1 and cells >= ggml_cpu.FLASH_SPLIT_CELLS and inputs.threads is None:
         return (
-            f"a one-row call over {inputs.kv_cells} cache cells splits them across llama.cpp's threads, and the native "
-            "capture does not say how many (provenance `threads`)"
+            f"a one-row call over {cells} cache cells splits them across llama.cpp's threads, and the capture does not say "
+            "how many (provenance `threads`)"
         )
     return _contract_mask_unavailable(inputs)
 
@@ -307,22 +315,22 @@ REGISTRY: tuple[Candidate, ...] = (
     Candidate(
         "ggml.mul_mat.f32", LINEAR_OPS,
         "ggml F32 mul_mat: from 2 activation rows tinyBLAS (8 FMA lanes per output, then hsum), for 1 row ggml_vec_dot_f32 (4 x 8 FMA lanes)",
-        f"{GGML_SOURCE}/llamafile/sgemm.cpp tinyBLAS (n >= 2), vec.cpp ggml_vec_dot_f32", _ggml_mul_mat(None), follows_call_shape=True,
+        f"{GGML_SOURCE}/llamafile/sgemm.cpp tinyBLAS (n >= 2), vec.cpp ggml_vec_dot_f32", _ggml_mul_mat(None), follows=("call_rows",),
     ),
     Candidate(
         "ggml.mul_mat.f32.no_fma", LINEAR_OPS,
         "ggml F32 mul_mat with FMA contraction off: every lane product rounded before it is added",
-        f"{GGML_SOURCE}/llamafile/sgemm.cpp madd() without __FMA__", _ggml_mul_mat(None, fused=False), follows_call_shape=True,
+        f"{GGML_SOURCE}/llamafile/sgemm.cpp madd() without __FMA__", _ggml_mul_mat(None, fused=False), follows=("call_rows",),
     ),
     Candidate(
         "ggml.mul_mat.f16", LINEAR_OPS,
         "activations converted to F16 first (vec_dot_type of F16 weights), then ggml's float mul_mat order",
-        f"{GGML_SOURCE}/ggml-cpu.c ggml_compute_forward_mul_mat (from_float to F16); sgemm.cpp tinyBLAS<ggml_fp16_t>", _ggml_mul_mat(np.dtype(np.float16)), follows_call_shape=True,
+        f"{GGML_SOURCE}/ggml-cpu.c ggml_compute_forward_mul_mat (from_float to F16); sgemm.cpp tinyBLAS<ggml_fp16_t>", _ggml_mul_mat(np.dtype(np.float16)), follows=("call_rows",),
     ),
     Candidate(
         "ggml.mul_mat.bf16", LINEAR_OPS,
         "activations rounded to bfloat16 first (vec_dot_type of BF16 weights), then ggml's float mul_mat order",
-        f"{GGML_SOURCE}/ggml-cpu.c ggml_compute_forward_mul_mat (from_float to BF16); sgemm.cpp tinyBLAS<ggml_bf16_t>", _ggml_mul_mat(np.dtype(ml_dtypes.bfloat16)), follows_call_shape=True,
+        f"{GGML_SOURCE}/ggml-cpu.c ggml_compute_forward_mul_mat (from_float to BF16); sgemm.cpp tinyBLAS<ggml_bf16_t>", _ggml_mul_mat(np.dtype(ml_dtypes.bfloat16)), follows=("call_rows",),
     ),
     Candidate(
         "ggml.mul_mat.q8_0", LINEAR_OPS,
@@ -442,7 +450,7 @@ REGISTRY: tuple[Candidate, ...] = (
         f"{GGML_SOURCE}/ops.cpp ggml_compute_forward_flash_attn_ext_f16_one_chunk, _tiled and ggml_flash_attn_ext_reduce_partials, "
         "simd-gemm.h; llama.cpp build_attn_mha "
         "(an F32 cache cast to F16 for the kernel)",
-        _ggml_flash_attention, _flash_unavailable, follows_call_shape=True,
+        _ggml_flash_attention, _flash_unavailable, follows=CALL_SHAPE,
     ),
     Candidate("residual.add", frozenset(ADDS), "a + b in the input dtype, one rounding", "every engine's residual add", _mlx(Routes())),
     Candidate(

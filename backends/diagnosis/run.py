@@ -35,7 +35,7 @@ from backends.diagnosis.candidates import (
     CandidateResult,
     ErrorFigure,
     bits_array,
-    call_rows,
+    call_shape,
     candidate_inputs,
     declared_contract,
     output_bits,
@@ -164,13 +164,15 @@ def _search(session: RerunSession, found: Classification) -> OpDiagnosis:
     result.also_exact = [i for i in exact if i != result.native_ran]
     if result.native_ran is None and ran:
         result.closest = min(ran, key=lambda c: c.vs_native.closeness()).id  # type: ignore[union-attr]
-    shaped = [c for c in candidates_for(key.op) if c.follows_call_shape]
-    oracle_rows = call_rows(session.captured["oracle"], key)
-    if shaped and oracle_rows is not None and oracle_rows != inputs.call_rows:
+    oracle_shape = call_shape(session.captured["oracle"], key)
+    shaped = [c for c in candidates_for(key.op) if any(oracle_shape[f] != getattr(inputs, f) for f in c.follows)]
+    if shaped:
         # The oracle computed these rows in a call of another shape: the candidates whose kernel
-        # follows the call's shape are judged again with the kernels the oracle's call chose.
-        result.oracle_call_rows, result.native_call_rows = oracle_rows, inputs.call_rows
-        again = {c.id: run_candidate(c, replace(inputs, call_rows=oracle_rows), native_bits) for c in shaped}
+        # follows that shape are judged again with the kernels the oracle's call chose.
+        if oracle_shape["call_rows"] != inputs.call_rows:
+            result.oracle_call_rows, result.native_call_rows = oracle_shape["call_rows"], inputs.call_rows
+        oracle_inputs = replace(inputs, **oracle_shape)
+        again = {c.id: run_candidate(c, oracle_inputs, native_bits) for c in shaped}
         ran = [again.get(c.id, c) for c in ran]
     oracle_exact = [c.id for c in ran if c.vs_oracle_route is not None and c.vs_oracle_route.bit_exact]
     result.oracle_ran = _preferred(oracle_exact, result.oracle_declared)

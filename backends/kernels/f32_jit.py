@@ -22,8 +22,10 @@ from typing import Any
 import numpy as np
 from numba import njit, prange
 
-F32 = np.float32
 LANES = 8
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+OVERFLOW_MIDPOINT = 2.0**128 - 2.0**103
+"""Halfway between the largest float32 and 2^128: from here up, float32 rounding gives infinity."""
 
 _LAUNCH = threading.Lock()
 """One parallel kernel at a time per process: numba's workqueue threading layer (macOS, or Linux
@@ -55,9 +57,15 @@ def fma32(a: np.float32, b: np.float32, c: np.float32) -> np.float32:
     rounded = np.float32(total)
     if error != 0.0:
         near = np.float64(rounded)
-        other = 2.0 * total - near
-        if other != near and np.float64(np.float32(other)) == other and (error > 0.0) == (other > near):
-            rounded = np.float32(other)
+        if np.isinf(near):
+            # Only the overflow midpoint can round the wrong way here: just below it the exact
+            # sum is the largest float32, not infinity.
+            if abs(total) == OVERFLOW_MIDPOINT and (error > 0.0) != (total > 0.0):
+                rounded = np.float32(FLOAT32_MAX if total > 0.0 else -FLOAT32_MAX)
+        else:
+            other = 2.0 * total - near
+            if other != near and np.float64(np.float32(other)) == other and (error > 0.0) == (other > near):
+                rounded = np.float32(other)
     return rounded
 
 

@@ -66,6 +66,7 @@ def rms_norm(x: np.ndarray, eps: float) -> np.ndarray:
 def dot_tinyblas(weight: np.ndarray, x: np.ndarray, fused: bool = True) -> np.ndarray:
     """x @ weight.T in tinyBLAS's order: per output 8 lanes, lane i accumulating elements i, i+8, ...
     with an FMA (or a rounded multiply then add when `fused` is off), then `hsum`."""
+    _check_widths(weight, x, LANES)
     return _jit().dot_tinyblas(_contiguous(weight), _contiguous(x), fused)
 
 
@@ -73,7 +74,15 @@ def dot_vec_f32(weight: np.ndarray, x: np.ndarray, fused: bool = True) -> np.nda
     """x @ weight.T as ggml_vec_dot_f32 sums one output: four 8-lane FMA accumulators over steps of
     32 (a rounded multiply, then add, when `fused` is off), reduced (0+2)+(1+3) and then across
     lanes; leftovers added one by one."""
+    _check_widths(weight, x, 1)
     return _jit().dot_vec_f32(_contiguous(weight), _contiguous(x), fused)
+
+
+def _check_widths(weight: np.ndarray, x: np.ndarray, multiple: int) -> None:
+    """The compiled kernels index without bounds checks: shapes are checked before they run."""
+    if weight.ndim != 2 or x.ndim != 2 or weight.shape[1] != x.shape[1] or x.shape[1] % multiple:
+        rule = f", a multiple of {multiple}" if multiple > 1 else ""
+        raise ValueError(f"a dot of activations {x.shape} with weights {weight.shape} needs one shared width{rule}")
 
 
 def _jit() -> ModuleType:
@@ -139,6 +148,8 @@ def q8_0_blocks(raw: np.ndarray, rows: int) -> Q8Blocks:
 def mul_mat_q8_0(weight: Q8Blocks, x: Q8Blocks) -> np.ndarray:
     """The Q8_0 x Q8_0 dot: per block 8 integer lanes of 4 products, converted to float, times the
     float product of the two scales, FMA-accumulated per lane; then `hsum`."""
+    if weight.values.shape[1:] != x.values.shape[1:] or weight.scale.shape[1] != x.scale.shape[1]:
+        raise ValueError(f"a Q8_0 dot of {x.values.shape} blocks with {weight.values.shape}: the block counts differ")
     return _jit().dot_q8_0(
         _contiguous(weight.scale), np.ascontiguousarray(weight.values, dtype=np.int32),
         _contiguous(x.scale), np.ascontiguousarray(x.values, dtype=np.int32),
@@ -307,6 +318,8 @@ def flash_attention(
     more (`call_rows`, when q is a window of a larger call) takes the tiled kernel, a shorter one
     the one-row kernel. One row over a padded cache of `cells` >= `FLASH_SPLIT_CELLS` is split
     across the engine's `threads`, which it then needs (ValueError without)."""
+    if q.ndim != 3 or k.ndim != 3 or v.shape[:2] != k.shape[:2] or q.shape[2] != k.shape[2] or q.shape[0] % max(k.shape[0], 1):
+        raise ValueError(f"flash attention of q {q.shape} over k {k.shape} and v {v.shape}: the heads or widths do not fit")
     k, v = _f16(k), _f16(v)
     rows = call_rows or q.shape[1]
     if rows >= FLASH_TILED_ROWS and v.shape[-1] % LANES == 0:

@@ -69,6 +69,6 @@ def weights_file_config(weights: Path) -> dict[str, Any]:
         return {}
     try:
         loaded = json.loads(beside.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ModelConfigError(f"{beside}: cannot be read as JSON ({exc})") from None
+    except (OSError, ValueError, RecursionError) as exc:
+        raise ModelConfigError(f"{beside}: cannot be read as JSON ({type(exc).__name__}: {exc})") from None
     return hf_config(loaded) if isinstance(loaded, dict) else {}

@@ -119,7 +119,7 @@ class CapturedOps:
     """(step, segment) in execution order: the order the KV cache grew in."""
     config: dict[str, Any] = field(default_factory=dict)
     config_problem: str = ""
-    """Why a weights file's config could not be read (", and x.gguf: ..."), for the message of a
+    """Why a weights file's config could not be read ("; x.gguf: ..."), for the message of a
     rerun that needs a scalar neither capture names."""
 
     @classmethod
@@ -326,20 +326,31 @@ RERUN_CONFIG = ("rms_norm_eps", "rope_theta")
 """The model scalars a rerun reads from the provenance `config`: the norms' eps, RoPE's base."""
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _usable(config: dict[str, Any]) -> dict[str, Any]:
+    """`config` without the rerun's scalars that are not numbers (a capture is untrusted: a
+    `null` eps must not hide the weights file's)."""
+    return {name: value for name, value in config.items() if name not in RERUN_CONFIG or _is_number(value)}
+
+
 def share_config(native: CapturedOps, oracle: CapturedOps) -> None:
     """Give both sides one model config. Both captures run one model: a scalar only one side's
     provenance names is the other's too, and one that neither names comes from the weights files
     they reference (a GGUF's metadata, the config.json beside a safetensors file), so a capture
-    recorded without a config can still be rerun. Each side prefers its own: a GGUF keeps eps
-    as float32, config.json as written."""
-    recorded = {side.side: side.config for side in (native, oracle)}
+    recorded without a config can still be rerun. Recorded values come first, each side's own
+    before the other's, then the files, each side's own before the other's (a GGUF keeps eps as
+    float32, config.json as written)."""
+    recorded = {side.side: _usable(side.config) for side in (native, oracle)}
     from_files: dict[str, dict[str, Any]] = {side.side: {} for side in (native, oracle)}
     problems: list[str] = []
-    if any(name not in {**native.config, **oracle.config} for name in RERUN_CONFIG):
+    if any(name not in {**recorded["native"], **recorded["oracle"]} for name in RERUN_CONFIG):
         for side in (native, oracle):
             path = _weights_file(side.capture, None)
             try:
-                from_files[side.side] = weights_file_config(path) if path is not None else {}
+                from_files[side.side] = _usable(weights_file_config(path)) if path is not None else {}
             except ModelConfigError as exc:
                 problems.append(str(exc))
     for side, other in ((native, oracle), (oracle, native)):
@@ -349,7 +360,7 @@ def share_config(native: CapturedOps, oracle: CapturedOps) -> None:
 
 def config_value(ops: CapturedOps, name: str, what: str) -> float:
     value = ops.config.get(name)
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if _is_number(value):
         return float(value)
     raise RerunInputError(
         f"{what} needs {name}; neither capture's provenance config nor a weights file they reference "

@@ -27,7 +27,9 @@ class TimelineModel(QObject):
         self.timeline = timeline
         self.lane_mode = "group"
         self.x_mode = "call"
-        self.colour_by = "metal" if timeline is None or timeline.knows_metal_routes() else "executed"
+        self.preferred_colour = "metal"
+        """What the user chose; a timeline without any Metal route is coloured by what ran instead."""
+        self.colour_by = self._colour_for(timeline)
         self.selected: int | None = None
         self.boxes: Boxes | None = None
         self._relayout()
@@ -35,12 +37,14 @@ class TimelineModel(QObject):
     def _relayout(self) -> None:
         self.boxes = layout(self.timeline, self.lane_mode, self.x_mode) if self.timeline is not None else None
 
+    def _colour_for(self, timeline: Timeline | None) -> str:
+        """The user's choice, except that a timeline without any Metal route is coloured by the
+        primitive that ran: by Metal it would be all grey."""
+        return self.preferred_colour if timeline is None or timeline.knows_metal_routes() else "executed"
+
     def set_timeline(self, timeline: Timeline | None) -> None:
-        """A timeline without any Metal route is coloured by the primitive that ran: by Metal it
-        would be all grey."""
         self.timeline = timeline
-        if timeline is not None and not timeline.knows_metal_routes():
-            self.colour_by = "executed"
+        self.colour_by = self._colour_for(timeline)
         self.selected = None
         self._relayout()
         self.changed.emit()
@@ -65,6 +69,7 @@ class TimelineModel(QObject):
     def set_colour_by(self, colour_by: str) -> None:
         if colour_by not in COLOUR_BY:
             raise ValueError(f"colour must be one of {COLOUR_BY}, not {colour_by!r}")
+        self.preferred_colour = colour_by
         if colour_by != self.colour_by:
             self.colour_by = colour_by
             self.changed.emit()

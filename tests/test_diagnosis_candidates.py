@@ -228,3 +228,29 @@ def test_a_split_decode_whose_thread_count_is_unknown_is_not_run_and_says_why(se
         "a one-row call over 512 cache cells splits them across llama.cpp's threads, and the capture does not say how many "
         "(provenance `threads`)"
     )
+
+
+def test_a_batched_flash_call_chooses_its_kernel_by_the_rows_of_each_request(llama_tiny_pairs: dict, tmp_path: Path) -> None:
+    """Two requests of 40 prompt tokens make a call of 80 rows, but llama.cpp gives each request
+    its own KV stream and chooses the flash kernel per stream: 40 rows, the one-row kernel. Taken
+    as one stream, 80 rows would be the tiled kernel, which misses."""
+    from backends.recorders.llama_process import iter_record_llama
+    from backends.recorders.llama_recorder import LlamaSettings
+    from backends.recorders.record_schedule import TokenSchedule
+
+    gguf = llama_tiny_pairs["f32"][0].parent / "tiny.f32.gguf"
+    schedule = TokenSchedule(tuple((i * 7) % 90 + 1 for i in range(40)))
+    batched, alone = tmp_path / "batched.h5", tmp_path / "alone.h5"
+    run_to_end(iter_record_llama(gguf, schedule, batched, LlamaSettings(flash_attn=True), batch=2))
+    run_to_end(iter_record_llama(gguf, schedule, alone, LlamaSettings(flash_attn=True)))
+    flash = next(c for c in REGISTRY if c.id == "ggml.attn.flash")
+    key = OpKey.parse("0:prefill:1:sdpa")
+    with open_capture(batched) as native, open_capture(alone) as oracle:
+        session = RerunSession(native, oracle, run_to_end(iter_compare_cached(native, oracle)))
+        inputs = candidate_inputs(session, "native", key, None)
+        native_bits = record_bits(session.captured["native"], key)
+        assert (inputs.call_rows, inputs.streams) == (80, 2)
+        per_stream = run_candidate(flash, inputs, native_bits).vs_native
+        one_stream = run_candidate(flash, replace(inputs, streams=1), native_bits).vs_native
+    assert per_stream is not None and per_stream.bit_exact
+    assert one_stream is not None and not one_stream.bit_exact

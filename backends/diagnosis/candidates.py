@@ -102,8 +102,11 @@ class CandidateInputs:
     """Rows of the forward call the native computed this op in (whole, not the compared window):
     the batch shape its kernels were chosen by."""
     threads: int | None = None
-    """CPU threads the native engine computed with (provenance `threads`): ggml splits some
-    calls' work across them in ways that change bits."""
+    """CPU threads the engine computed with (provenance `threads`): ggml splits some calls'
+    work across them in ways that change bits."""
+    streams: int = 1
+    """Requests the engine's call computed side by side (its capture's `batch_size`): llama.cpp
+    gives each its own KV stream, and its flash attention chooses a kernel per stream."""
 
     def values(self, name: str) -> np.ndarray:
         """One input as float32 numpy (exact for bf16, f16 and f32)."""
@@ -196,13 +199,14 @@ def _kv_cells(native: CapturedOps, key: OpKey) -> int | None:
     return int(max(events["kv_len"].tolist())) if len(events) else None
 
 
-CALL_SHAPE = ("call_rows", "kv_cells", "threads")
+CALL_SHAPE = ("call_rows", "kv_cells", "threads", "streams")
 """What about an engine's call chooses a kernel's path (`call_shape`)."""
 
 
 def call_shape(ops: CapturedOps, key: OpKey) -> dict[str, int | None]:
-    """The rows, cache cells and threads of the call `ops`' engine computed `key` in."""
-    return {"call_rows": call_rows(ops, key), "kv_cells": _kv_cells(ops, key), "threads": _threads(ops)}
+    """The rows, cache cells, threads and requests of the call `ops`' engine computed `key` in."""
+    streams = ops.capture.meta.batch_size if isinstance(ops.capture.meta.batch_size, int) and ops.capture.meta.batch_size > 1 else 1
+    return {"call_rows": call_rows(ops, key), "kv_cells": _kv_cells(ops, key), "threads": _threads(ops), "streams": streams}
 
 
 def candidate_inputs(
@@ -230,7 +234,7 @@ def candidate_inputs(
         shape = call_shape(session.captured[engine], key)
         return CandidateInputs(
             key, side, gathered.arrays, gathered.history, gathered.weight, stored, gathered.params, dtype,
-            shape["kv_cells"], route_output, shape["call_rows"], shape["threads"],
+            shape["kv_cells"], route_output, shape["call_rows"], shape["threads"], shape["streams"] or 1,
         )
     raise RerunInputError(failures[-1])
 

@@ -252,16 +252,16 @@ def _ggml_flash_attention(inputs: CandidateInputs) -> CandidateOutput:
     out = ggml_cpu.flash_attention(
         np.array(inputs.arrays["q_rope"].astype(mx.float32)), np.array(k.astype(mx.float32)), np.array(v.astype(mx.float32)),
         scale=inputs.params["scale"], causal=inputs.params["mask"] == "causal", call_rows=inputs.call_rows,
-        cells=_flash_cells(inputs, k.shape[1]), threads=inputs.threads,
+        cells=_flash_cells(inputs, k.shape[1]), threads=inputs.threads, streams=inputs.streams,
     )
     return out.transpose(1, 0, 2).reshape(out.shape[1], -1)
 
 
 def _flash_unavailable(inputs: CandidateInputs) -> str | None:
-    rows = inputs.call_rows or inputs.arrays["q_rope"].shape[1]
+    rows = (inputs.call_rows or inputs.arrays["q_rope"].shape[1]) // inputs.streams
     history = inputs.history.get("k")
     cells = _flash_cells(inputs, inputs.arrays["k_rope"].shape[1] + (history.shape[1] if history is not None else 0))
-    if rows == 1 and cells >= ggml_cpu.FLASH_SPLIT_CELLS and inputs.threads is None:
+    if rows == 1 and inputs.streams == 1 and cells >= ggml_cpu.FLASH_SPLIT_CELLS and inputs.threads is None:
         return (
             f"a one-row call over {cells} cache cells splits them across llama.cpp's threads, and the capture does not say "
             "how many (provenance `threads`)"

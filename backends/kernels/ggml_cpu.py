@@ -310,21 +310,22 @@ FLASH_SPLIT_CELLS = 512
 
 def flash_attention(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float, causal: bool, call_rows: int | None = None,
-    cells: int | None = None, threads: int | None = None,
+    cells: int | None = None, threads: int | None = None, streams: int = 1,
 ) -> np.ndarray:
     """llama.cpp's CPU flash attention for q [heads, rows, dim] over k/v [kv_heads, kv_len, dim],
     K and V in F16 (llama.cpp casts an F32 cache for the kernel); returns [heads, rows, dim].
-    Query row i sits at cache position kv_len - rows + i. A call of `FLASH_TILED_ROWS` rows or
-    more (`call_rows`, when q is a window of a larger call) takes the tiled kernel, a shorter one
-    the one-row kernel. One row over a padded cache of `cells` >= `FLASH_SPLIT_CELLS` is split
-    across the engine's `threads`, which it then needs (ValueError without)."""
+    Query row i sits at cache position kv_len - rows + i. The kernel is chosen per KV stream:
+    the call's rows (`call_rows`, when q is a window of a larger call) are shared by `streams`
+    requests. From `FLASH_TILED_ROWS` rows per stream it is the tiled kernel, below it the one-row
+    kernel. One row in a single stream over a padded cache of `cells` >= `FLASH_SPLIT_CELLS` is
+    split across the engine's `threads`, which it then needs (ValueError without)."""
     if q.ndim != 3 or k.ndim != 3 or v.shape[:2] != k.shape[:2] or q.shape[2] != k.shape[2] or q.shape[0] % max(k.shape[0], 1):
         raise ValueError(f"flash attention of q {q.shape} over k {k.shape} and v {v.shape}: the heads or widths do not fit")
     k, v = _f16(k), _f16(v)
-    rows = call_rows or q.shape[1]
+    rows = (call_rows or q.shape[1]) // max(streams, 1)
     if rows >= FLASH_TILED_ROWS and v.shape[-1] % LANES == 0:
         return _flash_tiled(np.asarray(q, dtype=F32), k, v, scale, causal)
-    if rows == 1 and cells is not None and cells >= FLASH_SPLIT_CELLS:
+    if rows == 1 and streams == 1 and cells is not None and cells >= FLASH_SPLIT_CELLS:
         if threads is None:
             raise ValueError(f"a one-row flash attention over {cells} cells is split across threads: the thread count is needed")
         return _flash_one_row(q, k, v, scale, causal, (cells, threads))

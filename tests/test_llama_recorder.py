@@ -23,12 +23,11 @@ from backends.recorders.ggml_tensor_struct import (  # noqa: E402
     check_layout,
 )
 from backends.recorders.llama_process import iter_record_llama, plain_logits  # noqa: E402
+from backends.recorders.llama_process_env import OPENMP_WAIT, brief_openmp_wait  # noqa: E402
 from backends.recorders.llama_recorder import (  # noqa: E402
-    OPENMP_WAIT,
     SRC_ATTR,
     LlamaSettings,
     RecorderError,
-    brief_openmp_wait,
     node_view,
     request_ne,
 )

@@ -205,7 +205,7 @@ CALL_SHAPE = ("call_rows", "kv_cells", "threads", "streams")
 
 def call_shape(ops: CapturedOps, key: OpKey) -> dict[str, int | None]:
     """The rows, cache cells, threads and requests of the call `ops`' engine computed `key` in."""
-    streams = ops.capture.meta.batch_size if isinstance(ops.capture.meta.batch_size, int) and ops.capture.meta.batch_size > 1 else 1
+    streams = max(ops.capture.meta.batch_size, 1)
     return {"call_rows": call_rows(ops, key), "kv_cells": _kv_cells(ops, key), "threads": _threads(ops), "streams": streams}
 
 

@@ -37,10 +37,10 @@ from typing import Any, TextIO
 import numpy as np
 
 from backends.recorders.llama_crash import explain_crash
+from backends.recorders.llama_process_env import brief_openmp_wait
 from backends.recorders.llama_recorder import (
     LlamaSettings,
     RecorderError,
-    brief_openmp_wait,
     iter_plain_here,
     iter_record_here,
 )

@@ -39,7 +39,6 @@ import ctypes
 import json
 import os
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -51,6 +50,12 @@ from backends.recorders.ggml_tensor_struct import (
     GgmlLibrary,
     load_checked,
     tensor_at,
+)
+from backends.recorders.llama_process_env import (
+    LOG_LINES,
+    OPENMP_WAIT,
+    buffer_types,
+    keep_log,
 )
 from backends.recorders.model_config import ModelConfigError, gguf_config
 from backends.recorders.record_schedule import (
@@ -87,77 +92,7 @@ _WEIGHT_LAYER = re.compile(r"^blk\.(\d+)\.")
 SRC_ATTR = "ggml_src"
 NO_COMPUTE_OPS = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE"})
 """ggml ops that only describe memory another tensor holds: the CPU backend computes nothing for them."""
-OPENMP_WAIT = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "3000"}
-"""How llama.cpp's idle OpenMP workers wait while a recording stops its graph (`brief_openmp_wait`)."""
 ENGINE_NAME = "llama.cpp (llama-cpp-python)"
-
-
-LOG_LINES: list[str] = []
-"""What llama.cpp logged in this process (the recorder runs in a child: one run per process)."""
-_LOG_CALLBACK: list[Any] = []
-_BUFFER_LINE = re.compile(r"^\w+:\s+(\S+)\s+(model|KV|compute|output)\s+buffer size")
-_DECLINED_LINE = re.compile(r"tensor '[^']*' \(\w+\)(?: \(and (\d+) others\))? cannot be used with preferred buffer type (\w+)")
-_LOG_WARN, _LOG_ERROR = 3, 4
-"""ggml_log_level values (1 debug, 2 info, 5 continuation are the others)."""
-
-
-def _keep_log() -> Any:
-    """One log callback for the process's lifetime (llama.cpp keeps the pointer after any run
-    ends): every line is kept for provenance, warnings and errors also go to stderr, where the
-    parent finds them when the run fails."""
-    if not _LOG_CALLBACK:
-        import llama_cpp
-
-        def log(level: int, text: bytes, _data: Any) -> None:
-            line = text.decode("utf-8", "replace")
-            LOG_LINES.append(line)
-            if level in (_LOG_WARN, _LOG_ERROR):
-                sys.stderr.write(line)
-
-        _LOG_CALLBACK.append(llama_cpp.llama_log_callback(log))
-    return _LOG_CALLBACK[0]
-
-
-def buffer_types(lines: list[str]) -> dict[str, Any]:
-    """Which ggml buffer types held what, from llama.cpp's log: `{"model": ["CPU_Mapped", "CPU_REPACK"],
-    "KV": ["CPU"], ..., "declined": {"CPU_REPACK": 25}}` ("declined": how many tensors could not go
-    to the buffer type llama.cpp preferred). The buffer type decides the kernel (a repacked or AMX
-    buffer runs other matmul code), so it belongs in provenance beside the system info."""
-    found: dict[str, Any] = {}
-    declined: dict[str, int] = {}
-    for line in lines:
-        if (buffer := _BUFFER_LINE.match(line)) is not None:
-            names = found.setdefault(buffer.group(2), [])
-            if buffer.group(1) not in names:
-                names.append(buffer.group(1))
-        elif (refused := _DECLINED_LINE.search(line)) is not None:
-            tensors = 1 + int(refused.group(1) or 0)
-            declined[refused.group(2)] = declined.get(refused.group(2), 0) + tensors
-    if declined:
-        found["declined"] = declined
-    return found
-
-
-def brief_openmp_wait() -> None:
-    """Let llama.cpp's idle OpenMP threads spin briefly, then sleep, unless the environment says
-    how they wait (either variable set: both left as they are).
-
-    ggml's CPU backend (built with OpenMP) computes in parallel regions whose worker threads then
-    wait for the next one, by default spinning for milliseconds. A recording stops the graph after
-    every recorded node to run Python, so those threads spun through all of it: on the 2-core
-    development VM a recorded 50 M-parameter run spent most of its samples in libgomp's spin loop
-    (perf) and took 2-10x as long whenever other processes wanted the cores. Asleep at once
-    (`OMP_WAIT_POLICY=PASSIVE` alone), every stop pays for waking them: about 400 us a stop there,
-    most of a recording's overhead. A spin of 3,000 rounds (libgomp counts ~100,000 a millisecond)
-    bridges a short callback: measured on that VM, 5 runs each, recording took 0.34-0.47 s against
-    0.60-0.90 s asleep at once, and with two busy processes on its cores 0.95-1.35 s against
-    0.57-1.35 s (within that load's noise; 20,000 rounds took 3x as long under it). These are
-    libgomp's variables (GCC's OpenMP, which the Makefile's build links); another OpenMP runtime
-    ignores GOMP_SPINCOUNT. libgomp reads them once, when it loads, so this runs before llama_cpp
-    is imported. How threads wait never changes what ggml computes: each thread's share of the
-    work is fixed by its index."""
-    if not any(name in os.environ for name in OPENMP_WAIT):
-        os.environ.update(OPENMP_WAIT)
 
 
 class RecorderError(RuntimeError):
@@ -515,7 +450,7 @@ class LlamaRun:
         self._occurrences: dict[tuple[int, str, int, str], int] = {}
         self.before_decode: Callable[[int], None] | None = None
         """Called with the step number before each llama_decode (the child reports its stage)."""
-        llama.llama_log_set(_keep_log(), ctypes.c_void_p(0))
+        llama.llama_log_set(keep_log(), ctypes.c_void_p(0))
         llama.llama_backend_init()
         params = llama.llama_model_default_params()
         params.use_extra_bufts = settings.extra_bufts

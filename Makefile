@@ -60,8 +60,12 @@ demo: $(APP_STAMP)
 	@$(BIN)/parity-xray doctor --for demo
 	$(BIN)/parity-xray demo
 
+# Test files run side by side in worker processes, one per core and at most four (each worker holds
+# Qt, MLX and the demo captures: about 1 GiB). A file's tests stay in one worker, so its fixtures
+# are built once. `make test TEST_WORKERS=0` runs everything in this process.
+TEST_WORKERS ?= logical
 test: $(TEST_STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile
 
 clean:
 	rm -rf $(VENV) test-artifacts .pytest_cache

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import json
 import re
 import resource
 import sys
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
 import ml_dtypes
@@ -26,28 +28,39 @@ from sessions.capture.writer import CaptureWriter
 
 COMPRESSIONS = (None, "gzip", "lzf")
 PROFILE = "llama.cpp"
+CREATED = "2026-01-01T00:00:00+00:00"
 
 
 def write_base(path: Path, compression: str | None) -> Path:
-    """Two decode steps of a two-layer toy run: bfloat16, float16, float32 and q8_0 records, dispatch rows, tokens."""
+    """Two decode steps of a two-layer toy run: bfloat16, float16, float32 and q8_0 records, dispatch rows, tokens.
+
+    Byte for byte the same on every run (a fixed creation time, each record's times its
+    sequence number): a file that fails the corpus is the same file on the next run."""
     rng = np.random.default_rng(7)
-    meta = CaptureMeta(role="native", engine_name="corpus", prompt="p" * 50, provenance={"seed": 7})
+    meta = CaptureMeta(role="native", engine_name="corpus", prompt="p" * 50, provenance={"seed": 7}, created_utc=CREATED)
+    ticks = itertools.count(0, 2)
     with CaptureWriter(path, meta, compression=compression) as writer:
         for step in range(2):
             for layer in range(2):
                 x = rng.standard_normal((4, 32)).astype(np.float32)
-                writer.add_tensor(f"l_out-{layer}", x.astype(ml_dtypes.bfloat16), step=step, segment="decode", layer=layer)
-                seq = writer.add_tensor(f"kqv_out-{layer}", x.astype(np.float16), step=step, segment="decode", layer=layer)
+                writer.add_tensor(f"l_out-{layer}", x.astype(ml_dtypes.bfloat16), step=step, segment="decode", layer=layer, **_times(ticks))
+                seq = writer.add_tensor(f"kqv_out-{layer}", x.astype(np.float16), step=step, segment="decode", layer=layer, **_times(ticks))
                 writer.add_dispatch(
                     index_seq=seq, call=0, kv_group=-1, head_start=0, head_count=4, q_heads=4, kv_heads=1,
-                    q_rows=1, kv_len=3 + step, head_dim=8, primitive="fallback",
+                    q_rows=1, kv_len=3 + step, head_dim=8, primitive="fallback", t_start_ns=seq, t_end_ns=seq + 1,
                 )  # fmt: skip
             blocks = quantize(rng.standard_normal((2, 64)).astype(np.float32), GGMLQuantizationType.Q8_0)
-            writer.add_tensor("ffn_gate-0", blocks, step=step, segment="decode", layer=0, dtype="q8_0", logical_shape=(2, 64))
-            writer.add_tensor("result_output", rng.standard_normal((1, 50)).astype(np.float32), step=step, segment="decode")
+            writer.add_tensor("ffn_gate-0", blocks, step=step, segment="decode", layer=0, dtype="q8_0", logical_shape=(2, 64), **_times(ticks))
+            writer.add_tensor("result_output", rng.standard_normal((1, 50)).astype(np.float32), step=step, segment="decode", **_times(ticks))
             writer.add_token(step=step, segment="decode", token_id=7, is_stop=step == 1)
             writer.end_step()
     return path
+
+
+def _times(ticks: Iterator[int]) -> dict[str, int]:
+    """The next record's start and end, counted instead of read from the clock."""
+    start = next(ticks)
+    return {"t_start_ns": start, "t_end_ns": start + 1}
 
 
 def mutate(base: bytes, rng: np.random.Generator) -> bytes:
@@ -97,6 +110,17 @@ def _run(argv: list[str]) -> dict[str, object]:
     return {"status": status, "out": out.getvalue(), "err": err.getvalue()}
 
 
+def _own_peak_mib() -> int:
+    """This process's peak RSS since its exec: Linux's VmHWM. `ru_maxrss` would also count the
+    process it was forked from, a test worker of 800 MiB late in the suite. Elsewhere, ru_maxrss
+    (bytes on macOS)."""
+    try:
+        with open("/proc/self/status") as status:
+            return int(next(line for line in status if line.startswith("VmHWM:")).split()[1]) // 1024
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024**2
+
+
 def main(argv: list[str]) -> int:
     out, base, *files = argv
     validated = _run(["validate", "--deep", *files])
@@ -105,10 +129,7 @@ def main(argv: list[str]) -> int:
         path: _run(["report", "--no-cache", "--native-profile", PROFILE, "--oracle-profile", PROFILE, path, base])
         for path in accepted
     }
-    usage = {
-        "self_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
-        "children_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024,
-    }
+    usage = {"self_mib": _own_peak_mib(), "children_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024}
     Path(out).write_text(json.dumps({"validate": validated, "accepted": accepted, "reports": reports, "rss": usage}))
     return 0
 

@@ -54,23 +54,28 @@ def zlib_bomb(inflated_mib: int) -> bytes:
 
 LZF_CASES = [
     (b"\x00A" + b"\xe0\xff\x00" * 20, f"its LZF stream decodes past the chunk's declared {CHUNK_BYTES} bytes"),
-    (b"\x00A\xe0\xff\x05", "its LZF stream is corrupt (a reference before the chunk's start, or a run past the stream's end)"),
-    (b"\x05AB", "its LZF stream is corrupt (a reference before the chunk's start, or a run past the stream's end)"),
-    (b"\x00A\xe0\xff\x00", f"its LZF stream ends after 265 of the chunk's {CHUNK_BYTES} bytes"),
+    (b"\x00A\xe0\xff\x05" + bytes(44), "its LZF stream is corrupt (a reference before the chunk's start, or a run past the stream's end)"),
+    ((b"\x1f" + bytes(32)) * 2 + b"\x05AB", "its LZF stream is corrupt (a reference before the chunk's start, or a run past the stream's end)"),
+    (b"\x00A\xe0\xff\x00" + (b"\x1f" + bytes(32)) * 2, f"its LZF stream ends after 329 of the chunk's {CHUNK_BYTES} bytes"),
 ]
-"""Hostile LZF streams for a chunk of CHUNK_BYTES: one a bomb, two corrupt, one short."""
+"""Hostile LZF streams for a chunk of CHUNK_BYTES: one a bomb, two corrupt, one short; each long
+enough that it could decode to CHUNK_BYTES, so the decoder itself finds what is wrong."""
 
 
-def pair_with_raw_chunk(tmp_path: Path, stored: bytes, compression: str = "gzip") -> tuple[Path, Path]:
+def pair_with_raw_chunk(tmp_path: Path, stored: bytes, compression: str = "gzip", elements: int = ELEMENTS) -> tuple[Path, Path]:
     """(hostile, twin): the same one-tensor capture, the hostile one's tensor a chunked dataset
-    whose single chunk holds `stored` as written, whatever it decodes to."""
+    whose single chunk holds `stored` as written, whatever it decodes to. Other than ELEMENTS,
+    `elements` is declared by the hostile file's dataset and index row alone (the twin keeps ELEMENTS)."""
     tensors = [T("l_out-0", np.zeros(ELEMENTS, np.float32), layer=0)]
     hostile = write_capture(tmp_path / "hostile.h5", "native", tensors, [(0, 1, False)], layout="datasets")
     twin = write_capture(tmp_path / "twin.h5", "oracle", tensors, [(0, 1, False)])
     with h5py.File(hostile, "r+") as f:
-        path = cf.decode_field(f[cf.INDEX_PATH][0]["path"])
+        row = f[cf.INDEX_PATH][0]
+        path = cf.decode_field(row["path"])
+        row["shape"][0] = elements
+        f[cf.INDEX_PATH][0] = row
         del f[path]
-        ds = f.create_dataset(path, shape=(ELEMENTS,), dtype=np.float32, chunks=(ELEMENTS,), compression=compression)
+        ds = f.create_dataset(path, shape=(elements,), dtype=np.float32, chunks=(elements,), compression=compression)
         ds.attrs.create(cf.ATTR_LOGICAL_DTYPE, np.bytes_(b"float32"))
         ds.id.write_direct_chunk((0,), stored)
     return hostile, twin
@@ -121,6 +126,17 @@ def test_a_zlib_bomb_is_refused_at_its_chunk_and_never_inflated(tmp_path: Path) 
     assert peak_mib < 400, f"reading the bomb took {peak_mib} MiB"
 
 
+def test_an_lzf_chunk_declared_far_larger_than_its_stream_is_refused_before_its_size_is_taken(tmp_path: Path) -> None:
+    """A flipped byte in a chunk's declared size (the mutation corpus found one): 512 MiB declared,
+    a 2-byte stream. Decoding into a buffer of the declared size would take the 512 MiB first."""
+    elements = 2**27
+    hostile, _ = pair_with_raw_chunk(tmp_path, b"\x00A", "lzf", elements)
+    status, out, _, peak_mib = cli("validate", "--deep", str(hostile))
+    problem = f"its LZF stream of 2 bytes cannot decode to the chunk's declared {elements * 4} bytes (at most 88 per stored byte)"
+    assert (status, out.splitlines()) == (2, [f"{hostile}: invalid (1 problem)", f"  {cf.tensor_path(0)} chunk at (0,): {problem}"])
+    assert peak_mib < 300, f"refusing the chunk took {peak_mib} MiB"
+
+
 @pytest.mark.parametrize(
     ("compression", "stored", "problem"),
     [
@@ -128,6 +144,7 @@ def test_a_zlib_bomb_is_refused_at_its_chunk_and_never_inflated(tmp_path: Path) 
         ("gzip", zlib.compress(bytes(CHUNK_BYTES))[:-4], "its deflate stream is cut off before its end"),
         ("gzip", b"\x78\x9c" + bytes(40), "its deflate stream is corrupt (invalid stored block lengths)"),
         *(("lzf", stream, problem) for stream, problem in LZF_CASES),
+        ("lzf", b"\x00A\xe0\xff\x00", f"its LZF stream of 5 bytes cannot decode to the chunk's declared {CHUNK_BYTES} bytes (at most 88 per stored byte)"),
     ],
 )
 def test_a_chunk_that_does_not_decode_to_its_declared_size_is_located(tmp_path: Path, compression: str, stored: bytes, problem: str) -> None:

@@ -76,8 +76,18 @@ _LZF_CORRUPT = "its LZF stream is corrupt (a reference before the chunk's start,
 _LZF_SHORT = "its LZF stream ends after {done} of the chunk's {size} bytes"
 
 
+LZF_MOST_PER_BYTE = 88
+"""The most bytes LZF decodes from one stored byte: its longest back-reference, 3 bytes, copies 264."""
+_LZF_TOO_SHORT = "its LZF stream of {stored} bytes cannot decode to the chunk's declared {size} bytes (at most {most} per stored byte)"
+
+
 def _unlzf(data: bytes, size: int) -> bytes:
-    """An LZF stream (h5py's filter 32000, no header) decoded into exactly `size` bytes, or refused."""
+    """An LZF stream (h5py's filter 32000, no header) decoded into exactly `size` bytes, or refused.
+
+    liblzf decodes into a buffer of the declared size, which takes that much memory before the
+    first byte is decoded; a declared size the stream cannot reach is refused before it."""
+    if size > LZF_MOST_PER_BYTE * len(data):
+        raise BadChunk(_LZF_TOO_SHORT.format(stored=len(data), size=size, most=LZF_MOST_PER_BYTE))
     decompress = liblzf()
     if decompress is None or max(len(data), size) >= 2**32:
         return unlzf_python(data, size)

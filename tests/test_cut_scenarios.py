@@ -91,7 +91,7 @@ def test_llama_gives_a_request_the_same_prefill_bits_in_a_batch_and_other_bits_f
     assert c.alignment.words() == "same calls (oracle is row 3 of a batch of 8)"
     kinds = {(p.key.step, p.verdict.value) for p in c.pairs}
     assert kinds == {(0, "bit-exact"), *{(s, k) for s in (1, 2, 3) for k in ("bit-exact", "diverged")}}
-    assert sorted(p.key.op for p in c.pairs if p.key.step == 1 and p.verdict.value == "bit-exact") == ["attn_norm", "embed"]
+    assert sorted(p.key.op for p in c.pairs if p.key.step == 1 and p.verdict.value == "bit-exact") == ["attn_norm", "attn_rms", "embed"]
     assert {u.reason for u in c.unaligned} == {"one_sided"}
     assert c.tokens.first_divergence_step is None and c.tokens.compared_steps == 4
 

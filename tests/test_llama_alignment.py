@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,13 @@ from backends.recorders.llama_recorder import LlamaSettings  # noqa: E402
 from backends.recorders.mlx_recorder import iter_record_mlx  # noqa: E402
 from backends.recorders.record_schedule import TokenSchedule  # noqa: E402
 from sessions.capture.opening import open_capture  # noqa: E402
-from sessions.compare.align import ONE_SIDED, PADDED_DIFFERENTLY, Alignment, align  # noqa: E402
+from sessions.compare.align import (  # noqa: E402
+    CUT_DIFFERENTLY,
+    ONE_SIDED,
+    PADDED_DIFFERENTLY,
+    Alignment,
+    align,
+)
 from sessions.compare.comparison import iter_compare  # noqa: E402
 from sessions.compare.options import CompareOptions
 from sessions.compare.profiles import (  # noqa: E402
@@ -36,6 +43,7 @@ from sessions.compare.record_sources import record_sources, sources_for  # noqa:
 from sessions.compare.verdict import Kind  # noqa: E402
 from sessions.progress import run_to_end  # noqa: E402
 from tests.test_llama_recorder import TINY  # noqa: E402
+from viewer.cli import main  # noqa: E402
 
 LAYER_STAGES = {
     "attn_norm", "q_proj", "k_proj", "v_proj", "q_norm", "k_norm", "q_rope", "k_rope", "k_cache", "v_cache", "sdpa", "o_proj",
@@ -83,12 +91,34 @@ def test_every_layer_stage_both_engines_compute_is_aligned(pair: tuple[Path, Pat
 def test_records_only_llama_cpp_has_are_listed_one_sided_with_their_reason(pair: tuple[Path, Path]) -> None:
     alignment = _align(pair)
     assert {u.reason for u in alignment.unaligned} == {ONE_SIDED}
-    by_name = {(u.step, u.name, u.occurrence): u.detail for u in alignment.unaligned}
-    assert by_name[(0, "kq-0", 0)].startswith("attention scores")
-    assert by_name[(0, "kq_soft_max-1", 0)].startswith("attention probabilities")
-    assert by_name[(0, "Qcur-0", 1)].startswith("per-head view")
-    norms = [by_name[(0, "norm-1", i)].split(" norm")[0] for i in range(4)]
-    assert norms == ["attention", "Q", "K", "FFN"]
+    by_name = {(u.step, u.name, u.occurrence): u for u in alignment.unaligned}
+    assert by_name[(0, "kq-0", 0)].detail.startswith("attention scores")
+    assert by_name[(0, "kq_soft_max-1", 0)].detail.startswith("attention probabilities")
+    assert by_name[(0, "Qcur-0", 1)].detail.startswith("per-head view")
+    norms = [by_name[(0, "norm-1", i)] for i in range(4)]
+    assert [u.detail.split(" norm")[0] for u in norms] == ["attention", "Q", "K", "FFN"]
+    assert [u.key.op if u.key else None for u in norms] == ["attn_rms", "q_rms", "k_rms", "ffn_rms"]
+
+
+def test_a_llama_cpp_capture_against_itself_compares_every_stage_that_computes(pair: tuple[Path, Path]) -> None:
+    """Against another llama.cpp capture, the stages MLX fuses pair too: each RMSNorm before its
+    weight multiply, the scores, the probabilities and the per-head attention output, each once
+    per layer and step. What stays one-sided is ggml's layout bookkeeping (views, reshapes,
+    permutations), whose bits are their source's."""
+    with open_capture(pair[0], check_in_child=False) as native:
+        llama = builtin_profiles()["llama.cpp"]
+        alignment = align(native.records, native.records, llama, llama, native_sources=record_sources(native), oracle_sources=record_sources(native))
+    stages = ("attn_rms", "q_rms", "k_rms", "ffn_rms", "attn_scores", "attn_probs", "attn_pv")
+    steps = SCHEDULE.decode_steps + 1
+    counts = Counter(p.key.op for p in alignment.pairs if p.key.op in (*stages, "final_rms"))
+    assert {p.key.occurrence for p in alignment.pairs if p.key.op in stages} == {0}, "each stage is occurrence 0, whichever norm-N it was"
+    assert counts == {**{op: steps * TINY.num_hidden_layers for op in stages}, "final_rms": steps}
+    kept_apart = {u.detail.split(":")[0] for u in alignment.unaligned}
+    assert kept_apart == {
+        "per-head view [rows, heads, dim] of the Q projection", "per-head view [rows, heads, dim] of the K projection",
+        "per-head view [rows, heads, dim] of the V projection", "a ggml view of another node (same bits as its source)",
+        "a ggml permutation of another node (same values as its source)", "a ggml reshape of another node (same bits as its source)",
+    }
 
 
 def test_qcur_stages_map_by_op_and_the_unnamed_projection_by_its_weight(pair: tuple[Path, Path]) -> None:
@@ -172,8 +202,10 @@ def test_two_llama_cpp_runs_cut_differently_compare_the_kv_cache_cells_each_step
 
 def test_probabilities_over_caches_padded_differently_are_set_aside_and_the_runs_stay_at_parity(pair: tuple[Path, Path], tmp_path: Path) -> None:
     """300 prompt tokens in one call pad the cache to 512 cells; cut at 256 the first call's cache
-    has 256. Those probabilities cannot be compared cell by cell, which is no divergence: the
-    attention output they feed is, and every op agrees bit for bit."""
+    has 256. Those scores and probabilities cannot be compared cell by cell, which is no
+    divergence: the attention output they feed is, and every op agrees bit for bit. The second
+    call's scores hold cells the one-call run had written and the cut run had not yet: set aside
+    as cut differently, while the probabilities after the mask are compared."""
     prompt = tuple((i * 7 + 3) % TINY.vocab_size for i in range(300))
     schedule = TokenSchedule(prompt, decode_steps=1)
     whole, cut = tmp_path / "whole.h5", tmp_path / "cut.h5"
@@ -184,28 +216,42 @@ def test_probabilities_over_caches_padded_differently_are_set_aside_and_the_runs
         comparison = run_to_end(iter_compare(native, oracle, CompareOptions()))
     assert comparison.verdict.word == "PARITY"
     padded = [u for u in comparison.unaligned if u.reason == PADDED_DIFFERENTLY]
-    assert sorted((u.side, u.layer, u.key.positions if u.key else None) for u in padded) == [
-        (side, layer, (0, 256)) for side in ("native", "oracle") for layer in range(TINY.num_hidden_layers)
+    assert sorted((u.side, u.layer, u.key.op, u.key.positions) for u in padded if u.key) == [
+        (side, layer, op, (0, 256)) for side in ("native", "oracle") for layer in range(TINY.num_hidden_layers) for op in ("attn_probs", "attn_scores")
     ]
-    assert "padded to 512 and 256 cells" in padded[0].detail
+    assert len(padded) == 2 * 2 * TINY.num_hidden_layers and "padded to 512 and 256 cells" in padded[0].detail
+    cut = {(u.side, u.key.text()) for u in comparison.unaligned if u.reason == CUT_DIFFERENTLY and u.key and u.key.layer == 0}
+    assert cut == {(side, key) for side in ("native", "oracle") for key in ("0:prefill:0:attn_scores@256-299", "1:decode:0:attn_scores@300")}
     compared = {p.key.text() for p in comparison.pairs if p.key.op == "attn_probs" and p.key.layer == 0}
     assert compared == {"0:prefill:0:attn_probs@256-299", "1:decode:0:attn_probs@300"}
 
 
-def test_an_f16_cache_against_an_f32_one_is_a_dtype_mismatch_and_parts_first_at_the_attention_probabilities(pair: tuple[Path, Path], tmp_path: Path) -> None:
+def test_an_f16_cache_against_an_f32_one_is_a_dtype_mismatch_and_parts_first_at_the_attention_scores(
+    pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """llama.cpp's F16 cache rounds the keys it stores; the scores read the rounded keys, so the
-    first thing that differs is the softmax's output, and the cells themselves are named as
-    stored in another dtype rather than compared."""
+    first thing that differs is K^T Q, every norm before it agreeing (each RMSNorm and its
+    weight multiply compared apart), and the cells themselves are named as stored in another
+    dtype rather than compared."""
     f16 = tmp_path / "f16.h5"
     _drain(iter_record_llama(pair[0].parent / "tiny.f32.gguf", SCHEDULE, f16, LlamaSettings(kv_type="f16")))
     with open_capture(pair[0], check_in_child=False) as native, open_capture(f16, check_in_child=False) as oracle:
         comparison = run_to_end(iter_compare(native, oracle, CompareOptions()))
     assert comparison.verdict.first is not None
     first = comparison.verdict.first.key
-    assert (first.step, first.layer, first.op, comparison.verdict.first.kind) == (0, 0, "attn_probs", Kind.DIVERGED)
+    assert (first.step, first.layer, first.op, comparison.verdict.first.kind) == (0, 0, "attn_scores", Kind.DIVERGED)
+    scores = next(p for p in comparison.pairs if p.key == first)
+    before = [p for p in comparison.pairs if (p.key.step, p.key.layer) == (0, 0) and p.native_seq < scores.native_seq]
+    assert {"attn_rms", "attn_norm", "q_rms", "q_norm", "k_rms", "k_norm"} <= {p.key.op for p in before}
+    assert all(p.metrics.bit_exact for p in before)
     mismatched = sorted((u.name, u.detail) for u in comparison.unaligned if (u.step, u.layer, u.side, u.reason) == (0, 0, "native", "dtype_mismatch"))
     detail = "dtypes differ: native float32 vs oracle float16"
     assert mismatched == [("cache_k_l0 (view) (written)", detail), ("cache_v_l0 (reshaped) (view) (written)", detail)]
+    assert main(["report", str(pair[0]), str(f16)]) == 1
+    text = capsys.readouterr().out.splitlines()
+    assert text[0].startswith("DIVERGENCE: first diverged at 0:prefill:0:attn_scores")
+    hint = "(a stage of 0:prefill:0:sdpa: rerun --op 0:prefill:0:sdpa, diagnose --op 0:prefill:0:sdpa)"
+    assert [line for line in text if line.startswith("First finding:")] == [f"First finding: diverged at 0:prefill:0:attn_scores  {hint}"]
 
 
 def test_the_cache_cells_llama_cpp_wrote_pair_with_those_mlx_lm_wrote_and_equal_their_k_rope_and_v_proj(pair: tuple[Path, Path]) -> None:

@@ -48,7 +48,7 @@ def test_the_f32_pair_opens_at_the_first_rms_norm(qtbot: QtBot, tmp_path: Path, 
     window.close()
 
 
-def test_an_f16_cache_against_an_f32_one_opens_at_the_attention_probabilities(qtbot: QtBot, tmp_path: Path, artifacts_dir: Path) -> None:
+def test_an_f16_cache_against_an_f32_one_opens_at_the_attention_scores(qtbot: QtBot, tmp_path: Path, artifacts_dir: Path) -> None:
     """Two real llama.cpp runs of one model, KV cache F32 against F16: the window leads with the
     first op the rounded keys change, with the cache cells before it in the tree as unaligned
     (stored in another dtype)."""
@@ -59,9 +59,9 @@ def test_an_f16_cache_against_an_f32_one_opens_at_the_attention_probabilities(qt
     run_to_end(iter_record_llama(gguf, schedule, oracle, LlamaSettings(kv_type="f16")))
     window = _window_on(qtbot, tmp_path, native, oracle, (1280, 720))
     qtbot.waitUntil(lambda: window.model.selected is not None, timeout=10_000)
-    assert window.model.selected.key.text() == "0:prefill:0:attn_probs"
+    assert window.model.selected.key.text() == "0:prefill:0:attn_scores"
     assert window.verdict_strip.word.text() == "DIVERGENCE"
-    assert "first diverged at 0:prefill:0:attn_probs" in window.verdict_strip.detail.text()
+    assert "first diverged at 0:prefill:0:attn_scores" in window.verdict_strip.detail.text()
     unaligned = {(u.name, u.reason) for u in window.model.comparison.comparison.unaligned if (u.step, u.layer, u.side) == (0, 0, "native")}
     assert {("cache_k_l0 (view) (written)", "dtype_mismatch"), ("cache_v_l0 (reshaped) (view) (written)", "dtype_mismatch")} <= unaligned
     window.grab().save(str(artifacts_dir / "viewer-llama-f16-cache-vs-f32-1280x720.png"))

@@ -36,6 +36,7 @@ from backends.rerun.ops import RerunOpError
 from backends.rerun.segment import OpRerun, RerunOptions, RerunSession
 from sessions.compare.comparison import PairResult
 from sessions.compare.key import OpKey
+from sessions.compare.profiles import whole_op
 from sessions.progress import run_to_end
 
 NATIVE_ON_ORACLE_ROUTE = RerunOptions(source="native", route_from="oracle")
@@ -163,6 +164,10 @@ def classify(session: RerunSession, pair: PairResult) -> Classification:
     """Local, inherited or undetermined, for one aligned pair whose bits differ."""
     key = pair.key
     found = Classification(key, str(pair.verdict), Locality.UNDETERMINED, "", ErrorFigure.of(pair.metrics))
+    whole = whole_op(key)
+    if whole != key:
+        found.why = f"a stage inside {whole} that only an engine without fused kernels writes out: {whole}'s rerun computes it, and its error is split there"
+        return found
     why = why_not_rerunnable(key.op)
     if why is not None:
         found.why = f"{key.op} cannot be rerun ({why}), so its error cannot be split"

@@ -50,6 +50,7 @@ from backends.rerun.segment import RerunSession
 from sessions.capture.reader import Capture
 from sessions.compare.comparison import Comparison, PairResult
 from sessions.compare.key import OpKey
+from sessions.compare.profiles import whole_op
 from sessions.compare.verdict import Kind
 from sessions.progress import Progress, ProgressGenerator
 
@@ -320,6 +321,13 @@ def _exact_clause(found: Classification) -> str:
     return " Against the float64 reference both are equally close." if found.closer_to_exact == "tie" else ""
 
 
+def _covered(key: OpKey, diagnosis: Diagnosis) -> bool:
+    """Whether `key` is a stage (`STAGE_OF`) of an op this diagnosis classified: that op's
+    verdict accounts for it, so it leaves no doubt about what came before."""
+    whole = whole_op(key)
+    return whole != key and any(found.key == whole and found.classification.locality != Locality.UNDETERMINED for found in diagnosis.ops)
+
+
 def verdict_sentence(diagnosis: Diagnosis, diverged: int, dispatch_only: int) -> str:
     """The one sentence every surface leads with."""
     chain = diagnosis.local_chain
@@ -338,7 +346,7 @@ def verdict_sentence(diagnosis: Diagnosis, diverged: int, dispatch_only: int) ->
                 sentence += f"; {len(more)} more local op(s), {'all' if explained == len(more) else explained} reproduced exactly by a candidate"
         if inherited:
             sentence += f"; {inherited} later op(s) are inherited"
-        earlier = [op for op in diagnosis.ops[: diagnosis.ops.index(first)] if op.classification.locality == Locality.UNDETERMINED]
+        earlier = [op for op in diagnosis.ops[: diagnosis.ops.index(first)] if op.classification.locality == Locality.UNDETERMINED and not _covered(op.key, diagnosis)]
         if earlier:
             sentence += f"; {len(earlier)} earlier diverged op(s) could not be classified, first {earlier[0].key}, so the cause may lie before it"
         return sentence + "." + _exact_clause(first.classification)

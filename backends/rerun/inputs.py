@@ -27,6 +27,7 @@ from sessions.bits.dtypes import logical_dtype
 from sessions.capture.reader import Capture
 from sessions.compare.key import OpKey
 from sessions.compare.mapped_record import MappedRecord
+from sessions.compare.profiles import STAGE_OF
 
 LAYER_INPUT = "layer_input"
 """Pseudo-op: the residual stream entering a layer (embed for layer 0, else the previous layer_out)."""
@@ -55,9 +56,17 @@ OP_INPUTS: dict[str, tuple[str, ...]] = {
     "logits": ("final_norm",),
 }
 """The captured inputs each canonical op reads (embed reads token ids, which are not rerun)."""
+_STAGE_TEXT = {
+    "attn_scores": "the attention scores over the engine's padded cache",
+    "attn_probs": "the attention probabilities over the engine's padded cache",
+    "attn_pv": "the per-head attention output before the head merge",
+}
 NOT_RERUNNABLE: dict[str, str] = {
     "embed": "its input is token ids, not a captured tensor",
-    "attn_probs": "its input, the raw attention scores over the padded cache, is not a canonical op",
+    **{
+        stage: f"{_STAGE_TEXT.get(stage, 'an RMSNorm before its weight multiply')}, which only an engine without fused kernels writes out: rerun {op}, which computes it"
+        for stage, op in STAGE_OF.items()
+    },
 }
 """Canonical ops without a rerun, and why."""
 

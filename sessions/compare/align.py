@@ -45,7 +45,13 @@ ONE_SIDED = "one_sided"
 PADDED_DIFFERENTLY = "padded_differently"
 """A pair over caches padded to different lengths (attention probabilities of runs cut differently):
 the cells do not correspond one to one, and what the stage feeds is compared."""
-BY_DESIGN = frozenset({ONE_SIDED, PADDED_DIFFERENTLY})
+CUT_DIFFERENTLY = "cut_differently"
+"""Scores before the causal mask (`BEFORE_MASK`) in runs cut into different calls: a call's scores
+over cells it had not written yet are whatever those cells held then, which differ between the
+cuts and reach nothing; the probabilities after the mask are compared."""
+BEFORE_MASK = frozenset({"attn_scores"})
+"""Ops that hold every cache cell before the causal mask."""
+BY_DESIGN = frozenset({ONE_SIDED, PADDED_DIFFERENTLY, CUT_DIFFERENTLY})
 """Unaligned reasons that are not findings: the runs hold these records differently by design."""
 MANUAL_BREAK = "manual_break"
 """The user broke this pairing; the detail is their reason."""
@@ -317,6 +323,20 @@ def _comparable(pair: AlignedPair, unaligned: list[UnalignedRecord]) -> bool:
     return False
 
 
+def _set_aside_before_mask(pairs: list[AlignedPair], unaligned: list[UnalignedRecord]) -> list[AlignedPair]:
+    """Pairs without those of `BEFORE_MASK` ops unless the user paired them; those become
+    `cut_differently` on both sides."""
+    kept: list[AlignedPair] = []
+    for pair in pairs:
+        if pair.key.op not in BEFORE_MASK or pair.manual_reason is not None:
+            kept.append(pair)
+            continue
+        detail = f"{pair.key.op} before the causal mask: cut into different calls, each call's scores over cells it had not written yet differ and reach nothing; attn_probs is compared"
+        unaligned.append(_unaligned("native", pair.native.record, CUT_DIFFERENTLY, detail, pair.key))
+        unaligned.append(_unaligned("oracle", pair.oracle.record, CUT_DIFFERENTLY, detail, pair.oracle.key))
+    return kept
+
+
 def _differ_only_on(a: tuple[int, ...], b: tuple[int, ...], axis: int) -> bool:
     return len(a) == len(b) and all(x == y for i, (x, y) in enumerate(zip(a, b)) if i != axis)
 
@@ -456,6 +476,8 @@ def align(
     else:
         candidates += _pair_by_position(n_mapped, o_mapped, n_spans, o_spans, unaligned)
     pairs = [p for p in _apply_breaks(overrides, candidates, native, unaligned) if _comparable(p, unaligned)]
+    if chosen == POSITIONS:
+        pairs = _set_aside_before_mask(pairs, unaligned)
     pairs.sort(key=lambda p: p.native.record.seq)
     unaligned.sort(key=lambda u: (u.side, u.seq))
     return Alignment(pairs, unaligned, native_profile.name, oracle_profile.name, chosen, n_calls, o_calls)

@@ -24,6 +24,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from sessions.compare.key import OpKey
 from sessions.compare.layout_transform import LayoutError, LayoutTransform
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "builtin_profiles"
@@ -31,30 +32,60 @@ BUILTIN_FILES = {"canonical": "canonical.toml", "llama.cpp": "llama_cpp.toml", "
 
 CANONICAL_OPS: dict[str, str] = {
     "embed": "rows hidden",
+    "attn_rms": "rows hidden",
     "attn_norm": "rows hidden",
     "q_proj": "rows (heads dim)",
     "k_proj": "rows (heads dim)",
     "v_proj": "rows (heads dim)",
+    "q_rms": "heads rows dim",
     "q_norm": "heads rows dim",
+    "k_rms": "heads rows dim",
     "k_norm": "heads rows dim",
     "q_rope": "heads rows dim",
     "k_rope": "heads rows dim",
     "k_cache": "rows (heads dim)",
     "v_cache": "rows (heads dim)",
+    "attn_scores": "heads rows cells",
     "attn_probs": "heads rows cells",
+    "attn_pv": "heads rows dim",
     "sdpa": "rows (heads dim)",
     "o_proj": "rows hidden",
     "attn_residual": "rows hidden",
+    "ffn_rms": "rows hidden",
     "ffn_norm": "rows hidden",
     "ffn_gate": "rows ffn",
     "ffn_up": "rows ffn",
     "ffn_act": "rows ffn",
     "ffn_down": "rows hidden",
     "layer_out": "rows hidden",
+    "final_rms": "rows hidden",
     "final_norm": "rows hidden",
     "logits": "rows vocab",
 }
-"""Canonical ops and their canonical layouts (docs/architecture.md); `(heads dim)` is one axis."""
+"""Canonical ops and their canonical layouts (docs/architecture.md); `(heads dim)` is one axis.
+The `*_rms` ops (an RMSNorm before its weight multiply), `attn_scores`, `attn_probs` and
+`attn_pv` (attention's matmuls and softmax one by one) are stages a fused kernel (MLX's) never
+writes out: optional, compared between two captures that both record them."""
+
+
+STAGE_OF: dict[str, str] = {
+    "attn_rms": "attn_norm",
+    "q_rms": "q_norm",
+    "k_rms": "k_norm",
+    "ffn_rms": "ffn_norm",
+    "final_rms": "final_norm",
+    "attn_scores": "sdpa",
+    "attn_probs": "sdpa",
+    "attn_pv": "sdpa",
+}
+"""Stages only an engine without fused kernels writes out (llama.cpp), and the op (same step,
+segment and layer) that computes each: that op's rerun and diagnosis cover them."""
+
+
+def whole_op(key: OpKey) -> OpKey:
+    """The op whose rerun covers `key`: itself, or the op a stage (`STAGE_OF`) is part of."""
+    op = STAGE_OF.get(key.op)
+    return key if op is None else OpKey(key.step, key.segment, key.layer, op, key.occurrence, key.positions)
 
 
 PADDED_AXIS = "cells"
@@ -99,7 +130,9 @@ class NameRule:
     count: int | None = None
     """The rule applies only when the name occurs exactly this many times in (step, segment, layer)."""
     min_count: int | None = None
-    canonical_occurrence: int = 0
+    canonical_occurrence: int | None = None
+    """The canonical occurrence of every record the rule matches; unset: 0 when `occurrence` is
+    given, else the record's own occurrence."""
     layout: LayoutTransform | None = None
     regex: re.Pattern[str] = field(default=re.compile(""), compare=False, repr=False)
     kernel: str | None = None
@@ -171,7 +204,9 @@ class Profile:
                 if anchored is False:
                     continue
                 layer = layer if anchored is None else anchored
-            canonical = occurrence if rule.occurrence is None else rule.canonical_occurrence
+            canonical = rule.canonical_occurrence
+            if canonical is None:
+                canonical = occurrence if rule.occurrence is None else 0
             return RuleMatch(rule.op, layer, canonical, rule.layout, rule.one_sided)
         return None
 
@@ -257,7 +292,7 @@ def _rule(entry: Any, where: str) -> NameRule:
         occurrence=occurrence,
         count=entry.get("count"),
         min_count=entry.get("min_count"),
-        canonical_occurrence=entry.get("canonical_occurrence", 0),
+        canonical_occurrence=entry.get("canonical_occurrence"),
         layout=layout,
         regex=regex,
         kernel=entry.get("kernel"),

@@ -17,6 +17,7 @@ from sessions.compare.comparison import (
     unaligned_key,
     worst_ops,
 )
+from sessions.compare.profiles import whole_op
 from sessions.compare.tensor_diff import ElementSample, TensorMetrics
 from sessions.compare.token_parity import POST_EOS, step_word
 from sessions.compare.verdict import Kind
@@ -134,7 +135,9 @@ def _first_block(c: Comparison) -> list[str]:
     first = c.verdict.first
     if first is None:
         return ["First finding: none"]
-    lines = [f"First finding: {first.kind} at {first.key}  (rerun --op {first.key}, diagnose --op {first.key})", f"  {first.detail}"]
+    whole = whole_op(first.key)
+    hint = f"rerun --op {whole}, diagnose --op {whole}" if whole == first.key else f"a stage of {whole}: rerun --op {whole}, diagnose --op {whole}"
+    lines = [f"First finding: {first.kind} at {first.key}  ({hint})", f"  {first.detail}"]
     pair = next((p for p in c.pairs if p.key == first.key), None)
     if pair is not None and not pair.metrics.bit_exact:
         lines += _pair_block("  bits", pair)[1:]

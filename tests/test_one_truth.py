@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
 from sessions.commands import report as report_command
+from sessions.compare.align import BY_DESIGN
 from sessions.compare.key import OpKey
 from sessions.compare.verdict import (
     CONTRACT_MISMATCH,
@@ -196,6 +198,9 @@ def test_every_surface_names_the_same_verdict_kind_and_key(case: Case, tmp_path:
         assert f"First finding: {case.kind} at {case.key}" in text
         assert f"<code>{case.key}</code>" in html
     assert f">{case.word}: " in html
+    (count,) = re.findall(r"^ops .*; (\d[\d,]* unaligned(?: \([^)]*\))?)$", text, re.M)
+    assert count in html
+    assert ("by design" in count) == any(u["reason"] in BY_DESIGN for u in document["unaligned"])
 
     win = MainWindow(ViewerSettings(tmp_path / "viewer.ini"))
     qtbot.addWidget(win)
@@ -204,6 +209,7 @@ def test_every_surface_names_the_same_verdict_kind_and_key(case: Case, tmp_path:
     win.open_pair(case.native, case.oracle)
     qtbot.waitUntil(lambda: win.model.comparison is not None and not win.tasks.busy, timeout=WAIT_MS)
     assert win.verdict_strip.word.text() == case.word
+    assert f"; {count};" in win.tree.summary.text()
     assert ("aligned by position" in win.verdict_strip.detail.text()) == ("@" in (case.key or ""))
     pair_kinds = {Kind.DIVERGED, Kind.SIGNED_ZERO_ONLY, Kind.CONTRACT_MISMATCH, Kind.DISPATCH_ONLY}
     if case.key is None:

@@ -21,7 +21,13 @@ from backends.rerun.segment import rerunnable_keys
 from sessions.capture.reader import Capture, CaptureError
 from sessions.capture.record_attributes import RecordAttributes, iter_records_attributes
 from sessions.compare.align import UnalignedRecord
-from sessions.compare.comparison import Comparison, PairResult, unaligned_key, worst_ops
+from sessions.compare.comparison import (
+    Comparison,
+    PairResult,
+    unaligned_count,
+    unaligned_key,
+    worst_ops,
+)
 from sessions.compare.contracts import ContractFinding
 from sessions.compare.dispatch_diff import DispatchDifference
 from sessions.compare.in_child import iter_compare_in_child
@@ -376,7 +382,7 @@ def summary_line(viewed: ViewedComparison) -> str:
     c = viewed.comparison
     exact = c.verdict.counts.get(Kind.BIT_EXACT, 0)
     aligned = "" if c.alignment.is_plain else f"; aligned {c.alignment.short()}"
-    return f"{len(c.pairs)} aligned ops, {exact} bit-exact; {len(c.unaligned)} unaligned; profiles {c.native_profile} / {c.oracle_profile}{aligned}"
+    return f"{len(c.pairs)} aligned ops, {exact} bit-exact; {unaligned_count(c.unaligned)}; profiles {c.native_profile} / {c.oracle_profile}{aligned}"
 
 
 def headline(viewed: ViewedComparison) -> str:

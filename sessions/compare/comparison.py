@@ -384,6 +384,16 @@ def unaligned_key(u: UnalignedRecord) -> OpKey:
     return u.key if u.key is not None else OpKey(u.step, u.segment, u.layer, u.name, u.occurrence)
 
 
+def unaligned_count(unaligned: list[UnalignedRecord]) -> str:
+    """How many records are unaligned, and how many of those by design (`BY_DESIGN`): every
+    surface's count, so "108 unaligned" of a llama.cpp capture's views never reads as 108
+    problems."""
+    designed = sum(u.reason in BY_DESIGN for u in unaligned)
+    if not designed:
+        return f"{len(unaligned):,} unaligned"
+    return f"{len(unaligned):,} unaligned ({'all' if designed == len(unaligned) else f'{designed:,}'} by design)"
+
+
 def _unaligned_findings(unaligned: list[UnalignedRecord]) -> list[Finding]:
     """Unaligned records are findings, except those the runs hold differently by design (a stage
     a profile declares one-sided, probabilities over caches padded differently): their consumers

@@ -15,7 +15,12 @@ import math
 from html import escape
 
 from sessions.compare.align import POSITIONS
-from sessions.compare.comparison import DISPATCH_NOT_COMPARED, Comparison, worst_ops
+from sessions.compare.comparison import (
+    DISPATCH_NOT_COMPARED,
+    Comparison,
+    unaligned_count,
+    worst_ops,
+)
 from sessions.compare.key import OpKey
 from sessions.compare.tensor_diff import ElementSample
 from sessions.compare.token_parity import POST_EOS, step_word
@@ -226,6 +231,6 @@ def render_html(c: Comparison, session: Investigation | None = None, screenshots
         rows = [[escape(o.action), escape(f"{o.left.capture_id}:{o.left.key}"), escape(f"{o.right.capture_id}:{o.right.key}"), escape(o.reason)] for o in session.overrides]
         out.append("<h2>Alignment overrides</h2>" + _table(["action", "left", "right", "reason"], rows))
     out.append(f"<p class='muted'>Selected op when exported: {escape(_op_label(session.selected_op))}; "
-               f"{len(c.unaligned)} unaligned record(s), {len(c.post_eos_unaligned)} post-EOS.</p>")
+               f"{escape(unaligned_count(c.unaligned))} record(s), {len(c.post_eos_unaligned)} post-EOS.</p>")
     out.append("</body></html>")
     return "\n".join(out)

@@ -14,6 +14,7 @@ from sessions.compare.comparison import (
     DISPATCH_NOT_COMPARED,
     Comparison,
     PairResult,
+    unaligned_count,
     unaligned_key,
     worst_ops,
 )
@@ -128,7 +129,7 @@ def tolerance_text(c: Comparison) -> str:
 def _counts_line(c: Comparison) -> str:
     counts = c.verdict.counts
     kinds = ", ".join(f"{counts[k]:,} {k}" for k in Kind if k in counts and k != Kind.UNALIGNED)
-    return f"{len(c.pairs):,} aligned ({kinds or 'none'}); {len(c.unaligned):,} unaligned"
+    return f"{len(c.pairs):,} aligned ({kinds or 'none'}); {unaligned_count(c.unaligned)}"
 
 
 def _first_block(c: Comparison) -> list[str]:

@@ -60,10 +60,11 @@ demo: $(APP_STAMP)
 	@$(BIN)/parity-xray doctor --for demo
 	$(BIN)/parity-xray demo
 
-# Test files run side by side in worker processes, one per core and at most four (each worker holds
-# Qt, MLX and the demo captures: about 1 GiB). A file's tests stay in one worker, so its fixtures
+# Test files run side by side in worker processes, one per core this process may use (a container's
+# affinity, not the host's count) and at most four (each worker holds Qt, MLX and the demo
+# captures: about 1 GiB). A file's tests stay in one worker, so its fixtures
 # are built once. `make test TEST_WORKERS=0` runs everything in this process.
-TEST_WORKERS ?= logical
+TEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; print(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())')
 test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile
 

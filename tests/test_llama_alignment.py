@@ -220,10 +220,26 @@ def test_probabilities_over_caches_padded_differently_are_set_aside_and_the_runs
         (side, layer, op, (0, 256)) for side in ("native", "oracle") for layer in range(TINY.num_hidden_layers) for op in ("attn_probs", "attn_scores")
     ]
     assert len(padded) == 2 * 2 * TINY.num_hidden_layers and "padded to 512 and 256 cells" in padded[0].detail
-    cut = {(u.side, u.key.text()) for u in comparison.unaligned if u.reason == CUT_DIFFERENTLY and u.key and u.key.layer == 0}
-    assert cut == {(side, key) for side in ("native", "oracle") for key in ("0:prefill:0:attn_scores@256-299", "1:decode:0:attn_scores@300")}
-    compared = {p.key.text() for p in comparison.pairs if p.key.op == "attn_probs" and p.key.layer == 0}
-    assert compared == {"0:prefill:0:attn_probs@256-299", "1:decode:0:attn_probs@300"}
+    assert [u for u in comparison.unaligned if u.reason == CUT_DIFFERENTLY] == [], "both second calls end at 300, so their scores saw the same cells"
+    compared = {p.key.text() for p in comparison.pairs if p.key.op in ("attn_scores", "attn_probs") and p.key.layer == 0}
+    assert compared == {f"{call}:0:{op}@{rows}" for op in ("attn_scores", "attn_probs") for call, rows in (("0:prefill", "256-299"), ("1:decode", "300"))}
+
+
+def test_scores_from_micro_batches_that_had_written_different_cells_are_set_aside_and_the_rest_compared(pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """Six tokens in one micro-batch against three of two: the first two micro-batches' scores
+    cover cells the one-call run had written and they had not (the mask hides them), so they are
+    `cut_differently`; the last micro-batch and the decode steps saw the same cells and compare."""
+    cut = tmp_path / "ubatch2.h5"
+    _drain(iter_record_llama(pair[0].parent / "tiny.f32.gguf", dataclasses.replace(SCHEDULE, ubatch=2), cut))
+    with open_capture(pair[0], check_in_child=False) as native, open_capture(cut, check_in_child=False) as oracle:
+        comparison = run_to_end(iter_compare(native, oracle, CompareOptions()))
+    assert comparison.verdict.word == "PARITY" and comparison.alignment.mode == "positions"
+    set_aside = sorted((u.side, u.key.text()) for u in comparison.unaligned if u.reason == CUT_DIFFERENTLY and u.key and u.key.layer == 0)
+    assert set_aside == [(side, f"0:prefill:0:attn_scores@{rows}") for side in ("native", "oracle") for rows in ("0-1", "2-3")]
+    detail = next(u.detail for u in comparison.unaligned if u.reason == CUT_DIFFERENTLY)
+    assert "written the cache up to position 6 (native) and 2 (oracle)" in detail
+    compared = sorted(p.key.text() for p in comparison.pairs if p.key.op == "attn_scores" and p.key.layer == 0)
+    assert compared == ["0:prefill:0:attn_scores@4-5", "1:decode:0:attn_scores@6"]
 
 
 def test_an_f16_cache_against_an_f32_one_is_a_dtype_mismatch_and_parts_first_at_the_attention_scores(

@@ -62,6 +62,7 @@ def test_an_f16_cache_against_an_f32_one_opens_at_the_attention_scores(qtbot: Qt
     assert window.model.selected.key.text() == "0:prefill:0:attn_scores"
     assert window.verdict_strip.word.text() == "DIVERGENCE"
     assert "first diverged at 0:prefill:0:attn_scores" in window.verdict_strip.detail.text()
+    assert window.dispatch.rerun.key.currentText() == "0:prefill:0:sdpa", "the scores are a stage of sdpa: its rerun is offered"
     unaligned = {(u.name, u.reason) for u in window.model.comparison.comparison.unaligned if (u.step, u.layer, u.side) == (0, 0, "native")}
     assert {("cache_k_l0 (view) (written)", "dtype_mismatch"), ("cache_v_l0 (reshaped) (view) (written)", "dtype_mismatch")} <= unaligned
     window.grab().save(str(artifacts_dir / "viewer-llama-f16-cache-vs-f32-1280x720.png"))

@@ -6,12 +6,18 @@ from pathlib import Path
 
 import pytest
 
+from backends.rerun.inputs import NOT_RERUNNABLE, OP_INPUTS
 from sessions.compare.layout_transform import LayoutError, LayoutTransform
+from sessions.compare.profile_identity import profile_content_hash
 from sessions.compare.profiles import (
+    CANONICAL_OPS,
+    STAGE_OF,
+    Profile,
     ProfileError,
     builtin_profiles,
     detect_profile,
     load_profile_file,
+    profile_from_dict,
     resolve_profile,
 )
 
@@ -24,6 +30,24 @@ def _op(profile: str, name: str, occurrence: int = 0, count: int = 1) -> tuple[s
 def test_canonical_profile_passes_names_and_occurrences_through() -> None:
     assert _op("canonical", "q_rope", 2, 3) == ("q_rope", None, 2)
     assert _op("canonical", "Qcur-0") is None
+
+
+def test_the_canonical_profile_names_every_canonical_op_and_each_op_is_rerun_or_says_why_not() -> None:
+    assert [rule.op for rule in builtin_profiles()["canonical"].rules] == list(CANONICAL_OPS)
+    assert set(OP_INPUTS).isdisjoint(NOT_RERUNNABLE) and set(OP_INPUTS) | set(NOT_RERUNNABLE) == set(CANONICAL_OPS)
+    assert {stage: NOT_RERUNNABLE[stage].rsplit(": ", 1)[1] for stage in STAGE_OF} == {stage: f"rerun {op}, which computes it" for stage, op in STAGE_OF.items()}
+
+
+def test_a_canonical_occurrence_without_occurrence_fixes_the_occurrence_and_changes_the_identity() -> None:
+    """Before, `canonical_occurrence` counted only beside `occurrence`: a rule whose meaning did
+    not change keeps its identity (saved sessions and reports still match), one whose did gets a new one."""
+    def profile(**rule: object) -> Profile:
+        return profile_from_dict({"name": "p", "rule": [{"name": "x", "op": "embed", **rule}]}, "p.toml")
+
+    passed, fixed = profile(), profile(canonical_occurrence=0)
+    assert [p.match("x", 2, 3).occurrence for p in (passed, fixed)] == [2, 0]  # type: ignore[union-attr]
+    assert profile_content_hash(passed) != profile_content_hash(fixed)
+    assert profile_content_hash(profile(occurrence=1)) == profile_content_hash(profile(occurrence=1, canonical_occurrence=0))
 
 
 @pytest.mark.parametrize(

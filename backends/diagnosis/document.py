@@ -29,6 +29,7 @@ def to_dict(diagnosis: Diagnosis) -> dict[str, Any]:
         "version": VERSION,
         "verdict": diagnosis.verdict,
         "local_chain": [op.key.text() for op in diagnosis.local_chain],
+        "covered": [op.key.text() for op in diagnosis.ops if diagnosis.covered(op)],
         "contracts": diagnosis.contracts(),
         **{k: v for k, v in body.items() if k != "verdict"},
         "registry": [{"id": c.id, "ops": sorted(c.ops), "description": c.description, "source": c.source} for c in REGISTRY],
@@ -64,8 +65,7 @@ def render_text(diagnosis: Diagnosis, verbose: bool = False) -> str:
     """The terminal form: verdict, skeleton, candidates at the first local op, budget, notes."""
     lines = [diagnosis.verdict, "", f"native {diagnosis.native_path}", f"oracle {diagnosis.oracle_path}"]
     chain = diagnosis.local_chain
-    counts = {w: sum(str(op.classification.locality) == w for op in diagnosis.ops) for w in ("local", "inherited", "undetermined")}
-    lines.append(f"classified {len(diagnosis.ops)} diverged op(s): {counts['local']} local, {counts['inherited']} inherited, {counts['undetermined']} undetermined")
+    lines.append(diagnosis.counts_text())
     if chain:
         lines += ["", "Local ops (the diagnosis skeleton, execution order):"]
         lines += [f"  {_op_line(op)}" for op in chain[:LOCAL_ROWS_SHOWN]]
@@ -78,7 +78,7 @@ def render_text(diagnosis: Diagnosis, verbose: bool = False) -> str:
             lines += [f"  {c.id:<34} {candidate_line(c)}" for c in op.candidates]
     undetermined = [op for op in diagnosis.ops if str(op.classification.locality) == "undetermined"]
     for op in undetermined[:5]:
-        lines.append(f"  undetermined {op.key}: {op.classification.why}")
+        lines.append(f"  {'covered' if diagnosis.covered(op) else 'undetermined'} {op.key}: {op.classification.why}")
     for note in diagnosis.dispatch:
         lines += ["", f"Dispatch-only {note.key}: native {note.native_summary}; oracle {note.oracle_summary}",
                   f"  reproducing the bits here: {', '.join(note.reproducing) or 'none'}"]

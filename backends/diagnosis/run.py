@@ -141,6 +141,28 @@ class Diagnosis:
         """Each classified op's word (local / inherited / undetermined), for the tree's column."""
         return {op.key: str(op.classification.locality) for op in self.ops}
 
+    def covered(self, op: OpDiagnosis) -> bool:
+        """Whether `op` is an undetermined stage (`STAGE_OF`) of an op this diagnosis classified:
+        that op's verdict accounts for it, so it leaves no doubt."""
+        whole = whole_op(op.key)
+        return (
+            whole != op.key
+            and op.classification.locality == Locality.UNDETERMINED
+            and any(found.key == whole and found.classification.locality != Locality.UNDETERMINED for found in self.ops)
+        )
+
+    @property
+    def open_ops(self) -> list[OpDiagnosis]:
+        """Undetermined ops that leave a doubt: not stages covered by a classified op."""
+        return [op for op in self.ops if op.classification.locality == Locality.UNDETERMINED and not self.covered(op)]
+
+    def counts_text(self) -> str:
+        """How many ops each classification took: every surface's count line."""
+        local, inherited = len(self.local_chain), sum(op.classification.locality == Locality.INHERITED for op in self.ops)
+        covered = sum(self.covered(op) for op in self.ops)
+        text = f"{len(self.ops)} diverged op(s) classified: {local} local, {inherited} inherited, {len(self.open_ops)} undetermined"
+        return text + (f", {covered} stage(s) covered by the op that computes them" if covered else "")
+
 
 def _preferred(ids: list[str], declared: str) -> str | None:
     """The declared contract when it is among `ids`, else the first in registry order."""
@@ -321,13 +343,6 @@ def _exact_clause(found: Classification) -> str:
     return " Against the float64 reference both are equally close." if found.closer_to_exact == "tie" else ""
 
 
-def _covered(key: OpKey, diagnosis: Diagnosis) -> bool:
-    """Whether `key` is a stage (`STAGE_OF`) of an op this diagnosis classified: that op's
-    verdict accounts for it, so it leaves no doubt about what came before."""
-    whole = whole_op(key)
-    return whole != key and any(found.key == whole and found.classification.locality != Locality.UNDETERMINED for found in diagnosis.ops)
-
-
 def verdict_sentence(diagnosis: Diagnosis, diverged: int, dispatch_only: int) -> str:
     """The one sentence every surface leads with."""
     chain = diagnosis.local_chain
@@ -346,15 +361,14 @@ def verdict_sentence(diagnosis: Diagnosis, diverged: int, dispatch_only: int) ->
                 sentence += f"; {len(more)} more local op(s), {'all' if explained == len(more) else explained} reproduced exactly by a candidate"
         if inherited:
             sentence += f"; {inherited} later op(s) are inherited"
-        earlier = [op for op in diagnosis.ops[: diagnosis.ops.index(first)] if op.classification.locality == Locality.UNDETERMINED and not _covered(op.key, diagnosis)]
+        earlier = [op for op in diagnosis.open_ops if diagnosis.ops.index(op) < diagnosis.ops.index(first)]
         if earlier:
             sentence += f"; {len(earlier)} earlier diverged op(s) could not be classified, first {earlier[0].key}, so the cause may lie before it"
         return sentence + "." + _exact_clause(first.classification)
     if diagnosis.ops:
-        words = sorted({str(op.classification.locality) for op in diagnosis.ops})
-        if words == ["inherited"]:
+        if not diagnosis.open_ops:
             return f"All {len(diagnosis.ops)} diagnosed op(s) are inherited: each did what the oracle's route does with its inputs."
-        first_open = next(op for op in diagnosis.ops if op.classification.locality == Locality.UNDETERMINED)
+        first_open = diagnosis.open_ops[0]
         return f"{first_open.key} is undetermined: {first_open.classification.why}."
     if diagnosis.dispatch:
         note = diagnosis.dispatch[0]

@@ -56,11 +56,12 @@ OP_INPUTS: dict[str, tuple[str, ...]] = {
     "logits": ("final_norm",),
 }
 """The captured inputs each canonical op reads (embed reads token ids, which are not rerun)."""
-_STAGE_TEXT = {
+_STAGE_TEXT: dict[str, str] = {
     "attn_scores": "the attention scores over the engine's padded cache",
     "attn_probs": "the attention probabilities over the engine's padded cache",
     "attn_pv": "the per-head attention output before the head merge",
 }
+"""What each attention stage holds, for its reason; the `*_rms` stages are RMSNorms before their weight multiply."""
 NOT_RERUNNABLE: dict[str, str] = {
     "embed": "its input is token ids, not a captured tensor",
     **{

@@ -46,9 +46,9 @@ PADDED_DIFFERENTLY = "padded_differently"
 """A pair over caches padded to different lengths (attention probabilities of runs cut differently):
 the cells do not correspond one to one, and what the stage feeds is compared."""
 CUT_DIFFERENTLY = "cut_differently"
-"""Scores before the causal mask (`BEFORE_MASK`) in runs cut into different calls: a call's scores
-over cells it had not written yet are whatever those cells held then, which differ between the
-cuts and reach nothing; the probabilities after the mask are compared."""
+"""Scores before the causal mask (`BEFORE_MASK`) of calls that had written different cells: a
+call's scores over cells it had not written yet are whatever those cells held then, which differ
+between runs cut into different calls and which the mask hides."""
 BEFORE_MASK = frozenset({"attn_scores"})
 """Ops that hold every cache cell before the causal mask."""
 BY_DESIGN = frozenset({ONE_SIDED, PADDED_DIFFERENTLY, CUT_DIFFERENTLY})
@@ -323,15 +323,25 @@ def _comparable(pair: AlignedPair, unaligned: list[UnalignedRecord]) -> bool:
     return False
 
 
-def _set_aside_before_mask(pairs: list[AlignedPair], unaligned: list[UnalignedRecord]) -> list[AlignedPair]:
-    """Pairs without those of `BEFORE_MASK` ops unless the user paired them; those become
-    `cut_differently` on both sides."""
+def _set_aside_before_mask(
+    pairs: list[AlignedPair], n_spans: dict[int, Span], o_spans: dict[int, Span], unaligned: list[UnalignedRecord]
+) -> list[AlignedPair]:
+    """Pairs without those of `BEFORE_MASK` ops whose records' calls end at different positions
+    (so had written different cells) unless the user paired them; those become `cut_differently`
+    on both sides."""
     kept: list[AlignedPair] = []
     for pair in pairs:
         if pair.key.op not in BEFORE_MASK or pair.manual_reason is not None:
             kept.append(pair)
             continue
-        detail = f"{pair.key.op} before the causal mask: cut into different calls, each call's scores over cells it had not written yet differ and reach nothing; attn_probs is compared"
+        ends = (n_spans[pair.native.record.seq][1], o_spans[pair.oracle.record.seq][1])
+        if ends[0] == ends[1]:
+            kept.append(pair)
+            continue
+        detail = (
+            f"{pair.key.op} before the causal mask, from calls that had written the cache up to position {ends[0]} (native) "
+            f"and {ends[1]} (oracle): the cells one had written and the other had not hold other bits, which the mask hides"
+        )
         unaligned.append(_unaligned("native", pair.native.record, CUT_DIFFERENTLY, detail, pair.key))
         unaligned.append(_unaligned("oracle", pair.oracle.record, CUT_DIFFERENTLY, detail, pair.oracle.key))
     return kept
@@ -476,8 +486,7 @@ def align(
     else:
         candidates += _pair_by_position(n_mapped, o_mapped, n_spans, o_spans, unaligned)
     pairs = [p for p in _apply_breaks(overrides, candidates, native, unaligned) if _comparable(p, unaligned)]
-    if chosen == POSITIONS:
-        pairs = _set_aside_before_mask(pairs, unaligned)
+    pairs = _set_aside_before_mask(pairs, n_spans, o_spans, unaligned)
     pairs.sort(key=lambda p: p.native.record.seq)
     unaligned.sort(key=lambda u: (u.side, u.seq))
     return Alignment(pairs, unaligned, native_profile.name, oracle_profile.name, chosen, n_calls, o_calls)

@@ -37,6 +37,13 @@ def _rule_content(rule: NameRule) -> dict[str, Any]:
         if isinstance(value, re.Pattern):
             continue
         content[f.name] = value.spec if isinstance(value, LayoutTransform) else value
+    # An unset canonical occurrence hashes as the 0 it was stored as before a value given without
+    # `occurrence` took effect: a profile whose meaning did not change keeps its identity, and one
+    # whose meaning did (a value without `occurrence`) gets a new one.
+    if rule.canonical_occurrence is None:
+        content["canonical_occurrence"] = 0
+    elif rule.occurrence is None:
+        content["canonical_occurrence_without_occurrence"] = True
     return content
 
 

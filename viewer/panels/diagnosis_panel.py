@@ -202,9 +202,8 @@ class DiagnosisPanel(QWidget):
     def show_diagnosis(self, diagnosis: Diagnosis) -> None:
         self.diagnosis = diagnosis
         self.verdict.setText(diagnosis.verdict)
-        counts = {w: sum(str(op.classification.locality) == w for op in diagnosis.ops) for w in ("local", "inherited", "undetermined")}
         contracts = ", ".join(f"{name or 'no exact candidate'} ×{n}" for name, n in diagnosis.contracts().items())
-        parts = [f"{len(diagnosis.ops)} diverged op(s) classified: {counts['local']} local, {counts['inherited']} inherited, {counts['undetermined']} undetermined"]
+        parts = [diagnosis.counts_text()]
         if contracts:
             parts.append(f"local ops explained by {contracts}")
         parts += diagnosis.notes

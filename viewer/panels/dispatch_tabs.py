@@ -19,6 +19,7 @@ from backends.dispatch.timeline import Timeline
 from backends.rerun.segment import RerunResult
 from sessions.capture.identity import CaptureIdentity, identity_of_file
 from sessions.compare.key import OpKey
+from sessions.compare.profiles import whole_op
 from sessions.progress import Progress, ProgressGenerator
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
@@ -98,7 +99,8 @@ class DispatchTabs(QObject):
         if pair is None:
             return
         key = pair.key
-        self.rerun.set_key(OpKey(key.step, key.segment, key.layer, key.op, 0).text())
+        whole = whole_op(key)
+        self.rerun.set_key(OpKey(whole.step, whole.segment, whole.layer, whole.op, 0).text())
         timeline, selected = self.timeline_model.timeline, self.timeline_model.selected
         if timeline is not None and selected is not None and timeline.keys[int(timeline.slot[selected])] == key:
             return  # the click that made this selection already chose the call to highlight

@@ -43,7 +43,7 @@ DTYPE_MISMATCH = "dtype_mismatch"
 ONE_SIDED = "one_sided"
 """A stage the profile knows the other engine has no tensor for (KV-cache views, kq, ...)."""
 PADDED_DIFFERENTLY = "padded_differently"
-"""A pair over caches padded to different lengths (attention probabilities of runs cut differently):
+"""A pair over caches padded to different lengths (attention scores or probabilities of runs cut differently):
 the cells do not correspond one to one, and what the stage feeds is compared."""
 CUT_DIFFERENTLY = "cut_differently"
 """Scores before the causal mask (`BEFORE_MASK`) of calls that had written different cells: a

@@ -207,6 +207,9 @@ def test_llama_cpp_as_the_oracle_an_f16_cache_is_named_at_the_first_attention(ll
     assert first.key == OpKey(0, "prefill", 0, "sdpa") and first.classification.inputs_agree is True
     assert (first.native_ran, first.oracle_ran) == ("ggml.attn.f32", "ggml.attn.f16_cache")
     assert first.classification.why.startswith("native and oracle read bit-identical inputs and their outputs differ")
+    stages = {OpKey(0, "prefill", 0, op) for op in ("attn_scores", "attn_probs", "attn_pv")}
+    assert found.covered_keys() == stages and found.open_ops == []
+    assert found.counts_text().endswith("1 local, 0 inherited, 0 undetermined, 3 stage(s) covered by the op that computes them")
 
 
 def test_llama_cpp_as_the_oracle_splits_local_from_inherited_by_the_contracts_that_give_its_bits(llama_tiny_pairs: dict) -> None:

@@ -203,10 +203,9 @@ CALL_SHAPE = ("call_rows", "kv_cells", "threads", "streams")
 """What about an engine's call chooses a kernel's path (`call_shape`)."""
 
 
-def call_shape(ops: CapturedOps, key: OpKey) -> dict[str, int | None]:
+def call_shape(ops: CapturedOps, key: OpKey) -> dict[str, Any]:
     """The rows, cache cells, threads and requests of the call `ops`' engine computed `key` in."""
-    streams = max(ops.capture.meta.batch_size, 1)
-    return {"call_rows": call_rows(ops, key), "kv_cells": _kv_cells(ops, key), "threads": _threads(ops), "streams": streams}
+    return {"call_rows": call_rows(ops, key), "kv_cells": _kv_cells(ops, key), "threads": _threads(ops), "streams": max(ops.capture.meta.batch_size, 1)}
 
 
 def candidate_inputs(
@@ -234,7 +233,7 @@ def candidate_inputs(
         shape = call_shape(session.captured[engine], key)
         return CandidateInputs(
             key, side, gathered.arrays, gathered.history, gathered.weight, stored, gathered.params, dtype,
-            shape["kv_cells"], route_output, shape["call_rows"], shape["threads"], shape["streams"] or 1,
+            shape["kv_cells"], route_output, shape["call_rows"], shape["threads"], shape["streams"],
         )
     raise RerunInputError(failures[-1])
 

@@ -24,12 +24,13 @@ LOCAL_ROWS_SHOWN = 40
 def to_dict(diagnosis: Diagnosis) -> dict[str, Any]:
     """The JSON document: the verdict first, then the skeleton, every classified op, the budget."""
     body = plain(diagnosis, omit=frozenset({"bits", "route_bits"}))
+    covered = diagnosis.covered_keys()
     return {
         "format": FORMAT,
         "version": VERSION,
         "verdict": diagnosis.verdict,
         "local_chain": [op.key.text() for op in diagnosis.local_chain],
-        "covered": [op.key.text() for op in diagnosis.ops if diagnosis.covered(op)],
+        "covered": [op.key.text() for op in diagnosis.ops if op.key in covered],
         "contracts": diagnosis.contracts(),
         **{k: v for k, v in body.items() if k != "verdict"},
         "registry": [{"id": c.id, "ops": sorted(c.ops), "description": c.description, "source": c.source} for c in REGISTRY],
@@ -77,8 +78,9 @@ def render_text(diagnosis: Diagnosis, verbose: bool = False) -> str:
             lines += ["", f"Candidates at {op.key} (on the native's own inputs):"]
             lines += [f"  {c.id:<34} {candidate_line(c)}" for c in op.candidates]
     undetermined = [op for op in diagnosis.ops if str(op.classification.locality) == "undetermined"]
+    covered = diagnosis.covered_keys()
     for op in undetermined[:5]:
-        lines.append(f"  {'covered' if diagnosis.covered(op) else 'undetermined'} {op.key}: {op.classification.why}")
+        lines.append(f"  {'covered' if op.key in covered else 'undetermined'} {op.key}: {op.classification.why}")
     for note in diagnosis.dispatch:
         lines += ["", f"Dispatch-only {note.key}: native {note.native_summary}; oracle {note.oracle_summary}",
                   f"  reproducing the bits here: {', '.join(note.reproducing) or 'none'}"]

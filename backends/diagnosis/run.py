@@ -141,25 +141,22 @@ class Diagnosis:
         """Each classified op's word (local / inherited / undetermined), for the tree's column."""
         return {op.key: str(op.classification.locality) for op in self.ops}
 
-    def covered(self, op: OpDiagnosis) -> bool:
-        """Whether `op` is an undetermined stage (`STAGE_OF`) of an op this diagnosis classified:
-        that op's verdict accounts for it, so it leaves no doubt."""
-        whole = whole_op(op.key)
-        return (
-            whole != op.key
-            and op.classification.locality == Locality.UNDETERMINED
-            and any(found.key == whole and found.classification.locality != Locality.UNDETERMINED for found in self.ops)
-        )
+    def covered_keys(self) -> set[OpKey]:
+        """Undetermined stages (`STAGE_OF`) of an op this diagnosis classified: that op's verdict
+        accounts for them, so they leave no doubt."""
+        classified = {op.key for op in self.ops if op.classification.locality != Locality.UNDETERMINED}
+        return {op.key for op in self.ops if op.classification.locality == Locality.UNDETERMINED and whole_op(op.key) in classified}
 
     @property
     def open_ops(self) -> list[OpDiagnosis]:
         """Undetermined ops that leave a doubt: not stages covered by a classified op."""
-        return [op for op in self.ops if op.classification.locality == Locality.UNDETERMINED and not self.covered(op)]
+        covered = self.covered_keys()
+        return [op for op in self.ops if op.classification.locality == Locality.UNDETERMINED and op.key not in covered]
 
     def counts_text(self) -> str:
         """How many ops each classification took: every surface's count line."""
         local, inherited = len(self.local_chain), sum(op.classification.locality == Locality.INHERITED for op in self.ops)
-        covered = sum(self.covered(op) for op in self.ops)
+        covered = len(self.covered_keys())
         text = f"{len(self.ops)} diverged op(s) classified: {local} local, {inherited} inherited, {len(self.open_ops)} undetermined"
         return text + (f", {covered} stage(s) covered by the op that computes them" if covered else "")
 
@@ -361,7 +358,8 @@ def verdict_sentence(diagnosis: Diagnosis, diverged: int, dispatch_only: int) ->
                 sentence += f"; {len(more)} more local op(s), {'all' if explained == len(more) else explained} reproduced exactly by a candidate"
         if inherited:
             sentence += f"; {inherited} later op(s) are inherited"
-        earlier = [op for op in diagnosis.open_ops if diagnosis.ops.index(op) < diagnosis.ops.index(first)]
+        open_keys = {op.key for op in diagnosis.open_ops}
+        earlier = [op for op in diagnosis.ops[: diagnosis.ops.index(first)] if op.key in open_keys]
         if earlier:
             sentence += f"; {len(earlier)} earlier diverged op(s) could not be classified, first {earlier[0].key}, so the cause may lie before it"
         return sentence + "." + _exact_clause(first.classification)

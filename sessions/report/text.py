@@ -137,7 +137,7 @@ def _first_block(c: Comparison) -> list[str]:
     if first is None:
         return ["First finding: none"]
     whole = whole_op(first.key)
-    hint = f"rerun --op {whole}, diagnose --op {whole}" if whole == first.key else f"a stage of {whole}: rerun --op {whole}, diagnose --op {whole}"
+    hint = ("" if whole == first.key else f"a stage of {whole}: ") + f"rerun --op {whole}, diagnose --op {whole}"
     lines = [f"First finding: {first.kind} at {first.key}  ({hint})", f"  {first.detail}"]
     pair = next((p for p in c.pairs if p.key == first.key), None)
     if pair is not None and not pair.metrics.bit_exact:

@@ -200,6 +200,8 @@ class NodeReader:
     def __init__(self, library: GgmlLibrary) -> None:
         self.library = library
         self._ranks: dict[tuple[str, str, int], int] = {}
+        self._host: dict[int, bool] = {}
+        """Backend buffer address -> whether its memory is host memory (a run has a handful of buffers)."""
 
     def describe(self, address: int) -> Described:
         node = tensor_at(address)
@@ -212,18 +214,20 @@ class NodeReader:
             return False
         return settings.all_nodes or not _DEFAULT_NAME.match(name) or any(_is_weight(s) for s in sources)
 
-    def _host_bytes(self, address: int) -> np.ndarray:
+    def _host_bytes(self, address: int, node: ctypes.Structure | None = None) -> np.ndarray:
         """The tensor's memory as bytes: viewed in place for host memory (valid while the callback
-        runs), copied out of any other backend's."""
-        node = tensor_at(address)
+        runs), copied out of any other backend's. `node`: the tensor at `address`, when read already."""
+        node = tensor_at(address) if node is None else node
         lib = self.library.lib
-        view_src = tensor_at(node.view_src) if node.view_src else None
-        buffer = view_src.buffer if view_src is not None else node.buffer
+        buffer = tensor_at(node.view_src).buffer if node.view_src else node.buffer
         if not buffer or not node.data:
             name = node.name.decode("utf-8", "replace")
             raise RecorderError(f"node {name!r} ({self.library.op_desc(address)}) has no readable buffer")
         size = int(lib.ggml_nbytes(address))
-        if lib.ggml_backend_buffer_is_host(buffer):
+        host = self._host.get(buffer)
+        if host is None:
+            host = self._host[buffer] = bool(lib.ggml_backend_buffer_is_host(buffer))
+        if host:
             return np.frombuffer((ctypes.c_uint8 * size).from_address(node.data), dtype=np.uint8)
         raw = (ctypes.c_uint8 * size)()
         if size:
@@ -239,7 +243,7 @@ class NodeReader:
         rank = max(rank, self._ranks.get(key, rank))
         return tuple(reversed(ne[:rank]))
 
-    def read(self, address: int, described: Described, key: tuple[str, str, int], rows: int, batch: int = 1) -> NodeRead:
+    def read(self, address: int, described: Described, key: tuple[str, str, int], layer: int, rows: int, batch: int = 1) -> NodeRead:
         """The node's elements; in a call over `batch` requests of `rows` tokens each, stacked
         with a leading request axis when its elements are the requests one after another (a
         reshape: the bits stay where llama.cpp put them), else whole."""
@@ -247,8 +251,8 @@ class NodeReader:
         node = tensor_at(address)
         # Host memory (the CPU backend's) is viewed where llama.cpp keeps it, for as long as the
         # callback runs, so the writer's copy into its pack is the only one.
-        data = self._host_bytes(address)
-        ne = [int(n) for n in node.ne]
+        data = self._host_bytes(address, node)
+        ne = list(node.ne)
         request = request_ne(ne, rows, batch) if batch > 1 else None
         shape = self._shape(ne, key, rows) if request is None else (batch, *self._shape(request, key, rows))
         if batch > 1 and request is None and shape[0] == batch:
@@ -256,10 +260,9 @@ class NodeReader:
                 f"node {name!r} ({op}) holds the whole batch in one layout, yet its axis 0 is {batch}, which a reader "
                 "would take for the batch's requests: record with another batch size"
             )
-        layer = _node_layer(name, sources)
         # All four ggml dimensions, padding 1s included: C order over them is C order over `shape`.
         whole = tuple(reversed(ne))
-        strides = tuple(int(s) for s in reversed(list(node.nb)))
+        strides = tuple(reversed(node.nb))
         ggml_type = int(node.type)
         if ggml_type in PLAIN_TYPES:
             dtype, np_dtype = PLAIN_TYPES[ggml_type]
@@ -270,7 +273,7 @@ class NodeReader:
         rows = node_view(data, np.dtype(np.uint8), whole[:-1] + (row_bytes,), strides[:-1] + (1,))
         return self._quantized(ggml_type, np.ascontiguousarray(rows), shape, name, op, sources, layer, stacked=request is not None)
 
-    def read_written(self, address: int, described: Described, rows: int, batch: int = 1) -> NodeRead:
+    def read_written(self, address: int, described: Described, layer: int, rows: int, batch: int = 1) -> NodeRead:
         """The cells a `SET_ROWS` node wrote, in the order of its index tensor, instead of the whole
         destination it returns (a KV cache: every cell so far, at every step).
 
@@ -297,7 +300,6 @@ class NodeReader:
         shape: tuple[int, ...] = (rows, index.size // tokens * ne[0])
         if batch > 1:
             shape = (batch, *shape)
-        layer = _node_layer(name, sources)
         name = f"{name} (written)"
         if ggml_type in PLAIN_TYPES:
             dtype, np_dtype = PLAIN_TYPES[ggml_type]
@@ -448,6 +450,8 @@ class LlamaRun:
         self._pass: _Pass | None = None
         self._attention = AttentionTrace()
         self._occurrences: dict[tuple[int, str, int, str], int] = {}
+        self._sources_text: dict[tuple[str, ...], str] = {}
+        """Source names -> their `ggml_src` JSON: a node's sources repeat every step."""
         self.before_decode: Callable[[int], None] | None = None
         """Called with the step number before each llama_decode (the child reports its stage)."""
         llama.llama_log_set(keep_log(), ctypes.c_void_p(0))
@@ -566,9 +570,12 @@ class LlamaRun:
         occurrence = self._occurrences.get(count_key, 0)
         self._occurrences[count_key] = occurrence + 1
         if op == "SET_ROWS" and not self.settings.whole_cache:
-            node = self.reader.read_written(address, described, rows, self.batch)
+            node = self.reader.read_written(address, described, layer, rows, self.batch)
         else:
-            node = self.reader.read(address, described, (name, op, occurrence), rows, self.batch)
+            node = self.reader.read(address, described, (name, op, occurrence), layer, rows, self.batch)
+        sources_text = self._sources_text.get(tuple(node.sources))
+        if sources_text is None:
+            sources_text = self._sources_text[tuple(node.sources)] = json.dumps(node.sources)
         seq = self.writer.add_tensor(
             node.name,
             node.bits,
@@ -579,7 +586,7 @@ class LlamaRun:
             logical_shape=node.logical_shape,
             kernel_id=node.op,
             t_start_ns=started,
-            attrs={SRC_ATTR: json.dumps(node.sources)},
+            attrs={SRC_ATTR: sources_text},
             position=first,
         )
         self._attention.see(self.writer, node, seq, started, self._mask_kind(address, op, current, first, rows))

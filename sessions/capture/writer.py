@@ -83,6 +83,22 @@ def _add_text_attrs(ds: h5py.Dataset, attrs: dict[str, str]) -> None:
         h5py.h5a.create(ds.id, name.encode("utf-8"), text_type, _SCALAR_SPACE).write(np.array(raw, dtype=f"S{size}"), mtype=text_type)
 
 
+_TABLE_TYPES: dict[np.dtype, h5py.h5t.TypeID] = {}
+
+
+def _append_rows(ds: h5py.Dataset, rows: np.ndarray) -> None:
+    """`rows` appended to a table, through h5py's low-level calls: `ds[a:] = rows` builds the
+    table's compound HDF5 type again on every call, 0.5 of its 0.67 ms (three tables every step)."""
+    start = ds.shape[0]
+    ds.resize((start + len(rows),))
+    target = ds.id.get_space()
+    target.select_hyperslab((start,), (len(rows),))
+    memory_type = _TABLE_TYPES.get(rows.dtype)
+    if memory_type is None:
+        memory_type = _TABLE_TYPES[rows.dtype] = h5py.h5t.py_create(rows.dtype)
+    ds.id.write(h5py.h5s.create_simple((len(rows),)), target, rows, mtype=memory_type)
+
+
 class CaptureWriter:
     def __init__(self, path: str | Path, meta: CaptureMeta, compression: str | None = None, layout: str = "packed") -> None:
         if meta.role not in cf.ROLES:
@@ -367,9 +383,7 @@ class CaptureWriter:
             rows = pending[path]
             if rows:
                 ds = self._file[path]
-                start = ds.shape[0]
-                ds.resize((start + len(rows),))
-                ds[start:] = np.array(rows, dtype=dtype)
+                _append_rows(ds, np.array(rows, dtype=dtype))
                 rows.clear()
                 grown.append(ds)
         if self._step_group is not None:

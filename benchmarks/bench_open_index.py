@@ -1,6 +1,6 @@
 """How long writing and opening a capture of many small records take, next to plain h5py reads.
 
-Run: .venv/bin/python benchmarks/bench_open_index.py [--rows N] [--layout packed|datasets] [--keep DIR]
+Run: .venv/bin/python benchmarks/bench_open_index.py [--rows N] [--layout packed|datasets] [--sources] [--keep DIR]
 
 A real 8B model's run is hundreds of thousands of records (240,000: about 1,000 per token step);
 each figure with a goal is printed beside it (the goals hold for the packed layout):
@@ -19,6 +19,7 @@ each figure with a goal is printed beside it (the goals hold for the packed layo
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import statistics
@@ -55,8 +56,9 @@ print(time.perf_counter() - start)
 GOALS_MS = {"write": 0.020, "first open": 1000.0, "records": 200.0}
 
 
-def build_capture(path: Path, rows: int, layout: str = "packed") -> None:
-    """A capture with `rows` small bfloat16 tensors, written with the streaming writer."""
+def build_capture(path: Path, rows: int, layout: str = "packed", sources: bool = False) -> None:
+    """A capture with `rows` small bfloat16 tensors, written with the streaming writer; with
+    `sources` each carries a `ggml_src` as the llama.cpp recorder writes it."""
     from sessions.capture.writer import CaptureWriter
 
     rng = np.random.default_rng(0)
@@ -64,7 +66,8 @@ def build_capture(path: Path, rows: int, layout: str = "packed") -> None:
     with CaptureWriter(path, CaptureMeta(role="native", engine_name="bench"), layout=layout) as writer:
         for seq in range(rows):
             step = seq // STEP_ROWS
-            writer.add_tensor(f"l_out-{seq % 28}", tensor, step=step, segment="decode", layer=seq % 28)
+            attrs = {"ggml_src": json.dumps([f"blk.{seq % 28}.ffn_down.weight", f"ffn_out-{seq % 28}"])} if sources else None
+            writer.add_tensor(f"l_out-{seq % 28}", tensor, step=step, segment="decode", layer=seq % 28, attrs=attrs)
             if seq % STEP_ROWS == STEP_ROWS - 1:
                 writer.add_token(step=step, segment="decode", token_id=seq, is_stop=False)
                 writer.end_step()
@@ -91,14 +94,15 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=240_000)
     parser.add_argument("--layout", choices=("packed", "datasets"), default="packed")
     parser.add_argument("--keep", type=Path, help="write the capture here and keep it (reused when present)")
+    parser.add_argument("--sources", action="store_true", help="each record carries a ggml_src attribute, as llama.cpp captures do")
     args = parser.parse_args()
     folder = args.keep or Path(tempfile.mkdtemp(prefix="bench-open-"))
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"bench-{args.rows}-{args.layout}.h5"
+    path = folder / f"bench-{args.rows}-{args.layout}{'-sources' if args.sources else ''}.h5"
     write_ms = None
     if args.keep is None or not path.exists():
         start = time.perf_counter()
-        build_capture(path, args.rows, args.layout)
+        build_capture(path, args.rows, args.layout, args.sources)
         seconds = time.perf_counter() - start
         write_ms = seconds * 1e3 / args.rows
         print(f"built {path} ({path.stat().st_size / 1e6:.1f} MB, {args.rows} rows, {args.layout}) in {seconds:.1f} s")

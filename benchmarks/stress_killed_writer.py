@@ -3,10 +3,11 @@
 Issue 2 promises that a run killed anywhere leaves a readable, clearly incomplete prefix. One
 kill tells little (a torn file needs the kill to land in a short window), so this runs many:
 each kill starts a writer process that streams token steps (tens of tensors per step, KB to
-MB each, bfloat16 and float32, with and without compression), kills it after a random delay,
-then opens the file with `open_capture` (structural check in a child, as users open files) and
-checks that it says it is incomplete, shows whole steps only, at least every step the writer
-had reported finished, and that every tensor holds exactly the bits written.
+MB each, bfloat16 and float32, with and without compression, each with a `ggml_src` recorder
+attribute), kills it after a random delay, then opens the file with `open_capture` (structural
+check in a child, as users open files) and checks that it says it is incomplete, shows whole
+steps only, at least every step the writer had reported finished, and that every tensor holds
+exactly the bits and the attribute written.
 
 Run:  .venv/bin/python benchmarks/stress_killed_writer.py kill --kills 200 --out results.jsonl
       .venv/bin/python benchmarks/stress_killed_writer.py summary results.jsonl
@@ -85,7 +86,8 @@ def run_writer(path: str, compression: str, seed: int, steps: int) -> None:
         segment = "prefill" if step == 0 else "decode"
         for position, (name, layer, dtype, shape) in enumerate(step_plan(step)):
             seq = writer.add_tensor(
-                name, tensor_data(seed, step, position, dtype, shape), step=step, segment=segment, layer=layer, dtype=dtype
+                name, tensor_data(seed, step, position, dtype, shape), step=step, segment=segment, layer=layer, dtype=dtype,
+                attrs={"ggml_src": json.dumps(source_names(step, position))},
             )
             if name.startswith("kqv_out"):
                 writer.add_dispatch(
@@ -99,10 +101,16 @@ def run_writer(path: str, compression: str, seed: int, steps: int) -> None:
     writer.close()
 
 
+def source_names(step: int, position: int) -> list[str]:
+    """The `ggml_src` the writer gives each tensor (a recorder attribute, in its pack's table)."""
+    return [f"blk.{position}.weight", f"node-{step}-{position}"]
+
+
 def check_file(path: Path, seed: int, steps_reported: int) -> tuple[str, str]:
     """('ok' | 'open' | 'content', detail) for the file a killed writer left."""
     from sessions.capture.opening import open_capture
     from sessions.capture.reader import CaptureError
+    from sessions.compare.record_sources import record_sources
 
     try:
         capture = open_capture(path)
@@ -124,12 +132,15 @@ def check_file(path: Path, seed: int, steps_reported: int) -> tuple[str, str]:
         if len(capture.tokens) not in (steps - 1, steps) or len(capture.dispatch) not in ((steps - 1) * LAYERS, steps * LAYERS):
             return "content", f"{len(capture.tokens)} tokens and {len(capture.dispatch)} dispatch rows for {steps} steps"
         positions: Counter[int] = Counter()
+        sources = record_sources(capture)
         for record in capture.records:
             position = positions[record.step]
             positions[record.step] += 1
             expected = tensor_data(seed, record.step, position, record.dtype, record.shape)
             if not np.array_equal(capture.read_bits(record), expected):
                 return "content", f"{record.path} ({record.name}, step {record.step}) holds other bits"
+            if sources.get(record.seq) != tuple(source_names(record.step, position)):
+                return "content", f"{record.path} ({record.name}, step {record.step}) has ggml_src {sources.get(record.seq)}"
     return "ok", f"{steps} steps"
 
 

@@ -7,6 +7,7 @@ and every way a hostile file can misplace a record's bytes is refused by name, p
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +29,7 @@ from sessions.capture.reader import (
     load_capture,
     stored_span,
 )
+from sessions.capture.record_attributes import record_attributes
 from sessions.capture.record_scan import RecordScan
 from sessions.capture.records import records_from_index
 from sessions.capture.structure_check import (
@@ -35,7 +37,7 @@ from sessions.capture.structure_check import (
     check_here,
     occurrence_counts,
 )
-from sessions.capture.writer import CaptureWriter
+from sessions.capture.writer import OWN_PACK_BYTES, CaptureWriter
 from sessions.compare.comparison import CompareOptions, iter_compare
 from sessions.compare.record_sources import record_sources
 from sessions.compare.verdict import PARITY
@@ -198,7 +200,7 @@ def test_a_pack_is_checked_once_and_no_row_needs_a_dataset_check(tmp_path: Path)
     assert check_here(path).problems == []
 
 
-def test_recorder_attributes_of_packed_records_live_on_the_pack(tmp_path: Path) -> None:
+def test_recorder_attributes_of_packed_records_are_one_table_per_pack_with_an_element_per_record(tmp_path: Path) -> None:
     path = tmp_path / "sources.h5"
     with CaptureWriter(path, CaptureMeta(role="native")) as writer:
         for i in range(3):
@@ -206,9 +208,72 @@ def test_recorder_attributes_of_packed_records_live_on_the_pack(tmp_path: Path) 
             writer.add_tensor(f"node_{i}", np.ones(4, np.float32), step=0, segment="prefill", layer=i, attrs=sources)
         writer.end_step()
     with h5py.File(path, "r") as f:
-        assert sorted(f[cf.pack_path(0)].attrs) == ["ggml_src[0]", "ggml_src[2]"]
+        pack = f[cf.pack_path(0)]
+        assert list(pack.attrs) == ["ggml_src[]"]
+        table = pack.attrs["ggml_src[]"]
+        assert table.shape == (3,) and table[1] == b""
+        assert pack.attrs.get_id("ggml_src[]").get_type().get_cset() == h5py.h5t.CSET_UTF8
     with open_capture(path) as capture:
         assert record_sources(capture) == {0: ("blk.0.attn_output.weight", "kqv_out-0"), 2: ("blk.2.attn_output.weight", "kqv_out-2")}
+
+
+def test_a_pack_is_closed_before_its_attribute_table_would_pass_what_libhdf5_stores(tmp_path: Path) -> None:
+    path = tmp_path / "many.h5"
+    text = json.dumps(["blk.0.ffn_down.weight", "x" * 170])
+    per_pack = cf.ATTRIBUTE_TABLE_BYTES // len(text)
+    with CaptureWriter(path, CaptureMeta(role="native")) as writer:
+        for i in range(per_pack + 5):
+            given = None if i == per_pack else {"ggml_src": text}
+            writer.add_tensor("node_1", np.full(4, i, np.float32), step=0, segment="prefill", layer=0, attrs=given)
+        writer.add_tensor("big", np.zeros(OWN_PACK_BYTES // 4, np.float32), step=0, segment="prefill", layer=0, attrs={"ggml_src": "[]"})
+        writer.end_step()
+    with h5py.File(path, "r") as f:
+        sizes = {name: len(pack.attrs["ggml_src[]"]) for name, pack in f[cf.step_group_path(0)].items()}
+    assert sizes == {"p00000000": per_pack, f"p{per_pack:08d}": 5, f"p{per_pack + 5:08d}": 1}
+    with open_capture(path) as capture:
+        sources = record_sources(capture)
+        assert [capture.read_bits(capture.records[seq])[0] for seq in (per_pack - 1, per_pack)] == [per_pack - 1, per_pack]
+    assert len(sources) == per_pack + 5 and per_pack not in sources, "a record without the attribute still has its (empty) element"
+    assert sources[per_pack + 1] == ("blk.0.ffn_down.weight", "x" * 170) and sources[per_pack + 5] == ()
+
+
+def test_a_file_written_before_attribute_tables_still_gives_each_packed_records_own_attribute(tmp_path: Path) -> None:
+    path = tmp_path / "before_tables.h5"
+    with CaptureWriter(path, CaptureMeta(role="native")) as writer:
+        for i in range(2):
+            writer.add_tensor(f"node_{i}", np.ones(4, np.float32), step=0, segment="prefill", layer=i)
+        writer.end_step()
+    with h5py.File(path, "r+") as f:
+        f[cf.pack_path(0)].attrs.create("ggml_src[1]", np.bytes_(b'["blk.1.attn_output.weight"]'), dtype=cf.utf8(28))
+    with open_capture(path) as capture:
+        assert record_sources(capture) == {1: ("blk.1.attn_output.weight",)}
+
+
+@pytest.mark.parametrize(
+    "table",
+    [
+        pytest.param(lambda texts: (texts[:2], cf.utf8(18)), id="one element short"),
+        pytest.param(lambda texts: (np.stack([texts, texts]), cf.utf8(18)), id="two-dimensional"),
+        pytest.param(lambda texts: (texts[:1].reshape(()), cf.utf8(18)), id="scalar"),
+        pytest.param(lambda texts: (np.arange(3, dtype=np.int64), None), id="integers"),
+    ],
+)
+def test_a_table_that_does_not_fit_its_packs_records_gives_no_record_an_element_of_it(
+    tmp_path: Path, table: Callable[[np.ndarray], tuple[np.ndarray, np.dtype | None]]
+) -> None:
+    path = tmp_path / "bad_table.h5"
+    with CaptureWriter(path, CaptureMeta(role="native")) as writer:
+        for i in range(3):
+            writer.add_tensor(f"node_{i}", np.ones(4, np.float32), step=0, segment="prefill", layer=i, attrs={"ggml_src": f'["blk.{i}.x.weight"]'})
+        writer.end_step()
+    with h5py.File(path, "r+") as f:
+        pack = f[cf.pack_path(0)]
+        value, dtype = table(pack.attrs["ggml_src[]"])
+        pack.attrs.create("ggml_src[]", value, dtype=dtype)
+    with open_capture(path) as capture:
+        assert record_sources(capture) == {}
+        shown = record_attributes(capture, capture.records[1], "native").attributes
+    assert [(row.name, row.problem) for row in shown] == [("ggml_src[]", True)]
 
 
 def test_a_file_written_before_packs_existed_reads_every_row_as_a_dataset_of_its_own(tmp_path: Path) -> None:

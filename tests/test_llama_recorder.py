@@ -63,9 +63,10 @@ def _record(
 
 
 def _sources(out: Path, capture: Capture, seq: int) -> list[str]:
-    """The node's `ggml_src`, on its pack as `ggml_src[SEQ]` (docs/capture-format.md, "Recorder attributes")."""
+    """The node's `ggml_src`, an element of its pack's table `ggml_src[]` (docs/capture-format.md, "Recorder attributes")."""
     with h5py.File(out, "r", locking=False) as file:
-        return json.loads(file[capture.records[seq].path].attrs[cf.packed_attribute(SRC_ATTR, seq)].decode())
+        table = file[capture.records[seq].path].attrs[cf.attribute_table(SRC_ATTR)]
+    return json.loads(table[list(capture.pack_members(capture.records[seq].path)).index(seq)].decode())
 
 
 def test_the_mirror_is_proven_against_the_installed_library() -> None:

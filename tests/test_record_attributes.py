@@ -46,8 +46,9 @@ def test_a_packed_record_shows_its_own_attributes_of_the_pack_and_not_its_neighb
     with load_capture(_capture(tmp_path / "packed.h5", layout="packed")) as capture:
         first, second = (record_attributes(capture, capture.records[i], "native") for i in (0, 1))
     assert first.path == second.path
-    assert [row.name for row in first.attributes] == ["ggml_src[0]"]
-    assert [row.name for row in second.attributes] == ["ggml_src[1]"]
+    assert [row.name for row in first.attributes] == ["ggml_src[] element 0"]
+    assert [row.name for row in second.attributes] == ["ggml_src[] element 1"]
+    assert second.attributes[0].shape == "(2,)" and not second.attributes[0].problem
     assert json.loads(second.attributes[0].value) == SOURCES
     assert dict(second.index_row)["name"] == "ffn_up-0"
 

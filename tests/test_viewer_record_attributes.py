@@ -67,7 +67,7 @@ def test_an_unaligned_records_row_shows_its_one_side_with_the_recorders_own_attr
 
     assert list(dialog.sides) == ["native"]
     side = dialog.sides["native"]
-    assert json.loads(side.value_of("ggml_src[1]") or "") == sources, "a packed record's attribute names its seq"
+    assert json.loads(side.value_of("ggml_src[] element 1") or "") == sources, "a packed record shows its element of the pack's table"
     assert (side.index_value("name"), side.index_value("kernel_id"), side.index_value("seq")) == ("ffn_norm", "RMS_NORM", "1")
     assert dialog.grab().save(str(artifacts_dir / "viewer-hdf5-attributes-unaligned.png"))
     win.close()

@@ -154,9 +154,20 @@ def pack_path(first_seq: int, group: int = 0) -> str:
     return f"{step_group_path(group)}/p{first_seq:08d}"
 
 
+def attribute_table(name: str) -> str:
+    """The name of the attribute of a pack that holds recorder attribute `name` of each of its
+    records (`ggml_src[]`): element i is the i-th record whose bytes the pack holds, in seq order."""
+    return f"{name}[]"
+
+
+ATTRIBUTE_TABLE_BYTES = 60_000
+"""Largest attribute table a writer makes (elements x element size): libhdf5 refuses an attribute
+over 64 KiB in a file of the default format version."""
+
+
 def packed_attribute(name: str, seq: int) -> str:
-    """The name of a packed record's recorder attribute `name` on its pack: one pack holds many
-    records' bytes, so each attribute says whose it is (`ggml_src[123]`)."""
+    """The name of a packed record's recorder attribute `name` on its pack in files written
+    before attribute tables: one attribute per record (`ggml_src[123]`)."""
     return f"{name}[{seq}]"
 
 

@@ -275,6 +275,21 @@ class Capture:
         """The index rows as `Record`s, each built the first time it is asked for (sessions.capture.records)."""
         return Records(self.index)
 
+    def pack_members(self, path: str) -> np.ndarray:
+        """The seqs of the records whose bytes the pack at `path` holds, in order: element i of the
+        pack's attribute tables belongs to the i-th (docs/capture-format.md, "Recorder attributes")."""
+        return self._packs_members.get(path, np.zeros(0, dtype=np.int64))
+
+    @cached_property
+    def _packs_members(self) -> dict[str, np.ndarray]:
+        """Every pack's members, grouped once: a reader of attribute tables visits pack after pack."""
+        values, codes = self.columns.codes("path")
+        rows = np.flatnonzero(self.columns.packed)
+        rows = rows[np.argsort(codes[rows], kind="stable")]
+        starts = np.flatnonzero(np.concatenate(([True], codes[rows][1:] != codes[rows][:-1]))) if len(rows) else rows
+        seqs = self.columns["seq"]
+        return {cf.decode_field(values[codes[rows[a]]]): seqs[rows[a:b]] for a, b in zip(starts, [*starts[1:], len(rows)])}
+
     def record(self, seq: int) -> Record | None:
         """The record with this seq (a comparison or a session names records by seq); None when absent."""
         records = self.records

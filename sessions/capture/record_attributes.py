@@ -25,6 +25,7 @@ from sessions.capture.hdf5_safety import (
     printable,
     read_attribute,
 )
+from sessions.capture.packed_attributes import PackedAttributes
 from sessions.capture.reader import Capture, Record
 from sessions.progress import Progress, ProgressGenerator
 
@@ -153,9 +154,25 @@ def _other_records(dsid: h5py.h5d.DatasetID, index: int, seq: int) -> bool:
     return found is not None and int(found.group(1)) != seq
 
 
-def _dataset_rows(capture: Capture, location: str, seq: int | None = None) -> tuple[str, tuple[AttributeRow, ...]]:
+def _table_row(capture: Capture, dsid: h5py.h5d.DatasetID, record: Record, row: AttributeRow) -> AttributeRow:
+    """A pack's attribute table (`NAME[]`) shown as the record's own element of it."""
+    name = row.name[: -len("[]")]
+    attribute = PackedAttributes(capture, name, min(capture.memory_budget, MAX_SHOWN_BYTES))
+    try:
+        value = attribute.value(dsid, record)
+        element = attribute.element(dsid, record)
+    except UnsafeObject as exc:
+        return AttributeRow(row.name, row.hdf5_type, row.shape, exc.problem.problem, problem=True)
+    shown = f"{row.name} element {element}"
+    if value is None:
+        return AttributeRow(shown, row.hdf5_type, row.shape, "(empty: the recorder gave this record none)")
+    return AttributeRow(shown, row.hdf5_type, row.shape, value_text(value))
+
+
+def _dataset_rows(capture: Capture, location: str, record: Record | None = None) -> tuple[str, tuple[AttributeRow, ...]]:
     """(the dataset's stored type and shape, a row per attribute), reached through checked links only.
-    With `seq` the dataset is a pack: attributes of its other records are left out."""
+    With `record` the dataset is its pack: attributes of the pack's other records are left out, and
+    an attribute table shows the record's element."""
     try:
         dsid = capture.walker.dataset_id(location)
     except UnsafeObject as exc:
@@ -168,8 +185,10 @@ def _dataset_rows(capture: Capture, location: str, seq: int | None = None) -> tu
         count = h5py.h5a.get_num_attrs(dsid)
     except HDF5_ERRORS as exc:
         return stored, (AttributeRow("(attributes)", "?", "?", f"cannot be listed ({describe_error(exc)})", problem=True),)
-    mine = [i for i in range(count) if seq is None or not _other_records(dsid, i, seq)]
+    mine = [i for i in range(count) if record is None or not _other_records(dsid, i, record.seq)]
     rows = [_attribute_row(dsid, location, i, capture.memory_budget) for i in mine[:MAX_LISTED]]
+    if record is not None:
+        rows = [_table_row(capture, dsid, record, row) if row.name.endswith("[]") and not row.problem else row for row in rows]
     if len(mine) > MAX_LISTED:
         rows.append(AttributeRow("…", "", "", f"{len(mine) - MAX_LISTED:,} more attributes, not listed", problem=True))
     return stored, tuple(rows)
@@ -177,9 +196,9 @@ def _dataset_rows(capture: Capture, location: str, seq: int | None = None) -> tu
 
 def record_attributes(capture: Capture, record: Record, side: str) -> RecordAttributes:
     """Everything the file says about one record beside its data; problems are rows, never raised."""
-    stored, rows = _dataset_rows(capture, record.path, record.seq if record.packed else None)
+    stored, rows = _dataset_rows(capture, record.path, record if record.packed else None)
     if record.packed and not rows:
-        rows = (AttributeRow("(none)", "", "", f"its pack holds no attributes for it (a packed tensor's are NAME[{record.seq}] on the pack)"),)
+        rows = (AttributeRow("(none)", "", "", "its pack holds no attributes for it (a packed tensor's are elements of the pack's tables NAME[])"),)
     return RecordAttributes(side, str(capture.path), printable(record.path), index_row(record), stored, rows)
 
 

@@ -32,6 +32,7 @@ import datetime as _dt
 import os
 import time
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -66,21 +67,30 @@ def _set_scalar(obj_id: h5py.h5o.ObjectID, name: str, value: np.ndarray) -> None
     h5py.h5a.open(obj_id, name.encode()).write(value)
 
 
-_SCALAR_SPACE = h5py.h5s.create(h5py.h5s.SCALAR)
 _TEXT_TYPES: dict[int, h5py.h5t.TypeID] = {}
 
 
-def _add_text_attrs(ds: h5py.Dataset, attrs: dict[str, str]) -> None:
-    """New fixed-length UTF-8 attributes, through h5py's low-level calls: a recorder adds one per
-    record (llama.cpp's `ggml_src`), and `attrs.create` costs twice as much per attribute (about
-    100 us: it looks for an existing one and rebuilds the type each time)."""
-    for name, text in attrs.items():
-        raw = text.encode("utf-8")
-        size = max(1, len(raw))
+def _add_text_attrs(ds: h5py.Dataset, attrs: Mapping[str, list[bytes] | bytes]) -> None:
+    """New fixed-length UTF-8 attributes, scalar (a tensor's own dataset) or a table (a pack's),
+    through h5py's low-level calls: `attrs.create` looks for an existing attribute and rebuilds
+    the type each time."""
+    for name, value in attrs.items():
+        texts = np.array(value)
+        size = max(1, texts.dtype.itemsize)
         text_type = _TEXT_TYPES.get(size)
         if text_type is None:
             text_type = _TEXT_TYPES[size] = h5py.h5t.py_create(cf.utf8(size), logical=True)
-        h5py.h5a.create(ds.id, name.encode("utf-8"), text_type, _SCALAR_SPACE).write(np.array(raw, dtype=f"S{size}"), mtype=text_type)
+        space = h5py.h5s.create(h5py.h5s.SCALAR) if texts.ndim == 0 else h5py.h5s.create_simple(texts.shape)
+        h5py.h5a.create(ds.id, name.encode("utf-8"), text_type, space).write(texts.astype(f"S{size}"), mtype=text_type)
+
+
+def _encoded_attrs(name: str, attrs: dict[str, str] | None) -> dict[str, bytes]:
+    """A tensor's recorder attributes as UTF-8, each within what one attribute table may hold."""
+    encoded = {key: text.encode("utf-8") for key, text in (attrs or {}).items()}
+    for key, raw in encoded.items():
+        if len(raw) > cf.ATTRIBUTE_TABLE_BYTES:
+            raise ValueError(f"{name}: attribute {key!r} is {len(raw)} bytes; an attribute holds at most {cf.ATTRIBUTE_TABLE_BYTES}")
+    return encoded
 
 
 _TABLE_TYPES: dict[np.dtype, h5py.h5t.TypeID] = {}
@@ -115,7 +125,11 @@ class CaptureWriter:
         self._buffer_seq: int | None = None
         """Sequence number of the first tensor in the buffer: the name of the pack it becomes."""
         self._buffer_path = b""
-        self._buffer_attrs: dict[str, str] = {}
+        self._buffer_records = 0
+        self._buffer_attrs: dict[str, list[bytes]] = {}
+        """Each recorder attribute of the buffered records, one text per record ('' for none): the pack's tables."""
+        self._buffer_widths: dict[str, int] = {}
+        """The longest text of each table so far."""
         self._texts: dict[tuple[str, str], bytes] = {}
         partial = self.path.with_name(f".{self.path.name}.partial")
         self._file = h5py.File(partial, "w", locking=False)
@@ -191,8 +205,8 @@ class CaptureWriter:
 
         `dtype` names the logical dtype when the array holds bits of another (a uint16 array
         of bfloat16 bits, raw bytes of Q8_0 blocks with `logical_shape`). `attrs` are extra
-        engine-specific string attributes of the tensor (fixed-length UTF-8; on its pack as
-        `NAME[SEQ]`, or on its own dataset), e.g. the llama.cpp recorder's `ggml_src`
+        engine-specific string attributes of the tensor (fixed-length UTF-8; an element of its
+        pack's table `NAME[]`, or on its own dataset), e.g. the llama.cpp recorder's `ggml_src`
         (docs/capture-format.md, "Recorder attributes"). The array is copied or written before
         this returns, so the caller may reuse it.
         `position` is the absolute token position of the tensor's first row (-1: not recorded).
@@ -209,9 +223,9 @@ class CaptureWriter:
         if self._step_group is None:
             self._step_group = self._open_step_group()
         if self._packed:
-            path, offset, nbytes = self._pack_tensor(seq, name, stored, logical, shape, attrs or {})
+            path, offset, nbytes = self._pack_tensor(seq, name, stored, logical, shape, _encoded_attrs(name, attrs))
         else:
-            path, offset, nbytes = self._tensor_dataset(seq, stored, logical, shape, ld.is_quantized, attrs or {}).encode(), -1, -1
+            path, offset, nbytes = self._tensor_dataset(seq, stored, logical, shape, ld.is_quantized, _encoded_attrs(name, attrs)).encode(), -1, -1
         key = (step, segment, layer, name)
         occurrence = self._occurrences[key]
         self._occurrences[key] += 1
@@ -249,7 +263,7 @@ class CaptureWriter:
         return raw
 
     def _tensor_dataset(
-        self, seq: int, stored: np.ndarray, logical: str, shape: tuple[int, ...], quantized: bool, attrs: dict[str, str]
+        self, seq: int, stored: np.ndarray, logical: str, shape: tuple[int, ...], quantized: bool, attrs: dict[str, bytes]
     ) -> str:
         """The tensor as a dataset of its own (the layout before packs); returns its path."""
         assert self._step_group is not None
@@ -264,7 +278,7 @@ class CaptureWriter:
         return cf.tensor_path(seq, self._group)
 
     def _pack_tensor(
-        self, seq: int, name: str, stored: np.ndarray, logical: str, shape: tuple[int, ...], attrs: dict[str, str]
+        self, seq: int, name: str, stored: np.ndarray, logical: str, shape: tuple[int, ...], attrs: dict[str, bytes]
     ) -> tuple[bytes, int, int]:
         """The tensor's bytes into the pack buffer, or a pack of its own; returns (pack path, offset, nbytes).
 
@@ -274,11 +288,10 @@ class CaptureWriter:
         expected = stored_nbytes(logical, shape)
         if size != expected:
             raise ValueError(f"{name}: {size} bytes; {logical} of logical shape {shape} takes {expected}")
-        named = {cf.packed_attribute(key, seq): text for key, text in attrs.items()}
         if size >= OWN_PACK_BYTES:
-            self._write_pack(seq, np.ascontiguousarray(stored).reshape(-1).view(np.uint8), named)
+            self._write_pack(seq, np.ascontiguousarray(stored).reshape(-1).view(np.uint8), {key: [text] for key, text in attrs.items()})
             return cf.pack_path(seq, self._group).encode(), 0, size
-        if self._filled + size > PACK_BYTES:
+        if self._filled + size > PACK_BYTES or not self._tables_fit(attrs):
             self._flush_pack()
         if self._buffer_seq is None:
             self._buffer_seq, self._buffer_path = seq, cf.pack_path(seq, self._group).encode()
@@ -287,16 +300,30 @@ class CaptureWriter:
         offset = self._filled
         np.copyto(self._buffer[offset : offset + size].view(stored.dtype).reshape(stored.shape), stored)
         self._filled += size
-        self._buffer_attrs.update(named)
+        for key in attrs.keys() - self._buffer_attrs.keys():
+            self._buffer_attrs[key] = [b""] * self._buffer_records
+        for key, texts in self._buffer_attrs.items():
+            text = attrs.get(key, b"")
+            texts.append(text)
+            self._buffer_widths[key] = max(self._buffer_widths.get(key, 1), len(text))
+        self._buffer_records += 1
         return self._buffer_path, offset, size
+
+    def _tables_fit(self, attrs: dict[str, bytes]) -> bool:
+        """Whether the buffer's attribute tables stay within `ATTRIBUTE_TABLE_BYTES` with one more record's `attrs`."""
+        rows = self._buffer_records + 1
+        return all(
+            rows * max(self._buffer_widths.get(key, 1), len(attrs.get(key, b""))) <= cf.ATTRIBUTE_TABLE_BYTES
+            for key in self._buffer_widths.keys() | attrs.keys()
+        )
 
     def _flush_pack(self) -> None:
         """The buffered tensors become one pack of the current step group."""
         if self._buffer_seq is not None:
             self._write_pack(self._buffer_seq, self._buffer[: self._filled], self._buffer_attrs)
-        self._buffer_seq, self._filled, self._buffer_attrs = None, 0, {}
+        self._buffer_seq, self._filled, self._buffer_records, self._buffer_attrs, self._buffer_widths = None, 0, 0, {}, {}
 
-    def _write_pack(self, first_seq: int, raw: np.ndarray, attrs: dict[str, str]) -> None:
+    def _write_pack(self, first_seq: int, raw: np.ndarray, attrs: dict[str, list[bytes]]) -> None:
         """One pack, created, written and given its records' attributes before anything under its step is committed."""
         assert self._step_group is not None
         chunked = self._compression is not None and raw.size > 0
@@ -306,7 +333,7 @@ class CaptureWriter:
             compression=self._compression if chunked else None,
             chunks=(min(raw.size, PACK_CHUNK_BYTES),) if chunked else None,
         )
-        _add_text_attrs(ds, attrs)
+        _add_text_attrs(ds, {cf.attribute_table(key): texts for key, texts in attrs.items()})
 
     def add_dispatch(
         self,

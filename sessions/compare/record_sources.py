@@ -2,7 +2,7 @@
 
 Alignment anchors nodes llama.cpp leaves unnamed by the weight they multiply, and tells the
 four `norm-N` of a layer apart by what they normalise; both need each record's sources. They
-live beside the tensor (on its dataset, or on its pack as `ggml_src[SEQ]`; docs/capture-format.md,
+live beside the tensor (on its dataset, or in its pack's table `ggml_src[]`; docs/capture-format.md,
 "Recorder attributes"), not in the index, so they are read only when a profile asks for them
 (`Profile.uses_sources`), only for the records a rule that looks at sources could match by name
 and kernel (each read of a record in a dataset of its own opens that dataset's object header:
@@ -17,8 +17,8 @@ from collections.abc import Iterable
 
 import h5py
 
-from sessions.capture import format as cf
-from sessions.capture.hdf5_safety import UnsafeObject, read_attribute
+from sessions.capture.hdf5_safety import UnsafeObject
+from sessions.capture.packed_attributes import PackedAttributes
 from sessions.capture.reader import Capture, CaptureError, Record
 from sessions.compare.profiles import NameRule, Profile
 
@@ -29,15 +29,15 @@ def record_sources(capture: Capture, records: Iterable[Record] | None = None) ->
     """seq -> source names, for every record (of `records`; default all) that carries a
     well-formed `ggml_src`."""
     found: dict[int, tuple[str, ...]] = {}
+    attribute = PackedAttributes(capture, SRC_ATTR)
     try:
         with h5py.File(capture.path, "r", locking=False) as file:
             opened: tuple[str, h5py.h5o.ObjectID] | None = None
             for record in capture.records if records is None else records:
-                name = cf.packed_attribute(SRC_ATTR, record.seq) if record.packed else SRC_ATTR
                 try:
                     if opened is None or opened[0] != record.path:
                         opened = (record.path, h5py.h5o.open(file.id, record.path.encode()))
-                    raw = read_attribute(opened[1], record.path, name)
+                    raw = attribute.value(opened[1], record)
                 except (KeyError, ValueError, UnsafeObject):
                     continue
                 if raw is None:

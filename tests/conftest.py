@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 os.environ["QT_QPA_PLATFORM"] = "offscreen"
@@ -10,8 +11,18 @@ os.environ["QT_QPA_PLATFORM"] = "offscreen"
 import pytest  # noqa: E402
 
 import sessions  # noqa: E402,F401  (disables HDF5 filter plugins before h5py loads)
+from sessions.capture import spare_checker  # noqa: E402
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+
+
+@pytest.fixture(autouse=True)
+def no_checking_child_kept_ready() -> Iterator[None]:
+    """A command run in this process (`viewer.cli.main`) keeps a checking child ready from then on
+    (`sessions.capture.spare_checker`); it is ended after each test, so the next test's checks
+    start their own children, as it expects."""
+    yield
+    spare_checker.stop()
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,8 @@ import importlib
 import sys
 from types import ModuleType
 
+from sessions.capture import spare_checker
+
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("sessions.commands.validate", "check capture files; exit 0 valid, 2 invalid"),
     "report": ("sessions.commands.report", "compare a native and an oracle capture headlessly"),
@@ -44,12 +46,19 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+OPENS_CAPTURES = frozenset({"validate", "report", "rerun", "diagnose", "demo"})
+"""Subcommands that check captures: a checking child is started before their imports (`spare_checker`)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help"):
+        spare_checker.prepare()
         from viewer.app import run_viewer
 
         return run_viewer(argv)
+    if argv[0] in OPENS_CAPTURES:
+        spare_checker.prepare()
     args = build_parser(argv[0] if argv[0] in SUBCOMMANDS else None).parse_args(argv)
     return int(_module(args.command).run(args))
 

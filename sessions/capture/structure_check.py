@@ -13,6 +13,8 @@ Run as `python -m sessions.capture.structure_check [--memory-budget BYTES] [--sh
 `datasets D` once it has read the index (D rows name datasets of their own, each checked on
 its own), `progress DONE TOTAL` lines while it checks index rows, then one JSON object with the
 problems found and what the file holds. The parent turns the progress lines into `Progress`.
+With `--spare` alone it imports everything, then reads those arguments from stdin as a JSON
+list: a child started before its file is known (`sessions.capture.spare_checker`).
 
 Packed rows cost a vectorised pass over the index plus one check per pack, so a file is split
 over several children only when it has many datasets of its own (older writers' files): the
@@ -37,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sessions.capture import check_cache
+from sessions.capture import check_cache, spare_checker
 from sessions.capture import format as cf
 from sessions.capture.columns import IndexColumns
 from sessions.capture.data_check import data_problems
@@ -227,9 +229,9 @@ def shard_count(path: Path) -> int:
     return max(1, min(MAX_SHARDS, os.cpu_count() or 1))
 
 
-def _child_command(paths: list[Path], memory_budget: int, deep: bool, shard: int = 0, shards: int = 1) -> list[str]:
+def _child_arguments(paths: list[Path], memory_budget: int, deep: bool, shard: int = 0, shards: int = 1) -> list[str]:
+    """The checker's command line after `python -m sessions.capture.structure_check`."""
     return [
-        sys.executable, "-m", "sessions.capture.structure_check",
         "--memory-budget", str(memory_budget), "--shard", f"{shard}/{shards}", *(["--deep"] if deep else []),
         "--", *(str(path) for path in paths),
     ]  # fmt: skip
@@ -258,6 +260,7 @@ class _Children:
     """Checking children (the shards of one file, or one child checking a batch of files) and what each has printed so far."""
 
     def __init__(self, commands: list[list[str]]) -> None:
+        """`commands`: each child's `_child_arguments`."""
         self._env = child_env()
         self.processes: list[subprocess.Popen[bytes]] = []
         self.selector = selectors.DefaultSelector()
@@ -278,8 +281,8 @@ class _Children:
         """Start more children (the later shards of a file), numbered after those already running."""
         try:
             for command in commands:
-                child = subprocess.Popen(
-                    command,
+                child = spare_checker.take(command) or subprocess.Popen(
+                    [sys.executable, "-m", spare_checker.CHECKER_MODULE, *command],
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
@@ -382,7 +385,7 @@ def iter_check_in_child(
     deadline = time.monotonic() + timeout_s
     label = f"{'reading' if deep else 'checking'} {path.name}"
     shards = shard_count(path)
-    children = _Children([_child_command([path], memory_budget, deep, 0, shards)])
+    children = _Children([_child_arguments([path], memory_budget, deep, 0, shards)])
     try:
         yield children.progress(label)
         while children.reading:
@@ -392,7 +395,7 @@ def iter_check_in_child(
             children.read(min(POLL_S, remaining))
             announced = children.datasets[0]
             if len(children.processes) < shards and announced is not None and announced >= SHARDING_MIN_DATASETS:
-                children.start([_child_command([path], memory_budget, deep, shard, shards) for shard in range(1, shards)])
+                children.start([_child_arguments([path], memory_budget, deep, shard, shards) for shard in range(1, shards)])
             yield children.progress(label)
         merged = CheckReport()
         for shard, child in enumerate(children.processes):
@@ -472,7 +475,7 @@ def _batch_reports(
     Stops after the file that crashed the child or ran out of time (its report says so); the
     caller starts a new batch with the rest.
     """
-    children = _Children([_child_command(paths, memory_budget, deep)])
+    children = _Children([_child_arguments(paths, memory_budget, deep)])
     given = 0
     deadline = time.monotonic() + timeout_s
     try:
@@ -580,7 +583,23 @@ def _limit_address_space(memory_budget: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
 
 
+def _arguments_from_stdin() -> list[str] | None:
+    """A ready child's real command line (`spare_checker`), once its parent sends it; None when
+    the parent ends without one."""
+    line = sys.stdin.readline()
+    arguments = json.loads(line) if line.strip() else None
+    if not isinstance(arguments, list) or not all(isinstance(a, str) for a in arguments):
+        return None
+    return arguments
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == [spare_checker.SPARE_FLAG]:
+        given = _arguments_from_stdin()
+        if given is None:
+            return 0
+        argv = given
     parser = argparse.ArgumentParser(prog="python -m sessions.capture.structure_check")
     parser.add_argument("--memory-budget", type=int, default=DEFAULT_MEMORY_BUDGET)
     parser.add_argument("--shard", default="0/1", help="I/N: check the I-th of N slices of the index")

@@ -237,6 +237,15 @@ def test_a_pack_is_closed_before_its_attribute_table_would_pass_what_libhdf5_sto
     assert sources[per_pack + 1] == ("blk.0.ffn_down.weight", "x" * 170) and sources[per_pack + 5] == ()
 
 
+def test_an_attribute_too_large_for_a_table_is_refused_when_added_with_its_name(tmp_path: Path) -> None:
+    with CaptureWriter(tmp_path / "refused.h5", CaptureMeta(role="native")) as writer:
+        with pytest.raises(ValueError, match="node_0: attribute 'ggml_src' is 60001 bytes; an attribute holds at most 60000"):
+            writer.add_tensor("node_0", np.ones(4, np.float32), step=0, segment="prefill", attrs={"ggml_src": "x" * 60_001})
+        with pytest.raises(ValueError, match="node_0: attribute name 'nnnn.* is over 255 bytes"):
+            writer.add_tensor("node_0", np.ones(4, np.float32), step=0, segment="prefill", attrs={"n" * 256: "[]"})
+        writer.end_step()
+
+
 def test_a_file_written_before_attribute_tables_still_gives_each_packed_records_own_attribute(tmp_path: Path) -> None:
     path = tmp_path / "before_tables.h5"
     with CaptureWriter(path, CaptureMeta(role="native")) as writer:

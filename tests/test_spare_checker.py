@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
-import time
 from pathlib import Path
 
 import h5py
@@ -17,8 +15,9 @@ import pytest
 from sessions.capture import format as cf
 from sessions.capture import spare_checker
 from sessions.capture.meta import CaptureMeta
-from sessions.capture.structure_check import check_in_child
+from sessions.capture.structure_check import check_in_child, iter_check_in_child
 from sessions.capture.writer import CaptureWriter
+from sessions.progress import run_to_end
 from tests.child_processes import children_of_this_process
 from viewer.cli import main
 
@@ -64,23 +63,33 @@ def test_a_ready_child_finds_what_a_fresh_child_finds_in_a_damaged_file(tmp_path
     assert fresh.problems and [(p.location, p.problem) for p in ready.problems] == [(p.location, p.problem) for p in fresh.problems]
 
 
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the child through /proc")
 def test_a_ready_child_that_crashes_while_checking_is_the_files_finding(tmp_path: Path) -> None:
-    path = _capture(tmp_path / "crashing.h5", records=2000, layout="datasets")  # a check of 0.1 s or more: the signal lands in it
+    path = _capture(tmp_path / "crashing.h5", records=4000, layout="datasets")  # rows checked one by one: progress to wait for
     spare_checker.prepare()
     pid = spare_checker.ready_pid()
     assert pid is not None
-    outcome: list = []
-    worker = threading.Thread(target=lambda: outcome.append(check_in_child(path)))
-    worker.start()
-    deadline = time.monotonic() + 20
-    while spare_checker.ready_pid() == pid and time.monotonic() < deadline:
-        time.sleep(0.001)
+    work = iter_check_in_child(path)
+    checked = next(work)
+    while checked.done == 0:
+        checked = next(work)  # StopIteration here: the check ended before it could be interrupted
     os.kill(pid, signal.SIGSEGV)
-    worker.join(30)
 
-    assert len(outcome[0].problems) == 1
-    assert "crashed the checking process (SIGSEGV)" in outcome[0].problems[0].problem
+    report = run_to_end(work)
+
+    assert len(report.problems) == 1
+    assert "crashed the checking process (SIGSEGV)" in report.problems[0].problem
+
+
+def test_a_ready_child_killed_while_it_waited_is_replaced_and_the_file_is_not_blamed(tmp_path: Path) -> None:
+    path = _capture(tmp_path / "fine.h5")
+    spare_checker.prepare()
+    pid = spare_checker.ready_pid()
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+
+    report = check_in_child(path)
+
+    assert report.problems == [] and report.contents.startswith("3 records")
 
 
 def test_validate_keeps_a_child_ready_before_it_imports_what_it_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

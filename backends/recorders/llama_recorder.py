@@ -201,7 +201,12 @@ class NodeReader:
         self.library = library
         self._ranks: dict[tuple[str, str, int], int] = {}
         self._host: dict[int, bool] = {}
-        """Backend buffer address -> whether its memory is host memory (a run has a handful of buffers)."""
+        """Backend buffer address -> whether its memory is host memory, for one llama_decode (a
+        buffer freed between calls may leave its address to another backend's)."""
+
+    def new_call(self) -> None:
+        """A new llama_decode: its graph may hold other buffers."""
+        self._host.clear()
 
     def describe(self, address: int) -> Described:
         node = tensor_at(address)
@@ -634,6 +639,8 @@ class LlamaRun:
                     i += 1
             batch.n_tokens = i
             self._pass = _Pass(step, [s for s, _, _ in segments], [b - a for _, a, b in segments], [a for _, a, _ in segments])
+            if self.reader is not None:
+                self.reader.new_call()
             if self.before_decode is not None:
                 self.before_decode(step)
             status = llama.llama_decode(self.context, batch)

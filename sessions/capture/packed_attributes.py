@@ -18,6 +18,9 @@ from sessions.capture import format as cf
 from sessions.capture.hdf5_safety import Problem, UnsafeObject, read_attribute
 from sessions.capture.reader import Capture, Record
 
+KEPT_TABLES = 8
+"""Tables kept read at once (each at most 60,000 bytes)."""
+
 
 class PackedAttributes:
     """Attribute `name` of records, read through `read_attribute` (type and size checked first),
@@ -27,7 +30,9 @@ class PackedAttributes:
         self.capture = capture
         self.name = name
         self.budget = capture.memory_budget if budget is None else budget
-        self._table: tuple[str, np.ndarray | None] | None = None
+        self._tables: dict[str, np.ndarray | None | UnsafeObject] = {}
+        """The tables of the packs asked about lately (a pack of its own comes between a step's
+        buffered records), or why a table could not be read: each is read once."""
 
     def value(self, obj_id: h5py.h5o.ObjectID, record: Record) -> np.ndarray | None:
         """The record's value as a scalar array (`obj_id`: its dataset or pack); None when it has
@@ -35,20 +40,16 @@ class PackedAttributes:
         fit its pack's records."""
         if not record.packed:
             return read_attribute(obj_id, record.path, self.name, self.budget)
-        element = self.element(obj_id, record)
-        if element is None:
+        element, table = self.element(obj_id, record), self._table(obj_id, record.path)
+        if element is None or table is None:
             return read_attribute(obj_id, record.path, cf.packed_attribute(self.name, record.seq), self.budget)
-        assert self._table is not None and self._table[1] is not None
-        value = self._table[1][element]
+        value = table[element]
         return np.array(value) if bytes(value).rstrip(b"\0") else None
 
     def element(self, obj_id: h5py.h5o.ObjectID, record: Record) -> int | None:
         """Which element of its pack's table is the packed record's; None when the pack has no
         table. UnsafeObject when the table cannot be read or does not fit the pack's records."""
-        if self._table is None or self._table[0] != record.path:
-            self._table = (record.path, None)
-            self._table = (record.path, read_attribute(obj_id, record.path, cf.attribute_table(self.name), self.budget))
-        table = self._table[1]
+        table = self._table(obj_id, record.path)
         if table is None:
             return None
         where = f"{record.path} attribute '{cf.attribute_table(self.name)}'"
@@ -58,4 +59,20 @@ class PackedAttributes:
         if table.ndim != 1 or len(table) != len(members):
             held = f"{len(table)} elements" if table.ndim == 1 else f"a {table.ndim}-D array"
             raise UnsafeObject(Problem(where, f"holds {held}; the pack holds {len(members)} records, one element each"))
-        return int(np.searchsorted(members, record.seq))
+        element = int(np.searchsorted(members, record.seq))
+        assert members[element] == record.seq, "a packed record is one of its pack's members (seq is the row's position)"
+        return element
+
+    def _table(self, obj_id: h5py.h5o.ObjectID, path: str) -> np.ndarray | None:
+        """The pack's table, None when it has none; raises again why it could not be read."""
+        if path not in self._tables:
+            if len(self._tables) >= KEPT_TABLES:
+                self._tables.clear()
+            try:
+                self._tables[path] = read_attribute(obj_id, path, cf.attribute_table(self.name), self.budget)
+            except UnsafeObject as exc:
+                self._tables[path] = exc
+        table = self._tables[path]
+        if isinstance(table, UnsafeObject):
+            raise table
+        return table

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -47,11 +48,15 @@ def ready_pid() -> int | None:
 
 def take(arguments: list[str]) -> subprocess.Popen[bytes] | None:
     """The ready child, now running the checker with `arguments`; None when no child is ready
-    (the caller starts its own). A new child is made ready in its place."""
+    (the caller starts its own). A new child is made ready in its place.
+
+    A child may still die before it begins (killed while it waited): the checker prints
+    `begin` before each file, and a caller that sees a taken child end without it starts a
+    fresh one instead of blaming the file (`structure_check._Children`)."""
     global _ready
     with _lock:
         child, _ready = _ready, None
-        if child is not None:
+        if child is not None and child.poll() is None:
             try:
                 assert child.stdin is not None
                 child.stdin.write(json.dumps(arguments).encode("utf-8") + b"\n")
@@ -59,6 +64,9 @@ def take(arguments: list[str]) -> subprocess.Popen[bytes] | None:
             except OSError:
                 _end(child)
                 child = None
+        elif child is not None:
+            _end(child)
+            child = None
         if _wanted:
             _start()
     return child
@@ -75,15 +83,19 @@ def stop() -> None:
 
 
 def _start() -> None:
+    """Start the ready child; best effort: when no process can be started now, checks start their own."""
     global _ready
     if _ready is None:
-        _ready = subprocess.Popen(
-            [sys.executable, "-m", CHECKER_MODULE, SPARE_FLAG],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=child_env(),
-        )
+        try:
+            _ready = subprocess.Popen(
+                [sys.executable, "-m", CHECKER_MODULE, SPARE_FLAG],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=child_env(),
+            )
+        except OSError:
+            _ready = None
 
 
 def _end(child: subprocess.Popen[bytes]) -> None:
@@ -94,4 +106,11 @@ def _end(child: subprocess.Popen[bytes]) -> None:
             pipe.close()
 
 
+def _forget_in_forked_child() -> None:
+    """A forked process has no ready child of its own (the one it would see is its parent's)."""
+    global _lock, _ready, _wanted
+    _lock, _ready, _wanted = threading.Lock(), None, False
+
+
 atexit.register(stop)
+os.register_at_fork(after_in_child=_forget_in_forked_child)

@@ -233,7 +233,7 @@ def _child_arguments(paths: list[Path], memory_budget: int, deep: bool, shard: i
     """The checker's command line after `python -m sessions.capture.structure_check`."""
     return [
         "--memory-budget", str(memory_budget), "--shard", f"{shard}/{shards}", *(["--deep"] if deep else []),
-        "--", *(str(path) for path in paths),
+        "--", *(os.path.abspath(path) for path in paths),
     ]  # fmt: skip
 
 
@@ -275,36 +275,57 @@ class _Children:
         self.datasets: list[int | None] = []
         """The rows naming datasets of their own a shard found (`datasets D`), once it said."""
         self._parsed: list[int] = []
+        self._commands: list[list[str]] = []
+        self._were_ready: list[bool] = []
+        """Whether each child was one kept ready (`spare_checker`), not started for its command."""
         self.start(commands)
 
     def start(self, commands: list[list[str]]) -> None:
         """Start more children (the later shards of a file), numbered after those already running."""
         try:
             for command in commands:
-                child = spare_checker.take(command) or subprocess.Popen(
-                    [sys.executable, "-m", spare_checker.CHECKER_MODULE, *command],
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    env=self._env,
-                )
-                shard = len(self.processes)
-                self.processes.append(child)
-                for values, empty in (
-                    (self.stdout, bytearray()), (self.stderr, bytearray()), (self.done, 0), (self.totals, None),
-                    (self.begun, -1), (self.reports, []), (self.datasets, None), (self._parsed, 0),
-                ):  # fmt: skip
-                    values.append(empty)  # type: ignore[attr-defined]
-                assert child.stdout is not None and child.stderr is not None
-                self.selector.register(child.stdout, selectors.EVENT_READ, (shard, self.stdout))
-                self.selector.register(child.stderr, selectors.EVENT_READ, (shard, self.stderr))
+                ready = spare_checker.take(command)
+                self._add(ready or self._fresh(command), command, ready is not None)
         except BaseException:
             self.close()
             raise
 
-    @property
-    def reading(self) -> bool:
-        return bool(self.selector.get_map())
+    def _fresh(self, command: list[str]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", spare_checker.CHECKER_MODULE, *command],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=self._env,
+        )
+
+    def _add(self, child: subprocess.Popen[bytes], command: list[str], was_ready: bool, shard: int | None = None) -> None:
+        """Watch `child` as shard `shard` (a new one by default, or in place of one that was lost)."""
+        if shard is None:
+            shard = len(self.processes)
+            self.processes.append(child)
+            self._commands.append(command)
+            self._were_ready.append(was_ready)
+            for values in (self.stdout, self.stderr, self.done, self.totals, self.begun, self.reports, self.datasets, self._parsed):
+                values.append(None)  # type: ignore[attr-defined]
+        self.processes[shard], self._were_ready[shard] = child, was_ready
+        self.stdout[shard], self.stderr[shard], self.done[shard], self.totals[shard] = bytearray(), bytearray(), 0, None
+        self.begun[shard], self.reports[shard], self.datasets[shard], self._parsed[shard] = -1, [], None, 0
+        assert child.stdout is not None and child.stderr is not None
+        self.selector.register(child.stdout, selectors.EVENT_READ, (shard, self.stdout))
+        self.selector.register(child.stderr, selectors.EVENT_READ, (shard, self.stderr))
+
+    def keep_reading(self) -> bool:
+        """Whether a child may still print; a child kept ready that ended before it began its
+        first file (killed while it waited) is replaced here by a fresh one: its end says
+        nothing about the file."""
+        if self.selector.get_map():
+            return True
+        lost = [shard for shard in range(len(self.processes)) if self._were_ready[shard] and self.begun[shard] < 0]
+        for shard in lost:
+            _reap(self.processes[shard])
+            self._add(self._fresh(self._commands[shard]), self._commands[shard], False, shard)
+        return bool(lost)
 
     def read(self, timeout_s: float) -> None:
         """Take what the children printed within `timeout_s`."""
@@ -346,11 +367,15 @@ class _Children:
             if child.poll() is None:
                 child.kill()
         for child in self.processes:
-            child.wait()
-            for pipe in (child.stdout, child.stderr):
-                if pipe is not None:
-                    pipe.close()
+            _reap(child)
         self.selector.close()
+
+
+def _reap(child: subprocess.Popen[bytes]) -> None:
+    child.wait()
+    for pipe in (child.stdout, child.stderr):
+        if pipe is not None:
+            pipe.close()
 
 
 def _timeout_report(timeout_s: float, progress: Progress) -> CheckReport:
@@ -388,7 +413,7 @@ def iter_check_in_child(
     children = _Children([_child_arguments([path], memory_budget, deep, 0, shards)])
     try:
         yield children.progress(label)
-        while children.reading:
+        while children.keep_reading():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return _timeout_report(timeout_s, children.progress(label))
@@ -479,7 +504,7 @@ def _batch_reports(
     given = 0
     deadline = time.monotonic() + timeout_s
     try:
-        while children.reading:
+        while children.keep_reading():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 yield _timeout_report(timeout_s, children.progress(""))

@@ -84,10 +84,16 @@ def _add_text_attrs(ds: h5py.Dataset, attrs: Mapping[str, list[bytes] | bytes]) 
         h5py.h5a.create(ds.id, name.encode("utf-8"), text_type, space).write(texts.astype(f"S{size}"), mtype=text_type)
 
 
+MAX_ATTRIBUTE_NAME_BYTES = 255
+"""A recorder attribute's name shares libhdf5's 64 KiB per attribute with its value: kept short."""
+
+
 def _encoded_attrs(name: str, attrs: dict[str, str] | None) -> dict[str, bytes]:
     """A tensor's recorder attributes as UTF-8, each within what one attribute table may hold."""
     encoded = {key: text.encode("utf-8") for key, text in (attrs or {}).items()}
     for key, raw in encoded.items():
+        if len(key.encode("utf-8")) > MAX_ATTRIBUTE_NAME_BYTES:
+            raise ValueError(f"{name}: attribute name {key[:40]!r}... is over {MAX_ATTRIBUTE_NAME_BYTES} bytes")
         if len(raw) > cf.ATTRIBUTE_TABLE_BYTES:
             raise ValueError(f"{name}: attribute {key!r} is {len(raw)} bytes; an attribute holds at most {cf.ATTRIBUTE_TABLE_BYTES}")
     return encoded
@@ -319,9 +325,12 @@ class CaptureWriter:
 
     def _flush_pack(self) -> None:
         """The buffered tensors become one pack of the current step group."""
-        if self._buffer_seq is not None:
-            self._write_pack(self._buffer_seq, self._buffer[: self._filled], self._buffer_attrs)
-        self._buffer_seq, self._filled, self._buffer_records, self._buffer_attrs, self._buffer_widths = None, 0, 0, {}, {}
+        try:
+            if self._buffer_seq is not None:
+                self._write_pack(self._buffer_seq, self._buffer[: self._filled], self._buffer_attrs)
+        finally:
+            # Also after a failed write, so `abandon` does not write the same pack again and hide why.
+            self._buffer_seq, self._filled, self._buffer_records, self._buffer_attrs, self._buffer_widths = None, 0, 0, {}, {}
 
     def _write_pack(self, first_seq: int, raw: np.ndarray, attrs: dict[str, list[bytes]]) -> None:
         """One pack, created, written and given its records' attributes before anything under its step is committed."""

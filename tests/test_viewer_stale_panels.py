@@ -50,3 +50,19 @@ def test_the_tabs_bring_a_hidden_overview_up_to_date_before_painting_it_with_the
     bring_hidden_pages_up_to_date(overview)
     assert overview.points == viewed.growth.pairs
     assert overview.selected_lines[0] in overview.ulp_plot.items and overview.selected_lines[0].value() == 2.0
+
+
+def test_a_hidden_overview_moves_its_selection_line_only_when_it_is_seen(qtbot: QtBot, viewed: ViewedComparison) -> None:
+    model = PairModel()
+    overview = OverviewPlot(model)
+    qtbot.addWidget(overview)
+    model.set_comparison(viewed)
+    model.select(viewed.growth.pairs[1])
+    bring_hidden_pages_up_to_date(overview)
+    assert overview.selected_lines[0].value() == 1.0
+    model.select(viewed.growth.pairs[3])
+    assert overview.selected_lines[0].value() == 1.0, "a hidden plot is not touched by a selection"
+    overview.show()
+    assert overview.selected_lines[0].value() == 3.0 and overview.selected_lines[1].value() == 3.0
+    model.select(viewed.growth.pairs[2])
+    assert overview.selected_lines[0].value() == 2.0, "a shown plot follows at once"

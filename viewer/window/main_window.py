@@ -166,6 +166,7 @@ class MainWindow(QMainWindow):
         self.drop_hint = DropHint()
         self.drop_hint.open_requested.connect(self.open_dialog)
         self.tabs = PanelTabs()
+        self.tasks.busy_changed.connect(self.tabs.work_changed)
         self.tabs.setDocumentMode(True)
         self.tensor_view = TensorView(self.model)
         self.overview = OverviewPlot(self.model)

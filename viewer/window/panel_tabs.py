@@ -11,6 +11,8 @@ paint.
 
 from __future__ import annotations
 
+import time
+
 from PySide6.QtCore import QEvent, QObject, QTimer
 from PySide6.QtWidgets import (
     QStackedWidget,
@@ -27,6 +29,9 @@ RESIZE_SETTLE_MS = 300
 PRERENDER_GAP_MS = 50
 """Time between two offscreen paints: the window first shows what just arrived, and stays free
 to answer between pages (zero-interval timers ran back to back with the arrival's repaints)."""
+PRERENDER_QUIET_MS = 250
+"""After the window's work in flight ends, offscreen paints wait this long: the result's own
+paints (the tensors' seven plots, 60-100 ms over several turns) come first."""
 PRERENDER_PASSES = 2
 """Offscreen paints per hidden page: the first applies its pending resize and range changes,
 which pyqtgraph turns into label and axis updates that the second paint settles."""
@@ -35,6 +40,9 @@ which pyqtgraph turns into label and axis updates that the second paint settles.
 class PanelTabs(QTabWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self._working = False
+        self._worked_at = 0.0
+        """When the window's work in flight last started or ended (time.monotonic)."""
         self._queue: list[QWidget] = []
         self._painting = False
         self._timer = QTimer(self)
@@ -85,6 +93,13 @@ class PanelTabs(QTabWidget):
             if page is not current and page.geometry() != current.geometry():
                 page.setGeometry(current.geometry())
 
+    def work_changed(self, working: bool) -> None:
+        """The window's background work whose result it will show started or ended: offscreen
+        paints wait until it has been idle PRERENDER_QUIET_MS. Interleaved with a tensor's
+        arrival they doubled its stall (a hidden page's paint took 30-36 ms on a 240k-record pair)."""
+        self._working = working
+        self._worked_at = time.monotonic()
+
     def prerender_hidden(self) -> None:
         """Paint each hidden page offscreen, PRERENDER_PASSES times, one page per turn (a stale
         page is first brought up to date in a turn of its own)."""
@@ -100,6 +115,9 @@ class PanelTabs(QTabWidget):
 
     def _prerender_next(self) -> None:
         if not self._queue:
+            return
+        if self._working or time.monotonic() - self._worked_at < PRERENDER_QUIET_MS / 1000:
+            self._timer.start()
             return
         page = self._queue.pop(0)
         if page is not self.currentWidget() or not self.isVisible():

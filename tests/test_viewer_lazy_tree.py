@@ -91,3 +91,14 @@ def test_the_filter_finds_each_matching_pair_once_in_order_and_counts_past_the_l
     assert places.matches("zzz", 10) == ([], 0)
     assert places.matches("step", 1) == ([0], 4) and places.matches("step", 3) == ([0, 1, 2], 4), "counted past the limit at once"
     assert places.matches("ffn", 0) == ([], 2), "a line holding the needle twice counts once"
+
+
+def test_a_rebuilt_tree_keeps_its_hidden_columns_and_column_widths(lazy_window: MainWindow) -> None:
+    tree = lazy_window.tree
+    header = tree.view.header()
+    header.resizeSection(2, 123)
+    comparison = lazy_window.model.comparison
+    lazy_window.model.set_comparison(comparison)
+    assert tree.view.isColumnHidden(1) and tree.view.isColumnHidden(alignment_tree.CAUSE_COLUMN)
+    assert header.sectionSize(2) == 123 and header.sectionSize(3) == 100
+    assert tree.proxy.rowCount() > 0

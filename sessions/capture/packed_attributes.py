@@ -40,10 +40,10 @@ class PackedAttributes:
         fit its pack's records."""
         if not record.packed:
             return read_attribute(obj_id, record.path, self.name, self.budget)
-        element, table = self.element(obj_id, record), self._table(obj_id, record.path)
-        if element is None or table is None:
+        element = self.element(obj_id, record)
+        if element is None:
             return read_attribute(obj_id, record.path, cf.packed_attribute(self.name, record.seq), self.budget)
-        value = table[element]
+        value = self._table(obj_id, record.path)[element]
         return np.array(value) if bytes(value).rstrip(b"\0") else None
 
     def element(self, obj_id: h5py.h5o.ObjectID, record: Record) -> int | None:

@@ -187,8 +187,8 @@ class TimelineView(QWidget):
         layout.addWidget(self.plot, 1)
         self.plot.scene().sigMouseMoved.connect(self._moved)
         self.plot.scene().sigMouseClicked.connect(self._clicked)
-        # Rebuilt when seen: a pair's opening and its comparison's arrival each reset the model,
-        # and the hidden plot's updates cost 30-40 ms of the first paint after opening.
+        # Rebuilt when seen, like the other panels: a pair's opening and its comparison's arrival
+        # each reset the model, most often while this tab is hidden.
         self._refresh = StaleWhileHidden(self, self._rebuild)
         model.changed.connect(self._refresh.request)
         model.selection_changed.connect(lambda _event: self.items.update())

@@ -157,6 +157,30 @@ def test_opening_a_pair_shows_panels_laid_out_at_their_size_and_a_strip_that_was
     window.close()
 
 
+def test_a_verdict_with_a_finding_arrives_without_resizing_the_strip_or_the_plots(
+    qtbot: QtBot, tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]]
+) -> None:
+    """The strip keeps one height from "Comparing…" to a two-line finding with its button: when
+    it grew, every panel below was resized and every plot's axes redrawn in the arrival."""
+    window = _idle_empty_window(qtbot, tmp_path)
+    window.resize(1280, 720)
+    qtbot.waitUntil(lambda: not window.tabs.prerendering, timeout=10_000)
+    strip = window.verdict_strip
+    window.open_pair(*demo_pairs["swiglu-order"])
+    qtbot.waitUntil(lambda: window.tensor_view.maps.isVisible())
+    height = strip.height()
+    events = {name: _EventCounter() for name in ("maps", "errors")}
+    window.tensor_view.maps.installEventFilter(events["maps"])
+    window.tensor_view.errors.installEventFilter(events["errors"])
+    qtbot.waitUntil(lambda: window.model.comparison is not None, timeout=60_000)
+    qtbot.waitUntil(lambda: window.tensor_view.data is not None and not window.tasks.busy, timeout=60_000)
+    assert strip.go.isVisible() and strip.word.text() == "DIVERGENCE"
+    assert strip.detail.heightForWidth(strip.detail.width()) > strip.detail.fontMetrics().lineSpacing()
+    assert strip.height() == height
+    assert {name: counter.count[QEvent.Type.Resize] for name, counter in events.items()} == {"maps": 0, "errors": 0}
+    window.close()
+
+
 def _compared_window(qtbot: QtBot, tmp_path: Path, pair: tuple[Path, Path]) -> MainWindow:
     """A shown 1440x900 window that has compared `pair` and finished prerendering its panels."""
     window = _shown_window(qtbot, tmp_path)

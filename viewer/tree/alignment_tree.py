@@ -53,10 +53,11 @@ PLACEHOLDER_ROLE = Qt.ItemDataRole.UserRole + 5
 LAZY_FROM_ROWS = 20_000
 """A comparison with more op rows than this (a real model: 240,000) makes a group's rows when it
 is opened: making every row takes about 0.3 ms each, over a minute for a real model."""
-FILTER_MADE_MAX = 30
+FILTER_MADE_MAX = 15
 """In a lazy tree, the filter makes the rows of this many matching ops (and their groups' rows):
-more than a screen holds with their group rows, and each costs ~1 ms of the keystroke (at 50 a
-filter on a real model's tree held the window over 100 ms)."""
+a screenful, as each match comes with its layer's row (the tree shows about 25 rows at 1440x900).
+Each costs about 1.5 ms of the keystroke: a real model's first filter took 67-84 ms at 30 and
+51-55 ms at 15, and its next paint 26-30 against 11 ms."""
 ReasonQuestion = Callable[[str], "str | None"]
 """Given what is about to be done, the user's reason, or None (cancelled)."""
 PartnerChoice = Callable[[UnalignedRecord, list[UnalignedRecord]], "UnalignedRecord | None"]

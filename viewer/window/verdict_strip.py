@@ -8,7 +8,7 @@ bar always shows it).
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QEvent, Qt, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QWidget
 
 from sessions.compare.verdict import UNUSABLE, Kind
@@ -26,12 +26,6 @@ class VerdictStrip(QFrame):
     def __init__(self, model: PairModel, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._model = model
-        self.setStyleSheet(
-            "".join(f'QFrame#verdictStrip[tone="{tone.lstrip("#")}"] {{ background: {tone}; }}' for tone in (COMPARING, *WORD_COLOURS.values()))
-            + "QFrame#verdictStrip QLabel { color: #ffffff; background: transparent; border: none; }"
-            "QFrame#verdictStrip QLabel#verdictWord { font-size: 16pt; font-weight: bold; }"
-            "QFrame#verdictStrip QPushButton { color: #1b1f24; background: #ffffff; border-radius: 3px; padding: 3px 10px; }"
-        )
         self.setObjectName("verdictStrip")
         layout = QHBoxLayout(self)
         layout.setContentsMargins(12, 6, 12, 6)
@@ -46,9 +40,39 @@ class VerdictStrip(QFrame):
         layout.addWidget(self.word)
         layout.addWidget(self.detail, 1)
         layout.addWidget(self.go)
+        policy = self.go.sizePolicy()
+        policy.setRetainSizeWhenHidden(True)
+        self.go.setSizePolicy(policy)
+        self.setStyleSheet(
+            "".join(f'QFrame#verdictStrip[tone="{tone.lstrip("#")}"] {{ background: {tone}; }}' for tone in (COMPARING, *WORD_COLOURS.values()))
+            + "QFrame#verdictStrip QLabel { color: #ffffff; background: transparent; border: none; }"
+            "QFrame#verdictStrip QLabel#verdictWord { font-size: 16pt; font-weight: bold; }"
+            "QFrame#verdictStrip QPushButton { color: #1b1f24; background: #ffffff; border-radius: 3px; padding: 3px 10px; }"
+        )
         model.comparison_changed.connect(self.refresh)
         model.captures_changed.connect(self.refresh)
         self.refresh()
+
+    def event(self, event: QEvent) -> bool:
+        handled = super().event(event)
+        if event.type() in (QEvent.Type.Polish, QEvent.Type.StyleChange, QEvent.Type.FontChange):
+            self._hold_height()
+        return handled
+
+    def _hold_height(self) -> None:
+        """One height whatever the strip says: room for two lines of detail and the button, whose
+        place is kept while it is hidden so the detail wraps the same. When a verdict's button
+        or second line made the strip grow, every panel below was resized and every plot redrawn
+        in the comparison's arrival (7 px at 1440x900: 10 ms of relayout, then each plot's axes
+        made again in the next paint). Measured once styled (the window's style sheet sizes the
+        button), and again when the style or font changes."""
+        shown = self.detail.text()
+        self.detail.setText("two\nlines")
+        two_lines = self.detail.sizeHint().height()
+        self.detail.setText(shown)
+        margins = self.layout().contentsMargins()
+        content = max(two_lines, self.go.sizeHint().height(), self.word.sizeHint().height())
+        self.setMinimumHeight(content + margins.top() + margins.bottom())
 
     def refresh(self) -> None:
         viewed = self._model.comparison

@@ -31,6 +31,29 @@ def _view(qtbot, timeline) -> TimelineView:  # type: ignore[no-untyped-def]
     return view
 
 
+def test_a_hidden_timeline_repaints_a_selection_only_when_it_is_seen(qtbot, demo_pairs: dict) -> None:  # type: ignore[no-untyped-def]
+    with open_capture(demo_pairs["head-chunk"][0]) as n, open_capture(demo_pairs["head-chunk"][1]) as o:
+        timeline = build_timeline(n, o, run_to_end(iter_compare(n, o)))
+    view = TimelineView(TimelineModel(timeline))
+    qtbot.addWidget(view)
+    view.resize(1440, 900)
+    changed: list[list[object]] = []
+    view.plot.scene().changed.connect(lambda rects: changed.append([r for r in rects if not r.isEmpty()]))
+    for _ in range(40):  # the hidden plot's own first layout settles first (slower on a loaded machine)
+        changed.clear()
+        qtbot.wait(50)
+        if not any(changed):
+            break
+    view.show_key(timeline.keys[int(timeline.slot[3])])
+    qtbot.wait(100)
+    assert view.model.selected == int(np.flatnonzero(timeline.slot == timeline.slot[3])[0])
+    assert not any(changed), "a hidden timeline's boxes are not repainted for a selection"
+    view.show()
+    qtbot.waitExposed(view)
+    qtbot.waitUntil(lambda: view.items.painted_rects > 0)
+    assert any(changed)
+
+
 @pytest.mark.slow
 def test_clicking_a_call_selects_its_op_and_hovering_describes_it(qtbot, demo_pairs: dict, artifacts_dir: Path) -> None:  # type: ignore[no-untyped-def]
     with open_capture(demo_pairs["head-chunk"][0]) as n, open_capture(demo_pairs["head-chunk"][1]) as o:

@@ -14,6 +14,7 @@ from PySide6.QtGui import QImage
 from PySide6.QtWidgets import QLabel
 from pytestqt.qtbot import QtBot
 
+from sessions.progress import Progress
 from viewer.settings import ViewerSettings
 from viewer.theme import PALETTES, restyle_plots
 from viewer.widgets.opaque_grid_axis import OpaqueGridAxis, grid_axes
@@ -178,6 +179,24 @@ def test_a_verdict_with_a_finding_arrives_without_resizing_the_strip_or_the_plot
     assert strip.detail.heightForWidth(strip.detail.width()) > strip.detail.fontMetrics().lineSpacing()
     assert strip.height() == height
     assert {name: counter.count[QEvent.Type.Resize] for name, counter in events.items()} == {"maps": 0, "errors": 0}
+    window.close()
+
+
+def test_a_progress_step_is_drawn_with_the_window_not_at_once(qtbot: QtBot, tmp_path: Path) -> None:
+    """A progress bar that repainted itself at once drew everything else waiting in the window
+    with it (the heatmaps and plots, on each step of an opening)."""
+    window = _idle_empty_window(qtbot, tmp_path)
+    window.progress.setVisible(True)
+    qtbot.waitUntil(lambda: window.progress.isVisible())
+    qtbot.wait(50)
+    waiting, bar = _EventCounter(), _EventCounter()
+    window.tree.view.viewport().installEventFilter(waiting)
+    window.progress.installEventFilter(bar)
+    window.tree.view.viewport().update()
+    window.tasks.progressed.emit(Progress(1, 4, "reading"))
+    assert (waiting.count[QEvent.Type.Paint], bar.count[QEvent.Type.Paint]) == (0, 0)
+    qtbot.waitUntil(lambda: bar.count[QEvent.Type.Paint] > 0)
+    assert waiting.count[QEvent.Type.Paint] == 1 and window.progress.text() == "reading  25%"
     window.close()
 
 

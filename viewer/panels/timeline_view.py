@@ -191,7 +191,11 @@ class TimelineView(QWidget):
         # each reset the model, most often while this tab is hidden.
         self._refresh = StaleWhileHidden(self, self._rebuild)
         model.changed.connect(self._refresh.request)
-        model.selection_changed.connect(lambda _event: self.items.update())
+        # A hidden scene with an item to repaint has the whole window painted at once (Qt
+        # dispatches a scene's updates immediately), outside the paint that would have drawn
+        # everything once: each selection made while another tab was shown did.
+        self._selection = StaleWhileHidden(self, self.items.update)
+        model.selection_changed.connect(lambda _event: self._selection.request())
         self._rebuild()
 
     def _combo(self, choices: dict[str, str], setter: object) -> QComboBox:

@@ -55,7 +55,7 @@ class VerdictStrip(QFrame):
 
     def event(self, event: QEvent) -> bool:
         handled = super().event(event)
-        if event.type() in (QEvent.Type.Polish, QEvent.Type.StyleChange, QEvent.Type.FontChange):
+        if event.type() in (QEvent.Type.Polish, QEvent.Type.StyleChange):
             self._hold_height()
         return handled
 
@@ -65,7 +65,7 @@ class VerdictStrip(QFrame):
         or second line made the strip grow, every panel below was resized and every plot redrawn
         in the comparison's arrival (7 px at 1440x900: 10 ms of relayout, then each plot's axes
         made again in the next paint). Measured once styled (the window's style sheet sizes the
-        button), and again when the style or font changes."""
+        button), and again when the style changes (a theme)."""
         shown = self.detail.text()
         self.detail.setText("two\nlines")
         two_lines = self.detail.sizeHint().height()

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QFontMetrics
 from pytestqt.qtbot import QtBot
 
 from sessions.capture.opening import open_capture
 from sessions.compare.comparison import iter_compare
 from sessions.progress import run_to_end
-from viewer.comparison_view import ViewedComparison
+from viewer.comparison_view import TokenRow, ViewedComparison
 from viewer.pair_model import PairModel
 from viewer.panels.overview_plot import OverviewPlot
 from viewer.panels.token_table import TokenTable
@@ -29,11 +31,11 @@ def test_a_hidden_token_table_rebuilds_when_shown_or_read_and_a_shown_one_at_onc
     hidden = TokenTable(model)
     qtbot.addWidget(hidden)
     model.set_comparison(viewed)
-    assert hidden.table.rowCount() == 0, "not rebuilt while nobody sees it"
+    assert hidden.rows.rowCount() == 0, "not rebuilt while nobody sees it"
     hidden.show()
-    assert hidden.table.rowCount() == steps
+    assert hidden.rows.rowCount() == steps
     model.set_comparison(None)
-    assert hidden.table.rowCount() == 0, "a shown panel follows at once"
+    assert hidden.rows.rowCount() == 0, "a shown panel follows at once"
     hidden.hide()
     model.set_comparison(viewed)
     assert len(hidden.verdicts()) == steps, "reading it brings it up to date"
@@ -66,3 +68,20 @@ def test_a_hidden_overview_moves_its_selection_line_only_when_it_is_seen(qtbot: 
     assert overview.selected_lines[0].value() == 3.0 and overview.selected_lines[1].value() == 3.0
     model.select(viewed.growth.pairs[2])
     assert overview.selected_lines[0].value() == 2.0, "a shown plot follows at once"
+
+
+def test_the_token_tables_short_columns_fit_their_widest_text_wherever_it_is(qtbot: QtBot) -> None:
+    """Widths come from every row's text, measured once, not from the rows Qt would sample."""
+    steps = [TokenRow(i, str(i), str(i), "match", "0", "0", "100%", "—", "—") for i in range(600)]
+    steps[-1] = TokenRow(599, "151645  (EOS) a long token text", "151645  (EOS)", "EOS", "+1.25e-05", "3.10e-09", "100%", "—", "—")
+    table = TokenTable(PairModel())
+    qtbot.addWidget(table)
+    table.resize(1440, 600)
+    table.show_rows(steps)
+    table.show()
+    qtbot.waitExposed(table)
+    for column in range(7):
+        index = table.rows.index(599, column)
+        needed = QFontMetrics(index.data(Qt.ItemDataRole.FontRole) or table.table.font()).horizontalAdvance(index.data())
+        assert table.table.columnWidth(column) >= needed, column
+    assert table.table.columnWidth(1) > 200

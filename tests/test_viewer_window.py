@@ -212,7 +212,7 @@ def test_post_eos_steps_are_marked_and_greyed_in_token_parity(qtbot: QtBot, wind
     assert verdicts[parity.shared_eos_step] == "EOS"
     post = verdicts[parity.shared_eos_step + 1 :]
     assert post and set(post) == {"post-EOS"}
-    grey = window.token_table.table.item(parity.shared_eos_step + 1, 1).foreground().color().name()
+    grey = window.token_table.rows.index(parity.shared_eos_step + 1, 1).data(Qt.ItemDataRole.ForegroundRole).color().name()
     assert grey == "#7d8694"
     window.show_panel(2)
     shoot(window, artifacts_dir, "token-parity-post-eos")

@@ -6,18 +6,28 @@ row after it is greyed and labelled post-EOS, so a difference there never reads 
 
 from __future__ import annotations
 
-from PySide6.QtGui import QBrush, QColor, QFont
+from typing import Any
+
+from PySide6.QtCore import (
+    QAbstractTableModel,
+    QModelIndex,
+    QObject,
+    QPersistentModelIndex,
+    Qt,
+)
+from PySide6.QtGui import QBrush, QColor, QFont, QFontMetrics
 from PySide6.QtWidgets import (
     QHeaderView,
     QLabel,
-    QTableWidgetItem,
+    QStyle,
+    QTableView,
     QVBoxLayout,
     QWidget,
 )
 
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
-from viewer.widgets.read_only_table import read_only_table
+from viewer.widgets.read_only_table import read_only
 from viewer.widgets.stale_while_hidden import StaleWhileHidden
 
 COLUMNS = ("step", "native token", "oracle token", "verdict", "Δlogit", "KL (nats)", "top-k overlap", "native top-k (id: logit)", "oracle top-k (id: logit)")
@@ -26,6 +36,77 @@ VERDICT_COLOURS = {"match": "#2e9d57", "match, logits differ": "#c9a227", "diffe
 MONO_COLUMNS = (1, 2, 4, 5, 6, 7, 8)
 LONG_COLUMNS = (7, 8)
 """The top-k columns, cut short by the view's width: their whole text is in a tooltip."""
+VERDICT_COLUMN = 3
+POST_EOS = "post-EOS"
+
+
+class TokenRows(QAbstractTableModel):
+    """The steps' rows, each cell made when the view asks for it: a real model's run has
+    hundreds of steps, and an item per cell (nine per step) took 40-70 ms to make and its
+    columns another 50-60 ms to measure, in one event-loop turn each."""
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.rows: list[cv.TokenRow] = []
+        self._cells: list[tuple[str, ...]] = []
+        mono = QFont("monospace")
+        mono.setStyleHint(QFont.StyleHint.Monospace)
+        italic = {False: QFont(), True: QFont(mono)}
+        for font in italic.values():
+            font.setItalic(True)
+        bold = QFont()
+        bold.setBold(True)
+        self._mono, self._italic, self._bold = mono, italic, bold
+        self._grey = QBrush(QColor(VERDICT_COLOURS[POST_EOS]))
+        self._verdicts = {verdict: QBrush(QColor(colour)) for verdict, colour in VERDICT_COLOURS.items()}
+        self._unknown = QBrush(QColor(VERDICT_COLOURS["differ"]))
+
+    def show(self, rows: list[cv.TokenRow]) -> None:
+        self.beginResetModel()
+        self.rows = rows
+        self._cells = [
+            (str(r.step), r.native_token, r.oracle_token, r.verdict, r.delta_logit, r.kl, r.top_overlap, r.native_topk, r.oracle_topk) for r in rows
+        ]
+        self.endResetModel()
+
+    def widest(self, column: int, plain: QFont) -> int:
+        """The widest text of a column, in the fonts its cells are drawn with (`plain`: the view's,
+        for cells without a font of their own)."""
+        own = self._bold if column == VERDICT_COLUMN else self._mono if column in MONO_COLUMNS else plain
+        metrics = {False: QFontMetrics(own), True: QFontMetrics(self._italic[column in MONO_COLUMNS])}
+        texts = {(cells[column], cells[VERDICT_COLUMN] == POST_EOS) for cells in self._cells}
+        return max((metrics[post_eos].horizontalAdvance(text) for text, post_eos in texts), default=0)
+
+    def rowCount(self, parent: QModelIndex | QPersistentModelIndex = QModelIndex()) -> int:
+        return 0 if parent.isValid() else len(self.rows)
+
+    def columnCount(self, parent: QModelIndex | QPersistentModelIndex = QModelIndex()) -> int:
+        return 0 if parent.isValid() else len(COLUMNS)
+
+    def headerData(self, section: int, orientation: Qt.Orientation, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+        if orientation == Qt.Orientation.Horizontal and role == Qt.ItemDataRole.DisplayRole:
+            return COLUMNS[section]
+        return None
+
+    def data(self, index: QModelIndex | QPersistentModelIndex, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+        cells, column = self._cells[index.row()], index.column()
+        verdict = cells[VERDICT_COLUMN]
+        post_eos = verdict == POST_EOS
+        if role == Qt.ItemDataRole.DisplayRole:
+            return cells[column]
+        if role == Qt.ItemDataRole.ToolTipRole:
+            return cells[column] if column in LONG_COLUMNS else None
+        if role == Qt.ItemDataRole.ForegroundRole:
+            if post_eos:
+                return self._grey
+            return self._verdicts.get(verdict, self._unknown) if column == VERDICT_COLUMN else None
+        if role == Qt.ItemDataRole.FontRole:
+            if post_eos:
+                return self._italic[column in MONO_COLUMNS]
+            if column == VERDICT_COLUMN:
+                return self._bold
+            return self._mono if column in MONO_COLUMNS else None
+        return None
 
 
 class TokenTable(QWidget):
@@ -38,50 +119,34 @@ class TokenTable(QWidget):
         self.summary.setObjectName("sectionTitle")
         self.summary.setWordWrap(True)
         layout.addWidget(self.summary)
-        self.table = read_only_table(COLUMNS)
+        self.rows = TokenRows(self)
+        self.table = read_only(QTableView())
+        self.table.setModel(self.rows)
         header = self.table.horizontalHeader()
-        for col in range(7):
-            header.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
-        header.setSectionResizeMode(7, QHeaderView.ResizeMode.Stretch)
-        header.setSectionResizeMode(8, QHeaderView.ResizeMode.Stretch)
-        # Columns fit the rows on screen: measuring all of a real model's hundreds of steps on
-        # each resize took 30 ms, four times over when the hidden tab was painted.
-        header.setResizeContentsPrecision(0)
+        for col in LONG_COLUMNS:
+            header.setSectionResizeMode(col, QHeaderView.ResizeMode.Stretch)
         layout.addWidget(self.table, 1)
         self._refresh = StaleWhileHidden(self, self._rebuild_now)
         model.comparison_changed.connect(self._refresh.request)
 
     def _rebuild_now(self) -> None:
         comparison = self._model.comparison
-        rows = cv.token_rows(comparison) if comparison is not None else []
-        self.table.setRowCount(len(rows))
+        self.show_rows(cv.token_rows(comparison) if comparison is not None else [])
         self.summary.setText(cv.token_summary(comparison) if comparison is not None else "Token parity appears once a pair is compared")
-        # Fonts and brushes made once: a real model's run has hundreds of steps, nine cells each.
-        plain, mono = QFont(), QFont("monospace")
-        mono.setStyleHint(QFont.StyleHint.Monospace)
-        italic = {False: QFont(plain), True: QFont(mono)}
-        for font in italic.values():
-            font.setItalic(True)
-        bold = QFont(plain)
-        bold.setBold(True)
-        grey = QBrush(QColor("#7d8694"))
-        verdict_brushes = {verdict: QBrush(QColor(colour)) for verdict, colour in VERDICT_COLOURS.items()}
-        for r, row in enumerate(rows):
-            cells = (str(row.step), row.native_token, row.oracle_token, row.verdict, row.delta_logit, row.kl, row.top_overlap, row.native_topk, row.oracle_topk)
-            for c, text in enumerate(cells):
-                item = QTableWidgetItem(text)
-                if c in LONG_COLUMNS:
-                    item.setToolTip(text)
-                if row.verdict == "post-EOS":
-                    item.setForeground(grey)
-                    item.setFont(italic[c in MONO_COLUMNS])
-                elif c == 3:
-                    item.setForeground(verdict_brushes.get(row.verdict) or QBrush(QColor("#d64541")))
-                    item.setFont(bold)
-                elif c in MONO_COLUMNS:
-                    item.setFont(mono)
-                self.table.setItem(r, c, item)
+
+    def show_rows(self, rows: list[cv.TokenRow]) -> None:
+        """The rows, with the short columns as wide as their widest text, measured once. Sized by
+        Qt's contents mode, a hidden table measured every row's cells, each through the model in
+        Python: 370 ms for a real model's hundreds of steps, on every resize."""
+        self.rows.show(rows)
+        header = self.table.horizontalHeader()
+        margin = 2 * (self.table.style().pixelMetric(QStyle.PixelMetric.PM_FocusFrameHMargin, None, self.table) + 1) + 4
+        for column in range(len(COLUMNS)):
+            if column in LONG_COLUMNS:
+                continue
+            widest = self.rows.widest(column, self.table.font())
+            header.resizeSection(column, max(header.sectionSizeFromContents(column).width(), widest + margin))
 
     def verdicts(self) -> list[str]:
         self._refresh.bring_up_to_date()
-        return [self.table.item(r, 3).text() for r in range(self.table.rowCount())]
+        return [row.verdict for row in self.rows.rows]

@@ -43,6 +43,7 @@ class VerdictStrip(QFrame):
         policy = self.go.sizePolicy()
         policy.setRetainSizeWhenHidden(True)
         self.go.setSizePolicy(policy)
+        # Set once the children exist: the style change it sends measures them (`_hold_height`).
         self.setStyleSheet(
             "".join(f'QFrame#verdictStrip[tone="{tone.lstrip("#")}"] {{ background: {tone}; }}' for tone in (COMPARING, *WORD_COLOURS.values()))
             + "QFrame#verdictStrip QLabel { color: #ffffff; background: transparent; border: none; }"

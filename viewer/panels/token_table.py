@@ -47,8 +47,8 @@ class TokenRows(QAbstractTableModel):
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
-        self.rows: list[cv.TokenRow] = []
-        self._cells: list[tuple[str, ...]] = []
+        self.cells: list[tuple[str, ...]] = []
+        """Each step's row as the texts of its cells, in COLUMNS order."""
         mono = QFont("monospace")
         mono.setStyleHint(QFont.StyleHint.Monospace)
         italic = {False: QFont(), True: QFont(mono)}
@@ -63,8 +63,7 @@ class TokenRows(QAbstractTableModel):
 
     def show(self, rows: list[cv.TokenRow]) -> None:
         self.beginResetModel()
-        self.rows = rows
-        self._cells = [
+        self.cells = [
             (str(r.step), r.native_token, r.oracle_token, r.verdict, r.delta_logit, r.kl, r.top_overlap, r.native_topk, r.oracle_topk) for r in rows
         ]
         self.endResetModel()
@@ -74,11 +73,11 @@ class TokenRows(QAbstractTableModel):
         for cells without a font of their own)."""
         own = self._bold if column == VERDICT_COLUMN else self._mono if column in MONO_COLUMNS else plain
         metrics = {False: QFontMetrics(own), True: QFontMetrics(self._italic[column in MONO_COLUMNS])}
-        texts = {(cells[column], cells[VERDICT_COLUMN] == POST_EOS) for cells in self._cells}
+        texts = {(cells[column], cells[VERDICT_COLUMN] == POST_EOS) for cells in self.cells}
         return max((metrics[post_eos].horizontalAdvance(text) for text, post_eos in texts), default=0)
 
     def rowCount(self, parent: QModelIndex | QPersistentModelIndex = QModelIndex()) -> int:
-        return 0 if parent.isValid() else len(self.rows)
+        return 0 if parent.isValid() else len(self.cells)
 
     def columnCount(self, parent: QModelIndex | QPersistentModelIndex = QModelIndex()) -> int:
         return 0 if parent.isValid() else len(COLUMNS)
@@ -89,7 +88,7 @@ class TokenRows(QAbstractTableModel):
         return None
 
     def data(self, index: QModelIndex | QPersistentModelIndex, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
-        cells, column = self._cells[index.row()], index.column()
+        cells, column = self.cells[index.row()], index.column()
         verdict = cells[VERDICT_COLUMN]
         post_eos = verdict == POST_EOS
         if role == Qt.ItemDataRole.DisplayRole:
@@ -149,4 +148,4 @@ class TokenTable(QWidget):
 
     def verdicts(self) -> list[str]:
         self._refresh.bring_up_to_date()
-        return [row.verdict for row in self.rows.rows]
+        return [cells[VERDICT_COLUMN] for cells in self.rows.cells]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QFontMetrics
+from PySide6.QtGui import QFont, QFontMetrics
 from pytestqt.qtbot import QtBot
 
 from sessions.capture.opening import open_capture
@@ -73,15 +73,18 @@ def test_a_hidden_overview_moves_its_selection_line_only_when_it_is_seen(qtbot: 
 def test_the_token_tables_short_columns_fit_their_widest_text_wherever_it_is(qtbot: QtBot) -> None:
     """Widths come from every row's text, measured once, not from the rows Qt would sample."""
     steps = [TokenRow(i, str(i), str(i), "match", "0", "0", "100%", "—", "—") for i in range(600)]
+    steps[-2] = TokenRow(598, "598", "598", "match, logits differ", "+0.0156", "1.42e-05", "100%", "—", "—")
     steps[-1] = TokenRow(599, "151645  (EOS) a long token text", "151645  (EOS)", "EOS", "+1.25e-05", "3.10e-09", "100%", "—", "—")
     table = TokenTable(PairModel())
     qtbot.addWidget(table)
+    table.setStyleSheet("QTableView { font-size: 15pt; }")  # a theme's size, which the cells' own fonts take up
     table.resize(1440, 600)
     table.show_rows(steps)
     table.show()
     qtbot.waitExposed(table)
-    for column in range(7):
-        index = table.rows.index(599, column)
-        needed = QFontMetrics(index.data(Qt.ItemDataRole.FontRole) or table.table.font()).horizontalAdvance(index.data())
-        assert table.table.columnWidth(column) >= needed, column
+    for row, column in ((row, column) for row in (598, 599) for column in range(7)):
+        index = table.rows.index(row, column)
+        drawn = (index.data(Qt.ItemDataRole.FontRole) or QFont()).resolve(table.table.font())  # as the view's delegate resolves it
+        needed = QFontMetrics(drawn).horizontalAdvance(index.data())
+        assert table.table.columnWidth(column) >= needed, (row, column)
     assert table.table.columnWidth(1) > 200

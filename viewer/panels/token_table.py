@@ -69,10 +69,10 @@ class TokenRows(QAbstractTableModel):
         self.endResetModel()
 
     def widest(self, column: int, plain: QFont) -> int:
-        """The widest text of a column, in the fonts its cells are drawn with (`plain`: the view's,
-        for cells without a font of their own)."""
+        """The widest text of a column, in the fonts its cells are drawn with: a cell's own font
+        takes what it does not set (its size) from the view's, `plain`, as the view draws it."""
         own = self._bold if column == VERDICT_COLUMN else self._mono if column in MONO_COLUMNS else plain
-        metrics = {False: QFontMetrics(own), True: QFontMetrics(self._italic[column in MONO_COLUMNS])}
+        metrics = {False: QFontMetrics(own.resolve(plain)), True: QFontMetrics(self._italic[column in MONO_COLUMNS].resolve(plain))}
         texts = {(cells[column], cells[VERDICT_COLUMN] == POST_EOS) for cells in self.cells}
         return max((metrics[post_eos].horizontalAdvance(text) for text, post_eos in texts), default=0)
 
@@ -138,6 +138,7 @@ class TokenTable(QWidget):
         Qt's contents mode, a hidden table measured every row's cells, each through the model in
         Python: 370 ms for a real model's hundreds of steps, on every resize."""
         self.rows.show(rows)
+        self.table.ensurePolished()  # measured in the font the window's style sheet gives it
         header = self.table.horizontalHeader()
         margin = 2 * (self.table.style().pixelMetric(QStyle.PixelMetric.PM_FocusFrameHMargin, None, self.table) + 1) + 4
         for column in range(len(COLUMNS)):

@@ -12,7 +12,7 @@ from sessions.compare.result_cache import iter_compare_cached
 from sessions.progress import run_to_end
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
-from viewer.panels.diagnosis_panel import DiagnosisPanel
+from viewer.panels.diagnosis_panel import NO_PAIR, NOT_COMPARED, READY, DiagnosisPanel
 from viewer.settings import ViewerSettings
 from viewer.window.main_window import TABS, MainWindow
 
@@ -102,3 +102,21 @@ def test_the_selected_op_scope_needs_a_selection_and_then_diagnoses_it(qtbot, pa
     assert panel.verdict.text() == "All 1 diagnosed op(s) are inherited: each did what the oracle's route does with its inputs."
     panel.show_inherited.setChecked(True)
     assert panel.ops.item(0, 1).text() == "inherited"
+
+
+def test_the_panel_says_what_diagnose_needs_and_drops_an_old_verdict_when_the_comparison_changes(qtbot, panel: DiagnosisPanel) -> None:  # type: ignore[no-untyped-def]
+    assert panel.verdict.text() == READY
+    panel.scope.setCurrentIndex(panel.scope.findData("op"))
+    panel.model.select(next(p for p in panel.model.comparison.comparison.pairs if p.key.text() == "0:visual:0:o_proj"))
+    with qtbot.waitSignal(panel.finished, timeout=60_000):
+        panel.run()
+    assert panel.verdict.text().startswith("All 1 diagnosed op(s) are inherited")
+    viewed, native, oracle = panel.model.comparison, panel.model.native, panel.model.oracle
+    panel.model.set_comparison(viewed)
+    assert panel.verdict.text() == READY and panel.ops.rowCount() == 0 and panel.diagnosis is None
+    panel.model.set_captures(None, None)
+    assert panel.verdict.text() == NO_PAIR
+    panel.model.set_captures(native, oracle)
+    assert panel.verdict.text() == NOT_COMPARED
+    panel.run()
+    assert panel.verdict.text() == NOT_COMPARED

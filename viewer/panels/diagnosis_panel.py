@@ -49,6 +49,12 @@ from viewer.workers import TaskSlots
 SCOPES = (("first", "First local op"), ("all", "Every diverged op, with the budget"), ("op", "The selected op"))
 OP_COLUMNS = ("op", "cause", "native ran", "local error")
 CANDIDATE_COLUMNS = ("candidate", "vs native", "vs oracle's route", "what it computes")
+NO_PAIR = "Open a native and an oracle capture, let the comparison finish, then diagnose."
+NOT_COMPARED = "Diagnose needs this pair's comparison: it can run once the comparison has finished."
+READY = (
+    "Diagnose reruns the diverged ops through MLX from each side's captured inputs: which arithmetic contract "
+    "the native ran, and whether an op is wrong by itself (local) or inherited its error."
+)
 BUDGET_COLUMNS = ("local op", "share of the final logits error", "local error", "injected")
 
 
@@ -95,7 +101,7 @@ class DiagnosisPanel(QWidget):
         self.show_inherited.setToolTip("Inherited ops did what the oracle's route does with their inputs; the local ones are where to look.")
         self.progress = QProgressBar()
         self.progress.setTextVisible(True)
-        self.verdict = QLabel("Open a native and an oracle capture, let the comparison finish, then diagnose.")
+        self.verdict = QLabel()
         self.verdict.setObjectName("diagnosisVerdict")
         self.verdict.setWordWrap(True)
         self.verdict.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -119,6 +125,7 @@ class DiagnosisPanel(QWidget):
         model.captures_changed.connect(self._reset)
         model.comparison_changed.connect(self._reset)
         model.selection_changed.connect(self._follow_selection)
+        self._show_readiness()
 
     def _layout(self) -> None:
         controls = QHBoxLayout()
@@ -159,7 +166,7 @@ class DiagnosisPanel(QWidget):
     def run(self) -> None:
         native, oracle, viewed = self.model.native, self.model.oracle, self.model.comparison
         if native is None or oracle is None or viewed is None:
-            self.verdict.setText("Open a native and an oracle capture first, and let the comparison finish.")
+            self.verdict.setText(NO_PAIR if not self.model.has_pair else NOT_COMPARED)
             return
         try:
             options = self.options()
@@ -196,6 +203,16 @@ class DiagnosisPanel(QWidget):
             table.setRowCount(0)
         self.summary.setText("")
         self.why.setText("")
+        self._show_readiness()
+
+    def _show_readiness(self) -> None:
+        """What Diagnose would do now: an earlier pair's verdict must not stay beside a new comparison."""
+        if not self.model.has_pair:
+            self.verdict.setText(NO_PAIR)
+        elif self.model.comparison is None:
+            self.verdict.setText(NOT_COMPARED)
+        else:
+            self.verdict.setText(READY)
 
     # -- showing -----------------------------------------------------------------------------
 

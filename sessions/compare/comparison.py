@@ -399,7 +399,7 @@ def _unaligned_findings(unaligned: list[UnalignedRecord]) -> list[Finding]:
     a profile declares one-sided, probabilities over caches padded differently): their consumers
     are compared."""
     ordered = sorted((u for u in unaligned if u.reason not in BY_DESIGN), key=lambda u: (u.step, u.side != "native", u.seq))
-    return [Finding(Kind.UNALIGNED, unaligned_key(u), f"{u.side} {u.name!r}: {u.reason}") for u in ordered]
+    return [Finding(Kind.UNALIGNED, unaligned_key(u), f"{u.side} {u.name!r}: {u.reason}" + (f" ({u.detail})" if u.detail else "")) for u in ordered]
 
 
 def _assemble(

@@ -7,7 +7,9 @@ slower; users run this on 10-24-core machines. The aligned pairs are cut into sh
 consecutive pairs (a few times more shards than processes, so a slow shard does not hold the
 others). This process compares shards from the front, in the order a one-process comparison
 reads them (with its read-ahead), and starts workers only once, at the rate it is going, the
-rest would take it longer than SPAWN_WHEN_LEFT_S: a worker costs about 0.3 s before it compares
+rest would take it longer than SPAWN_WHEN_LEFT_S and twice the cost of shipping the workers the
+rest's pairs (SHIP_S_PER_PAIR: a real run's 220,000 small pairs cost more to ship than to
+compare here): a worker costs about 0.3 s before it compares
 anything (an interpreter, numpy, h5py, opening both captures; the first-open check is cached),
 which on a busy 2-core machine doubled a warm 1 GB report that one process finishes in half a
 second. Workers take the remaining shards from the back; a shard is compared by whoever claims
@@ -22,7 +24,9 @@ handles, neither of which survives a fork safely.
 from __future__ import annotations
 
 import ctypes
+import math
 import os
+import pickle
 import signal
 import sys
 import time
@@ -49,7 +53,13 @@ MAX_AUTO_WORKERS = 16
 SHARDS_PER_WORKER = 4
 SPAWN_WHEN_LEFT_S = 1.0
 """Workers start once this process, at the rate it has compared so far, would need longer than
-this for the rest: about twice what a worker takes to start on a busy machine."""
+this (plus twice what shipping the pairs costs) for the rest: about twice what a worker takes
+to start on a busy machine."""
+SHIP_S_PER_PAIR = 30e-6
+"""What a pair costs to reach the workers: pickled here once (11 us) and unpickled by each
+worker (17 us): 220,000 small pairs took 2.4 + 3.7 s, longer than this process takes to compare
+them all when they are identical. Counted in the decision to start workers, so a capture of many
+small records is not made slower by them (on 2 cores, 21 s with a worker against 10 s without)."""
 MEASURE_S = 0.1
 """How long this process compares before its rate is trusted (its first reads pay for its buffers)."""
 POLL_SECONDS = 0.1
@@ -67,8 +77,8 @@ _job: _Job | None = None
 class _Job:
     native: str
     oracle: str
-    pairs: list[AlignedPair]
-    parts: list[range]
+    shards: dict[int, list[AlignedPair]]
+    """The pairs of each shard not yet taken when the workers started, by shard number."""
     options: CompareOptions
     heads: Heads
 
@@ -109,16 +119,18 @@ def _claim(claims: SynchronizedArray[int], index: int) -> bool:
         return True
 
 
-def _start_worker(claims: SynchronizedArray[int], job: _Job) -> None:
+def _start_worker(claims: SynchronizedArray[int], job: bytes) -> None:
     """A worker's first act: it keeps the claims every process shares and the comparison, and dies
     with the comparing process, so that when that one is killed (the viewer's cancel kills its
     comparison child) its workers do not finish their shards unseen (Linux).
 
     The pairs come here, with the worker's start, not with each task: a task carrying a shard's
     pairs could fill the pool's pipe, and a pool closed while its feeder thread blocks on that
-    pipe never finishes closing (a comparison cancelled just after its workers started hung)."""
+    pipe never finishes closing (a comparison cancelled just after its workers started hung).
+    They come pickled once for all workers: each worker's start arguments are pickled on their
+    own, and a real run's pairs take seconds to pickle."""
     global _claims, _job
-    _claims, _job = claims, job
+    _claims, _job = claims, pickle.loads(job)
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
@@ -136,7 +148,7 @@ def _compare_shard(index: int) -> list[PairOutcome] | None:
         return None
     job = _job
     reader = PairReader(_capture(job.native), _capture(job.oracle))
-    return run_to_end(iter_compare_pairs(reader, [job.pairs[i] for i in job.parts[index]], job.options, job.heads, (0, 1)))
+    return run_to_end(iter_compare_pairs(reader, job.shards[index], job.options, job.heads, (0, 1)))
 
 
 class _Workers:
@@ -166,11 +178,16 @@ class _Workers:
 
         context = multiprocessing.get_context("spawn")
         self._shared = context.Array("b", list(self._taken))
-        job = _Job(str(native.path), str(oracle.path), pairs, self.parts, options, heads)
-        self.pool = context.Pool(count, initializer=_start_worker, initargs=(self._shared, job))
-        for index in reversed(range(len(self.parts))):
-            if not self._taken[index]:
-                self.pending[index] = self.pool.apply_async(_compare_shard, (index,))
+        left = self.left()
+        job = _Job(str(native.path), str(oracle.path), {i: [pairs[p] for p in self.parts[i]] for i in left}, options, heads)
+        shipped = pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
+        self.pool = context.Pool(count, initializer=_start_worker, initargs=(self._shared, shipped))
+        for index in reversed(left):
+            self.pending[index] = self.pool.apply_async(_compare_shard, (index,))
+
+    def left(self) -> list[int]:
+        """The shards no process has taken yet (before the workers start)."""
+        return [index for index in range(len(self.parts)) if not self._taken[index]]
 
     def done(self, sizes: list[int], own: dict[int, list[PairOutcome]]) -> int:
         """Bytes of the shards workers have finished."""
@@ -180,6 +197,13 @@ class _Workers:
         if self.pool is not None:
             self.pool.terminate()
             self.pool.join()
+
+
+def _worth_starting_after(others: _Workers, first_left: int) -> float:
+    """Seconds this process must still have ahead of it for workers to pay: their start, and
+    shipping them the pairs of the shards after the one it is comparing (none left: never)."""
+    shipped = sum(len(part) for part in others.parts[first_left:])
+    return SPAWN_WHEN_LEFT_S + 2 * SHIP_S_PER_PAIR * shipped if shipped else math.inf
 
 
 def iter_compare_in_workers(
@@ -220,7 +244,7 @@ def iter_compare_in_workers(
                     break
                 if others.pool is None:
                     elapsed = time.monotonic() - started
-                    if elapsed >= MEASURE_S and step.done and (total - step.done) * elapsed / step.done > SPAWN_WHEN_LEFT_S:
+                    if elapsed >= MEASURE_S and step.done and (total - step.done) * elapsed / step.done > _worth_starting_after(others, index + 1):
                         others.start(workers - 1, native, oracle, pairs, options, heads)
                 if others.pool is None:
                     yield step

@@ -206,7 +206,9 @@ def test_the_document_in_lines_reads_back_to_the_same_comparison_and_a_broken_li
     with open_capture(native) as n, open_capture(oracle) as o:
         comparison = run_to_end(iter_compare(n, o))
     lines = list(document_lines(comparison))
-    assert [line.split("\t")[0] for line in lines[1:]] == ["pairs"] * len(comparison.pairs) + ["error_growth"] * len(comparison.error_growth)
+    kinds = [line.split("\t")[0] for line in lines[1:]]
+    assert [k for k in kinds if k != "metrics"] == ["pairs"] * len(comparison.pairs) + ["error_growth"] * len(comparison.error_growth)
+    assert kinds[0] == "metrics" and kinds.count("metrics") == len({id(p.metrics) for p in comparison.pairs})
     assert dumps(loads_lines(("\n".join(lines) + "\n").encode())) == dumps(comparison)
     assert dumps(loads_lines(b"result\n" + "\n".join(lines).encode(), start=len(b"result\n"))) == dumps(comparison), "read from where it starts"
     with pytest.raises(ReportFormatError, match="an item of pairs is not JSON"):
@@ -215,6 +217,22 @@ def test_the_document_in_lines_reads_back_to_the_same_comparison_and_a_broken_li
         loads_lines(lines[0].encode() + b"\npairs\t\xff\xfe")
     with pytest.raises(ReportFormatError, match="names no list of it"):
         loads_lines("\n".join([lines[0], "verdict\t{}"]).encode())
+    first_pair = next(line for line in lines if line.startswith("pairs\t"))
+    with pytest.raises(ReportFormatError, match="IndexError in an item of pairs"):
+        loads_lines("\n".join([lines[0], first_pair]).encode())
+
+
+def test_identical_pairs_metrics_are_written_once_in_lines_and_read_back_as_one_object(demo_pairs: dict[str, tuple[Path, Path]]) -> None:
+    from sessions.compare.document import document_lines, loads_lines
+
+    with open_capture(demo_pairs["clean"][0]) as n, open_capture(demo_pairs["clean"][1]) as o:
+        comparison = run_to_end(iter_compare(n, o, CompareOptions(workers=1)))
+    lines = list(document_lines(comparison))
+    shapes = {(p.metrics.dtype, tuple(p.metrics.shape)) for p in comparison.pairs}
+    assert sum(line.startswith("metrics\t") for line in lines) == len(shapes) < len(comparison.pairs) == 333
+    read = loads_lines(("\n".join(lines) + "\n").encode())
+    assert dumps(read) == dumps(comparison)
+    assert len({id(p.metrics) for p in read.pairs}) == len(shapes)
 
 
 def test_large_identical_records_settled_from_stored_bytes_get_the_chunked_diffs_metrics(

@@ -12,11 +12,16 @@ h5diff, within 2x of cat. --cold drops the page cache before every command (root
 The report is timed with 1, 2 and all cores' worker processes (--workers); the goal for a
 multi-GB pair is at least 2x h5diff's speed and within 2x of cat.
 
+With `--records N` the pair is instead N records per side in 36-layer token steps (a real 8B
+model's run is about 240,000), each a bfloat16 tensor of `--record-shape` (default 4,16: 128
+bytes), one bit apart at 60% of the run: the cost that grows with records, not bytes.
+
 Each round also times `python -c "import numpy, h5py"`: the start-up any Python HDF5 reader pays
 before its first byte. On a warm 1 GB pair that alone is about 2x cat, so the script also prints
 the report's time beyond it against cat -- the part this project's code decides.
 
-Usage: python benchmarks/bench_report.py [--dir /tmp/parity-xray-bench] [--gib 1.0] [--repeat 3] [--cold] [--keep] [--workers 1,2,all]
+Usage: python benchmarks/bench_report.py [--dir /tmp/parity-xray-bench] [--gib 1.0 | --records N [--record-shape R,C]]
+       [--repeat 3] [--cold] [--keep] [--workers 1,2,all]
 h5diff comes with the hdf5-tools package (apt-get install hdf5-tools).
 """
 
@@ -37,6 +42,9 @@ sys.path.insert(0, str(ROOT))
 
 from sessions.capture.meta import CaptureMeta  # noqa: E402
 from sessions.capture.writer import CaptureWriter  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from many_records import build_many_records_pair  # noqa: E402
 
 REPORT_COMMAND = [sys.executable, "-m", "viewer.cli", "report"]
 """`parity-xray report`: the console script's entry point, viewer.cli.main."""
@@ -116,6 +124,8 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the captures afterwards")
     parser.add_argument("--cold", action="store_true", help="also time each command after dropping the page cache (root only)")
     parser.add_argument("--workers", default="1,2,all", help="report worker counts to time, comma-separated; all = one per core (default 1,2,all)")
+    parser.add_argument("--records", type=int, help="instead of --gib: this many records per side (240000: a real 8B model's run)")
+    parser.add_argument("--record-shape", default="4,16", help="with --records: each record's rows,cols (default 4,16)")
     args = parser.parse_args()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     workers = sorted({cores if w.strip() == "all" else int(w) for w in args.workers.split(",")})
@@ -125,13 +135,18 @@ def main() -> int:
         return 2
     directory = Path(args.dir)
     directory.mkdir(parents=True, exist_ok=True)
-    need = int(args.gib * 1024**3)
+    shape = tuple(int(n) for n in args.record_shape.split(","))
+    need = int(args.gib * 1024**3) if not args.records else 2 * args.records * shape[0] * shape[1] * 2
     free = shutil.disk_usage(directory).free
     if free < need * 1.2:
         print(f"{directory}: {free / 1024**3:.1f} GiB free, need {need * 1.2 / 1024**3:.1f}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    native, oracle, planted = build(directory, need)
+    if args.records:
+        native, oracle = build_many_records_pair(directory, args.records, (shape[0], shape[1]))
+        planted = f"record {args.records * 3 // 5} of {args.records:,} ({shape[0]}x{shape[1]} bfloat16 each)"
+    else:
+        native, oracle, planted = build(directory, need)
     size = native.stat().st_size + oracle.stat().st_size
     print(f"built {size / 1e9:.2f} GB pair in {time.perf_counter() - t0:.1f} s; planted 1-ULP flip at {planted}")
     env = dict(os.environ, XDG_CACHE_HOME=str(directory / "cache"), PYTHONPYCACHEPREFIX=str(directory / "pycache"))

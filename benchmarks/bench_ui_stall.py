@@ -43,42 +43,13 @@ import sessions  # noqa: E402,F401  (disables HDF5 filter plugins before h5py lo
 from sessions.capture.meta import CaptureMeta  # noqa: E402
 from sessions.capture.writer import CaptureWriter  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from many_records import build_many_records_pair  # noqa: E402
+
 ROWS, COLS = 1008, 16384
-OP_NAMES = ("attn_norm", "q_proj", "k_proj", "v_proj", "sdpa", "o_proj", "ffn_norm", "ffn_gate", "ffn_up", "ffn_act", "ffn_down", "l_out")
-OPS_PER_LAYER = len(OP_NAMES)
-STEP_RECORDS = 36 * OPS_PER_LAYER
-"""A 36-layer model's ops per token step: 240,000 records are about 555 steps."""
 HEARTBEAT_MS = 10
 TRACE_AFTER_S = 0.5
 """A gap this long dumps every thread's stack to stderr while it lasts: what the UI thread is stuck in."""
-
-
-def build_many_records_pair(directory: Path, records: int) -> tuple[Path, Path]:
-    """A real model's record count: `records` small bfloat16 tensors per side in token steps of
-    STEP_RECORDS, identical but for one bit in the record at 60% of the run (its first divergence)."""
-    import ml_dtypes
-
-    native_path, oracle_path = directory / f"stall-{records}.native.h5", directory / f"stall-{records}.oracle.h5"
-    if native_path.exists() and oracle_path.exists():
-        return native_path, oracle_path
-    tensor = np.random.default_rng(12).standard_normal((4, 16)).astype(ml_dtypes.bfloat16)
-    flipped = tensor.copy()
-    flipped.view(np.uint16)[1, 3] ^= 1
-    planted = records * 3 // 5
-    common = {"model_id": "bench", "weights_hash": "sha256:bench", "prompt": "bench"}
-    with CaptureWriter(native_path, CaptureMeta(role="native", engine_name="bench-native", **common)) as native, CaptureWriter(
-        oracle_path, CaptureMeta(role="oracle", engine_name="bench-oracle", **common)
-    ) as oracle:
-        for seq in range(records):
-            step, layer = seq // STEP_RECORDS, seq % STEP_RECORDS // OPS_PER_LAYER
-            name = OP_NAMES[seq % OPS_PER_LAYER]
-            oracle.add_tensor(name, tensor, step=step, segment="decode", layer=layer)
-            native.add_tensor(name, flipped if seq == planted else tensor, step=step, segment="decode", layer=layer)
-            if seq % STEP_RECORDS == STEP_RECORDS - 1:
-                for writer in (native, oracle):
-                    writer.add_token(step=step, segment="decode", token_id=step % 100, is_stop=False)
-                    writer.end_step()
-    return native_path, oracle_path
 
 
 def build_pair(directory: Path, layers: int) -> tuple[Path, Path]:

@@ -105,11 +105,11 @@ def comparison_from_dict(data: dict[str, Any]) -> Comparison:
         raise ReportFormatError(f"malformed report document ({type(exc).__name__}: {exc})") from None
 
 
-def dumps(comparison: Comparison, *, for_people: bool = True) -> str:
-    """Indented for people (the CLI's `--json`); compact in the cache, where json's C encoder
-    writes a real model's document several times faster (the indenting encoder is pure Python)."""
+def dumps(comparison: Comparison) -> str:
+    """Indented for people (the CLI's `--json`); the cache and the window's child write lines
+    (`document_lines`) instead."""
     with garbage_collection_paused():
-        return json.dumps(comparison_to_dict(comparison), indent=1 if for_people else None, allow_nan=False)
+        return json.dumps(comparison_to_dict(comparison), indent=1, allow_nan=False)
 
 
 def loads(text: str) -> Comparison:

@@ -258,9 +258,62 @@ def test_large_identical_records_settled_from_stored_bytes_get_the_chunked_diffs
         monkeypatch.setattr(pair_compare, "_stored_bytes_identical", counted)
         settled = run_to_end(iter_compare(n, again, chunked))
         monkeypatch.setattr(pair_compare, "_stored_bytes_identical", lambda pair, reader: False)
+        monkeypatch.setattr(pair_compare, "_identical_run", lambda pairs, start, reader: (0, False))
         streamed = run_to_end(iter_compare(n, again, chunked))
     assert len(large_settled) > 10, "records of several chunks were settled from their bytes"
     assert [p.metrics for p in settled.pairs] == [p.metrics for p in streamed.pairs]
+
+
+def _many_small_records(tmp_path: Path, flip_at: int) -> tuple[Path, Path]:
+    """Three token steps of two layers of small records, written as a recorder lays them out (a
+    step's records back to back in one pack); the native's record `flip_at` one bit apart."""
+    ops = ("attn_norm", "q_proj", "k_proj", "v_proj", "sdpa", "o_proj", "ffn_norm", "ffn_gate", "ffn_up", "ffn_act", "ffn_down")
+    tensor = bf16_bits(np.random.default_rng(4).standard_normal((4, 16)))
+    paths = []
+    for role in ("native", "oracle"):
+        path = tmp_path / f"{role}.h5"
+        with CaptureWriter(path, CaptureMeta(role=role, engine_name=f"hand-{role}", weights_hash="sha256:aa")) as writer:
+            seq = 0
+            for step in range(3):
+                for layer in range(2):
+                    for op in ops:
+                        bits = tensor.copy()
+                        if role == "native" and seq == flip_at:
+                            bits[2, 5] ^= 1
+                        writer.add_tensor(op, bits, step=step, segment="decode", layer=layer, dtype="bfloat16")
+                        seq += 1
+                writer.end_step()
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+def test_small_records_back_to_back_are_settled_in_runs_and_a_run_with_a_flip_is_compared_pair_by_pair(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real run's many small records are settled a step's run at a time; the run holding a
+    difference goes pair by pair, so the report names the very record and element."""
+    from sessions.capture.reader import stored_span
+    from sessions.compare import pair_compare
+
+    native, oracle = _many_small_records(tmp_path, flip_at=30)
+    runs: list[tuple[int, bool]] = []
+    real_run = pair_compare._identical_run
+
+    def counted(pairs, start, reader):  # type: ignore[no-untyped-def]
+        found = real_run(pairs, start, reader)
+        runs.append(found)
+        return found
+
+    with open_capture(native) as n, open_capture(oracle) as o:
+        assert [int(a) for a in n.packed_addresses] == [stored_span(n, r)[0] for r in n.records]
+        monkeypatch.setattr(pair_compare, "_identical_run", counted)
+        in_runs = run_to_end(iter_compare(n, o, CompareOptions(workers=1)))
+        monkeypatch.setattr(pair_compare, "_identical_run", lambda pairs, start, reader: (0, False))
+        pair_by_pair = run_to_end(iter_compare(n, o, CompareOptions(workers=1)))
+    assert runs == [(22, True), (22, False), (22, True)], "each step's 22 records one run; the second step's differs"
+    assert dumps(in_runs) == dumps(pair_by_pair)
+    assert [p.key.text() for p in in_runs.pairs if not p.metrics.bit_exact] == ["1:decode:0:ffn_up"]
+    assert in_runs.pairs[30].metrics.first_difference is not None and in_runs.pairs[30].metrics.first_difference.coord == [2, 5]
 
 
 def test_a_difference_in_a_large_records_last_stored_piece_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

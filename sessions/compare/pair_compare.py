@@ -15,7 +15,12 @@ from sessions.bits.dtypes import logical_dtype
 from sessions.capture.reader import stored_span
 from sessions.compare.align import AlignedPair
 from sessions.compare.options import CompareOptions
-from sessions.compare.pair_reader import PairReader, chunk_rows, pair_bytes
+from sessions.compare.pair_reader import (
+    STORED_PIECE_BYTES,
+    PairReader,
+    chunk_rows,
+    pair_bytes,
+)
 from sessions.compare.profiles import CANONICAL_OPS, HEADS_SOURCE
 from sessions.compare.tensor_diff import DiffAccumulator, TensorMetrics
 from sessions.compare.token_parity import StepLogits, logit_agreement
@@ -54,6 +59,74 @@ class _LogitRows:
             self.native, self.oracle = native[-1].copy(), oracle[-1].copy()
 
 
+RUN_RECORD_MAX_BYTES = 64 * 1024
+"""Records up to this size are settled in runs (`_identical_run`): for them a record's own
+check and reads cost more than its bytes. A run whose bytes differ is compared again pair by
+pair, so its records are read twice: cheap for small ones only."""
+
+
+def _whole_and_alike(pair: AlignedPair) -> bool:
+    """Both sides whole records of one dtype, shape and layout transform: equal stored bytes then
+    mean equal canonical tensors. Logits pairs are never settled so: their rows feed token parity."""
+    native, oracle = pair.native, pair.oracle
+    return not (
+        pair.key.op == "logits"
+        or native.window is not None
+        or oracle.window is not None
+        or native.batch is not None
+        or oracle.batch is not None
+        or native.record.dtype != oracle.record.dtype
+        or native.record.shape != oracle.record.shape
+        or native.layout != oracle.layout
+    )
+
+
+def _identical_run(pairs: list[AlignedPair], start: int, reader: PairReader) -> tuple[int, bool]:
+    """(how many pairs from `start` on form a run, whether one comparison of their stored bytes
+    settles them all as identical). A run is small records (RUN_RECORD_MAX_BYTES) whose bytes
+    follow one another in contiguous packs on both sides, as a writer lays out a step's records,
+    up to one piece (STORED_PIECE_BYTES); fewer than two such pairs are no run. A real run's
+    220,000 small pairs took 11 us each through their own checks and reads."""
+    n_at, o_at = reader.native.capture.packed_addresses, reader.oracle.capture.packed_addresses
+    n_fd, o_fd = reader.native.capture.descriptor, reader.oracle.capture.descriptor
+    if n_fd is None or o_fd is None:
+        return 0, False
+    first_n = first_o = end_n = end_o = -1
+    count = 0
+    for at in range(start, len(pairs)):
+        pair = pairs[at]
+        size = pair.native.record.nbytes
+        n_start, o_start = int(n_at[pair.native.record.seq]), int(o_at[pair.oracle.record.seq])
+        if (
+            n_start < 0
+            or o_start < 0
+            or size > RUN_RECORD_MAX_BYTES
+            or size != pair.oracle.record.nbytes
+            or (count and (n_start != end_n or o_start != end_o))
+            or end_n - first_n + size > STORED_PIECE_BYTES
+            or not _whole_and_alike(pair)
+        ):
+            break
+        if not count:
+            first_n, first_o, end_n, end_o = n_start, o_start, n_start, o_start
+        end_n, end_o = end_n + size, end_o + size
+        count += 1
+    if count < 2:
+        return 0, False
+    return count, reader.stored_bytes_equal((n_fd, first_n), (o_fd, first_o), end_n - first_n)
+
+
+def _identical_metrics(pair: AlignedPair, identical: dict[tuple[str, tuple[int, ...]], TensorMetrics]) -> TensorMetrics:
+    """The metrics of an identical pair, one object per dtype and shape (`identical`), shared by
+    all such pairs (finished metrics are never changed): a real run's document writes each once."""
+    logical = pair.native.record.dtype
+    shape = pair.native.shape if not logical_dtype(logical).is_quantized else (pair.native.record.size,)
+    template = identical.get((logical, shape))
+    if template is None:
+        template = identical[(logical, shape)] = TensorMetrics.identical(logical, shape)
+    return template
+
+
 def _stored_bytes_identical(pair: AlignedPair, reader: PairReader) -> bool:
     """Whether a pair is provably bit-exact from its stored bytes alone: both sides whole records
     of one dtype, shape and layout transform, each one contiguous run of its file, with equal
@@ -64,16 +137,7 @@ def _stored_bytes_identical(pair: AlignedPair, reader: PairReader) -> bool:
     Anything else (a short read, the first differing piece) goes the full way, which also
     reports what is wrong."""
     native, oracle = pair.native, pair.oracle
-    if (
-        pair.key.op == "logits"
-        or native.window is not None
-        or oracle.window is not None
-        or native.batch is not None
-        or oracle.batch is not None
-        or native.record.dtype != oracle.record.dtype
-        or native.record.shape != oracle.record.shape
-        or native.layout != oracle.layout
-    ):
+    if not _whole_and_alike(pair):
         return False
     spans = []
     for side, mapped in ((reader.native, native), (reader.oracle, oracle)):
@@ -95,13 +159,10 @@ def _compare_pair(
     identical: dict[tuple[str, tuple[int, ...]], TensorMetrics],
 ) -> ProgressGenerator[TensorMetrics]:
     """One pair through a DiffAccumulator, chunk by chunk; `progress` is (bytes done before it, total).
-    `identical`: the metrics of identical pairs so far, by dtype and shape, shared by all such
-    pairs (finished metrics are never changed): a real run's document then writes each once."""
+    `identical`: the shared metrics of identical pairs (`_identical_metrics`)."""
     logical = pair.native.record.dtype
     shape = pair.native.shape if not logical_dtype(logical).is_quantized else (pair.native.record.size,)
-    template = identical.get((logical, shape))
-    if template is None:
-        template = identical[(logical, shape)] = TensorMetrics.identical(logical, shape)
+    template = _identical_metrics(pair, identical)
     if _stored_bytes_identical(pair, reader):
         yield Progress(progress[0] + pair_bytes(pair), progress[1], pair.key.label())
         return template
@@ -148,7 +209,21 @@ def iter_compare_pairs(
     outcomes: list[PairOutcome] = []
     identical: dict[tuple[str, tuple[int, ...]], TensorMetrics] = {}
     done = progress[0]
-    for index, pair in enumerate(pairs):
+    index, pair_by_pair_until = 0, 0
+    while index < len(pairs):
+        if index >= pair_by_pair_until:
+            run, settled = _identical_run(pairs, index, reader)
+            if settled:
+                for pair in pairs[index : index + run]:
+                    outcomes.append((_identical_metrics(pair, identical), None))
+                    done += pair_bytes(pair)
+                index += run
+                yield Progress(done, progress[1], pairs[index - 1].key.label())
+                if after_pair is not None:
+                    after_pair(index - 1)
+                continue
+            pair_by_pair_until = index + run  # the run's bytes differ somewhere: each pair says where
+        pair = pairs[index]
         logit_rows = _LogitRows() if pair.key.op == "logits" else None
         metrics = yield from _compare_pair(pair, reader, options, heads, logit_rows, (done, progress[1]), identical)
         done += pair_bytes(pair)
@@ -158,4 +233,5 @@ def iter_compare_pairs(
         outcomes.append((metrics, agreement))
         if after_pair is not None:
             after_pair(index)
+        index += 1
     return outcomes

@@ -205,7 +205,8 @@ def iter_compare_pairs(
     after_pair: Callable[[int], None] | None = None,
 ) -> ProgressGenerator[list[PairOutcome]]:
     """Compare `pairs` in order; `progress` is (bytes done before them, total), `after_pair(i)` is
-    told when pair i is done (the read-ahead moves on)."""
+    told when pair i is done (the read-ahead moves on). Runs of small records are settled at
+    once where their bytes are equal (`_identical_run`); a run that differs goes pair by pair."""
     outcomes: list[PairOutcome] = []
     identical: dict[tuple[str, tuple[int, ...]], TensorMetrics] = {}
     done = progress[0]

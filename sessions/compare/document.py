@@ -93,8 +93,6 @@ def _dataclass_reader(tp: type) -> Reader:
 
     return read_or_take
 
-    return read
-
 
 def comparison_from_dict(data: dict[str, Any]) -> Comparison:
     if data.get("format") != DOCUMENT_FORMAT or data.get("version") != DOCUMENT_VERSION:

@@ -116,14 +116,23 @@ def _identical_run(pairs: list[AlignedPair], start: int, reader: PairReader) -> 
     return count, reader.stored_bytes_equal((n_fd, first_n), (o_fd, first_o), end_n - first_n)
 
 
-def _identical_metrics(pair: AlignedPair, identical: dict[tuple[str, tuple[int, ...]], TensorMetrics]) -> TensorMetrics:
-    """The metrics of an identical pair, one object per dtype and shape (`identical`), shared by
-    all such pairs (finished metrics are never changed): a real run's document writes each once."""
+MetricsKind = tuple[str, tuple[int, ...]]
+"""(logical dtype, compared shape): identical pairs of one kind have equal metrics."""
+
+
+def _compared(pair: AlignedPair) -> MetricsKind:
+    """What a pair's metrics describe: its dtype and the shape compared (a quantized record's
+    blocks are compared as a flat run of bytes)."""
     logical = pair.native.record.dtype
-    shape = pair.native.shape if not logical_dtype(logical).is_quantized else (pair.native.record.size,)
-    template = identical.get((logical, shape))
+    return logical, pair.native.shape if not logical_dtype(logical).is_quantized else (pair.native.record.size,)
+
+
+def _identical_metrics(kind: MetricsKind, identical: dict[MetricsKind, TensorMetrics]) -> TensorMetrics:
+    """The metrics of an identical pair, one object per kind (`identical`), shared by all such
+    pairs (finished metrics are never changed): a real run's document writes each once."""
+    template = identical.get(kind)
     if template is None:
-        template = identical[(logical, shape)] = TensorMetrics.identical(logical, shape)
+        template = identical[kind] = TensorMetrics.identical(*kind)
     return template
 
 
@@ -156,13 +165,12 @@ def _compare_pair(
     heads: Heads,
     logit_rows: _LogitRows | None,
     progress: tuple[int, int],
-    identical: dict[tuple[str, tuple[int, ...]], TensorMetrics],
+    identical: dict[MetricsKind, TensorMetrics],
 ) -> ProgressGenerator[TensorMetrics]:
     """One pair through a DiffAccumulator, chunk by chunk; `progress` is (bytes done before it, total).
     `identical`: the shared metrics of identical pairs (`_identical_metrics`)."""
-    logical = pair.native.record.dtype
-    shape = pair.native.shape if not logical_dtype(logical).is_quantized else (pair.native.record.size,)
-    template = _identical_metrics(pair, identical)
+    logical, shape = kind = _compared(pair)
+    template = _identical_metrics(kind, identical)
     if _stored_bytes_identical(pair, reader):
         yield Progress(progress[0] + pair_bytes(pair), progress[1], pair.key.label())
         return template
@@ -208,7 +216,7 @@ def iter_compare_pairs(
     told when pair i is done (the read-ahead moves on). Runs of small records are settled at
     once where their bytes are equal (`_identical_run`); a run that differs goes pair by pair."""
     outcomes: list[PairOutcome] = []
-    identical: dict[tuple[str, tuple[int, ...]], TensorMetrics] = {}
+    identical: dict[MetricsKind, TensorMetrics] = {}
     done = progress[0]
     index, pair_by_pair_until = 0, 0
     while index < len(pairs):
@@ -216,7 +224,7 @@ def iter_compare_pairs(
             run, settled = _identical_run(pairs, index, reader)
             if settled:
                 for pair in pairs[index : index + run]:
-                    outcomes.append((_identical_metrics(pair, identical), None))
+                    outcomes.append((_identical_metrics(_compared(pair), identical), None))
                     done += pair_bytes(pair)
                 index += run
                 yield Progress(done, progress[1], pairs[index - 1].key.label())

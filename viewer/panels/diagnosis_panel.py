@@ -166,7 +166,7 @@ class DiagnosisPanel(QWidget):
     def run(self) -> None:
         native, oracle, viewed = self.model.native, self.model.oracle, self.model.comparison
         if native is None or oracle is None or viewed is None:
-            self.verdict.setText(NO_PAIR if not self.model.has_pair else NOT_COMPARED)
+            self._show_readiness()
             return
         try:
             options = self.options()

@@ -13,7 +13,6 @@ from hand_captures import T, bf16_bits, write_capture
 from sessions.capture.opening import open_capture
 from sessions.capture.reader import stored_span
 from sessions.compare.comparison import iter_compare
-from sessions.compare.document import dumps
 from sessions.compare.result_cache import entries, load, store
 from sessions.progress import run_to_end
 from viewer.cli import main
@@ -70,12 +69,12 @@ def test_the_least_recently_used_results_are_evicted_past_the_size_cap(tmp_path:
     native, oracle = pair(tmp_path)
     with open_capture(native) as n, open_capture(oracle) as o:
         comparison = run_to_end(iter_compare(n, o))
-    size = len(dumps(comparison).encode())
     folder = tmp_path / "comparisons"
-    cap = size * 5 // 2  # room for two results
-    for key in ("a", "b"):
-        store(folder, key, comparison, cap)
-        time.sleep(0.05)  # file times tick in milliseconds
+    store(folder, "a", comparison, 1 << 30)
+    cap = entries(folder)[0][1] * 5 // 2  # room for two results
+    time.sleep(0.05)  # file times tick in milliseconds
+    store(folder, "b", comparison, cap)
+    time.sleep(0.05)
     assert load(folder, "a") == comparison  # a is now the most recently used
     time.sleep(0.05)
     store(folder, "c", comparison, cap)

@@ -275,6 +275,12 @@ class Capture:
         """The index rows as `Record`s, each built the first time it is asked for (sessions.capture.records)."""
         return Records(self.index)
 
+    @cached_property
+    def names(self) -> list[str]:
+        """The distinct record names, from the name column: profile detection asks for them
+        before anything needs a record (a cached comparison never does)."""
+        return [cf.decode_field(value) for value in self.columns.codes("name")[0]]
+
     def pack_members(self, path: str) -> np.ndarray:
         """The seqs of the records whose bytes the pack at `path` holds, in order: element i of the
         pack's attribute tables belongs to the i-th (docs/capture-format.md, "Recorder attributes")."""

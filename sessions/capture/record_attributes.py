@@ -10,7 +10,6 @@ shown becomes a row that says why; nothing here raises on a bad file.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -141,7 +140,7 @@ def _attribute_row(dsid: h5py.h5d.DatasetID, location: str, index: int, budget: 
 
 def index_row(record: Record) -> tuple[tuple[str, str], ...]:
     """The record's index row, field by field, as the file states it."""
-    return tuple((f.name, printable(str(getattr(record, f.name)))) for f in dataclasses.fields(record))
+    return tuple((name, printable(str(value))) for name, value in zip(record._fields, record))
 
 
 def _other_records(dsid: h5py.h5d.DatasetID, index: int, seq: int) -> bool:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from sessions.bits.dtypes import logical_dtype
 from sessions.capture.reader import Record
 from sessions.compare.key import OpKey, RecordKey
-from sessions.compare.layout_transform import LayoutError
+from sessions.compare.layout_transform import LayoutError, LayoutTransform
 from sessions.compare.mapped_record import (
     BatchRow,
     MappedRecord,
@@ -25,13 +26,12 @@ from sessions.compare.mapped_record import (
 from sessions.compare.positions import (
     Call,
     Span,
-    calls,
     overlap,
     record_spans,
     span_text,
     uncovered,
 )
-from sessions.compare.profiles import Profile, RuleMatch, padded_axis
+from sessions.compare.profiles import Profile, padded_axis
 
 NO_RULE = "no_rule"
 LAYER_CONFLICT = "layer_conflict"
@@ -71,8 +71,9 @@ ALIGN_MODES = ("auto", CALLS, POSITIONS)
 position (docs/profiles.md, "Alignment modes"); auto picks calls when both runs made the same calls."""
 
 
-@dataclass(frozen=True)
-class AlignedPair:
+class AlignedPair(NamedTuple):
+    """A named tuple, not a dataclass: one per pair of a run, built and shipped to workers by the hundred thousand."""
+
     key: OpKey
     native: MappedRecord
     oracle: MappedRecord
@@ -135,6 +136,49 @@ def _unaligned(side: str, record: Record, reason: str, detail: str, key: OpKey |
     )
 
 
+class _Mapping(NamedTuple):
+    """What a profile makes of one kind of record: the same for every token step's record of that
+    kind, so it is worked out once per kind (`_KindOfRecord`), not once per record."""
+
+    op: str
+    occurrence: int
+    layer: int
+    layout: LayoutTransform | None
+    shape: tuple[int, ...]
+    one_sided: str | None
+    refusal: tuple[str, str] | None = None
+    """(reason, detail) when records of this kind are unaligned."""
+    keyed: bool = False
+    """Whether a refused record still has its canonical key (the profile mapped it, its layout did not fit)."""
+
+
+_KindOfRecord = tuple[str, int, int, str, tuple[str, ...], int, tuple[int, ...]]
+"""(name, occurrence, count, kernel, sources, layer, shape): all a record's mapping depends on."""
+
+
+def _mapping(profile: Profile, kind: _KindOfRecord, batch: BatchRow | None) -> _Mapping:
+    name, occurrence, count, kernel, sources, layer, shape = kind
+    match = profile.match(name, occurrence, count, kernel, sources)
+    if match is not None and match.one_sided is not None and not match.op:
+        return _Mapping("", 0, layer, None, (), None, (ONE_SIDED, match.one_sided))
+    if match is None:
+        detail = f"profile {profile.name!r} has no rule for {name!r} occurrence {occurrence} of {count}"
+        return _Mapping("", 0, layer, None, (), None, (NO_RULE, detail))
+    if match.layer is not None and match.layer != layer:
+        if layer != -1:
+            return _Mapping("", 0, layer, None, (), None, (LAYER_CONFLICT, f"name says layer {match.layer}, record says {layer}"))
+        layer = match.layer
+    refused = _Mapping(match.op, match.occurrence, layer, None, (), None, keyed=True)
+    if batch is not None and (not shape or shape[0] != batch.size):
+        axis0 = shape[0] if shape else "a scalar"
+        return refused._replace(refusal=(NOT_BATCHED, f"its stored axis 0 is {axis0}, not the run's batch of {batch.size}"))
+    try:
+        canonical = canonical_shape(shape, match.layout, batch)
+    except LayoutError as exc:
+        return refused._replace(refusal=(LAYOUT, str(exc)))
+    return _Mapping(match.op, match.occurrence, layer, match.layout, canonical, match.one_sided)
+
+
 def map_records(
     records: list[Record],
     profile: Profile,
@@ -146,57 +190,29 @@ def map_records(
     of optional stages (seq -> why the other engine may not record them: `_unless_recorded`).
 
     `sources` (seq -> source tensor names, `sessions.compare.record_sources`) feeds rules that anchor
-    a record by what it consumes. A rule match depends only on the name, occurrence, count,
-    kernel and sources, which repeat every token step, so each distinct combination is matched
-    once (a capture of a real model has hundreds of thousands of records, a few thousand names).
-    `batch` is where a batched run, whose records hold the batch along stored axis 0, keeps the
-    request compared."""
+    a record by what it consumes. A record's mapping depends only on its kind (`_KindOfRecord`),
+    which repeats every token step, so each kind is mapped once (a capture of a real model has
+    hundreds of thousands of records, a few thousand kinds). `batch` is where a batched run,
+    whose records hold the batch along stored axis 0, keeps the request compared."""
     sources = sources or {}
     counts = Counter((r.step, r.segment, r.layer, r.name) for r in records)
-    matches: dict[tuple[str, int, int, str, tuple[str, ...]], RuleMatch | None] = {}
+    mappings: dict[_KindOfRecord, _Mapping] = {}
     mapped: list[MappedRecord] = []
     rejected: list[UnalignedRecord] = []
     optional: dict[int, str] = {}
     for record in records:
         count = counts[(record.step, record.segment, record.layer, record.name)]
-        asked = (record.name, record.occurrence, count, record.kernel_id, sources.get(record.seq, ()))
-        if asked not in matches:
-            matches[asked] = profile.match(*asked)
-        match = matches[asked]
-        if match is not None and match.one_sided is not None and not match.op:
-            rejected.append(_unaligned(side, record, ONE_SIDED, match.one_sided))
+        kind = (record.name, record.occurrence, count, record.kernel_id, sources.get(record.seq, ()), record.layer, record.shape)
+        m = mappings.get(kind)
+        if m is None:
+            m = mappings[kind] = _mapping(profile, kind, batch)
+        if m.refusal is not None:
+            key = OpKey(record.step, record.segment, m.layer, m.op, m.occurrence) if m.keyed else None
+            rejected.append(_unaligned(side, record, *m.refusal, key))
             continue
-        if match is None:
-            rejected.append(
-                _unaligned(
-                    side,
-                    record,
-                    NO_RULE,
-                    f"profile {profile.name!r} has no rule for {record.name!r} occurrence {record.occurrence} of {count}",
-                )
-            )
-            continue
-        layer = record.layer
-        if match.layer is not None and match.layer != record.layer:
-            if record.layer != -1:
-                rejected.append(
-                    _unaligned(side, record, LAYER_CONFLICT, f"name says layer {match.layer}, record says {record.layer}")
-                )
-                continue
-            layer = match.layer
-        key = OpKey(record.step, record.segment, layer, match.op, match.occurrence)
-        if batch is not None and (not record.shape or record.shape[0] != batch.size):
-            axis0 = record.shape[0] if record.shape else "a scalar"
-            rejected.append(_unaligned(side, record, NOT_BATCHED, f"its stored axis 0 is {axis0}, not the run's batch of {batch.size}", key))
-            continue
-        try:
-            shape = canonical_shape(record, match.layout, batch)
-        except LayoutError as exc:
-            rejected.append(_unaligned(side, record, LAYOUT, str(exc), key))
-            continue
-        mapped.append(MappedRecord(record, key, match.layout, shape, batch=batch))
-        if match.one_sided is not None:
-            optional[record.seq] = match.one_sided
+        mapped.append(MappedRecord(record, OpKey(record.step, record.segment, m.layer, m.op, m.occurrence), m.layout, m.shape, None, batch))
+        if m.one_sided is not None:
+            optional[record.seq] = m.one_sided
     return mapped, rejected, optional
 
 
@@ -212,6 +228,8 @@ def _unless_recorded(
     the other capture never records in that layer: one-sided with their reason, not a partner
     missing per record. By layer, because an engine may record a stage in some layers only
     (mlx-lm's sliding-window layers keep a rotating cache, which `record mlx` does not record)."""
+    if not optional:
+        return mapped
     kept: list[MappedRecord] = []
     for m in mapped:
         why = optional.get(m.record.seq)
@@ -223,6 +241,9 @@ def _unless_recorded(
 
 
 def _by_key(mapped: list[MappedRecord]) -> tuple[dict[OpKey, MappedRecord], dict[OpKey, list[MappedRecord]]]:
+    unique = {m.key: m for m in mapped}
+    if len(unique) == len(mapped):
+        return unique, {}
     groups: dict[OpKey, list[MappedRecord]] = defaultdict(list)
     for m in mapped:
         groups[m.key].append(m)
@@ -478,8 +499,7 @@ def align(
     n_mapped, unaligned, n_optional = map_records(native, native_profile, "native", native_sources, native_batch)
     o_mapped, o_rejected, o_optional = map_records(oracle, oracle_profile, "oracle", oracle_sources, oracle_batch)
     unaligned.extend(o_rejected)
-    n_spans, o_spans = record_spans(n_mapped), record_spans(o_mapped)
-    n_calls, o_calls = calls(n_mapped, n_spans), calls(o_mapped, o_spans)
+    (n_spans, n_calls), (o_spans, o_calls) = record_spans(n_mapped), record_spans(o_mapped)
     chosen = mode if mode != "auto" else auto_mode(n_mapped, o_mapped, n_calls, o_calls)
     n_recorded, o_recorded = _recorded(n_mapped), _recorded(o_mapped)
     candidates = _take_manual_pairs(overrides, n_mapped, o_mapped, native, oracle, unaligned)

@@ -179,18 +179,24 @@ class Comparison:
     first_divergence: int | None
     """Index into `pairs` of the earliest (execution order) pre-EOS pair that is not bit-exact:
     where the bits first part, whether or not that fails (a tolerance may allow it)."""
-    error_growth: list[GrowthPoint]
     tokens: TokenParity
     verdict: Verdict
     """What every surface says about this comparison (sessions.compare.verdict)."""
     alignment: AlignmentMode
+
+    @property
+    def error_growth(self) -> list[GrowthPoint]:
+        """Each pre-EOS pair's worst ULP and NMSE in execution order: derived from the pairs, not
+        stored beside them (a real model's 220,000 points doubled the document's items). The
+        JSON document still carries it (`DERIVED_PROPERTIES`)."""
+        return [GrowthPoint(r.key, r.metrics.max_ulp, r.metrics.nmse) for r in self.pairs if not r.post_eos]
 
 
 def profile_for(choice: str | None, capture: Capture, side: str) -> Profile:
     """The named profile, or the built-in one most of the capture's record names fit."""
     if choice is not None:
         return resolve_profile(choice)
-    found = detect_profile(r.name for r in capture.records)
+    found = detect_profile(capture.names)
     if found is None:
         raise ProfileError(f"{capture.path}: no built-in profile recognises most of the {side} record names; pass --{side}-profile")
     return found
@@ -439,7 +445,6 @@ def _assemble(
         unaligned=unaligned,
         post_eos_unaligned=post_eos_unaligned,
         first_divergence=first_divergence,
-        error_growth=[GrowthPoint(r.key, r.metrics.max_ulp, r.metrics.nmse) for r in compared],
         tokens=tokens,
         verdict=verdict,
         alignment=AlignmentMode(

@@ -16,7 +16,7 @@ import numpy as np
 
 from sessions.compare.key import OpKey
 
-DERIVED_PROPERTIES = ("bit_exact", "fraction_differing", "same", "passed", "exit_code", "headline", "label")
+DERIVED_PROPERTIES = ("bit_exact", "fraction_differing", "same", "passed", "exit_code", "headline", "label", "error_growth")
 """Properties written beside a dataclass's fields: readers of the document (pipelines, jq)
 should not have to recompute them from the counts."""
 
@@ -24,7 +24,7 @@ should not have to recompute them from the counts."""
 def plain(value: Any, omit: frozenset[str] = frozenset()) -> Any:
     """`value` as dicts, lists, strings, numbers, booleans and None, for strict JSON.
 
-    Dataclass fields named in `omit` are left out at any depth. Arrays become None: a document
+    Dataclass fields and derived properties named in `omit` are left out at any depth. Arrays become None: a document
     names where bits are (capture, record), it does not carry them. An op key becomes its one
     text form (`0:visual:0:sdpa`), ready for `rerun --op`. Non-finite floats become
     the strings "NaN", "Infinity", "-Infinity" (strict JSON has no such numbers).
@@ -39,7 +39,8 @@ def plain(value: Any, omit: frozenset[str] = frozenset()) -> Any:
         names, derived = shape
         out = {name: plain(getattr(value, name), omit) for name in names if name not in omit}
         for name in derived:
-            out[name] = plain(getattr(value, name), omit)
+            if name not in omit:
+                out[name] = plain(getattr(value, name), omit)
         return out
     if isinstance(value, np.ndarray):
         return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from sessions.capture.reader import Record
@@ -21,15 +21,17 @@ KEY_SYNTAX = (
 )
 
 
-@dataclass(frozen=True, order=True)
-class OpKey:
+class OpKey(NamedTuple):
     """One canonical op at one place in the run: what alignment pairs records by.
 
     Layer -1 is a model-level op (embed, final_norm, logits). Occurrence counts repeats of the
     same canonical op within (step, segment, layer) -- rare once a profile has mapped names.
     `positions` is set when the runs were cut into different calls and this pair is the token
     positions [first, stop) of the native call at (step, segment) (docs/profiles.md, "Alignment
-    modes"); empty when the pair is whole calls on both sides."""
+    modes"); empty when the pair is whole calls on both sides.
+
+    A named tuple, not a dataclass: a real run's alignment builds, hashes and compares hundreds
+    of thousands of keys, which a tuple does in C."""
 
     step: int
     segment: str

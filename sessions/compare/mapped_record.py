@@ -9,7 +9,8 @@ same elements.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -38,8 +39,9 @@ class BatchRow:
         return shape[1:] if self.stacked else (1, *shape[1:])
 
 
-@dataclass(frozen=True)
-class MappedRecord:
+class MappedRecord(NamedTuple):
+    """A named tuple, not a dataclass: alignment builds one per record of a run (hundreds of thousands)."""
+
     record: Record
     key: OpKey
     layout: LayoutTransform | None
@@ -100,7 +102,7 @@ class MappedRecord:
         shape = list(self.shape)
         shape[axis] = window[1] - window[0]
         whole = window == (0, self.shape[axis])
-        return replace(self, key=key, shape=tuple(shape), window=None if whole else window)
+        return self._replace(key=key, shape=tuple(shape), window=None if whole else window)
 
 
 def batch_of(capture: Capture) -> BatchRow | None:
@@ -109,9 +111,9 @@ def batch_of(capture: Capture) -> BatchRow | None:
     return BatchRow(meta.batch_size, meta.batch_row, meta.batch_stacked) if meta.batch_size > 1 or meta.batch_stacked else None
 
 
-def canonical_shape(record: Record, layout: LayoutTransform | None, batch: BatchRow | None) -> tuple[int, ...]:
-    """A record's canonical shape (before any window); LayoutError when the layout does not fit."""
-    shape = record.shape if batch is None else batch.request_shape(record.shape)
+def canonical_shape(stored: tuple[int, ...], layout: LayoutTransform | None, batch: BatchRow | None) -> tuple[int, ...]:
+    """The canonical shape (before any window) of a record stored as `stored`; LayoutError when the layout does not fit."""
+    shape = stored if batch is None else batch.request_shape(stored)
     return layout.output_shape(shape) if layout is not None else shape
 
 

@@ -7,6 +7,7 @@ cases), so they are plain values with an exact inverse of `dataclasses.asdict`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from sessions.compare.align import AlignOverride, ManualBreak, ManualPair
@@ -45,8 +46,9 @@ class CompareOptions:
     this process (a gate's cases do: its cluster already runs one case per core). Workers start
     only once this process would take over a second for the rest (sessions.compare.parallel_compare)."""
 
-    @property
+    @cached_property
     def tolerance(self) -> Tolerance:
+        """Built once: every pair of a run asks for it (`tolerance_for`)."""
         return Tolerance(self.atol, self.rtol, self.max_ulp)
 
     def tolerance_for(self, key: OpKey, dtype: str) -> Tolerance:

@@ -40,7 +40,7 @@ def _side(capture: Capture, side: str, seq: int, name: str, spec: str | None, wi
         return MappedRecord(record, pair.key, None, (record.size,))
     try:
         layout = LayoutTransform.parse(spec) if spec is not None else None
-        mapped = MappedRecord(record, pair.key, layout, canonical_shape(record, layout, batch), batch=batch)
+        mapped = MappedRecord(record, pair.key, layout, canonical_shape(record.shape, layout, batch), batch=batch)
     except LayoutError as exc:
         raise CaptureError(capture.path, place, f"cannot be brought to the canonical layout of {pair.label}: {exc}") from None
     if window is not None:

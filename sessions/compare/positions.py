@@ -32,45 +32,36 @@ class Call:
         return f"{self.segment} {first}-{stop - 1}" if stop - first > 1 else f"{self.segment} {first}"
 
 
-def _rows(mapped: MappedRecord) -> int:
-    return mapped.shape[rows_axis(mapped.key.op)] if mapped.shape else 1
+def record_spans(mapped: list[MappedRecord]) -> tuple[dict[int, Span], list[Call]]:
+    """Each record's positions, by seq, and the run's forward calls in execution order, each
+    spanning its records' positions. `mapped` is in execution order, as `map_records` returns it.
 
-
-def record_spans(mapped: list[MappedRecord]) -> dict[int, Span]:
-    """Each record's positions, by seq: recorded, or derived from the order of the calls. `mapped`
-    is in execution order, as `map_records` returns it.
-
-    Derived: calls (step, segment) follow one another in execution order, each as long as its
-    longest record; a record as long as its call starts where the call starts, a shorter one
-    (the logits of the last row) ends where the call ends."""
-    by_call: dict[tuple[int, str], list[MappedRecord]] = defaultdict(list)
+    A record's positions are recorded, or derived from the order of the calls: calls (step,
+    segment) follow one another in execution order, each as long as its longest record; a
+    record as long as its call starts where the call starts, a shorter one (the logits of the
+    last row) ends where the call ends."""
+    by_call: dict[tuple[int, str], list[tuple[MappedRecord, int]]] = defaultdict(list)
+    axes: dict[str, int] = {}
     for m in mapped:
-        by_call[(m.record.step, m.record.segment)].append(m)
+        op = m.key.op
+        axis = axes.get(op)
+        if axis is None:
+            axis = axes[op] = rows_axis(op)
+        by_call[(m.record.step, m.record.segment)].append((m, m.shape[axis] if m.shape else 1))
     spans: dict[int, Span] = {}
+    found: list[Call] = []
     start = 0
-    for records in by_call.values():
-        length = max(_rows(m) for m in records)
-        for m in records:
-            rows = _rows(m)
-            if m.record.position >= 0:
-                spans[m.record.seq] = (m.record.position, m.record.position + rows)
-            else:
-                first = start if rows == length else start + length - rows
-                spans[m.record.seq] = (first, first + rows)
+    for (step, segment), records in by_call.items():
+        length = max(rows for _, rows in records)
+        held: list[Span] = []
+        for m, rows in records:
+            position = m.record.position
+            first = position if position >= 0 else (start if rows == length else start + length - rows)
+            held.append((first, first + rows))
+            spans[m.record.seq] = held[-1]
+        found.append(Call(step, segment, (min(span[0] for span in held), max(span[1] for span in held))))
         start += length
-    return spans
-
-
-def calls(mapped: list[MappedRecord], spans: dict[int, Span]) -> list[Call]:
-    """The run's forward calls in execution order, each spanning its records' positions."""
-    found: dict[tuple[int, str], Span] = {}
-    for m in mapped:
-        call = (m.record.step, m.record.segment)
-        first, stop = spans[m.record.seq]
-        if call in found:
-            first, stop = min(first, found[call][0]), max(stop, found[call][1])
-        found[call] = (first, stop)
-    return [Call(step, segment, span) for (step, segment), span in found.items()]
+    return spans, found
 
 
 def overlap(a: Span, b: Span) -> Span | None:

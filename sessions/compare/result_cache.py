@@ -39,10 +39,11 @@ from sessions.compare.profile_identity import identify
 from sessions.compare.profiles import Profile
 from sessions.progress import Progress, ProgressGenerator
 
-CACHE_FORMAT = 4
+CACHE_FORMAT = 5
 """4: an entry is the report document in lines (`document_lines`), metrics shared by identical
 pairs written once: a 240,000-record pair's entry in one JSON document was 236 MB and its cache
-hit (10.2 s) slower than comparing again (7.8 s)."""
+hit (10.2 s) slower than comparing again (7.8 s). 5: without the error growth, which the
+comparison derives from its pairs."""
 SESSIONS_DIR = Path(__file__).resolve().parent.parent
 MAX_CACHE_BYTES = 256 * 1024**2
 """Largest total size of cached results; a report of a large pair with few records is a few

@@ -86,7 +86,7 @@ def _op(op: OpKey | None) -> dict[str, Any] | None:
     """An op key as an object; `positions` only when the pair was aligned by position."""
     if op is None:
         return None
-    fields = asdict(op)
+    fields = op._asdict()
     if not op.positions:
         del fields["positions"]
     else:

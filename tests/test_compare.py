@@ -317,6 +317,27 @@ def test_small_records_back_to_back_are_settled_in_runs_and_a_run_with_a_flip_is
     assert in_runs.pairs[30].metrics.first_difference is not None and in_runs.pairs[30].metrics.first_difference.coord == [2, 5]
 
 
+def test_stored_bytes_are_equal_only_when_every_byte_is_small_pieces_word_pieces_and_their_ragged_ends(tmp_path: Path) -> None:
+    """Pieces up to SMALL_PIECE_BYTES are compared as bytes, longer ones as 8-byte words and a ragged
+    tail: a one-bit difference anywhere, in either kind of piece, is found."""
+    from sessions.compare.pair_reader import SMALL_PIECE_BYTES, STORED_PIECE_BYTES, PairReader
+
+    captures = _many_small_records(tmp_path, flip_at=-1)
+    data = np.random.default_rng(6).integers(0, 256, STORED_PIECE_BYTES + 4099, dtype=np.uint8).tobytes()
+    with open_capture(captures[0]) as n, open_capture(captures[1]) as o:
+        reader = PairReader(n, o)
+        for size in (1000, SMALL_PIECE_BYTES + 13, STORED_PIECE_BYTES + 4099):
+            for flip in (0, size // 2, size - 9, size - 1):
+                native, oracle = tmp_path / "n.bin", tmp_path / "o.bin"
+                native.write_bytes(data[:size])
+                changed = bytearray(data[:size])
+                changed[flip] ^= 0x10
+                oracle.write_bytes(bytes(changed))
+                with open(native, "rb") as a, open(oracle, "rb") as b:
+                    assert not reader.stored_bytes_equal((a.fileno(), 0), (b.fileno(), 0), size), (size, flip)
+                    assert reader.stored_bytes_equal((a.fileno(), 0), (a.fileno(), 0), size), size
+
+
 def test_a_difference_in_a_large_records_last_stored_piece_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from sessions.compare import pair_reader
 

@@ -13,7 +13,9 @@ from hand_captures import T, bf16_bits, write_capture
 from sessions.capture.opening import open_capture
 from sessions.capture.reader import stored_span
 from sessions.compare.comparison import iter_compare
-from sessions.compare.result_cache import entries, load, store
+from sessions.compare.document import document_bytes
+from sessions.compare.options import CompareOptions
+from sessions.compare.result_cache import entries, iter_document_cached, load, store
 from sessions.progress import run_to_end
 from viewer.cli import main
 
@@ -97,3 +99,19 @@ def test_cache_summarises_and_clears_only_its_own_entries(tmp_path: Path, cache_
     assert lines[1].startswith("  comparison results: removed 1 entries (")
     assert lines[2].startswith("  passed structure checks: removed 2 entries (")
     assert sorted(p.name for p in cache_dir.rglob("*") if p.is_file()) == ["notes.txt"]
+
+
+def test_the_document_passed_on_is_the_entry_as_stored_and_a_damaged_entry_is_compared_again(tmp_path: Path) -> None:
+    native, oracle = pair(tmp_path)
+    folder = tmp_path / "comparisons"
+    with open_capture(native) as n, open_capture(oracle) as o:
+        computed = run_to_end(iter_compare(n, o))
+        first = run_to_end(iter_document_cached(n, o, CompareOptions(), folder))
+        (entry,) = folder.glob("*.json")
+        assert first == entry.read_bytes() == document_bytes(computed)
+        assert [p.label for p in iter_document_cached(n, o, CompareOptions(), folder)] == ["cached result"]
+        assert run_to_end(iter_document_cached(n, o, CompareOptions(), folder)) == first
+        entry.write_bytes(first[: len(first) // 2])
+        labels = [p.label for p in iter_document_cached(n, o, CompareOptions(), folder)]
+        assert labels != ["cached result"] and labels[0] == "aligning records", "a damaged entry is not passed on"
+        assert entry.read_bytes() == first, "and is written again"

@@ -76,6 +76,22 @@ def _route_problem(record: Record, routes: Mapping[str, tuple[str, ...]]) -> tup
     )
 
 
+def _pair_findings(pair: AlignedPair, routes: Mapping[str, tuple[str, ...]], same_engine: bool) -> list[ContractFinding]:
+    n, o = pair.native.record, pair.oracle.record
+    n_ids, o_ids = _ids(n), _ids(o)
+    findings: list[ContractFinding] = []
+    for side, record in (("native", n), ("oracle", o)):
+        problem = _route_problem(record, routes)
+        if problem is not None:
+            findings.append(ContractFinding(problem[0], pair.key, n_ids, o_ids, f"{side}: {problem[1]}"))
+    compared = ("kernel_id", "contract_id", "effective_contract_id") if same_engine else ("effective_contract_id",)
+    differing = [f for f in compared if getattr(n_ids, f) and getattr(o_ids, f) and getattr(n_ids, f) != getattr(o_ids, f)]
+    if differing:
+        detail = "; ".join(f"{f}: native {getattr(n_ids, f)!r} vs oracle {getattr(o_ids, f)!r}" for f in differing)
+        findings.append(ContractFinding(KERNEL_CONTRACT_MISMATCH, pair.key, n_ids, o_ids, detail))
+    return findings
+
+
 def check_contracts(pairs: list[AlignedPair], routes: Mapping[str, tuple[str, ...]], same_engine: bool) -> ContractCheck:
     """Compare ids pair by pair; `routes` maps composite contracts to their validated routes.
 
@@ -84,21 +100,20 @@ def check_contracts(pairs: list[AlignedPair], routes: Mapping[str, tuple[str, ..
     """
     findings: list[ContractFinding] = []
     unrecorded = 0
+    clean: set[tuple[str, ...]] = set()  # both sides' ids found to raise nothing: a finding depends on the ids alone
     for pair in pairs:
         n, o = pair.native.record, pair.oracle.record
-        n_ids, o_ids = _ids(n), _ids(o)
-        if n_ids == o_ids == ContractIds("", "", ""):
+        ids = (n.kernel_id, n.contract_id, n.effective_contract_id, o.kernel_id, o.contract_id, o.effective_contract_id)
+        if ids in clean:
+            continue
+        if not any(ids):
             unrecorded += 1
             continue
-        for side, record in (("native", n), ("oracle", o)):
-            problem = _route_problem(record, routes)
-            if problem is not None:
-                findings.append(ContractFinding(problem[0], pair.key, n_ids, o_ids, f"{side}: {problem[1]}"))
-        compared = ("kernel_id", "contract_id", "effective_contract_id") if same_engine else ("effective_contract_id",)
-        differing = [f for f in compared if getattr(n_ids, f) and getattr(o_ids, f) and getattr(n_ids, f) != getattr(o_ids, f)]
-        if differing:
-            detail = "; ".join(f"{f}: native {getattr(n_ids, f)!r} vs oracle {getattr(o_ids, f)!r}" for f in differing)
-            findings.append(ContractFinding(KERNEL_CONTRACT_MISMATCH, pair.key, n_ids, o_ids, detail))
+        found = _pair_findings(pair, routes, same_engine)
+        if found:
+            findings.extend(found)
+        else:
+            clean.add(ids)
     return ContractCheck(findings, len(pairs), unrecorded)
 
 

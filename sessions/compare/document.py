@@ -171,6 +171,11 @@ def document_lines(comparison: Comparison) -> Iterator[str]:
                 yield f"{name}\t{encode(item)}"
 
 
+def document_bytes(comparison: Comparison) -> bytes:
+    """`document_lines` as UTF-8, each line ended: what `loads_lines` reads, the cache stores and the comparing child sends."""
+    return "".join(f"{line}\n" for line in document_lines(comparison)).encode("utf-8")
+
+
 def loads_lines(data: bytes | bytearray, start: int = 0, keep_made: bool = False) -> Comparison:
     """The comparison `document_lines` wrote, as UTF-8 bytes from `start`, read line by line:
     each line is parsed and turned into its object at once. Never decoded whole (turning a real

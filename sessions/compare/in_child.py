@@ -27,9 +27,9 @@ from sessions.capture.opening import open_capture
 from sessions.capture.reader import CaptureError
 from sessions.child_process import ChildProcess, progress_line, signal_name
 from sessions.compare.comparison import Comparison, iter_compare
-from sessions.compare.document import ReportFormatError, document_lines, loads_lines
+from sessions.compare.document import ReportFormatError, document_bytes, loads_lines
 from sessions.compare.options import CompareOptions
-from sessions.compare.result_cache import iter_compare_cached
+from sessions.compare.result_cache import iter_document_cached
 from sessions.progress import Progress, ProgressGenerator
 
 RESULT = "result"
@@ -137,16 +137,19 @@ def _write_line(kind: str, text: str) -> None:
     sys.stdout.flush()
 
 
-def compare_here(native_path: Path, oracle_path: Path, options: CompareOptions, cache_dir: Path | None) -> Comparison:
-    """The child's side: open both files (structurally checked, as any open is), compare, print progress."""
+def compare_here(native_path: Path, oracle_path: Path, options: CompareOptions, cache_dir: Path | None) -> bytes:
+    """The child's side: open both files (structurally checked, as any open is), compare, print
+    progress; the comparison's document (`document_bytes`), as the cache holds it when there is one."""
     with open_capture(native_path) as native, open_capture(oracle_path) as oracle:
-        work = iter_compare(native, oracle, options) if cache_dir is None else iter_compare_cached(native, oracle, options, cache_dir)
+        work: ProgressGenerator[Comparison | bytes] = (
+            iter_compare(native, oracle, options) if cache_dir is None else iter_document_cached(native, oracle, options, cache_dir)
+        )
         last = 0.0
         while True:
             try:
                 step = next(work)
             except StopIteration as done:
-                return done.value
+                return done.value if isinstance(done.value, bytes) else document_bytes(done.value)
             now = time.monotonic()
             if now - last >= PRINT_INTERVAL_S:
                 last = now
@@ -166,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         os.nice(BEHIND_A_WINDOW_NICENESS)
     try:
         options = options_from_json(sys.stdin.read() if args.options == "-" else args.options)
-        comparison = compare_here(args.native, args.oracle, options, args.cache_dir)
+        document = compare_here(args.native, args.oracle, options, args.cache_dir)
     except CaptureError as exc:
         _write_line(ERROR, json.dumps({"path": exc.path, "location": exc.location, "problem": exc.problem}))
         return 1
@@ -174,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         _write_line(ERROR, json.dumps({"type": type(exc).__name__, "message": str(exc)}))
         return 1
     sys.stdout.write(f"{RESULT}\n")
-    sys.stdout.writelines(f"{line}\n" for line in document_lines(comparison))
+    sys.stdout.flush()
+    sys.stdout.buffer.write(document)
     sys.stdout.flush()
     return 0
 

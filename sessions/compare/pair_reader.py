@@ -9,6 +9,7 @@ and the chunk size keeps what was just read in cache while it is compared.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
 
@@ -22,12 +23,21 @@ ADVISE_MIN_BYTES = 1024 * 1024
 """Smaller records get no read-ahead: finding their span costs about what their read does."""
 STORED_PIECE_BYTES = 4 * 1024 * 1024
 """Stored bytes are compared this much at a time: both pieces stay in cache while compared."""
+SMALL_PIECE_BYTES = 4096
+"""Pieces up to this size are compared as bytes: for a run of a few tiny records one `==` of two
+copies costs less than comparing arrays (0.2 against 1.7 us for 1.4 KB)."""
 
 
 def pair_bytes(pair: AlignedPair) -> int:
     """Stored bytes of both sides of a pair (of what the pair compares, when it is part of a record)."""
-    ld = logical_dtype(pair.native.record.dtype)
-    return 2 * (pair.native.record.size if ld.is_quantized else math.prod(pair.native.shape)) * ld.storage.itemsize
+    return _pair_bytes(pair.native.record.dtype, pair.native.shape, pair.native.record.shape)
+
+
+@lru_cache(maxsize=4096)
+def _pair_bytes(dtype: str, compared: tuple[int, ...], stored: tuple[int, ...]) -> int:
+    """Once per kind of pair: a comparison asks for every pair's bytes three times, a real run has 220,000 pairs of a few hundred kinds."""
+    ld = logical_dtype(dtype)
+    return 2 * math.prod(stored if ld.is_quantized else compared) * ld.storage.itemsize
 
 
 def _rows_per_unit(mapped: MappedRecord) -> int:
@@ -128,11 +138,13 @@ class PairReader:
         STORED_PIECE_BYTES at a time into two buffers kept for the comparison: a fresh buffer per
         record faults its pages in again (a 33 MB record read into new memory cost 8x the same
         read into a kept buffer). A short read is a difference: the caller's full pass says why.
-        Pieces are compared as bytes: for the many tiny records of a real run, one `==` costs
-        less than a call into memcmp through ctypes."""
+        Up to SMALL_PIECE_BYTES a piece is compared as bytes (slices are copies, cheap at that
+        size); past it as 8-byte words, in place (copying a 4 MiB piece to compare it cost 8x
+        the comparison)."""
         if self._pieces is None:
             self._pieces = bytearray(STORED_PIECE_BYTES), bytearray(STORED_PIECE_BYTES)
         a, b = self._pieces
+        words = np.frombuffer(a, np.uint64), np.frombuffer(b, np.uint64)
         (n_fd, n_at), (o_fd, o_at) = native, oracle
         for done in range(0, size, STORED_PIECE_BYTES):
             n = min(STORED_PIECE_BYTES, size - done)
@@ -141,7 +153,12 @@ class PairReader:
                 pread_exact(o_fd, o_at + done, np.frombuffer(b, np.uint8, n))
             except OSError:
                 return False
-            if not (a == b if n == STORED_PIECE_BYTES else a[:n] == b[:n]):
+            if n <= SMALL_PIECE_BYTES:
+                if a[:n] != b[:n]:
+                    return False
+                continue
+            whole = n // 8
+            if not np.array_equal(words[0][:whole], words[1][:whole]) or a[whole * 8 : n] != b[whole * 8 : n]:
                 return False
         return True
 

@@ -31,7 +31,7 @@ from sessions.compare.comparison import Comparison, iter_compare, resolve_profil
 from sessions.compare.document import (
     DOCUMENT_VERSION,
     ReportFormatError,
-    document_lines,
+    document_bytes,
     loads_lines,
 )
 from sessions.compare.options import CompareOptions
@@ -90,20 +90,27 @@ def cache_key(native: Capture, oracle: Capture, options: CompareOptions, profile
     return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def load(cache_dir: Path, key: str) -> Comparison | None:
-    """The cached result, or None when absent or unreadable (a damaged entry is recomputed).
-
-    A hit is marked as used now (its mtime), which is what eviction orders by."""
+def _read(cache_dir: Path, key: str) -> tuple[bytes, Comparison] | None:
+    """The entry's bytes and the comparison they read back as, or None when absent or unreadable
+    (a damaged entry is recomputed). A hit is marked as used now (its mtime), which is what
+    eviction orders by."""
     path = cache_dir / f"{key}{ENTRY_SUFFIX}"
     try:
-        result = loads_lines(path.read_bytes())
+        data = path.read_bytes()
+        result = loads_lines(data)
     except (OSError, ReportFormatError):
         return None
     try:
         os.utime(path)
     except OSError:
         pass  # a read-only cache still serves its results; they just age
-    return result
+    return data, result
+
+
+def load(cache_dir: Path, key: str) -> Comparison | None:
+    """The cached result, or None when absent or unreadable (a damaged entry is recomputed)."""
+    hit = _read(cache_dir, key)
+    return None if hit is None else hit[1]
 
 
 def entries(cache_dir: Path) -> list[tuple[int, int, Path]]:
@@ -134,20 +141,28 @@ def evict(cache_dir: Path, max_bytes: int = MAX_CACHE_BYTES) -> None:
         total -= size
 
 
-def store(cache_dir: Path, key: str, comparison: Comparison, max_bytes: int = MAX_CACHE_BYTES) -> None:
+def store(cache_dir: Path, key: str, comparison: Comparison, max_bytes: int = MAX_CACHE_BYTES) -> bytes:
     """Write atomically (temp file + fsync + replace), then evict down to `max_bytes`; a cache that
-    cannot be written is skipped."""
+    cannot be written is skipped. Returns the entry's bytes (`document_bytes`), written or not."""
+    data = document_bytes(comparison)
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
         fd, temp = tempfile.mkstemp(dir=cache_dir, prefix=".tmp-", suffix=ENTRY_SUFFIX)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.writelines(f"{line}\n" for line in document_lines(comparison))
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temp, cache_dir / f"{key}{ENTRY_SUFFIX}")
         evict(cache_dir, max_bytes)
     except OSError:
-        return
+        pass
+    return data
+
+
+def _lookup(native: Capture, oracle: Capture, options: CompareOptions, cache_dir: Path | None) -> tuple[Path, str, tuple[Profile, Profile]]:
+    """The cache folder, the pair's key in it and the profiles the key covers. Raises ProfileError."""
+    profiles = resolve_profiles(native, oracle, options)
+    return default_cache_dir() if cache_dir is None else cache_dir, cache_key(native, oracle, options, profiles), profiles
 
 
 def iter_compare_cached(
@@ -156,13 +171,26 @@ def iter_compare_cached(
     """`iter_compare` behind the sidecar cache; a hit yields one Progress and returns at once.
 
     Raises ProfileError (before any cache lookup) when a profile cannot be found or read."""
-    directory = default_cache_dir() if cache_dir is None else cache_dir
-    profiles = resolve_profiles(native, oracle, options)
-    key = cache_key(native, oracle, options, profiles)
-    cached = load(directory, key)
-    if cached is not None:
+    directory, key, profiles = _lookup(native, oracle, options, cache_dir)
+    hit = _read(directory, key)
+    if hit is not None:
         yield Progress(1, 1, "cached result")
-        return cached
+        return hit[1]
     result = yield from iter_compare(native, oracle, options, profiles)
     store(directory, key, result)
     return result
+
+
+def iter_document_cached(
+    native: Capture, oracle: Capture, options: CompareOptions = CompareOptions(), cache_dir: Path | None = None
+) -> ProgressGenerator[bytes]:
+    """`iter_compare_cached`'s comparison as its document's bytes (`document_bytes`): for a process
+    that passes the document on (a window's comparing child), the entry's own bytes, not the
+    comparison written again (a real model's 220,000 pairs take a second to write)."""
+    directory, key, profiles = _lookup(native, oracle, options, cache_dir)
+    hit = _read(directory, key)
+    if hit is not None:
+        yield Progress(1, 1, "cached result")
+        return hit[0]
+    result = yield from iter_compare(native, oracle, options, profiles)
+    return store(directory, key, result)

@@ -159,26 +159,13 @@ def store(cache_dir: Path, key: str, comparison: Comparison, max_bytes: int = MA
     return data
 
 
-def _lookup(native: Capture, oracle: Capture, options: CompareOptions, cache_dir: Path | None) -> tuple[Path, str, tuple[Profile, Profile]]:
-    """The cache folder, the pair's key in it and the profiles the key covers. Raises ProfileError."""
-    profiles = resolve_profiles(native, oracle, options)
-    return default_cache_dir() if cache_dir is None else cache_dir, cache_key(native, oracle, options, profiles), profiles
-
-
 def iter_compare_cached(
     native: Capture, oracle: Capture, options: CompareOptions = CompareOptions(), cache_dir: Path | None = None
 ) -> ProgressGenerator[Comparison]:
     """`iter_compare` behind the sidecar cache; a hit yields one Progress and returns at once.
 
     Raises ProfileError (before any cache lookup) when a profile cannot be found or read."""
-    directory, key, profiles = _lookup(native, oracle, options, cache_dir)
-    hit = _read(directory, key)
-    if hit is not None:
-        yield Progress(1, 1, "cached result")
-        return hit[1]
-    result = yield from iter_compare(native, oracle, options, profiles)
-    store(directory, key, result)
-    return result
+    return (yield from _iter_cached(native, oracle, options, cache_dir))[1]
 
 
 def iter_document_cached(
@@ -187,10 +174,16 @@ def iter_document_cached(
     """`iter_compare_cached`'s comparison as its document's bytes (`document_bytes`): for a process
     that passes the document on (a window's comparing child), the entry's own bytes, not the
     comparison written again (a real model's 220,000 pairs take a second to write)."""
-    directory, key, profiles = _lookup(native, oracle, options, cache_dir)
+    return (yield from _iter_cached(native, oracle, options, cache_dir))[0]
+
+
+def _iter_cached(native: Capture, oracle: Capture, options: CompareOptions, cache_dir: Path | None) -> ProgressGenerator[tuple[bytes, Comparison]]:
+    """The comparison and its entry's bytes: read back on a hit, compared and stored on a miss."""
+    profiles = resolve_profiles(native, oracle, options)
+    directory, key = default_cache_dir() if cache_dir is None else cache_dir, cache_key(native, oracle, options, profiles)
     hit = _read(directory, key)
     if hit is not None:
         yield Progress(1, 1, "cached result")
-        return hit[0]
+        return hit
     result = yield from iter_compare(native, oracle, options, profiles)
-    return store(directory, key, result)
+    return store(directory, key, result), result

@@ -351,3 +351,22 @@ def test_a_difference_in_a_large_records_last_stored_piece_is_found(tmp_path: Pa
         comparison = run_to_end(iter_compare(native, oracle, CompareOptions(chunk_bytes=1024)))
     (pair,) = comparison.pairs
     assert pair.metrics.differing == 1 and pair.metrics.max_ulp == 1
+
+
+def test_the_json_document_has_an_item_per_line_and_every_pair_its_own_metrics_however_shared(tmp_path: Path) -> None:
+    import json
+
+    from sessions.compare.json_plain import plain
+
+    native, oracle = _many_small_records(tmp_path, flip_at=30)
+    with open_capture(native) as n, open_capture(oracle) as o:
+        comparison = run_to_end(iter_compare(n, o, CompareOptions(workers=1)))
+    assert len({id(p.metrics) for p in comparison.pairs}) == 2, "the identical pairs share one metrics object"
+    text = dumps(comparison)
+    document = json.loads(text)
+    assert [p["metrics"] for p in document["pairs"]] == [plain(p.metrics) for p in comparison.pairs]
+    assert document["pairs"][30]["metrics"]["differing"] == 1 and document["pairs"][29]["metrics"]["differing"] == 0
+    assert [p["key"] for p in document["error_growth"]] == [p.key.text() for p in comparison.pairs], "the derived list is written"
+    lines = text.splitlines()
+    assert lines[0] == "{" and lines[-1] == "}"
+    assert sum(line.startswith('  {"key": ') for line in lines) == 2 * len(comparison.pairs), "each pair and growth point on its own line"

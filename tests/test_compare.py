@@ -320,7 +320,11 @@ def test_small_records_back_to_back_are_settled_in_runs_and_a_run_with_a_flip_is
 def test_stored_bytes_are_equal_only_when_every_byte_is_small_pieces_word_pieces_and_their_ragged_ends(tmp_path: Path) -> None:
     """Pieces up to SMALL_PIECE_BYTES are compared as bytes, longer ones as 8-byte words and a ragged
     tail: a one-bit difference anywhere, in either kind of piece, is found."""
-    from sessions.compare.pair_reader import SMALL_PIECE_BYTES, STORED_PIECE_BYTES, PairReader
+    from sessions.compare.pair_reader import (
+        SMALL_PIECE_BYTES,
+        STORED_PIECE_BYTES,
+        PairReader,
+    )
 
     captures = _many_small_records(tmp_path, flip_at=-1)
     data = np.random.default_rng(6).integers(0, 256, STORED_PIECE_BYTES + 4099, dtype=np.uint8).tobytes()

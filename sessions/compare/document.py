@@ -15,7 +15,7 @@ from enum import Enum
 from functools import cache
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-from sessions.compare.comparison import Comparison
+from sessions.compare.comparison import Comparison, PairResult
 from sessions.compare.json_plain import plain
 from sessions.compare.key import OpKey
 from sessions.compare.tensor_diff import TensorMetrics
@@ -33,9 +33,7 @@ class ReportFormatError(ValueError):
 
 
 def comparison_to_dict(comparison: Comparison, omit: frozenset[str] = frozenset()) -> dict[str, Any]:
-    """Metrics shared by many pairs (every identical pair of one dtype and shape) are converted once
-    and their plain value shared: do not change the result in place."""
-    return {"format": DOCUMENT_FORMAT, "version": DOCUMENT_VERSION, **plain(comparison, omit, {})}
+    return {"format": DOCUMENT_FORMAT, "version": DOCUMENT_VERSION, **plain(comparison, omit)}
 
 
 def from_plain(tp: Any, value: Any) -> Any:
@@ -116,18 +114,34 @@ def comparison_from_dict(data: dict[str, Any]) -> Comparison:
 def dumps(comparison: Comparison) -> str:
     """For people and pipelines (the CLI's `--json`): one field per line, and a list's items one
     per line; the cache and the window's child write `document_lines` instead. Indenting every
-    level took 11 s for a real model's 220,000 pairs (json's indenting encoder is pure Python),
-    an item per line takes its C encoder."""
+    level took 11 s for a real model's 220,000 pairs (json's indenting encoder is pure Python);
+    an item per line takes its C encoder, and metrics shared by identical pairs are encoded once."""
     with garbage_collection_paused():
         encode = json.JSONEncoder(allow_nan=False).encode
-        fields = []
-        for name, value in comparison_to_dict(comparison).items():
-            if isinstance(value, list) and value:
-                items = ",\n  ".join(map(encode, value))
-                fields.append(f" {encode(name)}: [\n  {items}\n ]")
-            else:
-                fields.append(f" {encode(name)}: {encode(value)}")
+        data = comparison_to_dict(dataclasses.replace(comparison, pairs=[]), DERIVED_LISTS)
+        data["error_growth"] = plain(comparison.error_growth)
+        items = {name: [encode(item) for item in value] for name, value in data.items() if isinstance(value, list)}
+        items["pairs"] = _pair_items(comparison.pairs, encode)
+        fields = [
+            f" {encode(name)}: [\n  " + ",\n  ".join(items[name]) + "\n ]" if items.get(name) else f" {encode(name)}: {encode(value)}"
+            for name, value in data.items()
+        ]
         return "{\n" + ",\n".join(fields) + "\n}"
+
+
+def _pair_items(pairs: list[PairResult], encode: Callable[[Any], str]) -> list[str]:
+    """Each pair as JSON, its metrics last: encoded once per metrics object (identical pairs share one)."""
+    shared: dict[int, str] = {}
+    items = []
+    for pair in pairs:
+        metrics = shared.get(id(pair.metrics))
+        if metrics is None:
+            metrics = shared[id(pair.metrics)] = encode(plain(pair.metrics))
+        items.append(f'{encode(plain(pair, _WITHOUT_METRICS))[:-1]}, "metrics": {metrics}}}')
+    return items
+
+
+_WITHOUT_METRICS = frozenset({"metrics"})
 
 
 def loads(text: str) -> Comparison:

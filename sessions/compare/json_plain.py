@@ -21,16 +21,13 @@ DERIVED_PROPERTIES = ("bit_exact", "fraction_differing", "same", "passed", "exit
 should not have to recompute them from the counts."""
 
 
-def plain(value: Any, omit: frozenset[str] = frozenset(), shared: dict[int, tuple[Any, Any]] | None = None) -> Any:
+def plain(value: Any, omit: frozenset[str] = frozenset()) -> Any:
     """`value` as dicts, lists, strings, numbers, booleans and None, for strict JSON.
 
     Dataclass fields and derived properties named in `omit` are left out at any depth. Arrays
     become None: a document names where bits are (capture, record), it does not carry them. An
     op key becomes its one text form (`0:visual:0:sdpa`), ready for `rerun --op`. Non-finite
     floats become the strings "NaN", "Infinity", "-Infinity" (strict JSON has no such numbers).
-    `shared`, given, is where a dataclass object met more than once is converted once (a real
-    model's identical pairs share one metrics object): id -> (object, its plain value), the
-    object held so that no other takes its id meanwhile.
     """
     kind = type(value)
     if kind in _AS_IS:
@@ -39,25 +36,21 @@ def plain(value: Any, omit: frozenset[str] = frozenset(), shared: dict[int, tupl
         return value if math.isfinite(value) else _non_finite(value)
     shape = _shape_of(kind)
     if shape is not None:
-        if shared is not None and id(value) in shared:
-            return shared[id(value)][1]
         out = {}
         for group in shape:
             for name in group:
                 if name not in omit:
                     field = getattr(value, name)
-                    out[name] = field if type(field) in _AS_IS else plain(field, omit, shared)  # most fields: no call
-        if shared is not None:
-            shared[id(value)] = value, out
+                    out[name] = field if type(field) in _AS_IS else plain(field, omit)  # most fields: no call
         return out
     if isinstance(value, np.ndarray):
         return None
     if isinstance(value, OpKey):
         return value.text()
     if isinstance(value, (list, tuple)):
-        return [plain(v, omit, shared) for v in value]
+        return [plain(v, omit) for v in value]
     if isinstance(value, dict):
-        return {str(k): plain(v, omit, shared) for k, v in value.items()}
+        return {str(k): plain(v, omit) for k, v in value.items()}
     return value
 
 

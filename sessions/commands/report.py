@@ -7,7 +7,6 @@ or incomplete capture, unusable profile) with a one-line reason on stderr.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,6 +15,8 @@ from sessions.capture.read_ahead import ReadAhead
 from sessions.compare.verdict import EXIT_UNUSABLE
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from sessions.capture.reader import Capture
     from sessions.investigation.model import Investigation
 
@@ -94,16 +95,6 @@ def _open(path: str) -> Capture:
     return capture
 
 
-def _write_json(path: str, text: str) -> None:
-    import tempfile
-
-    target = Path(path)
-    fd, temp = tempfile.mkstemp(dir=target.parent if str(target.parent) else ".", prefix=".report-", suffix=".json")
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(temp, target)
-
-
 def run(args: argparse.Namespace) -> int:
     session = None
     if getattr(args, "session", None):
@@ -170,19 +161,19 @@ def _report(args: argparse.Namespace, session: Investigation | None = None) -> i
         for capture in captures:
             capture.close()
     sys.stdout.write(render(comparison, args.top, full=args.full))
+    from sessions.atomic_write import atomic_write_bytes
+
+    outputs: list[tuple[str, Callable[[], str]]] = []
     if args.json:
-        try:
-            _write_json(args.json, dumps(comparison))
-        except OSError as exc:
-            print(f"parity-xray report: cannot write {args.json}: {exc}", file=sys.stderr)
-            return EXIT_UNUSABLE
+        outputs.append((args.json, lambda: dumps(comparison)))
     if getattr(args, "html", None):
-        from sessions.atomic_write import atomic_write_bytes
         from sessions.report.html_page import render_html
 
+        outputs.append((args.html, lambda: render_html(comparison, session)))
+    for path, text in outputs:
         try:
-            atomic_write_bytes(Path(args.html), render_html(comparison, session).encode("utf-8"))
+            atomic_write_bytes(Path(path), text().encode("utf-8"))
         except OSError as exc:
-            print(f"parity-xray report: cannot write {args.html}: {exc}", file=sys.stderr)
+            print(f"parity-xray report: cannot write {path}: {exc}", file=sys.stderr)
             return EXIT_UNUSABLE
     return comparison.verdict.exit_code

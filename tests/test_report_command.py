@@ -88,6 +88,18 @@ def test_weights_hash_mismatch_is_a_warning_at_the_top(tmp_path: Path, capsys: p
     assert capsys.readouterr().out.splitlines()[0].startswith("WARNING: WEIGHTS HASH MISMATCH")
 
 
+def test_a_report_file_that_cannot_be_written_is_named_and_the_json_is_written_whole(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    native, oracle = _pair(tmp_path, flip=True)
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where a folder is expected")
+    assert _run(native, oracle, "--json", str(blocked / "r.json")) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"parity-xray report: cannot write {blocked / 'r.json'}:") and len(err.splitlines()) == 1
+    assert _run(native, oracle, "--json", str(tmp_path / "r.json")) == 1
+    assert json.loads((tmp_path / "r.json").read_text())["verdict"]["word"] == "DIVERGENCE"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == [], "no temp file left behind"
+
+
 def _unusable(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     assert _run(*argv) == 2
     err = capsys.readouterr().err.strip()

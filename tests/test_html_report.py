@@ -129,3 +129,24 @@ def test_headless_html_report_from_a_pair_and_from_a_session(tmp_path: Path, dem
     shutil.copy2(demo_pairs["head-chunk"][1], oracle)
     assert report_command.run(parser.parse_args(["--session", str(tmp_path / "s.xray"), "--html", str(out)])) == report_command.EXIT_UNUSABLE
     assert "not the capture this session was saved with" in capsys.readouterr().err
+
+
+def test_the_growth_plot_draws_at_most_two_points_per_pixel_column_and_marks_each_columns_worst_op(comparison) -> None:  # type: ignore[no-untyped-def]
+    import dataclasses
+    import re
+
+    from sessions.report.html_page import FIGURE_WIDTH, growth_svg
+
+    def drawn(svg: str) -> tuple[list[float], int]:
+        points = re.search(r'<polyline points="([^"]*)"', svg)
+        assert points is not None
+        return [float(p.split(",")[1]) for p in points.group(1).split()], svg.count("<circle")
+
+    few = comparison.error_growth
+    heights, marks = drawn(growth_svg(comparison))
+    assert len(heights) == len(few) and marks == sum(1 for p in few if p.max_ulp), "few ops: one point and one mark each"
+    many = dataclasses.replace(comparison, pairs=comparison.pairs * (4 * FIGURE_WIDTH // len(comparison.pairs) + 1))
+    assert len(many.error_growth) > 2 * FIGURE_WIDTH
+    tall, marked = drawn(growth_svg(many))
+    assert len(tall) <= 2 * FIGURE_WIDTH and 0 < marked <= FIGURE_WIDTH
+    assert min(tall) == min(heights) and max(tall) == max(heights), "the highest and lowest errors are still drawn"

@@ -214,6 +214,10 @@ def test_the_document_in_lines_reads_back_to_the_same_comparison_and_a_broken_li
     assert dumps(loads_lines(b"result\n" + "\n".join(lines).encode(), start=len(b"result\n"))) == dumps(comparison), "read from where it starts"
     with pytest.raises(ReportFormatError, match="an item of pairs is not JSON"):
         loads_lines("\n".join([lines[0], "pairs\t{broken"]).encode())
+    with pytest.raises(ReportFormatError, match="a pair is a row of 14 values"):
+        loads_lines("\n".join([lines[0], lines[1], "pairs\t[1, 2]"]).encode())
+    with pytest.raises(ReportFormatError, match="metrics are the number of a metrics line"):
+        loads_lines("\n".join([lines[0], lines[1], lines[2].replace(", 0, false,", ", -1, false,", 1)]).encode())
     with pytest.raises(ReportFormatError, match="an item of pairs is not JSON"):
         loads_lines(lines[0].encode() + b"\npairs\t\xff\xfe")
     with pytest.raises(ReportFormatError, match="names no list of it"):

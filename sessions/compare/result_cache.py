@@ -39,11 +39,11 @@ from sessions.compare.profile_identity import identify
 from sessions.compare.profiles import Profile
 from sessions.progress import Progress, ProgressGenerator
 
-CACHE_FORMAT = 5
+CACHE_FORMAT = 6
 """4: an entry is the report document in lines (`document_lines`), metrics shared by identical
 pairs written once: a 240,000-record pair's entry in one JSON document was 236 MB and its cache
 hit (10.2 s) slower than comparing again (7.8 s). 5: without the error growth, which the
-comparison derives from its pairs."""
+comparison derives from its pairs. 6: a pair is a row of its fields' values (`PAIR_FIELDS`)."""
 SESSIONS_DIR = Path(__file__).resolve().parent.parent
 MAX_CACHE_BYTES = 256 * 1024**2
 """Largest total size of cached results; a report of a large pair with few records is a few

@@ -31,7 +31,7 @@ from sessions.compare.positions import (
     span_text,
     uncovered,
 )
-from sessions.compare.profiles import Profile, padded_axis
+from sessions.compare.profiles import Profile, RuleMatch, padded_axis
 
 NO_RULE = "no_rule"
 LAYER_CONFLICT = "layer_conflict"
@@ -156,9 +156,9 @@ _KindOfRecord = tuple[str, int, int, str, tuple[str, ...], int, tuple[int, ...]]
 """(name, occurrence, count, kernel, sources, layer, shape): all a record's mapping depends on."""
 
 
-def _mapping(profile: Profile, kind: _KindOfRecord, batch: BatchRow | None) -> _Mapping:
-    name, occurrence, count, kernel, sources, layer, shape = kind
-    match = profile.match(name, occurrence, count, kernel, sources)
+def _mapping(profile: Profile, match: RuleMatch | None, kind: _KindOfRecord, batch: BatchRow | None) -> _Mapping:
+    """What `match` (the profile's rule for the kind's name, occurrence, count, kernel and sources) makes of records of `kind`."""
+    name, occurrence, count, _, _, layer, shape = kind
     if match is not None and match.one_sided is not None and not match.op:
         return _Mapping("", 0, layer, None, (), None, (ONE_SIDED, match.one_sided))
     if match is None:
@@ -196,6 +196,7 @@ def map_records(
     whose records hold the batch along stored axis 0, keeps the request compared."""
     sources = sources or {}
     counts = Counter((r.step, r.segment, r.layer, r.name) for r in records)
+    matches: dict[tuple[str, int, int, str, tuple[str, ...]], RuleMatch | None] = {}
     mappings: dict[_KindOfRecord, _Mapping] = {}
     mapped: list[MappedRecord] = []
     rejected: list[UnalignedRecord] = []
@@ -205,7 +206,10 @@ def map_records(
         kind = (record.name, record.occurrence, count, record.kernel_id, sources.get(record.seq, ()), record.layer, record.shape)
         m = mappings.get(kind)
         if m is None:
-            m = mappings[kind] = _mapping(profile, kind, batch)
+            asked = kind[:5]  # shapes that grow every step (attention scores) make kinds, not rules
+            if asked not in matches:
+                matches[asked] = profile.match(*asked)
+            m = mappings[kind] = _mapping(profile, matches[asked], kind, batch)
         if m.refusal is not None:
             key = OpKey(record.step, record.segment, m.layer, m.op, m.occurrence) if m.keyed else None
             rejected.append(_unaligned(side, record, *m.refusal, key))

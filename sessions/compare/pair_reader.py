@@ -138,9 +138,9 @@ class PairReader:
         STORED_PIECE_BYTES at a time into two buffers kept for the comparison: a fresh buffer per
         record faults its pages in again (a 33 MB record read into new memory cost 8x the same
         read into a kept buffer). A short read is a difference: the caller's full pass says why.
-        Up to SMALL_PIECE_BYTES a piece is compared as bytes (slices are copies, cheap at that
-        size); past it as 8-byte words, in place (copying a 4 MiB piece to compare it cost 8x
-        the comparison)."""
+        A whole piece is compared as bytes (memcmp); a shorter one up to SMALL_PIECE_BYTES as
+        bytes too (its slices are copies, cheap at that size), past it as 8-byte words in place
+        (copying a 4 MiB piece to compare it cost 8x the comparison)."""
         if self._pieces is None:
             self._pieces = bytearray(STORED_PIECE_BYTES), bytearray(STORED_PIECE_BYTES)
         a, b = self._pieces
@@ -153,13 +153,16 @@ class PairReader:
                 pread_exact(o_fd, o_at + done, np.frombuffer(b, np.uint8, n))
             except OSError:
                 return False
-            if n <= SMALL_PIECE_BYTES:
+            if n == STORED_PIECE_BYTES:
+                if a != b:
+                    return False
+            elif n <= SMALL_PIECE_BYTES:
                 if a[:n] != b[:n]:
                     return False
-                continue
-            whole = n // 8
-            if not np.array_equal(words[0][:whole], words[1][:whole]) or a[whole * 8 : n] != b[whole * 8 : n]:
-                return False
+            else:
+                whole = n // 8
+                if not np.array_equal(words[0][:whole], words[1][:whole]) or a[whole * 8 : n] != b[whole * 8 : n]:
+                    return False
         return True
 
     def use(self, pair: AlignedPair) -> None:

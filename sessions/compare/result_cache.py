@@ -21,9 +21,9 @@ import functools
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
+from sessions.atomic_write import atomic_write_bytes
 from sessions.capture.check_cache import cache_root, identity_of
 from sessions.capture.identity import identity_of_capture
 from sessions.capture.reader import Capture
@@ -142,17 +142,12 @@ def evict(cache_dir: Path, max_bytes: int = MAX_CACHE_BYTES) -> None:
 
 
 def store(cache_dir: Path, key: str, comparison: Comparison, max_bytes: int = MAX_CACHE_BYTES) -> bytes:
-    """Write atomically (temp file + fsync + replace), then evict down to `max_bytes`; a cache that
+    """Write atomically (`atomic_write_bytes`), then evict down to `max_bytes`; a cache that
     cannot be written is skipped. Returns the entry's bytes (`document_bytes`), written or not."""
     data = document_bytes(comparison)
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
-        fd, temp = tempfile.mkstemp(dir=cache_dir, prefix=".tmp-", suffix=ENTRY_SUFFIX)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, cache_dir / f"{key}{ENTRY_SUFFIX}")
+        atomic_write_bytes(cache_dir / f"{key}{ENTRY_SUFFIX}", data)
         evict(cache_dir, max_bytes)
     except OSError:
         pass

@@ -206,12 +206,13 @@ session = Investigation()
 session.add_capture("native", "/data/native.h5", CaptureIdentity(1, 2, "0" * 64))
 for layer in range(300):
     session.add_bookmark(OpKey(0, "visual", layer, "sdpa"), "note " * 40)
-print("ready", flush=True)
 n = 0
 while True:
     n += 1
     session.set_title(f"generation {generation} save {n}")
     save_session(session, path, backups=3)
+    if n == 1:
+        print("saved", flush=True)
 """
 
 
@@ -225,7 +226,9 @@ def test_a_saver_killed_mid_save_thirty_times_always_leaves_a_readable_session(t
         saver = subprocess.Popen(
             [sys.executable, "-c", SAVER, str(path), str(generation)], cwd=ROOT, stdout=subprocess.PIPE, text=True
         )
-        assert saver.stdout is not None and saver.stdout.readline() == "ready\n"
+        # Killed only once it has saved: on a loaded machine a first save can take longer than
+        # the wait, which made whether this generation's title landed a matter of timing.
+        assert saver.stdout is not None and saver.stdout.readline() == "saved\n"
         time.sleep(rng.uniform(0.0, 0.05))
         saver.send_signal(signal.SIGKILL)
         saver.wait()
@@ -240,5 +243,5 @@ def test_a_saver_killed_mid_save_thirty_times_always_leaves_a_readable_session(t
             assert len(document.session.bookmarks) == 300
     for backup in tmp_path.glob("killed.xray.[0-9]"):
         assert SessionDocument.open(backup).notices == []
-    assert sum(t.startswith("generation") for t in titles) >= 25
+    assert all(t.startswith("generation") for t in titles), "every generation's saves landed whole"
     assert landed, "no kill landed inside a save; the test did not exercise what it claims"

@@ -98,7 +98,7 @@ class ViewedComparison:
             comparison.contracts.by_key(),
             grouped_by_key(comparison.dispatch_differences),
             pair_of,
-            _growth_series(comparison, pair_of),
+            _growth_series(comparison),
             [key.text() for key in rerunnable_keys(comparison)],
             tree_places(comparison),
             differing[:WORST_OPS_SHOWN],
@@ -497,11 +497,12 @@ def growth_series(viewed: ViewedComparison) -> GrowthSeries:
     return viewed.growth
 
 
-def _growth_series(comparison: Comparison, pair_of: dict[OpKey, PairResult]) -> GrowthSeries:
-    points = comparison.error_growth
-    pairs = [pair_of[point.key] for point in points]
-    ulp_log = np.log2(1.0 + np.fromiter((float(point.max_ulp or 0) for point in points), dtype=np.float64, count=len(points)))
-    nmse = np.fromiter((float(point.nmse) for point in points), dtype=np.float64, count=len(points))
+def _growth_series(comparison: Comparison) -> GrowthSeries:
+    """The error growth drawn from its pairs (`Comparison.compared_pairs`), not from growth points
+    made and looked up again (a third of a real model's 1.2 s here)."""
+    pairs = comparison.compared_pairs
+    ulp_log = np.log2(1.0 + np.fromiter((float(pair.metrics.max_ulp or 0) for pair in pairs), dtype=np.float64, count=len(pairs)))
+    nmse = np.fromiter((float(pair.metrics.nmse) for pair in pairs), dtype=np.float64, count=len(pairs))
     nmse_log = np.log10(np.maximum(nmse, NMSE_FLOOR))
     by_kind: dict[str, list[int]] = {}
     for i, pair in enumerate(pairs):

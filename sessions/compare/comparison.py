@@ -185,11 +185,16 @@ class Comparison:
     alignment: AlignmentMode
 
     @property
+    def compared_pairs(self) -> list[PairResult]:
+        """The pairs before the shared EOS, in execution order: those the error growth follows."""
+        return [r for r in self.pairs if not r.post_eos]
+
+    @property
     def error_growth(self) -> list[GrowthPoint]:
-        """Each pre-EOS pair's worst ULP and NMSE in execution order: derived from the pairs, not
+        """Each compared pair's worst ULP and NMSE in execution order: derived from the pairs, not
         stored beside them (a real model's 220,000 points doubled the document's items). The
         JSON document still carries it (`DERIVED_PROPERTIES`)."""
-        return [GrowthPoint(r.key, r.metrics.max_ulp, r.metrics.nmse) for r in self.pairs if not r.post_eos]
+        return [GrowthPoint(r.key, r.metrics.max_ulp, r.metrics.nmse) for r in self.compared_pairs]
 
 
 def profile_for(choice: str | None, capture: Capture, side: str) -> Profile:

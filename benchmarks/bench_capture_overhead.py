@@ -34,7 +34,11 @@ from backends.demo.llama_pairs import demo_weights_f32  # noqa: E402
 from backends.engines.demo_model import DemoConfig  # noqa: E402
 from backends.engines.gguf_export import VARIANTS, export_gguf, write_mlx_model_dir  # noqa: E402
 from backends.recorders.llama_process_env import brief_openmp_wait  # noqa: E402
-from backends.recorders.llama_recorder import LlamaSettings, iter_plain_here, iter_record_here  # noqa: E402
+from backends.recorders.llama_recorder import (  # noqa: E402
+    LlamaSettings,
+    iter_plain_here,
+    iter_record_here,
+)
 from backends.recorders.mlx_recorder import iter_record_mlx, plain_run_mlx  # noqa: E402
 from backends.recorders.record_schedule import TokenSchedule  # noqa: E402
 from sessions.progress import run_to_end  # noqa: E402

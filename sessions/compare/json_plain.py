@@ -30,7 +30,7 @@ def plain(value: Any, omit: frozenset[str] = frozenset()) -> Any:
     floats become the strings "NaN", "Infinity", "-Infinity" (strict JSON has no such numbers).
     """
     kind = type(value)
-    if kind in _AS_IS:
+    if kind in PLAIN_TYPES:
         return value
     if isinstance(value, float):
         return value if math.isfinite(value) else _non_finite(value)
@@ -41,7 +41,7 @@ def plain(value: Any, omit: frozenset[str] = frozenset()) -> Any:
             for name in group:
                 if name not in omit:
                     field = getattr(value, name)
-                    out[name] = field if type(field) in _AS_IS else plain(field, omit)  # most fields: no call
+                    out[name] = field if type(field) in PLAIN_TYPES else plain(field, omit)  # most fields: no call
         return out
     if isinstance(value, np.ndarray):
         return None
@@ -54,7 +54,7 @@ def plain(value: Any, omit: frozenset[str] = frozenset()) -> Any:
     return value
 
 
-_AS_IS = frozenset({int, str, bool, type(None)})
+PLAIN_TYPES = frozenset({int, str, bool, type(None)})
 """Types written as they are, checked first: they are most of a document's millions of values."""
 
 

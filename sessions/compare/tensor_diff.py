@@ -21,7 +21,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, lru_cache
 
 import numpy as np
 
@@ -196,6 +196,14 @@ def _error_bucket(error: np.ndarray) -> np.ndarray:
     return np.clip(np.nan_to_num(scaled, neginf=0.0, posinf=ERROR_BUCKETS - 1), 0, ERROR_BUCKETS - 1).astype(np.int64)
 
 
+@lru_cache(maxsize=1 << 16)
+def _shown(pattern: int, logical: str) -> tuple[str, str]:
+    """(hex, decimal) of a stored bit pattern, as a sample shows it: once per pattern (a 16-bit
+    dtype has 65,536), not once per sample."""
+    info = describe(pattern, logical)
+    return info.hex, info.decimal
+
+
 def _histogram_bucket(ulp: np.ndarray) -> np.ndarray:
     """Bucket k holds ULP distances in (2^(k-1), 2^k]; exact for distances up to 2^53."""
     _, exponent = np.frexp((ulp - np.uint64(1)).astype(np.float64))
@@ -340,14 +348,23 @@ class DiffAccumulator:
         self._reread_oracle = reread_oracle
         self._unsummed: list[tuple[int, int]] = []
         """Row ranges of identical chunks whose squares are still missing (see reread_oracle)."""
+        self._samples: dict[tuple[int, int], ElementSample] = {}
+        """Samples made, by (chunk's first row, flat index in the chunk): `_sample`."""
 
     def _sample(self, native: np.ndarray, oracle: np.ndarray, flat: int, row0: int, ulp: int | None) -> ElementSample:
+        """One element's sample, made once however many metrics point at it (in a small pair the
+        first difference is often also the worst ULP, abs and rel error and the first beyond
+        tolerance): the samples were most of a small differing pair's cost."""
+        made = self._samples.get((row0, flat))
+        if made is not None:
+            return made
         coord = [int(c) for c in np.unravel_index(flat, native.shape)]
         if coord:
             coord[0] += row0
-        n = describe(native.reshape(-1)[flat], self.logical)
-        o = describe(oracle.reshape(-1)[flat], self.logical)
-        return ElementSample(coord, n.hex, n.decimal, o.hex, o.decimal, ulp)
+        n_hex, n_decimal = _shown(int(as_bit_pattern(native, self.logical).reshape(-1)[flat]), self.logical)
+        o_hex, o_decimal = _shown(int(as_bit_pattern(oracle, self.logical).reshape(-1)[flat]), self.logical)
+        made = self._samples[(row0, flat)] = ElementSample(coord, n_hex, n_decimal, o_hex, o_decimal, ulp)
+        return made
 
     def add(self, native_bits: np.ndarray, oracle_bits: np.ndarray, row0: int = 0) -> None:
         """Feed the canonical-layout chunk that starts at index `row0` of axis 0.
@@ -525,8 +542,10 @@ class DiffAccumulator:
             m.cosine = float(self._sum_ab / norms) if norms else (1.0 if self._sum_aa == self._sum_bb else 0.0)
         if not self._quantized:
             self._finish_ulp_stats()
-        if self._ulp_error_hist.any():
-            rank = int(np.searchsorted(np.cumsum(self._ulp_error_hist), 0.99 * self._ulp_error_hist.sum()))
+        used = np.flatnonzero(self._ulp_error_hist)  # a handful of the 8,832 buckets
+        if used.size:
+            counts = self._ulp_error_hist[used]
+            rank = int(used[np.searchsorted(np.cumsum(counts), 0.99 * counts.sum())])
             m.p99_ulp_error = float(2.0 ** ((rank + 1 - ERROR_BUCKET_OFFSET) / ERROR_BUCKETS_PER_OCTAVE))
         m.ulp_histogram = [int(c) for c in self._hist[: int(np.flatnonzero(self._hist)[-1]) + 1]] if self._hist.any() else []
         if self._row_diff is not None and self._row_ulp is not None:

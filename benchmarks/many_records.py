@@ -24,12 +24,14 @@ STEP_RECORDS = 36 * OPS_PER_LAYER
 """A 36-layer model's ops per token step: 240,000 records are about 555 steps."""
 
 
-def build_many_records_pair(directory: Path, records: int, shape: tuple[int, int] = (4, 16)) -> tuple[Path, Path]:
+def build_many_records_pair(directory: Path, records: int, shape: tuple[int, int] = (4, 16), diverged: bool = False) -> tuple[Path, Path]:
     """A real model's record count: `records` bfloat16 tensors of `shape` per side in token steps of
-    STEP_RECORDS, identical but for one bit in the record at 60% of the run (its first divergence)."""
+    STEP_RECORDS, identical but for one bit in the record at 60% of the run (its first divergence);
+    `diverged`: in every record from there on, as in a run whose error, once made, reaches every
+    later op."""
     import ml_dtypes
 
-    name = f"many-{records}" + ("" if shape == (4, 16) else f"-{shape[0]}x{shape[1]}")
+    name = f"many-{records}" + ("" if shape == (4, 16) else f"-{shape[0]}x{shape[1]}") + ("-diverged" if diverged else "")
     native_path, oracle_path = directory / f"{name}.native.h5", directory / f"{name}.oracle.h5"
     if native_path.exists() and oracle_path.exists():
         return native_path, oracle_path
@@ -45,7 +47,8 @@ def build_many_records_pair(directory: Path, records: int, shape: tuple[int, int
             step, layer = seq // STEP_RECORDS, seq % STEP_RECORDS // OPS_PER_LAYER
             name = OP_NAMES[seq % OPS_PER_LAYER]
             oracle.add_tensor(name, tensor, step=step, segment="decode", layer=layer)
-            native.add_tensor(name, flipped if seq == planted else tensor, step=step, segment="decode", layer=layer)
+            differs = seq >= planted if diverged else seq == planted
+            native.add_tensor(name, flipped if differs else tensor, step=step, segment="decode", layer=layer)
             if seq % STEP_RECORDS == STEP_RECORDS - 1:
                 for writer in (native, oracle):
                     writer.add_token(step=step, segment="decode", token_id=step % 100, is_stop=False)
@@ -58,9 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dir", type=Path, help="where to write (and reuse) many-N.native.h5 and many-N.oracle.h5")
     parser.add_argument("--records", type=int, default=240_000, help="records per side (default 240000: a real 8B model's run)")
+    parser.add_argument("--diverged", action="store_true", help="every record from 60%% of the run on differs, not only that one")
     args = parser.parse_args(argv)
     args.dir.mkdir(parents=True, exist_ok=True)
-    for path in build_many_records_pair(args.dir, args.records):
+    for path in build_many_records_pair(args.dir, args.records, diverged=args.diverged):
         print(path)
     return 0
 

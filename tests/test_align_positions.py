@@ -245,3 +245,46 @@ def test_a_key_with_positions_reads_back_from_its_text() -> None:
     assert key.label() == "step 0 prefill layer 3 ffn_down#1 positions 5–1012"
     with pytest.raises(ValueError, match="positions must be integers"):
         OpKey.parse("0:prefill:3:ffn_down@a-b")
+
+
+def test_pairs_shipped_to_workers_as_rows_are_built_again_equal_from_the_workers_own_captures(tmp_path: Path) -> None:
+    """Workers get each pair as a row of plain values (seqs, keys, shapes, layouts, windows) and
+    build it again from the captures they open: pairs cut by position, a request's row of a batch
+    and a manual pairing come back exactly as alignment made them."""
+    from sessions.compare.align import ManualPair, align
+    from sessions.compare.key import RecordKey
+    from sessions.compare.mapped_record import batch_of
+    from sessions.compare.parallel_compare import rebuilt, shipped
+    from sessions.compare.profiles import resolve_profile
+
+    data = _prompt_tensors()
+    rng = np.random.default_rng(3)
+    batch = bf16_bits(rng.standard_normal((8, 6, HIDDEN)))
+    cases = {
+        "cut by position": (combined(tmp_path / "c.h5", data), segmented(tmp_path / "s.h5", data), "canonical", ()),
+        "a row of a batch": (
+            write_capture(tmp_path / "alone.h5", "native", [T("model.layers.0", batch[3:4].copy(), layer=0, dtype="bfloat16")]),
+            write_capture(tmp_path / "batch.h5", "oracle", [T("model.layers.0", batch, layer=0, dtype="bfloat16")], batch_size=8, batch_row=3),
+            "mlx-lm",
+            (),
+        ),
+        "paired by hand": (
+            combined(tmp_path / "c2.h5", data),
+            combined(tmp_path / "c3.h5", data),
+            "canonical",
+            (ManualPair(RecordKey(0, "prefill", 0, "layer_out"), RecordKey(0, "prefill", 0, "layer_out"), "checked by hand"),),
+        ),
+    }
+    made = {}
+    for case, (native, oracle, profile, overrides) in cases.items():
+        with open_capture(native) as n, open_capture(oracle) as o:
+            made[case] = align(
+                list(n.records), list(o.records), resolve_profile(profile), resolve_profile(profile),
+                overrides=overrides, native_batch=batch_of(n), oracle_batch=batch_of(o),
+            ).pairs
+            rows = [shipped(pair) for pair in made[case]]
+        with open_capture(native) as n, open_capture(oracle) as o:
+            assert rebuilt(rows, n, o) == made[case], case
+    assert any(p.native.window is not None for p in made["cut by position"]), "positions cut the combined call's records"
+    assert all(p.oracle.batch is not None and p.oracle.batch.row == 3 for p in made["a row of a batch"])
+    assert [p.manual_reason for p in made["paired by hand"] if p.manual_reason] == ["checked by hand"]

@@ -32,12 +32,16 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sessions.capture.opening import open_capture
-from sessions.capture.reader import Capture
+from sessions.capture.reader import Capture, CaptureError
 from sessions.compare.align import AlignedPair
+from sessions.compare.key import OpKey
+from sessions.compare.layout_transform import LayoutTransform
+from sessions.compare.mapped_record import BatchRow, MappedRecord, batch_of
 from sessions.compare.options import CompareOptions
 from sessions.compare.pair_compare import Heads, PairOutcome, iter_compare_pairs
 from sessions.compare.pair_reader import PairReader, pair_bytes
@@ -55,11 +59,12 @@ SPAWN_WHEN_LEFT_S = 1.0
 """Workers start once this process, at the rate it has compared so far, would need longer than
 this (plus twice what shipping the pairs costs) for the rest: about twice what a worker takes
 to start on a busy machine."""
-SHIP_S_PER_PAIR = 30e-6
-"""What a pair costs to reach the workers: pickled here once (11 us) and unpickled by each
-worker (17 us): 220,000 small pairs took 2.4 + 3.7 s, longer than this process takes to compare
-them all when they are identical. Counted in the decision to start workers, so a capture of many
-small records is not made slower by them (on 2 cores, 21 s with a worker against 10 s without)."""
+SHIP_S_PER_PAIR = 16e-6
+"""What a pair costs to reach the workers: made a row and pickled here (3.2 us), unpickled (0.6 us)
+and built again from a worker's own captures, its records included (12 us), before the worker
+compares it. Counted in the decision to start workers, so a capture of many small identical
+records is not made slower by them (they compare at 2 us a pair here). Pairs shipped with their
+records cost 31 us (on 2 cores, 21 s with a worker against 10 s without)."""
 MEASURE_S = 0.1
 """How long this process compares before its rate is trusted (its first reads pay for its buffers)."""
 POLL_SECONDS = 0.1
@@ -73,14 +78,54 @@ _job: _Job | None = None
 """A worker's comparison: given once when it starts, so a task is only a shard's number."""
 
 
+ShippedSide = tuple[int, tuple[Any, ...], tuple[int, ...], "str | None", "tuple[int, int] | None"]
+"""One side of a pair as the workers get it: (seq, key fields, canonical shape, layout spec, window)."""
+ShippedPair = tuple[ShippedSide, ShippedSide, "str | None"]
+"""A pair as a row of plain values (native side, oracle side, manual reason): each worker builds
+the pair again from its own open captures. Pickled pairs with their records took 31 us each to
+ship (3.3 s per worker for a real run's 220,000); a row takes a tenth."""
+
+
 @dataclass(frozen=True)
 class _Job:
     native: str
     oracle: str
-    shards: dict[int, list[AlignedPair]]
+    shards: dict[int, list[ShippedPair]]
     """The pairs of each shard not yet taken when the workers started, by shard number."""
     options: CompareOptions
     heads: Heads
+
+
+def _shipped_side(mapped: MappedRecord) -> ShippedSide:
+    return mapped.record.seq, tuple(mapped.key), mapped.shape, mapped.layout.spec if mapped.layout is not None else None, mapped.window
+
+
+def shipped(pair: AlignedPair) -> ShippedPair:
+    """`pair` as the workers get it (ShippedPair); `rebuilt` is its inverse."""
+    return _shipped_side(pair.native), _shipped_side(pair.oracle), pair.manual_reason
+
+
+def rebuilt(rows: list[ShippedPair], native: Capture, oracle: Capture) -> list[AlignedPair]:
+    """The pairs `shipped` made `rows` of, their records from these open captures."""
+    sides = (native, batch_of(native)), (oracle, batch_of(oracle))
+    pairs = []
+    for row in rows:
+        n, o = (_rebuilt_side(side, capture, batch) for side, (capture, batch) in zip(row, sides))
+        pairs.append(AlignedPair(n.key, n, o, row[2]))
+    return pairs
+
+
+def _rebuilt_side(side: ShippedSide, capture: Capture, batch: BatchRow | None) -> MappedRecord:
+    seq, key, shape, spec, window = side
+    record = capture.record(seq)
+    if record is None:
+        raise CaptureError(capture.path, f"index row {seq}", "is gone: the capture changed while it was compared")
+    return MappedRecord(record, OpKey(*key), _layout(spec), shape, window, batch)
+
+
+@cache
+def _layout(spec: str | None) -> LayoutTransform | None:
+    return None if spec is None else LayoutTransform.parse(spec)
 
 
 def worker_count(options: CompareOptions) -> int:
@@ -147,8 +192,9 @@ def _compare_shard(index: int) -> list[PairOutcome] | None:
     if not _claim(_claims, index):
         return None
     job = _job
-    reader = PairReader(_capture(job.native), _capture(job.oracle))
-    return run_to_end(iter_compare_pairs(reader, job.shards[index], job.options, job.heads, (0, 1)))
+    native, oracle = _capture(job.native), _capture(job.oracle)
+    pairs = rebuilt(job.shards[index], native, oracle)
+    return run_to_end(iter_compare_pairs(PairReader(native, oracle), pairs, job.options, job.heads, (0, 1)))
 
 
 class _Workers:
@@ -179,9 +225,9 @@ class _Workers:
         context = multiprocessing.get_context("spawn")
         self._shared = context.Array("b", list(self._taken))
         left = self.left()
-        job = _Job(str(native.path), str(oracle.path), {i: [pairs[p] for p in self.parts[i]] for i in left}, options, heads)
-        shipped = pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
-        self.pool = context.Pool(count, initializer=_start_worker, initargs=(self._shared, shipped))
+        job = _Job(str(native.path), str(oracle.path), {i: [shipped(pairs[p]) for p in self.parts[i]] for i in left}, options, heads)
+        pickled = pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
+        self.pool = context.Pool(count, initializer=_start_worker, initargs=(self._shared, pickled))
         for index in reversed(left):
             self.pending[index] = self.pool.apply_async(_compare_shard, (index,))
 

@@ -9,13 +9,14 @@ could not respond, reported overall and per phase (open and first paint, the com
 heatmaps, another op, the zoom, inspecting). A gap past half a second prints every thread's
 stack to stderr while it lasts (faulthandler), naming what the UI thread is stuck in.
 
-    .venv/bin/python benchmarks/bench_ui_stall.py [--layers 8] [--dir DIR] [--json OUT]
+    .venv/bin/python benchmarks/bench_ui_stall.py [--layers 8 | --records N [--diverged]] [--dir DIR] [--json OUT]
 
 With `--records N` (240000: a real 8B model's run) it builds instead two captures of N small
 records in 36-layer token steps, one bit apart at 60% of the run, and drives the open, the
 first paint after it (half a second), the wait while the child compares, the comparison's
 arrival (the tree, the verdict, the first finding), the Overview, Ctrl+J, the tree filter,
-stepping through findings and another op.
+stepping through findings and another op. `--diverged`: every record from there on differs, as
+in a run whose first error reaches every later op (88,000 differing pairs at 240,000 records).
 
 Target: longest stall <= ~100 ms.
 """
@@ -247,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=8, help="1008 x 16384 float32 records per side (66 MB each)")
     parser.add_argument("--dir", type=Path, help="where to build (and reuse) the pair; default a temporary folder")
     parser.add_argument("--records", type=int, help="instead: this many small records per side (240000: a real 8B model's run)")
+    parser.add_argument("--diverged", action="store_true", help="with --records: every record from the first differing one on differs")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
     app = QApplication.instance() or QApplication(sys.argv[:1])
@@ -255,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         directory.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         if args.records:
-            native, oracle = build_many_records_pair(directory, args.records)
+            native, oracle = build_many_records_pair(directory, args.records, diverged=args.diverged)
         else:
             native, oracle = build_pair(directory, args.layers)
         build_s = time.perf_counter() - t0

@@ -115,3 +115,12 @@ def test_the_document_passed_on_is_the_entry_as_stored_and_a_damaged_entry_is_co
         labels = [p.label for p in iter_document_cached(n, o, CompareOptions(), folder)]
         assert labels != ["cached result"] and labels[0] == "aligning records", "a damaged entry is not passed on"
         assert entry.read_bytes() == first, "and is written again"
+
+
+def test_a_result_is_found_again_whatever_number_of_workers_is_asked_for_and_not_for_other_tolerances(tmp_path: Path) -> None:
+    native, oracle = pair(tmp_path)
+    folder = tmp_path / "comparisons"
+    with open_capture(native) as n, open_capture(oracle) as o:
+        run_to_end(iter_document_cached(n, o, CompareOptions(workers=1), folder))
+        assert [p.label for p in iter_document_cached(n, o, CompareOptions(workers=8), folder)] == ["cached result"]
+        assert [p.label for p in iter_document_cached(n, o, CompareOptions(max_ulp=1), folder)] != ["cached result"]

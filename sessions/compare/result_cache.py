@@ -84,7 +84,7 @@ def cache_key(native: Capture, oracle: Capture, options: CompareOptions, profile
         "code": code_digest(),
         "native": _identity_fields(native),
         "oracle": _identity_fields(oracle),
-        "options": dataclasses.asdict(options),
+        "options": {**dataclasses.asdict(options), "workers": None},  # how many processes compare does not change the result
         "profiles": [dataclasses.asdict(identify(p)) for p in profiles],
     }
     return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()

@@ -78,9 +78,9 @@ _job: _Job | None = None
 """A worker's comparison: given once when it starts, so a task is only a shard's number."""
 
 
-ShippedSide = tuple[int, tuple[Any, ...], tuple[int, ...], "str | None", "tuple[int, int] | None"]
+ShippedSide = tuple[int, tuple[Any, ...], tuple[int, ...], str | None, tuple[int, int] | None]
 """One side of a pair as the workers get it: (seq, key fields, canonical shape, layout spec, window)."""
-ShippedPair = tuple[ShippedSide, ShippedSide, "str | None"]
+ShippedPair = tuple[ShippedSide, ShippedSide, str | None]
 """A pair as a row of plain values (native side, oracle side, manual reason): each worker builds
 the pair again from its own open captures. Pickled pairs with their records took 31 us each to
 ship (3.3 s per worker for a real run's 220,000); a row takes a tenth."""

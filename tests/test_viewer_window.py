@@ -435,20 +435,21 @@ def test_a_failed_read_offers_a_deep_check_that_names_the_damaged_chunk(qtbot: Q
 
 
 def test_a_long_runs_overview_shows_each_colours_worst_op_of_every_stretch() -> None:
-    from viewer.comparison_view import POINT_BINS, worst_per_bin
+    from sessions.report.plot_bins import worst_per_bin
+    from viewer.comparison_view import POINT_BINS
 
     ops = np.arange(1, 10 * POINT_BINS, 3)
     y = np.sin(ops.astype(np.float64))
-    shown = worst_per_bin(ops, y, 10 * POINT_BINS)
+    shown = worst_per_bin(ops, y, 10 * POINT_BINS, POINT_BINS)
     stretches = shown * POINT_BINS // (10 * POINT_BINS)
     assert len(np.unique(stretches)) == len(shown) == POINT_BINS
     for op, stretch in zip(shown, stretches):
         inside = ops[ops * POINT_BINS // (10 * POINT_BINS) == stretch]
         assert y[np.searchsorted(ops, op)] == np.sin(inside.astype(np.float64)).max()
     few = np.array([0, 5, 9])
-    assert worst_per_bin(few, np.zeros(3), 10).tolist() == [0, 5, 9]
+    assert worst_per_bin(few, np.zeros(3), 10, POINT_BINS).tolist() == [0, 5, 9]
     none = np.array([], dtype=np.int64)
-    assert worst_per_bin(none, np.zeros(0), 10 * POINT_BINS).tolist() == [], "a verdict colour no op of a long run has draws nothing"
+    assert worst_per_bin(none, np.zeros(0), 10 * POINT_BINS, POINT_BINS).tolist() == [], "a verdict colour no op of a long run has draws nothing"
 
 
 def test_the_overview_draws_a_long_runs_lines_thinned_to_the_pixels_they_cover(qtbot: QtBot) -> None:

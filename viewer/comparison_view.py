@@ -43,6 +43,7 @@ from sessions.compare.token_parity import (
 from sessions.compare.verdict import NOT_EXACT, SEVERITY, Finding, Kind
 from sessions.gc_pause import garbage_collection_paused
 from sessions.progress import ProgressGenerator
+from sessions.report.plot_bins import worst_per_bin
 from sessions.report.text import tolerance_text
 from viewer.tensor.tensor_loader import SliceSpec, TensorRequest
 
@@ -482,17 +483,6 @@ each verdict colour shows its worst op of each stretch (the lines still pass thr
 pyqtgraph styles scatter points one by one in Python: a real model's 240,000 took seconds."""
 
 
-def worst_per_bin(ops: np.ndarray, y: np.ndarray, total: int) -> np.ndarray:
-    """Of `ops` (ascending op positions, `y` their values), the one with the largest value in
-    each of POINT_BINS equal stretches of the run's `total` ops; all of them for a short run."""
-    if total <= POINT_BINS or not ops.size:
-        return ops
-    bins = ops * POINT_BINS // total
-    order = np.lexsort((-y, bins))
-    first = np.concatenate(([True], bins[order][1:] != bins[order][:-1]))
-    return np.sort(ops[order][first])
-
-
 def growth_series(viewed: ViewedComparison) -> GrowthSeries:
     return viewed.growth
 
@@ -510,7 +500,7 @@ def _growth_series(comparison: Comparison) -> GrowthSeries:
     drawn = {}
     for kind, positions in by_kind.items():
         ops = np.asarray(positions, dtype=np.int64)
-        drawn[kind] = worst_per_bin(ops, ulp_log[ops], len(pairs)), worst_per_bin(ops, nmse_log[ops], len(pairs))
+        drawn[kind] = worst_per_bin(ops, ulp_log[ops], len(pairs), POINT_BINS), worst_per_bin(ops, nmse_log[ops], len(pairs), POINT_BINS)
     return GrowthSeries(pairs, ulp_log, nmse_log, drawn, {id(pair): i for i, pair in enumerate(pairs)})
 
 

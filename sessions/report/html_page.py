@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import base64
 import datetime as _dt
-import math
 from html import escape
+
+import numpy as np
 
 from sessions.compare.align import POSITIONS
 from sessions.compare.comparison import (
@@ -25,6 +26,7 @@ from sessions.compare.key import OpKey
 from sessions.compare.tensor_diff import ElementSample
 from sessions.compare.token_parity import POST_EOS, step_word
 from sessions.investigation.model import Bookmark, Investigation
+from sessions.report.plot_bins import bin_envelope, worst_per_bin
 from sessions.report.text import tolerance_text
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -103,8 +105,8 @@ def growth_svg(c: Comparison, width: int = FIGURE_WIDTH, height: int = FIGURE_HE
         return '<p class="muted">No aligned ops to plot.</p>'
     flat = "" if any(p.max_ulp for p in points) else '<p class="muted">Flat: every compared op is bit-exact.</p>'
     left, right, top, bottom = 56, 12, 26, 34
-    values = [math.log2(1 + (p.max_ulp or 0)) for p in points]
-    peak = max(max(values), 1.0)
+    values = np.log2(1.0 + np.array([float(p.max_ulp or 0) for p in points]))
+    peak = max(float(values.max()), 1.0)
     span = max(len(points) - 1, 1)
 
     def x(i: int) -> float:
@@ -113,8 +115,11 @@ def growth_svg(c: Comparison, width: int = FIGURE_WIDTH, height: int = FIGURE_HE
     def y(v: float) -> float:
         return top + (height - top - bottom) * (1 - v / peak)
 
-    columns = _plot_columns(values, width - left - right)
-    poly = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, low, high in columns for v in dict.fromkeys((low, high)))
+    pixels = width - left - right
+    # Each pixel column's lowest and highest error: a line through each of a real model's
+    # 220,000 ops drew 220,000 points into 832 pixels (a 2.6 MB page).
+    starts, lows, highs = bin_envelope(values, pixels)
+    poly = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, low, high in zip(starts.tolist(), lows.tolist(), highs.tolist()) for v in dict.fromkeys((low, high)))
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
         f'aria-label="error growth: log2(1 + max ULP) per op in execution order">',
@@ -130,36 +135,14 @@ def growth_svg(c: Comparison, width: int = FIGURE_WIDTH, height: int = FIGURE_HE
         parts.append(f'<line x1="{fx:.1f}" x2="{fx:.1f}" y1="{top}" y2="{height - bottom}" stroke="#d64541" stroke-dasharray="4 3"/>')
         parts.append(f'<text x="{fx:.1f}" y="{top - 8}" font-size="11" fill="#b3261e">first {escape(first.kind)}: {escape(first.key.text())}</text>')
     parts.append(f'<polyline points="{poly}" fill="none" stroke="#2f74c0" stroke-width="1.6"/>')
-    for i in _worst_per_column(values, width - left - right):
-        point, v = points[i], values[i]
+    for i in worst_per_bin(np.arange(len(points)), values, len(points), pixels).tolist():
+        point, v = points[i], float(values[i])
         if point.max_ulp:
             parts.append(f'<circle cx="{x(i):.1f}" cy="{y(v):.1f}" r="2.4" fill="#d64541"><title>{escape(point.key.text())}: {point.max_ulp:,} ULP, NMSE {point.nmse:.3g}</title></circle>')
     parts.append(f'<text x="{(left + width - right) / 2:.0f}" y="{height - 8}" font-size="12" text-anchor="middle" fill="#3c4450">aligned ops in execution order ({len(points):,})</text>')
     parts.append(f'<text x="14" y="{(top + height - bottom) / 2:.0f}" font-size="12" text-anchor="middle" fill="#3c4450" transform="rotate(-90 14 {(top + height - bottom) / 2:.0f})">max ULP</text>')
     parts.append("</svg>")
     return "".join(parts) + flat
-
-
-def _column_starts(count: int, pixels: int) -> list[int]:
-    """Where each pixel column's ops start, when there are more ops than pixels; else every op."""
-    if count <= 2 * pixels:
-        return list(range(count))
-    return sorted(set(i * count // pixels for i in range(pixels)))
-
-
-def _plot_columns(values: list[float], pixels: int) -> list[tuple[int, float, float]]:
-    """(first op, lowest, highest value) of each pixel column: a line through each of a real
-    model's 220,000 ops drew 220,000 points into 832 pixels (a 2.6 MB page)."""
-    starts = _column_starts(len(values), pixels)
-    ends = [*starts[1:], len(values)]
-    return [(a, min(values[a:b]), max(values[a:b])) for a, b in zip(starts, ends)]
-
-
-def _worst_per_column(values: list[float], pixels: int) -> list[int]:
-    """The op of each pixel column with the largest error: the one its mark names."""
-    starts = _column_starts(len(values), pixels)
-    ends = [*starts[1:], len(values)]
-    return [max(range(a, b), key=values.__getitem__) for a, b in zip(starts, ends)]
 
 
 def _dispatch(c: Comparison) -> str:

@@ -2,7 +2,7 @@
 
 One point per aligned op (max ULP above, NMSE below), coloured by verdict, with the first
 divergence marked; a run of more than POINT_BINS ops shows each colour's worst op per stretch
-of it (`comparison_view.worst_per_bin`, chosen on the worker thread). Clicking a point selects
+of it (`sessions.report.plot_bins.worst_per_bin`, chosen on the worker thread). Clicking a point selects
 that op everywhere.
 """
 

@@ -109,6 +109,29 @@ def test_chunked_accumulation_equals_whole_pair() -> None:
     assert whole.first_difference is not None and whole.first_difference.coord == [3, 1]
 
 
+def test_a_diverged_pair_has_the_same_row_and_head_profiles_whole_as_in_chunks_and_as_its_element_map() -> None:
+    rng = np.random.default_rng(3)
+    oracle = bf16_bits(rng.standard_normal((6, 16)))
+    native = oracle ^ rng.integers(0, 4, size=oracle.shape, dtype=np.uint16)
+    native[2, 5] = 0x7FC0  # NaN: a differing element without a ULP distance
+    axes = {"rows_axis": 0, "head_split": (1, 4)}
+    whole = _metrics(native, oracle, **axes)
+    acc = DiffAccumulator("bfloat16", native.shape, Tolerance(), **axes)
+    for start in (0, 4):
+        acc.add(native[start : start + 4], oracle[start : start + 4], start)
+    chunked = acc.finish()
+    _, _, ulp = element_maps(native, oracle, "bfloat16")
+    differs = native != oracle
+    ulp = np.nan_to_num(ulp).astype(np.int64)
+    assert whole.per_row is not None and whole.per_head is not None
+    assert whole.per_row.differing == differs.sum(axis=1).tolist() and whole.per_row.max_ulp == ulp.max(axis=1).tolist()
+    by_head = ulp.reshape(6, 4, 4)
+    assert whole.per_head.differing == differs.reshape(6, 4, 4).sum(axis=(0, 2)).tolist()
+    assert whole.per_head.max_ulp == by_head.max(axis=(0, 2)).tolist()
+    assert (chunked.per_row, chunked.per_head) == (whole.per_row, whole.per_head)
+    assert whole.differing == int(differs.sum()) > 48
+
+
 def test_per_head_profile_splits_the_merged_head_axis() -> None:
     native = bf16_bits(np.ones((2, 6)))
     oracle = native.copy()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -99,3 +100,21 @@ def test_an_oracle_zero_does_not_decide_the_p99_ulp_error() -> None:
     metrics = accumulator.finish()
     assert metrics.max_ulp_error > 1e30
     assert 3 <= metrics.p99_ulp_error < 3 * 2 ** (1 / 8)
+
+
+@pytest.mark.parametrize("logical, values, infinity", [("bfloat16", ml_dtypes.bfloat16, 0x7F80), ("float16", np.float16, 0x7C00)])
+def test_every_finite_16_bit_pattern_has_the_ulp_of_the_step_to_its_successor_and_sits_one_step_from_it(logical: str, values: type, infinity: int) -> None:
+    patterns = np.arange(infinity - 1, dtype=np.uint16)
+    successors = patterns + np.uint16(1)
+    steps = successors.view(values).astype(np.float64) - patterns.view(values).astype(np.float64)
+    assert np.array_equal(ulp_size(patterns, logical), steps)
+    assert np.array_equal(ulp_size(patterns | np.uint16(0x8000), logical), steps)
+    assert set(ulp_distance(patterns, successors, logical).tolist()) == {1}
+    assert set(ulp_distance(patterns | np.uint16(0x8000), successors | np.uint16(0x8000), logical).tolist()) == {1}
+
+
+@pytest.mark.parametrize("logical, largest_finite, sign", [("float32", np.uint32(0x7F7F_FFFF), np.uint32(1 << 31)), ("float64", np.uint64(0x7FEF_FFFF_FFFF_FFFF), np.uint64(1 << 63))])
+def test_the_widest_distance_spans_the_whole_line_from_the_most_negative_to_the_largest_finite(logical: str, largest_finite: np.unsignedinteger, sign: np.unsignedinteger) -> None:
+    positive = np.array([largest_finite])
+    assert ulp_distance(positive | sign, positive, logical).tolist() == [2 * int(largest_finite) + 1]
+    assert ulp_distance(positive, positive | sign, logical).tolist() == [2 * int(largest_finite) + 1]

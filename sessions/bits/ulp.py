@@ -16,6 +16,8 @@ Integer dtypes count one unit as one ULP.
 
 from __future__ import annotations
 
+from functools import cache
+
 import numpy as np
 
 from sessions.bits.dtypes import FLOAT_BIT_DTYPES, logical_dtype
@@ -33,6 +35,20 @@ def float_layout(logical: str) -> tuple[int, int]:
     return {"bfloat16": (8, 7), "float16": (5, 10), "float32": (8, 23), "float64": (11, 52)}[logical]
 
 
+def _ulp_size_of_patterns(bits: np.ndarray, logical: str) -> np.ndarray:
+    exponent_bits, mantissa_bits = float_layout(logical)
+    unsigned = bits.view(FLOAT_BIT_DTYPES[logical]).astype(np.int64)
+    biased = (unsigned >> mantissa_bits) & ((1 << exponent_bits) - 1)
+    bias = (1 << (exponent_bits - 1)) - 1
+    return np.ldexp(1.0, (np.maximum(biased, 1) - bias - mantissa_bits).astype(np.int32))
+
+
+@cache
+def _ulp_size_table(logical: str) -> np.ndarray:
+    """Every 16-bit pattern's ULP size: one gather per element in place of six passes."""
+    return _ulp_size_of_patterns(np.arange(1 << 16, dtype=np.uint16), logical)
+
+
 def ulp_size(bits: np.ndarray, logical: str) -> np.ndarray:
     """The spacing of the float grid at each value (float64): one unit in the last place of that
     value's binade, the smallest subnormal spacing for zeros and subnormals. Integers: 1.
@@ -41,11 +57,19 @@ def ulp_size(bits: np.ndarray, logical: str) -> np.ndarray:
     where two values straddle zero, unlike the count of representable steps between them."""
     if not is_float_dtype(logical):
         return np.ones(bits.shape, dtype=np.float64)
-    exponent_bits, mantissa_bits = float_layout(logical)
-    unsigned = bits.view(FLOAT_BIT_DTYPES[logical]).astype(np.int64)
-    biased = (unsigned >> mantissa_bits) & ((1 << exponent_bits) - 1)
-    bias = (1 << (exponent_bits - 1)) - 1
-    return np.ldexp(1.0, (np.maximum(biased, 1) - bias - mantissa_bits).astype(np.int32))
+    if FLOAT_BIT_DTYPES[logical].itemsize == 2:
+        return _ulp_size_table(logical)[bits.view(np.uint16)]
+    return _ulp_size_of_patterns(bits, logical)
+
+
+def _signed_line(bits: np.ndarray, logical: str) -> np.ndarray:
+    """`ordered_line` in the patterns' own width: a negative pattern's magnitude bits are
+    flipped (xor with the arithmetic sign shift), which lands magnitude m on -m - 1."""
+    unsigned = bits.view(FLOAT_BIT_DTYPES[logical])
+    signed = unsigned.view(_SIGNED_OF_UNSIGNED[unsigned.dtype.itemsize])
+    width = unsigned.dtype.itemsize * 8
+    magnitude_mask = np.array((1 << (width - 1)) - 1, dtype=signed.dtype)
+    return signed ^ ((signed >> (width - 1)) & magnitude_mask)
 
 
 def ordered_line(bits: np.ndarray, logical: str) -> np.ndarray:
@@ -54,12 +78,7 @@ def ordered_line(bits: np.ndarray, logical: str) -> np.ndarray:
     Accepts the stored bits (any unsigned or same-width view). NaN patterns get positions
     past the infinities; callers mask them out with `nan_mask`.
     """
-    unsigned = bits.view(FLOAT_BIT_DTYPES[logical])
-    width = unsigned.dtype.itemsize * 8
-    sign_bit = np.array(1 << (width - 1), dtype=unsigned.dtype)
-    magnitude = (unsigned & ~sign_bit).astype(np.int64)
-    negative = (unsigned & sign_bit) != 0
-    return np.where(negative, -magnitude - 1, magnitude)
+    return _signed_line(bits, logical).astype(np.int64)
 
 
 def nan_mask(bits: np.ndarray, logical: str) -> np.ndarray:
@@ -81,6 +100,16 @@ def inf_mask(bits: np.ndarray, logical: str) -> np.ndarray:
     return magnitude == np.array(((1 << exp_bits) - 1) << man_bits, dtype=unsigned.dtype)
 
 
+def any_special(bits: np.ndarray, logical: str) -> bool:
+    """Whether any pattern is a NaN or an Inf: one pass, so the common all-finite case skips
+    the masks that classify them."""
+    unsigned = bits.view(FLOAT_BIT_DTYPES[logical])
+    exp_bits, man_bits = float_layout(logical)
+    width = unsigned.dtype.itemsize * 8
+    magnitude = unsigned & np.array((1 << (width - 1)) - 1, dtype=unsigned.dtype)
+    return bool(unsigned.size) and int(magnitude.max()) >= ((1 << exp_bits) - 1) << man_bits
+
+
 def _abs_difference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """|a - b| of two int64 arrays as exact uint64 (the true difference can exceed int64)."""
     ua = a.view(np.uint64) if a.dtype == np.int64 else a.astype(np.int64).view(np.uint64)
@@ -95,9 +124,12 @@ def ulp_distance(native_bits: np.ndarray, oracle_bits: np.ndarray, logical: str)
     (the distance there is undefined). Quantized blocks have no ULP notion and are rejected.
     """
     if is_float_dtype(logical):
-        a = ordered_line(np.ascontiguousarray(native_bits), logical)
-        b = ordered_line(np.ascontiguousarray(oracle_bits), logical)
-        distance = _abs_difference(a, b)
+        a = _signed_line(np.ascontiguousarray(native_bits), logical)
+        b = _signed_line(np.ascontiguousarray(oracle_bits), logical)
+        if a.dtype.itemsize < 8:  # the difference of two 32-bit positions fits int64
+            distance = np.abs(a.astype(np.int64) - b).view(np.uint64)
+        else:
+            distance = _abs_difference(a, b)
         either_nan = nan_mask(native_bits, logical) | nan_mask(oracle_bits, logical)
         distance[either_nan] = 0
         return distance

@@ -27,13 +27,22 @@ import numpy as np
 
 from sessions.bits.dtypes import as_bit_pattern, as_values, logical_dtype
 from sessions.bits.element_info import describe
-from sessions.bits.ulp import inf_mask, is_float_dtype, nan_mask, ulp_distance, ulp_size
+from sessions.bits.ulp import (
+    any_special,
+    inf_mask,
+    is_float_dtype,
+    nan_mask,
+    ulp_distance,
+    ulp_size,
+)
 
 EXACT_P99_DISTINCT_LIMIT = 100_000
 """Past this many distinct ULP values, p99 is reported as a histogram bucket edge."""
 BLOCK_ELEMENTS = 1 << 18
 """Elements compared, and summed, per step: cache-sized, and it bounds the float64 temporaries
 of the differing elements."""
+DENSE_PROFILE_FRACTION = 8
+"""A pair whose differing elements are at least 1/8 of it is profiled densely."""
 
 
 def _dot(a: np.ndarray, b: np.ndarray) -> float:
@@ -190,10 +199,15 @@ ERROR_BUCKETS = ERROR_BUCKET_OFFSET + 1100 * ERROR_BUCKETS_PER_OCTAVE
 
 
 def _error_bucket(error: np.ndarray) -> np.ndarray:
-    """Bucket k holds errors in (2^((k-1-offset)/8), 2^((k-offset)/8)]."""
+    """Bucket k holds errors in (2^((k-1-offset)/8), 2^((k-offset)/8)]. Errors are never NaN (both
+    values are finite and a ULP is never 0); a zero error's -inf and an overflow's inf are clipped."""
     with np.errstate(divide="ignore"):
-        scaled = np.ceil(np.log2(error) * ERROR_BUCKETS_PER_OCTAVE) + ERROR_BUCKET_OFFSET - 1
-    return np.clip(np.nan_to_num(scaled, neginf=0.0, posinf=ERROR_BUCKETS - 1), 0, ERROR_BUCKETS - 1).astype(np.int64)
+        scaled = np.log2(error)
+    scaled *= ERROR_BUCKETS_PER_OCTAVE
+    np.ceil(scaled, out=scaled)
+    scaled += ERROR_BUCKET_OFFSET - 1
+    np.clip(scaled, 0, ERROR_BUCKETS - 1, out=scaled)
+    return scaled.astype(np.int64)
 
 
 @lru_cache(maxsize=1 << 16)
@@ -208,6 +222,16 @@ def _histogram_bucket(ulp: np.ndarray) -> np.ndarray:
     """Bucket k holds ULP distances in (2^(k-1), 2^k]; exact for distances up to 2^53."""
     _, exponent = np.frexp((ulp - np.uint64(1)).astype(np.float64))
     return np.minimum(exponent, 64)
+
+
+def _distinct_counts(values: np.ndarray, top: int) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct ULP distances of `values` (largest `top`) and how often each occurs. Small
+    distances, all a near-parity pair has, are counted by `bincount`, which does not sort."""
+    if top < max(values.size, 1024):
+        counts = np.bincount(values.view(np.int64), minlength=top + 1)
+        distinct = np.flatnonzero(counts)
+        return distinct.astype(np.uint64), counts[distinct]
+    return np.unique(values, return_counts=True)
 
 
 @cache
@@ -247,6 +271,14 @@ def _differing_positions(a: np.ndarray, b: np.ndarray) -> Iterator[np.ndarray]:
         stop = min(a.size, start + BLOCK_ELEMENTS)
         if not _same_bits(a[start:stop], b[start:stop]):
             yield np.flatnonzero(a[start:stop] != b[start:stop]) + start
+
+
+def _axis_index(flat: np.ndarray, shape: tuple[int, ...], axis: int) -> np.ndarray:
+    """The coordinate along `axis` of each flat C-order index: one division and one remainder,
+    where `np.unravel_index` works out every axis."""
+    inner = math.prod(shape[axis + 1 :])
+    index = flat // inner if inner > 1 else flat
+    return index % shape[axis] if axis > 0 else index
 
 
 class _Squares:
@@ -329,11 +361,12 @@ class DiffAccumulator:
         self.head_split = head_split
         self._quantized = logical_dtype(logical).is_quantized
         self._float = is_float_dtype(logical)
-        self.metrics = TensorMetrics(logical, list(shape), int(np.prod(shape, dtype=np.int64)))
+        self.metrics = TensorMetrics(logical, list(shape), int(math.prod(shape)))
         self._ulp_counts: Counter[int] = Counter()
         self._ulp_values_exact = True
         self._hist = np.zeros(65, dtype=np.int64)
-        self._ulp_error_hist = np.zeros(ERROR_BUCKETS, dtype=np.int64)
+        self._error_buckets: Counter[int] = Counter()
+        """Counts of the ULP errors' buckets (`_error_bucket`): a handful of the 8,832 are used."""
         self._nan_positions = 0
         self._sum_sq_diff = 0.0
         self._sum_aa = 0.0
@@ -420,7 +453,8 @@ class DiffAccumulator:
         """Metrics from the differing elements only (`flat` indexes them); sums use the whole chunk."""
         m = self.metrics
         ulp = ulp_distance(nb, ob, self.logical)
-        if self._float:
+        special = self._float and (any_special(nb, self.logical) or any_special(ob, self.logical))
+        if special:
             nan_a, nan_b = nan_mask(nb, self.logical), nan_mask(ob, self.logical)
             inf_a, inf_b = inf_mask(nb, self.logical), inf_mask(ob, self.logical)
             any_nan = nan_a | nan_b
@@ -433,16 +467,23 @@ class DiffAccumulator:
             any_nan = np.zeros(flat.shape, dtype=bool)
         va = _widened(nb, self.logical)
         vb = _widened(ob, self.logical)
-        finite = np.isfinite(va) & np.isfinite(vb)
+        finite = np.isfinite(va) & np.isfinite(vb) if special else np.ones(flat.shape, dtype=bool)
+        all_finite = not special or bool(finite.all())
         if self._float:
             m.signed_zero_only += int(np.count_nonzero((va == 0) & (vb == 0)))
-        self._correct_sums(va, vb, finite)
-        abs_err = np.where(finite, np.abs(np.where(finite, va, 0.0) - np.where(finite, vb, 0.0)), 0.0)
-        if finite.any():
+        self._correct_sums(va, vb, finite, all_finite)
+        if all_finite:
+            abs_err = np.abs(va - vb)
+            error = abs_err / ulp_size(ob, self.logical)
+        else:
+            abs_err = np.where(finite, np.abs(np.where(finite, va, 0.0) - np.where(finite, vb, 0.0)), 0.0)
             error = abs_err[finite] / ulp_size(ob[finite], self.logical)
+        if error.size:
             top = float(error.max())
             m.max_ulp_error = top if m.max_ulp_error is None else max(m.max_ulp_error, top)
-            np.add.at(self._ulp_error_hist, _error_bucket(error), 1)
+            counts = np.bincount(_error_bucket(error))
+            used = np.flatnonzero(counts)
+            self._error_buckets.update(dict(zip(used.tolist(), counts[used].tolist())))
         with np.errstate(divide="ignore", invalid="ignore"):
             rel_err = np.where(abs_err == 0, 0.0, abs_err / np.abs(vb))
         ulp_or_none = [None if bad else int(u) for u, bad in zip(ulp[:1], any_nan[:1])]
@@ -461,14 +502,18 @@ class DiffAccumulator:
         self._add_tolerance(native_bits, oracle_bits, finite, abs_err, vb, ulp, any_nan, flat, row0)
         self._add_profiles(native_bits.shape, flat, np.where(any_nan, np.uint64(0), ulp), row0)
 
-    def _correct_sums(self, va: np.ndarray, vb: np.ndarray, finite: np.ndarray) -> None:
+    def _correct_sums(self, va: np.ndarray, vb: np.ndarray, finite: np.ndarray, all_finite: bool) -> None:
         """The chunk's sums were started as if native == oracle (every element adds b*b); replace
         the differing elements' share with their true a*a, b*b, a*b over both-finite positions."""
-        b_finite = np.isfinite(vb)
-        removed = _dot(vb[b_finite], vb[b_finite])
-        fa, fb = va[finite], vb[finite]
+        if all_finite:
+            removed = _dot(vb, vb)
+            fa, fb = va, vb
+        else:
+            b_finite = np.isfinite(vb)
+            removed = _dot(vb[b_finite], vb[b_finite])
+            fa, fb = va[finite], vb[finite]
+            self._finite += int(fa.size) - int(np.count_nonzero(b_finite))
         delta = fa - fb
-        self._finite += int(fa.size) - int(np.count_nonzero(b_finite))
         self._sum_sq_diff += _dot(delta, delta)
         self._sum_aa += _dot(fa, fa) - removed
         self._sum_bb += _dot(fb, fb) - removed
@@ -478,31 +523,35 @@ class DiffAccumulator:
         values = ulp[counted]
         if values.size == 0:
             return
-        top = int(values.max())
+        worst = int(np.argmax(values))
+        top = int(values[worst])
         m = self.metrics
         if m.max_ulp is None or top > m.max_ulp:
             m.max_ulp = top
-            k = int(np.flatnonzero(counted & (ulp == np.uint64(top)))[0])
+            k = worst if values.size == ulp.size else int(np.flatnonzero(counted)[worst])
             m.worst_ulp_at = self._sample(native_bits, oracle_bits, int(flat[k]), row0, top)
-        np.add.at(self._hist, _histogram_bucket(values), 1)
-        if self._ulp_values_exact:
-            distinct, counts = np.unique(values, return_counts=True)
-            self._ulp_counts.update(dict(zip((int(d) for d in distinct), (int(c) for c in counts))))
-            if len(self._ulp_counts) > EXACT_P99_DISTINCT_LIMIT:
-                self._ulp_values_exact = False
-                self._ulp_counts.clear()
+        if not self._ulp_values_exact:
+            np.add.at(self._hist, _histogram_bucket(values), 1)
+            return
+        distinct, counts = _distinct_counts(values, top)
+        np.add.at(self._hist, _histogram_bucket(distinct), counts)
+        self._ulp_counts.update(dict(zip(distinct.tolist(), counts.tolist())))
+        if len(self._ulp_counts) > EXACT_P99_DISTINCT_LIMIT:
+            self._ulp_values_exact = False
+            self._ulp_counts.clear()
 
     def _add_tolerance(self, native_bits: np.ndarray, oracle_bits: np.ndarray, finite: np.ndarray, abs_err: np.ndarray, vb: np.ndarray, ulp: np.ndarray, any_nan: np.ndarray, flat: np.ndarray, row0: int) -> None:
         tol = self.tolerance
-        within = np.zeros(flat.shape, dtype=bool)
-        if not tol.is_bit_exact:
+        if tol.is_bit_exact:
+            beyond = np.arange(flat.size)
+        else:
             within = finite.copy()
             if tol.atol is not None or tol.rtol is not None:
                 bound = (tol.atol or 0.0) + (tol.rtol or 0.0) * np.abs(np.where(finite, vb, 0.0))
                 within &= abs_err <= bound
             if tol.max_ulp is not None:
                 within &= ulp <= np.uint64(tol.max_ulp)
-        beyond = np.flatnonzero(~within)
+            beyond = np.flatnonzero(~within)
         m = self.metrics
         if beyond.size and m.first_beyond_tolerance is None:
             k = int(beyond[0])
@@ -510,22 +559,38 @@ class DiffAccumulator:
         m.beyond_tolerance += int(beyond.size)
 
     def _add_profiles(self, chunk_shape: tuple[int, ...], flat: np.ndarray, ulp: np.ndarray, row0: int) -> None:
-        coords = np.unravel_index(flat, chunk_shape)
+        """Per-row and per-head differing counts and largest ULPs. A whole small pair where many
+        elements differ (a diverged run's records) is profiled densely, by reductions over its
+        reshaped axes, which costs less than locating each element's coordinates."""
+        profiles = []
         if self.rows_axis is not None:
             if self._row_diff is None or self._row_ulp is None:
                 self._row_diff = np.zeros(self.shape[self.rows_axis], dtype=np.int64)
                 self._row_ulp = np.zeros(self.shape[self.rows_axis], dtype=np.uint64)
-            rows = coords[self.rows_axis] + (row0 if self.rows_axis == 0 else 0)
-            np.add.at(self._row_diff, rows, 1)
-            np.maximum.at(self._row_ulp, rows, ulp)
+            profiles.append((self.rows_axis, self.shape[self.rows_axis], self._row_diff, self._row_ulp))
         if self.head_split is not None:
             axis, heads = self.head_split
             if self._head_diff is None or self._head_ulp is None:
                 self._head_diff = np.zeros(heads, dtype=np.int64)
                 self._head_ulp = np.zeros(heads, dtype=np.uint64)
-            head = (coords[axis] + (row0 if axis == 0 else 0)) // (self.shape[axis] // heads)
-            np.add.at(self._head_diff, head, 1)
-            np.maximum.at(self._head_ulp, head, ulp)
+            profiles.append((axis, heads, self._head_diff, self._head_ulp))
+        size = math.prod(chunk_shape)
+        if size == self.metrics.size and size <= BLOCK_ELEMENTS and flat.size * DENSE_PROFILE_FRACTION >= size:
+            differing = np.zeros(size, dtype=bool)
+            differing[flat] = True
+            dense = np.zeros(size, dtype=np.uint64)
+            dense[flat] = ulp
+            for axis, groups, counts, top in profiles:
+                grouped = chunk_shape[:axis] + (groups, chunk_shape[axis] // groups) + chunk_shape[axis + 1 :]
+                others = tuple(i for i in range(len(grouped)) if i != axis)
+                counts += np.add.reduce(differing.reshape(grouped), axis=others, dtype=np.int64)
+                np.maximum(top, dense.reshape(grouped).max(axis=others), out=top)
+            return
+        for axis, groups, counts, top in profiles:
+            index = _axis_index(flat, chunk_shape, axis) + (row0 if axis == 0 else 0)
+            index //= self.shape[axis] // groups
+            counts += np.bincount(index, minlength=groups)
+            np.maximum.at(top, index, ulp)
 
     def finish(self) -> TensorMetrics:
         m = self.metrics
@@ -542,17 +607,25 @@ class DiffAccumulator:
             m.cosine = float(self._sum_ab / norms) if norms else (1.0 if self._sum_aa == self._sum_bb else 0.0)
         if not self._quantized:
             self._finish_ulp_stats()
-        used = np.flatnonzero(self._ulp_error_hist)  # a handful of the 8,832 buckets
-        if used.size:
-            counts = self._ulp_error_hist[used]
-            rank = int(used[np.searchsorted(np.cumsum(counts), 0.99 * counts.sum())])
-            m.p99_ulp_error = float(2.0 ** ((rank + 1 - ERROR_BUCKET_OFFSET) / ERROR_BUCKETS_PER_OCTAVE))
-        m.ulp_histogram = [int(c) for c in self._hist[: int(np.flatnonzero(self._hist)[-1]) + 1]] if self._hist.any() else []
+        if self._error_buckets:
+            m.p99_ulp_error = float(2.0 ** ((self._p99_error_bucket() + 1 - ERROR_BUCKET_OFFSET) / ERROR_BUCKETS_PER_OCTAVE))
+        used_ulps = np.flatnonzero(self._hist)
+        m.ulp_histogram = self._hist[: int(used_ulps[-1]) + 1].tolist() if used_ulps.size else []
         if self._row_diff is not None and self._row_ulp is not None:
-            m.per_row = AxisProfile("rows", self._row_diff.tolist(), [int(u) for u in self._row_ulp])
+            m.per_row = AxisProfile("rows", self._row_diff.tolist(), self._row_ulp.tolist())
         if self._head_diff is not None and self._head_ulp is not None:
-            m.per_head = AxisProfile("heads", self._head_diff.tolist(), [int(u) for u in self._head_ulp])
+            m.per_head = AxisProfile("heads", self._head_diff.tolist(), self._head_ulp.tolist())
         return m
+
+    def _p99_error_bucket(self) -> int:
+        """The first bucket at which the ULP errors' cumulative count reaches 99% of them."""
+        threshold = 0.99 * sum(self._error_buckets.values())
+        cumulative = 0
+        for bucket in sorted(self._error_buckets):
+            cumulative += self._error_buckets[bucket]
+            if cumulative >= threshold:
+                break
+        return bucket
 
     def _finish_ulp_stats(self) -> None:
         m = self.metrics

@@ -15,8 +15,8 @@ multi-GB pair is at least 2x h5diff's speed and within 2x of cat.
 With `--records N` the pair is instead N records per side in 36-layer token steps (a real 8B
 model's run is about 240,000), each a bfloat16 tensor of `--record-shape` (default 4,16: 128
 bytes), one bit apart at 60% of the run: the cost that grows with records, not bytes. With
-`--diverged` every record from there on differs, as in a run whose first error reaches every
-later op: the cost of the diff engine per differing record.
+`--diverged` every record after it differs in most of its elements by 1-3 ULP, as in a run
+whose first error reaches every later op: the cost of the diff engine per differing record.
 
 Each round also times `python -c "import numpy, h5py"`: the start-up any Python HDF5 reader pays
 before its first byte. On a warm 1 GB pair that alone is about 2x cat, so the script also prints
@@ -128,7 +128,7 @@ def main() -> int:
     parser.add_argument("--workers", default="1,2,all", help="report worker counts to time, comma-separated; all = one per core (default 1,2,all)")
     parser.add_argument("--records", type=int, help="instead of --gib: this many records per side (240000: a real 8B model's run)")
     parser.add_argument("--record-shape", default="4,16", help="with --records: each record's rows,cols (default 4,16)")
-    parser.add_argument("--diverged", action="store_true", help="with --records: every record from the planted one on differs (a diverged run)")
+    parser.add_argument("--diverged", action="store_true", help="with --records: every record after the planted one differs in most elements (a diverged run)")
     args = parser.parse_args()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     workers = sorted({cores if w.strip() == "all" else int(w) for w in args.workers.split(",")})

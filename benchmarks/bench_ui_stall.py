@@ -15,8 +15,9 @@ With `--records N` (240000: a real 8B model's run) it builds instead two capture
 records in 36-layer token steps, one bit apart at 60% of the run, and drives the open, the
 first paint after it (half a second), the wait while the child compares, the comparison's
 arrival (the tree, the verdict, the first finding), the Overview, Ctrl+J, the tree filter,
-stepping through findings and another op. `--diverged`: every record from there on differs, as
-in a run whose first error reaches every later op (88,000 differing pairs at 240,000 records).
+stepping through findings and another op. `--diverged`: every record after it differs in most
+elements, as in a run whose first error reaches every later op (88,000 differing pairs at 240,000
+records).
 
 Target: longest stall <= ~100 ms.
 """

@@ -27,8 +27,8 @@ STEP_RECORDS = 36 * OPS_PER_LAYER
 def build_many_records_pair(directory: Path, records: int, shape: tuple[int, int] = (4, 16), diverged: bool = False) -> tuple[Path, Path]:
     """A real model's record count: `records` bfloat16 tensors of `shape` per side in token steps of
     STEP_RECORDS, identical but for one bit in the record at 60% of the run (its first divergence);
-    `diverged`: in every record from there on, as in a run whose error, once made, reaches every
-    later op."""
+    `diverged`: every record after it differs in most of its elements by 1-3 ULP, as in a run whose
+    error, once made, reaches every later op and spreads over its elements."""
     import ml_dtypes
 
     name = f"many-{records}" + ("" if shape == (4, 16) else f"-{shape[0]}x{shape[1]}") + ("-diverged" if diverged else "")
@@ -38,6 +38,7 @@ def build_many_records_pair(directory: Path, records: int, shape: tuple[int, int
     tensor = np.random.default_rng(12).standard_normal(shape).astype(ml_dtypes.bfloat16)
     flipped = tensor.copy()
     flipped.view(np.uint16)[1, 3] ^= 1
+    spread = (tensor.view(np.uint16) ^ np.random.default_rng(13).integers(0, 4, size=shape, dtype=np.uint16)).view(ml_dtypes.bfloat16)
     planted = records * 3 // 5
     common = {"model_id": "bench", "weights_hash": "sha256:bench", "prompt": "bench"}
     with CaptureWriter(native_path, CaptureMeta(role="native", engine_name="bench-native", **common)) as native, CaptureWriter(
@@ -47,8 +48,7 @@ def build_many_records_pair(directory: Path, records: int, shape: tuple[int, int
             step, layer = seq // STEP_RECORDS, seq % STEP_RECORDS // OPS_PER_LAYER
             name = OP_NAMES[seq % OPS_PER_LAYER]
             oracle.add_tensor(name, tensor, step=step, segment="decode", layer=layer)
-            differs = seq >= planted if diverged else seq == planted
-            native.add_tensor(name, flipped if differs else tensor, step=step, segment="decode", layer=layer)
+            native.add_tensor(name, flipped if seq == planted else spread if diverged and seq > planted else tensor, step=step, segment="decode", layer=layer)
             if seq % STEP_RECORDS == STEP_RECORDS - 1:
                 for writer in (native, oracle):
                     writer.add_token(step=step, segment="decode", token_id=step % 100, is_stop=False)
@@ -61,10 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dir", type=Path, help="where to write (and reuse) many-N.native.h5 and many-N.oracle.h5")
     parser.add_argument("--records", type=int, default=240_000, help="records per side (default 240000: a real 8B model's run)")
-    parser.add_argument("--diverged", action="store_true", help="every record from 60%% of the run on differs, not only that one")
+    parser.add_argument("--record-shape", default="4,16", help="rows,columns of each bfloat16 record (default 4,16: 128 bytes; 64,128 is 16 KiB)")
+    parser.add_argument("--diverged", action="store_true", help="every record after 60%% of the run differs in most elements, not only that one in one bit")
     args = parser.parse_args(argv)
     args.dir.mkdir(parents=True, exist_ok=True)
-    for path in build_many_records_pair(args.dir, args.records, diverged=args.diverged):
+    rows, columns = (int(n) for n in args.record_shape.split(","))
+    for path in build_many_records_pair(args.dir, args.records, (rows, columns), diverged=args.diverged):
         print(path)
     return 0
 

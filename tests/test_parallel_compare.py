@@ -15,7 +15,7 @@ from sessions.compare.comparison import Comparison, iter_compare, resolve_profil
 from sessions.compare.document import dumps
 from sessions.compare.options import CompareOptions
 from sessions.compare.pair_reader import pair_bytes
-from sessions.compare.parallel_compare import shards, worker_count
+from sessions.compare.parallel_compare import RECENT_S, _RecentRate, shards, worker_count
 from sessions.progress import Progress, run_to_end
 
 
@@ -173,3 +173,47 @@ def test_workers_do_not_start_when_shipping_them_the_pairs_costs_more_than_compa
     alone, split, labels = _alone_and_on_workers(demo_pairs["swiglu-order"], 4)
     assert dumps(split) == dumps(alone)
     assert not any("processes" in label for label in labels)
+
+
+class _GaveUpWorkers(_IdleWorkers):
+    """A pool whose every task came back empty: each worker found its shard already claimed."""
+
+    def ready(self) -> bool:
+        return True
+
+    def successful(self) -> bool:
+        return True
+
+    def get(self) -> None:
+        return None
+
+
+def test_progress_never_counts_a_shard_twice_when_this_process_took_it_from_a_worker(
+    demo_pairs: dict[str, tuple[Path, Path]], workers_at_once: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(multiprocessing.get_context("spawn"), "Pool", lambda processes, initializer=None, initargs=(): _GaveUpWorkers(processes))
+    native, oracle = demo_pairs["swiglu-order"]
+    with open_capture(native) as n, open_capture(oracle) as o:
+        work = iter_compare(n, o, CompareOptions(workers=2))
+        steps: list[Progress] = []
+        while True:
+            try:
+                steps.append(next(work))
+            except StopIteration:
+                break
+    shared = [s for s in steps if s.label == "comparing on 2 processes"]
+    assert shared and max(s.done for s in shared) == shared[-1].total
+    assert [s.done for s in shared] == sorted(s.done for s in shared)
+
+
+def test_the_rate_that_starts_workers_is_the_recent_one_so_a_run_that_slows_down_gets_them_at_once() -> None:
+    rate = _RecentRate(0.0)
+    total, done, now = 10**10, 0, 0.0
+    while now < 2.0:  # identical records: 1 GB/s
+        now, done = now + 0.01, done + 10**7
+        rate.seconds_left(now, done, total)
+    while now < 2.0 + RECENT_S * 1.2:  # diverged from here on: 1 MB/s
+        now, done = now + 0.01, done + 10**4
+        left = rate.seconds_left(now, done, total)
+    assert left == pytest.approx((total - done) / 10**6, rel=0.25)
+    assert left > 100 * (total - done) * now / done, "the average since the start would say a hundred times less"

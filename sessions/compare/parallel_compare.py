@@ -6,7 +6,7 @@ cache, but a pair whose elements differ is decoded element by element, orders of
 slower; users run this on 10-24-core machines. The aligned pairs are cut into shards of
 consecutive pairs (a few times more shards than processes, so a slow shard does not hold the
 others). This process compares shards from the front, in the order a one-process comparison
-reads them (with its read-ahead), and starts workers only once, at the rate it is going, the
+reads them (with its read-ahead), and starts workers only once, at its rate over the last RECENT_S, the
 rest would take it longer than SPAWN_WHEN_LEFT_S and twice the cost of shipping the workers the
 rest's pairs (SHIP_S_PER_PAIR: a real run's 220,000 small pairs cost more to ship than to
 compare here): a worker costs about 0.3 s before it compares
@@ -30,6 +30,7 @@ import pickle
 import signal
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -45,6 +46,7 @@ from sessions.compare.mapped_record import BatchRow, MappedRecord, batch_of
 from sessions.compare.options import CompareOptions
 from sessions.compare.pair_compare import Heads, PairOutcome, iter_compare_pairs
 from sessions.compare.pair_reader import PairReader, pair_bytes
+from sessions.gc_pause import garbage_collection_paused
 from sessions.progress import Progress, ProgressGenerator, run_to_end
 
 if TYPE_CHECKING:
@@ -54,7 +56,10 @@ if TYPE_CHECKING:
 MIN_AUTO_CORES = 4
 """With fewer cores the one process, its read-ahead thread and the page cache already fill them."""
 MAX_AUTO_WORKERS = 16
-SHARDS_PER_WORKER = 4
+SHARDS_PER_WORKER = 16
+"""Shards are claimed whole, so the last one a process takes can leave the others idle: a
+diverged run's differing pairs, all at its end and a hundred times slower than identical ones,
+left one of two processes alone for a quarter of the comparison with 4 shards per worker."""
 SPAWN_WHEN_LEFT_S = 1.0
 """Workers start once this process, at the rate it has compared so far, would need longer than
 this (plus twice what shipping the pairs costs) for the rest: about twice what a worker takes
@@ -67,6 +72,10 @@ records is not made slower by them (they compare at 2 us a pair here). Pairs shi
 records cost 31 us (on 2 cores, 21 s with a worker against 10 s without)."""
 MEASURE_S = 0.1
 """How long this process compares before its rate is trusted (its first reads pay for its buffers)."""
+RECENT_S = 0.5
+"""The rate that decides is this process's over about the last half second, not since it began:
+a run is fast while it is identical and slow from its first divergence on, and an average over
+the fast part started the workers four seconds into the slow one."""
 POLL_SECONDS = 0.1
 PR_SET_PDEATHSIG = 1
 
@@ -193,8 +202,9 @@ def _compare_shard(index: int) -> list[PairOutcome] | None:
         return None
     job = _job
     native, oracle = _capture(job.native), _capture(job.oracle)
-    pairs = rebuilt(job.shards[index], native, oracle)
-    return run_to_end(iter_compare_pairs(PairReader(native, oracle), pairs, job.options, job.heads, (0, 1)))
+    with garbage_collection_paused():
+        pairs = rebuilt(job.shards[index], native, oracle)
+        return run_to_end(iter_compare_pairs(PairReader(native, oracle), pairs, job.options, job.heads, (0, 1)))
 
 
 class _Workers:
@@ -209,6 +219,8 @@ class _Workers:
         self._shared: SynchronizedArray[int] | None = None
         self.pool: Pool | None = None
         self.pending: dict[int, AsyncResult[list[PairOutcome] | None]] = {}
+        self._ready: dict[int, int] = {}
+        """Bytes a worker compared, by shard whose result is ready (0: this process took it)."""
 
     def claim(self, index: int) -> bool:
         if self._shared is not None:
@@ -235,14 +247,37 @@ class _Workers:
         """The shards no process has taken yet (before the workers start)."""
         return [index for index in range(len(self.parts)) if not self._taken[index]]
 
-    def done(self, sizes: list[int], own: dict[int, list[PairOutcome]]) -> int:
-        """Bytes of the shards workers have finished."""
-        return sum(sizes[i] for i, result in self.pending.items() if i not in own and result.ready())
+    def done(self, sizes: list[int]) -> int:
+        """Bytes of the shards workers have finished: not those a worker gave up because this
+        process had claimed them (counted as this process compares them). Asked at every pair
+        this process compares, so each shard's result is looked at until it is ready, not after."""
+        for i in [i for i, result in self.pending.items() if i not in self._ready and result.ready()]:
+            result = self.pending[i]
+            self._ready[i] = sizes[i] if result.successful() and result.get() is not None else 0
+        return sum(self._ready.values())
 
     def close(self) -> None:
         if self.pool is not None:
             self.pool.terminate()
             self.pool.join()
+
+
+class _RecentRate:
+    """Bytes per second over about the last RECENT_S, from samples of (time, bytes done)."""
+
+    def __init__(self, started: float) -> None:
+        self._samples: deque[tuple[float, int]] = deque([(started, 0)])
+
+    def seconds_left(self, now: float, done: int, total: int) -> float:
+        """How long the rest would take at the recent rate (no progress in the window: forever)."""
+        while len(self._samples) > 1 and now - self._samples[1][0] >= RECENT_S:
+            self._samples.popleft()
+        since, done_then = self._samples[0]
+        if now - self._samples[-1][0] >= RECENT_S / 10:
+            self._samples.append((now, done))
+        if done <= done_then:
+            return math.inf
+        return (total - done) * (now - since) / (done - done_then)
 
 
 def _worth_starting_after(others: _Workers, first_left: int) -> float:
@@ -271,6 +306,7 @@ def iter_compare_in_workers(
     own: dict[int, list[PairOutcome]] = {}
     reader = PairReader(native, oracle)
     started = time.monotonic()
+    rate = _RecentRate(started)
     try:
         for index, part in enumerate(parts):
             if not others.claim(index):
@@ -289,16 +325,17 @@ def iter_compare_in_workers(
                     own[index] = stop.value
                     break
                 if others.pool is None:
-                    elapsed = time.monotonic() - started
-                    if elapsed >= MEASURE_S and step.done and (total - step.done) * elapsed / step.done > _worth_starting_after(others, index + 1):
+                    now = time.monotonic()
+                    left = rate.seconds_left(now, step.done, total)
+                    if now - started >= MEASURE_S and step.done and left > _worth_starting_after(others, index + 1):
                         others.start(workers - 1, native, oracle, pairs, options, heads)
                 if others.pool is None:
                     yield step
                 else:
-                    yield Progress(step.done + others.done(sizes, own), total, f"comparing on {workers} processes")
+                    yield Progress(step.done + others.done(sizes), total, f"comparing on {workers} processes")
         while others.pool is not None:
             waiting = [result for i, result in others.pending.items() if i not in own and not result.ready()]
-            yield Progress(sum(sizes[i] for i in own) + others.done(sizes, own), total, f"comparing on {workers} processes")
+            yield Progress(sum(sizes[i] for i in own) + others.done(sizes), total, f"comparing on {workers} processes")
             if not waiting:
                 others.pool.close()
                 break

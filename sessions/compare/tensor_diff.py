@@ -498,9 +498,9 @@ class DiffAccumulator:
                     m.max_abs_error, m.max_abs_at = value, sample
                 else:
                     m.max_rel_error, m.max_rel_at = value, sample
-        self._add_ulps(native_bits, oracle_bits, ulp, ~any_nan, flat, row0)
+        self._add_ulps(native_bits, oracle_bits, ulp, ~any_nan if special else None, flat, row0)
         self._add_tolerance(native_bits, oracle_bits, finite, abs_err, vb, ulp, any_nan, flat, row0)
-        self._add_profiles(native_bits.shape, flat, np.where(any_nan, np.uint64(0), ulp), row0)
+        self._add_profiles(native_bits.shape, flat, ulp, row0)  # 0 where a NaN is: `ulp_distance`
 
     def _correct_sums(self, va: np.ndarray, vb: np.ndarray, finite: np.ndarray, all_finite: bool) -> None:
         """The chunk's sums were started as if native == oracle (every element adds b*b); replace
@@ -519,8 +519,9 @@ class DiffAccumulator:
         self._sum_bb += _dot(fb, fb) - removed
         self._sum_ab += _dot(fa, fb) - removed
 
-    def _add_ulps(self, native_bits: np.ndarray, oracle_bits: np.ndarray, ulp: np.ndarray, counted: np.ndarray, flat: np.ndarray, row0: int) -> None:
-        values = ulp[counted]
+    def _add_ulps(self, native_bits: np.ndarray, oracle_bits: np.ndarray, ulp: np.ndarray, counted: np.ndarray | None, flat: np.ndarray, row0: int) -> None:
+        """`counted`: where a ULP distance exists (no NaN on either side); None when it does everywhere."""
+        values = ulp if counted is None else ulp[counted]
         if values.size == 0:
             return
         worst = int(np.argmax(values))

@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=8, help="1008 x 16384 float32 records per side (66 MB each)")
     parser.add_argument("--dir", type=Path, help="where to build (and reuse) the pair; default a temporary folder")
     parser.add_argument("--records", type=int, help="instead: this many small records per side (240000: a real 8B model's run)")
-    parser.add_argument("--diverged", action="store_true", help="with --records: every record from the first differing one on differs")
+    parser.add_argument("--diverged", action="store_true", help="with --records: every record after the first differing one differs in most elements")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
     app = QApplication.instance() or QApplication(sys.argv[:1])

@@ -254,24 +254,49 @@ def test_large_identical_records_settled_from_stored_bytes_get_the_chunked_diffs
     large_settled = []
 
     def counted(pair, reader):  # type: ignore[no-untyped-def]
-        same = check(pair, reader)
+        same, held = check(pair, reader)
         if same and pair_bytes(pair) > 2 * chunked.chunk_bytes:
             large_settled.append(pair.key)
-        return same
+        return same, held
 
     with open_capture(native_path) as n, open_capture(native_path) as again:
         monkeypatch.setattr(pair_compare, "_stored_bytes_identical", counted)
         settled = run_to_end(iter_compare(n, again, chunked))
-        monkeypatch.setattr(pair_compare, "_stored_bytes_identical", lambda pair, reader: False)
+        monkeypatch.setattr(pair_compare, "_stored_bytes_identical", lambda pair, reader: (False, None))
         monkeypatch.setattr(pair_compare, "_identical_run", lambda pairs, start, reader: (0, False))
         streamed = run_to_end(iter_compare(n, again, chunked))
     assert len(large_settled) > 10, "records of several chunks were settled from their bytes"
     assert [p.metrics for p in settled.pairs] == [p.metrics for p in streamed.pairs]
 
 
-def _many_small_records(tmp_path: Path, flip_at: int) -> tuple[Path, Path]:
+def test_differing_pairs_compared_from_the_bytes_their_check_read_get_the_metrics_of_a_fresh_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sessions.compare.pair_reader import PairReader, _Side
+
+    native_path, oracle_path = _many_small_records(tmp_path, flip_at=20, diverged=True)
+    whole_from = _Side.whole_from
+    reused = []
+
+    def counted(side, stored):  # type: ignore[no-untyped-def]
+        bits = whole_from(side, stored)
+        reused.append(bits is not None)
+        return bits
+
+    with open_capture(native_path) as n, open_capture(oracle_path) as o:
+        monkeypatch.setattr(_Side, "whole_from", counted)
+        from_check = run_to_end(iter_compare(n, o, CompareOptions()))
+        monkeypatch.setattr(PairReader, "held_bytes", lambda reader, size: None)
+        read_again = run_to_end(iter_compare(n, o, CompareOptions()))
+    assert sum(reused) == 2 * (66 - 20), "each differing pair was compared from the bytes its check had read"
+    assert [p.metrics for p in from_check.pairs] == [p.metrics for p in read_again.pairs]
+    assert from_check.verdict == read_again.verdict and from_check.verdict.first is not None
+
+
+def _many_small_records(tmp_path: Path, flip_at: int, diverged: bool = False) -> tuple[Path, Path]:
     """Three token steps of two layers of small records, written as a recorder lays them out (a
-    step's records back to back in one pack); the native's record `flip_at` one bit apart."""
+    step's records back to back in one pack); the native's record `flip_at` one bit apart, and
+    with `diverged` every later one a few ULP apart in most elements."""
     ops = ("attn_norm", "q_proj", "k_proj", "v_proj", "sdpa", "o_proj", "ffn_norm", "ffn_gate", "ffn_up", "ffn_act", "ffn_down")
     tensor = bf16_bits(np.random.default_rng(4).standard_normal((4, 16)))
     paths = []
@@ -285,6 +310,8 @@ def _many_small_records(tmp_path: Path, flip_at: int) -> tuple[Path, Path]:
                         bits = tensor.copy()
                         if role == "native" and seq == flip_at:
                             bits[2, 5] ^= 1
+                        if role == "native" and diverged and seq > flip_at:
+                            bits ^= np.random.default_rng(seq).integers(0, 4, size=bits.shape, dtype=np.uint16)
                         writer.add_tensor(op, bits, step=step, segment="decode", layer=layer, dtype="bfloat16")
                         seq += 1
                 writer.end_step()

@@ -15,7 +15,12 @@ from sessions.compare.comparison import Comparison, iter_compare, resolve_profil
 from sessions.compare.document import dumps
 from sessions.compare.options import CompareOptions
 from sessions.compare.pair_reader import pair_bytes
-from sessions.compare.parallel_compare import RECENT_S, _RecentRate, shards, worker_count
+from sessions.compare.parallel_compare import (
+    RECENT_S,
+    _RecentRate,
+    shards,
+    worker_count,
+)
 from sessions.progress import Progress, run_to_end
 
 

@@ -136,7 +136,11 @@ def _identical_metrics(kind: MetricsKind, identical: dict[MetricsKind, TensorMet
     return template
 
 
-def _stored_bytes_identical(pair: AlignedPair, reader: PairReader) -> bool:
+StoredBytes = tuple[np.ndarray, np.ndarray]
+"""A pair's stored bytes, native and oracle, as one check read them (valid until the reader's next check)."""
+
+
+def _stored_bytes_identical(pair: AlignedPair, reader: PairReader) -> tuple[bool, StoredBytes | None]:
     """Whether a pair is provably bit-exact from its stored bytes alone: both sides whole records
     of one dtype, shape and layout transform, each one contiguous run of its file, with equal
     bytes. A real model's run is hundreds of thousands of such small, mostly identical records;
@@ -144,18 +148,31 @@ def _stored_bytes_identical(pair: AlignedPair, reader: PairReader) -> bool:
     more than the bytes. A large identical record is settled at memcmp speed instead of going
     through the diff engine (a 4 GiB pair reports in 2.0-2.2x `cat`; 3.4x at 2 GiB before).
     Anything else (a short read, the first differing piece) goes the full way, which also
-    reports what is wrong."""
+    reports what is wrong. Second: both sides' bytes when they differ and were read whole."""
     native, oracle = pair.native, pair.oracle
     if not _whole_and_alike(pair):
-        return False
+        return False, None
     spans = []
     for side, mapped in ((reader.native, native), (reader.oracle, oracle)):
         span, descriptor = stored_span(side.capture, mapped.record), side.capture.descriptor
         if span is None or descriptor is None:
-            return False
+            return False, None
         spans.append((descriptor, span))
     (n_fd, (n_at, n_bytes)), (o_fd, (o_at, o_bytes)) = spans
-    return n_bytes == o_bytes and reader.stored_bytes_equal((n_fd, n_at), (o_fd, o_at), n_bytes)
+    if n_bytes != o_bytes:
+        return False, None
+    if reader.stored_bytes_equal((n_fd, n_at), (o_fd, o_at), n_bytes):
+        return True, None
+    return False, reader.held_bytes(n_bytes)
+
+
+def _whole_pair(reader: PairReader, held: StoredBytes | None) -> tuple[np.ndarray, np.ndarray]:
+    """Both sides of the pair in use, whole and canonical: from the bytes its check read when it has them."""
+    if held is not None:
+        native, oracle = reader.native.whole_from(held[0]), reader.oracle.whole_from(held[1])
+        if native is not None and oracle is not None:
+            return native, oracle
+    return reader.native.whole(), reader.oracle.whole()
 
 
 def _compare_pair(
@@ -171,7 +188,8 @@ def _compare_pair(
     `identical`: the shared metrics of identical pairs (`_identical_metrics`)."""
     logical, shape = kind = _compared(pair)
     template = _identical_metrics(kind, identical)
-    if _stored_bytes_identical(pair, reader):
+    identical, held = _stored_bytes_identical(pair, reader)
+    if identical:
         yield Progress(progress[0] + pair_bytes(pair), progress[1], pair.key.label())
         return template
     ranges = chunk_rows(pair, options.chunk_bytes)
@@ -186,7 +204,7 @@ def _compare_pair(
     )
     label = pair.key.label()
     if ranges is None:
-        n_bits, o_bits = reader.native.whole(), reader.oracle.whole()
+        n_bits, o_bits = _whole_pair(reader, held)
         accumulator.add(n_bits, o_bits, 0)
         if logit_rows is not None and n_bits.ndim == 2:
             logit_rows.keep(n_bits, o_bits, (0, n_bits.shape[0]), n_bits.shape[0])

@@ -65,6 +65,8 @@ def _reader(tp: Any) -> Reader:
     if origin is list:
         (item,) = get_args(tp)
         read_item = _reader(item)
+        if read_item is _same:  # a list of plain values (profiles, histograms, coordinates) is taken as parsed
+            return _same
         return lambda value: [read_item(v) for v in value]
     if origin is tuple:
         return tuple

@@ -48,7 +48,7 @@ def plain(value: Any, omit: frozenset[str] = frozenset()) -> Any:
     if isinstance(value, OpKey):
         return value.text()
     if isinstance(value, (list, tuple)):
-        return [plain(v, omit) for v in value]
+        return [v if type(v) in PLAIN_TYPES else plain(v, omit) for v in value]  # profiles: hundreds of ints, no call each
     if isinstance(value, dict):
         return {str(k): plain(v, omit) for k, v in value.items()}
     return value

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -45,17 +46,22 @@ def workers_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(parallel_compare, "MEASURE_S", 0.0)
 
 
+def _steps_and_result(work: Iterator[Progress]) -> tuple[list[Progress], Comparison]:
+    """Every progress step of a comparison, and the comparison it returns."""
+    steps: list[Progress] = []
+    while True:
+        try:
+            steps.append(next(work))
+        except StopIteration as stop:
+            return steps, stop.value
+
+
 def _alone_and_on_workers(paths: tuple[Path, Path], workers: int) -> tuple[Comparison, Comparison, list[str]]:
     """The pair compared in one process, then allowing `workers` processes, and the labels of the latter's progress."""
     with open_capture(paths[0]) as n, open_capture(paths[1]) as o:
         alone = run_to_end(iter_compare(n, o, CompareOptions(workers=1)))
-        work = iter_compare(n, o, CompareOptions(workers=workers))
-        labels: list[str] = []
-        while True:
-            try:
-                labels.append(next(work).label)
-            except StopIteration as stop:
-                return alone, stop.value, labels
+        steps, split = _steps_and_result(iter_compare(n, o, CompareOptions(workers=workers)))
+    return alone, split, [step.label for step in steps]
 
 
 def test_two_workers_give_the_same_document_as_one_process(
@@ -134,14 +140,7 @@ def test_the_comparing_process_takes_every_shard_no_worker_gets_to(
     native, oracle = demo_pairs["swiglu-order"]
     with open_capture(native) as n, open_capture(oracle) as o:
         alone = run_to_end(iter_compare(n, o, CompareOptions(workers=1)))
-        work = iter_compare(n, o, CompareOptions(workers=3))
-        steps: list[Progress] = []
-        while True:
-            try:
-                steps.append(next(work))
-            except StopIteration as stop:
-                split = stop.value
-                break
+        steps, split = _steps_and_result(iter_compare(n, o, CompareOptions(workers=3)))
     assert started == [2]
     assert dumps(split) == dumps(alone)
     shared = [s for s in steps if s.label == "comparing on 3 processes"]
@@ -199,13 +198,7 @@ def test_progress_never_counts_a_shard_twice_when_this_process_took_it_from_a_wo
     monkeypatch.setattr(multiprocessing.get_context("spawn"), "Pool", lambda processes, initializer=None, initargs=(): _GaveUpWorkers(processes))
     native, oracle = demo_pairs["swiglu-order"]
     with open_capture(native) as n, open_capture(oracle) as o:
-        work = iter_compare(n, o, CompareOptions(workers=2))
-        steps: list[Progress] = []
-        while True:
-            try:
-                steps.append(next(work))
-            except StopIteration:
-                break
+        steps, _ = _steps_and_result(iter_compare(n, o, CompareOptions(workers=2)))
     shared = [s for s in steps if s.label == "comparing on 2 processes"]
     assert shared and max(s.done for s in shared) == shared[-1].total
     assert [s.done for s in shared] == sorted(s.done for s in shared)

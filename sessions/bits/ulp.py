@@ -81,33 +81,33 @@ def ordered_line(bits: np.ndarray, logical: str) -> np.ndarray:
     return _signed_line(bits, logical).astype(np.int64)
 
 
-def nan_mask(bits: np.ndarray, logical: str) -> np.ndarray:
-    """True where the pattern is a NaN (all exponent bits set, mantissa non-zero)."""
+def _magnitude_and_infinity(bits: np.ndarray, logical: str) -> tuple[np.ndarray, np.ndarray]:
+    """The patterns without their sign bit, and the Inf pattern's magnitude in the same type:
+    NaNs lie above it, the infinities on it."""
     unsigned = bits.view(FLOAT_BIT_DTYPES[logical])
     exp_bits, man_bits = float_layout(logical)
     width = unsigned.dtype.itemsize * 8
     magnitude = unsigned & np.array((1 << (width - 1)) - 1, dtype=unsigned.dtype)
-    inf_pattern = np.array(((1 << exp_bits) - 1) << man_bits, dtype=unsigned.dtype)
-    return magnitude > inf_pattern
+    return magnitude, np.array(((1 << exp_bits) - 1) << man_bits, dtype=unsigned.dtype)
+
+
+def nan_mask(bits: np.ndarray, logical: str) -> np.ndarray:
+    """True where the pattern is a NaN (all exponent bits set, mantissa non-zero)."""
+    magnitude, infinity = _magnitude_and_infinity(bits, logical)
+    return magnitude > infinity
 
 
 def inf_mask(bits: np.ndarray, logical: str) -> np.ndarray:
     """True where the pattern is +Inf or -Inf."""
-    unsigned = bits.view(FLOAT_BIT_DTYPES[logical])
-    exp_bits, man_bits = float_layout(logical)
-    width = unsigned.dtype.itemsize * 8
-    magnitude = unsigned & np.array((1 << (width - 1)) - 1, dtype=unsigned.dtype)
-    return magnitude == np.array(((1 << exp_bits) - 1) << man_bits, dtype=unsigned.dtype)
+    magnitude, infinity = _magnitude_and_infinity(bits, logical)
+    return magnitude == infinity
 
 
 def any_special(bits: np.ndarray, logical: str) -> bool:
     """Whether any pattern is a NaN or an Inf: one pass, so the common all-finite case skips
     the masks that classify them."""
-    unsigned = bits.view(FLOAT_BIT_DTYPES[logical])
-    exp_bits, man_bits = float_layout(logical)
-    width = unsigned.dtype.itemsize * 8
-    magnitude = unsigned & np.array((1 << (width - 1)) - 1, dtype=unsigned.dtype)
-    return bool(unsigned.size) and int(magnitude.max()) >= ((1 << exp_bits) - 1) << man_bits
+    magnitude, infinity = _magnitude_and_infinity(bits, logical)
+    return bool(magnitude.size) and bool(magnitude.max() >= infinity)
 
 
 def _abs_difference(a: np.ndarray, b: np.ndarray) -> np.ndarray:

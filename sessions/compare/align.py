@@ -201,9 +201,10 @@ def map_records(
     mapped: list[MappedRecord] = []
     rejected: list[UnalignedRecord] = []
     optional: dict[int, str] = {}
+    keep, make_key, make_mapped = mapped.append, OpKey._make, MappedRecord._make
     for record in records:
-        count = counts[(record.step, record.segment, record.layer, record.name)]
-        kind = (record.name, record.occurrence, count, record.kernel_id, sources.get(record.seq, ()), record.layer, record.shape)
+        seq, step, segment, layer, name, occurrence, _, shape, _, kernel_id = record[:10]
+        kind = (name, occurrence, counts[(step, segment, layer, name)], kernel_id, sources.get(seq, ()) if sources else (), layer, shape)
         m = mappings.get(kind)
         if m is None:
             asked = kind[:5]  # shapes that grow every step (attention scores) make kinds, not rules
@@ -211,12 +212,12 @@ def map_records(
                 matches[asked] = profile.match(*asked)
             m = mappings[kind] = _mapping(profile, matches[asked], kind, batch)
         if m.refusal is not None:
-            key = OpKey(record.step, record.segment, m.layer, m.op, m.occurrence) if m.keyed else None
+            key = OpKey(step, segment, m.layer, m.op, m.occurrence) if m.keyed else None
             rejected.append(_unaligned(side, record, *m.refusal, key))
             continue
-        mapped.append(MappedRecord(record, OpKey(record.step, record.segment, m.layer, m.op, m.occurrence), m.layout, m.shape, None, batch))
+        keep(make_mapped((record, make_key((step, segment, m.layer, m.op, m.occurrence, ())), m.layout, m.shape, None, batch)))
         if m.one_sided is not None:
-            optional[record.seq] = m.one_sided
+            optional[seq] = m.one_sided
     return mapped, rejected, optional
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sessions.capture.read_ahead import ReadAhead
-from sessions.capture.reader import Capture
+from sessions.capture.reader import Capture, Record
 from sessions.compare.align import (
     ALIGN_MODES,
     BY_DESIGN,
@@ -263,8 +263,8 @@ def _iter_compare(
     native_profile, oracle_profile = resolve_profiles(native, oracle, options) if profiles is None else profiles
     native_tokens, oracle_tokens = _tokens_within(native.tokens, options.max_steps), _tokens_within(oracle.tokens, options.max_steps)
     alignment: Alignment = align(
-        [r for r in native.records if options.max_steps is None or r.step < options.max_steps],
-        [r for r in oracle.records if options.max_steps is None or r.step < options.max_steps],
+        _records_within(native, options.max_steps),
+        _records_within(oracle, options.max_steps),
         native_profile,
         oracle_profile,
         native_sources=sources_for(native, native_profile),
@@ -311,6 +311,13 @@ def _iter_compare(
             _keep_logits(logits, pair, agreement)
     tokens = compare_tokens(native_tokens, oracle_tokens, {step: agreement for step, (_, agreement) in logits.items()})
     return _assemble(native, oracle, native_profile, oracle_profile, options, alignment, contracts, dispatch, results, tokens, eos)
+
+
+def _records_within(capture: Capture, max_steps: int | None) -> list[Record]:
+    """The capture's records of the steps a budget of `max_steps` covers (all when None)."""
+    if max_steps is None:
+        return list(capture.records)
+    return [r for r in capture.records if r.step < max_steps]
 
 
 def _tokens_within(table: np.ndarray, max_steps: int | None) -> np.ndarray:

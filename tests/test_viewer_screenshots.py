@@ -1,7 +1,8 @@
 """Every tab at 1280x720 and at 1920x1080 on the demo pair, saved for a person to look at.
 
 The assertions are the layout rules a small screen breaks first: the verdict strip stays on
-screen with its word, every tab's widget gets a usable share of the window, and the contract
+screen with its word, every tab's widget gets a usable share of the window, the alignment tree
+keeps most of the left column (the bookmarks dock takes the rest), and the contract
 card leaves the tensor maps room to read (one line with its details folded at 1280x720)."""
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ def test_every_tab_is_saved_at_common_screen_sizes_with_the_verdict_on_screen(
     QApplication.processEvents()
     [card] = win.banners.banners("comparison")
     assert card.details.isVisible() == (height >= CARD_EXPANDED_FROM_HEIGHT) and "attn.f32.tiled64x64" in card.label.text()
+    tree, bookmarks = win.tree_dock.height(), win.bookmarks_dock.height()
+    assert tree >= 2 * bookmarks, f"the alignment tree, the way around the run, keeps most of the left column: tree {tree} px, bookmarks {bookmarks} px"
     maps = {name: plot.vb.height() for name, plot in win.tensor_view.plots.items()}
     assert min(maps.values()) >= 40, f"each tensor map keeps at least 40 px of data beside the contract card: {maps}"
     for index, name in enumerate(TABS):

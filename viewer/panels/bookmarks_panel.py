@@ -40,6 +40,12 @@ def bookmark_title(bookmark: Bookmark) -> str:
     return f"{bookmark.op.label()}\n    {first}"
 
 
+LIST_MIN_HEIGHT = 48
+NOTE_MIN_HEIGHT = 48
+"""The list and the note keep two lines each at least: the dock shares the window's height
+with the alignment tree, which a 720-pixel screen left a dozen rows when the dock took 270 px."""
+
+
 class BookmarksPanel(QWidget):
     add_requested = Signal()
     """Bookmark the op (and view) shown now."""
@@ -53,9 +59,11 @@ class BookmarksPanel(QWidget):
         self.list = QListWidget()
         self.list.setWordWrap(True)
         self.list.setAlternatingRowColors(True)
+        self.list.setMinimumHeight(LIST_MIN_HEIGHT)
         self.note = NoteEdit()
         self.note.setPlaceholderText("Note for the selected bookmark, e.g. “Q=1008 visual prefill: tiled reduction”")
         self.note.setMaximumHeight(110)
+        self.note.setMinimumHeight(NOTE_MIN_HEIGHT)
         self.note.setEnabled(False)
         self.add_button = QPushButton("Bookmark this op")
         self.add_button.setToolTip("Bookmark the selected op and its current view (Ctrl+B)")
@@ -73,8 +81,10 @@ class BookmarksPanel(QWidget):
         layout.addLayout(buttons)
         layout.addWidget(self.list, 1)
         layout.addWidget(self.hint)
-        layout.addWidget(self.note)
-        layout.addWidget(self.apply_button, 0, Qt.AlignmentFlag.AlignRight)
+        note_row = QHBoxLayout()
+        note_row.addWidget(self.note, 1)
+        note_row.addWidget(self.apply_button, 0, Qt.AlignmentFlag.AlignBottom)
+        layout.addLayout(note_row)
         self.add_button.clicked.connect(self.add_requested)
         self.jump_button.clicked.connect(self._jump)
         self.remove_button.clicked.connect(self.remove_selected)

@@ -263,7 +263,7 @@ def test_large_identical_records_settled_from_stored_bytes_get_the_chunked_diffs
         monkeypatch.setattr(pair_compare, "_stored_bytes_identical", counted)
         settled = run_to_end(iter_compare(n, again, chunked))
         monkeypatch.setattr(pair_compare, "_stored_bytes_identical", lambda pair, reader: (False, None))
-        monkeypatch.setattr(pair_compare, "_identical_run", lambda pairs, start, reader: (0, False))
+        monkeypatch.setattr(pair_compare, "_runs", lambda pairs, reader: [])
         streamed = run_to_end(iter_compare(n, again, chunked))
     assert len(large_settled) > 10, "records of several chunks were settled from their bytes"
     assert [p.metrics for p in settled.pairs] == [p.metrics for p in streamed.pairs]
@@ -319,30 +319,45 @@ def _many_small_records(tmp_path: Path, flip_at: int, diverged: bool = False) ->
     return paths[0], paths[1]
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 def test_small_records_back_to_back_are_settled_in_runs_and_a_run_with_a_flip_is_compared_pair_by_pair(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threads: int
 ) -> None:
     """A real run's many small records are settled a step's run at a time; the run holding a
-    difference goes pair by pair, so the report names the very record and element."""
+    difference goes pair by pair, so the report names the very record and element. On two
+    threads, the runs' bytes are checked ahead of the comparison: the same answers, in order."""
     from sessions.capture.reader import stored_span
-    from sessions.compare import pair_compare
+    from sessions.compare import comparison, pair_compare
+    from sessions.compare.byte_checks import ByteChecks
 
     native, oracle = _many_small_records(tmp_path, flip_at=30)
-    runs: list[tuple[int, bool]] = []
-    real_run = pair_compare._identical_run
+    runs: list[tuple[int, int]] = []
+    answers: list[bool] = []
+    real_runs, real_ahead = pair_compare._runs, ByteChecks.ahead
 
-    def counted(pairs, start, reader):  # type: ignore[no-untyped-def]
-        found = real_run(pairs, start, reader)
-        runs.append(found)
+    def counted_runs(pairs, reader):  # type: ignore[no-untyped-def]
+        found = real_runs(pairs, reader)
+        runs.extend((run.start, run.count) for run in found)
         return found
 
+    def counted_ahead(checks, asked):  # type: ignore[no-untyped-def]
+        used.append(checks._threads)
+        for answer in real_ahead(checks, asked):
+            answers.append(answer)
+            yield answer
+
+    used: list[int] = []
     with open_capture(native) as n, open_capture(oracle) as o:
         assert [int(a) for a in n.packed_addresses] == [stored_span(n, r)[0] for r in n.records]
-        monkeypatch.setattr(pair_compare, "_identical_run", counted)
+        monkeypatch.setattr(pair_compare, "_runs", counted_runs)
+        monkeypatch.setattr(ByteChecks, "ahead", counted_ahead)
+        monkeypatch.setattr(comparison, "check_threads", lambda options: threads)
         in_runs = run_to_end(iter_compare(n, o, CompareOptions(workers=1)))
-        monkeypatch.setattr(pair_compare, "_identical_run", lambda pairs, start, reader: (0, False))
+        monkeypatch.setattr(pair_compare, "_runs", lambda pairs, reader: [])
         pair_by_pair = run_to_end(iter_compare(n, o, CompareOptions(workers=1)))
-    assert runs == [(22, True), (22, False), (22, True)], "each step's 22 records one run; the second step's differs"
+    assert used[0] == threads
+    assert runs == [(0, 22), (22, 22), (44, 22)], "each step's 22 records one run"
+    assert answers == [True, False, True], "the second step's run differs"
     assert dumps(in_runs) == dumps(pair_by_pair)
     assert [p.key.text() for p in in_runs.pairs if not p.metrics.bit_exact] == ["1:decode:0:ffn_up"]
     assert in_runs.pairs[30].metrics.first_difference is not None and in_runs.pairs[30].metrics.first_difference.coord == [2, 5]
@@ -351,16 +366,12 @@ def test_small_records_back_to_back_are_settled_in_runs_and_a_run_with_a_flip_is
 def test_stored_bytes_are_equal_only_when_every_byte_is_small_pieces_word_pieces_and_their_ragged_ends(tmp_path: Path) -> None:
     """Pieces up to SMALL_PIECE_BYTES are compared as bytes, longer ones as 8-byte words and a ragged
     tail: a one-bit difference anywhere, in either kind of piece, is found."""
-    from sessions.compare.pair_reader import (
-        SMALL_PIECE_BYTES,
-        STORED_PIECE_BYTES,
-        PairReader,
-    )
+    from sessions.compare.byte_checks import SMALL_PIECE_BYTES, STORED_PIECE_BYTES
+    from sessions.compare.pair_reader import PairReader
 
     captures = _many_small_records(tmp_path, flip_at=-1)
     data = np.random.default_rng(6).integers(0, 256, STORED_PIECE_BYTES + 4099, dtype=np.uint8).tobytes()
-    with open_capture(captures[0]) as n, open_capture(captures[1]) as o:
-        reader = PairReader(n, o)
+    with open_capture(captures[0]) as n, open_capture(captures[1]) as o, PairReader(n, o, 2) as reader:
         for size in (1000, SMALL_PIECE_BYTES + 13, STORED_PIECE_BYTES + 4099):
             for flip in (0, size // 2, size - 9, size - 1):
                 native, oracle = tmp_path / "n.bin", tmp_path / "o.bin"
@@ -373,18 +384,21 @@ def test_stored_bytes_are_equal_only_when_every_byte_is_small_pieces_word_pieces
                     assert reader.stored_bytes_equal((a.fileno(), 0), (a.fileno(), 0), size), size
 
 
-def test_a_difference_in_a_large_records_last_stored_piece_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sessions.compare import pair_reader
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_difference_in_a_large_records_last_stored_piece_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threads: int) -> None:
+    """One piece after another, or the pieces shared out between two threads."""
+    from sessions.compare import byte_checks, comparison
 
-    monkeypatch.setattr(pair_reader, "STORED_PIECE_BYTES", 256)
+    monkeypatch.setattr(comparison, "check_threads", lambda options: threads)
+    monkeypatch.setattr(byte_checks, "STORED_PIECE_BYTES", 256)
     values = bf16_bits(np.random.default_rng(5).standard_normal((64, 32)))
     flipped = values.copy()
     flipped[-1, -1] ^= 1
     n = write_capture(tmp_path / "n.h5", "native", [T("l_out-0", values, layer=0, dtype="bfloat16")])
     o = write_capture(tmp_path / "o.h5", "oracle", [T("l_out-0", flipped, layer=0, dtype="bfloat16")])
     with open_capture(n) as native, open_capture(o) as oracle:
-        comparison = run_to_end(iter_compare(native, oracle, CompareOptions(chunk_bytes=1024)))
-    (pair,) = comparison.pairs
+        compared = run_to_end(iter_compare(native, oracle, CompareOptions(chunk_bytes=1024, workers=1)))
+    (pair,) = compared.pairs
     assert pair.metrics.differing == 1 and pair.metrics.max_ulp == 1
 
 

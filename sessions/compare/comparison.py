@@ -47,7 +47,11 @@ from sessions.compare.pair_reader import (
     pair_bytes,
     read_ahead_spans,
 )
-from sessions.compare.parallel_compare import iter_compare_in_workers, worker_count
+from sessions.compare.parallel_compare import (
+    check_threads,
+    iter_compare_in_workers,
+    worker_count,
+)
 from sessions.compare.profile_identity import ProfileIdentity, identify
 from sessions.compare.profiles import (
     CANONICAL_OPS,
@@ -301,7 +305,8 @@ def _iter_compare(
         if workers > 1:
             outcomes = yield from iter_compare_in_workers(native, oracle, alignment.pairs, options, heads, workers, total, after_pair)
         else:
-            outcomes = yield from iter_compare_pairs(PairReader(native, oracle), alignment.pairs, options, heads, (0, total), after_pair)
+            with PairReader(native, oracle, check_threads(options)) as reader:
+                outcomes = yield from iter_compare_pairs(reader, alignment.pairs, options, heads, (0, total), after_pair)
     for pair, (metrics, agreement) in zip(alignment.pairs, outcomes):
         post_eos = eos is not None and pair.key.step > eos
         contract, differs = pair.key in contract_keys, pair.key in dispatch_keys

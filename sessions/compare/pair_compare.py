@@ -8,15 +8,16 @@ agreement of the row its step's token comes from.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
 from sessions.bits.dtypes import logical_dtype
 from sessions.capture.reader import stored_span
 from sessions.compare.align import AlignedPair
+from sessions.compare.byte_checks import STORED_PIECE_BYTES, Check
 from sessions.compare.options import CompareOptions
 from sessions.compare.pair_reader import (
-    STORED_PIECE_BYTES,
     PairReader,
     chunk_rows,
     pair_bytes,
@@ -60,7 +61,7 @@ class _LogitRows:
 
 
 RUN_RECORD_MAX_BYTES = 64 * 1024
-"""Records up to this size are settled in runs (`_identical_run`): for them a record's own
+"""Records up to this size are settled in runs (`_runs`): for them a record's own
 check and reads cost more than its bytes. A run whose bytes differ is compared again pair by
 pair, so its records are read twice: cheap for small ones only."""
 
@@ -81,16 +82,24 @@ def _whole_and_alike(pair: AlignedPair) -> bool:
     )
 
 
-def _identical_run(pairs: list[AlignedPair], start: int, reader: PairReader) -> tuple[int, bool]:
-    """(how many pairs from `start` on form a run, whether one comparison of their stored bytes
-    settles them all as identical). A run is small records (RUN_RECORD_MAX_BYTES) whose bytes
-    follow one another in contiguous packs on both sides, as a writer lays out a step's records,
-    up to one piece (STORED_PIECE_BYTES); fewer than two such pairs are no run. A real run's
-    220,000 small pairs took 11 us each through their own checks and reads."""
+class _Run(NamedTuple):
+    """Pairs `start` to `start + count` whose stored bytes are one stretch on each side (`check`)."""
+
+    start: int
+    count: int
+    check: Check
+
+
+def _run_at(pairs: list[AlignedPair], start: int, reader: PairReader) -> _Run | None:
+    """The run of pairs from `start` on whose equal stored bytes would settle them all as
+    identical, or None. A run is small records (RUN_RECORD_MAX_BYTES) whose bytes follow one
+    another in contiguous packs on both sides, as a writer lays out a step's records, up to one
+    piece (STORED_PIECE_BYTES); fewer than two such pairs are no run. A real run's 220,000 small
+    pairs took 11 us each through their own checks and reads."""
     n_at, o_at = reader.native.capture.packed_addresses, reader.oracle.capture.packed_addresses
     n_fd, o_fd = reader.native.capture.descriptor, reader.oracle.capture.descriptor
     if n_fd is None or o_fd is None:
-        return 0, False
+        return None
     first_n = first_o = end_n = end_o = -1
     count = 0
     for at in range(start, len(pairs)):
@@ -112,8 +121,24 @@ def _identical_run(pairs: list[AlignedPair], start: int, reader: PairReader) -> 
         end_n, end_o = end_n + size, end_o + size
         count += 1
     if count < 2:
-        return 0, False
-    return count, reader.stored_bytes_equal((n_fd, first_n), (o_fd, first_o), end_n - first_n)
+        return None
+    return _Run(start, count, ((n_fd, first_n), (o_fd, first_o), end_n - first_n))
+
+
+def _runs(pairs: list[AlignedPair], reader: PairReader) -> list[_Run]:
+    """Every run, found from the first pair on: each one starts where the last one ended, or at
+    the first pair after it that starts one. Found before any is checked, so that their bytes
+    are checked ahead of the comparison (`ByteChecks.ahead`)."""
+    runs: list[_Run] = []
+    index = 0
+    while index < len(pairs):
+        run = _run_at(pairs, index, reader)
+        if run is None:
+            index += 1
+        else:
+            runs.append(run)
+            index += run.count
+    return runs
 
 
 MetricsKind = tuple[str, tuple[int, ...]]
@@ -232,33 +257,42 @@ def iter_compare_pairs(
 ) -> ProgressGenerator[list[PairOutcome]]:
     """Compare `pairs` in order; `progress` is (bytes done before them, total), `after_pair(i)` is
     told when pair i is done (the read-ahead moves on). Runs of small records are settled at
-    once where their bytes are equal (`_identical_run`); a run that differs goes pair by pair."""
+    once where their bytes are equal (`_runs`), checked ahead on the reader's threads; a run that
+    differs goes pair by pair."""
     outcomes: list[PairOutcome] = []
     identical: dict[MetricsKind, TensorMetrics] = {}
     done = progress[0]
-    index, pair_by_pair_until = 0, 0
-    while index < len(pairs):
-        if index >= pair_by_pair_until:
-            run, settled = _identical_run(pairs, index, reader)
-            if settled:
-                for pair in pairs[index : index + run]:
-                    outcomes.append((_identical_metrics(_compared(pair), identical), None))
-                    done += pair_bytes(pair)
-                index += run
-                yield Progress(done, progress[1], pairs[index - 1].key.label())
-                if after_pair is not None:
-                    after_pair(index - 1)
-                continue
-            pair_by_pair_until = index + run  # the run's bytes differ somewhere: each pair says where
-        pair = pairs[index]
-        logit_rows = _LogitRows() if pair.key.op == "logits" else None
-        metrics = yield from _compare_pair(pair, reader, options, heads, logit_rows, (done, progress[1]), identical)
-        done += pair_bytes(pair)
-        agreement = None
-        if logit_rows is not None and logit_rows.native is not None and logit_rows.oracle is not None:
-            agreement = logit_agreement(logit_rows.native, logit_rows.oracle, pair.native.record.dtype, options.top_k)
-        outcomes.append((metrics, agreement))
-        if after_pair is not None:
-            after_pair(index)
-        index += 1
+    runs = _runs(pairs, reader)
+    equal = reader.checks.ahead([run.check for run in runs])
+    next_run = iter(runs)
+    run = next(next_run, None)
+    index = 0
+    try:
+        while index < len(pairs):
+            if run is not None and index == run.start:
+                settled = next(equal)
+                if settled:
+                    for pair in pairs[index : index + run.count]:
+                        outcomes.append((_identical_metrics(_compared(pair), identical), None))
+                        done += pair_bytes(pair)
+                    index += run.count
+                    yield Progress(done, progress[1], pairs[index - 1].key.label())
+                    if after_pair is not None:
+                        after_pair(index - 1)
+                    run = next(next_run, None)
+                    continue
+                run = next(next_run, None)  # the run's bytes differ somewhere: each pair says where
+            pair = pairs[index]
+            logit_rows = _LogitRows() if pair.key.op == "logits" else None
+            metrics = yield from _compare_pair(pair, reader, options, heads, logit_rows, (done, progress[1]), identical)
+            done += pair_bytes(pair)
+            agreement = None
+            if logit_rows is not None and logit_rows.native is not None and logit_rows.oracle is not None:
+                agreement = logit_agreement(logit_rows.native, logit_rows.oracle, pair.native.record.dtype, options.top_k)
+            outcomes.append((metrics, agreement))
+            if after_pair is not None:
+                after_pair(index)
+            index += 1
+    finally:
+        equal.close()
     return outcomes

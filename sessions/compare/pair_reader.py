@@ -14,18 +14,13 @@ from functools import lru_cache
 import numpy as np
 
 from sessions.bits.dtypes import logical_dtype
-from sessions.capture.pack_read import pread_exact
 from sessions.capture.reader import Capture, RecordReader, stored_span
 from sessions.compare.align import AlignedPair
+from sessions.compare.byte_checks import ByteChecks, FileSpot, Pieces
 from sessions.compare.mapped_record import MappedRecord
 
 ADVISE_MIN_BYTES = 1024 * 1024
 """Smaller records get no read-ahead: finding their span costs about what their read does."""
-STORED_PIECE_BYTES = 4 * 1024 * 1024
-"""Stored bytes are compared this much at a time: both pieces stay in cache while compared."""
-SMALL_PIECE_BYTES = 4096
-"""Pieces up to this size are compared as bytes: for a run of a few tiny records one `==` of two
-copies costs less than comparing arrays (0.2 against 1.7 us for 1.4 KB)."""
 
 
 def pair_bytes(pair: AlignedPair) -> int:
@@ -136,51 +131,32 @@ class PairReader:
     """Reads pair after pair of two open captures; a returned chunk is valid until that side's
     next read (whoever keeps data past that copies it)."""
 
-    def __init__(self, native: Capture, oracle: Capture) -> None:
+    def __init__(self, native: Capture, oracle: Capture, threads: int = 1) -> None:
+        """`threads`: how many threads may check stored bytes at once (`ByteChecks`)."""
         self.native = _Side(native)
         self.oracle = _Side(oracle)
         for capture in (native, oracle):
             # Found here, once, not inside the first pair: a comparison that times its first pairs
             # to decide on workers took the table's 0.17 s (240,000 rows) for slow comparing.
             capture.packed_addresses  # noqa: B018
-        self._pieces: tuple[bytearray, bytearray] | None = None
+        self.checks = ByteChecks(threads)
+        self._pieces: Pieces | None = None
         self._held = 0
         """How many bytes of each side the pieces hold whole, from the last `stored_bytes_equal`."""
 
-    def stored_bytes_equal(self, native: tuple[int, int], oracle: tuple[int, int], size: int) -> bool:
-        """Whether `size` bytes at (file descriptor, offset) `native` and `oracle` are equal, read
-        STORED_PIECE_BYTES at a time into two buffers kept for the comparison: a fresh buffer per
-        record faults its pages in again (a 33 MB record read into new memory cost 8x the same
-        read into a kept buffer). A short read is a difference: the caller's full pass says why.
-        A whole piece is compared as bytes (memcmp); a shorter one up to SMALL_PIECE_BYTES as
-        bytes too (its slices are copies, cheap at that size), past it as 8-byte words in place
-        (copying a 4 MiB piece to compare it cost 8x the comparison)."""
-        if self._pieces is None:
-            self._pieces = bytearray(STORED_PIECE_BYTES), bytearray(STORED_PIECE_BYTES)
-        a, b = self._pieces
+    def stored_bytes_equal(self, native: FileSpot, oracle: FileSpot, size: int) -> bool:
+        """Whether `size` bytes at `native` and `oracle` are equal (`Pieces`); one piece or less is
+        read into this reader's own pieces and held there for `held_bytes`, a longer stretch is
+        compared on the reader's threads (`ByteChecks.equal`)."""
         self._held = 0
-        words = np.frombuffer(a, np.uint64), np.frombuffer(b, np.uint64)
-        (n_fd, n_at), (o_fd, o_at) = native, oracle
-        for done in range(0, size, STORED_PIECE_BYTES):
-            n = min(STORED_PIECE_BYTES, size - done)
-            try:
-                pread_exact(n_fd, n_at + done, np.frombuffer(a, np.uint8, n))
-                pread_exact(o_fd, o_at + done, np.frombuffer(b, np.uint8, n))
-            except OSError:
-                return False
-            if n == size:
-                self._held = size
-            if n == STORED_PIECE_BYTES:
-                if a != b:
-                    return False
-            elif n <= SMALL_PIECE_BYTES:
-                if a[:n] != b[:n]:
-                    return False
-            else:
-                whole = n // 8
-                if not np.array_equal(words[0][:whole], words[1][:whole]) or a[whole * 8 : n] != b[whole * 8 : n]:
-                    return False
-        return True
+        if self._pieces is None:
+            self._pieces = Pieces()
+        if size > self._pieces.size:
+            return self.checks.equal(native, oracle, size)
+        if not self._pieces.read(native, oracle, size):
+            return False
+        self._held = size
+        return self._pieces.same(size)
 
     def held_bytes(self, size: int) -> tuple[np.ndarray, np.ndarray] | None:
         """Both sides' `size` bytes as the last `stored_bytes_equal` read them, when it read them
@@ -188,7 +164,17 @@ class PairReader:
         compared from them rather than read again (its reads cost a quarter of a 128-byte diverged pair)."""
         if self._pieces is None or self._held != size:
             return None
-        return np.frombuffer(self._pieces[0], np.uint8, size), np.frombuffer(self._pieces[1], np.uint8, size)
+        return np.frombuffer(self._pieces.native, np.uint8, size), np.frombuffer(self._pieces.oracle, np.uint8, size)
+
+    def close(self) -> None:
+        """Stop the reader's threads (checks not yet begun are dropped)."""
+        self.checks.close()
+
+    def __enter__(self) -> PairReader:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
     def use(self, pair: AlignedPair) -> None:
         """Make `pair` the one read; its records are checked on their first read."""

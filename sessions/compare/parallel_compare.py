@@ -137,6 +137,10 @@ def _layout(spec: str | None) -> LayoutTransform | None:
     return None if spec is None else LayoutTransform.parse(spec)
 
 
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def worker_count(options: CompareOptions) -> int:
     """How many processes may compare: as asked, else one per core. Not by size: a pair's bytes
     do not say how long it takes (a differing pair is decoded element by element, orders of
@@ -144,8 +148,15 @@ def worker_count(options: CompareOptions) -> int:
     at the rate it is going, would need longer than SPAWN_WHEN_LEFT_S for the rest."""
     if options.workers > 0:
         return options.workers
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = _cores()
     return 1 if cores < MIN_AUTO_CORES else min(MAX_AUTO_WORKERS, cores)
+
+
+def check_threads(options: CompareOptions) -> int:
+    """How many threads of the comparing process may check stored bytes at once
+    (sessions.compare.byte_checks): as many as processes were asked for, else one per core.
+    Unlike workers, threads pay on 2 cores too: they cost no start and share the process's memory."""
+    return options.workers if options.workers > 0 else min(MAX_AUTO_WORKERS, _cores())
 
 
 def shards(pairs: list[AlignedPair], parts: int) -> list[range]:
@@ -304,7 +315,7 @@ def iter_compare_in_workers(
     sizes = [sum(pair_bytes(pairs[i]) for i in part) for part in parts]
     others = _Workers(parts)
     own: dict[int, list[PairOutcome]] = {}
-    reader = PairReader(native, oracle)
+    reader = PairReader(native, oracle, check_threads(options))
     started = time.monotonic()
     rate = _RecentRate(started)
     try:
@@ -347,4 +358,5 @@ def iter_compare_in_workers(
             outcomes += shard
         return outcomes
     finally:
+        reader.close()
         others.close()

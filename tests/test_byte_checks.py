@@ -87,3 +87,29 @@ def test_a_pair_reader_stops_its_threads_when_it_is_done_with(tmp_path: Path) ->
             assert list(reader.checks.ahead([(spot, spot, 64)] * 3)) == [True] * 3
             assert _byte_check_threads()
         assert _byte_check_threads() == [], "gone while the reader is still held"
+
+
+def test_checks_ahead_go_no_further_ahead_than_the_window(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A capture larger than memory must not be read far ahead of the comparison, which may have
+    to read a run again (pair by pair) and would find it pushed out of the page cache."""
+    from sessions.compare import byte_checks
+
+    monkeypatch.setattr(byte_checks, "AHEAD_BYTES", 2 * byte_checks.TASK_BYTES)
+    begun: list[int] = []
+    real = ByteChecks._all_equal
+
+    def counted(checks, batch):  # type: ignore[no-untyped-def]
+        begun.append(len(batch))
+        return real(checks, batch)
+
+    monkeypatch.setattr(ByteChecks, "_all_equal", counted)
+    native, _, _, _ = _files(tmp_path, STORED_PIECE_BYTES)
+    with open(native, "rb") as a:
+        spot = (a.fileno(), 0)
+        checks = ByteChecks(2)
+        answers = checks.ahead([(spot, spot, STORED_PIECE_BYTES // 4)] * 100)
+        assert next(answers) is True
+        answers.close()
+        checks.close()
+    assert begun and len(begun) <= 2, f"batches begun: {begun} (25 were asked for, 2 fit the window)"
+    assert begun[0] == 4, "a batch holds TASK_BYTES a side"

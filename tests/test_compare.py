@@ -341,7 +341,7 @@ def test_small_records_back_to_back_are_settled_in_runs_and_a_run_with_a_flip_is
         return found
 
     def counted_ahead(checks, asked):  # type: ignore[no-untyped-def]
-        used.append(checks._threads)
+        used.append(checks.threads)
         for answer in real_ahead(checks, asked):
             answers.append(answer)
             yield answer

@@ -11,7 +11,8 @@ an 8 GB pair's pieces took 0.89 s on two threads against 1.95 s on one (`cat` of
 from __future__ import annotations
 
 import threading
-from collections.abc import Generator
+from collections import deque
+from collections.abc import Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
@@ -26,6 +27,8 @@ copies costs less than comparing arrays (0.2 against 1.7 us for 1.4 KB)."""
 TASK_BYTES = STORED_PIECE_BYTES
 """Checks ahead are handed to a thread in batches of about this many bytes a side: a run of tiny
 records is a check of a kilobyte, which a task of its own would cost more to hand over than to do."""
+AHEAD_BYTES = 128 * 1024 * 1024
+"""How far ahead of the comparison, a side, the threads may be checking."""
 
 FileSpot = tuple[int, int]
 """(file descriptor, byte offset)."""
@@ -80,7 +83,7 @@ class ByteChecks:
 
     def __init__(self, threads: int) -> None:
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="byte-checks") if threads > 1 else None
-        self._threads = threads
+        self.threads = threads
         self._local = threading.local()
 
     def _pieces(self) -> Pieces:
@@ -95,42 +98,63 @@ class ByteChecks:
 
     def ahead(self, checks: list[Check]) -> Generator[bool, None, None]:
         """Whether each check's bytes are equal, in order, worked out on the threads ahead of
-        the caller, who takes the answers as it reaches them. Closing the iterator (or `close`)
-        drops the checks not yet begun."""
+        the caller (at most AHEAD_BYTES a side), who takes the answers as it reaches them.
+        Closing the iterator (or `close`) drops the checks not yet begun."""
         if self._pool is None:
             pieces = self._pieces()
             return (pieces.equal(*check) for check in checks)
-        batches: list[Future[list[bool]]] = []
-        start, held = 0, 0
-        for index, check in enumerate(checks):
-            held += check[2]
-            if held >= TASK_BYTES or index + 1 == len(checks):
-                batches.append(self._pool.submit(self._all_equal, checks[start : index + 1]))
-                start, held = index + 1, 0
-        return _answers(batches)
+        return self._answers(_batches(checks), AHEAD_BYTES)
 
     def equal(self, native: FileSpot, oracle: FileSpot, size: int) -> bool:
         """Whether `size` bytes from each spot are equal: the pieces of a stretch longer than one
-        piece are compared on the threads at once."""
+        piece are shared out between the threads at once, a share each (a task per piece cost
+        a sixth more: 0.52 against 0.45 s for a 4 GiB pair of 64 MiB records)."""
         if self._pool is None or size <= STORED_PIECE_BYTES:
             return self._pieces().equal(native, oracle, size)
         pieces = [
             ((native[0], native[1] + done), (oracle[0], oracle[1] + done), min(STORED_PIECE_BYTES, size - done))
             for done in range(0, size, STORED_PIECE_BYTES)
         ]
-        share = -(-len(pieces) // self._threads)
-        return all(_answers([self._pool.submit(self._all_equal, pieces[i : i + share]) for i in range(0, len(pieces), share)]))
+        share = -(-len(pieces) // self.threads)
+        return all(self._answers(iter([pieces[i : i + share] for i in range(0, len(pieces), share)]), size))
+
+    def _answers(self, batches: Iterator[list[Check]], window: int) -> Generator[bool, None, None]:
+        """The batches' answers in order, each batch handed to the threads once those before it
+        hold less than `window` bytes a side. Checks ahead keep AHEAD_BYTES: far enough ahead to
+        keep every thread reading, not so far that a capture larger than memory pushes out of
+        the page cache what the comparison has yet to read again (a run whose bytes differ is
+        compared pair by pair)."""
+        assert self._pool is not None
+        pending: deque[tuple[Future[list[bool]], int]] = deque()
+        ahead = 0
+        try:
+            while True:
+                while ahead < window:
+                    batch = next(batches, None)
+                    if batch is None:
+                        break
+                    size = sum(check[2] for check in batch)
+                    pending.append((self._pool.submit(self._all_equal, batch), size))
+                    ahead += size
+                if not pending:
+                    return
+                future, size = pending.popleft()
+                ahead -= size
+                yield from future.result()
+        finally:
+            for future, _ in pending:
+                future.cancel()
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _answers(batches: list[Future[list[bool]]]) -> Generator[bool, None, None]:
-    """The batches' answers in order; the batches not yet begun are dropped when the iterator is closed."""
-    try:
-        for batch in batches:
-            yield from batch.result()
-    finally:
-        for batch in batches:
-            batch.cancel()
+def _batches(checks: list[Check]) -> Iterator[list[Check]]:
+    """Consecutive checks in batches of at least TASK_BYTES a side (the last one may hold less)."""
+    start, held = 0, 0
+    for index, check in enumerate(checks):
+        held += check[2]
+        if held >= TASK_BYTES or index + 1 == len(checks):
+            yield checks[start : index + 1]
+            start, held = index + 1, 0

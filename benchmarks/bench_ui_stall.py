@@ -180,7 +180,7 @@ def run(app: QApplication, native: Path, oracle: Path, settings_dir: Path) -> di
     ends["heatmaps_and_scales"] = beat.now_ms()
     pairs = window.model.comparison.comparison.pairs
     window.model.select(pairs[-1])
-    phases["another_op_s"] = wait(app, lambda: window.tensor_view.data is not None and window.tensor_view.data.request.label == pairs[-1].label and not window.tasks.busy)
+    phases["another_op_s"] = wait(app, lambda: window.tensor_view.data is not None and window.tensor_view.data.request.label == pairs[-1].key.text() and not window.tasks.busy)
     ends["another_op"] = beat.now_ms()
     window.tensor_view.plots["native"].setRange(xRange=(COLS // 2, COLS // 2 + 400), yRange=(0, 200), padding=0)
     phases["zoom_detail_s"] = wait(app, lambda: window.tensor_view.detail is not None and not window.tasks.busy)

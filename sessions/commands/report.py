@@ -47,7 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workers", type=int, default=0, metavar="N",
         help="processes comparing at most at once (default: one per core, up to 16, on 4 or more cores; else 1); "
-        "the others start only once this one would take over a second for the rest",
+        "the others start only once this one would take over a second for the rest. Also how many threads "
+        "check stored bytes (default: one per core); 1 checks them in this process's own thread",
     )
     parser.add_argument("--top", type=int, default=10, metavar="N", help="how many worst ops to list (default 10)")
     parser.add_argument("--no-cache", action="store_true", help="recompute even if a cached result exists")

@@ -44,6 +44,9 @@ LIST_MIN_HEIGHT = 48
 NOTE_MIN_HEIGHT = 48
 """The list and the note keep two lines each at least: the dock shares the window's height
 with the alignment tree, which a 720-pixel screen left a dozen rows when the dock took 270 px."""
+NOTE_MAX_HEIGHT = 72
+"""A note is a line or three; the rest of the dock goes to the list of bookmarks (a taller note
+left the list two lines at 1440x900)."""
 
 
 class BookmarksPanel(QWidget):
@@ -62,7 +65,7 @@ class BookmarksPanel(QWidget):
         self.list.setMinimumHeight(LIST_MIN_HEIGHT)
         self.note = NoteEdit()
         self.note.setPlaceholderText("Note for the selected bookmark, e.g. “Q=1008 visual prefill: tiled reduction”")
-        self.note.setMaximumHeight(110)
+        self.note.setMaximumHeight(NOTE_MAX_HEIGHT)
         self.note.setMinimumHeight(NOTE_MIN_HEIGHT)
         self.note.setEnabled(False)
         self.add_button = QPushButton("Bookmark this op")

@@ -141,6 +141,8 @@ class PairReader:
             capture.packed_addresses  # noqa: B018
         self.checks = ByteChecks(threads)
         self._pieces: Pieces | None = None
+        """This reader's own, not the checks' pieces for its thread: a check ahead would overwrite the
+        bytes `held_bytes` hands out."""
         self._held = 0
         """How many bytes of each side the pieces hold whole, from the last `stored_bytes_equal`."""
 

@@ -20,7 +20,8 @@ from hand_captures import T, bf16_bits, write_capture
 from sessions.capture.opening import open_capture
 from sessions.capture.reader import CaptureError
 from sessions.commands import report as report_command
-from sessions.compare.align import NO_PARTNER, POSITIONS
+from sessions.compare.align import NO_PARTNER
+from sessions.compare.align_modes import POSITIONS
 from sessions.compare.comparison import iter_compare
 from sessions.compare.key import OpKey
 from sessions.compare.options import CompareOptions
@@ -104,7 +105,9 @@ def test_identical_data_cut_into_one_call_or_three_segments_is_parity_position_b
 
 
 @pytest.mark.parametrize("op, axis", [("layer_out", 0), ("q_rope", 1)], ids=["rows first", "heads rows dim"])
-def test_one_flipped_bit_at_position_700_is_named_by_layer_op_and_position_on_every_surface(tmp_path: Path, op: str, axis: int) -> None:
+def test_one_flipped_bit_at_position_700_is_named_by_layer_op_and_position_on_every_surface(
+    tmp_path: Path, op: str, axis: int, capsys: pytest.CaptureFixture[str]
+) -> None:
     data = _prompt_tensors()
     planted = {**data, op: _flip(data[op], 700, axis)}
     native, oracle = combined(tmp_path / "n.h5", planted), segmented(tmp_path / "o.h5", data)
@@ -125,6 +128,8 @@ def test_one_flipped_bit_at_position_700_is_named_by_layer_op_and_position_on_ev
     assert code == 1
     assert document["verdict"]["first"]["key"] == f"0:prefill:0:{op}@5-1012"
     assert document["alignment"]["mode"] == "positions"
+    commands = f"rerun --op 0:prefill:0:{op}@5-1012 --align positions, diagnose --op 0:prefill:0:{op}@5-1012 --align positions"
+    assert f"First finding: diverged at 0:prefill:0:{op}@5-1012  ({commands})" in capsys.readouterr().out, "the commands find the key report printed"
 
 
 def test_the_pair_read_back_is_the_slice_of_the_combined_call_that_the_segment_computed(tmp_path: Path) -> None:

@@ -230,3 +230,10 @@ def test_llama_cpp_as_the_oracle_splits_local_from_inherited_by_the_contracts_th
     assert stages and all(c.locality == Locality.UNDETERMINED and c.why.startswith("a stage inside ") for c in stages)
     undetermined += stages
     assert len(found.ops) - len(found.local_chain) - len(undetermined) == sum(op.classification.locality == Locality.INHERITED for op in found.ops) > 60
+
+
+def test_diagnose_first_0_is_refused_rather_than_read_as_first_1(demo_pairs: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    pair = demo_pairs["attention-contract"]
+    with pytest.raises(SystemExit) as stopped:
+        main(["diagnose", str(pair[0]), str(pair[1]), "--first", "0"])
+    assert stopped.value.code == 2 and "argument --first: must be a whole number >= 1, not 0" in capsys.readouterr().err

@@ -161,7 +161,8 @@ def test_report_after_editing_a_profile_prints_the_edited_result_not_the_cached_
     profile.write_text('name = "mine"\n[[rule]]\nname = "l_out-{layer}"\nop = "ffn_down"\n', encoding="utf-8")
     report = tmp_path / "report.json"
     assert _run(native, oracle, "--native-profile", str(profile), "--json", str(report)) == 1
-    assert "First finding: unaligned at 0:prefill:0:ffn_down" in capsys.readouterr().out
+    first = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("First finding:"))
+    assert first == "First finding: unaligned at 0:prefill:0:ffn_down", "no rerun or diagnose offered for a record without a partner"
     document = json.loads(report.read_text())
     assert document["version"] == 4 and document["pairs"] == []
     assert document["native_profile_identity"]["path"] == str(profile.resolve())
@@ -193,3 +194,41 @@ def test_documents_carry_derived_counts_non_finite_floats_as_strings_and_never_a
     assert (m["bit_exact"], m["fraction_differing"]) == (False, 0.25)
     assert (m["nmse"], m["max_abs_error"], m["max_rel_error"]) == ("NaN", "Infinity", "-Infinity")
     json.dumps(document, allow_nan=False)
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "problem"),
+    [
+        ("--max-ulp", "-3", "argument --max-ulp: must be a whole number >= 0, not -3"),
+        ("--rtol", "-1", "argument --rtol: must be a finite number >= 0, not -1"),
+        ("--atol", "nan", "argument --atol: must be a finite number >= 0, not nan"),
+        ("--workers", "-1", "argument --workers: must be a whole number >= 0, not -1"),
+        ("--top", "0", "argument --top: must be a whole number >= 1, not 0"),
+    ],
+)
+def test_an_option_no_comparison_can_use_is_refused_with_exit_2_before_anything_is_compared(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, value: str, problem: str
+) -> None:
+    native, oracle = _pair(tmp_path, flip=True)
+    with pytest.raises(SystemExit) as stopped:
+        _run(native, oracle, option, value)
+    assert stopped.value.code == 2 and problem in capsys.readouterr().err
+
+
+def test_an_unusable_input_leaves_no_report_behind_where_an_earlier_run_wrote_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    native, oracle = _pair(tmp_path, flip=False)
+    out_json, out_html = tmp_path / "r.json", tmp_path / "r.html"
+    assert _run(native, oracle, "--json", str(out_json), "--html", str(out_html)) == 0
+    assert json.loads(out_json.read_text())["verdict"]["word"] == "PARITY"
+    _unusable(capsys, native, str(tmp_path / "absent.h5"), "--json", str(out_json), "--html", str(out_html))
+    assert not out_json.exists() and not out_html.exists(), "a CI step must not read the earlier pair's PARITY as this one's"
+
+
+def test_pairing_runs_cut_alike_by_position_says_why_dispatch_is_not_compared_and_how_to_compare_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    native, oracle = _pair(tmp_path, flip=False)
+    out_html = tmp_path / "r.html"
+    assert _run(native, oracle, "--align", "positions", "--html", str(out_html)) == 0
+    why = "not compared: records were paired by position (--align positions), although both runs made the same calls; the default alignment compares their attention calls"
+    text = capsys.readouterr().out
+    assert f"Dispatch\n  {why}\n" in text and "cut into different calls" not in text
+    assert why in out_html.read_text()

@@ -113,7 +113,7 @@ def _record_without_config(pair: tuple[Path, Path], tmp_path: Path, config: dict
     return native, oracle
 
 
-@pytest.mark.parametrize("config", [{}, {"rms_norm_eps": None, "rope_theta": "fast"}])
+@pytest.mark.parametrize("config", [{}, {"rms_norm_eps": None, "rope_theta": "fast"}, {"rms_norm_eps": -1e-6, "rope_theta": float("inf")}])
 def test_a_capture_without_a_usable_config_takes_eps_and_rope_base_from_the_weights_file_it_references(
     llama_tiny_pairs: dict[str, tuple[Path, Path]], tmp_path: Path, capsys: pytest.CaptureFixture[str], config: dict
 ) -> None:
@@ -133,5 +133,5 @@ def test_a_scalar_no_capture_and_no_weights_file_names_is_asked_for_by_name(
     assert main(["rerun", str(native), str(oracle), "--op", "0:prefill:0:q_rope"]) == 2
     assert (
         "q_rope rerun needs rope_theta; neither capture's provenance config nor a weights file they reference names it "
-        "(docs/capture-format.md, provenance `config`)"
+        "as a finite number above 0 (docs/capture-format.md, provenance `config`)"
     ) in capsys.readouterr().err

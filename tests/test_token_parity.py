@@ -14,6 +14,8 @@ from sessions.compare.options import CompareOptions
 from sessions.compare.token_parity import DIFFER, MATCH, POST_EOS, step_word
 from sessions.compare.verdict import DIVERGENCE, PARITY
 from sessions.progress import run_to_end
+from sessions.report.html_page import render_html
+from sessions.report.text import render
 
 
 def _logits(step: int, favourite: int) -> T:
@@ -51,6 +53,15 @@ def test_a_token_difference_before_any_eos_is_a_divergence(tmp_path: Path) -> No
     assert comparison.tokens.first_divergence_step == 1
     assert [s.status for s in comparison.tokens.steps] == [MATCH, DIFFER]
     assert comparison.verdict.word == DIVERGENCE
+
+
+def test_the_same_token_that_only_one_run_takes_as_its_stop_is_a_finding_that_says_so(tmp_path: Path) -> None:
+    native = ([_logits(0, 3), _logits(1, 4)], [(0, 3, False), (1, 4, False)])
+    oracle = ([_logits(0, 3), _logits(1, 4)], [(0, 3, False), (1, 4, True)])
+    comparison = _compare(tmp_path, native, oracle)
+    first = comparison.verdict.first
+    assert comparison.verdict.word == DIVERGENCE and first is not None
+    assert first.detail == "native token 4 vs oracle token 4 (stop)", "an equal token id must not read as agreement"
 
 
 def test_top_k_logits_are_shown_side_by_side_with_bits(tmp_path: Path) -> None:
@@ -98,3 +109,22 @@ def test_a_token_budget_compares_only_the_steps_before_it_and_reads_nothing_afte
     assert budget.tokens.compared_steps == 3 and [s.step for s in budget.tokens.steps] == [0, 1, 2]
     assert budget.unaligned == [] and budget.post_eos_unaligned == []
     assert sorted(p.key.step for p in budget.pairs) == [0, 1, 2]
+
+
+def test_the_text_report_says_how_many_differing_token_steps_it_did_not_list(tmp_path: Path) -> None:
+    native = ([_logits(step, 3) for step in range(7)], [(step, 3, False) for step in range(7)])
+    oracle = ([_logits(step, 5) for step in range(7)], [(step, 5, False) for step in range(7)])
+    text = render(_compare(tmp_path, native, oracle), 10)
+    listed = [line for line in text.splitlines() if line.startswith("  step ")]
+    assert [line.split(":")[0] for line in listed] == [f"  step {step}" for step in range(5)]
+    assert "  ... 2 more (all are in the JSON report and with --full)" in text
+
+
+def test_the_html_token_table_says_none_for_a_step_a_run_never_made_and_post_eos_for_one_after_the_stop(tmp_path: Path) -> None:
+    tokens = [(0, 3, False), (1, 9, True)]
+    native = ([_logits(0, 3), _logits(1, 9), _logits(2, 5)], tokens + [(2, 5, False)])
+    oracle = ([_logits(0, 3), _logits(1, 9)], tokens)
+    html = render_html(_compare(tmp_path, native, oracle))
+    row = html[html.index("<td>2</td>") :].split("</tr>")[0]
+    assert "<td>5</td><td>none</td>" in row and "not compared (post-EOS)" in row
+    assert "<td>None</td>" not in html and "<td>9 (stop)</td>" in html

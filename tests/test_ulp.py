@@ -91,6 +91,16 @@ def test_ulp_error_stays_small_where_a_value_flips_sign_near_zero() -> None:
     assert near_zero <= metrics.p99_ulp_error < near_zero * 2 ** (1 / 8)
 
 
+def test_a_pair_differing_only_in_the_sign_of_zero_has_a_p99_ulp_error_of_0_like_its_max() -> None:
+    native = np.array([0x8000, 0x3F80, 0x0000], dtype=np.uint16)
+    oracle = np.array([0x0000, 0x3F80, 0x8000], dtype=np.uint16)
+    accumulator = DiffAccumulator("bfloat16", (3,), Tolerance())
+    accumulator.add(native, oracle)
+    metrics = accumulator.finish()
+    assert (metrics.differing, metrics.signed_zero_only) == (2, 2)
+    assert metrics.max_ulp_error == 0.0 and metrics.p99_ulp_error == 0.0, "a percentile is never above the largest value"
+
+
 def test_an_oracle_zero_does_not_decide_the_p99_ulp_error() -> None:
     oracle = bf16_bits(np.linspace(1.0, 1.5, 200))
     native = oracle + 3

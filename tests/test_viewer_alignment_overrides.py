@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,9 @@ from hand_captures import T, bf16_bits, write_capture
 from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
+from sessions.commands import report as report_command
 from sessions.compare.align import MANUAL_BREAK
+from sessions.compare.document import loads
 from viewer.comparison_view import MANUAL_MARKER
 from viewer.settings import ViewerSettings
 from viewer.window.main_window import MainWindow
@@ -42,6 +45,12 @@ def _compared(qtbot: QtBot, win: MainWindow, pairs: int) -> None:
     qtbot.waitUntil(lambda: win.model.comparison is not None and not win.tasks.busy and len(win.model.comparison.comparison.pairs) == pairs, timeout=WAIT_MS)
 
 
+def _report_on_session(session: Path, out: Path) -> int:
+    parser = argparse.ArgumentParser()
+    report_command.add_arguments(parser)
+    return report_command.run(parser.parse_args(["--session", str(session), "--json", str(out), "--no-cache"]))
+
+
 def test_a_broken_pairing_is_shown_with_its_reason_saved_and_still_applied_after_reopening(qtbot: QtBot, tmp_path: Path) -> None:
     native, oracle = _captures(tmp_path)
     win = _window(qtbot, tmp_path / "first.ini")
@@ -65,6 +74,11 @@ def test_a_broken_pairing_is_shown_with_its_reason_saved_and_still_applied_after
     assert [(o.action, o.left.key.name, o.right.key.name, o.reason) for o in win.session_file.session.overrides] == [("unpair", "ffn_down", "ffn_down", REASON)]
     win.session_file.choose_path = lambda _purpose: tmp_path / "investigation.xray"
     assert win.session_file.save_as()
+    shown = win.model.comparison.comparison
+    assert _report_on_session(tmp_path / "investigation.xray", tmp_path / "report.json") == shown.verdict.exit_code == 1
+    reported = loads((tmp_path / "report.json").read_text())
+    assert reported.verdict == shown.verdict, "`report --session` applies the session's manual break, as the window does"
+    assert [(u.side, u.reason) for u in reported.unaligned] == [("native", MANUAL_BREAK), ("oracle", MANUAL_BREAK)]
     win.close()
 
     again = _window(qtbot, tmp_path / "second.ini")

@@ -23,6 +23,7 @@ from backends.diagnosis.run import DiagnoseOptions, Diagnosis, iter_diagnose
 from backends.rerun.inputs import RerunInputError
 from sessions.capture.opening import open_capture
 from sessions.capture.reader import CaptureError
+from sessions.commands.arguments import add_align_argument, whole_number
 from sessions.compare.key import OpKey
 from sessions.compare.options import CompareOptions
 from sessions.compare.profiles import ProfileError
@@ -37,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("oracle", help="capture of the reference engine")
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument("--op", metavar="KEY", help="diagnose one op, e.g. 0:visual:0:sdpa")
-    scope.add_argument("--first", type=int, metavar="N", help="walk the diverged ops until N local ones are found (default 1)")
+    scope.add_argument("--first", type=whole_number(1), metavar="N", help="walk the diverged ops until N local ones are found (default 1)")
     scope.add_argument("--all", action="store_true", help="classify every diverged op and measure each local op's share of the final logits error")
     parser.add_argument("--no-budget", action="store_true", help="with --all: skip the replays that share out the final logits error")
     parser.add_argument("--json", metavar="OUT", help="also write the diagnosis as JSON (docs/diagnosis.md)")
@@ -45,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verbose", action="store_true", help="list the candidates at every local op, not only the first")
     parser.add_argument("--native-profile", help="built-in profile name or TOML path (default: detected)")
     parser.add_argument("--oracle-profile", help="built-in profile name or TOML path (default: detected)")
+    add_align_argument(parser)
 
 
 def options_from(args: argparse.Namespace) -> DiagnoseOptions:
@@ -52,7 +54,7 @@ def options_from(args: argparse.Namespace) -> DiagnoseOptions:
         return DiagnoseOptions(mode="op", key=OpKey.parse(args.op))
     if args.all:
         return DiagnoseOptions(mode="all", budget=not args.no_budget)
-    return DiagnoseOptions(mode="first", first=args.first or 1)
+    return DiagnoseOptions(mode="first", first=1 if args.first is None else args.first)
 
 
 def exit_code(diagnosis: Diagnosis) -> int:
@@ -77,7 +79,7 @@ def _with_progress(work: ProgressGenerator[Diagnosis]) -> Diagnosis:
 def run(args: argparse.Namespace) -> int:
     try:
         options = options_from(args)
-        compare = CompareOptions(native_profile=args.native_profile, oracle_profile=args.oracle_profile)
+        compare = CompareOptions(native_profile=args.native_profile, oracle_profile=args.oracle_profile, alignment=args.align)
         with open_capture(args.native) as native, open_capture(args.oracle) as oracle:
             comparison = run_to_end(iter_compare_cached(native, oracle, compare))
             diagnosis = _with_progress(iter_diagnose(native, oracle, comparison, options))

@@ -29,6 +29,7 @@ from backends.rerun.segment import (
 )
 from sessions.capture.opening import open_capture
 from sessions.capture.reader import CaptureError
+from sessions.commands.arguments import add_align_argument
 from sessions.compare.json_plain import plain
 from sessions.compare.options import CompareOptions
 from sessions.compare.profiles import ProfileError
@@ -53,6 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weights", metavar="FILE", help="safetensors or GGUF weights (default: the file the capture references)")
     parser.add_argument("--native-profile", help="built-in profile name or TOML path (default: detected); the pair is aligned as `report` aligns it")
     parser.add_argument("--oracle-profile", help="built-in profile name or TOML path (default: detected)")
+    add_align_argument(parser)
     parser.add_argument("--save", metavar="RERUN.h5", help="save the rerun as a capture with role 'rerun'")
     parser.add_argument("--json", metavar="OUT", help="also write the result as JSON")
 
@@ -119,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         key = rerun_target(args.op)
         options = options_from(args)
-        compare = CompareOptions(native_profile=args.native_profile, oracle_profile=args.oracle_profile)
+        compare = CompareOptions(native_profile=args.native_profile, oracle_profile=args.oracle_profile, alignment=args.align)
         with open_capture(args.native) as native, open_capture(args.oracle) as oracle:
             comparison = run_to_end(iter_compare_cached(native, oracle, compare))
             result = run_to_end(iter_rerun(native, oracle, comparison, key, options))

@@ -336,14 +336,16 @@ RERUN_CONFIG = ("rms_norm_eps", "rope_theta")
 """The model scalars a rerun reads from the provenance `config`: the norms' eps, RoPE's base."""
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def _is_model_scalar(value: Any) -> bool:
+    """A value an eps or a RoPE base can take: a finite number above 0 (NaN would spread through
+    every rerun and read as a diagnosis)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 def _usable(config: dict[str, Any]) -> dict[str, Any]:
-    """`config` without the rerun's scalars that are not numbers (a capture is untrusted: a
-    `null` eps must not hide the weights file's)."""
-    return {name: value for name, value in config.items() if name not in RERUN_CONFIG or _is_number(value)}
+    """`config` without the rerun's scalars that cannot be one (a capture is untrusted: a `null`,
+    NaN or negative eps must not hide the weights file's)."""
+    return {name: value for name, value in config.items() if name not in RERUN_CONFIG or _is_model_scalar(value)}
 
 
 def share_config(native: CapturedOps, oracle: CapturedOps) -> None:
@@ -370,11 +372,11 @@ def share_config(native: CapturedOps, oracle: CapturedOps) -> None:
 
 def config_value(ops: CapturedOps, name: str, what: str) -> float:
     value = ops.config.get(name)
-    if _is_number(value):
+    if _is_model_scalar(value):
         return float(value)
     raise RerunInputError(
         f"{what} needs {name}; neither capture's provenance config nor a weights file they reference "
-        f"names it{ops.config_problem} (docs/capture-format.md, provenance `config`)"
+        f"names it as a finite number above 0{ops.config_problem} (docs/capture-format.md, provenance `config`)"
     )
 
 

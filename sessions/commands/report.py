@@ -7,11 +7,17 @@ or incomplete capture, unusable profile) with a one-line reason on stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sessions.capture.read_ahead import ReadAhead
+from sessions.commands.arguments import (
+    add_align_argument,
+    tolerance_bound,
+    whole_number,
+)
 from sessions.compare.verdict import EXIT_UNUSABLE
 
 if TYPE_CHECKING:
@@ -34,23 +40,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="OUT", help="also write the report as JSON (docs/report-json.md)")
     parser.add_argument("--html", metavar="OUT", help="also write a self-contained HTML report (with --session: its bookmarks and notes)")
     parser.add_argument("--session", metavar="FILE.xray", help="compare the pair a saved session names, with its profiles and tolerance")
-    parser.add_argument("--atol", type=float, help="absolute tolerance (default: bit-exact)")
-    parser.add_argument("--rtol", type=float, help="relative tolerance (default: bit-exact)")
-    parser.add_argument("--max-ulp", type=int, help="ULP tolerance (default: bit-exact)")
+    parser.add_argument("--atol", type=tolerance_bound, help="absolute tolerance (default: bit-exact)")
+    parser.add_argument("--rtol", type=tolerance_bound, help="relative tolerance (default: bit-exact)")
+    parser.add_argument("--max-ulp", type=whole_number(0), help="ULP tolerance (default: bit-exact)")
     parser.add_argument("--tolerance-policy", metavar="POLICY.toml", help="per-op, per-dtype tolerances (docs/tolerance-policy.md); its rules win over --atol/--rtol/--max-ulp")
     parser.add_argument("--native-profile", help="built-in profile name or TOML path (default: detected)")
     parser.add_argument("--oracle-profile", help="built-in profile name or TOML path (default: detected)")
+    add_align_argument(parser)
     parser.add_argument(
-        "--align", choices=("auto", "calls", "positions"), default="auto",
-        help="pair records by the same forward calls, or by token position when the runs were cut differently (default: auto; docs/profiles.md)",
-    )
-    parser.add_argument(
-        "--workers", type=int, default=0, metavar="N",
+        "--workers", type=whole_number(0), default=0, metavar="N",
         help="processes comparing at most at once (default: one per core, up to 16, on 4 or more cores; else 1); "
         "the others start only once this one would take over a second for the rest. Also how many threads "
         "check stored bytes (default: one per core); 1 checks them in this process's own thread",
     )
-    parser.add_argument("--top", type=int, default=10, metavar="N", help="how many worst ops to list (default 10)")
+    parser.add_argument("--top", type=whole_number(1), default=10, metavar="N", help="how many worst ops to list (default 10)")
     parser.add_argument("--no-cache", action="store_true", help="recompute even if a cached result exists")
     parser.add_argument("--full", action="store_true", help="also list provenance field by field, every contract finding, the error growth and every token step")
 
@@ -96,6 +99,18 @@ def _open(path: str) -> Capture:
     return capture
 
 
+def _unusable(args: argparse.Namespace, message: str) -> int:
+    """Exit 2 with one line on stderr, leaving no report behind: a JSON or HTML file an earlier run
+    wrote at the paths asked for is removed, so a CI step reading it never takes the last
+    pair's PARITY for this one's."""
+    print(f"parity-xray report: {message}", file=sys.stderr)
+    for path in (getattr(args, "json", None), getattr(args, "html", None)):
+        if path:
+            with contextlib.suppress(OSError):  # not ours to remove (a folder, a read-only place): left as it is
+                Path(path).unlink(missing_ok=True)
+    return EXIT_UNUSABLE
+
+
 def run(args: argparse.Namespace) -> int:
     session = None
     if getattr(args, "session", None):
@@ -107,11 +122,9 @@ def run(args: argparse.Namespace) -> int:
         try:
             session = apply_session(args)
         except SessionReportError as exc:
-            print(f"parity-xray report: unusable input: {exc}", file=sys.stderr)
-            return EXIT_UNUSABLE
+            return _unusable(args, f"unusable input: {exc}")
     elif args.native is None or args.oracle is None:
-        print("parity-xray report: give NATIVE ORACLE, or --session FILE.xray", file=sys.stderr)
-        return EXIT_UNUSABLE
+        return _unusable(args, "give NATIVE ORACLE, or --session FILE.xray")
     from sessions.gc_pause import garbage_collection_paused
 
     # The process ends with the report: a collection would only walk the comparison's objects
@@ -137,8 +150,7 @@ def _report(args: argparse.Namespace, session: Investigation | None = None) -> i
     try:
         policy = load_policy(args.tolerance_policy) if getattr(args, "tolerance_policy", None) else None
     except PolicyError as exc:
-        print(f"parity-xray report: unusable input: {exc}", file=sys.stderr)
-        return EXIT_UNUSABLE
+        return _unusable(args, f"unusable input: {exc}")
     options = CompareOptions(
         policy=policy,
         atol=args.atol,
@@ -148,6 +160,7 @@ def _report(args: argparse.Namespace, session: Investigation | None = None) -> i
         oracle_profile=args.oracle_profile,
         alignment=getattr(args, "align", "auto"),
         workers=getattr(args, "workers", 0),
+        overrides=getattr(args, "overrides", ()),
     )
     captures: list[Capture] = []
     try:
@@ -161,8 +174,7 @@ def _report(args: argparse.Namespace, session: Investigation | None = None) -> i
         )
         comparison = run_to_end(work)
     except (CaptureError, ProfileError, LayoutError) as exc:
-        print(f"parity-xray report: unusable input: {exc}", file=sys.stderr)
-        return EXIT_UNUSABLE
+        return _unusable(args, f"unusable input: {exc}")
     finally:
         for capture in captures:
             capture.close()

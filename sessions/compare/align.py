@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 from sessions.bits.dtypes import logical_dtype
 from sessions.capture.reader import Record
+from sessions.compare.align_modes import CALLS, POSITIONS
 from sessions.compare.key import OpKey, RecordKey
 from sessions.compare.layout_transform import LayoutError, LayoutTransform
 from sessions.compare.mapped_record import (
@@ -63,12 +64,6 @@ NOT_BATCHED = "not_batched"
 """A record of a batched run whose stored axis 0 is not the batch: which row is the request is unknown."""
 NO_POSITIONS = "no_positions"
 """Runs cut differently are compared position by position; this record cannot be cut by position."""
-
-CALLS = "calls"
-POSITIONS = "positions"
-ALIGN_MODES = ("auto", CALLS, POSITIONS)
-"""How records are paired: by the same forward calls (both runs cut the prompt alike), or by token
-position (docs/profiles.md, "Alignment modes"); auto picks calls when both runs made the same calls."""
 
 
 class AlignedPair(NamedTuple):

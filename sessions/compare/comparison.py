@@ -19,14 +19,13 @@ import numpy as np
 from sessions.capture.read_ahead import ReadAhead
 from sessions.capture.reader import Capture, Record
 from sessions.compare.align import (
-    ALIGN_MODES,
     BY_DESIGN,
-    POSITIONS,
     AlignedPair,
     Alignment,
     UnalignedRecord,
     align,
 )
+from sessions.compare.align_modes import ALIGN_MODES, POSITIONS
 from sessions.compare.contracts import (
     ContractCheck,
     ContractFinding,
@@ -69,6 +68,7 @@ from sessions.compare.token_parity import (
     TokenParity,
     compare_tokens,
     shared_eos_step,
+    token_words,
     tokens_by_step,
 )
 from sessions.compare.verdict import (
@@ -82,7 +82,6 @@ from sessions.compare.verdict import (
 from sessions.gc_pause import garbage_collection_paused
 from sessions.progress import Progress, ProgressGenerator
 
-DISPATCH_NOT_COMPARED = "not compared: the runs were cut into different calls, so their attention calls differ by construction"
 
 READ_AHEAD_BYTES = 256 * 1024 * 1024
 """How far ahead of the comparison (both sides together) the kernel is asked to be reading."""
@@ -137,6 +136,13 @@ class AlignmentMode:
         batch = [f"{side} is {text}" for side, text in (("native", self.native_batch), ("oracle", self.oracle_batch)) if text]
         batch_text = f" ({'; '.join(batch)})" if batch else ""
         return f"{'by position' if self.mode == POSITIONS else 'same calls'}{batch_text}"
+
+    def dispatch_not_compared(self) -> str:
+        """Why pairing by position leaves the attention calls uncompared, true to these runs: cut
+        differently, or cut alike and paired by position because the user asked."""
+        if self.native_calls != self.oracle_calls:
+            return "not compared: the runs were cut into different calls, so their attention calls differ by construction"
+        return "not compared: records were paired by position (--align positions), although both runs made the same calls; the default alignment compares their attention calls"
 
     def words(self) -> str:
         """One line: "same calls", or "by position: native prefill 0-1026; oracle text-before 0-4, ..."."""
@@ -390,7 +396,7 @@ def _token_finding(tokens: TokenParity, results: list[PairResult]) -> Finding | 
     row = next(s for s in tokens.steps if s.step == step)
     logits = [r.key for r in results if r.key.step == step and r.key.op == "logits"]
     key = logits[-1] if logits else OpKey(step, row.segment, -1, "logits")
-    return Finding(Kind.TOKENS, key, f"native token {row.native_token} vs oracle token {row.oracle_token}")
+    return Finding(Kind.TOKENS, key, f"native token {token_words(row.native_token, row.native_stop)} vs oracle token {token_words(row.oracle_token, row.oracle_stop)}")
 
 
 def worst_ops(c: Comparison, top: int) -> list[PairResult]:

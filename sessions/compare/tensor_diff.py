@@ -106,7 +106,7 @@ class TensorMetrics:
     subnormal), so it is shown beside the p99, not ranked by."""
     p99_ulp_error: float | None = None
     """The 99th percentile of that ULP error over the differing both-finite elements, to within
-    9% (the upper edge of an eighth-of-an-octave bucket): what ranks ops usefully. Values that
+    9% (the upper edge of an eighth-of-an-octave bucket, never above the largest error): what ranks ops usefully. Values that
     flip sign near zero read as ~30,000 representable steps in bf16 but tens of ULPs of error."""
     p99_ulp: int | None = None
     p99_exact: bool = True
@@ -609,7 +609,10 @@ class DiffAccumulator:
         if not self._quantized:
             self._finish_ulp_stats()
         if self._error_buckets:
-            m.p99_ulp_error = float(2.0 ** ((self._p99_error_bucket() + 1 - ERROR_BUCKET_OFFSET) / ERROR_BUCKETS_PER_OCTAVE))
+            edge = float(2.0 ** ((self._p99_error_bucket() + 1 - ERROR_BUCKET_OFFSET) / ERROR_BUCKETS_PER_OCTAVE))
+            # The bucket's upper edge, but never above the largest error: a pair whose elements
+            # differ only in the sign of zero has errors of 0, whose bucket's edge is 2^(-31/8).
+            m.p99_ulp_error = edge if m.max_ulp_error is None else min(edge, m.max_ulp_error)
         used_ulps = np.flatnonzero(self._hist)
         m.ulp_histogram = self._hist[: int(used_ulps[-1]) + 1].tolist() if used_ulps.size else []
         if self._row_diff is not None and self._row_ulp is not None:

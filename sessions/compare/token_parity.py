@@ -60,6 +60,12 @@ def step_word(step: TokenStep) -> str:
     return {MATCH: "match", DIFFER: "differ", MISSING: "missing", POST_EOS: "post-EOS"}[step.status]
 
 
+def token_words(token: int | None, stop: bool) -> str:
+    """A step's token with its stop flag, for a sentence or a table cell: the same token may
+    differ only in being a stop, and a run that ended has none."""
+    return f"{'none' if token is None else token}{' (stop)' if stop else ''}"
+
+
 def logit_agreement(native_bits: np.ndarray, oracle_bits: np.ndarray, logical: str, k: int) -> StepLogits:
     native, oracle = as_values(native_bits, logical).astype(np.float64), as_values(oracle_bits, logical).astype(np.float64)
     n_top, o_top = top_k(native, native_bits, logical, k), top_k(oracle, oracle_bits, logical, k)

@@ -24,6 +24,7 @@ rtol = 1e-2
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from dataclasses import dataclass
@@ -79,8 +80,8 @@ class TolerancePolicy:
 
 
 def _number(value: object, where: str, name: str, whole: bool) -> float | int:
-    if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)) or value < 0:
-        kind = "a whole number" if whole else "a number"
+    if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)) or not math.isfinite(value) or value < 0:
+        kind = "a whole number" if whole else "a finite number"
         raise PolicyError(f"{where}: {name} must be {kind} >= 0, not {value!r}")
     return int(value) if whole else float(value)
 

@@ -1,4 +1,4 @@
-"""What `parity-xray report --session FILE.xray` compares: the session's pair, profiles, tolerance and policy.
+"""What `parity-xray report --session FILE.xray` compares: the session's pair, profiles, tolerance, policy and manual pairings.
 
 A headless report must not compare data the session was not saved with, so each capture's
 identity is checked first (the same rule as the viewer's), and a moved or changed capture is
@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 
 from sessions.investigation.capture_gate import check_capture
-from sessions.investigation.model import Investigation
+from sessions.investigation.model import Investigation, overrides_for_pair
 from sessions.investigation.store import SessionDocument, SessionOpenError
 
 
@@ -20,7 +20,9 @@ class SessionReportError(Exception):
 
 
 def apply_session(args: argparse.Namespace) -> Investigation:
-    """Fill NATIVE, ORACLE, profiles, tolerances and the tolerance policy from the session (command-line values win)."""
+    """Fill NATIVE, ORACLE, profiles, tolerances and the tolerance policy from the session (command-line values win),
+    and `overrides` with the session's manual pairings and breaks between the two captures, as the
+    viewer applies them: a report on a session must say what its window says."""
     if args.native is not None or args.oracle is not None:
         raise SessionReportError("give either NATIVE ORACLE or --session FILE.xray, not both")
     try:
@@ -45,4 +47,5 @@ def apply_session(args: argparse.Namespace) -> Investigation:
             setattr(args, name, value)
     if getattr(args, "tolerance_policy", None) is None and session.tolerance_policy is not None:
         args.tolerance_policy = str(session.tolerance_policy)
+    args.overrides = overrides_for_pair(session.overrides, refs["native"][0].id, refs["oracle"][0].id)
     return session

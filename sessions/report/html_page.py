@@ -15,16 +15,15 @@ from html import escape
 
 import numpy as np
 
-from sessions.compare.align import POSITIONS
+from sessions.compare.align_modes import POSITIONS
 from sessions.compare.comparison import (
-    DISPATCH_NOT_COMPARED,
     Comparison,
     unaligned_count,
     worst_ops,
 )
 from sessions.compare.key import OpKey
 from sessions.compare.tensor_diff import ElementSample
-from sessions.compare.token_parity import POST_EOS, step_word
+from sessions.compare.token_parity import POST_EOS, step_word, token_words
 from sessions.investigation.model import Bookmark, Investigation
 from sessions.report.plot_bins import bin_envelope, worst_per_bin
 from sessions.report.text import tolerance_text
@@ -147,7 +146,7 @@ def growth_svg(c: Comparison, width: int = FIGURE_WIDTH, height: int = FIGURE_HE
 
 def _dispatch(c: Comparison) -> str:
     if not c.dispatch_differences and c.alignment.mode == POSITIONS:
-        return f"<p>Dispatch {escape(DISPATCH_NOT_COMPARED)}.</p>"
+        return f"<p>Dispatch {escape(c.alignment.dispatch_not_compared())}.</p>"
     if not c.dispatch_differences:
         return "<p>No dispatch differences: every attention op made the same primitive calls on both sides.</p>"
     rows = [[f"<code>{escape(d.key.text())}</code>", escape(", ".join(d.fields)), escape(d.native_summary), escape(d.oracle_summary)] for d in c.dispatch_differences]
@@ -174,8 +173,9 @@ def _tokens(c: Comparison) -> str:
         top_n = ", ".join(f"{e.token_id}: {e.decimal}" for e in s.logits.native_top) if s.logits else ""
         top_o = ", ".join(f"{e.token_id}: {e.decimal}" for e in s.logits.oracle_top) if s.logits else ""
         word = step_word(s)
-        rows.append([str(s.step), f"{s.native_token}{' (EOS)' if s.native_stop else ''}", f"{s.oracle_token}{' (EOS)' if s.oracle_stop else ''}",
-                     escape(word), escape(s.logits.summary() if s.logits else "not captured"), escape(top_n), escape(top_o)])
+        logits = s.logits.summary() if s.logits else "not compared (post-EOS)" if s.status == POST_EOS else "not captured"
+        rows.append([str(s.step), escape(token_words(s.native_token, s.native_stop)), escape(token_words(s.oracle_token, s.oracle_stop)),
+                     escape(word), escape(logits), escape(top_n), escape(top_o)])
         classes.append("post-eos" if s.status == POST_EOS else ("differ" if word != "match" else ""))
     table = _table(["step", "native", "oracle", "verdict", "logits", "native top-k", "oracle top-k"], rows, classes) if rows else ""
     return f"<p>{t.compared_steps} step(s) compared; {first}; {eos}.</p>{table}"

@@ -9,9 +9,8 @@ lists everything.
 
 from __future__ import annotations
 
-from sessions.compare.align import POSITIONS
+from sessions.compare.align_modes import POSITIONS
 from sessions.compare.comparison import (
-    DISPATCH_NOT_COMPARED,
     Comparison,
     PairResult,
     unaligned_count,
@@ -21,7 +20,7 @@ from sessions.compare.comparison import (
 from sessions.compare.profiles import whole_op
 from sessions.compare.tensor_diff import ElementSample, TensorMetrics
 from sessions.compare.token_parity import POST_EOS, step_word
-from sessions.compare.verdict import Kind
+from sessions.compare.verdict import Finding, Kind
 
 MAX_LISTED = 50
 
@@ -90,9 +89,9 @@ def render(c: Comparison, top: int = 10, full: bool = False) -> str:
         f"  {p.key.text():40} {p.verdict:17} NMSE {p.metrics.nmse:.3e}  ULP error p99 {_ulp_error(p.metrics.p99_ulp_error)}  differing {p.metrics.differing:,}/{p.metrics.size:,}"
         for p in worst_ops(c, top)
     ] or ["  none: every compared op is bit-exact"]
-    out += ["", _token_header(c)]
-    out += _token_lines(c, full)
     limit = MAX_LISTED if full else 5
+    out += ["", _token_header(c)]
+    out += _token_lines(c, full, limit)
     out += ["", f"Execution contracts ({c.contracts.checked} pairs, {c.contracts.unrecorded} without contract ids)"]
     out += [f"  {f.kind} {f.key}: {f.detail}" for f in c.contracts.findings[:limit]] or ["  no findings"]
     out += _more(len(c.contracts.findings), limit)
@@ -100,7 +99,7 @@ def render(c: Comparison, top: int = 10, full: bool = False) -> str:
     out += [
         f"  {d.key} differs in {', '.join(d.fields)}\n    native: {d.native_summary}\n    oracle: {d.oracle_summary}"
         for d in c.dispatch_differences[:limit]
-    ] or [f"  {DISPATCH_NOT_COMPARED}" if c.alignment.mode == POSITIONS else "  no differences"]
+    ] or [f"  {c.alignment.dispatch_not_compared()}" if c.alignment.mode == POSITIONS else "  no differences"]
     out += _more(len(c.dispatch_differences), limit)
     out += ["", f"Unaligned records ({len(c.unaligned)}, plus {len(c.post_eos_unaligned)} post-EOS: invalid, not failures)"]
     out += [f"  {unaligned_key(u)} {u.side} {u.name!r} (seq {u.seq}): {u.reason}: {u.detail}" for u in c.unaligned[:limit]] or ["  none"]
@@ -136,9 +135,7 @@ def _first_block(c: Comparison) -> list[str]:
     first = c.verdict.first
     if first is None:
         return ["First finding: none"]
-    whole = whole_op(first.key)
-    hint = ("" if whole == first.key else f"a stage of {whole}: ") + f"rerun --op {whole}, diagnose --op {whole}"
-    lines = [f"First finding: {first.kind} at {first.key}  ({hint})", f"  {first.detail}"]
+    lines = [f"First finding: {first.kind} at {first.key}{_next_commands(c, first)}", f"  {first.detail}"]
     pair = next((p for p in c.pairs if p.key == first.key), None)
     if pair is not None and not pair.metrics.bit_exact:
         lines += _pair_block("  bits", pair)[1:]
@@ -147,10 +144,22 @@ def _first_block(c: Comparison) -> list[str]:
     return lines
 
 
-def _token_lines(c: Comparison, full: bool) -> list[str]:
-    steps = c.tokens.steps if full else [s for s in c.tokens.steps if step_word(s) != "match"][:5]
+def _next_commands(c: Comparison, first: Finding) -> str:
+    """The `rerun` and `diagnose` commands that look into the first finding: only for an aligned
+    pair (an unaligned record has no partner to rerun against), under the alignment that made
+    its key (a key cut by position exists only when pairing by position)."""
+    if first.kind == Kind.UNALIGNED:
+        return ""
+    whole = whole_op(first.key)
+    align = " --align positions" if c.alignment.mode == POSITIONS else ""
+    stage = "" if whole == first.key else f"a stage of {whole}: "
+    return f"  ({stage}rerun --op {whole}{align}, diagnose --op {whole}{align})"
+
+
+def _token_lines(c: Comparison, full: bool, limit: int) -> list[str]:
+    listed = c.tokens.steps if full else [s for s in c.tokens.steps if step_word(s) != "match"]
     out = []
-    for s in steps[:MAX_LISTED]:
+    for s in listed[:limit]:
         note = " (invalid, not a failure)" if s.status == POST_EOS else ""
         out.append(f"  step {s.step}: {step_word(s):20} native {_token(s.native_token, s.native_stop)} oracle {_token(s.oracle_token, s.oracle_stop)}{note}")
         if s.logits is not None and not s.logits.identical:
@@ -159,6 +168,7 @@ def _token_lines(c: Comparison, full: bool) -> list[str]:
             n = ", ".join(f"{e.token_id}:{e.decimal}" for e in s.logits.native_top)
             o = ", ".join(f"{e.token_id}:{e.decimal}" for e in s.logits.oracle_top)
             out.append(f"      top native [{n}]\n      top oracle [{o}]")
+    out += _more(len(listed), limit)
     post = [p for p in c.pairs if p.post_eos and not p.metrics.bit_exact]
     if post:
         out.append(f"  {len(post)} tensor pair(s) after the shared EOS differ: post-EOS, not failures")

@@ -80,7 +80,7 @@ def test_head_chunk_is_dispatch_only_with_identical_bits_on_this_cpu(demo_pairs:
 def test_a_pair_at_parity_has_nothing_to_diagnose(demo_pairs: dict, scenario: str) -> None:
     found = diagnose(demo_pairs[scenario])
     assert found.ops == [] and found.dispatch == []
-    assert found.verdict == "Nothing to diagnose: no aligned op before the shared EOS differs (PARITY)."
+    assert found.verdict == "Nothing to diagnose: no aligned op before any shared EOS differs (PARITY)."
 
 
 def test_an_op_fed_an_upstream_difference_but_computing_faithfully_is_inherited_not_local(demo_pairs: dict) -> None:

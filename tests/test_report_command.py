@@ -232,3 +232,15 @@ def test_pairing_runs_cut_alike_by_position_says_why_dispatch_is_not_compared_an
     text = capsys.readouterr().out
     assert f"Dispatch\n  {why}\n" in text and "cut into different calls" not in text
     assert why in out_html.read_text()
+
+
+def test_a_zero_tolerance_on_the_command_line_is_bit_exact_as_in_the_window_and_a_session(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    x = bf16_bits(np.array([[0.0, 1.0, -2.0]]))
+    y = x.copy()
+    y[0, 0] = 0x8000
+    native = write_capture(tmp_path / "n.h5", "native", [T("l_out-0", x, layer=0, dtype="bfloat16")], [(0, 1, False)])
+    oracle = write_capture(tmp_path / "o.h5", "oracle", [T("model.layers.0", y[None].copy(), layer=0, dtype="bfloat16")], [(0, 1, False)])
+    for bound in ("--atol", "--rtol", "--max-ulp"):
+        assert _run(str(native), str(oracle), bound, "0") == 1
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0].startswith("SIGNED-ZERO-ONLY: ") and "tolerance  bit-exact" in lines, bound

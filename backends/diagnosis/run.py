@@ -379,4 +379,4 @@ def verdict_sentence(diagnosis: Diagnosis, diverged: int, dispatch_only: int) ->
         )
     if diverged == 0 and diagnosis.mode == "op":
         return "That op is bit-exact: nothing to diagnose there."
-    return f"Nothing to diagnose: no aligned op before the shared EOS differs ({diagnosis.comparison_word})."
+    return f"Nothing to diagnose: no aligned op before any shared EOS differs ({diagnosis.comparison_word})."

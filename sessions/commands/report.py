@@ -40,9 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="OUT", help="also write the report as JSON (docs/report-json.md)")
     parser.add_argument("--html", metavar="OUT", help="also write a self-contained HTML report (with --session: its bookmarks and notes)")
     parser.add_argument("--session", metavar="FILE.xray", help="compare the pair a saved session names, with its profiles and tolerance")
-    parser.add_argument("--atol", type=tolerance_bound, help="absolute tolerance (default: bit-exact)")
-    parser.add_argument("--rtol", type=tolerance_bound, help="relative tolerance (default: bit-exact)")
-    parser.add_argument("--max-ulp", type=whole_number(0), help="ULP tolerance (default: bit-exact)")
+    parser.add_argument("--atol", type=tolerance_bound, help="absolute tolerance (default, or 0: bit-exact)")
+    parser.add_argument("--rtol", type=tolerance_bound, help="relative tolerance (default, or 0: bit-exact)")
+    parser.add_argument("--max-ulp", type=whole_number(0), help="ULP tolerance (default, or 0: bit-exact)")
     parser.add_argument("--tolerance-policy", metavar="POLICY.toml", help="per-op, per-dtype tolerances (docs/tolerance-policy.md); its rules win over --atol/--rtol/--max-ulp")
     parser.add_argument("--native-profile", help="built-in profile name or TOML path (default: detected)")
     parser.add_argument("--oracle-profile", help="built-in profile name or TOML path (default: detected)")
@@ -153,9 +153,9 @@ def _report(args: argparse.Namespace, session: Investigation | None = None) -> i
         return _unusable(args, f"unusable input: {exc}")
     options = CompareOptions(
         policy=policy,
-        atol=args.atol,
-        rtol=args.rtol,
-        max_ulp=args.max_ulp,
+        atol=args.atol or None,  # 0 is no bound, as in the window and in a session: bit-exact
+        rtol=args.rtol or None,
+        max_ulp=args.max_ulp or None,
         native_profile=args.native_profile,
         oracle_profile=args.oracle_profile,
         alignment=getattr(args, "align", "auto"),

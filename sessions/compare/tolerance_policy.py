@@ -16,7 +16,7 @@ dtype = "bfloat16"   # ... optionally only for this dtype
 max_ulp = 4
 
 [[rule]]
-match = '^0:visual:\\d+:sdpa$'   # ... or a regex over the key text (0:visual:3:sdpa)
+match = '^0:visual:\\d+:sdpa(@.*)?$'   # ... or a regex over the key text (0:visual:3:sdpa, 0:visual:3:sdpa@5-76)
 atol = 1e-3
 rtol = 1e-2
 ```

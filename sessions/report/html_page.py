@@ -83,7 +83,7 @@ def _element_rows(title: str, sample: ElementSample | None) -> list[list[str]]:
 def _first_divergence(c: Comparison) -> str:
     if c.first_divergence is None:
         compared = sum(not p.post_eos for p in c.pairs)
-        return f"<p>No bit difference: all {compared} compared pairs before the shared EOS are bit-exact.</p>"
+        return f"<p>No bit difference: all {compared} compared pairs before any shared EOS are bit-exact.</p>"
     pair = c.pairs[c.first_divergence]
     m = pair.metrics
     lines = [
@@ -156,7 +156,7 @@ def _dispatch(c: Comparison) -> str:
 def _worst(c: Comparison) -> str:
     worst = worst_ops(c, TOP_OPS)
     if not worst:
-        return "<p>None: no op before the shared EOS differs.</p>"
+        return "<p>None: no op before any shared EOS differs.</p>"
     rows = [
         [f"<code>{escape(p.key.text())}</code>", escape(p.verdict), f"{p.metrics.nmse:.3e}", "none (bytes or NaN)" if p.metrics.p99_ulp_error is None else f"{p.metrics.p99_ulp_error:.3g}", f"{p.metrics.differing:,} / {p.metrics.size:,}"]
         for p in worst

@@ -185,7 +185,7 @@ def test_deep_validation_reads_every_tensor(tmp_path: Path, capsys: pytest.Captu
     ]
 
 
-def test_a_control_character_from_the_file_is_escaped_so_each_problem_stays_one_line(
+def test_a_control_character_from_the_file_is_refused_and_shown_escaped_so_each_problem_stays_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = good_capture(tmp_path / "newline.h5")
@@ -196,5 +196,5 @@ def test_a_control_character_from_the_file_is_escaped_so_each_problem_stays_one_
     assert validate(path) == 2
     assert capsys.readouterr().out.splitlines() == [
         f"{path}: invalid (1 problem)",
-        "  /index row 0 (kqv_out-0) -> /\\nensors: does not exist (needed for /\\nensors/b00/s0000000/t00000000)",
+        "  /index row 0 (kqv_out-0): path holds a control character (\\n in '/\\nensors/b00/s0000000/t00000000')",
     ]

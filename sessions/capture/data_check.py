@@ -25,8 +25,11 @@ PROGRESS_EVERY_ROWS = 64
 
 
 def read_record(capture: Capture, record: Record) -> None:
-    """Read all of a record's stored data once; raises CaptureError where it cannot be read."""
-    if logical_dtype(record.dtype).is_quantized or not record.shape:
+    """Read all of a record's stored data once; raises CaptureError where it cannot be read.
+
+    A record of no elements is read whole: sliced by its first axis it would loop over every
+    (empty) row of it."""
+    if logical_dtype(record.dtype).is_quantized or not record.shape or record.size == 0:
         capture.read_bits(record)
         return
     reader = RecordReader(capture, record)

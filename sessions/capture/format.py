@@ -52,6 +52,9 @@ STRING_ATTRS = (
     "created_utc",
     "prompt",
 )
+MULTILINE_STRING_ATTRS = ("prompt",)
+"""Text attributes that may hold newlines and tabs; every other text attribute is one line of
+printable text (a control character is refused: it would reach the terminal)."""
 INT_ATTRS = ("seed", "batch_size", "batch_row", "batch_stacked")
 """`batch_size` and `batch_row` (both optional): a run of `batch_size` requests in one batch, whose
 records hold every request along stored axis 0, compared for the request in row `batch_row`;

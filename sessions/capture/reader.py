@@ -52,6 +52,7 @@ from sessions.capture.hdf5_safety import (
 )
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.pack_layout import (
+    MAX_ELEMENTS,
     Selection,
     expected_nbytes,
     overlapping,
@@ -61,6 +62,11 @@ from sessions.capture.pack_layout import (
 )
 from sessions.capture.pack_read import Pack, read_packed
 from sessions.capture.records import Record, Records
+from sessions.capture.text_fields import (
+    control_character,
+    has_control_characters,
+    is_non_canonical_path,
+)
 
 
 class CaptureError(Exception):
@@ -86,10 +92,13 @@ def _attr_text(value: np.ndarray | None) -> str:
     return str(item)
 
 
-def _attr_int(value: np.ndarray | None, default: int) -> int:
-    if value is None or value.size != 1 or value.dtype.kind not in "iub":
-        return default
-    return int(value.reshape(-1)[0])
+def _int_problem(value: np.ndarray) -> str | None:
+    """Why an attribute's value is not one integer, or None. A bool, a float or a one-element
+    array is refused, not read: taking it for a default or a first element changes the verdict."""
+    if value.dtype.kind in "iu" and value.shape == ():
+        return None
+    shape = "a scalar" if value.shape == () else f"an array of shape {value.shape}"
+    return f"is {shape} of type {value.dtype}; the format stores one integer (a scalar, e.g. H5T_STD_I64LE)"
 
 
 @dataclass(frozen=True)
@@ -181,19 +190,48 @@ class Capture:
         except UnsafeObject as exc:
             raise self._fail(exc.problem.location, exc.problem.problem) from None
 
+    def _int_attr(self, obj_id: h5py.h5o.ObjectID, location: str, name: str, default: int) -> int:
+        """An integer attribute's value, `default` when absent; refused when present and not one integer."""
+        try:
+            value = read_attribute(obj_id, location, name, self._budget)
+        except UnsafeObject as exc:
+            raise self._fail(exc.problem.location, exc.problem.problem) from None
+        if value is None:
+            return default
+        problem = _int_problem(value)
+        if problem is not None:
+            raise self._fail(f"{location} attribute '{name}'", problem)
+        return int(value)
+
+    def _root_int(self, name: str, default: int) -> int:
+        return self._int_attr(self._file.id, "/", name, default)
+
+    def _root_text(self, name: str) -> str:
+        """A short root text attribute; refused when it holds a control character, which would
+        reach the terminal of whoever reads a report."""
+        text = _attr_text(self._root_attr(name))
+        control = control_character(text)
+        if control is not None:
+            raise self._fail(f"/ attribute '{name}'", f"holds a control character ({printable(control)} in '{printable(text)}')")
+        return text
+
     def _read_root(self) -> tuple[CaptureMeta, bool]:
-        fmt = _attr_text(self._root_attr(cf.ATTR_FORMAT))
+        raw_format = self._root_attr(cf.ATTR_FORMAT)
+        if raw_format is not None and raw_format.shape != ():
+            raise self._fail("/ attribute 'format'", f"is an array of shape {raw_format.shape}; the format stores one string")
+        fmt = _attr_text(raw_format)
         if fmt != cf.FORMAT_NAME:
             shown = f"format is {fmt!r}" if fmt else "no 'format' attribute"
             raise self._fail("/ attribute 'format'", f"not a Parity X-ray capture ({shown})")
-        version = _attr_int(self._root_attr(cf.ATTR_VERSION), -1)
+        version = self._root_int(cf.ATTR_VERSION, -1)
         if version != cf.FORMAT_VERSION:
             shown = "missing" if version == -1 else str(version)
             raise self._fail(
                 "/ attribute 'format_version'",
                 f"version {shown} is not supported; this reader reads version {cf.FORMAT_VERSION}",
             )
-        texts = {name: _attr_text(self._root_attr(name)) for name in cf.STRING_ATTRS}
+        texts = {name: self._root_text(name) for name in cf.STRING_ATTRS if name not in cf.MULTILINE_STRING_ATTRS}
+        texts.update({name: _attr_text(self._root_attr(name)) for name in cf.MULTILINE_STRING_ATTRS})
         raw_provenance = self._root_attr(cf.ATTR_PROVENANCE)
         provenance: dict[str, Any] = {}
         if raw_provenance is not None:
@@ -208,17 +246,17 @@ class Capture:
                 raise self._fail("/ attribute 'provenance_json'", f"is not JSON ({reason})") from None
             if not isinstance(provenance, dict):
                 raise self._fail("/ attribute 'provenance_json'", f"is a JSON {type(provenance).__name__}; the format holds one JSON object")
-        batch_size, batch_row = _attr_int(self._root_attr("batch_size"), 1), _attr_int(self._root_attr("batch_row"), 0)
+        batch_size, batch_row = self._root_int("batch_size", 1), self._root_int("batch_row", 0)
         if batch_size < 1 or not 0 <= batch_row < batch_size:
             raise self._fail("/ attributes 'batch_size', 'batch_row'", f"row {batch_row} of a batch of {batch_size} is not a request of that batch")
-        stacked = _attr_int(self._root_attr("batch_stacked"), 0)
+        stacked = self._root_int("batch_stacked", 0)
         if stacked not in (0, 1):
             raise self._fail("/ attribute 'batch_stacked'", f"is {stacked}; the format allows 0 or 1")
         meta = CaptureMeta(
-            seed=_attr_int(self._root_attr("seed"), 0), batch_size=batch_size, batch_row=batch_row, batch_stacked=bool(stacked),
+            seed=self._root_int("seed", 0), batch_size=batch_size, batch_row=batch_row, batch_stacked=bool(stacked),
             provenance=provenance, **texts,
         )
-        return meta, _attr_int(self._root_attr(cf.ATTR_COMPLETE), 0) == 1
+        return meta, self._root_int(cf.ATTR_COMPLETE, 0) == 1
 
     def _read_table(self, path: str, dtype: np.dtype, required: bool) -> np.ndarray:
         """One table's rows (a finished writer's, or an unfinished one's committed rows) in the format's dtype."""
@@ -246,7 +284,7 @@ class Capture:
         layout_problem = _field_problem(ds.dtype, dtype)
         if layout_problem is not None:
             raise self._fail(path, layout_problem)
-        committed = _attr_int(read_attribute(ds.id, path, cf.ATTR_COMMITTED_ROWS, self._budget), ds.shape[0])
+        committed = self._int_attr(ds.id, path, cf.ATTR_COMMITTED_ROWS, ds.shape[0])
         rows = ds.shape[0]
         selection = (slice(None),)
         if not self.complete and 0 <= committed < rows:
@@ -571,6 +609,8 @@ def index_problems(columns: IndexColumns) -> tuple[list[Problem], np.ndarray]:
     known = np.array([cf.decode_field(raw) in LOGICAL_DTYPES for raw in dtypes.tolist()], dtype=bool)[dtype_codes]
     negative = np.logical_or.reduce([extent < 0 for extent in dims])
     bad_ndim = (ndims < 0) | (ndims > cf.MAX_NDIM)
+    oversized = ~bad_ndim & ~negative & (_nonzero_elements(ndims, dims) > MAX_ELEMENTS)
+    paths, path_codes = columns.codes("path")
     packed = columns.packed
     ranged = packed & (offsets >= 0) & (nbytes >= 0)
     counted = np.full(len(index), -1, dtype=np.int64)
@@ -578,7 +618,6 @@ def index_problems(columns: IndexColumns) -> tuple[list[Problem], np.ndarray]:
     clash = np.zeros(len(index), dtype=bool)
     if ranged.any():
         counted = expected_nbytes(dtypes, dtype_codes, ndims, dims)
-        _, path_codes = columns.codes("path")
         partner = overlapping(offsets, nbytes, ranged, path_codes)
         is_pack = np.zeros(int(path_codes.max()) + 1, dtype=bool)
         is_pack[path_codes[ranged]] = True
@@ -603,8 +642,19 @@ def index_problems(columns: IndexColumns) -> tuple[list[Problem], np.ndarray]:
         (seqs != np.arange(len(index)), "seq is not the row's position (rows are in execution order)", None),
         (bad_ndim, f"ndim is outside 0..{cf.MAX_NDIM}", None),
         (negative, "shape has a negative dimension", None),
+        (
+            oversized,
+            f"shape's non-zero dimensions hold more than 2**{MAX_ELEMENTS.bit_length() - 1} elements",
+            lambda row: f" ({shape(row)})",
+        ),
         (~known, "logical dtype is not one the format knows", lambda row: f" ({text(row, 'dtype')!r})"),
+        *_control_character_checks(columns),
         (index["path"] == b"", "tensor path is empty", None),
+        (
+            is_non_canonical_path(paths)[path_codes],
+            "tensor path is not canonical (absolute, with no empty, '.' or '..' part)",
+            lambda row: f" ({text(row, 'path')!r})",
+        ),
         (columns["step"] < 0, "step is negative", None),
         (columns["layer"] < -1, "layer is below -1", None),
         (columns["occurrence"] < 0, "occurrence is negative", None),
@@ -629,6 +679,31 @@ def index_problems(columns: IndexColumns) -> tuple[list[Problem], np.ndarray]:
 
         found += listed(bad, describe, what)
     return found, bad_rows
+
+
+def _nonzero_elements(ndims: np.ndarray, dims: list[np.ndarray]) -> np.ndarray:
+    """Each row's product of its shape's non-zero dimensions, approximately (float64: an int64
+    product overflows): a zero-element shape still makes a reader allocate and loop by the others."""
+    product = np.ones(len(ndims), dtype=np.float64)
+    for axis, extent in enumerate(dims):
+        product *= np.where((axis < ndims) & (extent > 0), extent, 1)
+    return product
+
+
+def _control_character_checks(columns: IndexColumns) -> list[tuple[np.ndarray, str, Callable[[int], str]]]:
+    """One row check per text field: its value holds a control character, shown escaped.
+
+    Found once per distinct value of each field, so the cost follows the distinct names, not the rows."""
+    checks: list[tuple[np.ndarray, str, Callable[[int], str]]] = []
+    for field in cf.INDEX_STRING_FIELDS:
+        values, value_codes = columns.codes(field)
+
+        def detail(row: int, values: np.ndarray = values, value_codes: np.ndarray = value_codes) -> str:
+            value = cf.decode_field(values[value_codes[row]])
+            return f" ({printable(control_character(value) or '')} in '{printable(value)}')"
+
+        checks.append((has_control_characters(values)[value_codes], f"{field} holds a control character", detail))
+    return checks
 
 
 def load_capture(path: Path, *, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> Capture:

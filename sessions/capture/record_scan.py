@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
 import h5py
 import numpy as np
@@ -180,6 +181,7 @@ class RecordScan:
         packed = self._capture.columns.packed[start:stop]
         found = self._pack_problems(start, np.flatnonzero(packed & usable) + start)
         rows = index[~packed & usable]
+        seqs = rows["seq"].tolist()
         paths = rows["path"].tolist()
         dtypes = rows["dtype"].tolist()
         ndims = rows["ndim"].tolist()
@@ -190,6 +192,7 @@ class RecordScan:
             if progress is not None and i % PROGRESS_EVERY_ROWS == 0:
                 progress(done + i, total)
             if self._is_clean(paths[i], dtypes[i], tuple(shapes[i][: ndims[i]])):
+                found += self._reaches_a_pack(seqs[i], paths[i])
                 continue
             self.thorough_rows += 1
             record = record_from_row(rows[i])
@@ -199,7 +202,7 @@ class RecordScan:
                 # first try): a reader that asks first would fail, so the first failure stands.
                 where = f"/index row {record.seq} ({record.name}) -> {self._failure.location}"
                 thorough = [Problem(where, self._failure.problem)]
-            found += thorough
+            found += thorough or self._reaches_a_pack(seqs[i], paths[i])
         if progress is not None:
             progress(total, total)
         return found
@@ -229,6 +232,8 @@ class RecordScan:
                 row = int(rows[first[number]])
                 where = f"/index row {row} ({cf.decode_field(index['name'][row])})"
                 found += problems if pack is not None else [Problem(f"{where} -> {p.location}", p.problem) for p in problems]
+            if owned[number] and pack is not None:
+                found += self._second_path(int(rows[first[number]]), pack.dataset.id)
         size = sizes[row_pack]
         offsets, nbytes = columns["offset"][rows], columns["nbytes"][rows]
         beyond = (size >= 0) & (offsets > size - nbytes)
@@ -240,6 +245,71 @@ class RecordScan:
             return Problem(where, f"its bytes [{int(offsets[at])}, {end}) end past its pack {pack} ({int(size[at])} bytes)")
 
         return found + listed(beyond, describe, "bytes end past their pack")
+
+    @cached_property
+    def _pack_namers(self) -> dict[tuple[int, ...], int]:
+        """The first row naming each pack, by the pack's object (`_object_of`): a later path that
+        reaches the same pack (a soft or hard link, another spelling) names a pack whose byte
+        ranges were checked apart from each other's. Opens every pack once (`Capture.pack`), also
+        those of other shards' rows."""
+        columns, capture = self._capture.columns, self._capture
+        paths, path_codes = columns.codes("path")
+        rows = np.flatnonzero(columns.packed & ~capture.bad_rows)
+        _, first = np.unique(path_codes[rows], return_index=True)
+        namers: dict[tuple[int, ...], int] = {}
+        for row in rows[np.sort(first)].tolist():
+            pack = capture.pack(cf.decode_field(paths[path_codes[row]]))[0]
+            found = None if pack is None else _object_of(pack.dataset.id)
+            if found is not None:
+                namers.setdefault(found, row)
+        return namers
+
+    def _where(self, row: int) -> str:
+        return f"/index row {row} ({cf.decode_field(self._capture.index['name'][row])})"
+
+    def _path_of(self, row: int) -> str:
+        return cf.decode_field(self._capture.index["path"][row])
+
+    def _namer(self, dsid: h5py.h5d.DatasetID) -> int | None:
+        """The first row naming the pack this dataset is, or None when it is no pack."""
+        found = _object_of(dsid)
+        return None if found is None else self._pack_namers.get(found)
+
+    def _second_path(self, row: int, dsid: h5py.h5d.DatasetID) -> list[Problem]:
+        """A pack's first row whose path reaches a pack an earlier row names by another path."""
+        namer = self._namer(dsid)
+        if namer is None or namer == row:
+            return []
+        return [
+            Problem(
+                self._where(row),
+                f"its pack {self._path_of(row)} is the pack /index row {namer} names {self._path_of(namer)}; "
+                "a pack is named by one path (not another spelling, soft link or hard link)",
+            )
+        ]
+
+    def _reaches_a_pack(self, row: int, path: bytes) -> list[Problem]:
+        """A row naming a dataset of its own whose path reaches a pack by another path than the pack's rows use."""
+        if not self._pack_namers:
+            return []
+        try:
+            dsid = self._walker.dataset_id(cf.decode_field(path))
+        except UnsafeObject:
+            return []  # the row's own check reported it
+        namer = self._namer(dsid)
+        if namer is None:
+            return []
+        pack = f"{self._path_of(namer)}, named by /index row {namer}"
+        return [Problem(self._where(row), f"its dataset is also a pack of other rows' bytes ({pack}, reached by another path)")]
+
+
+def _object_of(dsid: h5py.h5d.DatasetID) -> tuple[int, ...] | None:
+    """The object a dataset handle is (its header's place in the file), the same whatever path
+    reached it; None when libhdf5 cannot say (the object's own check reports why)."""
+    try:
+        return tuple(h5py.h5g.get_objinfo(dsid).objno)
+    except HDF5_ERRORS:
+        return None
 
 
 def scan_problems(

@@ -1,0 +1,278 @@
+"""Values in a capture's index and root attributes that would mislead a reader are refused by place and reason.
+
+A control character would reach the terminal of whoever reads a report; an attribute of the
+wrong type would be read as its default; a second path to one pack would let rows read each
+other's bytes; a zero-element shape with huge other dimensions would reach numpy. Each file
+here is a small real capture (tests/hand_captures.py) with one value changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from hand_captures import T, write_capture
+
+from sessions.capture import format as cf
+from sessions.capture.hdf5_safety import Problem
+from sessions.capture.opening import open_capture
+from sessions.capture.reader import CaptureError
+from sessions.capture.structure_check import check_in_child
+
+EVIL = b"evil\x1b[2J\nPARITY"
+"""A tensor name that clears the screen and starts a line of its own (a forged verdict)."""
+EVIL_SHOWN = "\\x1b in 'evil\\x1b[2J\\nPARITY'"
+
+
+def small_capture(path: Path, layout: str = "packed") -> Path:
+    """Two float32 tensors of 16 elements (one pack of 128 bytes, or a dataset each), finished."""
+    tensors = [T(f"t{i}", np.arange(16, dtype=np.float32) + i, kernel_id="k", contract_id="c") for i in range(2)]
+    return write_capture(path, "native", tensors, [(0, 1, False)], layout=layout)
+
+
+def with_index(path: Path, change: Callable[[np.ndarray], None]) -> Path:
+    with h5py.File(path, "r+") as f:
+        index = f[cf.INDEX_PATH][()]
+        change(index)
+        f[cf.INDEX_PATH][...] = index
+    return path
+
+
+def problems(path: Path, deep: bool = False) -> list[Problem]:
+    return check_in_child(path, deep=deep, timeout_s=30).problems
+
+
+def refusal(path: Path) -> CaptureError:
+    with pytest.raises(CaptureError) as info:
+        open_capture(path).close()
+    assert info.value.path == str(path)
+    return info.value
+
+
+# D1: control characters
+
+
+@pytest.mark.parametrize("field", ["segment", "name", "kernel_id", "contract_id", "effective_contract_id"])
+def test_a_control_character_in_an_index_text_field_is_refused_by_row_and_shown_escaped(tmp_path: Path, field: str) -> None:
+    path = with_index(small_capture(tmp_path / "c.h5"), lambda index: index[field].__setitem__(1, EVIL))
+    found = problems(path)
+    name = "evil\\x1b[2J\\nPARITY" if field == "name" else "t1"
+    assert Problem(f"/index row 1 ({name})", f"{field} holds a control character ({EVIL_SHOWN})") in found
+    assert all("\x1b" not in p.location + p.problem and "\n" not in p.location + p.problem for p in found)
+
+
+def test_a_control_character_in_a_dtype_is_refused_besides_the_unknown_dtype(tmp_path: Path) -> None:
+    path = with_index(small_capture(tmp_path / "c.h5"), lambda index: index["dtype"].__setitem__(0, b"float32\r"))
+    assert Problem("/index row 0 (t0)", "dtype holds a control character (\\r in 'float32\\r')") in problems(path)
+
+
+def test_a_nul_inside_a_path_is_refused_because_libhdf5_would_open_the_path_before_it(tmp_path: Path) -> None:
+    path = small_capture(tmp_path / "nul.h5")
+    pack = cf.pack_path(0)
+    with_index(path, lambda index: index["path"].__setitem__(1, pack.encode() + b"\0/elsewhere"))
+    error = refusal(path)
+    assert error.location == "/index row 1 (t1)"
+    assert error.problem == f"path holds a control character (\\x00 in '{pack}\\x00/elsewhere')"
+
+
+def test_a_c1_control_character_in_a_name_is_refused(tmp_path: Path) -> None:
+    path = with_index(small_capture(tmp_path / "c1.h5"), lambda index: index["name"].__setitem__(0, "a\u009bb".encode()))
+    error = refusal(path)
+    assert error.location == "/index row 0 (a\\x9bb)"
+    assert error.problem == "name holds a control character (\\x9b in 'a\\x9bb')"
+
+
+@pytest.mark.parametrize("attribute", ["engine_name", "model_id", "weights_hash", "role", "created_utc"])
+def test_a_control_character_in_a_short_root_text_attribute_is_refused_by_name(tmp_path: Path, attribute: str) -> None:
+    path = small_capture(tmp_path / "root.h5")
+    with h5py.File(path, "r+") as f:
+        f.attrs.create(attribute, np.bytes_(EVIL), dtype=cf.utf8(len(EVIL)))
+    error = refusal(path)
+    assert error.location == f"/ attribute '{attribute}'"
+    assert error.problem == f"holds a control character ({EVIL_SHOWN})"
+
+
+def test_the_prompt_may_hold_newlines_and_tabs(tmp_path: Path) -> None:
+    prompt = "line one\n\tline two"
+    path = write_capture(tmp_path / "prompt.h5", "native", [T("t0", np.zeros(4, np.float32))], prompt=prompt)
+    with open_capture(path) as capture:
+        assert capture.meta.prompt == prompt
+
+
+# D2: integer attributes of another type
+
+
+@pytest.mark.parametrize(
+    ("attribute", "value", "shown"),
+    [
+        ("seed", np.float64(7.0), "a scalar of type float64"),
+        ("batch_size", np.float64(4.0), "a scalar of type float64"),
+        ("batch_row", np.bytes_(b"1"), "a scalar of type |S1"),
+        ("batch_stacked", np.bool_(True), "a scalar of type bool"),
+        ("complete", np.float32(1.0), "a scalar of type float32"),
+        ("batch_size", np.array([4, 4], np.int64), "an array of shape (2,) of type int64"),
+    ],
+)
+def test_an_integer_root_attribute_of_another_type_is_refused_not_read_as_its_default(
+    tmp_path: Path, attribute: str, value: np.generic, shown: str
+) -> None:
+    path = small_capture(tmp_path / "int.h5")
+    with h5py.File(path, "r+") as f:
+        f.attrs[attribute] = value
+    error = refusal(path)
+    assert error.location == f"/ attribute '{attribute}'"
+    assert error.problem == f"is {shown}; the format stores one integer (a scalar, e.g. H5T_STD_I64LE)"
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (np.float64(1.0), "a scalar of type float64"),
+        (np.float64(np.nan), "a scalar of type float64"),
+        (np.bytes_(b"1"), "a scalar of type |S1"),
+        (np.bool_(True), "a scalar of type bool"),
+        (np.array([1], np.int64), "an array of shape (1,) of type int64"),
+    ],
+)
+def test_a_format_version_that_is_not_one_integer_is_refused_as_what_it_is_not_as_missing(
+    tmp_path: Path, value: np.generic, shown: str
+) -> None:
+    path = small_capture(tmp_path / "version.h5")
+    with h5py.File(path, "r+") as f:
+        f.attrs[cf.ATTR_VERSION] = value
+    error = refusal(path)
+    assert error.location == "/ attribute 'format_version'"
+    assert error.problem == f"is {shown}; the format stores one integer (a scalar, e.g. H5T_STD_I64LE)"
+
+
+def test_a_format_attribute_holding_several_strings_is_refused(tmp_path: Path) -> None:
+    path = small_capture(tmp_path / "format.h5")
+    with h5py.File(path, "r+") as f:
+        f.attrs.create(cf.ATTR_FORMAT, np.array([cf.FORMAT_NAME.encode(), b"other"]), dtype=cf.utf8(19))
+    error = refusal(path)
+    assert error.location == "/ attribute 'format'"
+    assert error.problem == "is an array of shape (2,); the format stores one string"
+
+
+def test_missing_optional_integer_attributes_read_as_their_defaults(tmp_path: Path) -> None:
+    path = small_capture(tmp_path / "defaults.h5")
+    with h5py.File(path, "r+") as f:
+        for name in cf.INT_ATTRS:
+            if name in f.attrs:
+                del f.attrs[name]
+    with open_capture(path) as capture:
+        assert (capture.meta.seed, capture.meta.batch_size, capture.meta.batch_row, capture.meta.batch_stacked) == (0, 1, 0, False)
+
+
+def test_a_committed_rows_attribute_of_another_type_is_refused(tmp_path: Path) -> None:
+    path = small_capture(tmp_path / "committed.h5")
+    with h5py.File(path, "r+") as f:
+        f[cf.INDEX_PATH].attrs[cf.ATTR_COMMITTED_ROWS] = np.float64(1.0)
+    error = refusal(path)
+    assert error.location == f"{cf.INDEX_PATH} attribute '{cf.ATTR_COMMITTED_ROWS}'"
+    assert error.problem.startswith("is a scalar of type float64; the format stores one integer")
+
+
+# D3: one pack, one path
+
+
+def overlapping_alias(tmp_path: Path, alias: str, link: Callable[[h5py.File], None] | None = None) -> Path:
+    """Row 1 names row 0's pack by `alias` and points at row 0's bytes: an overlap, had it the same spelling."""
+    path = small_capture(tmp_path / "alias.h5")
+    if link is not None:
+        with h5py.File(path, "r+") as f:
+            link(f)
+
+    def point(index: np.ndarray) -> None:
+        index["path"][1] = alias.encode()
+        index["offset"][1] = index["offset"][0]
+
+    return with_index(path, point)
+
+
+@pytest.mark.parametrize(
+    "alias",
+    [
+        "/tensors/b00/../b00/s0000000/p00000000",
+        "/tensors//b00/s0000000/p00000000",
+        "tensors/b00/s0000000/p00000000",
+        "/./tensors/b00/s0000000/p00000000",
+    ],
+)
+def test_a_pack_path_in_another_spelling_is_refused(tmp_path: Path, alias: str) -> None:
+    error = refusal(overlapping_alias(tmp_path, alias))
+    assert error.location == "/index row 1 (t1)"
+    assert error.problem == f"tensor path is not canonical (absolute, with no empty, '.' or '..' part) ('{alias}')"
+
+
+@pytest.mark.parametrize(
+    "link",
+    [
+        lambda f: f.__setitem__("/alias", h5py.SoftLink(cf.pack_path(0))),
+        lambda f: f.__setitem__("/alias", f[cf.pack_path(0)]),
+    ],
+    ids=["soft link", "hard link"],
+)
+def test_a_second_link_to_a_pack_is_refused_so_rows_cannot_read_each_others_bytes(
+    tmp_path: Path, link: Callable[[h5py.File], None]
+) -> None:
+    error = refusal(overlapping_alias(tmp_path, "/alias", link))
+    assert error.location == "/index row 1 (t1)"
+    assert error.problem == (
+        f"its pack /alias is the pack /index row 0 names {cf.pack_path(0)}; "
+        "a pack is named by one path (not another spelling, soft link or hard link)"
+    )
+
+
+def test_a_pack_whose_rows_all_name_it_through_one_soft_link_is_read(tmp_path: Path) -> None:
+    path = small_capture(tmp_path / "soft.h5")
+    with h5py.File(path, "r+") as f:
+        f["/alias"] = h5py.SoftLink(cf.pack_path(0))
+    with_index(path, lambda index: index["path"].__setitem__(slice(None), b"/alias"))
+    with open_capture(path) as capture:
+        assert capture.read_values(capture.records[1]).tolist() == list(range(1, 17))
+        assert capture.pack_members("/alias").tolist() == [0, 1]
+
+
+def test_a_dataset_of_its_own_that_reaches_a_pack_by_another_path_is_refused(tmp_path: Path) -> None:
+    path = small_capture(tmp_path / "clash.h5")
+    with h5py.File(path, "r+") as f:
+        f["/alias"] = h5py.SoftLink(cf.pack_path(0))
+        f[cf.pack_path(0)].attrs.create(cf.ATTR_LOGICAL_DTYPE, np.bytes_(b"uint8"), dtype=cf.utf8(5))
+        f[cf.INDEX_PATH].resize((3,))
+        index = f[cf.INDEX_PATH][()]
+        index[2] = index[1]
+        index["seq"][2], index["name"][2], index["dtype"][2], index["path"][2] = 2, b"whole", b"uint8", b"/alias"
+        index["ndim"][2], index["shape"][2] = 1, [128, 0, 0, 0, 0, 0, 0, 0]
+        index["offset"][2], index["nbytes"][2] = -1, -1
+        f[cf.INDEX_PATH][...] = index
+    error = refusal(path)
+    assert error.location == "/index row 2 (whole)"
+    assert error.problem == (
+        f"its dataset is also a pack of other rows' bytes ({cf.pack_path(0)}, named by /index row 0, reached by another path)"
+    )
+
+
+# D5: zero elements, huge dimensions
+
+
+def test_a_zero_element_shape_with_huge_other_dimensions_is_refused_by_its_index_row(tmp_path: Path) -> None:
+    def huge(index: np.ndarray) -> None:
+        index["ndim"][1], index["shape"][1][:3], index["nbytes"][1] = 3, [0, 2**62, 2**62], 0
+
+    path = with_index(small_capture(tmp_path / "huge.h5"), huge)
+    found = problems(path, deep=True)
+    assert found == [
+        Problem("/index row 1 (t1)", f"shape's non-zero dimensions hold more than 2**58 elements ((0, {2**62}, {2**62}))")
+    ]
+
+
+def test_a_zero_element_record_with_a_long_first_axis_is_read_at_once_by_the_deep_check(tmp_path: Path) -> None:
+    def empty(index: np.ndarray) -> None:
+        index["ndim"][1], index["shape"][1][:2], index["nbytes"][1] = 2, [2**50, 0], 0
+
+    path = with_index(small_capture(tmp_path / "empty.h5"), empty)
+    assert problems(path, deep=True) == []

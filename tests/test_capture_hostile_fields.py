@@ -2,8 +2,10 @@
 
 A control character would reach the terminal of whoever reads a report; an attribute of the
 wrong type would be read as its default; a second path to one pack would let rows read each
-other's bytes; a zero-element shape with huge other dimensions would reach numpy. Each file
-here is a small real capture (tests/hand_captures.py) with one value changed.
+other's bytes; a zero-element shape with huge other dimensions would reach numpy; a value the
+format fixes (a role, a shape entry past ndim, a head count, one token per forward call) would
+be compared as a divergence. Each file here is a small real capture (tests/hand_captures.py)
+with one value changed.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ from hand_captures import T, write_capture
 
 from sessions.capture import format as cf
 from sessions.capture.hdf5_safety import Problem
+from sessions.capture.meta import CaptureMeta
 from sessions.capture.opening import open_capture
 from sessions.capture.reader import CaptureError
 from sessions.capture.structure_check import check_in_child
+from sessions.capture.writer import CaptureWriter
 
 EVIL = b"evil\x1b[2J\nPARITY"
 """A tensor name that clears the screen and starts a line of its own (a forged verdict)."""
@@ -276,3 +280,122 @@ def test_a_zero_element_record_with_a_long_first_axis_is_read_at_once_by_the_dee
 
     path = with_index(small_capture(tmp_path / "empty.h5"), empty)
     assert problems(path, deep=True) == []
+
+
+# D6: values the format fixes or forbids, which the comparison would turn into divergences
+
+
+def test_a_shape_entry_past_ndim_that_is_not_zero_is_refused_by_its_index_row(tmp_path: Path) -> None:
+    path = with_index(small_capture(tmp_path / "trailing.h5"), lambda index: index["shape"].__setitem__(1, [16, 128, 7, 7, 7, 7, 7, 7]))
+    error = refusal(path)
+    assert error.location == "/index row 1 (t1)"
+    assert error.problem == "shape has entries past ndim that are not 0 (ndim 1, shape [16, 128, 7, 7, 7, 7, 7, 7])"
+
+
+def with_root_attribute(path: Path, name: str, value: np.ndarray | np.generic) -> Path:
+    with h5py.File(path, "r+") as f:
+        del f.attrs[name]
+        f.attrs.create(name, value)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (np.bytes_(b"bogus"), "is 'bogus'; a capture's role is one of native, oracle, rerun (or absent)"),
+        (np.int64(1), "is a scalar of type int64; the format stores one string"),
+    ],
+)
+def test_a_role_the_format_does_not_list_is_refused(tmp_path: Path, value: np.generic, shown: str) -> None:
+    error = refusal(with_root_attribute(small_capture(tmp_path / "role.h5"), "role", value))
+    assert (error.location, error.problem) == ("/ attribute 'role'", shown)
+
+
+@pytest.mark.parametrize(
+    ("attribute", "value", "shown"),
+    [
+        ("prompt", np.array([[b"p", b"q"]]), "an array of shape (1, 2)"),
+        ("prompt", np.array([], dtype="S1"), "an array of shape (0,)"),
+        ("engine_name", np.array([b"hand-native"]), "an array of shape (1,)"),
+        ("created_utc", np.int64(20260101), "a scalar of type int64"),
+    ],
+)
+def test_a_root_text_attribute_that_is_not_one_string_is_refused_not_read_as_its_first_element(
+    tmp_path: Path, attribute: str, value: np.ndarray | np.generic, shown: str
+) -> None:
+    error = refusal(with_root_attribute(small_capture(tmp_path / "text.h5"), attribute, value))
+    assert (error.location, error.problem) == (f"/ attribute '{attribute}'", f"is {shown}; the format stores one string")
+
+
+@pytest.mark.parametrize(
+    ("value", "shape"),
+    [(np.frombuffer(b"{}", np.uint8).reshape(2, 1), (2, 1)), (np.uint8(ord("7")), ())],
+)
+def test_a_provenance_json_that_is_not_one_dimensional_is_refused(tmp_path: Path, value: np.ndarray | np.generic, shape: tuple[int, ...]) -> None:
+    error = refusal(with_root_attribute(small_capture(tmp_path / "provenance.h5"), cf.ATTR_PROVENANCE, value))
+    assert error.location == "/ attribute 'provenance_json'"
+    assert error.problem == f"is uint8 of shape {shape}; the format stores the JSON's bytes as 1-D uint8"
+
+
+CALL = {"kv_group": -1, "head_start": 0, "head_count": 4, "q_heads": 4, "kv_heads": 2, "q_rows": 1, "kv_len": 3, "head_dim": 8, "primitive": "fallback"}
+
+
+def dispatched_capture(path: Path) -> Path:
+    """Record t1 made two attention calls (0 and 1); steps 0 and 1 each emitted a token."""
+    tensors = [T("t0", np.zeros(4, np.float32)), T("t1", np.zeros(4, np.float32), dispatch=[CALL, CALL])]
+    return write_capture(path, "native", tensors, [(0, 5, False), (1, 6, True)])
+
+
+def with_table(path: Path, table: str, change: Callable[[np.ndarray], None]) -> Path:
+    with h5py.File(path, "r+") as f:
+        rows = f[table][()]
+        change(rows)
+        f[table][...] = rows
+    return path
+
+
+@pytest.mark.parametrize("field", ["q_heads", "kv_heads", "head_dim"])
+@pytest.mark.parametrize("value", [0, -4])
+def test_a_dispatch_row_of_no_heads_or_no_head_dimension_is_refused(tmp_path: Path, field: str, value: int) -> None:
+    path = with_table(dispatched_capture(tmp_path / "d.h5"), cf.DISPATCH_PATH, lambda rows: rows[field].__setitem__(1, value))
+    assert problems(path) == [Problem("/dispatch row 1", f"{field} is {value}; it is at least 1")]
+
+
+def test_two_dispatch_rows_for_one_call_of_a_record_are_refused(tmp_path: Path) -> None:
+    path = with_table(dispatched_capture(tmp_path / "d.h5"), cf.DISPATCH_PATH, lambda rows: rows["call"].__setitem__(1, 0))
+    error = refusal(path)
+    assert error.location == "/dispatch row 1"
+    assert error.problem == "index_seq 1 call 0 is also /dispatch row 0; each call of a record has one row"
+
+
+@pytest.mark.parametrize(
+    ("field", "shown"),
+    [("step", "step is -1; steps count from 0"), ("token_id", "token_id is -1; token ids are at least 0")],
+)
+def test_a_negative_token_step_or_token_id_is_refused(tmp_path: Path, field: str, shown: str) -> None:
+    path = with_table(dispatched_capture(tmp_path / "t.h5"), cf.TOKENS_PATH, lambda rows: rows[field].__setitem__(1, -1))
+    assert problems(path) == [Problem("/tokens row 1", shown)]
+
+
+def test_two_tokens_for_one_step_and_segment_are_refused(tmp_path: Path) -> None:
+    def repeat(rows: np.ndarray) -> None:
+        rows["step"][1], rows["segment"][1] = 0, b"prefill"
+
+    error = refusal(with_table(dispatched_capture(tmp_path / "t.h5"), cf.TOKENS_PATH, repeat))
+    assert error.location == "/tokens row 1"
+    assert error.problem == "step 0 segment 'prefill' already has a token (/tokens row 0); a forward call emits one"
+
+
+def test_the_writer_refuses_to_write_the_dispatch_and_token_rows_a_reader_refuses(tmp_path: Path) -> None:
+    writer = CaptureWriter(tmp_path / "w.h5", CaptureMeta(role="native"))
+    writer.add_dispatch(index_seq=0, call=0, **CALL)
+    with pytest.raises(ValueError, match="already has a dispatch row for call 0"):
+        writer.add_dispatch(index_seq=0, call=0, **CALL)
+    with pytest.raises(ValueError, match="head_dim 0; sizes are at least 1"):
+        writer.add_dispatch(index_seq=0, call=1, **{**CALL, "head_dim": 0})
+    writer.add_token(step=0, segment="prefill", token_id=5, is_stop=False)
+    with pytest.raises(ValueError, match="already has a token"):
+        writer.add_token(step=0, segment="prefill", token_id=6, is_stop=False)
+    with pytest.raises(ValueError, match="must both be at least 0"):
+        writer.add_token(step=1, segment="decode", token_id=-1, is_stop=False)
+    writer.close()

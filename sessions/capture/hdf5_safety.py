@@ -182,7 +182,10 @@ class LinkWalker:
             if info.type == h5py.h5l.TYPE_SOFT:
                 if hops >= MAX_SOFT_LINK_HOPS:
                     raise UnsafeObject(Problem(candidate, f"soft links nest deeper than {MAX_SOFT_LINK_HOPS} (a loop?)"))
-                target = group.links.get_val(part.encode()).decode(errors="replace")
+                try:
+                    target = group.links.get_val(part.encode()).decode(errors="replace")
+                except HDF5_ERRORS as exc:
+                    raise UnsafeObject(Problem(candidate, f"soft link cannot be read ({describe_error(exc)})")) from None
                 candidate = self.resolve(target if target.startswith("/") else _join(current, target), hops=hops + 1)
             elif i < len(parts) - 1:
                 self._hard.add(candidate)

@@ -92,6 +92,17 @@ def _attr_text(value: np.ndarray | None) -> str:
     return str(item)
 
 
+def _text_problem(value: np.ndarray) -> str | None:
+    """Why an attribute's value is not one string, or None. An array (even of one element, or of
+    none) or a number is refused, not read: its first element or its digits would stand for the
+    whole value, and an empty array for a missing one."""
+    if value.shape != ():
+        return f"is an array of shape {value.shape}; the format stores one string"
+    if value.dtype.kind != "S":
+        return f"is a scalar of type {value.dtype}; the format stores one string"
+    return None
+
+
 def _int_problem(value: np.ndarray) -> str | None:
     """Why an attribute's value is not one integer, or None. A bool, a float or a one-element
     array is refused, not read: taking it for a default or a first element changes the verdict."""
@@ -142,7 +153,8 @@ class Capture:
         self._pack_decoder: tuple[str, ChunkedReader] | None = None
         self.dropped_rows: dict[str, int] = {}
         """Rows an unfinished writer left past its last committed step, per table (not shown)."""
-        self.meta, self.complete = self._read_root()
+        with self._reading("/"):
+            self.meta, self.complete = self._read_root()
         self.index = self._read_table(cf.INDEX_PATH, cf.INDEX_DTYPE, required=True)
         self.dispatch = self._read_table(cf.DISPATCH_PATH, cf.DISPATCH_DTYPE, required=False)
         self.tokens = self._read_table(cf.TOKENS_PATH, cf.TOKENS_DTYPE, required=False)
@@ -184,6 +196,19 @@ class Capture:
     def _fail(self, location: str, problem: str) -> CaptureError:
         return CaptureError(self.path, location, problem)
 
+    @contextmanager
+    def _reading(self, place: str) -> Iterator[None]:
+        """Failures of reading `place` as the capture's errors, located there. libhdf5 raises many
+        types on a crafted file; one that no check foresaw still names what was being read."""
+        try:
+            yield
+        except CaptureError:
+            raise
+        except UnsafeObject as exc:
+            raise self._fail(exc.problem.location, exc.problem.problem) from None
+        except Exception as exc:  # noqa: BLE001  (each is a finding about `place`, never a traceback)
+            raise self._fail(place, f"cannot be read ({describe_error(exc)})") from None
+
     def _root_attr(self, name: str) -> np.ndarray | None:
         try:
             return read_attribute(self._file.id, "/", name, self._budget)
@@ -207,19 +232,23 @@ class Capture:
         return self._int_attr(self._file.id, "/", name, default)
 
     def _root_text(self, name: str) -> str:
-        """A short root text attribute; refused when it holds a control character, which would
-        reach the terminal of whoever reads a report."""
-        text = _attr_text(self._root_attr(name))
-        control = control_character(text)
+        """A root text attribute, empty when absent; refused when it is not one string, or when a
+        one-line attribute holds a control character, which would reach the terminal of whoever
+        reads a report."""
+        value = self._root_attr(name)
+        if value is None:
+            return ""
+        problem = _text_problem(value)
+        if problem is not None:
+            raise self._fail(f"/ attribute '{name}'", problem)
+        text = cf.decode_field(value[()])
+        control = None if name in cf.MULTILINE_STRING_ATTRS else control_character(text)
         if control is not None:
             raise self._fail(f"/ attribute '{name}'", f"holds a control character ({printable(control)} in '{printable(text)}')")
         return text
 
     def _read_root(self) -> tuple[CaptureMeta, bool]:
-        raw_format = self._root_attr(cf.ATTR_FORMAT)
-        if raw_format is not None and raw_format.shape != ():
-            raise self._fail("/ attribute 'format'", f"is an array of shape {raw_format.shape}; the format stores one string")
-        fmt = _attr_text(raw_format)
+        fmt = self._root_text(cf.ATTR_FORMAT)
         if fmt != cf.FORMAT_NAME:
             shown = f"format is {fmt!r}" if fmt else "no 'format' attribute"
             raise self._fail("/ attribute 'format'", f"not a Parity X-ray capture ({shown})")
@@ -230,13 +259,17 @@ class Capture:
                 "/ attribute 'format_version'",
                 f"version {shown} is not supported; this reader reads version {cf.FORMAT_VERSION}",
             )
-        texts = {name: self._root_text(name) for name in cf.STRING_ATTRS if name not in cf.MULTILINE_STRING_ATTRS}
-        texts.update({name: _attr_text(self._root_attr(name)) for name in cf.MULTILINE_STRING_ATTRS})
+        texts = {name: self._root_text(name) for name in cf.STRING_ATTRS}
+        if texts["role"] not in ("", *cf.ROLES):
+            raise self._fail("/ attribute 'role'", f"is '{texts['role']}'; a capture's role is one of {', '.join(cf.ROLES)} (or absent)")
         raw_provenance = self._root_attr(cf.ATTR_PROVENANCE)
         provenance: dict[str, Any] = {}
         if raw_provenance is not None:
-            if raw_provenance.dtype != np.uint8:
-                raise self._fail("/ attribute 'provenance_json'", f"is {raw_provenance.dtype}; the format stores uint8 bytes")
+            if raw_provenance.dtype != np.uint8 or raw_provenance.ndim != 1:
+                raise self._fail(
+                    "/ attribute 'provenance_json'",
+                    f"is {raw_provenance.dtype} of shape {raw_provenance.shape}; the format stores the JSON's bytes as 1-D uint8",
+                )
             try:
                 provenance = json.loads(raw_provenance.tobytes().decode("utf-8"))
             except UnicodeDecodeError:
@@ -260,12 +293,8 @@ class Capture:
 
     def _read_table(self, path: str, dtype: np.dtype, required: bool) -> np.ndarray:
         """One table's rows (a finished writer's, or an unfinished one's committed rows) in the format's dtype."""
-        try:
+        with self._reading(path):
             return self._table_rows(path, dtype, required)
-        except UnsafeObject as exc:
-            raise self._fail(exc.problem.location, exc.problem.problem) from None
-        except HDF5_ERRORS as exc:
-            raise self._fail(path, f"cannot be read ({describe_error(exc)})") from None
 
     def _table_rows(self, path: str, dtype: np.dtype, required: bool) -> np.ndarray:
         try:
@@ -609,6 +638,7 @@ def index_problems(columns: IndexColumns) -> tuple[list[Problem], np.ndarray]:
     known = np.array([cf.decode_field(raw) in LOGICAL_DTYPES for raw in dtypes.tolist()], dtype=bool)[dtype_codes]
     negative = np.logical_or.reduce([extent < 0 for extent in dims])
     bad_ndim = (ndims < 0) | (ndims > cf.MAX_NDIM)
+    trailing = ~bad_ndim & np.logical_or.reduce([(axis >= ndims) & (extent != 0) for axis, extent in enumerate(dims)])
     oversized = ~bad_ndim & ~negative & (_nonzero_elements(ndims, dims) > MAX_ELEMENTS)
     paths, path_codes = columns.codes("path")
     packed = columns.packed
@@ -642,6 +672,11 @@ def index_problems(columns: IndexColumns) -> tuple[list[Problem], np.ndarray]:
         (seqs != np.arange(len(index)), "seq is not the row's position (rows are in execution order)", None),
         (bad_ndim, f"ndim is outside 0..{cf.MAX_NDIM}", None),
         (negative, "shape has a negative dimension", None),
+        (
+            trailing,
+            "shape has entries past ndim that are not 0",
+            lambda row: f" (ndim {int(ndims[row])}, shape {[int(d) for d in index['shape'][row]]})",
+        ),
         (
             oversized,
             f"shape's non-zero dimensions hold more than 2**{MAX_ELEMENTS.bit_length() - 1} elements",
@@ -727,9 +762,9 @@ def load_capture(path: Path, *, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> C
     except CaptureError:
         file.close()
         raise
-    except Exception as exc:  # noqa: BLE001  (libhdf5 raises many types on a bad file; each is a finding)
+    except OSError as exc:  # the file itself: gone or replaced since it was opened (what it holds is located by Capture)
         file.close()
-        raise CaptureError(path, "file", f"unreadable structure ({describe_error(exc)})") from None
+        raise CaptureError(path, "file", f"cannot be read ({describe_error(exc)})") from None
 
 
 class RecordReader:
@@ -747,7 +782,8 @@ class RecordReader:
         self._capture = capture
         self._record = record
         self._dataset = capture._checked_dataset(record)
-        self._chunked = capture.chunked_reader(record, self._dataset)
+        with self._located():
+            self._chunked = capture.chunked_reader(record, self._dataset)
         self._storage = logical_dtype(record.dtype).storage
         self._pack = capture.pack(record.path)[0] if record.packed else None
 

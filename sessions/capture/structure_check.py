@@ -41,7 +41,7 @@ import numpy as np
 
 from sessions.capture import check_cache, spare_checker
 from sessions.capture import format as cf
-from sessions.capture.columns import IndexColumns
+from sessions.capture.columns import IndexColumns, codes
 from sessions.capture.data_check import data_problems
 from sessions.capture.file_walk import walk_problems
 from sessions.capture.hdf5_safety import (
@@ -167,13 +167,25 @@ def occurrence_counts(columns: IndexColumns) -> np.ndarray:
     return counts
 
 
+def earlier_row(*keys: np.ndarray) -> np.ndarray:
+    """For each row of a table, the first earlier row with the same key (every column of `keys`
+    equal), or -1: rows that repeat a key, found by one stable sort of the columns."""
+    n = len(keys[0])
+    order = np.lexsort(keys[::-1])
+    same = np.logical_and.reduce([key[order][1:] == key[order][:-1] for key in keys])
+    starts = np.flatnonzero(np.concatenate(([True], ~same))) if n else np.zeros(0, dtype=np.int64)
+    first = np.empty(n, dtype=np.int64)
+    first[order] = order[np.repeat(starts, np.diff(np.append(starts, n)))]
+    return np.where(first == np.arange(n), -1, first)
+
+
 def table_problems(capture: Capture) -> list[Problem]:
-    """Cross-table problems: dispatch rows pointing nowhere, unknown kinds, broken occurrence counts.
+    """Cross-table problems: broken occurrence counts, and dispatch and token rows that the format refuses.
 
     Works on whole columns, not on `Record` objects or rows one by one: a capture of a real
     model has hundreds of thousands of rows.
     """
-    index, dispatch, tokens = capture.index, capture.dispatch, capture.tokens
+    index = capture.index
     expected = occurrence_counts(capture.columns)
 
     def where(row: int) -> str:
@@ -188,31 +200,78 @@ def table_problems(capture: Capture) -> list[Problem]:
             f"layer {layer}, so it should be {want}",
         )
 
-    n_records = len(index)
-    seqs = dispatch["index_seq"]
-
-    def dispatch_seq(row: int) -> Problem:
-        return Problem(f"/dispatch row {row}", f"index_seq {int(seqs[row])} is not a record (0..{n_records - 1})")
-
     columns = capture.columns
     found = listed(columns["occurrence"] != expected, occurrence, "occurrence breaks the occurrence rule")
     found += listed(columns["t_end_ns"] < columns["t_start_ns"], lambda row: Problem(where(row), "ends before it starts"), "rows end before they start")
-    found += listed((seqs < 0) | (seqs >= n_records), dispatch_seq, "index_seq is not a record", cf.DISPATCH_PATH)
+    return found + dispatch_problems(capture.dispatch, len(index)) + token_problems(capture.tokens)
+
+
+DISPATCH_SIZES = ("q_heads", "kv_heads", "head_dim", "v_head_dim")
+"""Dispatch fields that count heads or elements of a head: a layer has at least one of each."""
+
+RowCheck = tuple[np.ndarray, Callable[[int], str], str]
+"""(rows that break a rule, what is wrong with one of them, what is wrong with the rest)."""
+
+
+def _listed_rows(table: str, checks: list[RowCheck]) -> list[Problem]:
+    """The problems of a table's row checks, each row located by its table and number."""
+    found: list[Problem] = []
+    for bad, what, summary in checks:
+        found += listed(bad, lambda row, what=what: Problem(f"{table} row {row}", what(row)), summary, table)
+    return found
+
+
+def dispatch_problems(dispatch: np.ndarray, n_records: int) -> list[Problem]:
+    """Dispatch rows pointing nowhere, of unknown kinds, of no heads, or repeating another row's call."""
+    seqs, calls = np.ascontiguousarray(dispatch["index_seq"]), np.ascontiguousarray(dispatch["call"])
+    twin = earlier_row(seqs, calls)
+    checks: list[RowCheck] = [
+        ((seqs < 0) | (seqs >= n_records), lambda row: f"index_seq {int(seqs[row])} is not a record (0..{n_records - 1})", "index_seq is not a record"),
+    ]
     for column, allowed in (("mask_kind", cf.MASK_KINDS), ("primitive", cf.PRIMITIVES), ("metal_primitive", cf.METAL_PRIMITIVES)):
         values = dispatch[column]
 
-        def unknown(row: int, column: str = column, allowed: tuple[str, ...] = allowed, values: np.ndarray = values) -> Problem:
-            return Problem(f"/dispatch row {row}", f"{column} {cf.decode_field(values[row])!r} is not one of {allowed}")
+        def unknown(row: int, column: str = column, allowed: tuple[str, ...] = allowed, values: np.ndarray = values) -> str:
+            return f"{column} {cf.decode_field(values[row])!r} is not one of {allowed}"
 
-        known = np.array([kind.encode() for kind in allowed])
-        found += listed(~np.isin(values, known), unknown, f"{column} is not one it may be", cf.DISPATCH_PATH)
-    stops = tokens["is_stop"]
+        checks.append((~np.isin(values, np.array([kind.encode() for kind in allowed])), unknown, f"{column} is not one it may be"))
+    for column in DISPATCH_SIZES:
+        sizes = dispatch[column]
 
-    def stop_flag(row: int) -> Problem:
-        return Problem(f"/tokens row {row}", f"is_stop is {int(stops[row])}; it is 0 or 1")
+        def empty(row: int, column: str = column, sizes: np.ndarray = sizes) -> str:
+            return f"{column} is {int(sizes[row])}; it is at least 1"
 
-    found += listed((stops != 0) & (stops != 1), stop_flag, "is_stop is neither 0 nor 1", cf.TOKENS_PATH)
-    return found
+        checks.append((sizes < 1, empty, f"{column} is below 1"))
+    checks += [
+        (calls < 0, lambda row: f"call is {int(calls[row])}; calls count from 0", "call is negative"),
+        (
+            twin >= 0,
+            lambda row: f"index_seq {int(seqs[row])} call {int(calls[row])} is also /dispatch row {int(twin[row])}; each call of a record has one row",
+            "a record's call has another row",
+        ),
+    ]
+    return _listed_rows(cf.DISPATCH_PATH, checks)
+
+
+def token_problems(tokens: np.ndarray) -> list[Problem]:
+    """Token rows of a negative step or token id, a stop flag other than 0 and 1, or a second token
+    for one forward call (a step and segment): which of two tokens a comparison takes would be a guess."""
+    steps, ids, stops = (np.ascontiguousarray(tokens[name]) for name in ("step", "token_id", "is_stop"))
+    twin = earlier_row(steps, codes(tokens["segment"])[1])
+
+    def repeated(row: int) -> str:
+        segment = cf.decode_field(tokens["segment"][row])
+        return f"step {int(steps[row])} segment {segment!r} already has a token (/tokens row {int(twin[row])}); a forward call emits one"
+
+    return _listed_rows(
+        cf.TOKENS_PATH,
+        [
+            (steps < 0, lambda row: f"step is {int(steps[row])}; steps count from 0", "step is negative"),
+            (ids < 0, lambda row: f"token_id is {int(ids[row])}; token ids are at least 0", "token_id is negative"),
+            ((stops != 0) & (stops != 1), lambda row: f"is_stop is {int(stops[row])}; it is 0 or 1", "is_stop is neither 0 nor 1"),
+            (twin >= 0, repeated, "a step and segment has another token"),
+        ],
+    )
 
 
 def shard_count(path: Path) -> int:

@@ -141,6 +141,10 @@ class CaptureWriter:
         self._file = h5py.File(partial, "w", locking=False)
         self._t0 = time.perf_counter_ns()
         self._occurrences: Counter[tuple[int, str, int, str]] = Counter()
+        self._calls: set[tuple[int, int]] = set()
+        """(index_seq, call) of every dispatch row: a reader refuses a second row for one call."""
+        self._emitted: set[tuple[int, str]] = set()
+        """(step, segment) of every token row: a reader refuses a second token of one forward call."""
         self._seq = 0
         self._pending_index: list[tuple] = []
         self._pending_dispatch: list[tuple] = []
@@ -373,6 +377,13 @@ class CaptureWriter:
             raise ValueError(f"primitive must be one of {cf.PRIMITIVES}, not {primitive!r}")
         if metal_primitive not in cf.METAL_PRIMITIVES:
             raise ValueError(f"metal_primitive must be one of {cf.METAL_PRIMITIVES}, not {metal_primitive!r}")
+        sizes = {"q_heads": q_heads, "kv_heads": kv_heads, "head_dim": head_dim, "v_head_dim": head_dim if v_head_dim is None else v_head_dim}
+        refused = [f"{name} {value}" for name, value in sizes.items() if value < 1] + ([f"call {call}"] if call < 0 else [])
+        if refused:
+            raise ValueError(f"dispatch of record {index_seq}: {', '.join(refused)}; sizes are at least 1, calls count from 0")
+        if (index_seq, call) in self._calls:
+            raise ValueError(f"record {index_seq} already has a dispatch row for call {call}")
+        self._calls.add((index_seq, call))
         self._pending_dispatch.append(
             (
                 index_seq,
@@ -397,6 +408,11 @@ class CaptureWriter:
         )
 
     def add_token(self, *, step: int, segment: str, token_id: int, is_stop: bool) -> None:
+        if step < 0 or token_id < 0:
+            raise ValueError(f"token step {step} and id {token_id} must both be at least 0")
+        if (step, segment) in self._emitted:
+            raise ValueError(f"step {step} segment {segment!r} already has a token; a forward call emits one")
+        self._emitted.add((step, segment))
         self._pending_tokens.append(
             (step, cf.encode_field(segment, cf.TOKENS_DTYPE["segment"], "segment"), token_id, int(is_stop))
         )

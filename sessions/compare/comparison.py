@@ -82,7 +82,6 @@ from sessions.compare.verdict import (
 from sessions.gc_pause import garbage_collection_paused
 from sessions.progress import Progress, ProgressGenerator
 
-
 READ_AHEAD_BYTES = 256 * 1024 * 1024
 """How far ahead of the comparison (both sides together) the kernel is asked to be reading."""
 

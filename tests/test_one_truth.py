@@ -222,10 +222,14 @@ def test_every_surface_names_the_same_verdict_kind_and_key(case: Case, tmp_path:
             assert win.model.selected is not None and win.model.selected.key == OpKey.parse(case.key)
             assert win.tree.view.currentIndex().data(PAIR_ROLE) is win.model.selected
             assert _first_non_exact_in_tree(win) == case.key
+            win.tree.filter.setText("a filter no row matches")
+            qtbot.keyClick(win, Qt.Key.Key_J, Qt.KeyboardModifier.ControlModifier)
+            assert win.tree.filter.text() == "" and win.tree.view.currentIndex().data(PAIR_ROLE) is win.model.selected, "Ctrl+J shows its op under any filter"
             win.show_panel(1)
             qtbot.waitUntil(lambda: win.overview.first_label.toPlainText() == f"first {case.kind}: {case.key}", timeout=WAIT_MS)
         else:
             current = win.tree.view.currentIndex()
             record = win.tree.proxy.mapToSource(current.siblingAtColumn(0)).data(UNALIGNED_ROLE)
             assert record is not None and f"{record.step}:{record.segment}:{record.layer}" in case.key
+            assert win.model.selected is None, "no pair's tensors stay on show beside a record without a partner"
     win.close()

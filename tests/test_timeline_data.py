@@ -13,9 +13,12 @@ from backends.dispatch.timeline import (
     describe_event,
     hit,
     layout,
+    timeline_summary,
 )
 from sessions.capture.opening import open_capture
 from sessions.compare.comparison import iter_compare
+from sessions.compare.options import CompareOptions
+from sessions.compare.verdict import PARITY
 from sessions.progress import run_to_end
 from tests.timeline_captures import write_dispatch_capture
 
@@ -32,6 +35,33 @@ def test_head_chunk_scenario_flags_exactly_the_text_after_ops_as_dispatching_dif
     assert sorted(timeline.head_count[oracle_calls].tolist()) == [1, 1, 1, 1, 5, 5, 5, 5]
     assert not timeline.route_mismatch.any()
     assert "calls" in timeline.difference_fields[text_after[0]]
+
+
+@pytest.mark.slow
+def test_calls_of_records_after_the_shared_eos_are_not_dispatch_differences_of_a_parity_pair(demo_pairs: dict) -> None:
+    native, oracle = demo_pairs["post-eos"]
+    with open_capture(native) as n, open_capture(oracle) as o:
+        comparison = run_to_end(iter_compare(n, o))
+        timeline = build_timeline(n, o, comparison)
+    assert comparison.verdict.word == PARITY and comparison.dispatch_differences == []
+    assert not timeline.differs.any() and timeline.one_sided.any()
+    assert (timeline.side[timeline.one_sided] == 0).all(), "only the native decoded past the stop"
+    assert "; 0 op(s) dispatch differently; " in timeline_summary(timeline)
+    alone = int(np.flatnonzero(timeline.one_sided)[0])
+    assert "its record has no partner" in describe_event(timeline, alone)
+    assert layout(timeline, "group").lane_labels[0].startswith("native L0 "), "a lane names the record's layer, paired or not"
+
+
+@pytest.mark.slow
+def test_runs_paired_by_position_keep_each_sides_calls_apart_and_say_dispatch_was_not_compared(demo_pairs: dict) -> None:
+    native, oracle = demo_pairs["head-chunk"]
+    with open_capture(native) as n, open_capture(oracle) as o:
+        comparison = run_to_end(iter_compare(n, o, CompareOptions(alignment="positions")))
+        timeline = build_timeline(n, o, comparison)
+    assert not timeline.differs.any() and not timeline.one_sided.any()
+    native_slots, oracle_slots = set(timeline.slot[timeline.side == 0].tolist()), set(timeline.slot[timeline.side == 1].tolist())
+    assert native_slots.isdisjoint(oracle_slots)
+    assert "; dispatch not compared: records were paired by position (--align positions)" in timeline_summary(timeline)
 
 
 def test_a_recorded_primitive_the_predictor_disagrees_with_is_flagged(tmp_path: Path) -> None:

@@ -20,8 +20,10 @@ from pytestqt.qtbot import QtBot
 from sessions.bits.element_info import describe, ulp_between
 from sessions.capture.opening import open_capture
 from sessions.compare.align import align
+from sessions.compare.verdict import Kind
 from tests.hand_captures import T, bf16_bits, write_capture
 from viewer.settings import ViewerSettings
+from viewer.tree.alignment_tree import UNALIGNED_ROLE
 from viewer.window.main_window import MainWindow
 
 pytestmark = pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")
@@ -348,7 +350,7 @@ def test_weights_mismatch_incomplete_capture_and_unaligned_records_are_shown(qtb
     writer.abandon()
 
     window.open_pair(native, oracle)
-    wait_compared(qtbot, window)
+    qtbot.waitUntil(lambda: window.model.comparison is not None and not window.tasks.busy and window.tree.view.currentIndex().isValid(), timeout=WAIT_MS)
     texts = window.banners.texts()
     assert any("WEIGHTS HASH MISMATCH" in t and "sha256:bb" in t for t in texts)
     assert any("incomplete: the writer did not finish" in t and "w.native.h5" in t for t in texts)
@@ -356,6 +358,11 @@ def test_weights_mismatch_incomplete_capture_and_unaligned_records_are_shown(qtb
     assert branch.text() == "Unaligned records (1)"
     assert branch.child(0, 0).text().startswith("native: ffn_norm")
     assert window.tree.items.itemFromIndex(branch.child(0, 3).index()).text().startswith("no_partner")
+    current = window.tree.proxy.mapToSource(window.tree.view.currentIndex().siblingAtColumn(0))
+    assert current.data(UNALIGNED_ROLE).name == "ffn_norm" and window.model.selected is None, "the window arrives on the first finding, not on a bit-exact op"
+    layer = window.tree.items.item(0, 0).child(0, 0).child(0, 0)
+    status = Qt.ItemDataRole.UserRole + 2
+    assert (layer.text(), layer.data(status), branch.data(status)) == ("layer 0", Kind.UNALIGNED, Kind.UNALIGNED), "the DIVERGENCE is not a green tree"
     assert "weights_hash" in window.provenance.mismatched_fields()
     window.show_panel(3)
     shoot(window, artifacts_dir, "provenance-weights-mismatch")

@@ -20,7 +20,7 @@ from backends.dispatch.timeline import Timeline, build_timeline
 from backends.rerun.segment import rerunnable_keys
 from sessions.capture.reader import Capture, CaptureError
 from sessions.capture.record_attributes import RecordAttributes, iter_records_attributes
-from sessions.compare.align import UnalignedRecord
+from sessions.compare.align import BY_DESIGN, UnalignedRecord
 from sessions.compare.comparison import (
     Comparison,
     PairResult,
@@ -121,6 +121,9 @@ TreePath = tuple[int, str, "int | str"]
 """Where a pair sits in the alignment tree: (step, segment, layer), or for a model-level op
 "before"/"after" in place of the layer."""
 UNALIGNED_BRANCH = "unaligned"
+BY_DESIGN_STATUS = "by design"
+"""The tree's status for an unaligned record the runs hold differently by design (`BY_DESIGN`):
+not a finding, so not the failing look of Kind.UNALIGNED."""
 MANUAL_MARKER = " [manual]"
 """Marks a pair the user made by hand, in its row and in what the filter matches."""
 
@@ -236,10 +239,25 @@ def tree_places(comparison: Comparison) -> TreePlaces:
             group.worsen(worst)
         group.pairs = grouped
     if comparison.unaligned:
-        branch = root.child(UNALIGNED_BRANCH, f"Unaligned records ({len(comparison.unaligned)})")
-        branch.worsen(Kind.UNALIGNED)
+        designed = sum(u.reason in BY_DESIGN for u in comparison.unaligned)
+        by_design = f", {designed} by design" if designed else ""
+        branch = root.child(UNALIGNED_BRANCH, f"Unaligned records ({len(comparison.unaligned)}{by_design})")
         branch.records = list(comparison.unaligned)
+        for record in comparison.unaligned:
+            if record.reason in BY_DESIGN:
+                continue
+            branch.worsen(Kind.UNALIGNED)
+            place: int | str = record.layer if record.layer >= 0 else "after" if (record.step, record.segment) in layered else "before"
+            for depth in range(1, 4):
+                group = root.find((record.step, record.segment, place)[:depth])
+                if group is not None:
+                    group.worsen(Kind.UNALIGNED)  # where the missing partner would sit: a collapsed tree points there
     return TreePlaces(root, path_of, "\n".join(lines))
+
+
+def unaligned_status(record: UnalignedRecord) -> str:
+    """A record's look in the tree: a finding (Kind.UNALIGNED), or by design (grey: the runs hold it differently)."""
+    return BY_DESIGN_STATUS if record.reason in BY_DESIGN else Kind.UNALIGNED
 
 
 VIEWER_OPTIONS = CompareOptions(chunk_bytes=4 * 1024 * 1024)

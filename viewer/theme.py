@@ -18,6 +18,7 @@ from sessions.compare.verdict import (
     UNUSABLE,
     Kind,
 )
+from viewer.comparison_view import BY_DESIGN_STATUS
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
@@ -41,7 +42,8 @@ STATUS_COLOURS: dict[str, str] = {
     Kind.SIGNED_ZERO_ONLY: "#e07b39",
     Kind.CONTRACT_MISMATCH: "#9b59d0",
     Kind.DISPATCH_ONLY: "#2f86c9",
-    Kind.UNALIGNED: "#8a8f98",
+    Kind.UNALIGNED: "#b03a2e",
+    BY_DESIGN_STATUS: "#8a8f98",
     Kind.POST_EOS: "#6b7480",
     Kind.TOKENS: "#d64541",
 }
@@ -74,11 +76,11 @@ def icon(name: str) -> QIcon:
 
 
 def status_icon(status: str) -> QIcon:
-    return icon(f"status-{status}.svg")
+    return icon(f"status-{status.replace(' ', '-')}.svg")
 
 
 def status_colour(status: str) -> QColor:
-    return QColor(STATUS_COLOURS.get(status, STATUS_COLOURS[Kind.UNALIGNED]))
+    return QColor(STATUS_COLOURS.get(status, STATUS_COLOURS[BY_DESIGN_STATUS]))
 
 
 def apply_theme(app: QApplication, name: str) -> Palette:

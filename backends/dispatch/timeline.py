@@ -17,6 +17,7 @@ import numpy as np
 from backends.kernels import metal_routes
 from sessions.capture import format as cf
 from sessions.capture.reader import Capture
+from sessions.compare.align_modes import POSITIONS
 from sessions.compare.comparison import Comparison
 from sessions.compare.key import OpKey
 
@@ -65,7 +66,10 @@ class Timeline:
     t_start_ms: np.ndarray
     t_end_ms: np.ndarray
     differs: np.ndarray
-    """The op this call belongs to dispatched differently on the two sides."""
+    """The op this call belongs to dispatched differently on the two sides: one of the
+    comparison's dispatch differences, nothing else, so the timeline counts what `report` does."""
+    one_sided: np.ndarray
+    """The call's record has no partner (unaligned, or after the shared EOS): nothing to compare it with."""
     route_mismatch: np.ndarray
     """The recorded primitive (or recorded Metal pick) disagrees with the route predictor."""
     mask_kind: list[str]
@@ -73,6 +77,8 @@ class Timeline:
     difference_fields: dict[int, list[str]] = field(default_factory=dict)
     """slot -> the dispatch fields that differ there (dispatch_diff's words)."""
     versions: tuple[str, str] = ("", "")
+    not_compared: str = ""
+    """Why no call was compared across the sides ("" when they were): runs paired by position."""
 
     def __len__(self) -> int:
         return int(self.side.size)
@@ -111,24 +117,31 @@ def build_timeline(native: Capture, oracle: Capture, comparison: Comparison) -> 
     """All dispatch events of both captures on one call axis, with differences and route checks.
 
     Slots and differences come from `comparison` (its pairs and dispatch differences), never
-    from a second alignment; a call of a record the comparison left unaligned gets a slot of its own."""
+    from a second alignment; a call of a record the comparison left unaligned gets a slot of its
+    own. Runs paired by position are not compared call by call (one record spans several pairs),
+    so each side's records keep slots of their own there."""
     captures = (native, oracle)
     keys = _keys_by_seq(comparison)
+    by_position = comparison.alignment.mode == POSITIONS
     slots: dict[object, int] = {}
     slot_keys: list[OpKey | None] = []
+
+    def ident(side: int, seq: int) -> object:
+        return (side, seq) if by_position else keys[side].get(seq) or (side, seq)
+
     for side, capture in enumerate(captures):
         for seq in dict.fromkeys(capture.dispatch["index_seq"].tolist()):
-            ident = keys[side].get(seq) or (side, seq)
-            if ident not in slots:
-                slots[ident] = len(slot_keys)
+            if ident(side, seq) not in slots:
+                slots[ident(side, seq)] = len(slot_keys)
                 slot_keys.append(keys[side].get(seq))
-    columns: dict[str, list] = {name: [] for name in ("side", "slot", "predicted", "predicted_metal")}
+    columns: dict[str, list] = {name: [] for name in ("side", "slot", "layer", "predicted", "predicted_metal")}
     tables = []
     for side, capture in enumerate(captures):
         table = capture.dispatch
         tables.append(table)
         columns["side"] += [side] * len(table)
-        columns["slot"] += [slots[keys[side].get(seq) or (side, seq)] for seq in table["index_seq"].tolist()]
+        columns["slot"] += [slots[ident(side, seq)] for seq in table["index_seq"].tolist()]
+        columns["layer"] += capture.index["layer"][table["index_seq"]].tolist()
         here, metal = _predict(table, device_class(capture), capture.meta.mlx_version())
         columns["predicted"] += here
         columns["predicted_metal"] += metal
@@ -144,17 +157,16 @@ def build_timeline(native: Capture, oracle: Capture, comparison: Comparison) -> 
     slot = np.array(columns["slot"], dtype=np.int64)
     side = np.array(columns["side"], dtype=np.int8)
     fields = {slots[d.key]: d.fields for d in comparison.dispatch_differences if d.key in slots}
-    one_sided = {s for s in np.unique(slot).tolist() if np.unique(side[slot == s]).size == 1}
-    differing = set(fields) | one_sided
-    for s in one_sided:
-        fields.setdefault(s, ["calls on one side only"])
+    sides_per_slot = np.zeros((len(slot_keys), 2), dtype=bool)
+    sides_per_slot[slot, side] = True
+    alone = ~sides_per_slot.all(axis=1)
     start = [t["t_start_ns"].min() if len(t) else 0 for t in tables]
     origin = np.concatenate([np.full(len(t), start[i], dtype=np.int64) for i, t in enumerate(tables)]) if tables else np.zeros(0, np.int64)
     return Timeline(
         side=side,
         slot=slot,
         call=both["call"].astype(np.int32),
-        layer=np.array([k.layer if k is not None else -1 for k in (slot_keys[s] for s in slot.tolist())], dtype=np.int32),
+        layer=np.array(columns["layer"], dtype=np.int32),
         kv_group=both["kv_group"].astype(np.int32),
         head_start=both["head_start"].astype(np.int32),
         head_count=both["head_count"].astype(np.int32),
@@ -169,12 +181,14 @@ def build_timeline(native: Capture, oracle: Capture, comparison: Comparison) -> 
         predicted_metal=predicted_metal,
         t_start_ms=(both["t_start_ns"] - origin) / 1e6,
         t_end_ms=(both["t_end_ns"] - origin) / 1e6,
-        differs=np.isin(slot, sorted(differing)),
+        differs=np.isin(slot, sorted(fields)),
+        one_sided=alone[slot] if not by_position else np.zeros(slot.size, dtype=bool),
         route_mismatch=mismatch,
         mask_kind=[cf.decode_field(v) for v in both["mask_kind"].tolist()],
         keys=slot_keys,
         difference_fields=fields,
         versions=(native.meta.mlx_version(), oracle.meta.mlx_version()),
+        not_compared=comparison.alignment.dispatch_not_compared() if by_position else "",
     )
 
 
@@ -252,9 +266,26 @@ def describe_event(timeline: Timeline, index: int) -> str:
     ]
     if t.differs[index]:
         lines.append("differs between sides: " + ", ".join(t.difference_fields.get(int(t.slot[index]), ["dispatch"])))
+    if t.one_sided[index]:
+        lines.append("no call on the other side to compare: its record has no partner (unaligned, or after the shared EOS)")
     if t.route_mismatch[index]:
         lines.append("recorded primitive disagrees with the route predictor")
     return "\n".join(lines)
+
+
+def timeline_summary(timeline: Timeline) -> str:
+    """The line above the timeline: how many ops dispatch differently, as `report`'s Dispatch
+    section counts them (calls of records without a partner are not differences), or why none
+    was compared."""
+    differing = len({int(s) for s in timeline.slot[timeline.differs].tolist()})
+    alone = len({int(s) for s in timeline.slot[timeline.one_sided].tolist()})
+    mismatches = int(timeline.route_mismatch.sum())
+    compared = f"dispatch {timeline.not_compared}" if timeline.not_compared else f"{differing} op(s) dispatch differently"
+    unpaired = f"; {alone} op(s) of records without a partner" if alone else ""
+    return (
+        f"{len(timeline)} calls in {len(timeline.keys)} attention ops; {compared}{unpaired}; "
+        f"{mismatches} call(s) whose recorded primitive disagrees with the route predictor"
+    )
 
 
 def hit(boxes: Boxes, x: float, y: float) -> int | None:

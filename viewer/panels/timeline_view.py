@@ -20,7 +20,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backends.dispatch.timeline import PRIMITIVE_CODES, describe_event, hit
+from backends.dispatch.timeline import (
+    PRIMITIVE_CODES,
+    describe_event,
+    hit,
+    timeline_summary,
+)
 from viewer.panels.timeline_model import TimelineModel
 from viewer.widgets.stale_while_hidden import StaleWhileHidden
 
@@ -233,12 +238,7 @@ class TimelineView(QWidget):
         else:
             bottom.setTicks(None)
             bottom.setLabel("time since the capture's first call (ms)")
-        differing = len({int(s) for s in timeline.slot[timeline.differs].tolist()})
-        mismatches = int(timeline.route_mismatch.sum())
-        self.summary.setText(
-            f"{len(timeline)} calls in {len(timeline.keys)} attention ops; {differing} op(s) dispatch differently; "
-            f"{mismatches} call(s) whose recorded primitive disagrees with the route predictor"
-        )
+        self.summary.setText(timeline_summary(timeline))
         self.plot.getViewBox().setLimits(yMin=-0.2, yMax=len(boxes.lane_labels) + 0.2)
         self.plot.setYRange(0, len(boxes.lane_labels), padding=0.02)
         if boxes.event.size:

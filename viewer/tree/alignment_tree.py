@@ -152,7 +152,7 @@ class AlignmentTree(QWidget):
         self.view.expanded.connect(self._expanded)
         layout.addWidget(self.view, 1)
         model.comparison_changed.connect(self.rebuild)
-        model.selection_changed.connect(self._show_selection)
+        model.selection_changed.connect(self.reveal)
         model.diagnosis_changed.connect(self._show_causes)
 
     def _filter_changed(self, text: str) -> None:
@@ -235,7 +235,7 @@ class AlignmentTree(QWidget):
             parent.appendRow(row)
             self._items[id(pair)] = row[0]
         for record in group.records:
-            row = self._row(cv.unaligned_label(record), Kind.UNALIGNED, "", cv.unaligned_reason(record))
+            row = self._row(cv.unaligned_label(record), cv.unaligned_status(record), "", cv.unaligned_reason(record))
             row[0].setData(record, UNALIGNED_ROLE)
             row[0].setToolTip(cv.unaligned_reason(record))
             self._unaligned_items[id(record)] = row[0]
@@ -389,11 +389,15 @@ class AlignmentTree(QWidget):
     # -- selection ---------------------------------------------------------------------------
 
     def _current_changed(self, current: QModelIndex, _previous: QModelIndex) -> None:
-        pair = self.proxy.mapToSource(current.siblingAtColumn(0)).data(PAIR_ROLE)
+        source = self.proxy.mapToSource(current.siblingAtColumn(0))
+        pair = source.data(PAIR_ROLE)
         if pair is not None:
             self._model.select(pair)
+        elif source.data(UNALIGNED_ROLE) is not None:
+            self._model.select(None)  # a record without a partner: no pair's tensors stay on show beside its row
 
-    def _show_selection(self, pair: Any) -> None:
+    def reveal(self, pair: Any) -> None:
+        """Make a pair's row current and visible, clearing a filter that hides it (Ctrl+J on the pair already selected)."""
         item = self._item_for(pair) if pair is not None else None
         if item is None:
             return

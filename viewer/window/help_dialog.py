@@ -14,6 +14,7 @@ from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QDialog, QTabWidget, QTextBrowser, QVBoxLayout, QWidget
 
 from sessions.compare.verdict import MEANING, Kind
+from viewer.comparison_view import BY_DESIGN_STATUS
 from viewer.panels.timeline_view import (
     DIFFERS_COLOUR,
     MISMATCH_COLOUR,
@@ -72,6 +73,10 @@ def legend_html() -> str:
         f"<td><b>{escape(kind)}</b></td><td>{escape(MEANING[kind])}</td></tr>"
         for kind in Kind
         if kind != Kind.TOKENS
+    ) + (
+        f"<tr><td><img src='{asset('status-by-design.svg')}' width='16' height='16'></td><td>{_swatch(STATUS_COLOURS[BY_DESIGN_STATUS])}</td>"
+        f"<td><b>{escape(BY_DESIGN_STATUS)}</b></td><td>an unaligned record the runs hold differently by design (a stage one engine does not "
+        "record, caches padded differently): not a finding</td></tr>"
     )
     words = "".join(f"<tr><td>{_swatch(colour)}</td><td><b>{escape(word)}</b></td></tr>" for word, colour in WORD_COLOURS.items())
     primitives = "".join(f"<tr><td>{_swatch(colour)}</td><td>{escape(name or 'not recorded')}</td></tr>" for name, colour in PRIMITIVE_COLOURS.items())

@@ -533,6 +533,11 @@ class MainWindow(QMainWindow):
             expanded = self.height() >= CARD_EXPANDED_FROM_HEIGHT
             self.banners.show_message("comparison", "error", headline, details=details, expanded=expanded)
         self.tabs.prerender_hidden()
+        record = cv.first_finding_record(comparison)
+        if record is not None:
+            # The first finding is a record without a partner: arrive on its row, not on a bit-exact op.
+            QTimer.singleShot(1, self, lambda: self._reveal_arrived(comparison, record))
+            return
         target = cv.first_finding_pair(comparison) or cv.first_pair(comparison)
         if target is not None:
             # On a timer of its own, not in this turn nor a posted event: the window first paints
@@ -544,6 +549,10 @@ class MainWindow(QMainWindow):
     def _select_arrived(self, comparison: Any, target: Any) -> None:
         if self.model.comparison is comparison and self.model.selected is None:
             self.model.select(target)
+
+    def _reveal_arrived(self, comparison: Any, record: Any) -> None:
+        if self.model.comparison is comparison and self.model.selected is None:
+            self.tree.reveal_unaligned(record)
 
     def jump_to_first_finding(self) -> None:
         """Ctrl+J: the verdict's first finding, whatever its kind -- the same place the CLI names."""
@@ -559,6 +568,7 @@ class MainWindow(QMainWindow):
         record = cv.first_finding_record(comparison)
         if pair is not None:
             self.model.select(pair)
+            self.tree.reveal(pair)  # also when already selected, under a filter that hides its row
             self.show_panel(0)
         elif record is not None:
             self.tree.reveal_unaligned(record)

@@ -175,6 +175,20 @@ def test_a_local_gate_judges_every_scenario_as_report_does_and_writes_json_and_h
         assert escape(report_verdicts[case.name.split(",")[0]].headline) in report
 
 
+def test_an_output_naming_the_manifest_or_a_case_capture_is_refused_before_anything_is_judged(
+    tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    _runs(tmp_path, demo_pairs)
+    manifest = tmp_path / "gate.toml"
+    manifest.write_text(GLOB)
+    assert _gate(str(manifest), "--json", str(manifest)) == 2
+    assert f"--json {manifest} is the manifest: an output never replaces an input" in capsys.readouterr().err
+    assert manifest.read_text() == GLOB
+    oracle = demo_pairs["clean"][1]
+    assert _gate(str(manifest), "--html", str(tmp_path / "runs" / oracle.name)) == 2
+    assert "is the oracle capture of case 'clean'" in capsys.readouterr().err
+
+
 def test_a_gate_on_a_separately_started_cluster_judges_as_report_does(
     tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], report_verdicts: dict[str, Verdict], cluster: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -15,12 +16,15 @@ import pytest
 from hand_captures import T, bf16_bits, write_capture
 
 from sessions.capture import format as cf
+from sessions.capture.identity import identity_of_file
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.writer import CaptureWriter
 from sessions.commands import report as report_command
 from sessions.compare.document import ReportFormatError, loads
 from sessions.compare.json_plain import plain
 from sessions.compare.tensor_diff import TensorMetrics
+from sessions.investigation.model import Investigation
+from sessions.investigation.store import SessionDocument
 
 
 @pytest.fixture(autouse=True)
@@ -199,7 +203,8 @@ def test_documents_carry_derived_counts_non_finite_floats_as_strings_and_never_a
 @pytest.mark.parametrize(
     ("option", "value", "problem"),
     [
-        ("--max-ulp", "-3", "argument --max-ulp: must be a whole number >= 0, not -3"),
+        ("--max-ulp", "-3", f"argument --max-ulp: must be a whole number from 0 to {2**63 - 1}, not -3"),
+        ("--max-ulp", str(2**64), f"argument --max-ulp: must be a whole number from 0 to {2**63 - 1}, not {2**64}"),
         ("--rtol", "-1", "argument --rtol: must be a finite number >= 0, not -1"),
         ("--atol", "nan", "argument --atol: must be a finite number >= 0, not nan"),
         ("--workers", "-1", "argument --workers: must be a whole number >= 0, not -1"),
@@ -235,12 +240,71 @@ def test_pairing_runs_cut_alike_by_position_says_why_dispatch_is_not_compared_an
 
 
 def test_a_zero_tolerance_on_the_command_line_is_bit_exact_as_in_the_window_and_a_session(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    x = bf16_bits(np.array([[0.0, 1.0, -2.0]]))
-    y = x.copy()
-    y[0, 0] = 0x8000
-    native = write_capture(tmp_path / "n.h5", "native", [T("l_out-0", x, layer=0, dtype="bfloat16")], [(0, 1, False)])
-    oracle = write_capture(tmp_path / "o.h5", "oracle", [T("model.layers.0", y[None].copy(), layer=0, dtype="bfloat16")], [(0, 1, False)])
+    native, oracle = _signed_zero_pair(tmp_path)
     for bound in ("--atol", "--rtol", "--max-ulp"):
         assert _run(str(native), str(oracle), bound, "0") == 1
         lines = capsys.readouterr().out.splitlines()
         assert lines[0].startswith("SIGNED-ZERO-ONLY: ") and "tolerance  bit-exact" in lines, bound
+
+
+def _signed_zero_pair(folder: Path) -> tuple[Path, Path]:
+    """A pair differing only in the sign of one zero: SIGNED-ZERO-ONLY, exit 1, when bit-exact is asked."""
+    x = bf16_bits(np.array([[0.0, 1.0, -2.0]]))
+    y = x.copy()
+    y[0, 0] = 0x8000
+    native = write_capture(folder / "n.h5", "native", [T("layer_out", x, layer=0, dtype="bfloat16")], [(0, 1, False)])
+    oracle = write_capture(folder / "o.h5", "oracle", [T("layer_out", y, layer=0, dtype="bfloat16")], [(0, 1, False)])
+    return native, oracle
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_an_output_path_naming_an_input_is_refused_and_the_input_is_left_as_it_was(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    native, oracle = _signed_zero_pair(tmp_path)
+    before = _digest(oracle)
+    assert _run(str(native), str(oracle), "--json", str(oracle)) == 2
+    assert f"--json {oracle} is the oracle capture: an output never replaces an input" in capsys.readouterr().err
+    assert _run(str(tmp_path / "absent.h5"), str(oracle), "--html", str(tmp_path / "." / "o.h5")) == 2
+    assert oracle.exists() and _digest(oracle) == before, "an unusable input's stale-report cleanup never removes an input"
+
+
+def _session(folder: Path, native: Path, oracle: Path) -> Path:
+    session = Investigation(title="shared by a colleague")
+    session.add_capture("native", native, identity_of_file(native))
+    session.add_capture("oracle", oracle, identity_of_file(oracle))
+    path = folder / "s.xray"
+    SessionDocument(session).save_as(path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "problem"),
+    [
+        ("rtol", -1, "must be a finite number >= 0, not -1.0"),
+        ("atol", 1e400, "must be a finite number >= 0, not inf"),
+        ("max_ulp", 2**64, f"must be a whole number from 0 to {2**63 - 1}, not {2**64}"),
+    ],
+)
+def test_a_session_tolerance_no_comparison_can_use_is_refused_by_its_place_not_applied(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], key: str, value: float, problem: str
+) -> None:
+    session = _session(tmp_path, *_signed_zero_pair(tmp_path))
+    data = json.loads(session.read_text())
+    data["session"]["tolerances"]["default"][key] = value
+    session.write_text(json.dumps(data))
+    assert _run("--session", str(session)) == 2, "an rtol of -1 made this pair PARITY, exit 0"
+    err = capsys.readouterr().err
+    assert str(session) in err and f"/session/tolerances/default/{key}" in err and problem in err
+
+
+def test_a_damaged_session_is_unusable_input_naming_its_backups_and_is_neither_renamed_nor_replaced_by_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    session = _session(tmp_path, *_signed_zero_pair(tmp_path))
+    SessionDocument.open(session).save()  # the earlier version becomes s.xray.1
+    session.write_text("{ not json")
+    assert _run("--session", str(session)) == 2
+    assert "backups beside it: s.xray.1" in capsys.readouterr().err
+    assert session.read_text() == "{ not json" and sorted(p.name for p in tmp_path.glob("s.xray*")) == ["s.xray", "s.xray.1"]

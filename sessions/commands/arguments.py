@@ -8,25 +8,37 @@ bound (a traceback, exit 1, read by CI as a divergence).
 from __future__ import annotations
 
 import argparse
-import math
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
 
 from sessions.compare.align_modes import ALIGN_MODES
+from sessions.compare.tolerance_bounds import bound_problem, ulp_problem
 
 
-def tolerance_bound(text: str) -> float:
-    """An absolute or relative tolerance: a finite number >= 0."""
+def _checked(text: str, convert: Callable[[str], float | int], problem_of: Callable[[object], str | None]) -> float | int:
     try:
-        value = float(text)
+        value = convert(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, not {text}")
+    problem = problem_of(value)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"{problem}, not {text}")
     return value
 
 
+def tolerance_bound(text: str) -> float:
+    """An absolute or relative tolerance (`bound_problem`)."""
+    return float(_checked(text, float, bound_problem))
+
+
+def ulp_bound(text: str) -> int:
+    """A max_ulp tolerance (`ulp_problem`)."""
+    return int(_checked(text, int, ulp_problem))
+
+
 def whole_number(minimum: int) -> Callable[[str], int]:
-    """A whole number of at least `minimum` (a count of ULPs, workers, ops to list)."""
+    """A whole number of at least `minimum` (a count of workers, of ops to list)."""
 
     def parse(text: str) -> int:
         try:
@@ -38,6 +50,24 @@ def whole_number(minimum: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether two paths name one file (a link, another spelling); False when either is not there."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def output_clash(outputs: Mapping[str, str | None], inputs: Mapping[str, str | Path | None]) -> str | None:
+    """Why an output path may not be written: it names one of the inputs (`--json` given the
+    oracle capture's path would replace the capture, or on an unusable input remove it)."""
+    for option, output in outputs.items():
+        for what, given in inputs.items():
+            if output and given and same_file(output, given):
+                return f"{option} {output} is the {what}: an output never replaces an input"
+    return None
 
 
 def add_align_argument(parser: argparse.ArgumentParser) -> None:

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sessions.commands.arguments import output_clash
 from sessions.compare.verdict import EXIT_UNUSABLE, UNUSABLE
 
 if TYPE_CHECKING:
@@ -55,6 +56,12 @@ def run(args: argparse.Namespace) -> int:
         manifest = load_manifest(args.manifest)
     except ManifestError as exc:
         return _fail(f"bad manifest: {exc}")
+    inputs: dict[str, str | Path | None] = {"manifest": args.manifest}
+    for case in manifest.cases:
+        inputs.update({f"native capture of case {case.name!r}": case.native, f"oracle capture of case {case.name!r}": case.oracle})
+    clash = output_clash({"--json": args.json, "--html": args.html}, inputs)
+    if clash is not None:
+        return _fail(clash)
     state = _GateRun(manifest.cases, want_html=args.html is not None, use_cache=not args.no_cache)
     started = time.monotonic()
     try:

@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING
 from sessions.capture.read_ahead import ReadAhead
 from sessions.commands.arguments import (
     add_align_argument,
+    output_clash,
     tolerance_bound,
+    ulp_bound,
     whole_number,
 )
 from sessions.compare.verdict import EXIT_UNUSABLE
@@ -42,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--session", metavar="FILE.xray", help="compare the pair a saved session names, with its profiles and tolerance")
     parser.add_argument("--atol", type=tolerance_bound, help="absolute tolerance (default, or 0: bit-exact)")
     parser.add_argument("--rtol", type=tolerance_bound, help="relative tolerance (default, or 0: bit-exact)")
-    parser.add_argument("--max-ulp", type=whole_number(0), help="ULP tolerance (default, or 0: bit-exact)")
+    parser.add_argument("--max-ulp", type=ulp_bound, help="ULP tolerance (default, or 0: bit-exact)")
     parser.add_argument("--tolerance-policy", metavar="POLICY.toml", help="per-op, per-dtype tolerances (docs/tolerance-policy.md); its rules win over --atol/--rtol/--max-ulp")
     parser.add_argument("--native-profile", help="built-in profile name or TOML path (default: detected)")
     parser.add_argument("--oracle-profile", help="built-in profile name or TOML path (default: detected)")
@@ -104,14 +106,34 @@ def _unusable(args: argparse.Namespace, message: str) -> int:
     wrote at the paths asked for is removed, so a CI step reading it never takes the last
     pair's PARITY for this one's."""
     print(f"parity-xray report: {message}", file=sys.stderr)
-    for path in (getattr(args, "json", None), getattr(args, "html", None)):
-        if path:
-            with contextlib.suppress(OSError):  # not ours to remove (a folder, a read-only place): left as it is
-                Path(path).unlink(missing_ok=True)
+    if output_clash(_outputs(args), _inputs(args)) is None:
+        for path in _outputs(args).values():
+            if path:
+                with contextlib.suppress(OSError):  # not ours to remove (a folder, a read-only place): left as it is
+                    Path(path).unlink(missing_ok=True)
     return EXIT_UNUSABLE
 
 
+def _outputs(args: argparse.Namespace) -> dict[str, str | None]:
+    return {"--json": getattr(args, "json", None), "--html": getattr(args, "html", None)}
+
+
+def _inputs(args: argparse.Namespace) -> dict[str, str | None]:
+    """Every file the report reads, by what it is: none of them is ever written or removed."""
+    return {
+        "native capture": args.native,
+        "oracle capture": args.oracle,
+        "session": getattr(args, "session", None),
+        "tolerance policy": getattr(args, "tolerance_policy", None),
+        "native profile": args.native_profile,
+        "oracle profile": args.oracle_profile,
+    }
+
+
 def run(args: argparse.Namespace) -> int:
+    clash = output_clash(_outputs(args), _inputs(args))
+    if clash is not None:
+        return _unusable(args, clash)
     session = None
     if getattr(args, "session", None):
         from sessions.investigation.session_report import (
@@ -123,6 +145,9 @@ def run(args: argparse.Namespace) -> int:
             session = apply_session(args)
         except SessionReportError as exc:
             return _unusable(args, f"unusable input: {exc}")
+        clash = output_clash(_outputs(args), _inputs(args))  # the session's captures and policy are inputs too
+        if clash is not None:
+            return _unusable(args, clash)
     elif args.native is None or args.oracle is None:
         return _unusable(args, "give NATIVE ORACLE, or --session FILE.xray")
     from sessions.gc_pause import garbage_collection_paused

@@ -24,7 +24,6 @@ rtol = 1e-2
 
 from __future__ import annotations
 
-import math
 import re
 import tomllib
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from typing import Any
 
 from sessions.compare.key import OpKey
 from sessions.compare.tensor_diff import Tolerance
+from sessions.compare.tolerance_bounds import bound_problem, ulp_problem
 
 BOUNDS = ("atol", "rtol", "max_ulp")
 
@@ -80,10 +80,10 @@ class TolerancePolicy:
 
 
 def _number(value: object, where: str, name: str, whole: bool) -> float | int:
-    if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)) or not math.isfinite(value) or value < 0:
-        kind = "a whole number" if whole else "a finite number"
-        raise PolicyError(f"{where}: {name} must be {kind} >= 0, not {value!r}")
-    return int(value) if whole else float(value)
+    problem = ulp_problem(value) if whole else bound_problem(value)
+    if problem is not None:
+        raise PolicyError(f"{where}: {name} {problem}, not {value!r}")
+    return int(value) if whole else float(value)  # type: ignore[call-overload]
 
 
 def _rule(table: object, where: str, named: bool) -> ToleranceRule:

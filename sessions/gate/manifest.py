@@ -11,7 +11,6 @@ case named: a gate that silently judged fewer cases than intended would over-cla
 from __future__ import annotations
 
 import glob
-import math
 import re
 import tomllib
 from collections.abc import Collection
@@ -21,6 +20,7 @@ from typing import Any
 
 from sessions.compare.options import CompareOptions
 from sessions.compare.profiles import builtin_profiles
+from sessions.compare.tolerance_bounds import bound_problem, ulp_problem
 
 EOS_STOP = "stop"
 """Compare up to the shared EOS when both runs reach it; not reaching it is no failure."""
@@ -157,14 +157,13 @@ class _Reader:
         def bad(key: str, problem: str) -> ManifestError:
             return self.fail(number if key in own else None, key, where, f"{key!r} {problem}, got {values[key]!r}")
 
-        for key in ("atol", "rtol"):
-            value = values.get(key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0):
-                raise bad(key, "must be a finite number >= 0")
-        for key, low in (("max_ulp", 0), ("token_budget", 1)):
-            value = values.get(key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
-                raise bad(key, f"must be an integer >= {low}")
+        for key, problem_of in (("atol", bound_problem), ("rtol", bound_problem), ("max_ulp", ulp_problem)):
+            problem = None if values.get(key) is None else problem_of(values[key])
+            if problem is not None:
+                raise bad(key, problem)
+        budget = values.get("token_budget")
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+            raise bad("token_budget", "must be an integer >= 1")
         eos = values.get("eos", EOS_STOP)
         if eos not in EOS_RULES:
             raise bad("eos", f"must be one of {', '.join(repr(r) for r in EOS_RULES)}")

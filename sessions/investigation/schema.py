@@ -19,6 +19,7 @@ Version history:
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from typing import Any
 from sessions.capture.format import ROLES
 from sessions.capture.identity import CaptureIdentity
 from sessions.compare.key import OpKey, RecordKey
+from sessions.compare.tolerance_bounds import bound_problem, ulp_problem
 from sessions.investigation.model import (
     OVERRIDE_ACTIONS,
     AlignmentOverride,
@@ -293,7 +295,18 @@ def _read_record(n: _Node) -> RecordRef:
 
 
 def _read_tolerance(n: _Node) -> SavedTolerance:
-    tol = SavedTolerance(n.integer("max_ulp"), n.number("atol"), n.number("rtol"), n.number("nmse"))
+    """A saved tolerance, its bounds checked as the command line checks them: a session file from
+    someone else must not make a failing pair pass (an rtol of -1 did) or crash a comparison."""
+    max_ulp = n.integer("max_ulp")
+    problem = ulp_problem(max_ulp)
+    if problem is not None:
+        raise n.fail(f"{problem}, not {max_ulp}", "max_ulp")
+    bounds = {key: n.number(key) for key in ("atol", "rtol", "nmse")}
+    for key, value in bounds.items():
+        problem = bound_problem(value)
+        if problem is not None:
+            raise n.fail(f"{problem}, not {value}", key)
+    tol = SavedTolerance(max_ulp, bounds["atol"], bounds["rtol"], bounds["nmse"])
     n.done()
     return tol
 
@@ -311,8 +324,8 @@ def _read_session(n: _Node) -> Investigation:
     per_op_node.done()
     policy = tolerances.get("policy", (str, type(None)))
     tolerances.done()
-    ids = [c.id for c in captures] + [r.capture.id for r in reruns]
-    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    ids = Counter([c.id for c in captures] + [r.capture.id for r in reruns])
+    duplicates = sorted(i for i, count in ids.items() if count > 1)
     if duplicates:
         raise n.fail(f"capture id(s) {', '.join(duplicates)} used twice", "captures")
     overrides = []

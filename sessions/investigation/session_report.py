@@ -26,7 +26,7 @@ def apply_session(args: argparse.Namespace) -> Investigation:
     if args.native is not None or args.oracle is not None:
         raise SessionReportError("give either NATIVE ORACLE or --session FILE.xray, not both")
     try:
-        document = SessionDocument.open(args.session)
+        document = SessionDocument.open(args.session, recover=False)
     except SessionOpenError as exc:
         raise SessionReportError(str(exc)) from None
     session, folder = document.session, Path(args.session).absolute().parent

@@ -110,6 +110,12 @@ def _read(path: Path) -> DecodedSession:
     return loads(path.read_bytes(), str(path))
 
 
+def _backups_named(path: Path, backups: int) -> str:
+    """"; backups beside it: NAME.1, NAME.2" (each can be named instead), or "" when there are none."""
+    present = [b.name for b in backup_paths(path, backups) if b.is_file()]
+    return f"; backups beside it: {', '.join(present)}" if present else ""
+
+
 @dataclass
 class SessionDocument:
     """An open session: what File > Save, Save As and the title bar's dirty mark work on."""
@@ -132,15 +138,19 @@ class SessionDocument:
         return self.session.revision != self.saved_revision
 
     @classmethod
-    def open(cls, path: str | Path, *, backups: int = DEFAULT_BACKUPS) -> SessionDocument:
+    def open(cls, path: str | Path, *, backups: int = DEFAULT_BACKUPS, recover: bool = True) -> SessionDocument:
         """Open a session file, falling back to its newest good backup if it is damaged or gone.
 
+        `recover=False` (a headless report) never falls back: a report must be on the file it was
+        named, and must not rename a user's file aside; SessionOpenError says which backups exist.
         Raises `SessionOpenError` when neither the file nor any backup can be read.
         """
         path = Path(path).absolute()
         try:
             decoded = _read(path)
         except FileNotFoundError:
+            if not recover:
+                raise SessionOpenError(f"{path} does not exist{_backups_named(path, backups)}") from None
             return cls._from_backup(path, backups, f"{path} does not exist")
         except OSError as exc:
             raise SessionOpenError(f"{path} cannot be read: {exc.strerror or exc}") from None
@@ -151,6 +161,8 @@ class SessionDocument:
                     f"{path} was saved by a newer Parity X-ray (session schema {on_disk}) in a form this "
                     f"version cannot read ({exc.location}: {exc.problem}). The file was not changed."
                 ) from None
+            if not recover:
+                raise SessionOpenError(f"{exc}{_backups_named(path, backups)}") from None
             return cls._from_backup(path, backups, str(exc))
         document = cls(decoded.session, path, decoded.read_only_reason, backups=backups)
         document.saved_revision = decoded.session.revision

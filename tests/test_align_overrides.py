@@ -64,6 +64,14 @@ def test_breaking_a_pair_makes_both_records_unaligned_with_the_users_reason(tmp_
     assert comparison.verdict.word == DIVERGENCE
 
 
+def test_a_reason_from_a_saved_session_reaches_every_finding_with_its_control_characters_escaped(tmp_path: Path) -> None:
+    native, oracle = _captures(tmp_path)
+    forged = "fused\x1b[2J\nPARITY: all good"
+    comparison = _compare(native, oracle, ManualBreak(RecordKey(0, "prefill", 0, "ffn_down"), forged))
+    assert [u.detail for u in comparison.unaligned] == ["fused\\x1b[2J\\nPARITY: all good"] * 2
+    assert comparison.verdict.first is not None and "\n" not in comparison.verdict.first.detail
+
+
 def test_a_manual_pair_joins_records_the_profiles_cannot_and_carries_its_reason(tmp_path: Path) -> None:
     native, oracle = _captures(tmp_path, oracle_rope_layer=1)
     automatic = _compare(native, oracle)

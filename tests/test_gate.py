@@ -332,3 +332,12 @@ def test_ctrl_c_stops_the_running_comparisons_and_leaves_nothing_on_the_cluster(
     assert _process_with(IN_CHILD, str(tmp_path).encode()) is None
     with Client(cluster, timeout=30) as client:
         assert client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)) == 0
+
+
+def test_a_case_name_from_the_manifest_is_printed_with_its_control_characters_escaped() -> None:
+    from sessions.compare.tensor_diff import Tolerance
+
+    case = CaseResult("evil\x1b[2J\nPARITY", "n.h5", "o.h5", UNUSABLE, None, ["unreadable"], [], None, None, "stop", Tolerance(), None, None)
+    gate = GateResult("gate.toml", "local", None, "2026-12-03T00:00:00", 1.0, [case])
+    for text in (gate_command.progress_line(case), gate_command.render_text(gate)):
+        assert "evil\\x1b[2J\\nPARITY" in text and "\x1b" not in text

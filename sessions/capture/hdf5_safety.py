@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import h5py
 import numpy as np
 
+from sessions.printable import printable
+
 ALLOWED_FILTERS: dict[int, str] = {1: "deflate (gzip)", 2: "shuffle", 32000: "lzf"}
 """Filter ids a capture may use. Fletcher32 (3) is refused: it is where byte-mutated files segfaulted."""
 
@@ -48,14 +50,6 @@ CHECK_TIMEOUT_S = _timeout_from_env(60.0)
 MAX_SOFT_LINK_HOPS = 8
 
 _H5D_VIRTUAL = 3
-
-
-def printable(text: str) -> str:
-    """Text from a file with its control characters escaped (a newline in a tensor path would
-    otherwise split one reported problem over two lines, or forge a second one)."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 @dataclass(frozen=True)

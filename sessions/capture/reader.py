@@ -47,7 +47,6 @@ from sessions.capture.hdf5_safety import (
     attribute_problems,
     dataset_problems,
     describe_error,
-    printable,
     read_attribute,
 )
 from sessions.capture.meta import CaptureMeta
@@ -67,6 +66,7 @@ from sessions.capture.text_fields import (
     has_control_characters,
     is_non_canonical_path,
 )
+from sessions.printable import printable
 
 
 class CaptureError(Exception):

@@ -21,11 +21,11 @@ from sessions.capture.hdf5_safety import (
     HDF5_ERRORS,
     UnsafeObject,
     describe_error,
-    printable,
     read_attribute,
 )
 from sessions.capture.packed_attributes import PackedAttributes
 from sessions.capture.reader import Capture, Record
+from sessions.printable import printable
 from sessions.progress import Progress, ProgressGenerator
 
 MAX_SHOWN_BYTES = 64 * 1024

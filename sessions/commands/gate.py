@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from sessions.commands.arguments import output_clash
 from sessions.compare.verdict import EXIT_UNUSABLE, UNUSABLE
+from sessions.printable import printable
 
 if TYPE_CHECKING:
     from sessions.gate.judge import CachedCase, CaseOutcome
@@ -149,11 +150,12 @@ class _GateRun:
 
 
 def progress_line(c: CaseResult) -> str:
-    """One finished case: name, word, where it first fails or why it fails the gate, and where it ran."""
+    """One finished case: name, word, where it first fails or why it fails the gate, and where it ran
+    (a case's name is the manifest's text: its control characters are escaped)."""
     where = "cached" if c.reused else f"{c.seconds:.1f} s on {c.worker}" if c.worker else "no worker returned it"
     notes = [f"first {c.first.kind} at {c.first.key}"] if c.first is not None else []
     notes += c.rule_failures + (c.reasons if c.word == UNUSABLE else [])
-    return "  ".join([c.name, c.word, *(["; ".join(notes)] if notes else []), f"({where})"])
+    return printable("  ".join([c.name, c.word, *(["; ".join(notes)] if notes else []), f"({where})"]))
 
 
 def render_text(gate: GateResult) -> str:
@@ -161,7 +163,7 @@ def render_text(gate: GateResult) -> str:
     rows = [("case", "verdict", "gate", "first finding", "tokens", "EOS")]
     for c in gate.cases:
         tokens, eos = ("", "") if c.tokens is None else (c.tokens.compared_text(), c.tokens.eos_text())
-        rows.append((c.name, c.word, "pass" if c.passed else "FAIL", "" if c.first is None else c.first.key, tokens, eos))
+        rows.append((printable(c.name), c.word, "pass" if c.passed else "FAIL", "" if c.first is None else c.first.key, tokens, eos))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
     return "\n" + "\n".join(lines) + f"\n\n{gate.headline}\n"

@@ -10,7 +10,7 @@ than seq so a saved session still means the same records after a re-capture.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from sessions.bits.dtypes import logical_dtype
@@ -33,6 +33,7 @@ from sessions.compare.positions import (
     uncovered,
 )
 from sessions.compare.profiles import Profile, RuleMatch, padded_axis
+from sessions.printable import printable
 
 NO_RULE = "no_rule"
 LAYER_CONFLICT = "layer_conflict"
@@ -495,7 +496,9 @@ def align(
     there becomes an unaligned row with reason OVERRIDE_MISSING. Of several overrides naming
     the same native record, the last one counts. `mode` is one of ALIGN_MODES; `*_batch` is
     where a batched run keeps the request."""
-    overrides = _latest(overrides)
+    # A reason is the user's text, often from a session someone else saved: it reaches the
+    # terminal in every finding it explains, so its control characters are escaped once here.
+    overrides = tuple(replace(o, reason=printable(o.reason)) for o in _latest(overrides))
     n_mapped, unaligned, n_optional = map_records(native, native_profile, "native", native_sources, native_batch)
     o_mapped, o_rejected, o_optional = map_records(oracle, oracle_profile, "oracle", oracle_sources, oracle_batch)
     unaligned.extend(o_rejected)

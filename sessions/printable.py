@@ -1,0 +1,13 @@
+"""Text from someone else's file, made safe to print: its control characters escaped.
+
+A newline in a tensor path would split one reported problem over two lines, and an escape
+sequence in a session's reason or a manifest's case name would clear a terminal or forge a
+verdict line. Without numpy or h5py, so a command line can use it before they load.
+"""
+
+
+def printable(text: str) -> str:
+    """`text` with each control character written as its Python escape (\\n, \\x1b)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

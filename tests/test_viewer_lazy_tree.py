@@ -73,6 +73,10 @@ def test_ctrl_j_and_the_filter_reach_ops_in_groups_nobody_opened(lazy_window: Ma
     shown = min(expected, alignment_tree.FILTER_MADE_MAX)
     assert shown > 1 and lazy_window.tree.visible_leaf_labels() == ["ffn_down"] * shown
 
+    last = lazy_window.model.comparison.comparison.pairs[-1]
+    lazy_window.tree.filter.setText(last.key.text())
+    assert lazy_window.tree.visible_leaf_labels() == [last.key.op], "a key copied from report's output finds its op"
+
 
 def test_a_filter_finding_more_ops_than_it_makes_says_so(lazy_window: MainWindow, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(alignment_tree, "FILTER_MADE_MAX", 3)

@@ -38,3 +38,12 @@ def test_the_worst_ops_tab_ranks_like_report_and_selects_the_clicked_op(qtbot: Q
     QApplication.processEvents()
     assert win.grab().save(str(artifacts_dir / "viewer-worst-ops-1280x720.png"))
     win.close()
+
+
+def test_with_no_differing_bits_the_worst_ops_line_says_where_a_failing_verdicts_findings_are() -> None:
+    from sessions.compare.verdict import DISPATCH_ONLY, PARITY
+    from viewer.panels.worst_ops_table import worst_ops_summary
+
+    assert worst_ops_summary(0, 0, DISPATCH_ONLY) == "No op's bits differ before any shared EOS; the DISPATCH-ONLY findings are in the tree (Ctrl+J) and the Dispatch tab"
+    assert worst_ops_summary(0, 0, PARITY) == "No op's bits differ before any shared EOS"
+    assert worst_ops_summary(120, 100, "DIVERGENCE").startswith("the worst 100 of 120 op(s) differ before any shared EOS")

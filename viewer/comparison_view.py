@@ -206,10 +206,10 @@ def place_label(place: int | str) -> str:
 
 
 def search_text(pair: PairResult, path: TreePath) -> str:
-    """What the filter box matches a pair against when its row may not exist yet: its row's cells
-    and its groups' labels."""
+    """What the filter box matches a pair against when its row may not exist yet: its row's cells,
+    its groups' labels, and its key as `report` prints it (a key copied from a terminal finds its op)."""
     manual = MANUAL_MARKER if pair.manual_reason is not None else ""
-    return f"{pair_op_label(pair)}{manual} {pair.verdict} step {path[0]} {path[1]} {place_label(path[2])}".lower()
+    return f"{pair_op_label(pair)}{manual} {pair.verdict} step {path[0]} {path[1]} {place_label(path[2])} {pair.key.text()}".lower()
 
 
 def tree_places(comparison: Comparison) -> TreePlaces:

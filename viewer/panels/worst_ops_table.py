@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from sessions.compare.verdict import PARITY
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
 from viewer.theme import STATUS_COLOURS
@@ -93,10 +94,7 @@ class WorstOpsTable(QWidget):
         if viewed is None:
             self.summary.setText("The worst ops appear once a pair is compared")
         else:
-            shown = f"the worst {len(rows):,} of " if len(rows) < viewed.differing else ""
-            self.summary.setText(
-                f"{shown}{viewed.differing:,} op(s) differ before the shared EOS, worst first (NMSE, then p99 ULP error); click a header to re-sort"
-            )
+            self.summary.setText(worst_ops_summary(viewed.differing, len(rows), viewed.comparison.verdict.word))
 
     def keys(self) -> list[str]:
         """The op keys in the order shown (tests)."""
@@ -108,3 +106,13 @@ class WorstOpsTable(QWidget):
         pair: Any = self.table.item(items[0].row(), 1).data(PAIR_ROLE) if items else None
         if pair is not None and pair is not self._model.selected:
             self._model.select(pair)
+
+
+def worst_ops_summary(differing: int, shown: int, word: str) -> str:
+    """The line above the table. With no op's bits differing, a failing verdict's findings are
+    elsewhere (dispatch, contracts, records without a partner, tokens): say where, not just "0"."""
+    if differing == 0:
+        where = "" if word == PARITY else f"; the {word} findings are in the tree (Ctrl+J) and the Dispatch tab"
+        return f"No op's bits differ before any shared EOS{where}"
+    worst = f"the worst {shown:,} of " if shown < differing else ""
+    return f"{worst}{differing:,} op(s) differ before any shared EOS, worst first (NMSE, then p99 ULP error); click a header to re-sort"

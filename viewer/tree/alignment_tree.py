@@ -124,7 +124,7 @@ class AlignmentTree(QWidget):
         layout.addWidget(self.summary)
         self.items = QStandardItemModel(0, len(COLUMNS), self)
         self.items.setHorizontalHeaderLabels(list(COLUMNS))
-        self.proxy = QSortFilterProxyModel(self)
+        self.proxy = _KeyAwareFilter(self)
         self.proxy.setSourceModel(self.items)
         self.proxy.setRecursiveFilteringEnabled(True)
         self.proxy.setFilterCaseSensitivity(Qt.CaseSensitivity.CaseInsensitive)
@@ -455,3 +455,15 @@ def _placeholder() -> QStandardItem:
     cell = QStandardItem()
     cell.setData(True, PLACEHOLDER_ROLE)
     return cell
+
+
+class _KeyAwareFilter(QSortFilterProxyModel):
+    """The tree's filter: a row's cells, or an op's key as `report` prints it (0:visual:3:sdpa),
+    which no cell shows whole: a key copied from a terminal finds its op."""
+
+    def filterAcceptsRow(self, source_row: int, source_parent: QModelIndex) -> bool:
+        if super().filterAcceptsRow(source_row, source_parent):
+            return True
+        pair = self.sourceModel().index(source_row, 0, source_parent).data(PAIR_ROLE)
+        wanted = self.filterRegularExpression().pattern()
+        return pair is not None and bool(wanted) and self.filterRegularExpression().match(pair.key.text()).hasMatch()

@@ -92,12 +92,19 @@ def test_a_broken_pairing_is_shown_with_its_reason_saved_and_still_applied_after
     again.tree.choose_partner = lambda record, candidates: next(c for c in candidates if c.name == "ffn_down")
     again.tree.ask_reason = lambda what: "checked by hand: same tensor"
     actions = again.tree.actions_at(again.tree.row_index("oracle: ffn_down (step 0 prefill layer 0)"))
-    assert [a.text() for a in actions] == ["Pair with…", "HDF5 attributes…"]
-    actions[0].trigger()
+    assert [a.text() for a in actions] == ["Undo this break", "Pair with…", "HDF5 attributes…"]
+    actions[1].trigger()
     _compared(qtbot, again, 2)
     assert again.model.comparison.comparison.unaligned == []
     manual = again.tree.row_index("ffn_down" + MANUAL_MARKER)
     assert manual.isValid()
     assert manual.data(Qt.ItemDataRole.ToolTipRole).endswith("paired by hand: checked by hand: same tensor")
     assert [o.action for o in again.session_file.session.overrides] == ["unpair", "pair"]
+
+    actions = again.tree.actions_at(manual)
+    assert [a.text() for a in actions] == ["Undo this manual pairing", "HDF5 attributes…"]
+    actions[0].trigger()
+    qtbot.waitUntil(lambda: not again.tasks.busy and again.tree.row_index("ffn_down").isValid(), timeout=WAIT_MS)
+    assert again.session_file.session.overrides == (), "undoing takes back every override of the record: the profiles pair it again"
+    assert again.model.comparison.comparison.unaligned == [] and again.model.comparison.comparison.verdict.word == "PARITY"
     again.close()

@@ -40,7 +40,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from sessions.compare.align import UnalignedRecord
+from sessions.compare.align import MANUAL_BREAK, UnalignedRecord
 from sessions.compare.verdict import Kind
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
@@ -87,6 +87,8 @@ class AlignmentTree(QWidget):
     """(native UnalignedRecord, oracle UnalignedRecord, reason): the user paired them by hand."""
     attributes_requested = Signal(object)
     """(PairResult or UnalignedRecord): the user asked for the row's records' HDF5 attributes."""
+    undo_requested = Signal(str, int)
+    """(side, seq): the user took back their manual pairing or break of this record."""
 
     def __init__(self, model: PairModel, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -342,12 +344,16 @@ class AlignmentTree(QWidget):
 
     def actions_at(self, index: QModelIndex) -> list[QAction]:
         """The context menu's actions for a row (a proxy index): break a pair, or pair an unaligned
-        record; and for any row naming records, their HDF5 attributes."""
+        record, or undo either where the user made it; and for any row naming records, their HDF5 attributes."""
         source = self.proxy.mapToSource(index.siblingAtColumn(0))
         pair, record = source.data(PAIR_ROLE), source.data(UNALIGNED_ROLE)
         actions: list[QAction] = []
-        if pair is not None:
+        if pair is not None and pair.manual_reason is not None:
+            actions.append(self._menu_action("Undo this manual pairing", lambda: self.undo_requested.emit("native", pair.native_seq)))
+        elif pair is not None:
             actions.append(self._menu_action("Break this pairing…", lambda: self.break_pairing(pair)))
+        if record is not None and record.reason == MANUAL_BREAK and record.seq >= 0:
+            actions.append(self._menu_action("Undo this break", lambda: self.undo_requested.emit(record.side, record.seq)))
         if record is not None and record.seq >= 0 and self._partners(record):
             actions.append(self._menu_action("Pair with…", lambda: self.pair_unaligned(record)))
         row = pair if pair is not None else record if record is not None and record.seq >= 0 else None

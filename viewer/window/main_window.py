@@ -374,6 +374,7 @@ class MainWindow(QMainWindow):
         self.dispatch.rerun_saved.connect(self.session_sync.record_rerun)
         self.tree.break_requested.connect(self.session_sync.break_pairing)
         self.tree.pair_requested.connect(self.session_sync.pair_records)
+        self.tree.undo_requested.connect(self.session_sync.undo_override)
         self.bookmarks.set_session(self.session_file.session)
 
     def _session_replaced(self, session: Any) -> None:

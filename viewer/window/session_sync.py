@@ -244,6 +244,21 @@ class SessionSync(QObject):
         """Record the user's pairing in the session and compare again with it."""
         return self._override("pair", native.seq, oracle.seq, reason)
 
+    def undo_override(self, side: str, seq: int) -> bool:
+        """Take back the user's manual pairings and breaks of this record, and compare again without them."""
+        model, refs = self._model, self._session_refs()
+        capture = model.native if side == "native" else model.oracle
+        record = capture.record(seq) if capture is not None else None
+        if side not in refs or record is None:
+            return False
+        mine = RecordRef(refs[side].id, RecordKey.of(record))
+        undone = [o for o in self.session.overrides if mine in (o.left, o.right)]
+        for override in undone:
+            self.session.remove_override(override)
+        if undone:
+            self._recompare()
+        return bool(undone)
+
     def _override(self, action: str, native_seq: int, oracle_seq: int, reason: str) -> bool:
         model, refs = self._model, self._session_refs()
         if len(refs) != 2 or model.native is None or model.oracle is None:

@@ -36,6 +36,7 @@ from sessions.compare.options import CompareOptions
 from sessions.compare.pair_tensors import pair_sides
 from sessions.compare.provenance_diff import EXPECTED_TO_DIFFER
 from sessions.compare.token_parity import (
+    POST_EOS,
     TokenStep,
     TopEntry,
     step_word,
@@ -557,7 +558,8 @@ def _row(step: TokenStep, eos: int | None) -> TokenRow:
     logits = step.logits
     tokens = (step.step, _token(step.native_token, step.native_stop), _token(step.oracle_token, step.oracle_stop), _verdict(step, eos))
     if logits is None:
-        return TokenRow(*tokens, "—", "—", "—", "not captured", "not captured")
+        missing = "not compared" if step.status == POST_EOS else "not captured"
+        return TokenRow(*tokens, "—", "—", "—", missing, missing)
     figures = ("0", "0", "100%") if logits.identical else (f"{logits.delta_logit:+.3g}", f"{logits.kl_divergence:.2e}", f"{logits.top_overlap:.0%}")
     return TokenRow(*tokens, *figures, _top(logits.native_top), _top(logits.oracle_top))
 

@@ -17,7 +17,6 @@ from PySide6.QtCore import (
 )
 from PySide6.QtGui import QBrush, QColor, QFont, QFontMetrics
 from PySide6.QtWidgets import (
-    QHeaderView,
     QLabel,
     QStyle,
     QTableView,
@@ -30,12 +29,16 @@ from viewer.pair_model import PairModel
 from viewer.widgets.read_only_table import read_only
 from viewer.widgets.stale_while_hidden import StaleWhileHidden
 
-COLUMNS = ("step", "native token", "oracle token", "verdict", "Δlogit", "KL (nats)", "top-k overlap", "native top-k (id: logit)", "oracle top-k (id: logit)")
+COLUMNS = ("step", "native token", "oracle token", "verdict", "Δlogit", "KL (nats)", "top-k overlap", "native top-k", "oracle top-k")
+HEADER_TIPS = {7: "The native's top-k logits of the step, as token id: logit", 8: "The oracle's top-k logits of the step, as token id: logit"}
+"""The top-k columns' headers are short, so they read whole at 1280 px; their format is in a tooltip."""
 VERDICT_COLOURS = {"match": "#2e9d57", "match, logits differ": "#c9a227", "differ": "#d64541", "EOS": "#4a90d9", "post-EOS": "#7d8694"}
 """The verdict column's colours: a match over different logits is a near miss, in amber."""
 MONO_COLUMNS = (1, 2, 4, 5, 6, 7, 8)
 LONG_COLUMNS = (7, 8)
-"""The top-k columns, cut short by the view's width: their whole text is in a tooltip."""
+"""The top-k columns: at most LONG_COLUMN_MAX wide (the whole text is in a tooltip); the table
+scrolls sideways rather than squeeze them to a few letters in a narrow window."""
+LONG_COLUMN_MAX = 320
 VERDICT_COLUMN = 3
 POST_EOS = "post-EOS"
 
@@ -85,6 +88,10 @@ class TokenRows(QAbstractTableModel):
     def headerData(self, section: int, orientation: Qt.Orientation, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
         if orientation == Qt.Orientation.Horizontal and role == Qt.ItemDataRole.DisplayRole:
             return COLUMNS[section]
+        if orientation == Qt.Orientation.Horizontal and role == Qt.ItemDataRole.ToolTipRole:
+            return HEADER_TIPS.get(section)
+        if orientation == Qt.Orientation.Horizontal and role == Qt.ItemDataRole.TextAlignmentRole and section in LONG_COLUMNS:
+            return int(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter)  # over the start of its text, seen first when scrolled
         return None
 
     def data(self, index: QModelIndex | QPersistentModelIndex, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
@@ -121,9 +128,7 @@ class TokenTable(QWidget):
         self.rows = TokenRows(self)
         self.table = read_only(QTableView())
         self.table.setModel(self.rows)
-        header = self.table.horizontalHeader()
-        for col in LONG_COLUMNS:
-            header.setSectionResizeMode(col, QHeaderView.ResizeMode.Stretch)
+        self.table.horizontalHeader().setStretchLastSection(True)
         layout.addWidget(self.table, 1)
         self._refresh = StaleWhileHidden(self, self._rebuild_now)
         model.comparison_changed.connect(self._refresh.request)
@@ -142,10 +147,8 @@ class TokenTable(QWidget):
         header = self.table.horizontalHeader()
         margin = 2 * (self.table.style().pixelMetric(QStyle.PixelMetric.PM_FocusFrameHMargin, None, self.table) + 1) + 4
         for column in range(len(COLUMNS)):
-            if column in LONG_COLUMNS:
-                continue
-            widest = self.rows.widest(column, self.table.font())
-            header.resizeSection(column, max(header.sectionSizeFromContents(column).width(), widest + margin))
+            widest = self.rows.widest(column, self.table.font()) + margin
+            header.resizeSection(column, max(header.sectionSizeFromContents(column).width(), min(widest, LONG_COLUMN_MAX) if column in LONG_COLUMNS else widest))
 
     def verdicts(self) -> list[str]:
         self._refresh.bring_up_to_date()

@@ -13,7 +13,10 @@ is wrong, GUIDE 4). Whatever is missing is named: which op, which layer, which s
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +25,15 @@ import mlx.core as mx
 import numpy as np
 
 from backends.engines.capture_sink import to_numpy_bits
-from backends.recorders.model_config import ModelConfigError, weights_file_config
+from backends.recorders.model_config import (
+    GGUFFileError,
+    GGUFHeader,
+    GGUFTensor,
+    ModelConfigError,
+    read_gguf_header,
+    read_gguf_tensor,
+    weights_file_config,
+)
 from sessions.bits.dtypes import logical_dtype
 from sessions.capture.reader import Capture
 from sessions.compare.key import OpKey
@@ -199,98 +210,204 @@ class StoredWeight:
     rows: int
 
 
+FLOAT_WEIGHTS = (mx.float32, mx.float16, mx.bfloat16)
+"""What a weight may be once read: an integer or float8 weight would be multiplied as numbers
+it does not mean, and the rerun's "does not reproduce" would read as a finding."""
+NOT_WEIGHT_GGML_TYPES = ("I8", "I16", "I32", "I64", "F64")
+"""GGML types that hold integers (or float64, which no engine computes in), not a model's weights."""
+NORM_WEIGHTS = ("attn_norm", "ffn_norm", "final_norm")
+HEAD_NORM_WEIGHTS = ("q_norm", "k_norm")
+
+
+def _not_a_regular_file(path: Path) -> str | None:
+    """What `path` is when it is not a regular file ("is a directory"), without opening it:
+    opening a FIFO blocks until a writer comes, and /dev/zero never ends."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "does not exist"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if stat.S_ISREG(mode):
+        return None
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    return f"is {next((name for test, name in kinds if test(mode)), 'special')}, not a regular file"
+
+
+def _safetensors_dtype(path: Path, name: str, fallback: str) -> str:
+    """The dtype the safetensors header declares for `name` (mx.load reads float8 as uint8);
+    `fallback` when the header says nothing readable (mx.load has already accepted it)."""
+    try:
+        with path.open("rb") as file:
+            header = json.loads(file.read(int.from_bytes(file.read(8), "little")))
+        declared = header[name]["dtype"]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return fallback
+    return declared if isinstance(declared, str) else fallback
+
+
+def _shape_problem(op: str, shape: tuple[int, ...], width: int) -> str | None:
+    """Why a weight of `shape` cannot be `op`'s for an input `width` wide, or None."""
+    if op in NORM_WEIGHTS and shape != (width,):
+        return f"{op} of a {width}-wide input needs [{width}]"
+    if op in HEAD_NORM_WEIGHTS and (len(shape) != 1 or width % shape[0]):
+        return f"{op} of a {width}-wide input needs [head_dim], a divisor of {width}"
+    if op not in NORM_WEIGHTS + HEAD_NORM_WEIGHTS and (len(shape) != 2 or shape[1] != width):
+        return f"{op} of a {width}-wide input needs [outputs, {width}]"
+    return None
+
+
 class WeightSource:
-    """Weights by canonical op and layer: from capture records first, then the weights file."""
+    """Weights by canonical op and layer: from capture records first, then the weights file.
+
+    Records and files are untrusted: a weight is refused, naming the tensor and where it came
+    from, unless it is a float tensor of the op's shape holding more than NaN."""
 
     def __init__(self, ops: CapturedOps, weights_path: Path | None = None) -> None:
         self.ops = ops
+        self.named = weights_path is not None
         self.path = _weights_file(ops.capture, weights_path)
         self._records = {r.name: r for r in ops.capture.records if r.name.endswith(".weight")}
-        self._file: dict[str, Any] | None = None
-        self._gguf: Any = None
+        self._file: dict[str, mx.array] | None = None
+        self._gguf: GGUFHeader | None = None
+
+    def _origin(self) -> str:
+        return "named for this rerun" if self.named else f"referenced by the {self.ops.side} capture"
 
     def describe(self) -> str:
         if self.path is None:
             return f"the {self.ops.side} capture's weight records (it references no weights file)"
-        return f"{self.path.name} (referenced by the {self.ops.side} capture)"
+        return f"{self.path.name} ({self._origin()})"
 
-    def get(self, op: str, layer: int) -> mx.array:
+    def get(self, op: str, layer: int, width: int | None = None) -> mx.array:
+        """`op`'s weight; with `width` (the input's last dimension), refused unless its shape fits."""
         names = [n.format(n=layer) for n in WEIGHT_NAMES[op]]
+        found = self._from_records(names)
+        if found is None and self.path is not None:
+            found = self._from_file(names)
+        if found is None:
+            where = f"layer {layer} " if layer >= 0 else ""
+            raise RerunInputError(
+                f"{op} rerun needs the {where}weight ({' or '.join(names)}); neither the {self.ops.side} capture "
+                f"nor {self.path if self.path is not None else 'a referenced weights file'} holds it"
+            )
+        name, weight, source = found
+        _check_weight(op, name, weight, source, width)
+        return weight
+
+    def _from_records(self, names: list[str]) -> tuple[str, mx.array, str] | None:
         for name in names:
             record = self._records.get(name)
             if record is not None:
-                return self._from_record(record)
-        if self.path is not None:
-            found = self._from_file(names)
-            if found is not None:
-                return found
-        where = f"layer {layer} " if layer >= 0 else ""
-        raise RerunInputError(
-            f"{op} rerun needs the {where}weight ({' or '.join(names)}); neither the {self.ops.side} capture "
-            f"nor {self.path if self.path is not None else 'a referenced weights file'} holds it"
-        )
+                return name, self._from_record(record), f"the {self.ops.side} capture"
+        return None
 
     def _from_record(self, record: Any) -> mx.array:
-        bits = self.ops.capture.read_bits(record)
         if logical_dtype(record.dtype).is_quantized:
             values = self.ops.capture.read_values(record)
             return mx.array(np.ascontiguousarray(values, dtype=np.float32))
-        return bits_to_mx(bits, record.dtype)
+        if record.dtype not in ("bfloat16", "float16", "float32"):
+            raise RerunInputError(_dtype_message(record.name, f"the {self.ops.side} capture", record.dtype))
+        return bits_to_mx(self.ops.capture.read_bits(record), record.dtype)
 
-    def _from_file(self, names: list[str]) -> mx.array | None:
+    def _check_path(self) -> Path:
         assert self.path is not None
-        if not self.path.is_file():
-            raise RerunInputError(f"the {self.ops.side} capture references weights file {self.path}, which does not exist")
-        if self.path.suffix == ".gguf":
+        problem = _not_a_regular_file(self.path)
+        if problem is not None:
+            raise RerunInputError(f"weights file {self.path} ({self._origin()}) {problem}")
+        return self.path
+
+    def _from_file(self, names: list[str]) -> tuple[str, mx.array, str] | None:
+        path = self._check_path()
+        if path.suffix == ".gguf":
             return self._from_gguf(names)
         if self._file is None:
             try:
-                self._file = dict(mx.load(str(self.path)).items())
+                self._file = dict(mx.load(str(path)).items())
             except (OSError, ValueError, RuntimeError) as exc:
-                raise RerunInputError(f"{self.path}: cannot be read as safetensors ({exc})") from None
-        return next((self._file[n] for n in names if n in self._file), None)
+                raise RerunInputError(f"{path}: cannot be read as safetensors ({exc})") from None
+        name = next((n for n in names if n in self._file), None)
+        if name is None:
+            return None
+        weight = self._file[name]
+        if weight.dtype not in FLOAT_WEIGHTS:
+            raise RerunInputError(_dtype_message(name, str(path), _safetensors_dtype(path, name, _dtype_name(weight))))
+        return name, weight, str(path)
 
     def stored(self, op: str, layer: int) -> StoredWeight | None:
         """The weight's stored form when it comes from a GGUF file; None for float records or safetensors."""
-        if self.path is None or self.path.suffix != ".gguf" or not self.path.is_file():
+        if self.path is None or self.path.suffix != ".gguf" or _not_a_regular_file(self.path) is not None:
             return None
-        from gguf import GGMLQuantizationType
-
-        self._read_gguf()
-        names = [n.format(n=layer) for n in WEIGHT_NAMES[op]]
-        tensor = next((self._gguf[n] for n in names if n in self._gguf), None)
+        tensor = self._gguf_tensor([n.format(n=layer) for n in WEIGHT_NAMES[op]])
         if tensor is None:
             return None
-        kind = GGMLQuantizationType(tensor.tensor_type)
-        raw = np.asarray(tensor.data)
-        return StoredWeight(kind.name, raw, int(raw.shape[0]) if raw.ndim > 1 else 1)
+        raw = self._read(tensor)
+        return StoredWeight(_ggml_name(tensor.ggml_type), raw, int(raw.shape[0]) if raw.ndim > 1 else 1)
 
-    def _read_gguf(self) -> None:
-        from gguf import GGUFReader
-
+    def _gguf_tensor(self, names: list[str]) -> GGUFTensor | None:
         if self._gguf is None:
             try:
-                self._gguf = {t.name: t for t in GGUFReader(self.path).tensors}
-            except (OSError, ValueError, KeyError) as exc:
-                raise RerunInputError(f"{self.path}: cannot be read as GGUF ({exc})") from None
+                self._gguf = read_gguf_header(self._check_path())
+            except GGUFFileError as exc:
+                raise RerunInputError(str(exc)) from None
+        return next((self._gguf.tensors[n] for n in names if n in self._gguf.tensors), None)
 
-    def _from_gguf(self, names: list[str]) -> mx.array | None:
+    def _read(self, tensor: GGUFTensor) -> np.ndarray:
+        assert self._gguf is not None
+        try:
+            return read_gguf_tensor(self._gguf, tensor)
+        except GGUFFileError as exc:
+            raise RerunInputError(str(exc)) from None
+
+    def _from_gguf(self, names: list[str]) -> tuple[str, mx.array, str] | None:
         """A GGUF tensor decoded by the gguf package (quantized blocks included), as float32 or its float type."""
         from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
 
-        self._read_gguf()
-        tensor = next((self._gguf[n] for n in names if n in self._gguf), None)
+        tensor = self._gguf_tensor(names)
         if tensor is None:
             return None
-        kind = GGMLQuantizationType(tensor.tensor_type)
-        if kind == GGMLQuantizationType.F32:
-            return mx.array(np.asarray(tensor.data, dtype=np.float32))
-        if kind == GGMLQuantizationType.F16:
-            return mx.array(np.asarray(tensor.data, dtype=np.float16))
+        kind = GGMLQuantizationType(tensor.ggml_type)
+        if kind.name in NOT_WEIGHT_GGML_TYPES:
+            raise RerunInputError(_dtype_message(tensor.name, str(self.path), kind.name))
+        raw = self._read(tensor)
         if kind == GGMLQuantizationType.BF16:
-            return mx.array(np.ascontiguousarray(tensor.data).view(np.uint16)).view(mx.bfloat16)
-        return mx.array(dequantize(np.asarray(tensor.data), kind).astype(np.float32))
+            return tensor.name, mx.array(raw).view(mx.bfloat16), str(self.path)
+        if kind in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+            return tensor.name, mx.array(raw), str(self.path)
+        try:
+            return tensor.name, mx.array(dequantize(raw, kind).astype(np.float32)), str(self.path)
+        except NotImplementedError:
+            raise RerunInputError(f"{self.path}: tensor {tensor.name} is stored as {kind.name}, which the gguf package cannot decode") from None
+
+
+def _ggml_name(kind: int) -> str:
+    from gguf import GGMLQuantizationType
+
+    return GGMLQuantizationType(kind).name
+
+
+def _dtype_name(array: mx.array) -> str:
+    return str(array.dtype).removeprefix("mlx.core.")
+
+
+def _dtype_message(tensor: str, source: str, dtype: str) -> str:
+    return f"{source}: weight {tensor} is stored as {dtype}; a rerun computes with float weights (float32, float16, bfloat16 or GGUF quantized blocks)"
+
+
+def _check_weight(op: str, name: str, weight: mx.array, source: str, width: int | None) -> None:
+    """Refuse a weight no model could hold: one of the wrong shape would fail inside MLX with no
+    file named, and an all-NaN one would make every rerun "not reproduce" -- no trained
+    checkpoint has an all-NaN tensor, so it is a broken file, not a finding."""
+    if width is not None:
+        problem = _shape_problem(op, tuple(weight.shape), width)
+        if problem is not None:
+            raise RerunInputError(f"{source}: weight {name} has shape {list(weight.shape)}; {problem}")
+    if weight.size == 0:
+        raise RerunInputError(f"{source}: weight {name} has no elements (shape {list(weight.shape)})")
+    if mx.all(mx.isnan(weight)).item():
+        raise RerunInputError(f"{source}: weight {name} is all NaN, which no trained checkpoint holds: the file is broken")
 
 
 @dataclass
@@ -380,6 +497,11 @@ def config_value(ops: CapturedOps, name: str, what: str) -> float:
     )
 
 
+def input_width(op: str, arrays: dict[str, mx.array]) -> int:
+    """The last dimension of the input `op`'s weight multiplies: what the weight's shape must fit."""
+    return int(arrays[OP_INPUTS[op][0]].shape[-1])
+
+
 def gather(
     ops: CapturedOps, key: OpKey, weights: WeightSource, mask_side: CapturedOps | None = None
 ) -> OpInputs:
@@ -407,7 +529,7 @@ def gather(
     if missing:
         raise RerunInputError(_missing_message(key, ops.side, needs, missing, where))
     history = kv_history(ops, key) if key.op == "sdpa" else {}
-    weight = weights.get(key.op, key.layer) if key.op in WEIGHT_NAMES else None
+    weight = weights.get(key.op, key.layer, input_width(key.op, arrays)) if key.op in WEIGHT_NAMES else None
     params = op_params(ops, key, arrays, weight, mask_side)
     dtype = next(iter(arrays.values())).dtype
     return OpInputs(key, arrays, history, weight, params, str(dtype).removeprefix("mlx.core."))

@@ -41,6 +41,7 @@ from backends.rerun.inputs import (
     RerunInputError,
     WeightSource,
     gather,
+    input_width,
     kv_history,
     layer_input_key,
     mx_to_bits,
@@ -409,7 +410,7 @@ def _run_segment(
         key = OpKey(target.step, target.segment, target.layer, op, 0)
         yield Progress(number + 1, total, f"rerunning {key.label()}")
         arrays = {name: chain[name] for name in OP_INPUTS[op]}
-        weight = sides.weights.get(op, target.layer) if op in WEIGHT_NAMES else None
+        weight = sides.weights.get(op, target.layer, input_width(op, arrays)) if op in WEIGHT_NAMES else None
         params = op_params(source, key, arrays, weight, sides.route)
         compute_weight = None if weight is None else weight.astype(dtype if dtype is not None else captured_dtype)
         computed = compute_mlx(op, arrays, history if op == "sdpa" else {}, compute_weight, params, routes, device)

@@ -108,3 +108,19 @@ def test_a_broken_pairing_is_shown_with_its_reason_saved_and_still_applied_after
     assert again.session_file.session.overrides == (), "undoing takes back every override of the record: the profiles pair it again"
     assert again.model.comparison.comparison.unaligned == [] and again.model.comparison.comparison.verdict.word == "PARITY"
     again.close()
+
+
+def test_breaking_one_position_pair_says_it_unpairs_every_position_pair_of_the_native_record(qtbot: QtBot, tmp_path: Path) -> None:
+    from tests.test_align_positions import _prompt_tensors, combined, segmented
+
+    data = _prompt_tensors()
+    native, oracle = combined(tmp_path / "n.h5", data), segmented(tmp_path / "o.h5", data)
+    win = _window(qtbot, tmp_path / "positions.ini")
+    win.open_pair(native, oracle)
+    qtbot.waitUntil(lambda: win.model.comparison is not None and not win.tasks.busy, timeout=WAIT_MS)
+    pair = next(p for p in win.model.comparison.comparison.pairs if p.key.op == "layer_out")
+    asked: list[str] = []
+    win.tree.ask_reason = lambda what: asked.append(what) or ""
+    win.tree.break_pairing(pair)
+    assert asked and asked[0].endswith("A break names the whole native record: it unpairs all 3 position pairs it is part of.")
+    win.close()

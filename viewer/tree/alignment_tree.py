@@ -374,7 +374,10 @@ class AlignmentTree(QWidget):
         return [u for u in cv.unaligned(comparison) if u.side != record.side and u.seq >= 0]
 
     def break_pairing(self, pair: Any) -> None:
-        reason = self.ask_reason(f"Break the pairing {pair.label}: native {pair.native_name!r}, oracle {pair.oracle_name!r}.")
+        comparison = self._model.comparison
+        shared = sum(p.native_seq == pair.native_seq for p in comparison.comparison.pairs) if comparison is not None else 1
+        whole = f" A break names the whole native record: it unpairs all {shared} position pairs it is part of." if shared > 1 else ""
+        reason = self.ask_reason(f"Break the pairing {pair.label}: native {pair.native_name!r}, oracle {pair.oracle_name!r}.{whole}")
         if reason and reason.strip():
             self.break_requested.emit(pair, reason.strip())
 

@@ -18,6 +18,7 @@ from sessions.investigation.capture_gate import (
     CaptureIdentityError,
     CaptureState,
     accept_changed_capture,
+    check_capture,
     check_captures,
     check_captures_progress,
     locate_capture,
@@ -86,6 +87,18 @@ def test_checking_yields_progress_per_capture(investigation) -> None:
             steps.append(next(work))
     assert steps == [Progress(0, 2, "checking native.h5"), Progress(1, 2, "checking oracle.h5"), Progress(2, 2, "captures checked")]
     assert [s.state for s in done.value.value] == [CaptureState.OK, CaptureState.OK]
+
+
+def test_a_capture_path_no_file_system_takes_is_unreadable_with_a_short_message_not_a_crash(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    native = write_capture(tmp_path / "native.h5", "native", 1)
+    session = Investigation(title="from a colleague")
+    session.add_capture("native", native, identity_of_file(native))
+    ref = replace(session.capture("native"), path=tmp_path / ("x" * 100_000))
+    status = check_capture(ref, tmp_path)
+    assert status.state is CaptureState.UNREADABLE and "cannot be checked (File name too long)" in status.message
+    assert len(status.message) < 300
 
 
 def test_a_moved_capture_is_reported_and_relinked_only_to_the_same_capture(investigation, tmp_path: Path) -> None:

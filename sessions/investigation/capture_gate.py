@@ -19,6 +19,7 @@ from sessions.capture.identity import (
     identity_of_capture,
     identity_of_file,
 )
+from sessions.printable import printable
 from sessions.progress import Progress, ProgressGenerator, run_to_end
 
 if TYPE_CHECKING:
@@ -61,9 +62,16 @@ def _candidates(ref: CaptureRef, session_dir: Path | None) -> Iterator[Path]:
     for relative in (ref.relative_path, ref.path.name):
         if relative:
             path = session_dir / relative
-            if path not in seen and path.is_file():
+            if path not in seen and _is_file(path):
                 seen.add(path)
                 yield path
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:
+        return False
 
 
 def _status(ref: CaptureRef, path: Path, current: CaptureIdentity) -> CaptureStatus:
@@ -79,7 +87,13 @@ def check_capture(ref: CaptureRef, session_dir: Path | None = None) -> CaptureSt
     """Compare one capture on disk with the identity the session saved for it."""
     from sessions.capture.reader import CaptureError
 
-    if not ref.path.exists():
+    try:
+        present = ref.path.exists()
+    except OSError as exc:  # a path no file system takes (too long, a NUL): a session is someone else's file
+        shown = printable(str(ref.path))
+        shown = shown if len(shown) <= 200 else shown[:200] + "…"
+        return CaptureStatus(ref.id, ref.role, ref.path, CaptureState.UNREADABLE, f"{shown}: cannot be checked ({exc.strerror or exc})")
+    if not present:
         for candidate in _candidates(ref, session_dir):
             try:
                 found = identity_of_file(candidate)

@@ -13,6 +13,7 @@ from sessions.compare.tensor_diff import Tolerance
 from sessions.gate.manifest import (
     EOS_REQUIRE,
     EOS_STOP,
+    MAX_MANIFEST_BYTES,
     GateCase,
     ManifestError,
     load_manifest,
@@ -24,6 +25,7 @@ from sessions.gate.result import (
     summary_line,
     unusable,
 )
+from tests.side_files import fifo_without_writer, sparse_file
 
 
 def _write(folder: Path, text: str) -> Path:
@@ -92,6 +94,8 @@ oracle = "b/oracle.h5"
         ('[[case]]\nname = "a"\nnative = "n.h5"\noracle = "o.h5"\n[[case]]\nname = "a"\nnative = "m.h5"\noracle = "o.h5"\n', None,
          "case 'a': the name is used twice (cases 1 and 2)"),
         ("token_budget = 4\n", None, "no cases"),
+        ("x = " + "[" * 50_000 + "]" * 50_000 + "\n", None, "not valid TOML: it nests deeper than a reader follows"),
+        ("token_budget = " + "9" * 5000 + "\n", None, "not valid TOML: Exceeds the limit (4300 digits) for integer string conversion"),
     ],
 )
 def test_a_bad_manifest_is_refused_with_its_file_line_and_what_is_wrong(tmp_path: Path, text: str, line: int | None, message: str) -> None:
@@ -122,3 +126,16 @@ def test_the_summary_line_counts_passes_then_each_failing_word_with_its_first_ke
     assert summary_line(cases) == "38/40 pass; 1 divergence at 0:visual:17:sdpa; 1 unusable"
     cases = [_case(f"d{i}", "DIVERGENCE", f"0:visual:{i % 4}:sdpa") for i in range(6)] + [_case("e", "PARITY", rules=("no shared EOS within 64 token steps",))]
     assert summary_line(cases) == "0/7 pass; 6 divergence at 0:visual:0:sdpa ×2, 0:visual:1:sdpa ×2, 0:visual:2:sdpa and 1 more; 1 no shared EOS"
+
+
+def test_a_manifest_that_is_a_fifo_is_refused_at_once_instead_of_waiting_for_a_writer(tmp_path: Path) -> None:
+    with fifo_without_writer(tmp_path, "gate.toml") as path, pytest.raises(ManifestError) as info:
+        load_manifest(path)
+    assert str(info.value) == f"{path}: cannot read the manifest (not a regular file: a FIFO)"
+
+
+def test_a_manifest_over_its_size_limit_is_refused_naming_its_size_and_the_limit(tmp_path: Path) -> None:
+    path = sparse_file(tmp_path / "gate.toml", MAX_MANIFEST_BYTES + 1)
+    with pytest.raises(ManifestError) as info:
+        load_manifest(path)
+    assert str(info.value) == f"{path}: cannot read the manifest ({MAX_MANIFEST_BYTES + 1} bytes, over the {MAX_MANIFEST_BYTES}-byte limit for this kind of file)"

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
+import struct
+import zipfile
 from pathlib import Path
 
 import ml_dtypes
@@ -14,7 +17,9 @@ from sessions.capture.opening import open_capture
 from sessions.capture.reader import CaptureError
 from sessions.commands import import_dump as import_command
 from sessions.importers import iter_import
-from sessions.importers.manifest import infer_layer
+from sessions.importers.manifest import MAX_MANIFEST_BYTES, infer_layer
+from sessions.importers.sources import MAX_IMPORT_BYTES
+from tests.side_files import fifo_without_writer, sparse_file
 from viewer.cli import build_parser
 
 
@@ -153,8 +158,144 @@ def test_import_command_reports_a_refusal_with_exit_2(tmp_path: Path, capsys: py
     _manifest(tmp_path, [{"name": "a", "file": "nope.bin", "dtype": "float32", "shape": [1]}])
     args = build_parser().parse_args(["import", "dir", str(tmp_path), "--out", str(tmp_path / "x.h5")])
     assert import_command.run(args) == import_command.EXIT_REFUSED
-    assert "entry 0 ('a'): file 'nope.bin' does not exist" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert printed.out == ""
+    assert printed.err.startswith("import refused: ") and "entry 0 ('a'): file 'nope.bin' does not exist" in printed.err
 
 
 def test_layers_are_read_from_conventional_names() -> None:
     assert [infer_layer(n) for n in ("model.layers.12.mlp", "blk.3.attn_q.weight", "Qcur-7", "result_output", "h.0.attn")] == [12, 3, 7, -1, 0]
+
+
+def _refused(kind: str, source: Path, **kwargs: object) -> CaptureError:
+    """The refusal of an import, checked to have left no output behind."""
+    out = source.parent / "refused.h5"
+    with pytest.raises(CaptureError) as refused:
+        _import(kind, source, out, **kwargs)
+    assert not out.exists()
+    return refused.value
+
+
+X_NPY = {"name": "x-0", "file": "x.npy"}
+
+
+@pytest.mark.parametrize(
+    ("document", "where", "what"),
+    [
+        ({"meta": {"provenance": 5}, "entries": [X_NPY]}, "meta 'provenance'", "provenance must be a JSON object, not 5"),
+        ({"meta": {"provenance": "abc"}, "entries": [X_NPY]}, "meta 'provenance'", 'provenance must be a JSON object, not "abc"'),
+        ({"meta": {"role": "evil"}, "entries": [X_NPY]}, "meta 'role'", 'role must be one of native, oracle, rerun, not "evil"'),
+        ({"meta": {"seed": "abc"}, "entries": [X_NPY]}, "meta 'seed'", 'seed must be an integer, not "abc"'),
+        ({"meta": {"seed": 2**80}, "entries": [X_NPY]}, "meta 'seed'", f"seed must be <= {2**63 - 1} (the capture format's largest), not {2**80}"),
+        ({"meta": {"prompt": [1, 2]}, "entries": [X_NPY]}, "meta 'prompt'", "prompt must be a string, not [1, 2]"),
+        ({"meta": {"prompt": "p" * 10_000_000}, "entries": [X_NPY]}, "meta 'prompt'", "prompt is longer than the capture format's 60000 bytes"),
+        ({"meta": {"engine_name": "a\x1b[2Jb"}, "entries": [X_NPY]}, "meta 'engine_name'", "engine_name holds a control character (\\x1b in 'a\\x1b[2Jb')"),
+        ([{**X_NPY, "step": 2**40}], "entry 0 ('x-0')", f"step must be <= {2**31 - 1} (the capture format's largest), not {2**40}"),
+        ([{**X_NPY, "layer": 2**31}], "entry 0 ('x-0')", f"layer must be <= {2**31 - 1} (the capture format's largest), not {2**31}"),
+        ([{**X_NPY, "order": 2**63}], "entry 0 ('x-0')", f"order must be <= {2**63 - 1} (the capture format's largest), not {2**63}"),
+        ([{**X_NPY, "name": "\x1b[2J"}], "entry 0 ('\\x1b[2J')", "'name' holds a control character (\\x1b in '\\x1b[2J')"),
+        ([{**X_NPY, "segment": "pre\nfill"}], "entry 0 ('x-0')", "segment holds a control character (\\n in 'pre\\nfill')"),
+        ({"tokens": [{"step": 0, "token_id": 2**80}], "entries": [X_NPY]}, "tokens row 0", f"token_id must be <= {2**63 - 1} (the capture format's largest), not {2**80}"),
+        ({"tokens": [{"step": "0", "token_id": 1}], "entries": [X_NPY]}, "tokens row 0", 'step must be an integer, not "0"'),
+    ],
+)
+def test_manifest_values_the_capture_cannot_hold_are_refused_before_writing(tmp_path: Path, document: object, where: str, what: str) -> None:
+    np.save(tmp_path / "x.npy", np.zeros((2, 3), np.float32))
+    manifest = _manifest(tmp_path, document)
+    refused = _refused("dir", tmp_path)
+    assert (refused.path, refused.location, refused.problem) == (str(manifest), where, what)
+
+
+def test_a_declared_shape_whose_size_overflows_is_refused_not_wrapped(tmp_path: Path) -> None:
+    np.zeros(4, np.uint8).tofile(tmp_path / "x.bin")
+    manifest = _manifest(tmp_path, [{"name": "x", "file": "x.bin", "dtype": "float32", "shape": [2**62, 2**62, 4]}])
+    refused = _refused("dir", tmp_path)
+    assert (refused.path, refused.location) == (str(manifest), "entry 0 ('x')")
+    assert refused.problem == f"shape [{2**62}, {2**62}, 4] of float32 needs {2**62 * 2**62 * 16} bytes, 'x.bin' holds 4"
+
+
+def test_an_npy_with_more_dimensions_than_the_format_allows_is_refused(tmp_path: Path) -> None:
+    np.save(tmp_path / "x.npy", np.zeros((1,) * 32, np.float32))
+    manifest = _manifest(tmp_path, [X_NPY])
+    refused = _refused("dir", tmp_path)
+    assert (refused.path, refused.location) == (str(manifest), "entry 0 ('x-0')")
+    assert refused.problem == "'x.npy' declares 32 dimensions; the capture format allows at most 8"
+
+
+def _npy_header_only(shape: tuple[int, ...]) -> bytes:
+    """The header of a float32 .npy of `shape`, with 100 bytes of data: what a small hostile file declares."""
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": shape})
+    return header.getvalue() + bytes(100)
+
+
+def test_an_npz_member_declaring_more_than_the_budget_is_refused_before_allocating(tmp_path: Path) -> None:
+    source = tmp_path / "dump.npz"
+    with zipfile.ZipFile(source, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("a.npy", _npy_header_only((2**31,)))
+    refused = _refused("npz", source)
+    assert (refused.path, refused.location) == (str(source), "a")
+    assert refused.problem == f"the declared float32 array of shape [{2**31}] is {2**33} bytes, over the {MAX_IMPORT_BYTES}-byte budget"
+
+
+def test_an_npy_declaring_more_than_the_budget_is_refused_before_allocating(tmp_path: Path) -> None:
+    (tmp_path / "x.npy").write_bytes(_npy_header_only((2**45,)))
+    _manifest(tmp_path, [X_NPY])
+    refused = _refused("dir", tmp_path)
+    assert refused.location == "entry 0 ('x-0')"
+    assert refused.problem == f"'x.npy' the declared float32 array of shape [{2**45}] is {2**47} bytes, over the {MAX_IMPORT_BYTES}-byte budget"
+
+
+def test_a_safetensors_dtype_without_a_capture_dtype_is_refused_by_name(tmp_path: Path) -> None:
+    header = json.dumps({"w": {"dtype": "F8_E4M3", "shape": [2], "data_offsets": [0, 2]}}).encode()
+    source = tmp_path / "w.safetensors"
+    source.write_bytes(struct.pack("<Q", len(header)) + header + bytes(2))
+    refused = _refused("safetensors", source)
+    assert (refused.path, refused.location) == (str(source), "w")
+    assert refused.problem.startswith("dtype F8_E4M3 has no capture dtype (importable: BOOL, U8, ")
+
+
+def test_a_safetensors_key_with_a_control_character_is_refused_not_imported(tmp_path: Path) -> None:
+    source = tmp_path / "w.safetensors"
+    save_file({"evil\x1b]0;title\x07": np.zeros(2, np.float32)}, str(source))
+    refused = _refused("safetensors", source)
+    assert (refused.path, refused.location) == (str(source), "entry 0 ('evil\\x1b]0;title\\x07')")
+    assert refused.problem == "'name' holds a control character (\\x1b in 'evil\\x1b]0;title\\x07')"
+
+
+def test_a_symlink_out_of_the_dump_folder_is_refused_and_its_target_never_read(tmp_path: Path) -> None:
+    (tmp_path / "secret.bin").write_bytes(b"SECRET-OUTSIDE!")
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    (dump / "x.bin").symlink_to(tmp_path / "secret.bin")
+    manifest = _manifest(dump, [{"name": "a", "file": "x.bin", "dtype": "uint8", "shape": [15]}])
+    refused = _refused("dir", dump)
+    assert (refused.path, refused.location) == (str(manifest), "entry 0 ('a')")
+    assert refused.problem == f"file 'x.bin' resolves to {tmp_path / 'secret.bin'}, outside {dump}; a symlink may not lead out of the dump folder"
+
+
+@pytest.mark.parametrize(
+    ("text", "what"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "not valid JSON (it nests deeper than a reader follows)"),
+        ('[{"name": "a", "file": "x.npy", "step": ' + "9" * 5000 + "}]", "not valid JSON (Exceeds the limit (4300 digits) for integer string conversion"),
+    ],
+)
+def test_a_manifest_beyond_what_the_json_parser_reads_is_refused(tmp_path: Path, text: str, what: str) -> None:
+    (tmp_path / "manifest.json").write_text(text, encoding="utf-8")
+    refused = _refused("dir", tmp_path)
+    assert (refused.path, refused.location) == (str(tmp_path / "manifest.json"), "file")
+    assert refused.problem.startswith(what)
+
+
+def test_a_manifest_that_is_a_fifo_is_refused_at_once_instead_of_waiting_for_a_writer(tmp_path: Path) -> None:
+    with fifo_without_writer(tmp_path, "manifest.json") as path:
+        refused = _refused("dir", tmp_path)
+    assert (refused.path, refused.location, refused.problem) == (str(path), "file", "cannot read the manifest (not a regular file: a FIFO)")
+
+
+def test_a_manifest_over_its_size_limit_is_refused_naming_its_size_and_the_limit(tmp_path: Path) -> None:
+    path = sparse_file(tmp_path / "manifest.json", MAX_MANIFEST_BYTES + 1)
+    refused = _refused("dir", tmp_path)
+    assert (refused.path, refused.location) == (str(path), "file")
+    assert refused.problem == f"cannot read the manifest ({MAX_MANIFEST_BYTES + 1} bytes, over the {MAX_MANIFEST_BYTES}-byte limit for this kind of file)"

@@ -11,6 +11,7 @@ from sessions.compare.layout_transform import LayoutError, LayoutTransform
 from sessions.compare.profile_identity import profile_content_hash
 from sessions.compare.profiles import (
     CANONICAL_OPS,
+    MAX_PROFILE_BYTES,
     STAGE_OF,
     Profile,
     ProfileError,
@@ -20,6 +21,7 @@ from sessions.compare.profiles import (
     profile_from_dict,
     resolve_profile,
 )
+from tests.side_files import fifo_without_writer, sparse_file
 
 
 def _op(profile: str, name: str, occurrence: int = 0, count: int = 1) -> tuple[str, int | None, int] | None:
@@ -119,6 +121,7 @@ def test_user_profile_loads_from_toml(tmp_path: Path) -> None:
         ('name = "x"\n[[rule]]\nname = "a"\nop = "embed"\nlayout = "a b -> a"\n', "exactly once"),
         ('name = "x"\n', "at least one"),
         ("name = ", "not valid TOML"),
+        ("x = " + "[" * 50_000 + "]" * 50_000 + "\n", r"not valid TOML \(it nests deeper than a reader follows\)"),
     ],
 )
 def test_bad_user_profiles_name_the_file_and_the_problem(tmp_path: Path, text: str, message: str) -> None:
@@ -139,3 +142,21 @@ def test_layout_transform_squeezes_transposes_and_merges_bit_for_bit() -> None:
     assert np.array_equal(out, stored[0].transpose(1, 0, 2).reshape(3, 8))
     with pytest.raises(LayoutError, match="size 1"):
         transform.output_shape((2, 2, 3, 4))
+
+
+def test_a_profile_that_is_a_fifo_is_refused_at_once_instead_of_waiting_for_a_writer(tmp_path: Path) -> None:
+    with fifo_without_writer(tmp_path, "engine.toml") as path, pytest.raises(ProfileError) as err:
+        load_profile_file(path)
+    assert str(err.value) == f"{path}: cannot read (not a regular file: a FIFO)"
+
+
+def test_a_profile_that_is_a_device_is_refused_instead_of_read_without_end() -> None:
+    with pytest.raises(ProfileError, match=r"^/dev/zero: cannot read \(not a regular file: a character device\)$"):
+        load_profile_file("/dev/zero")
+
+
+def test_a_profile_over_its_size_limit_is_refused_naming_its_size_and_the_limit(tmp_path: Path) -> None:
+    path = sparse_file(tmp_path / "engine.toml", MAX_PROFILE_BYTES + 1)
+    with pytest.raises(ProfileError) as err:
+        load_profile_file(path)
+    assert str(err.value) == f"{path}: cannot read ({MAX_PROFILE_BYTES + 1} bytes, over the {MAX_PROFILE_BYTES}-byte limit for this kind of file)"

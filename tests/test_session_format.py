@@ -247,3 +247,20 @@ def test_bookmarks_and_notes_export_as_markdown(tmp_path: Path) -> None:
     assert "_(no note)_" in text
     assert "- paired `native: step 0 · visual · layer 0 · Qcur-0 #2` with `oracle-2: step 0 · visual · layer 0 · model.layers.0.self_attn.rope #0`: Qcur is named again after RoPE" in text
     assert f"- sdpa with head chunking off at `0:prefill:0:sdpa`: `{tmp_path / 'rerun.h5'}`" in text
+
+
+@pytest.mark.parametrize(
+    ("text", "location", "problem"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "file", "not valid JSON (it nests deeper than a reader follows)"),
+        ('{"format": "parity-xray-session", "schema_version": 3, "x": ' + "9" * 5000 + "}", "file",
+         "not valid JSON (Exceeds the limit (4300 digits) for integer string conversion"),
+        ('{"format": "parity-xray-session", "schema_version": 1, "saved_utc": "", "session": null}', "/session",
+         "not a valid schema 1 session (AttributeError: 'NoneType' object has no attribute 'get')"),
+    ],
+)
+def test_json_beyond_what_a_parser_reads_is_a_located_format_error(text: str, location: str, problem: str) -> None:
+    with pytest.raises(SessionFormatError) as caught:
+        loads(text.encode(), "s.xray")
+    assert (caught.value.source, caught.value.location) == ("s.xray", location)
+    assert caught.value.problem.startswith(problem)

@@ -20,11 +20,14 @@ from sessions.atomic_write import STALE_TEMP_AGE_S, atomic_write_bytes
 from sessions.compare.key import OpKey
 from sessions.investigation.model import Investigation
 from sessions.investigation.store import (
+    MAX_SESSION_BYTES,
     SessionDocument,
     SessionOpenError,
     SessionSaveError,
     describe_os_error,
+    save_session,
 )
+from tests.side_files import UNBLOCK_AFTER_S, fifo_without_writer, sparse_file
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -245,3 +248,33 @@ def test_a_saver_killed_mid_save_thirty_times_always_leaves_a_readable_session(t
         assert SessionDocument.open(backup).notices == []
     assert all(t.startswith("generation") for t in titles), "every generation's saves landed whole"
     assert landed, "no kill landed inside a save; the test did not exercise what it claims"
+
+
+@pytest.mark.parametrize("recover", [False, True])
+def test_a_session_that_is_a_fifo_is_refused_at_once_and_left_in_place(tmp_path: Path, recover: bool) -> None:
+    with fifo_without_writer(tmp_path, "s.xray") as path:
+        with pytest.raises(SessionOpenError) as caught:
+            SessionDocument.open(path, recover=recover)
+        assert str(caught.value) == f"{path} cannot be read: not a regular file: a FIFO"
+        assert list(tmp_path.iterdir()) == [path]
+
+
+def test_a_session_that_is_a_device_is_refused_instead_of_read_without_end() -> None:
+    with pytest.raises(SessionOpenError, match=r"^/dev/zero cannot be read: not a regular file: a character device$"):
+        SessionDocument.open("/dev/zero", recover=False)
+
+
+def test_a_session_over_its_size_limit_is_refused_naming_its_size_and_the_limit(tmp_path: Path) -> None:
+    path = sparse_file(tmp_path / "s.xray", MAX_SESSION_BYTES + 1)
+    with pytest.raises(SessionOpenError) as caught:
+        SessionDocument.open(path, recover=False)
+    assert str(caught.value) == f"{path} cannot be read: {MAX_SESSION_BYTES + 1} bytes, over the {MAX_SESSION_BYTES}-byte limit for this kind of file"
+
+
+def test_saving_over_a_fifo_does_not_wait_to_read_it_first(tmp_path: Path) -> None:
+    """Saving reads the file it replaces (to protect a newer schema); a FIFO there is not one."""
+    with fifo_without_writer(tmp_path, "s.xray") as path:
+        started = time.monotonic()
+        save_session(titled("saved"), path, backups=0)
+        assert time.monotonic() - started < UNBLOCK_AFTER_S
+        assert SessionDocument.open(path).session.title == "saved"

@@ -15,10 +15,11 @@ from sessions.compare.in_child import options_from_json, options_to_json
 from sessions.compare.key import OpKey
 from sessions.compare.options import CompareOptions
 from sessions.compare.tensor_diff import Tolerance
-from sessions.compare.tolerance_policy import PolicyError, load_policy
+from sessions.compare.tolerance_policy import MAX_POLICY_BYTES, PolicyError, load_policy
 from sessions.compare.verdict import DIVERGENCE, PARITY, Kind
 from sessions.progress import run_to_end
 from tests.hand_captures import one_ulp_pair, policy_file
+from tests.side_files import fifo_without_writer, sparse_file
 
 
 def test_a_rule_for_the_logits_passes_them_and_leaves_other_ops_bit_exact(tmp_path: Path) -> None:
@@ -78,6 +79,9 @@ def test_report_takes_the_policy_and_every_output_says_which_ops_passed(tmp_path
         ('[tolerances]\n', "unknown table(s) tolerances"),
         ('rule = 3\n', "`rule` must be an array of tables"),
         ('[[rule]\n', "not TOML"),
+        ("x = " + "[" * 50_000 + "]" * 50_000 + "\n", "not TOML (it nests deeper than a reader follows)"),
+        ("[default]\nmax_ulp = " + "9" * 5000 + "\n", "not TOML (Exceeds the limit (4300 digits) for integer string conversion"),
+        ('[[rule]]\nmatch = "a{4294967296}"\n', "rule 1: match 'a{4294967296}' is not a regular expression (the repetition number is too large)"),
     ],
 )
 def test_a_bad_policy_names_the_file_the_place_and_the_problem(tmp_path: Path, text: str, problem: str) -> None:
@@ -85,3 +89,21 @@ def test_a_bad_policy_names_the_file_the_place_and_the_problem(tmp_path: Path, t
     with pytest.raises(PolicyError) as caught:
         load_policy(path)
     assert str(caught.value).startswith(str(path)) and problem in str(caught.value)
+
+
+def test_a_policy_that_is_a_fifo_is_refused_at_once_instead_of_waiting_for_a_writer(tmp_path: Path) -> None:
+    with fifo_without_writer(tmp_path, "policy.toml") as path, pytest.raises(PolicyError) as caught:
+        load_policy(path)
+    assert str(caught.value) == f"{path}: cannot be read (not a regular file: a FIFO)"
+
+
+def test_a_policy_that_is_a_device_is_refused_instead_of_read_without_end() -> None:
+    with pytest.raises(PolicyError, match=r"^/dev/zero: cannot be read \(not a regular file: a character device\)$"):
+        load_policy("/dev/zero")
+
+
+def test_a_policy_over_its_size_limit_is_refused_naming_its_size_and_the_limit(tmp_path: Path) -> None:
+    path = sparse_file(tmp_path / "policy.toml", MAX_POLICY_BYTES + 1)
+    with pytest.raises(PolicyError) as caught:
+        load_policy(path)
+    assert str(caught.value) == f"{path}: cannot be read ({MAX_POLICY_BYTES + 1} bytes, over the {MAX_POLICY_BYTES}-byte limit for this kind of file)"

@@ -8,6 +8,7 @@ the input is refused (the message names the file and the manifest entry).
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from sessions.capture.format import ROLES
@@ -34,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
         work = iter_import(args.kind, args.source, args.out, manifest=args.manifest, meta=overrides)
         count = sum(1 for _ in work)
     except CaptureError as exc:
-        print(f"import refused: {exc}")
+        print(f"import refused: {exc}", file=sys.stderr)
         return EXIT_REFUSED
     print(f"{args.out}: imported {count} tensor{'s' if count != 1 else ''} from {args.source}")
     return EXIT_OK

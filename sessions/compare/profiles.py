@@ -26,9 +26,13 @@ from typing import Any
 
 from sessions.compare.key import OpKey
 from sessions.compare.layout_transform import LayoutError, LayoutTransform
+from sessions.side_file import parse_problem, read_side_file
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "builtin_profiles"
 BUILTIN_FILES = {"canonical": "canonical.toml", "llama.cpp": "llama_cpp.toml", "mlx-lm": "mlx_lm.toml"}
+MAX_PROFILE_BYTES = 4 * 1024**2
+"""The built-in profiles are a few KiB; 4 MiB leaves room for a generated one with thousands of
+rules, and refuses a device or a huge file before it is read whole."""
 
 CANONICAL_OPS: dict[str, str] = {
     "embed": "rows hidden",
@@ -330,13 +334,15 @@ def profile_from_dict(data: dict[str, Any], source: str) -> Profile:
 def load_profile_file(path: str | Path) -> Profile:
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        text = read_side_file(path, MAX_PROFILE_BYTES).decode("utf-8")
     except FileNotFoundError:
         raise ProfileError(f"{path}: profile file does not exist") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ProfileError(f"{path}: cannot read ({exc})") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ProfileError(f"{path}: not valid TOML ({exc})") from None
+    try:
+        data = tomllib.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise ProfileError(f"{path}: not valid TOML ({parse_problem(exc)})") from None
     return profile_from_dict(data, str(path))
 
 

@@ -33,8 +33,12 @@ from typing import Any
 from sessions.compare.key import OpKey
 from sessions.compare.tensor_diff import Tolerance
 from sessions.compare.tolerance_bounds import bound_problem, ulp_problem
+from sessions.side_file import parse_problem, read_side_file
 
 BOUNDS = ("atol", "rtol", "max_ulp")
+MAX_POLICY_BYTES = 4 * 1024**2
+"""A policy is written by hand (a few rules); 4 MiB leaves room for a generated one with thousands
+of rules, and refuses a device or a huge file before it is read whole."""
 
 
 class PolicyError(ValueError):
@@ -103,7 +107,7 @@ def _rule(table: object, where: str, named: bool) -> ToleranceRule:
     if "match" in names:
         try:
             re.compile(names["match"])
-        except re.error as exc:
+        except (re.error, OverflowError, RecursionError) as exc:
             raise PolicyError(f"{where}: match {names['match']!r} is not a regular expression ({exc})") from None
     return ToleranceRule(**bounds, **names)  # type: ignore[arg-type]
 
@@ -112,11 +116,11 @@ def load_policy(path: str | Path) -> TolerancePolicy:
     """Read and check a policy file; PolicyError names the file, the place and what is wrong."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(read_side_file(path, MAX_POLICY_BYTES).decode("utf-8"))
     except OSError as exc:
         raise PolicyError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise PolicyError(f"{path}: not TOML ({exc})") from None
+    except (ValueError, RecursionError) as exc:
+        raise PolicyError(f"{path}: not TOML ({parse_problem(exc)})") from None
     unknown = sorted(set(data) - {"default", "rule"})
     if unknown:
         raise PolicyError(f"{path}: unknown table(s) {', '.join(unknown)}; a policy has [default] and [[rule]]")

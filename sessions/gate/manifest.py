@@ -21,12 +21,17 @@ from typing import Any
 from sessions.compare.options import CompareOptions
 from sessions.compare.profiles import builtin_profiles
 from sessions.compare.tolerance_bounds import bound_problem, ulp_problem
+from sessions.side_file import parse_problem, read_side_file
 
 EOS_STOP = "stop"
 """Compare up to the shared EOS when both runs reach it; not reaching it is no failure."""
 EOS_REQUIRE = "require"
 """The case fails unless both runs reach the same stop token within its budget (the per-image EOS gate)."""
 EOS_RULES = (EOS_STOP, EOS_REQUIRE)
+
+MAX_MANIFEST_BYTES = 16 * 1024**2
+"""A pipeline may list tens of thousands of cases (a few hundred bytes each); 16 MiB holds that,
+and refuses a device or a huge file before it is read whole."""
 
 OPTION_KEYS = ("atol", "rtol", "max_ulp", "native_profile", "oracle_profile", "token_budget", "eos")
 """Keys a case sets for itself, or the manifest's top level sets for every case."""
@@ -73,7 +78,7 @@ def load_manifest(path: str | Path) -> Manifest:
     """Read and check a manifest file; raises ManifestError."""
     path = Path(path).absolute()
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_side_file(path, MAX_MANIFEST_BYTES).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ManifestError(path, None, "", f"cannot read the manifest ({exc})") from None
     return parse_manifest(text, path)
@@ -87,6 +92,8 @@ def parse_manifest(text: str, path: Path) -> Manifest:
         found = _TOML_LOCATION.search(str(exc))
         line = int(found.group(1)) if found else None
         raise ManifestError(path, line, "", f"not valid TOML: {_TOML_LOCATION.sub('', str(exc))}") from None
+    except (ValueError, RecursionError) as exc:
+        raise ManifestError(path, None, "", f"not valid TOML: {parse_problem(exc)}") from None
     reader = _Reader(text, path)
     reader.check_keys(data, TOP_KEYS, None, "the top level")
     defaults = {k: data[k] for k in OPTION_KEYS if k in data}

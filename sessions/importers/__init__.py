@@ -14,7 +14,7 @@ from typing import Any
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.reader import CaptureError
 from sessions.capture.writer import CaptureWriter
-from sessions.importers.manifest import Manifest, load_manifest
+from sessions.importers.manifest import Manifest, failing, load_manifest, meta_value
 from sessions.importers.sources import (
     ImportedArray,
     from_directory,
@@ -37,15 +37,20 @@ def _open(kind: str, source: Path, manifest_path: Path | None) -> tuple[Manifest
             raise CaptureError(source, "file", "is not a directory (import dir takes a directory of .npy/.bin files)")
         manifest = load_manifest(manifest_path or source / MANIFEST_NAME, need_file=True)
         return manifest, from_directory(manifest)
+    if not source.is_file():
+        raise CaptureError(source, "file", f"is not a regular file (import {kind} takes one file)")
     manifest = load_manifest(manifest_path, need_file=False) if manifest_path else None
     opener = from_safetensors if kind == "safetensors" else from_npz
     return opener(source, manifest)
 
 
 def _meta(manifest: Manifest, overrides: dict[str, Any], source: Path, kind: str) -> CaptureMeta:
-    fields = {**manifest.meta, **{k: v for k, v in overrides.items() if v is not None}}
-    provenance = dict(fields.pop("provenance", {}) or {})
-    provenance.update(imported_from=str(source), import_kind=kind, manifest=str(manifest.path))
+    """The capture's meta: the manifest's (checked when it was read), the caller's overrides
+    checked the same way, and where it was imported from added to the provenance."""
+    given = {k: meta_value(k, v, failing(source, f"option {k!r}")) for k, v in overrides.items() if v is not None}
+    fields = {**manifest.meta, **given}
+    provenance = {**fields.pop("provenance", {}), "imported_from": str(source), "import_kind": kind, "manifest": str(manifest.path)}
+    meta_value("provenance", provenance, failing(manifest.path, "meta 'provenance'"))
     fields.setdefault("role", "native")
     try:
         return CaptureMeta(provenance=provenance, **fields)
@@ -98,11 +103,6 @@ def _write(parsed: Manifest, arrays: Iterator[ImportedArray], capture_meta: Capt
             yield Progress(done, total, entry.name)
         for number, row in enumerate(parsed.tokens):
             try:
-                writer.add_token(
-                    step=int(row["step"]),
-                    segment=str(row.get("segment", "")),
-                    token_id=int(row["token_id"]),
-                    is_stop=bool(row.get("is_stop", False)),
-                )
-            except (TypeError, ValueError) as exc:
+                writer.add_token(**row)
+            except ValueError as exc:
                 raise CaptureError(parsed.path, f"tokens row {number}", str(exc)) from None

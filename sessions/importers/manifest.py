@@ -13,26 +13,48 @@ uint16 array can be declared `bfloat16`). The top level is a list of entries, or
 `entries`, optional `meta` (CaptureMeta fields) and optional `tokens` rows.
 
 Every problem is a `CaptureError` naming the manifest file and the entry (number and name).
+The manifest comes from someone else's engine or CI: every value is checked here, against what
+the capture format can hold, so that a bad one is refused before the output exists instead of
+failing half-way through writing it, or producing a capture that `validate` refuses.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from sessions.bits.dtypes import LOGICAL_DTYPES
 from sessions.capture import format as cf
+from sessions.capture.hdf5_safety import printable
 from sessions.capture.reader import CaptureError
+from sessions.capture.text_fields import control_character
+from sessions.side_file import parse_problem, read_side_file
 
 DEFAULT_SEGMENT = "prefill"
 ENTRY_KEYS = {
     "name", "file", "key", "dtype", "shape", "step", "segment", "layer", "order",
     "kernel_id", "contract_id", "effective_contract_id",
 }
+TOKEN_KEYS = {"step", "segment", "token_id", "is_stop"}
 META_KEYS = {"role", "engine_name", "engine_version", "engine_commit", "model_id", "weights_hash", "device", "compiler", "prompt", "seed", "provenance"}
+MAX_MANIFEST_BYTES = 64 * 1024**2
+"""One entry per dumped tensor, a few hundred bytes each: a long multi-step dump is a few MB, and
+64 MiB is far beyond it; a device or a huge file is refused before it is read whole."""
+MAX_STEP = int(np.iinfo(cf.INDEX_DTYPE["step"]).max)
+MAX_LAYER = int(np.iinfo(cf.INDEX_DTYPE["layer"]).max)
+MAX_INT64 = int(np.iinfo(np.int64).max)
+"""The widest integers the capture stores (the index's shape, a token id, the seed); also the
+largest order, so that every number a manifest gives fits the file it describes."""
+_SHOWN_CHARS = 80
+"""How much of a refused value a message quotes: a 10 MB string must not become a 10 MB message."""
+
+Fail = Callable[[str], CaptureError]
 _LAYER_PATTERNS = (re.compile(r"(?:^|\.)(?:layers|blk|h|block|blocks)\.(\d+)(?:\.|$)"), re.compile(r"-(\d+)$"))
 
 
@@ -78,28 +100,87 @@ class Manifest:
     tokens: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _int(value: Any, what: str, minimum: int, fail: Any) -> int:
+def failing(path: Path, location: str) -> Fail:
+    """A `fail` that places its problem at `location` in the manifest."""
+    return lambda problem: CaptureError(path, location, problem)
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= _SHOWN_CHARS else f"{text[:_SHOWN_CHARS]}..."
+
+
+def _int(value: Any, what: str, minimum: int, maximum: int, fail: Fail) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
-        raise fail(f"{what} must be an integer, not {json.dumps(value)}")
+        raise fail(f"{what} must be an integer, not {_shown(value)}")
     if value < minimum:
-        raise fail(f"{what} must be >= {minimum}, not {value}")
+        raise fail(f"{what} must be >= {minimum}, not {_shown(value)}")
+    if value > maximum:
+        raise fail(f"{what} must be <= {maximum} (the capture format's largest), not {_shown(value)}")
     return value
 
 
-def _text(value: Any, what: str, limit: int, fail: Any) -> str:
+def _text(value: Any, what: str, limit: int, fail: Fail, *, multiline: bool = False) -> str:
+    """A text value the capture can hold, and that `validate` accepts: within its field's bytes and,
+    unless it may span lines (the prompt), free of control characters, which would reach the
+    terminal of whoever reads a report."""
     if not isinstance(value, str):
-        raise fail(f"{what} must be a string, not {json.dumps(value)}")
+        raise fail(f"{what} must be a string, not {_shown(value)}")
     if len(value.encode("utf-8")) > limit:
         raise fail(f"{what} is longer than the capture format's {limit} bytes")
+    control = None if multiline else control_character(value)
+    if control is not None:
+        raise fail(f"{what} holds a control character ({printable(control)} in '{printable(value)}')")
     return value
+
+
+def meta_value(key: str, value: Any, fail: Fail) -> Any:
+    """`value` for the CaptureMeta field `key` if the capture's root attributes can hold it as `validate` reads them."""
+    if key == "role":
+        if value not in cf.ROLES:
+            raise fail(f"role must be one of {', '.join(cf.ROLES)}, not {_shown(value)}")
+        return value
+    if key == "seed":
+        return _int(value, "seed", -MAX_INT64 - 1, MAX_INT64, fail)
+    if key == "provenance":
+        if not isinstance(value, dict):
+            raise fail(f"provenance must be a JSON object, not {_shown(value)}")
+        size = len(json.dumps(value, sort_keys=True).encode("utf-8"))
+        if size > cf.ATTRIBUTE_TABLE_BYTES:
+            raise fail(f"provenance is {size} bytes as JSON, over the {cf.ATTRIBUTE_TABLE_BYTES} an attribute holds")
+        return value
+    return _text(value, key, cf.ATTRIBUTE_TABLE_BYTES, fail, multiline=key in cf.MULTILINE_STRING_ATTRS)
+
+
+def _meta(raw: Any, path: Path) -> dict[str, Any]:
+    if not isinstance(raw, dict) or set(raw) - META_KEYS:
+        raise CaptureError(path, "meta", f"must be an object with keys among {', '.join(sorted(META_KEYS))}")
+    return {key: meta_value(key, value, failing(path, f"meta {key!r}")) for key, value in raw.items()}
+
+
+def _token(raw: Any, number: int, path: Path) -> dict[str, Any]:
+    """A tokens row with the types and ranges of the capture's token table."""
+    fail = failing(path, f"tokens row {number}")
+    if not isinstance(raw, dict) or not {"step", "token_id"} <= set(raw):
+        raise fail("needs at least 'step' and 'token_id'")
+    unknown = sorted(set(raw) - TOKEN_KEYS)
+    if unknown:
+        raise fail(f"unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(TOKEN_KEYS))}")
+    is_stop = raw.get("is_stop", False)
+    if not isinstance(is_stop, bool):
+        raise fail(f"is_stop must be true or false, not {_shown(is_stop)}")
+    return {
+        "step": _int(raw["step"], "step", 0, MAX_STEP, fail),
+        "segment": _text(raw.get("segment", ""), "segment", cf.TOKENS_DTYPE["segment"].itemsize, fail),
+        "token_id": _int(raw["token_id"], "token_id", 0, MAX_INT64, fail),
+        "is_stop": is_stop,
+    }
 
 
 def _entry(raw: Any, position: int, path: Path, *, need_file: bool) -> Entry:
     name = raw.get("name") if isinstance(raw, dict) else None
-    label = f"entry {position}" + (f" ({name!r})" if isinstance(name, str) else "")
-
-    def fail(problem: str) -> CaptureError:
-        return CaptureError(path, label, problem)
+    label = f"entry {position}" + (f" ({name[:64]!r})" if isinstance(name, str) else "")
+    fail = failing(path, label)
 
     if not isinstance(raw, dict):
         raise fail(f"must be a JSON object, not {type(raw).__name__}")
@@ -117,14 +198,14 @@ def _entry(raw: Any, position: int, path: Path, *, need_file: bool) -> Entry:
     if file is not None and (Path(file).is_absolute() or ".." in Path(file).parts):
         raise fail(f"'file' {file!r} must be a path inside the manifest's directory")
     dtype = raw.get("dtype")
-    if dtype is not None and dtype not in LOGICAL_DTYPES:
-        raise fail(f"dtype {json.dumps(dtype)} is not a capture dtype ({', '.join(sorted(LOGICAL_DTYPES))})")
+    if dtype is not None and (not isinstance(dtype, str) or dtype not in LOGICAL_DTYPES):
+        raise fail(f"dtype {_shown(dtype)} is not a capture dtype ({', '.join(sorted(LOGICAL_DTYPES))})")
     shape = raw.get("shape")
     if shape is not None:
         if not isinstance(shape, list) or len(shape) > cf.MAX_NDIM:
-            raise fail(f"shape must be a list of at most {cf.MAX_NDIM} sizes, not {json.dumps(shape)}")
-        shape = tuple(_int(d, "each shape size", 0, fail) for d in shape)
-    layer = _int(raw["layer"], "layer", -1, fail) if "layer" in raw else infer_layer(name)
+            raise fail(f"shape must be a list of at most {cf.MAX_NDIM} sizes, not {_shown(shape)}")
+        shape = tuple(_int(d, "each shape size", 0, MAX_INT64, fail) for d in shape)
+    layer = _int(raw["layer"], "layer", -1, MAX_LAYER, fail) if "layer" in raw else infer_layer(name)
     return Entry(
         name=name,
         position=position,
@@ -132,10 +213,10 @@ def _entry(raw: Any, position: int, path: Path, *, need_file: bool) -> Entry:
         key=_text(raw["key"], "'key'", 4096, fail) if "key" in raw else None,
         dtype=dtype,
         shape=shape,
-        step=_int(raw.get("step", 0), "step", 0, fail),
+        step=_int(raw.get("step", 0), "step", 0, MAX_STEP, fail),
         segment=_text(raw.get("segment", DEFAULT_SEGMENT), "segment", 16, fail) or DEFAULT_SEGMENT,
         layer=layer,
-        order=_int(raw.get("order", position), "order", 0, fail),
+        order=_int(raw.get("order", position), "order", 0, MAX_INT64, fail),
         kernel_id=_text(raw.get("kernel_id", ""), "kernel_id", 64, fail),
         contract_id=_text(raw.get("contract_id", ""), "contract_id", 64, fail),
         effective_contract_id=_text(raw.get("effective_contract_id", ""), "effective_contract_id", 64, fail),
@@ -153,15 +234,11 @@ def parse_manifest(data: Any, path: Path, *, need_file: bool) -> Manifest:
             raise CaptureError(path, "top level", f"unknown key(s) {', '.join(unknown)}; known: entries, meta, tokens")
         if "entries" not in data:
             raise CaptureError(path, "top level", "has no 'entries' list")
-        meta = data.get("meta", {})
-        if not isinstance(meta, dict) or set(meta) - META_KEYS:
-            raise CaptureError(path, "meta", f"must be an object with keys among {', '.join(sorted(META_KEYS))}")
+        meta = _meta(data.get("meta", {}), path)
         tokens = data.get("tokens", [])
         if not isinstance(tokens, list):
             raise CaptureError(path, "tokens", "must be a list of {step, segment, token_id, is_stop} objects")
-        for number, row in enumerate(tokens):
-            if not isinstance(row, dict) or not {"step", "token_id"} <= set(row):
-                raise CaptureError(path, f"tokens row {number}", "needs at least 'step' and 'token_id'")
+        tokens = [_token(row, number, path) for number, row in enumerate(tokens)]
         data = data["entries"]
     if not isinstance(data, list):
         raise CaptureError(path, "top level", "must be a list of entries or an object with 'entries'")
@@ -181,7 +258,7 @@ def parse_manifest(data: Any, path: Path, *, need_file: bool) -> Manifest:
 def load_manifest(path: str | Path, *, need_file: bool) -> Manifest:
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_side_file(path, MAX_MANIFEST_BYTES).decode("utf-8")
     except FileNotFoundError:
         raise CaptureError(path, "file", "manifest does not exist") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -190,6 +267,8 @@ def load_manifest(path: str | Path, *, need_file: bool) -> Manifest:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise CaptureError(path, f"line {exc.lineno} column {exc.colno}", f"not valid JSON ({exc.msg})") from None
+    except (ValueError, RecursionError) as exc:
+        raise CaptureError(path, "file", f"not valid JSON ({parse_problem(exc)})") from None
     return parse_manifest(data, path, need_file=need_file)
 
 

@@ -4,14 +4,22 @@ Each source pairs manifest entries with arrays and checks them against each othe
 names the source file or the manifest entry it comes from. Arrays keep their bits: typed
 arrays are stored as they are (or reinterpreted as a same-width declared dtype), raw `.bin`
 bytes are read as the declared little-endian dtype, quantized ones as GGML blocks.
+
+The files are someone else's: every array's size is known before it is read (a .npy header, a
+manifest's shape, a safetensors header) and held to one budget, its dimensions to the format's,
+and a file must be a regular file inside the dump folder (a symlink out of it is refused, as a
+`..` in the manifest is).
 """
 
 from __future__ import annotations
 
+import math
+import os
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -21,11 +29,22 @@ from sessions.bits.dtypes import (
     logical_name_of,
     quantized_nbytes,
 )
+from sessions.capture import format as cf
 from sessions.capture.reader import CaptureError
 from sessions.importers.manifest import Entry, Manifest, default_manifest
+from sessions.side_file import open_regular_file
 
 MAX_IMPORT_BYTES = 2 * 1024**3
 """The same per-tensor budget a capture reader enforces."""
+
+SAFETENSORS_ITEMSIZE = {
+    "BOOL": 1, "U8": 1, "I8": 1, "U16": 2, "I16": 2, "F16": 2, "BF16": 2,
+    "U32": 4, "I32": 4, "F32": 4, "U64": 8, "I64": 8, "F64": 8,
+}
+"""The safetensors dtypes that have a capture dtype (others, such as F8_E4M3, do not; numpy may
+not even have a type for them), with their widths for the budget."""
+_NPY_HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+"""The .npy versions numpy writes for plain arrays (3.0 only adds non-Latin-1 field names)."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +76,8 @@ def _typed(entry: Entry, array: np.ndarray, where: Path, fail_at: str) -> Import
         raise fail(f"declared dtype {logical} is {ld.storage.itemsize} bytes wide, the array's {array.dtype} is {array.dtype.itemsize}")
     if entry.shape is not None and tuple(array.shape) != entry.shape:
         raise fail(f"declared shape {list(entry.shape)} but the array has shape {list(array.shape)}")
+    if array.ndim > cf.MAX_NDIM:
+        raise fail(f"the array has {array.ndim} dimensions; the capture format allows at most {cf.MAX_NDIM}")
     return ImportedArray(entry, np.ascontiguousarray(array).view(ld.storage), logical, None)
 
 
@@ -70,25 +91,28 @@ def _blocks(entry: Entry, raw: bytes, logical: str, where: Path, fail_at: str) -
         raise CaptureError(where, fail_at, str(exc)) from None
     if len(raw) != expected:
         raise CaptureError(where, fail_at, f"{logical} of shape {list(entry.shape)} takes {expected} bytes, the data has {len(raw)}")
-    rows = int(np.prod(entry.shape[:-1], dtype=np.int64)) if len(entry.shape) > 1 else 1
+    rows = math.prod(entry.shape[:-1])
     blocks = np.frombuffer(raw, dtype=np.uint8).reshape(rows, expected // max(rows, 1))
     return ImportedArray(entry, blocks, logical, entry.shape)
 
 
-def _raw(entry: Entry, path: Path, manifest: Path) -> ImportedArray:
+def _over_budget(nbytes: int, what: str) -> str | None:
+    return f"{what} is {nbytes} bytes, over the {MAX_IMPORT_BYTES}-byte budget" if nbytes > MAX_IMPORT_BYTES else None
+
+
+def _raw(entry: Entry, file: BinaryIO, manifest: Path) -> ImportedArray:
     """A `.bin` file: exactly the declared dtype x shape, little-endian."""
     where = entry.label()
     if entry.dtype is None or entry.shape is None:
         raise CaptureError(manifest, where, f"raw file {entry.file!r} needs 'dtype' and 'shape'")
-    size = path.stat().st_size
-    if size > MAX_IMPORT_BYTES:
-        raise CaptureError(manifest, where, f"{entry.file!r} is {size} bytes, over the {MAX_IMPORT_BYTES}-byte budget")
+    problem = _over_budget(os.fstat(file.fileno()).st_size, repr(entry.file))
+    if problem is not None:
+        raise CaptureError(manifest, where, problem)
     ld = logical_dtype(entry.dtype)
-    raw = path.read_bytes()
+    raw = file.read(MAX_IMPORT_BYTES + 1)
     if ld.is_quantized:
         return _blocks(entry, raw, entry.dtype, manifest, where)
-    count = int(np.prod(entry.shape, dtype=np.int64))
-    expected = count * ld.storage.itemsize
+    expected = math.prod(entry.shape) * ld.storage.itemsize
     if len(raw) != expected:
         raise CaptureError(
             manifest, where,
@@ -98,23 +122,55 @@ def _raw(entry: Entry, path: Path, manifest: Path) -> ImportedArray:
     return ImportedArray(entry, bits, entry.dtype, None)
 
 
+def _npy(file: BinaryIO, fail: Callable[[str], CaptureError]) -> np.ndarray:
+    """The array of a .npy stream, its header checked first: a few bytes may declare any shape,
+    and numpy allocates the whole declared array before it reads a byte of data."""
+    try:
+        version = np.lib.format.read_magic(file)
+        if version not in _NPY_HEADER_READERS:
+            raise fail(f"is .npy format version {version[0]}.{version[1]}; the importer reads 1.0 and 2.0")
+        shape, _, dtype = _NPY_HEADER_READERS[version](file)
+        if len(shape) > cf.MAX_NDIM:
+            raise fail(f"declares {len(shape)} dimensions; the capture format allows at most {cf.MAX_NDIM}")
+        problem = _over_budget(math.prod(shape) * dtype.itemsize, f"the declared {dtype} array of shape {list(shape)}")
+        if problem is not None:
+            raise fail(problem)
+        file.seek(0)
+        return np.lib.format.read_array(file, allow_pickle=False)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise fail(f"is not a readable .npy array ({exc})") from None
+
+
+def _inside(path: Path, base: Path) -> bool:
+    """Whether `path`, its symlinks followed, is still in the folder `base`."""
+    return path.resolve().is_relative_to(base.resolve())
+
+
+def _from_file(entry: Entry, path: Path, manifest: Path) -> ImportedArray:
+    where = entry.label()
+    if path.suffix not in (".npy", ".bin"):
+        raise CaptureError(manifest, where, f"file {entry.file!r} is neither .npy nor .bin")
+    try:
+        file = open_regular_file(path)
+    except FileNotFoundError:
+        raise CaptureError(manifest, where, f"file {entry.file!r} does not exist in {path.parent}") from None
+    except OSError as exc:
+        raise CaptureError(manifest, where, f"file {entry.file!r} cannot be read ({exc.strerror or exc})") from None
+    with file:
+        if path.suffix == ".bin":
+            return _raw(entry, file, manifest)
+        array = _npy(file, lambda problem: CaptureError(manifest, where, f"{entry.file!r} {problem}"))
+    return _typed(entry, array, manifest, where)
+
+
 def from_directory(manifest: Manifest) -> Iterator[ImportedArray]:
     """The entries of a directory manifest, each read from its `.npy` or `.bin` file."""
     base = manifest.path.parent
     for entry in manifest.entries:
         path = base / str(entry.file)
-        if not path.is_file():
-            raise CaptureError(manifest.path, entry.label(), f"file {entry.file!r} does not exist in {base}")
-        if path.suffix == ".npy":
-            try:
-                array = np.load(path, allow_pickle=False)
-            except (ValueError, OSError) as exc:
-                raise CaptureError(manifest.path, entry.label(), f"{entry.file!r} is not a readable .npy file ({exc})") from None
-            yield _typed(entry, array, manifest.path, entry.label())
-        elif path.suffix == ".bin":
-            yield _raw(entry, path, manifest.path)
-        else:
-            raise CaptureError(manifest.path, entry.label(), f"file {entry.file!r} is neither .npy nor .bin")
+        if not _inside(path, base):
+            raise CaptureError(manifest.path, entry.label(), f"file {entry.file!r} resolves to {path.resolve()}, outside {base}; a symlink may not lead out of the dump folder")
+        yield _from_file(entry, path, manifest.path)
 
 
 def _pick(entries: list[Entry], available: list[str], source: Path, manifest: Path) -> None:
@@ -124,25 +180,38 @@ def _pick(entries: list[Entry], available: list[str], source: Path, manifest: Pa
         raise CaptureError(manifest, entry.label(), f"{source.name} has no array {entry.source_key!r} (it has {len(available)}: {', '.join(available[:8])}{', ...' if len(available) > 8 else ''})")
 
 
+def _members(archive: zipfile.ZipFile) -> dict[str, str]:
+    """Array name -> member name, as `numpy.load` names an .npz's arrays (`a.npy` is `a`)."""
+    return {name.removesuffix(".npy"): name for name in archive.namelist()}
+
+
 def from_npz(path: Path, manifest: Manifest | None) -> tuple[Manifest, Iterator[ImportedArray]]:
     try:
-        archive = np.load(path, allow_pickle=False)
+        archive = zipfile.ZipFile(path)
     except (ValueError, OSError, zipfile.BadZipFile) as exc:
         raise CaptureError(path, "file", f"not a readable .npz archive ({exc})") from None
-    names = list(archive.files)
-    manifest = manifest or default_manifest(names, path)
-    _pick(manifest.entries, names, path, manifest.path)
+    members = _members(archive)
+    manifest = manifest or default_manifest(list(members), path)
+    _pick(manifest.entries, list(members), path, manifest.path)
 
     def arrays() -> Iterator[ImportedArray]:
         with archive:
             for entry in manifest.entries:
-                try:
-                    array = archive[entry.source_key]
-                except (ValueError, OSError, zipfile.BadZipFile) as exc:
-                    raise CaptureError(path, entry.source_key, f"unreadable array ({exc})") from None
+                key = entry.source_key
+                with archive.open(members[key]) as member:
+                    array = _npy(member, lambda problem, key=key: CaptureError(path, key, problem))
                 yield _typed(entry, array, manifest.path, entry.label())
 
     return manifest, arrays()
+
+
+def _safetensors_problem(dtype: str, shape: list[int]) -> str | None:
+    """Why a tensor, as its header declares it, cannot be imported (checked before its bytes are read)."""
+    if dtype not in SAFETENSORS_ITEMSIZE:
+        return f"dtype {dtype} has no capture dtype (importable: {', '.join(SAFETENSORS_ITEMSIZE)})"
+    if len(shape) > cf.MAX_NDIM:
+        return f"has {len(shape)} dimensions; the capture format allows at most {cf.MAX_NDIM}"
+    return _over_budget(math.prod(shape) * SAFETENSORS_ITEMSIZE[dtype], f"the {dtype} tensor of shape {shape}")
 
 
 def from_safetensors(path: Path, manifest: Manifest | None) -> tuple[Manifest, Iterator[ImportedArray]]:
@@ -158,10 +227,15 @@ def from_safetensors(path: Path, manifest: Manifest | None) -> tuple[Manifest, I
 
     def arrays() -> Iterator[ImportedArray]:
         for entry in manifest.entries:
+            key = entry.source_key
             try:
-                array = handle.get_tensor(entry.source_key)
+                header = handle.get_slice(key)
+                problem = _safetensors_problem(header.get_dtype(), header.get_shape())
+                if problem is not None:
+                    raise CaptureError(path, key, problem)
+                array = handle.get_tensor(key)
             except (SafetensorError, TypeError, ValueError) as exc:
-                raise CaptureError(path, entry.source_key, f"unreadable tensor ({exc})") from None
+                raise CaptureError(path, key, f"unreadable tensor ({exc})") from None
             yield _typed(entry, array, manifest.path, entry.label())
 
     return manifest, arrays()

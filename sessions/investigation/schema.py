@@ -45,6 +45,7 @@ from sessions.investigation.model import (
     relative_path_from,
     utc_now,
 )
+from sessions.side_file import parse_problem
 
 FORMAT = "parity-xray-session"
 SCHEMA_VERSION = 3
@@ -399,10 +400,10 @@ def _v1_capture(capture_id: str, role: str, entry: dict[str, Any], profile: str)
 
 
 def upgrade_v1_to_v2(document: dict[str, Any], source: str) -> dict[str, Any]:
-    old = document["session"]
-    profiles = old.get("profiles", {})
     where = "/session"
     try:
+        old = document["session"]
+        profiles = old.get("profiles", {})
         captures = [_v1_capture(role, role, entry, profiles.get(role, "")) for role, entry in old["captures"].items()]
         reruns = [
             {
@@ -486,4 +487,6 @@ def loads(data: bytes, source: str) -> DecodedSession:
         raise SessionFormatError(source, "file", f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except json.JSONDecodeError as exc:
         raise SessionFormatError(source, f"line {exc.lineno} column {exc.colno}", f"not valid JSON ({exc.msg})") from None
+    except (ValueError, RecursionError) as exc:
+        raise SessionFormatError(source, "file", f"not valid JSON ({parse_problem(exc)})") from None
     return decode_document(document, source)

@@ -25,8 +25,12 @@ from sessions.investigation.schema import (
     loads,
     schema_version_of,
 )
+from sessions.side_file import read_side_file
 
 DEFAULT_BACKUPS = 3
+MAX_SESSION_BYTES = 64 * 1024**2
+"""A session holds paths, keys, notes and bookmarks, not tensors: a long investigation is a few
+MB. 64 MiB is far beyond that, and refuses a device or a huge file before it is read whole."""
 
 
 class SessionOpenError(Exception):
@@ -68,8 +72,8 @@ def describe_os_error(exc: OSError) -> str:
 def _schema_on_disk(path: Path) -> int | None:
     """The schema of the session already at `path`, or None when there is none (or it is unreadable)."""
     try:
-        return schema_version_of(json.loads(path.read_bytes().decode("utf-8")), str(path))
-    except (OSError, ValueError, SessionFormatError):
+        return schema_version_of(json.loads(read_side_file(path, MAX_SESSION_BYTES).decode("utf-8")), str(path))
+    except (OSError, ValueError, RecursionError, SessionFormatError):
         return None
 
 
@@ -107,7 +111,7 @@ def _aside_path(path: Path) -> Path:
 
 def _read(path: Path) -> DecodedSession:
     """Raises SessionFormatError for damage, OSError when the file cannot be read at all."""
-    return loads(path.read_bytes(), str(path))
+    return loads(read_side_file(path, MAX_SESSION_BYTES), str(path))
 
 
 def _backups_named(path: Path, backups: int) -> str:

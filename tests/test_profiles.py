@@ -122,6 +122,7 @@ def test_user_profile_loads_from_toml(tmp_path: Path) -> None:
         ('name = "x"\n', "at least one"),
         ("name = ", "not valid TOML"),
         ("x = " + "[" * 50_000 + "]" * 50_000 + "\n", r"not valid TOML \(it nests deeper than a reader follows\)"),
+        ('name = "x"\n[[rule]]\nname = "' + "{any}a" * 20 + '"\nop = "embed"\n', r"rule 1: name or source pattern: 20 \{any\}/\{n\} wildcards; a pattern takes at most 3"),
     ],
 )
 def test_bad_user_profiles_name_the_file_and_the_problem(tmp_path: Path, text: str, message: str) -> None:

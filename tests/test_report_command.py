@@ -308,3 +308,13 @@ def test_a_damaged_session_is_unusable_input_naming_its_backups_and_is_neither_r
     assert _run("--session", str(session)) == 2
     assert "backups beside it: s.xray.1" in capsys.readouterr().err
     assert session.read_text() == "{ not json" and sorted(p.name for p in tmp_path.glob("s.xray*")) == ["s.xray", "s.xray.1"]
+
+
+def test_a_session_naming_a_capture_path_with_an_escape_sequence_is_unusable_in_one_escaped_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    session = _session(tmp_path, *_signed_zero_pair(tmp_path))
+    data = json.loads(session.read_text())
+    data["session"]["captures"][0]["path"] = str(tmp_path / "n\x1b[2J\nPARITY.h5")
+    session.write_text(json.dumps(data))
+    assert _run("--session", str(session)) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "\x1b" not in err and "n\\x1b[2J\\nPARITY.h5" in err

@@ -21,6 +21,7 @@ from sessions.commands.arguments import (
     whole_number,
 )
 from sessions.compare.verdict import EXIT_UNUSABLE
+from sessions.printable import printable
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -105,7 +106,7 @@ def _unusable(args: argparse.Namespace, message: str) -> int:
     """Exit 2 with one line on stderr, leaving no report behind: a JSON or HTML file an earlier run
     wrote at the paths asked for is removed, so a CI step reading it never takes the last
     pair's PARITY for this one's."""
-    print(f"parity-xray report: {message}", file=sys.stderr)
+    print(f"parity-xray report: {printable(message)}", file=sys.stderr)  # a path from a session may hold anything
     if output_clash(_outputs(args), _inputs(args)) is None:
         for path in _outputs(args).values():
             if path:

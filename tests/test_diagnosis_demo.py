@@ -76,6 +76,15 @@ def test_head_chunk_is_dispatch_only_with_identical_bits_on_this_cpu(demo_pairs:
     assert "heads per call 5+1 per KV group" in found.verdict and "which this CPU cannot measure" in found.verdict
 
 
+def test_diagnose_op_on_the_dispatch_only_op_report_names_explains_it_and_all_looks_at_every_one(demo_pairs: dict) -> None:
+    second = OpKey(0, "text-after", 1, "sdpa")
+    one = diagnose(demo_pairs["head-chunk"], mode="op", key=second)
+    assert [n.key for n in one.dispatch] == [second], "report suggests diagnose --op for a dispatch-only op: it must not say bit-exact"
+    assert one.verdict.startswith(f"Nothing computes differently on this CPU: 1 op(s) are dispatch-only, first {second.text()}")
+    every = diagnose(demo_pairs["head-chunk"], mode="all")
+    assert [n.key for n in every.dispatch] == [OpKey(0, "text-after", 0, "sdpa"), second]
+
+
 @pytest.mark.parametrize("scenario", ["clean", "post-eos"])
 def test_a_pair_at_parity_has_nothing_to_diagnose(demo_pairs: dict, scenario: str) -> None:
     found = diagnose(demo_pairs[scenario])

@@ -318,3 +318,18 @@ def test_a_session_naming_a_capture_path_with_an_escape_sequence_is_unusable_in_
     assert _run("--session", str(session)) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "\x1b" not in err and "n\\x1b[2J\\nPARITY.h5" in err
+
+
+def test_a_report_piped_into_a_reader_that_stops_early_ends_without_a_traceback(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    native, oracle = _signed_zero_pair(tmp_path)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "viewer.cli", "report", str(native), str(oracle), "--full"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert child.stdout is not None
+    child.stdout.close()  # as `| head -1` does once it has its line: the report's text meets a closed pipe
+    _, err = child.communicate(timeout=120)
+    assert (b"Traceback" in err, child.returncode) == (False, 141), err.decode()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from types import ModuleType
 
@@ -60,7 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] in OPENS_CAPTURES:
         spare_checker.prepare()
     args = build_parser(argv[0] if argv[0] in SUBCOMMANDS else None).parse_args(argv)
-    return int(_module(args.command).run(args))
+    try:
+        return int(_module(args.command).run(args))
+    except BrokenPipeError:
+        # `parity-xray report ... | head -1`: the reader has what it wanted. Python would print a
+        # traceback at exit while flushing stdout, so stdout goes to /dev/null first.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # the shell's code for a pipe's writer ended by SIGPIPE (128 + 13)
 
 
 if __name__ == "__main__":

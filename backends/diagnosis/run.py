@@ -249,9 +249,13 @@ def iter_diagnose(native: Capture, oracle: Capture, comparison: Comparison, opti
         if options.mode == "first" and locals_found >= options.first:
             break
     dispatch_only = [p for p in comparison.pairs if p.verdict == Kind.DISPATCH_ONLY and not p.post_eos]
-    if dispatch_only and (not targets or options.mode == "all") and options.mode != "op":
-        yield Progress(len(targets), len(targets) + 1, f"checking the dispatch-only {dispatch_only[0].key.text()}")
-        diagnosis.dispatch.append(_dispatch_note(session, comparison, dispatch_only[0]))
+    if options.mode == "op":
+        dispatch_only = [p for p in dispatch_only if p.key == options.key]  # report names such an op for diagnose --op
+    # --all looks at every dispatch-only op; the default, when nothing diverged, at the first.
+    noted = dispatch_only if options.mode != "first" else dispatch_only[:1] if not targets else []
+    for number, pair in enumerate(noted):
+        yield Progress(len(targets) + number, len(targets) + len(noted), f"checking the dispatch-only {pair.key.text()}")
+        diagnosis.dispatch.append(_dispatch_note(session, comparison, pair))
     if options.mode == "all" and options.budget and diagnosis.local_chain:
         diagnosis.budget = yield from _iter_budget(session, comparison, diagnosis)
     diagnosis.verdict = verdict_sentence(diagnosis, len(targets), len(dispatch_only))

@@ -294,7 +294,10 @@ class RerunPanel(QWidget):
         lines = [f"The rerun on the {side} route reproduces the bits of: {', '.join(reproduced) or 'neither side'}."]
         first = next((op for op in result.ops if op.three_way["native vs oracle"] is not None and not op.three_way["native vs oracle"].bit_exact), None)
         if first is not None:
-            lines.append(f"First op where the sides differ: {first.key.op}; against the float64 reference, the {first.closer} side is closer to exact"
+            closer = {"tie": "both sides are equally close to exact", "unknown": "which side is closer to exact is unknown"}.get(
+                first.closer, f"the {first.closer} side is closer to exact"
+            )
+            lines.append(f"First op where the sides differ: {first.key.op}; against the float64 reference, {closer}"
                          + (" (the sides' inputs already differ there)." if first.inputs_agree is False else "."))
         return " ".join(lines)
 

@@ -83,6 +83,15 @@ def test_head_chunk_off_changes_the_calls_but_not_the_bits_on_cpu(demo_pairs: di
     assert np.array_equal(on.ops[0].bits, off.ops[0].bits)
 
 
+def test_by_default_a_rerun_splits_attention_as_its_route_sides_record_did(demo_pairs: dict) -> None:
+    native = _rerun(demo_pairs["head-chunk"], "0:text-after:0:sdpa", source="native")
+    oracle = _rerun(demo_pairs["head-chunk"], "0:text-after:0:sdpa", source="oracle")
+    assert len(native.ops[0].calls) == 1, "the native engine has no head-chunk route: it made one call, as report and diagnose say"
+    assert [c.call.head_count for c in oracle.ops[0].calls] == [5, 1, 5, 1]
+    assert "head-chunk off (the native record made 1 call(s))" in native.route_sources
+    assert "head-chunk on (the oracle record made 4 call(s))" in oracle.route_sources
+
+
 def test_a_float32_rerun_is_rounded_for_comparison_and_said_so(demo_pairs: dict) -> None:
     result = _rerun(demo_pairs["clean"], "0:visual:0:sdpa", dtype="float32")
     assert result.ops[0].computed_dtype == "float32" and result.ops[0].dtype == "bfloat16"

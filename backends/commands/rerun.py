@@ -45,7 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--op", required=True, metavar="KEY", help="STEP:SEGMENT:LAYER:OP, e.g. 0:visual:0:sdpa or 0:visual:0:decoder_layer")
     parser.add_argument("--from", dest="source", choices=SIDES, default="oracle", help="whose captured inputs to rerun (default oracle)")
     parser.add_argument("--route-from", choices=SIDES, help="whose route (attention contract, SwiGLU order) to follow (default: the --from side)")
-    parser.add_argument("--head-chunk", choices=("on", "off"), default="on", help="MTPLX head-chunk rule for SDPA (default on)")
+    parser.add_argument(
+        "--head-chunk", choices=("recorded", "on", "off"), default="recorded",
+        help="MTPLX head-chunk rule for SDPA (default: as the route side's recorded calls; the rule where none were recorded)",
+    )
     parser.add_argument("--chunk-limit", type=int, default=32, help="the rule's row x head limit (default 32)")
     parser.add_argument("--dtype", choices=tuple(rerun_ops.DTYPES), help="compute dtype (default: as captured)")
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="MLX device (gpu only where MLX has one)")
@@ -63,7 +66,7 @@ def options_from(args: argparse.Namespace) -> RerunOptions:
     return RerunOptions(
         source=args.source,
         route_from=args.route_from,
-        head_chunk=args.head_chunk == "on",
+        head_chunk=None if args.head_chunk == "recorded" else args.head_chunk == "on",
         chunk_limit=args.chunk_limit,
         dtype=args.dtype,
         device=args.device,

@@ -73,7 +73,9 @@ class RerunOptions:
     """Whose captured inputs the rerun reads."""
     route_from: str | None = None
     """Whose route (attention contract, SwiGLU order) to follow; None follows the source side."""
-    head_chunk: bool = True
+    head_chunk: bool | None = None
+    """Whether SDPA is split by the MTPLX head-chunk rule; None follows the route side's recorded
+    calls (one call per op: no; several: yes), as every other part of the route does."""
     chunk_limit: int = DEFAULT_CHUNK_LIMIT
     dtype: str | None = None
     """Compute dtype; None computes in the captured dtype (the only way to reproduce bits)."""
@@ -184,7 +186,26 @@ def resolve_routes(route_ops: CapturedOps, key: OpKey, options: RerunOptions) ->
         sources.append(f"swiglu {swiglu} (chosen)")
     if attention not in ops.ATTENTION_ROUTES:
         raise ValueError(f"attention route must be one of {', '.join(ops.ATTENTION_ROUTES)}, not {attention!r}")
-    return Routes(attention, swiglu, options.head_chunk, options.chunk_limit), sources
+    head_chunk = options.head_chunk
+    if head_chunk is None:
+        head_chunk, why = _recorded_head_chunk(route_ops, key)
+        sources.append(f"head-chunk {'on' if head_chunk else 'off'} ({why})")
+    else:
+        sources.append(f"head-chunk {'on' if head_chunk else 'off'} (chosen)")
+    return Routes(attention, swiglu, head_chunk, options.chunk_limit), sources
+
+
+def _recorded_head_chunk(route_ops: CapturedOps, key: OpKey) -> tuple[bool, str]:
+    """Whether the route side split its attention by heads, from the dispatch rows its sdpa record
+    made: an engine without the head-chunk route makes one call per op. With none recorded, the
+    MTPLX rule (the oracle engines' own) decides."""
+    mapped = route_ops.find(key.step, key.segment, key.layer, "sdpa", key.positions)
+    table = route_ops.capture.dispatch
+    calls = table[table["index_seq"] == mapped.record.seq] if mapped is not None else table[:0]
+    if not len(calls):
+        return True, f"the MTPLX rule: the {route_ops.side} capture recorded no attention calls here"
+    chunked = len(calls) > 1 or bool((calls["kv_group"] != -1).any())
+    return chunked, f"the {route_ops.side} record made {len(calls)} call(s)"
 
 
 def _attention_route(route_ops: CapturedOps, key: OpKey) -> tuple[str, str]:

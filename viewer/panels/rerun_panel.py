@@ -13,7 +13,6 @@ from pathlib import Path
 from PySide6.QtCore import QObject, QStringListModel, Signal
 from PySide6.QtGui import QShowEvent
 from PySide6.QtWidgets import (
-    QCheckBox,
     QComboBox,
     QFileDialog,
     QFormLayout,
@@ -111,8 +110,10 @@ class RerunPanel(QWidget):
         self.route_from.addItem("the same side", None)
         for side in SIDES:
             self.route_from.addItem(side, side)
-        self.head_chunk = QCheckBox("head-chunk (MTPLX rule)")
-        self.head_chunk.setChecked(True)
+        self.head_chunk = QComboBox()
+        self.head_chunk.setToolTip("Split SDPA by the MTPLX head-chunk rule: as the route side's recorded calls, or on or off")
+        for text, value in (("head-chunk: as recorded", None), ("head-chunk: on", True), ("head-chunk: off", False)):
+            self.head_chunk.addItem(text, value)
         self.chunk_limit = QSpinBox()
         self.chunk_limit.setRange(1, 4096)
         self.chunk_limit.setValue(DEFAULT_CHUNK_LIMIT)
@@ -198,7 +199,7 @@ class RerunPanel(QWidget):
         return RerunOptions(
             source=self.source.currentText(),
             route_from=self.route_from.currentData(),
-            head_chunk=self.head_chunk.isChecked(),
+            head_chunk=self.head_chunk.currentData(),
             chunk_limit=self.chunk_limit.value(),
             dtype=self.dtype.currentData(),
             device=self.device.currentData(),

@@ -14,6 +14,7 @@ unchunked calls give the same bits here; the Metal primitive is shown as a predi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -166,33 +167,31 @@ def rerunnable_keys(comparison: Comparison) -> list[OpKey]:
 
 
 def resolve_routes(route_ops: CapturedOps, key: OpKey, options: RerunOptions) -> tuple[Routes, list[str]]:
-    """The route the rerun follows, and where each choice came from (shown to the user)."""
-    side = route_ops.side
-    sources = []
-    attention = options.attention_route
-    if attention is None:
-        attention, why = _attention_route(route_ops, key)
-        sources.append(f"attention {attention} ({why})")
-    else:
-        sources.append(f"attention {attention} (chosen)")
-    swiglu = options.swiglu_order
-    if swiglu is None:
-        declared = route_ops.capture.meta.provenance.get("options", {}) if isinstance(route_ops.capture.meta.provenance, dict) else {}
-        order = declared.get("swiglu_order") if isinstance(declared, dict) else None
-        swiglu = order if order in ops.SWIGLU_ORDERS else ops.SILU_THEN_MUL
-        why = f"the {side} capture's provenance options" if order in ops.SWIGLU_ORDERS else "mlx-lm's order; the capture declares none"
-        sources.append(f"swiglu {swiglu} ({why})")
-    else:
-        sources.append(f"swiglu {swiglu} (chosen)")
+    """The route the rerun follows, and where each choice came from (shown to the user): each part
+    as the user chose it, else as the route side ran it."""
+    sources: list[str] = []
+
+    def part(name: str, chosen: Any, recorded: Callable[[], tuple[Any, str]], shown: Callable[[Any], str] = str) -> Any:
+        value, why = (chosen, "chosen") if chosen is not None else recorded()
+        sources.append(f"{name} {shown(value)} ({why})")
+        return value
+
+    attention = part("attention", options.attention_route, lambda: _attention_route(route_ops, key))
+    swiglu = part("swiglu", options.swiglu_order, lambda: _declared_swiglu(route_ops))
     if attention not in ops.ATTENTION_ROUTES:
         raise ValueError(f"attention route must be one of {', '.join(ops.ATTENTION_ROUTES)}, not {attention!r}")
-    head_chunk = options.head_chunk
-    if head_chunk is None:
-        head_chunk, why = _recorded_head_chunk(route_ops, key)
-        sources.append(f"head-chunk {'on' if head_chunk else 'off'} ({why})")
-    else:
-        sources.append(f"head-chunk {'on' if head_chunk else 'off'} (chosen)")
+    head_chunk = part("head-chunk", options.head_chunk, lambda: _recorded_head_chunk(route_ops, key), lambda on: "on" if on else "off")
     return Routes(attention, swiglu, head_chunk, options.chunk_limit), sources
+
+
+def _declared_swiglu(route_ops: CapturedOps) -> tuple[str, str]:
+    """The SwiGLU order the route side's provenance declares, else mlx-lm's."""
+    provenance = route_ops.capture.meta.provenance
+    declared = provenance.get("options", {}) if isinstance(provenance, dict) else {}
+    order = declared.get("swiglu_order") if isinstance(declared, dict) else None
+    if order in ops.SWIGLU_ORDERS:
+        return order, f"the {route_ops.side} capture's provenance options"
+    return ops.SILU_THEN_MUL, "mlx-lm's order; the capture declares none"
 
 
 def _recorded_head_chunk(route_ops: CapturedOps, key: OpKey) -> tuple[bool, str]:

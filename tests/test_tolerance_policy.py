@@ -76,6 +76,8 @@ def test_report_takes_the_policy_and_every_output_says_which_ops_passed(tmp_path
         ('[[rule]]\nop = "logits"\nmax_ulp = 18446744073709551616\n', f"rule 1: max_ulp must be a whole number from 0 to {2**63 - 1}, not 18446744073709551616"),
         ('[default]\natol = "small"\n', "[default]: atol must be a finite number >= 0, not 'small'"),
         ('[default]\natol = nan\n', "[default]: atol must be a finite number >= 0, not nan"),
+        ("[[rule]]\nmatch = '^(.|.|.|.)*Z$'\n", "rule 1: match '^(.|.|.|.)*Z$' repeats the group '(.|.|.|.)', which itself repeats or alternates"),
+        ("[[rule]]\nmatch = '^(a+)+$'\n", "rule 1: match '^(a+)+$' repeats the group '(a+)', which itself repeats or alternates"),
         ('[tolerances]\n', "unknown table(s) tolerances"),
         ('rule = 3\n', "`rule` must be an array of tables"),
         ('[[rule]\n', "not TOML"),

@@ -109,7 +109,47 @@ def _rule(table: object, where: str, named: bool) -> ToleranceRule:
             re.compile(names["match"])
         except (re.error, OverflowError, RecursionError) as exc:
             raise PolicyError(f"{where}: match {names['match']!r} is not a regular expression ({exc})") from None
+        repeated = _repeated_group_that_varies(names["match"])
+        if repeated is not None:
+            raise PolicyError(
+                f"{where}: match {names['match']!r} repeats the group {repeated!r}, which itself repeats or alternates: "
+                "such a pattern can take hours on one key (write the alternatives out, or repeat a plain character class)"
+            )
     return ToleranceRule(**bounds, **names)  # type: ignore[arg-type]
+
+
+def _repeated_group_that_varies(pattern: str) -> str | None:
+    """The first group that a quantifier repeats and that holds a quantifier or an alternation of
+    its own, e.g. `(.|.)*` or `(a+)+`: the shapes on which Python's backtracking `re` (which has no
+    time limit) tries exponentially many ways to fail, evaluated once per pair of a run."""
+    opened: list[int] = []
+    escaped = in_class = False
+    for at, char in enumerate(pattern):
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+        elif char == "(":
+            opened.append(at)
+        elif char == ")" and opened:
+            start = opened.pop()
+            inner = pattern[start + 1 : at]
+            if _repeats(pattern[at + 1 :]) and (_repeats_within(inner) or "|" in inner):
+                return pattern[start : at + 1]
+    return None
+
+
+def _repeats(rest: str) -> bool:
+    """Whether the text after a group starts with a quantifier that repeats it without bound."""
+    return rest[:1] in ("*", "+") or re.match(r"\{\d*,", rest) is not None
+
+
+def _repeats_within(inner: str) -> bool:
+    return "*" in inner or "+" in inner or re.search(r"\{\d*,", inner) is not None
 
 
 def load_policy(path: str | Path) -> TolerancePolicy:

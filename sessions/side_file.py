@@ -39,7 +39,8 @@ class SideFileError(OSError):
     """
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular one is ("a FIFO", "a directory"), from its stat mode."""
     return next((name for test, name in _KINDS if test(mode)), "not a plain file")
 
 
@@ -50,7 +51,7 @@ def open_regular_file(path: str | Path) -> BinaryIO:
     try:
         mode = os.fstat(descriptor).st_mode
         if not stat.S_ISREG(mode):
-            raise SideFileError(f"not a regular file: {_kind(mode)}")
+            raise SideFileError(f"not a regular file: {file_kind(mode)}")
         return open(descriptor, "rb")
     except BaseException:
         os.close(descriptor)

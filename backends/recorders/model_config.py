@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import mmap
 import os
-import stat
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from sessions.side_file import open_regular_file
 
 GGUF_KEYS = {
     "hidden_size": "embedding_length",
@@ -166,27 +167,17 @@ class _Walk:
         return None
 
 
-def _regular_size(path: Path) -> int:
-    """The file's size; refuses what is not a regular file before opening it (a FIFO would block)."""
-    try:
-        info = os.stat(path)
-    except OSError as exc:
-        raise GGUFFileError(f"{path}: cannot be read ({exc.strerror})") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise GGUFFileError(f"{path}: not a regular file")
-    return info.st_size
-
-
 def read_gguf_header(path: Path) -> GGUFHeader:
     """The GGUF's scalar metadata and tensor directory, every count and offset checked."""
-    size = _regular_size(path)
-    if size < 24:
-        raise GGUFFileError(f"{path}: not a usable GGUF (only {size} bytes, shorter than a GGUF header)")
     try:
-        with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            return _walk_header(_Walk(path, data))
+        with open_regular_file(path) as file:
+            size = os.fstat(file.fileno()).st_size
+            if size < 24:
+                raise GGUFFileError(f"{path}: not a usable GGUF (only {size} bytes, shorter than a GGUF header)")
+            with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                return _walk_header(_Walk(path, data))
     except OSError as exc:
-        raise GGUFFileError(f"{path}: cannot be read ({exc})") from None
+        raise GGUFFileError(f"{path}: cannot be read ({exc.strerror or exc})") from None
 
 
 def _walk_header(walk: _Walk) -> GGUFHeader:
@@ -254,9 +245,11 @@ def read_gguf_tensor(header: GGUFHeader, tensor: GGUFTensor) -> np.ndarray:
     other types as uint8 rows of blocks (what gguf.quants.dequantize takes)."""
     from gguf import GGMLQuantizationType
 
-    _regular_size(header.path)
-    with header.path.open("rb") as file:
-        raw = np.fromfile(file, dtype=np.uint8, count=tensor.nbytes, offset=tensor.offset)
+    try:
+        with open_regular_file(header.path) as file:
+            raw = np.fromfile(file, dtype=np.uint8, count=tensor.nbytes, offset=tensor.offset)
+    except OSError as exc:
+        raise GGUFFileError(f"{header.path}: cannot be read ({exc.strerror or exc})") from None
     if raw.size != tensor.nbytes:
         raise GGUFFileError(f"{header.path}: not a usable GGUF (tensor {tensor.name} is cut short; the file changed since it was read)")
     shape = tuple(reversed(tensor.dims))

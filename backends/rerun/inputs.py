@@ -39,6 +39,7 @@ from sessions.capture.reader import Capture
 from sessions.compare.key import OpKey
 from sessions.compare.mapped_record import MappedRecord
 from sessions.compare.profiles import STAGE_OF
+from sessions.side_file import file_kind
 
 LAYER_INPUT = "layer_input"
 """Pseudo-op: the residual stream entering a layer (embed for layer 0, else the previous layer_out)."""
@@ -230,9 +231,7 @@ def _not_a_regular_file(path: Path) -> str | None:
         return f"cannot be read ({exc.strerror})"
     if stat.S_ISREG(mode):
         return None
-    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-    return f"is {next((name for test, name in kinds if test(mode)), 'special')}, not a regular file"
+    return f"is {file_kind(mode)}, not a regular file"
 
 
 def _safetensors_dtype(path: Path, name: str, fallback: str) -> str:

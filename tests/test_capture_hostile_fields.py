@@ -89,6 +89,19 @@ def test_a_c1_control_character_in_a_name_is_refused(tmp_path: Path) -> None:
     assert error.problem == "name holds a control character (\\x9b in 'a\\x9bb')"
 
 
+@pytest.mark.parametrize("override", ["\u202e", "\u2066"], ids=["right-to-left override", "left-to-right isolate"])
+def test_a_bidirectional_control_that_would_reorder_a_shown_name_is_refused(tmp_path: Path, override: str) -> None:
+    spoofed = f"ffn_{override}nwod"
+    path = with_index(small_capture(tmp_path / "bidi.h5"), lambda index: index["name"].__setitem__(0, spoofed.encode()))
+    error = refusal(path)
+    shown = repr(override)[1:-1]
+    assert error.problem == f"name holds a control character ({shown} in 'ffn_{shown}nwod')"
+    engine = small_capture(tmp_path / "engine.h5")
+    with h5py.File(engine, "r+") as f:
+        f.attrs.create("engine_name", np.bytes_(spoofed.encode()), dtype=cf.utf8(len(spoofed.encode())))
+    assert refusal(engine).problem == f"holds a control character ({shown} in 'ffn_{shown}nwod')"
+
+
 @pytest.mark.parametrize("attribute", ["engine_name", "model_id", "weights_hash", "role", "created_utc"])
 def test_a_control_character_in_a_short_root_text_attribute_is_refused_by_name(tmp_path: Path, attribute: str) -> None:
     path = small_capture(tmp_path / "root.h5")

@@ -28,20 +28,30 @@ def _bytes(values: np.ndarray, padding: int = 0) -> np.ndarray:
     return matrix
 
 
+BIDI_CONTROLS = (range(0x202A, 0x202F), range(0x2066, 0x206A))
+"""The bidirectional embeddings, overrides and isolates (U+202A..U+202E, U+2066..U+2069): shown,
+they reorder the text around them, so a tensor name can read as another ("Trojan Source")."""
+_BIDI_LEAD = 0xE2
+"""UTF-8 encodes them as E2 80 AA..AE and E2 81 A6..A9."""
+
+
 def has_control_characters(values: np.ndarray) -> np.ndarray:
-    """Which fixed-length UTF-8 values hold a C0 or C1 control character, DEL, or a NUL before
-    their last other byte (NUL padding after the text is how the format ends it)."""
-    raw = _bytes(values, padding=1)
+    """Which fixed-length UTF-8 values hold a C0 or C1 control character, DEL, a bidirectional
+    control (BIDI_CONTROLS), or a NUL before their last other byte (NUL padding after the text
+    is how the format ends it)."""
+    raw = _bytes(values, padding=2)
     text = np.cumsum(raw[:, ::-1] != 0, axis=1)[:, ::-1] > 0
     control = text & ((raw < 0x20) | (raw == 0x7F))
     control[:, :-1] |= (raw[:, :-1] == _C1_LEAD) & (raw[:, 1:] >= 0x80) & (raw[:, 1:] <= 0x9F)
+    lead, second, third = raw[:, :-2] == _BIDI_LEAD, raw[:, 1:-1], raw[:, 2:]
+    control[:, :-2] |= lead & (((second == 0x80) & (third >= 0xAA) & (third <= 0xAE)) | ((second == 0x81) & (third >= 0xA6) & (third <= 0xA9)))
     return control.any(axis=1)  # type: ignore[no-any-return]
 
 
 def control_character(text: str) -> str | None:
     """The first control character of a decoded text (the one its message shows), or None:
     `has_control_characters` for one short text, such as a root attribute."""
-    return next((c for c in text if ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F), None)
+    return next((c for c in text if ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F or any(ord(c) in r for r in BIDI_CONTROLS)), None)
 
 
 def is_non_canonical_path(values: np.ndarray) -> np.ndarray:

@@ -367,6 +367,22 @@ def with_table(path: Path, table: str, change: Callable[[np.ndarray], None]) -> 
     return path
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "shown"),
+    [
+        ("head_start", -1, "heads -1..2 are not heads of the layer's 4"),
+        ("head_count", 9, "heads 0..8 are not heads of the layer's 4"),
+        ("kv_group", 7, "kv_group is 7; it is -1 (every group) or a group of the layer's 2"),
+        ("kv_group", -2, "kv_group is -2; it is -1 (every group) or a group of the layer's 2"),
+        ("q_rows", 0, "q_rows is 0; it is at least 1"),
+        ("batch", 0, "batch is 0; it is at least 1"),
+    ],
+)
+def test_a_dispatch_row_whose_heads_group_rows_or_batch_are_not_the_layers_is_refused(tmp_path: Path, field: str, value: int, shown: str) -> None:
+    path = with_table(dispatched_capture(tmp_path / "d.h5"), cf.DISPATCH_PATH, lambda rows: rows[field].__setitem__(1, value))
+    assert problems(path) == [Problem("/dispatch row 1", shown)]
+
+
 @pytest.mark.parametrize("field", ["q_heads", "kv_heads", "head_dim"])
 @pytest.mark.parametrize("value", [0, -4])
 def test_a_dispatch_row_of_no_heads_or_no_head_dimension_is_refused(tmp_path: Path, field: str, value: int) -> None:
@@ -406,6 +422,8 @@ def test_the_writer_refuses_to_write_the_dispatch_and_token_rows_a_reader_refuse
         writer.add_dispatch(index_seq=0, call=0, **CALL)
     with pytest.raises(ValueError, match="head_dim 0; sizes are at least 1"):
         writer.add_dispatch(index_seq=0, call=1, **{**CALL, "head_dim": 0})
+    with pytest.raises(ValueError, match=r"heads 2\.\.5 of 4, kv_group 2 of 2; sizes"):
+        writer.add_dispatch(index_seq=0, call=1, **{**CALL, "head_start": 2, "kv_group": 2})
     writer.add_token(step=0, segment="prefill", token_id=5, is_stop=False)
     with pytest.raises(ValueError, match="already has a token"):
         writer.add_token(step=0, segment="prefill", token_id=6, is_stop=False)

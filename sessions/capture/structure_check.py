@@ -206,8 +206,8 @@ def table_problems(capture: Capture) -> list[Problem]:
     return found + dispatch_problems(capture.dispatch, len(index)) + token_problems(capture.tokens)
 
 
-DISPATCH_SIZES = ("q_heads", "kv_heads", "head_dim", "v_head_dim")
-"""Dispatch fields that count heads or elements of a head: a layer has at least one of each."""
+DISPATCH_SIZES = ("batch", "head_count", "q_heads", "kv_heads", "q_rows", "kv_len", "head_dim", "v_head_dim")
+"""Dispatch fields that count requests, heads, rows or elements of a head: a call has at least one of each."""
 
 RowCheck = tuple[np.ndarray, Callable[[int], str], str]
 """(rows that break a rule, what is wrong with one of them, what is wrong with the rest)."""
@@ -242,7 +242,18 @@ def dispatch_problems(dispatch: np.ndarray, n_records: int) -> list[Problem]:
             return f"{column} is {int(sizes[row])}; it is at least 1"
 
         checks.append((sizes < 1, empty, f"{column} is below 1"))
+    start, count, q_heads, group, kv_heads = (dispatch[name] for name in ("head_start", "head_count", "q_heads", "kv_group", "kv_heads"))
     checks += [
+        (
+            (q_heads >= 1) & (count >= 1) & ((start < 0) | (start.astype(np.int64) + count > q_heads)),  # else its size is the problem
+            lambda row: f"heads {int(start[row])}..{int(start[row]) + int(count[row]) - 1} are not heads of the layer's {int(q_heads[row])}",
+            "the call's heads are not the layer's",
+        ),
+        (
+            (kv_heads >= 1) & ((group < -1) | (group >= kv_heads)),
+            lambda row: f"kv_group is {int(group[row])}; it is -1 (every group) or a group of the layer's {int(kv_heads[row])}",
+            "kv_group is not a group of the layer",
+        ),
         (calls < 0, lambda row: f"call is {int(calls[row])}; calls count from 0", "call is negative"),
         (
             twin >= 0,

@@ -377,10 +377,18 @@ class CaptureWriter:
             raise ValueError(f"primitive must be one of {cf.PRIMITIVES}, not {primitive!r}")
         if metal_primitive not in cf.METAL_PRIMITIVES:
             raise ValueError(f"metal_primitive must be one of {cf.METAL_PRIMITIVES}, not {metal_primitive!r}")
-        sizes = {"q_heads": q_heads, "kv_heads": kv_heads, "head_dim": head_dim, "v_head_dim": head_dim if v_head_dim is None else v_head_dim}
+        sizes = {
+            "batch": batch, "head_count": head_count, "q_heads": q_heads, "kv_heads": kv_heads, "q_rows": q_rows, "kv_len": kv_len,
+            "head_dim": head_dim, "v_head_dim": head_dim if v_head_dim is None else v_head_dim,
+        }
         refused = [f"{name} {value}" for name, value in sizes.items() if value < 1] + ([f"call {call}"] if call < 0 else [])
+        refused += [f"heads {head_start}..{head_start + head_count - 1} of {q_heads}"] if head_start < 0 or head_start + head_count > q_heads else []
+        refused += [f"kv_group {kv_group} of {kv_heads}"] if not -1 <= kv_group < kv_heads else []
         if refused:
-            raise ValueError(f"dispatch of record {index_seq}: {', '.join(refused)}; sizes are at least 1, calls count from 0")
+            raise ValueError(
+                f"dispatch of record {index_seq}: {', '.join(refused)}; sizes are at least 1, calls count from 0, "
+                "heads and the KV group are the layer's"
+            )
         if (index_seq, call) in self._calls:
             raise ValueError(f"record {index_seq} already has a dispatch row for call {call}")
         self._calls.add((index_seq, call))

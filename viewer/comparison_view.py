@@ -40,6 +40,7 @@ from sessions.compare.token_parity import (
     TokenStep,
     TopEntry,
     step_word,
+    token_words,
 )
 from sessions.compare.verdict import NOT_EXACT, SEVERITY, Finding, Kind
 from sessions.gc_pause import garbage_collection_paused
@@ -213,6 +214,14 @@ def search_text(pair: PairResult, path: TreePath) -> str:
     return f"{pair_op_label(pair)}{manual} {pair.verdict} step {path[0]} {path[1]} {place_label(path[2])} {pair.key.text()}".lower()
 
 
+def _place(step: int, segment: str, layer: int, layered: set[tuple[int, str]]) -> int | str:
+    """A layer's group, or for a model-level op (layer -1) where it ran, before or after the
+    layers seen so far, so the tree reads top to bottom in execution order, like every other surface."""
+    if layer >= 0:
+        return layer
+    return "after" if (step, segment) in layered else "before"
+
+
 def tree_places(comparison: Comparison) -> TreePlaces:
     layered: set[tuple[int, str]] = set()
     leaves: dict[TreePath, list[PairResult]] = {}
@@ -222,12 +231,7 @@ def tree_places(comparison: Comparison) -> TreePlaces:
         key = pair.key
         if key.layer >= 0:
             layered.add((key.step, key.segment))
-            place: int | str = key.layer
-        else:
-            # Model-level ops sit where they ran, before or after the layers, so the tree
-            # reads top to bottom in execution order, like every other surface.
-            place = "after" if (key.step, key.segment) in layered else "before"
-        path = (key.step, key.segment, place)
+        path = (key.step, key.segment, _place(key.step, key.segment, key.layer, layered))
         leaves.setdefault(path, []).append(pair)
         path_of[id(pair)] = path
         lines.append(search_text(pair, path).replace("\n", " "))
@@ -245,12 +249,12 @@ def tree_places(comparison: Comparison) -> TreePlaces:
         branch = root.child(UNALIGNED_BRANCH, f"Unaligned records ({len(comparison.unaligned)}{by_design})")
         branch.records = list(comparison.unaligned)
         for record in comparison.unaligned:
-            if record.reason in BY_DESIGN:
+            if unaligned_status(record) != Kind.UNALIGNED:
                 continue
             branch.worsen(Kind.UNALIGNED)
-            place: int | str = record.layer if record.layer >= 0 else "after" if (record.step, record.segment) in layered else "before"
+            where = (record.step, record.segment, _place(record.step, record.segment, record.layer, layered))
             for depth in range(1, 4):
-                group = root.find((record.step, record.segment, place)[:depth])
+                group = root.find(where[:depth])
                 if group is not None:
                     group.worsen(Kind.UNALIGNED)  # where the missing partner would sit: a collapsed tree points there
     return TreePlaces(root, path_of, "\n".join(lines))
@@ -539,12 +543,6 @@ class TokenRow:
     oracle_topk: str
 
 
-def _token(token: int | None, stop: bool) -> str:
-    if token is None:
-        return "—"
-    return f"{token}  (EOS)" if stop else str(token)
-
-
 def _top(entries: list[TopEntry]) -> str:
     return ",  ".join(f"{e.token_id}: {e.decimal}" for e in entries) or "—"
 
@@ -556,7 +554,7 @@ def _verdict(step: TokenStep, eos: int | None) -> str:
 
 def _row(step: TokenStep, eos: int | None) -> TokenRow:
     logits = step.logits
-    tokens = (step.step, _token(step.native_token, step.native_stop), _token(step.oracle_token, step.oracle_stop), _verdict(step, eos))
+    tokens = (step.step, token_words(step.native_token, step.native_stop), token_words(step.oracle_token, step.oracle_stop), _verdict(step, eos))
     if logits is None:
         missing = "not compared" if step.status == POST_EOS else "not captured"
         return TokenRow(*tokens, "—", "—", "—", missing, missing)

@@ -34,7 +34,8 @@ from sessions.capture.hdf5_safety import (
     attribute_problems,
     describe_error,
 )
-from sessions.capture.reader import Capture, listed
+from sessions.capture.index_rows import listed
+from sessions.capture.reader import Capture
 from sessions.capture.records import record_from_row
 
 PROGRESS_EVERY_ROWS = 200

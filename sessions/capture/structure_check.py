@@ -51,7 +51,8 @@ from sessions.capture.hdf5_safety import (
     Problem,
     describe_error,
 )
-from sessions.capture.reader import Capture, CaptureError, listed, load_capture
+from sessions.capture.index_rows import listed
+from sessions.capture.reader import Capture, CaptureError, load_capture
 from sessions.capture.record_scan import scan_problems
 from sessions.child_env import child_env
 from sessions.child_process import signal_name

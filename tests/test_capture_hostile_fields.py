@@ -89,6 +89,23 @@ def test_a_c1_control_character_in_a_name_is_refused(tmp_path: Path) -> None:
     assert error.problem == "name holds a control character (\\x9b in 'a\\x9bb')"
 
 
+def test_names_that_are_not_utf8_are_refused_because_two_would_read_as_one(tmp_path: Path) -> None:
+    def change(index: np.ndarray) -> None:
+        index["name"][0], index["name"][1] = b"ffn\xff", b"ffn\xfe"
+
+    path = with_index(small_capture(tmp_path / "latin1.h5"), change)
+    found = problems(path)
+    assert Problem("/index row 0 (ffn\ufffd)", "name is not UTF-8 text (b'ffn\\xff')") in found
+    assert Problem("/index row 1 (ffn\ufffd)", "name is not UTF-8 text (b'ffn\\xfe')") in found
+
+
+def test_a_tensor_path_that_is_not_utf8_is_refused(tmp_path: Path) -> None:
+    path = small_capture(tmp_path / "path.h5", layout="datasets")
+    with_index(path, lambda index: index["path"].__setitem__(1, b"/tensors/\xc3("))
+    error = refusal(path)
+    assert (error.location, error.problem) == ("/index row 1 (t1)", "path is not UTF-8 text (b'/tensors/\\xc3(')")
+
+
 @pytest.mark.parametrize("override", ["\u202e", "\u2066"], ids=["right-to-left override", "left-to-right isolate"])
 def test_a_bidirectional_control_that_would_reorder_a_shown_name_is_refused(tmp_path: Path, override: str) -> None:
     spoofed = f"ffn_{override}nwod"

@@ -146,7 +146,9 @@ def _nonzero_elements(ndims: np.ndarray, dims: list[np.ndarray]) -> np.ndarray:
 
 
 def _control_character_checks(columns: IndexColumns) -> list[tuple[np.ndarray, str, Callable[[int], str]]]:
-    """One row check per text field: its value holds a control character, shown escaped.
+    """Two row checks per text field: its value is not UTF-8 (two different byte strings would
+    read as one text, so two names or paths would seem one), or holds a control character,
+    shown escaped.
 
     Found once per distinct value of each field, so the cost follows the distinct names, not the rows."""
     checks: list[tuple[np.ndarray, str, Callable[[int], str]]] = []
@@ -157,5 +159,18 @@ def _control_character_checks(columns: IndexColumns) -> list[tuple[np.ndarray, s
             value = cf.decode_field(values[value_codes[row]])
             return f" ({printable(control_character(value) or '')} in '{printable(value)}')"
 
+        def raw(row: int, values: np.ndarray = values, value_codes: np.ndarray = value_codes) -> str:
+            return f" ({bytes(values[value_codes[row]]).rstrip(bytes(1))!r})"
+
+        not_utf8 = np.array([not _is_utf8(value) for value in values.tolist()], dtype=bool)
+        checks.append((not_utf8[value_codes], f"{field} is not UTF-8 text", raw))
         checks.append((has_control_characters(values)[value_codes], f"{field} holds a control character", detail))
     return checks
+
+
+def _is_utf8(raw: bytes) -> bool:
+    try:
+        raw.rstrip(bytes(1)).decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
+from functools import partial
 from typing import NamedTuple, overload
 
 import numpy as np
@@ -69,7 +70,8 @@ def records_from_index(index: np.ndarray) -> list[Record]:
     columns.update({name: index[name].tolist() for name in cf.INDEX_INT_FIELDS})
     ndims = index["ndim"].tolist()
     columns["shape"] = [tuple(dims[:ndim]) for dims, ndim in zip(index["shape"].tolist(), ndims)]
-    return list(map(Record._make, zip(*(columns[name] for name in Record._fields))))
+    # tuple.__new__ is what Record._make calls, without a Python frame per record.
+    return list(map(partial(tuple.__new__, Record), zip(*(columns[name] for name in Record._fields))))
 
 
 def record_from_row(row: np.void) -> Record:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
+from functools import partial
+from operator import itemgetter
 from typing import NamedTuple
 
 from sessions.bits.dtypes import logical_dtype
@@ -191,13 +193,13 @@ def map_records(
     hundreds of thousands of records, a few thousand kinds). `batch` is where a batched run,
     whose records hold the batch along stored axis 0, keeps the request compared."""
     sources = sources or {}
-    counts = Counter((r.step, r.segment, r.layer, r.name) for r in records)
+    counts = Counter(map(itemgetter(1, 2, 3, 4), records))  # (step, segment, layer, name)
     matches: dict[tuple[str, int, int, str, tuple[str, ...]], RuleMatch | None] = {}
     mappings: dict[_KindOfRecord, _Mapping] = {}
     mapped: list[MappedRecord] = []
     rejected: list[UnalignedRecord] = []
     optional: dict[int, str] = {}
-    keep, make_key, make_mapped = mapped.append, OpKey._make, MappedRecord._make
+    keep, make_key, make_mapped = mapped.append, partial(tuple.__new__, OpKey), partial(tuple.__new__, MappedRecord)
     for record in records:
         seq, step, segment, layer, name, occurrence, _, shape, _, kernel_id = record[:10]
         kind = (name, occurrence, counts[(step, segment, layer, name)], kernel_id, sources.get(seq, ()) if sources else (), layer, shape)

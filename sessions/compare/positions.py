@@ -9,7 +9,6 @@ calls implies (docs/capture-format.md, "Positions").
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 
 from sessions.compare.mapped_record import MappedRecord
@@ -40,26 +39,31 @@ def record_spans(mapped: list[MappedRecord]) -> tuple[dict[int, Span], list[Call
     segment) follow one another in execution order, each as long as its longest record; a
     record as long as its call starts where the call starts, a shorter one (the logits of the
     last row) ends where the call ends."""
-    by_call: dict[tuple[int, str], list[tuple[MappedRecord, int]]] = defaultdict(list)
+    by_call: dict[tuple[int, str], list[tuple[int, int, int]]] = {}
     axes: dict[str, int] = {}
-    for m in mapped:
-        op = m.key.op
+    for record, key, _, shape, *_ in mapped:
+        op = key.op
         axis = axes.get(op)
         if axis is None:
             axis = axes[op] = rows_axis(op)
-        by_call[(m.record.step, m.record.segment)].append((m, m.shape[axis] if m.shape else 1))
+        call = record[1:3]  # (step, segment)
+        held = by_call.get(call)
+        if held is None:
+            held = by_call[call] = []
+        held.append((record.seq, shape[axis] if shape else 1, record.position))
     spans: dict[int, Span] = {}
     found: list[Call] = []
     start = 0
     for (step, segment), records in by_call.items():
-        length = max(rows for _, rows in records)
-        held: list[Span] = []
-        for m, rows in records:
-            position = m.record.position
+        length = max(rows for _, rows, _ in records)
+        low, high = None, None
+        for seq, rows, position in records:
             first = position if position >= 0 else (start if rows == length else start + length - rows)
-            held.append((first, first + rows))
-            spans[m.record.seq] = held[-1]
-        found.append(Call(step, segment, (min(span[0] for span in held), max(span[1] for span in held))))
+            spans[seq] = (first, first + rows)
+            low = first if low is None or first < low else low
+            high = first + rows if high is None or first + rows > high else high
+        assert low is not None and high is not None
+        found.append(Call(step, segment, (low, high)))
         start += length
     return spans, found
 

@@ -13,6 +13,7 @@ defines it:
 - gate manifest (`sessions.gate.manifest.MAX_MANIFEST_BYTES`): 16 MiB
 - import manifest (`sessions.importers.manifest.MAX_MANIFEST_BYTES`): 64 MiB
 - session file (`sessions.investigation.store.MAX_SESSION_BYTES`): 64 MiB
+- config.json beside a rerun's safetensors weights (`backends.recorders.model_config.MAX_CONFIG_BYTES`): 4 MiB
 """
 
 from __future__ import annotations

@@ -357,6 +357,14 @@ def test_a_root_text_attribute_that_is_not_one_string_is_refused_not_read_as_its
     assert (error.location, error.problem) == (f"/ attribute '{attribute}'", f"is {shown}; the format stores one string")
 
 
+def test_a_tensors_logical_dtype_attribute_that_is_not_one_string_is_refused_not_read_as_its_first_element(tmp_path: Path) -> None:
+    path = small_capture(tmp_path / "dtype.h5", layout="datasets")
+    with h5py.File(path, "r+") as f:
+        f[cf.tensor_path(0)].attrs[cf.ATTR_LOGICAL_DTYPE] = np.array([b"float32"])
+    found = problems(path, deep=True)
+    assert Problem(f"{cf.tensor_path(0)} attribute 'logical_dtype'", "is an array of shape (1,); the format stores one string") in found
+
+
 @pytest.mark.parametrize(
     ("value", "shape"),
     [(np.frombuffer(b"{}", np.uint8).reshape(2, 1), (2, 1)), (np.uint8(ord("7")), ())],

@@ -160,3 +160,18 @@ def test_a_directory_or_fifo_given_as_weights_is_named_as_what_it_is_without_ope
     os.mkfifo(fifo)
     for path, kind in ((folder, "a directory"), (fifo, "a FIFO")):
         assert rerun(capture, path, capsys) == (2, f"parity-xray rerun: weights file {path} (named for this rerun) is {kind}, not a regular file\n")
+
+
+def test_a_config_json_beside_the_weights_is_read_only_when_it_is_a_small_regular_file(tmp_path: Path) -> None:
+    weights = safetensors(tmp_path / "w.safetensors", "F32", [8, 16], W.tobytes())
+    beside = tmp_path / "config.json"
+    beside.write_text(json.dumps({"rms_norm_eps": 1e-6, "text_config": {"num_attention_heads": 4}}), encoding="utf-8")
+    assert model_config.weights_file_config(weights) == {"rms_norm_eps": 1e-6, "num_attention_heads": 4}
+    beside.write_bytes(b" " * (model_config.MAX_CONFIG_BYTES + 1))
+    with pytest.raises(ModelConfigError) as huge:
+        model_config.weights_file_config(weights)
+    assert str(huge.value) == f"{beside}: cannot be read as JSON (SideFileError: {model_config.MAX_CONFIG_BYTES + 1} bytes, over the {model_config.MAX_CONFIG_BYTES}-byte limit for this kind of file)"
+    beside.unlink()
+    os.mkfifo(beside)
+    with pytest.raises(ModelConfigError, match="not a regular file: a FIFO"):
+        model_config.weights_file_config(weights)

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from sessions.side_file import open_regular_file
+from sessions.side_file import open_regular_file, read_side_file
 
 GGUF_KEYS = {
     "hidden_size": "embedding_length",
@@ -54,6 +54,8 @@ class GGUFFileError(ModelConfigError):
 
 GGUF_VERSIONS = (2, 3)
 """The versions GGUFReader reads too (1 used 32-bit counts and is long gone)."""
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+"""A Hugging Face config.json is a few KiB; one beside someone else's weights is read no further."""
 MAX_GGUF_NAME = 65535
 """Longest key or tensor name (the GGUF spec's limit): anything longer is corrupt."""
 MAX_KEPT_STRING = 4096
@@ -287,10 +289,10 @@ def weights_file_config(weights: Path) -> dict[str, Any]:
     if weights.suffix == ".gguf":
         return gguf_config(weights) if weights.is_file() else {}
     beside = weights.parent / "config.json"
-    if not beside.is_file():
+    if not beside.exists():
         return {}
     try:
-        loaded = json.loads(beside.read_text(encoding="utf-8"))
+        loaded = json.loads(read_side_file(beside, MAX_CONFIG_BYTES).decode("utf-8"))
     except (OSError, ValueError, RecursionError) as exc:
         raise ModelConfigError(f"{beside}: cannot be read as JSON ({type(exc).__name__}: {exc})") from None
     return hf_config(loaded) if isinstance(loaded, dict) else {}

@@ -78,15 +78,6 @@ class CaptureError(Exception):
         return CaptureError, (self.path, self.location, self.problem)
 
 
-def _attr_text(value: np.ndarray | None) -> str:
-    if value is None:
-        return ""
-    item = value.reshape(-1)[0] if value.size else b""
-    if isinstance(item, (bytes, np.bytes_)):
-        return cf.decode_field(item)
-    return str(item)
-
-
 def _text_problem(value: np.ndarray) -> str | None:
     """Why an attribute's value is not one string, or None. An array (even of one element, or of
     none) or a number is refused, not read: its first element or its digits would stand for the
@@ -417,13 +408,15 @@ class Capture:
         if found:
             return None, found
         try:
-            stored_logical = _attr_text(read_attribute(ds, record.path, cf.ATTR_LOGICAL_DTYPE, self._budget))
+            logical_attr = read_attribute(ds, record.path, cf.ATTR_LOGICAL_DTYPE, self._budget)
             shape_attr = read_attribute(ds, record.path, cf.ATTR_LOGICAL_SHAPE, self._budget) if ld.is_quantized else None
         except UnsafeObject as exc:
             return None, [exc.problem]
-        if stored_logical != record.dtype:
+        not_text = None if logical_attr is None else _text_problem(logical_attr)
+        stored_logical = "" if logical_attr is None or not_text is not None else cf.decode_field(logical_attr[()])
+        if not_text is not None or stored_logical != record.dtype:
             found.append(
-                Problem(f"{record.path} attribute 'logical_dtype'", f"is {stored_logical!r}; the index row says {record.dtype!r}")
+                Problem(f"{record.path} attribute 'logical_dtype'", not_text or f"is {stored_logical!r}; the index row says {record.dtype!r}")
             )
         stored = ds.dtype
         if stored != ld.storage:

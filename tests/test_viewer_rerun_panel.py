@@ -66,3 +66,25 @@ def test_a_missing_input_is_shown_as_a_message(qtbot, panel: RerunPanel) -> None
         panel.run()
     assert "SDPA rerun needs q, k and v of layer 4; the oracle capture has no q, k and v" in failed.args[0]
     assert panel.status.text().startswith("The rerun could not run: SDPA rerun needs")
+
+
+def test_a_first_difference_of_signed_zeros_alone_says_both_sides_are_equally_close(qtbot, demo_pairs: dict) -> None:  # type: ignore[no-untyped-def]
+    native, oracle = (open_capture(p) for p in demo_pairs["signed-zero"])
+    model = RerunPanelModel()
+    model.set_pair(native, oracle, ViewedComparison.of(run_to_end(iter_compare(native, oracle))))
+    widget = RerunPanel(model)
+    qtbot.addWidget(widget)
+    try:
+        widget.set_key("0:text-before:0:ffn_act")
+        widget.route_from.setCurrentIndex(widget.route_from.findData("native"))
+        with qtbot.waitSignal(widget.finished, timeout=60_000):
+            widget.run()
+        assert widget.table.item(0, 5).text() == "tie   1.66e-03 / 1.66e-03 / 1.66e-03"
+        assert widget.verdict.text() == (
+            "The rerun on the native route reproduces the bits of: oracle. First op where the sides differ: ffn_act; "
+            "against the float64 reference, both sides are equally close to exact."
+        )
+    finally:
+        widget.shutdown()
+        native.close()
+        oracle.close()

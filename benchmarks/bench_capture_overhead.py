@@ -66,7 +66,12 @@ def main() -> int:
         BENCH_CONFIG, hidden_size=args.hidden, intermediate_size=args.hidden * 11 // 4,
         num_attention_heads=args.hidden // 64, num_key_value_heads=max(1, args.hidden // 256),
     )
-    work_dir = args.keep or Path(tempfile.mkdtemp(prefix="bench-capture-"))
+    with tempfile.TemporaryDirectory(prefix="bench-capture-") as scratch:
+        return measure(args, config, args.keep or Path(scratch))
+
+
+def measure(args: argparse.Namespace, config: DemoConfig, work_dir: Path) -> int:
+    """Plain and recorded runs side by side; the model and the capture are written to `work_dir`."""
     work_dir.mkdir(parents=True, exist_ok=True)
     weights = demo_weights_f32(config, seed=0)
     params = sum(w.size for w in weights.values())

@@ -109,7 +109,13 @@ def main() -> int:
     parser.add_argument("--keep", type=Path, help="write the capture here and keep it (reused when present)")
     parser.add_argument("--sources", action="store_true", help="each record carries a ggml_src attribute, as llama.cpp captures do")
     args = parser.parse_args()
-    folder = args.keep or Path(tempfile.mkdtemp(prefix="bench-open-"))
+    with tempfile.TemporaryDirectory(prefix="bench-open-") as scratch:
+        return measure(args, Path(scratch))
+
+
+def measure(args: argparse.Namespace, scratch: Path) -> int:
+    """Every figure, printed beside its goal; the capture (unless --keep) and the caches live in `scratch`."""
+    folder = args.keep or scratch
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"bench-{args.rows}-{args.layout}{'-sources' if args.sources else ''}.h5"
     write_ms = None
@@ -120,7 +126,7 @@ def main() -> int:
         write_ms = seconds * 1e3 / args.rows
         print(f"built {path} ({path.stat().st_size / 1e6:.1f} MB, {args.rows} rows, {args.layout}) in {seconds:.1f} s")
     print(f"{os.cpu_count()} cores; the first check may use up to {shard_count(path)} child processes (more than one only for many datasets of their own)")
-    os.environ["PARITY_XRAY_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-open-cache-")
+    os.environ["PARITY_XRAY_CACHE_DIR"] = tempfile.mkdtemp(prefix="cache-", dir=scratch)
 
     children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start, cpu_start = time.perf_counter(), time.process_time()
@@ -161,7 +167,7 @@ def main() -> int:
         ("  the same, CPU time of the checking child and this process", first_open_cpu * 1e3, "(wall time on an idle machine)"),
         (
             "  the same in a new process with a checking child ready (the viewer, CLI)",
-            min(open_in_new_process(path, TIMED_READY_OPEN, tempfile.mkdtemp(prefix="bench-open-cache-")) for _ in range(3)) * 1e3,
+            min(open_in_new_process(path, TIMED_READY_OPEN, tempfile.mkdtemp(prefix="cache-", dir=scratch)) for _ in range(3)) * 1e3,
             f"goal < {GOALS_MS['first open']:g} ms",
         ),
         ("open_capture in a new process, pass cached on disk", min(open_in_new_process(path) for _ in range(3)) * 1e3, ""),

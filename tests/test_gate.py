@@ -31,6 +31,7 @@ from distributed import Client
 from backends.engines.demo_scenarios import SCENARIOS
 from sessions.capture.opening import open_capture
 from sessions.child_env import child_env
+from sessions.commands import cache as cache_command
 from sessions.commands import gate as gate_command
 from sessions.compare.comparison import iter_compare
 from sessions.compare.verdict import UNUSABLE, Verdict
@@ -101,6 +102,12 @@ def _gate(*argv: str) -> int:
     parser = argparse.ArgumentParser()
     gate_command.add_arguments(parser)
     return gate_command.run(parser.parse_args(list(argv)))
+
+
+def _cache(*argv: str) -> int:
+    parser = argparse.ArgumentParser()
+    cache_command.add_arguments(parser)
+    return cache_command.run(parser.parse_args(list(argv)))
 
 
 def _runs(tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]]) -> None:
@@ -205,8 +212,9 @@ def test_a_gate_on_a_separately_started_cluster_judges_as_report_does(
 
 
 def test_a_rerun_reuses_unchanged_cases_and_judges_a_changed_capture_again(
-    tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], cluster: str, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], cluster: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("PARITY_XRAY_CACHE_DIR", str(tmp_path / "cache"))
     for name in ("clean", "swiglu-order"):
         (tmp_path / name).mkdir()
         for side, path in zip(("native", "oracle"), demo_pairs[name], strict=True):
@@ -226,6 +234,11 @@ def test_a_rerun_reuses_unchanged_cases_and_judges_a_changed_capture_again(
     shutil.copy(demo_pairs["swiglu-order"][0], tmp_path / "clean" / "oracle.h5")  # clean's oracle is now another run
     changed = gate()
     assert [(c.name, c.word, c.reused) for c in changed.cases] == [("clean", "DIVERGENCE", False), ("swiglu-order", "DIVERGENCE", True)]
+    assert _cache() == 0
+    assert "  judged gate cases: 2 entries, " in capsys.readouterr().out.splitlines()[4]
+    assert _cache("--clear") == 0
+    assert capsys.readouterr().out.splitlines()[4].startswith("  judged gate cases: removed 2 entries (")
+    assert [c.reused for c in gate().cases] == [False, False]
 
 
 def _process_with(*parts: bytes) -> int | None:

@@ -94,6 +94,7 @@ def test_cache_summarises_and_clears_only_its_own_entries(tmp_path: Path, cache_
     assert lines[1].startswith("  comparison results: 1 entries, ") and lines[1].endswith(" MiB, limit 256.0 MiB")
     assert lines[2].startswith("  passed structure checks: 2 entries, ")
     assert lines[3] == "  weights hashes of recorded models: 0 entries, 0.0 MiB"
+    assert lines[4] == "  judged gate cases: 0 entries, 0.0 MiB"
     assert main(["cache", "--clear"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].startswith("  comparison results: removed 1 entries (")

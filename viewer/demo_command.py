@@ -69,7 +69,7 @@ def _listing(demo_dir: Path, scenarios: dict[str, Scenario], cut: dict[str, "Cut
     lines.append("")
     lines.append("Real llama.cpp vs MLX runs of a tiny model (need the llama extra; `demo --generate DIR --scenario NAME`):")
     lines += [f"{name:20s} GGUF {variant} weights" for name, variant in llama.items()]
-    lines += ["", "Open one with `parity-xray demo --scenario NAME`; write all with `parity-xray demo --generate DIR`."]
+    lines += ["", "Open one with `parity-xray demo --scenario NAME`; write the planted ones with `parity-xray demo --generate DIR`, any other with `--scenario NAME`."]
     return "\n".join(lines) + "\n"
 
 

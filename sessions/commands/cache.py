@@ -1,11 +1,13 @@
 """`parity-xray cache [--clear]`: what Parity X-ray keeps in its cache directory, and emptying it.
 
 The cache holds comparison results (`comparisons/`, capped and evicted least recently used
-first), the files that passed their structural check (`checked/`) and the weights hashes of
-recorded models (`hashes/`, `sessions.artifact_hash`). It lives in the user
-cache directory or in `$PARITY_XRAY_CACHE_DIR`, which may be a folder the user also keeps other
-things in, so `--clear` removes only the entries Parity X-ray wrote there (its `.json` entries
-and interrupted temporary files), never the folders or anything else.
+first), the files that passed their structural check (`checked/`), the weights hashes of
+recorded models (`hashes/`, `sessions.artifact_hash`) and the judged cases of gates (`gates/`,
+with the HTML reports asked for). It lives in the user cache directory or in
+`$PARITY_XRAY_CACHE_DIR`, which may be a folder the user also keeps other things in, so
+`--clear` removes only the entries Parity X-ray wrote there (its `.json` entries and a gate
+case's `.html`), never the folders or anything else. The demo captures (`demo/`) are not results
+and are kept.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from sessions.artifact_hash import hashes_dir
 from sessions.capture.check_cache import CACHE_DIR_ENV, cache_root, checked_dir
 from sessions.compare.result_cache import MAX_CACHE_BYTES, default_cache_dir
+from sessions.gate.cache import gate_cache_dir
 
 EXIT_OK, EXIT_NOT_CLEARED = 0, 1
 
@@ -25,15 +28,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clear", action="store_true", help="delete every cached result and remembered check")
 
 
-def _own_entries(folder: Path) -> list[tuple[Path, int]]:
-    """(path, bytes) of the files Parity X-ray wrote in one of its cache folders."""
+def _own_entries(folder: Path, suffixes: tuple[str, ...]) -> list[tuple[Path, int]]:
+    """(path, bytes) of the files Parity X-ray wrote in one of its cache folders: those ending in `suffixes`."""
     try:
         listing = list(os.scandir(folder))
     except OSError:
         return []
     found = []
     for entry in listing:
-        if entry.name.endswith(".json") and entry.is_file(follow_symlinks=False):
+        if entry.name.endswith(suffixes) and entry.is_file(follow_symlinks=False):
             try:
                 found.append((Path(entry.path), entry.stat(follow_symlinks=False).st_size))
             except OSError:
@@ -47,15 +50,16 @@ def _mib(size: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     folders = (
-        ("comparison results", default_cache_dir(), f", limit {_mib(MAX_CACHE_BYTES)}"),
-        ("passed structure checks", checked_dir(), ""),
-        ("weights hashes of recorded models", hashes_dir(), ""),
+        ("comparison results", default_cache_dir(), f", limit {_mib(MAX_CACHE_BYTES)}", (".json",)),
+        ("passed structure checks", checked_dir(), "", (".json",)),
+        ("weights hashes of recorded models", hashes_dir(), "", (".json",)),
+        ("judged gate cases", gate_cache_dir(), "", (".json", ".html")),
     )
     where = f"${CACHE_DIR_ENV}" if os.environ.get(CACHE_DIR_ENV) else "user cache directory"
     print(f"cache: {cache_root()} ({where})")
     status = EXIT_OK
-    for label, folder, limit in folders:
-        found = _own_entries(folder)
+    for label, folder, limit, suffixes in folders:
+        found = _own_entries(folder, suffixes)
         size = sum(bytes_ for _, bytes_ in found)
         if args.clear:
             kept = []

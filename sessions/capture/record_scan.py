@@ -158,13 +158,13 @@ class RecordScan:
         return declared == 0 or offset + declared <= self._file_size
 
     def _logical_dtype_matches(self, dsid: h5py.h5d.DatasetID, dtype: bytes, usual_type: h5py.h5t.TypeID) -> bool:
-        """The `logical_dtype` attribute is one fixed-length string equal to the row's dtype."""
+        """The `logical_dtype` attribute is one fixed-length string (a scalar, not an array of one) equal to the row's dtype."""
         attr = h5py.h5a.open(dsid, _ATTR_LOGICAL_DTYPE)
         type_id = attr.get_type()
         if not type_id == usual_type and (type_id.get_class() != h5py.h5t.STRING or type_id.is_variable_str()):
             return False
         size = type_id.get_size()
-        if attr.get_storage_size() != size:
+        if attr.get_space().get_simple_extent_type() != h5py.h5s.SCALAR or attr.get_storage_size() != size:
             return False
         value = np.empty((), dtype=f"S{size}")
         attr.read(value, mtype=type_id)

@@ -93,6 +93,29 @@ def test_a_bad_policy_names_the_file_the_place_and_the_problem(tmp_path: Path, t
     assert str(caught.value).startswith(str(path)) and problem in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("pattern", "refused"),
+    [
+        ("^model([a-z]+:)*sdpa$", False),
+        (r"^(\d+\.)+ffn_down$", False),
+        ("^(?:/[^/]+)*$", False),
+        ("^(a+b)*$", False),
+        ("^(.+:)*$", True),
+        ("^([a-z:]+:)*$", True),
+        (r"^(\w+_)*$", True),
+        ("^([a-z]+:?)*$", True),
+        (r"^(\1+:)*$", True),
+    ],
+)
+def test_a_repeated_group_split_by_a_separator_its_atom_cannot_match_is_allowed(tmp_path: Path, pattern: str, refused: bool) -> None:
+    path = policy_file(tmp_path, f"[[rule]]\nmatch = '{pattern}'\nmax_ulp = 1\n")
+    if not refused:
+        assert load_policy(path).rules[0].match == pattern
+        return
+    with pytest.raises(PolicyError, match="which itself repeats or alternates|is not a regular expression"):
+        load_policy(path)
+
+
 def test_a_policy_that_is_a_fifo_is_refused_at_once_instead_of_waiting_for_a_writer(tmp_path: Path) -> None:
     with fifo_without_writer(tmp_path, "policy.toml") as path, pytest.raises(PolicyError) as caught:
         load_policy(path)

@@ -138,9 +138,30 @@ def _repeated_group_that_varies(pattern: str) -> str | None:
         elif char == ")" and opened:
             start = opened.pop()
             inner = pattern[start + 1 : at]
-            if _repeats(pattern[at + 1 :]) and (_repeats_within(inner) or "|" in inner):
+            if _repeats(pattern[at + 1 :]) and (_repeats_within(inner) or "|" in inner) and not _split_by_a_separator(inner):
                 return pattern[start : at + 1]
     return None
+
+
+_ATOM = r"(?:\\.|\[(?:\\.|[^\]\\])+\]|[^\\\[\]()|*+?{}^$])"
+"""One character, escape or character class."""
+_SEPARATOR = r"(?:\\[^0-9A-Za-z]|[^\\\[\]()|*+?{}.^$])"
+"""One literal character, perhaps escaped (`:`, `\\.`, `/`)."""
+_SEPARATED = (re.compile(rf"(?P<atom>{_ATOM})[*+](?P<sep>{_SEPARATOR})"), re.compile(rf"(?P<sep>{_SEPARATOR})(?P<atom>{_ATOM})[*+]"))
+
+
+def _split_by_a_separator(inner: str) -> bool:
+    """Whether a repeated group is a repeated atom and one literal separator the atom cannot match,
+    as in `([a-z]+:)*` or `(\\d+\\.)+`: each repetition then ends (or starts) at the next separator,
+    one way only, so matching takes linear time."""
+    for shape in _SEPARATED:
+        found = shape.fullmatch(inner.removeprefix("?:"))
+        if found is not None:
+            try:
+                return re.fullmatch(found["atom"], found["sep"][-1]) is None
+            except re.error:  # an atom that is a back reference, which names no group here
+                return False
+    return False
 
 
 def _repeats(rest: str) -> bool:

@@ -1,7 +1,7 @@
 """The environment of every child process: capture readers, the comparison, llama.cpp recordings.
 
 Children re-import this project by module name, so they must find the same source tree as the
-parent whatever the working directory; they load no HDF5 filter plugin (GUIDE section 7); and a
+parent whatever the working directory; they load no HDF5 filter plugin (docs/capture-format.md, "What a reader refuses"); and a
 child is one of several, so its BLAS stays on one thread instead of fighting its siblings.
 """
 

@@ -70,7 +70,7 @@ def _bits(a: mx.array) -> np.ndarray:
 
 
 def test_chunked_and_unchunked_sdpa_agree_bit_for_bit_on_cpu() -> None:
-    """GUIDE 4: on the CPU build every call takes the fallback, so chunking cannot change bits."""
+    """On the CPU build every call takes the fallback, so chunking cannot change bits."""
     cases = 0
     for dtype in (mx.bfloat16, mx.float16, mx.float32):
         for rows in (3, 4, 6, 8, 17, 32):

@@ -1,7 +1,7 @@
 """What the window is looking at: the two open captures, their comparison and the selection.
 
-Views take this model in `__init__` and subscribe to its signals (GUIDE 6, napari's
-qt_dims); they never talk to each other directly, so a click in the overview, the tree or a
+Views take this model in `__init__` and subscribe to its signals (as napari's
+qt_dims do); they never talk to each other directly, so a click in the overview, the tree or a
 keyboard shortcut all end in `select` and every view follows.
 """
 

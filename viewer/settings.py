@@ -1,7 +1,7 @@
 """Persisted viewer state: window layout, recent files and theme, in QSettings.
 
 The state is versioned so a later release can migrate an older file instead of
-misreading it (GUIDE 6, glue's state migrations). Recent files are paths, never data.
+misreading it (as glue migrates its saved state). Recent files are paths, never data.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The MTPLX head-chunk rule for dense SDPA (GUIDE section 3).
+"""The MTPLX head-chunk rule for dense SDPA (docs/rerun.md, "Routes").
 
 On Metal, MLX's vector attention kernel only takes calls with `q_len * GQA <= 32`. MTPLX's
 `_verify_sdpa` therefore splits the query heads of each KV group into chunks small enough for

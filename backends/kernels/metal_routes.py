@@ -23,7 +23,7 @@ UNKNOWN = "unknown"
 
 RULES_SOURCE = "ml-explore/mlx@846d176 (v0.32.1-26, version.h 0.32.2)"
 RULES_VERSIONS = ("0.32.2", "0.32.3", "0.32.4")
-"""Releases this table describes. It was read at the commit that became 0.32.2; the GUIDE's
+"""Releases this table describes. It was read at the commit that became 0.32.2; the team's
 route facts state the same routing for the 0.32.4 build, and the seed's 0.32.2 record
 (head dim 256 on the vector kernel only through eight rows) agrees. Anything else is unknown."""
 

@@ -8,7 +8,7 @@ the same profiles and alignment keys the comparison uses, and read in canonical 
 native and oracle captures serve alike. Weights come from the capture itself (a record
 named like the weight) or from the weights file the capture references (safetensors, or
 GGUF decoded with the gguf package's dequantizers -- never `mx.load`, whose K-quant decode
-is wrong, GUIDE 4). Whatever is missing is named: which op, which layer, which side.
+is wrong). Whatever is missing is named: which op, which layer, which side.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 libhdf5's deflate filter inflates a chunk's stored stream for as long as the stream goes on: a
 chunk declared as 3,840 bytes whose stream inflates to 3 GiB takes 3 GiB of memory, and a
 stream that ends short leaves the rest of the chunk as whatever the buffer held; neither is an
-error (GUIDE section 7). A budget on declared sizes cannot see either. So a dataset with a
+error (docs/capture-format.md, "What a reader refuses"). A budget on declared sizes cannot see either. So a dataset with a
 filter pipeline is never decoded by libhdf5 here: the stored bytes of each chunk a selection
 touches are read raw (`H5Dread_chunk`, after checking they lie inside the file and within the
 memory budget) and the pipeline is undone in reverse order, each stage stopping one byte past

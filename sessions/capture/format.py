@@ -3,7 +3,7 @@
 docs/capture-format.md is the normative description for engines that write captures with
 libhdf5 alone; this module is its executable twin. Every string is a fixed-length UTF-8
 field: variable-length strings live in the global heap, whose reader hangs on crafted input
-(GUIDE section 7), so the format has none.
+(docs/capture-format.md, "What a reader refuses"), so the format has none.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Structural checks that make an untrusted HDF5 file safe to read, each done before any data is read.
 
 A capture comes from someone else's engine, so every object is inspected through metadata
-alone (GUIDE section 7): links are walked one path part at a time so an external link is seen
+alone (docs/capture-format.md, "What a reader refuses"): links are walked one path part at a time so an external link is seen
 before libhdf5 follows it, datasets are refused when they would read another file (virtual
 layout, external raw storage), run a filter that is not built in and allow-listed, or declare
 more bytes than the memory budget. Attribute types are checked before their values are read

@@ -2,7 +2,7 @@
 
 The index, dispatch and token tables are each one read; tensors are read on demand, whole or
 as a slice, from a dataset of their own or as a byte range of a pack (docs/capture-format.md,
-"Packs"); `records` are built from the index only when asked for. Files come from other people's engines (GUIDE section 7), so:
+"Packs"); `records` are built from the index only when asked for. Files come from other people's engines (docs/capture-format.md, "What a reader refuses"), so:
 - the file is opened read-only with locking off, never blocking the engine that writes it;
 - the first open of a file runs its full structural check in a child process
   (`sessions.capture.structure_check`), so a file that crashes or hangs libhdf5 takes the child down,

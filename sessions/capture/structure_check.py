@@ -1,7 +1,7 @@
 """The structural check of a capture, run in a child process the first time a file is opened.
 
 libhdf5 is not safe on crafted input: byte-mutated files segfault it and hang it, and while it
-hangs it holds the interpreter lock (GUIDE section 7). A thread is no protection, so the first
+hangs it holds the interpreter lock (docs/capture-format.md, "What a reader refuses"). A thread is no protection, so the first
 open of a file walks everything the viewer will later touch (root attributes, the three tables,
 every index row's dataset and attributes) in a separate process with a wall-clock timeout and
 an address-space limit. A crash or a hang there becomes a `Problem` naming the file, and the

@@ -2,7 +2,7 @@
 
 The timeline itself (which calls differ, which disagree with the route predictor, where
 each box goes) is computed in `backends.dispatch.timeline`; this holds the user's choices
-and tells the view when to repaint. Views take this model in `__init__` (GUIDE 6).
+and tells the view when to repaint. Views take this model in `__init__`.
 """
 
 from __future__ import annotations

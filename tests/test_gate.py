@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from html import escape
 from pathlib import Path
 
+import h5py
 import pytest
 from distributed import Client
 
@@ -194,6 +195,28 @@ def test_an_output_naming_the_manifest_or_a_case_capture_is_refused_before_anyth
     oracle = demo_pairs["clean"][1]
     assert _gate(str(manifest), "--html", str(tmp_path / "runs" / oracle.name)) == 2
     assert "is the oracle capture of case 'clean'" in capsys.readouterr().err
+    assert _gate(str(manifest), "--json", str(tmp_path / "out.html"), "--html", str(tmp_path / "out.html")) == 2
+    assert f"--json and --html both name {tmp_path / 'out.html'}: each output needs a file of its own" in capsys.readouterr().err
+    (tmp_path / "y-cases").mkdir()
+    capture = tmp_path / "y-cases" / "001-a.html"  # where the report of the first case, 'a', would go
+    shutil.copy(demo_pairs["clean"][0], capture)
+    one_case = tmp_path / "one.toml"
+    one_case.write_text(f'[[case]]\nname = "a"\nnative = "{capture}"\noracle = "{demo_pairs["clean"][1]}"\n')
+    assert _gate(str(one_case), "--html", str(tmp_path / "y.html")) == 2
+    assert f"the report of case 'a' {capture} is the native capture of case 'a'" in capsys.readouterr().err
+    assert capture.read_bytes() == demo_pairs["clean"][0].read_bytes()
+
+
+@pytest.mark.parametrize(("address", "problem"), [("notaurl", "missing port number"), ("foo://127.0.0.1:8786", "unknown address scheme 'foo'")])
+def test_a_scheduler_address_dask_cannot_parse_is_one_line_and_exit_2(
+    tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], capsys: pytest.CaptureFixture[str], address: str, problem: str
+) -> None:
+    _runs(tmp_path, demo_pairs)
+    (tmp_path / "gate.toml").write_text(GLOB)
+    assert _gate(str(tmp_path / "gate.toml"), "--scheduler", address) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"parity-xray gate: cannot use the scheduler at {address}: ValueError: ") and problem in err
+    assert "Traceback" not in err
 
 
 def test_a_gate_on_a_separately_started_cluster_judges_as_report_does(
@@ -209,6 +232,16 @@ def test_a_gate_on_a_separately_started_cluster_judges_as_report_does(
     with Client(cluster, timeout=30) as client:
         assert {c.worker for c in gate.cases} <= set(client.scheduler_info(n_workers=-1)["workers"])
     assert not any(c.reused for c in gate.cases)
+
+
+def _flip_a_tensor_in_place(path: Path) -> None:
+    """Change the first record's bytes, and nothing else: the file's size, root attributes and index stay."""
+    with open_capture(path) as capture:
+        record = capture.records[0]
+    assert record.packed
+    with h5py.File(path, "r+") as f:
+        pack = f[record.path]
+        pack[record.offset : record.offset + record.nbytes] = pack[record.offset : record.offset + record.nbytes] ^ 1
 
 
 def test_a_rerun_reuses_unchanged_cases_and_judges_a_changed_capture_again(
@@ -230,10 +263,13 @@ def test_a_rerun_reuses_unchanged_cases_and_judges_a_changed_capture_again(
     assert [(c.name, c.word, c.reused) for c in first.cases] == [("clean", "PARITY", False), ("swiglu-order", "DIVERGENCE", False)]
     again = gate()
     assert [(c.word, c.reused, c.seconds) for c in again.cases] == [(c.word, True, c.seconds) for c in first.cases]
+    size = (tmp_path / "clean" / "native.h5").stat().st_size
+    _flip_a_tensor_in_place(tmp_path / "clean" / "native.h5")
+    assert (tmp_path / "clean" / "native.h5").stat().st_size == size
     os.utime(tmp_path / "swiglu-order" / "native.h5")  # a touch: new mtime and ctime, the same content
-    shutil.copy(demo_pairs["swiglu-order"][0], tmp_path / "clean" / "oracle.h5")  # clean's oracle is now another run
     changed = gate()
-    assert [(c.name, c.word, c.reused) for c in changed.cases] == [("clean", "DIVERGENCE", False), ("swiglu-order", "DIVERGENCE", True)]
+    assert [(c.name, c.word, c.reused) for c in changed.cases] == [("clean", "DIVERGENCE", False), ("swiglu-order", "DIVERGENCE", False)]
+    assert [c.reused for c in gate().cases] == [True, True]
     assert _cache() == 0
     assert "  judged gate cases: 2 entries, " in capsys.readouterr().out.splitlines()[4]
     assert _cache("--clear") == 0

@@ -64,6 +64,7 @@ token_budget = 384
 eos = "require"
 atol = 0.5
 oracle_profile = "my.toml"
+align = "positions"
 
 [[case]]
 native = "b/native.h5"
@@ -72,10 +73,30 @@ oracle = "b/oracle.h5"
     first, second = manifest.cases
     assert first == GateCase(
         "canonical", str(tmp_path / "a/native.h5"), "/data/a/oracle.h5",
-        CompareOptions(atol=0.5, native_profile="llama.cpp", oracle_profile=str(tmp_path / "my.toml"), max_steps=384, workers=1), EOS_REQUIRE,
+        CompareOptions(atol=0.5, native_profile="llama.cpp", oracle_profile=str(tmp_path / "my.toml"), max_steps=384, alignment="positions", workers=1), EOS_REQUIRE,
     )
     assert second == GateCase("b/native.h5", str(tmp_path / "b/native.h5"), str(tmp_path / "b/oracle.h5"), CompareOptions(native_profile="llama.cpp", max_steps=64, workers=1), EOS_STOP)
     assert second.token_budget == 64
+
+
+def test_a_bound_of_0_is_no_bound_as_on_reports_command_line(tmp_path: Path) -> None:
+    manifest = load_manifest(_write(tmp_path, """
+atol = 1.0
+max_ulp = 0
+
+[[case]]
+native = "a/native.h5"
+oracle = "a/oracle.h5"
+
+[[case]]
+native = "b/native.h5"
+oracle = "b/oracle.h5"
+atol = 0.0
+rtol = 0
+"""))
+    first, second = (case.options for case in manifest.cases)
+    assert first.tolerance == CompareOptions(atol=1.0, max_ulp=0).tolerance == Tolerance(atol=1.0)  # what `report --atol 1 --max-ulp 0` builds
+    assert second.tolerance == Tolerance() and second.tolerance.is_bit_exact
 
 
 @pytest.mark.parametrize(
@@ -85,9 +106,10 @@ oracle = "b/oracle.h5"
         ('max_ulps = 1\n[[case]]\nnative = "n.h5"\noracle = "o.h5"\n', 1, "the top level: unknown key 'max_ulps'; known: cases, oracle, case"),
         ('[[case]]\nnative = "n.h5"\noracle = "o.h5"\n\n[[case]]\nname = "two"\nnative = "n.h5"\n\noracle = "o.h5"\ntoken_budget = -1\n', 10,
          "case 2 ('two'): 'token_budget' must be an integer >= 1, got -1"),
-        ('token_budget = 0\n[[case]]\nnative = "n.h5"\noracle = "o.h5"\n', 1, "case 1: 'token_budget' must be an integer >= 1, got 0"),
+        ('token_budget = 0\n[[case]]\nnative = "n.h5"\noracle = "o.h5"\n', 1, "the top level: 'token_budget' must be an integer >= 1, got 0"),
         ('[[case]]\nname = "x"\nnative = "n.h5"\n', 1, "case 1 ('x'): needs 'oracle', the path of its oracle capture"),
         ('[[case]]\nnative = "n.h5"\noracle = "o.h5"\neos = "always"\n', 4, "'eos' must be one of 'stop', 'require', got 'always'"),
+        ('align = "tokens"\n[[case]]\nnative = "n.h5"\noracle = "o.h5"\n', 1, "the top level: 'align' must be one of 'auto', 'calls', 'positions', got 'tokens'"),
         ('[[case]]\nnative = "n.h5"\noracle = "o.h5"\noracle_profile = "llama"\n', 4, "'oracle_profile' is neither a built-in profile"),
         ('cases = "runs/*/native.h5"\noracle = "runs/oracle.h5"\n', 2, "must have the same wildcards in the same order"),
         ('cases = "runs/*/native.h5"\noracle = "runs/*/oracle.h5"\n', 1, "'runs/*/native.h5' matches no file under"),

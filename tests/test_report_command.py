@@ -268,6 +268,9 @@ def test_an_output_path_naming_an_input_is_refused_and_the_input_is_left_as_it_w
     assert f"--json {oracle} is the oracle capture: an output never replaces an input" in capsys.readouterr().err
     assert _run(str(tmp_path / "absent.h5"), str(oracle), "--html", str(tmp_path / "." / "o.h5")) == 2
     assert oracle.exists() and _digest(oracle) == before, "an unusable input's stale-report cleanup never removes an input"
+    assert _run(str(native), str(oracle), "--json", str(tmp_path / "r.out"), "--html", str(tmp_path / "r.out")) == 2
+    assert f"--json and --html both name {tmp_path / 'r.out'}: each output needs a file of its own" in capsys.readouterr().err
+    assert not (tmp_path / "r.out").exists()
 
 
 def _session(folder: Path, native: Path, oracle: Path) -> Path:

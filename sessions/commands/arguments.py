@@ -62,11 +62,17 @@ def same_file(a: str | Path, b: str | Path) -> bool:
 
 def output_clash(outputs: Mapping[str, str | None], inputs: Mapping[str, str | Path | None]) -> str | None:
     """Why an output path may not be written: it names one of the inputs (`--json` given the
-    oracle capture's path would replace the capture, or on an unusable input remove it)."""
+    oracle capture's path would replace the capture, or on an unusable input remove it), or
+    another output (the JSON would silently replace the HTML)."""
     for option, output in outputs.items():
         for what, given in inputs.items():
             if output and given and same_file(output, given):
                 return f"{option} {output} is the {what}: an output never replaces an input"
+    named = [(option, output) for option, output in outputs.items() if output]
+    for at, (option, output) in enumerate(named):
+        for other, earlier in named[:at]:
+            if same_file(output, earlier) or Path(output).resolve() == Path(earlier).resolve():
+                return f"{other} and {option} both name {output}: each output needs a file of its own"
     return None
 
 

@@ -15,6 +15,7 @@ import datetime as dt
 import re
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -60,7 +61,10 @@ def run(args: argparse.Namespace) -> int:
     inputs: dict[str, str | Path | None] = {"manifest": args.manifest}
     for case in manifest.cases:
         inputs.update({f"native capture of case {case.name!r}": case.native, f"oracle capture of case {case.name!r}": case.oracle})
-    clash = output_clash({"--json": args.json, "--html": args.html}, inputs)
+    outputs = {"--json": args.json, "--html": args.html}
+    if args.html is not None:
+        outputs.update({f"the report of case {case.name!r}": str(page) for case, page in zip(manifest.cases, case_pages(args.html, manifest.cases))})
+    clash = output_clash(outputs, inputs)
     if clash is not None:
         return _fail(clash)
     state = _GateRun(manifest.cases, want_html=args.html is not None, use_cache=not args.no_cache)
@@ -137,16 +141,26 @@ class _GateRun:
 
         if html_out is not None:
             html_path = Path(html_out)
-            folder = html_path.with_name(f"{html_path.stem}-cases")
-            folder.mkdir(parents=True, exist_ok=True)
-            for index, case in enumerate(gate.cases):
+            pages = case_pages(html_out, gate.cases)
+            _cases_folder(html_out).mkdir(parents=True, exist_ok=True)
+            for index, (case, page) in enumerate(zip(gate.cases, pages)):
                 if index in self.pages:
-                    page = folder / f"{index + 1:03d}-{re.sub(r'[^A-Za-z0-9._-]+', '_', case.name)}.html"
                     atomic_write_bytes(page, self.pages[index].encode("utf-8"))
                     case.report = page.relative_to(html_path.parent).as_posix()
             atomic_write_bytes(html_path, render_gate_html(gate).encode("utf-8"))
         if json_out is not None:
             atomic_write_bytes(Path(json_out), dumps(gate).encode("utf-8"))
+
+
+def _cases_folder(html_out: str) -> Path:
+    return Path(html_out).with_name(f"{Path(html_out).stem}-cases")
+
+
+def case_pages(html_out: str, cases: Sequence[GateCase | CaseResult]) -> list[Path]:
+    """Where each case's own report goes: OUT-cases/NNN-NAME.html beside the summary OUT.html.
+    Known before any case is judged, so that none of them can name an input."""
+    folder = _cases_folder(html_out)
+    return [folder / f"{index + 1:03d}-{re.sub(r'[^A-Za-z0-9._-]+', '_', case.name)}.html" for index, case in enumerate(cases)]
 
 
 def progress_line(c: CaseResult) -> str:

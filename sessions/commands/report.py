@@ -179,9 +179,9 @@ def _report(args: argparse.Namespace, session: Investigation | None = None) -> i
         return _unusable(args, f"unusable input: {exc}")
     options = CompareOptions(
         policy=policy,
-        atol=args.atol or None,  # 0 is no bound, as in the window and in a session: bit-exact
-        rtol=args.rtol or None,
-        max_ulp=args.max_ulp or None,
+        atol=args.atol,
+        rtol=args.rtol,
+        max_ulp=args.max_ulp,
         native_profile=args.native_profile,
         oracle_profile=args.oracle_profile,
         alignment=getattr(args, "align", "auto"),

@@ -46,6 +46,13 @@ class CompareOptions:
     this process (a gate's cases do: its cluster already runs one case per core). Workers start
     only once this process would take over a second for the rest (sessions.compare.parallel_compare)."""
 
+    def __post_init__(self) -> None:
+        # A bound of 0 is no bound, whoever sets it (the command line, a session, a gate manifest,
+        # where TOML has no null): all three at 0 is bit-exact, and one at 0 never narrows another.
+        for bound in ("atol", "rtol", "max_ulp"):
+            if getattr(self, bound) == 0:
+                object.__setattr__(self, bound, None)
+
     @cached_property
     def tolerance(self) -> Tolerance:
         """Built once: every pair of a run asks for it (`tolerance_for`)."""

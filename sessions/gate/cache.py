@@ -27,7 +27,7 @@ from sessions.compare.result_cache import code_digest
 from sessions.gate.judge import CachedCase, CaseOutcome
 from sessions.gate.manifest import GateCase
 
-GATE_CACHE_FORMAT = 1
+GATE_CACHE_FORMAT = 2
 
 
 def gate_cache_dir() -> Path:

@@ -123,7 +123,7 @@ class DaskGate:
                     )
                 self.client = Client(self.cluster)
             self.client.wait_for_workers(1, timeout=WORKER_WAIT_S)
-        except (OSError, TimeoutError) as exc:
+        except (OSError, TimeoutError, ValueError) as exc:  # ValueError: an address Dask cannot parse
             self.close()
             where = f"the scheduler at {self.scheduler}" if self.scheduler else "a local Dask cluster"
             raise ClusterError(f"cannot use {where}: {type(exc).__name__}: {exc}") from None

@@ -11,10 +11,11 @@ open does (sessions.capture.reader).
 
 Incremental gates: a previous result is reused when both captures' stat fields (device,
 inode, size, mtime, ctime) are unchanged -- ctime too, because a writer can restore an old
-mtime but only the kernel sets ctime -- or, when those moved (a copy, a touch), when their
-content identity (size and the SHA-256 of root attributes and index, sessions.capture.identity)
-is unchanged; and in both cases only when the profiles the comparison used still hash the same.
-The options are part of the cache key (sessions.gate.cache), not of the fingerprint.
+mtime but only the kernel sets ctime -- and the profiles the comparison used still hash the
+same. A capture whose stat fields moved (a copy, a touch, an edit) is judged again: nothing
+short of reading every tensor byte tells a touch from a tensor edited in place, which keeps
+the file's size, root attributes and index (a stale PARITY is the one answer a gate must never
+give). The options are part of the cache key (sessions.gate.cache), not of the fingerprint.
 """
 
 from __future__ import annotations
@@ -24,8 +25,6 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from sessions.capture.identity import identity_of_capture
-from sessions.capture.opening import iter_open_capture
 from sessions.capture.reader import CaptureError
 from sessions.compare.comparison import Comparison, worst_ops
 from sessions.compare.in_child import iter_compare_in_child
@@ -67,9 +66,6 @@ class CaseFingerprint:
 
     native_stamp: FileStamp
     oracle_stamp: FileStamp
-    native_sha256: str
-    """Content identity (with the stamp's size): SHA-256 of root attributes and index."""
-    oracle_sha256: str
     native_profile: ProfileIdentity
     oracle_profile: ProfileIdentity
 
@@ -130,13 +126,6 @@ def _profile_unchanged(identity: ProfileIdentity) -> bool:
         return False
 
 
-def _iter_content_sha256(path: str) -> ProgressGenerator[str]:
-    """The capture's content hash, opened as every open is (structure check in a child, closable)."""
-    capture = yield from iter_open_capture(path)
-    with capture:
-        return identity_of_capture(capture).sha256
-
-
 def _reused(case: GateCase, previous: CachedCase, fingerprint: CaseFingerprint) -> CaseOutcome:
     result = replace(previous.result, name=case.name, native=case.native, oracle=case.oracle, worker=None, reused=True, report=None)
     return CaseOutcome(result, fingerprint)
@@ -161,16 +150,9 @@ def iter_judge_case(case: GateCase, previous: CachedCase | None = None, want_htm
         return _reused(case, previous, previous.fingerprint)
     yield Progress(0, 1, f"{case.name}: checking the captures")
     try:
-        native_sha = yield from _iter_content_sha256(case.native)
-        oracle_sha = yield from _iter_content_sha256(case.oracle)
-        if previous is not None and profiles_unchanged:
-            before = previous.fingerprint
-            same = (before.native_stamp.size, before.native_sha256, before.oracle_stamp.size, before.oracle_sha256)
-            if same == (stamps[0].size, native_sha, stamps[1].size, oracle_sha):
-                return _reused(case, previous, replace(before, native_stamp=stamps[0], oracle_stamp=stamps[1]))
         comparison = yield from iter_compare_in_child(Path(case.native), Path(case.oracle), case.options)
     except CaptureError as exc:
         return CaseOutcome(case_unusable(case, str(exc)), None)
     result = result_of(case, comparison, time.monotonic() - started)
-    fingerprint = CaseFingerprint(stamps[0], stamps[1], native_sha, oracle_sha, comparison.native_profile_identity, comparison.oracle_profile_identity)
+    fingerprint = CaseFingerprint(stamps[0], stamps[1], comparison.native_profile_identity, comparison.oracle_profile_identity)
     return CaseOutcome(result, fingerprint, render_html(comparison) if want_html else None)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sessions.compare.align_modes import ALIGN_MODES
 from sessions.compare.options import CompareOptions
 from sessions.compare.profiles import builtin_profiles
 from sessions.compare.tolerance_bounds import bound_problem, ulp_problem
@@ -33,7 +34,7 @@ MAX_MANIFEST_BYTES = 16 * 1024**2
 """A pipeline may list tens of thousands of cases (a few hundred bytes each); 16 MiB holds that,
 and refuses a device or a huge file before it is read whole."""
 
-OPTION_KEYS = ("atol", "rtol", "max_ulp", "native_profile", "oracle_profile", "token_budget", "eos")
+OPTION_KEYS = ("atol", "rtol", "max_ulp", "native_profile", "oracle_profile", "align", "token_budget", "eos")
 """Keys a case sets for itself, or the manifest's top level sets for every case."""
 CASE_KEYS = ("name", "native", "oracle", *OPTION_KEYS)
 TOP_KEYS = ("cases", "oracle", "case", *OPTION_KEYS)
@@ -162,7 +163,8 @@ class _Reader:
         value is located in the case when the case set it (`own`), else on the top level."""
 
         def bad(key: str, problem: str) -> ManifestError:
-            return self.fail(number if key in own else None, key, where, f"{key!r} {problem}, got {values[key]!r}")
+            inherited = key not in own
+            return self.fail(None if inherited else number, key, "the top level" if inherited else where, f"{key!r} {problem}, got {values[key]!r}")
 
         for key, problem_of in (("atol", bound_problem), ("rtol", bound_problem), ("max_ulp", ulp_problem)):
             problem = None if values.get(key) is None else problem_of(values[key])
@@ -171,6 +173,9 @@ class _Reader:
         budget = values.get("token_budget")
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
             raise bad("token_budget", "must be an integer >= 1")
+        align = values.get("align", "auto")
+        if align not in ALIGN_MODES:
+            raise bad("align", f"must be one of {', '.join(repr(mode) for mode in ALIGN_MODES)}")
         eos = values.get("eos", EOS_STOP)
         if eos not in EOS_RULES:
             raise bad("eos", f"must be one of {', '.join(repr(r) for r in EOS_RULES)}")
@@ -191,6 +196,7 @@ class _Reader:
             rtol=None if values.get("rtol") is None else float(values["rtol"]),
             max_ulp=values.get("max_ulp"),
             max_steps=values.get("token_budget"),
+            alignment=align,
             workers=1,
             **profiles,
         )

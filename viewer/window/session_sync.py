@@ -169,7 +169,7 @@ class SessionSync(QObject):
         overrides = overrides_for_pair(self.session.overrides, refs["native"].id, refs["oracle"].id) if len(refs) == 2 else ()
         return replace(
             base,
-            atol=tol.atol or None, rtol=tol.rtol or None, max_ulp=tol.max_ulp or None,
+            atol=tol.atol, rtol=tol.rtol, max_ulp=tol.max_ulp,
             policy=None if policy is None else load_policy(policy),
             native_profile=profiles.get("native") or base.native_profile,
             oracle_profile=profiles.get("oracle") or base.oracle_profile,

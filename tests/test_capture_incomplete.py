@@ -228,3 +228,11 @@ def test_abandoned_writer_file_is_incomplete_and_a_closed_one_complete(tmp_path:
             assert capture.complete is complete
             assert len(capture.records) == 2
             assert capture.describe().startswith("incomplete: the writer did not finish") is not complete
+
+
+def test_a_writer_that_cannot_write_its_root_attributes_leaves_no_file_and_names_the_path(tmp_path: Path) -> None:
+    path = tmp_path / "x.h5"
+    with pytest.raises(OSError) as raised:
+        CaptureWriter(path, CaptureMeta(role="native", prompt="7 " * 150_000))  # past libhdf5's 64 KiB attribute message
+    assert str(raised.value).startswith(f"{path}: cannot write the capture's root attributes and tables (")
+    assert list(tmp_path.iterdir()) == []

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import mlx.core as mx
@@ -20,6 +23,7 @@ from backends.recorders.mlx_recorder import (
 )
 from backends.recorders.record_schedule import TokenSchedule, parse_segments
 from sessions.capture.opening import open_capture
+from sessions.child_env import PROJECT_ROOT, child_env
 from sessions.commands.validate import validate_file
 from sessions.compare.comparison import iter_compare
 from sessions.compare.verdict import PARITY
@@ -137,3 +141,73 @@ def test_a_request_recorded_inside_a_batch_keeps_its_own_tokens(model_dir: Path,
         assert (capture.meta.batch_size, capture.meta.batch_row) == (4, 2)
         assert {r.shape[0] for r in capture.records} == {4}
         assert [int(t) for t in capture.tokens["token_id"]] == alone
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--tokens", "²", "--tokens: token id '²' is not an integer"),
+        ("--tokens", "1_0", "--tokens: token id '1_0' is not an integer"),
+        ("--stop-tokens", "+3", "--stop-tokens: token id '+3' is not an integer"),
+        ("--segments", "a\x01b=3,c=2", "segment 'a\\x01b=3': the name holds a control character (\\x01)"),
+        ("--segments", "=3,=2", "segment '=3': the name is empty"),
+        ("--segments", "decode=5", "segment 'decode=5': `decode`, `feed-P` and names with `.` are the ones a recording gives its own calls"),
+        ("--segments", "a.1=5", "segment 'a.1=5': `decode`, `feed-P` and names"),
+        ("--segments", "a-very-long-segment-name=5", "the name is longer than the capture's 16-byte segment field"),
+        ("--segments", "²", "segment '²': the size must be a positive integer"),
+    ],
+)
+def test_record_refuses_bad_tokens_and_segments_naming_the_option_before_loading_the_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, value: str, message: str
+) -> None:
+    argv = ["record", "mlx", str(tmp_path / "absent"), "--tokens", "1,2,3,4,5", "--out", str(tmp_path / "x.h5"), option, value]
+    assert main(argv) == 2
+    out = capsys.readouterr().out
+    assert out.startswith("record refused: ") and message in out
+    assert "Traceback" not in out and not list(tmp_path.iterdir())
+
+
+def test_record_never_writes_over_the_model_it_reads_even_with_force(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    weights = next(model_dir.glob("*.safetensors"))
+    before = weights.read_bytes()
+    assert main(["record", "mlx", str(model_dir), "--tokens", "1,2", "--out", str(weights), "--force"]) == 2
+    assert f"record refused: --out {weights} is the model's {weights.name}: an output never replaces an input" in capsys.readouterr().out
+    assert weights.read_bytes() == before
+    assert main(["record", "mlx", str(model_dir), "--tokens", "1,2", "--out", str(tmp_path / "absent" / "x.h5")]) == 2
+    assert f"is in {tmp_path / 'absent'}, which is not a folder" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("config", "problem"),
+    [
+        ("[1, 2]", "config.json: not a JSON object"),
+        ('{"model_type": "qwen3", "num_hidden_layers": "2"}', "mlx-lm cannot load it (TypeError: "),
+        ("[" * 100_000, "config.json: not JSON (it nests deeper than a reader follows)"),
+    ],
+)
+def test_a_config_json_of_the_wrong_shape_is_refused_by_name(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], config: str, problem: str) -> None:
+    broken = tmp_path / "model"
+    broken.mkdir()
+    for path in model_dir.iterdir():
+        (broken / path.name).write_bytes(path.read_bytes())
+    (broken / "config.json").write_text(config, encoding="utf-8")
+    assert main(["record", "mlx", str(broken), "--tokens", "1,2", "--out", str(tmp_path / "x.h5")]) == 2
+    out = capsys.readouterr().out
+    assert out.startswith("record refused: ") and problem in out and "Traceback" not in out
+    assert not (tmp_path / "x.h5").exists() and not (tmp_path / ".x.h5.partial").exists()
+
+
+def test_ctrl_c_ends_a_recording_with_one_line_and_leaves_the_steps_written_so_far(model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "long.h5"
+    argv = [sys.executable, "-m", "viewer.cli", "record", "mlx", str(model_dir), "--tokens", "1,2", "--decode-steps", "100000", "--out", str(out)]
+    recording = subprocess.Popen(argv, cwd=PROJECT_ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert recording.stdout is not None
+    while not recording.stdout.readline().startswith("  step 2 "):  # it is recording decode steps
+        assert recording.poll() is None
+    recording.send_signal(signal.SIGINT)
+    rest, err = recording.communicate(timeout=60)
+    assert recording.returncode == 130
+    assert rest.splitlines()[-1] == f"record interrupted: {out} holds the steps written so far and reads as incomplete (parity-xray validate names them)"
+    assert "Traceback" not in err
+    report = validate_file(out, 2**31, 60)
+    assert not report.complete and report.problems[0].location == "/ attribute 'complete'"

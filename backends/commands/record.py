@@ -9,7 +9,7 @@ llama.cpp runs in a child process (backends.recorders.llama_process): if it cras
 instruction this CPU does not grant, a failed GGML_ASSERT), the command prints what happened
 and what to do instead of dying with it.
 Exit status: 0 recorded, 2 refused (bad arguments, unloadable model, layout self-check failed),
-3 the engine crashed.
+3 the engine crashed, 130 interrupted (Ctrl-C: the capture keeps the steps written so far).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sessions.capture.format import ROLES
+from sessions.commands.arguments import output_clash
 from sessions.progress import Progress
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 EXIT_OK = 0
 EXIT_REFUSED = 2
 EXIT_CRASHED = 3
+EXIT_INTERRUPTED = 130
 KV_CHOICES = ("f32", "f16", "bf16", "q8_0")
 
 
@@ -77,6 +79,17 @@ def repeat_paths(out: Path, repeat: int) -> list[Path]:
     return [out] + [out.with_name(f"{out.stem}.run{k}{out.suffix}") for k in range(2, repeat + 1)]
 
 
+def _model_files(model: Path) -> dict[str, str | Path | None]:
+    """What a recording reads: the GGUF file, or every file of the model directory (its weights,
+    config, tokenizer), which an output must never replace."""
+    if model.is_dir():
+        try:
+            return {f"model's {path.name}": path for path in model.iterdir() if path.is_file()}
+        except OSError:
+            return {}
+    return {"model": model}
+
+
 def run(args: argparse.Namespace) -> int:
     from backends.recorders.llama_process import LlamaCrashed
     from backends.recorders.record_schedule import (
@@ -89,10 +102,10 @@ def run(args: argparse.Namespace) -> int:
         if args.repeat < 1:
             raise ValueError(f"--repeat must be at least 1, not {args.repeat}")
         schedule = TokenSchedule(
-            tuple(parse_token_list(args.tokens)),
+            tuple(parse_token_list(args.tokens, "--tokens")),
             args.decode_steps,
             args.ubatch,
-            frozenset(parse_token_list(args.stop_tokens)) if args.stop_tokens.strip() else frozenset(),
+            frozenset(parse_token_list(args.stop_tokens, "--stop-tokens")) if args.stop_tokens.strip() else frozenset(),
             parse_segments(args.segments) if args.segments.strip() else (),
             args.feed_last,
         )
@@ -100,6 +113,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"record refused: {exc}")
         return EXIT_REFUSED
     outs = repeat_paths(args.out, args.repeat)
+    if args.out.is_dir() or not args.out.parent.is_dir():
+        print(f"record refused: --out {args.out} " + ("is a folder; name the capture file" if args.out.is_dir() else f"is in {args.out.parent}, which is not a folder"))
+        return EXIT_REFUSED
+    clash = output_clash({("--out" if k == 0 else f"--repeat's run {k + 1}"): str(out) for k, out in enumerate(outs)}, _model_files(args.model))
+    if clash is not None:
+        print(f"record refused: {clash}")
+        return EXIT_REFUSED
     taken = [out for out in outs if out.exists()]
     if taken and not args.force:
         print(f"record refused: {taken[0]} already exists (--force replaces it)")
@@ -114,6 +134,9 @@ def run(args: argparse.Namespace) -> int:
         except LlamaCrashed as exc:
             print(f"record failed: {exc}")
             return EXIT_CRASHED
+        except KeyboardInterrupt:
+            print(f"record interrupted: {out} holds the steps written so far and reads as incomplete (parity-xray validate names them)")
+            return EXIT_INTERRUPTED
         except (ValueError, RuntimeError, OSError, ImportError) as exc:
             print(f"record refused: {exc}")
             return EXIT_REFUSED

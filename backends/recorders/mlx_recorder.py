@@ -15,6 +15,7 @@ Models load with `mlx_lm.utils.load_model` from the directory; nothing is ever d
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,7 +29,7 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 from backends.engines.capture_sink import CaptureSink
 from backends.engines.demo_scenarios import EngineOptions
 from backends.engines.oracle_engine import OracleEngine, layer_of
-from backends.recorders.model_config import hf_config
+from backends.recorders.model_config import MAX_CONFIG_BYTES, hf_config
 from backends.recorders.record_schedule import (
     DECODE,
     TokenSchedule,
@@ -39,6 +40,7 @@ from sessions.artifact_hash import artifact_sha256
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.writer import CaptureWriter
 from sessions.progress import Progress, ProgressGenerator
+from sessions.side_file import parse_problem, read_side_file
 
 MLX_RECORDING = EngineOptions(head_chunk=False)
 """mlx-lm as it ships: one SDPA call per attention, MLX's own route."""
@@ -63,11 +65,20 @@ def load_local_model(directory: Path) -> tuple[nn.Module, dict[str, Any]]:
         raise ModelDirError(f"{directory}: no config.json")
     if not list(directory.glob("*.safetensors")):
         raise ModelDirError(f"{directory}: no *.safetensors weights")
+    try:
+        config = json.loads(read_side_file(directory / "config.json", MAX_CONFIG_BYTES).decode("utf-8"))
+    except OSError as exc:
+        raise ModelDirError(f"{directory / 'config.json'}: cannot be read ({exc.strerror or exc})") from None
+    except (ValueError, RecursionError) as exc:
+        raise ModelDirError(f"{directory / 'config.json'}: not JSON ({parse_problem(exc)})") from None
+    if not isinstance(config, dict):
+        raise ModelDirError(f"{directory / 'config.json'}: not a JSON object")
     from mlx_lm.utils import load_model
 
     try:
         return load_model(directory)
-    except (ValueError, KeyError, FileNotFoundError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, FileNotFoundError) as exc:
+        # TypeError, AttributeError: a config field of the wrong type ("num_hidden_layers": "2")
         raise ModelDirError(f"{directory}: mlx-lm cannot load it ({type(exc).__name__}: {exc})") from None
 
 

@@ -9,10 +9,18 @@ cut differently align by token position, which every record carries.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+from sessions.capture import format as cf
+from sessions.capture.text_fields import control_character
+from sessions.printable import printable
 
 PREFILL = "prefill"
 DECODE = "decode"
+FEED = "feed-"
+"""Segments `feed-P`: the prompt's last tokens fed one call each (`--feed-last`)."""
+_INTEGER = re.compile(r"-?[0-9]+")
 
 
 Piece = tuple[str, int, int]
@@ -35,29 +43,47 @@ def parse_segments(text: str) -> tuple[tuple[str, int], ...]:
         raise ValueError("no segment sizes given")
     calls: list[tuple[str, int]] = []
     for i, part in enumerate(parts):
-        name, _, size = part.rpartition("=")
-        if not size.isdigit() or int(size) < 1:
-            raise ValueError(f"segment {part!r}: the size must be a positive integer (e.g. 5 or visual=1008)")
-        calls.append((name or f"{PREFILL}.{i}", int(size)))
+        name, named, size = part.rpartition("=")
+        if not re.fullmatch(r"[0-9]+", size) or int(size) < 1:
+            raise ValueError(f"segment '{printable(part)}': the size must be a positive integer (e.g. 5 or visual=1008)")
+        problem = _segment_name_problem(name.strip()) if named else None
+        if problem is not None:
+            raise ValueError(f"segment '{printable(part)}': {problem}")
+        calls.append((name.strip() or f"{PREFILL}.{i}", int(size)))
     names = [n for n, _ in calls]
     if len(set(names)) != len(names):
         raise ValueError(f"segment names repeat in {text!r}: each call needs its own name")
     return tuple(calls)
 
 
-def parse_token_list(text: str) -> list[int]:
-    """`1,2,3` (spaces allowed) as token ids; a clear message for anything else."""
+def _segment_name_problem(name: str) -> str | None:
+    """Why a name given to a prefill call cannot be a segment's, or None: the capture stores it
+    in a 16-byte text field, shows it in reports, and names the calls it makes itself
+    (`prefill.N`, `NAME.N` micro-batches, `feed-P`, `decode`), which a given name must not take."""
+    control = control_character(name)
+    if not name:
+        return "the name is empty (leave out `=` for an unnamed call)"
+    if control is not None:
+        return f"the name holds a control character ({printable(control)})"
+    if len(name.encode("utf-8")) > cf.INDEX_DTYPE["segment"].itemsize:
+        return f"the name is longer than the capture's {cf.INDEX_DTYPE['segment'].itemsize}-byte segment field"
+    if name == DECODE or name.startswith(FEED) or "." in name:
+        return f"`{DECODE}`, `{FEED}P` and names with `.` are the ones a recording gives its own calls"
+    return None
+
+
+def parse_token_list(text: str, option: str) -> list[int]:
+    """`1,2,3` (spaces allowed) as token ids; a clear message naming `option` for anything else."""
     parts = [p.strip() for p in text.replace(" ", ",").split(",") if p.strip()]
     if not parts:
-        raise ValueError("no token ids given")
-    try:
-        tokens = [int(p) for p in parts]
-    except ValueError:
-        bad = next(p for p in parts if not p.lstrip("-").isdigit())
-        raise ValueError(f"token id {bad!r} is not an integer") from None
+        raise ValueError(f"{option}: no token ids given")
+    bad = next((p for p in parts if not _INTEGER.fullmatch(p)), None)
+    if bad is not None:
+        raise ValueError(f"{option}: token id '{printable(bad)}' is not an integer")
+    tokens = [int(p) for p in parts]
     negative = [t for t in tokens if t < 0]
     if negative:
-        raise ValueError(f"token id {negative[0]} is negative")
+        raise ValueError(f"{option}: token id {negative[0]} is negative")
     return tokens
 
 
@@ -96,7 +122,7 @@ class TokenSchedule:
         for name, size in self.cut or ((PREFILL, head),):
             calls.append(_pieces(name, first, first + size, self.ubatch))
             first += size
-        calls += [[(f"feed-{p}", p, p + 1)] for p in range(head, len(self.prompt))]
+        calls += [[(f"{FEED}{p}", p, p + 1)] for p in range(head, len(self.prompt))]
         return calls
 
     def segments(self) -> list[Piece]:

@@ -152,6 +152,18 @@ class CaptureWriter:
         self._group = 0
         """Number of the step group the next tensor goes to (step groups that hold tensors count)."""
         self._step_group: h5py.Group | None = None
+        try:
+            self._write_skeleton(meta)
+            os.replace(partial, self.path)
+        except BaseException as exc:  # the skeleton never reached `path`: nothing of it is left behind
+            self._file.close()
+            partial.unlink(missing_ok=True)
+            if isinstance(exc, OSError):  # libhdf5's words name neither the file nor which part
+                raise OSError(f"{self.path}: cannot write the capture's root attributes and tables ({exc})") from None
+            raise
+
+    def _write_skeleton(self, meta: CaptureMeta) -> None:
+        """Root attributes and empty tables, written under a hidden name: `path` only ever holds a readable capture."""
         self._write_root_attrs(meta)
         tensors = self._file.create_group(cf.TENSORS_GROUP)
         for block in range(cf.STEP_BLOCKS):
@@ -160,7 +172,6 @@ class CaptureWriter:
             ds = self._file.create_dataset(path_, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(1024,))
             ds.attrs.create(cf.ATTR_COMMITTED_ROWS, np.int64(0))
         self._file.flush()
-        os.replace(partial, self.path)
 
     def _write_root_attrs(self, meta: CaptureMeta) -> None:
         attrs = self._file.attrs

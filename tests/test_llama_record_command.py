@@ -13,6 +13,7 @@ from backends.commands import record as record_command  # noqa: E402
 from backends.demo.llama_pairs import demo_weights_f32  # noqa: E402
 from backends.engines.gguf_export import export_gguf  # noqa: E402
 from sessions.capture.opening import open_capture  # noqa: E402
+from tests.side_files import fifo_without_writer  # noqa: E402
 from tests.test_llama_recorder import TINY  # noqa: E402
 from viewer.cli import build_parser, main  # noqa: E402
 
@@ -56,6 +57,8 @@ def test_an_existing_output_is_refused_unless_forced(gguf: Path, tmp_path: Path,
         (["record", "mlx", "absent-dir", "--tokens", "1"], "absent-dir: not a directory"),
         (["record", "llama", "GGUF", "--tokens", "1,96"], "token id 96 is outside tiny.bf16.gguf's vocabulary (96 ids)"),
         (["record", "llama", "GGUF", "--tokens", "1", "--batch", "2", "--batch-row", "2"], "row 2 is not a row of a batch of 2"),
+        (["record", "llama", "GGUF", "--tokens", "1", "--threads", "0"], "--threads must be at least 1, not 0"),
+        (["record", "llama", ".", "--tokens", "1"], ".: a directory, not a GGUF file"),
     ],
 )
 def test_bad_input_is_refused_with_exit_2(
@@ -65,6 +68,12 @@ def test_bad_input_is_refused_with_exit_2(
     assert _run([str(gguf) if a == "GGUF" else a for a in argv] + ["--out", str(out)]) == record_command.EXIT_REFUSED
     assert message in capsys.readouterr().out
     assert not out.exists()
+
+
+def test_a_fifo_given_as_the_gguf_is_named_as_what_it_is_without_waiting_for_a_writer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with fifo_without_writer(tmp_path, "model.gguf") as fifo:
+        assert _run(["record", "llama", str(fifo), "--tokens", "1", "--out", str(tmp_path / "x.h5")]) == record_command.EXIT_REFUSED
+    assert f"{fifo}: a FIFO, not a GGUF file" in capsys.readouterr().out
 
 
 def test_a_request_recorded_as_a_row_of_a_batch_reports_against_itself_alone(

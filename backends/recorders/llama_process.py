@@ -43,6 +43,7 @@ from backends.recorders.llama_recorder import (
     RecorderError,
     iter_plain_here,
     iter_record_here,
+    require_gguf_file,
 )
 from backends.recorders.record_schedule import TokenSchedule, check_batch
 from sessions.child_process import ChildProcess, progress_line
@@ -102,8 +103,7 @@ def plain_logits(model_path: Path, schedule: TokenSchedule, settings: LlamaSetti
 
 
 def _iter_child(model: Path, schedule: TokenSchedule, settings: LlamaSettings, job: dict[str, Any]) -> ProgressGenerator[list[np.ndarray]]:
-    if not model.is_file():
-        raise RecorderError(f"{model}: no such GGUF file")
+    require_gguf_file(model)
     with tempfile.TemporaryDirectory(prefix="parity-xray-llama-") as scratch:
         logits = Path(scratch) / "logits.npz"
         job = {**job, "model": str(model), "schedule": _schedule_json(schedule), "settings": asdict(settings), "logits": str(logits)}

@@ -39,6 +39,7 @@ import ctypes
 import json
 import os
 import re
+import stat
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -69,6 +70,7 @@ from sessions.bits.dtypes import LOGICAL_DTYPES
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.writer import CaptureWriter
 from sessions.progress import Progress, ProgressGenerator
+from sessions.side_file import file_kind
 
 KV_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8}
 """KV-cache types a recording may ask for (ggml_type ids)."""
@@ -99,6 +101,17 @@ class RecorderError(RuntimeError):
     """A run that cannot be recorded faithfully, with what went wrong."""
 
 
+def require_gguf_file(model_path: Path) -> None:
+    """RecorderError unless `model_path` is a regular file: a folder or a FIFO is named as what it
+    is (llama.cpp would wait on a FIFO for a writer that never comes)."""
+    try:
+        mode = model_path.stat().st_mode
+    except OSError:
+        raise RecorderError(f"{model_path}: no such GGUF file") from None
+    if not stat.S_ISREG(mode):
+        raise RecorderError(f"{model_path}: {file_kind(mode)}, not a GGUF file")
+
+
 @dataclass(frozen=True)
 class LlamaSettings:
     """Context settings; the defaults are the parity settings recorded in provenance."""
@@ -119,6 +132,8 @@ class LlamaSettings:
     Off keeps every weight in a plain CPU buffer: other kernels, other bits, and no AMX."""
 
     def __post_init__(self) -> None:
+        if self.n_threads < 1:
+            raise ValueError(f"--threads must be at least 1, not {self.n_threads}")
         if self.kv_type not in KV_TYPES:
             raise ValueError(f"KV cache type {self.kv_type!r} is not one of {', '.join(KV_TYPES)}")
 
@@ -700,8 +715,7 @@ def iter_record_here(
     With `batch` > 1 the prompt runs as sequence `batch_row` of a batch of other requests
     (`batch_prompts`), each its own sequence: records hold the requests stacked along axis 0."""
     model_path = Path(model_path)
-    if not model_path.is_file():
-        raise RecorderError(f"{model_path}: no such GGUF file")
+    require_gguf_file(model_path)
     digest = artifact_sha256([model_path])
     run = LlamaRun(model_path, schedule, settings, record=True, batch=batch, batch_row=batch_row)
     run.before_decode = before_decode

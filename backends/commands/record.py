@@ -113,8 +113,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"record refused: {exc}")
         return EXIT_REFUSED
     outs = repeat_paths(args.out, args.repeat)
-    if args.out.is_dir() or not args.out.parent.is_dir():
-        print(f"record refused: --out {args.out} " + ("is a folder; name the capture file" if args.out.is_dir() else f"is in {args.out.parent}, which is not a folder"))
+    if args.out.is_dir():
+        print(f"record refused: --out {args.out} is a folder; name the capture file")
+        return EXIT_REFUSED
+    if not args.out.parent.is_dir():
+        print(f"record refused: --out {args.out} is in {args.out.parent}, which is not a folder")
         return EXIT_REFUSED
     clash = output_clash({("--out" if k == 0 else f"--repeat's run {k + 1}"): str(out) for k, out in enumerate(outs)}, _model_files(args.model))
     if clash is not None:

@@ -44,7 +44,7 @@ def parse_segments(text: str) -> tuple[tuple[str, int], ...]:
     calls: list[tuple[str, int]] = []
     for i, part in enumerate(parts):
         name, named, size = part.rpartition("=")
-        if not re.fullmatch(r"[0-9]+", size) or int(size) < 1:
+        if not _INTEGER.fullmatch(size) or int(size) < 1:
             raise ValueError(f"segment '{printable(part)}': the size must be a positive integer (e.g. 5 or visual=1008)")
         problem = _segment_name_problem(name.strip()) if named else None
         if problem is not None:

@@ -30,6 +30,7 @@ from sessions.compare.align import (  # noqa: E402
     Alignment,
     align,
 )
+from sessions.compare.align_modes import CALLS  # noqa: E402
 from sessions.compare.comparison import iter_compare  # noqa: E402
 from sessions.compare.options import CompareOptions
 from sessions.compare.profiles import (  # noqa: E402
@@ -58,16 +59,25 @@ def _drain(work):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    directory = tmp_path_factory.mktemp("pair")
+def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """One tiny model's weights as a GGUF for llama.cpp and as an MLX model folder."""
+    directory = tmp_path_factory.mktemp("models")
     weights = demo_weights_f32(TINY, 11)
     gguf = export_gguf(TINY.as_dict(), weights, directory / "tiny.f32.gguf", "f32")
     held = gguf_to_hf_names(read_gguf_weights(gguf), list(weights), TINY.num_hidden_layers)
-    mlx_dir = write_mlx_model_dir(TINY.as_dict(), held, directory / "mlx")
+    return gguf, write_mlx_model_dir(TINY.as_dict(), held, directory / "mlx")
+
+
+def _record_pair(models: tuple[Path, Path], schedule: TokenSchedule, directory: Path) -> tuple[Path, Path]:
     native, oracle = directory / "native.h5", directory / "oracle.h5"
-    _drain(iter_record_llama(gguf, SCHEDULE, native))
-    _drain(iter_record_mlx(mlx_dir, SCHEDULE, oracle))
+    _drain(iter_record_llama(models[0], schedule, native))
+    _drain(iter_record_mlx(models[1], schedule, oracle))
     return native, oracle
+
+
+@pytest.fixture(scope="module")
+def pair(models: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return _record_pair(models, SCHEDULE, tmp_path_factory.mktemp("pair"))
 
 
 def _align(pair: tuple[Path, Path], with_sources: bool = True) -> Alignment:
@@ -85,6 +95,18 @@ def test_every_layer_stage_both_engines_compute_is_aligned(pair: tuple[Path, Pat
             assert ops == LAYER_STAGES, (step, layer, LAYER_STAGES - ops)
         outer = {p.key.op for p in alignment.pairs if p.key.step == step and p.key.layer == -1}
         assert outer == {"embed", "final_norm", "logits"}
+    assert [u for u in alignment.unaligned if u.side == "oracle"] == []
+
+
+def test_a_one_token_prompt_aligns_every_layer_stage_by_calls_as_a_longer_one_does(models: tuple[Path, Path], tmp_path: Path) -> None:
+    alignment = _align(_record_pair(models, TokenSchedule((5,), decode_steps=1), tmp_path))
+    assert alignment.mode == CALLS
+    for step in (0, 1):
+        for layer in range(TINY.num_hidden_layers):
+            ops = {p.key.op for p in alignment.pairs if (p.key.step, p.key.layer) == (step, layer)}
+            assert ops == LAYER_STAGES, (step, layer, LAYER_STAGES - ops)
+    embed = next(p for p in alignment.pairs if p.key.op == "embed")
+    assert embed.native.record.shape == embed.native.shape == embed.oracle.shape == (1, TINY.hidden_size)
     assert [u for u in alignment.unaligned if u.side == "oracle"] == []
 
 
@@ -178,11 +200,11 @@ def test_profile_rules_check_kernel_source_and_one_sided_keys() -> None:
         profile_from_dict({"name": "p", "rule": [{"name": "x", "layout": "a b -> b a", "one_sided": "why"}]}, "p.toml")
 
 
-def test_two_llama_cpp_runs_cut_differently_compare_the_kv_cache_cells_each_step_wrote(pair: tuple[Path, Path], tmp_path: Path) -> None:
+def test_two_llama_cpp_runs_cut_differently_compare_the_kv_cache_cells_each_step_wrote(pair: tuple[Path, Path], models: tuple[Path, Path], tmp_path: Path) -> None:
     """The cells pair by position whatever the micro-batches (6 prompt tokens in one call against
     calls of 4 and 2), bit for bit."""
     cut = tmp_path / "ubatch4.h5"
-    _drain(iter_record_llama(pair[0].parent / "tiny.f32.gguf", dataclasses.replace(SCHEDULE, ubatch=4), cut))
+    _drain(iter_record_llama(models[0], dataclasses.replace(SCHEDULE, ubatch=4), cut))
     with open_capture(pair[0], check_in_child=False) as native, open_capture(cut, check_in_child=False) as oracle:
         comparison = run_to_end(iter_compare(native, oracle, CompareOptions()))
     cells = sorted((p.key.op, p.key.layer, p.key.step, p.key.positions) for p in comparison.pairs if p.key.op.endswith("_cache"))
@@ -200,7 +222,7 @@ def test_two_llama_cpp_runs_cut_differently_compare_the_kv_cache_cells_each_step
     assert all(p.metrics.bit_exact for p in comparison.pairs if p.key.op == "attn_probs")
 
 
-def test_probabilities_over_caches_padded_differently_are_set_aside_and_the_runs_stay_at_parity(pair: tuple[Path, Path], tmp_path: Path) -> None:
+def test_probabilities_over_caches_padded_differently_are_set_aside_and_the_runs_stay_at_parity(pair: tuple[Path, Path], models: tuple[Path, Path], tmp_path: Path) -> None:
     """300 prompt tokens in one call pad the cache to 512 cells; cut at 256 the first call's cache
     has 256. Those scores and probabilities cannot be compared cell by cell, which is no
     divergence: the attention output they feed is, and every op agrees bit for bit. The second
@@ -209,7 +231,7 @@ def test_probabilities_over_caches_padded_differently_are_set_aside_and_the_runs
     prompt = tuple((i * 7 + 3) % TINY.vocab_size for i in range(300))
     schedule = TokenSchedule(prompt, decode_steps=1)
     whole, cut = tmp_path / "whole.h5", tmp_path / "cut.h5"
-    gguf = pair[0].parent / "tiny.f32.gguf"
+    gguf = models[0]
     _drain(iter_record_llama(gguf, schedule, whole))
     _drain(iter_record_llama(gguf, dataclasses.replace(schedule, ubatch=256), cut))
     with open_capture(whole, check_in_child=False) as native, open_capture(cut, check_in_child=False) as oracle:
@@ -225,12 +247,12 @@ def test_probabilities_over_caches_padded_differently_are_set_aside_and_the_runs
     assert compared == {f"{call}:0:{op}@{rows}" for op in ("attn_scores", "attn_probs") for call, rows in (("0:prefill", "256-299"), ("1:decode", "300"))}
 
 
-def test_scores_from_micro_batches_that_had_written_different_cells_are_set_aside_and_the_rest_compared(pair: tuple[Path, Path], tmp_path: Path) -> None:
+def test_scores_from_micro_batches_that_had_written_different_cells_are_set_aside_and_the_rest_compared(pair: tuple[Path, Path], models: tuple[Path, Path], tmp_path: Path) -> None:
     """Six tokens in one micro-batch against three of two: the first two micro-batches' scores
     cover cells the one-call run had written and they had not (the mask hides them), so they are
     `cut_differently`; the last micro-batch and the decode steps saw the same cells and compare."""
     cut = tmp_path / "ubatch2.h5"
-    _drain(iter_record_llama(pair[0].parent / "tiny.f32.gguf", dataclasses.replace(SCHEDULE, ubatch=2), cut))
+    _drain(iter_record_llama(models[0], dataclasses.replace(SCHEDULE, ubatch=2), cut))
     with open_capture(pair[0], check_in_child=False) as native, open_capture(cut, check_in_child=False) as oracle:
         comparison = run_to_end(iter_compare(native, oracle, CompareOptions()))
     assert comparison.verdict.word == "PARITY" and comparison.alignment.mode == "positions"
@@ -243,14 +265,14 @@ def test_scores_from_micro_batches_that_had_written_different_cells_are_set_asid
 
 
 def test_an_f16_cache_against_an_f32_one_is_a_dtype_mismatch_and_parts_first_at_the_attention_scores(
-    pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    pair: tuple[Path, Path], models: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """llama.cpp's F16 cache rounds the keys it stores; the scores read the rounded keys, so the
     first thing that differs is K^T Q, every norm before it agreeing (each RMSNorm and its
     weight multiply compared apart), and the cells themselves are named as stored in another
     dtype rather than compared."""
     f16 = tmp_path / "f16.h5"
-    _drain(iter_record_llama(pair[0].parent / "tiny.f32.gguf", SCHEDULE, f16, LlamaSettings(kv_type="f16")))
+    _drain(iter_record_llama(models[0], SCHEDULE, f16, LlamaSettings(kv_type="f16")))
     with open_capture(pair[0], check_in_child=False) as native, open_capture(f16, check_in_child=False) as oracle:
         comparison = run_to_end(iter_compare(native, oracle, CompareOptions()))
     assert comparison.verdict.first is not None
@@ -293,12 +315,12 @@ def test_the_cache_cells_llama_cpp_wrote_pair_with_those_mlx_lm_wrote_and_equal_
     assert written == {("k_cache", ONE_SIDED, reason), ("v_cache", ONE_SIDED, reason)}
 
 
-def test_flash_attention_on_and_off_store_the_same_cache_cells_and_part_at_the_attention(pair: tuple[Path, Path], tmp_path: Path) -> None:
+def test_flash_attention_on_and_off_store_the_same_cache_cells_and_part_at_the_attention(pair: tuple[Path, Path], models: tuple[Path, Path], tmp_path: Path) -> None:
     """Flash attention stores V untransposed, the other path transposed: both come out as the
     cells each token wrote, so the first layer's cache compares bit for bit and the first finding
     is the attention itself, where the two paths run different kernels."""
     flash = tmp_path / "flash.h5"
-    _drain(iter_record_llama(pair[0].parent / "tiny.f32.gguf", SCHEDULE, flash, LlamaSettings(flash_attn=True)))
+    _drain(iter_record_llama(models[0], SCHEDULE, flash, LlamaSettings(flash_attn=True)))
     with open_capture(pair[0], check_in_child=False) as native, open_capture(flash, check_in_child=False) as oracle:
         comparison = run_to_end(iter_compare(native, oracle, CompareOptions()))
     verdicts = {p.label: p.verdict for p in comparison.pairs if p.key.layer == 0 and p.key.op.endswith("_cache")}

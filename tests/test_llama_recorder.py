@@ -362,3 +362,17 @@ def test_openmp_workers_spin_briefly_unless_the_environment_says_how_they_wait(m
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     brief_openmp_wait()
     assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE" and "GOMP_SPINCOUNT" not in os.environ, "a user's policy gets no spin count beside it"
+
+
+@pytest.mark.parametrize("schedule", [TokenSchedule((5,), decode_steps=1), TokenSchedule(SCHEDULE.prompt, decode_steps=1, ubatch=1)], ids=["one-token prompt", "ubatch 1"])
+def test_a_run_of_one_row_calls_only_keeps_every_nodes_row_axis(ggufs: dict[str, Path], tmp_path: Path, schedule: TokenSchedule) -> None:
+    reference, one_row = tmp_path / "reference.h5", tmp_path / "one-row.h5"
+    _record(ggufs["f32"], reference)
+    _record(ggufs["f32"], one_row, schedule)
+    with open_capture(reference, check_in_child=False) as capture:
+        decode_shapes = {(r.name, r.kernel_id, r.occurrence): r.shape for r in capture.records if r.step == 1}
+    with open_capture(one_row, check_in_child=False) as capture:
+        shapes = {(r.name, r.kernel_id, r.occurrence): r.shape for r in capture.records}
+        embd = [r.shape for r in capture.records if r.name == "embd"]
+    assert embd and set(embd) == {(1, 64)}
+    assert {key: shapes[key] for key in decode_shapes} == decode_shapes

@@ -200,6 +200,11 @@ def _node_layer(name: str, sources: list[str]) -> int:
     return -1
 
 
+def _rank(ne: list[int]) -> int:
+    """How many of ggml's four dimensions are left once its trailing padding 1s are trimmed."""
+    return max((i + 1 for i in range(4) if ne[i] != 1), default=1)
+
+
 def _is_weight(name: str) -> bool:
     return name.endswith(".weight")
 
@@ -254,13 +259,16 @@ class NodeReader:
             lib.ggml_backend_tensor_get(address, raw, 0, size)
         return np.frombuffer(raw, dtype=np.uint8)
 
-    def _shape(self, ne: list[int], key: tuple[str, str, int], rows: int) -> tuple[int, ...]:
-        """numpy shape = ggml ne reversed, trimmed of ggml's padding 1s. A one-row step keeps the
-        rank the same node had in a multi-row step, so [rows, X] stays 2-D at rows = 1."""
-        rank = max((i + 1 for i in range(4) if ne[i] != 1), default=1)
-        if rows > 1:
-            self._ranks[key] = rank
-        rank = max(rank, self._ranks.get(key, rank))
+    def learn_rank(self, ne: list[int], key: tuple[str, str, int], batch: int) -> None:
+        """Remember the rank a node has in a call of two rows per request (`LlamaRun` probes one
+        before recording), where the row axis is never a padding 1."""
+        request = request_ne(ne, 2, batch) if batch > 1 else None
+        self._ranks[key] = _rank(ne if request is None else request)
+
+    def _shape(self, ne: list[int], key: tuple[str, str, int]) -> tuple[int, ...]:
+        """numpy shape = ggml ne reversed, trimmed of ggml's padding 1s, but never below the rank
+        the node has in a call of two rows: [rows, X] stays 2-D at rows = 1."""
+        rank = max(_rank(ne), self._ranks.get(key, 0))
         return tuple(reversed(ne[:rank]))
 
     def read(self, address: int, described: Described, key: tuple[str, str, int], layer: int, rows: int, batch: int = 1) -> NodeRead:
@@ -274,7 +282,7 @@ class NodeReader:
         data = self._host_bytes(address, node)
         ne = list(node.ne)
         request = request_ne(ne, rows, batch) if batch > 1 else None
-        shape = self._shape(ne, key, rows) if request is None else (batch, *self._shape(request, key, rows))
+        shape = self._shape(ne, key) if request is None else (batch, *self._shape(request, key))
         if batch > 1 and request is None and shape[0] == batch:
             raise RecorderError(
                 f"node {name!r} ({op}) holds the whole batch in one layout, yet its axis 0 is {batch}, which a reader "
@@ -489,13 +497,58 @@ class LlamaRun:
         self.requests = batch_prompts(schedule.prompt, batch, batch_row, self.vocab_size)
         """Each sequence's prompt: the request in row `batch_row`, other requests around it."""
         self._callback = llama.ggml_backend_sched_eval_callback(self._eval)
-        self.context = llama.llama_init_from_model(self.model, self._context_params())
-        if not self.context:
+        self.context = None
+        try:
+            if record:
+                self._probe_ranks(model_path)
+            self.context = self._new_context(model_path, self._context_params())
+        except RecorderError:
             llama.llama_model_free(self.model)
+            raise
+
+    def _new_context(self, model_path: Path, params: Any) -> Any:
+        context = self.llama.llama_init_from_model(self.model, params)
+        if not context:
             raise RecorderError(
-                f"{model_path}: llama.cpp could not create a context with {asdict(settings)} "
+                f"{model_path}: llama.cpp could not create a context with {asdict(self.settings)} "
                 "(it refuses, for example, a quantized KV cache without flash attention)"
             )
+        return context
+
+    def _probe_ranks(self, model_path: Path) -> None:
+        """Learn each recorded node's rank from one call of two rows per request, in a throwaway
+        context, before the run. A run whose every call has one row (a one-token prompt, `ubatch`
+        1) never shows a node's row axis, and a reader must find [1, X] where other runs have
+        [rows, X]. The probe asks for no node, so the graph runs without stopping."""
+        assert self.reader is not None
+        reader, settings, batch = self.reader, self.settings, self.batch
+        occurrences: dict[tuple[int, str], int] = {}
+
+        def learn(address: int, ask: bool, _user: Any) -> bool:
+            try:
+                if ask:
+                    name, op, sources = reader.describe(address)
+                    if reader.wanted(name, op, sources, settings):
+                        counted = (_node_layer(name, sources), name)
+                        occurrence = occurrences.get(counted, 0)
+                        occurrences[counted] = occurrence + 1
+                        reader.learn_rank([int(n) for n in tensor_at(address).ne], (name, op, occurrence), batch)
+            except Exception as exc:  # noqa: BLE001  (an exception must never reach ggml: it would abort the decode)
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+            return not ask
+
+        callback = self.llama.ggml_backend_sched_eval_callback(learn)
+        params = self._context_params()
+        params.cb_eval = callback
+        params.n_batch = max(params.n_batch, 2 * batch)
+        params.n_ubatch = max(params.n_ubatch, 2 * batch)
+        context = self._new_context(model_path, params)
+        try:
+            status = self._llama_decode(context, [request[:1] * 2 for request in self.requests], 0)
+        finally:
+            self.llama.llama_free(context)
+        if status != 0 or self.errors:
+            raise RecorderError(f"the probe of each node's rank failed: {self.errors[0] if self.errors else f'llama_decode returned {status}'}")
 
     def _context_params(self) -> Any:
         llama, s = self.llama, self.settings
@@ -635,13 +688,11 @@ class LlamaRun:
             current.masks[key] = self.reader.mask_kind(mask, first, rows)
         return current.masks[key]
 
-    def _decode(self, tokens: list[list[int]], start: int, step: int, segments: list[tuple[str, int, int]]) -> np.ndarray:
-        """One llama_decode of each sequence's `tokens` (equally many) from position `start`, sequence
-        after sequence; `segments` are its micro-batches (segment, first, stop). Returns the logits
-        [sequence, token, vocab]."""
+    def _llama_decode(self, context: Any, tokens: list[list[int]], start: int) -> int:
+        """llama_decode's status for each sequence's `tokens` (equally many) from position `start`,
+        sequence after sequence, every token's logits kept."""
         llama = self.llama
-        length = len(tokens[0])
-        batch = llama.llama_batch_init(length * len(tokens), 0, 1)
+        batch = llama.llama_batch_init(len(tokens[0]) * len(tokens), 0, 1)
         try:
             i = 0
             for sequence, ids in enumerate(tokens):
@@ -653,16 +704,26 @@ class LlamaRun:
                     batch.logits[i] = 1
                     i += 1
             batch.n_tokens = i
-            self._pass = _Pass(step, [s for s, _, _ in segments], [b - a for _, a, b in segments], [a for _, a, _ in segments])
-            if self.reader is not None:
-                self.reader.new_call()
-            if self.before_decode is not None:
-                self.before_decode(step)
-            status = llama.llama_decode(self.context, batch)
-            graphs = self._pass.graph + 1
-            self._pass = None
+            return int(llama.llama_decode(context, batch))
         finally:
             llama.llama_batch_free(batch)
+
+    def _decode(self, tokens: list[list[int]], start: int, step: int, segments: list[tuple[str, int, int]]) -> np.ndarray:
+        """One llama_decode of each sequence's `tokens` (equally many) from position `start`, sequence
+        after sequence; `segments` are its micro-batches (segment, first, stop). Returns the logits
+        [sequence, token, vocab]."""
+        llama = self.llama
+        length = len(tokens[0])
+        self._pass = _Pass(step, [s for s, _, _ in segments], [b - a for _, a, b in segments], [a for _, a, _ in segments])
+        if self.reader is not None:
+            self.reader.new_call()
+        if self.before_decode is not None:
+            self.before_decode(step)
+        try:
+            status = self._llama_decode(self.context, tokens, start)
+            graphs = self._pass.graph + 1
+        finally:
+            self._pass = None
         if status != 0:
             raise RecorderError(f"llama_decode returned {status} at step {step}")
         if self.errors:

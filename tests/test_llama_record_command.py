@@ -59,6 +59,9 @@ def test_an_existing_output_is_refused_unless_forced(gguf: Path, tmp_path: Path,
         (["record", "llama", "GGUF", "--tokens", "1", "--batch", "2", "--batch-row", "2"], "row 2 is not a row of a batch of 2"),
         (["record", "llama", "GGUF", "--tokens", "1", "--threads", "0"], "--threads must be at least 1, not 0"),
         (["record", "llama", ".", "--tokens", "1"], ".: a directory, not a GGUF file"),
+        (["record", "llama", "GGUF", "--tokens", "1", "--decode-steps", "4096"], "the run needs 4097 positions (prompt 1, decode steps 4096), more than the model's context of 4096"),
+        (["record", "llama", "GGUF", "--tokens", "1,2", "--batch", "10000000000"], "a batch of 10000000000, 2 positions each, needs at least 26226.0 GiB at once (KV cache 19073.5 GiB, logits 7152.6 GiB)"),
+        (["record", "llama", "GGUF", "--tokens", "1", "--batch", "300"], "llama_init_from_model: failed to initialize the context: n_seq_max must be <= 256"),
     ],
 )
 def test_bad_input_is_refused_with_exit_2(
@@ -68,6 +71,15 @@ def test_bad_input_is_refused_with_exit_2(
     assert _run([str(gguf) if a == "GGUF" else a for a in argv] + ["--out", str(out)]) == record_command.EXIT_REFUSED
     assert message in capsys.readouterr().out
     assert not out.exists()
+
+
+def test_a_truncated_gguf_is_refused_with_llama_cpps_own_reason(gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(gguf.read_bytes()[: gguf.stat().st_size // 2])
+    assert _run(["record", "llama", str(truncated), "--tokens", "1", "--out", str(tmp_path / "x.h5")]) == record_command.EXIT_REFUSED
+    out = capsys.readouterr().out
+    assert f"record refused: {truncated}: llama.cpp could not load the model: llama_model_load: error loading model: " in out
+    assert "is corrupted or incomplete" in out
 
 
 def test_a_fifo_given_as_the_gguf_is_named_as_what_it_is_without_waiting_for_a_writer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

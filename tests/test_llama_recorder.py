@@ -234,7 +234,7 @@ def test_a_quantized_kv_cache_is_kept_as_ggml_blocks_the_reader_decodes(ggufs: d
 
 
 def test_a_quantized_v_cache_without_flash_attention_is_refused_by_llama_cpp(ggufs: dict[str, Path], tmp_path: Path) -> None:
-    with pytest.raises(RecorderError, match="quantized KV cache without flash attention"):
+    with pytest.raises(RecorderError, match="quantized V cache requires flash_attn to be enabled"):
         _record(ggufs["f32"], tmp_path / "x.h5", TokenSchedule(SCHEDULE.prompt), LlamaSettings(kv_type="q8_0"))
     assert not (tmp_path / "x.h5").exists()
 

@@ -21,7 +21,11 @@ from backends.recorders.mlx_recorder import (
     iter_record_mlx,
     load_local_model,
 )
-from backends.recorders.record_schedule import TokenSchedule, parse_segments
+from backends.recorders.record_schedule import (
+    TokenSchedule,
+    check_run_size,
+    parse_segments,
+)
 from sessions.capture.opening import open_capture
 from sessions.child_env import PROJECT_ROOT, child_env
 from sessions.commands.validate import validate_file
@@ -197,9 +201,33 @@ def test_a_config_json_of_the_wrong_shape_is_refused_by_name(model_dir: Path, tm
     assert not (tmp_path / "x.h5").exists() and not (tmp_path / ".x.h5.partial").exists()
 
 
+@pytest.mark.parametrize(
+    ("run", "problem"),
+    [
+        (["--decode-steps", "4095"], "the run needs 4097 positions (prompt 2, decode steps 4095), more than the model's context of 4096"),
+        (["--batch", "10000000000"], "a batch of 10000000000, 2 positions each, needs at least 16689.3 GiB at once (KV cache 9536.7 GiB, logits 7152.6 GiB)"),
+    ],
+)
+def test_a_run_past_the_models_context_or_the_machines_memory_is_refused_before_it_starts(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], run: list[str], problem: str
+) -> None:
+    assert main(["record", "mlx", str(model_dir), "--tokens", "1,2", *run, "--out", str(tmp_path / "x.h5")]) == 2
+    out = capsys.readouterr().out
+    assert out.startswith("record refused: ") and problem in out
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_config_without_the_sizes_or_with_sizes_of_the_wrong_type_leaves_those_checks_out() -> None:
+    schedule = TokenSchedule((1, 2), decode_steps=5000)
+    check_run_size(schedule, 10**10, {}, 4, 1 << 30)
+    check_run_size(schedule, 10**10, {"max_position_embeddings": "16", "num_hidden_layers": True, "vocab_size": -1}, 4, 1 << 30)
+    with pytest.raises(ValueError, match="more than the model's context of 16"):
+        check_run_size(schedule, 1, {"max_position_embeddings": 16}, 4, 1 << 30)
+
+
 def test_ctrl_c_ends_a_recording_with_one_line_and_leaves_the_steps_written_so_far(model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "long.h5"
-    argv = [sys.executable, "-m", "viewer.cli", "record", "mlx", str(model_dir), "--tokens", "1,2", "--decode-steps", "100000", "--out", str(out)]
+    argv = [sys.executable, "-m", "viewer.cli", "record", "mlx", str(model_dir), "--tokens", "1,2", "--decode-steps", "4000", "--out", str(out)]
     recording = subprocess.Popen(argv, cwd=PROJECT_ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert recording.stdout is not None
     while not recording.stdout.readline().startswith("  step 2 "):  # it is recording decode steps

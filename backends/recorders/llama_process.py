@@ -45,7 +45,11 @@ from backends.recorders.llama_recorder import (
     iter_record_here,
     require_gguf_file,
 )
-from backends.recorders.record_schedule import TokenSchedule, check_batch
+from backends.recorders.record_schedule import (
+    TokenSchedule,
+    check_batch,
+    physical_memory,
+)
 from sessions.child_process import ChildProcess, progress_line
 from sessions.progress import Progress, ProgressGenerator, run_to_end
 
@@ -151,7 +155,7 @@ def _limit_resources(model: Path) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
     if sys.platform != "linux":
         return  # macOS does not enforce RLIMIT_AS
-    limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") + model.stat().st_size + HEADROOM_BYTES
+    limit = physical_memory() + model.stat().st_size + HEADROOM_BYTES
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     if hard != resource.RLIM_INFINITY:
         limit = min(limit, hard)

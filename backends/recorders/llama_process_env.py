@@ -15,6 +15,8 @@ OPENMP_WAIT = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "3000"}
 
 LOG_LINES: list[str] = []
 """What llama.cpp logged in this process (the recorder runs in a child: one run per process)."""
+ERROR_LINES: list[str] = []
+"""The lines of LOG_LINES llama.cpp logged as errors: why a model or context would not load."""
 _LOG_CALLBACK: list[Any] = []
 _BUFFER_LINE = re.compile(r"^\w+:\s+(\S+)\s+(model|KV|compute|output)\s+buffer size")
 _DECLINED_LINE = re.compile(r"tensor '[^']*' \(\w+\)(?: \(and (\d+) others\))? cannot be used with preferred buffer type (\w+)")
@@ -32,11 +34,20 @@ def keep_log() -> Any:
         def log(level: int, text: bytes, _data: Any) -> None:
             line = text.decode("utf-8", "replace")
             LOG_LINES.append(line)
+            if level == _LOG_ERROR:
+                ERROR_LINES.append(line)
             if level in (_LOG_WARN, _LOG_ERROR):
                 sys.stderr.write(line)
 
         _LOG_CALLBACK.append(llama_cpp.llama_log_callback(log))
     return _LOG_CALLBACK[0]
+
+
+def first_error_since(mark: int) -> str:
+    """The first error llama.cpp logged after ERROR_LINES held `mark` lines, as `: REASON`, or ""
+    when it logged none: its first error is the specific one (later ones say only that loading
+    failed)."""
+    return f": {ERROR_LINES[mark].strip()}" if len(ERROR_LINES) > mark else ""
 
 
 def buffer_types(lines: list[str]) -> dict[str, Any]:

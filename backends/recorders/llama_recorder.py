@@ -53,9 +53,11 @@ from backends.recorders.ggml_tensor_struct import (
     tensor_at,
 )
 from backends.recorders.llama_process_env import (
+    ERROR_LINES,
     LOG_LINES,
     OPENMP_WAIT,
     buffer_types,
+    first_error_since,
     keep_log,
 )
 from backends.recorders.model_config import ModelConfigError, gguf_config
@@ -64,6 +66,8 @@ from backends.recorders.record_schedule import (
     TokenSchedule,
     batch_prompts,
     check_batch,
+    check_run_size,
+    physical_memory,
 )
 from sessions.artifact_hash import artifact_sha256
 from sessions.bits.dtypes import LOGICAL_DTYPES
@@ -74,6 +78,8 @@ from sessions.side_file import file_kind
 
 KV_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8}
 """KV-cache types a recording may ask for (ggml_type ids)."""
+KV_ELEMENT_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32}
+"""What one cached element costs in each of those types (q8_0: 34-byte blocks of 32)."""
 PLAIN_TYPES: dict[int, tuple[str, np.dtype]] = {
     0: ("float32", np.dtype("<f4")),
     1: ("float16", np.dtype("<f2")),
@@ -486,9 +492,10 @@ class LlamaRun:
         llama.llama_backend_init()
         params = llama.llama_model_default_params()
         params.use_extra_bufts = settings.extra_bufts
+        errors = len(ERROR_LINES)
         self.model = llama.llama_model_load_from_file(str(model_path).encode(), params)
         if not self.model:
-            raise RecorderError(f"{model_path}: llama.cpp could not load the model")
+            raise RecorderError(f"{model_path}: llama.cpp could not load the model{first_error_since(errors) or ' (it logged no reason)'}")
         self.vocab_size = int(llama.llama_vocab_n_tokens(llama.llama_model_get_vocab(self.model)))
         outside = [t for t in schedule.prompt if t >= self.vocab_size]
         if outside:
@@ -507,11 +514,12 @@ class LlamaRun:
             raise
 
     def _new_context(self, model_path: Path, params: Any) -> Any:
+        errors = len(ERROR_LINES)
         context = self.llama.llama_init_from_model(self.model, params)
         if not context:
             raise RecorderError(
-                f"{model_path}: llama.cpp could not create a context with {asdict(self.settings)} "
-                "(it refuses, for example, a quantized KV cache without flash attention)"
+                f"{model_path}: llama.cpp could not create a context for a batch of {self.batch} with {asdict(self.settings)}"
+                f"{first_error_since(errors) or ' (it logged no reason)'}"
             )
         return context
 
@@ -777,6 +785,8 @@ def iter_record_here(
     (`batch_prompts`), each its own sequence: records hold the requests stacked along axis 0."""
     model_path = Path(model_path)
     require_gguf_file(model_path)
+    config = _model_config(model_path)
+    check_run_size(schedule, batch, config["config"], KV_ELEMENT_BYTES[settings.kv_type], physical_memory())
     digest = artifact_sha256([model_path])
     run = LlamaRun(model_path, schedule, settings, record=True, batch=batch, batch_row=batch_row)
     run.before_decode = before_decode
@@ -791,7 +801,7 @@ def iter_record_here(
             compiler=f"llama-cpp-python {run.llama.__version__}",
             prompt=schedule.describe(),
             provenance={
-                **run.provenance(), "gguf": str(model_path.resolve()), "weights_sha256": digest, **_model_config(model_path), **(extra or {}),
+                **run.provenance(), "gguf": str(model_path.resolve()), "weights_sha256": digest, **config, **(extra or {}),
             },
             batch_size=batch,
             batch_row=batch_row,

@@ -35,6 +35,8 @@ from backends.recorders.record_schedule import (
     TokenSchedule,
     batch_prompts,
     check_batch,
+    check_run_size,
+    physical_memory,
 )
 from sessions.artifact_hash import artifact_sha256
 from sessions.capture.meta import CaptureMeta
@@ -224,6 +226,7 @@ def iter_record_mlx(
         outside = [t for t in schedule.prompt if vocab and t >= vocab]
         if outside:
             raise ModelDirError(f"{model_dir}: token id {outside[0]} is outside the model's vocabulary ({vocab} ids)")
+        check_run_size(schedule, batch, config, 4 if config.get("torch_dtype") == "float32" else 2, physical_memory())
         digest = weights_sha256(model_dir)
         provenance = {
             "recorder": "parity-xray record mlx",

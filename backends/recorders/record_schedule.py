@@ -9,8 +9,11 @@ cut differently align by token position, which every record carries.
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from sessions.capture import format as cf
 from sessions.capture.text_fields import control_character
@@ -155,3 +158,40 @@ def batch_prompts(prompt: tuple[int, ...], batch: int, row: int, vocab: int) -> 
     prompt's tokens shifted by their row (mod the vocabulary), so every row is a different request.
     Equal lengths keep every call's rows aligned across the batch, so a record splits by request."""
     return [[(t + (r - row) * 7919) % vocab if r != row else t for t in prompt] for r in range(batch)]
+
+
+def physical_memory() -> int:
+    """This machine's memory in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _config_size(config: Mapping[str, Any], name: str) -> int | None:
+    """A positive integer config field, or None: the config comes from someone else's weights."""
+    value = config.get(name)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def check_run_size(schedule: TokenSchedule, batch: int, config: Mapping[str, Any], cache_element_bytes: float, memory: int) -> None:
+    """ValueError for a run the model cannot take, before it starts: more positions than the
+    model's context (`max_position_embeddings`), or more memory than `memory` bytes for what it
+    must hold at once at the least, every request's KV cache at the last position and the
+    largest call's logits (an engine needs more: its weights and activations). A field the
+    config lacks leaves its check out."""
+    positions = len(schedule.prompt) + schedule.decode_steps
+    context = _config_size(config, "max_position_embeddings")
+    if context is not None and positions > context:
+        raise ValueError(
+            f"the run needs {positions} positions (prompt {len(schedule.prompt)}, decode steps {schedule.decode_steps}), "
+            f"more than the model's context of {context} (max_position_embeddings)"
+        )
+    layers, heads, vocab = (_config_size(config, n) for n in ("num_hidden_layers", "num_attention_heads", "vocab_size"))
+    kv_heads = _config_size(config, "num_key_value_heads") or heads
+    head_dim = _config_size(config, "head_dim") or (hidden // heads if heads and (hidden := _config_size(config, "hidden_size")) else None)
+    cache = batch * positions * layers * 2 * kv_heads * head_dim * cache_element_bytes if layers and kv_heads and head_dim else 0
+    logits = batch * max(stop - first for _, first, stop in schedule.segments()) * vocab * 4 if vocab else 0
+    if cache + logits > memory:
+        gib = 1 << 30
+        raise ValueError(
+            f"a batch of {batch}, {positions} positions each, needs at least {(cache + logits) / gib:.1f} GiB at once "
+            f"(KV cache {cache / gib:.1f} GiB, logits {logits / gib:.1f} GiB), more than this machine's {memory / gib:.1f} GiB"
+        )

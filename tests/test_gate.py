@@ -36,8 +36,12 @@ from sessions.commands import cache as cache_command
 from sessions.commands import gate as gate_command
 from sessions.compare.comparison import iter_compare
 from sessions.compare.verdict import UNUSABLE, Verdict
+from sessions.compare.options import CompareOptions
+from sessions.gate.judge import iter_judge_case
+from sessions.gate.manifest import GateCase
 from sessions.gate.result import CaseResult, GateResult, load_gate_file
 from sessions.progress import run_to_end
+from viewer.cli import main as report_main
 
 pytestmark = pytest.mark.slow
 
@@ -345,6 +349,22 @@ def test_a_killed_worker_and_a_crashing_reader_make_their_cases_unusable_and_the
     assert out.endswith("\n1/5 pass; 1 signed-zero-only at 0:text-before:0:ffn_act; 1 dispatch-only at 0:text-after:0:sdpa; 2 unusable\n")
     with Client(cluster, timeout=30) as client:
         client.wait_for_workers(2, timeout=60)  # the killed worker's nanny starts a new one
+
+
+@pytest.mark.parametrize(
+    ("profile", "problem"),
+    [("missing.toml", "profile file does not exist"), ("broken.toml", "not valid TOML (Expected ']' at the end of a table declaration")],
+)
+def test_an_unusable_profile_makes_the_case_unusable_with_the_reason_report_gives(
+    tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], capsys: pytest.CaptureFixture[str], profile: str, problem: str
+) -> None:
+    (tmp_path / "broken.toml").write_text("[profile\n")
+    native, oracle = demo_pairs["signed-zero"]
+    case = GateCase("signed-zero", str(native), str(oracle), CompareOptions(native_profile=str(tmp_path / profile)))
+    result = run_to_end(iter_judge_case(case)).result
+    assert result.word == UNUSABLE and len(result.reasons) == 1 and result.reasons[0].startswith(f"{tmp_path / profile}: {problem}")
+    assert report_main(["report", str(native), str(oracle), "--native-profile", str(tmp_path / profile)]) == 2
+    assert capsys.readouterr().err.strip() == f"parity-xray report: unusable input: {result.reasons[0]}"
 
 
 def test_ctrl_c_stops_the_running_comparisons_and_leaves_nothing_on_the_cluster(

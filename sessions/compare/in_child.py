@@ -28,7 +28,9 @@ from sessions.capture.reader import CaptureError
 from sessions.child_process import ChildProcess, progress_line, signal_name
 from sessions.compare.comparison import Comparison, iter_compare
 from sessions.compare.document import ReportFormatError, document_bytes, loads_lines
+from sessions.compare.layout_transform import LayoutError
 from sessions.compare.options import CompareOptions
+from sessions.compare.profiles import ProfileError
 from sessions.compare.result_cache import iter_document_cached
 from sessions.progress import Progress, ProgressGenerator
 
@@ -39,6 +41,9 @@ POLL_S = 0.05
 BEHIND_A_WINDOW_NICENESS = 5
 """A comparison for a window runs this much nicer than the window: on a machine with two cores,
 its processes otherwise took the window's painting time (stalls of 0.2-0.4 s while comparing)."""
+INPUT_ERRORS: dict[str, type[ValueError]] = {"ProfileError": ProfileError, "LayoutError": LayoutError}
+"""Errors that name an input other than the captures (a profile file, a layout spec): raised
+again in the parent as themselves, so a caller says what `report` says, not that the captures failed."""
 PRINT_INTERVAL_S = 0.02
 """The child reports progress at most this often: each line wakes the parent's interpreter."""
 
@@ -97,6 +102,8 @@ def _outcome(child: ChildProcess, native: Path, oracle: Path, for_window: bool) 
         detail = json.loads(error)
         if "path" in detail:
             raise CaptureError(detail["path"], detail["location"], detail["problem"])
+        if detail["type"] in INPUT_ERRORS:
+            raise INPUT_ERRORS[detail["type"]](detail["message"])
         raise CaptureError(native, "comparison", f"comparing {pair} failed: {detail['type']}: {detail['message']}")
     start = _document_start(child)
     if returncode == 0 and start is not None:
@@ -117,7 +124,8 @@ def iter_compare_in_child(
     None: it always computes. `for_window`: the caller is a window, which keeps the comparison
     for long, so the collector is kept off it (`garbage_collection_paused(keep_made=True)`), and
     the child runs at a lower priority (BEHIND_A_WINDOW_NICENESS). Raises CaptureError
-    naming the file when the child reports one, fails, or dies by a signal. Closing the generator kills and reaps the child (cancel).
+    naming the file when the child reports one, fails, or dies by a signal; ProfileError or
+    LayoutError when an input other than the captures is unusable (INPUT_ERRORS). Closing the generator kills and reaps the child (cancel).
     """
     native_path, oracle_path = Path(native_path), Path(oracle_path)
     child = ChildProcess(_child_command(native_path, oracle_path, cache_dir, for_window), options_to_json(options))

@@ -28,6 +28,7 @@ from pathlib import Path
 from sessions.capture.reader import CaptureError
 from sessions.compare.comparison import Comparison, worst_ops
 from sessions.compare.in_child import iter_compare_in_child
+from sessions.compare.layout_transform import LayoutError
 from sessions.compare.profile_identity import ProfileIdentity, identify
 from sessions.compare.profiles import ProfileError, load_profile_file
 from sessions.gate.manifest import EOS_REQUIRE, GateCase
@@ -151,7 +152,7 @@ def iter_judge_case(case: GateCase, previous: CachedCase | None = None, want_htm
     yield Progress(0, 1, f"{case.name}: checking the captures")
     try:
         comparison = yield from iter_compare_in_child(Path(case.native), Path(case.oracle), case.options)
-    except CaptureError as exc:
+    except (CaptureError, ProfileError, LayoutError) as exc:
         return CaseOutcome(case_unusable(case, str(exc)), None)
     result = result_of(case, comparison, time.monotonic() - started)
     fingerprint = CaseFingerprint(stamps[0], stamps[1], comparison.native_profile_identity, comparison.oracle_profile_identity)

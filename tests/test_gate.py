@@ -35,8 +35,8 @@ from sessions.child_env import child_env
 from sessions.commands import cache as cache_command
 from sessions.commands import gate as gate_command
 from sessions.compare.comparison import iter_compare
-from sessions.compare.verdict import UNUSABLE, Verdict
 from sessions.compare.options import CompareOptions
+from sessions.compare.verdict import UNUSABLE, Verdict
 from sessions.gate.judge import iter_judge_case
 from sessions.gate.manifest import GateCase
 from sessions.gate.result import CaseResult, GateResult, load_gate_file

@@ -197,6 +197,8 @@ X_NPY = {"name": "x-0", "file": "x.npy"}
         ([{**X_NPY, "segment": "pre\nfill"}], "entry 0 ('x-0')", "segment holds a control character (\\n in 'pre\\nfill')"),
         ({"tokens": [{"step": 0, "token_id": 2**80}], "entries": [X_NPY]}, "tokens row 0", f"token_id must be <= {2**63 - 1} (the capture format's largest), not {2**80}"),
         ({"tokens": [{"step": "0", "token_id": 1}], "entries": [X_NPY]}, "tokens row 0", 'step must be an integer, not "0"'),
+        ([{**X_NPY, "name": "x\ud800-0"}], "entry 0 ('x\\ud800-0')", "'name' is not Unicode text (it holds a lone surrogate: 'x\\ud800-0')"),
+        ([{**X_NPY, "shape": [2**62, 0]}], "entry 0 ('x-0')", f"shape [{2**62}, 0]'s non-zero sizes hold more than 2**58 elements, the most a capture holds"),
     ],
 )
 def test_manifest_values_the_capture_cannot_hold_are_refused_before_writing(tmp_path: Path, document: object, where: str, what: str) -> None:
@@ -211,7 +213,7 @@ def test_a_declared_shape_whose_size_overflows_is_refused_not_wrapped(tmp_path: 
     manifest = _manifest(tmp_path, [{"name": "x", "file": "x.bin", "dtype": "float32", "shape": [2**62, 2**62, 4]}])
     refused = _refused("dir", tmp_path)
     assert (refused.path, refused.location) == (str(manifest), "entry 0 ('x')")
-    assert refused.problem == f"shape [{2**62}, {2**62}, 4] of float32 needs {2**62 * 2**62 * 16} bytes, 'x.bin' holds 4"
+    assert refused.problem == f"shape [{2**62}, {2**62}, 4]'s non-zero sizes hold more than 2**58 elements, the most a capture holds"
 
 
 def test_an_npy_with_more_dimensions_than_the_format_allows_is_refused(tmp_path: Path) -> None:
@@ -299,3 +301,63 @@ def test_a_manifest_over_its_size_limit_is_refused_naming_its_size_and_the_limit
     refused = _refused("dir", tmp_path)
     assert (refused.path, refused.location) == (str(path), "file")
     assert refused.problem == f"cannot read the manifest ({MAX_MANIFEST_BYTES + 1} bytes, over the {MAX_MANIFEST_BYTES}-byte limit for this kind of file)"
+
+
+def _read_back(out: Path) -> list[tuple[str, tuple[int, ...], np.ndarray]]:
+    with open_capture(out, check_in_child=False) as capture:
+        return [(r.name, r.shape, capture.read_values(r)) for r in capture.records]
+
+
+def test_a_big_endian_array_keeps_its_values_and_a_0d_array_stays_0d(tmp_path: Path) -> None:
+    values = np.array([[0.5, -2.0, 3.25]], np.float32)
+    np.save(tmp_path / "big.npy", values.astype(">f4"))
+    np.save(tmp_path / "count.npy", np.array([7, -1], ">i4"))
+    np.save(tmp_path / "scalar.npy", np.float32(2.5).reshape(()))
+    _manifest(tmp_path, [{"name": "big-0", "file": "big.npy"}, {"name": "count-0", "file": "count.npy"}, {"name": "scalar-0", "file": "scalar.npy"}])
+    (big, count, scalar) = _read_back(_import("dir", tmp_path, tmp_path / "out.h5"))
+    assert big[1] == (1, 3) and big[2].tobytes() == values.tobytes()
+    assert count[2].tolist() == [7, -1]
+    assert scalar[1] == () and scalar[2].tolist() == 2.5
+
+
+def test_an_npy_of_ml_dtypes_bfloat16_imports_when_the_manifest_declares_bfloat16(tmp_path: Path) -> None:
+    values = np.array([1.5, -0.0, 3.0], ml_dtypes.bfloat16)
+    np.save(tmp_path / "x.npy", values)
+    _manifest(tmp_path, [{"name": "x-0", "file": "x.npy"}])
+    assert _refused("dir", tmp_path).problem == "array dtype |V2 has no capture dtype; declare a same-width 'dtype' in the manifest"
+    _manifest(tmp_path, [{"name": "x-0", "file": "x.npy", "dtype": "bfloat16"}])
+    ((_, shape, read),) = _read_back(_import("dir", tmp_path, tmp_path / "out.h5"))
+    assert shape == (3,) and read.view(np.uint16).tolist() == values.view(np.uint16).tolist()
+
+
+def test_safetensors_without_a_manifest_go_layer_by_layer_not_in_the_files_name_order(tmp_path: Path) -> None:
+    tensors = {f"attn_norm-{layer}": np.full(2, layer, np.float32) for layer in (0, 1, 2, 10, 11)}
+    save_file({**tensors, "result_output": np.zeros(3, np.float32)}, str(tmp_path / "x.safetensors"))
+    names = [name for name, _, _ in _read_back(_import("safetensors", tmp_path / "x.safetensors", tmp_path / "out.h5"))]
+    assert names == ["attn_norm-0", "attn_norm-1", "attn_norm-2", "attn_norm-10", "attn_norm-11", "result_output"]
+
+
+def test_a_name_longer_than_a_record_holds_is_refused_not_cut(tmp_path: Path) -> None:
+    save_file({"a" * 70 + "-0": np.zeros(2, np.float32), "a" * 70 + "-1": np.ones(2, np.float32)}, str(tmp_path / "x.safetensors"))
+    refused = _refused("safetensors", tmp_path / "x.safetensors")
+    assert refused.location == f"array {'a' * 64!r}..."
+    assert refused.problem.startswith("its name is longer than the 64 bytes a record's name holds; give a manifest (--manifest)")
+
+
+def test_an_npz_holding_two_arrays_of_one_name_is_refused(tmp_path: Path) -> None:
+    np.savez(tmp_path / "x.npz", **{"x-0": np.zeros(2, np.float32)})
+    second = io.BytesIO()
+    np.save(second, np.ones(2, np.float32))
+    with pytest.warns(UserWarning, match="Duplicate name"), zipfile.ZipFile(tmp_path / "x.npz", "a") as archive:
+        archive.writestr("x-0.npy", second.getvalue())
+    refused = _refused("npz", tmp_path / "x.npz")
+    assert (refused.location, refused.problem) == ("member 'x-0.npy'", "the archive holds two arrays named 'x-0'")
+
+
+def test_an_output_in_a_missing_folder_is_refused_by_name(tmp_path: Path) -> None:
+    np.save(tmp_path / "x.npy", np.zeros(2, np.float32))
+    _manifest(tmp_path, [X_NPY])
+    out = tmp_path / "absent" / "x.h5"
+    with pytest.raises(CaptureError) as refused:
+        _import("dir", tmp_path, out)
+    assert (refused.value.path, refused.value.problem) == (str(out), f"is in {out.parent}, which is not a folder")

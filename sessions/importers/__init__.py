@@ -69,6 +69,8 @@ def iter_import(
     source, out = Path(source), Path(out)
     if out.exists():
         raise CaptureError(out, "file", "already exists; importing never overwrites a file")
+    if not out.parent.is_dir():
+        raise CaptureError(out, "file", f"is in {out.parent}, which is not a folder")
     parsed, arrays = _open(kind, source, Path(manifest) if manifest else None)
     capture_meta = _meta(parsed, meta or {}, source, kind)
     try:
@@ -81,7 +83,11 @@ def iter_import(
 
 def _write(parsed: Manifest, arrays: Iterator[ImportedArray], capture_meta: CaptureMeta, out: Path) -> ProgressGenerator[None]:
     total = len(parsed.entries)
-    with CaptureWriter(out, capture_meta) as writer:
+    try:
+        writer = CaptureWriter(out, capture_meta)
+    except OSError as exc:
+        raise CaptureError(out, "file", f"cannot be written ({exc.strerror or exc})") from None
+    with writer:
         step = None
         for done, item in enumerate(arrays, start=1):
             entry = item.entry

@@ -21,6 +21,7 @@ failing half-way through writing it, or producing a capture that `validate` refu
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ import numpy as np
 from sessions.bits.dtypes import LOGICAL_DTYPES
 from sessions.capture import format as cf
 from sessions.capture.hdf5_safety import printable
+from sessions.capture.pack_layout import MAX_ELEMENTS
 from sessions.capture.reader import CaptureError
 from sessions.capture.text_fields import control_character
 from sessions.side_file import parse_problem, read_side_file
@@ -126,7 +128,11 @@ def _text(value: Any, what: str, limit: int, fail: Fail, *, multiline: bool = Fa
     terminal of whoever reads a report."""
     if not isinstance(value, str):
         raise fail(f"{what} must be a string, not {_shown(value)}")
-    if len(value.encode("utf-8")) > limit:
+    try:
+        encoded = value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise fail(f"{what} is not Unicode text (it holds a lone surrogate: '{printable(value)}')") from None
+    if len(encoded) > limit:
         raise fail(f"{what} is longer than the capture format's {limit} bytes")
     control = None if multiline else control_character(value)
     if control is not None:
@@ -205,6 +211,8 @@ def _entry(raw: Any, position: int, path: Path, *, need_file: bool) -> Entry:
         if not isinstance(shape, list) or len(shape) > cf.MAX_NDIM:
             raise fail(f"shape must be a list of at most {cf.MAX_NDIM} sizes, not {_shown(shape)}")
         shape = tuple(_int(d, "each shape size", 0, MAX_INT64, fail) for d in shape)
+        if math.prod(d for d in shape if d) > MAX_ELEMENTS:
+            raise fail(f"shape {list(shape)}'s non-zero sizes hold more than 2**{MAX_ELEMENTS.bit_length() - 1} elements, the most a capture holds")
     layer = _int(raw["layer"], "layer", -1, MAX_LAYER, fail) if "layer" in raw else infer_layer(name)
     return Entry(
         name=name,
@@ -273,6 +281,14 @@ def load_manifest(path: str | Path, *, need_file: bool) -> Manifest:
 
 
 def default_manifest(names: list[str], path: Path) -> Manifest:
-    """For a safetensors or .npz file with no manifest: every array in step 0, file order,
-    layer read from the name."""
-    return parse_manifest([{"name": n[:64], "key": n} for n in names], path, need_file=False)
+    """For a safetensors or .npz file with no manifest: every array in step 0, in the order of
+    `names`, layer read from the name. A name longer than a record's is refused, not cut: two
+    cut names could become one, and a cut `-N` loses the layer."""
+    for name in names:
+        if len(name.encode("utf-8", "surrogatepass")) > cf.INDEX_DTYPE["name"].itemsize:
+            raise CaptureError(
+                path, f"array {name[:64]!r}...",
+                f"its name is longer than the {cf.INDEX_DTYPE['name'].itemsize} bytes a record's name holds; "
+                "give a manifest (--manifest) whose entry names it ('name') and picks it ('key')",
+            )
+    return parse_manifest([{"name": n, "key": n} for n in names], path, need_file=False)

@@ -31,7 +31,7 @@ from sessions.bits.dtypes import (
 )
 from sessions.capture import format as cf
 from sessions.capture.reader import CaptureError
-from sessions.importers.manifest import Entry, Manifest, default_manifest
+from sessions.importers.manifest import Entry, Manifest, default_manifest, infer_layer
 from sessions.side_file import open_regular_file
 
 MAX_IMPORT_BYTES = 2 * 1024**3
@@ -62,11 +62,12 @@ def _typed(entry: Entry, array: np.ndarray, where: Path, fail_at: str) -> Import
     def fail(problem: str) -> CaptureError:
         return CaptureError(where, fail_at, problem)
 
-    try:
-        found = logical_name_of(array)
-    except UnknownDtypeError:
-        raise fail(f"array dtype {array.dtype} has no capture dtype; declare a same-width 'dtype' in the manifest") from None
-    logical = entry.dtype or found
+    logical = entry.dtype
+    if logical is None:
+        try:
+            logical = logical_name_of(array)
+        except UnknownDtypeError:
+            raise fail(f"array dtype {array.dtype} has no capture dtype; declare a same-width 'dtype' in the manifest") from None
     ld = logical_dtype(logical)
     if ld.is_quantized:
         if array.dtype != np.uint8:
@@ -78,7 +79,10 @@ def _typed(entry: Entry, array: np.ndarray, where: Path, fail_at: str) -> Import
         raise fail(f"declared shape {list(entry.shape)} but the array has shape {list(array.shape)}")
     if array.ndim > cf.MAX_NDIM:
         raise fail(f"the array has {array.ndim} dimensions; the capture format allows at most {cf.MAX_NDIM}")
-    return ImportedArray(entry, np.ascontiguousarray(array).view(ld.storage), logical, None)
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))  # a big-endian array: its values, in the capture's byte order
+    # np.asarray, not ascontiguousarray, which makes a 0-d scalar a 1-element array
+    return ImportedArray(entry, np.asarray(array, order="C").view(ld.storage), logical, None)
 
 
 def _blocks(entry: Entry, raw: bytes, logical: str, where: Path, fail_at: str) -> ImportedArray:
@@ -180,9 +184,16 @@ def _pick(entries: list[Entry], available: list[str], source: Path, manifest: Pa
         raise CaptureError(manifest, entry.label(), f"{source.name} has no array {entry.source_key!r} (it has {len(available)}: {', '.join(available[:8])}{', ...' if len(available) > 8 else ''})")
 
 
-def _members(archive: zipfile.ZipFile) -> dict[str, str]:
-    """Array name -> member name, as `numpy.load` names an .npz's arrays (`a.npy` is `a`)."""
-    return {name.removesuffix(".npy"): name for name in archive.namelist()}
+def _members(archive: zipfile.ZipFile, path: Path) -> dict[str, str]:
+    """Array name -> member name, as `numpy.load` names an .npz's arrays (`a.npy` is `a`). Two
+    members of one name (a zip may hold them) are refused: which one an engine meant is unknown."""
+    members: dict[str, str] = {}
+    for name in archive.namelist():
+        array = name.removesuffix(".npy")
+        if array in members:
+            raise CaptureError(path, f"member {name!r}", f"the archive holds two arrays named {array!r}")
+        members[array] = name
+    return members
 
 
 def from_npz(path: Path, manifest: Manifest | None) -> tuple[Manifest, Iterator[ImportedArray]]:
@@ -190,7 +201,11 @@ def from_npz(path: Path, manifest: Manifest | None) -> tuple[Manifest, Iterator[
         archive = zipfile.ZipFile(path)
     except (ValueError, OSError, zipfile.BadZipFile) as exc:
         raise CaptureError(path, "file", f"not a readable .npz archive ({exc})") from None
-    members = _members(archive)
+    try:
+        members = _members(archive, path)
+    except CaptureError:
+        archive.close()
+        raise
     manifest = manifest or default_manifest(list(members), path)
     _pick(manifest.entries, list(members), path, manifest.path)
 
@@ -222,7 +237,11 @@ def from_safetensors(path: Path, manifest: Manifest | None) -> tuple[Manifest, I
         names = list(handle.keys())
     except (SafetensorError, OSError, ValueError) as exc:
         raise CaptureError(path, "file", f"not a readable safetensors file ({exc})") from None
-    manifest = manifest or default_manifest(names, path)
+    # safetensors stores tensors sorted by name, whatever order they were dumped in, so
+    # `attn_norm-10` comes before `attn_norm-2`: without a manifest, layer by layer is the
+    # nearest to execution order (records of no layer, such as logits, after the layers).
+    layer_order = sorted(names, key=lambda name: (infer_layer(name) < 0, infer_layer(name)))
+    manifest = manifest or default_manifest(layer_order, path)
     _pick(manifest.entries, names, path, manifest.path)
 
     def arrays() -> Iterator[ImportedArray]:

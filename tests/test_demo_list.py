@@ -20,3 +20,13 @@ def test_demo_list_names_each_verdict_the_folder_and_how_to_open_a_scenario(caps
     assert "attention-contract   CONTRACT MISMATCH, first contract-mismatch at 0:visual:0:sdpa (not generated yet)" in out
     assert "llama-vs-mlx-q8_0    GGUF q8_0 weights" in out
     assert "Open one with `parity-xray demo --scenario NAME`" in out
+
+
+def test_demo_generate_into_a_file_or_an_unwritable_place_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    taken = tmp_path / "taken"
+    taken.write_text("keep\n")
+    assert main(["demo", "--generate", str(taken)]) == 2
+    assert capsys.readouterr().err == f"parity-xray demo: --generate {taken} is not a folder\n"
+    assert main(["demo", "--generate", str(taken / "sub")]) == 2
+    assert capsys.readouterr().err == f"parity-xray demo: cannot write the demo captures into {taken / 'sub'} (Not a directory)\n"
+    assert taken.read_text() == "keep\n"

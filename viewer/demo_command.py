@@ -94,11 +94,17 @@ def run(args: argparse.Namespace) -> int:
     if args.generate is not None:
         from backends.recorders.llama_recorder import RecorderError
 
+        if args.generate.exists() and not args.generate.is_dir():
+            print(f"parity-xray demo: --generate {args.generate} is not a folder", file=sys.stderr)
+            return 2
         try:
             pairs = _generate(args.generate, args.scenario, args.seed)
         except RecorderError as exc:  # a llama scenario whose llama.cpp run failed or crashed (in its own process)
             print(f"parity-xray demo: {exc}", file=sys.stderr)
             return 1
+        except OSError as exc:
+            print(f"parity-xray demo: cannot write the demo captures into {args.generate} ({exc.strerror or exc})", file=sys.stderr)
+            return 2
         for name, (native, oracle) in pairs.items():
             print(f"{name:20s} native {native}\n{'':20s} oracle {oracle}")
         return 0

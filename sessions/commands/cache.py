@@ -21,7 +21,7 @@ from sessions.capture.check_cache import CACHE_DIR_ENV, cache_root, checked_dir
 from sessions.compare.result_cache import MAX_CACHE_BYTES, default_cache_dir
 from sessions.gate.cache import gate_cache_dir
 
-EXIT_OK, EXIT_NOT_CLEARED = 0, 1
+EXIT_OK, EXIT_NOT_CLEARED, EXIT_NOT_A_FOLDER = 0, 1, 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,6 +56,9 @@ def run(args: argparse.Namespace) -> int:
         ("judged gate cases", gate_cache_dir(), "", (".json", ".html")),
     )
     where = f"${CACHE_DIR_ENV}" if os.environ.get(CACHE_DIR_ENV) else "user cache directory"
+    if cache_root().exists() and not cache_root().is_dir():
+        print(f"cache: {cache_root()} ({where}) is not a folder, so nothing is cached; point {CACHE_DIR_ENV} at a folder, or unset it")
+        return EXIT_NOT_A_FOLDER
     print(f"cache: {cache_root()} ({where})")
     status = EXIT_OK
     for label, folder, limit, suffixes in folders:

@@ -218,12 +218,12 @@ def _writable(directory: Path) -> str | None:
 
 
 def check_caches() -> Iterator[Finding]:
-    """The folders runs write to: the check cache (PARITY_XRAY_CACHE_DIR when set), the user cache
-    (demo captures, comparison results) and the crash-recovery folder."""
+    """The folders runs write to: the cache (PARITY_XRAY_CACHE_DIR when set: structure checks,
+    comparison results, gate cases), the user cache (demo captures) and the crash-recovery folder."""
     folders: dict[Path, list[str]] = {}
     for folder, purpose in (
-        (cache_root(), "structure checks"),
-        (platformdirs.user_cache_path("parity-xray"), "demo captures, comparisons"),
+        (cache_root(), "structure checks, comparisons, gate cases"),
+        (platformdirs.user_cache_path("parity-xray"), "demo captures"),
         (platformdirs.user_data_path("parity-xray", appauthor=False) / "recovery", "session recovery"),
     ):
         folders.setdefault(folder, []).append(purpose)

@@ -15,9 +15,9 @@ from sessions.capture.identity import identity_of_file
 from sessions.capture.opening import open_capture
 from sessions.commands import report as report_command
 from sessions.compare.comparison import iter_compare
-from sessions.compare.key import OpKey
+from sessions.compare.key import OpKey, RecordKey
 from sessions.compare.verdict import EXIT_FAILED
-from sessions.investigation.model import Investigation
+from sessions.investigation.model import Investigation, RecordRef
 from sessions.investigation.store import SessionDocument
 from sessions.progress import run_to_end
 from sessions.report.html_page import PNG_SIGNATURE, bits_of, png_data_uri, render_html
@@ -129,6 +129,27 @@ def test_headless_html_report_from_a_pair_and_from_a_session(tmp_path: Path, dem
     shutil.copy2(demo_pairs["head-chunk"][1], oracle)
     assert report_command.run(parser.parse_args(["--session", str(tmp_path / "s.xray"), "--html", str(out)])) == report_command.EXIT_UNUSABLE
     assert "not the capture this session was saved with" in capsys.readouterr().err
+
+
+def test_escape_sequences_in_a_sessions_title_note_and_override_never_reach_the_page_or_the_terminal(
+    tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    native, oracle = demo_pairs["swiglu-order"]
+    session = Investigation(title="title\x1b[2J")
+    session.add_capture("native", native, identity_of_file(native))
+    session.add_capture("oracle", oracle, identity_of_file(oracle))
+    session.add_bookmark(OpKey(0, "text-before", 0, "ffn_act\x1b[31m"), "line one\nline two\x07")
+    forged = RecordRef("native", RecordKey(0, "text-before", 0, "\x1b[31mnoSuch"))
+    session.add_override("pair", forged, RecordRef("oracle", RecordKey(0, "text-before", 0, "model.layers.0.mlp.swiglu")), "\x1b[Hwipe")
+    SessionDocument(session).save_as(tmp_path / "s.xray")
+    parser = report_command.argparse.ArgumentParser()
+    report_command.add_arguments(parser)
+    out = tmp_path / "session.html"
+    assert report_command.run(parser.parse_args(["--session", str(tmp_path / "s.xray"), "--html", str(out), "--no-cache"])) == EXIT_FAILED
+    page, printed = out.read_text(), capsys.readouterr().out
+    assert "\x1b" not in page and "\x07" not in page and "\x1b" not in printed
+    assert "title\\x1b[2J" in page and "line one\nline two\\x07" in page and "\\x1b[Hwipe" in page
+    assert "could not be aligned, first at 0:text-before:0:\\x1b[31mnoSuch" in printed
 
 
 def test_the_growth_plot_draws_at_most_two_points_per_pixel_column_and_marks_each_columns_worst_op(comparison) -> None:  # type: ignore[no-untyped-def]

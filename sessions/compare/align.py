@@ -265,7 +265,7 @@ def _latest(overrides: tuple[AlignOverride, ...]) -> tuple[AlignOverride, ...]:
 def _override_problem(side: str, key: RecordKey, reason: str, detail: str) -> UnalignedRecord:
     """A row for an override that could not be applied, named by the record it names (seq -1:
     the row stands for the override, not for a record, which may not exist)."""
-    return UnalignedRecord(side, -1, key.name, key.step, key.segment, key.layer, key.occurrence, reason, detail)
+    return UnalignedRecord(side, -1, printable(key.name), key.step, printable(key.segment), key.layer, key.occurrence, reason, detail)
 
 
 def _take_manual_pairs(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import datetime as _dt
-from html import escape
+from html import escape as html_escape
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from sessions.compare.key import OpKey
 from sessions.compare.tensor_diff import ElementSample
 from sessions.compare.token_parity import POST_EOS, step_word, token_words
 from sessions.investigation.model import Bookmark, Investigation
+from sessions.printable import printable
 from sessions.report.plot_bins import bin_envelope, worst_per_bin
 from sessions.report.text import tolerance_text
 
@@ -44,6 +45,13 @@ th { background: #eef1f5; white-space: nowrap; } code, .bits { font-family: 'Dej
 .note { white-space: pre-wrap; background: #f6f8fa; border-left: 3px solid #4a90d9; padding: 6px 10px; margin: 6px 0; }
 .muted { color: #5f6773; } img.shot { max-width: 100%; border: 1px solid #d5dae1; }
 """
+
+
+def escape(text: str) -> str:
+    """`text` for HTML, its control characters but line breaks written as escapes: notes, reasons
+    and names come from someone else's session or capture, and an escape sequence in them
+    reaches the terminal of whoever prints or greps the page."""
+    return html_escape("\n".join(printable(line) for line in text.split("\n")))
 
 
 def png_data_uri(data: bytes) -> str:

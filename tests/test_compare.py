@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ from sessions.capture.meta import CaptureMeta
 from sessions.capture.opening import open_capture
 from sessions.capture.writer import CaptureWriter
 from sessions.compare.comparison import iter_compare
-from sessions.compare.document import dumps, loads
+from sessions.compare.document import dumps, loads, loads_lines
 from sessions.compare.options import CompareOptions
 from sessions.compare.profile_identity import ProfileIdentity, profile_content_hash
 from sessions.compare.profiles import (
@@ -21,7 +22,7 @@ from sessions.compare.profiles import (
     builtin_profiles,
     load_profile_file,
 )
-from sessions.compare.result_cache import iter_compare_cached
+from sessions.compare.result_cache import iter_compare_cached, iter_document_cached
 from sessions.compare.verdict import PARITY
 from sessions.progress import run_to_end
 
@@ -105,6 +106,25 @@ def test_second_comparison_of_the_same_pair_comes_from_the_cache_and_a_change_in
         fresh = run_to_end(iter_compare_cached(n, o, CompareOptions(), cache))
     assert fresh.pairs[0].metrics.first_difference is not None
     assert fresh.pairs[0].metrics.first_difference.coord == [10, 9]
+
+
+def test_a_cached_result_names_the_captures_by_the_paths_given_now_not_by_those_of_the_run_that_filled_it(tmp_path: Path) -> None:
+    captures = tmp_path / "captures"
+    captures.mkdir()
+    native, oracle = _pair(captures)
+    (tmp_path / "link").symlink_to(captures, target_is_directory=True)
+    cache = tmp_path / "cache"
+    with open_capture(native) as n, open_capture(oracle) as o:
+        first = run_to_end(iter_compare_cached(n, o, CompareOptions(), cache))
+    linked = tmp_path / "link" / native.name, tmp_path / "link" / oracle.name
+    with open_capture(linked[0]) as n, open_capture(linked[1]) as o:
+        assert [p.label for p in iter_compare_cached(n, o, CompareOptions(), cache)] == ["cached result"]
+        again = run_to_end(iter_compare_cached(n, o, CompareOptions(), cache))
+        document = loads_lines(run_to_end(iter_document_cached(n, o, CompareOptions(), cache)))
+    assert (first.native_path, first.oracle_path) == (str(native), str(oracle))
+    assert (again.native_path, again.oracle_path) == (document.native_path, document.oracle_path) == tuple(map(str, linked))
+    assert dataclasses.replace(again, native_path=first.native_path, oracle_path=first.oracle_path) == first
+    assert dumps(document) == dumps(again)
 
 
 def test_quantized_blocks_compare_as_bytes_beside_a_streamed_identical_pair(tmp_path: Path) -> None:

@@ -208,6 +208,14 @@ def document_bytes(comparison: Comparison) -> bytes:
     return "".join(f"{line}\n" for line in document_lines(comparison)).encode("utf-8")
 
 
+def with_paths(data: bytes, native_path: str, oracle_path: str) -> bytes:
+    """`document_bytes` of the same comparison named by other paths: only its first line (the
+    document without its lists) holds them, so a cached document is not written again whole."""
+    head, rest = data.split(b"\n", 1)
+    fields = {**json.loads(head), "native_path": native_path, "oracle_path": oracle_path}
+    return json.dumps(fields, allow_nan=False).encode("utf-8") + b"\n" + rest
+
+
 def _pair_from_row(row: Any, shared: list[TensorMetrics]) -> PairResult:
     """A pair from its row (PAIR_FIELDS), its metrics a METRICS_LINE's number."""
     if not isinstance(row, list) or len(row) != len(PAIR_FIELDS):

@@ -33,6 +33,7 @@ from sessions.compare.document import (
     ReportFormatError,
     document_bytes,
     loads_lines,
+    with_paths,
 )
 from sessions.compare.options import CompareOptions
 from sessions.compare.profile_identity import identify
@@ -179,6 +180,12 @@ def _iter_cached(native: Capture, oracle: Capture, options: CompareOptions, cach
     hit = _read(directory, key)
     if hit is not None:
         yield Progress(1, 1, "cached result")
-        return hit
+        # The key is the files' identity, not their paths: the run that filled the entry may have
+        # named them through another folder or a link, and a report names them as given now.
+        data, cached = hit
+        paths = str(native.path), str(oracle.path)
+        if (cached.native_path, cached.oracle_path) == paths:
+            return hit
+        return with_paths(data, *paths), dataclasses.replace(cached, native_path=paths[0], oracle_path=paths[1])
     result = yield from iter_compare(native, oracle, options, profiles)
     return store(directory, key, result), result

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import mlx.core as mx
@@ -135,3 +136,52 @@ def test_a_scalar_no_capture_and_no_weights_file_names_is_asked_for_by_name(
         "q_rope rerun needs rope_theta; neither capture's provenance config nor a weights file they reference names it "
         "as a finite number above 0 (docs/capture-format.md, provenance `config`)"
     ) in capsys.readouterr().err
+
+
+def _copied_pair(demo_pairs: dict, tmp_path: Path) -> tuple[Path, Path, Path]:
+    """The attention-contract pair and the weights file it references, copied: the files an output must not replace."""
+    native, oracle = (Path(shutil.copy2(p, tmp_path / p.name)) for p in demo_pairs["attention-contract"])
+    weights = Path(shutil.copy2(demo_pairs["attention-contract"][0].parent / "demo-qwen3-tiny.safetensors", tmp_path))
+    return native, oracle, weights
+
+
+@pytest.mark.parametrize(
+    ("command", "output", "target", "what"),
+    [
+        ("rerun", "--save", "native", "the native capture"),
+        ("rerun", "--json", "oracle", "the oracle capture"),
+        ("rerun", "--save", "weights", "the native capture's weights file"),
+        ("diagnose", "--json", "native", "the native capture"),
+        ("diagnose", "--html", "weights", "the native capture's weights file"),
+    ],
+)
+def test_an_output_naming_a_capture_or_the_weights_it_reads_is_refused_and_the_file_kept(
+    demo_pairs: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, output: str, target: str, what: str
+) -> None:
+    native, oracle, weights = _copied_pair(demo_pairs, tmp_path)
+    path = {"native": native, "oracle": oracle, "weights": weights}[target]
+    before = path.read_bytes()
+    op = ["--op", "0:visual:0:sdpa"] if command == "rerun" else []
+    assert main([command, str(native), str(oracle), *op, output, str(path)]) == 2
+    assert capsys.readouterr().err == f"parity-xray {command}: {output} {path} is {what}: an output never replaces an input\n"
+    assert path.read_bytes() == before
+
+
+@pytest.mark.slow
+def test_outputs_that_cannot_be_written_are_one_line_and_exit_2(demo_pairs: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    native, oracle = demo_pairs["attention-contract"]
+    missing = tmp_path / "absent" / "x.json"
+    assert main(["diagnose", str(native), str(oracle), "--json", str(missing)]) == 2
+    assert capsys.readouterr().err == f"parity-xray diagnose: cannot write {missing}: No such file or directory\n"
+    assert main(["rerun", str(native), str(oracle), "--op", "0:visual:0:sdpa", "--json", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"parity-xray rerun: cannot write {tmp_path}: it is a folder\n"
+    assert main(["rerun", str(native), str(oracle), "--op", "0:visual:0:sdpa", "--save", str(missing)]) == 2
+    assert capsys.readouterr().err == f"parity-xray rerun: --save {missing} is in {missing.parent}, which is not a folder\n"
+
+
+def test_diagnose_refuses_an_empty_key_and_escapes_a_control_character_in_one(demo_pairs: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    native, oracle = demo_pairs["attention-contract"]
+    assert main(["diagnose", str(native), str(oracle), "--op", ""]) == 2
+    assert capsys.readouterr().err.startswith("parity-xray diagnose: key '' is not STEP:SEGMENT:LAYER:OP")
+    assert main(["diagnose", str(native), str(oracle), "--op", "0:visual:0:sd\x1b[31mpa"]) == 2
+    assert capsys.readouterr().err == "parity-xray diagnose: 0:visual:0:sd\\x1b[31mpa is not an aligned op of this comparison\n"

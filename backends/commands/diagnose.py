@@ -16,18 +16,23 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from backends.diagnosis.document import render_html, render_text, to_dict
 from backends.diagnosis.run import DiagnoseOptions, Diagnosis, iter_diagnose
-from backends.rerun.inputs import RerunInputError
+from backends.rerun.inputs import RerunInputError, files_read
 from sessions.capture.opening import open_capture
 from sessions.capture.reader import CaptureError
-from sessions.commands.arguments import add_align_argument, whole_number
+from sessions.commands.arguments import (
+    add_align_argument,
+    output_clash,
+    whole_number,
+    write_outputs,
+)
 from sessions.compare.key import OpKey
 from sessions.compare.options import CompareOptions
 from sessions.compare.profiles import ProfileError
 from sessions.compare.result_cache import iter_compare_cached
+from sessions.printable import printable
 from sessions.progress import Progress, ProgressGenerator, run_to_end
 
 EXIT_EXPLAINED, EXIT_UNEXPLAINED, EXIT_UNUSABLE = 0, 1, 2
@@ -50,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def options_from(args: argparse.Namespace) -> DiagnoseOptions:
-    if args.op:
+    if args.op is not None:
         return DiagnoseOptions(mode="op", key=OpKey.parse(args.op))
     if args.all:
         return DiagnoseOptions(mode="all", budget=not args.no_budget)
@@ -77,18 +82,25 @@ def _with_progress(work: ProgressGenerator[Diagnosis]) -> Diagnosis:
 
 
 def run(args: argparse.Namespace) -> int:
+    outputs = {"--json": args.json, "--html": args.html}
     try:
         options = options_from(args)
         compare = CompareOptions(native_profile=args.native_profile, oracle_profile=args.oracle_profile, alignment=args.align)
         with open_capture(args.native) as native, open_capture(args.oracle) as oracle:
+            inputs = {**files_read(native, oracle, None), "native profile": args.native_profile, "oracle profile": args.oracle_profile}
+            clash = output_clash(outputs, inputs)
+            if clash is not None:
+                raise ValueError(clash)
             comparison = run_to_end(iter_compare_cached(native, oracle, compare))
             diagnosis = _with_progress(iter_diagnose(native, oracle, comparison, options))
     except (RerunInputError, CaptureError, ProfileError, ValueError, OSError) as exc:
-        print(f"parity-xray diagnose: {exc}", file=sys.stderr)
+        print(f"parity-xray diagnose: {printable(str(exc))}", file=sys.stderr)
         return EXIT_UNUSABLE
     print(render_text(diagnosis, verbose=args.verbose))
-    if args.json:
-        Path(args.json).write_text(json.dumps(to_dict(diagnosis), indent=1, allow_nan=False), encoding="utf-8")
-    if args.html:
-        Path(args.html).write_text(render_html(diagnosis), encoding="utf-8")
+    problem = write_outputs(
+        [(args.json, lambda: json.dumps(to_dict(diagnosis), indent=1, allow_nan=False)), (args.html, lambda: render_html(diagnosis))]
+    )
+    if problem is not None:
+        print(f"parity-xray diagnose: {problem}", file=sys.stderr)
+        return EXIT_UNUSABLE
     return exit_code(diagnosis)

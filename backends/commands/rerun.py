@@ -19,7 +19,7 @@ from typing import Any
 
 from backends.rerun import ops as rerun_ops
 from backends.rerun.capture_out import save_rerun
-from backends.rerun.inputs import RerunInputError
+from backends.rerun.inputs import RerunInputError, files_read
 from backends.rerun.segment import (
     SIDES,
     RerunOptions,
@@ -29,11 +29,12 @@ from backends.rerun.segment import (
 )
 from sessions.capture.opening import open_capture
 from sessions.capture.reader import CaptureError
-from sessions.commands.arguments import add_align_argument
+from sessions.commands.arguments import add_align_argument, output_clash, write_outputs
 from sessions.compare.json_plain import plain
 from sessions.compare.options import CompareOptions
 from sessions.compare.profiles import ProfileError
 from sessions.compare.result_cache import iter_compare_cached
+from sessions.printable import printable
 from sessions.progress import run_to_end
 
 EXIT_REPRODUCED, EXIT_DIFFERS, EXIT_UNUSABLE = 0, 1, 2
@@ -120,22 +121,36 @@ def render(result: RerunResult) -> str:
     return "\n".join(lines)
 
 
+def _save_problem(save: str | None) -> str | None:
+    if save and Path(save).is_dir():
+        return f"--save {save} is a folder; name the capture file"
+    if save and not Path(save).absolute().parent.is_dir():
+        return f"--save {save} is in {Path(save).absolute().parent}, which is not a folder"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         key = rerun_target(args.op)
         options = options_from(args)
         compare = CompareOptions(native_profile=args.native_profile, oracle_profile=args.oracle_profile, alignment=args.align)
         with open_capture(args.native) as native, open_capture(args.oracle) as oracle:
+            inputs = {**files_read(native, oracle, args.weights), "native profile": args.native_profile, "oracle profile": args.oracle_profile}
+            problem = output_clash({"--save": args.save, "--json": args.json}, inputs) or _save_problem(args.save)
+            if problem is not None:
+                raise ValueError(problem)
             comparison = run_to_end(iter_compare_cached(native, oracle, compare))
             result = run_to_end(iter_rerun(native, oracle, comparison, key, options))
         if args.save:
             save_rerun(result, args.save)
     except (RerunInputError, CaptureError, ProfileError, rerun_ops.RerunOpError, ValueError, OSError) as exc:
-        print(f"parity-xray rerun: {exc}", file=sys.stderr)
+        print(f"parity-xray rerun: {printable(str(exc))}", file=sys.stderr)
         return EXIT_UNUSABLE
     print(render(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result_to_dict(result), indent=1, allow_nan=False), encoding="utf-8")
+    problem = write_outputs([(args.json, lambda: json.dumps(result_to_dict(result), indent=1, allow_nan=False))])
+    if problem is not None:
+        print(f"parity-xray rerun: {problem}", file=sys.stderr)
+        return EXIT_UNUSABLE
     if args.save:
         print(f"saved as {args.save} (role rerun)")
     return EXIT_REPRODUCED if result.reproduces(options.route_from or options.source) else EXIT_DIFFERS

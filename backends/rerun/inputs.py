@@ -180,7 +180,7 @@ class CapturedOps:
         return self.positions[: self.positions.index((step, segment))]
 
 
-def _weights_file(capture: Capture, explicit: Path | None) -> Path | None:
+def referenced_weights(capture: Capture, explicit: Path | None) -> Path | None:
     """The weights file: `explicit`, else the one the provenance names -- `weights_file` (the demo
     engines), `gguf` (the llama.cpp recorder) or the single safetensors file in `model_dir` (the
     MLX recorder) -- relative paths taken from the capture's folder."""
@@ -199,6 +199,19 @@ def _weights_file(capture: Capture, explicit: Path | None) -> Path | None:
         if len(files) == 1:
             return files[0]
     return None
+
+
+def files_read(native: Capture, oracle: Capture, weights: str | None) -> dict[str, Path | None]:
+    """Every file a rerun or a diagnosis of this pair reads, by what it is: the captures and the
+    weights each side's reruns take (`weights`, else the file its capture references), none of
+    which an output may replace."""
+    explicit = None if weights is None else Path(weights)
+    return {
+        "native capture": native.path,
+        "oracle capture": oracle.path,
+        "native capture's weights file": referenced_weights(native, explicit),
+        "oracle capture's weights file": referenced_weights(oracle, explicit),
+    }
 
 
 @dataclass(frozen=True)
@@ -266,7 +279,7 @@ class WeightSource:
     def __init__(self, ops: CapturedOps, weights_path: Path | None = None) -> None:
         self.ops = ops
         self.named = weights_path is not None
-        self.path = _weights_file(ops.capture, weights_path)
+        self.path = referenced_weights(ops.capture, weights_path)
         self._records = {r.name: r for r in ops.capture.records if r.name.endswith(".weight")}
         self._file: dict[str, mx.array] | None = None
         self._gguf: GGUFHeader | None = None
@@ -476,7 +489,7 @@ def share_config(native: CapturedOps, oracle: CapturedOps) -> None:
     problems: list[str] = []
     if any(name not in {**recorded["native"], **recorded["oracle"]} for name in RERUN_CONFIG):
         for side in (native, oracle):
-            path = _weights_file(side.capture, None)
+            path = referenced_weights(side.capture, None)
             try:
                 from_files[side.side] = _usable(weights_file_config(path)) if path is not None else {}
             except ModelConfigError as exc:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from sessions.atomic_write import atomic_write_bytes
 from sessions.compare.align_modes import ALIGN_MODES
 from sessions.compare.tolerance_bounds import bound_problem, ulp_problem
 
@@ -73,6 +74,22 @@ def output_clash(outputs: Mapping[str, str | None], inputs: Mapping[str, str | P
         for other, earlier in named[:at]:
             if same_file(output, earlier) or Path(output).resolve() == Path(earlier).resolve():
                 return f"{other} and {option} both name {output}: each output needs a file of its own"
+    return None
+
+
+def write_outputs(outputs: Sequence[tuple[str | None, Callable[[], str]]]) -> str | None:
+    """Write each asked-for output (path, its text made only now), atomically: a folder, a missing
+    folder or a FIFO at the path is one line of problem (returned), never a traceback or a wait
+    for a reader. None when all were written."""
+    for path, text in outputs:
+        if not path:
+            continue
+        if Path(path).is_dir():
+            return f"cannot write {path}: it is a folder"
+        try:
+            atomic_write_bytes(Path(path), text().encode("utf-8"))
+        except OSError as exc:
+            return f"cannot write {path}: {exc.strerror or exc}"
     return None
 
 

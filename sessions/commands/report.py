@@ -19,6 +19,7 @@ from sessions.commands.arguments import (
     tolerance_bound,
     ulp_bound,
     whole_number,
+    write_outputs,
 )
 from sessions.compare.verdict import EXIT_UNUSABLE
 from sessions.printable import printable
@@ -205,8 +206,6 @@ def _report(args: argparse.Namespace, session: Investigation | None = None) -> i
         for capture in captures:
             capture.close()
     sys.stdout.write(render(comparison, args.top, full=args.full))
-    from sessions.atomic_write import atomic_write_bytes
-
     outputs: list[tuple[str, Callable[[], str]]] = []
     if args.json:
         outputs.append((args.json, lambda: dumps(comparison)))
@@ -214,10 +213,8 @@ def _report(args: argparse.Namespace, session: Investigation | None = None) -> i
         from sessions.report.html_page import render_html
 
         outputs.append((args.html, lambda: render_html(comparison, session)))
-    for path, text in outputs:
-        try:
-            atomic_write_bytes(Path(path), text().encode("utf-8"))
-        except OSError as exc:
-            print(f"parity-xray report: cannot write {path}: {exc}", file=sys.stderr)
-            return EXIT_UNUSABLE
+    problem = write_outputs(outputs)
+    if problem is not None:
+        print(f"parity-xray report: {problem}", file=sys.stderr)
+        return EXIT_UNUSABLE
     return comparison.verdict.exit_code

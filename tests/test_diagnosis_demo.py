@@ -20,7 +20,9 @@ from backends.diagnosis.classify import Locality
 from backends.diagnosis.run import DiagnoseOptions, Diagnosis, iter_diagnose
 from backends.rerun.segment import RerunSession
 from sessions.capture.opening import open_capture
+from sessions.compare.align_modes import POSITIONS
 from sessions.compare.key import OpKey
+from sessions.compare.options import CompareOptions
 from sessions.compare.profiles import STAGE_OF
 from sessions.compare.result_cache import iter_compare_cached
 from sessions.progress import Progress, run_to_end
@@ -30,9 +32,10 @@ from viewer.cli import main
 pytestmark = pytest.mark.slow
 
 
-def diagnose(pair: tuple[Path, Path], **options: object) -> Diagnosis:
+def diagnose(pair: tuple[Path, Path], compare: CompareOptions = CompareOptions(), **options: object) -> Diagnosis:
     with open_capture(pair[0]) as native, open_capture(pair[1]) as oracle:
-        return run_to_end(iter_diagnose(native, oracle, run_to_end(iter_compare_cached(native, oracle)), DiagnoseOptions(**options)))  # type: ignore[arg-type]
+        comparison = run_to_end(iter_compare_cached(native, oracle, compare))
+        return run_to_end(iter_diagnose(native, oracle, comparison, DiagnoseOptions(**options)))  # type: ignore[arg-type]
 
 
 def causes(diagnosis: Diagnosis) -> dict[str, str]:
@@ -51,6 +54,15 @@ def test_attention_contract_is_local_at_the_visual_sdpa_and_the_single_range_can
         "on these inputs is `attn.f32.tiled64x64`. Against the float64 reference the oracle's route is closer to exact."
     )
     assert found.notes == ["Stopped after 1 local op(s); 104 later diverged op(s) were not classified (--all classifies every one)."]
+
+
+def test_paired_by_position_the_attention_contract_is_named_as_paired_by_calls(demo_pairs: dict) -> None:
+    (by_calls,) = diagnose(demo_pairs["attention-contract"]).ops
+    (by_position,) = diagnose(demo_pairs["attention-contract"], CompareOptions(alignment=POSITIONS)).ops
+    assert by_position.key == OpKey(0, "visual", 0, "sdpa", positions=(5, 77))
+    assert (by_position.native_declared, by_position.native_ran) == (by_calls.native_declared, by_calls.native_ran) == (
+        "attn.bf16.single_range", "attn.bf16.single_range"
+    )
 
 
 def test_swiglu_order_is_local_at_ffn_act_and_reproduced_by_the_natives_order(demo_pairs: dict) -> None:

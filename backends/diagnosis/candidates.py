@@ -246,7 +246,7 @@ def _threads(ops: CapturedOps) -> int | None:
 
 def declared_contract(session: RerunSession, side: str, key: OpKey) -> str:
     """The contract `side`'s record says it ran (its `effective_contract_id`), or ''."""
-    mapped = session.captured[side].find(key.step, key.segment, key.layer, key.op)
+    mapped = session.captured[side].find(key.step, key.segment, key.layer, key.op, key.positions)
     return "" if mapped is None else mapped.record.effective_contract_id or ""
 
 

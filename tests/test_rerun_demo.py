@@ -13,6 +13,7 @@ from backends.rerun.segment import RerunOptions, iter_rerun, rerun_target
 from sessions.capture.opening import open_capture
 from sessions.compare.align import align
 from sessions.compare.comparison import iter_compare
+from sessions.compare.options import CompareOptions
 from sessions.compare.profiles import builtin_profiles
 from sessions.progress import Progress, run_to_end
 
@@ -123,6 +124,9 @@ def test_a_rerun_saved_as_a_capture_opens_and_aligns_with_the_oracle(demo_pairs:
         events = rerun.dispatch
         assert len(events) == 4 and set(events["head_count"].tolist()) == {5, 1}
         assert set(events["kv_heads"].tolist()) == {2} and set(events["q_heads"].tolist()) == {12}
+        assert {(r.contract_id, r.effective_contract_id) for r in rerun.records} == {("", "")}
+        with open_capture(demo_pairs["head-chunk"][1]) as oracle:
+            assert run_to_end(iter_compare(rerun, oracle, CompareOptions(native_profile="canonical"))).contracts.findings == []
 
 
 def test_missing_inputs_are_named_with_the_layer_and_side(demo_pairs: dict, tmp_path: Path) -> None:

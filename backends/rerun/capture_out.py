@@ -61,8 +61,10 @@ def save_rerun(result: RerunResult, path: str | Path) -> Path:
                 layer=key.layer,
                 dtype=op.dtype,
                 kernel_id=f"rerun.{key.op}",
-                contract_id=op.route[:64],
-                effective_contract_id=op.route[:64],
+                # No contract: the route is words ("attn.f32.tiled64x64, 1 unchunked call"), and an
+                # engine's contract ids follow its own conventions; a rerun's routes are in its provenance.
+                contract_id="",
+                effective_contract_id="",
             )
             q_heads, kv_heads, head_dim = op.heads or (0, 0, 0)
             add_dispatch_events(

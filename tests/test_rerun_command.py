@@ -45,10 +45,14 @@ def test_the_command_exits_1_when_the_rerun_does_not_reproduce_its_route_side(de
 
 
 @pytest.mark.slow
-def test_the_command_names_what_is_missing_and_exits_2(demo_pairs: dict, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_command_names_an_op_the_comparison_did_not_pair_and_exits_2(demo_pairs: dict, capsys: pytest.CaptureFixture[str]) -> None:
     native, oracle = demo_pairs["clean"]
     assert main(["rerun", str(native), str(oracle), "--op", "0:visual:7:sdpa", "--from", "native"]) == 2
-    assert "SDPA rerun needs q, k and v of layer 7; the native capture has no q, k and v" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        "parity-xray rerun: 0:visual:7:sdpa is not an aligned op of this comparison (report lists them; a rerun reads the records it paired)\n"
+    )
+    assert main(["rerun", str(native), str(oracle), "--op", "0:visual:0:sdpa@5-76"]) == 2
+    assert "0:visual:0:sdpa@5-76 is not an aligned op of this comparison" in capsys.readouterr().err
     assert main(["rerun", str(native), str(oracle), "--op", "visual:0:sdpa"]) == 2
     assert "is not STEP:SEGMENT:LAYER:OP" in capsys.readouterr().err
 

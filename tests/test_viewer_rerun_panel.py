@@ -60,12 +60,12 @@ def test_cancel_stops_the_rerun_and_says_so(qtbot, panel: RerunPanel) -> None:  
     assert not panel.save_button.isEnabled()
 
 
-def test_a_missing_input_is_shown_as_a_message(qtbot, panel: RerunPanel) -> None:  # type: ignore[no-untyped-def]
+def test_a_key_the_comparison_did_not_pair_is_shown_as_a_message(qtbot, panel: RerunPanel) -> None:  # type: ignore[no-untyped-def]
     panel.set_key("0:visual:4:sdpa")
     with qtbot.waitSignal(panel.failed, timeout=60_000) as failed:
         panel.run()
-    assert "SDPA rerun needs q, k and v of layer 4; the oracle capture has no q, k and v" in failed.args[0]
-    assert panel.status.text().startswith("The rerun could not run: SDPA rerun needs")
+    assert "0:visual:4:sdpa is not an aligned op of this comparison" in failed.args[0]
+    assert panel.status.text().startswith("The rerun could not run: 0:visual:4:sdpa is not an aligned op")
 
 
 def test_a_first_difference_of_signed_zeros_alone_says_both_sides_are_equally_close(qtbot, demo_pairs: dict) -> None:  # type: ignore[no-untyped-def]

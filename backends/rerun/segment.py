@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -349,10 +350,27 @@ class RerunSession:
             self._weights[(side, path)] = found
         return found
 
+    @cached_property
+    def _aligned(self) -> set[OpKey]:
+        return {pair.key for pair in self.comparison.pairs}
+
+    def _check_aligned(self, target: OpKey, segment_ops: tuple[str, ...]) -> None:
+        """RerunInputError unless the comparison paired `target` (a segment: one of its ops): a
+        rerun reads the records it paired, so an op it did not pair (a typo, a step after EOS, a
+        key made by position under calls) would be reported as inputs the capture lacks."""
+        if target.op in SEGMENTS:
+            place = (target.step, target.segment, target.layer)
+            if any((k.step, k.segment, k.layer) == place and k.op in segment_ops for k in self._aligned):
+                return
+        elif target in self._aligned:
+            return
+        raise RerunInputError(f"{target.text()} is not an aligned op of this comparison (report lists them; a rerun reads the records it paired)")
+
     def iter_rerun(self, target: OpKey, options: RerunOptions = RerunOptions()) -> ProgressGenerator[RerunResult]:
         """One rerun of `target` (see `iter_rerun`)."""
         device = ops.device_of(options.device)
         segment_ops = SEGMENTS.get(target.op, (target.op,))
+        self._check_aligned(target, segment_ops)
         route_side = options.route_from or options.source
         other_side = next(side for side in SIDES if side != options.source)
         source = self.captured[options.source]

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends.diagnosis.candidates import candidate_inputs, record_bits, run_candidate
+from backends.diagnosis.candidates import candidate_inputs, compare_bits, record_bits, run_candidate
 from backends.diagnosis.classify import classify
 from backends.diagnosis.registry import REGISTRY
 from backends.rerun.segment import RerunSession
@@ -254,3 +254,17 @@ def test_a_batched_flash_call_chooses_its_kernel_by_the_rows_of_each_request(lla
         one_stream = run_candidate(flash, replace(inputs, streams=1), native_bits).vs_native
     assert per_stream is not None and per_stream.bit_exact
     assert one_stream is not None and not one_stream.bit_exact
+
+
+def test_a_nan_against_a_number_is_named_never_shown_as_zero_ulp_and_ranks_behind_a_finite_difference() -> None:
+    numbers = np.array([0x3F80, 0x4000, 0x3F80, 0x4000], np.uint16)
+    all_nan = compare_bits(np.full(4, 0x7FC0, np.uint16), numbers, "bfloat16")
+    assert (all_nan.text(), all_nan.short()) == ("4 of 4 differ, each a NaN against a number (no ULP distance)", "4 NaN vs number")
+    one_nan = numbers.copy()
+    one_nan[0], one_nan[1] = 0x7FC0, 0x4001
+    mixed = compare_bits(one_nan, numbers, "bfloat16")
+    assert mixed.short() == "2 differ · 1 NaN · max 1 ULP"
+    far = numbers.copy()
+    far[:2] = (0x4100, 0x4200)
+    finite = compare_bits(far, numbers, "bfloat16")
+    assert finite.closeness() < mixed.closeness() and finite.max_ulp is not None and finite.max_ulp > 1

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from backends.diagnosis.candidates import ErrorFigure
 from backends.rerun import ops as rerun_ops
 from backends.rerun.capture_out import save_rerun
 from backends.rerun.inputs import RerunInputError, files_read
@@ -34,10 +35,13 @@ from sessions.compare.json_plain import plain
 from sessions.compare.options import CompareOptions
 from sessions.compare.profiles import ProfileError
 from sessions.compare.result_cache import iter_compare_cached
+from sessions.compare.tensor_diff import TensorMetrics
 from sessions.printable import printable
 from sessions.progress import run_to_end
 
 EXIT_REPRODUCED, EXIT_DIFFERS, EXIT_UNUSABLE = 0, 1, 2
+FIGURE_WIDTH = 34
+"""A figure column's width: "27,961 differ · max 29,937 ULP", a real op's, fits with room."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -89,12 +93,8 @@ def result_to_dict(result: RerunResult) -> dict[str, Any]:
     }
 
 
-def _metric_text(metrics: Any) -> str:
-    if metrics is None:
-        return "not captured"
-    if metrics.bit_exact:
-        return "bit-exact"
-    return f"{metrics.differing} differ, max {metrics.max_ulp} ULP"
+def _metric_text(metrics: TensorMetrics | None) -> str:
+    return "not captured" if metrics is None else ErrorFigure.of(metrics).short()
 
 
 def render(result: RerunResult) -> str:
@@ -102,13 +102,13 @@ def render(result: RerunResult) -> str:
         f"rerun of {result.target.text()} from the {result.options.source} capture's inputs",
         f"device {result.device} (MLX {result.mlx_version}); route: {'; '.join(result.route_sources)}",
         "",
-        f"{'op':<14} {'route':<44} {'native vs oracle':<24} {'rerun vs native':<24} {'rerun vs oracle':<24} closer to exact",
+        f"{'op':<14} {'route':<44} {'native vs oracle':<{FIGURE_WIDTH}} {'rerun vs native':<{FIGURE_WIDTH}} {'rerun vs oracle':<{FIGURE_WIDTH}} closer to exact",
     ]
     for op in result.ops:
         closer = op.closer + ("" if op.inputs_agree is not False else " (inputs differ)")
         lines.append(
-            f"{op.key.op:<14} {op.route[:44]:<44} {_metric_text(op.three_way['native vs oracle']):<24} "
-            f"{_metric_text(op.three_way['rerun vs native']):<24} {_metric_text(op.three_way['rerun vs oracle']):<24} {closer}"
+            f"{op.key.op:<14} {op.route[:44]:<44} {_metric_text(op.three_way['native vs oracle']):<{FIGURE_WIDTH}} "
+            f"{_metric_text(op.three_way['rerun vs native']):<{FIGURE_WIDTH}} {_metric_text(op.three_way['rerun vs oracle']):<{FIGURE_WIDTH}} {closer}"
         )
         for routed in op.calls:
             call = routed.call

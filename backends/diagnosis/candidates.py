@@ -43,6 +43,9 @@ class ErrorFigure:
     nmse: float
     signed_zero_only: bool
     """Every differing element is a +0/-0 swap."""
+    nan_mismatch: int = 0
+    """Differing elements NaN on one side only: they have no ULP distance and no error to sum, so
+    `max_ulp` and `nmse` describe the others alone."""
 
     @property
     def bit_exact(self) -> bool:
@@ -51,7 +54,7 @@ class ErrorFigure:
     @classmethod
     def of(cls, metrics: TensorMetrics) -> ErrorFigure:
         swaps = metrics.differing > 0 and metrics.signed_zero_only == metrics.differing
-        return cls(metrics.differing, metrics.size, metrics.max_ulp, float(metrics.nmse), swaps)
+        return cls(metrics.differing, metrics.size, metrics.max_ulp, float(metrics.nmse), swaps, metrics.nan_mismatch)
 
     def text(self) -> str:
         return self._words(short=False)
@@ -66,12 +69,16 @@ class ErrorFigure:
         count = f"{self.differing:,}" if short else f"{self.differing:,} of {self.size:,}"
         if self.signed_zero_only:
             return f"{count} ±0 swaps" if short else f"{count} differ, all +0/-0 swaps"
+        if self.nan_mismatch == self.differing:
+            return f"{count} NaN vs number" if short else f"{count} differ, each a NaN against a number (no ULP distance)"
+        nan = "" if not self.nan_mismatch else (f" · {self.nan_mismatch:,} NaN" if short else f" ({self.nan_mismatch:,} a NaN against a number)")
         ulp = "" if self.max_ulp is None else f"{' ·' if short else ','} max {self.max_ulp:,} ULP"
-        return f"{count} differ{ulp}" + ("" if short else f", NMSE {self.nmse:.3g}")
+        return f"{count} differ{nan}{ulp}" + ("" if short else f", NMSE {self.nmse:.3g}")
 
-    def closeness(self) -> tuple[int, int, float]:
-        """Ranking key, smaller is closer: fewest differing elements, then smallest max ULP, then NMSE."""
-        return self.differing, self.max_ulp if self.max_ulp is not None else 1 << 62, self.nmse
+    def closeness(self) -> tuple[int, int, int, float]:
+        """Ranking key, smaller is closer: fewest differing elements, then fewest NaN against a
+        number, then smallest max ULP, then NMSE."""
+        return self.differing, self.nan_mismatch, self.max_ulp if self.max_ulp is not None else 1 << 62, self.nmse
 
 
 def compare_bits(a: np.ndarray, b: np.ndarray, logical: str) -> ErrorFigure:

@@ -71,6 +71,8 @@ def test_report_takes_the_policy_and_every_output_says_which_ops_passed(tmp_path
     [
         ('[[rule]]\nmax_ulp = 1\n', "rule 1: a rule needs `op`"),
         ('[[rule]]\nop = "logits"\nmax_ulps = 1\n', "rule 1: unknown key(s) max_ulps"),
+        ('[[rule]]\nop = "ffn_actt"\nmax_ulp = 1000\n', "rule 1: op 'ffn_actt' is not a canonical op (attn_norm, attn_probs,"),
+        ('[[rule]]\nop = "ffn_act"\ndtype = "bf16"\nmax_ulp = 1\n', "rule 1: dtype 'bf16' is not a capture dtype (bfloat16, bool,"),
         ('[[rule]]\nmatch = "(unclosed"\n', "rule 1: match '(unclosed' is not a regular expression"),
         ('[[rule]]\nop = "logits"\nmax_ulp = -1\n', f"rule 1: max_ulp must be a whole number from 0 to {2**63 - 1}, not -1"),
         ('[[rule]]\nop = "logits"\nmax_ulp = 18446744073709551616\n', f"rule 1: max_ulp must be a whole number from 0 to {2**63 - 1}, not 18446744073709551616"),

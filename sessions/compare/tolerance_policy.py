@@ -30,7 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sessions.bits.dtypes import LOGICAL_DTYPES
 from sessions.compare.key import OpKey
+from sessions.compare.profiles import CANONICAL_OPS
 from sessions.compare.tensor_diff import Tolerance
 from sessions.compare.tolerance_bounds import bound_problem, ulp_problem
 from sessions.side_file import parse_problem, read_side_file
@@ -102,6 +104,10 @@ def _rule(table: object, where: str, named: bool) -> ToleranceRule:
     for name, value in names.items():
         if not isinstance(value, str) or not value:
             raise PolicyError(f"{where}: {name} must be a non-empty string, not {value!r}")
+    if "op" in names and names["op"] not in CANONICAL_OPS:
+        raise PolicyError(f"{where}: op {names['op']!r} is not a canonical op ({', '.join(sorted(CANONICAL_OPS))})")
+    if "dtype" in names and names["dtype"] not in LOGICAL_DTYPES:
+        raise PolicyError(f"{where}: dtype {names['dtype']!r} is not a capture dtype ({', '.join(sorted(LOGICAL_DTYPES))})")
     if named and "op" not in names and "match" not in names:
         raise PolicyError(f"{where}: a rule needs `op` (a canonical op name) or `match` (a regex over keys like 0:visual:0:sdpa)")
     if "match" in names:

@@ -13,8 +13,10 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from sessions.capture.identity import identity_of_file
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.writer import CaptureWriter
+from sessions.investigation.model import Investigation
 
 
 def bf16_bits(values: list[float] | np.ndarray) -> np.ndarray:
@@ -107,3 +109,11 @@ def policy_file(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "policy.toml"
     path.write_text(text, encoding="utf-8")
     return path
+
+
+def pair_session(native: Path, oracle: Path, title: str) -> Investigation:
+    """A new investigation of the pair, each capture named by its identity, as the window makes one."""
+    session = Investigation(title=title)
+    session.add_capture("native", native, identity_of_file(native))
+    session.add_capture("oracle", oracle, identity_of_file(oracle))
+    return session

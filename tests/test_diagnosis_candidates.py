@@ -16,7 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends.diagnosis.candidates import candidate_inputs, compare_bits, record_bits, run_candidate
+from backends.diagnosis.candidates import (
+    candidate_inputs,
+    compare_bits,
+    record_bits,
+    run_candidate,
+)
 from backends.diagnosis.classify import classify
 from backends.diagnosis.registry import REGISTRY
 from backends.rerun.segment import RerunSession

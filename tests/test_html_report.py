@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from sessions.capture.identity import identity_of_file
 from sessions.capture.opening import open_capture
 from sessions.commands import report as report_command
 from sessions.compare.comparison import iter_compare
@@ -21,6 +20,7 @@ from sessions.investigation.model import Investigation, RecordRef
 from sessions.investigation.store import SessionDocument
 from sessions.progress import run_to_end
 from sessions.report.html_page import PNG_SIGNATURE, bits_of, png_data_uri, render_html
+from tests.hand_captures import pair_session
 
 pytestmark = pytest.mark.slow
 
@@ -115,9 +115,7 @@ def test_headless_html_report_from_a_pair_and_from_a_session(tmp_path: Path, dem
     assert report_command.run(parser.parse_args([str(native), str(oracle), "--html", str(out)])) == EXIT_FAILED
     assert "DIVERGENCE: first diverged at" in out.read_text()
 
-    session = Investigation(title="from a session")
-    session.add_capture("native", native, identity_of_file(native))
-    session.add_capture("oracle", oracle, identity_of_file(oracle))
+    session = pair_session(native, oracle, "from a session")
     session.add_bookmark(OpKey(0, "visual", 0, "ffn_act"), "the SwiGLU order")
     document = SessionDocument(session)
     document.save_as(tmp_path / "s.xray")
@@ -135,9 +133,7 @@ def test_escape_sequences_in_a_sessions_title_note_and_override_never_reach_the_
     tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], capsys: pytest.CaptureFixture[str]
 ) -> None:
     native, oracle = demo_pairs["swiglu-order"]
-    session = Investigation(title="title\x1b[2J")
-    session.add_capture("native", native, identity_of_file(native))
-    session.add_capture("oracle", oracle, identity_of_file(oracle))
+    session = pair_session(native, oracle, "title\x1b[2J")
     session.add_bookmark(OpKey(0, "text-before", 0, "ffn_act\x1b[31m"), "line one\nline two\x07")
     forged = RecordRef("native", RecordKey(0, "text-before", 0, "\x1b[31mnoSuch"))
     session.add_override("pair", forged, RecordRef("oracle", RecordKey(0, "text-before", 0, "model.layers.0.mlp.swiglu")), "\x1b[Hwipe")

@@ -13,17 +13,16 @@ import h5py
 import ml_dtypes
 import numpy as np
 import pytest
-from hand_captures import T, bf16_bits, write_capture
+from hand_captures import T, bf16_bits, pair_session, write_capture
 
 from sessions.capture import format as cf
-from sessions.capture.identity import identity_of_file
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.writer import CaptureWriter
 from sessions.commands import report as report_command
 from sessions.compare.document import ReportFormatError, loads
 from sessions.compare.json_plain import plain
 from sessions.compare.tensor_diff import TensorMetrics
-from sessions.investigation.model import Investigation
+from sessions.investigation.model import SavedTolerance
 from sessions.investigation.store import SessionDocument
 
 
@@ -274,9 +273,7 @@ def test_an_output_path_naming_an_input_is_refused_and_the_input_is_left_as_it_w
 
 
 def _session(folder: Path, native: Path, oracle: Path) -> Path:
-    session = Investigation(title="shared by a colleague")
-    session.add_capture("native", native, identity_of_file(native))
-    session.add_capture("oracle", oracle, identity_of_file(oracle))
+    session = pair_session(native, oracle, "shared by a colleague")
     path = folder / "s.xray"
     SessionDocument(session).save_as(path)
     return path
@@ -336,3 +333,25 @@ def test_a_report_piped_into_a_reader_that_stops_early_ends_without_a_traceback(
     child.stdout.close()  # as `| head -1` does once it has its line: the report's text meets a closed pipe
     _, err = child.communicate(timeout=120)
     assert (b"Traceback" in err, child.returncode) == (False, 141), err.decode()
+
+
+def test_a_sessions_per_op_tolerance_judges_that_op_and_says_so_and_an_unknown_op_is_refused(
+    demo_pairs: dict[str, tuple[Path, Path]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    native, oracle = demo_pairs["swiglu-order"]
+    session = pair_session(native, oracle, "per-op")
+    session.set_tolerance(SavedTolerance(max_ulp=1000), op="ffn_act")
+    SessionDocument(session).save_as(tmp_path / "s.xray")
+    assert _run(str(native), str(oracle), "--no-cache", "--json", str(tmp_path / "plain.json")) == 1
+    assert _run("--session", str(tmp_path / "s.xray"), "--no-cache", "--json", str(tmp_path / "session.json")) == 1
+    printed = capsys.readouterr().out
+    assert f"tolerance  bit-exact; per-op rules from session {tmp_path / 's.xray'}" in printed
+    plain_run, with_session = (loads((tmp_path / f"{name}.json").read_text()) for name in ("plain", "session"))
+    assert plain_run.verdict.first is not None and plain_run.verdict.first.key.op == "ffn_act"
+    assert with_session.verdict.first is not None and with_session.verdict.first.key.op == "ffn_down"
+    assert next(p for p in with_session.pairs if p.key.text() == "0:text-before:0:ffn_act").verdict == "within-tolerance"
+    document = json.loads((tmp_path / "s.xray").read_text())
+    document["session"]["tolerances"]["per_op"] = {"ffn_actt": document["session"]["tolerances"]["per_op"]["ffn_act"]}
+    (tmp_path / "s.xray").write_text(json.dumps(document))
+    assert _run("--session", str(tmp_path / "s.xray")) == 2
+    assert "/session/tolerances/per_op/ffn_actt: is not a canonical op (attn_norm," in capsys.readouterr().err

@@ -12,7 +12,9 @@ from pytestqt.qtbot import QtBot
 
 from sessions.commands import report as report_command
 from sessions.compare.verdict import DIVERGENCE, UNUSABLE, Kind
-from tests.hand_captures import one_ulp_pair, policy_file
+from sessions.investigation.model import SavedTolerance
+from sessions.investigation.store import SessionDocument
+from tests.hand_captures import one_ulp_pair, pair_session, policy_file
 from viewer.settings import ViewerSettings
 from viewer.tree.alignment_tree import PAIR_ROLE
 from viewer.window.main_window import MainWindow
@@ -155,4 +157,22 @@ def test_a_malformed_policy_is_refused_with_its_file_and_problem_and_one_broken_
     [banner] = win.banners.banners("comparison")
     assert str(policy) in banner.text and "Tolerance…" in banner.buttons
     assert win.model.comparison is None, "no verdict is shown that the policy did not judge"
+    win.close()
+
+
+@pytest.mark.slow
+def test_a_sessions_per_op_tolerance_is_applied_in_the_window_as_report_applies_it(
+    qtbot: QtBot, tmp_path: Path, demo_pairs: dict, capsys: pytest.CaptureFixture[str]
+) -> None:
+    native, oracle = demo_pairs["swiglu-order"]
+    session = pair_session(native, oracle, "per-op")
+    session.set_tolerance(SavedTolerance(max_ulp=2), op="ffn_act")
+    SessionDocument(session).save_as(tmp_path / "s.xray")
+    win = _window(qtbot, tmp_path)
+    assert win.session_file.open_session(tmp_path / "s.xray")
+    _compared(qtbot, win)
+    assert win.verdict_strip.word.text() == DIVERGENCE and win.verdict_strip.detail.text().startswith(f"first diverged at {NEXT}:")
+    assert _tree_kinds(win)[ADMITTED] == Kind.WITHIN_TOLERANCE
+    code, first_line = _report(["--session", str(tmp_path / "s.xray")], capsys)
+    assert code == 1 and first_line.startswith(f"{DIVERGENCE}: first diverged at {NEXT} (")
     win.close()

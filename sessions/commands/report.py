@@ -170,7 +170,7 @@ def _report(args: argparse.Namespace, session: Investigation | None = None) -> i
     from sessions.compare.options import CompareOptions
     from sessions.compare.profiles import ProfileError
     from sessions.compare.result_cache import iter_compare_cached
-    from sessions.compare.tolerance_policy import PolicyError, load_policy
+    from sessions.compare.tolerance_policy import PolicyError, load_policy, with_op_rules
     from sessions.progress import run_to_end
     from sessions.report.text import render
 
@@ -178,6 +178,7 @@ def _report(args: argparse.Namespace, session: Investigation | None = None) -> i
         policy = load_policy(args.tolerance_policy) if getattr(args, "tolerance_policy", None) else None
     except PolicyError as exc:
         return _unusable(args, f"unusable input: {exc}")
+    policy = with_op_rules(policy, getattr(args, "op_tolerances", {}), f"session {args.session}")
     options = CompareOptions(
         policy=policy,
         atol=args.atol,

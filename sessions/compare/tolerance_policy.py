@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,21 @@ class TolerancePolicy:
     def from_dict(cls, data: dict[str, Any]) -> TolerancePolicy:
         """The inverse of `dataclasses.asdict` (a policy crosses a process boundary inside the options)."""
         return cls(tuple(ToleranceRule(**r) for r in data.get("rules", ())), ToleranceRule(**data.get("default", {})), data.get("source", ""))
+
+
+def with_op_rules(policy: TolerancePolicy | None, per_op: Mapping[str, Tolerance], where: str) -> TolerancePolicy | None:
+    """`policy` with a rule for each canonical op of `per_op` (a session's own per-op tolerances)
+    ahead of its rules: the first rule that fits wins, so the session's word on an op counts over
+    a policy file's. `where` names them in reports. A bound of 0 is no bound, as everywhere."""
+    if not per_op:
+        return policy
+    rules = tuple(
+        ToleranceRule(*(None if bound == 0 else bound for bound in (t.atol, t.rtol, t.max_ulp)), op=op)  # type: ignore[misc]
+        for op, t in per_op.items()
+    )
+    if policy is None:
+        return TolerancePolicy(rules, source=where)
+    return TolerancePolicy(rules + policy.rules, policy.default, f"{where} and {policy.source}")
 
 
 def _number(value: object, where: str, name: str, whole: bool) -> float | int:

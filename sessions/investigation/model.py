@@ -23,6 +23,7 @@ from sessions.capture.format import ROLES
 from sessions.capture.identity import CaptureIdentity
 from sessions.compare.align import AlignOverride, ManualBreak, ManualPair
 from sessions.compare.key import OpKey, RecordKey
+from sessions.compare.tensor_diff import Tolerance
 
 if TYPE_CHECKING:
     pass
@@ -59,6 +60,11 @@ class SavedTolerance:
     rtol: float = 0.0
     nmse: float = 1e-7
     """llama.cpp test-backend-ops' default NMSE threshold."""
+
+    @property
+    def bounds(self) -> Tolerance:
+        """The comparison's tolerance of these thresholds (NMSE classifies, it bounds nothing)."""
+        return Tolerance(self.atol, self.rtol, self.max_ulp)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from typing import Any
 from sessions.capture.format import ROLES
 from sessions.capture.identity import CaptureIdentity
 from sessions.compare.key import OpKey, RecordKey
+from sessions.compare.profiles import CANONICAL_OPS
 from sessions.compare.tolerance_bounds import bound_problem, ulp_problem
 from sessions.investigation.model import (
     OVERRIDE_ACTIONS,
@@ -322,6 +323,9 @@ def _read_session(n: _Node) -> Investigation:
     default = _read_tolerance(tolerances.node("default"))
     per_op_node = tolerances.node("per_op")
     per_op = {op: _read_tolerance(per_op_node.node(op)) for op in list(per_op_node.value)}
+    unknown = next((op for op in per_op if op not in CANONICAL_OPS), None)
+    if unknown is not None:
+        raise per_op_node.fail(f"is not a canonical op ({', '.join(sorted(CANONICAL_OPS))})", unknown)
     per_op_node.done()
     policy = tolerances.get("policy", (str, type(None)))
     tolerances.done()

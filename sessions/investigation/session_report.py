@@ -47,5 +47,6 @@ def apply_session(args: argparse.Namespace) -> Investigation:
             setattr(args, name, value)
     if getattr(args, "tolerance_policy", None) is None and session.tolerance_policy is not None:
         args.tolerance_policy = str(session.tolerance_policy)
+    args.op_tolerances = {op: saved.bounds for op, saved in session.op_tolerances.items()}
     args.overrides = overrides_for_pair(session.overrides, refs["native"][0].id, refs["oracle"][0].id)
     return session

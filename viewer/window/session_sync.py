@@ -26,7 +26,7 @@ from sessions.compare.align import UnalignedRecord
 from sessions.compare.comparison import PairResult
 from sessions.compare.key import OpKey, RecordKey
 from sessions.compare.options import CompareOptions
-from sessions.compare.tolerance_policy import load_policy
+from sessions.compare.tolerance_policy import load_policy, with_op_rules
 from sessions.investigation.model import (
     Bookmark,
     CaptureRef,
@@ -170,7 +170,9 @@ class SessionSync(QObject):
         return replace(
             base,
             atol=tol.atol, rtol=tol.rtol, max_ulp=tol.max_ulp,
-            policy=None if policy is None else load_policy(policy),
+            policy=with_op_rules(
+                None if policy is None else load_policy(policy), {op: saved.bounds for op, saved in self.session.op_tolerances.items()}, "the session"
+            ),
             native_profile=profiles.get("native") or base.native_profile,
             oracle_profile=profiles.get("oracle") or base.oracle_profile,
             overrides=overrides,

@@ -8,6 +8,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import h5py
 import ml_dtypes
@@ -204,6 +205,8 @@ def test_documents_carry_derived_counts_non_finite_floats_as_strings_and_never_a
     [
         ("--max-ulp", "-3", f"argument --max-ulp: must be a whole number from 0 to {2**63 - 1}, not -3"),
         ("--max-ulp", str(2**64), f"argument --max-ulp: must be a whole number from 0 to {2**63 - 1}, not {2**64}"),
+        ("--max-ulp", "2.0", f"argument --max-ulp: must be a whole number from 0 to {2**63 - 1}, not 2.0"),
+        ("--atol", "small", "argument --atol: must be a finite number >= 0, not small"),
         ("--rtol", "-1", "argument --rtol: must be a finite number >= 0, not -1"),
         ("--atol", "nan", "argument --atol: must be a finite number >= 0, not nan"),
         ("--workers", "-1", "argument --workers: must be a whole number >= 0, not -1"),
@@ -355,3 +358,30 @@ def test_a_sessions_per_op_tolerance_judges_that_op_and_says_so_and_an_unknown_o
     (tmp_path / "s.xray").write_text(json.dumps(document))
     assert _run("--session", str(tmp_path / "s.xray")) == 2
     assert "/session/tolerances/per_op/ffn_actt: is not a canonical op (attn_norm," in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (lambda s: s["tolerances"].update(policy="missing.toml"), "/session/tolerances/policy: {folder}/missing.toml: cannot be read (No such file or directory)"),
+        (lambda s: s["tolerances"].update(policy=""), "/session/tolerances/policy: is an empty path (null means no policy)"),
+        (lambda s: s["captures"][0].update(profile="no-such-profile"), "/session/captures/0/profile: 'no-such-profile' is neither a built-in profile"),
+    ],
+)
+def test_a_sessions_unusable_policy_or_profile_is_named_by_the_session_file_and_the_place_in_it(
+    demo_pairs: dict[str, tuple[Path, Path]], tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: Any, problem: str
+) -> None:
+    SessionDocument(pair_session(*demo_pairs["clean"], "damaged by hand")).save_as(tmp_path / "s.xray")
+    document = json.loads((tmp_path / "s.xray").read_text())
+    edit(document["session"])
+    (tmp_path / "s.xray").write_text(json.dumps(document))
+    assert _run("--session", str(tmp_path / "s.xray")) == 2
+    assert capsys.readouterr().err.startswith(f"parity-xray report: unusable input: {tmp_path / 's.xray'}: {problem.format(folder=tmp_path)}")
+
+
+def test_a_session_schema_version_no_release_writes_is_damage_and_is_not_quoted_whole(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "s.xray").write_text('{"format": "parity-xray-session", "schema_version": ' + "9" * 4000 + "}")
+    assert _run("--session", str(tmp_path / "s.xray")) == 2
+    assert capsys.readouterr().err == (
+        f"parity-xray report: unusable input: {tmp_path / 's.xray'}: /schema_version: 999999999999... (4000 digits) is no version a Parity X-ray writes: the file is damaged\n"
+    )

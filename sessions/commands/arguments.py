@@ -21,7 +21,8 @@ def _checked(text: str, convert: Callable[[str], float | int], problem_of: Calla
     try:
         value = convert(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        # `--max-ulp 2.0` is a number, just not a whole one: say what the option takes.
+        raise argparse.ArgumentTypeError(f"{problem_of(text) or 'must be a number'}, not {text}") from None
     problem = problem_of(value)
     if problem is not None:
         raise argparse.ArgumentTypeError(f"{problem}, not {text}")

@@ -328,6 +328,8 @@ def _read_session(n: _Node) -> Investigation:
         raise per_op_node.fail(f"is not a canonical op ({', '.join(sorted(CANONICAL_OPS))})", unknown)
     per_op_node.done()
     policy = tolerances.get("policy", (str, type(None)))
+    if policy == "":
+        raise tolerances.fail("is an empty path (null means no policy)", "policy")
     tolerances.done()
     ids = Counter([c.id for c in captures] + [r.capture.id for r in reruns])
     duplicates = sorted(i for i, count in ids.items() if count > 1)
@@ -459,6 +461,10 @@ MIGRATIONS: dict[int, Callable[[dict[str, Any], str], dict[str, Any]]] = {1: upg
 """MIGRATIONS[v] upgrades a version-v document to v + 1; every version below SCHEMA_VERSION has one."""
 
 
+MAX_SCHEMA_VERSION = 1_000_000
+"""A newer release's version is a few above this one's; anything past this is damage, not the future."""
+
+
 def schema_version_of(document: Any, source: str) -> int:
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         found = document.get("format") if isinstance(document, dict) else type(document).__name__
@@ -466,6 +472,9 @@ def schema_version_of(document: Any, source: str) -> int:
     version = document.get("schema_version")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise SessionFormatError(source, "/schema_version", f"must be a positive integer, not {version!r}")
+    if version > MAX_SCHEMA_VERSION:
+        shown = str(version) if version < 10**20 else f"{str(version)[:12]}... ({len(str(version))} digits)"
+        raise SessionFormatError(source, "/schema_version", f"{shown} is no version a Parity X-ray writes: the file is damaged")
     return version
 
 

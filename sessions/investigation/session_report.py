@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from sessions.compare.profiles import ProfileError, resolve_profile
+from sessions.compare.tolerance_policy import PolicyError, load_policy
 from sessions.investigation.capture_gate import check_capture
 from sessions.investigation.model import Investigation, overrides_for_pair
 from sessions.investigation.store import SessionDocument, SessionOpenError
@@ -40,13 +42,22 @@ def apply_session(args: argparse.Namespace) -> Investigation:
             raise SessionReportError(f"{args.session}: {role} capture {status.message}")
         setattr(args, role, str(ref.path))
         if getattr(args, f"{role}_profile") is None and ref.profile:
+            try:
+                resolve_profile(ref.profile)
+            except ProfileError as exc:
+                raise SessionReportError(f"{args.session}: /session/captures/{session.captures.index(ref)}/profile: {exc}") from None
             setattr(args, f"{role}_profile", ref.profile)
     tolerance = session.tolerance
     for name, value in (("atol", tolerance.atol), ("rtol", tolerance.rtol), ("max_ulp", tolerance.max_ulp)):
         if getattr(args, name) is None and value:
             setattr(args, name, value)
     if getattr(args, "tolerance_policy", None) is None and session.tolerance_policy is not None:
-        args.tolerance_policy = str(session.tolerance_policy)
+        policy = folder / session.tolerance_policy  # a hand-written relative path is the session folder's
+        try:
+            load_policy(policy)
+        except PolicyError as exc:
+            raise SessionReportError(f"{args.session}: /session/tolerances/policy: {exc}") from None
+        args.tolerance_policy = str(policy)
     args.op_tolerances = {op: saved.bounds for op, saved in session.op_tolerances.items()}
     args.overrides = overrides_for_pair(session.overrides, refs["native"][0].id, refs["oracle"][0].id)
     return session

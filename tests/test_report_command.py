@@ -385,3 +385,16 @@ def test_a_session_schema_version_no_release_writes_is_damage_and_is_not_quoted_
     assert capsys.readouterr().err == (
         f"parity-xray report: unusable input: {tmp_path / 's.xray'}: /schema_version: 999999999999... (4000 digits) is no version a Parity X-ray writes: the file is damaged\n"
     )
+
+
+def test_captures_given_in_swapped_order_are_warned_about_on_every_surface(
+    demo_pairs: dict[str, tuple[Path, Path]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    native, oracle = demo_pairs["clean"]
+    assert _run(str(oracle), str(native), "--json", str(tmp_path / "r.json"), "--html", str(tmp_path / "r.html")) == 0
+    swapped = "the captures look swapped: the native one was recorded as the oracle and the oracle one as the native"
+    assert swapped in capsys.readouterr().out
+    assert any(w.startswith(swapped) for w in loads((tmp_path / "r.json").read_text()).provenance.warnings)
+    assert swapped in (tmp_path / "r.html").read_text()
+    assert _run(str(native), str(oracle), "--no-cache") == 0
+    assert swapped not in capsys.readouterr().out

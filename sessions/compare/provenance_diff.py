@@ -49,6 +49,11 @@ def diff_provenance(native: CaptureMeta, oracle: CaptureMeta) -> ProvenanceDiff:
     for name in ("prompt", "seed"):
         if not by_name[name].same:
             warnings.append(f"{name} differs between the runs: they did not compute the same request")
+    if (native.role, oracle.role) == ("oracle", "native"):
+        warnings.append(
+            "the captures look swapped: the native one was recorded as the oracle and the oracle one as the native "
+            "(give the engine under test first); every 'native' and 'oracle' here follows the order given"
+        )
     return ProvenanceDiff(fields, warnings, _summary(by_name))
 
 

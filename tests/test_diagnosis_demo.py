@@ -258,3 +258,18 @@ def test_diagnose_first_0_is_refused_rather_than_read_as_first_1(demo_pairs: dic
     with pytest.raises(SystemExit) as stopped:
         main(["diagnose", str(pair[0]), str(pair[1]), "--first", "0"])
     assert stopped.value.code == 2 and "argument --first: must be a whole number >= 1, not 0" in capsys.readouterr().err
+
+
+def test_a_budget_of_final_logits_at_parity_shares_out_nothing_and_says_so_as_its_json_does(demo_pairs: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    native, oracle = demo_pairs["signed-zero"]
+    assert main(["diagnose", str(native), str(oracle), "--all", "--json", str(tmp_path / "d.json")]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  0:text-before:0:ffn_act ")]
+    assert rows and "none (no final error to share out)" in rows[-1] and "0%" not in rows[-1]
+    budget = json.loads((tmp_path / "d.json").read_text())["budget"]
+    assert {row["share"] for row in budget["rows"]} == {None}
+
+
+def test_no_budget_without_all_is_refused(demo_pairs: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    native, oracle = demo_pairs["signed-zero"]
+    assert main(["diagnose", str(native), str(oracle), "--no-budget"]) == 2
+    assert capsys.readouterr().err == "parity-xray diagnose: --no-budget goes with --all (only --all shares out the final error)\n"

@@ -83,6 +83,9 @@ def _with_progress(work: ProgressGenerator[Diagnosis]) -> Diagnosis:
 
 def run(args: argparse.Namespace) -> int:
     outputs = {"--json": args.json, "--html": args.html}
+    if args.no_budget and not args.all:
+        print("parity-xray diagnose: --no-budget goes with --all (only --all shares out the final error)", file=sys.stderr)
+        return EXIT_UNUSABLE
     try:
         options = options_from(args)
         compare = CompareOptions(native_profile=args.native_profile, oracle_profile=args.oracle_profile, alignment=args.align)

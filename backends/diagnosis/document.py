@@ -44,9 +44,10 @@ def figure(value: ErrorFigure | None) -> str:
 def share_text(row: BudgetRow) -> str:
     if row.not_measured is not None:
         return f"not measured: {row.not_measured}"
-    if row.final is not None and row.final.bit_exact:
-        return "0% (the change does not reach the final logits)"
-    return "—" if row.share is None else f"{100 * row.share:.3g}%"
+    reaches = row.final is None or not row.final.bit_exact
+    if row.share is None:
+        return "—" if reaches else "none (no final error to share out)"
+    return f"{100 * row.share:.3g}%" if reaches else "0% (the change does not reach the final logits)"
 
 
 def candidate_line(result: CandidateResult) -> str:

@@ -151,7 +151,7 @@ def test_a_weight_of_the_wrong_shape_names_the_file_and_the_tensor(capture: Path
     )
 
 
-def test_a_directory_or_fifo_given_as_weights_is_named_as_what_it_is_without_opening_it(
+def test_a_directory_fifo_or_empty_file_given_as_weights_is_named_as_what_it_is_without_opening_it(
     capture: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     folder = tmp_path / "folder.safetensors"
@@ -160,6 +160,9 @@ def test_a_directory_or_fifo_given_as_weights_is_named_as_what_it_is_without_ope
     os.mkfifo(fifo)
     for path, kind in ((folder, "a directory"), (fifo, "a FIFO")):
         assert rerun(capture, path, capsys) == (2, f"parity-xray rerun: weights file {path} (named for this rerun) is {kind}, not a regular file\n")
+    empty = tmp_path / "empty.safetensors"
+    empty.touch()
+    assert rerun(capture, empty, capsys) == (2, f"parity-xray rerun: weights file {empty} (named for this rerun) is empty (0 bytes)\n")
 
 
 def test_a_config_json_beside_the_weights_is_read_only_when_it_is_a_small_regular_file(tmp_path: Path) -> None:

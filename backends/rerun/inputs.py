@@ -234,17 +234,17 @@ HEAD_NORM_WEIGHTS = ("q_norm", "k_norm")
 
 
 def _not_a_regular_file(path: Path) -> str | None:
-    """What `path` is when it is not a regular file ("is a directory"), without opening it:
-    opening a FIFO blocks until a writer comes, and /dev/zero never ends."""
+    """What `path` is when it is not a regular file with bytes in it ("is a directory", "is
+    empty"), without opening it: opening a FIFO blocks until a writer comes, and /dev/zero never ends."""
     try:
-        mode = os.stat(path).st_mode
+        status = os.stat(path)
     except FileNotFoundError:
         return "does not exist"
     except OSError as exc:
         return f"cannot be read ({exc.strerror})"
-    if stat.S_ISREG(mode):
-        return None
-    return f"is {file_kind(mode)}, not a regular file"
+    if not stat.S_ISREG(status.st_mode):
+        return f"is {file_kind(status.st_mode)}, not a regular file"
+    return "is empty (0 bytes)" if status.st_size == 0 else None
 
 
 def _safetensors_dtype(path: Path, name: str, fallback: str) -> str:

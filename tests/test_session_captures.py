@@ -101,6 +101,16 @@ def test_a_capture_path_no_file_system_takes_is_unreadable_with_a_short_message_
     assert len(status.message) < 300
 
 
+def test_a_capture_named_by_a_part_of_its_file_is_unreadable_not_opened_whole(tmp_path: Path) -> None:
+    native = write_capture(tmp_path / "native.h5", "native", 1)
+    session = Investigation(title="hand-edited")
+    ref = session.add_capture("native", native, identity_of_file(native), location="/no/such/group")
+    status = check_capture(ref, tmp_path)
+    assert (status.state, status.message) == (
+        CaptureState.UNREADABLE, f"{native}::/no/such/group: names a part of a file; this version opens whole captures only (location '/')"
+    )
+
+
 def test_a_moved_capture_is_reported_and_relinked_only_to_the_same_capture(investigation, tmp_path: Path) -> None:
     document, captures = investigation
     elsewhere = tmp_path / "elsewhere"

@@ -27,6 +27,10 @@ if TYPE_CHECKING:
     from sessions.investigation.model import CaptureRef, Investigation
 
 
+WHOLE_FILE = "/"
+"""The one `CaptureRef.location` this version opens: a capture is a whole HDF5 file."""
+
+
 class CaptureState(str, Enum):
     OK = "ok"
     MISSING = "missing"
@@ -87,6 +91,9 @@ def check_capture(ref: CaptureRef, session_dir: Path | None = None) -> CaptureSt
     """Compare one capture on disk with the identity the session saved for it."""
     from sessions.capture.reader import CaptureError
 
+    if ref.location != WHOLE_FILE:
+        message = f"{ref.uri}: names a part of a file; this version opens whole captures only (location {WHOLE_FILE!r})"
+        return CaptureStatus(ref.id, ref.role, ref.path, CaptureState.UNREADABLE, printable(message))
     try:
         present = ref.path.exists()
     except OSError as exc:  # a path no file system takes (too long, a NUL): a session is someone else's file

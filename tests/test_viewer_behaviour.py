@@ -85,6 +85,13 @@ def test_cancel_during_a_long_diff_stops_it_and_leaves_the_window_usable(
     assert any("cancelled" in text for text in window.banners.texts("comparison"))
     assert not window.progress.isVisible() and not window.cancel_button.isVisible()
     assert window.model.native is not None and window.model.oracle is not None
+    assert window.verdict_strip.word.text() == "Not compared"
+    assert window.verdict_strip.detail.text().startswith("the comparison was cancelled; open the pair again")
+    window.show_panel(1)
+    qtbot.waitUntil(lambda: window.overview.headline.text() == "Not compared: the comparison was cancelled", timeout=WAIT_MS)
+    assert window.tree.summary.text() == "Not compared: the comparison was cancelled"
+    window.jump_to_first_finding()
+    assert window.statusBar().currentMessage() == "Not compared: the comparison was cancelled"
 
     # Usable: the next pair opens and is compared to the end (a small one: the large pair's full
     # diff would take this test's every second again without showing anything more).

@@ -32,12 +32,16 @@ class PairModel(QObject):
         self.scale = "ULP"
         self.locality: dict[Any, str] = {}
         """Op key -> local / inherited / undetermined, from the last diagnosis of this comparison."""
+        self.not_compared: str | None = None
+        """Why the open pair has no comparison and none is coming (it was cancelled, it failed);
+        None while one may still come."""
 
     def set_captures(self, native: Capture | None, oracle: Capture | None) -> list[Capture]:
         """Replace the open pair; returns the captures no longer shown, for the caller to close."""
         old = [c for c in (self.native, self.oracle) if c is not None and c not in (native, oracle)]
         self.native, self.oracle = native, oracle
         self.comparison = None
+        self.not_compared = None
         self.selected = None
         self.locality = {}
         self.captures_changed.emit()
@@ -54,9 +58,21 @@ class PairModel(QObject):
 
     def set_comparison(self, comparison: Any) -> None:
         self.comparison = comparison
+        self.not_compared = None
         self.selected = None
         self.locality = {}
         self.comparison_changed.emit()
+
+    def stop_comparison(self, why: str) -> None:
+        """No comparison of the open pair is coming (`why`: it was cancelled, it failed), so no view
+        goes on saying one is running."""
+        self.set_comparison(None)
+        self.not_compared = why
+        self.comparison_changed.emit()
+
+    def waiting(self) -> str:
+        """What a view shows for the open pair while it has no comparison."""
+        return "Comparing…" if self.not_compared is None else f"Not compared: {self.not_compared}"
 
     def set_locality(self, locality: dict[Any, str]) -> None:
         """A diagnosis finished: each diagnosed op's cause, for every view that shows one."""

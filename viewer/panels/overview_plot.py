@@ -89,7 +89,7 @@ class OverviewPlot(QWidget):
                 scatter.clear()
             self.ulp_line.setData([], [])
             self.nmse_line.setData([], [])
-            self.headline.setText("Comparing…" if self._model.has_pair else "Open a pair to see where the runs part")
+            self.headline.setText(self._model.waiting() if self._model.has_pair else "Open a pair to see where the runs part")
             return
         series = cv.growth_series(comparison)
         self.points, self._position = series.pairs, series.position

@@ -499,19 +499,24 @@ class MainWindow(QMainWindow):
             lambda: cv.iter_compare_pair(native, oracle, options),
             on_success=self.model.set_comparison,
             on_failure=self._comparison_failed,
-            on_cancel=lambda: self.banners.show_message("comparison", "info", "Comparison cancelled. Open the pair again, or swap roles, to restart it."),
+            on_cancel=self._comparison_cancelled,
         )
+
+    def _comparison_cancelled(self) -> None:
+        self.model.stop_comparison("the comparison was cancelled")
+        self.banners.show_message("comparison", "info", "Comparison cancelled. Open the pair again, or swap roles, to restart it.")
 
     def _policy_unusable(self, problem: str) -> None:
         """The session's policy file cannot be used (moved, edited): no verdict, as `report` exits 2."""
         self.tasks.cancel_lane("compare")
-        self.model.set_comparison(None)
+        self.model.stop_comparison("the tolerance policy cannot be used")
         message = f"The tolerance policy cannot be used: {problem}"
         self.banners.show_message("comparison", "error", message, actions=[("Tolerance…", self.edit_tolerance)])
         self.verdict_strip.show_unusable(message)
 
     def _comparison_failed(self, message: str) -> None:
         """The pair cannot be compared (unreadable, or no profile knows its names): the verdict is UNUSABLE."""
+        self.model.stop_comparison("the comparison failed")
         self.offer_deep_check("comparison", f"The comparison failed: {message}")
         self.verdict_strip.show_unusable(message)
 
@@ -559,7 +564,7 @@ class MainWindow(QMainWindow):
         """Ctrl+J: the verdict's first finding, whatever its kind -- the same place the CLI names."""
         comparison = self.model.comparison
         if comparison is None:
-            self.statusBar().showMessage("Open a pair first.", 5000)
+            self.statusBar().showMessage(self.model.waiting() if self.model.has_pair else "Open a pair first.", 5000)
             return
         first = cv.first_finding(comparison)
         if first is None:

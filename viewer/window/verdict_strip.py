@@ -103,8 +103,10 @@ class VerdictStrip(QFrame):
         """What the strip says before there is a verdict. Shown from the start, so the panels
         below keep one height when a pair opens (a strip appearing then resized and redrew
         every plot: ~100 ms of the first paint)."""
+        if self._model.has_pair and self._model.not_compared is not None:
+            return "Not compared", f"{self._model.not_compared}; open the pair again, or swap roles, to compare it"
         if self._model.has_pair:
-            return "Comparing…", ""
+            return self._model.waiting(), ""
         if self._model.native is not None or self._model.oracle is not None:
             return "One capture open", "open the other run's capture to compare the two (Ctrl+O)"
         return "No pair open", "the verdict shows here once a native and an oracle capture are open"

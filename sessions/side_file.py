@@ -86,3 +86,11 @@ def parse_problem(exc: ValueError | RecursionError) -> str:
     if isinstance(exc, RecursionError):
         return "it nests deeper than a reader follows"
     return str(exc)
+
+
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether two paths name one file (a link, another spelling); False when either is not there."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False

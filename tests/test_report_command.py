@@ -6,6 +6,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -398,3 +399,16 @@ def test_captures_given_in_swapped_order_are_warned_about_on_every_surface(
     assert swapped in (tmp_path / "r.html").read_text()
     assert _run(str(native), str(oracle), "--no-cache") == 0
     assert swapped not in capsys.readouterr().out
+
+
+def test_one_file_given_as_both_sides_is_warned_about_and_an_equal_copy_is_not_even_from_the_cache(
+    demo_pairs: dict[str, tuple[Path, Path]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    oracle = demo_pairs["clean"][1]
+    copy = Path(shutil.copy2(oracle, tmp_path / "copy.h5"))
+    assert _run(str(oracle), str(oracle), "--json", str(tmp_path / "same.json")) == 0
+    same = "SAME FILE: the native and the oracle are one file, so every op is bit-exact whatever it holds"
+    assert capsys.readouterr().out.splitlines()[0] == f"WARNING: {same}"
+    assert loads((tmp_path / "same.json").read_text()).provenance.warnings[0] == same
+    assert _run(str(oracle), str(copy)) == 0
+    assert same not in capsys.readouterr().out

@@ -8,13 +8,13 @@ bound (a traceback, exit 1, read by CI as a divergence).
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from sessions.atomic_write import atomic_write_bytes
 from sessions.compare.align_modes import ALIGN_MODES
 from sessions.compare.tolerance_bounds import bound_problem, ulp_problem
+from sessions.side_file import same_file
 
 
 def _checked(text: str, convert: Callable[[str], float | int], problem_of: Callable[[object], str | None]) -> float | int:
@@ -52,14 +52,6 @@ def whole_number(minimum: int) -> Callable[[str], int]:
         return value
 
     return parse
-
-
-def same_file(a: str | Path, b: str | Path) -> bool:
-    """Whether two paths name one file (a link, another spelling); False when either is not there."""
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
 
 
 def output_clash(outputs: Mapping[str, str | None], inputs: Mapping[str, str | Path | None]) -> str | None:

@@ -170,7 +170,11 @@ def _report(args: argparse.Namespace, session: Investigation | None = None) -> i
     from sessions.compare.options import CompareOptions
     from sessions.compare.profiles import ProfileError
     from sessions.compare.result_cache import iter_compare_cached
-    from sessions.compare.tolerance_policy import PolicyError, load_policy, with_op_rules
+    from sessions.compare.tolerance_policy import (
+        PolicyError,
+        load_policy,
+        with_op_rules,
+    )
     from sessions.progress import run_to_end
     from sessions.report.text import render
 

@@ -81,6 +81,7 @@ from sessions.compare.verdict import (
 )
 from sessions.gc_pause import garbage_collection_paused
 from sessions.progress import Progress, ProgressGenerator
+from sessions.side_file import same_file
 
 READ_AHEAD_BYTES = 256 * 1024 * 1024
 """How far ahead of the comparison (both sides together) the kernel is asked to be reading."""
@@ -460,7 +461,7 @@ def _assemble(
         oracle_profile_identity=identify(oracle_profile),
         tolerance=options.tolerance,
         tolerance_policy=options.policy.source if options.policy is not None else "",
-        provenance=diff_provenance(native.meta, oracle.meta),
+        provenance=diff_provenance(native.meta, oracle.meta, same_file(native.path, oracle.path)),
         contracts=contracts,
         dispatch_differences=dispatch,
         pairs=results,

@@ -36,10 +36,14 @@ class ProvenanceDiff:
     """One line first: whether the runs are comparable at all, then what differs by design."""
 
 
-def diff_provenance(native: CaptureMeta, oracle: CaptureMeta) -> ProvenanceDiff:
+def diff_provenance(native: CaptureMeta, oracle: CaptureMeta, same_file: bool = False) -> ProvenanceDiff:
+    """`same_file`: both sides are one file (a link, another spelling), whose comparison with
+    itself is parity whatever it holds."""
     fields = [ProvenanceField(f, str(getattr(native, f)), str(getattr(oracle, f))) for f in FIELDS]
     by_name = {f.field: f for f in fields}
     warnings: list[str] = []
+    if same_file:
+        warnings.append("SAME FILE: the native and the oracle are one file, so every op is bit-exact whatever it holds")
     weights = by_name["weights_hash"]
     if weights.native and weights.oracle and not weights.same:
         warnings.append(f"WEIGHTS HASH MISMATCH: native {weights.native} vs oracle {weights.oracle}; the runs used different weights")

@@ -39,6 +39,7 @@ from sessions.compare.options import CompareOptions
 from sessions.compare.profile_identity import identify
 from sessions.compare.profiles import Profile
 from sessions.progress import Progress, ProgressGenerator
+from sessions.side_file import same_file
 
 CACHE_FORMAT = 6
 """4: an entry is the report document in lines (`document_lines`), metrics shared by identical
@@ -87,6 +88,7 @@ def cache_key(native: Capture, oracle: Capture, options: CompareOptions, profile
         "oracle": _identity_fields(oracle),
         "options": {**dataclasses.asdict(options), "workers": None},  # how many processes compare does not change the result
         "profiles": [dataclasses.asdict(identify(p)) for p in profiles],
+        "same_file": same_file(native.path, oracle.path),  # one file twice is warned about; two equal copies are not
     }
     return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
 

@@ -10,8 +10,13 @@ import pytest
 from PySide6.QtCore import QPointF
 from pytestqt.qtbot import QtBot
 
+from sessions.capture.opening import open_capture
+from sessions.compare.comparison import iter_compare
+from sessions.progress import run_to_end
 from tests.hand_captures import T, write_capture
+from viewer import comparison_view as cv
 from viewer.settings import ViewerSettings
+from viewer.tensor.tensor_loader import iter_prepare
 from viewer.window.main_window import MainWindow
 
 pytestmark = pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")
@@ -102,3 +107,19 @@ def test_zooming_back_out_drops_the_detail(qtbot: QtBot, shown: MainWindow) -> N
     view.plots["native"].setRange(xRange=(0, COLS), yRange=(0, ROWS), padding=0)
     qtbot.waitUntil(lambda: view.detail is None, timeout=5_000)
     assert view.detail_images["native"].image is None
+
+
+def test_values_at_float32s_limits_and_nans_are_drawn_without_a_numeric_warning(tmp_path: Path) -> None:
+    """pytest turns warnings into errors here, as the window's own run did into a 'could not be read' banner."""
+    sane = np.linspace(-1, 1, 64 * 64, dtype=np.float32).reshape(64, 64)
+    wild = sane.copy()
+    wild[0, :8] = [3.4e38, -3.4e38, np.inf, -np.inf, np.nan, 1e-45, -3.0e38, 3.0e38]
+    native = write_capture(tmp_path / "n.h5", "native", [T("layer_out", wild, layer=0), T("logits", wild, dtype="float32")])
+    oracle = write_capture(tmp_path / "o.h5", "oracle", [T("layer_out", sane, layer=0), T("logits", sane, dtype="float32")])
+    with open_capture(native) as n, open_capture(oracle) as o:
+        viewed = cv.ViewedComparison.of(run_to_end(iter_compare(n, o)), n, o)
+        pair = next(p for p in cv.pairs(viewed) if p.key.op == "layer_out")
+        request = cv.tensor_request(viewed, n, o, pair, None)
+        assert not isinstance(request, str)
+        shown = run_to_end(iter_prepare(request))
+    assert shown.differing == 8 and shown.rgba["absolute"].shape[:2] == (64, 64)

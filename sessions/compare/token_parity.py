@@ -67,7 +67,8 @@ def token_words(token: int | None, stop: bool) -> str:
 
 
 def logit_agreement(native_bits: np.ndarray, oracle_bits: np.ndarray, logical: str, k: int) -> StepLogits:
-    native, oracle = as_values(native_bits, logical).astype(np.float64), as_values(oracle_bits, logical).astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):  # a NaN or Inf logit is a value like any other here
+        native, oracle = as_values(native_bits, logical).astype(np.float64), as_values(oracle_bits, logical).astype(np.float64)
     n_top, o_top = top_k(native, native_bits, logical, k), top_k(oracle, oracle_bits, logical, k)
     identical = bool(np.array_equal(as_bit_pattern(native_bits, logical), as_bit_pattern(oracle_bits, logical)))
     if identical:

@@ -58,7 +58,8 @@ def levels_of(*images: np.ndarray, floor: float | None = None) -> tuple[float, f
 def to_rgba(image: np.ndarray, levels: tuple[float, float], lut: np.ndarray) -> np.ndarray:
     """Colour an image with a 256-entry RGBA table off the UI thread, so painting is a copy."""
     low, high = levels
-    index = np.clip((image - low) * (255.0 / (high - low)), 0, 255).astype(np.uint8)
+    with np.errstate(over="ignore", invalid="ignore"):  # values near float32's limits: clipped to the table's ends
+        index = np.clip((image - low) * (255.0 / (high - low)), 0, 255).astype(np.uint8)
     return lut[index]
 
 

@@ -158,9 +158,10 @@ def _iter_maps(n2: np.ndarray, o2: np.ndarray, dtype: str, factors: tuple[int, i
             worst = (float(ulp.flat[flat]), start + int(r), int(c))
         images["native"].append(block_mean(values_n, factors))
         images["oracle"].append(block_mean(values_o, factors))
-        images["absolute"].append(block_max(np.asarray(abs_err, dtype=np.float32), factors))
-        images["relative"].append(block_max(np.asarray(rel_err, dtype=np.float32), factors))
-        images["ULP"].append(block_max(np.log2(1.0 + ulp).astype(np.float32), factors))
+        with np.errstate(over="ignore", invalid="ignore"):  # an error past float32's range shows as inf, as it is
+            images["absolute"].append(block_max(np.asarray(abs_err, dtype=np.float32), factors))
+            images["relative"].append(block_max(np.asarray(rel_err, dtype=np.float32), factors))
+            images["ULP"].append(block_max(np.log2(1.0 + ulp).astype(np.float32), factors))
         yield Progress(stop, n2.shape[0], label)
     joined = {k: finite_for_display(np.concatenate(v, axis=0)) for k, v in images.items()}
     return _Maps(joined, abs_hist, differing, worst)

@@ -22,6 +22,7 @@ from sessions.capture.opening import open_capture
 from sessions.compare.align import align
 from sessions.compare.verdict import Kind
 from tests.hand_captures import T, bf16_bits, write_capture
+from viewer.comparison_view import unaligned_label
 from viewer.settings import ViewerSettings
 from viewer.tree.alignment_tree import UNALIGNED_ROLE
 from viewer.window.main_window import MainWindow
@@ -218,6 +219,13 @@ def test_post_eos_steps_are_marked_and_greyed_in_token_parity(qtbot: QtBot, wind
     assert grey == "#7d8694"
     window.show_panel(2)
     shoot(window, artifacts_dir, "token-parity-post-eos")
+    post_eos = window.model.comparison.comparison.post_eos_unaligned
+    assert post_eos and window.tree.summary.text().startswith("222 aligned ops, 222 bit-exact; 0 unaligned;"), "the count report's ops line gives"
+    branch = window.tree.row_index(f"Post-EOS records without a partner ({len(post_eos)}: invalid, not failures)")
+    assert branch.isValid() and branch.siblingAtColumn(1).data() == Kind.POST_EOS
+    window.tree.view.expand(branch)
+    first = window.tree.row_index(unaligned_label(post_eos[0]))
+    assert first.isValid() and first.siblingAtColumn(1).data() == Kind.POST_EOS
 
 
 def test_dropping_two_files_takes_roles_from_their_hints_and_swap_flips_them(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:

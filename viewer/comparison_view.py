@@ -123,6 +123,8 @@ TreePath = tuple[int, str, "int | str"]
 """Where a pair sits in the alignment tree: (step, segment, layer), or for a model-level op
 "before"/"after" in place of the layer."""
 UNALIGNED_BRANCH = "unaligned"
+POST_EOS_BRANCH = "post-eos unaligned"
+"""Records after the shared EOS step without a partner: shown, as `report` lists them, never as findings."""
 BY_DESIGN_STATUS = "by design"
 """The tree's status for an unaligned record the runs hold differently by design (`BY_DESIGN`):
 not a finding, so not the failing look of Kind.UNALIGNED."""
@@ -143,6 +145,11 @@ class TreeGroup:
     children: dict[Any, TreeGroup] = field(default_factory=dict)
     pairs: list[PairResult] = field(default_factory=list)
     records: list[UnalignedRecord] = field(default_factory=list)
+    records_status: str | None = None
+    """The status of every one of `records` (post-EOS), where their reason does not give it."""
+
+    def record_status(self, record: UnalignedRecord) -> str:
+        return self.records_status or unaligned_status(record)
 
     def child(self, part: Any, label: str) -> TreeGroup:
         found = self.children.get(part)
@@ -257,6 +264,11 @@ def tree_places(comparison: Comparison) -> TreePlaces:
                 group = root.find(where[:depth])
                 if group is not None:
                     group.worsen(Kind.UNALIGNED)  # where the missing partner would sit: a collapsed tree points there
+    if comparison.post_eos_unaligned:
+        count = len(comparison.post_eos_unaligned)
+        branch = root.child(POST_EOS_BRANCH, f"Post-EOS records without a partner ({count}: invalid, not failures)")
+        branch.records, branch.records_status = list(comparison.post_eos_unaligned), Kind.POST_EOS
+        branch.worsen(Kind.POST_EOS)
     return TreePlaces(root, path_of, "\n".join(lines))
 
 

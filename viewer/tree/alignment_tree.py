@@ -237,7 +237,7 @@ class AlignmentTree(QWidget):
             parent.appendRow(row)
             self._items[id(pair)] = row[0]
         for record in group.records:
-            row = self._row(cv.unaligned_label(record), cv.unaligned_status(record), "", cv.unaligned_reason(record))
+            row = self._row(cv.unaligned_label(record), group.record_status(record), "", cv.unaligned_reason(record))
             row[0].setData(record, UNALIGNED_ROLE)
             row[0].setToolTip(cv.unaligned_reason(record))
             self._unaligned_items[id(record)] = row[0]

@@ -520,3 +520,24 @@ def test_a_banner_with_details_opens_no_window_of_its_own_and_the_window_keeps_t
     qtbot.keyClick(win, Qt.Key.Key_J, Qt.KeyboardModifier.ControlModifier)
     assert win.statusBar().currentMessage() == "Open a pair first.", "Ctrl+J reached the window"
     win.close()
+
+
+def test_the_window_fits_a_1024_by_768_screen_with_every_panel(
+    qtbot: QtBot, tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], artifacts_dir: Path
+) -> None:
+    window = MainWindow(ViewerSettings(tmp_path / "small.ini"))
+    qtbot.addWidget(window)
+    window.resize(1024, 700)
+    window.show()
+    window.open_pair(*demo_pairs["attention-contract"])
+    wait_compared(qtbot, window)
+    for panel in range(window.tabs.count()):
+        window.show_panel(panel)
+        QApplication.processEvents()
+        least = window.minimumSizeHint()
+        assert least.width() <= 1024 and least.height() <= 700, (window.tabs.tabText(panel), least)
+    window.show_panel(0)
+    QApplication.processEvents()
+    assert (window.width(), window.height()) == (1024, 700)
+    assert window.grab().save(str(artifacts_dir / "viewer-1024x700.png"))
+    window.close()

@@ -94,6 +94,9 @@ class DiagnosisPanel(QWidget):
         self.scope = QComboBox()
         for value, label in SCOPES:
             self.scope.addItem(label, value)
+        # Sized to a short scope, not the longest: the panel's controls set the window's least width.
+        self.scope.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.scope.setMinimumContentsLength(12)
         self.run_button = QPushButton("Diagnose")
         self.cancel_button = QPushButton("Cancel")
         self.cancel_button.setEnabled(False)
@@ -101,6 +104,7 @@ class DiagnosisPanel(QWidget):
         self.show_inherited.setToolTip("Inherited ops did what the oracle's route does with their inputs; the local ones are where to look.")
         self.progress = QProgressBar()
         self.progress.setTextVisible(True)
+        self.progress.setMinimumWidth(40)  # it stretches over the row's free width; narrow only in a narrow window
         self.verdict = QLabel()
         self.verdict.setObjectName("diagnosisVerdict")
         self.verdict.setWordWrap(True)

@@ -53,6 +53,7 @@ class WorstOpsTable(QWidget):
         layout.setContentsMargins(8, 8, 8, 8)
         self.summary = QLabel("The worst ops appear once a pair is compared")
         self.summary.setObjectName("sectionTitle")
+        self.summary.setWordWrap(True)  # a long summary wraps: one line of it set the window's least width
         layout.addWidget(self.summary)
         self.table = read_only_table(COLUMNS)
         header = self.table.horizontalHeader()

@@ -75,6 +75,10 @@ from viewer.workers import TaskSlots
 
 TABS = ("Tensor diff", "Overview", "Token parity", "Provenance", "Dispatch timeline", "Rerun", "Diagnosis", "Worst ops")
 
+TREE_WIDTH = 420
+"""The alignment tree's width when the window opens: its op, ULP and differing columns whole."""
+TREE_MIN_WIDTH = 260
+"""As narrow as a user may make it, so the window fits a 1024-pixel screen or half of a wide one."""
 GIL_SWITCH_INTERVAL_S = 0.001
 """Painting runs hundreds of short Python callbacks; with a worker thread busy, each one may wait
 a whole switch interval for the interpreter lock (5 ms by default), which adds up to visible
@@ -195,11 +199,11 @@ class MainWindow(QMainWindow):
         dock = QDockWidget("Alignment", self)
         dock.setObjectName("alignmentDock")
         dock.setWidget(self.tree)
-        self.tree.setMinimumWidth(420)
+        self.tree.setMinimumWidth(TREE_MIN_WIDTH)
         dock.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetMovable | QDockWidget.DockWidgetFeature.DockWidgetFloatable)
         self.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, dock)
         self.tree_dock = dock
-        self.resizeDocks([dock], [360], Qt.Orientation.Horizontal)
+        self.resizeDocks([dock], [TREE_WIDTH], Qt.Orientation.Horizontal)
 
     def _build_bookmarks_dock(self) -> None:
         self.bookmarks = BookmarksPanel()

@@ -92,6 +92,8 @@ def test_cancel_during_a_long_diff_stops_it_and_leaves_the_window_usable(
     assert window.tree.summary.text() == "Not compared: the comparison was cancelled"
     window.jump_to_first_finding()
     assert window.statusBar().currentMessage() == "Not compared: the comparison was cancelled"
+    numbered = [plot.getAxis(side).style["showValues"] for plot in (*window.tensor_view.plots.values(), *window.tensor_view.errors.plots) for side in ("left", "bottom")]
+    assert not any(numbered), "empty maps and plots carry no made-up ticks"
 
     # Usable: the next pair opens and is compared to the end (a small one: the large pair's full
     # diff would take this test's every second again without showing anything more).
@@ -106,6 +108,8 @@ def test_cancel_during_a_long_diff_stops_it_and_leaves_the_window_usable(
     qtbot.waitUntil(lambda: window.model.comparison is not None and not window.tasks.busy, timeout=WAIT_MS)
     first = window.model.comparison.comparison.pairs[window.model.comparison.comparison.first_divergence]
     assert first.key.layer == 1 and first.metrics.differing == 1 and first.metrics.max_ulp == 1
+    qtbot.waitUntil(lambda: window.tensor_view.data is not None, timeout=WAIT_MS)
+    assert window.tensor_view.plots["difference"].getAxis("bottom").style["showValues"]
 
 
 def _comparing_child(qtbot: QtBot, window: MainWindow, large_pair: tuple[Path, Path]) -> int:

@@ -58,15 +58,18 @@ class ErrorPlots(pg.GraphicsLayoutWidget):
     def plots(self) -> tuple[pg.PlotItem, ...]:
         return (self.ulp_plot, self.abs_plot, self.row_plot, self.head_plot)
 
-    def clear_all(self) -> None:
+    def clear_all(self, values: bool = False) -> None:
+        """Empty every plot; `values`: whether the axes number an empty plot (they do not, so
+        an empty panel is not a stack of made-up ticks)."""
         for plot in self.plots:
             plot.clear()
             plot.enableAutoRange()
             for side in ("left", "bottom"):
                 plot.showAxis(side, True)
+                plot.getAxis(side).setStyle(showValues=values)
 
     def show_slice(self, data: TensorSlice) -> None:
-        self.clear_all()
+        self.clear_all(values=True)
         metrics = data.request.metrics
         histogram = np.asarray(metrics.ulp_histogram if metrics is not None else [], dtype=np.float64)
         used = int(np.nonzero(histogram)[0].max()) + 1 if histogram.any() else 1

@@ -270,6 +270,8 @@ class TensorView(QWidget):
             mark.clear()
         for plot in self.plots.values():
             plot.setVisible(True)
+            for side in ("left", "bottom"):
+                plot.getAxis(side).setStyle(showValues=False)  # no made-up ticks over maps with nothing in them
         self._drop_curves()
         self.errors.clear_all()
         self.inspector.clear()
@@ -287,6 +289,9 @@ class TensorView(QWidget):
         self._show_title()
         self.axes.set_shape(data.shape, data.spec)
         self.axes.setVisible(len(data.shape) >= 2)
+        for plot in self.plots.values():
+            for side in ("left", "bottom"):
+                plot.getAxis(side).setStyle(showValues=True)
         self._draw()
         self._fit_view()
         self.errors.show_slice(data)

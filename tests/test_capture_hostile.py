@@ -188,14 +188,14 @@ def test_index_row_pointing_at_a_dataset_of_another_shape_is_refused(tmp_path: P
     assert error.location == VICTIM and "has shape (4, 4); the index row says (16,)" in error.problem
 
 
-def test_truncated_files_are_refused(tmp_path: Path) -> None:
+def test_truncated_files_are_refused_saying_how_much_of_them_is_there(tmp_path: Path) -> None:
     whole = tmp_path / "whole.h5"
     base_capture(whole, records=40)
     data = whole.read_bytes()
     for keep in (len(data) // 3, len(data) - 100, 1000):
         cut = tmp_path / f"cut-{keep}.h5"
         cut.write_bytes(data[:keep])
-        assert "truncated" in refusal(cut).problem
+        assert refusal(cut).problem == f"cut short: {keep:,} of its {len(data):,} bytes are there (a copy or download that did not finish)"
 
 
 def test_garbage_file_is_refused(tmp_path: Path) -> None:

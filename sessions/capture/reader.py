@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -62,6 +63,9 @@ from sessions.capture.text_fields import (
     control_character,
 )
 from sessions.printable import printable
+
+_TRUNCATED = re.compile(r"truncated file: eof = (\d+),.*stored_eof = (\d+)")
+"""libhdf5's words for a file shorter than its superblock says: the bytes there and the bytes it should have."""
 
 
 class CaptureError(Exception):
@@ -611,6 +615,10 @@ def load_capture(path: Path, *, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> C
     try:
         file = h5py.File(path, "r", locking=False)
     except OSError as exc:
+        cut = _TRUNCATED.search(str(exc))
+        if cut is not None:
+            present, whole = int(cut.group(1)), int(cut.group(2))
+            raise CaptureError(path, "file", f"cut short: {present:,} of its {whole:,} bytes are there (a copy or download that did not finish)") from None
         raise CaptureError(path, "file", f"not a readable HDF5 file ({exc})") from None
     try:
         return Capture(path, file, memory_budget=memory_budget)

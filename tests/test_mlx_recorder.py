@@ -21,6 +21,7 @@ from backends.recorders.mlx_recorder import (
     iter_record_mlx,
     load_local_model,
 )
+from backends.recorders.model_config import hf_config
 from backends.recorders.record_schedule import (
     TokenSchedule,
     check_run_size,
@@ -223,6 +224,8 @@ def test_a_config_without_the_sizes_or_with_sizes_of_the_wrong_type_leaves_those
     check_run_size(schedule, 10**10, {"max_position_embeddings": "16", "num_hidden_layers": True, "vocab_size": -1}, 4, 1 << 30)
     with pytest.raises(ValueError, match="more than the model's context of 16"):
         check_run_size(schedule, 1, {"max_position_embeddings": 16}, 4, 1 << 30)
+    with pytest.raises(ValueError, match="more than the model's context of 32"):
+        check_run_size(schedule, 1, hf_config({"model_type": "qwen3_vl", "text_config": {"max_position_embeddings": 32}}), 4, 1 << 30)
 
 
 def test_ctrl_c_ends_a_recording_with_one_line_and_leaves_the_steps_written_so_far(model_dir: Path, tmp_path: Path) -> None:

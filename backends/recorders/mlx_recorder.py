@@ -226,7 +226,8 @@ def iter_record_mlx(
         outside = [t for t in schedule.prompt if vocab and t >= vocab]
         if outside:
             raise ModelDirError(f"{model_dir}: token id {outside[0]} is outside the model's vocabulary ({vocab} ids)")
-        check_run_size(schedule, batch, config, 4 if config.get("torch_dtype") == "float32" else 2, physical_memory())
+        sizes = hf_config(config)  # a multimodal model's language model keeps them in text_config
+        check_run_size(schedule, batch, sizes, 4 if sizes.get("torch_dtype") == "float32" else 2, physical_memory())
         digest = weights_sha256(model_dir)
         provenance = {
             "recorder": "parity-xray record mlx",

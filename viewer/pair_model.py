@@ -56,18 +56,13 @@ class PairModel(QObject):
     def has_pair(self) -> bool:
         return self.native is not None and self.oracle is not None
 
-    def set_comparison(self, comparison: Any) -> None:
+    def set_comparison(self, comparison: Any, not_compared: str | None = None) -> None:
+        """`not_compared`, with no comparison: why none is coming (it was cancelled, it failed),
+        so no view goes on saying one is running."""
         self.comparison = comparison
-        self.not_compared = None
+        self.not_compared = not_compared
         self.selected = None
         self.locality = {}
-        self.comparison_changed.emit()
-
-    def stop_comparison(self, why: str) -> None:
-        """No comparison of the open pair is coming (`why`: it was cancelled, it failed), so no view
-        goes on saying one is running."""
-        self.set_comparison(None)
-        self.not_compared = why
         self.comparison_changed.emit()
 
     def waiting(self) -> str:

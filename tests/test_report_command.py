@@ -412,3 +412,21 @@ def test_one_file_given_as_both_sides_is_warned_about_and_an_equal_copy_is_not_e
     assert loads((tmp_path / "same.json").read_text()).provenance.warnings[0] == same
     assert _run(str(oracle), str(copy)) == 0
     assert same not in capsys.readouterr().out
+
+
+def test_a_hand_written_relative_capture_path_is_the_session_folders_whatever_the_current_one(
+    demo_pairs: dict[str, tuple[Path, Path]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "investigation"
+    folder.mkdir()
+    for path in demo_pairs["swiglu-order"]:
+        shutil.copy2(path, folder / path.name)
+    SessionDocument(pair_session(*(folder / p.name for p in demo_pairs["swiglu-order"]), "by hand")).save_as(folder / "s.xray")
+    document = json.loads((folder / "s.xray").read_text())
+    for capture in document["session"]["captures"]:
+        capture["path"], capture["relative_path"] = Path(capture["path"]).name, None
+    (folder / "s.xray").write_text(json.dumps(document))
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert _run("--session", str(folder / "s.xray")) == 1
+    assert capsys.readouterr().out.startswith("DIVERGENCE: first diverged at 0:text-before:0:ffn_act")

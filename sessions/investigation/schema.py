@@ -276,10 +276,11 @@ def _read_capture(n: _Node) -> CaptureRef:
     role = n.text("role")
     if role not in ROLES:
         raise n.fail(f"unknown role {role!r}", "role")
+    path = Path(n.text("path"))
     ref = CaptureRef(
         n.text("id"),
         role,
-        Path(n.text("path")),
+        path if path.is_absolute() else Path(n.source).absolute().parent / path,  # hand-written: the session folder's
         identity,
         n.text("location"),
         n.text("profile"),

@@ -541,3 +541,14 @@ def test_the_window_fits_a_1024_by_768_screen_with_every_panel(
     assert (window.width(), window.height()) == (1024, 700)
     assert window.grab().save(str(artifacts_dir / "viewer-1024x700.png"))
     window.close()
+
+
+def test_shrunk_with_the_contract_card_open_the_inspector_scrolls_rather_than_draw_rows_over_each_other(
+    qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]]
+) -> None:
+    window.open_pair(*demo_pairs["attention-contract"])
+    wait_compared(qtbot, window)
+    window.resize(1024, 700)
+    QApplication.processEvents()
+    cells = list(window.tensor_view.inspector._cells.values())
+    assert cells and all(cell.height() >= cell.minimumSizeHint().height() for cell in cells)

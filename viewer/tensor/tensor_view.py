@@ -15,10 +15,12 @@ from PySide6.QtCore import QPointF, QRectF, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QButtonGroup,
     QComboBox,
+    QFrame,
     QHBoxLayout,
     QLabel,
     QMenu,
     QPushButton,
+    QScrollArea,
     QSizePolicy,
     QSpinBox,
     QSplitter,
@@ -240,8 +242,13 @@ class TensorView(QWidget):
         left.setSizes([560, 190])
         splitter.addWidget(left)
         self.inspector = ElementInspector()
-        self.inspector.setMinimumWidth(330)
-        splitter.addWidget(self.inspector)
+        # Scrolled, not squeezed: in a short window (the contract card open) its rows drew over one another.
+        inspector_area = QScrollArea()
+        inspector_area.setWidget(self.inspector)
+        inspector_area.setWidgetResizable(True)
+        inspector_area.setFrameShape(QFrame.Shape.NoFrame)
+        inspector_area.setMinimumWidth(330)
+        splitter.addWidget(inspector_area)
         splitter.setStretchFactor(0, 1)
         splitter.setSizes([900, 340])
         outer.addWidget(splitter, 1)

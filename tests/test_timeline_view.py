@@ -144,3 +144,10 @@ def test_a_llama_cpp_pair_is_coloured_by_what_ran_flash_attention_against_separa
     view.resize(1280, 720)
     qtbot.wait(50)
     view.grab().save(str(artifacts_dir / "timeline-llama-flash-vs-separate-ops-1280x720.png"))
+
+
+def test_by_call_the_axis_leaves_room_for_the_first_segments_label(qtbot, demo_pairs: dict) -> None:  # type: ignore[no-untyped-def]
+    with open_capture(demo_pairs["attention-contract"][0]) as n, open_capture(demo_pairs["attention-contract"][1]) as o:
+        view = _view(qtbot, build_timeline(n, o, run_to_end(iter_compare(n, o))))
+    first_box = float(view.model.boxes.x0.min())
+    assert view.model.x_mode == "call" and view.plot.viewRange()[0][0] <= first_box - 0.5

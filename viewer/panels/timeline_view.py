@@ -242,7 +242,10 @@ class TimelineView(QWidget):
         self.plot.getViewBox().setLimits(yMin=-0.2, yMax=len(boxes.lane_labels) + 0.2)
         self.plot.setYRange(0, len(boxes.lane_labels), padding=0.02)
         if boxes.event.size:
-            self.plot.setXRange(float(boxes.x0.min()), float(boxes.x1.max()), padding=0.01)
+            # By call, the first slot's label is centred on it: half a slot more on the left keeps
+            # it inside the axis, where pyqtgraph would otherwise drop it.
+            room = 0.5 if self.model.x_mode == "call" else 0.0
+            self.plot.setXRange(float(boxes.x0.min()) - room, float(boxes.x1.max()), padding=0.01)
 
     def _segment_ticks(self) -> list[tuple[float, str]]:
         assert self.model.timeline is not None

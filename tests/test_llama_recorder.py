@@ -22,15 +22,10 @@ from backends.recorders.ggml_tensor_struct import (  # noqa: E402
     StructLayoutError,
     check_layout,
 )
+from backends.recorders.llama_nodes import RecorderError, node_view, request_ne  # noqa: E402
 from backends.recorders.llama_process import iter_record_llama, plain_logits  # noqa: E402
 from backends.recorders.llama_process_env import OPENMP_WAIT, brief_openmp_wait  # noqa: E402
-from backends.recorders.llama_recorder import (  # noqa: E402
-    SRC_ATTR,
-    LlamaSettings,
-    RecorderError,
-    node_view,
-    request_ne,
-)
+from backends.recorders.llama_recorder import SRC_ATTR, LlamaSettings  # noqa: E402
 from backends.recorders.record_schedule import TokenSchedule  # noqa: E402
 from sessions.capture import format as cf  # noqa: E402
 from sessions.capture.opening import open_capture  # noqa: E402

@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         print(_listing(default_demo_dir(), SCENARIOS, CUT_SCENARIOS, LLAMA_SCENARIOS), end="")
         return 0
     if args.generate is not None:
-        from backends.recorders.llama_recorder import RecorderError
+        from backends.recorders.llama_nodes import RecorderError
 
         if args.generate.exists() and not args.generate.is_dir():
             print(f"parity-xray demo: --generate {args.generate} is not a folder", file=sys.stderr)

@@ -38,9 +38,9 @@ import numpy as np
 
 from backends.recorders.llama_crash import explain_crash
 from backends.recorders.llama_process_env import brief_openmp_wait
+from backends.recorders.llama_nodes import RecorderError
 from backends.recorders.llama_recorder import (
     LlamaSettings,
-    RecorderError,
     iter_plain_here,
     iter_record_here,
     require_gguf_file,

@@ -32,13 +32,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from sessions.capture.opening import iter_open_capture
+from sessions.capture.pair_opening import assign_roles, iter_open_captures
 from sessions.capture.reader import Capture
 from sessions.capture.record_attributes import RecordAttributes
 from sessions.capture.structure_check import CheckReport, iter_deep_check
 from sessions.compare.slice_export import iter_export
 from sessions.compare.tolerance_policy import PolicyError
-from sessions.progress import Progress, ProgressGenerator
+from sessions.progress import Progress
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
 from viewer.panels.attributes_dialog import AttributesDialog
@@ -92,39 +92,6 @@ one line (which op, what each side ran) with a Details toggle: at 1280x720 the f
 
 PAIR_BANNERS = ("open", "roles", "captures", "comparison", "captures-check", "session", "timeline", "rerun", "attributes")
 """Banner groups about the pair on show and its session: a new pair or another session clears them."""
-
-
-def iter_open(paths: list[Path]) -> ProgressGenerator[list[Capture]]:
-    """Open captures one by one; each first passes the structural check in a child process, whose
-    progress this yields and which closing this generator (Esc, Cancel) stops."""
-    opened: list[Capture] = []
-    try:
-        for i, path in enumerate(paths):
-            yield Progress(i, len(paths), f"checking {path.name}")
-            opened.append((yield from iter_open_capture(path)))
-        yield Progress(len(paths), len(paths), "opened")
-    except BaseException:
-        for capture in opened:
-            capture.close()
-        raise
-    return opened
-
-
-def assign_roles(captures: list[Capture], current: tuple[Capture | None, Capture | None]) -> tuple[Capture | None, Capture | None, bool]:
-    """(native, oracle, guessed) from each file's role hint; guessed when the hints did not decide."""
-    native, oracle = current
-    if len(captures) == 1:
-        only = captures[0]
-        if only.meta.role == "native":
-            return only, oracle, False
-        if only.meta.role == "oracle":
-            return native, only, False
-        return (only, oracle, True) if native is None else (native, only, True)
-    first, second = captures[:2]
-    roles = (first.meta.role, second.meta.role)
-    if roles == ("oracle", "native"):
-        return second, first, False
-    return first, second, roles != ("native", "oracle")
 
 
 class MainWindow(QMainWindow):
@@ -439,7 +406,7 @@ class MainWindow(QMainWindow):
         self.banners.clear("open")
         self.tasks.submit(
             "open",
-            lambda: iter_open(paths),
+            lambda: iter_open_captures(paths),
             on_success=lambda captures: self._files_opened(captures, explicit),
             on_failure=lambda message: self.banners.show_message("open", "error", f"Could not open: {message}"),
             on_cancel=lambda: self.banners.show_message("open", "info", "Opening was cancelled; what was open stays open."),

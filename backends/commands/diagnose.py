@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         options = options_from(args)
         compare = CompareOptions(native_profile=args.native_profile, oracle_profile=args.oracle_profile, alignment=args.align)
         with open_capture(args.native) as native, open_capture(args.oracle) as oracle:
-            inputs = {**files_read(native, oracle, None), "native profile": args.native_profile, "oracle profile": args.oracle_profile}
+            inputs = files_read(native, oracle, None, (args.native_profile, args.oracle_profile))
             clash = output_clash(outputs, inputs)
             if clash is not None:
                 raise ValueError(clash)

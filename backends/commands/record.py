@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sessions.capture.format import ROLES
-from sessions.commands.arguments import output_clash
+from sessions.commands.arguments import capture_output_problem, output_clash
 from sessions.progress import Progress
 
 if TYPE_CHECKING:
@@ -113,15 +113,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"record refused: {exc}")
         return EXIT_REFUSED
     outs = repeat_paths(args.out, args.repeat)
-    if args.out.is_dir():
-        print(f"record refused: --out {args.out} is a folder; name the capture file")
-        return EXIT_REFUSED
-    if not args.out.parent.is_dir():
-        print(f"record refused: --out {args.out} is in {args.out.parent}, which is not a folder")
-        return EXIT_REFUSED
-    clash = output_clash({("--out" if k == 0 else f"--repeat's run {k + 1}"): str(out) for k, out in enumerate(outs)}, _model_files(args.model))
-    if clash is not None:
-        print(f"record refused: {clash}")
+    outputs = {("--out" if k == 0 else f"--repeat's run {k + 1}"): str(out) for k, out in enumerate(outs)}
+    problem = capture_output_problem("--out", args.out) or output_clash(outputs, _model_files(args.model))
+    if problem is not None:
+        print(f"record refused: {problem}")
         return EXIT_REFUSED
     taken = [out for out in outs if out.exists()]
     if taken and not args.force:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from backends.diagnosis.candidates import ErrorFigure
@@ -30,7 +29,12 @@ from backends.rerun.segment import (
 )
 from sessions.capture.opening import open_capture
 from sessions.capture.reader import CaptureError
-from sessions.commands.arguments import add_align_argument, output_clash, write_outputs
+from sessions.commands.arguments import (
+    add_align_argument,
+    capture_output_problem,
+    output_clash,
+    write_outputs,
+)
 from sessions.compare.json_plain import plain
 from sessions.compare.options import CompareOptions
 from sessions.compare.profiles import ProfileError
@@ -121,22 +125,14 @@ def render(result: RerunResult) -> str:
     return "\n".join(lines)
 
 
-def _save_problem(save: str | None) -> str | None:
-    if save and Path(save).is_dir():
-        return f"--save {save} is a folder; name the capture file"
-    if save and not Path(save).absolute().parent.is_dir():
-        return f"--save {save} is in {Path(save).absolute().parent}, which is not a folder"
-    return None
-
-
 def run(args: argparse.Namespace) -> int:
     try:
         key = rerun_target(args.op)
         options = options_from(args)
         compare = CompareOptions(native_profile=args.native_profile, oracle_profile=args.oracle_profile, alignment=args.align)
         with open_capture(args.native) as native, open_capture(args.oracle) as oracle:
-            inputs = {**files_read(native, oracle, args.weights), "native profile": args.native_profile, "oracle profile": args.oracle_profile}
-            problem = output_clash({"--save": args.save, "--json": args.json}, inputs) or _save_problem(args.save)
+            inputs = files_read(native, oracle, args.weights, (args.native_profile, args.oracle_profile))
+            problem = output_clash({"--save": args.save, "--json": args.json}, inputs) or capture_output_problem("--save", args.save)
             if problem is not None:
                 raise ValueError(problem)
             comparison = run_to_end(iter_compare_cached(native, oracle, compare))

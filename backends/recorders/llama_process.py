@@ -37,8 +37,8 @@ from typing import Any, TextIO
 import numpy as np
 
 from backends.recorders.llama_crash import explain_crash
-from backends.recorders.llama_process_env import brief_openmp_wait
 from backends.recorders.llama_nodes import RecorderError
+from backends.recorders.llama_process_env import brief_openmp_wait
 from backends.recorders.llama_recorder import (
     LlamaSettings,
     iter_plain_here,

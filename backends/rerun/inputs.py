@@ -201,16 +201,18 @@ def referenced_weights(capture: Capture, explicit: Path | None) -> Path | None:
     return None
 
 
-def files_read(native: Capture, oracle: Capture, weights: str | None) -> dict[str, Path | None]:
-    """Every file a rerun or a diagnosis of this pair reads, by what it is: the captures and the
-    weights each side's reruns take (`weights`, else the file its capture references), none of
-    which an output may replace."""
+def files_read(native: Capture, oracle: Capture, weights: str | None, profiles: tuple[str | None, str | None]) -> dict[str, str | Path | None]:
+    """Every file a rerun or a diagnosis of this pair reads, by what it is: the captures, the
+    weights each side's reruns take (`weights`, else the file its capture references) and the
+    (native, oracle) profiles given by path, none of which an output may replace."""
     explicit = None if weights is None else Path(weights)
     return {
         "native capture": native.path,
         "oracle capture": oracle.path,
         "native capture's weights file": referenced_weights(native, explicit),
         "oracle capture's weights file": referenced_weights(oracle, explicit),
+        "native profile": profiles[0],
+        "oracle profile": profiles[1],
     }
 
 

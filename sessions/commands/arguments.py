@@ -70,6 +70,19 @@ def output_clash(outputs: Mapping[str, str | None], inputs: Mapping[str, str | P
     return None
 
 
+def capture_output_problem(option: str, path: str | Path | None) -> str | None:
+    """Why a capture cannot be written at `path`, said before any work: it is a folder, or in a
+    folder that is not there (the writer's error would name its hidden temporary file)."""
+    if not path:
+        return None
+    path = Path(path)
+    if path.is_dir():
+        return f"{option} {path} is a folder; name the capture file"
+    if not path.absolute().parent.is_dir():
+        return f"{option} {path} is in {path.absolute().parent}, which is not a folder"
+    return None
+
+
 def write_outputs(outputs: Sequence[tuple[str | None, Callable[[], str]]]) -> str | None:
     """Write each asked-for output (path, its text made only now), atomically: a folder, a missing
     folder or a FIFO at the path is one line of problem (returned), never a traceback or a wait

@@ -19,16 +19,13 @@ from sessions.capture.identity import (
     identity_of_capture,
     identity_of_file,
 )
+from sessions.investigation.model import WHOLE_FILE
 from sessions.printable import printable
 from sessions.progress import Progress, ProgressGenerator, run_to_end
 
 if TYPE_CHECKING:
     from sessions.capture.reader import Capture
     from sessions.investigation.model import CaptureRef, Investigation
-
-
-WHOLE_FILE = "/"
-"""The one `CaptureRef.location` this version opens: a capture is a whole HDF5 file."""
 
 
 class CaptureState(str, Enum):

@@ -118,6 +118,10 @@ class Bookmark:
     """The view when bookmarked, so the viewer (and the report) can show exactly what was marked."""
 
 
+WHOLE_FILE = "/"
+"""The capture location that is the whole HDF5 file: the only one this version opens."""
+
+
 @dataclass(frozen=True)
 class CaptureRef:
     id: str
@@ -125,8 +129,8 @@ class CaptureRef:
     path: Path
     """Absolute path of the capture file."""
     identity: CaptureIdentity
-    location: str = "/"
-    """Where in the file the capture lives (HDF5 path); the whole file is "/"."""
+    location: str = WHOLE_FILE
+    """Where in the file the capture lives (HDF5 path); the whole file is WHOLE_FILE."""
     profile: str = ""
     """The profile (name or file) mapping this engine's names to canonical ops; "" = detect."""
     relative_path: str | None = None
@@ -237,7 +241,7 @@ class Investigation:
         return CaptureRef(self._new_capture_id(role), role, Path(path).absolute(), identity, location, profile)
 
     def add_capture(
-        self, role: str, path: str | Path, identity: CaptureIdentity, *, location: str = "/", profile: str = ""
+        self, role: str, path: str | Path, identity: CaptureIdentity, *, location: str = WHOLE_FILE, profile: str = ""
     ) -> CaptureRef:
         """Add a capture with the identity it has now (see `capture_identity.identity_of_file`)."""
         ref = self._make_ref(role, path, identity, location, profile)
@@ -312,6 +316,10 @@ class Investigation:
 
     def tolerance_for(self, op: str) -> SavedTolerance:
         return self.op_tolerances.get(op, self.tolerance)
+
+    def op_bounds(self) -> dict[str, Tolerance]:
+        """Each per-op tolerance as the comparison's bounds (`tolerance_policy.with_op_rules`)."""
+        return {op: saved.bounds for op, saved in self.op_tolerances.items()}
 
     def add_override(self, action: str, left: RecordRef, right: RecordRef, reason: str) -> AlignmentOverride:
         if action not in OVERRIDE_ACTIONS:

@@ -58,6 +58,6 @@ def apply_session(args: argparse.Namespace) -> Investigation:
         except PolicyError as exc:
             raise SessionReportError(f"{args.session}: /session/tolerances/policy: {exc}") from None
         args.tolerance_policy = str(policy)
-    args.op_tolerances = {op: saved.bounds for op, saved in session.op_tolerances.items()}
+    args.op_tolerances = session.op_bounds()
     args.overrides = overrides_for_pair(session.overrides, refs["native"][0].id, refs["oracle"][0].id)
     return session

@@ -171,7 +171,7 @@ class SessionSync(QObject):
             base,
             atol=tol.atol, rtol=tol.rtol, max_ulp=tol.max_ulp,
             policy=with_op_rules(
-                None if policy is None else load_policy(policy), {op: saved.bounds for op, saved in self.session.op_tolerances.items()}, "the session"
+                None if policy is None else load_policy(policy), self.session.op_bounds(), "the session"
             ),
             native_profile=profiles.get("native") or base.native_profile,
             oracle_profile=profiles.get("oracle") or base.oracle_profile,

@@ -386,13 +386,13 @@ def test_small_records_back_to_back_are_settled_in_runs_and_a_run_with_a_flip_is
 def test_stored_bytes_are_equal_only_when_every_byte_is_small_pieces_word_pieces_and_their_ragged_ends(tmp_path: Path) -> None:
     """Pieces up to SMALL_PIECE_BYTES are compared as bytes, longer ones as 8-byte words and a ragged
     tail: a one-bit difference anywhere, in either kind of piece, is found."""
-    from sessions.compare.byte_checks import SMALL_PIECE_BYTES, STORED_PIECE_BYTES
+    from sessions.compare.byte_checks import PIECE_BYTES, SMALL_PIECE_BYTES, ByteChecks
     from sessions.compare.pair_reader import PairReader
 
     captures = _many_small_records(tmp_path, flip_at=-1)
-    data = np.random.default_rng(6).integers(0, 256, STORED_PIECE_BYTES + 4099, dtype=np.uint8).tobytes()
-    with open_capture(captures[0]) as n, open_capture(captures[1]) as o, PairReader(n, o, 2) as reader:
-        for size in (1000, SMALL_PIECE_BYTES + 13, STORED_PIECE_BYTES + 4099):
+    data = np.random.default_rng(6).integers(0, 256, PIECE_BYTES + 4099, dtype=np.uint8).tobytes()
+    with open_capture(captures[0]) as n, open_capture(captures[1]) as o, ByteChecks(2) as checks, PairReader(n, o, checks) as reader:
+        for size in (1000, SMALL_PIECE_BYTES + 13, PIECE_BYTES + 4099):
             for flip in (0, size // 2, size - 9, size - 1):
                 native, oracle = tmp_path / "n.bin", tmp_path / "o.bin"
                 native.write_bytes(data[:size])
@@ -410,7 +410,8 @@ def test_a_difference_in_a_large_records_last_stored_piece_is_found(tmp_path: Pa
     from sessions.compare import byte_checks, comparison
 
     monkeypatch.setattr(comparison, "check_threads", lambda options: threads)
-    monkeypatch.setattr(byte_checks, "STORED_PIECE_BYTES", 256)
+    monkeypatch.setattr(byte_checks, "PIECE_BYTES", 256)
+    monkeypatch.setattr(byte_checks, "STRETCH_BYTES", 512)
     values = bf16_bits(np.random.default_rng(5).standard_normal((64, 32)))
     flipped = values.copy()
     flipped[-1, -1] ^= 1

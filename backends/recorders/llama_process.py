@@ -48,9 +48,9 @@ from backends.recorders.llama_recorder import (
 from backends.recorders.record_schedule import (
     TokenSchedule,
     check_batch,
-    physical_memory,
 )
 from sessions.child_process import ChildProcess, progress_line
+from sessions.machine import physical_memory
 from sessions.progress import Progress, ProgressGenerator, run_to_end
 
 FAULT_ENV = "PARITY_XRAY_LLAMA_FAULT"

@@ -72,11 +72,11 @@ from backends.recorders.record_schedule import (
     batch_prompts,
     check_batch,
     check_run_size,
-    physical_memory,
 )
 from sessions.artifact_hash import artifact_sha256
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.writer import CaptureWriter
+from sessions.machine import physical_memory
 from sessions.progress import Progress, ProgressGenerator
 from sessions.side_file import file_kind
 

@@ -9,7 +9,6 @@ cut differently align by token position, which every record carries.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -158,11 +157,6 @@ def batch_prompts(prompt: tuple[int, ...], batch: int, row: int, vocab: int) -> 
     prompt's tokens shifted by their row (mod the vocabulary), so every row is a different request.
     Equal lengths keep every call's rows aligned across the batch, so a record splits by request."""
     return [[(t + (r - row) * 7919) % vocab if r != row else t for t in prompt] for r in range(batch)]
-
-
-def physical_memory() -> int:
-    """This machine's memory in bytes."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def _config_size(config: Mapping[str, Any], name: str) -> int | None:

@@ -26,6 +26,7 @@ from sessions.compare.align import (
     align,
 )
 from sessions.compare.align_modes import ALIGN_MODES, POSITIONS
+from sessions.compare.byte_checks import ByteChecks
 from sessions.compare.contracts import (
     ContractCheck,
     ContractFinding,
@@ -37,6 +38,7 @@ from sessions.compare.dispatch_diff import (
     compare_dispatch,
     events_by_record,
 )
+from sessions.compare.early_checks import early_stretches
 from sessions.compare.key import OpKey
 from sessions.compare.mapped_record import BatchRow, batch_of
 from sessions.compare.options import CompareOptions
@@ -260,17 +262,18 @@ def iter_compare(
     then. Raises ProfileError when a profile cannot be found or read, and CaptureError when a
     tensor cannot be read (the capture is unusable as input).
     """
-    with garbage_collection_paused():
-        return (yield from _iter_compare(native, oracle, options, profiles))
+    with garbage_collection_paused(), ByteChecks(check_threads(options)) as checks:
+        return (yield from _iter_compare(native, oracle, options, profiles, checks))
 
 
 def _iter_compare(
-    native: Capture, oracle: Capture, options: CompareOptions, profiles: tuple[Profile, Profile] | None
+    native: Capture, oracle: Capture, options: CompareOptions, profiles: tuple[Profile, Profile] | None, checks: ByteChecks
 ) -> ProgressGenerator[Comparison]:
     yield Progress(0, 1, "aligning records")
     if options.alignment not in ALIGN_MODES:
         raise ValueError(f"alignment {options.alignment!r} is not one of {', '.join(ALIGN_MODES)}")
     native_profile, oracle_profile = resolve_profiles(native, oracle, options) if profiles is None else profiles
+    checks.check_early(early_stretches(native, oracle, options.max_steps))
     native_tokens, oracle_tokens = _tokens_within(native.tokens, options.max_steps), _tokens_within(oracle.tokens, options.max_steps)
     alignment: Alignment = align(
         _records_within(native, options.max_steps),
@@ -309,9 +312,9 @@ def _iter_compare(
             read_ahead.consumed(span_bytes_done[index])
 
         if workers > 1:
-            outcomes = yield from iter_compare_in_workers(native, oracle, alignment.pairs, options, heads, workers, total, after_pair)
+            outcomes = yield from iter_compare_in_workers(native, oracle, alignment.pairs, options, heads, workers, total, checks, after_pair)
         else:
-            with PairReader(native, oracle, check_threads(options)) as reader:
+            with PairReader(native, oracle, checks) as reader:
                 outcomes = yield from iter_compare_pairs(reader, alignment.pairs, options, heads, (0, total), after_pair)
     for pair, (metrics, agreement) in zip(alignment.pairs, outcomes):
         post_eos = eos is not None and pair.key.step > eos

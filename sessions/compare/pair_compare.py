@@ -15,7 +15,7 @@ import numpy as np
 from sessions.bits.dtypes import logical_dtype
 from sessions.capture.reader import stored_span
 from sessions.compare.align import AlignedPair
-from sessions.compare.byte_checks import STORED_PIECE_BYTES, Check
+from sessions.compare.byte_checks import STRETCH_BYTES, Check
 from sessions.compare.options import CompareOptions
 from sessions.compare.pair_reader import (
     PairReader,
@@ -94,7 +94,7 @@ def _runs(pairs: list[AlignedPair], reader: PairReader) -> list[_Run]:
     """Every run of pairs whose equal stored bytes would settle them all as identical, in order:
     small records (RUN_RECORD_MAX_BYTES) of pairs alike (`_whole_and_alike`) whose bytes follow
     one another in contiguous packs on both sides, as a writer lays out a step's records, cut
-    where their bytes pass a multiple of a piece (STORED_PIECE_BYTES) from the first; fewer than
+    where their bytes pass a multiple of a stretch (STRETCH_BYTES) from the first; fewer than
     two such pairs are no run. Found on arrays before any is checked, so that their bytes are
     checked ahead of the comparison (`ByteChecks.ahead`). A real run's 220,000 small pairs took
     11 us each through their own checks and reads, and a search pair by pair 1 us each."""
@@ -111,8 +111,8 @@ def _runs(pairs: list[AlignedPair], reader: PairReader) -> list[_Run]:
     follows = np.zeros(len(pairs), dtype=bool)
     follows[1:] = usable[1:] & usable[:-1] & (n_at[1:] == n_at[:-1] + size[:-1]) & (o_at[1:] == o_at[:-1] + size[:-1])
     stretch = np.cumsum(~follows) - 1
-    piece = (n_at - n_at[np.flatnonzero(~follows)][stretch]) // STORED_PIECE_BYTES
-    first = np.flatnonzero(~follows | np.concatenate(([True], piece[1:] != piece[:-1])))
+    cut = (n_at - n_at[np.flatnonzero(~follows)][stretch]) // STRETCH_BYTES
+    first = np.flatnonzero(~follows | np.concatenate(([True], cut[1:] != cut[:-1])))
     count = np.diff(np.append(first, len(pairs)))
     keep = usable[first] & (count >= 2)
     first, count = first[keep], count[keep]

@@ -131,15 +131,17 @@ class PairReader:
     """Reads pair after pair of two open captures; a returned chunk is valid until that side's
     next read (whoever keeps data past that copies it)."""
 
-    def __init__(self, native: Capture, oracle: Capture, threads: int = 1) -> None:
-        """`threads`: how many threads may check stored bytes at once (`ByteChecks`)."""
+    def __init__(self, native: Capture, oracle: Capture, checks: ByteChecks | None = None) -> None:
+        """`checks`: the caller's checks of stored bytes (and their threads), which the caller
+        closes; None: the reader's own, on one thread."""
         self.native = _Side(native)
         self.oracle = _Side(oracle)
         for capture in (native, oracle):
             # Found here, once, not inside the first pair: a comparison that times its first pairs
             # to decide on workers took the table's 0.17 s (240,000 rows) for slow comparing.
             capture.packed_addresses  # noqa: B018
-        self.checks = ByteChecks(threads)
+        self._own_checks = checks is None
+        self.checks = ByteChecks(1) if checks is None else checks
         self._pieces: Pieces | None = None
         """This reader's own, not the checks' pieces for its thread: a check ahead would overwrite the
         bytes `held_bytes` hands out."""
@@ -151,6 +153,8 @@ class PairReader:
         read into this reader's own pieces and held there for `held_bytes`, a longer stretch is
         compared on the reader's threads (`ByteChecks.equal`)."""
         self._held = 0
+        if self.checks.known.covers(native, oracle, size):
+            return True
         if self._pieces is None:
             self._pieces = Pieces()
         if size > self._pieces.size:
@@ -169,8 +173,9 @@ class PairReader:
         return np.frombuffer(self._pieces.native, np.uint8, size), np.frombuffer(self._pieces.oracle, np.uint8, size)
 
     def close(self) -> None:
-        """Stop the reader's threads (checks not yet begun are dropped)."""
-        self.checks.close()
+        """Stop the reader's own checks' threads (checks not yet begun are dropped)."""
+        if self._own_checks:
+            self.checks.close()
 
     def __enter__(self) -> PairReader:
         return self

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from sessions.capture.opening import open_capture
 from sessions.capture.reader import Capture, CaptureError
 from sessions.compare.align import AlignedPair
+from sessions.compare.byte_checks import ByteChecks
 from sessions.compare.key import OpKey
 from sessions.compare.layout_transform import LayoutTransform
 from sessions.compare.mapped_record import BatchRow, MappedRecord, batch_of
@@ -306,16 +307,18 @@ def iter_compare_in_workers(
     heads: Heads,
     workers: int,
     total: int,
+    checks: ByteChecks,
     after_pair: Callable[[int], None] | None = None,
 ) -> ProgressGenerator[list[PairOutcome]]:
-    """Every pair's outcome, in order, compared by this process and, when the comparison is slow
-    enough to pay for them, `workers - 1` others; yields Progress(bytes, total). `after_pair(i)` is
-    told when this process is done with pair i (the read-ahead moves on)."""
+    """Every pair's outcome, in order, compared by this process (its stored bytes checked by
+    `checks`) and, when the comparison is slow enough to pay for them, `workers - 1` others;
+    yields Progress(bytes, total). `after_pair(i)` is told when this process is done with pair i
+    (the read-ahead moves on)."""
     parts = shards(pairs, workers * SHARDS_PER_WORKER)
     sizes = [sum(pair_bytes(pairs[i]) for i in part) for part in parts]
     others = _Workers(parts)
     own: dict[int, list[PairOutcome]] = {}
-    reader = PairReader(native, oracle, check_threads(options))
+    reader = PairReader(native, oracle, checks)
     started = time.monotonic()
     rate = _RecentRate(started)
     try:

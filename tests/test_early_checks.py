@@ -1,0 +1,159 @@
+"""Stored bytes checked before the records are paired (sessions.compare.early_checks): only where
+both captures lay out the same records alike, in a process of their own, and an answer is used
+only for bytes the checked stretches cover, all found equal."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sessions.capture.opening import open_capture
+from sessions.compare import comparison
+from sessions.compare.byte_checks import (
+    EARLY_READER,
+    STRETCH_BYTES,
+    ByteChecks,
+    KnownStretches,
+)
+from sessions.compare.comparison import iter_compare
+from sessions.compare.early_checks import early_stretches
+from sessions.compare.options import CompareOptions
+from sessions.progress import run_to_end
+from tests.test_compare import _many_small_records
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="child processes are found through /proc")
+
+
+def _early_readers() -> list[int]:
+    """This process's children that run the early reader."""
+    found = []
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            try:
+                command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if EARLY_READER.encode() in command:
+                found.append(int(pid))
+    return found
+
+
+def _settled(known: KnownStretches, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while known.settled < len(known.equal) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_a_check_is_answered_only_where_equal_stretches_cover_it_at_the_same_place_on_both_sides() -> None:
+    known = KnownStretches(3, 4, [(100, 1000, 3 * STRETCH_BYTES)])
+    known.equal[:] = [True, True, False]
+    assert known.covers((3, 100), (4, 1000), 2 * STRETCH_BYTES), "the first two stretches, equal"
+    assert known.covers((3, 100 + 5), (4, 1000 + 5), STRETCH_BYTES), "inside them, across their border"
+    assert not known.covers((3, 100 + STRETCH_BYTES), (4, 1000 + STRETCH_BYTES), STRETCH_BYTES + 1), "reaches the third, which differs"
+    assert not known.covers((3, 100), (4, 1001), 10), "not the same place in the region on both sides"
+    assert not known.covers((3, 99), (4, 999), 10), "starts before the region"
+    assert not known.covers((3, 100), (5, 1000), 10), "another file"
+    assert not known.covers((3, 100 + 3 * STRETCH_BYTES - 1), (4, 1000 + 3 * STRETCH_BYTES - 1), 2), "runs past the region's end"
+
+
+def test_captures_laid_out_alike_are_one_region_a_step_and_captures_of_other_records_none(tmp_path: Path) -> None:
+    native, oracle = _many_small_records(tmp_path, flip_at=30)
+    with open_capture(native) as n, open_capture(oracle) as o:
+        known = early_stretches(n, o, None)
+        ends = [int(n.packed_addresses[seq]) + int(n.columns["nbytes"][seq]) for seq in (21, 43, 65)]
+        assert known.regions == [(int(n.packed_addresses[first]), int(o.packed_addresses[first]), end - int(n.packed_addresses[first])) for first, end in zip((0, 22, 44), ends)]
+        assert early_stretches(n, o, 1).regions == known.regions[:1], "a step budget of one step checks one step's bytes early"
+        assert [region[2] for region in early_stretches(n, o, None, limit=3000).regions] == [2816, 184], "no more than the limit"
+        assert early_stretches(n, n, None).regions != [], "a capture with itself"
+    other = tmp_path / "other"
+    other.mkdir()
+    _, renamed = _many_small_records(other, flip_at=-1)
+    with open_capture(native) as n, h5_renamed(renamed) as o:
+        assert early_stretches(n, o, None).regions == [], "no row holds the same record on both sides"
+
+
+class h5_renamed:
+    """A capture whose records are all renamed (another engine's names), opened."""
+
+    def __init__(self, path: Path) -> None:
+        import h5py
+
+        with h5py.File(path, "r+") as file:
+            index = file["index"][()]
+            index["name"] = np.char.add(b"blk.", index["name"])
+            file["index"][...] = index
+        self.capture = open_capture(path)
+
+    def __enter__(self):  # type: ignore[no-untyped-def]
+        return self.capture
+
+    def __exit__(self, *_: object) -> None:
+        self.capture.close()
+
+
+def test_the_early_process_finds_each_stretch_equal_or_not_and_is_gone_once_the_checks_close(tmp_path: Path) -> None:
+    size = 3 * STRETCH_BYTES + 1000
+    data = np.random.default_rng(2).integers(0, 256, size, dtype=np.uint8).tobytes()
+    changed = bytearray(data)
+    changed[STRETCH_BYTES + 7] ^= 0x40
+    (tmp_path / "n.bin").write_bytes(data)
+    (tmp_path / "o.bin").write_bytes(bytes(changed))
+    with open(tmp_path / "n.bin", "rb") as a, open(tmp_path / "o.bin", "rb") as b:
+        known = KnownStretches(a.fileno(), b.fileno(), [(0, 0, size)])
+        with ByteChecks(2) as checks:
+            checks.check_early(known)
+            _settled(known)
+            assert known.equal == [True, False, True, True], "the second stretch holds the difference"
+            assert checks.equal((a.fileno(), 0), (b.fileno(), 0), STRETCH_BYTES), "answered from the first stretch"
+            assert not checks.equal((a.fileno(), 0), (b.fileno(), 0), 2 * STRETCH_BYTES), "checked again: the second differs"
+        assert _early_readers() == []
+
+
+def test_one_thread_asked_for_starts_no_early_process(tmp_path: Path) -> None:
+    native, oracle = _many_small_records(tmp_path, flip_at=-1)
+    with open_capture(native) as n, open_capture(oracle) as o, ByteChecks(1) as checks:
+        checks.check_early(early_stretches(n, o, None))
+        assert _early_readers() == [] and checks.known.regions == []
+
+
+@pytest.mark.parametrize("flip_at", [-1, 30])
+def test_a_comparison_with_bytes_checked_early_says_what_one_without_them_says(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flip_at: int) -> None:
+    """The flipped bit lies inside an early region: that stretch differs, so the pair is compared
+    as a pair and named, element and all."""
+    native, oracle = _many_small_records(tmp_path, flip_at=flip_at)
+    started: list[KnownStretches] = []
+    real = ByteChecks.check_early
+
+    def recorded(checks: ByteChecks, known: KnownStretches) -> None:
+        real(checks, known)
+        if checks.known is known:
+            started.append(known)
+            _settled(known)
+
+    with open_capture(native) as n, open_capture(oracle) as o:
+        monkeypatch.setattr(comparison, "check_threads", lambda options: 2)
+        monkeypatch.setattr(ByteChecks, "check_early", recorded)
+        early = run_to_end(iter_compare(n, o, CompareOptions(workers=1)))
+        monkeypatch.setattr(comparison, "check_threads", lambda options: 1)
+        plain = run_to_end(iter_compare(n, o, CompareOptions(workers=1)))
+    assert len(started) == 1, "one thread asked for: no early checks"
+    assert started[0].equal == [flip_at == -1 or region != 1 for region in range(3)], "the step holding the flip differs"
+    assert early.verdict == plain.verdict
+    assert [p.metrics for p in early.pairs] == [p.metrics for p in plain.pairs]
+    assert early.verdict.word == ("PARITY" if flip_at == -1 else "DIVERGENCE")
+
+
+def test_a_comparison_closed_while_its_bytes_are_checked_early_leaves_no_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    native, oracle = _many_small_records(tmp_path, flip_at=-1)
+    monkeypatch.setattr(comparison, "check_threads", lambda options: 2)
+    with open_capture(native) as n, open_capture(oracle) as o:
+        work = iter_compare(n, o, CompareOptions(workers=1))
+        next(work)
+        next(work)
+        assert _early_readers(), "the early reader runs while the records are paired"
+        work.close()
+        assert _early_readers() == []

@@ -31,7 +31,11 @@ from sessions.capture.reader import (
 )
 from sessions.capture.record_attributes import record_attributes
 from sessions.capture.record_scan import RecordScan
-from sessions.capture.records import records_from_index
+from sessions.capture.records import (
+    record_from_row,
+    records_from_columns,
+    records_from_index,
+)
 from sessions.capture.structure_check import (
     SHARDING_MIN_DATASETS,
     check_here,
@@ -310,6 +314,29 @@ def test_records_are_a_sequence_built_on_demand(tmp_path: Path) -> None:
         assert records[-1] == every[-1] and records[3:5] == every[3:5] and list(records) == every
         with pytest.raises(IndexError):
             records[21]
+
+
+@pytest.mark.parametrize("layout", ["packed", "datasets"])
+def test_a_walk_of_every_record_builds_what_rows_one_by_one_build(tmp_path: Path, layout: str) -> None:
+    """A whole walk builds every record at once from the columns' codes (records_from_columns):
+    the same records, scalars and empty tensors and quantized blocks among them."""
+    path = tmp_path / f"{layout}.h5"
+    write_every_kind(path, layout)
+    with open_capture(path) as capture:
+        rows = [record_from_row(row) for row in capture.index]
+        assert records_from_columns(capture.columns) == rows
+        assert list(capture.records) == rows
+        assert {r.name: r.shape for r in rows if r.step == 0} == {
+            "bf16": (4, 6), "f16": (4, 6), "f32": (4, 6, 5), "f64": (5, 6), "i8": (4, 6), "u64": (4, 6), "mask": (4, 6),
+            "scalar": (), "empty": (0, 6), "q8": (4, 64), "big": (1024, 1024),
+        }
+
+
+def test_a_walk_of_a_real_captures_records_builds_what_rows_one_by_one_build(demo_pairs: dict[str, tuple[Path, Path]]) -> None:
+    for native, oracle in demo_pairs.values():
+        for path in (native, oracle):
+            with open_capture(path) as capture:
+                assert records_from_columns(capture.columns) == records_from_index(capture.index), path.name
 
 
 def test_occurrence_counts_over_the_columns_follow_the_occurrence_rule() -> None:

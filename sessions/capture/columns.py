@@ -43,6 +43,17 @@ class IndexColumns:
             self._codes[name] = codes(self.index[name])
         return self._codes[name]
 
+    def shape_codes(self) -> tuple[np.ndarray, np.ndarray]:
+        """(for each distinct shape, a row that has it; each row's position among them): `codes`
+        of `ndim` and `shape` together, seen as one 72-byte value per row."""
+        if "shape" not in self._codes:
+            joined = np.ascontiguousarray(np.column_stack([self["ndim"], *self.dims]).astype(np.int64, copy=False))
+            _, row_codes = codes(joined.view(np.dtype((np.void, joined.shape[1] * 8))).reshape(-1))
+            rows = np.zeros(int(row_codes.max()) + 1 if len(row_codes) else 0, dtype=np.int64)
+            rows[row_codes] = np.arange(len(row_codes))
+            self._codes["shape"] = rows, row_codes
+        return self._codes["shape"]
+
     @property
     def dims(self) -> list[np.ndarray]:
         """`shape` as one contiguous column per axis."""

@@ -330,7 +330,7 @@ class Capture:
     @cached_property
     def records(self) -> Records:
         """The index rows as `Record`s, each built the first time it is asked for (sessions.capture.records)."""
-        return Records(self.index)
+        return Records(self.index, self.columns)
 
     @cached_property
     def names(self) -> list[str]:

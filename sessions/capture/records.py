@@ -18,6 +18,7 @@ from typing import NamedTuple, overload
 import numpy as np
 
 from sessions.capture import format as cf
+from sessions.capture.columns import IndexColumns
 
 
 class Record(NamedTuple):
@@ -74,6 +75,30 @@ def records_from_index(index: np.ndarray) -> list[Record]:
     return list(map(partial(tuple.__new__, Record), zip(*(columns[name] for name in Record._fields))))
 
 
+def records_from_columns(columns: IndexColumns) -> list[Record]:
+    """Records of every row at once, from the columns' codes: a text field is decoded and a
+    shape built once per distinct value, then taken for every row (a whole 240,000-row index:
+    0.25 s, against 0.5 s batch by batch from the rows)."""
+    fields: dict[str, list[object]] = {}
+    for name in cf.INDEX_STRING_FIELDS:
+        values, codes = columns.codes(name)
+        fields[name] = _taken([cf.decode_field(value) for value in values.tolist()], codes)
+    for name in cf.INDEX_INT_FIELDS:
+        fields[name] = columns[name].tolist()
+    rows, codes = columns.shape_codes()
+    shape, ndim = columns.index["shape"], columns["ndim"]
+    fields["shape"] = _taken([tuple(shape[row, : ndim[row]].tolist()) for row in rows.tolist()], codes)
+    return list(map(partial(tuple.__new__, Record), zip(*(fields[name] for name in Record._fields))))
+
+
+def _taken(values: list[object], codes: np.ndarray) -> list[object]:
+    """values[code] for each code, as one list (the values shared, not copied)."""
+    table = np.empty(len(values), dtype=object)
+    for at, value in enumerate(values):
+        table[at] = value
+    return table[codes].tolist()  # type: ignore[no-any-return]
+
+
 def record_from_row(row: np.void) -> Record:
     return records_from_index(np.asarray(row).reshape(1))[0]
 
@@ -86,8 +111,9 @@ class Records(Sequence[Record]):
     for many. 1,024 rows took 6 ms, twice per selection (each side's record); 256 take 1.6 ms and
     make a whole 240,000-record walk 13% slower (1.72 against 1.52 s)."""
 
-    def __init__(self, index: np.ndarray) -> None:
+    def __init__(self, index: np.ndarray, columns: IndexColumns) -> None:
         self._index = index
+        self._columns = columns
         self._batches: dict[int, list[Record]] = {}
 
     def _batch(self, number: int) -> list[Record]:
@@ -115,5 +141,11 @@ class Records(Sequence[Record]):
         return self._batch(at // self.BATCH_ROWS)[at % self.BATCH_ROWS]
 
     def __iter__(self) -> Iterator[Record]:
-        for number in range((len(self) + self.BATCH_ROWS - 1) // self.BATCH_ROWS):
-            yield from self._batch(number)
+        """A walk of every record builds those not built yet all at once (`records_from_columns`)."""
+        count = (len(self) + self.BATCH_ROWS - 1) // self.BATCH_ROWS
+        if len(self._batches) < count:
+            every = records_from_columns(self._columns)
+            size = self.BATCH_ROWS
+            self._batches = {number: self._batches.get(number) or every[number * size : (number + 1) * size] for number in range(count)}
+        for number in range(count):
+            yield from self._batches[number]

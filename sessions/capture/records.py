@@ -77,8 +77,8 @@ def records_from_index(index: np.ndarray) -> list[Record]:
 
 def records_from_columns(columns: IndexColumns) -> list[Record]:
     """Records of every row at once, from the columns' codes: a text field is decoded and a
-    shape built once per distinct value, then taken for every row (a whole 240,000-row index:
-    0.25 s, against 0.5 s batch by batch from the rows)."""
+    shape built once per distinct value, then taken for every row (both sides of a 240,000-record
+    pair: 0.51 s of CPU, against 0.75 s batch by batch from the rows)."""
     fields: dict[str, list[object]] = {}
     for name in cf.INDEX_STRING_FIELDS:
         values, codes = columns.codes(name)

@@ -84,6 +84,14 @@ def panel(qtbot, demo_pairs: dict):  # type: ignore[no-untyped-def]
     oracle.close()
 
 
+def test_before_any_diagnosis_every_table_header_shows_whole(qtbot, window: MainWindow) -> None:  # type: ignore[no-untyped-def]
+    panel = window.diagnosis
+    for table in (panel.ops, panel.candidates, panel.budget):
+        header = table.horizontalHeader()
+        for column in range(table.columnCount() - 1):  # the last one stretches
+            assert table.columnWidth(column) >= header.sectionSizeHint(column), (table.horizontalHeaderItem(column).text(), table.columnWidth(column))
+
+
 def test_cancel_stops_the_diagnosis_and_says_so(qtbot, panel: DiagnosisPanel) -> None:  # type: ignore[no-untyped-def]
     panel.scope.setCurrentIndex(panel.scope.findData("all"))
     with qtbot.waitSignal(panel.cancelled, timeout=60_000):

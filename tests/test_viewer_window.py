@@ -206,6 +206,20 @@ def test_overview_click_on_a_point_selects_that_op(qtbot: QtBot, window: MainWin
     wait_idle(qtbot, window)
 
 
+def test_the_overviews_first_finding_label_sits_above_every_point(qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]]) -> None:
+    """Drawn over the points, the label hid the worst ops; it sits in room added above them."""
+    window.open_pair(*demo_pairs["attention-contract"])
+    wait_compared(qtbot, window)
+    window.show_panel(1)
+    overview = window.overview
+    assert overview.first_label.toPlainText() == "first contract-mismatch: 0:visual:0:sdpa"
+    highest = max(float(spot.pos().y()) for scatter in overview.ulp_scatters.values() for spot in scatter.points())
+    label = overview.first_label.mapRectToView(overview.first_label.boundingRect())
+    low, high = overview.ulp_plot.viewRange()[1]
+    assert highest < label.top() < label.bottom() <= high, (highest, label.top(), label.bottom(), high)
+    wait_idle(qtbot, window)
+
+
 def test_post_eos_steps_are_marked_and_greyed_in_token_parity(qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]], artifacts_dir: Path) -> None:
     window.open_pair(*demo_pairs["post-eos"])
     wait_compared(qtbot, window)

@@ -205,6 +205,7 @@ class DiagnosisPanel(QWidget):
         self.listed = []
         for table in (self.ops, self.candidates, self.budget):
             table.setRowCount(0)
+            table.resizeColumnsToContents()  # to its headers: a default width cut "vs oracle's route"
         self.summary.setText("")
         self.why.setText("")
         self._show_readiness()

@@ -22,6 +22,8 @@ from viewer.widgets.opaque_grid_axis import grid_axes, show_grid
 from viewer.widgets.stale_while_hidden import StaleWhileHidden
 
 FIRST = "#d64541"
+LABEL_ROOM = 0.22
+"""Room above the highest ULP point, as a share of the plot's range, for the first finding's label."""
 
 
 class OverviewPlot(QWidget):
@@ -64,7 +66,7 @@ class OverviewPlot(QWidget):
                 plot.addItem(scatter)
                 scatter.sigClicked.connect(self._clicked)
         self.first_lines = [pg.InfiniteLine(angle=90, pen=pg.mkPen(FIRST, width=2, style=Qt.PenStyle.DashLine)) for _ in range(2)]
-        self.first_label = pg.TextItem("", color=FIRST, anchor=(0, 0), fill=pg.mkBrush(pg.getConfigOption("background")))
+        self.first_label = pg.TextItem("", color=FIRST, anchor=(0, 1), fill=pg.mkBrush(pg.getConfigOption("background")))
         self.first_label.setZValue(10)
         self.selected_lines = [pg.InfiniteLine(angle=90, pen=pg.mkPen("#00e5ff", width=1)) for _ in range(2)]
         layout.addWidget(self.plot_widget, 1)
@@ -103,16 +105,21 @@ class OverviewPlot(QWidget):
         self.nmse_line.setData(x, series.nmse_log)
         first = cv.first_finding_pair(comparison)
         self.headline.setText(cv.headline(comparison))
+        at: float | None = None
         if first is not None and id(first) in self._position:
             at = float(self._position[id(first)])
             for plot, line in zip((self.ulp_plot, self.nmse_plot), self.first_lines):
                 line.setPos(at)
                 plot.addItem(line)
             self.first_label.setText(f"first {first.verdict}: {first.key}")
-            self.first_label.setPos(at + 0.5, float(series.ulp_log.max()) if series.ulp_log.size else 0.0)
             self.ulp_plot.addItem(self.first_label)
         self.ulp_plot.autoRange()
         self.nmse_plot.autoRange()
+        if at is not None:
+            # Above the highest point, in room added on top: drawn over the points, it hid the worst.
+            low, high = self.ulp_plot.viewRange()[1]
+            self.first_label.setPos(at + 0.5, high)
+            self.ulp_plot.setYRange(low, high + (high - low) * LABEL_ROOM, padding=0)
         self._show_selection(self._model.selected)
 
     def _clicked(self, _item: pg.ScatterPlotItem, spots: list[Any], event: Any = None) -> None:

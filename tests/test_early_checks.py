@@ -157,3 +157,16 @@ def test_a_comparison_closed_while_its_bytes_are_checked_early_leaves_no_process
         assert _early_readers(), "the early reader runs while the records are paired"
         work.close()
         assert _early_readers() == []
+
+
+def test_without_a_process_to_check_early_the_comparison_checks_when_it_asks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The early checks only save time: an interpreter that cannot be started costs none of the answers."""
+    native, oracle = _many_small_records(tmp_path, flip_at=30)
+    monkeypatch.setattr(comparison, "check_threads", lambda options: 2)
+    with open_capture(native) as n, open_capture(oracle) as o:
+        with ByteChecks(2) as checks:
+            monkeypatch.setattr("sys.executable", str(tmp_path / "no-such-python"))
+            checks.check_early(early_stretches(n, o, None))
+            assert checks.known.regions == [] and _early_readers() == []
+        compared = run_to_end(iter_compare(n, o, CompareOptions(workers=1)))
+    assert [p.key.text() for p in compared.pairs if not p.metrics.bit_exact] == ["1:decode:0:ffn_up"]

@@ -158,14 +158,17 @@ class ByteChecks:
         stretches = known.stretches()
         if self._pool is None or not stretches:
             return
-        self.known = known
         with tempfile.TemporaryFile() as asked:
             asked.write(b"".join(b"%d %d %d\n" % (check[0][1], check[1][1], check[2]) for _, check in stretches))
             asked.seek(0)
-            self._early = subprocess.Popen(
-                [sys.executable, "-m", EARLY_READER, *(str(fd) for fd in known.descriptors)],
-                stdin=asked, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, pass_fds=known.descriptors, env=child_env(),
-            )
+            try:
+                self._early = subprocess.Popen(
+                    [sys.executable, "-m", EARLY_READER, *(str(fd) for fd in known.descriptors)],
+                    stdin=asked, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, pass_fds=known.descriptors, env=child_env(),
+                )
+            except (OSError, ValueError):
+                return  # no process to spare (or none that can share descriptors): every check is made when asked
+        self.known = known
         self._early_answers = threading.Thread(target=self._settle, args=(self._early, [place for place, _ in stretches]), daemon=True)
         self._early_answers.start()
 

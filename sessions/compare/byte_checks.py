@@ -28,6 +28,7 @@ from sessions.capture.pack_read import pread_exact
 from sessions.child_env import child_env
 
 EARLY_READER = "sessions.compare.early_reader"
+"""The module a process of its own runs to check stretches before the comparison asks (`ByteChecks.check_early`)."""
 
 PIECE_BYTES = 256 * 1024
 """Stored bytes are read and compared this much at a time, into two buffers that stay in a core's
@@ -103,7 +104,7 @@ class KnownStretches:
         self.regions = regions
         self._starts = [region[0] for region in regions]
         self._first: list[int] = []
-        """Each region's first stretch's place in `equal`."""
+        """Each region's first stretch's place in `equal` (and in `stretches`)."""
         count = 0
         for _, _, size in regions:
             self._first.append(count)
@@ -113,14 +114,14 @@ class KnownStretches:
         self.settled = 0
         """How many stretches, from the first, have their answer."""
 
-    def stretches(self) -> list[tuple[int, Check]]:
-        """Every stretch, in order: its place in `equal` and its check."""
+    def stretches(self) -> list[Check]:
+        """Every stretch's check, in the order of `equal`."""
         n_fd, o_fd = self.descriptors
-        out: list[tuple[int, Check]] = []
-        for first, (n_at, o_at, size) in zip(self._first, self.regions):
-            for number, done in enumerate(range(0, size, STRETCH_BYTES)):
-                out.append((first + number, ((n_fd, n_at + done), (o_fd, o_at + done), min(STRETCH_BYTES, size - done))))
-        return out
+        return [
+            ((n_fd, n_at + done), (o_fd, o_at + done), min(STRETCH_BYTES, size - done))
+            for n_at, o_at, size in self.regions
+            for done in range(0, size, STRETCH_BYTES)
+        ]
 
     def covers(self, native: FileSpot, oracle: FileSpot, size: int) -> bool:
         """Whether the stretches covering these bytes were all found equal."""
@@ -159,7 +160,7 @@ class ByteChecks:
         if self._pool is None or not stretches:
             return
         with tempfile.TemporaryFile() as asked:
-            asked.write(b"".join(b"%d %d %d\n" % (check[0][1], check[1][1], check[2]) for _, check in stretches))
+            asked.write(b"".join(b"%d %d %d\n" % (native[1], oracle[1], size) for native, oracle, size in stretches))
             asked.seek(0)
             try:
                 self._early = subprocess.Popen(
@@ -169,21 +170,20 @@ class ByteChecks:
             except (OSError, ValueError):
                 return  # no process to spare (or none that can share descriptors): every check is made when asked
         self.known = known
-        self._early_answers = threading.Thread(target=self._settle, args=(self._early, [place for place, _ in stretches]), daemon=True)
+        self._early_answers = threading.Thread(target=self._settle, args=(self._early,), daemon=True)
         self._early_answers.start()
 
-    def _settle(self, early: subprocess.Popen[bytes], places: list[int]) -> None:
+    def _settle(self, early: subprocess.Popen[bytes]) -> None:
         """Each answer of the early process into `known`, as it comes (until it ends or is killed)."""
         assert early.stdout is not None
-        equal, at = self.known.equal, 0
-        while at < len(places):
+        known = self.known
+        while known.settled < len(known.equal):
             answers = early.stdout.read1(4096)
             if not answers:
                 return
             for answer in answers:
-                equal[places[at]] = answer == ord("1")
-                at += 1
-            self.known.settled = at
+                known.equal[known.settled] = answer == ord("1")
+                known.settled += 1
 
     def _pieces(self) -> Pieces:
         pieces: Pieces | None = getattr(self._local, "pieces", None)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from sessions.capture.opening import open_capture
-from sessions.compare import comparison
+from sessions.compare import byte_checks, comparison
 from sessions.compare.byte_checks import (
     EARLY_READER,
     STRETCH_BYTES,
@@ -26,6 +26,12 @@ from sessions.progress import run_to_end
 from tests.test_compare import _many_small_records
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="child processes are found through /proc")
+
+
+@pytest.fixture(autouse=True)
+def early_for_any_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These captures are kilobytes: a comparison checks them early only when told that is worth it."""
+    monkeypatch.setattr(byte_checks, "EARLY_MIN_BYTES", 1)
 
 
 def _early_readers() -> list[int]:
@@ -113,11 +119,16 @@ def test_the_early_process_finds_each_stretch_equal_or_not_and_is_gone_once_the_
         assert _early_readers() == []
 
 
-def test_one_thread_asked_for_starts_no_early_process(tmp_path: Path) -> None:
+def test_one_thread_asked_for_or_too_few_bytes_start_no_early_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     native, oracle = _many_small_records(tmp_path, flip_at=-1)
-    with open_capture(native) as n, open_capture(oracle) as o, ByteChecks(1) as checks:
-        checks.check_early(early_stretches(n, o, None))
-        assert _early_readers() == [] and checks.known.regions == []
+    with open_capture(native) as n, open_capture(oracle) as o:
+        with ByteChecks(1) as checks:
+            checks.check_early(early_stretches(n, o, None))
+            assert _early_readers() == [] and checks.known.regions == []
+        monkeypatch.setattr(byte_checks, "EARLY_MIN_BYTES", 3 * 2816 + 1)
+        with ByteChecks(2) as checks:
+            checks.check_early(early_stretches(n, o, None))
+            assert _early_readers() == [] and checks.known.regions == [], "three steps of 2,816 bytes are not worth a process"
 
 
 @pytest.mark.parametrize("flip_at", [-1, 30])

@@ -27,6 +27,9 @@ import numpy as np
 from sessions.capture.pack_read import pread_exact
 from sessions.child_env import child_env
 
+EARLY_MIN_BYTES = 256 * 1024 * 1024
+"""Fewer alike bytes a side than this are not checked early: starting the process (30-60 ms)
+would cost about what the comparison's own threads take to check them."""
 EARLY_READER = "sessions.compare.early_reader"
 """The module a process of its own runs to check stretches before the comparison asks (`ByteChecks.check_early`)."""
 
@@ -155,9 +158,9 @@ class ByteChecks:
         """Start checking `known`'s stretches now, in order, in a process of its own
         (sessions.compare.early_reader), while this one finds its pairs: these bytes are most of
         what the comparison will ask about. Only where the comparison may use more than one
-        thread: asked for one, it gets no more."""
+        thread (asked for one, it gets no more) and there are EARLY_MIN_BYTES to check."""
         stretches = known.stretches()
-        if self._pool is None or not stretches:
+        if self._pool is None or sum(size for _, _, size in stretches) < EARLY_MIN_BYTES:
             return
         with tempfile.TemporaryFile() as asked:
             asked.write(b"".join(b"%d %d %d\n" % (native[1], oracle[1], size) for native, oracle, size in stretches))

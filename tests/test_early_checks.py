@@ -181,3 +181,11 @@ def test_without_a_process_to_check_early_the_comparison_checks_when_it_asks(tmp
             assert checks.known.regions == [] and _early_readers() == []
         compared = run_to_end(iter_compare(n, o, CompareOptions(workers=1)))
     assert [p.key.text() for p in compared.pairs if not p.metrics.bit_exact] == ["1:decode:0:ffn_up"]
+
+
+def test_without_a_temporary_folder_to_hand_the_stretches_over_the_checks_are_made_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    native, oracle = _many_small_records(tmp_path, flip_at=-1)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "no-such-folder"))
+    with open_capture(native) as n, open_capture(oracle) as o, ByteChecks(2) as checks:
+        checks.check_early(early_stretches(n, o, None))
+        assert checks.known.regions == [] and _early_readers() == []

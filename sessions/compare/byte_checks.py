@@ -162,16 +162,16 @@ class ByteChecks:
         stretches = known.stretches()
         if self._pool is None or sum(size for _, _, size in stretches) < EARLY_MIN_BYTES:
             return
-        with tempfile.TemporaryFile() as asked:
-            asked.write(b"".join(b"%d %d %d\n" % (native[1], oracle[1], size) for native, oracle, size in stretches))
-            asked.seek(0)
-            try:
+        try:
+            with tempfile.TemporaryFile() as asked:
+                asked.write(b"".join(b"%d %d %d\n" % (native[1], oracle[1], size) for native, oracle, size in stretches))
+                asked.seek(0)
                 self._early = subprocess.Popen(
                     [sys.executable, "-m", EARLY_READER, *(str(fd) for fd in known.descriptors)],
                     stdin=asked, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, pass_fds=known.descriptors, env=child_env(),
                 )
-            except (OSError, ValueError):
-                return  # no process to spare (or none that can share descriptors): every check is made when asked
+        except (OSError, ValueError):
+            return  # no temporary file, no process to spare, or none that can share descriptors: every check is made when asked
         self.known = known
         self._early_answers = threading.Thread(target=self._settle, args=(self._early,), daemon=True)
         self._early_answers.start()

@@ -5,6 +5,7 @@ only for bytes the checked stretches cover, all found equal."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from sessions.capture.opening import open_capture
-from sessions.compare import byte_checks, comparison
+from sessions.compare import byte_checks, comparison, early_checks
 from sessions.compare.byte_checks import (
     EARLY_READER,
     STRETCH_BYTES,
@@ -32,6 +33,7 @@ pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="ch
 def early_for_any_size(monkeypatch: pytest.MonkeyPatch) -> None:
     """These captures are kilobytes: a comparison checks them early only when told that is worth it."""
     monkeypatch.setattr(byte_checks, "EARLY_MIN_BYTES", 1)
+    monkeypatch.setattr(early_checks, "EARLY_MIN_REGION_BYTES", 1)
 
 
 def _early_readers() -> list[int]:
@@ -66,7 +68,7 @@ def test_a_check_is_answered_only_where_equal_stretches_cover_it_at_the_same_pla
     assert not known.covers((3, 100 + 3 * STRETCH_BYTES - 1), (4, 1000 + 3 * STRETCH_BYTES - 1), 2), "runs past the region's end"
 
 
-def test_captures_laid_out_alike_are_one_region_a_step_and_captures_of_other_records_none(tmp_path: Path) -> None:
+def test_captures_laid_out_alike_are_one_region_a_step_and_captures_of_other_records_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     native, oracle = _many_small_records(tmp_path, flip_at=30)
     with open_capture(native) as n, open_capture(oracle) as o:
         known = early_stretches(n, o, None)
@@ -75,6 +77,8 @@ def test_captures_laid_out_alike_are_one_region_a_step_and_captures_of_other_rec
         assert early_stretches(n, o, 1).regions == known.regions[:1], "a step budget of one step checks one step's bytes early"
         assert [region[2] for region in early_stretches(n, o, None, limit=3000).regions] == [2816, 184], "no more than the limit"
         assert early_stretches(n, n, None).regions != [], "a capture with itself"
+        monkeypatch.setattr(early_checks, "EARLY_MIN_REGION_BYTES", 2817)
+        assert early_stretches(n, o, None).regions == [], "regions too short to be worth a line each"
     other = tmp_path / "other"
     other.mkdir()
     _, renamed = _many_small_records(other, flip_at=-1)
@@ -189,3 +193,42 @@ def test_without_a_temporary_folder_to_hand_the_stretches_over_the_checks_are_ma
     with open_capture(native) as n, open_capture(oracle) as o, ByteChecks(2) as checks:
         checks.check_early(early_stretches(n, o, None))
         assert checks.known.regions == [] and _early_readers() == []
+
+
+def test_a_capture_open_as_a_standard_descriptor_is_not_handed_to_the_early_process(tmp_path: Path) -> None:
+    """Descriptor 0 would be the child's stdin, its list of stretches: the answers would be lost."""
+    data = tmp_path / "n.bin"
+    data.write_bytes(bytes(2 * STRETCH_BYTES))
+    with open(data, "rb") as a, ByteChecks(2) as checks:
+        checks.check_early(KnownStretches(0, a.fileno(), [(0, 0, 2 * STRETCH_BYTES)]))
+        assert checks.known.regions == [] and _early_readers() == []
+
+
+def test_no_thread_to_read_the_answers_ends_the_early_process_and_leaves_the_checks_to_be_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    class NoThread(threading.Thread):
+        def start(self) -> None:
+            raise RuntimeError("can't start new thread")
+
+    native, oracle = _many_small_records(tmp_path, flip_at=-1)
+    monkeypatch.setattr(byte_checks.threading, "Thread", NoThread)
+    with open_capture(native) as n, open_capture(oracle) as o:
+        with ByteChecks(2) as checks:
+            checks.check_early(early_stretches(n, o, None))
+            assert checks.known.regions == [] and _early_readers() == []
+            spot = (n.descriptor, 0)
+            assert checks.equal(spot, spot, 64)
+
+
+def test_a_child_runs_the_projects_module_whatever_folder_it_is_started_in(tmp_path: Path) -> None:
+    """A `sessions` package where the user stands must not stand in for the project's own."""
+    import subprocess
+
+    from sessions.child_env import child_env, module_command
+
+    fake = tmp_path / "sessions" / "compare"
+    fake.mkdir(parents=True)
+    (tmp_path / "sessions" / "__init__.py").write_text("")
+    (fake / "__init__.py").write_text("")
+    (fake / "early_reader.py").write_text("print('not the project')\n")
+    done = subprocess.run(module_command(EARLY_READER, "3", "4"), cwd=tmp_path, env=child_env(), input=b"", capture_output=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == b"", done.stdout

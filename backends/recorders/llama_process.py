@@ -49,6 +49,7 @@ from backends.recorders.record_schedule import (
     TokenSchedule,
     check_batch,
 )
+from sessions.child_env import module_command
 from sessions.child_process import ChildProcess, progress_line
 from sessions.machine import physical_memory
 from sessions.progress import Progress, ProgressGenerator, run_to_end
@@ -111,7 +112,7 @@ def _iter_child(model: Path, schedule: TokenSchedule, settings: LlamaSettings, j
     with tempfile.TemporaryDirectory(prefix="parity-xray-llama-") as scratch:
         logits = Path(scratch) / "logits.npz"
         job = {**job, "model": str(model), "schedule": _schedule_json(schedule), "settings": asdict(settings), "logits": str(logits)}
-        child = ChildProcess([sys.executable, "-m", "backends.recorders.llama_process"], json.dumps(job))
+        child = ChildProcess(module_command("backends.recorders.llama_process"), json.dumps(job))
         try:
             yield Progress(0, schedule.decode_steps + 1, f"starting llama.cpp on {model.name}")
             while child.reading:

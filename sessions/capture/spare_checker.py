@@ -18,10 +18,9 @@ import atexit
 import json
 import os
 import subprocess
-import sys
 import threading
 
-from sessions.child_env import child_env
+from sessions.child_env import child_env, module_command
 
 CHECKER_MODULE = "sessions.capture.structure_check"
 SPARE_FLAG = "--spare"
@@ -88,7 +87,7 @@ def _start() -> None:
     if _ready is None:
         try:
             _ready = subprocess.Popen(
-                [sys.executable, "-m", CHECKER_MODULE, SPARE_FLAG],
+                module_command(CHECKER_MODULE, SPARE_FLAG),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

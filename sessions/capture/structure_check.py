@@ -54,7 +54,7 @@ from sessions.capture.hdf5_safety import (
 from sessions.capture.index_rows import listed
 from sessions.capture.reader import Capture, CaptureError, load_capture
 from sessions.capture.record_scan import scan_problems
-from sessions.child_env import child_env
+from sessions.child_env import child_env, module_command
 from sessions.child_process import signal_name
 from sessions.progress import Progress, ProgressGenerator, run_to_end
 
@@ -363,7 +363,7 @@ class _Children:
 
     def _fresh(self, command: list[str]) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
-            [sys.executable, "-m", spare_checker.CHECKER_MODULE, *command],
+            module_command(spare_checker.CHECKER_MODULE, *command),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -14,7 +14,6 @@ it against 6.1-6.7 s without (four runs each, alternating).
 from __future__ import annotations
 
 import subprocess
-import sys
 import tempfile
 import threading
 from bisect import bisect_right
@@ -25,7 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from sessions.capture.pack_read import pread_exact
-from sessions.child_env import child_env
+from sessions.child_env import child_env, module_command
 
 EARLY_MIN_BYTES = 256 * 1024 * 1024
 """Fewer alike bytes a side than this are not checked early: starting the process (30-60 ms)
@@ -160,26 +159,29 @@ class ByteChecks:
         what the comparison will ask about. Only where the comparison may use more than one
         thread (asked for one, it gets no more) and there are EARLY_MIN_BYTES to check."""
         stretches = known.stretches()
-        if self._pool is None or sum(size for _, _, size in stretches) < EARLY_MIN_BYTES:
-            return
+        if self._pool is None or sum(size for _, _, size in stretches) < EARLY_MIN_BYTES or min(known.descriptors) <= 2:
+            return  # (a capture opened as descriptor 0-2 would be the child's stdin, stdout or stderr)
         try:
             with tempfile.TemporaryFile() as asked:
                 asked.write(b"".join(b"%d %d %d\n" % (native[1], oracle[1], size) for native, oracle, size in stretches))
                 asked.seek(0)
-                self._early = subprocess.Popen(
-                    [sys.executable, "-m", EARLY_READER, *(str(fd) for fd in known.descriptors)],
+                early = subprocess.Popen(
+                    module_command(EARLY_READER, *(str(fd) for fd in known.descriptors)),
                     stdin=asked, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, pass_fds=known.descriptors, env=child_env(),
                 )
         except (OSError, ValueError):
             return  # no temporary file, no process to spare, or none that can share descriptors: every check is made when asked
-        self.known = known
-        self._early_answers = threading.Thread(target=self._settle, args=(self._early,), daemon=True)
-        self._early_answers.start()
+        answers = threading.Thread(target=self._settle, args=(early, known), daemon=True)
+        try:
+            answers.start()
+        except RuntimeError:  # no thread to spare
+            _end(early)
+            return
+        self.known, self._early, self._early_answers = known, early, answers
 
-    def _settle(self, early: subprocess.Popen[bytes]) -> None:
+    def _settle(self, early: subprocess.Popen[bytes], known: KnownStretches) -> None:
         """Each answer of the early process into `known`, as it comes (until it ends or is killed)."""
         assert early.stdout is not None
-        known = self.known
         while known.settled < len(known.equal):
             answers = early.stdout.read1(4096)
             if not answers:
@@ -250,13 +252,10 @@ class ByteChecks:
                 future.cancel()
 
     def close(self) -> None:
-        if self._early is not None:
-            self._early.kill()
-            self._early.wait()
-            assert self._early.stdout is not None and self._early_answers is not None
+        if self._early is not None and self._early_answers is not None:
+            _end(self._early)
             self._early_answers.join()
-            self._early.stdout.close()
-            self._early = None
+            self._early = self._early_answers = None
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
 
@@ -265,6 +264,14 @@ class ByteChecks:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+def _end(early: subprocess.Popen[bytes]) -> None:
+    """Kill and reap the early process; its answers' pipe then ends."""
+    early.kill()
+    early.wait()
+    if early.stdout is not None:
+        early.stdout.close()
 
 
 def _batches(checks: list[Check]) -> Iterator[list[Check]]:

@@ -23,6 +23,9 @@ from sessions.machine import physical_memory
 ALIKE_NUMBERS = ("step", "layer", "occurrence", "ndim", "nbytes")
 ALIKE_TEXTS = ("segment", "name", "dtype")
 """With `shape`, the index fields two rows must share to be the same record of runs laid out alike."""
+EARLY_MIN_REGION_BYTES = 1024 * 1024
+"""Regions shorter than this a side are left to the comparison: alike rows that seldom follow one
+another made 600,000 regions of 1 KiB, whose list alone held the pairing up for 2 s."""
 EARLY_SHARE_OF_MEMORY = 8
 """At most this share of the machine's memory, a side, is checked early: a pair larger than the
 page cache would otherwise push out what the comparison reads first."""
@@ -58,7 +61,8 @@ def _same_text(native: IndexColumns, oracle: IndexColumns, field: str, rows: int
 
 def early_stretches(native: Capture, oracle: Capture, max_steps: int | None, limit: int | None = None) -> KnownStretches:
     """The regions of alike rows whose bytes follow one another on both sides, in index order,
-    up to `limit` bytes a side (default: EARLY_SHARE_OF_MEMORY of the machine's memory)."""
+    of EARLY_MIN_REGION_BYTES or more, up to `limit` bytes a side (default: EARLY_SHARE_OF_MEMORY
+    of the machine's memory)."""
     n_fd, o_fd = native.descriptor, oracle.descriptor
     if n_fd is None or o_fd is None:
         return KnownStretches(-1, -1, [])
@@ -75,6 +79,8 @@ def early_stretches(native: Capture, oracle: Capture, max_steps: int | None, lim
     for start, length in zip(first.tolist(), lengths.tolist()):
         if budget <= 0:
             break
+        if length < EARLY_MIN_REGION_BYTES:
+            continue
         length = min(length, budget)
         regions.append((int(n_at[start]), int(o_at[start]), length))
         budget -= length

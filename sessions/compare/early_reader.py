@@ -5,7 +5,8 @@ interpreter lock, and a thread reading beside it waited for the lock after every
 took 4.4 s on a thread, and slowed the pairing). This process shares no lock: it is handed the
 two descriptors and the stretches (one line each, "native-offset oracle-offset bytes"), and
 answers with one byte per stretch, in order: b"1" when equal, b"0" when not or unreadable. It
-imports nothing of the project, so it starts in a few tens of milliseconds.
+imports nothing but the standard library and the project's two package files, so it starts in a
+few tens of milliseconds.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from sessions.capture.opening import open_capture
 from sessions.capture.reader import CaptureError
+from sessions.child_env import module_command
 from sessions.child_process import ChildProcess, progress_line, signal_name
 from sessions.compare.comparison import Comparison, iter_compare
 from sessions.compare.document import ReportFormatError, document_bytes, loads_lines
@@ -57,7 +58,7 @@ def options_from_json(text: str) -> CompareOptions:
 
 
 def _child_command(native: Path, oracle: Path, cache_dir: Path | None, for_window: bool) -> list[str]:
-    command = [sys.executable, "-m", "sessions.compare.in_child", "--options", "-"]
+    command = module_command("sessions.compare.in_child", "--options", "-")
     if cache_dir is not None:
         command += ["--cache-dir", str(cache_dir)]
     if for_window:

@@ -105,7 +105,7 @@ AlignOverride = ManualPair | ManualBreak
 @dataclass(frozen=True, slots=True)
 class UnalignedRecord:
     """Slots, no dict each: a llama.cpp capture has tens of thousands of records no profile rule
-    maps (80,000 built in 0.11 s against 0.23 s)."""
+    maps (building 80,000 into fresh memory alone: 0.11 s against 0.23 s)."""
 
     side: str
     seq: int

@@ -91,8 +91,8 @@ READ_AHEAD_BYTES = 256 * 1024 * 1024
 
 @dataclass(slots=True)
 class PairResult:
-    """One per aligned pair, by the hundred thousand: with slots, and no dict each, a real run's
-    220,000 were built in 0.07 s against 0.38 s (most of it faulting in fresh memory)."""
+    """One per aligned pair, by the hundred thousand: slots, no dict each (building 220,000 into
+    fresh memory alone: 0.07 s against 0.38 s; within a whole comparison the gain is smaller)."""
 
     key: OpKey
     native_name: str

@@ -25,17 +25,14 @@ import numpy as np
 
 from sessions.capture.pack_read import pread_exact
 from sessions.child_env import child_env, module_command
+from sessions.compare import early_reader
+from sessions.compare.early_reader import PIECE_BYTES
 
 EARLY_MIN_BYTES = 256 * 1024 * 1024
 """Fewer alike bytes a side than this are not checked early: starting the process (30-60 ms)
 would cost about what the comparison's own threads take to check them."""
-EARLY_READER = "sessions.compare.early_reader"
+EARLY_READER = early_reader.__name__
 """The module a process of its own runs to check stretches before the comparison asks (`ByteChecks.check_early`)."""
-
-PIECE_BYTES = 256 * 1024
-"""Stored bytes are read and compared this much at a time, into two buffers that stay in a core's
-own cache: reading and comparing an 8 GB warm pair took 1.05 s of CPU in pieces of 256 KiB
-against 1.51 s in pieces of 4 MiB (`cat` of both files: 1.09 s)."""
 STRETCH_BYTES = 4 * 1024 * 1024
 """Stored bytes are handed out this much at a time: a run of small records is cut where its bytes
 pass a multiple of it (sessions.compare.pair_compare), a long record is shared out between the

@@ -15,7 +15,10 @@ import os
 import sys
 
 PIECE_BYTES = 256 * 1024
-"""As sessions.compare.byte_checks.PIECE_BYTES: both pieces stay in a core's own cache."""
+"""Stored bytes are read and compared this much at a time, here and by every check of the
+comparison (sessions.compare.byte_checks), into two buffers that stay in a core's own cache:
+reading and comparing an 8 GB warm pair took 1.05 s of CPU in pieces of 256 KiB against 1.51 s
+in pieces of 4 MiB (`cat` of both files: 1.09 s). Defined here, where nothing heavy is imported."""
 
 
 def stretch_equal(native_fd: int, oracle_fd: int, native_at: int, oracle_at: int, size: int, a: bytearray, b: bytearray) -> bool:

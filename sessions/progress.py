@@ -6,6 +6,8 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import TypeVar
 
+from sessions.ctrl_c import raise_if_pressed
+
 T = TypeVar("T")
 
 
@@ -25,9 +27,11 @@ ProgressGenerator = Generator[Progress, None, T]
 
 
 def run_to_end(work: "ProgressGenerator[T]") -> T:
-    """Drive a progress generator without showing progress (headless callers, tests)."""
+    """Drive a progress generator without showing progress (headless callers, tests); a Ctrl-C
+    whose KeyboardInterrupt was lost stops it at its next step (sessions.ctrl_c)."""
     while True:
         try:
             next(work)
         except StopIteration as stop:
             return stop.value
+        raise_if_pressed()

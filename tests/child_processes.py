@@ -6,8 +6,9 @@ import os
 from pathlib import Path
 
 
-def children_of_this_process() -> dict[int, list[bytes]]:
-    """pid -> command line of every live child of this process."""
+def children_of_this_process(parent: int | None = None) -> dict[int, list[bytes]]:
+    """pid -> command line of every live child of this process (or of `parent`)."""
+    parent = os.getpid() if parent is None else parent
     found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -17,7 +18,7 @@ def children_of_this_process() -> dict[int, list[bytes]]:
             cmdline = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid():
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
             found[int(entry.name)] = cmdline
     return found
 

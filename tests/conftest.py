@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +24,18 @@ def no_checking_child_kept_ready() -> Iterator[None]:
     start their own children, as it expects."""
     yield
     spare_checker.stop()
+
+
+@pytest.fixture
+def python_ctrl_c() -> Iterator[None]:
+    """Python's own Ctrl-C handler, for a test that sends SIGINT to a command it starts: a suite
+    run in the background of a shell has SIGINT ignored, and a child inherits an ignored signal
+    (a command started so is meant to ignore Ctrl-C), but not a handled one."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture(scope="session")

@@ -368,20 +368,14 @@ def test_an_unusable_profile_makes_the_case_unusable_with_the_reason_report_give
 
 
 def test_ctrl_c_stops_the_running_comparisons_and_leaves_nothing_on_the_cluster(
-    tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], cluster: str
+    tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], cluster: str, python_ctrl_c: None
 ) -> None:
     _runs(tmp_path, demo_pairs)
     (tmp_path / "gate.toml").write_text(GLOB)
-    # A suite run in the background (`make test &`) has SIGINT ignored, and a child inherits an
-    # ignored signal (a gate started so is meant to ignore Ctrl-C), but not a handled one.
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        gate = subprocess.Popen(
-            [sys.executable, "-m", "viewer.cli", "gate", str(tmp_path / "gate.toml"), "--scheduler", cluster, "--no-cache", "--json", str(tmp_path / "gate.json")],
-            cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    gate = subprocess.Popen(
+        [sys.executable, "-m", "viewer.cli", "gate", str(tmp_path / "gate.toml"), "--scheduler", cluster, "--no-cache", "--json", str(tmp_path / "gate.json")],
+        cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
     child = _wait_for_child(tmp_path / "runs" / "attention-contract.native.h5")
     os.kill(child, signal.SIGSTOP)  # a comparison that will not finish by itself
     gate.send_signal(signal.SIGINT)

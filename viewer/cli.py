@@ -15,6 +15,7 @@ import sys
 from types import ModuleType
 
 from sessions.capture import spare_checker
+from sessions.ctrl_c import EXIT_INTERRUPTED, ctrl_c_kept
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("sessions.commands.validate", "check capture files; exit 0 valid, 2 invalid"),
@@ -60,9 +61,14 @@ def main(argv: list[str] | None = None) -> int:
         return run_viewer(argv)
     if argv[0] in OPENS_CAPTURES:
         spare_checker.prepare()
-    args = build_parser(argv[0] if argv[0] in SUBCOMMANDS else None).parse_args(argv)
     try:
-        return int(_module(args.command).run(args))
+        with ctrl_c_kept():
+            args = build_parser(argv[0] if argv[0] in SUBCOMMANDS else None).parse_args(argv)
+            return int(_module(args.command).run(args))
+    except KeyboardInterrupt:
+        # Commands that leave something behind (record, gate) say what; the rest end here.
+        print(f"parity-xray {argv[0]}: interrupted by Ctrl-C", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         # `parity-xray report ... | head -1`: the reader has what it wanted. Python would print a
         # traceback at exit while flushing stdout, so stdout goes to /dev/null first.

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sessions.ctrl_c import raise_if_pressed
 from sessions.progress import Progress
 
 if TYPE_CHECKING:
@@ -45,6 +46,7 @@ def _generate(out_dir: Path, scenarios: list[str] | None, seed: int) -> dict[str
         except StopIteration as stop:
             return stop.value
         print(f"[{step.done}/{step.total}] {step.label}", file=sys.stderr)
+        raise_if_pressed()
 
 
 def _verdict_text(expected: "ExpectedVerdict") -> str:

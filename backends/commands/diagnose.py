@@ -32,6 +32,7 @@ from sessions.compare.key import OpKey
 from sessions.compare.options import CompareOptions
 from sessions.compare.profiles import ProfileError
 from sessions.compare.result_cache import iter_compare_cached
+from sessions.ctrl_c import raise_if_pressed
 from sessions.printable import printable
 from sessions.progress import Progress, ProgressGenerator, run_to_end
 
@@ -79,6 +80,7 @@ def _with_progress(work: ProgressGenerator[Diagnosis]) -> Diagnosis:
             return done.value  # type: ignore[no-any-return]
         if live and isinstance(step, Progress):
             print(f"[{step.done}/{step.total}] {step.label}"[:79].ljust(79), end="\r", file=sys.stderr)
+        raise_if_pressed()
 
 
 def run(args: argparse.Namespace) -> int:

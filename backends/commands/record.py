@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from sessions.capture.format import ROLES
 from sessions.commands.arguments import capture_output_problem, output_clash
+from sessions.ctrl_c import EXIT_INTERRUPTED, raise_if_pressed
 from sessions.progress import Progress
 
 if TYPE_CHECKING:
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
 EXIT_OK = 0
 EXIT_REFUSED = 2
 EXIT_CRASHED = 3
-EXIT_INTERRUPTED = 130
 KV_CHOICES = ("f32", "f16", "bf16", "q8_0")
 
 
@@ -129,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
                 if progress != shown:  # the child's latest progress comes again while it is quiet
                     print(f"  {progress.label} ({progress.done}/{progress.total})", flush=True)
                     shown = progress
+                raise_if_pressed()
         except LlamaCrashed as exc:
             print(f"record failed: {exc}")
             return EXIT_CRASHED

@@ -21,16 +21,13 @@ from typing import TYPE_CHECKING
 
 from sessions.commands.arguments import output_clash
 from sessions.compare.verdict import EXIT_UNUSABLE, UNUSABLE
+from sessions.ctrl_c import EXIT_INTERRUPTED, raise_if_pressed
 from sessions.printable import printable
 
 if TYPE_CHECKING:
     from sessions.gate.judge import CachedCase, CaseOutcome
     from sessions.gate.manifest import GateCase
     from sessions.gate.result import CaseResult, GateResult
-
-EXIT_CANCELLED = 130
-"""The shell's code for a command ended by Ctrl-C (128 + SIGINT)."""
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("manifest", help="TOML manifest of the cases (docs/gate.md)")
@@ -77,11 +74,12 @@ def run(args: argparse.Namespace) -> int:
                 print(f"Dask dashboard: {dashboard}")
             for index, outcome in dask_gate.judge(list(manifest.cases), state.previous, state.want_html):
                 state.finished(index, outcome)
+                raise_if_pressed()
     except ClusterError as exc:
         return _fail(str(exc))
     except KeyboardInterrupt:
         print(f"\nparity-xray gate: cancelled; {state.done} of {len(manifest.cases)} case(s) were judged; nothing written", file=sys.stderr)
-        return EXIT_CANCELLED
+        return EXIT_INTERRUPTED
     gate = state.result(str(manifest.path), cluster, dashboard, time.monotonic() - started)
     sys.stdout.write(render_text(gate))
     try:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from contextlib import closing
 from pathlib import Path
 
 from sessions.capture.format import ROLES
 from sessions.capture.reader import CaptureError
+from sessions.ctrl_c import raise_if_pressed
 from sessions.importers import KINDS, iter_import
 
 EXIT_OK = 0
@@ -32,8 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     overrides = {"role": args.role, "engine_name": args.engine_name, "model_id": args.model_id}
     try:
-        work = iter_import(args.kind, args.source, args.out, manifest=args.manifest, meta=overrides)
-        count = sum(1 for _ in work)
+        count = 0
+        with closing(iter_import(args.kind, args.source, args.out, manifest=args.manifest, meta=overrides)) as work:
+            for _ in work:
+                count += 1
+                raise_if_pressed()
     except CaptureError as exc:
         print(f"import refused: {exc}", file=sys.stderr)
         return EXIT_REFUSED

@@ -1,0 +1,126 @@
+"""Ctrl-C in a headless command: one line, exit 130, no traceback, no child left, and never lost.
+
+Python loses a KeyboardInterrupt that is raised while a weakref callback or finalizer runs
+(it prints "Exception ignored in ..." and goes on): `record mlx` runs interrupted so went on to
+the end and said they had recorded the run. These tests send real signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import weakref
+from pathlib import Path
+
+import pytest
+
+from sessions.capture.spare_checker import CHECKER_MODULE
+from sessions.child_env import PROJECT_ROOT, child_env
+from sessions.ctrl_c import ctrl_c_kept
+from sessions.progress import Progress, ProgressGenerator, run_to_end
+from tests.child_processes import children_of_this_process
+
+
+class _Held:
+    """An object whose weakref callback runs Python code when it is dropped."""
+
+
+def _steps_dropping_an_object_whose_callback_is_interrupted(reached: list[int]) -> ProgressGenerator[str]:
+    held = _Held()
+
+    def interrupted_callback(_: object) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):  # the signal is handled here, inside the callback, which loses its exception
+            pass
+
+    ref = weakref.ref(held, interrupted_callback)
+    for step in range(100):
+        reached.append(step)
+        if step == 3:
+            del held
+        yield Progress(step, 100)
+    assert ref() is None
+    return "ran to the end"
+
+
+def test_a_ctrl_c_whose_exception_a_callback_lost_still_stops_the_run_at_its_next_step(python_ctrl_c: None) -> None:
+    reached: list[int] = []
+    with ctrl_c_kept(), pytest.raises(KeyboardInterrupt):
+        run_to_end(_steps_dropping_an_object_whose_callback_is_interrupted(reached))
+    assert reached == [0, 1, 2, 3]
+
+
+def test_outside_a_command_a_lost_ctrl_c_is_lost_as_python_loses_it(python_ctrl_c: None) -> None:
+    """The hazard the kept flag is for, shown with the same run: without it the run goes to its end."""
+    reached: list[int] = []
+    unraisable: list[BaseException | None] = []
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = lambda hook_args: unraisable.append(hook_args.exc_value)
+    try:
+        assert run_to_end(_steps_dropping_an_object_whose_callback_is_interrupted(reached)) == "ran to the end"
+    finally:
+        sys.unraisablehook = previous_hook
+    assert len(reached) == 100 and len(unraisable) == 1 and isinstance(unraisable[0], KeyboardInterrupt)
+
+
+def test_a_command_started_with_ctrl_c_ignored_keeps_ignoring_it() -> None:
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with ctrl_c_kept():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _checker_of(pid: int, timeout_s: float = 30.0) -> int:
+    """The checking child `pid` keeps ready, stopped as soon as it is there: a check that never ends."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for child, cmdline in children_of_this_process(pid).items():
+            if CHECKER_MODULE.encode() in b" ".join(cmdline):
+                os.kill(child, signal.SIGSTOP)
+                return child
+        time.sleep(0.005)
+    raise AssertionError(f"process {pid} started no checking child in {timeout_s} s")
+
+
+@pytest.mark.parametrize("command", ["report", "validate"])
+def test_ctrl_c_ends_a_command_with_one_line_exit_130_and_no_child_left(
+    command: str, demo_pairs: dict[str, tuple[Path, Path]], tmp_path: Path, python_ctrl_c: None
+) -> None:
+    native, oracle = demo_pairs["clean"]
+    copies = []
+    for source in (native, oracle):  # files no check has passed yet (the check cache knows the demo's)
+        copies.append(tmp_path / source.name)
+        copies[-1].write_bytes(source.read_bytes())
+    running = subprocess.Popen(
+        [sys.executable, "-m", "viewer.cli", command, *map(str, copies)],
+        cwd=PROJECT_ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    checker = _checker_of(running.pid)
+    try:
+        time.sleep(1.0)  # the command has handed the first file to the stopped checker and waits
+        running.send_signal(signal.SIGINT)
+        out, err = running.communicate(timeout=60)
+        checker_left = _alive(checker)
+    finally:
+        if running.poll() is None:
+            running.kill()
+            running.communicate()
+        if _alive(checker):
+            os.kill(checker, signal.SIGKILL)
+    assert running.returncode == 130, err
+    assert err == f"parity-xray {command}: interrupted by Ctrl-C\n"
+    assert out == ""
+    assert not checker_left
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` is a process that has not ended (a zombie has ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import h5py
@@ -142,3 +143,18 @@ def test_writer_refuses_unknown_primitives(tmp_path: Path) -> None:
     with CaptureWriter(tmp_path / "c.h5", CaptureMeta(role="native")) as writer:
         with pytest.raises(ValueError, match="primitive"):
             writer.add_dispatch(index_seq=0, call=0, kv_group=0, head_start=0, head_count=1, q_heads=1, kv_heads=1, q_rows=1, kv_len=1, head_dim=64, primitive="flash")
+
+
+def test_writing_a_capture_leaves_other_files_beside_it_alone_and_keeps_the_usual_permissions(tmp_path: Path) -> None:
+    """The skeleton is written under a fresh hidden name, then renamed to the capture's own: a
+    fixed temporary name (".x.h5.partial") replaced whatever file had that name."""
+    stray = tmp_path / ".x.h5.partial"
+    stray.write_bytes(b"a file of the user's")
+    write_capture(tmp_path / "x.h5")
+    assert stray.read_bytes() == b"a file of the user's"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".x.h5.partial", "x.h5"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "x.h5").stat().st_mode & 0o777 == 0o666 & ~umask
+    with open_capture(tmp_path / "x.h5") as capture:
+        assert len(capture.records) == len(tensors())

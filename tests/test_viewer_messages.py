@@ -64,6 +64,24 @@ def test_a_contract_mismatch_reads_as_the_strip_word_and_a_card_at_720p(qtbot: Q
     shoot(window, artifacts_dir, "contract-mismatch")
 
 
+def test_the_contract_cards_details_follow_the_windows_height_until_the_user_chooses(qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]]) -> None:
+    window.resize(1280, 1000)
+    window.open_pair(*demo_pairs["attention-contract"])
+    qtbot.waitUntil(lambda: window.model.comparison is not None and not window.tasks.busy, timeout=WAIT_MS)
+    [card] = [b for b in window.banners.banners("comparison") if "native ran" in b.text]
+    shown = []
+    for height in (1000, 720, 960, 640):
+        window.resize(1280, height)
+        QApplication.processEvents()
+        shown.append(card.details.isVisible())
+    assert shown == [True, False, True, False]
+    card.details_toggle.click()  # the user wants the details, small window or not
+    for height in (700, 1000, 650):
+        window.resize(1280, height)
+        QApplication.processEvents()
+        assert card.details.isVisible(), f"the user's choice holds at {height} px"
+
+
 def test_captures_no_profile_recognises_are_unusable_and_say_why(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
     bits = bf16_bits(np.linspace(-1.0, 1.0, 32).reshape(4, 8))
     tensors = [T("mystery.block.0.mix", bits, layer=0, dtype="bfloat16"), T("mystery.block.0.out", bits, layer=0, dtype="bfloat16")]

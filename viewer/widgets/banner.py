@@ -72,6 +72,9 @@ class Banner(QFrame):
         self.details_toggle.setAutoRaise(True)
         self.details_toggle.setVisible(bool(details))
         self.details_toggle.toggled.connect(self.details.setVisible)
+        self._chosen = False
+        """Whether the user has shown or hidden the details: then the window's size no longer does."""
+        self.details_toggle.clicked.connect(self._choose)
         layout.addWidget(self.details_toggle, 0, Qt.AlignmentFlag.AlignTop)
         self.buttons: dict[str, QPushButton] = {}
         for text_, callback in actions:
@@ -86,6 +89,14 @@ class Banner(QFrame):
             close.setAutoRaise(True)
             close.clicked.connect(self.deleteLater)
             layout.addWidget(close, 0, Qt.AlignmentFlag.AlignTop)
+
+    def _choose(self) -> None:
+        self._chosen = True
+
+    def fit_room(self, expanded: bool) -> None:
+        """Show the details when the window has room for them (`expanded`), unless the user chose."""
+        if not self._chosen:
+            self.details_toggle.setChecked(expanded)
 
     def _act(self, callback: Callable[[], None]) -> None:
         self.dismissed = True

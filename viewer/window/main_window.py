@@ -18,6 +18,7 @@ from PySide6.QtGui import (
     QDragEnterEvent,
     QDropEvent,
     QKeySequence,
+    QResizeEvent,
 )
 from PySide6.QtWidgets import (
     QApplication,
@@ -749,6 +750,13 @@ class MainWindow(QMainWindow):
             return
         event.acceptProposedAction()
         self.open_files(paths)
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        """The contract card follows the window's height (CARD_EXPANDED_FROM_HEIGHT) until the user
+        chooses with its toggle: a window opened tall and then made small kept five lines of card."""
+        super().resizeEvent(event)
+        for card in self.banners.banners("comparison"):
+            card.fit_room(event.size().height() >= CARD_EXPANDED_FROM_HEIGHT)
 
     # -- closing -----------------------------------------------------------------------------
 

@@ -22,8 +22,11 @@ Each round also times `python -c "import numpy, h5py"`: the start-up any Python 
 before its first byte. On a warm 1 GB pair that alone is about 2x cat, so the script also prints
 the report's time beyond it against cat -- the part this project's code decides.
 
+`--align positions` times the report pairing records by token position, as it pairs runs cut
+differently.
+
 Usage: python benchmarks/bench_report.py [--dir /tmp/parity-xray-bench] [--gib 1.0 | --records N [--record-shape R,C] [--diverged]]
-       [--repeat 3] [--cold] [--keep] [--workers 1,2,all]
+       [--repeat 3] [--cold] [--keep] [--workers 1,2,all] [--align auto|calls|positions]
 h5diff comes with the hdf5-tools package (apt-get install hdf5-tools).
 """
 
@@ -132,6 +135,7 @@ def main() -> int:
     parser.add_argument("--workers", default="1,2,all", help="report worker counts to time, comma-separated; all = one per core (default 1,2,all)")
     parser.add_argument("--records", type=int, help="instead of --gib: this many records per side (240000: a real 8B model's run)")
     parser.add_argument("--record-shape", default="4,16", help="with --records: each record's rows,cols (default 4,16)")
+    parser.add_argument("--align", default="auto", choices=("auto", "calls", "positions"), help="the report's --align (positions: the pairing of runs cut differently)")
     parser.add_argument("--diverged", action="store_true", help="with --records: every record after the planted one differs in most elements (a diverged run)")
     args = parser.parse_args()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -158,7 +162,7 @@ def main() -> int:
     print(f"built {size / 1e9:.2f} GB pair in {time.perf_counter() - t0:.1f} s; planted 1-ULP flip at {planted}")
     env = dict(os.environ, XDG_CACHE_HOME=str(directory / "cache"), PYTHONPYCACHEPREFIX=str(directory / "pycache"))
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    report = REPORT_COMMAND + [str(native), str(oracle)]
+    report = REPORT_COMMAND + [str(native), str(oracle), "--align", args.align]
     os.chdir(ROOT)
     first_s, _, _ = timed(report + ["--no-cache"], env)
     print(f"report, first open of the new files (one-time structure check, bytecode compiled): {first_s:.2f} s")

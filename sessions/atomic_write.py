@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -54,9 +53,21 @@ def _remove_stale_temps(path: Path) -> None:
             continue
 
 
+def new_file_beside(path: Path, suffix: str) -> tuple[int, Path]:
+    """A new, empty file in `path`'s folder under a hidden name of its own, and its descriptor
+    open for writing. Made with O_EXCL, so no other file is ever replaced, and with the
+    permissions a plain open would give (the umask applies), which it keeps when it is renamed to
+    `path`: mkstemp's 0600 made every output readable by its owner alone."""
+    while True:
+        temp = path.with_name(f"{_temp_prefix(path)}{uuid.uuid4().hex[:12]}{suffix}")
+        try:
+            return os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), temp
+        except FileExistsError:
+            continue
+
+
 def _write_temp(path: Path, data: bytes) -> Path:
-    fd, name = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent)
-    temp = Path(name)
+    fd, temp = new_file_beside(path, ".tmp")
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(data)

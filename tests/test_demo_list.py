@@ -30,3 +30,13 @@ def test_demo_generate_into_a_file_or_an_unwritable_place_is_one_line_and_exit_2
     assert main(["demo", "--generate", str(taken / "sub")]) == 2
     assert capsys.readouterr().err == f"parity-xray demo: cannot write the demo captures into {taken / 'sub'} (Not a directory)\n"
     assert taken.read_text() == "keep\n"
+
+
+@pytest.mark.parametrize(("seed", "problem"), [("-1", "must be a whole number >= 0, not -1"), (str(2**63), f"must be a whole number <= {2**63 - 1}, not {2**63}")])
+def test_a_seed_no_capture_can_hold_is_refused_as_the_option(tmp_path: Path, capsys: pytest.CaptureFixture[str], seed: str, problem: str) -> None:
+    """A negative seed failed in numpy and one past 64 bits in the writer, each with a traceback."""
+    with pytest.raises(SystemExit) as exited:
+        main(["demo", "--generate", str(tmp_path), "--seed", seed])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"parity-xray demo: error: argument --seed: {problem}"
+    assert list(tmp_path.iterdir()) == []

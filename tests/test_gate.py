@@ -12,6 +12,7 @@ real SIGINT.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -37,6 +38,7 @@ from sessions.commands import gate as gate_command
 from sessions.compare.comparison import iter_compare
 from sessions.compare.options import CompareOptions
 from sessions.compare.verdict import UNUSABLE, Verdict
+from sessions.gate.cluster import CONNECT_TIMEOUT_S
 from sessions.gate.judge import iter_judge_case
 from sessions.gate.manifest import GateCase
 from sessions.gate.result import CaseResult, GateResult, load_gate_file
@@ -209,6 +211,34 @@ def test_an_output_naming_the_manifest_or_a_case_capture_is_refused_before_anyth
     assert _gate(str(one_case), "--html", str(tmp_path / "y.html")) == 2
     assert f"the report of case 'a' {capture} is the native capture of case 'a'" in capsys.readouterr().err
     assert capture.read_bytes() == demo_pairs["clean"][0].read_bytes()
+
+
+@pytest.mark.parametrize(("answer", "problem"), [
+    (None, f"TimeoutError: nothing there answered as a Dask scheduler within {CONNECT_TIMEOUT_S} s (is it the dashboard's port?)"),
+    (b"SSH-2.0-OpenSSH_9.6p1\r\n", "it answered something other than Dask's protocol"),
+])  # fmt: skip
+def test_a_scheduler_address_where_something_else_listens_is_one_line_and_exit_2(
+    tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], capsys: pytest.CaptureFixture[str], answer: bytes | None, problem: str
+) -> None:
+    """The dashboard's port given for the scheduler's held the gate for ever; an SSH server's banner,
+    read as a message's length, asked for 2.8 EiB of memory."""
+    _runs(tmp_path, demo_pairs)
+    (tmp_path / "gate.toml").write_text(GLOB)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+
+        def serve() -> None:
+            with contextlib.suppress(OSError):
+                while True:
+                    peer, _ = listener.accept()
+                    if answer is not None:
+                        peer.sendall(answer)
+
+        threading.Thread(target=serve, daemon=True).start()
+        address = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+        assert _gate(str(tmp_path / "gate.toml"), "--scheduler", address) == 2
+    assert capsys.readouterr().err == f"parity-xray gate: cannot use the scheduler at {address}: {problem}\n"
 
 
 @pytest.mark.parametrize(("address", "problem"), [("notaurl", "missing port number"), ("foo://127.0.0.1:8786", "unknown address scheme 'foo'")])

@@ -107,7 +107,7 @@ def test_record_llama_prints_the_crash_and_exits_3(
     monkeypatch.setenv(FAULT_ENV, "SIGILL")
     argv = ["record", "llama", str(gguf_f32), "--tokens", "1,2", "--out", str(tmp_path / "x.h5")]
     assert record_command.run(build_parser().parse_args(argv)) == record_command.EXIT_CRASHED
-    printed = capsys.readouterr().out
+    printed = capsys.readouterr().err
     assert "record failed: llama.cpp crashed while computing step 0" in printed
     assert "died by SIGILL" in printed
 

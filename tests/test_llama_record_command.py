@@ -45,7 +45,7 @@ def test_an_existing_output_is_refused_unless_forced(gguf: Path, tmp_path: Path,
     argv = ["record", "llama", str(gguf), "--tokens", "1", "--out", str(out)]
     assert _run(argv) == record_command.EXIT_REFUSED
     assert out.read_bytes() == b"keep me"
-    assert "already exists" in capsys.readouterr().out
+    assert "already exists" in capsys.readouterr().err
     assert _run([*argv, "--force"]) == record_command.EXIT_OK
 
 
@@ -69,7 +69,7 @@ def test_bad_input_is_refused_with_exit_2(
 ) -> None:
     out = tmp_path / "x.h5"
     assert _run([str(gguf) if a == "GGUF" else a for a in argv] + ["--out", str(out)]) == record_command.EXIT_REFUSED
-    assert message in capsys.readouterr().out
+    assert message in capsys.readouterr().err
     assert not out.exists()
 
 
@@ -77,7 +77,7 @@ def test_a_truncated_gguf_is_refused_with_llama_cpps_own_reason(gguf: Path, tmp_
     truncated = tmp_path / "truncated.gguf"
     truncated.write_bytes(gguf.read_bytes()[: gguf.stat().st_size // 2])
     assert _run(["record", "llama", str(truncated), "--tokens", "1", "--out", str(tmp_path / "x.h5")]) == record_command.EXIT_REFUSED
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert f"record refused: {truncated}: llama.cpp could not load the model: llama_model_load: error loading model: " in out
     assert "is corrupted or incomplete" in out
 
@@ -85,7 +85,7 @@ def test_a_truncated_gguf_is_refused_with_llama_cpps_own_reason(gguf: Path, tmp_
 def test_a_fifo_given_as_the_gguf_is_named_as_what_it_is_without_waiting_for_a_writer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with fifo_without_writer(tmp_path, "model.gguf") as fifo:
         assert _run(["record", "llama", str(fifo), "--tokens", "1", "--out", str(tmp_path / "x.h5")]) == record_command.EXIT_REFUSED
-    assert f"{fifo}: a FIFO, not a GGUF file" in capsys.readouterr().out
+    assert f"{fifo}: a FIFO, not a GGUF file" in capsys.readouterr().err
 
 
 def test_a_request_recorded_as_a_row_of_a_batch_reports_against_itself_alone(

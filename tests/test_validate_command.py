@@ -13,6 +13,7 @@ from sessions.capture import format as cf
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.writer import CaptureWriter
 from sessions.commands import validate as validate_command
+from viewer.cli import main
 
 
 def validate(*files: Path, deep: bool = False) -> int:
@@ -198,3 +199,23 @@ def test_a_control_character_from_the_file_is_refused_and_shown_escaped_so_each_
         f"{path}: invalid (1 problem)",
         "  /index row 0 (kqv_out-0): path holds a control character (\\n in '/\\nensors/b00/s0000000/t00000000')",
     ]
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "problem"),
+    [
+        ("--memory-budget", "0", "must be a whole number >= 1, not 0"),
+        ("--memory-budget", str(10**23), f"must be a whole number <= {2**62}, not {10**23}"),
+        ("--timeout", "nan", "must be a finite number of seconds > 0, not nan"),
+        ("--timeout", "0", "must be a finite number of seconds > 0, not 0"),
+    ],
+)
+def test_a_limit_no_check_can_use_is_refused_as_the_option_not_blamed_on_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, value: str, problem: str
+) -> None:
+    """A budget of 0 said the file was over it; `--timeout nan` checked with no limit at all."""
+    capture = good_capture(tmp_path / "ok.h5")
+    with pytest.raises(SystemExit) as exited:
+        main(["validate", str(capture), option, value])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"parity-xray validate: error: argument {option}: {problem}"

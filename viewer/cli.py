@@ -12,10 +12,15 @@ import argparse
 import importlib
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import ModuleType
+from typing import Any, TextIO
 
 from sessions.capture import spare_checker
+from sessions.compare.verdict import EXIT_UNUSABLE
 from sessions.ctrl_c import EXIT_INTERRUPTED, ctrl_c_kept
+from sessions.printable import printable
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("sessions.commands.validate", "check capture files; exit 0 valid, 2 invalid"),
@@ -62,9 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] in OPENS_CAPTURES:
         spare_checker.prepare()
     try:
-        with ctrl_c_kept():
+        with ctrl_c_kept(), _checked_stdout():
             args = build_parser(argv[0] if argv[0] in SUBCOMMANDS else None).parse_args(argv)
-            return int(_module(args.command).run(args))
+            code = int(_module(args.command).run(args))
+            sys.stdout.flush()
+            return code
     except KeyboardInterrupt:
         # Commands that leave something behind (record, gate) say what; the rest end here.
         print(f"parity-xray {argv[0]}: interrupted by Ctrl-C", file=sys.stderr)
@@ -72,8 +79,72 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         # `parity-xray report ... | head -1`: the reader has what it wanted. Python would print a
         # traceback at exit while flushing stdout, so stdout goes to /dev/null first.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _stdout_to_null()
         return 141  # the shell's code for a pipe's writer ended by SIGPIPE (128 + 13)
+    except _StdoutFailed as failed:
+        _stdout_to_null()
+        print(f"parity-xray {argv[0]}: cannot write to standard output: {failed.reason}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    except OSError as exc:
+        if exc.filename is None:
+            raise
+        # A path no check expected (a name longer than the file system allows, a loop of links):
+        # still one line that names it, never a traceback.
+        print(f"parity-xray {argv[0]}: cannot use {printable(str(exc.filename))}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+
+
+class _StdoutFailed(Exception):
+    """Standard output could not be written (a full disk, a closed or broken descriptor)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class _CheckedStdout:
+    """Standard output whose failures are `_StdoutFailed`, told apart from a file's (`report >
+    /dev/full` printed a traceback and exited 1, which CI reads as a divergence)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except (OSError, ValueError) as exc:  # ValueError: a closed stream
+            raise _StdoutFailed(getattr(exc, "strerror", None) or str(exc)) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except (OSError, ValueError) as exc:
+            raise _StdoutFailed(getattr(exc, "strerror", None) or str(exc)) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextmanager
+def _checked_stdout() -> Iterator[None]:
+    """`_CheckedStdout` while a command runs; a process started with stdout closed (`>&-`) writes
+    to nowhere instead of failing at its first print."""
+    original = sys.stdout
+    sys.stdout = _CheckedStdout(original if original is not None else open(os.devnull, "w"))  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        sys.stdout = original
+
+
+def _stdout_to_null() -> None:
+    """Point descriptor 1 at /dev/null, so the interpreter's last flush of stdout at exit succeeds."""
+    if sys.stdout is not None:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 if __name__ == "__main__":

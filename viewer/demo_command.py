@@ -11,12 +11,17 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sessions.commands.arguments import whole_number
 from sessions.ctrl_c import raise_if_pressed
 from sessions.progress import Progress
 
 if TYPE_CHECKING:
     from backends.demo.cut_pairs import CutScenario
     from backends.engines.demo_scenarios import ExpectedVerdict, Scenario
+
+
+SEED_MAX = 2**63 - 1
+"""A capture keeps its seed as a 64-bit signed integer (docs/capture-format.md, root attribute `seed`)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="only this scenario (repeatable); see --list",
     )
     parser.add_argument("--list", action="store_true", help="list the scenarios and where each one diverges")
-    parser.add_argument("--seed", type=int, default=0, help="weights and prompt seed (default 0)")
+    parser.add_argument("--seed", type=whole_number(0, SEED_MAX), default=0, help="weights and prompt seed (default 0)")
 
 
 def _generate(out_dir: Path, scenarios: list[str] | None, seed: int) -> dict[str, tuple[Path, Path]]:
@@ -88,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     known = [*SCENARIOS, *CUT_SCENARIOS, *LLAMA_SCENARIOS]
     unknown = sorted(set(args.scenario or ()) - set(known))
     if unknown:
-        print(f"parity-xray demo: unknown scenario {', '.join(unknown)}; known: {', '.join(known)}")
+        print(f"parity-xray demo: unknown scenario {', '.join(unknown)}; known: {', '.join(known)}", file=sys.stderr)
         return 2
     if args.list:
         print(_listing(default_demo_dir(), SCENARIOS, CUT_SCENARIOS, LLAMA_SCENARIOS), end="")
@@ -104,8 +109,8 @@ def run(args: argparse.Namespace) -> int:
         except RecorderError as exc:  # a llama scenario whose llama.cpp run failed or crashed (in its own process)
             print(f"parity-xray demo: {exc}", file=sys.stderr)
             return 1
-        except OSError as exc:
-            print(f"parity-xray demo: cannot write the demo captures into {args.generate} ({exc.strerror or exc})", file=sys.stderr)
+        except (OSError, RuntimeError) as exc:  # RuntimeError: MLX's own file writes (the demo model's weights)
+            print(f"parity-xray demo: cannot write the demo captures into {args.generate} ({getattr(exc, 'strerror', None) or exc})", file=sys.stderr)
             return 2
         for name, (native, oracle) in pairs.items():
             print(f"{name:20s} native {native}\n{'':20s} oracle {oracle}")

@@ -15,12 +15,13 @@ Exit status: 0 recorded, 2 refused (bad arguments, unloadable model, layout self
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sessions.capture.format import ROLES
-from sessions.commands.arguments import capture_output_problem, output_clash
+from sessions.commands.arguments import output_clash, output_problem
 from sessions.ctrl_c import EXIT_INTERRUPTED, raise_if_pressed
 from sessions.progress import Progress
 
@@ -110,17 +111,17 @@ def run(args: argparse.Namespace) -> int:
             args.feed_last,
         )
     except ValueError as exc:
-        print(f"record refused: {exc}")
+        print(f"record refused: {exc}", file=sys.stderr)
         return EXIT_REFUSED
     outs = repeat_paths(args.out, args.repeat)
     outputs = {("--out" if k == 0 else f"--repeat's run {k + 1}"): str(out) for k, out in enumerate(outs)}
-    problem = capture_output_problem("--out", args.out) or output_clash(outputs, _model_files(args.model))
+    problem = output_problem(outputs) or output_clash(outputs, _model_files(args.model))
     if problem is not None:
-        print(f"record refused: {problem}")
+        print(f"record refused: {problem}", file=sys.stderr)
         return EXIT_REFUSED
     taken = [out for out in outs if out.exists()]
     if taken and not args.force:
-        print(f"record refused: {taken[0]} already exists (--force replaces it)")
+        print(f"record refused: {taken[0]} already exists (--force replaces it)", file=sys.stderr)
         return EXIT_REFUSED
     for out in outs:
         try:
@@ -131,13 +132,13 @@ def run(args: argparse.Namespace) -> int:
                     shown = progress
                 raise_if_pressed()
         except LlamaCrashed as exc:
-            print(f"record failed: {exc}")
+            print(f"record failed: {exc}", file=sys.stderr)
             return EXIT_CRASHED
         except KeyboardInterrupt:
-            print(f"record interrupted: {out} holds the steps written so far and reads as incomplete (parity-xray validate names them)")
+            print(f"record interrupted: {out} holds the steps written so far and reads as incomplete (parity-xray validate names them)", file=sys.stderr)
             return EXIT_INTERRUPTED
         except (ValueError, RuntimeError, OSError, ImportError) as exc:
-            print(f"record refused: {exc}")
+            print(f"record refused: {exc}", file=sys.stderr)
             return EXIT_REFUSED
         print(f"{out}: recorded {args.engine} run of {args.model}")
     return EXIT_OK

@@ -31,8 +31,8 @@ from sessions.capture.opening import open_capture
 from sessions.capture.reader import CaptureError
 from sessions.commands.arguments import (
     add_align_argument,
-    capture_output_problem,
     output_clash,
+    output_problem,
     write_outputs,
 )
 from sessions.compare.json_plain import plain
@@ -132,7 +132,8 @@ def run(args: argparse.Namespace) -> int:
         compare = CompareOptions(native_profile=args.native_profile, oracle_profile=args.oracle_profile, alignment=args.align)
         with open_capture(args.native) as native, open_capture(args.oracle) as oracle:
             inputs = files_read(native, oracle, args.weights, (args.native_profile, args.oracle_profile))
-            problem = output_clash({"--save": args.save, "--json": args.json}, inputs) or capture_output_problem("--save", args.save)
+            outputs = {"--save": args.save, "--json": args.json}
+            problem = output_problem(outputs) or output_clash(outputs, inputs)
             if problem is not None:
                 raise ValueError(problem)
             comparison = run_to_end(iter_compare_cached(native, oracle, compare))

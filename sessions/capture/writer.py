@@ -31,7 +31,6 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import time
-import uuid
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
@@ -40,6 +39,7 @@ from types import TracebackType
 import h5py
 import numpy as np
 
+from sessions.atomic_write import new_file_beside
 from sessions.bits.dtypes import logical_dtype, logical_name_of, to_storage
 from sessions.capture import format as cf
 from sessions.capture.meta import CaptureMeta
@@ -116,15 +116,6 @@ def _append_rows(ds: h5py.Dataset, rows: np.ndarray) -> None:
     ds.id.write(h5py.h5s.create_simple((len(rows),)), target, rows, mtype=memory_type)
 
 
-def _new_partial(path: Path) -> Path:
-    """A new, empty file beside `path` for the skeleton, under a name no other file has: a fixed
-    name replaced whatever file had it, and two writers of one path wrote into one file. Made
-    with the user's usual permissions (O_CREAT applies the umask), as `path` would have been."""
-    partial = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.partial")
-    os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-    return partial
-
-
 class CaptureWriter:
     def __init__(self, path: str | Path, meta: CaptureMeta, compression: str | None = None, layout: str = "packed") -> None:
         if meta.role not in cf.ROLES:
@@ -147,7 +138,10 @@ class CaptureWriter:
         self._buffer_widths: dict[str, int] = {}
         """The longest text of each table so far."""
         self._texts: dict[tuple[str, str], bytes] = {}
-        partial = _new_partial(self.path)
+        # A name of its own: a fixed one (".X.h5.partial") replaced whatever file had it, and
+        # two writers of one path wrote into one file.
+        descriptor, partial = new_file_beside(self.path, ".partial")
+        os.close(descriptor)
         try:
             self._file = h5py.File(partial, "w", locking=False)
         except BaseException:

@@ -8,13 +8,15 @@ bound (a traceback, exit 1, read by CI as a divergence).
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping, Sequence
+import math
+import stat
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
 from sessions.atomic_write import atomic_write_bytes
 from sessions.compare.align_modes import ALIGN_MODES
 from sessions.compare.tolerance_bounds import bound_problem, ulp_problem
-from sessions.side_file import same_file
+from sessions.side_file import file_kind, same_file
 
 
 def _checked(text: str, convert: Callable[[str], float | int], problem_of: Callable[[object], str | None]) -> float | int:
@@ -39,8 +41,19 @@ def ulp_bound(text: str) -> int:
     return int(_checked(text, int, ulp_problem))
 
 
-def whole_number(minimum: int) -> Callable[[str], int]:
-    """A whole number of at least `minimum` (a count of workers, of ops to list)."""
+def seconds(text: str) -> float:
+    """A time limit: a finite number of seconds > 0 (`--timeout nan` meant no limit at all)."""
+    return float(_checked(text, float, _seconds_problem))
+
+
+def _seconds_problem(value: object) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        return "must be a finite number of seconds > 0"
+    return None
+
+
+def whole_number(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """A whole number of at least `minimum` (a count of workers, of ops to list), and at most `maximum`."""
 
     def parse(text: str) -> int:
         try:
@@ -49,9 +62,21 @@ def whole_number(minimum: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be a whole number >= {minimum}, not {value}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be a whole number <= {maximum}, not {value}")
         return value
 
     return parse
+
+
+def output_problem(outputs: Mapping[str, str | None], made_folders: Collection[str] = ()) -> str | None:
+    """Why one of the outputs (option -> path) cannot be written, said before any work
+    (`_path_problem`); the options in `made_folders` are written into folders the command makes."""
+    for option, output in outputs.items():
+        problem = _path_problem(output, option not in made_folders) if output else None
+        if problem is not None:
+            return f"{option} {output} {problem}"
+    return None
 
 
 def output_clash(outputs: Mapping[str, str | None], inputs: Mapping[str, str | Path | None]) -> str | None:
@@ -70,28 +95,39 @@ def output_clash(outputs: Mapping[str, str | None], inputs: Mapping[str, str | P
     return None
 
 
-def capture_output_problem(option: str, path: str | Path | None) -> str | None:
-    """Why a capture cannot be written at `path`, said before any work: it is a folder, or in a
-    folder that is not there (the writer's error would name its hidden temporary file)."""
-    if not path:
-        return None
+def _path_problem(path: str | Path, in_a_folder: bool = True) -> str | None:
+    """Why no file can be written at `path` ("is a folder; ..."), or None. Anything there but a
+    regular file is refused: an atomic write puts a new file in its place, and `--json /dev/null`
+    run as root replaced the device. The writer's own errors would come after the work, and
+    name its hidden temporary file."""
     path = Path(path)
-    if path.is_dir():
-        return f"{option} {path} is a folder; name the capture file"
-    if not path.absolute().parent.is_dir():
-        return f"{option} {path} is in {path.absolute().parent}, which is not a folder"
+    try:
+        mode = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):  # nothing there (its folder is checked below)
+        mode = None
+    except OSError as exc:  # a name too long, a loop of links
+        return f"cannot be written ({exc.strerror or exc})"
+    if mode is not None and stat.S_ISDIR(mode):
+        return "is a folder; name a file"
+    if mode is not None and not stat.S_ISREG(mode):
+        return f"is {file_kind(mode)}, not a regular file; an output only ever replaces a file"
+    parent = path.absolute().parent
+    if in_a_folder and not parent.is_dir():
+        return f"is in {parent}, which is not a folder"
     return None
 
 
 def write_outputs(outputs: Sequence[tuple[str | None, Callable[[], str]]]) -> str | None:
-    """Write each asked-for output (path, its text made only now), atomically: a folder, a missing
-    folder or a FIFO at the path is one line of problem (returned), never a traceback or a wait
-    for a reader. None when all were written."""
+    """Write each asked-for output (path, its text made only now), atomically: a path that cannot
+    hold a file (`_path_problem`: checked again, as it may have changed during the work) or a
+    failed write is one line of problem (returned), never a traceback or a wait for a reader.
+    None when all were written."""
     for path, text in outputs:
         if not path:
             continue
-        if Path(path).is_dir():
-            return f"cannot write {path}: it is a folder"
+        problem = _path_problem(path)
+        if problem is not None:
+            return f"{path} {problem}"
         try:
             atomic_write_bytes(Path(path), text().encode("utf-8"))
         except OSError as exc:

@@ -15,11 +15,12 @@ import datetime as dt
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sessions.commands.arguments import output_clash
+from sessions.commands.arguments import output_clash, output_problem, write_outputs
 from sessions.compare.verdict import EXIT_UNUSABLE, UNUSABLE
 from sessions.ctrl_c import EXIT_INTERRUPTED, raise_if_pressed
 from sessions.printable import printable
@@ -59,6 +60,9 @@ def run(args: argparse.Namespace) -> int:
     for case in manifest.cases:
         inputs.update({f"native capture of case {case.name!r}": case.native, f"oracle capture of case {case.name!r}": case.oracle})
     outputs = {"--json": args.json, "--html": args.html}
+    problem = output_problem(outputs, made_folders={"--html"})  # the HTML's folder and its cases' are made
+    if problem is not None:
+        return _fail(problem)
     if args.html is not None:
         outputs.update({f"the report of case {case.name!r}": str(page) for case, page in zip(manifest.cases, case_pages(args.html, manifest.cases))})
     clash = output_clash(outputs, inputs)
@@ -82,10 +86,9 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     gate = state.result(str(manifest.path), cluster, dashboard, time.monotonic() - started)
     sys.stdout.write(render_text(gate))
-    try:
-        state.write(gate, args.json, args.html)
-    except OSError as exc:
-        return _fail(f"cannot write the results: {exc}")
+    problem = state.write(gate, args.json, args.html)
+    if problem is not None:
+        return _fail(problem)
     return gate.exit_code
 
 
@@ -131,23 +134,27 @@ class _GateRun:
         created = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         return GateResult(manifest, cluster, dashboard, created, round(seconds, 3), cases)
 
-    def write(self, gate: GateResult, json_out: str | None, html_out: str | None) -> None:
-        """Each case's report into OUT-cases/ beside the HTML summary, then the summary and the JSON."""
-        from sessions.atomic_write import atomic_write_bytes
+    def write(self, gate: GateResult, json_out: str | None, html_out: str | None) -> str | None:
+        """Each case's report into OUT-cases/ beside the HTML summary, then the summary and the
+        JSON; why one could not be written, or None."""
         from sessions.gate.html_summary import render_gate_html
         from sessions.gate.result import dumps
 
+        outputs: list[tuple[str | None, Callable[[], str]]] = []
         if html_out is not None:
             html_path = Path(html_out)
             pages = case_pages(html_out, gate.cases)
-            _cases_folder(html_out).mkdir(parents=True, exist_ok=True)
+            try:
+                _cases_folder(html_out).mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                return f"cannot make {_cases_folder(html_out)}: {exc.strerror or exc}"
             for index, (case, page) in enumerate(zip(gate.cases, pages)):
                 if index in self.pages:
-                    atomic_write_bytes(page, self.pages[index].encode("utf-8"))
+                    outputs.append((str(page), partial(str, self.pages[index])))
                     case.report = page.relative_to(html_path.parent).as_posix()
-            atomic_write_bytes(html_path, render_gate_html(gate).encode("utf-8"))
-        if json_out is not None:
-            atomic_write_bytes(Path(json_out), dumps(gate).encode("utf-8"))
+            outputs.append((html_out, partial(render_gate_html, gate)))
+        outputs.append((json_out, partial(dumps, gate)))
+        return write_outputs(outputs)
 
 
 def _cases_folder(html_out: str) -> Path:

@@ -16,6 +16,7 @@ from sessions.capture.read_ahead import ReadAhead
 from sessions.commands.arguments import (
     add_align_argument,
     output_clash,
+    output_problem,
     tolerance_bound,
     ulp_bound,
     whole_number,
@@ -108,8 +109,8 @@ def _unusable(args: argparse.Namespace, message: str) -> int:
     wrote at the paths asked for is removed, so a CI step reading it never takes the last
     pair's PARITY for this one's."""
     print(f"parity-xray report: {printable(message)}", file=sys.stderr)  # a path from a session may hold anything
-    if output_clash(_outputs(args), _inputs(args)) is None:
-        for path in _outputs(args).values():
+    if output_problem(_outputs(args)) is None and output_clash(_outputs(args), _inputs(args)) is None:
+        for path in _outputs(args).values():  # regular files only (`output_problem`): never a device
             if path:
                 with contextlib.suppress(OSError):  # not ours to remove (a folder, a read-only place): left as it is
                     Path(path).unlink(missing_ok=True)
@@ -133,7 +134,7 @@ def _inputs(args: argparse.Namespace) -> dict[str, str | None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    clash = output_clash(_outputs(args), _inputs(args))
+    clash = output_problem(_outputs(args)) or output_clash(_outputs(args), _inputs(args))
     if clash is not None:
         return _unusable(args, clash)
     session = None

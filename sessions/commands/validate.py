@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,23 +24,26 @@ from sessions.capture.hdf5_safety import (
     Problem,
 )
 from sessions.capture.structure_check import CheckReport, iter_check_files
+from sessions.commands.arguments import seconds, whole_number
 
 EXIT_VALID = 0
 EXIT_INVALID = 2
+MAX_MEMORY_BUDGET = 2**62
+"""The largest --memory-budget: the checking process holds budgets as 64-bit integers."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="+", type=Path, metavar="FILE", help="capture files (.h5)")
     parser.add_argument(
         "--memory-budget",
-        type=int,
+        type=whole_number(1, MAX_MEMORY_BUDGET),
         default=DEFAULT_MEMORY_BUDGET,
         metavar="BYTES",
         help=f"largest read one dataset may need (default {DEFAULT_MEMORY_BUDGET})",
     )
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=seconds,
         default=CHECK_TIMEOUT_S,
         metavar="SECONDS",
         help=f"time allowed to check one file (default {CHECK_TIMEOUT_S:g}, or ${CHECK_TIMEOUT_ENV})",
@@ -55,17 +59,28 @@ def validate_files(paths: list[Path], memory_budget: int, timeout_s: float, deep
     """Each file's report, in order, with an unfinished file counted as a problem (it cannot be trusted as a whole)."""
     at = 0
     while at < len(paths):
-        if not paths[at].is_file():
-            shown = "does not exist" if not paths[at].exists() else "is not a regular file"
+        shown = _not_a_file(paths[at])
+        if shown is not None:
             yield paths[at], CheckReport([Problem("file", shown)])
             at += 1
             continue
-        files = list(itertools.takewhile(Path.is_file, paths[at:]))
+        files = list(itertools.takewhile(lambda path: _not_a_file(path) is None, paths[at:]))
         for path, report in iter_check_files(files, memory_budget=memory_budget, timeout_s=timeout_s, deep=deep):
             if report.contents and not report.complete:
                 report.problems.insert(0, Problem("/ attribute 'complete'", "not set: " + report.contents))
             yield path, report
         at += len(files)
+
+
+def _not_a_file(path: Path) -> str | None:
+    """Why `path` is no capture file to check, or None when it is a regular file."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return "does not exist"
+    except OSError as exc:  # a name too long, a loop of links
+        return f"cannot be read ({exc.strerror or exc})"
+    return None if stat.S_ISREG(mode) else "is not a regular file"
 
 
 def validate_file(path: Path, memory_budget: int, timeout_s: float, deep: bool = False) -> CheckReport:

@@ -9,7 +9,9 @@ calls implies (docs/capture-format.md, "Positions").
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
+from operator import itemgetter
 
 from sessions.compare.mapped_record import MappedRecord
 from sessions.compare.profiles import rows_axis
@@ -74,16 +76,21 @@ def overlap(a: Span, b: Span) -> Span | None:
 
 
 def uncovered(span: Span, covered: list[Span]) -> list[Span]:
-    """The parts of `span` no span of `covered` (sorted, disjoint) holds."""
+    """The parts of `span` no span of `covered` (sorted, disjoint) holds. Only the spans that
+    overlap it are visited: a walk of them all, for each record of a 240,000-record run cut
+    differently, took 65 s."""
     gaps: list[Span] = []
     at = span[0]
-    for first, stop in covered:
+    for index in range(bisect_right(covered, span[0], key=itemgetter(1)), len(covered)):
+        first, stop = covered[index]
+        if first >= span[1]:
+            break
         if first > at:
-            gaps.append((at, min(first, span[1])))
+            gaps.append((at, first))
         at = max(at, stop)
     if at < span[1]:
         gaps.append((at, span[1]))
-    return [g for g in gaps if g[0] < g[1]]
+    return gaps
 
 
 def span_text(span: Span) -> str:

@@ -20,6 +20,7 @@ Failure and cancellation, as the gate needs them:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -38,6 +39,7 @@ from distributed import (
     wait,
 )
 from distributed.client import Future
+from distributed.comm import connect
 
 from sessions.gate.judge import CachedCase, CaseOutcome, case_unusable, iter_judge_case
 from sessions.gate.manifest import GateCase
@@ -91,6 +93,23 @@ def judge_on_worker(case: GateCase, previous: CachedCase | None, want_html: bool
     return outcome
 
 
+def _check_answers(scheduler: str) -> None:
+    """Raise unless something at `scheduler` completes Dask's handshake in CONNECT_TIMEOUT_S.
+    Client's own timeout does not bound the handshake: a listener that accepts and never answers
+    (an HTTP server: the dashboard's port given for the scheduler's) held `gate` for ever. A
+    listener that answers something else (an SSH banner, read as a frame count) ends in
+    MemoryError. Made on a private event loop, apart from the one the client then uses."""
+
+    async def handshake() -> None:
+        comm = await connect(scheduler, timeout=CONNECT_TIMEOUT_S)
+        await comm.close()
+
+    try:
+        asyncio.run(asyncio.wait_for(handshake(), CONNECT_TIMEOUT_S))
+    except TimeoutError:
+        raise TimeoutError(f"nothing there answered as a Dask scheduler within {CONNECT_TIMEOUT_S} s (is it the dashboard's port?)") from None
+
+
 class DaskGate:
     """A Dask client for one gate: `with DaskGate(workers=N) as gate: for i, outcome in gate.judge(...)`.
 
@@ -110,6 +129,7 @@ class DaskGate:
     def __enter__(self) -> DaskGate:
         try:
             if self.scheduler is not None:
+                _check_answers(self.scheduler)
                 self.client = Client(self.scheduler, timeout=CONNECT_TIMEOUT_S)
             else:
                 with dask.config.set({"distributed.scheduler.worker-saturation": WORKER_SATURATION}):
@@ -123,10 +143,11 @@ class DaskGate:
                     )
                 self.client = Client(self.cluster)
             self.client.wait_for_workers(1, timeout=WORKER_WAIT_S)
-        except (OSError, TimeoutError, ValueError) as exc:  # ValueError: an address Dask cannot parse
+        except (OSError, TimeoutError, ValueError, MemoryError) as exc:  # ValueError: an address Dask cannot parse
             self.close()
             where = f"the scheduler at {self.scheduler}" if self.scheduler else "a local Dask cluster"
-            raise ClusterError(f"cannot use {where}: {type(exc).__name__}: {exc}") from None
+            why = "it answered something other than Dask's protocol" if isinstance(exc, MemoryError) else f"{type(exc).__name__}: {exc}"
+            raise ClusterError(f"cannot use {where}: {why}") from None
         except BaseException:  # Ctrl-C while the cluster starts: `with` will not call __exit__
             self.close()
             raise

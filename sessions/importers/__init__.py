@@ -7,6 +7,7 @@ so the result is an ordinary capture that `validate`, `report` and the viewer ac
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -76,7 +77,8 @@ def iter_import(
     try:
         yield from _write(parsed, arrays, capture_meta, out)
     except BaseException:
-        out.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a read-only folder: its error, not this one, is the news
+            out.unlink(missing_ok=True)
         raise
     return out
 

@@ -1,0 +1,80 @@
+"""Where a headless command writes: a standard output that cannot be written, and output paths
+that cannot hold a file, are one line and exit 2 -- never a traceback, and never a device or pipe
+replaced by a file (`--json /dev/null` run as root replaced the device)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sessions.atomic_write import atomic_write_bytes
+from sessions.child_env import PROJECT_ROOT, child_env
+from viewer.cli import main
+
+LONG_NAME = "a" * 300 + ".h5"
+"""A file name longer than any file system allows (255 bytes)."""
+
+
+def _command(argv: list[str], **streams: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "viewer.cli", *argv], cwd=PROJECT_ROOT, env=child_env(), text=True, timeout=120, **streams)  # type: ignore[call-overload]
+
+
+def test_a_report_whose_standard_output_is_full_says_so_in_one_line_and_exits_2(demo_pairs: dict[str, tuple[Path, Path]]) -> None:
+    native, oracle = demo_pairs["swiglu-order"]
+    with open("/dev/full", "w") as full:
+        done = _command(["report", str(native), str(oracle)], stdout=full, stderr=subprocess.PIPE)
+    assert (done.returncode, done.stderr) == (2, "parity-xray report: cannot write to standard output: No space left on device\n")
+
+
+def test_a_report_started_with_standard_output_closed_still_exits_with_its_verdict(demo_pairs: dict[str, tuple[Path, Path]]) -> None:
+    native, oracle = demo_pairs["swiglu-order"]
+    command = f'exec "{sys.executable}" -m viewer.cli report "{native}" "{oracle}" >&-'  # the shell closes descriptor 1
+    done = subprocess.run(["sh", "-c", command], cwd=PROJECT_ROOT, env=child_env(), text=True, timeout=120, stderr=subprocess.PIPE)
+    assert (done.returncode, done.stderr) == (1, "")
+
+
+@pytest.mark.parametrize("target", ["symlink to /dev/null", "FIFO"])
+def test_an_output_path_that_is_a_device_or_pipe_is_refused_before_the_work_and_left_as_it_is(
+    target: str, demo_pairs: dict[str, tuple[Path, Path]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    native, oracle = demo_pairs["swiglu-order"]
+    out = tmp_path / "out.json"
+    if target == "FIFO":
+        os.mkfifo(out)
+        kind = "a FIFO"
+    else:
+        out.symlink_to("/dev/null")
+        kind = "a character device"
+    assert main(["report", str(native), str(oracle), "--json", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"parity-xray report: --json {out} is {kind}, not a regular file; an output only ever replaces a file\n"
+    assert captured.out == "", "refused before the comparison"
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    assert out.is_symlink() if target != "FIFO" else stat.S_ISFIFO(out.stat().st_mode)
+
+
+def test_a_file_name_too_long_for_the_file_system_is_one_line_for_every_command_that_takes_a_path(
+    demo_pairs: dict[str, tuple[Path, Path]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    native, oracle = map(str, demo_pairs["swiglu-order"])
+    long = str(tmp_path / LONG_NAME)
+    assert main(["report", native, long]) == 2
+    assert capsys.readouterr().err == f"parity-xray report: cannot use {long}: File name too long\n"
+    assert main(["report", native, oracle, "--json", long]) == 2
+    assert capsys.readouterr().err == f"parity-xray report: --json {long} cannot be written (File name too long)\n"
+    assert main(["validate", long, native]) == 2
+    assert capsys.readouterr().out.splitlines()[:2] == [f"{long}: invalid (1 problem)", "  file: cannot be read (File name too long)"]
+
+
+def test_outputs_are_written_with_the_permissions_the_umask_gives(tmp_path: Path) -> None:
+    umask = os.umask(0o027)
+    try:
+        atomic_write_bytes(tmp_path / "report.json", b"{}")
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "report.json").stat().st_mode & 0o777 == 0o640

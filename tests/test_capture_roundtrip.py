@@ -158,3 +158,11 @@ def test_writing_a_capture_leaves_other_files_beside_it_alone_and_keeps_the_usua
     assert (tmp_path / "x.h5").stat().st_mode & 0o777 == 0o666 & ~umask
     with open_capture(tmp_path / "x.h5") as capture:
         assert len(capture.records) == len(tensors())
+
+
+def test_a_capture_that_cannot_be_created_is_named_by_its_own_path_not_the_hidden_one(tmp_path: Path) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    with pytest.raises(OSError) as refused:
+        CaptureWriter(blocked / "x.h5", CaptureMeta(role="native", engine_name="e"))
+    assert str(refused.value) == f"{blocked / 'x.h5'}: cannot be written (Not a directory)"

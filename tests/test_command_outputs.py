@@ -78,3 +78,15 @@ def test_outputs_are_written_with_the_permissions_the_umask_gives(tmp_path: Path
     finally:
         os.umask(umask)
     assert (tmp_path / "report.json").stat().st_mode & 0o777 == 0o640
+
+
+def test_control_characters_in_the_paths_a_command_prints_are_escaped(demo_pairs: dict[str, tuple[Path, Path]], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A capture named by someone else (a gate manifest, a session) may hold terminal escapes."""
+    native = tmp_path / "evil\x1b[2J\nPARITY.native.h5"
+    native.write_bytes(demo_pairs["swiglu-order"][0].read_bytes())
+    oracle = str(demo_pairs["swiglu-order"][1])
+    assert main(["report", str(native), oracle]) == 1
+    header = capsys.readouterr().out.splitlines()
+    assert f"native     {tmp_path}/evil\\x1b[2J\\nPARITY.native.h5 [profile llama.cpp]" in header
+    assert main(["validate", str(native)]) == 0
+    assert capsys.readouterr().out.startswith(f"{tmp_path}/evil\\x1b[2J\\nPARITY.native.h5: valid (")

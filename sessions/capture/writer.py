@@ -140,7 +140,10 @@ class CaptureWriter:
         self._texts: dict[tuple[str, str], bytes] = {}
         # A name of its own: a fixed one (".X.h5.partial") replaced whatever file had it, and
         # two writers of one path wrote into one file.
-        descriptor, partial = new_file_beside(self.path, ".partial")
+        try:
+            descriptor, partial = new_file_beside(self.path, ".partial")
+        except OSError as exc:  # its words name the hidden file, which the user never asked for
+            raise OSError(f"{self.path}: cannot be written ({exc.strerror or exc})") from None
         os.close(descriptor)
         try:
             self._file = h5py.File(partial, "w", locking=False)

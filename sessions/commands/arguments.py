@@ -16,6 +16,7 @@ from pathlib import Path
 from sessions.atomic_write import atomic_write_bytes
 from sessions.compare.align_modes import ALIGN_MODES
 from sessions.compare.tolerance_bounds import bound_problem, ulp_problem
+from sessions.printable import printable
 from sessions.side_file import file_kind, same_file
 
 
@@ -75,7 +76,7 @@ def output_problem(outputs: Mapping[str, str | None], made_folders: Collection[s
     for option, output in outputs.items():
         problem = _path_problem(output, option not in made_folders) if output else None
         if problem is not None:
-            return f"{option} {output} {problem}"
+            return f"{option} {printable(output)} {problem}"
     return None
 
 
@@ -127,11 +128,11 @@ def write_outputs(outputs: Sequence[tuple[str | None, Callable[[], str]]]) -> st
             continue
         problem = _path_problem(path)
         if problem is not None:
-            return f"{path} {problem}"
+            return f"{printable(path)} {problem}"
         try:
             atomic_write_bytes(Path(path), text().encode("utf-8"))
         except OSError as exc:
-            return f"cannot write {path}: {exc.strerror or exc}"
+            return f"cannot write {printable(path)}: {exc.strerror or exc}"
     return None
 
 

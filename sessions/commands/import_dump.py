@@ -16,6 +16,7 @@ from sessions.capture.format import ROLES
 from sessions.capture.reader import CaptureError
 from sessions.ctrl_c import raise_if_pressed
 from sessions.importers import KINDS, iter_import
+from sessions.printable import printable
 
 EXIT_OK = 0
 EXIT_REFUSED = 2
@@ -42,5 +43,5 @@ def run(args: argparse.Namespace) -> int:
     except CaptureError as exc:
         print(f"import refused: {exc}", file=sys.stderr)
         return EXIT_REFUSED
-    print(f"{args.out}: imported {count} tensor{'s' if count != 1 else ''} from {args.source}")
+    print(f"{printable(str(args.out))}: imported {count} tensor{'s' if count != 1 else ''} from {printable(str(args.source))}")
     return EXIT_OK

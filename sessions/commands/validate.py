@@ -25,6 +25,7 @@ from sessions.capture.hdf5_safety import (
 )
 from sessions.capture.structure_check import CheckReport, iter_check_files
 from sessions.commands.arguments import seconds, whole_number
+from sessions.printable import printable
 
 EXIT_VALID = 0
 EXIT_INVALID = 2
@@ -95,9 +96,9 @@ def run(args: argparse.Namespace) -> int:
         if report.problems:
             status = EXIT_INVALID
             count = len(report.problems)
-            print(f"{path}: invalid ({count} problem{'s' if count != 1 else ''})")
+            print(f"{printable(str(path))}: invalid ({count} problem{'s' if count != 1 else ''})")
             for problem in report.problems:
                 print(f"  {problem.location}: {problem.problem}")
         else:
-            print(f"{path}: valid ({report.contents})")
+            print(f"{printable(str(path))}: valid ({report.contents})")
     return status

@@ -21,6 +21,7 @@ from sessions.compare.profiles import whole_op
 from sessions.compare.tensor_diff import ElementSample, TensorMetrics
 from sessions.compare.token_parity import POST_EOS, step_word
 from sessions.compare.verdict import Finding, Kind
+from sessions.printable import printable
 
 MAX_LISTED = 50
 
@@ -76,8 +77,8 @@ def render(c: Comparison, top: int = 10, full: bool = False) -> str:
     out += [f"  - {reason}" for reason in v.reasons]
     out += [
         "",
-        f"native     {c.native_path} [profile {c.native_profile}]",
-        f"oracle     {c.oracle_path} [profile {c.oracle_profile}]",
+        f"native     {printable(c.native_path)} [profile {c.native_profile}]",
+        f"oracle     {printable(c.oracle_path)} [profile {c.oracle_profile}]",
         f"provenance {c.provenance.summary}",
         f"alignment  {c.alignment.words()}",
         f"tolerance  {tolerance_text(c)}",

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from sessions.child_env import child_env  # noqa: E402
-from sessions.gate.cluster import local_worker_count  # noqa: E402
+from sessions.machine import usable_cores  # noqa: E402
 
 SCENARIOS = ["clean", "swiglu-order", "attention-contract", "post-eos"]
 GATE_COMMAND = [sys.executable, "-m", "viewer.cli", "gate"]
@@ -89,7 +89,7 @@ def main() -> None:
     args.dir.mkdir(parents=True, exist_ok=True)
     manifest = generate(args.dir, args.seeds)
     warm(args.dir)
-    every = local_worker_count()
+    every = usable_cores()
     counts = sorted({1, 2, every})
     print(f"{args.seeds * len(SCENARIOS)} cases; this machine has {every} core(s); load average before: {os.getloadavg()[0]:.2f}")
     print(f"{'workers':>8} {'wall s':>8} {'cases/s':>8} {'speed-up':>9} {'CPU s':>7} {'cores used':>10}  summary")

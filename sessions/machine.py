@@ -5,6 +5,11 @@ from __future__ import annotations
 import os
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, where the system has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def physical_memory() -> int:
     """This machine's memory in bytes."""
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -35,6 +35,7 @@ from sessions.capture.opening import open_capture
 from sessions.child_env import child_env
 from sessions.commands import cache as cache_command
 from sessions.commands import gate as gate_command
+from sessions.commands.gate import WORKERS_PER_CORE
 from sessions.compare.comparison import iter_compare
 from sessions.compare.options import CompareOptions
 from sessions.compare.verdict import UNUSABLE, Verdict
@@ -42,6 +43,7 @@ from sessions.gate.cluster import CONNECT_TIMEOUT_S
 from sessions.gate.judge import iter_judge_case
 from sessions.gate.manifest import GateCase
 from sessions.gate.result import CaseResult, GateResult, load_gate_file
+from sessions.machine import usable_cores
 from sessions.progress import run_to_end
 from viewer.cli import main as report_main
 
@@ -211,6 +213,16 @@ def test_an_output_naming_the_manifest_or_a_case_capture_is_refused_before_anyth
     assert _gate(str(one_case), "--html", str(tmp_path / "y.html")) == 2
     assert f"the report of case 'a' {capture} is the native capture of case 'a'" in capsys.readouterr().err
     assert capture.read_bytes() == demo_pairs["clean"][0].read_bytes()
+
+
+def test_more_local_workers_than_the_cores_can_run_is_refused_before_a_cluster_starts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "gate.toml").write_text(GLOB)
+    cores = usable_cores()
+    too_many = WORKERS_PER_CORE * cores + 1
+    assert _gate(str(tmp_path / "gate.toml"), "--workers", str(too_many)) == 2
+    assert capsys.readouterr().err == (
+        f"parity-xray gate: --workers {too_many} is more than {WORKERS_PER_CORE} per core here ({cores} cores): the processes would only take turns on them\n"
+    )
 
 
 @pytest.mark.parametrize(("answer", "problem"), [

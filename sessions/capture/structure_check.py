@@ -56,6 +56,7 @@ from sessions.capture.reader import Capture, CaptureError, load_capture
 from sessions.capture.record_scan import scan_problems
 from sessions.child_env import child_env, module_command
 from sessions.child_process import signal_name
+from sessions.machine import usable_cores
 from sessions.progress import Progress, ProgressGenerator, run_to_end
 
 SHARDING_MIN_BYTES = 16 * 1024**2
@@ -297,7 +298,7 @@ def shard_count(path: Path) -> int:
     """
     if path.stat().st_size < SHARDING_MIN_BYTES:
         return 1
-    return max(1, min(MAX_SHARDS, os.cpu_count() or 1))
+    return min(MAX_SHARDS, usable_cores())
 
 
 def _child_arguments(paths: list[Path], memory_budget: int, deep: bool, shard: int = 0, shards: int = 1) -> list[str]:

@@ -23,12 +23,17 @@ from typing import TYPE_CHECKING
 from sessions.commands.arguments import output_clash, output_problem, write_outputs
 from sessions.compare.verdict import EXIT_UNUSABLE, UNUSABLE
 from sessions.ctrl_c import EXIT_INTERRUPTED, raise_if_pressed
+from sessions.machine import usable_cores
 from sessions.printable import printable
 
 if TYPE_CHECKING:
     from sessions.gate.judge import CachedCase, CaseOutcome
     from sessions.gate.manifest import GateCase
     from sessions.gate.result import CaseResult, GateResult
+
+WORKERS_PER_CORE = 4
+"""The most local Dask workers --workers may ask for, per core this process may use."""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("manifest", help="TOML manifest of the cases (docs/gate.md)")
@@ -52,6 +57,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.workers is not None and args.workers < 1:
         return _fail(f"--workers must be at least 1, got {args.workers}")
+    cores = usable_cores()
+    if args.workers is not None and args.workers > WORKERS_PER_CORE * cores:
+        # 48 worker processes on 2 cores took 44 s for a case judged in 0.4 s by 2.
+        return _fail(f"--workers {args.workers} is more than {WORKERS_PER_CORE} per core here ({cores} cores): the processes would only take turns on them")
     try:
         manifest = load_manifest(args.manifest)
     except ManifestError as exc:

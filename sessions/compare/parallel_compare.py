@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import ctypes
 import math
-import os
 import pickle
 import signal
 import sys
@@ -48,6 +47,7 @@ from sessions.compare.options import CompareOptions
 from sessions.compare.pair_compare import Heads, PairOutcome, iter_compare_pairs
 from sessions.compare.pair_reader import PairReader, pair_bytes
 from sessions.gc_pause import garbage_collection_paused
+from sessions.machine import usable_cores
 from sessions.progress import Progress, ProgressGenerator, run_to_end
 
 if TYPE_CHECKING:
@@ -138,10 +138,6 @@ def _layout(spec: str | None) -> LayoutTransform | None:
     return None if spec is None else LayoutTransform.parse(spec)
 
 
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 def worker_count(options: CompareOptions) -> int:
     """How many processes may compare: as asked, else one per core. Not by size: a pair's bytes
     do not say how long it takes (a differing pair is decoded element by element, orders of
@@ -149,7 +145,7 @@ def worker_count(options: CompareOptions) -> int:
     at the rate it is going, would need longer than SPAWN_WHEN_LEFT_S for the rest."""
     if options.workers > 0:
         return options.workers
-    cores = _cores()
+    cores = usable_cores()
     return 1 if cores < MIN_AUTO_CORES else min(MAX_AUTO_WORKERS, cores)
 
 
@@ -157,7 +153,7 @@ def check_threads(options: CompareOptions) -> int:
     """How many threads of the comparing process may check stored bytes at once
     (sessions.compare.byte_checks): as many as processes were asked for, else one per core.
     Unlike workers, threads pay on 2 cores too: they cost no start and share the process's memory."""
-    return options.workers if options.workers > 0 else min(MAX_AUTO_WORKERS, _cores())
+    return options.workers if options.workers > 0 else min(MAX_AUTO_WORKERS, usable_cores())
 
 
 def shards(pairs: list[AlignedPair], parts: int) -> list[range]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -43,6 +42,7 @@ from distributed.comm import connect
 
 from sessions.gate.judge import CachedCase, CaseOutcome, case_unusable, iter_judge_case
 from sessions.gate.manifest import GateCase
+from sessions.machine import usable_cores
 
 CANCEL_POLL_S = 0.5
 """How often a running task asks whether the gate was cancelled: one small scheduler call."""
@@ -62,11 +62,6 @@ LOCAL_HOST = "127.0.0.1"
 
 class ClusterError(Exception):
     """The cluster could not be started or reached: the gate judged nothing."""
-
-
-def local_worker_count() -> int:
-    """Every core this process may run on: the default for a local gate."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def judge_on_worker(case: GateCase, previous: CachedCase | None, want_html: bool, cancel_event: str) -> CaseOutcome | None:
@@ -134,7 +129,7 @@ class DaskGate:
             else:
                 with dask.config.set({"distributed.scheduler.worker-saturation": WORKER_SATURATION}):
                     self.cluster = LocalCluster(
-                        n_workers=self.workers or local_worker_count(),
+                        n_workers=self.workers or usable_cores(),
                         threads_per_worker=1,
                         processes=True,
                         host=LOCAL_HOST,

@@ -13,6 +13,7 @@ from sessions.gate.result import GateFormatError, load_gate_file
 from viewer.gate.gate_window import GateWindow
 from viewer.settings import APPLICATION, ORGANISATION, ViewerSettings
 from viewer.window.main_window import MainWindow
+from viewer.window.terminal_ctrl_c import closing_on_ctrl_c
 
 SESSION_SUFFIX = ".xray"
 GATE_SUFFIX = ".json"
@@ -72,4 +73,5 @@ def run_viewer(argv: list[str]) -> int:
     if isinstance(window, int):
         return window
     window.show()
-    return int(QApplication.instance().exec())  # type: ignore[union-attr]
+    with closing_on_ctrl_c(window):
+        return int(QApplication.instance().exec())  # type: ignore[union-attr]

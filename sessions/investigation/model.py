@@ -202,6 +202,11 @@ class Investigation:
     revision: int = field(default=0, compare=False)
     _listeners: list[Listener] = field(default_factory=list, compare=False, repr=False)
 
+    def snapshot(self) -> Investigation:
+        """This session as it is now, for work on another thread: its fields are immutable, so
+        a copy without the listeners (the window's panels) is enough."""
+        return replace(self, _listeners=[])
+
     def subscribe(self, listener: Listener) -> Callable[[], None]:
         """Call `listener(kind)` after each edit; returns the unsubscribe function."""
         self._listeners.append(listener)

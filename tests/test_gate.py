@@ -446,3 +446,13 @@ def test_a_case_name_from_the_manifest_is_printed_with_its_control_characters_es
     gate = GateResult("gate.toml", "local", None, "2026-12-03T00:00:00", 1.0, [case])
     for text in (gate_command.progress_line(case), gate_command.render_text(gate)):
         assert "evil\\x1b[2J\\nPARITY" in text and "\x1b" not in text
+
+
+def test_the_gate_table_says_why_an_unusable_case_is_unusable_in_its_first_finding_column() -> None:
+    from sessions.compare.tensor_diff import Tolerance
+
+    reason = "/runs/missing.native.h5: file: does not exist, so this case cannot be judged at all by anyone"
+    case = CaseResult("gone", "n.h5", "o.h5", UNUSABLE, None, [reason], [], None, None, "stop", Tolerance(), None, None)
+    gate = GateResult("gate.toml", "local", None, "2026-12-03T00:00:00", 1.0, [case])
+    row = gate_command.render_text(gate).splitlines()[2]
+    assert row.split("  ")[:3] == ["gone", "UNUSABLE", "FAIL"] and row.endswith(reason[: gate_command.REASON_SHOWN - 1] + "…")

@@ -177,6 +177,19 @@ def case_pages(html_out: str, cases: Sequence[GateCase | CaseResult]) -> list[Pa
     return [folder / f"{index + 1:03d}-{re.sub(r'[^A-Za-z0-9._-]+', '_', case.name)}.html" for index, case in enumerate(cases)]
 
 
+REASON_SHOWN = 60
+"""Characters of an unusable case's reason in the gate's table."""
+
+
+def _first_finding(c: CaseResult) -> str:
+    if c.first is not None:
+        return c.first.key
+    if c.word != UNUSABLE or not c.reasons:
+        return ""
+    reason = printable(c.reasons[0])
+    return reason if len(reason) <= REASON_SHOWN else reason[: REASON_SHOWN - 1] + "…"
+
+
 def progress_line(c: CaseResult) -> str:
     """One finished case: name, word, where it first fails or why it fails the gate, and where it ran
     (a case's name is the manifest's text: its control characters are escaped)."""
@@ -187,11 +200,12 @@ def progress_line(c: CaseResult) -> str:
 
 
 def render_text(gate: GateResult) -> str:
-    """The table of every case in manifest order, then the summary line."""
+    """The table of every case in manifest order, then the summary line. An unusable case's
+    "first finding" is why it is unusable, cut to REASON_SHOWN characters (its progress line has it whole)."""
     rows = [("case", "verdict", "gate", "first finding", "tokens", "EOS")]
     for c in gate.cases:
         tokens, eos = ("", "") if c.tokens is None else (c.tokens.compared_text(), c.tokens.eos_text())
-        rows.append((printable(c.name), c.word, "pass" if c.passed else "FAIL", "" if c.first is None else c.first.key, tokens, eos))
+        rows.append((printable(c.name), c.word, "pass" if c.passed else "FAIL", _first_finding(c), tokens, eos))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
     return "\n" + "\n".join(lines) + f"\n\n{gate.headline}\n"

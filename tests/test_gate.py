@@ -456,3 +456,13 @@ def test_the_gate_table_says_why_an_unusable_case_is_unusable_in_its_first_findi
     gate = GateResult("gate.toml", "local", None, "2026-12-03T00:00:00", 1.0, [case])
     row = gate_command.render_text(gate).splitlines()[2]
     assert row.split("  ")[:3] == ["gone", "UNUSABLE", "FAIL"] and row.endswith(reason[: gate_command.REASON_SHOWN - 1] + "…")
+
+
+def test_a_missing_capture_is_unusable_in_the_words_report_uses_for_it(
+    tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "gone.native.h5"
+    result = run_to_end(iter_judge_case(GateCase("gone", str(missing), str(demo_pairs["clean"][1]), CompareOptions()))).result
+    assert report_main(["report", str(missing), str(demo_pairs["clean"][1])]) == 2
+    assert result.word == UNUSABLE and capsys.readouterr().err == f"parity-xray report: unusable input: {result.reasons[0]}\n"
+    assert result.reasons == [f"{missing}: file: does not exist"]

@@ -48,7 +48,7 @@ def test_the_table_shows_each_case_with_its_word_in_the_verdict_strips_colour(qt
     ]
     assert rows[0][7] == "short of the token budget: 7 of 64 token steps captured and no shared EOS"
     assert rows[1][6] == "0:text-before:1:ffn_down"
-    assert rows[2][7].endswith("gone.h5: No such file or directory")
+    assert rows[2][7].endswith("gone.h5: file: does not exist")
     colours = [window.table.item(r, COLUMNS.index("verdict")).background().color().name() for r in range(3)]
     assert colours == [WORD_COLOURS["PARITY"], WORD_COLOURS["DIVERGENCE"], WORD_COLOURS["UNUSABLE"]]
     assert window.headline.text() == "<b>0/3 pass; 1 divergence at 0:text-before:0:ffn_act; 2 short of the token budget; 1 unusable</b> (exit 2)"

@@ -142,6 +142,8 @@ def iter_judge_case(case: GateCase, previous: CachedCase | None = None, want_htm
     started = time.monotonic()
     try:
         stamps = FileStamp.of(case.native), FileStamp.of(case.oracle)
+    except FileNotFoundError as exc:  # in report's words for the same file
+        return CaseOutcome(case_unusable(case, str(CaptureError(exc.filename, "file", "does not exist"))), None)
     except OSError as exc:
         return CaseOutcome(case_unusable(case, f"{exc.filename}: {exc.strerror}"), None)
     profiles_unchanged = previous is not None and all(

@@ -43,6 +43,7 @@ from sessions.capture import format as cf  # noqa: E402
 from sessions.capture.meta import CaptureMeta  # noqa: E402
 from sessions.capture.opening import open_capture  # noqa: E402
 from sessions.capture.structure_check import shard_count  # noqa: E402
+from sessions.machine import usable_cores  # noqa: E402
 
 STEP_ROWS = 500
 ROOT = Path(__file__).resolve().parent.parent
@@ -125,7 +126,7 @@ def measure(args: argparse.Namespace, scratch: Path) -> int:
         seconds = time.perf_counter() - start
         write_ms = seconds * 1e3 / args.rows
         print(f"built {path} ({path.stat().st_size / 1e6:.1f} MB, {args.rows} rows, {args.layout}) in {seconds:.1f} s")
-    print(f"{os.cpu_count()} cores; the first check may use up to {shard_count(path)} child processes (more than one only for many datasets of their own)")
+    print(f"{usable_cores()} cores; the first check may use up to {shard_count(path)} child processes (more than one only for many datasets of their own)")
     os.environ["PARITY_XRAY_CACHE_DIR"] = tempfile.mkdtemp(prefix="cache-", dir=scratch)
 
     children_before = resource.getrusage(resource.RUSAGE_CHILDREN)

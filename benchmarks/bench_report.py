@@ -47,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 from sessions.capture.meta import CaptureMeta  # noqa: E402
 from sessions.capture.writer import CaptureWriter  # noqa: E402
+from sessions.machine import usable_cores  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from many_records import build_many_records_pair  # noqa: E402
@@ -138,7 +139,7 @@ def main() -> int:
     parser.add_argument("--align", default="auto", choices=("auto", "calls", "positions"), help="the report's --align (positions: the pairing of runs cut differently)")
     parser.add_argument("--diverged", action="store_true", help="with --records: every record after the planted one differs in most elements (a diverged run)")
     args = parser.parse_args()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     workers = sorted({cores if w.strip() == "all" else int(w) for w in args.workers.split(",")})
     h5diff = shutil.which("h5diff")
     if h5diff is None:

@@ -28,13 +28,17 @@ def _on_ctrl_c(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
+def ctrl_c_is_pythons() -> bool:
+    """Whether this thread may take Ctrl-C over: the main thread, with Python's own handler. A
+    process started in the background of a shell has SIGINT ignored, and keeps ignoring it."""
+    return threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 @contextmanager
 def ctrl_c_kept() -> Iterator[None]:
-    """Within: a Ctrl-C raises KeyboardInterrupt as usual and is also kept for `raise_if_pressed`.
-
-    Nothing changes where Ctrl-C is not Python's default: a command started in the background
-    of a shell has SIGINT ignored, and keeps ignoring it."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    """Within: a Ctrl-C raises KeyboardInterrupt as usual and is also kept for `raise_if_pressed`
+    (nothing changes unless `ctrl_c_is_pythons`)."""
+    if not ctrl_c_is_pythons():
         yield
         return
     _pressed.clear()

@@ -45,6 +45,17 @@ def file_kind(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "not a plain file")
 
 
+def regular_file_problem(path: str | Path) -> str | None:
+    """Why `path` is no file to read ("does not exist", ...), or None when it is a regular file."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return "does not exist"
+    except OSError as exc:  # a name too long, a loop of links
+        return f"cannot be read ({exc.strerror or exc})"
+    return None if stat.S_ISREG(mode) else "is not a regular file"
+
+
 def open_regular_file(path: str | Path) -> BinaryIO:
     """`path` opened for binary reading, refused with SideFileError unless it is a regular file
     (decided on the open descriptor, so a path swapped after a check cannot slip through)."""

@@ -110,23 +110,26 @@ class _CheckedStdout:
         self._stream = stream
 
     def write(self, text: str) -> int:
-        try:
+        with _stdout_failures():
             return self._stream.write(text)
-        except BrokenPipeError:
-            raise
-        except (OSError, ValueError) as exc:  # ValueError: a closed stream
-            raise _StdoutFailed(getattr(exc, "strerror", None) or str(exc)) from None
 
     def flush(self) -> None:
-        try:
+        with _stdout_failures():
             self._stream.flush()
-        except BrokenPipeError:
-            raise
-        except (OSError, ValueError) as exc:
-            raise _StdoutFailed(getattr(exc, "strerror", None) or str(exc)) from None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
+
+
+@contextmanager
+def _stdout_failures() -> Iterator[None]:
+    """A failed write to standard output as `_StdoutFailed`; a broken pipe stays what it is."""
+    try:
+        yield
+    except BrokenPipeError:
+        raise
+    except (OSError, ValueError) as exc:  # ValueError: a closed stream
+        raise _StdoutFailed(getattr(exc, "strerror", None) or str(exc)) from None
 
 
 @contextmanager

@@ -24,7 +24,6 @@ from sessions.capture.opening import open_capture
 from sessions.capture.reader import CaptureError
 from sessions.commands.arguments import (
     add_align_argument,
-    output_clash,
     output_problem,
     whole_number,
     write_outputs,
@@ -94,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         compare = CompareOptions(native_profile=args.native_profile, oracle_profile=args.oracle_profile, alignment=args.align)
         with open_capture(args.native) as native, open_capture(args.oracle) as oracle:
             inputs = files_read(native, oracle, None, (args.native_profile, args.oracle_profile))
-            clash = output_problem(outputs) or output_clash(outputs, inputs)
+            clash = output_problem(outputs, inputs)
             if clash is not None:
                 raise ValueError(clash)
             comparison = run_to_end(iter_compare_cached(native, oracle, compare))

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sessions.capture.format import ROLES
-from sessions.commands.arguments import output_clash, output_problem
+from sessions.commands.arguments import output_problem
 from sessions.ctrl_c import EXIT_INTERRUPTED, raise_if_pressed
 from sessions.progress import Progress
 
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_REFUSED
     outs = repeat_paths(args.out, args.repeat)
     outputs = {("--out" if k == 0 else f"--repeat's run {k + 1}"): str(out) for k, out in enumerate(outs)}
-    problem = output_problem(outputs) or output_clash(outputs, _model_files(args.model))
+    problem = output_problem(outputs, _model_files(args.model))
     if problem is not None:
         print(f"record refused: {problem}", file=sys.stderr)
         return EXIT_REFUSED

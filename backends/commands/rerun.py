@@ -31,7 +31,6 @@ from sessions.capture.opening import open_capture
 from sessions.capture.reader import CaptureError
 from sessions.commands.arguments import (
     add_align_argument,
-    output_clash,
     output_problem,
     write_outputs,
 )
@@ -133,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         with open_capture(args.native) as native, open_capture(args.oracle) as oracle:
             inputs = files_read(native, oracle, args.weights, (args.native_profile, args.oracle_profile))
             outputs = {"--save": args.save, "--json": args.json}
-            problem = output_problem(outputs) or output_clash(outputs, inputs)
+            problem = output_problem(outputs, inputs)
             if problem is not None:
                 raise ValueError(problem)
             comparison = run_to_end(iter_compare_cached(native, oracle, compare))

@@ -12,6 +12,7 @@ from sessions.capture.hdf5_safety import CHECK_TIMEOUT_S, DEFAULT_MEMORY_BUDGET
 from sessions.capture.reader import Capture, CaptureError, load_capture
 from sessions.capture.structure_check import iter_ensure_checked
 from sessions.progress import ProgressGenerator, run_to_end
+from sessions.side_file import regular_file_problem
 
 
 def iter_open_capture(
@@ -31,8 +32,9 @@ def iter_open_capture(
     with `CaptureWriter`, never for a file that came from elsewhere.
     """
     path = Path(path)
-    if not path.is_file():
-        raise CaptureError(path, "file", "does not exist" if not path.exists() else "is not a regular file")
+    problem = regular_file_problem(path)
+    if problem is not None:
+        raise CaptureError(path, "file", problem)
     if check_in_child:
         failure = yield from iter_ensure_checked(path, memory_budget=memory_budget, timeout_s=check_timeout_s)
         if failure is not None:

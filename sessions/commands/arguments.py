@@ -70,20 +70,18 @@ def whole_number(minimum: int, maximum: int | None = None) -> Callable[[str], in
     return parse
 
 
-def output_problem(outputs: Mapping[str, str | None], made_folders: Collection[str] = ()) -> str | None:
-    """Why one of the outputs (option -> path) cannot be written, said before any work
-    (`_path_problem`); the options in `made_folders` are written into folders the command makes."""
+def output_problem(
+    outputs: Mapping[str, str | None], inputs: Mapping[str, str | Path | None], made_folders: Collection[str] = ()
+) -> str | None:
+    """Why one of the outputs (option -> path) may not be written, said before any work: it
+    cannot hold a file (`_path_problem`; the options in `made_folders` are written into folders
+    the command makes), it names one of the inputs (`--json` given the oracle capture's path
+    would replace the capture, or on an unusable input remove it), or another output (the JSON
+    would silently replace the HTML)."""
     for option, output in outputs.items():
         problem = _path_problem(output, option not in made_folders) if output else None
         if problem is not None:
             return f"{option} {printable(output)} {problem}"
-    return None
-
-
-def output_clash(outputs: Mapping[str, str | None], inputs: Mapping[str, str | Path | None]) -> str | None:
-    """Why an output path may not be written: it names one of the inputs (`--json` given the
-    oracle capture's path would replace the capture, or on an unusable input remove it), or
-    another output (the JSON would silently replace the HTML)."""
     for option, output in outputs.items():
         for what, given in inputs.items():
             if output and given and same_file(output, given):

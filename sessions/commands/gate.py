@@ -20,7 +20,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sessions.commands.arguments import output_clash, output_problem, write_outputs
+from sessions.commands.arguments import output_problem, write_outputs
 from sessions.compare.verdict import EXIT_UNUSABLE, UNUSABLE
 from sessions.ctrl_c import EXIT_INTERRUPTED, raise_if_pressed
 from sessions.machine import usable_cores
@@ -69,12 +69,9 @@ def run(args: argparse.Namespace) -> int:
     for case in manifest.cases:
         inputs.update({f"native capture of case {case.name!r}": case.native, f"oracle capture of case {case.name!r}": case.oracle})
     outputs = {"--json": args.json, "--html": args.html}
-    problem = output_problem(outputs, made_folders={"--html"})  # the HTML's folder and its cases' are made
-    if problem is not None:
-        return _fail(problem)
     if args.html is not None:
         outputs.update({f"the report of case {case.name!r}": str(page) for case, page in zip(manifest.cases, case_pages(args.html, manifest.cases))})
-    clash = output_clash(outputs, inputs)
+    clash = output_problem(outputs, inputs, made_folders=set(outputs) - {"--json"})  # the HTML's folder and its cases' are made
     if clash is not None:
         return _fail(clash)
     state = _GateRun(manifest.cases, want_html=args.html is not None, use_cache=not args.no_cache)

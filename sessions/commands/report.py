@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 from sessions.capture.read_ahead import ReadAhead
 from sessions.commands.arguments import (
     add_align_argument,
-    output_clash,
     output_problem,
     tolerance_bound,
     ulp_bound,
@@ -109,7 +108,7 @@ def _unusable(args: argparse.Namespace, message: str) -> int:
     wrote at the paths asked for is removed, so a CI step reading it never takes the last
     pair's PARITY for this one's."""
     print(f"parity-xray report: {printable(message)}", file=sys.stderr)  # a path from a session may hold anything
-    if output_problem(_outputs(args)) is None and output_clash(_outputs(args), _inputs(args)) is None:
+    if output_problem(_outputs(args), _inputs(args)) is None:
         for path in _outputs(args).values():  # regular files only (`output_problem`): never a device
             if path:
                 with contextlib.suppress(OSError):  # not ours to remove (a folder, a read-only place): left as it is
@@ -134,7 +133,7 @@ def _inputs(args: argparse.Namespace) -> dict[str, str | None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    clash = output_problem(_outputs(args)) or output_clash(_outputs(args), _inputs(args))
+    clash = output_problem(_outputs(args), _inputs(args))
     if clash is not None:
         return _unusable(args, clash)
     session = None
@@ -148,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
             session = apply_session(args)
         except SessionReportError as exc:
             return _unusable(args, f"unusable input: {exc}")
-        clash = output_clash(_outputs(args), _inputs(args))  # the session's captures and policy are inputs too
+        clash = output_problem(_outputs(args), _inputs(args))  # the session's captures and policy are inputs too
         if clash is not None:
             return _unusable(args, clash)
     elif args.native is None or args.oracle is None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
-import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from sessions.capture.hdf5_safety import (
 from sessions.capture.structure_check import CheckReport, iter_check_files
 from sessions.commands.arguments import seconds, whole_number
 from sessions.printable import printable
+from sessions.side_file import regular_file_problem
 
 EXIT_VALID = 0
 EXIT_INVALID = 2
@@ -60,28 +60,17 @@ def validate_files(paths: list[Path], memory_budget: int, timeout_s: float, deep
     """Each file's report, in order, with an unfinished file counted as a problem (it cannot be trusted as a whole)."""
     at = 0
     while at < len(paths):
-        shown = _not_a_file(paths[at])
+        shown = regular_file_problem(paths[at])
         if shown is not None:
             yield paths[at], CheckReport([Problem("file", shown)])
             at += 1
             continue
-        files = list(itertools.takewhile(lambda path: _not_a_file(path) is None, paths[at:]))
+        files = list(itertools.takewhile(lambda path: regular_file_problem(path) is None, paths[at:]))
         for path, report in iter_check_files(files, memory_budget=memory_budget, timeout_s=timeout_s, deep=deep):
             if report.contents and not report.complete:
                 report.problems.insert(0, Problem("/ attribute 'complete'", "not set: " + report.contents))
             yield path, report
         at += len(files)
-
-
-def _not_a_file(path: Path) -> str | None:
-    """Why `path` is no capture file to check, or None when it is a regular file."""
-    try:
-        mode = path.stat().st_mode
-    except FileNotFoundError:
-        return "does not exist"
-    except OSError as exc:  # a name too long, a loop of links
-        return f"cannot be read ({exc.strerror or exc})"
-    return None if stat.S_ISREG(mode) else "is not a regular file"
 
 
 def validate_file(path: Path, memory_budget: int, timeout_s: float, deep: bool = False) -> CheckReport:

@@ -10,7 +10,6 @@ it while Qt waits make Ctrl-C do what a terminal user expects.
 from __future__ import annotations
 
 import signal
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
@@ -18,15 +17,16 @@ from types import FrameType
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QWidget
 
+from sessions.ctrl_c import ctrl_c_is_pythons
+
 WAKE_MS = 200
 """How often Python gets a turn to run a pending signal handler while Qt waits for input."""
 
 
 @contextmanager
 def closing_on_ctrl_c(window: QWidget) -> Iterator[None]:
-    """Within: Ctrl-C closes `window`. Nothing changes where Ctrl-C is not Python's default (a
-    viewer started in the background of a shell has SIGINT ignored)."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    """Within: Ctrl-C closes `window` (nothing changes unless `ctrl_c_is_pythons`)."""
+    if not ctrl_c_is_pythons():
         yield
         return
 

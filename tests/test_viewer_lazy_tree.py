@@ -87,15 +87,29 @@ def test_a_filter_finding_more_ops_than_it_makes_says_so(lazy_window: MainWindow
 
 
 def test_the_filter_finds_each_matching_pair_once_in_order_and_counts_past_the_limit() -> None:
-    from viewer.comparison_view import TreeGroup, TreePlaces
+    from viewer.comparison_view import TreeGroup, TreePlaces, search_lines
 
-    places = TreePlaces(TreeGroup(""), {}, "q_proj step 0\nffn_up ffn step 0\nsdpa step 1\nffn_down step 1")
+    places = TreePlaces(TreeGroup(""), {}, search_lines(["q_proj step 0", "ffn_up ffn step 0", "sdpa step 1", "ffn_down step 1"]))
     assert places.matches("ffn", 10) == ([1, 3], 2)
     assert places.matches("ffn", 1) == ([1], 2)
     assert places.matches("step 1", 10) == ([2, 3], 2)
     assert places.matches("zzz", 10) == ([], 0)
     assert places.matches("step", 1) == ([0], 4) and places.matches("step", 3) == ([0, 1, 2], 4), "counted past the limit at once"
     assert places.matches("ffn", 0) == ([], 2), "a line holding the needle twice counts once"
+
+
+def test_the_filter_matches_text_beyond_ascii_and_never_across_lines() -> None:
+    from viewer.comparison_view import TreeGroup, TreePlaces, search_lines
+
+    places = TreePlaces(TreeGroup(""), {}, search_lines(["café_proj step 0", "cafe step 1", "line\nbreak step 2", "tail\0"]))
+    assert places.matches("café", 10) == ([0], 1)
+    assert places.matches("é_p", 10) == ([0], 1), "a needle starting inside a multi-byte character's text still matches"
+    assert places.matches("cafe", 10) == ([1], 1)
+    assert places.matches("line break", 10) == ([2], 1), "a newline in a name reads as a space"
+    assert places.matches("0\ncafe", 10) == ([], 0)
+    assert places.matches("", 10) == ([], 0)
+    assert places.matches("\0", 10) == ([], 0)
+    assert TreePlaces(TreeGroup(""), {}, search_lines([])).matches("step", 10) == ([], 0)
 
 
 def test_a_rebuilt_tree_keeps_its_hidden_columns_and_column_widths(lazy_window: MainWindow) -> None:

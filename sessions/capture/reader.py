@@ -68,6 +68,18 @@ _TRUNCATED = re.compile(r"truncated file: eof = (\d+),.*stored_eof = (\d+)")
 """libhdf5's words for a file shorter than its superblock says: the bytes there and the bytes it should have."""
 
 
+def _leading_rows(ds: h5py.Dataset, rows: int) -> np.ndarray:
+    """The table's first `rows` rows, read into memory no one zeroed first: h5py's own read
+    allocates with numpy.zeros, which took 0.06-0.9 s for a 240,000-row (115 MB) index against
+    a steady 0.06 s here (measured on one warm file, fresh processes)."""
+    out = np.empty(rows, dtype=ds.dtype)
+    if rows:
+        file_space = ds.id.get_space()
+        file_space.select_hyperslab((0,), (rows,))
+        ds.id.read(h5py.h5s.create_simple((rows,)), file_space, out)
+    return out
+
+
 class CaptureError(Exception):
     """A capture that cannot be used as asked, with where and why."""
 
@@ -305,12 +317,11 @@ class Capture:
             raise self._fail(path, layout_problem)
         committed = self._int_attr(ds.id, path, cf.ATTR_COMMITTED_ROWS, ds.shape[0])
         rows = ds.shape[0]
-        selection = (slice(None),)
         if not self.complete and 0 <= committed < rows:
             # Rows past the commit may lie in chunks a killed writer never finished: never read them.
             self.dropped_rows[path] = rows - committed
-            selection = (slice(0, committed),)
-        raw = ChunkedReader(ds, path, self._budget, self._file_size).read(selection) if has_filters(ds) else ds[selection]
+            rows = committed
+        raw = ChunkedReader(ds, path, self._budget, self._file_size).read((slice(0, rows),)) if has_filters(ds) else _leading_rows(ds, rows)
         if raw.dtype == dtype:
             return raw
         table = np.zeros(len(raw), dtype=dtype)

@@ -32,7 +32,7 @@ def panel(qtbot, demo_pairs: dict):  # type: ignore[no-untyped-def]
     oracle.close()
 
 
-def test_running_on_the_native_route_shows_the_three_way_table_and_the_verdict(qtbot, panel: RerunPanel, tmp_path: Path, artifacts_dir: Path) -> None:  # type: ignore[no-untyped-def]
+def test_running_on_the_native_route_shows_the_three_way_table_and_the_verdict_and_saves_it_or_says_why_not(qtbot, panel: RerunPanel, tmp_path: Path, artifacts_dir: Path) -> None:  # type: ignore[no-untyped-def]
     assert "0:visual:0:attention_block" in panel.model.keys
     panel.set_key("0:visual:0:attention_block")
     panel.route_from.setCurrentIndex(panel.route_from.findData("native"))
@@ -49,6 +49,10 @@ def test_running_on_the_native_route_shows_the_three_way_table_and_the_verdict(q
     saved = panel.save_to(tmp_path / "rerun.h5")
     with open_capture(saved) as rerun:
         assert rerun.meta.role == "rerun" and len(rerun.records) == 11
+    nowhere = tmp_path / "gone" / "rerun.h5"
+    panel.choose_save_path = lambda _parent, _suggested: nowhere
+    qtbot.mouseClick(panel.save_button, Qt.MouseButton.LeftButton)
+    assert panel.status.text() == f"Could not save the rerun to {nowhere}: cannot be written (No such file or directory)"
 
 
 def test_cancel_stops_the_rerun_and_says_so(qtbot, panel: RerunPanel) -> None:  # type: ignore[no-untyped-def]

@@ -7,6 +7,7 @@ imports Qt only when asked.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -110,7 +111,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"parity-xray demo: {exc}", file=sys.stderr)
             return 1
         except (OSError, RuntimeError) as exc:  # RuntimeError: MLX's own file writes (the demo model's weights)
-            print(f"parity-xray demo: cannot write the demo captures into {args.generate} ({getattr(exc, 'strerror', None) or exc})", file=sys.stderr)
+            # MLX's words ("Unable to write 659706 bytes") never say why; the room left often does.
+            room = f"; {shutil.disk_usage(args.generate).free:,} bytes free on its device" if isinstance(exc, RuntimeError) else ""
+            print(f"parity-xray demo: cannot write the demo captures into {args.generate} ({getattr(exc, 'strerror', None) or exc}{room})", file=sys.stderr)
             return 2
         for name, (native, oracle) in pairs.items():
             print(f"{name:20s} native {native}\n{'':20s} oracle {oracle}")

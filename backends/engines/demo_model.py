@@ -10,12 +10,15 @@ values the signed-zero scenario needs come from that real arithmetic).
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 from mlx_lm.models import qwen3
+
+from sessions.atomic_write import new_file_beside
 
 
 @dataclass(frozen=True)
@@ -104,8 +107,17 @@ def weights_hash(weights: dict[str, mx.array]) -> str:
 
 
 def save_weights(weights: dict[str, mx.array], directory: Path) -> Path:
+    """Written beside under a name of its own, then renamed: a write cut short (a full disk) left
+    a truncated weights file that the captures' provenance still named."""
     path = directory / WEIGHTS_FILE
-    mx.save_safetensors(str(path), weights, metadata={"model_id": MODEL_ID})
+    descriptor, temp = new_file_beside(path, ".safetensors")  # MLX adds ".safetensors" to any other name
+    os.close(descriptor)
+    try:
+        mx.save_safetensors(str(temp), weights, metadata={"model_id": MODEL_ID})
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
     return path
 
 

@@ -9,6 +9,7 @@ again.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict
 from pathlib import Path
 
@@ -48,35 +49,47 @@ def rerun_meta(result: RerunResult) -> CaptureMeta:
 
 
 def save_rerun(result: RerunResult, path: str | Path) -> Path:
-    """Write the rerun's outputs as a complete capture at `path` (replaced if it exists)."""
+    """Write the rerun's outputs as a complete capture at `path` (replaced if it exists). A save
+    that fails (a full disk) leaves nothing at `path`: half a rerun is no result to open.
+    Raises OSError (CaptureUnwritable when the capture itself could not be written)."""
     path = Path(path)
-    with CaptureWriter(path, rerun_meta(result)) as writer:
-        for op in result.ops:
-            key = op.key
-            seq = writer.add_tensor(
-                key.op,
-                op.bits,
-                step=key.step,
-                segment=key.segment,
-                layer=key.layer,
-                dtype=op.dtype,
-                kernel_id=f"rerun.{key.op}",
-                # No contract: the route is words ("attn.f32.tiled64x64, 1 unchunked call"), and an
-                # engine's contract ids follow its own conventions; a rerun's routes are in its provenance.
-                contract_id="",
-                effective_contract_id="",
-            )
-            q_heads, kv_heads, head_dim = op.heads or (0, 0, 0)
-            add_dispatch_events(
-                writer,
-                seq,
-                (DispatchedCall(r.call, r.primitive, r.metal_primitive) for r in op.calls),
-                q_heads=q_heads,
-                kv_heads=kv_heads,
-                head_dim=head_dim,
-                mask_kind=op.mask_kind or "none",
-                dtype=op.dtype,
-            )
-        writer.end_step()
+    writer = CaptureWriter(path, rerun_meta(result))  # one that cannot start leaves `path` as it was
+    try:
+        with writer:
+            _write_ops(writer, result)
+    except BaseException:
+        with contextlib.suppress(OSError):  # a folder that refuses removal: its own error, not this one, is the news
+            path.unlink(missing_ok=True)
+        raise
     return path
+
+
+def _write_ops(writer: CaptureWriter, result: RerunResult) -> None:
+    for op in result.ops:
+        key = op.key
+        seq = writer.add_tensor(
+            key.op,
+            op.bits,
+            step=key.step,
+            segment=key.segment,
+            layer=key.layer,
+            dtype=op.dtype,
+            kernel_id=f"rerun.{key.op}",
+            # No contract: the route is words ("attn.f32.tiled64x64, 1 unchunked call"), and an
+            # engine's contract ids follow its own conventions; a rerun's routes are in its provenance.
+            contract_id="",
+            effective_contract_id="",
+        )
+        q_heads, kv_heads, head_dim = op.heads or (0, 0, 0)
+        add_dispatch_events(
+            writer,
+            seq,
+            (DispatchedCall(r.call, r.primitive, r.metal_primitive) for r in op.calls),
+            q_heads=q_heads,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            mask_kind=op.mask_kind or "none",
+            dtype=op.dtype,
+        )
+    writer.end_step()
 

@@ -29,12 +29,17 @@ per-tensor datasets it replaces (`layout="datasets"` still writes those).
 from __future__ import annotations
 
 import datetime as _dt
+import errno
+import functools
 import os
+import re
+import resource
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
+from typing import Concatenate, ParamSpec, TypeVar
 
 import h5py
 import numpy as np
@@ -54,12 +59,65 @@ flushing and checking one dataset) is small next to writing its bytes, small eno
 OWN_PACK_BYTES = 4 * 1024**2
 """A tensor of at least this many bytes is a pack of its own, written without a copy."""
 PACK_CHUNK_BYTES = 1024**2
+ROOM_MARGIN_BYTES = 4 * 1024**2
+"""Room a write must leave free on the device (and under the process's file size limit): the
+metadata libhdf5 writes at the next flush and at close. A write libhdf5 itself finds no room
+for leaves it unable to flush or close the file (its later errors read "slist already
+enabled"), and the interpreter's exit then crashed in its teardown (SIGSEGV), so the writer
+refuses first, while the file can still be closed with its committed steps readable."""
 """Chunk of a compressed pack: the unit a reader decodes."""
 TABLES: tuple[tuple[str, np.dtype], ...] = (
     (cf.INDEX_PATH, cf.INDEX_DTYPE),
     (cf.DISPATCH_PATH, cf.DISPATCH_DTYPE),
     (cf.TOKENS_PATH, cf.TOKENS_DTYPE),
 )
+
+
+class CaptureUnwritable(OSError):
+    """A capture that could not be written, said in one line that names it: libhdf5's own words
+    span lines, name the hidden file it opened, and give the time, descriptor and buffer address.
+    Made as OSError(errno, what failed, the capture's path)."""
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}"
+
+
+def _unwritable(path: Path, exc: OSError | RuntimeError, failed: str = "cannot be written") -> CaptureUnwritable:
+    """`exc` as a CaptureUnwritable; h5py raises RuntimeError when a flush fails."""
+    if isinstance(exc, CaptureUnwritable):
+        return exc
+    number = exc.errno if isinstance(exc, OSError) else _errno_of(exc)
+    words = (exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)).strip()
+    reason = os.strerror(number) if number else (words.splitlines()[0] if words else type(exc).__name__)
+    return CaptureUnwritable(number, f"{failed} ({reason})", str(path))
+
+
+def _errno_of(exc: RuntimeError) -> int | None:
+    """The errno libhdf5 names in a failed flush's words ("errno = 28"), if any."""
+    found = re.search(r"errno = (\d+)", str(exc))
+    return int(found.group(1)) if found else None
+
+
+_Args = ParamSpec("_Args")
+_Result = TypeVar("_Result")
+
+
+def _writes(method: Callable[Concatenate["CaptureWriter", _Args], _Result]) -> Callable[Concatenate["CaptureWriter", _Args], _Result]:
+    """A writer method whose libhdf5 failures (a full disk, a file gone read-only) are `CaptureUnwritable`."""
+
+    @functools.wraps(method)
+    def writing(writer: "CaptureWriter", *args: _Args.args, **kwargs: _Args.kwargs) -> _Result:
+        try:
+            return method(writer, *args, **kwargs)
+        except (OSError, RuntimeError) as exc:
+            failure = _unwritable(writer.path, exc)
+            writer._failure = writer._failure or failure
+        # Raised here, past the handler, so libhdf5's error and the frames of its traceback go now:
+        # a dataset a frame held, freed after its file was closed, crashed libhdf5 (SIGSEGV).
+        raise failure
+
+    return writing
+
 
 
 def _set_scalar(obj_id: h5py.h5o.ObjectID, name: str, value: np.ndarray) -> None:
@@ -143,12 +201,14 @@ class CaptureWriter:
         try:
             descriptor, partial = new_file_beside(self.path, ".partial")
         except OSError as exc:  # its words name the hidden file, which the user never asked for
-            raise OSError(f"{self.path}: cannot be written ({exc.strerror or exc})") from None
+            raise _unwritable(self.path, exc) from None
         os.close(descriptor)
         try:
             self._file = h5py.File(partial, "w", locking=False)
-        except BaseException:
+        except BaseException as exc:
             partial.unlink()
+            if isinstance(exc, OSError):
+                raise _unwritable(self.path, exc) from None
             raise
         self._t0 = time.perf_counter_ns()
         self._occurrences: Counter[tuple[int, str, int, str]] = Counter()
@@ -163,14 +223,16 @@ class CaptureWriter:
         self._group = 0
         """Number of the step group the next tensor goes to (step groups that hold tensors count)."""
         self._step_group: h5py.Group | None = None
+        self._failure: CaptureUnwritable | None = None
+        """The first write that failed (`_refuse_after_failure`)."""
         try:
             self._write_skeleton(meta)
             os.replace(partial, self.path)
         except BaseException as exc:  # the skeleton never reached `path`: nothing of it is left behind
             self._file.close()
             partial.unlink(missing_ok=True)
-            if isinstance(exc, OSError):  # libhdf5's words name neither the file nor which part
-                raise OSError(f"{self.path}: cannot write the capture's root attributes and tables ({exc})") from None
+            if isinstance(exc, OSError):
+                raise _unwritable(self.path, exc, "cannot write the capture's root attributes and tables") from None
             raise
 
     def _write_skeleton(self, meta: CaptureMeta) -> None:
@@ -215,6 +277,7 @@ class CaptureWriter:
         """Nanoseconds since the capture started: the clock of every timestamp in the file."""
         return time.perf_counter_ns() - self._t0
 
+    @_writes
     def add_tensor(
         self,
         name: str,
@@ -243,6 +306,7 @@ class CaptureWriter:
         this returns, so the caller may reuse it.
         `position` is the absolute token position of the tensor's first row (-1: not recorded).
         """
+        self._refuse_after_failure()
         logical = dtype or logical_name_of(array)
         ld = logical_dtype(logical)
         stored = to_storage(np.asarray(array), logical)
@@ -299,6 +363,7 @@ class CaptureWriter:
     ) -> str:
         """The tensor as a dataset of its own (the layout before packs); returns its path."""
         assert self._step_group is not None
+        self._make_room(stored.nbytes)
         chunks = self._compression is not None and stored.size > 0 and stored.ndim > 0
         ds = self._step_group.create_dataset(
             f"t{seq:08d}", data=stored, compression=self._compression if chunks else None, chunks=True if chunks else None
@@ -361,6 +426,7 @@ class CaptureWriter:
     def _write_pack(self, first_seq: int, raw: np.ndarray, attrs: dict[str, list[bytes]]) -> None:
         """One pack, created, written and given its records' attributes before anything under its step is committed."""
         assert self._step_group is not None
+        self._make_room(raw.nbytes)
         chunked = self._compression is not None and raw.size > 0
         ds = self._step_group.create_dataset(
             f"p{first_seq:08d}",
@@ -370,6 +436,7 @@ class CaptureWriter:
         )
         _add_text_attrs(ds, {cf.attribute_table(key): texts for key, texts in attrs.items()})
 
+    @_writes
     def add_dispatch(
         self,
         *,
@@ -437,7 +504,9 @@ class CaptureWriter:
             )
         )
 
+    @_writes
     def add_token(self, *, step: int, segment: str, token_id: int, is_stop: bool) -> None:
+        self._refuse_after_failure()
         if step < 0 or token_id < 0:
             raise ValueError(f"token step {step} and id {token_id} must both be at least 0")
         if (step, segment) in self._emitted:
@@ -447,6 +516,7 @@ class CaptureWriter:
             (step, cf.encode_field(segment, cf.TOKENS_DTYPE["segment"], "segment"), token_id, int(is_stop))
         )
 
+    @_writes
     def end_step(self) -> None:
         """Write the step's buffered rows, flush, then commit them: `/index` first, then the
         dispatch and token tables, each commit one in-place attribute write and a flush.
@@ -454,12 +524,14 @@ class CaptureWriter:
         Before its commit nothing of the step is visible to a reader of the unfinished file, and
         after it nothing a reader needs for it is modified again.
         """
+        self._refuse_after_failure()
         pending = {
             cf.INDEX_PATH: self._pending_index,
             cf.DISPATCH_PATH: self._pending_dispatch,
             cf.TOKENS_PATH: self._pending_tokens,
         }
         self._flush_pack()
+        self._make_room(sum(len(pending[path]) * dtype.itemsize for path, dtype in TABLES))
         grown: list[h5py.Dataset] = []
         for path, dtype in TABLES:
             rows = pending[path]
@@ -479,19 +551,52 @@ class CaptureWriter:
             if tables:
                 self._file.flush()
 
+    def _refuse_after_failure(self) -> None:
+        """Nothing is written after a failed write: its step is dropped, the committed ones stay
+        readable. Committing that step's rows after its pack failed pointed them at no data."""
+        if self._failure is not None:
+            raise self._failure
+
+    def _make_room(self, nbytes: int) -> None:
+        """Refuse a write of `nbytes` the device or the file size limit has no room for (ROOM_MARGIN_BYTES)."""
+        if not nbytes:
+            return
+        device = os.statvfs(self.path.parent)
+        room = device.f_bavail * device.f_frsize
+        limit, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+        if limit != resource.RLIM_INFINITY:
+            room = min(room, limit - self._file.id.get_filesize())
+        if room < nbytes + ROOM_MARGIN_BYTES:
+            raise CaptureUnwritable(
+                errno.ENOSPC,
+                f"cannot be written (no room left for it: {max(room, 0):,} bytes free on its device or under "
+                f"the file size limit, {nbytes + ROOM_MARGIN_BYTES:,} needed for the next write)",
+                str(self.path),
+            )
+
+    @_writes
     def close(self) -> None:
-        """Finish the file: the complete marker is the last thing written."""
+        """Finish the file: the complete marker is the last thing written. The file is closed
+        even when that fails: a file libhdf5 still held open at exit, after writes failed on a
+        full disk, crashed the interpreter's exit (SIGSEGV in libhdf5's teardown)."""
         if not self._file.id.valid:
             return
-        self.end_step()
-        _set_scalar(self._file.id, cf.ATTR_COMPLETE, np.array(1, dtype=np.int8))
-        self._file.close()
-
-    def abandon(self) -> None:
-        """Close without the complete marker, as a crashed writer would leave the file."""
-        if self._file.id.valid:
+        try:
             self.end_step()
+            _set_scalar(self._file.id, cf.ATTR_COMPLETE, np.array(1, dtype=np.int8))
+        finally:
             self._file.close()
+
+    @_writes
+    def abandon(self) -> None:
+        """Close without the complete marker, as a crashed writer would leave the file; after a
+        failed write, without the step it failed in."""
+        if self._file.id.valid:
+            try:
+                if self._failure is None:
+                    self.end_step()
+            finally:
+                self._file.close()
 
     def __enter__(self) -> "CaptureWriter":
         return self

@@ -85,11 +85,7 @@ def iter_import(
 
 def _write(parsed: Manifest, arrays: Iterator[ImportedArray], capture_meta: CaptureMeta, out: Path) -> ProgressGenerator[None]:
     total = len(parsed.entries)
-    try:
-        writer = CaptureWriter(out, capture_meta)
-    except OSError as exc:
-        raise CaptureError(out, "file", f"cannot be written ({exc.strerror or exc})") from None
-    with writer:
+    with CaptureWriter(out, capture_meta) as writer:
         step = None
         for done, item in enumerate(arrays, start=1):
             entry = item.entry

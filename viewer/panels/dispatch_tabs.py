@@ -8,12 +8,10 @@ follows it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QObject, Signal
-from PySide6.QtWidgets import QFileDialog, QWidget
 
 from backends.dispatch.timeline import Timeline
 from backends.rerun.segment import RerunResult
@@ -23,25 +21,22 @@ from sessions.compare.profiles import whole_op
 from sessions.progress import Progress, ProgressGenerator
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
-from viewer.panels.rerun_panel import RerunPanel, RerunPanelModel
+from viewer.panels.rerun_panel import (
+    RerunPanel,
+    RerunPanelModel,
+    SaveChooser,
+    ask_save_path,
+)
 from viewer.panels.timeline_model import TimelineModel
 from viewer.panels.timeline_view import TimelineView
 from viewer.widgets.banner import BannerArea
 from viewer.workers import TaskSlots
-
-SaveChooser = Callable[[QWidget, str], "Path | None"]
-"""Asks where to save a rerun capture (a file dialog; tests inject a path)."""
 
 
 def iter_identity(path: Path) -> ProgressGenerator[tuple[Path, CaptureIdentity]]:
     """A saved rerun's identity for the session (its structure check runs in a child process)."""
     yield Progress(0, 1, f"checking {path.name}")
     return path, identity_of_file(path)
-
-
-def ask_save_path(parent: QWidget, suggested: str) -> Path | None:
-    name, _ = QFileDialog.getSaveFileName(parent, "Save rerun as capture", suggested, "Captures (*.h5)")
-    return Path(name) if name else None
 
 
 class DispatchTabs(QObject):

@@ -8,6 +8,7 @@ CPU it says plainly that every SDPA call took MLX's decomposed fallback.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from PySide6.QtCore import QObject, QStringListModel, Signal
@@ -45,6 +46,15 @@ from sessions.progress import Progress
 from viewer.comparison_view import ViewedComparison
 from viewer.widgets.progress_bar import show_progress
 from viewer.workers import TaskSlots
+
+SaveChooser = Callable[[QWidget, str], "Path | None"]
+"""Asks where to save a rerun capture (a file dialog; tests inject a path)."""
+
+
+def ask_save_path(parent: QWidget, suggested: str) -> Path | None:
+    name, _ = QFileDialog.getSaveFileName(parent, "Save rerun as capture", suggested, "Captures (*.h5)")
+    return Path(name) if name else None
+
 
 COLUMNS = ("op", "route that ran", "native vs oracle", "rerun vs native", "rerun vs oracle", "closer to exact (RMSE n / o / rerun)")
 
@@ -101,6 +111,7 @@ class RerunPanel(QWidget):
         super().__init__(parent)
         self.model = model
         self.tasks = TaskSlots(self)
+        self.choose_save_path: SaveChooser = ask_save_path
         self.key = QComboBox()
         self.key.setEditable(True)
         self.key.setMinimumContentsLength(24)
@@ -309,9 +320,13 @@ class RerunPanel(QWidget):
         return saved
 
     def _ask_save(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Save rerun as capture", "rerun.h5", "Captures (*.h5)")
-        if path:
+        path = self.choose_save_path(self, "rerun.h5")
+        if path is None:
+            return
+        try:
             self.save_to(path)
+        except OSError as exc:  # a full disk, a folder that refuses the file
+            self.status.setText(f"Could not save the rerun to {path}: {exc.strerror or exc}")
 
     def shutdown(self) -> None:
         self.tasks.shutdown()

@@ -1,0 +1,83 @@
+"""A capture written where there is no room (a full disk, a file size limit) fails in one line
+that names it, before libhdf5 itself fails: after its own failed write libhdf5 could neither flush
+nor close the file, and the interpreter's exit crashed in its teardown (SIGSEGV).
+
+The room runs out through RLIMIT_FSIZE, in a child process, which needs no privileges; the
+writer counts a full device (statvfs) the same way."""
+
+from __future__ import annotations
+
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sessions.capture.opening import open_capture
+from sessions.capture.writer import ROOM_MARGIN_BYTES
+from sessions.child_env import PROJECT_ROOT, child_env
+
+LIMIT_BYTES = ROOM_MARGIN_BYTES + 3 * 1024**2
+"""The file size limit of each child: room for the margin and about three 1 MiB steps."""
+
+
+def _limited(command: list[str], limit: int = LIMIT_BYTES) -> subprocess.CompletedProcess[str]:
+    def limit_file_size() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return subprocess.run(command, cwd=PROJECT_ROOT, env=child_env(), capture_output=True, text=True, timeout=300, preexec_fn=limit_file_size)
+
+
+WRITE_STEPS = """
+import sys
+import numpy as np
+from sessions.capture.meta import CaptureMeta
+from sessions.capture.writer import CaptureUnwritable, CaptureWriter
+
+written = 0
+try:
+    with CaptureWriter(sys.argv[1], CaptureMeta(role="native")) as writer:
+        for step in range(20):
+            writer.add_tensor("x", np.full((256, 1024), step, np.float32), step=step, segment="decode")
+            writer.end_step()
+            written += 1
+except CaptureUnwritable as exc:
+    print(written)
+    print(exc)
+"""
+
+
+def test_a_writer_out_of_room_says_so_in_one_line_and_its_committed_steps_stay_readable(tmp_path: Path) -> None:
+    path = tmp_path / "full.h5"
+    done = _limited([sys.executable, "-c", WRITE_STEPS, str(path)])
+    assert done.returncode == 0 and done.stderr == ""
+    written, message = done.stdout.splitlines()
+    assert message.startswith(f"{path}: cannot be written (no room left for it: ")
+    assert message.endswith(f"{1024**2 + ROOM_MARGIN_BYTES:,} needed for the next write)")
+    with open_capture(path) as capture:
+        assert not capture.complete
+        assert [r.step for r in capture.records] == list(range(int(written)))
+        assert 1 <= int(written) < 20
+        assert np.array_equal(capture.read_values(capture.records[-1]), np.full((256, 1024), int(written) - 1, np.float32))
+
+
+def test_import_out_of_room_is_one_line_and_leaves_no_file(tmp_path: Path) -> None:
+    dump, out = tmp_path / "dump.npz", tmp_path / "x.h5"
+    np.savez(dump, **{f"layers.{i}.out": np.ones((256, 1024), np.float32) for i in range(8)})
+    done = _limited([sys.executable, "-m", "viewer.cli", "import", "npz", str(dump), "--out", str(out)])
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"import refused: {out}: cannot be written (no room left for it: ") and done.stderr.count("\n") == 1
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_rerun_save_out_of_room_is_one_line_and_leaves_no_half_capture(tmp_path: Path, demo_pairs: dict) -> None:
+    native, oracle = demo_pairs["swiglu-order"]
+    saved = tmp_path / "rerun.h5"
+    command = [sys.executable, "-m", "viewer.cli", "rerun", "--op", "0:text-before:0:ffn_down", "--save", str(saved), str(native), str(oracle)]
+    done = _limited(command, 256 * 1024)  # less than the saved capture takes (0.5 MB)
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"parity-xray rerun: {saved}: cannot be written (no room left for it: ") and done.stderr.count("\n") == 1
+    assert not saved.exists()

@@ -38,6 +38,15 @@ def test_the_command_reruns_on_the_native_route_and_writes_json(demo_pairs: dict
         assert rerun.meta.role == "rerun"
 
 
+def test_weights_named_for_a_rerun_that_takes_none_are_said_to_be_unread(demo_pairs: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    native, oracle = demo_pairs["attention-contract"]
+    weights = oracle.parent / "demo-qwen3-tiny.safetensors"
+    main(["rerun", str(native), str(oracle), "--op", "0:visual:0:sdpa", "--weights", str(weights)])
+    assert f"The weights file {weights} was not read: no op of this rerun takes a weight." in capsys.readouterr().out.splitlines()
+    main(["rerun", str(native), str(oracle), "--op", "0:visual:0:o_proj", "--weights", str(weights)])
+    assert "was not read" not in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_the_command_exits_1_when_the_rerun_does_not_reproduce_its_route_side(demo_pairs: dict) -> None:
     native, oracle = demo_pairs["attention-contract"]

@@ -392,6 +392,8 @@ class RerunSession:
             result.notes.append(CPU_NOTE)
         if compute_dtype is not None and any(op.computed_dtype != op.dtype for op in result.ops):
             result.notes.append(f"Computed in {options.dtype}, then rounded to the captured dtype for the bit comparison.")
+        if options.weights_path is not None and not any(op.key.op in WEIGHT_NAMES for op in result.ops):
+            result.notes.append(f"The weights file {options.weights_path} was not read: no op of this rerun takes a weight.")
         return result
 
 

@@ -7,13 +7,13 @@ imports Qt only when asked.
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sessions.commands.arguments import whole_number
 from sessions.ctrl_c import raise_if_pressed
+from sessions.file_room import FileUnwritable
 from sessions.progress import Progress
 
 if TYPE_CHECKING:
@@ -110,10 +110,11 @@ def run(args: argparse.Namespace) -> int:
         except RecorderError as exc:  # a llama scenario whose llama.cpp run failed or crashed (in its own process)
             print(f"parity-xray demo: {exc}", file=sys.stderr)
             return 1
-        except (OSError, RuntimeError) as exc:  # RuntimeError: MLX's own file writes (the demo model's weights)
-            # MLX's words ("Unable to write 659706 bytes") never say why; the room left often does.
-            room = f"; {shutil.disk_usage(args.generate).free:,} bytes free on its device" if isinstance(exc, RuntimeError) else ""
-            print(f"parity-xray demo: cannot write the demo captures into {args.generate} ({getattr(exc, 'strerror', None) or exc}{room})", file=sys.stderr)
+        except FileUnwritable as exc:  # names the file, and why
+            print(f"parity-xray demo: {exc}", file=sys.stderr)
+            return 2
+        except (OSError, RuntimeError) as exc:  # RuntimeError: MLX's own failures
+            print(f"parity-xray demo: cannot write the demo captures into {args.generate} ({getattr(exc, 'strerror', None) or exc})", file=sys.stderr)
             return 2
         for name, (native, oracle) in pairs.items():
             print(f"{name:20s} native {native}\n{'':20s} oracle {oracle}")

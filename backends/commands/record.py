@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sessions.capture.format import ROLES
-from sessions.capture.writer import CaptureUnwritable
 from sessions.commands.arguments import output_problem
 from sessions.ctrl_c import EXIT_INTERRUPTED, raise_if_pressed
+from sessions.file_room import FileUnwritable
 from sessions.progress import Progress
 
 if TYPE_CHECKING:
@@ -138,8 +138,8 @@ def run(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             print(f"record interrupted: {out} holds the steps written so far and reads as incomplete (parity-xray validate names them)", file=sys.stderr)
             return EXIT_INTERRUPTED
-        except CaptureUnwritable as exc:  # a full disk: what was committed before it stays readable
-            print(f"record failed: {exc}; it holds the steps written before and reads as incomplete (parity-xray validate names them)", file=sys.stderr)
+        except FileUnwritable as exc:  # a full disk: its words say what is left at the path
+            print(f"record failed: {exc}", file=sys.stderr)
             return EXIT_REFUSED
         except (ValueError, RuntimeError, OSError, ImportError) as exc:
             print(f"record refused: {exc}", file=sys.stderr)

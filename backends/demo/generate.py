@@ -170,12 +170,12 @@ def iter_generate(
             eos = _eos_for(weights, config, prompt) if scenario.uses_eos else NO_EOS
             scenario_common = dict(common, eos_token_id=eos, expected_verdict=scenario.expected.as_dict())
             native_path, oracle_path = pair_paths(out_dir, name)
-            with CaptureWriter(oracle_path, _meta("oracle", scenario, scenario.oracle, scenario_common, prompt, seed)) as writer:
+            with CaptureWriter(oracle_path, _meta("oracle", scenario, scenario.oracle, scenario_common, prompt, seed), complete_only=True) as writer:
                 sink = CaptureSink(writer)
                 model = build_oracle_model(config, weights)
                 _run(OracleEngine(model, scenario.oracle, sink), sink, prompt, scenario.oracle, eos)
             yield Progress(2 + 2 * number, total, f"{name}: oracle")
-            with CaptureWriter(native_path, _meta("native", scenario, scenario.native, scenario_common, prompt, seed)) as writer:
+            with CaptureWriter(native_path, _meta("native", scenario, scenario.native, scenario_common, prompt, seed), complete_only=True) as writer:
                 sink = CaptureSink(writer)
                 _run(NativeEngine(config, weights, scenario.native, sink), sink, prompt, scenario.native, eos)
             yield Progress(3 + 2 * number, total, f"{name}: native")

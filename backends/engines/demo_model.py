@@ -19,6 +19,7 @@ import numpy as np
 from mlx_lm.models import qwen3
 
 from sessions.atomic_write import new_file_beside
+from sessions.file_room import FileUnwritable, room_for
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,10 @@ def save_weights(weights: dict[str, mx.array], directory: Path) -> Path:
     try:
         mx.save_safetensors(str(temp), weights, metadata={"model_id": MODEL_ID})
         os.replace(temp, path)
+    except RuntimeError as exc:  # MLX's words never say why ("Unable to write 659706 bytes to file.")
+        room = room_for(temp, temp.stat().st_size)
+        temp.unlink(missing_ok=True)
+        raise FileUnwritable(None, f"cannot be written ({exc}; {room:,} bytes of room left there, on its device or under the file size limit)", str(path)) from None
     except BaseException:
         temp.unlink(missing_ok=True)
         raise

@@ -9,7 +9,6 @@ again.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import asdict
 from pathlib import Path
 
@@ -49,18 +48,12 @@ def rerun_meta(result: RerunResult) -> CaptureMeta:
 
 
 def save_rerun(result: RerunResult, path: str | Path) -> Path:
-    """Write the rerun's outputs as a complete capture at `path` (replaced if it exists). A save
-    that fails (a full disk) leaves nothing at `path`: half a rerun is no result to open.
-    Raises OSError (CaptureUnwritable when the capture itself could not be written)."""
+    """Write the rerun's outputs as a complete capture at `path`, replacing any file there only
+    once it is complete: a save that fails (a full disk) leaves `path` as it was.
+    Raises OSError (FileUnwritable when the capture could not be written)."""
     path = Path(path)
-    writer = CaptureWriter(path, rerun_meta(result))  # one that cannot start leaves `path` as it was
-    try:
-        with writer:
-            _write_ops(writer, result)
-    except BaseException:
-        with contextlib.suppress(OSError):  # a folder that refuses removal: its own error, not this one, is the news
-            path.unlink(missing_ok=True)
-        raise
+    with CaptureWriter(path, rerun_meta(result), complete_only=True) as writer:
+        _write_ops(writer, result)
     return path
 
 

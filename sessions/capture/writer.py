@@ -16,7 +16,11 @@ landed (docs/capture-format.md, "Writing"):
   read, and are committed by rewriting that one attribute after a flush; `/index` first, so
   dispatch rows and tokens never point past the records shown;
 - `complete` exists from the start as 0 and turns 1 by one in-place write at `close`;
-- the file is created under a temporary name and renamed once its empty structure is on disk.
+- the file is created under a temporary name and renamed once its empty structure is on disk
+  (with `complete_only`, once it is complete: whole or not at all).
+
+Before each write the writer asks for room (sessions.file_room): libhdf5, once one of its
+writes has failed for want of room, can neither flush nor close the file.
 
 Tensors go into packs by default (docs/capture-format.md, "Packs"): small tensors are copied
 into a buffer that becomes one dataset of a step group when it fills or the step ends, and a
@@ -28,12 +32,12 @@ per-tensor datasets it replaces (`layout="datasets"` still writes those).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import errno
 import functools
 import os
 import re
-import resource
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -49,6 +53,7 @@ from sessions.bits.dtypes import logical_dtype, logical_name_of, to_storage
 from sessions.capture import format as cf
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.pack_layout import stored_nbytes
+from sessions.file_room import FileUnwritable, room_for
 
 COMPRESSIONS = (None, "gzip", "lzf")
 LAYOUTS = ("packed", "datasets")
@@ -59,12 +64,15 @@ flushing and checking one dataset) is small next to writing its bytes, small eno
 OWN_PACK_BYTES = 4 * 1024**2
 """A tensor of at least this many bytes is a pack of its own, written without a copy."""
 PACK_CHUNK_BYTES = 1024**2
-ROOM_MARGIN_BYTES = 4 * 1024**2
-"""Room a write must leave free on the device (and under the process's file size limit): the
-metadata libhdf5 writes at the next flush and at close. A write libhdf5 itself finds no room
-for leaves it unable to flush or close the file (its later errors read "slist already
-enabled"), and the interpreter's exit then crashed in its teardown (SIGSEGV), so the writer
-refuses first, while the file can still be closed with its committed steps readable."""
+ROOM_MARGIN_BYTES = 2 * 1024**2
+"""Room a write must leave (on the device, and under the process's file size limit) for what
+libhdf5 writes at the next flush and at close: the tables' chunks (1,024 rows each, 0.7 MB for
+the three) and their metadata. A write libhdf5 itself finds no room for leaves it unable to
+flush or close the file (its later errors read "slist already enabled"), and the interpreter's
+exit then crashed in its teardown (SIGSEGV), so the writer refuses first, while the file can
+still be closed with its committed steps readable."""
+SKELETON_BYTES = 64 * 1024
+"""About what an empty capture (root attributes, groups, empty tables) takes: 31 KB."""
 """Chunk of a compressed pack: the unit a reader decodes."""
 TABLES: tuple[tuple[str, np.dtype], ...] = (
     (cf.INDEX_PATH, cf.INDEX_DTYPE),
@@ -73,23 +81,14 @@ TABLES: tuple[tuple[str, np.dtype], ...] = (
 )
 
 
-class CaptureUnwritable(OSError):
-    """A capture that could not be written, said in one line that names it: libhdf5's own words
-    span lines, name the hidden file it opened, and give the time, descriptor and buffer address.
-    Made as OSError(errno, what failed, the capture's path)."""
-
-    def __str__(self) -> str:
-        return f"{self.filename}: {self.strerror}"
-
-
-def _unwritable(path: Path, exc: OSError | RuntimeError, failed: str = "cannot be written") -> CaptureUnwritable:
-    """`exc` as a CaptureUnwritable; h5py raises RuntimeError when a flush fails."""
-    if isinstance(exc, CaptureUnwritable):
+def _unwritable(path: Path, exc: OSError | RuntimeError, failed: str = "cannot be written") -> FileUnwritable:
+    """`exc` as a FileUnwritable; h5py raises RuntimeError when a flush fails."""
+    if isinstance(exc, FileUnwritable):
         return exc
     number = exc.errno if isinstance(exc, OSError) else _errno_of(exc)
     words = (exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)).strip()
     reason = os.strerror(number) if number else (words.splitlines()[0] if words else type(exc).__name__)
-    return CaptureUnwritable(number, f"{failed} ({reason})", str(path))
+    return FileUnwritable(number, f"{failed} ({reason})", str(path))
 
 
 def _errno_of(exc: RuntimeError) -> int | None:
@@ -103,15 +102,14 @@ _Result = TypeVar("_Result")
 
 
 def _writes(method: Callable[Concatenate["CaptureWriter", _Args], _Result]) -> Callable[Concatenate["CaptureWriter", _Args], _Result]:
-    """A writer method whose libhdf5 failures (a full disk, a file gone read-only) are `CaptureUnwritable`."""
+    """A writer method whose libhdf5 failures (a full disk, a file gone read-only) are `FileUnwritable`."""
 
     @functools.wraps(method)
     def writing(writer: "CaptureWriter", *args: _Args.args, **kwargs: _Args.kwargs) -> _Result:
         try:
             return method(writer, *args, **kwargs)
         except (OSError, RuntimeError) as exc:
-            failure = _unwritable(writer.path, exc)
-            writer._failure = writer._failure or failure
+            failure = writer._failed(exc)
         # Raised here, past the handler, so libhdf5's error and the frames of its traceback go now:
         # a dataset a frame held, freed after its file was closed, crashed libhdf5 (SIGSEGV).
         raise failure
@@ -175,7 +173,14 @@ def _append_rows(ds: h5py.Dataset, rows: np.ndarray) -> None:
 
 
 class CaptureWriter:
-    def __init__(self, path: str | Path, meta: CaptureMeta, compression: str | None = None, layout: str = "packed") -> None:
+    def __init__(
+        self, path: str | Path, meta: CaptureMeta, compression: str | None = None, layout: str = "packed", complete_only: bool = False
+    ) -> None:
+        """`complete_only`: `path` receives the capture only once it is complete, renamed there at
+        `close`; a write that fails, or `abandon`, leaves `path` as it was (an import, a saved
+        rerun: whole or not at all). Otherwise `path` holds the capture from its empty structure
+        on, readable as incomplete while it grows: a recording killed or out of room keeps the
+        steps it committed."""
         if meta.role not in cf.ROLES:
             raise ValueError(f"role must be one of {cf.ROLES}, not {meta.role!r}")
         if compression not in COMPRESSIONS:
@@ -203,6 +208,8 @@ class CaptureWriter:
         except OSError as exc:  # its words name the hidden file, which the user never asked for
             raise _unwritable(self.path, exc) from None
         os.close(descriptor)
+        self._partial = partial
+        self._complete_only = complete_only
         try:
             self._file = h5py.File(partial, "w", locking=False)
         except BaseException as exc:
@@ -223,15 +230,20 @@ class CaptureWriter:
         self._group = 0
         """Number of the step group the next tensor goes to (step groups that hold tensors count)."""
         self._step_group: h5py.Group | None = None
-        self._failure: CaptureUnwritable | None = None
+        self._failure: FileUnwritable | None = None
         """The first write that failed (`_refuse_after_failure`)."""
         try:
+            self._make_room(SKELETON_BYTES)
             self._write_skeleton(meta)
-            os.replace(partial, self.path)
+            if not complete_only:
+                os.replace(partial, self.path)
         except BaseException as exc:  # the skeleton never reached `path`: nothing of it is left behind
-            self._file.close()
+            with contextlib.suppress(OSError, RuntimeError):  # libhdf5 out of room cannot close either: the first failure is the news
+                self._file.close()
             partial.unlink(missing_ok=True)
-            if isinstance(exc, OSError):
+            if isinstance(exc, FileUnwritable):
+                raise
+            if isinstance(exc, (OSError, RuntimeError)):
                 raise _unwritable(self.path, exc, "cannot write the capture's root attributes and tables") from None
             raise
 
@@ -551,6 +563,16 @@ class CaptureWriter:
             if tables:
                 self._file.flush()
 
+    def _failed(self, exc: OSError | RuntimeError) -> FileUnwritable:
+        """The writer's first failed write, kept (`_refuse_after_failure`), in words that say what is left at `path`."""
+        if self._failure is None:
+            failure = _unwritable(self.path, exc)
+            if not self._complete_only:
+                kept = "the steps written before it stay readable, and the capture reads as incomplete"
+                failure = FileUnwritable(failure.errno, f"{failure.strerror}; {kept}", failure.filename)
+            self._failure = failure
+        return self._failure
+
     def _refuse_after_failure(self) -> None:
         """Nothing is written after a failed write: its step is dropped, the committed ones stay
         readable. Committing that step's rows after its pack failed pointed them at no data."""
@@ -558,19 +580,15 @@ class CaptureWriter:
             raise self._failure
 
     def _make_room(self, nbytes: int) -> None:
-        """Refuse a write of `nbytes` the device or the file size limit has no room for (ROOM_MARGIN_BYTES)."""
+        """Refuse a write of `nbytes` that leaves less than ROOM_MARGIN_BYTES of room."""
         if not nbytes:
             return
-        device = os.statvfs(self.path.parent)
-        room = device.f_bavail * device.f_frsize
-        limit, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
-        if limit != resource.RLIM_INFINITY:
-            room = min(room, limit - self._file.id.get_filesize())
+        room = room_for(self.path, self._file.id.get_filesize())
         if room < nbytes + ROOM_MARGIN_BYTES:
-            raise CaptureUnwritable(
+            raise FileUnwritable(
                 errno.ENOSPC,
-                f"cannot be written (no room left for it: {max(room, 0):,} bytes free on its device or under "
-                f"the file size limit, {nbytes + ROOM_MARGIN_BYTES:,} needed for the next write)",
+                f"cannot be written (no room left for it: {room:,} bytes free on its device or under the file size limit; "
+                f"the next write takes {nbytes:,}, and {ROOM_MARGIN_BYTES // 1024**2} MiB more is kept for the file's own tables)",
                 str(self.path),
             )
 
@@ -584,8 +602,10 @@ class CaptureWriter:
         try:
             self.end_step()
             _set_scalar(self._file.id, cf.ATTR_COMPLETE, np.array(1, dtype=np.int8))
-        finally:
-            self._file.close()
+        except BaseException:
+            self._release(finished=False)
+            raise
+        self._release(finished=True)
 
     @_writes
     def abandon(self) -> None:
@@ -596,7 +616,20 @@ class CaptureWriter:
                 if self._failure is None:
                     self.end_step()
             finally:
-                self._file.close()
+                self._release(finished=False)
+
+    def _release(self, finished: bool) -> None:
+        """Close the file; with `complete_only`, rename it to `path` when it is finished, else remove it."""
+        try:
+            self._file.close()
+        except BaseException:
+            if self._complete_only:
+                self._partial.unlink(missing_ok=True)
+            raise
+        if self._complete_only and finished:
+            os.replace(self._partial, self.path)
+        elif self._complete_only:
+            self._partial.unlink(missing_ok=True)
 
     def __enter__(self) -> "CaptureWriter":
         return self

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from sessions.capture.format import ROLES
 from sessions.capture.reader import CaptureError
-from sessions.capture.writer import CaptureUnwritable
 from sessions.ctrl_c import raise_if_pressed
+from sessions.file_room import FileUnwritable
 from sessions.importers import KINDS, iter_import
 from sessions.printable import printable
 
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
             for _ in work:
                 count += 1
                 raise_if_pressed()
-    except (CaptureError, CaptureUnwritable) as exc:
+    except (CaptureError, FileUnwritable) as exc:
         print(f"import refused: {printable(str(exc))}", file=sys.stderr)
         return EXIT_REFUSED
     print(f"{printable(str(args.out))}: imported {count} tensor{'s' if count != 1 else ''} from {printable(str(args.source))}")

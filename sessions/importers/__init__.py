@@ -7,7 +7,6 @@ so the result is an ordinary capture that `validate`, `report` and the viewer ac
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -65,7 +64,7 @@ def iter_import(
     """Import `source` into the capture `out`; yields Progress per tensor, returns `out`.
 
     The manifest is checked before `out` is created; the arrays are read one by one, and a
-    bad one stops the import and removes the unfinished `out`. An existing `out` is refused.
+    bad one stops the import, and `out` is never made. An existing `out` is refused.
     """
     source, out = Path(source), Path(out)
     if out.exists():
@@ -74,18 +73,13 @@ def iter_import(
         raise CaptureError(out, "file", f"is in {out.parent}, which is not a folder")
     parsed, arrays = _open(kind, source, Path(manifest) if manifest else None)
     capture_meta = _meta(parsed, meta or {}, source, kind)
-    try:
-        yield from _write(parsed, arrays, capture_meta, out)
-    except BaseException:
-        with contextlib.suppress(OSError):  # a read-only folder: its error, not this one, is the news
-            out.unlink(missing_ok=True)
-        raise
+    yield from _write(parsed, arrays, capture_meta, out)  # `out` appears only once complete (complete_only)
     return out
 
 
 def _write(parsed: Manifest, arrays: Iterator[ImportedArray], capture_meta: CaptureMeta, out: Path) -> ProgressGenerator[None]:
     total = len(parsed.entries)
-    with CaptureWriter(out, capture_meta) as writer:
+    with CaptureWriter(out, capture_meta, complete_only=True) as writer:
         step = None
         for done, item in enumerate(arrays, start=1):
             entry = item.entry

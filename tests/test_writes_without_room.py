@@ -1,4 +1,4 @@
-"""A capture written where there is no room (a full disk, a file size limit) fails in one line
+"""A file written where there is no room (a full disk, a file size limit) fails in one line
 that names it, before libhdf5 itself fails: after its own failed write libhdf5 could neither flush
 nor close the file, and the interpreter's exit crashed in its teardown (SIGSEGV).
 
@@ -34,7 +34,8 @@ WRITE_STEPS = """
 import sys
 import numpy as np
 from sessions.capture.meta import CaptureMeta
-from sessions.capture.writer import CaptureUnwritable, CaptureWriter
+from sessions.capture.writer import CaptureWriter
+from sessions.file_room import FileUnwritable
 
 written = 0
 try:
@@ -43,7 +44,7 @@ try:
             writer.add_tensor("x", np.full((256, 1024), step, np.float32), step=step, segment="decode")
             writer.end_step()
             written += 1
-except CaptureUnwritable as exc:
+except FileUnwritable as exc:
     print(written)
     print(exc)
 """
@@ -55,7 +56,10 @@ def test_a_writer_out_of_room_says_so_in_one_line_and_its_committed_steps_stay_r
     assert done.returncode == 0 and done.stderr == ""
     written, message = done.stdout.splitlines()
     assert message.startswith(f"{path}: cannot be written (no room left for it: ")
-    assert message.endswith(f"{1024**2 + ROOM_MARGIN_BYTES:,} needed for the next write)")
+    assert message.endswith(
+        f"; the next write takes {1024**2:,}, and 2 MiB more is kept for the file's own tables); "
+        "the steps written before it stay readable, and the capture reads as incomplete"
+    )
     with open_capture(path) as capture:
         assert not capture.complete
         assert [r.step for r in capture.records] == list(range(int(written)))
@@ -63,21 +67,33 @@ def test_a_writer_out_of_room_says_so_in_one_line_and_its_committed_steps_stay_r
         assert np.array_equal(capture.read_values(capture.records[-1]), np.full((256, 1024), int(written) - 1, np.float32))
 
 
-def test_import_out_of_room_is_one_line_and_leaves_no_file(tmp_path: Path) -> None:
+@pytest.mark.parametrize("limit", [20 * 1024, LIMIT_BYTES], ids=["no room for an empty capture", "room for some tensors"])
+def test_import_out_of_room_is_one_line_and_leaves_no_file(tmp_path: Path, limit: int) -> None:
     dump, out = tmp_path / "dump.npz", tmp_path / "x.h5"
     np.savez(dump, **{f"layers.{i}.out": np.ones((256, 1024), np.float32) for i in range(8)})
-    done = _limited([sys.executable, "-m", "viewer.cli", "import", "npz", str(dump), "--out", str(out)])
+    done = _limited([sys.executable, "-m", "viewer.cli", "import", "npz", str(dump), "--out", str(out)], limit)
     assert done.returncode == 2
     assert done.stderr.startswith(f"import refused: {out}: cannot be written (no room left for it: ") and done.stderr.count("\n") == 1
-    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dump.npz"], "no capture, and no hidden unfinished one"
 
 
 @pytest.mark.slow
-def test_rerun_save_out_of_room_is_one_line_and_leaves_no_half_capture(tmp_path: Path, demo_pairs: dict) -> None:
+def test_rerun_save_out_of_room_is_one_line_and_keeps_the_file_it_would_have_replaced(tmp_path: Path, demo_pairs: dict) -> None:
     native, oracle = demo_pairs["swiglu-order"]
     saved = tmp_path / "rerun.h5"
+    saved.write_bytes(b"an earlier rerun")
     command = [sys.executable, "-m", "viewer.cli", "rerun", "--op", "0:text-before:0:ffn_down", "--save", str(saved), str(native), str(oracle)]
     done = _limited(command, 256 * 1024)  # less than the saved capture takes (0.5 MB)
     assert done.returncode == 2
     assert done.stderr.startswith(f"parity-xray rerun: {saved}: cannot be written (no room left for it: ") and done.stderr.count("\n") == 1
-    assert not saved.exists()
+    assert saved.read_bytes() == b"an earlier rerun"
+    assert [p.name for p in tmp_path.iterdir()] == ["rerun.h5"]
+
+
+def test_demo_generate_out_of_room_names_the_file_and_leaves_nothing_half_written(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    done = _limited([sys.executable, "-m", "viewer.cli", "demo", "--generate", str(out), "--scenario", "clean"], 300 * 1024)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert done.stderr.startswith(f"parity-xray demo: {out / 'demo-qwen3-tiny.safetensors'}: cannot be written (")
+    assert done.stderr.endswith("bytes of room left there, on its device or under the file size limit)\n")
+    assert list(out.iterdir()) == []

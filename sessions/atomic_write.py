@@ -39,8 +39,15 @@ def fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+TEMP_PREFIX_BYTES = 200
+"""The most of a file's name its hidden temp's name repeats: the rest of the 255 bytes a name may
+take holds a random part (up to 32 characters) and a suffix. Repeating it whole made a file
+whose name was 220-255 bytes long impossible to save."""
+
+
 def _temp_prefix(path: Path) -> str:
-    return f".{path.name}."
+    name = os.fsdecode(os.fsencode(path.name)[:TEMP_PREFIX_BYTES])  # bytes, as the file system counts them
+    return f".{name}."
 
 
 def _remove_stale_temps(path: Path) -> None:

@@ -224,6 +224,12 @@ def test_a_newer_schema_this_version_cannot_read_is_refused_and_left_in_place(tm
         (lambda d: d["session"]["alignment_overrides"][0]["left"].update(capture_id="ghost"), "/session/alignment_overrides/0", "'ghost'"),
         (lambda d: d.update(schema_version=0), "/schema_version", "positive integer"),
         (lambda d: d.update(format="something-else"), "/format", "not a Parity X-ray session"),
+        (lambda d: d["session"]["view"]["layout"].update(col_axis="x"), "/session/view/layout/col_axis", 'must be int, not "x"'),
+        (lambda d: d["session"]["view"]["layout"].update(col_axis=None), "/session/view/layout/col_axis", "must be int, not null"),
+        (lambda d: d["session"]["view"]["layout"].update(row_axis=-1), "/session/view/layout/row_axis", "must be at least 0, not -1"),
+        (lambda d: d["session"]["view"]["layout"].update(tab="2"), "/session/view/layout/tab", "must be int"),
+        (lambda d: d["session"]["view"]["layout"].update(window_state="abc"), "/session/view/layout/window_state", "is not base64 text"),
+        (lambda d: d["session"]["bookmarks"][0]["view"]["layout"].update(col_axis=1.5), "/session/bookmarks/0/view/layout/col_axis", "must be int"),
     ],
 )
 def test_format_errors_name_the_place_and_the_problem(tmp_path: Path, mutate, location: str, problem: str) -> None:

@@ -179,6 +179,32 @@ def test_an_unreadable_recovery_file_is_set_aside_with_a_notice(tmp_path: Path) 
     assert claim_recovery_offers(recovery).notices == []
 
 
+def test_a_fifo_named_like_a_recovery_file_is_set_aside_without_a_hang(tmp_path: Path) -> None:
+    recovery = tmp_path / "recovery"
+    recovery.mkdir()
+    os.mkfifo(recovery / "autosave-1-fifo.json")  # no writer: a plain read would block the window's start for ever
+    scan = claim_recovery_offers(recovery)
+    assert scan.offers == [] and "not a regular file" in scan.notices[0]
+    assert [p.name for p in recovery.iterdir()] == ["autosave-1-fifo.json.unreadable"]
+
+
+def test_a_recovery_file_that_cannot_be_claimed_is_left_where_it_is_with_a_notice(tmp_path: Path) -> None:
+    recovery = tmp_path / "recovery"
+    document = saved_document(tmp_path)
+    saver = Autosaver(document, recovery, clock=FakeClock())
+    document.session.add_bookmark(OpKey(0, "visual", 0, "sdpa"), "left by a gone process")
+    payload = json.loads(saver.path.read_bytes())
+    payload["writer"]["start"] = "an earlier process that had this pid"
+    stuck = recovery / f"autosave-1-{'x' * 236}.json"  # 252 bytes: with ".offered" past what a name may take
+    stuck.write_text(json.dumps(payload))
+
+    scan = claim_recovery_offers(recovery)
+
+    assert scan.offers == []
+    assert scan.notices == [f"recovery file {stuck} could not be claimed (File name too long); it is left where it is"]
+    assert stuck.exists()
+
+
 def test_process_identity_tells_this_process_from_a_gone_one() -> None:
     me = ProcessIdentity.current()
     assert not me.is_gone()

@@ -75,6 +75,24 @@ def test_a_corrupt_session_is_kept_aside_and_the_newest_good_backup_loads(tmp_pa
     assert SessionDocument.open(tmp_path / "s.xray.1").session.title == "save 1"
 
 
+def test_a_damaged_session_that_cannot_be_renamed_aside_still_loads_its_backup_and_is_kept(tmp_path: Path) -> None:
+    path = tmp_path / f"{'s' * 230}.xray"  # the ".corrupt-<time>" suffix takes the name past 255 bytes
+    for n in (1, 2):
+        SessionDocument(titled(f"save {n}")).save_as(path)
+    damaged = path.read_bytes()[:-40]
+    path.write_bytes(damaged)
+
+    document = SessionDocument.open(path)
+
+    assert document.session.title == "save 1"
+    [notice] = document.notices
+    assert notice.endswith("; the damaged file stays as it is (the file name is too long (File name too long)), and the next save keeps it as a backup. "
+                           f"The backup was saved {notice.split('The backup was saved ')[1]}")
+    assert path.read_bytes() == damaged
+    document.save()
+    assert (tmp_path / f"{path.name}.1").read_bytes() == damaged
+
+
 def test_a_backup_that_is_itself_damaged_is_skipped_for_an_older_one(tmp_path: Path) -> None:
     path = tmp_path / "s.xray"
     for n in (1, 2, 3):

@@ -118,6 +118,19 @@ def test_an_error_escaping_a_slot_is_an_error_banner_with_its_traceback(qtbot: Q
     assert QApplication.clipboard().text() == details
 
 
+@pytest.mark.qt_no_exception_capture
+def test_an_uncaught_error_is_reported_once_however_many_windows_are_open(qtbot: QtBot, window: MainWindow, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    second = MainWindow(ViewerSettings(tmp_path / "second.ini"))  # "Open native vs rerun" makes one
+    qtbot.addWidget(second)
+    capfd.readouterr()
+    QTimer.singleShot(0, lambda: window.model.set_scale("viridis"))
+    qtbot.waitUntil(lambda: bool(window.banners.banners("uncaught")), timeout=WAIT_MS)
+    err = capfd.readouterr().err
+    assert err.count("Parity X-ray: uncaught error") == 1, "the hook once called itself: 989 tracebacks, then a RecursionError"
+    assert "RecursionError" not in err
+    second.close()
+
+
 def test_a_window_closed_as_its_comparison_arrives_runs_nothing_on_its_deleted_parts(
     qtbot: QtBot, tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], capfd: pytest.CaptureFixture[str]
 ) -> None:

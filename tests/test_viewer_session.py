@@ -270,3 +270,17 @@ def test_a_failed_save_is_shown_and_the_session_stays_in_memory(qtbot: QtBot, tm
     assert win.isVisible(), "cancelling the question keeps the window and its work"
     win.session_file.ask_close = lambda: "discard"
     win.close()
+
+
+def test_a_saved_slice_whose_axes_the_tensor_does_not_have_is_not_applied() -> None:
+    from sessions.investigation.model import ColourScale, ViewState
+    from viewer.window.session_sync import slice_spec_of
+
+    def view(layout: dict[str, int | None]) -> ViewState:
+        return ViewState(((None, None, None), (None, None, None)), ColourScale(mode="ULP"), layout)
+
+    assert slice_spec_of(view({"row_axis": 0, "col_axis": 1}), 2) == SliceSpec(0, 1, (0, 0))
+    assert slice_spec_of(view({"row_axis": None, "col_axis": 1}), 2) == SliceSpec(None, 1, (0, 0))
+    assert slice_spec_of(view({"row_axis": 0, "col_axis": 7}), 2) is None
+    assert slice_spec_of(view({"row_axis": 5, "col_axis": 1}), 2) is None
+    assert slice_spec_of(view({"row_axis": 0}), 2) is None

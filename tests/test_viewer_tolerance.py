@@ -49,7 +49,7 @@ def _accept(qtbot: QtBot, dialog: ToleranceDialog) -> None:
 def _choose(qtbot: QtBot, win: MainWindow, max_ulp: int, policy: Path | None) -> None:
     """Set the tolerance through the dialog, as a user does, and wait for the comparison it starts."""
     dialog = win.edit_tolerance()
-    dialog.max_ulp.setValue(max_ulp)
+    dialog.max_ulp.setText(str(max_ulp) if max_ulp else "")
     dialog.policy.setText("" if policy is None else str(policy))
     _accept(qtbot, dialog)
     qtbot.waitUntil(lambda: win.model.comparison is not None and not win.tasks.busy
@@ -89,7 +89,7 @@ def test_a_max_ulp_set_in_the_window_admits_the_documented_divergence_and_the_st
     native, oracle = demo_pairs["swiglu-order"]
     win = _window(qtbot, tmp_path)
     dialog = win.edit_tolerance()
-    dialog.max_ulp.setValue(2)
+    dialog.max_ulp.setText("2")
     _accept(qtbot, dialog)  # before any pair is open: the next one is compared with it
 
     win.open_pair(native, oracle)
@@ -158,6 +158,25 @@ def test_a_malformed_policy_is_refused_with_its_file_and_problem_and_one_broken_
     assert str(policy) in banner.text and "Tolerance…" in banner.buttons
     assert win.model.comparison is None, "no verdict is shown that the policy did not judge"
     win.close()
+
+
+def test_the_dialog_holds_any_max_ulp_a_session_or_report_takes_and_refuses_what_is_not_one(qtbot: QtBot) -> None:
+    dialog = ToleranceDialog(SavedTolerance(max_ulp=5_000_000_000), None)  # a float32 element can be 4 billion steps off
+    qtbot.addWidget(dialog)
+    assert dialog.max_ulp.text() == "5000000000"
+    chosen: list[SavedTolerance] = []
+    dialog.chosen.connect(lambda tolerance, _policy: chosen.append(tolerance))
+    for typed in ("abc", "-1", "²", "1.5", "9223372036854775808"):
+        dialog.max_ulp.setText(typed)
+        _accept(qtbot, dialog)
+        assert dialog.error.text() == f"max ULP error must be a whole number from 0 to 9,223,372,036,854,775,807, not {typed!r}"
+    dialog.max_ulp.setText("9,223,372,036,854,775,807")
+    dialog.policy.setText("~nosuchuser/policy.toml")
+    _accept(qtbot, dialog)
+    assert "home directory" in dialog.error.text() and not chosen
+    dialog.policy.clear()
+    _accept(qtbot, dialog)
+    assert [t.max_ulp for t in chosen] == [2**63 - 1]
 
 
 @pytest.mark.slow

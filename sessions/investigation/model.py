@@ -98,7 +98,8 @@ class ViewState:
     slices: tuple[AxisSlice, ...] = ()
     colour_scale: ColourScale = ColourScale()
     layout: Mapping[str, Any] = field(default_factory=dict)
-    """Panel layout, owned by the viewer: any JSON-able dict (sizes, visible panels, tabs)."""
+    """Panel layout, owned by the viewer: any JSON-able dict (sizes, visible panels, tabs); the keys
+    it reads back (row_axis, col_axis, tab, window_state) are checked when a session is read."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "slices", normal_slices(self.slices))

@@ -10,6 +10,7 @@ starting together cannot both offer it, and a declined offer is not repeated.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -30,7 +31,8 @@ from sessions.investigation.schema import (
     decode_document,
     encode_session,
 )
-from sessions.investigation.store import SessionDocument
+from sessions.investigation.store import MAX_SESSION_BYTES, SessionDocument
+from sessions.side_file import read_side_file
 
 RECOVERY_FORMAT = "parity-xray-recovery"
 RECOVERY_VERSION = 1
@@ -142,7 +144,10 @@ class Autosaver:
             self.flush()
 
     def _discard_file(self) -> None:
-        self.path.unlink(missing_ok=True)
+        try:
+            self.path.unlink(missing_ok=True)
+        except OSError as exc:  # a window closing must close: the file may be offered once more at the next start
+            self.last_error = f"autosave file {self.path} could not be removed: {exc.strerror or exc}"
         self._written_revision = None
 
     def flush(self) -> bool:
@@ -194,7 +199,9 @@ class RecoveryOffer:
         return SessionDocument(self.session, self.session_path, saved_revision=-1)
 
     def discard(self) -> None:
-        self.file.unlink(missing_ok=True)
+        """Remove the claimed file; one a folder refuses to remove stays, claimed, and is never offered again."""
+        with contextlib.suppress(OSError):
+            self.file.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)
@@ -205,7 +212,8 @@ class RecoveryScan:
 
 
 def _read_recovery(path: Path) -> dict[str, Any]:
-    payload = json.loads(path.read_bytes().decode("utf-8"))
+    """A recovery file's payload; the folder is shared, so a FIFO or a huge file named like one is refused, not read."""
+    payload = json.loads(read_side_file(path, MAX_SESSION_BYTES).decode("utf-8"))
     if not isinstance(payload, dict) or payload.get("format") != RECOVERY_FORMAT:
         raise ValueError("not a Parity X-ray recovery file")
     return payload
@@ -235,6 +243,9 @@ def claim_recovery_offers(directory: Path | None = None) -> RecoveryScan:
         try:
             os.rename(path, claimed)
         except FileNotFoundError:
+            continue
+        except OSError as exc:  # a folder that refuses the rename: offered by no one rather than by every window
+            notices.append(f"recovery file {path} could not be claimed ({exc.strerror or exc}); it is left where it is")
             continue
         try:
             payload = _read_recovery(claimed)

@@ -18,6 +18,7 @@ Version history:
 
 from __future__ import annotations
 
+import base64
 import json
 from collections import Counter
 from collections.abc import Callable
@@ -264,9 +265,25 @@ def _read_view(n: _Node) -> ViewState:
         slices = normal_slices(n.get("slices", (list,)))
     except ValueError as exc:
         raise n.fail(str(exc), "slices") from None
-    view = ViewState(slices, colour, n.get("layout", (dict,)))
+    view = ViewState(slices, colour, _read_layout(n.node("layout")))
     n.done()
     return view
+
+
+def _read_layout(n: _Node) -> dict[str, Any]:
+    """The view's layout: free-form, but the keys the viewer reads back must hold what it reads
+    there (a text axis raised in the window at int("x"); so did a state that is not base64)."""
+    for key in ("row_axis", "col_axis", "tab"):
+        value = n.get(key, (int, type(None)) if key == "row_axis" else (int,), None)
+        if value is not None and value < 0:
+            raise n.fail(f"must be at least 0, not {value}", key)
+    state = n.get("window_state", (str,), None)
+    if state is not None:
+        try:
+            base64.b64decode(state, validate=True)
+        except ValueError:  # binascii.Error is one
+            raise n.fail("is not base64 text (a saved window layout)", "window_state") from None
+    return dict(n.value)
 
 
 def _read_capture(n: _Node) -> CaptureRef:

@@ -109,6 +109,17 @@ def _aside_path(path: Path) -> Path:
     return candidate
 
 
+def _set_aside(path: Path) -> str:
+    """Rename a damaged session out of the way, and say where it went, or why it stayed (a
+    folder that refuses the rename, a name too long for the suffix): the backup loads either way."""
+    try:
+        aside = _aside_path(path)
+        path.rename(aside)
+    except OSError as exc:
+        return f"; the damaged file stays as it is ({describe_os_error(exc)}), and the next save keeps it as a backup"
+    return f"; the damaged file was kept as {aside.name}"
+
+
 def _read(path: Path) -> DecodedSession:
     """Raises SessionFormatError for damage, OSError when the file cannot be read at all."""
     return loads(read_side_file(path, MAX_SESSION_BYTES), str(path))
@@ -193,9 +204,7 @@ class SessionDocument:
                 continue
             notice = f"{path.name} could not be read ({problem}). Loaded the backup {backup.name}"
             if path.exists():
-                aside = _aside_path(path)
-                path.rename(aside)
-                notice += f"; the damaged file was kept as {aside.name}"
+                notice += _set_aside(path)
             saved = _saved_time(backup)
             document = cls(decoded.session, path, decoded.read_only_reason, backups=backups)
             document.notices.append(f"{notice}. The backup was saved {saved}; later changes are not in it.")

@@ -78,11 +78,12 @@ def view_state_of(spec: SliceSpec | None, scale: str, layout: dict[str, Any]) ->
 
 
 def slice_spec_of(view: ViewState, ndim: int) -> SliceSpec | None:
-    if len(view.slices) != ndim or "col_axis" not in view.layout:
+    """The saved slice, when it fits a tensor of `ndim` axes (the session schema checked its types)."""
+    row, col = view.layout.get("row_axis"), view.layout.get("col_axis")
+    if len(view.slices) != ndim or col is None or col >= ndim or row is not None and row >= ndim:
         return None
     index = tuple(s if isinstance(s, int) else 0 for s in view.slices)
-    row, col = view.layout.get("row_axis"), int(view.layout["col_axis"])
-    return SliceSpec(None if row is None else int(row), col, index)
+    return SliceSpec(row, col, index)
 
 
 class SessionSync(QObject):

@@ -24,18 +24,17 @@ from PySide6.QtWidgets import (
     QLabel,
     QLineEdit,
     QPushButton,
-    QSpinBox,
     QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
+from sessions.compare.tolerance_bounds import MAX_ULP
 from sessions.compare.tolerance_policy import load_policy
 from sessions.investigation.model import SavedTolerance
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
 
-MAX_ULP_LIMIT = 2**31 - 1
 ERROR_STYLE = "color: #d64541;"
 
 
@@ -83,11 +82,12 @@ class ToleranceDialog(QDialog):
         for field, example in ((self.atol, "1e-3"), (self.rtol, "1e-2")):
             field.setPlaceholderText(f"not set (e.g. {example})")
             field.setClearButtonEnabled(True)
-        self.max_ulp = QSpinBox()
-        self.max_ulp.setRange(0, MAX_ULP_LIMIT)
-        self.max_ulp.setSpecialValueText("not set")
-        self.max_ulp.setValue(tolerance.max_ulp)
-        self.max_ulp.setToolTip("Largest ULP distance (representable steps) an element may be off by; 0 = not set")
+        # A text field, not a spin box: a spin box stops at 2^31 - 1, and a float32 element can be
+        # 4 billion steps off (a session's max ULP goes to 2^63 - 1, as `report --max-ulp` does).
+        self.max_ulp = QLineEdit(str(tolerance.max_ulp) if tolerance.max_ulp else "")
+        self.max_ulp.setPlaceholderText("not set (e.g. 2)")
+        self.max_ulp.setClearButtonEnabled(True)
+        self.max_ulp.setToolTip("Largest ULP distance (representable steps) an element may be off by")
         form.addRow("atol (absolute)", self.atol)
         form.addRow("rtol (relative)", self.rtol)
         form.addRow("max ULP error", self.max_ulp)
@@ -136,15 +136,23 @@ class ToleranceDialog(QDialog):
             raise ValueError(f"{name} must be a number >= 0 (e.g. 1e-3), not {text!r}")
         return value
 
+    def _max_ulp(self) -> int:
+        text = self.max_ulp.text().strip().replace(",", "")
+        if not text:
+            return 0
+        if not (text.isascii() and text.isdigit() and len(text) <= 19) or int(text) > MAX_ULP:
+            raise ValueError(f"max ULP error must be a whole number from 0 to {MAX_ULP:,}, not {self.max_ulp.text().strip()!r}")
+        return int(text)
+
     def accept(self) -> None:
         """Emit the choice once every field and the policy file check out; otherwise say what is wrong and stay open."""
         try:
-            tolerance = replace(self._tolerance, atol=self._bound(self.atol, "atol"), rtol=self._bound(self.rtol, "rtol"), max_ulp=self.max_ulp.value())
+            tolerance = replace(self._tolerance, atol=self._bound(self.atol, "atol"), rtol=self._bound(self.rtol, "rtol"), max_ulp=self._max_ulp())
             text = self.policy.text().strip()
             policy = Path(text).expanduser().absolute() if text else None
             if policy is not None:
                 load_policy(policy)
-        except ValueError as exc:  # a bad bound, or a PolicyError naming the file and the problem
+        except (ValueError, RuntimeError) as exc:  # a bad bound, a PolicyError naming the file and the problem, "~nosuchuser"
             self.error.setText(str(exc))
             self.error.setVisible(True)
             return

@@ -38,7 +38,7 @@ class UncaughtErrors:
     def watch(self, banners: BannerArea) -> None:
         self._areas.append(banners)
         banners.destroyed.connect(lambda _=None, b=banners: self._areas.remove(b) if b in self._areas else None)
-        if sys.excepthook is not self.hook:
+        if sys.excepthook != self.hook:  # a bound method is a new object each time it is looked up: `is not` was always true
             self._previous = sys.excepthook
             sys.excepthook = self.hook
 

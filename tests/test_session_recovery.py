@@ -148,13 +148,19 @@ def test_a_killed_process_session_is_offered_exactly_once_and_a_live_ones_never(
     assert claim_recovery_offers(recovery).offers == []
 
 
-def test_a_reused_pid_does_not_hide_a_dead_writer_and_another_hosts_file_is_left_alone(tmp_path: Path) -> None:
-    recovery = tmp_path / "recovery"
+def autosave_of_a_gone_writer(tmp_path: Path, recovery: Path, note: str) -> tuple[Autosaver, dict]:
+    """A live autosaver's file in `recovery`, and its payload rewritten as a gone process's (a pid since reused)."""
     document = saved_document(tmp_path)
     saver = Autosaver(document, recovery, clock=FakeClock())
-    document.session.add_bookmark(OpKey(0, "visual", 0, "sdpa"), "pid reused")
+    document.session.add_bookmark(OpKey(0, "visual", 0, "sdpa"), note)
     payload = json.loads(saver.path.read_bytes())
     payload["writer"]["start"] = "an earlier process that had this pid"
+    return saver, payload
+
+
+def test_a_reused_pid_does_not_hide_a_dead_writer_and_another_hosts_file_is_left_alone(tmp_path: Path) -> None:
+    recovery = tmp_path / "recovery"
+    saver, payload = autosave_of_a_gone_writer(tmp_path, recovery, "pid reused")
     reused = recovery / "autosave-reused.json"
     reused.write_text(json.dumps(payload))
     payload["writer"]["host"] = "another-machine"
@@ -190,11 +196,7 @@ def test_a_fifo_named_like_a_recovery_file_is_set_aside_without_a_hang(tmp_path:
 
 def test_a_recovery_file_that_cannot_be_claimed_is_left_where_it_is_with_a_notice(tmp_path: Path) -> None:
     recovery = tmp_path / "recovery"
-    document = saved_document(tmp_path)
-    saver = Autosaver(document, recovery, clock=FakeClock())
-    document.session.add_bookmark(OpKey(0, "visual", 0, "sdpa"), "left by a gone process")
-    payload = json.loads(saver.path.read_bytes())
-    payload["writer"]["start"] = "an earlier process that had this pid"
+    _, payload = autosave_of_a_gone_writer(tmp_path, recovery, "left by a gone process")
     stuck = recovery / f"autosave-1-{'x' * 236}.json"  # 252 bytes: with ".offered" past what a name may take
     stuck.write_text(json.dumps(payload))
 

@@ -52,12 +52,18 @@ def test_saves_rotate_backups_newest_first_and_keep_at_most_n(tmp_path: Path) ->
     assert temps(tmp_path) == []
 
 
-def test_a_corrupt_session_is_kept_aside_and_the_newest_good_backup_loads(tmp_path: Path) -> None:
-    path = tmp_path / "s.xray"
+def damaged_after_two_saves(path: Path) -> bytes:
+    """Saves "save 1" then "save 2" at `path` (so "save 1" is its backup), cuts the file short, and returns what is left."""
     for n in (1, 2):
         SessionDocument(titled(f"save {n}")).save_as(path)
     damaged = path.read_bytes()[:-40]
     path.write_bytes(damaged)
+    return damaged
+
+
+def test_a_corrupt_session_is_kept_aside_and_the_newest_good_backup_loads(tmp_path: Path) -> None:
+    path = tmp_path / "s.xray"
+    damaged = damaged_after_two_saves(path)
 
     document = SessionDocument.open(path)
 
@@ -77,10 +83,7 @@ def test_a_corrupt_session_is_kept_aside_and_the_newest_good_backup_loads(tmp_pa
 
 def test_a_damaged_session_that_cannot_be_renamed_aside_still_loads_its_backup_and_is_kept(tmp_path: Path) -> None:
     path = tmp_path / f"{'s' * 230}.xray"  # the ".corrupt-<time>" suffix takes the name past 255 bytes
-    for n in (1, 2):
-        SessionDocument(titled(f"save {n}")).save_as(path)
-    damaged = path.read_bytes()[:-40]
-    path.write_bytes(damaged)
+    damaged = damaged_after_two_saves(path)
 
     document = SessionDocument.open(path)
 

@@ -18,10 +18,22 @@ def test_a_cache_dir_that_is_a_file_is_named_as_not_a_folder_and_nothing_is_clai
     monkeypatch.setenv("PARITY_XRAY_CACHE_DIR", str(root))
     for argv in (["cache"], ["cache", "--clear"]):
         assert main(argv) == 2
-        assert capsys.readouterr().out == (
+        assert capsys.readouterr().err == (
             f"cache: {root} ($PARITY_XRAY_CACHE_DIR) is not a folder, so nothing is cached; point PARITY_XRAY_CACHE_DIR at a folder, or unset it\n"
         )
     assert root.read_text() == "someone's file\n"
+
+
+def test_a_file_where_a_folder_above_the_cache_should_be_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    user_cache = tmp_path / "cache-home"
+    user_cache.write_text("not a folder\n")
+    monkeypatch.delenv("PARITY_XRAY_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(user_cache))
+    assert main(["cache", "--clear"]) == 2
+    assert capsys.readouterr().err == (
+        f"cache: {user_cache / 'parity-xray'} (user cache directory) cannot be made: {user_cache} is not a folder, "
+        "so nothing is cached; point PARITY_XRAY_CACHE_DIR at a folder, or unset it\n"
+    )
 
 
 def test_doctor_names_the_cache_dir_as_where_comparisons_go_and_the_user_cache_as_where_demos_go(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 from sessions.artifact_hash import hashes_dir
@@ -44,6 +45,15 @@ def _own_entries(folder: Path, suffixes: tuple[str, ...]) -> list[tuple[Path, in
     return found
 
 
+def _not_a_folder(root: Path) -> Path | None:
+    """The first of `root` and the folders above it that exists and is not a folder (a file where
+    the cache should be, or where one of the folders holding it should be), or None."""
+    for place in (root, *root.parents):
+        if place.exists():
+            return None if place.is_dir() else place
+    return None
+
+
 def _mib(size: int) -> str:
     return f"{size / 1024**2:.1f} MiB"
 
@@ -56,8 +66,10 @@ def run(args: argparse.Namespace) -> int:
         ("judged gate cases", gate_cache_dir(), "", (".json", ".html")),
     )
     where = f"${CACHE_DIR_ENV}" if os.environ.get(CACHE_DIR_ENV) else "user cache directory"
-    if cache_root().exists() and not cache_root().is_dir():
-        print(f"cache: {cache_root()} ({where}) is not a folder, so nothing is cached; point {CACHE_DIR_ENV} at a folder, or unset it")
+    blocking = _not_a_folder(cache_root())
+    if blocking is not None:
+        why = "is not a folder" if blocking == cache_root() else f"cannot be made: {blocking} is not a folder"
+        print(f"cache: {cache_root()} ({where}) {why}, so nothing is cached; point {CACHE_DIR_ENV} at a folder, or unset it", file=sys.stderr)
         return EXIT_NOT_A_FOLDER
     print(f"cache: {cache_root()} ({where})")
     status = EXIT_OK
@@ -74,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {label}: removed {len(found) - len(kept)} entries ({_mib(size)})")
             if kept:
                 status = EXIT_NOT_CLEARED
-                print(f"    could not remove: {', '.join(kept)}")
+                print(f"cache: could not remove {label}: {', '.join(kept)}", file=sys.stderr)
         else:
             print(f"  {label}: {len(found)} entries, {_mib(size)}{limit}")
     return status

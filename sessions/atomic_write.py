@@ -13,6 +13,7 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 STALE_TEMP_AGE_S = 300.0
@@ -111,6 +112,32 @@ def rotate_backups(path: Path, backups: int) -> None:
         if older.exists():
             os.replace(older, backup_path(path, n + 1))
     os.replace(_snapshot(path), backup_path(path, 1))
+
+
+class WriteFailed(OSError):
+    """One of several files could not be written; `filename` names it. None of them was replaced."""
+
+
+def atomic_write_all(files: Sequence[tuple[Path, Callable[[], bytes]]]) -> None:
+    """Write every file whole or none of them: each one's content (made only now) goes to a temp
+    file beside it, and only once all are on disk do they replace their paths. A report's JSON
+    and HTML, or a gate's summary and its cases' pages, never mix two runs when the disk fills
+    half-way. Raises WriteFailed naming the file that could not be written."""
+    temps: list[tuple[Path, Path]] = []
+    try:
+        for path, data in files:
+            try:
+                temps.append((_write_temp(path, data()), path))
+            except OSError as exc:
+                raise WriteFailed(exc.errno, exc.strerror or str(exc), str(path)) from None
+        for temp, path in temps:
+            os.replace(temp, path)
+    except BaseException:
+        for temp, _ in temps:
+            temp.unlink(missing_ok=True)
+        raise
+    for folder in {path.parent for _, path in temps}:
+        fsync_directory(folder)
 
 
 def atomic_write_bytes(path: str | Path, data: bytes, *, backups: int = 0) -> None:

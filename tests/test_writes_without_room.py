@@ -97,3 +97,37 @@ def test_demo_generate_out_of_room_names_the_file_and_leaves_nothing_half_writte
     assert done.stderr.startswith(f"parity-xray demo: {out / 'demo-qwen3-tiny.safetensors'}: cannot be written (")
     assert done.stderr.endswith("bytes of room left there, on its device or under the file size limit)\n")
     assert list(out.iterdir()) == []
+
+
+WRITE_TWO_OUTPUTS = """
+import sys
+from sessions.commands.arguments import write_outputs
+small, big = sys.argv[1:3]
+print(write_outputs([(small, lambda: "new summary"), (big, lambda: "x" * 200_000)]))
+"""
+
+
+def test_outputs_are_written_all_or_none_when_the_room_runs_out_half_way(tmp_path: Path) -> None:
+    small, big = tmp_path / "summary.json", tmp_path / "report.html"
+    small.write_text("the last run's summary")
+    big.write_text("the last run's report")
+    done = _limited([sys.executable, "-c", WRITE_TWO_OUTPUTS, str(small), str(big)], 100_000)
+    assert done.stdout == f"cannot write {big}: File too large\n"
+    assert small.read_text() == "the last run's summary", "not the new summary beside the last run's report"
+    assert big.read_text() == "the last run's report"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html", "summary.json"]
+
+
+@pytest.mark.slow
+def test_a_gate_whose_reports_do_not_fit_writes_none_and_leaves_no_empty_cases_folder(tmp_path: Path, demo_pairs: dict) -> None:
+    (tmp_path / "runs").symlink_to(demo_pairs["clean"][0].parent, target_is_directory=True)
+    manifest = tmp_path / "gate.toml"
+    manifest.write_text('cases = "runs/*.native.h5"\noracle = "runs/*.oracle.h5"\n')
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "gate.json").write_text("the last gate")
+    command = [sys.executable, "-m", "viewer.cli", "gate", str(manifest), "--workers", "1", "--no-cache", "--json", str(out / "gate.json"), "--html", str(out / "gate.html")]
+    done = _limited(command, 30 * 1024)  # a case's report is about 38 KB
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"parity-xray gate: cannot write {out / 'gate-cases'}/") and done.stderr.endswith(": File too large\n")
+    assert [p.name for p in out.iterdir()] == ["gate.json"] and (out / "gate.json").read_text() == "the last gate"

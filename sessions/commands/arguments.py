@@ -11,9 +11,10 @@ import argparse
 import math
 import stat
 from collections.abc import Callable, Collection, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 
-from sessions.atomic_write import atomic_write_bytes
+from sessions.atomic_write import WriteFailed, atomic_write_all
 from sessions.compare.align_modes import ALIGN_MODES
 from sessions.compare.tolerance_bounds import bound_problem, ulp_problem
 from sessions.printable import printable
@@ -117,21 +118,26 @@ def _path_problem(path: str | Path, in_a_folder: bool = True) -> str | None:
 
 
 def write_outputs(outputs: Sequence[tuple[str | None, Callable[[], str]]]) -> str | None:
-    """Write each asked-for output (path, its text made only now), atomically: a path that cannot
-    hold a file (`_path_problem`: checked again, as it may have changed during the work) or a
-    failed write is one line of problem (returned), never a traceback or a wait for a reader.
-    None when all were written."""
-    for path, text in outputs:
-        if not path:
-            continue
+    """Write each asked-for output (path, its text made only now), all of them or none
+    (`atomic_write_all`): a path that cannot hold a file (`_path_problem`: checked again, as it
+    may have changed during the work) or a failed write is one line of problem (returned), never
+    a traceback or a wait for a reader. None when all were written."""
+    wanted = [(path, text) for path, text in outputs if path]
+    for path, _ in wanted:
         problem = _path_problem(path)
         if problem is not None:
             return f"{printable(path)} {problem}"
-        try:
-            atomic_write_bytes(Path(path), text().encode("utf-8"))
-        except OSError as exc:
-            return f"cannot write {printable(path)}: {exc.strerror or exc}"
+    try:
+        atomic_write_all([(Path(path), partial(_utf8, text)) for path, text in wanted])
+    except WriteFailed as exc:
+        return f"cannot write {printable(str(exc.filename))}: {exc.strerror}"
+    except OSError as exc:  # a rename refused after every file was written
+        return f"cannot write the outputs: {exc.strerror or exc}"
     return None
+
+
+def _utf8(text: Callable[[], str]) -> bytes:
+    return text().encode("utf-8")
 
 
 def add_align_argument(parser: argparse.ArgumentParser) -> None:

@@ -11,6 +11,7 @@ no claim). Unchanged cases reuse their cached result (sessions.gate.cache).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import re
 import sys
@@ -147,9 +148,11 @@ class _GateRun:
         from sessions.gate.result import dumps
 
         outputs: list[tuple[str | None, Callable[[], str]]] = []
+        made: Path | None = None
         if html_out is not None:
             html_path = Path(html_out)
             pages = case_pages(html_out, gate.cases)
+            made = None if _cases_folder(html_out).exists() else _cases_folder(html_out)
             try:
                 _cases_folder(html_out).mkdir(parents=True, exist_ok=True)
             except OSError as exc:
@@ -160,7 +163,11 @@ class _GateRun:
                     case.report = page.relative_to(html_path.parent).as_posix()
             outputs.append((html_out, partial(render_gate_html, gate)))
         outputs.append((json_out, partial(dumps, gate)))
-        return write_outputs(outputs)
+        problem = write_outputs(outputs)
+        if problem is not None and made is not None:
+            with contextlib.suppress(OSError):  # the folder this run made, empty since nothing was written
+                made.rmdir()
+        return problem
 
 
 def _cases_folder(html_out: str) -> Path:

@@ -233,3 +233,63 @@ def test_every_surface_names_the_same_verdict_kind_and_key(case: Case, tmp_path:
             assert record is not None and f"{record.step}:{record.segment}:{record.layer}" in case.key
             assert win.model.selected is None, "no pair's tensors stay on show beside a record without a partner"
     win.close()
+
+
+def _two_steps(tmp_path: Path, name: str, native_contract_at_2: str, native_tokens: list[tuple[int, int, bool]], oracle_tokens: list[tuple[int, int, bool]]) -> tuple[Path, Path]:
+    """Three token steps of attn_norm, sdpa and logits, every tensor the same on both sides."""
+    rng = np.random.default_rng(11)
+    made = [(step, name_, bf16_bits(rng.standard_normal((1, 8)))) for step in range(3) for name_ in ("attn_norm", "sdpa", "logits")]
+
+    def tensors(contract_at_2: str) -> list[T]:
+        out = []
+        for step, op, bits in made:
+            contract = contract_at_2 if step == 2 else "attn.f16"
+            ids = dict(kernel_id="sdpa", contract_id=contract, effective_contract_id=contract) if op == "sdpa" else {}
+            out.append(T(op, bits, step=step, segment="decode", layer=-1 if op == "logits" else 0, dtype="bfloat16", **ids))
+        return out
+
+    native = write_capture(tmp_path / f"{name}.native.h5", "native", tensors(native_contract_at_2), native_tokens)
+    oracle = write_capture(tmp_path / f"{name}.oracle.h5", "oracle", tensors("attn.f16"), oracle_tokens)
+    return native, oracle
+
+
+def _window_on(qtbot: QtBot, tmp_path: Path, native: Path, oracle: Path) -> MainWindow:
+    win = MainWindow(ViewerSettings(tmp_path / "viewer.ini"))
+    qtbot.addWidget(win)
+    win.resize(1280, 720)
+    win.show()
+    win.open_pair(native, oracle)
+    qtbot.waitUntil(lambda: win.model.comparison is not None and not win.tasks.busy, timeout=WAIT_MS)
+    return win
+
+
+def test_tokens_that_differ_over_bit_exact_tensors_read_as_a_token_divergence_everywhere(tmp_path: Path, qtbot: QtBot, capsys: pytest.CaptureFixture[str]) -> None:
+    native, oracle = _two_steps(tmp_path, "tokens", "attn.f16", [(0, 5, False), (1, 8, False), (2, 3, False)], [(0, 5, False), (1, 7, False), (2, 3, False)])
+    code, text, document, html = _headless(Case(native, oracle, DIVERGENCE, Kind.TOKENS, "1:decode:-1:logits"), tmp_path, capsys)
+    assert code == 1 and text.startswith("DIVERGENCE: first tokens at 1:decode:-1:logits (native token 8 vs oracle token 7)")
+    assert (document["verdict"]["first"]["kind"], document["verdict"]["first"]["key"]) == ("tokens", "1:decode:-1:logits")
+    assert "first tokens: 1:decode:-1:logits" in html
+
+    win = _window_on(qtbot, tmp_path, native, oracle)
+    assert win.verdict_strip.word.text() == DIVERGENCE and "first tokens at 1:decode:-1:logits" in win.verdict_strip.detail.text()
+    assert "9 aligned ops, 9 bit-exact; 0 unaligned; tokens differ from step 1;" in win.tree.summary.text()
+    steps = {win.tree.items.item(row, 0).text(): win.tree.items.item(row, 1).text() for row in range(win.tree.items.rowCount())}
+    assert steps == {"step 0": "bit-exact", "step 1": "tokens", "step 2": "bit-exact"}, "a collapsed tree points at the step whose tokens differ"
+    win.show_panel(1)
+    qtbot.waitUntil(lambda: win.overview.first_label.toPlainText() == "first tokens: 1:decode:-1:logits", timeout=WAIT_MS)
+    win.close()
+
+
+def test_a_contract_that_changes_after_the_shared_eos_is_no_finding_on_any_surface(tmp_path: Path, qtbot: QtBot, capsys: pytest.CaptureFixture[str]) -> None:
+    tokens = [(0, 5, False), (1, 7, True), (2, 3, False)]
+    native, oracle = _two_steps(tmp_path, "post-eos-contract", "attn.f32", tokens, tokens)
+    code, text, document, html = _headless(Case(native, oracle, PARITY, None, None), tmp_path, capsys)
+    assert code == 0 and text.startswith("PARITY: ")
+    assert "2:decode:0:sdpa" not in text.split("Execution contracts", 1)[1].split("\n\n", 1)[0]
+    assert document["contracts"]["findings"] == [] and "attn.f32" not in html
+    assert [p["verdict"] for p in document["pairs"] if p["key"] == "2:decode:0:sdpa"] == ["post-eos"]
+
+    win = _window_on(qtbot, tmp_path, native, oracle)
+    assert win.verdict_strip.word.text() == PARITY
+    assert not [text for text in win.banners.texts("comparison") if "attn.f32" in text], "no contract card for an op after the shared EOS"
+    win.close()

@@ -23,6 +23,7 @@ from sessions.compare.align import BY_DESIGN, UnalignedRecord
 from sessions.compare.comparison import (
     Comparison,
     PairResult,
+    token_finding,
     unaligned_count,
     unaligned_key,
     worst_ops,
@@ -252,6 +253,14 @@ def tree_places(comparison: Comparison) -> TreePlaces:
                 group = root.find(where[:depth])
                 if group is not None:
                     group.worsen(Kind.UNALIGNED)  # where the missing partner would sit: a collapsed tree points there
+    tokens = token_finding(comparison.tokens, comparison.pairs)
+    if tokens is not None:
+        key = tokens.key
+        where = (key.step, key.segment, _place(key.step, key.segment, key.layer, layered))
+        for depth in range(1, 4):
+            group = root.find(where[:depth])
+            if group is not None:
+                group.worsen(Kind.TOKENS)  # a tree whose every op is bit-exact still points at the step whose tokens differ
     if comparison.post_eos_unaligned:
         count = len(comparison.post_eos_unaligned)
         branch = root.child(POST_EOS_BRANCH, f"Post-EOS records without a partner ({count}: invalid, not failures)")
@@ -409,7 +418,9 @@ def unaligned_reason(record: UnalignedRecord) -> str:
 def summary_line(c: Comparison) -> str:
     exact = c.verdict.counts.get(Kind.BIT_EXACT, 0)
     aligned = "" if c.alignment.is_plain else f"; aligned {c.alignment.short()}"
-    return f"{len(c.pairs)} aligned ops, {exact} bit-exact; {unaligned_count(c.unaligned)}; profiles {c.native_profile} / {c.oracle_profile}{aligned}"
+    step = c.tokens.first_divergence_step
+    tokens = "" if step is None else f"; tokens differ from step {step}"
+    return f"{len(c.pairs)} aligned ops, {exact} bit-exact; {unaligned_count(c.unaligned)}{tokens}; profiles {c.native_profile} / {c.oracle_profile}{aligned}"
 
 
 def headline(viewed: ViewedComparison) -> str:

@@ -12,7 +12,7 @@ returns the `Comparison`; closing the generator cancels it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -395,8 +395,9 @@ def _first_position(r: PairResult) -> str:
     return f", first at position {r.key.positions[0] + first.coord[rows_axis(r.key.op)]}"
 
 
-def _token_finding(tokens: TokenParity, results: list[PairResult]) -> Finding | None:
-    """The first pre-EOS step whose greedy tokens differ, keyed by that step's logits op."""
+def token_finding(tokens: TokenParity, results: list[PairResult]) -> Finding | None:
+    """The first pre-EOS step whose greedy tokens differ, keyed by that step's logits op: the
+    verdict's token finding, and where the tree marks it."""
     step = tokens.first_divergence_step
     if step is None:
         return None
@@ -455,10 +456,14 @@ def _assemble(
     first_divergence = next((i for i, r in enumerate(results) if not r.post_eos and not r.metrics.bit_exact), None)
     unaligned = [u for u in alignment.unaligned if eos is None or u.step <= eos]
     post_eos_unaligned = [u for u in alignment.unaligned if eos is not None and u.step > eos]
+    # Ops after the shared EOS are invalid, never failures: their contracts and attention calls
+    # are no findings either (the text, the HTML and the window's card listed them as errors).
+    contracts = replace(contracts, findings=[f for f in contracts.findings if eos is None or f.key.step <= eos])
+    dispatch = [d for d in dispatch if eos is None or d.key.step <= eos]
     by_key = contracts.by_key()
     dispatch_by_key = {d.key: d for d in dispatch}
     pair_findings = [Finding(r.verdict, r.key, _pair_detail(r, by_key, dispatch_by_key)) for r in compared if r.verdict in FAILING]
-    verdict = judge(pair_findings, _token_finding(tokens, results), _unaligned_findings(unaligned), [r.verdict for r in results])
+    verdict = judge(pair_findings, token_finding(tokens, results), _unaligned_findings(unaligned), [r.verdict for r in results])
     return Comparison(
         native_path=str(native.path),
         oracle_path=str(oracle.path),

@@ -38,7 +38,7 @@ class Kind(StrEnum):
     POST_EOS = "post-eos"
     UNALIGNED = "unaligned"
     TOKENS = "tokens"
-    """Greedy tokens differ at a step; only ever a finding, never a pair's kind."""
+    """Greedy tokens differ at a step; only ever a finding (and the tree's mark on that step), never a pair's kind."""
 
 
 MEANING: dict[Kind, str] = {
@@ -50,7 +50,7 @@ MEANING: dict[Kind, str] = {
     Kind.DISPATCH_ONLY: "bits are equal here, but the attention work was split into different primitive calls (another device may pick another kernel)",
     Kind.POST_EOS: "after both runs emitted the shared stop token: invalid, never a failure",
     Kind.UNALIGNED: "a record the other run has no partner for",
-    Kind.TOKENS: "the greedy tokens differ at this step",
+    Kind.TOKENS: "the greedy tokens differ at this step (the tree marks the step; its logits may still be bit-exact)",
 }
 """One sentence per kind, for legends, tooltips and help."""
 

@@ -111,7 +111,9 @@ class OverviewPlot(QWidget):
             for plot, line in zip((self.ulp_plot, self.nmse_plot), self.first_lines):
                 line.setPos(at)
                 plot.addItem(line)
-            self.first_label.setText(f"first {first.verdict}: {first.key}")
+            finding = cv.first_finding(comparison)
+            assert finding is not None  # it named `first`
+            self.first_label.setText(f"first {finding.kind}: {first.key}")  # the finding's kind: a token finding keys a bit-exact logits pair
             self.ulp_plot.addItem(self.first_label)
         self.ulp_plot.autoRange()
         self.nmse_plot.autoRange()

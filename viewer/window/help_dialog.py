@@ -72,7 +72,6 @@ def legend_html() -> str:
         f"<tr><td><img src='{asset(f'status-{kind}.svg')}' width='16' height='16'></td><td>{_swatch(STATUS_COLOURS[kind])}</td>"
         f"<td><b>{escape(kind)}</b></td><td>{escape(MEANING[kind])}</td></tr>"
         for kind in Kind
-        if kind != Kind.TOKENS
     ) + (
         f"<tr><td><img src='{asset('status-by-design.svg')}' width='16' height='16'></td><td>{_swatch(STATUS_COLOURS[BY_DESIGN_STATUS])}</td>"
         f"<td><b>{escape(BY_DESIGN_STATUS)}</b></td><td>an unaligned record the runs hold differently by design (a stage one engine does not "

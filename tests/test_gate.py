@@ -35,6 +35,7 @@ from sessions.capture.opening import open_capture
 from sessions.child_env import child_env
 from sessions.commands import cache as cache_command
 from sessions.commands import gate as gate_command
+from sessions.commands import report as report_command
 from sessions.commands.gate import WORKERS_PER_CORE
 from sessions.compare.comparison import iter_compare
 from sessions.compare.options import CompareOptions
@@ -154,6 +155,29 @@ oracle = "runs/post-eos.oracle.h5"
 token_budget = 64
 eos = "require"
 """
+
+
+def test_a_gate_with_a_tolerance_policy_judges_each_case_as_report_with_that_policy_does(
+    tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    _runs(tmp_path, demo_pairs)
+    policy = tmp_path / "policy.toml"
+    policy.write_text("[default]\nmax_ulp = 100000\n")
+    manifest = tmp_path / "gate.toml"
+    manifest.write_text(f'tolerance_policy = "policy.toml"\n{GLOB}')
+    _gate(str(manifest), "--workers", "1", "--no-cache", "--json", str(tmp_path / "gate.json"))
+    capsys.readouterr()
+    gate = load_gate_file(tmp_path / "gate.json")
+    for name in ("swiglu-order", "signed-zero", "clean"):
+        native, oracle = demo_pairs[name]
+        parser = argparse.ArgumentParser()
+        report_command.add_arguments(parser)
+        code = report_command.run(parser.parse_args([str(native), str(oracle), "--tolerance-policy", str(policy)]))
+        headline = capsys.readouterr().out.splitlines()[0]
+        case = _case(gate, name)
+        assert headline.startswith(f"{case.word}: ") and code == case.exit_code, name
+        assert case.tolerance_policy == str(policy.resolve()), name
+    assert _case(gate, "swiglu-order").word == "PARITY", "the policy's bounds took the 2-ULP swiglu difference in"
 
 
 def test_a_local_gate_judges_every_scenario_as_report_does_and_writes_json_and_html(

@@ -10,6 +10,7 @@ import pytest
 from sessions.commands import gate as gate_command
 from sessions.compare.options import CompareOptions
 from sessions.compare.tensor_diff import Tolerance
+from sessions.compare.tolerance_policy import load_policy
 from sessions.gate.manifest import (
     EOS_REQUIRE,
     EOS_STOP,
@@ -32,6 +33,11 @@ def _write(folder: Path, text: str) -> Path:
     path = folder / "gate.toml"
     path.write_text(text, encoding="utf-8")
     return path
+
+
+def _cases(*folders: str) -> str:
+    """Explicit [[case]] tables, one per folder's native.h5 and oracle.h5; text after it belongs to the last."""
+    return "".join(f'\n[[case]]\nnative = "{f}/native.h5"\noracle = "{f}/oracle.h5"\n' for f in folders)
 
 
 def _runs(folder: Path, names: list[str]) -> None:
@@ -79,21 +85,17 @@ oracle = "b/oracle.h5"
     assert second.token_budget == 64
 
 
+def test_a_tolerance_policy_is_read_from_beside_the_manifest_once_and_a_case_may_name_its_own(tmp_path: Path) -> None:
+    (tmp_path / "logits.toml").write_text('[[rule]]\nop = "logits"\nmax_ulp = 1\n')
+    (tmp_path / "loose.toml").write_text('[default]\natol = 0.5\n')
+    manifest = load_manifest(_write(tmp_path, 'tolerance_policy = "logits.toml"\n' + _cases("a", "b", "c") + 'tolerance_policy = "loose.toml"\n'))
+    first, second, third = (case.options.policy for case in manifest.cases)
+    assert first is second and first == load_policy(tmp_path / "logits.toml") and first.source == str(tmp_path / "logits.toml")
+    assert third == load_policy(tmp_path / "loose.toml")
+
+
 def test_a_bound_of_0_is_no_bound_as_on_reports_command_line(tmp_path: Path) -> None:
-    manifest = load_manifest(_write(tmp_path, """
-atol = 1.0
-max_ulp = 0
-
-[[case]]
-native = "a/native.h5"
-oracle = "a/oracle.h5"
-
-[[case]]
-native = "b/native.h5"
-oracle = "b/oracle.h5"
-atol = 0.0
-rtol = 0
-"""))
+    manifest = load_manifest(_write(tmp_path, "atol = 1.0\nmax_ulp = 0\n" + _cases("a", "b") + "atol = 0.0\nrtol = 0\n"))
     first, second = (case.options for case in manifest.cases)
     assert first.tolerance == CompareOptions(atol=1.0, max_ulp=0).tolerance == Tolerance(atol=1.0)  # what `report --atol 1 --max-ulp 0` builds
     assert second.tolerance == Tolerance() and second.tolerance.is_bit_exact
@@ -115,6 +117,9 @@ rtol = 0
         ('cases = "runs/*/native.h5"\noracle = "runs/*/oracle.h5"\n', 1, "'runs/*/native.h5' matches no file under"),
         ('[[case]]\nname = "a"\nnative = "n.h5"\noracle = "o.h5"\n[[case]]\nname = "a"\nnative = "m.h5"\noracle = "o.h5"\n', None,
          "case 'a': the name is used twice (cases 1 and 2)"),
+        ('tolerance_policy = "missing.toml"\n[[case]]\nnative = "n.h5"\noracle = "o.h5"\n', 1,
+         "the top level: 'tolerance_policy' cannot be used ("),
+        ('[[case]]\nnative = "n.h5"\noracle = "o.h5"\ntolerance_policy = 3\n', 4, "'tolerance_policy' must be the path of a policy file, got 3"),
         ("token_budget = 4\n", None, "no cases"),
         ("x = " + "[" * 50_000 + "]" * 50_000 + "\n", None, "not valid TOML: it nests deeper than a reader follows"),
         ("token_budget = " + "9" * 5000 + "\n", None, "not valid TOML: Exceeds the limit (4300 digits) for integer string conversion"),

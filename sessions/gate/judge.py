@@ -116,6 +116,7 @@ def result_of(case: GateCase, comparison: Comparison, seconds: float) -> CaseRes
         tolerance=comparison.tolerance,
         native_profile=comparison.native_profile,
         oracle_profile=comparison.oracle_profile,
+        tolerance_policy=comparison.tolerance_policy,
         seconds=seconds,
     )
 

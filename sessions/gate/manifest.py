@@ -13,7 +13,7 @@ from __future__ import annotations
 import glob
 import re
 import tomllib
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from sessions.compare.align_modes import ALIGN_MODES
 from sessions.compare.options import CompareOptions
 from sessions.compare.profiles import builtin_profiles
 from sessions.compare.tolerance_bounds import bound_problem, ulp_problem
+from sessions.compare.tolerance_policy import PolicyError, TolerancePolicy, load_policy
 from sessions.side_file import parse_problem, read_side_file
 
 EOS_STOP = "stop"
@@ -34,7 +35,7 @@ MAX_MANIFEST_BYTES = 16 * 1024**2
 """A pipeline may list tens of thousands of cases (a few hundred bytes each); 16 MiB holds that,
 and refuses a device or a huge file before it is read whole."""
 
-OPTION_KEYS = ("atol", "rtol", "max_ulp", "native_profile", "oracle_profile", "align", "token_budget", "eos")
+OPTION_KEYS = ("atol", "rtol", "max_ulp", "tolerance_policy", "native_profile", "oracle_profile", "align", "token_budget", "eos")
 """Keys a case sets for itself, or the manifest's top level sets for every case."""
 CASE_KEYS = ("name", "native", "oracle", *OPTION_KEYS)
 TOP_KEYS = ("cases", "oracle", "case", *OPTION_KEYS)
@@ -123,6 +124,7 @@ class _Reader:
         self.lines = text.splitlines()
         self.path = path
         self.folder = path.parent
+        self._policies: dict[Path, TolerancePolicy] = {}
 
     # -- locating ----------------------------------------------------------------------------
 
@@ -192,6 +194,7 @@ class _Reader:
                 raise bad(key, f"is neither a built-in profile ({', '.join(builtin_profiles())}) nor a .toml path")
             profiles[key] = value
         options = CompareOptions(
+            policy=self.policy(values, bad),
             atol=None if values.get("atol") is None else float(values["atol"]),
             rtol=None if values.get("rtol") is None else float(values["rtol"]),
             max_ulp=values.get("max_ulp"),
@@ -201,6 +204,22 @@ class _Reader:
             **profiles,
         )
         return options, eos
+
+    def policy(self, values: dict[str, Any], bad: Callable[[str, str], ManifestError]) -> TolerancePolicy | None:
+        """The case's tolerance policy (a TOML file, docs/tolerance-policy.md), read once per path:
+        its rules win over atol/rtol/max_ulp, as with `report --tolerance-policy`."""
+        value = values.get("tolerance_policy")
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value:
+            raise bad("tolerance_policy", "must be the path of a policy file")
+        path = self.folder / value
+        if path not in self._policies:
+            try:
+                self._policies[path] = load_policy(path)
+            except PolicyError as exc:
+                raise bad("tolerance_policy", f"cannot be used ({exc})") from None
+        return self._policies[path]
 
     def path_value(self, values: dict[str, Any], key: str, number: int | None, where: str) -> str:
         value = values.get(key)

@@ -103,6 +103,8 @@ class CaseResult:
     tolerance: Tolerance
     native_profile: str | None
     oracle_profile: str | None
+    tolerance_policy: str = ""
+    """The policy file whose rules judged the case's ops ("" when none), as `report` names it."""
     seconds: float = 0.0
     """Wall time of the judgment on its worker (a reused result keeps the time it took then)."""
     worker: str | None = None

@@ -1,4 +1,4 @@
-"""Ctrl-C in a headless command: it stops the command, whatever Python code was running when it came.
+"""Ctrl-C (or SIGTERM) in a headless command: it stops the command, whatever Python code was running when it came.
 
 Python raises KeyboardInterrupt in whichever frame runs when the signal is handled. When that
 frame is a weakref callback or a finalizer (h5py and numpy run many), the exception is printed
@@ -6,6 +6,10 @@ as "Exception ignored in ..." with a traceback, and lost: `record mlx` runs of 4
 interrupted early, went on to the end and said they had recorded the run (2 of 60 interrupts).
 So a Ctrl-C is also kept as a flag, every progress step of a command's work asks for it
 (`raise_if_pressed`), and the lost exception's traceback is not printed.
+
+SIGTERM (a CI job's time limit, `kill`) stops a command the same way, as `Terminated`: it
+killed the process outright, so a gate's Dask cluster left "leaked semaphore" warnings behind
+and no command could say what it had and had not done.
 """
 
 from __future__ import annotations
@@ -19,13 +23,37 @@ from types import FrameType
 
 EXIT_INTERRUPTED = 130
 """The shell's code for a command ended by Ctrl-C (128 + SIGINT)."""
+EXIT_TERMINATED = 143
+"""The shell's code for a command ended by SIGTERM (128 + SIGTERM)."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM: every handler of Ctrl-C stops the command the same way, and says which it was."""
+
 
 _pressed = threading.Event()
+_terminated = threading.Event()
 
 
 def _on_ctrl_c(signum: int, frame: FrameType | None) -> None:
     _pressed.set()
     raise KeyboardInterrupt
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    _pressed.set()
+    _terminated.set()
+    raise Terminated
+
+
+def exit_code_of(stop: KeyboardInterrupt) -> int:
+    """130 for Ctrl-C, 143 for SIGTERM."""
+    return EXIT_TERMINATED if isinstance(stop, Terminated) or _terminated.is_set() else EXIT_INTERRUPTED
+
+
+def said(stop: KeyboardInterrupt) -> str:
+    """What stopped the command, for its one line."""
+    return "stopped by SIGTERM" if exit_code_of(stop) == EXIT_TERMINATED else "interrupted by Ctrl-C"
 
 
 def ctrl_c_is_pythons() -> bool:
@@ -42,7 +70,9 @@ def ctrl_c_kept() -> Iterator[None]:
         yield
         return
     _pressed.clear()
+    _terminated.clear()
     previous = signal.signal(signal.SIGINT, _on_ctrl_c)
+    previous_term = signal.signal(signal.SIGTERM, _on_sigterm) if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL else None
     previous_hook = sys.unraisablehook
 
     def hook(unraisable: "sys.UnraisableHookArgs") -> None:
@@ -54,11 +84,15 @@ def ctrl_c_kept() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+        if previous_term is not None:
+            signal.signal(signal.SIGTERM, previous_term)
         sys.unraisablehook = previous_hook
         _pressed.clear()
 
 
 def raise_if_pressed() -> None:
-    """KeyboardInterrupt when a Ctrl-C came within `ctrl_c_kept`: its own exception may have been lost."""
+    """KeyboardInterrupt (Terminated for SIGTERM) when one came within `ctrl_c_kept`: its own exception may have been lost."""
+    if _terminated.is_set():
+        raise Terminated
     if _pressed.is_set():
         raise KeyboardInterrupt

@@ -1,4 +1,4 @@
-"""Ctrl-C in a headless command: one line, exit 130, no traceback, no child left, and never lost.
+"""Ctrl-C (and SIGTERM) in a headless command: one line, exit 130 (143), no traceback, no child left, and never lost.
 
 Python loses a KeyboardInterrupt that is raised while a weakref callback or finalizer runs
 (it prints "Exception ignored in ..." and goes on): `record mlx` runs interrupted so went on to
@@ -86,9 +86,12 @@ def _checker_of(pid: int, timeout_s: float = 30.0) -> int:
     raise AssertionError(f"process {pid} started no checking child in {timeout_s} s")
 
 
-@pytest.mark.parametrize("command", ["report", "validate"])
-def test_ctrl_c_ends_a_command_with_one_line_exit_130_and_no_child_left(
-    command: str, demo_pairs: dict[str, tuple[Path, Path]], tmp_path: Path, python_ctrl_c: None
+@pytest.mark.parametrize(
+    ("command", "stop", "code", "said"),
+    [("report", signal.SIGINT, 130, "interrupted by Ctrl-C"), ("validate", signal.SIGINT, 130, "interrupted by Ctrl-C"), ("report", signal.SIGTERM, 143, "stopped by SIGTERM")],
+)
+def test_ctrl_c_or_sigterm_ends_a_command_with_one_line_its_exit_code_and_no_child_left(
+    command: str, stop: int, code: int, said: str, demo_pairs: dict[str, tuple[Path, Path]], tmp_path: Path, python_ctrl_c: None
 ) -> None:
     native, oracle = demo_pairs["clean"]
     copies = []
@@ -102,7 +105,7 @@ def test_ctrl_c_ends_a_command_with_one_line_exit_130_and_no_child_left(
     checker = _checker_of(running.pid)
     try:
         time.sleep(1.0)  # the command has handed the first file to the stopped checker and waits
-        running.send_signal(signal.SIGINT)
+        running.send_signal(stop)
         out, err = running.communicate(timeout=60)
         checker_left = _alive(checker)
     finally:
@@ -111,8 +114,8 @@ def test_ctrl_c_ends_a_command_with_one_line_exit_130_and_no_child_left(
             running.communicate()
         if _alive(checker):
             os.kill(checker, signal.SIGKILL)
-    assert running.returncode == 130, err
-    assert err == f"parity-xray {command}: interrupted by Ctrl-C\n"
+    assert running.returncode == code, err
+    assert err == f"parity-xray {command}: {said}\n"
     assert out == ""
     assert not checker_left
 

@@ -433,8 +433,9 @@ def test_an_unusable_profile_makes_the_case_unusable_with_the_reason_report_give
     assert capsys.readouterr().err.strip() == f"parity-xray report: unusable input: {result.reasons[0]}"
 
 
-def test_ctrl_c_stops_the_running_comparisons_and_leaves_nothing_on_the_cluster(
-    tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], cluster: str, python_ctrl_c: None
+@pytest.mark.parametrize(("stop", "code", "said"), [(signal.SIGINT, 130, "cancelled"), (signal.SIGTERM, 143, "stopped by SIGTERM")])
+def test_ctrl_c_or_sigterm_stops_the_running_comparisons_and_leaves_nothing_on_the_cluster(
+    tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], cluster: str, python_ctrl_c: None, stop: int, code: int, said: str
 ) -> None:
     _runs(tmp_path, demo_pairs)
     (tmp_path / "gate.toml").write_text(GLOB)
@@ -444,15 +445,16 @@ def test_ctrl_c_stops_the_running_comparisons_and_leaves_nothing_on_the_cluster(
     )
     child = _wait_for_child(tmp_path / "runs" / "attention-contract.native.h5")
     os.kill(child, signal.SIGSTOP)  # a comparison that will not finish by itself
-    gate.send_signal(signal.SIGINT)
+    gate.send_signal(stop)
     try:
         out, err = gate.communicate(timeout=60)
     finally:
         if gate.poll() is None:  # a hung gate must not outlive this test and fail the next
             gate.kill()
             gate.communicate()
-    assert gate.returncode == 130, err
-    assert "parity-xray gate: cancelled;" in err and "nothing written" in err
+    assert gate.returncode == code, err
+    assert f"parity-xray gate: {said};" in err and "nothing written" in err
+    assert "leaked" not in err and "Traceback" not in err
     assert not (tmp_path / "gate.json").exists()
     deadline = time.monotonic() + 10
     while (_process_with(IN_CHILD, str(tmp_path).encode()) is not None or Path(f"/proc/{child}").exists()) and time.monotonic() < deadline:

@@ -19,7 +19,7 @@ from typing import Any, TextIO
 
 from sessions.capture import spare_checker
 from sessions.compare.verdict import EXIT_UNUSABLE
-from sessions.ctrl_c import EXIT_INTERRUPTED, ctrl_c_kept
+from sessions.ctrl_c import ctrl_c_kept, exit_code_of, said
 from sessions.printable import printable
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -72,10 +72,10 @@ def main(argv: list[str] | None = None) -> int:
             code = int(_module(args.command).run(args))
             sys.stdout.flush()
             return code
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         # Commands that leave something behind (record, gate) say what; the rest end here.
-        print(f"parity-xray {argv[0]}: interrupted by Ctrl-C", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        print(f"parity-xray {argv[0]}: {said(stop)}", file=sys.stderr)
+        return exit_code_of(stop)
     except BrokenPipeError:
         # `parity-xray report ... | head -1`: the reader has what it wanted. Python would print a
         # traceback at exit while flushing stdout, so stdout goes to /dev/null first.

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from sessions.commands.arguments import output_problem, write_outputs
 from sessions.compare.verdict import EXIT_UNUSABLE, UNUSABLE
-from sessions.ctrl_c import EXIT_INTERRUPTED, raise_if_pressed
+from sessions.ctrl_c import EXIT_INTERRUPTED, exit_code_of, raise_if_pressed, said
 from sessions.machine import usable_cores
 from sessions.printable import printable
 
@@ -88,9 +88,10 @@ def run(args: argparse.Namespace) -> int:
                 raise_if_pressed()
     except ClusterError as exc:
         return _fail(str(exc))
-    except KeyboardInterrupt:
-        print(f"\nparity-xray gate: cancelled; {state.done} of {len(manifest.cases)} case(s) were judged; nothing written", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as stop:
+        stopped = "cancelled" if exit_code_of(stop) == EXIT_INTERRUPTED else said(stop)
+        print(f"\nparity-xray gate: {stopped}; {state.done} of {len(manifest.cases)} case(s) were judged; nothing written", file=sys.stderr)
+        return exit_code_of(stop)
     gate = state.result(str(manifest.path), cluster, dashboard, time.monotonic() - started)
     sys.stdout.write(render_text(gate))
     problem = state.write(gate, args.json, args.html)

@@ -47,8 +47,12 @@ whose name was 220-255 bytes long impossible to save."""
 
 
 def _temp_prefix(path: Path) -> str:
-    name = os.fsdecode(os.fsencode(path.name)[:TEMP_PREFIX_BYTES])  # bytes, as the file system counts them
-    return f".{name}."
+    raw = os.fsencode(path.name)[:TEMP_PREFIX_BYTES]  # bytes, as the file system counts them
+    try:
+        path.name.encode("utf-8")
+    except UnicodeEncodeError:  # a name that is not UTF-8 (Linux allows any bytes) stays its bytes
+        return f".{os.fsdecode(raw)}."
+    return f".{raw.decode('utf-8', 'ignore')}."  # a character cut in half is left out: macOS refuses names that are not UTF-8
 
 
 def _remove_stale_temps(path: Path) -> None:
@@ -115,14 +119,16 @@ def rotate_backups(path: Path, backups: int) -> None:
 
 
 class WriteFailed(OSError):
-    """One of several files could not be written; `filename` names it. None of them was replaced."""
+    """One of several files could not be written; `filename` names it. None was replaced, unless a
+    rename was refused part-way: then the message names those already replaced."""
 
 
 def atomic_write_all(files: Sequence[tuple[Path, Callable[[], bytes]]]) -> None:
     """Write every file whole or none of them: each one's content (made only now) goes to a temp
     file beside it, and only once all are on disk do they replace their paths. A report's JSON
     and HTML, or a gate's summary and its cases' pages, never mix two runs when the disk fills
-    half-way. Raises WriteFailed naming the file that could not be written."""
+    half-way. Raises WriteFailed naming the file that could not be written (and, when a rename
+    is refused part-way, as another user's file in a sticky folder may be, those already replaced)."""
     temps: list[tuple[Path, Path]] = []
     try:
         for path, data in files:
@@ -130,8 +136,14 @@ def atomic_write_all(files: Sequence[tuple[Path, Callable[[], bytes]]]) -> None:
                 temps.append((_write_temp(path, data()), path))
             except OSError as exc:
                 raise WriteFailed(exc.errno, exc.strerror or str(exc), str(path)) from None
+        replaced: list[str] = []
         for temp, path in temps:
-            os.replace(temp, path)
+            try:
+                os.replace(temp, path)
+            except OSError as exc:  # POSIX renames one file at a time: say which are new already
+                already = f"; already replaced: {', '.join(replaced)}" if replaced else ""
+                raise WriteFailed(exc.errno, f"{exc.strerror or exc}{already}", str(path)) from None
+            replaced.append(str(path))
     except BaseException:
         for temp, _ in temps:
             temp.unlink(missing_ok=True)

@@ -13,6 +13,10 @@ import resource
 from pathlib import Path
 
 
+UNKNOWN_ROOM = 2**62
+"""The room of a file system that keeps no count of its blocks (ramfs): as much as asked."""
+
+
 class FileUnwritable(OSError):
     """A file that could not be written, said in one line that names it: made as
     OSError(errno or None, what failed and why, the file's path)."""
@@ -25,7 +29,10 @@ def room_for(path: Path, size: int = 0) -> int:
     """Bytes that writes to `path`, now `size` bytes long, may still add: the free space of its
     folder's device, and under a file size limit, what is left of that limit."""
     device = os.statvfs(path.parent)
-    room = device.f_bavail * device.f_frsize
+    # ramfs (and tmpfs without a size) report no blocks at all: no limit to ask about. Root may
+    # also use the blocks the file system keeps for it.
+    free = device.f_bfree if os.geteuid() == 0 else device.f_bavail
+    room = free * device.f_frsize if device.f_blocks else UNKNOWN_ROOM
     limit, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
     if limit != resource.RLIM_INFINITY:
         room = min(room, limit - size)

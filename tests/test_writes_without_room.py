@@ -7,6 +7,7 @@ writer counts a full device (statvfs) the same way."""
 
 from __future__ import annotations
 
+import os
 import resource
 import subprocess
 import sys
@@ -15,9 +16,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sessions.atomic_write import (
+    WriteFailed,
+    atomic_write_all,
+    atomic_write_bytes,
+    new_file_beside,
+)
 from sessions.capture.opening import open_capture
-from sessions.capture.writer import ROOM_MARGIN_BYTES
+from sessions.capture.writer import ROOM_MARGIN_BYTES, CaptureWriter
 from sessions.child_env import PROJECT_ROOT, child_env
+from sessions.file_room import FileUnwritable
 
 LIMIT_BYTES = ROOM_MARGIN_BYTES + 3 * 1024**2
 """The file size limit of each child: room for the margin and about three 1 MiB steps."""
@@ -131,3 +139,41 @@ def test_a_gate_whose_reports_do_not_fit_writes_none_and_leaves_no_empty_cases_f
     assert done.returncode == 2
     assert done.stderr.startswith(f"parity-xray gate: cannot write {out / 'gate-cases'}/") and done.stderr.endswith(": File too large\n")
     assert [p.name for p in out.iterdir()] == ["gate.json"] and (out / "gate.json").read_text() == "the last gate"
+
+
+def test_a_complete_only_capture_whose_path_turns_out_to_be_a_folder_leaves_no_hidden_file(tmp_path: Path) -> None:
+    from sessions.capture.meta import CaptureMeta
+
+    taken = tmp_path / "out.h5"
+    writer = CaptureWriter(taken, CaptureMeta(role="native"), complete_only=True)
+    taken.mkdir()  # made while the capture was written
+    writer.add_tensor("x", np.zeros(4, np.float32), step=0, segment="decode")
+    with pytest.raises(FileUnwritable) as refused:
+        writer.close()
+    assert str(refused.value) == f"{taken}: cannot be written (Is a directory)"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.h5"] and taken.is_dir()
+
+
+def test_outputs_a_rename_refuses_part_way_name_those_already_replaced(tmp_path: Path) -> None:
+    first, second = tmp_path / "summary.json", tmp_path / "report.html"
+    first.write_text("the last run's summary")
+    second.mkdir()
+    (second / "inside").write_text("a folder the rename cannot replace")  # made after the outputs were checked
+    with pytest.raises(WriteFailed) as refused:
+        atomic_write_all([(first, lambda: b"new summary"), (second, lambda: b"new report")])
+    assert refused.value.filename == str(second) and refused.value.strerror.endswith(f"; already replaced: {first}")
+    assert first.read_text() == "new summary"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html", "summary.json"], "no temp file left"
+
+
+def test_the_temp_name_of_a_long_name_stays_valid_utf8_and_its_stale_temps_are_still_found(tmp_path: Path) -> None:
+    path = tmp_path / ("a" * 199 + "é" * 20)  # 239 bytes; the temp repeats 200 of them, which would cut an é in half
+    descriptor, temp = new_file_beside(path, ".tmp")
+    os.close(descriptor)
+    temp.name.encode("utf-8")  # macOS refuses names that are not UTF-8
+    assert len(os.fsencode(temp.name)) <= 255
+    atomic_write_bytes(path, b"saved")
+    assert path.read_bytes() == b"saved" and temp.exists(), "a fresh temp is someone's save in progress"
+    os.utime(temp, (0, 0))
+    atomic_write_bytes(path, b"saved again")
+    assert not temp.exists(), "a stale temp of the same name is found and removed"

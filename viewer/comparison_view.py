@@ -255,12 +255,14 @@ def tree_places(comparison: Comparison) -> TreePlaces:
                     group.worsen(Kind.UNALIGNED)  # where the missing partner would sit: a collapsed tree points there
     tokens = token_finding(comparison.tokens, comparison.pairs)
     if tokens is not None:
-        key = tokens.key
-        where = (key.step, key.segment, _place(key.step, key.segment, key.layer, layered))
-        for depth in range(1, 4):
+        # A tree whose every op is bit-exact still points at the step whose tokens differ: down to
+        # its logits op's group when there is one, else its step and segment.
+        logits = next((pair for pair in reversed(comparison.pairs) if pair.key == tokens.key), None)
+        where = path_of[id(logits)] if logits is not None else (tokens.key.step, tokens.key.segment)
+        for depth in range(1, len(where) + 1):
             group = root.find(where[:depth])
             if group is not None:
-                group.worsen(Kind.TOKENS)  # a tree whose every op is bit-exact still points at the step whose tokens differ
+                group.worsen(Kind.TOKENS)
     if comparison.post_eos_unaligned:
         count = len(comparison.post_eos_unaligned)
         branch = root.child(POST_EOS_BRANCH, f"Post-EOS records without a partner ({count}: invalid, not failures)")

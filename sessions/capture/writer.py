@@ -48,7 +48,7 @@ from typing import Concatenate, ParamSpec, TypeVar
 import h5py
 import numpy as np
 
-from sessions.atomic_write import new_file_beside
+from sessions.atomic_write import fsync_directory, new_file_beside
 from sessions.bits.dtypes import logical_dtype, logical_name_of, to_storage
 from sessions.capture import format as cf
 from sessions.capture.meta import CaptureMeta
@@ -79,6 +79,14 @@ TABLES: tuple[tuple[str, np.dtype], ...] = (
     (cf.DISPATCH_PATH, cf.DISPATCH_DTYPE),
     (cf.TOKENS_PATH, cf.TOKENS_DTYPE),
 )
+
+
+def _fsync(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def _unwritable(path: Path, exc: OSError | RuntimeError, failed: str = "cannot be written") -> FileUnwritable:
@@ -626,10 +634,15 @@ class CaptureWriter:
             if self._complete_only:
                 self._partial.unlink(missing_ok=True)
             raise
-        if self._complete_only and finished:
-            os.replace(self._partial, self.path)
-        elif self._complete_only:
-            self._partial.unlink(missing_ok=True)
+        if not self._complete_only:
+            return
+        try:
+            if finished:
+                _fsync(self._partial)  # on disk before it replaces a good file: a power cut must not leave a torn one
+                os.replace(self._partial, self.path)
+                fsync_directory(self.path.parent)
+        finally:
+            self._partial.unlink(missing_ok=True)  # renamed away, or never to be published
 
     def __enter__(self) -> "CaptureWriter":
         return self

@@ -130,9 +130,7 @@ def write_outputs(outputs: Sequence[tuple[str | None, Callable[[], str]]]) -> st
     try:
         atomic_write_all([(Path(path), partial(_utf8, text)) for path, text in wanted])
     except WriteFailed as exc:
-        return f"cannot write {printable(str(exc.filename))}: {exc.strerror}"
-    except OSError as exc:  # a rename refused after every file was written
-        return f"cannot write the outputs: {exc.strerror or exc}"
+        return f"cannot write {printable(str(exc.filename))}: {printable(str(exc.strerror))}"
     return None
 
 

@@ -12,7 +12,6 @@ import os
 import resource
 from pathlib import Path
 
-
 UNKNOWN_ROOM = 2**62
 """The room of a file system that keeps no count of its blocks (ramfs): as much as asked."""
 

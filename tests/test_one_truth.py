@@ -293,3 +293,36 @@ def test_a_contract_that_changes_after_the_shared_eos_is_no_finding_on_any_surfa
     assert win.verdict_strip.word.text() == PARITY
     assert not [text for text in win.banners.texts("comparison") if "attn.f32" in text], "no contract card for an op after the shared EOS"
     win.close()
+
+
+def test_pairing_by_position_in_the_window_is_what_report_and_a_saved_session_say(
+    tmp_path: Path, qtbot: QtBot, demo_pairs: dict[str, tuple[Path, Path]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from viewer.cli import main
+
+    native, oracle = demo_pairs["head-chunk"]  # both runs made the same calls: auto pairs by calls, and the calls differ
+    win = _window_on(qtbot, tmp_path, native, oracle)
+    qtbot.waitUntil(lambda: len(win.session_file.session.captures) == 2, timeout=WAIT_MS)
+    assert win.verdict_strip.word.text() == DISPATCH_ONLY
+    [by_position] = [a for a in win.alignment_actions.actions() if a.data() == "positions"]
+    assert [a.isChecked() for a in win.alignment_actions.actions()] == [True, False, False]
+    by_position.trigger()
+    qtbot.waitUntil(lambda: not win.tasks.busy and win.model.comparison is not None and win.model.comparison.comparison.alignment.mode == "positions", timeout=WAIT_MS)
+    assert win.verdict_strip.word.text() == PARITY and by_position.isChecked()
+    assert main(["report", str(native), str(oracle), "--align", "positions"]) == 0
+    assert capsys.readouterr().out.startswith("PARITY: ")
+
+    saved = tmp_path / "pairing.xray"
+    win.session_file.choose_path = lambda _purpose: saved
+    assert win.session_file.save_as()
+    win.close()
+    assert main(["report", "--session", str(saved)]) == 0, "the session's pairing, as the window showed it"
+    assert capsys.readouterr().out.startswith("PARITY: ")
+    assert main(["report", "--session", str(saved), "--align", "calls"]) == 1, "a mode given on the command line wins"
+    assert capsys.readouterr().out.startswith("DISPATCH-ONLY: ")
+
+    reopened = MainWindow(ViewerSettings(tmp_path / "again.ini"))
+    qtbot.addWidget(reopened)
+    assert reopened.session_file.open_session(saved)
+    assert [a.isChecked() for a in reopened.alignment_actions.actions()] == [False, False, True]
+    reopened.close()

@@ -50,6 +50,7 @@ def full_session(data_dir: Path) -> Investigation:
     s.set_tolerance(SavedTolerance(max_ulp=1, atol=1e-3, rtol=1e-2, nmse=1e-6))
     s.set_tolerance(SavedTolerance(max_ulp=4), op="logits")
     s.set_tolerance_policy(data_dir / "policy.toml")
+    s.set_alignment_mode("positions")
     s.add_override(
         "pair",
         RecordRef(native.id, RecordKey(0, "visual", 0, "Qcur-0", 2)),
@@ -126,6 +127,8 @@ def test_edits_that_the_file_could_not_hold_are_refused() -> None:
         session.add_override("pair", RecordRef("native", RecordKey(0, "x", 0, "a")), RecordRef("oracle", RecordKey(0, "x", 0, "b")), " ")
     with pytest.raises(ValueError, match="role"):
         session.add_capture("reference", "/x.h5", identity(0))
+    with pytest.raises(ValueError, match="is not one of auto, calls, positions"):
+        session.set_alignment_mode("tokens")
     assert session.revision == 0
 
 
@@ -165,6 +168,7 @@ def test_old_session_files_migrate_to_the_current_schema(version: int, fixture: 
     assert s.tolerance_for("logits") == SavedTolerance(max_ulp=2, atol=0.001)
     assert s.tolerance_for("sdpa") == SavedTolerance()
     assert s.tolerance_policy is None
+    assert s.alignment_mode == "auto"
     assert [(r.capture.id, r.capture.role, r.op, r.description) for r in s.reruns] == [
         ("rerun", "rerun", OpKey(0, "visual", 0, "sdpa"), "sdpa with the 64x64 tiled FP32 contract")
     ]
@@ -224,6 +228,7 @@ def test_a_newer_schema_this_version_cannot_read_is_refused_and_left_in_place(tm
         (lambda d: d["session"]["alignment_overrides"][0]["left"].update(capture_id="ghost"), "/session/alignment_overrides/0", "'ghost'"),
         (lambda d: d.update(schema_version=0), "/schema_version", "positive integer"),
         (lambda d: d.update(format="something-else"), "/format", "not a Parity X-ray session"),
+        (lambda d: d["session"].update(alignment_mode="tokens"), "/session/alignment_mode", "must be one of auto, calls, positions, not 'tokens'"),
         (lambda d: d["session"]["view"]["layout"].update(col_axis="x"), "/session/view/layout/col_axis", 'must be int, not "x"'),
         (lambda d: d["session"]["view"]["layout"].update(col_axis=None), "/session/view/layout/col_axis", "must be int, not null"),
         (lambda d: d["session"]["view"]["layout"].update(row_axis=-1), "/session/view/layout/row_axis", "must be at least 0, not -1"),

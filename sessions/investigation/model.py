@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Union
 from sessions.capture.format import ROLES
 from sessions.capture.identity import CaptureIdentity
 from sessions.compare.align import AlignOverride, ManualBreak, ManualPair
+from sessions.compare.align_modes import ALIGN_MODES, AUTO
 from sessions.compare.key import OpKey, RecordKey
 from sessions.compare.tensor_diff import Tolerance
 
@@ -197,6 +198,9 @@ class Investigation:
     """A tolerance policy file (docs/tolerance-policy.md), by absolute path: read again at each
     comparison, as `report --tolerance-policy` reads it, never copied into the session."""
     overrides: tuple[AlignmentOverride, ...] = ()
+    alignment_mode: str = AUTO
+    """How records are paired (sessions.compare.align_modes), as `report --align`: the window's
+    choice, and what `report --session` pairs by."""
     selected_op: OpKey | None = None
     view: ViewState = ViewState()
     bookmarks: tuple[Bookmark, ...] = ()
@@ -311,6 +315,12 @@ class Investigation:
         else:
             self.op_tolerances = {**self.op_tolerances, op: tolerance}
         self._changed(ChangeKind.TOLERANCES)
+
+    def set_alignment_mode(self, mode: str) -> None:
+        if mode not in ALIGN_MODES:
+            raise ValueError(f"alignment mode {mode!r} is not one of {', '.join(ALIGN_MODES)}")
+        self.alignment_mode = mode
+        self._changed(ChangeKind.ALIGNMENT)
 
     def set_tolerance_policy(self, path: str | Path | None) -> None:
         self.tolerance_policy = None if path is None else Path(path).absolute()

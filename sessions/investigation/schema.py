@@ -14,6 +14,8 @@ Version history:
   in-file location apart, identity nested, profile and relative path per capture; structured
   op and record keys; overrides between any two captures; a bookmark keeps its view.
 - 3: the tolerances name a tolerance policy file (`tolerances/policy`, a path or null).
+- 4: the session says how records are paired (`alignment_mode`: "auto", "calls" or
+  "positions", as `report --align`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 
 from sessions.capture.format import ROLES
 from sessions.capture.identity import CaptureIdentity
+from sessions.compare.align_modes import ALIGN_MODES, AUTO
 from sessions.compare.key import OpKey, RecordKey
 from sessions.compare.profiles import CANONICAL_OPS
 from sessions.compare.tolerance_bounds import bound_problem, ulp_problem
@@ -50,7 +53,7 @@ from sessions.investigation.model import (
 from sessions.side_file import parse_problem
 
 FORMAT = "parity-xray-session"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 FILE_SUFFIX = ".xray"
 
 
@@ -149,6 +152,7 @@ def encode_session(session: Investigation, base_dir: Path | None = None) -> dict
                 "per_op": {op: asdict(t) for op, t in session.op_tolerances.items()},
                 "policy": None if session.tolerance_policy is None else str(session.tolerance_policy),
             },
+            "alignment_mode": session.alignment_mode,
             "alignment_overrides": [
                 {
                     "action": o.action,
@@ -353,6 +357,9 @@ def _read_session(n: _Node) -> Investigation:
     duplicates = sorted(i for i, count in ids.items() if count > 1)
     if duplicates:
         raise n.fail(f"capture id(s) {', '.join(duplicates)} used twice", "captures")
+    mode = n.text("alignment_mode")
+    if mode not in ALIGN_MODES:
+        raise n.fail(f"must be one of {', '.join(ALIGN_MODES)}, not {mode!r}", "alignment_mode")
     overrides = []
     for o in n.nodes("alignment_overrides"):
         override = AlignmentOverride(o.text("action"), _read_record(o.node("left")), _read_record(o.node("right")), o.text("reason"), o.text("created_utc"))
@@ -379,6 +386,7 @@ def _read_session(n: _Node) -> Investigation:
         op_tolerances=per_op,
         tolerance_policy=None if policy is None else Path(policy),
         overrides=tuple(overrides),
+        alignment_mode=mode,
         selected_op=_read_optional_op(n.optional_node("selected_op")),
         view=_read_view(n.node("view")),
         bookmarks=tuple(bookmarks),
@@ -475,7 +483,15 @@ def upgrade_v2_to_v3(document: dict[str, Any], source: str) -> dict[str, Any]:
     return {**document, "schema_version": 3, "session": {**session, "tolerances": tolerances}}
 
 
-MIGRATIONS: dict[int, Callable[[dict[str, Any], str], dict[str, Any]]] = {1: upgrade_v1_to_v2, 2: upgrade_v2_to_v3}
+def upgrade_v3_to_v4(document: dict[str, Any], source: str) -> dict[str, Any]:
+    """A version-3 session paired its records as `report` does by default."""
+    session = document.get("session")
+    if not isinstance(session, dict):
+        raise SessionFormatError(source, "/session", "not a valid schema 3 session (no session object)")
+    return {**document, "schema_version": 4, "session": {**session, "alignment_mode": AUTO}}
+
+
+MIGRATIONS: dict[int, Callable[[dict[str, Any], str], dict[str, Any]]] = {1: upgrade_v1_to_v2, 2: upgrade_v2_to_v3, 3: upgrade_v3_to_v4}
 """MIGRATIONS[v] upgrades a version-v document to v + 1; every version below SCHEMA_VERSION has one."""
 
 

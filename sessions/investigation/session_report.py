@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from sessions.compare.align_modes import AUTO
 from sessions.compare.profiles import ProfileError, resolve_profile
 from sessions.compare.tolerance_policy import PolicyError, load_policy
 from sessions.investigation.capture_gate import check_capture
@@ -22,7 +23,7 @@ class SessionReportError(Exception):
 
 
 def apply_session(args: argparse.Namespace) -> Investigation:
-    """Fill NATIVE, ORACLE, profiles, tolerances and the tolerance policy from the session (command-line values win),
+    """Fill NATIVE, ORACLE, profiles, tolerances, the tolerance policy and the alignment mode from the session (command-line values win),
     and `overrides` with the session's manual pairings and breaks between the two captures, as the
     viewer applies them: a report on a session must say what its window says."""
     if args.native is not None or args.oracle is not None:
@@ -58,6 +59,8 @@ def apply_session(args: argparse.Namespace) -> Investigation:
         except PolicyError as exc:
             raise SessionReportError(f"{args.session}: /session/tolerances/policy: {exc}") from None
         args.tolerance_policy = str(policy)
+    if getattr(args, "align", AUTO) == AUTO:  # `--align calls` or `positions` on the command line wins
+        args.align = session.alignment_mode
     args.op_tolerances = session.op_bounds()
     args.overrides = overrides_for_pair(session.overrides, refs["native"][0].id, refs["oracle"][0].id)
     return session

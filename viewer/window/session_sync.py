@@ -158,7 +158,7 @@ class SessionSync(QObject):
 
     def compare_options(self, base: CompareOptions) -> CompareOptions:
         """The session's tolerance and policy, its profiles for captures it names (0 / "" = bit-exact
-        / detect), and its alignment overrides between the two open captures.
+        / detect), its alignment mode, and its alignment overrides between the two open captures.
 
         The policy file is read again each time, as `report --tolerance-policy` reads it: an
         edited policy counts at the next comparison. PolicyError (naming the file and the
@@ -177,6 +177,7 @@ class SessionSync(QObject):
             native_profile=profiles.get("native") or base.native_profile,
             oracle_profile=profiles.get("oracle") or base.oracle_profile,
             overrides=overrides,
+            alignment=self.session.alignment_mode,
         )
 
     def _session_refs(self) -> dict[str, CaptureRef]:
@@ -236,6 +237,12 @@ class SessionSync(QObject):
         if policy != session.tolerance_policy:
             session.set_tolerance_policy(policy)
         self._recompare()
+
+    def set_alignment_mode(self, mode: str) -> None:
+        """Record how the user pairs records (`report --align`) and compare again, when it changed."""
+        if mode != self.session.alignment_mode:
+            self.session.set_alignment_mode(mode)
+            self._recompare()
 
     # -- manual alignment --------------------------------------------------------------------
 

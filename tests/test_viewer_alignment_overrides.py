@@ -45,6 +45,16 @@ def _compared(qtbot: QtBot, win: MainWindow, pairs: int) -> None:
     qtbot.waitUntil(lambda: win.model.comparison is not None and not win.tasks.busy and len(win.model.comparison.comparison.pairs) == pairs, timeout=WAIT_MS)
 
 
+def _pair_recorded(qtbot: QtBot, tmp_path: Path) -> tuple[Path, Path, MainWindow]:
+    """The two-op pair open in a window, compared and recorded in its session."""
+    native, oracle = _captures(tmp_path)
+    win = _window(qtbot, tmp_path / "first.ini")
+    win.open_pair(native, oracle)
+    _compared(qtbot, win, 2)
+    qtbot.waitUntil(lambda: len(win.session_file.session.captures) == 2, timeout=WAIT_MS)
+    return native, oracle, win
+
+
 def _report_on_session(session: Path, out: Path) -> int:
     parser = argparse.ArgumentParser()
     report_command.add_arguments(parser)
@@ -52,11 +62,7 @@ def _report_on_session(session: Path, out: Path) -> int:
 
 
 def test_a_broken_pairing_is_shown_with_its_reason_saved_and_still_applied_after_reopening(qtbot: QtBot, tmp_path: Path) -> None:
-    native, oracle = _captures(tmp_path)
-    win = _window(qtbot, tmp_path / "first.ini")
-    win.open_pair(native, oracle)
-    _compared(qtbot, win, 2)
-    qtbot.waitUntil(lambda: len(win.session_file.session.captures) == 2, timeout=WAIT_MS)
+    native, oracle, win = _pair_recorded(qtbot, tmp_path)
     asked: list[str] = []
     win.tree.ask_reason = lambda what: asked.append(what) or REASON
     actions = win.tree.actions_at(win.tree.row_index("ffn_down"))
@@ -108,6 +114,26 @@ def test_a_broken_pairing_is_shown_with_its_reason_saved_and_still_applied_after
     assert again.session_file.session.overrides == (), "undoing takes back every override of the record: the profiles pair it again"
     assert again.model.comparison.comparison.unaligned == [] and again.model.comparison.comparison.verdict.word == "PARITY"
     again.close()
+
+
+def test_swapping_roles_keeps_each_capture_and_the_pairings_made_by_hand(qtbot: QtBot, tmp_path: Path) -> None:
+    native, oracle, win = _pair_recorded(qtbot, tmp_path)
+    win.tree.ask_reason = lambda what: REASON
+    win.tree.actions_at(win.tree.row_index("ffn_down"))[0].trigger()
+    _compared(qtbot, win, 1)
+    win.swap_roles()
+    _compared(qtbot, win, 1)
+    session = win.session_file.session
+    qtbot.waitUntil(lambda: [(r.id, r.role) for r in session.captures] == [("native", "oracle"), ("oracle", "native")], timeout=WAIT_MS)
+    assert [r.path for r in session.captures] == [native, oracle], "one entry per capture, its role swapped"
+    assert win.banners.texts("session") == [], "no 'remove the overrides first' warning"
+    assert [(o.action, o.reason) for o in session.overrides] == [("unpair", REASON)]
+    assert [(u.side, u.reason) for u in win.model.comparison.comparison.unaligned] == [("native", MANUAL_BREAK), ("oracle", MANUAL_BREAK)], "the break still applies"
+    win.session_file.choose_path = lambda _purpose: tmp_path / "swapped.xray"
+    assert win.session_file.save_as()
+    assert _report_on_session(tmp_path / "swapped.xray", tmp_path / "report.json") == win.model.comparison.comparison.verdict.exit_code
+    assert loads((tmp_path / "report.json").read_text()).native_path == str(oracle), "report --session compares the swapped pair"
+    win.close()
 
 
 def test_breaking_one_position_pair_says_it_unpairs_every_position_pair_of_the_native_record(qtbot: QtBot, tmp_path: Path) -> None:

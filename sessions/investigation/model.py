@@ -268,6 +268,14 @@ class Investigation:
         self.reruns = tuple(r for r in self.reruns if r.capture.id != capture_id)
         self._changed(ChangeKind.CAPTURES)
 
+    def set_role(self, capture_id: str, role: str) -> None:
+        """Give a capture another role (the user swapped native and oracle): its id stays, and so
+        does every alignment override that names it."""
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, not {role!r}")
+        self._replace_ref(capture_id, role=role)
+        self._changed(ChangeKind.CAPTURES)
+
     def _replace_ref(self, capture_id: str, **changes: Any) -> None:
         self.capture(capture_id)
         self.captures = tuple(replace(r, **changes) if r.id == capture_id else r for r in self.captures)

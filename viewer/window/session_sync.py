@@ -181,10 +181,15 @@ class SessionSync(QObject):
         )
 
     def _session_refs(self) -> dict[str, CaptureRef]:
-        """The session's reference for each open capture (by role and path), where it names it."""
+        """The session's reference for each open capture, by path: of its role, else of the other
+        one (the roles were just swapped, and the session learns it only after the comparison
+        has started, which must still apply the pairings made by hand)."""
         found = {}
         for role, capture in (("native", self._model.native), ("oracle", self._model.oracle)):
-            ref = next((r for r in self.session.captures_of(role) if capture is not None and r.path == capture.path.absolute()), None)
+            if capture is None:
+                continue
+            named = [r for r in self.session.captures if r.role in ("native", "oracle") and r.path == capture.path.absolute()]
+            ref = next((r for r in named if r.role == role), named[0] if named else None)
             if ref is not None:
                 found[role] = ref
         return found
@@ -213,6 +218,14 @@ class SessionSync(QObject):
         for role, capture, identity in zip(("native", "oracle"), captures, identities):
             old = session.captures_of(role)
             if old and old[0].path == capture.path.absolute() and old[0].identity.same_content(identity):
+                continue
+            swapped = next(
+                (ref for ref in session.captures if ref.role in ("native", "oracle") and ref.role != role
+                 and ref.path == capture.path.absolute() and ref.identity.same_content(identity)),
+                None,
+            )
+            if swapped is not None:  # the roles were swapped: the same capture, with its overrides, takes the other role
+                session.set_role(swapped.id, role)
                 continue
             for ref in old:
                 try:

@@ -46,6 +46,15 @@ take holds a random part (up to 32 characters) and a suffix. Repeating it whole 
 whose name was 220-255 bytes long impossible to save."""
 
 
+def fsync_file(path: Path) -> None:
+    """Make a written file's bytes durable before it replaces another: a power cut must not leave a torn one."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
 def _temp_prefix(path: Path) -> str:
     raw = os.fsencode(path.name)[:TEMP_PREFIX_BYTES]  # bytes, as the file system counts them
     try:
@@ -99,8 +108,7 @@ def _snapshot(path: Path) -> Path:
             os.link(path, temp)
         except OSError:
             shutil.copyfile(path, temp)
-            with open(temp, "rb") as copy:
-                os.fsync(copy.fileno())
+            fsync_file(temp)
     except BaseException:
         temp.unlink(missing_ok=True)
         raise

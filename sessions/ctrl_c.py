@@ -51,9 +51,9 @@ def exit_code_of(stop: KeyboardInterrupt) -> int:
     return EXIT_TERMINATED if isinstance(stop, Terminated) or _terminated.is_set() else EXIT_INTERRUPTED
 
 
-def said(stop: KeyboardInterrupt) -> str:
-    """What stopped the command, for its one line."""
-    return "stopped by SIGTERM" if exit_code_of(stop) == EXIT_TERMINATED else "interrupted by Ctrl-C"
+def said(stop: KeyboardInterrupt, ctrl_c: str = "interrupted by Ctrl-C") -> str:
+    """What stopped the command, for its one line: `ctrl_c`, in the command's own words, or SIGTERM."""
+    return "stopped by SIGTERM" if exit_code_of(stop) == EXIT_TERMINATED else ctrl_c
 
 
 def ctrl_c_is_pythons() -> bool:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from sessions.capture.format import ROLES
 from sessions.commands.arguments import output_problem
-from sessions.ctrl_c import EXIT_INTERRUPTED, exit_code_of, raise_if_pressed, said
+from sessions.ctrl_c import exit_code_of, raise_if_pressed, said
 from sessions.file_room import FileUnwritable
 from sessions.progress import Progress
 
@@ -136,8 +136,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"record failed: {exc}", file=sys.stderr)
             return EXIT_CRASHED
         except KeyboardInterrupt as stop:
-            stopped = "interrupted" if exit_code_of(stop) == EXIT_INTERRUPTED else said(stop)
-            print(f"record {stopped}: {out} holds the steps written so far and reads as incomplete (parity-xray validate names them)", file=sys.stderr)
+            print(f"record {said(stop, 'interrupted')}: {out} holds the steps written so far and reads as incomplete (parity-xray validate names them)", file=sys.stderr)
             return exit_code_of(stop)
         except FileUnwritable as exc:  # a full disk: its words say what is left at the path
             print(f"record failed: {exc}", file=sys.stderr)

@@ -48,7 +48,7 @@ from typing import Concatenate, ParamSpec, TypeVar
 import h5py
 import numpy as np
 
-from sessions.atomic_write import fsync_directory, new_file_beside
+from sessions.atomic_write import fsync_directory, fsync_file, new_file_beside
 from sessions.bits.dtypes import logical_dtype, logical_name_of, to_storage
 from sessions.capture import format as cf
 from sessions.capture.meta import CaptureMeta
@@ -64,6 +64,7 @@ flushing and checking one dataset) is small next to writing its bytes, small eno
 OWN_PACK_BYTES = 4 * 1024**2
 """A tensor of at least this many bytes is a pack of its own, written without a copy."""
 PACK_CHUNK_BYTES = 1024**2
+"""Chunk of a compressed pack: the unit a reader decodes."""
 ROOM_MARGIN_BYTES = 2 * 1024**2
 """Room a write must leave (on the device, and under the process's file size limit) for what
 libhdf5 writes at the next flush and at close: the tables' chunks (1,024 rows each, 0.7 MB for
@@ -73,20 +74,11 @@ exit then crashed in its teardown (SIGSEGV), so the writer refuses first, while 
 still be closed with its committed steps readable."""
 SKELETON_BYTES = 64 * 1024
 """About what an empty capture (root attributes, groups, empty tables) takes: 31 KB."""
-"""Chunk of a compressed pack: the unit a reader decodes."""
 TABLES: tuple[tuple[str, np.dtype], ...] = (
     (cf.INDEX_PATH, cf.INDEX_DTYPE),
     (cf.DISPATCH_PATH, cf.DISPATCH_DTYPE),
     (cf.TOKENS_PATH, cf.TOKENS_DTYPE),
 )
-
-
-def _fsync(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def _unwritable(path: Path, exc: OSError | RuntimeError, failed: str = "cannot be written") -> FileUnwritable:
@@ -123,7 +115,6 @@ def _writes(method: Callable[Concatenate["CaptureWriter", _Args], _Result]) -> C
         raise failure
 
     return writing
-
 
 
 def _set_scalar(obj_id: h5py.h5o.ObjectID, name: str, value: np.ndarray) -> None:
@@ -638,7 +629,7 @@ class CaptureWriter:
             return
         try:
             if finished:
-                _fsync(self._partial)  # on disk before it replaces a good file: a power cut must not leave a torn one
+                fsync_file(self._partial)  # on disk before it replaces a good file: a power cut must not leave a torn one
                 os.replace(self._partial, self.path)
                 fsync_directory(self.path.parent)
         finally:

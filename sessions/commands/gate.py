@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from sessions.commands.arguments import output_problem, write_outputs
 from sessions.compare.verdict import EXIT_UNUSABLE, UNUSABLE
-from sessions.ctrl_c import EXIT_INTERRUPTED, exit_code_of, raise_if_pressed, said
+from sessions.ctrl_c import exit_code_of, raise_if_pressed, said
 from sessions.machine import usable_cores
 from sessions.printable import printable
 
@@ -89,8 +89,7 @@ def run(args: argparse.Namespace) -> int:
     except ClusterError as exc:
         return _fail(str(exc))
     except KeyboardInterrupt as stop:
-        stopped = "cancelled" if exit_code_of(stop) == EXIT_INTERRUPTED else said(stop)
-        print(f"\nparity-xray gate: {stopped}; {state.done} of {len(manifest.cases)} case(s) were judged; nothing written", file=sys.stderr)
+        print(f"\nparity-xray gate: {said(stop, 'cancelled')}; {state.done} of {len(manifest.cases)} case(s) were judged; nothing written", file=sys.stderr)
         return exit_code_of(stop)
     gate = state.result(str(manifest.path), cluster, dashboard, time.monotonic() - started)
     sys.stdout.write(render_text(gate))
@@ -151,13 +150,13 @@ class _GateRun:
         outputs: list[tuple[str | None, Callable[[], str]]] = []
         made: Path | None = None
         if html_out is not None:
-            html_path = Path(html_out)
+            html_path, folder = Path(html_out), _cases_folder(html_out)
             pages = case_pages(html_out, gate.cases)
-            made = None if _cases_folder(html_out).exists() else _cases_folder(html_out)
+            made = None if folder.exists() else folder
             try:
-                _cases_folder(html_out).mkdir(parents=True, exist_ok=True)
+                folder.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
-                return f"cannot make {_cases_folder(html_out)}: {exc.strerror or exc}"
+                return f"cannot make {folder}: {exc.strerror or exc}"
             for index, (case, page) in enumerate(zip(gate.cases, pages)):
                 if index in self.pages:
                     outputs.append((str(page), partial(str, self.pages[index])))

@@ -14,7 +14,6 @@ from typing import Any
 from PySide6.QtCore import QByteArray, QEvent, QObject, Qt, QTimer, QUrl
 from PySide6.QtGui import (
     QAction,
-    QActionGroup,
     QCloseEvent,
     QDragEnterEvent,
     QDropEvent,
@@ -38,7 +37,6 @@ from sessions.capture.pair_opening import assign_roles, iter_open_captures
 from sessions.capture.reader import Capture
 from sessions.capture.record_attributes import RecordAttributes
 from sessions.capture.structure_check import CheckReport, iter_deep_check
-from sessions.compare.align_modes import AUTO, CALLS, POSITIONS
 from sessions.compare.slice_export import iter_export
 from sessions.compare.tolerance_policy import PolicyError
 from sessions.progress import Progress
@@ -66,6 +64,7 @@ from viewer.widgets.banner import BannerArea
 from viewer.widgets.progress_bar import show_progress
 from viewer.window.drop_hint import DropHint
 from viewer.window.help_dialog import HelpDialog
+from viewer.window.pairing_menu import PairingMenu
 from viewer.window.panel_tabs import PanelTabs
 from viewer.window.report_export import BookmarkCamera, ReportExporter, png_of
 from viewer.window.session_captures import SessionCaptures
@@ -92,13 +91,6 @@ CARD_EXPANDED_FROM_HEIGHT = 900
 """Window height from which the contract card opens with its details shown. Below it the card is
 one line (which op, what each side ran) with a Details toggle: at 1280x720 the full card took
 ~100 px of height and left each of the three tensor maps 11 px of data (now about 44)."""
-
-ALIGNMENT_CHOICES = (
-    (AUTO, "&Automatically", "By the same forward calls when both runs made them, else by token position (report's default)"),
-    (CALLS, "By the same &calls", "Pair records of the same forward calls, as `report --align calls`"),
-    (POSITIONS, "By token &position", "Pair records by token position, as `report --align positions`: attention calls are then not compared"),
-)
-"""Compare > Pair records: the modes of `report --align`, kept in the session."""
 
 PAIR_BANNERS = ("open", "roles", "captures", "comparison", "captures-check", "session", "timeline", "rerun", "attributes")
 """Banner groups about the pair on show and its session: a new pair or another session clears them."""
@@ -263,16 +255,8 @@ class MainWindow(QMainWindow):
             navigate.addAction(action)
         compare = menu.addMenu("&Compare")
         compare.addAction(self.tolerance_action)
-        pairing = compare.addMenu("&Pair records")
-        pairing.setToolTipsVisible(True)
-        self.alignment_actions = QActionGroup(self)
-        for mode, text, tip in ALIGNMENT_CHOICES:
-            action = self._action(text, lambda _=False, mode=mode: self.session_sync.set_alignment_mode(mode), tip=tip)
-            action.setCheckable(True)
-            action.setData(mode)
-            self.alignment_actions.addAction(action)
-            pairing.addAction(action)
-        self._show_alignment_mode()
+        self.alignment_actions = PairingMenu(compare, self.session_sync.set_alignment_mode, self)
+        self.alignment_actions.show_mode(self.session_file.session.alignment_mode)
         view = menu.addMenu("&View")
         focus_tree = self._action("Alignment &tree", self._focus_tree, "Ctrl+0")
         view.addAction(focus_tree)
@@ -374,13 +358,7 @@ class MainWindow(QMainWindow):
         for group in PAIR_BANNERS:
             self.banners.clear(group)
         self.bookmarks.set_session(session)
-        self._show_alignment_mode()
-
-    def _show_alignment_mode(self) -> None:
-        """The Pair records menu checks the session's mode (a session opened may bring its own)."""
-        mode = self.session_file.session.alignment_mode
-        for action in self.alignment_actions.actions():
-            action.setChecked(action.data() == mode)
+        self.alignment_actions.show_mode(session.alignment_mode)
 
     def _reveal_bookmark(self, bookmark: Any) -> None:
         self.bookmarks.select_bookmark(bookmark.id)

@@ -188,11 +188,15 @@ class SessionSync(QObject):
         for role, capture in (("native", self._model.native), ("oracle", self._model.oracle)):
             if capture is None:
                 continue
-            named = [r for r in self.session.captures if r.role in ("native", "oracle") and r.path == capture.path.absolute()]
+            named = self._refs_of(capture)
             ref = next((r for r in named if r.role == role), named[0] if named else None)
             if ref is not None:
                 found[role] = ref
         return found
+
+    def _refs_of(self, capture: Capture) -> list[CaptureRef]:
+        """The session's native and oracle references to `capture`'s file, whatever their role."""
+        return [r for r in self.session.captures if r.role in ("native", "oracle") and r.path == capture.path.absolute()]
 
     def _record_profiles(self) -> None:
         viewed = self._model.comparison
@@ -219,11 +223,7 @@ class SessionSync(QObject):
             old = session.captures_of(role)
             if old and old[0].path == capture.path.absolute() and old[0].identity.same_content(identity):
                 continue
-            swapped = next(
-                (ref for ref in session.captures if ref.role in ("native", "oracle") and ref.role != role
-                 and ref.path == capture.path.absolute() and ref.identity.same_content(identity)),
-                None,
-            )
+            swapped = next((ref for ref in self._refs_of(capture) if ref.role != role and ref.identity.same_content(identity)), None)
             if swapped is not None:  # the roles were swapped: the same capture, with its overrides, takes the other role
                 session.set_role(swapped.id, role)
                 continue

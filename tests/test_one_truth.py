@@ -326,3 +326,40 @@ def test_pairing_by_position_in_the_window_is_what_report_and_a_saved_session_sa
     assert reopened.session_file.open_session(saved)
     assert [a.isChecked() for a in reopened.alignment_actions.actions()] == [False, False, True]
     reopened.close()
+
+
+def test_a_tolerance_never_hides_a_dispatch_difference_and_bits_that_agree_never_judge_worse_than_bits_that_differ() -> None:
+    from itertools import product
+
+    from sessions.compare.verdict import SEVERITY, classify_pair
+
+    for post_eos, contract, dispatch, signed_zero, tolerance_set in product((False, True), repeat=5):
+        same = dict(post_eos=post_eos, contract_mismatch=contract, dispatch_differs=dispatch, signed_zero_only=signed_zero, tolerance_set=tolerance_set)
+        exact = classify_pair(bit_exact=True, within_tolerance=True, **same)
+        within = classify_pair(bit_exact=False, within_tolerance=True, **same)
+        assert SEVERITY[exact] <= SEVERITY[within], same
+        if dispatch and tolerance_set and not post_eos and not contract:
+            assert within == Kind.DISPATCH_ONLY, same
+
+
+def test_a_pair_within_tolerance_whose_attention_calls_differ_is_dispatch_only_on_every_headless_surface(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rng = np.random.default_rng(5)
+    attention = bf16_bits(rng.standard_normal((4, 32)))
+    flipped = attention.copy()
+    flipped[2, 7] ^= 1
+    ids = dict(kernel_id="sdpa", contract_id="attn.f16", effective_contract_id="attn.f16")
+    split = [dict(CALL, kv_group=0, head_count=2), dict(CALL, kv_group=0, head_start=2, head_count=2)]
+    tokens = [(0, 5, False)]
+    oracle = write_capture(tmp_path / "o.h5", "oracle", [T("sdpa", attention, layer=0, dtype="bfloat16", dispatch=[CALL], **ids)], tokens)
+    for name, calls, word, kind in (("split", split, DISPATCH_ONLY, Kind.DISPATCH_ONLY), ("whole", [CALL], PARITY, Kind.WITHIN_TOLERANCE)):
+        native = write_capture(tmp_path / f"{name}.h5", "native", [T("sdpa", flipped, layer=0, dtype="bfloat16", dispatch=calls, **ids)], tokens)
+        parser = argparse.ArgumentParser()
+        report_command.add_arguments(parser)
+        out_json, out_html = tmp_path / f"{name}.json", tmp_path / f"{name}.html"
+        code = report_command.run(parser.parse_args([str(native), str(oracle), "--max-ulp", "1", "--json", str(out_json), "--html", str(out_html)]))
+        text, document, html = capsys.readouterr().out, json.loads(out_json.read_text()), out_html.read_text()
+        assert code == (1 if word == DISPATCH_ONLY else 0)
+        assert [p["verdict"] for p in document["pairs"]] == [kind] and document["verdict"]["word"] == word
+        assert text.startswith(f"{word}: ") and f">{word}: " in html
+    split_text = (tmp_path / "split.json").read_text()
+    assert '"bits within tolerance (1 of 128 elements differ, max 1 ULP), attention calls differ in' in split_text

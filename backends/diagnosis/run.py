@@ -248,7 +248,8 @@ def iter_diagnose(native: Capture, oracle: Capture, comparison: Comparison, opti
         locals_found += found.locality == Locality.LOCAL
         if options.mode == "first" and locals_found >= options.first:
             break
-    dispatch_only = [p for p in comparison.pairs if p.verdict == Kind.DISPATCH_ONLY and not p.post_eos]
+    # A dispatch-only pair whose bits differ within a tolerance is a target like any pair whose bits differ.
+    dispatch_only = [p for p in comparison.pairs if p.verdict == Kind.DISPATCH_ONLY and not p.post_eos and p.metrics.bit_exact]
     if options.mode == "op":
         dispatch_only = [p for p in dispatch_only if p.key == options.key]  # report names such an op for diagnose --op
     # --all looks at every dispatch-only op; the default, when nothing diverged, at the first.

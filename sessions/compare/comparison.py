@@ -381,10 +381,12 @@ def _pair_detail(r: PairResult, contracts: dict[OpKey, list[ContractFinding]], d
     m = r.metrics
     if r.verdict == Kind.CONTRACT_MISMATCH:
         return "; ".join(f"{f.kind}: {f.detail}" for f in contracts[r.key])
-    if r.verdict == Kind.DISPATCH_ONLY:
-        return f"bits identical, attention calls differ in {', '.join(dispatch[r.key].fields)}"
     ulp = "" if m.max_ulp is None else f", max {m.max_ulp:,} ULP"
-    return f"{m.differing:,} of {m.size:,} elements differ{ulp}{_first_position(r)}"
+    differing = f"{m.differing:,} of {m.size:,} elements differ{ulp}{_first_position(r)}"
+    if r.verdict == Kind.DISPATCH_ONLY:
+        bits = "bits identical" if m.bit_exact else f"bits within tolerance ({differing})"
+        return f"{bits}, attention calls differ in {', '.join(dispatch[r.key].fields)}"
+    return differing
 
 
 def _first_position(r: PairResult) -> str:

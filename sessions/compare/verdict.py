@@ -7,11 +7,14 @@ so no two surfaces can disagree about the same pair. The rules, in order of prec
 - A pair after the shared EOS step is `post-eos`: invalid, never a failure.
 - A pair whose kernel or effective contract differs (sessions.compare.contracts) is
   `contract-mismatch`: its tensors were not expected to agree, whatever their bits.
-- A pair whose bits differ is `within-tolerance` when a tolerance is set and met,
-  `signed-zero-only` when every differing element is a +0/-0 swap, else `diverged`.
-- A bit-exact pair whose attention calls were dispatched differently is `dispatch-only`:
-  identical bits here, a different kernel on another device.
-- Otherwise `bit-exact`.
+- A pair whose bits differ beyond the tolerance is `signed-zero-only` when every differing
+  element is a +0/-0 swap, else `diverged`.
+- A pair whose bits pass (bit-exact, or within a tolerance that is set) but whose attention
+  calls were dispatched differently is `dispatch-only`: the bits pass here, and another device
+  may pick another kernel. A tolerance is a bound on bits, so it never hides how the work was
+  split, as it never hides a contract: a pair would otherwise pass with bits that differ and
+  fail with bits that agree.
+- Otherwise `within-tolerance` when its bits differ within a tolerance, else `bit-exact`.
 
 The comparison's word is the most serious kind present: CONTRACT MISMATCH, then DIVERGENCE
 (bits, tokens or records that could not be aligned), SIGNED-ZERO-ONLY, DISPATCH-ONLY, else
@@ -47,7 +50,7 @@ MEANING: dict[Kind, str] = {
     Kind.DIVERGED: "bits differ beyond any tolerance",
     Kind.SIGNED_ZERO_ONLY: "the only differences are -0.0 against +0.0",
     Kind.CONTRACT_MISMATCH: "the two sides ran different kernels or arithmetic contracts here: their bits are not expected to agree",
-    Kind.DISPATCH_ONLY: "bits are equal here, but the attention work was split into different primitive calls (another device may pick another kernel)",
+    Kind.DISPATCH_ONLY: "bits are equal here (or within the tolerance given), but the attention work was split into different primitive calls (another device may pick another kernel)",
     Kind.POST_EOS: "after both runs emitted the shared stop token: invalid, never a failure",
     Kind.UNALIGNED: "a record the other run has no partner for",
     Kind.TOKENS: "the greedy tokens differ at this step (the tree marks the step; its logits may still be bit-exact)",
@@ -133,11 +136,11 @@ def classify_pair(
         return Kind.POST_EOS
     if contract_mismatch:
         return Kind.CONTRACT_MISMATCH
-    if not bit_exact:
-        if tolerance_set and within_tolerance:
-            return Kind.WITHIN_TOLERANCE
+    if not bit_exact and not (tolerance_set and within_tolerance):
         return Kind.SIGNED_ZERO_ONLY if signed_zero_only else Kind.DIVERGED
-    return Kind.DISPATCH_ONLY if dispatch_differs else Kind.BIT_EXACT
+    if dispatch_differs:
+        return Kind.DISPATCH_ONLY
+    return Kind.BIT_EXACT if bit_exact else Kind.WITHIN_TOLERANCE
 
 
 def judge(pair_findings: list[Finding], token_finding: Finding | None, unaligned_findings: list[Finding], pair_kinds: list[Kind]) -> Verdict:

@@ -62,6 +62,7 @@ def test_each_cut_scenario_validates_and_finds_what_its_documentation_says(cut_p
 def test_the_segmented_pair_is_compared_position_by_position_and_says_so(cut_pairs: dict[str, tuple[Path, Path]]) -> None:
     c = _compare(*cut_pairs["segmented-vs-combined"])
     assert c.alignment.mode == "positions"
+    assert c.dispatch_not_compared == "not compared: the runs were cut into different calls, so their attention calls differ by construction"
     assert c.alignment.native_calls[:2] == ["prefill 0-82", "decode 83"]
     assert c.alignment.oracle_calls[:3] == ["text-before 0-4", "visual 5-76", "text-after 77-82"]
     assert [p.key.text() for p in c.pairs if p.key.op == "sdpa" and p.key.layer == 0 and p.key.step == 0] == [

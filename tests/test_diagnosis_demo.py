@@ -186,6 +186,81 @@ def test_a_kv_cache_saved_through_x_plus_zero_is_local_at_k_cache_and_the_plus_z
     assert op.classification.local is not None and op.classification.local.differing == 2
 
 
+def test_a_copy_of_the_oracles_route_never_names_the_oracles_contract_nor_the_natives_closest(tmp_path: Path) -> None:
+    """Neither side's SwiGLU is a candidate's here: `copy.plus_zero` (the route's output + 0.0) is
+    that route itself, bit-exact against it whenever it holds no -0.0, and was named as the oracle's
+    contract and as the native's closest."""
+    rng = np.random.default_rng(7)
+    gate, up = bf16_bits(rng.standard_normal((3, 8))), bf16_bits(rng.standard_normal((3, 8)))
+    act = bf16_bits(rng.standard_normal((3, 8)))
+    shifted = act.copy()
+    shifted[0, 0] += 1
+
+    def capture(name: str, out: np.ndarray) -> Path:
+        tensors = [T(op, bits, layer=0, dtype="bfloat16") for op, bits in (("ffn_gate", gate), ("ffn_up", up), ("ffn_act", out))]
+        return write_capture(tmp_path / f"{name}.h5", name, tensors, [(0, 5, False)])
+
+    (op,) = diagnose((capture("native", shifted), capture("oracle", act))).ops
+    assert op.key == OpKey(0, "prefill", 0, "ffn_act") and op.classification.locality == Locality.LOCAL
+    assert op.native_ran is None and op.oracle_ran is None
+    assert op.closest is not None and op.closest != "copy.plus_zero"
+    copy = next(c for c in op.candidates if c.id == "copy.plus_zero")
+    assert copy.vs_native is not None and copy.vs_oracle_route is None
+
+
+@pytest.mark.parametrize(
+    ("oracle_up", "said"),
+    [
+        (None, "the native capture has ffn_up, but the comparison left it unpaired (no_partner: no oracle record for step 0 prefill layer 0 ffn_up)"),
+        ("wider", "the native capture has ffn_up, but the comparison left it unpaired (shape_mismatch: canonical shapes differ: native [3, 4] vs oracle [3, 8])"),
+    ],
+)
+def test_an_input_the_native_holds_without_a_partner_is_named_as_unpaired_not_as_missing_from_the_native(tmp_path: Path, oracle_up: str | None, said: str) -> None:
+    rng = np.random.default_rng(9)
+    gate, up, act = (bf16_bits(rng.standard_normal((3, width))) for width in (4, 8, 4))
+    shifted = act.copy()
+    shifted[1, 1] += 1
+    native = write_capture(tmp_path / "n.h5", "native", [T(op, bits, layer=0, dtype="bfloat16") for op, bits in (("ffn_gate", gate), ("ffn_up", up[:, :4].copy()), ("ffn_act", shifted))], [(0, 5, False)])
+    oracle_ops = [("ffn_gate", gate), ("ffn_act", act)] + ([("ffn_up", up)] if oracle_up else [])
+    oracle = write_capture(tmp_path / "o.h5", "oracle", [T(op, bits, layer=0, dtype="bfloat16") for op, bits in oracle_ops], [(0, 5, False)])
+    (op,) = diagnose((native, oracle)).ops
+    assert op.key == OpKey(0, "prefill", 0, "ffn_act") and op.classification.locality == Locality.UNDETERMINED
+    assert said in op.classification.why and "has no ffn_up" not in op.classification.why
+
+
+def test_an_op_after_the_shared_eos_is_not_diagnosed_and_a_finding_no_rerun_explains_is_named(tmp_path: Path) -> None:
+    rng = np.random.default_rng(10)
+    bits = [bf16_bits(rng.standard_normal((1, 8))) for _ in range(3)]
+    changed = bits[2].copy()
+    changed[0, 3] += 1
+    tokens = [(0, 5, False), (1, 9, True), (2, 4, False)]
+    native = write_capture(tmp_path / "n.h5", "native", [T("ffn_act", b, step=s, segment="decode" if s else "prefill", layer=0, dtype="bfloat16") for s, b in enumerate([*bits[:2], changed])], tokens)
+    oracle = write_capture(tmp_path / "o.h5", "oracle", [T("ffn_act", b, step=s, segment="decode" if s else "prefill", layer=0, dtype="bfloat16") for s, b in enumerate(bits)], tokens)
+    after = diagnose((native, oracle), mode="op", key=OpKey(2, "decode", 0, "ffn_act"))
+    assert after.ops == [] and after.verdict == "That op is after the shared EOS step: invalid, never a failure; nothing to diagnose there."
+
+    wider = write_capture(tmp_path / "w.h5", "native", [T("ffn_act", np.zeros((1, 8), np.float32), layer=0), T("ffn_up", bits[0], layer=0, dtype="bfloat16")], [(0, 5, False)])
+    narrow = write_capture(tmp_path / "x.h5", "oracle", [T("ffn_act", bits[0], layer=0, dtype="bfloat16"), T("ffn_up", bits[0], layer=0, dtype="bfloat16")], [(0, 5, False)])
+    found = diagnose((wider, narrow))
+    assert found.ops == [] and found.comparison_word == "DIVERGENCE"
+    assert found.verdict.startswith(
+        "Nothing to diagnose: no aligned op before any shared EOS differs (DIVERGENCE); the comparison's first finding is unaligned at 0:prefill:0:ffn_act (native 'ffn_act': dtype_mismatch"
+    )
+
+
+def test_an_op_named_without_its_positions_gets_the_keys_it_was_paired_under_and_one_file_twice_is_said(
+    demo_pairs: dict, capsys: pytest.CaptureFixture[str]
+) -> None:
+    native, oracle = (str(p) for p in demo_pairs["attention-contract"])
+    assert main(["diagnose", native, oracle, "--align", "positions", "--op", "0:visual:0:sdpa"]) == 2
+    assert capsys.readouterr().err == (
+        "parity-xray diagnose: 0:visual:0:sdpa is not an aligned op of this comparison: the records were paired by position, "
+        "and this op's pairs are 0:visual:0:sdpa@5-76\n"
+    )
+    assert main(["diagnose", native, native]) == 0
+    assert "SAME FILE: the native and the oracle are one file, so every op is bit-exact whatever it holds" in capsys.readouterr().out
+
+
 def test_an_f16_cache_truncated_is_local_against_one_rounded_to_nearest_which_the_store_reproduces(tmp_path: Path) -> None:
     """float32 keys stored in an F16 cache: `cache.store` rounds once, to nearest even, as F16C and
     MLX's astype do, so it is the oracle's contract bit for bit; a native that truncates instead

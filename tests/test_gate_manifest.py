@@ -142,8 +142,8 @@ def test_the_command_exits_2_on_a_bad_manifest_before_starting_any_cluster(tmp_p
     assert capsys.readouterr().err == f"parity-xray gate: bad manifest: {path}:1: case 1: needs 'oracle', the path of its oracle capture\n"
 
 
-def _case(name: str, word: str, key: str | None = None, rules: tuple[str, ...] = ()) -> CaseResult:
-    first = None if key is None else CaseFinding("diverged", key, "")
+def _case(name: str, word: str, key: str | None = None, rules: tuple[str, ...] = (), kind: str = "diverged") -> CaseResult:
+    first = None if key is None else CaseFinding(kind, key, "")
     return CaseResult(name, "n.h5", "o.h5", word, first, [], list(rules), CaseTokens(64, 64, False, None, None), None, EOS_STOP, Tolerance(), None, None)
 
 
@@ -153,6 +153,14 @@ def test_the_summary_line_counts_passes_then_each_failing_word_with_its_first_ke
     assert summary_line(cases) == "38/40 pass; 1 divergence at 0:visual:17:sdpa; 1 unusable"
     cases = [_case(f"d{i}", "DIVERGENCE", f"0:visual:{i % 4}:sdpa") for i in range(6)] + [_case("e", "PARITY", rules=("no shared EOS within 64 token steps",))]
     assert summary_line(cases) == "0/7 pass; 6 divergence at 0:visual:0:sdpa ×2, 0:visual:1:sdpa ×2, 0:visual:2:sdpa and 1 more; 1 no shared EOS"
+
+
+def test_the_summary_line_names_a_first_findings_kind_where_that_kind_is_not_what_made_the_word() -> None:
+    cases = [_case("tokens", "DIVERGENCE", "0:prefill:0:sdpa", kind="dispatch-only"), _case("bits", "DIVERGENCE", "0:prefill:0:ffn_act")]
+    cases += [_case("unaligned", "DIVERGENCE", "1:decode:-1:logits", kind="unaligned"), _case("zeros", "SIGNED-ZERO-ONLY", "0:prefill:0:l_out", kind="signed-zero-only")]
+    assert summary_line(cases) == (
+        "0/4 pass; 3 divergence at 0:prefill:0:sdpa (dispatch-only), 0:prefill:0:ffn_act, 1:decode:-1:logits; 1 signed-zero-only at 0:prefill:0:l_out"
+    )
 
 
 def test_a_manifest_that_is_a_fifo_is_refused_at_once_instead_of_waiting_for_a_writer(tmp_path: Path) -> None:

@@ -308,18 +308,20 @@ def test_pairing_by_position_in_the_window_is_what_report_and_a_saved_session_sa
     assert [a.isChecked() for a in win.alignment_actions.actions()] == [True, False, False]
     by_position.trigger()
     qtbot.waitUntil(lambda: not win.tasks.busy and win.model.comparison is not None and win.model.comparison.comparison.alignment.mode == "positions", timeout=WAIT_MS)
-    assert win.verdict_strip.word.text() == PARITY and by_position.isChecked()
-    assert main(["report", str(native), str(oracle), "--align", "positions"]) == 0
-    assert capsys.readouterr().out.startswith("PARITY: ")
+    by_position_headline = "DISPATCH-ONLY: first dispatch-only at 0:text-after:0:sdpa@"
+    assert win.verdict_strip.word.text() == DISPATCH_ONLY and by_position.isChecked()
+    assert "first dispatch-only at 0:text-after:0:sdpa@" in win.verdict_strip.detail.text(), "runs cut alike compare their calls by position too"
+    assert main(["report", str(native), str(oracle), "--align", "positions"]) == 1
+    assert capsys.readouterr().out.startswith(by_position_headline)
 
     saved = tmp_path / "pairing.xray"
     win.session_file.choose_path = lambda _purpose: saved
     assert win.session_file.save_as()
     win.close()
-    assert main(["report", "--session", str(saved)]) == 0, "the session's pairing, as the window showed it"
-    assert capsys.readouterr().out.startswith("PARITY: ")
+    assert main(["report", "--session", str(saved)]) == 1, "the session's pairing, as the window showed it"
+    assert capsys.readouterr().out.startswith(by_position_headline)
     assert main(["report", "--session", str(saved), "--align", "calls"]) == 1, "a mode given on the command line wins"
-    assert capsys.readouterr().out.startswith("DISPATCH-ONLY: ")
+    assert capsys.readouterr().out.startswith("DISPATCH-ONLY: first dispatch-only at 0:text-after:0:sdpa (")
 
     reopened = MainWindow(ViewerSettings(tmp_path / "again.ini"))
     qtbot.addWidget(reopened)

@@ -169,7 +169,7 @@ def test_report_after_editing_a_profile_prints_the_edited_result_not_the_cached_
     first = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("First finding:"))
     assert first == "First finding: unaligned at 0:prefill:0:ffn_down", "no rerun or diagnose offered for a record without a partner"
     document = json.loads(report.read_text())
-    assert document["version"] == 4 and document["pairs"] == []
+    assert document["version"] == 5 and document["pairs"] == []
     assert document["native_profile_identity"]["path"] == str(profile.resolve())
     assert sorted(u["reason"] for u in document["unaligned"]) == ["no_partner", "no_partner"]
 
@@ -179,7 +179,7 @@ def test_a_version_1_document_is_refused_by_name(tmp_path: Path) -> None:
     assert _run(*_pair(tmp_path, flip=False), "--json", str(report)) == 0
     document = json.loads(report.read_text())
     document["version"] = 1
-    with pytest.raises(ReportFormatError, match="not a parity-xray-report version 4 document"):
+    with pytest.raises(ReportFormatError, match="not a parity-xray-report version 5 document"):
         loads(json.dumps(document))
 
 
@@ -232,14 +232,61 @@ def test_an_unusable_input_leaves_no_report_behind_where_an_earlier_run_wrote_on
     assert not out_json.exists() and not out_html.exists(), "a CI step must not read the earlier pair's PARITY as this one's"
 
 
-def test_pairing_runs_cut_alike_by_position_says_why_dispatch_is_not_compared_and_how_to_compare_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    native, oracle = _pair(tmp_path, flip=False)
+def test_runs_cut_alike_paired_by_position_compare_their_attention_calls_as_paired_by_calls(
+    tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    native, oracle = (str(p) for p in demo_pairs["head-chunk"])
     out_html = tmp_path / "r.html"
-    assert _run(native, oracle, "--align", "positions", "--html", str(out_html)) == 0
-    why = "not compared: records were paired by position (--align positions), although both runs made the same calls; the default alignment compares their attention calls"
+    assert _run(native, oracle, "--align", "positions", "--html", str(out_html)) == 1, "--align positions turned this dispatch difference into PARITY"
     text = capsys.readouterr().out
-    assert f"Dispatch\n  {why}\n" in text and "cut into different calls" not in text
+    assert text.startswith("DISPATCH-ONLY: first dispatch-only at 0:text-after:0:sdpa@") and "not compared" not in text
+    assert _run(native, oracle) == 1
+    assert capsys.readouterr().out.startswith("DISPATCH-ONLY: first dispatch-only at 0:text-after:0:sdpa (")
+
+
+def test_a_capture_that_records_no_attention_calls_leaves_them_uncompared_and_never_dispatch_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An imported oracle has no dispatch table: every attention op of a bit-identical pair against
+    a recorder that writes one was dispatch-only."""
+    attention = bf16_bits(np.linspace(-2, 2, 32).reshape(4, 8))
+    call = dict(kv_group=-1, head_start=0, head_count=4, q_heads=4, kv_heads=1, q_rows=4, kv_len=4, head_dim=8, primitive="fallback")
+    native = write_capture(tmp_path / "n.h5", "native", [T("sdpa", attention, layer=0, dtype="bfloat16", dispatch=[call])], [(0, 1, False)])
+    oracle = write_capture(tmp_path / "o.h5", "oracle", [T("sdpa", attention, layer=0, dtype="bfloat16")], [(0, 1, False)])
+    out_json, out_html = tmp_path / "r.json", tmp_path / "r.html"
+    assert _run(str(native), str(oracle), "--json", str(out_json), "--html", str(out_html)) == 0
+    why = "not compared: the oracle capture records no attention calls (no dispatch table), so how its engine split the work is unknown"
+    text = capsys.readouterr().out
+    assert text.startswith("PARITY: ") and f"Dispatch\n  {why}\n" in text
+    document = json.loads(out_json.read_text())
+    assert document["dispatch_not_compared"] == why and document["dispatch_differences"] == [] and document["verdict"]["word"] == "PARITY"
     assert why in out_html.read_text()
+    assert _run(str(native), str(native)) == 0
+    assert "Dispatch\n  no differences\n" in capsys.readouterr().out
+    neither = write_capture(tmp_path / "n2.h5", "native", [T("sdpa", attention, layer=0, dtype="bfloat16")], [(0, 1, False)])
+    assert _run(str(neither), str(oracle)) == 0
+    assert "Dispatch\n  not compared: neither capture records its attention calls\n" in capsys.readouterr().out
+
+
+def test_an_output_named_dash_is_refused_instead_of_written_as_a_file_named_dash(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    native, oracle = _pair(tmp_path, flip=False)
+    monkeypatch.chdir(tmp_path)
+    assert _run(native, oracle, "--json", "-") == 2
+    assert capsys.readouterr().err.endswith("--json - would be a file named '-' in this folder: outputs are files (the text goes to standard output); name a path\n")
+    assert not (tmp_path / "-").exists()
+
+
+def test_a_parity_over_captures_without_tokens_does_not_say_the_tokens_agree(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    x = bf16_bits(np.linspace(-2, 2, 24).reshape(4, 6))
+    native = write_capture(tmp_path / "n.h5", "native", [T("layer_out", x, layer=0, dtype="bfloat16")])
+    oracle = write_capture(tmp_path / "o.h5", "oracle", [T("layer_out", x, layer=0, dtype="bfloat16")])
+    out_json = tmp_path / "r.json"
+    assert _run(str(native), str(oracle), "--json", str(out_json)) == 0
+    headline = "PARITY: every aligned op before the shared EOS is bit-exact or within tolerance, and no token steps were recorded to compare"
+    assert capsys.readouterr().out.startswith(headline + "\n")
+    verdict = json.loads(out_json.read_text())["verdict"]
+    assert verdict["headline"] == headline and verdict["tokens_compared"] is False
+    with_tokens = _pair(tmp_path, flip=False)
+    assert _run(*with_tokens) == 0
+    assert capsys.readouterr().out.startswith("PARITY: every aligned op before the shared EOS is bit-exact or within tolerance, and the tokens agree\n")
 
 
 def test_a_zero_tolerance_on_the_command_line_is_bit_exact_as_in_the_window_and_a_session(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

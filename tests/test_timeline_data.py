@@ -20,6 +20,7 @@ from sessions.compare.comparison import iter_compare
 from sessions.compare.options import CompareOptions
 from sessions.compare.verdict import PARITY
 from sessions.progress import run_to_end
+from tests.hand_captures import T, write_capture
 from tests.timeline_captures import write_dispatch_capture
 
 
@@ -53,15 +54,25 @@ def test_calls_of_records_after_the_shared_eos_are_not_dispatch_differences_of_a
 
 
 @pytest.mark.slow
-def test_runs_paired_by_position_keep_each_sides_calls_apart_and_say_dispatch_was_not_compared(demo_pairs: dict) -> None:
+def test_runs_cut_alike_paired_by_position_share_their_calls_slots_and_show_the_same_differences_as_paired_by_calls(demo_pairs: dict) -> None:
     native, oracle = demo_pairs["head-chunk"]
     with open_capture(native) as n, open_capture(oracle) as o:
-        comparison = run_to_end(iter_compare(n, o, CompareOptions(alignment="positions")))
-        timeline = build_timeline(n, o, comparison)
-    assert not timeline.differs.any() and not timeline.one_sided.any()
-    native_slots, oracle_slots = set(timeline.slot[timeline.side == 0].tolist()), set(timeline.slot[timeline.side == 1].tolist())
-    assert native_slots.isdisjoint(oracle_slots)
-    assert "; dispatch not compared: records were paired by position (--align positions)" in timeline_summary(timeline)
+        by_calls = build_timeline(n, o, run_to_end(iter_compare(n, o)))
+        by_position = build_timeline(n, o, run_to_end(iter_compare(n, o, CompareOptions(alignment="positions"))))
+    assert by_position.differs.any() and np.array_equal(by_position.differs, by_calls.differs)
+    assert np.array_equal(by_position.slot, by_calls.slot) and not by_position.one_sided.any()
+    assert timeline_summary(by_position) == timeline_summary(by_calls)
+    assert "not compared" not in timeline_summary(by_position)
+
+
+def test_a_capture_without_dispatch_keeps_the_others_calls_apart_and_says_they_were_not_compared(tmp_path: Path) -> None:
+    native = write_dispatch_capture(tmp_path / "n.h5", role="native", ops=4, heads_per_call=0, q_heads=8, kv_heads=2, primitive="fallback", device="cpu")
+    with open_capture(native) as n:
+        oracle = write_capture(tmp_path / "o.h5", "oracle", [T(r.name, n.read_values(r), layer=r.layer, step=r.step, segment=r.segment) for r in n.records])
+    with open_capture(native) as n, open_capture(oracle) as o:
+        timeline = build_timeline(n, o, run_to_end(iter_compare(n, o)))
+    assert len(timeline) and not timeline.differs.any() and not timeline.one_sided.any()
+    assert "; dispatch not compared: the oracle capture records no attention calls" in timeline_summary(timeline)
 
 
 def test_a_recorded_primitive_the_predictor_disagrees_with_is_flagged(tmp_path: Path) -> None:

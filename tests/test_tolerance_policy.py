@@ -15,10 +15,15 @@ from sessions.compare.in_child import options_from_json, options_to_json
 from sessions.compare.key import OpKey
 from sessions.compare.options import CompareOptions
 from sessions.compare.tensor_diff import Tolerance
-from sessions.compare.tolerance_policy import MAX_POLICY_BYTES, PolicyError, load_policy
-from sessions.compare.verdict import DIVERGENCE, PARITY, Kind
+from sessions.compare.tolerance_policy import (
+    MAX_POLICY_BYTES,
+    PolicyError,
+    ToleranceRule,
+    load_policy,
+)
+from sessions.compare.verdict import DIVERGENCE, PARITY, SIGNED_ZERO_ONLY, Kind
 from sessions.progress import run_to_end
-from tests.hand_captures import one_ulp_pair, policy_file
+from tests.hand_captures import T, bf16_bits, one_ulp_pair, policy_file, write_capture
 from tests.side_files import fifo_without_writer, sparse_file
 
 
@@ -49,6 +54,22 @@ def test_rules_win_over_the_command_line_bounds_which_win_over_the_policy_defaul
     assert options.tolerance_for(OpKey(0, "prefill", 0, "sdpa"), "bfloat16") == Tolerance(max_ulp=2)
     assert CompareOptions(policy=policy).tolerance_for(OpKey(0, "prefill", 0, "sdpa"), "bfloat16") == Tolerance(max_ulp=9)
     assert options_from_json(options_to_json(options)) == options, "the policy crosses to the comparing child intact"
+
+
+@pytest.mark.parametrize("policy", ['[[rule]]\nop = "layer_out"\natol = 0\n', "[default]\natol = 0\n", '[[rule]]\nop = "layer_out"\natol = 0\nrtol = 0\nmax_ulp = 0\n'])
+def test_a_bound_of_0_in_a_policy_is_no_bound_as_on_the_command_line_so_a_signed_zero_swap_still_fails(tmp_path: Path, policy: str) -> None:
+    out = bf16_bits([[1.0, 0.0, 3.0, 4.0]])
+    swapped = out.copy()
+    swapped[0, 1] = 0x8000
+    native = write_capture(tmp_path / "n.h5", "native", [T("layer_out", swapped, layer=0, dtype="bfloat16")])
+    oracle = write_capture(tmp_path / "o.h5", "oracle", [T("layer_out", out, layer=0, dtype="bfloat16")])
+    loaded = load_policy(policy_file(tmp_path, policy))
+    with open_capture(native) as n, open_capture(oracle) as o:
+        by_policy = run_to_end(iter_compare(n, o, CompareOptions(policy=loaded)))
+        by_command_line = run_to_end(iter_compare(n, o, CompareOptions(atol=0.0)))
+    assert [p.verdict for p in by_policy.pairs] == [p.verdict for p in by_command_line.pairs] == [Kind.SIGNED_ZERO_ONLY]
+    assert by_policy.verdict.word == by_command_line.verdict.word == SIGNED_ZERO_ONLY
+    assert loaded.rule_for(OpKey(0, "prefill", 0, "layer_out"), "bfloat16") in (None, ToleranceRule(op="layer_out"))
 
 
 def test_report_takes_the_policy_and_every_output_says_which_ops_passed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -461,7 +461,7 @@ REGISTRY: tuple[Candidate, ...] = (
     Candidate(
         "copy.plus_zero", ALL_OPS,
         "the op as the oracle's route computes it, then an extra x + 0.0 copy: every -0.0 becomes +0.0, nothing else changes",
-        "seed 001: a deep clone taken as x + 0 (the signed-zero trap)", _plus_zero, _needs_route_output,
+        "seed 001: a deep clone taken as x + 0 (the signed-zero trap)", _plus_zero, _needs_route_output, of_route=True,
     ),
 )
 

@@ -51,7 +51,7 @@ from sessions.capture.reader import Capture
 from sessions.compare.comparison import Comparison, PairResult
 from sessions.compare.key import OpKey
 from sessions.compare.profiles import whole_op
-from sessions.compare.verdict import Kind
+from sessions.compare.verdict import Finding, Kind
 from sessions.progress import Progress, ProgressGenerator
 
 MODES = ("op", "first", "all")
@@ -182,8 +182,9 @@ def _search(session: RerunSession, found: Classification) -> OpDiagnosis:
     exact = [c.id for c in ran if c.vs_native is not None and c.vs_native.bit_exact]
     result.native_ran = _preferred(exact, result.native_declared)
     result.also_exact = [i for i in exact if i != result.native_ran]
-    if result.native_ran is None and ran:
-        result.closest = min(ran, key=lambda c: c.vs_native.closeness()).id  # type: ignore[union-attr]
+    computed = [c for c in ran if c.id not in {d.id for d in candidates_for(key.op) if d.of_route}]
+    if result.native_ran is None and computed:
+        result.closest = min(computed, key=lambda c: c.vs_native.closeness()).id  # type: ignore[union-attr]
     oracle_shape = call_shape(session.captured["oracle"], key)
     shaped = [c for c in candidates_for(key.op) if any(oracle_shape[f] != getattr(inputs, f) for f in c.follows)]
     if shaped:
@@ -224,9 +225,24 @@ def _targets(comparison: Comparison, options: DiagnoseOptions) -> list[PairResul
         assert options.key is not None
         pair = next((p for p in comparison.pairs if p.key == options.key), None)
         if pair is None:
-            raise ValueError(f"{options.key} is not an aligned op of this comparison")
-        return [pair] if not pair.metrics.bit_exact else []
+            raise ValueError(_not_aligned(comparison, options.key))
+        return [pair] if not pair.metrics.bit_exact and not pair.post_eos else []
     return differing
+
+
+def _not_aligned(comparison: Comparison, key: OpKey) -> str:
+    """Why `--op KEY` names no pair, with what the user may have meant: the op's pairs when the
+    runs were paired by position (their keys carry positions), or its records without a partner."""
+    place = key._replace(positions=())
+    said = f"{key} is not an aligned op of this comparison"
+    cut = [p.key.text() for p in comparison.pairs if p.key.positions and p.key._replace(positions=()) == place]
+    if cut:
+        more = f" and {len(cut) - 3} more" if len(cut) > 3 else ""
+        return f"{said}: the records were paired by position, and this op's pairs are {', '.join(cut[:3])}{more}"
+    alone = [u for u in (*comparison.unaligned, *comparison.post_eos_unaligned) if u.key is not None and u.key._replace(positions=()) == place]
+    if alone:
+        return f"{said}: " + "; ".join(f"its {u.side} record {u.name!r} has no partner ({u.reason}: {u.detail})" for u in alone)
+    return said
 
 
 def iter_diagnose(native: Capture, oracle: Capture, comparison: Comparison, options: DiagnoseOptions = DiagnoseOptions()) -> ProgressGenerator[Diagnosis]:
@@ -239,6 +255,7 @@ def iter_diagnose(native: Capture, oracle: Capture, comparison: Comparison, opti
     yield Progress(0, max(1, len(targets)), "finding records by canonical key")
     session = RerunSession(native, oracle, comparison)
     diagnosis = Diagnosis(str(native.path), str(oracle.path), options.mode, "", comparison.verdict.word)
+    diagnosis.notes.extend(comparison.provenance.warnings)  # one file twice, other weights: said as report says them
     locals_found = 0
     for number, pair in enumerate(targets):
         yield Progress(number, len(targets), f"classifying {pair.key.text()}")
@@ -259,7 +276,8 @@ def iter_diagnose(native: Capture, oracle: Capture, comparison: Comparison, opti
         diagnosis.dispatch.append(_dispatch_note(session, comparison, pair))
     if options.mode == "all" and options.budget and diagnosis.local_chain:
         diagnosis.budget = yield from _iter_budget(session, comparison, diagnosis)
-    diagnosis.verdict = verdict_sentence(diagnosis, len(targets), len(dispatch_only))
+    after_eos = options.mode == "op" and any(p.post_eos for p in comparison.pairs if p.key == options.key)
+    diagnosis.verdict = verdict_sentence(diagnosis, len(targets), len(dispatch_only), comparison.verdict.first, after_eos)
     if options.mode == "first" and len(diagnosis.ops) < len(targets):
         diagnosis.notes.append(f"Stopped after {locals_found} local op(s); {len(targets) - len(diagnosis.ops)} later diverged op(s) were not classified (--all classifies every one).")
     diagnosis.seconds = time.perf_counter() - started
@@ -345,8 +363,10 @@ def _exact_clause(found: Classification) -> str:
     return " Against the float64 reference both are equally close." if found.closer_to_exact == "tie" else ""
 
 
-def verdict_sentence(diagnosis: Diagnosis, diverged: int, dispatch_only: int) -> str:
-    """The one sentence every surface leads with."""
+def verdict_sentence(diagnosis: Diagnosis, diverged: int, dispatch_only: int, finding: Finding | None = None, after_eos: bool = False) -> str:
+    """The one sentence every surface leads with. `finding`: the comparison's first finding, named
+    when no op's bits are there to explain it (a record without a partner, tokens); `after_eos`:
+    the op `--op` named is after the shared EOS step."""
     chain = diagnosis.local_chain
     if chain:
         first = chain[0]
@@ -382,6 +402,11 @@ def verdict_sentence(diagnosis: Diagnosis, diverged: int, dispatch_only: int) ->
             f"(MLX runs every SDPA call as its decomposed fallback on a CPU); on Metal the calls would take different kernels, "
             f"which this CPU cannot measure."
         )
+    if after_eos:
+        return "That op is after the shared EOS step: invalid, never a failure; nothing to diagnose there."
     if diverged == 0 and diagnosis.mode == "op":
         return "That op is bit-exact: nothing to diagnose there."
-    return f"Nothing to diagnose: no aligned op before any shared EOS differs ({diagnosis.comparison_word})."
+    nothing = f"Nothing to diagnose: no aligned op before any shared EOS differs ({diagnosis.comparison_word})"
+    if finding is not None:
+        return f"{nothing}; the comparison's first finding is {finding.kind} at {finding.key} ({finding.detail}), which no rerun explains."
+    return nothing + "."

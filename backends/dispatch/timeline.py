@@ -17,7 +17,6 @@ import numpy as np
 from backends.kernels import metal_routes
 from sessions.capture import format as cf
 from sessions.capture.reader import Capture
-from sessions.compare.align_modes import POSITIONS
 from sessions.compare.comparison import Comparison
 from sessions.compare.key import OpKey
 
@@ -118,16 +117,16 @@ def build_timeline(native: Capture, oracle: Capture, comparison: Comparison) -> 
 
     Slots and differences come from `comparison` (its pairs and dispatch differences), never
     from a second alignment; a call of a record the comparison left unaligned gets a slot of its
-    own. Runs paired by position are not compared call by call (one record spans several pairs),
-    so each side's records keep slots of their own there."""
+    own. Where the comparison did not compare the calls (runs cut differently, where one record
+    spans several pairs; a capture that records none), each side's records keep slots of their own."""
     captures = (native, oracle)
     keys = _keys_by_seq(comparison)
-    by_position = comparison.alignment.mode == POSITIONS
+    apart = bool(comparison.dispatch_not_compared)
     slots: dict[object, int] = {}
     slot_keys: list[OpKey | None] = []
 
     def ident(side: int, seq: int) -> object:
-        return (side, seq) if by_position else keys[side].get(seq) or (side, seq)
+        return (side, seq) if apart else keys[side].get(seq) or (side, seq)
 
     for side, capture in enumerate(captures):
         for seq in dict.fromkeys(capture.dispatch["index_seq"].tolist()):
@@ -182,13 +181,13 @@ def build_timeline(native: Capture, oracle: Capture, comparison: Comparison) -> 
         t_start_ms=(both["t_start_ns"] - origin) / 1e6,
         t_end_ms=(both["t_end_ns"] - origin) / 1e6,
         differs=np.isin(slot, sorted(fields)),
-        one_sided=alone[slot] if not by_position else np.zeros(slot.size, dtype=bool),
+        one_sided=alone[slot] if not apart else np.zeros(slot.size, dtype=bool),
         route_mismatch=mismatch,
         mask_kind=[cf.decode_field(v) for v in both["mask_kind"].tolist()],
         keys=slot_keys,
         difference_fields=fields,
         versions=(native.meta.mlx_version(), oracle.meta.mlx_version()),
-        not_compared=comparison.alignment.dispatch_not_compared() if by_position else "",
+        not_compared=comparison.dispatch_not_compared,
     )
 
 

@@ -36,6 +36,7 @@ from backends.recorders.model_config import (
 )
 from sessions.bits.dtypes import logical_dtype
 from sessions.capture.reader import Capture
+from sessions.compare.align import UnalignedRecord
 from sessions.compare.key import OpKey
 from sessions.compare.mapped_record import MappedRecord
 from sessions.compare.profiles import STAGE_OF
@@ -143,17 +144,29 @@ class CapturedOps:
     config_problem: str = ""
     """Why a weights file's config could not be read ("; x.gguf: ..."), for the message of a
     rerun that needs a scalar neither capture names."""
+    unpaired: dict[OpKey, str] = field(default_factory=dict)
+    """This side's records the comparison left without a partner, by canonical key: why
+    (`lacks`). Such a record is there, so "the capture has no ..." blamed the wrong capture."""
 
     @classmethod
-    def build(cls, capture: Capture, side: str, records: dict[OpKey, MappedRecord]) -> "CapturedOps":
-        """`records` are this side's records as the comparison paired them (sessions.compare.pair_tensors.aligned_records)."""
+    def build(cls, capture: Capture, side: str, records: dict[OpKey, MappedRecord], unaligned: list[UnalignedRecord]) -> "CapturedOps":
+        """`records` are this side's records as the comparison paired them (sessions.compare.pair_tensors.aligned_records);
+        `unaligned` the comparison's records without a partner, both sides'."""
         first_seq: dict[tuple[int, str], int] = {}
         for record in capture.records:
             first_seq.setdefault((record.step, record.segment), record.seq)
         positions = sorted(first_seq, key=first_seq.__getitem__)
         provenance = capture.meta.provenance if isinstance(capture.meta.provenance, dict) else {}
         config = provenance.get("config", {})
-        return cls(side, capture, records, positions, config if isinstance(config, dict) else {})
+        unpaired = {u.key: f"{u.reason}: {u.detail}" for u in unaligned if u.side == side and u.key is not None}
+        return cls(side, capture, records, positions, config if isinstance(config, dict) else {}, unpaired=unpaired)
+
+    def lacks(self, step: int, segment: str, layer: int, op: str, shown: str | None = None) -> str:
+        """What this side "has" of an input it has no paired record of: "no OP", or the record
+        and why the comparison left it unpaired. `shown`: the name the message gives the op."""
+        why = self.unpaired.get(OpKey(step, segment, layer, op))
+        name = shown or op
+        return f"{name}, but the comparison left it unpaired ({why})" if why else f"no {name}"
 
     def find(self, step: int, segment: str, layer: int, op: str, positions: tuple[int, ...] = ()) -> MappedRecord | None:
         """The record paired under this key; `positions` when the comparison aligned by position."""
@@ -441,7 +454,9 @@ def _and(names: list[str]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
-def _missing_message(key: OpKey, side: str, needs: tuple[str, ...], missing: list[str], where: str) -> str:
+def _missing_message(key: OpKey, ops: CapturedOps, needs: tuple[str, ...], missing: list[tuple[str, int, str]], where: str) -> str:
+    """`missing`: (name in `needs`, layer, op) of each input this side has no paired record of."""
+
     def short(name: str) -> str:
         if name == LAYER_INPUT:
             return "the layer input"
@@ -449,8 +464,12 @@ def _missing_message(key: OpKey, side: str, needs: tuple[str, ...], missing: lis
 
     layer = f" of layer {key.layer}" if key.layer >= 0 else ""
     title = "SDPA" if key.op == "sdpa" else key.op
-    gone = _and(list(dict.fromkeys(short(m) for m in missing)))
-    return f"{title} rerun needs {_and([short(n) for n in needs])}{layer}; the {side} capture has no {gone} ({where})"
+    shown = [(op if name == LAYER_INPUT else short(name), at, op) for name, at, op in missing]
+    unpaired = [(name, at, op) for name, at, op in shown if OpKey(key.step, key.segment, at, op) in ops.unpaired]
+    absent = [name for name, at, op in shown if (name, at, op) not in unpaired]
+    said = [f"no {_and(list(dict.fromkeys(absent)))}"] if absent else []
+    said += [ops.lacks(key.step, key.segment, at, op, name) for name, at, op in unpaired]
+    return f"{title} rerun needs {_and([short(n) for n in needs])}{layer}; the {ops.side} capture has {'; and '.join(said)} ({where})"
 
 
 def layer_input_key(ops: CapturedOps, step: int, segment: str, layer: int) -> tuple[int, str]:
@@ -528,7 +547,7 @@ def gather(
         raise RerunInputError(f"{key.op} cannot be rerun: {why}")
     needs = OP_INPUTS[key.op]
     arrays: dict[str, mx.array] = {}
-    missing: list[str] = []
+    missing: list[tuple[str, int, str]] = []
     for name in needs:
         if name == LAYER_INPUT:
             layer, op = layer_input_key(ops, key.step, key.segment, key.layer)
@@ -536,12 +555,12 @@ def gather(
             layer, op = key.layer, name
         mapped = ops.find(key.step, key.segment, layer, op, key.positions)
         if mapped is None:
-            missing.append(op if name == LAYER_INPUT else name)
+            missing.append((name, layer, op))
         else:
             arrays[name] = ops.array(mapped)
     where = f"looked at step {key.step} {key.segment}"
     if missing:
-        raise RerunInputError(_missing_message(key, ops.side, needs, missing, where))
+        raise RerunInputError(_missing_message(key, ops, needs, missing, where))
     history = kv_history(ops, key) if key.op == "sdpa" else {}
     weight = weights.get(key.op, key.layer, input_width(key.op, arrays)) if key.op in WEIGHT_NAMES else None
     params = op_params(ops, key, arrays, weight, mask_side)

@@ -320,7 +320,7 @@ def _segment_start(source: CapturedOps, key: OpKey) -> dict[str, mx.array]:
     if mapped is None:
         raise RerunInputError(
             f"a {key.op.replace('_', ' ')} rerun of layer {key.layer} needs the layer's input ({op} of "
-            f"{'layer ' + str(layer) if layer >= 0 else 'the model'}); the {source.side} capture has no {op} at step {key.step} {key.segment}"
+            f"{'layer ' + str(layer) if layer >= 0 else 'the model'}); the {source.side} capture has {source.lacks(key.step, key.segment, layer, op)} at step {key.step} {key.segment}"
         )
     return {LAYER_INPUT: source.array(mapped)}
 
@@ -334,10 +334,11 @@ class RerunSession:
 
     def __init__(self, native: Capture, oracle: Capture, comparison: Comparison) -> None:
         native_records, oracle_records = aligned_records(native, oracle, comparison)
+        unpaired = [*comparison.unaligned, *comparison.post_eos_unaligned]
         self.native, self.oracle, self.comparison = native, oracle, comparison
         self.captured = {
-            "native": CapturedOps.build(native, "native", native_records),
-            "oracle": CapturedOps.build(oracle, "oracle", oracle_records),
+            "native": CapturedOps.build(native, "native", native_records, unpaired),
+            "oracle": CapturedOps.build(oracle, "oracle", oracle_records, unpaired),
         }
         share_config(self.captured["native"], self.captured["oracle"])
         self._weights: dict[tuple[str, str | None], WeightSource] = {}

@@ -99,7 +99,10 @@ def _path_problem(path: str | Path, in_a_folder: bool = True) -> str | None:
     """Why no file can be written at `path` ("is a folder; ..."), or None. Anything there but a
     regular file is refused: an atomic write puts a new file in its place, and `--json /dev/null`
     run as root replaced the device. The writer's own errors would come after the work, and
-    name its hidden temporary file."""
+    name its hidden temporary file. `-` is refused too: it reads as standard output, and a
+    file of that name appeared in the working folder instead."""
+    if str(path) == "-":
+        return "would be a file named '-' in this folder: outputs are files (the text goes to standard output); name a path"
     path = Path(path)
     try:
         mode = path.stat().st_mode

@@ -143,13 +143,6 @@ class AlignmentMode:
         batch_text = f" ({'; '.join(batch)})" if batch else ""
         return f"{'by position' if self.mode == POSITIONS else 'same calls'}{batch_text}"
 
-    def dispatch_not_compared(self) -> str:
-        """Why pairing by position leaves the attention calls uncompared, true to these runs: cut
-        differently, or cut alike and paired by position because the user asked."""
-        if self.native_calls != self.oracle_calls:
-            return "not compared: the runs were cut into different calls, so their attention calls differ by construction"
-        return "not compared: records were paired by position (--align positions), although both runs made the same calls; the default alignment compares their attention calls"
-
     def words(self) -> str:
         """One line: "same calls", or "by position: native prefill 0-1026; oracle text-before 0-4, ..."."""
         if self.mode != POSITIONS:
@@ -188,6 +181,9 @@ class Comparison:
     provenance: ProvenanceDiff
     contracts: ContractCheck
     dispatch_differences: list[DispatchDifference]
+    dispatch_not_compared: str
+    """Why the attention calls were not compared ("" when they were): runs cut into different
+    calls, or a capture that records none (`dispatch_not_compared`)."""
     pairs: list[PairResult]
     unaligned: list[UnalignedRecord]
     post_eos_unaligned: list[UnalignedRecord]
@@ -299,7 +295,8 @@ def _iter_compare(
     )
     contracts = check_contracts(alignment.pairs, routes, native.meta.engine_name == oracle.meta.engine_name)
     batches = (native.meta.batch_size, oracle.meta.batch_size)
-    dispatch = compare_dispatch(alignment.pairs, native.dispatch, oracle.dispatch, batches) if alignment.mode != POSITIONS else []
+    not_compared = dispatch_not_compared(alignment, len(native.dispatch), len(oracle.dispatch))
+    dispatch = [] if not_compared else compare_dispatch(alignment.pairs, native.dispatch, oracle.dispatch, batches)
     total = sum(pair_bytes(p) for p in alignment.pairs) or 1
     yield Progress(0, total, f"execution state checked: {len(contracts.findings)} contract finding(s), {len(dispatch)} dispatch difference(s)")
     eos = shared_eos_step(tokens_by_step(native_tokens), tokens_by_step(oracle_tokens))
@@ -328,7 +325,24 @@ def _iter_compare(
         if agreement is not None:
             _keep_logits(logits, pair, agreement)
     tokens = compare_tokens(native_tokens, oracle_tokens, {step: agreement for step, (_, agreement) in logits.items()})
-    return _assemble(native, oracle, native_profile, oracle_profile, options, alignment, contracts, dispatch, results, tokens, eos)
+    return _assemble(native, oracle, native_profile, oracle_profile, options, alignment, contracts, (dispatch, not_compared), results, tokens, eos)
+
+
+def dispatch_not_compared(alignment: Alignment, native_events: int, oracle_events: int) -> str:
+    """Why the runs' attention calls cannot be compared pair by pair ("" when they can). A
+    capture that records no calls (an import, an engine without a dispatch table) says nothing
+    about how its engine split the work: every attention op of a bit-identical pair was
+    dispatch-only against it. Runs paired by position are compared call by call when they were
+    cut alike (each record is then one pair): a user's `--align positions` turned a dispatch
+    difference into PARITY."""
+    if alignment.mode == POSITIONS and alignment.native_calls != alignment.oracle_calls:
+        return "not compared: the runs were cut into different calls, so their attention calls differ by construction"
+    unrecorded = [side for side, events in (("native", native_events), ("oracle", oracle_events)) if not events]
+    if len(unrecorded) == 2:
+        return "not compared: neither capture records its attention calls"
+    if unrecorded:
+        return f"not compared: the {unrecorded[0]} capture records no attention calls (no dispatch table), so how its engine split the work is unknown"
+    return ""
 
 
 def _records_within(capture: Capture, max_steps: int | None) -> list[Record]:
@@ -449,7 +463,7 @@ def _assemble(
     options: CompareOptions,
     alignment: Alignment,
     contracts: ContractCheck,
-    dispatch: list[DispatchDifference],
+    dispatch_check: tuple[list[DispatchDifference], str],
     results: list[PairResult],
     tokens: TokenParity,
     eos: int | None,
@@ -461,11 +475,11 @@ def _assemble(
     # Ops after the shared EOS are invalid, never failures: their contracts and attention calls
     # are no findings either (the text, the HTML and the window's card listed them as errors).
     contracts = replace(contracts, findings=[f for f in contracts.findings if eos is None or f.key.step <= eos])
-    dispatch = [d for d in dispatch if eos is None or d.key.step <= eos]
+    dispatch = [d for d in dispatch_check[0] if eos is None or d.key.step <= eos]
     by_key = contracts.by_key()
     dispatch_by_key = {d.key: d for d in dispatch}
     pair_findings = [Finding(r.verdict, r.key, _pair_detail(r, by_key, dispatch_by_key)) for r in compared if r.verdict in FAILING]
-    verdict = judge(pair_findings, token_finding(tokens, results), _unaligned_findings(unaligned), [r.verdict for r in results])
+    verdict = judge(pair_findings, token_finding(tokens, results), _unaligned_findings(unaligned), [r.verdict for r in results], tokens.compared_steps > 0)
     return Comparison(
         native_path=str(native.path),
         oracle_path=str(oracle.path),
@@ -478,6 +492,7 @@ def _assemble(
         provenance=diff_provenance(native.meta, oracle.meta, same_file(native.path, oracle.path)),
         contracts=contracts,
         dispatch_differences=dispatch,
+        dispatch_not_compared=dispatch_check[1],
         pairs=results,
         unaligned=unaligned,
         post_eos_unaligned=post_eos_unaligned,

@@ -13,6 +13,7 @@ from typing import Any
 from sessions.compare.align import AlignOverride, ManualBreak, ManualPair
 from sessions.compare.key import OpKey, RecordKey
 from sessions.compare.tensor_diff import Tolerance
+from sessions.compare.tolerance_bounds import drop_zero_bounds
 from sessions.compare.tolerance_policy import TolerancePolicy
 
 
@@ -47,11 +48,7 @@ class CompareOptions:
     only once this process would take over a second for the rest (sessions.compare.parallel_compare)."""
 
     def __post_init__(self) -> None:
-        # A bound of 0 is no bound, whoever sets it (the command line, a session, a gate manifest,
-        # where TOML has no null): all three at 0 is bit-exact, and one at 0 never narrows another.
-        for bound in ("atol", "rtol", "max_ulp"):
-            if getattr(self, bound) == 0:
-                object.__setattr__(self, bound, None)
+        drop_zero_bounds(self)
 
     @cached_property
     def tolerance(self) -> Tolerance:

@@ -25,3 +25,17 @@ def ulp_problem(value: object) -> str | None:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ULP:
         return f"must be a whole number from 0 to {MAX_ULP}"
     return None
+
+
+BOUNDS = ("atol", "rtol", "max_ulp")
+
+
+def drop_zero_bounds(holder: object) -> None:
+    """Set each of `holder`'s bounds that is 0 to None (a frozen dataclass's too, in its
+    `__post_init__`). A bound of 0 is no bound wherever it is written (the command line, a
+    session, a gate manifest, a policy file: TOML has no null): all at 0 is bit-exact, and one at 0
+    never narrows another. A policy's `atol = 0` was a real bound, within which a -0/+0 swap
+    passed, while `--atol 0` was bit-exact."""
+    for bound in BOUNDS:
+        if getattr(holder, bound) == 0:
+            object.__setattr__(holder, bound, None)

@@ -35,10 +35,14 @@ from sessions.bits.dtypes import LOGICAL_DTYPES
 from sessions.compare.key import OpKey
 from sessions.compare.profiles import CANONICAL_OPS
 from sessions.compare.tensor_diff import Tolerance
-from sessions.compare.tolerance_bounds import bound_problem, ulp_problem
+from sessions.compare.tolerance_bounds import (
+    BOUNDS,
+    bound_problem,
+    drop_zero_bounds,
+    ulp_problem,
+)
 from sessions.side_file import parse_problem, read_side_file
 
-BOUNDS = ("atol", "rtol", "max_ulp")
 MAX_POLICY_BYTES = 4 * 1024**2
 """A policy is written by hand (a few rules); 4 MiB leaves room for a generated one with thousands
 of rules, and refuses a device or a huge file before it is read whole."""
@@ -56,6 +60,9 @@ class ToleranceRule:
     op: str | None = None
     match: str | None = None
     dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        drop_zero_bounds(self)
 
     @property
     def tolerance(self) -> Tolerance:
@@ -89,13 +96,10 @@ class TolerancePolicy:
 def with_op_rules(policy: TolerancePolicy | None, per_op: Mapping[str, Tolerance], where: str) -> TolerancePolicy | None:
     """`policy` with a rule for each canonical op of `per_op` (a session's own per-op tolerances)
     ahead of its rules: the first rule that fits wins, so the session's word on an op counts over
-    a policy file's. `where` names them in reports. A bound of 0 is no bound, as everywhere."""
+    a policy file's. `where` names them in reports."""
     if not per_op:
         return policy
-    rules = tuple(
-        ToleranceRule(*(None if bound == 0 else bound for bound in (t.atol, t.rtol, t.max_ulp)), op=op)  # type: ignore[misc]
-        for op, t in per_op.items()
-    )
+    rules = tuple(ToleranceRule(t.atol, t.rtol, t.max_ulp, op=op) for op, t in per_op.items())
     if policy is None:
         return TolerancePolicy(rules, source=where)
     return TolerancePolicy(rules + policy.rules, policy.default, f"{where} and {policy.source}")

@@ -93,6 +93,11 @@ WORD_BY_KIND: tuple[tuple[frozenset[Kind], str], ...] = (
 EXIT_PARITY, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
 
 
+def word_of(kind: str) -> str:
+    """The comparison word a finding of `kind` makes on its own (PARITY for a passing kind)."""
+    return next((word for kinds, word in WORD_BY_KIND if kind in kinds), PARITY)
+
+
 @dataclass(frozen=True)
 class Finding:
     """One place where the runs part, named by its key and kind."""
@@ -112,6 +117,8 @@ class Verdict:
     """Why the comparison fails, one short line each; empty at parity."""
     counts: dict[str, int] = field(default_factory=dict)
     """Aligned pairs per kind, plus unaligned records."""
+    tokens_compared: bool = True
+    """Whether any token step was compared: captures without token tables agree on none."""
 
     @property
     def passed(self) -> bool:
@@ -125,7 +132,8 @@ class Verdict:
     def headline(self) -> str:
         """The sentence every surface leads with: the word, and where to look first."""
         if self.first is None:
-            return f"{self.word}: every aligned op before the shared EOS is bit-exact or within tolerance, and the tokens agree"
+            tokens = "the tokens agree" if self.tokens_compared else "no token steps were recorded to compare"
+            return f"{self.word}: every aligned op before the shared EOS is bit-exact or within tolerance, and {tokens}"
         return f"{self.word}: first {self.first.kind} at {self.first.key} ({self.first.detail})"
 
 
@@ -143,11 +151,14 @@ def classify_pair(
     return Kind.BIT_EXACT if bit_exact else Kind.WITHIN_TOLERANCE
 
 
-def judge(pair_findings: list[Finding], token_finding: Finding | None, unaligned_findings: list[Finding], pair_kinds: list[Kind]) -> Verdict:
+def judge(
+    pair_findings: list[Finding], token_finding: Finding | None, unaligned_findings: list[Finding], pair_kinds: list[Kind], tokens_compared: bool = True
+) -> Verdict:
     """The comparison's verdict from its classified parts.
 
     `pair_findings` are the failing pairs in execution order, `pair_kinds` every pair's kind
-    (for the counts), `unaligned_findings` the unaligned records before the shared EOS."""
+    (for the counts), `unaligned_findings` the unaligned records before the shared EOS,
+    `tokens_compared` whether any token step was compared."""
     present = {f.kind for f in pair_findings} | {f.kind for f in unaligned_findings}
     if token_finding is not None:
         present.add(Kind.TOKENS)
@@ -156,7 +167,7 @@ def judge(pair_findings: list[Finding], token_finding: Finding | None, unaligned
     counts = Counter(str(k) for k in pair_kinds)
     if unaligned_findings:
         counts[str(Kind.UNALIGNED)] = len(unaligned_findings)
-    return Verdict(word, ordered[0] if ordered else None, _reasons(pair_findings, token_finding, unaligned_findings), dict(counts))
+    return Verdict(word, ordered[0] if ordered else None, _reasons(pair_findings, token_finding, unaligned_findings), dict(counts), tokens_compared)
 
 
 def _reasons(pairs: list[Finding], token: Finding | None, unaligned: list[Finding]) -> list[str]:

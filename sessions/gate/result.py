@@ -30,6 +30,7 @@ from sessions.compare.verdict import (
     PARITY,
     SIGNED_ZERO_ONLY,
     UNUSABLE,
+    word_of,
 )
 
 GATE_FORMAT = "parity-xray-gate"
@@ -159,12 +160,19 @@ def _keys(keys: list[str]) -> str:
     return shown if len(named) <= KEYS_NAMED else f"{shown} and {len(named) - KEYS_NAMED} more"
 
 
+def _place(first: CaseFinding, word: str) -> str:
+    """The first finding's key, with its kind when that is not what makes the word: a case is a
+    DIVERGENCE for its tokens while its first finding is a dispatch-only op before them, and "2
+    divergence at" named two keys where nothing diverged."""
+    return first.key if word_of(first.kind) == word else f"{first.key} ({first.kind})"
+
+
 def summary_line(cases: list[CaseResult]) -> str:
     parts = [f"{sum(c.passed for c in cases)}/{len(cases)} pass"]
     for word in FAILING_WORDS:
         group = [c for c in cases if c.word == word]
         if group:
-            parts.append(f"{len(group)} {word.lower()} at {_keys([c.first.key for c in group if c.first is not None])}")
+            parts.append(f"{len(group)} {word.lower()} at {_keys([_place(c.first, word) for c in group if c.first is not None])}")
     for rule in RULES:
         count = sum(any(f.startswith(rule) for f in c.rule_failures) for c in cases)
         if count:

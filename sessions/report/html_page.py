@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 
 from sessions.atomic_write import atomic_write_bytes
-from sessions.compare.align_modes import POSITIONS
 from sessions.compare.comparison import (
     Comparison,
     unaligned_count,
@@ -157,8 +156,8 @@ def growth_svg(c: Comparison, width: int = FIGURE_WIDTH, height: int = FIGURE_HE
 
 
 def _dispatch(c: Comparison) -> str:
-    if not c.dispatch_differences and c.alignment.mode == POSITIONS:
-        return f"<p>Dispatch {escape(c.alignment.dispatch_not_compared())}.</p>"
+    if c.dispatch_not_compared:
+        return f"<p>Dispatch {escape(c.dispatch_not_compared)}.</p>"
     if not c.dispatch_differences:
         return "<p>No dispatch differences: every attention op made the same primitive calls on both sides.</p>"
     rows = [[f"<code>{escape(d.key.text())}</code>", escape(", ".join(d.fields)), escape(d.native_summary), escape(d.oracle_summary)] for d in c.dispatch_differences]

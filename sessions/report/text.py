@@ -100,7 +100,7 @@ def render(c: Comparison, top: int = 10, full: bool = False) -> str:
     out += [
         f"  {d.key} differs in {', '.join(d.fields)}\n    native: {d.native_summary}\n    oracle: {d.oracle_summary}"
         for d in c.dispatch_differences[:limit]
-    ] or [f"  {c.alignment.dispatch_not_compared()}" if c.alignment.mode == POSITIONS else "  no differences"]
+    ] or [f"  {c.dispatch_not_compared or 'no differences'}"]
     out += _more(len(c.dispatch_differences), limit)
     out += ["", f"Unaligned records ({len(c.unaligned)}, plus {len(c.post_eos_unaligned)} post-EOS: invalid, not failures)"]
     out += [f"  {unaligned_key(u)} {u.side} {u.name!r} (seq {u.seq}): {u.reason}: {u.detail}" for u in c.unaligned[:limit]] or ["  none"]

@@ -468,16 +468,22 @@ def _pair_by_position(
     return pairs
 
 
+def cut_alike(native_calls: list[Call], oracle_calls: list[Call]) -> bool:
+    """Whether both runs made the same forward calls for the prompt and each call both made holds
+    the same positions (a run that stops earlier is still cut alike)."""
+    prompt = [c for c in native_calls if c.step == 0], [c for c in oracle_calls if c.step == 0]
+    spans = {(c.step, c.segment): c.span for c in oracle_calls}
+    return prompt[0] == prompt[1] and all(spans.get((c.step, c.segment), c.span) == c.span for c in native_calls)
+
+
 def auto_mode(native: list[MappedRecord], oracle: list[MappedRecord], native_calls: list[Call], oracle_calls: list[Call]) -> str:
-    """Calls when both runs made the same forward calls for the prompt and each shared call holds
-    the same positions (a run that stops earlier is still cut alike). Otherwise positions, but
+    """Calls when the runs were cut alike (`cut_alike`). Otherwise positions, but
     only when they can be trusted: both runs recorded them, or the prompts are equally long, so
     positions derived from call order mean the same tokens on both sides; else calls, whose
     shape mismatches then say what differs instead of a guess."""
-    prompt = [c for c in native_calls if c.step == 0], [c for c in oracle_calls if c.step == 0]
-    spans = {(c.step, c.segment): c.span for c in oracle_calls}
-    if prompt[0] == prompt[1] and all(spans.get((c.step, c.segment), c.span) == c.span for c in native_calls):
+    if cut_alike(native_calls, oracle_calls):
         return CALLS
+    prompt = [c for c in native_calls if c.step == 0], [c for c in oracle_calls if c.step == 0]
     recorded = all(m.record.position >= 0 for m in native) and all(m.record.position >= 0 for m in oracle)
     extent = [max((c.span[1] for c in calls_), default=0) for calls_ in prompt]
     return POSITIONS if recorded or extent[0] == extent[1] else CALLS

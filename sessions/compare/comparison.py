@@ -24,6 +24,7 @@ from sessions.compare.align import (
     Alignment,
     UnalignedRecord,
     align,
+    cut_alike,
 )
 from sessions.compare.align_modes import ALIGN_MODES, POSITIONS
 from sessions.compare.byte_checks import ByteChecks
@@ -335,7 +336,7 @@ def dispatch_not_compared(alignment: Alignment, native_events: int, oracle_event
     dispatch-only against it. Runs paired by position are compared call by call when they were
     cut alike (each record is then one pair): a user's `--align positions` turned a dispatch
     difference into PARITY."""
-    if alignment.mode == POSITIONS and alignment.native_calls != alignment.oracle_calls:
+    if alignment.mode == POSITIONS and not cut_alike(alignment.native_calls, alignment.oracle_calls):
         return "not compared: the runs were cut into different calls, so their attention calls differ by construction"
     unrecorded = [side for side, events in (("native", native_events), ("oracle", oracle_events)) if not events]
     if len(unrecorded) == 2:

@@ -11,3 +11,9 @@ def printable(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def printable_lines(text: str) -> str:
+    """`text` with each control character but its line breaks written as its escape: a text of
+    several lines (a report, a page) made of someone else's names."""
+    return "\n".join(printable(line) for line in text.split("\n"))

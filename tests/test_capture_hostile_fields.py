@@ -136,6 +136,13 @@ def test_the_prompt_may_hold_newlines_and_tabs(tmp_path: Path) -> None:
         assert capture.meta.prompt == prompt
 
 
+def test_the_prompt_may_hold_no_other_control_character(tmp_path: Path) -> None:
+    path = write_capture(tmp_path / "prompt.h5", "native", [T("t0", np.zeros(4, np.float32))], prompt="line one\n\x1b[2Jline two")
+    error = refusal(path)
+    assert error.location == "/ attribute 'prompt'"
+    assert error.problem == "holds a control character (\\x1b in 'line one\\n\\x1b[2Jline two')"
+
+
 # D2: integer attributes of another type
 
 

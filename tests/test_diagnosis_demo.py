@@ -348,3 +348,13 @@ def test_no_budget_without_all_is_refused(demo_pairs: dict, capsys: pytest.Captu
     native, oracle = demo_pairs["signed-zero"]
     assert main(["diagnose", str(native), str(oracle), "--no-budget"]) == 2
     assert capsys.readouterr().err == "parity-xray diagnose: --no-budget goes with --all (only --all shares out the final error)\n"
+
+
+def test_the_diagnosis_text_and_page_write_a_captures_control_characters_as_escapes() -> None:
+    from backends.diagnosis.document import render_html, render_text
+
+    found = Diagnosis("n.h5", "o.h5", "all", "Nothing to diagnose.", "PARITY", notes=["The run cannot be replayed from the weights file missing\x1b[2J\x1b]0;pwned\x07"])
+    text, page = render_text(found), render_html(found)
+    assert "weights file missing\\x1b[2J\\x1b]0;pwned\\x07" in text and "weights file missing\\x1b[2J" in page
+    assert "\x1b" not in text and "\x07" not in text and "\x1b" not in page
+

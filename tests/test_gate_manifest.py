@@ -174,3 +174,14 @@ def test_a_manifest_over_its_size_limit_is_refused_naming_its_size_and_the_limit
     with pytest.raises(ManifestError) as info:
         load_manifest(path)
     assert str(info.value) == f"{path}: cannot read the manifest ({MAX_MANIFEST_BYTES + 1} bytes, over the {MAX_MANIFEST_BYTES}-byte limit for this kind of file)"
+
+
+def test_the_gate_page_links_each_case_page_by_its_url_and_writes_control_characters_as_escapes() -> None:
+    from sessions.gate.html_summary import render_gate_html
+    from sessions.gate.result import GateResult
+
+    case = _case("evil\x1b[2J", "DIVERGENCE", "0:prefill:0:sdpa")
+    case.report = "r#1 cases/evil.html"
+    page = render_gate_html(GateResult("gate.toml", "a LocalCluster", None, "2026-12-03T00:00:00", 1.0, [case]))
+    assert '<a href="r%231%20cases/evil.html">evil\\x1b[2J</a>' in page and "\x1b" not in page
+

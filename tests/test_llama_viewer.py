@@ -17,28 +17,15 @@ from backends.recorders.llama_recorder import LlamaSettings  # noqa: E402
 from backends.recorders.record_schedule import TokenSchedule  # noqa: E402
 from sessions.progress import run_to_end  # noqa: E402
 from tests.test_llama_recorder import TINY  # noqa: E402
-from viewer.settings import ViewerSettings  # noqa: E402
-from viewer.window.main_window import MainWindow  # noqa: E402
+from tests.viewer_windows import window_on  # noqa: E402
 
 pytestmark = pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")
-
-
-def _window_on(qtbot: QtBot, tmp_path: Path, native: Path, oracle: Path, size: tuple[int, int]) -> MainWindow:
-    """A shown window of `size` with the pair's comparison arrived."""
-    window = MainWindow(ViewerSettings(tmp_path / "viewer.ini"))
-    qtbot.addWidget(window)
-    window.resize(*size)
-    window.show()
-    qtbot.waitExposed(window)
-    window.open_pair(native, oracle)
-    qtbot.waitUntil(lambda: window.model.comparison is not None and not window.tasks.busy, timeout=120_000)
-    return window
 
 
 @pytest.mark.slow
 def test_the_f32_pair_opens_at_the_first_rms_norm(qtbot: QtBot, tmp_path: Path, artifacts_dir: Path) -> None:
     native, oracle = run_to_end(iter_generate_llama(tmp_path, ["llama-vs-mlx-f32"]))["llama-vs-mlx-f32"]
-    window = _window_on(qtbot, tmp_path, native, oracle, (1440, 900))
+    window = window_on(qtbot, tmp_path, native, oracle, (1440, 900))
     comparison = window.model.comparison.comparison
     assert comparison.first_divergence is not None
     first = comparison.pairs[comparison.first_divergence]
@@ -57,7 +44,7 @@ def test_an_f16_cache_against_an_f32_one_opens_at_the_attention_scores(qtbot: Qt
     native, oracle = tmp_path / "f32-cache.h5", tmp_path / "f16-cache.h5"
     run_to_end(iter_record_llama(gguf, schedule, native))
     run_to_end(iter_record_llama(gguf, schedule, oracle, LlamaSettings(kv_type="f16")))
-    window = _window_on(qtbot, tmp_path, native, oracle, (1280, 720))
+    window = window_on(qtbot, tmp_path, native, oracle, (1280, 720))
     qtbot.waitUntil(lambda: window.model.selected is not None, timeout=10_000)
     assert window.model.selected.key.text() == "0:prefill:0:attn_scores"
     assert window.verdict_strip.word.text() == "DIVERGENCE"

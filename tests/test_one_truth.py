@@ -35,6 +35,7 @@ from sessions.compare.verdict import (
     Kind,
 )
 from tests.hand_captures import T, bf16_bits, write_capture
+from tests.viewer_windows import window_on
 from viewer.settings import ViewerSettings
 from viewer.tree.alignment_tree import PAIR_ROLE, UNALIGNED_ROLE
 from viewer.window.main_window import MainWindow
@@ -253,16 +254,6 @@ def _two_steps(tmp_path: Path, name: str, native_contract_at_2: str, native_toke
     return native, oracle
 
 
-def _window_on(qtbot: QtBot, tmp_path: Path, native: Path, oracle: Path) -> MainWindow:
-    win = MainWindow(ViewerSettings(tmp_path / "viewer.ini"))
-    qtbot.addWidget(win)
-    win.resize(1280, 720)
-    win.show()
-    win.open_pair(native, oracle)
-    qtbot.waitUntil(lambda: win.model.comparison is not None and not win.tasks.busy, timeout=WAIT_MS)
-    return win
-
-
 def test_tokens_that_differ_over_bit_exact_tensors_read_as_a_token_divergence_everywhere(tmp_path: Path, qtbot: QtBot, capsys: pytest.CaptureFixture[str]) -> None:
     native, oracle = _two_steps(tmp_path, "tokens", "attn.f16", [(0, 5, False), (1, 8, False), (2, 3, False)], [(0, 5, False), (1, 7, False), (2, 3, False)])
     code, text, document, html = _headless(Case(native, oracle, DIVERGENCE, Kind.TOKENS, "1:decode:-1:logits"), tmp_path, capsys)
@@ -270,7 +261,7 @@ def test_tokens_that_differ_over_bit_exact_tensors_read_as_a_token_divergence_ev
     assert (document["verdict"]["first"]["kind"], document["verdict"]["first"]["key"]) == ("tokens", "1:decode:-1:logits")
     assert "first tokens: 1:decode:-1:logits" in html
 
-    win = _window_on(qtbot, tmp_path, native, oracle)
+    win = window_on(qtbot, tmp_path, native, oracle)
     assert win.verdict_strip.word.text() == DIVERGENCE and "first tokens at 1:decode:-1:logits" in win.verdict_strip.detail.text()
     assert "9 aligned ops, 9 bit-exact; 0 unaligned; tokens differ from step 1;" in win.tree.summary.text()
     steps = {win.tree.items.item(row, 0).text(): win.tree.items.item(row, 1).text() for row in range(win.tree.items.rowCount())}
@@ -289,7 +280,7 @@ def test_a_contract_that_changes_after_the_shared_eos_is_no_finding_on_any_surfa
     assert document["contracts"]["findings"] == [] and "attn.f32" not in html
     assert [p["verdict"] for p in document["pairs"] if p["key"] == "2:decode:0:sdpa"] == ["post-eos"]
 
-    win = _window_on(qtbot, tmp_path, native, oracle)
+    win = window_on(qtbot, tmp_path, native, oracle)
     assert win.verdict_strip.word.text() == PARITY
     assert not [text for text in win.banners.texts("comparison") if "attn.f32" in text], "no contract card for an op after the shared EOS"
     win.close()
@@ -301,7 +292,7 @@ def test_pairing_by_position_in_the_window_is_what_report_and_a_saved_session_sa
     from viewer.cli import main
 
     native, oracle = demo_pairs["head-chunk"]  # both runs made the same calls: auto pairs by calls, and the calls differ
-    win = _window_on(qtbot, tmp_path, native, oracle)
+    win = window_on(qtbot, tmp_path, native, oracle)
     qtbot.waitUntil(lambda: len(win.session_file.session.captures) == 2, timeout=WAIT_MS)
     assert win.verdict_strip.word.text() == DISPATCH_ONLY
     [by_position] = [a for a in win.alignment_actions.actions() if a.data() == "positions"]

@@ -161,3 +161,18 @@ def test_a_profile_over_its_size_limit_is_refused_naming_its_size_and_the_limit(
     with pytest.raises(ProfileError) as err:
         load_profile_file(path)
     assert str(err.value) == f"{path}: cannot read ({MAX_PROFILE_BYTES + 1} bytes, over the {MAX_PROFILE_BYTES}-byte limit for this kind of file)"
+
+
+@pytest.mark.parametrize(
+    ("toml", "where", "shown"),
+    [
+        ('name = "evil\\u001b[2J"\n[[rule]]\npattern = "x"\nop = "sdpa"\n', "name", "evil\\x1b[2J"),
+        ('name = "p"\n[[rule]]\npattern = "x"\none_sided = "why\\u0007"\n', "rule.0.one_sided", "why\\x07"),
+    ],
+)
+def test_a_profile_string_holding_a_control_character_is_refused_naming_where(tmp_path: Path, toml: str, where: str, shown: str) -> None:
+    path = tmp_path / "evil.toml"
+    path.write_text(toml)
+    with pytest.raises(ProfileError) as refused:
+        load_profile_file(path)
+    assert str(refused.value) == f"{path}: {where} holds a control character ({shown}): a profile's words are printed in every report"

@@ -58,7 +58,7 @@ def test_the_command_names_an_op_the_comparison_did_not_pair_and_exits_2(demo_pa
     native, oracle = demo_pairs["clean"]
     assert main(["rerun", str(native), str(oracle), "--op", "0:visual:7:sdpa", "--from", "native"]) == 2
     assert capsys.readouterr().err == (
-        "parity-xray rerun: 0:visual:7:sdpa is not an aligned op of this comparison (report lists them; a rerun reads the records it paired)\n"
+        "parity-xray rerun: 0:visual:7:sdpa is not an aligned op of this comparison (report lists the aligned ops; a rerun reads the records it paired)\n"
     )
     assert main(["rerun", str(native), str(oracle), "--op", "0:visual:0:sdpa@5-76"]) == 2
     assert "0:visual:0:sdpa@5-76 is not an aligned op of this comparison" in capsys.readouterr().err

@@ -9,7 +9,12 @@ import numpy as np
 import pytest
 
 from backends.rerun.capture_out import save_rerun
-from backends.rerun.segment import RerunOptions, iter_rerun, rerun_target
+from backends.rerun.segment import (
+    RerunOptions,
+    iter_rerun,
+    rerun_target,
+    rerunnable_keys,
+)
 from sessions.capture.opening import open_capture
 from sessions.compare.align import align
 from sessions.compare.comparison import iter_compare
@@ -145,3 +150,44 @@ def test_missing_inputs_are_named_with_the_layer_and_side(demo_pairs: dict, tmp_
             run_to_end(iter_rerun(native, oracle, run_to_end(iter_compare(native, oracle)), rerun_target("0:visual:1:sdpa"), RerunOptions(source="native")))
         with pytest.raises(ValueError, match="embed cannot be rerun"):
             run_to_end(iter_rerun(native, oracle, run_to_end(iter_compare(native, oracle)), rerun_target("0:text-before:-1:embed"), RerunOptions()))
+
+
+def test_a_saved_rerun_reports_against_its_route_side_as_the_rerun_said_where_it_was_cut(demo_pairs: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Its other records and its tokens are by design (the rerun holds one op), and paired by
+    position it pairs where it was cut, not from position 0."""
+    from viewer.cli import main
+
+    native, oracle = (str(p) for p in demo_pairs["attention-contract"])
+    for align_mode, key in (("calls", "0:visual:0:sdpa"), ("positions", "0:visual:0:sdpa@5-76")):
+        saved = tmp_path / f"{align_mode}.h5"
+        assert main(["rerun", native, oracle, "--align", align_mode, "--op", key, "--from", "native", "--route-from", "oracle", "--save", str(saved)]) == 0
+        capsys.readouterr()
+        assert main(["report", str(saved), oracle, "--align", align_mode]) == 0
+        text = capsys.readouterr().out
+        assert text.startswith("PARITY: ") and "ops        1 aligned (1 bit-exact); 332 unaligned (all by design)" in text, text[:600]
+        assert f"  {key}" not in text.split("Worst ops", 1)[1].split("\n\n", 1)[0]
+
+
+def test_a_rerun_says_where_its_weights_came_from_and_a_named_file_leaves_the_saved_weights_hash_unknown(demo_pairs: dict, tmp_path: Path) -> None:
+    native, oracle = demo_pairs["clean"]
+    weights = str(native.parent / "demo-qwen3-tiny.safetensors")
+    referenced = _rerun(demo_pairs["clean"], "0:visual:0:q_proj")
+    named = _rerun(demo_pairs["clean"], "0:visual:0:q_proj", weights_path=weights)
+    assert referenced.weights_from == named.weights_from == [weights]
+    assert (referenced.weights_named, named.weights_named) == (False, True)
+    assert _rerun(demo_pairs["clean"], "0:visual:0:sdpa").weights_from == []
+    with open_capture(save_rerun(referenced, tmp_path / "r.h5")) as kept, open_capture(save_rerun(named, tmp_path / "n.h5")) as unknown, open_capture(oracle) as source:
+        assert kept.meta.weights_hash == source.meta.weights_hash != "" and unknown.meta.weights_hash == ""
+        assert unknown.meta.provenance["weights_from"] == [weights]
+
+
+def test_a_segment_of_runs_paired_by_position_is_rerun_from_the_records_of_its_positions(demo_pairs: dict) -> None:
+    """Segment keys carry their positions, as the comparison pairs them; they were dropped, and
+    every op of the segment was "not captured" or its inputs "missing"."""
+    with open_capture(demo_pairs["clean"][0]) as native, open_capture(demo_pairs["clean"][1]) as oracle:
+        comparison = run_to_end(iter_compare(native, oracle, CompareOptions(alignment="positions")))
+        assert rerun_target("0:text-before:1:attention_block@0-4") in rerunnable_keys(comparison)
+        for key in ("0:text-before:1:attention_block@0-4", "2:decode:1:decoder_layer@84"):
+            result = run_to_end(iter_rerun(native, oracle, comparison, rerun_target(key)))
+            assert result.reproduces("oracle") and {op.key.positions for op in result.ops} == {rerun_target(key).positions}, key
+

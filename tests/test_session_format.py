@@ -258,6 +258,8 @@ def test_bookmarks_and_notes_export_as_markdown(tmp_path: Path) -> None:
     assert "_(no note)_" in text
     assert "- paired `native: step 0 · visual · layer 0 · Qcur-0 #2` with `oracle-2: step 0 · visual · layer 0 · model.layers.0.self_attn.rope #0`: Qcur is named again after RoPE" in text
     assert f"- sdpa with head chunking off at `0:prefill:0:sdpa`: `{tmp_path / 'rerun.h5'}`" in text
+    session.title = "Someone's session\n# Verdict: PARITY"
+    assert bookmarks_markdown(session).startswith("# Someone's session\\n# Verdict: PARITY\n\n"), "a title keeps to its heading"
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ from pytestqt.qtbot import QtBot
 from sessions.commands import report as report_command
 from sessions.compare.align import MANUAL_BREAK
 from sessions.compare.document import loads
+from tests.viewer_windows import shown_tip
 from viewer.comparison_view import MANUAL_MARKER
 from viewer.settings import ViewerSettings
 from viewer.window.main_window import MainWindow
@@ -104,7 +105,7 @@ def test_a_broken_pairing_is_shown_with_its_reason_saved_and_still_applied_after
     assert again.model.comparison.comparison.unaligned == []
     manual = again.tree.row_index("ffn_down" + MANUAL_MARKER)
     assert manual.isValid()
-    assert manual.data(Qt.ItemDataRole.ToolTipRole).endswith("paired by hand: checked by hand: same tensor")
+    assert shown_tip(manual.data(Qt.ItemDataRole.ToolTipRole)).endswith("paired by hand: checked by hand: same tensor")
     assert [o.action for o in again.session_file.session.overrides] == ["unpair", "pair"]
 
     actions = again.tree.actions_at(manual)

@@ -18,6 +18,7 @@ from pytestqt.qtbot import QtBot
 
 from sessions.compare.verdict import CONTRACT_MISMATCH, UNUSABLE
 from tests.hand_captures import T, bf16_bits, write_capture
+from tests.viewer_windows import shown_tip
 from viewer.settings import ViewerSettings
 from viewer.tree.alignment_tree import PAIR_ROLE
 from viewer.window.main_window import MainWindow
@@ -108,7 +109,7 @@ def test_an_error_escaping_a_slot_is_an_error_banner_with_its_traceback(qtbot: Q
     [banner] = window.banners.banners("uncaught")
     assert banner.level == "error"
     assert banner.text == "Unexpected error: ValueError: colour scale must be one of ('absolute', 'relative', 'ULP'), not 'viridis'"
-    details = banner.label.toolTip()
+    details = shown_tip(banner.label.toolTip())
     assert details.startswith("Traceback (most recent call last):") and "in set_scale" in details
     assert "Copy details" in banner.buttons
     assert "Parity X-ray: uncaught error" in capfd.readouterr().err

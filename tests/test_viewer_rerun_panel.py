@@ -53,6 +53,15 @@ def test_running_on_the_native_route_shows_the_three_way_table_and_the_verdict_a
     panel.choose_save_path = lambda _parent, _suggested: nowhere
     qtbot.mouseClick(panel.save_button, Qt.MouseButton.LeftButton)
     assert panel.status.text() == f"Could not save the rerun to {nowhere}: cannot be written (No such file or directory)"
+    oracle = panel.model.oracle.path
+    before = oracle.read_bytes()
+    panel.choose_save_path = lambda _parent, _suggested: oracle
+    qtbot.mouseClick(panel.save_button, Qt.MouseButton.LeftButton)
+    assert panel.status.text() == (
+        f"Could not save the rerun to {oracle}: {oracle} is {oracle}, which this rerun was computed from: "
+        "a saved rerun never replaces an input; choose another file"
+    )
+    assert oracle.read_bytes() == before, "the window's Save replaced the oracle capture with the rerun"
 
 
 def test_cancel_stops_the_rerun_and_says_so(qtbot, panel: RerunPanel) -> None:  # type: ignore[no-untyped-def]

@@ -462,7 +462,7 @@ def contract_card(viewed: ViewedComparison) -> tuple[str, str] | None:
         return None
     first = findings[0]
     ran = {side: escape(ids.effective_contract_id or ids.kernel_id or "not recorded") for side, ids in (("native", first.native), ("oracle", first.oracle))}
-    headline = f"<b>At <code>{first.key}</code></b> native ran <code>{ran['native']}</code>, oracle <code>{ran['oracle']}</code>"
+    headline = f"<b>At <code>{escape(str(first.key))}</code></b> native ran <code>{ran['native']}</code>, oracle <code>{ran['oracle']}</code>"
     rows = "".join(
         f"<tr><td><b>{side}</b>&nbsp;&nbsp;</td><td>kernel <code>{escape(ids.kernel_id or 'not recorded')}</code>, "
         f"declared <code>{escape(ids.contract_id or 'not recorded')}</code>, effective <code>{escape(ids.effective_contract_id or 'not recorded')}</code></td></tr>"

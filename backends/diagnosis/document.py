@@ -6,7 +6,6 @@ Diagnosis itself, so they cannot disagree with each other or with the viewer's p
 
 from __future__ import annotations
 
-from html import escape
 from typing import Any
 
 from backends.diagnosis.budget import Budget, BudgetRow
@@ -14,7 +13,8 @@ from backends.diagnosis.candidates import CandidateResult, ErrorFigure
 from backends.diagnosis.registry import REGISTRY
 from backends.diagnosis.run import Diagnosis, OpDiagnosis
 from sessions.compare.json_plain import plain
-from sessions.report.html_page import STYLE
+from sessions.printable import printable_lines
+from sessions.report.html_page import STYLE, escape
 
 FORMAT, VERSION = "parity-xray-diagnosis", 1
 LOCAL_ROWS_SHOWN = 40
@@ -88,7 +88,8 @@ def render_text(diagnosis: Diagnosis, verbose: bool = False) -> str:
     if diagnosis.budget is not None:
         lines += ["", *budget_lines(diagnosis.budget)]
     lines += ["", *diagnosis.notes, f"device {diagnosis.device} (MLX {diagnosis.mlx_version}), {diagnosis.seconds:.1f} s"]
-    return "\n".join(lines)
+    # Notes, reasons and skipped candidates quote a capture's weights path and a profile's words.
+    return printable_lines("\n".join(lines))
 
 
 def budget_lines(budget: Budget) -> list[str]:

@@ -48,7 +48,7 @@ from backends.rerun.inputs import RerunInputError
 from backends.rerun.ops import RerunOpError
 from backends.rerun.segment import RerunSession
 from sessions.capture.reader import Capture
-from sessions.compare.comparison import Comparison, PairResult
+from sessions.compare.comparison import Comparison, PairResult, not_aligned
 from sessions.compare.key import OpKey
 from sessions.compare.profiles import whole_op
 from sessions.compare.verdict import Finding, Kind
@@ -225,24 +225,9 @@ def _targets(comparison: Comparison, options: DiagnoseOptions) -> list[PairResul
         assert options.key is not None
         pair = next((p for p in comparison.pairs if p.key == options.key), None)
         if pair is None:
-            raise ValueError(_not_aligned(comparison, options.key))
+            raise ValueError(not_aligned(comparison, options.key))
         return [pair] if not pair.metrics.bit_exact and not pair.post_eos else []
     return differing
-
-
-def _not_aligned(comparison: Comparison, key: OpKey) -> str:
-    """Why `--op KEY` names no pair, with what the user may have meant: the op's pairs when the
-    runs were paired by position (their keys carry positions), or its records without a partner."""
-    place = key._replace(positions=())
-    said = f"{key} is not an aligned op of this comparison"
-    cut = [p.key.text() for p in comparison.pairs if p.key.positions and p.key._replace(positions=()) == place]
-    if cut:
-        more = f" and {len(cut) - 3} more" if len(cut) > 3 else ""
-        return f"{said}: the records were paired by position, and this op's pairs are {', '.join(cut[:3])}{more}"
-    alone = [u for u in (*comparison.unaligned, *comparison.post_eos_unaligned) if u.key is not None and u.key._replace(positions=()) == place]
-    if alone:
-        return f"{said}: " + "; ".join(f"its {u.side} record {u.name!r} has no partner ({u.reason}: {u.detail})" for u in alone)
-    return said
 
 
 def iter_diagnose(native: Capture, oracle: Capture, comparison: Comparison, options: DiagnoseOptions = DiagnoseOptions()) -> ProgressGenerator[Diagnosis]:

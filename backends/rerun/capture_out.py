@@ -18,18 +18,27 @@ from backends.engines.capture_sink import DispatchedCall, add_dispatch_events
 from backends.rerun.segment import RerunResult
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.writer import CaptureWriter
+from sessions.side_file import same_file
 
 ENGINE_NAME = "parity-xray rerun (MLX)"
 
 
+class ReplacesInput(OSError):
+    """A save that would replace a file the rerun was computed from (a capture, a weights file)."""
+
+
 def rerun_meta(result: RerunResult) -> CaptureMeta:
+    """What the saved rerun says of itself. Its weights are the source capture's only when it took
+    them from that capture or from the file a capture references: weights named for the rerun
+    (`--weights`) leave `weights_hash` empty (hashing a multi-GB file to say so is not worth it), so a report
+    never reads "same weights" for them; `weights_from` says where they came from."""
     source = result.source_meta
     return CaptureMeta(
         role="rerun",
         engine_name=ENGINE_NAME,
         engine_version=mx.__version__,
         model_id=str(source.get("model_id", "")),
-        weights_hash=str(source.get("weights_hash", "")),
+        weights_hash="" if result.weights_named else str(source.get("weights_hash", "")),
         device=result.device,
         compiler=f"mlx {mx.__version__}",
         prompt=str(source.get("prompt", "")),
@@ -42,6 +51,7 @@ def rerun_meta(result: RerunResult) -> CaptureMeta:
             "routes": asdict(result.routes),
             "route_sources": result.route_sources,
             "notes": result.notes,
+            "weights_from": result.weights_from,
             "config": source.get("provenance", {}).get("config", {}) if isinstance(source.get("provenance"), dict) else {},
         },
     )
@@ -50,8 +60,12 @@ def rerun_meta(result: RerunResult) -> CaptureMeta:
 def save_rerun(result: RerunResult, path: str | Path) -> Path:
     """Write the rerun's outputs as a complete capture at `path`, replacing any file there only
     once it is complete: a save that fails (a full disk) leaves `path` as it was.
-    Raises OSError (FileUnwritable when the capture could not be written)."""
+    Raises OSError (FileUnwritable when the capture could not be written; ReplacesInput when
+    `path` is a file the rerun was computed from, whoever asks: the window's Save offered any path)."""
     path = Path(path)
+    replaced = next((given for given in result.input_files if same_file(path, given)), None)
+    if replaced is not None:
+        raise ReplacesInput(f"{path} is {replaced}, which this rerun was computed from: a saved rerun never replaces an input; choose another file")
     with CaptureWriter(path, rerun_meta(result), complete_only=True) as writer:
         _write_ops(writer, result)
     return path
@@ -66,6 +80,7 @@ def _write_ops(writer: CaptureWriter, result: RerunResult) -> None:
             step=key.step,
             segment=key.segment,
             layer=key.layer,
+            position=key.positions[0] if key.positions else -1,  # paired by position, it pairs again where it was cut
             dtype=op.dtype,
             kernel_id=f"rerun.{key.op}",
             # No contract: the route is words ("attn.f32.tiled64x64, 1 unchunked call"), and an

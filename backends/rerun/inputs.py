@@ -298,6 +298,9 @@ class WeightSource:
         self._records = {r.name: r for r in ops.capture.records if r.name.endswith(".weight")}
         self._file: dict[str, mx.array] | None = None
         self._gguf: GGUFHeader | None = None
+        self.read_from: list[str] = []
+        """Where each weight taken so far came from, in order (a capture, a file's path): what a
+        rerun says it used, and what its saved capture's provenance records."""
 
     def _origin(self) -> str:
         return "named for this rerun" if self.named else f"referenced by the {self.ops.side} capture"
@@ -321,6 +324,7 @@ class WeightSource:
             )
         name, weight, source = found
         _check_weight(op, name, weight, source, width)
+        self.read_from.append(source)
         return weight
 
     def _from_records(self, names: list[str]) -> tuple[str, mx.array, str] | None:

@@ -52,7 +52,7 @@ from backends.rerun.inputs import (
 )
 from sessions.bits.dtypes import as_bit_pattern, as_values
 from sessions.capture.reader import Capture
-from sessions.compare.comparison import Comparison
+from sessions.compare.comparison import Comparison, not_aligned
 from sessions.compare.key import OpKey
 from sessions.compare.pair_tensors import aligned_records
 from sessions.compare.tensor_diff import DiffAccumulator, TensorMetrics, Tolerance
@@ -142,6 +142,12 @@ class RerunResult:
     native_path: str = ""
     oracle_path: str = ""
     source_meta: dict[str, Any] = field(default_factory=dict)
+    weights_from: list[str] = field(default_factory=list)
+    """Where the weights this rerun took came from (a capture, a weights file's path); empty when it took none."""
+    weights_named: bool = False
+    """Whether it took a weight from a file named for it (`--weights`) rather than one a capture holds or references."""
+    input_files: list[str] = field(default_factory=list)
+    """Every file the rerun read or could read (both captures, each side's weights file): what a saved rerun may never replace."""
 
     def reproduces(self, side: str) -> bool:
         """Every rerun op's bits equal `side`'s record."""
@@ -163,7 +169,7 @@ def rerun_target(text: str) -> OpKey:
 def rerunnable_keys(comparison: Comparison) -> list[OpKey]:
     """Every aligned op a rerun can recompute, then a segment key per (step, segment, layer), in execution order."""
     found = [p.key for p in comparison.pairs if p.key.op in OP_INPUTS]
-    segments = dict.fromkeys(OpKey(k.step, k.segment, k.layer, name, 0) for k in found if k.op == "sdpa" for name in SEGMENTS)
+    segments = dict.fromkeys(OpKey(k.step, k.segment, k.layer, name, 0, k.positions) for k in found if k.op == "sdpa" for name in SEGMENTS)
     return found + list(segments)
 
 
@@ -319,7 +325,7 @@ def _segment_start(source: CapturedOps, key: OpKey) -> dict[str, mx.array]:
     mapped = source.find(key.step, key.segment, layer, op, key.positions)
     if mapped is None:
         raise RerunInputError(
-            f"a {key.op.replace('_', ' ')} rerun of layer {key.layer} needs the layer's input ({op} of "
+            f"{'an' if key.op[0] in 'aeiou' else 'a'} {key.op.replace('_', ' ')} rerun of layer {key.layer} needs the layer's input ({op} of "
             f"{'layer ' + str(layer) if layer >= 0 else 'the model'}); the {source.side} capture has {source.lacks(key.step, key.segment, layer, op)} at step {key.step} {key.segment}"
         )
     return {LAYER_INPUT: source.array(mapped)}
@@ -360,12 +366,12 @@ class RerunSession:
         rerun reads the records it paired, so an op it did not pair (a typo, a step after EOS, a
         key made by position under calls) would be reported as inputs the capture lacks."""
         if target.op in SEGMENTS:
-            place = (target.step, target.segment, target.layer)
-            if any((k.step, k.segment, k.layer) == place and k.op in segment_ops for k in self._aligned):
+            place = (target.step, target.segment, target.layer, target.positions)
+            if any((k.step, k.segment, k.layer, k.positions) == place and k.op in segment_ops for k in self._aligned):
                 return
         elif target in self._aligned:
             return
-        raise RerunInputError(f"{target.text()} is not an aligned op of this comparison (report lists them; a rerun reads the records it paired)")
+        raise RerunInputError(f"{not_aligned(self.comparison, target)} (report lists the aligned ops; a rerun reads the records it paired)")
 
     def iter_rerun(self, target: OpKey, options: RerunOptions = RerunOptions()) -> ProgressGenerator[RerunResult]:
         """One rerun of `target` (see `iter_rerun`)."""
@@ -381,14 +387,20 @@ class RerunSession:
         )
         routes, route_sources = resolve_routes(self.captured[route_side], target, options)
         compute_dtype = ops.DTYPES[options.dtype] if options.dtype else None
+        weight_sources = (sides.weights, sides.other_weights)
         result = RerunResult(
             target, options, options.device, mx.__version__, routes, route_sources, [],
             native_path=str(self.native.path), oracle_path=str(self.oracle.path), source_meta=source.capture.meta.as_dict(),
+            input_files=[str(self.native.path), str(self.oracle.path), *(str(w.path) for w in weight_sources if w.path is not None)],
         )
+        taken_before = [len(w.read_from) for w in weight_sources]  # a session's weight sources serve many reruns
         if target.op in SEGMENTS:
             yield from _run_segment(sides, target, segment_ops, routes, compute_dtype, device, result)
         else:
             yield from _run_op(sides, target, routes, compute_dtype, device, result)
+        taken = [(w, w.read_from[before:]) for w, before in zip(weight_sources, taken_before)]
+        result.weights_from = list(dict.fromkeys(where for _, read in taken for where in read))
+        result.weights_named = any(w.named and read for w, read in taken)
         if device.type == mx.cpu:
             result.notes.append(CPU_NOTE)
         if compute_dtype is not None and any(op.computed_dtype != op.dtype for op in result.ops):
@@ -434,7 +446,7 @@ def _run_segment(
     source = sides.source
     chain = _segment_start(source, target)
     other_ops = next(c for c in sides.ops.values() if c is not source)
-    history_key = OpKey(target.step, target.segment, target.layer, "sdpa", 0)
+    history_key = OpKey(target.step, target.segment, target.layer, "sdpa", 0, target.positions)
     history = kv_history(source, history_key)
     try:
         other_start = _segment_start(other_ops, target)
@@ -448,7 +460,7 @@ def _run_segment(
     history = _cast(history, dtype)
     total = len(segment_ops) + 1
     for number, op in enumerate(segment_ops):
-        key = OpKey(target.step, target.segment, target.layer, op, 0)
+        key = OpKey(target.step, target.segment, target.layer, op, 0, target.positions)
         yield Progress(number + 1, total, f"rerunning {key.label()}")
         arrays = {name: chain[name] for name in OP_INPUTS[op]}
         weight = sides.weights.get(op, target.layer, input_width(op, arrays)) if op in WEIGHT_NAMES else None

@@ -15,7 +15,9 @@ FORMAT_NAME = "parity-xray-capture"
 FORMAT_VERSION = 1
 MAX_NDIM = 8
 
-ROLES = ("native", "oracle", "rerun")
+RERUN_ROLE = "rerun"
+"""A capture `parity-xray rerun --save` (or the window's Save) wrote: the ops it recomputed, nothing else."""
+ROLES = ("native", "oracle", RERUN_ROLE)
 SEGMENTS = ("text-before", "visual", "text-after", "prefill", "decode")
 MASK_KINDS = ("none", "causal", "bool", "additive")
 MLX_PRIMITIVES = ("sdpa_vector", "sdpa_vector_2pass", "sdpa_full", "fallback")

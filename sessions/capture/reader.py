@@ -234,9 +234,10 @@ class Capture:
         return self._int_attr(self._file.id, "/", name, default)
 
     def _root_text(self, name: str) -> str:
-        """A root text attribute, empty when absent; refused when it is not one string, or when a
-        one-line attribute holds a control character, which would reach the terminal of whoever
-        reads a report."""
+        """A root text attribute, empty when absent; refused when it is not one string, or when it
+        holds a control character, which would reach the terminal of whoever reads a report (a
+        multi-line one, the prompt, may hold line breaks and tabs, and nothing else: an escape in
+        it was accepted)."""
         value = self._root_attr(name)
         if value is None:
             return ""
@@ -244,7 +245,8 @@ class Capture:
         if problem is not None:
             raise self._fail(f"/ attribute '{name}'", problem)
         text = cf.decode_field(value[()])
-        control = None if name in cf.MULTILINE_STRING_ATTRS else control_character(text)
+        lines = text.replace("\r\n", "\n").replace("\t", " ").split("\n") if name in cf.MULTILINE_STRING_ATTRS else [text]
+        control = next((c for c in map(control_character, lines) if c is not None), None)
         if control is not None:
             raise self._fail(f"/ attribute '{name}'", f"holds a control character ({printable(control)} in '{printable(text)}')")
         return text

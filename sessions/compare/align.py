@@ -55,7 +55,10 @@ call's scores over cells it had not written yet are whatever those cells held th
 between runs cut into different calls and which the mask hides."""
 BEFORE_MASK = frozenset({"attn_scores"})
 """Ops that hold every cache cell before the causal mask."""
-BY_DESIGN = frozenset({ONE_SIDED, PADDED_DIFFERENTLY, CUT_DIFFERENTLY})
+NOT_RERUN = "not_rerun"
+"""A record of a run compared with a rerun capture (role `rerun`) that the rerun did not recompute:
+a rerun holds only the ops it was asked for."""
+BY_DESIGN = frozenset({ONE_SIDED, PADDED_DIFFERENTLY, CUT_DIFFERENTLY, NOT_RERUN})
 """Unaligned reasons that are not findings: the runs hold these records differently by design."""
 MANUAL_BREAK = "manual_break"
 """The user broke this pairing; the detail is their reason."""

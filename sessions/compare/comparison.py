@@ -16,10 +16,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from sessions.capture.format import RERUN_ROLE
 from sessions.capture.read_ahead import ReadAhead
 from sessions.capture.reader import Capture, Record
 from sessions.compare.align import (
     BY_DESIGN,
+    NO_PARTNER,
+    NOT_RERUN,
     AlignedPair,
     Alignment,
     UnalignedRecord,
@@ -288,6 +291,10 @@ def _iter_compare(
         native_batch=batch_of(native),
         oracle_batch=batch_of(oracle),
     )
+    reruns = [side for side, capture in (("native", native), ("oracle", oracle)) if capture.meta.role == RERUN_ROLE]
+    if reruns:
+        alignment.unaligned = _not_rerun(alignment.unaligned, reruns)
+        native_tokens, oracle_tokens = native_tokens[:0], oracle_tokens[:0]
     routes = validated_routes(
         native_profile.contracts,
         oracle_profile.contracts,
@@ -327,6 +334,15 @@ def _iter_compare(
             _keep_logits(logits, pair, agreement)
     tokens = compare_tokens(native_tokens, oracle_tokens, {step: agreement for step, (_, agreement) in logits.items()})
     return _assemble(native, oracle, native_profile, oracle_profile, options, alignment, contracts, (dispatch, not_compared), results, tokens, eos)
+
+
+def _not_rerun(unaligned: list[UnalignedRecord], reruns: list[str]) -> list[UnalignedRecord]:
+    """A run compared with a rerun of some of its ops (the viewer's Save and compare, `rerun
+    --save` then `report`): its records the rerun does not hold are by design, and the rerun has
+    no tokens to compare. A rerun that reproduced its route side bit for bit read as DIVERGENCE,
+    for the 332 records it never recomputed and the tokens it never emitted."""
+    detail = f"the {' and '.join(reruns)} capture is a rerun, which holds only the ops it recomputed"
+    return [replace(u, reason=NOT_RERUN, detail=detail) if u.reason == NO_PARTNER and u.side not in reruns else u for u in unaligned]
 
 
 def dispatch_not_compared(alignment: Alignment, native_events: int, oracle_events: int) -> str:
@@ -422,6 +438,22 @@ def token_finding(tokens: TokenParity, results: list[PairResult]) -> Finding | N
     logits = [r.key for r in results if r.key.step == step and r.key.op == "logits"]
     key = logits[-1] if logits else OpKey(step, row.segment, -1, "logits")
     return Finding(Kind.TOKENS, key, f"native token {token_words(row.native_token, row.native_stop)} vs oracle token {token_words(row.oracle_token, row.oracle_stop)}")
+
+
+def not_aligned(comparison: Comparison, key: OpKey) -> str:
+    """Why `key` (a command's `--op`) names no pair, with what the user may have meant: the op's
+    pairs when the runs were paired by position (their keys carry positions), or its records
+    without a partner."""
+    place = key._replace(positions=())
+    said = f"{key} is not an aligned op of this comparison"
+    cut = [p.key.text() for p in comparison.pairs if p.key.positions and p.key._replace(positions=()) == place]
+    if cut:
+        more = f" and {len(cut) - 3} more" if len(cut) > 3 else ""
+        return f"{said}: the records were paired by position, and this op's pairs are {', '.join(cut[:3])}{more}"
+    alone = [u for u in (*comparison.unaligned, *comparison.post_eos_unaligned) if u.key is not None and u.key._replace(positions=()) == place]
+    if alone:
+        return f"{said}: " + "; ".join(f"its {u.side} record {u.name!r} has no partner ({u.reason}: {u.detail})" for u in alone)
+    return said
 
 
 def worst_ops(c: Comparison, top: int) -> list[PairResult]:

@@ -26,6 +26,7 @@ from typing import Any
 
 from sessions.compare.key import OpKey
 from sessions.compare.layout_transform import LayoutError, LayoutTransform
+from sessions.printable import printable
 from sessions.side_file import parse_problem, read_side_file
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "builtin_profiles"
@@ -353,7 +354,28 @@ def load_profile_file(path: str | Path) -> Profile:
         data = tomllib.loads(text)
     except (ValueError, RecursionError) as exc:
         raise ProfileError(f"{path}: not valid TOML ({parse_problem(exc)})") from None
+    unprintable = _unprintable_text(data, "")
+    if unprintable is not None:
+        where, value = unprintable
+        raise ProfileError(f"{path}: {where} holds a control character ({printable(value)}): a profile's words are printed in every report")
     return profile_from_dict(data, str(path))
+
+
+def _unprintable_text(value: object, where: str) -> tuple[str, str] | None:
+    """The first string of a parsed profile (key or value) holding a control character, and
+    where: a profile is someone else's file, and its name, descriptions and reasons reach the
+    terminal (an escape sequence in `name` printed a fake verdict line)."""
+    if isinstance(value, str):
+        return None if value.isprintable() else (where or "a value", value)
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        place = f"{where}.{key}" if where else str(key)
+        if isinstance(key, str) and not key.isprintable():
+            return place, key
+        found = _unprintable_text(item, place)
+        if found is not None:
+            return found
+    return None
 
 
 @cache

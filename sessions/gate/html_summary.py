@@ -9,7 +9,7 @@ failed the gate's rules or could not be judged. Styles are inline; nothing is fe
 
 from __future__ import annotations
 
-from html import escape
+from urllib.parse import quote
 
 from sessions.compare.verdict import (
     CONTRACT_MISMATCH,
@@ -20,7 +20,7 @@ from sessions.compare.verdict import (
     UNUSABLE,
 )
 from sessions.gate.result import CaseResult, GateResult
-from sessions.report.html_page import STYLE
+from sessions.report.html_page import STYLE, escape
 
 WORD_CLASSES = {
     PARITY: "w-parity",
@@ -51,7 +51,7 @@ def _tokens(c: CaseResult) -> tuple[str, str]:
 def _row(c: CaseResult) -> str:
     name = escape(c.name)
     if c.report is not None:
-        name = f'<a href="{escape(c.report)}">{name}</a>'
+        name = f'<a href="{escape(quote(c.report))}">{name}</a>'
     first = "" if c.first is None else f"{escape(c.first.kind)} at <code>{escape(c.first.key)}</code>"
     tokens, eos = _tokens(c)
     worst = ""

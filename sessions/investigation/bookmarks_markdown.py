@@ -1,7 +1,9 @@
 """Bookmarks and notes as Markdown, to paste into an issue or hand to a colleague.
 
 Notes are the user's own Markdown and are kept as written; everything generated around them
-(op keys, paths, hashes) goes in code spans so it survives any Markdown renderer verbatim.
+(op keys, paths, hashes) goes in code spans so it survives any Markdown renderer verbatim. The
+one-line texts (the title, a pairing's reason, a rerun's description) keep to their line: a
+session may be someone else's, and a newline in its title wrote a Markdown block of its own.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import re
 
 from sessions.compare.key import OpKey
 from sessions.investigation.model import Investigation, RecordRef
+from sessions.printable import printable
 
 
 def _code(text: str) -> str:
@@ -30,7 +33,7 @@ def _record(ref: RecordRef) -> str:
 
 
 def bookmarks_markdown(session: Investigation) -> str:
-    lines = [f"# {session.title or 'Parity investigation'}", ""]
+    lines = [f"# {printable(session.title) or 'Parity investigation'}", ""]
     if session.summary.strip():
         lines += [session.summary.strip(), ""]
     if session.captures or session.reruns:
@@ -49,12 +52,12 @@ def bookmarks_markdown(session: Investigation) -> str:
         lines += ["## Alignment decisions", ""]
         for o in session.overrides:
             verb = "paired" if o.action == "pair" else "unpaired"
-            lines.append(f"- {verb} {_record(o.left)} with {_record(o.right)}: {o.reason}")
+            lines.append(f"- {verb} {_record(o.left)} with {_record(o.right)}: {printable(o.reason)}")
         lines.append("")
     if session.reruns:
         lines += ["## Reruns", ""]
         for r in session.reruns:
             at = f" at {_op(r.op)}" if r.op else ""
-            lines.append(f"- {r.description}{at}: {_code(str(r.capture.path))}")
+            lines.append(f"- {printable(r.description)}{at}: {_code(str(r.capture.path))}")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"

@@ -27,7 +27,7 @@ from sessions.compare.tensor_diff import ElementSample
 from sessions.compare.token_parity import POST_EOS, step_word, token_words
 from sessions.investigation.model import Bookmark, Investigation
 from sessions.investigation.store import describe_os_error
-from sessions.printable import printable
+from sessions.printable import printable_lines
 from sessions.progress import Progress, ProgressGenerator
 from sessions.report.plot_bins import bin_envelope, worst_per_bin
 from sessions.report.text import tolerance_text
@@ -54,7 +54,7 @@ def escape(text: str) -> str:
     """`text` for HTML, its control characters but line breaks written as escapes: notes, reasons
     and names come from someone else's session or capture, and an escape sequence in them
     reaches the terminal of whoever prints or greps the page."""
-    return html_escape("\n".join(printable(line) for line in text.split("\n")))
+    return html_escape(printable_lines(text))
 
 
 def png_data_uri(data: bytes) -> str:

@@ -119,7 +119,7 @@ def render(c: Comparison, top: int = 10, full: bool = False) -> str:
 
 def tolerance_text(c: Comparison) -> str:
     tol = c.tolerance
-    policy = f"; per-op rules from {c.tolerance_policy}" if c.tolerance_policy else ""
+    policy = f"; per-op rules from {printable(c.tolerance_policy)}" if c.tolerance_policy else ""  # a path a session file named
     if tol.is_bit_exact:
         return f"bit-exact{policy}" + (" (bit differences are still counted)" if policy else "")
     given = ", ".join(f"{name}={value}" for name, value in (("atol", tol.atol), ("rtol", tol.rtol), ("max_ulp", tol.max_ulp)) if value is not None)

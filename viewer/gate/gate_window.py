@@ -8,6 +8,8 @@ native and oracle captures in a main window of their own; the gate window stays 
 
 from __future__ import annotations
 
+from html import escape
+
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
@@ -24,6 +26,7 @@ from sessions.compare.verdict import UNUSABLE
 from sessions.gate.result import CaseResult, GateResult
 from viewer.settings import ViewerSettings
 from viewer.theme import WORD_COLOURS
+from viewer.widgets.plain_text import plain_label, plain_tip
 from viewer.window.main_window import MainWindow
 
 COLUMNS = ("case", "verdict", "gate", "first finding", "tokens", "EOS", "worst op", "notes")
@@ -50,11 +53,12 @@ class GateWindow(QMainWindow):
         self.setWindowTitle(f"Parity X-ray gate: {gate.manifest}")
         central = QWidget()
         layout = QVBoxLayout(central)
-        self.headline = QLabel(f"<b>{gate.headline}</b> (exit {gate.exit_code})")
+        self.headline = QLabel(f"<b>{escape(gate.headline)}</b> (exit {gate.exit_code})")
+        self.headline.setTextFormat(Qt.TextFormat.RichText)
         self.headline.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.headline.setWordWrap(True)
         layout.addWidget(self.headline)
-        layout.addWidget(QLabel(f"judged on {gate.cluster} in {gate.seconds:.1f} s, finished {gate.created}; double-click or Enter opens a case"))
+        layout.addWidget(plain_label(f"judged on {gate.cluster} in {gate.seconds:.1f} s, finished {gate.created}; double-click or Enter opens a case"))
         self.table = QTableWidget(len(gate.cases), len(COLUMNS))
         self.table.setHorizontalHeaderLabels(COLUMNS)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
@@ -63,7 +67,7 @@ class GateWindow(QMainWindow):
         for row, case in enumerate(gate.cases):
             for column, text in enumerate(case_cells(case)):
                 item = QTableWidgetItem(text)
-                item.setToolTip(text)
+                item.setToolTip(plain_tip(text))
                 if column == VERDICT_COLUMN:
                     item.setBackground(QColor(WORD_COLOURS.get(case.word, WORD_COLOURS[UNUSABLE])))
                     item.setForeground(QColor("white"))

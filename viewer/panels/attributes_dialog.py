@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
 from sessions.capture.record_attributes import MAX_SHOWN_BYTES, RecordAttributes
 from sessions.compare.verdict import Kind
 from viewer.theme import status_colour
+from viewer.widgets.plain_text import plain_label, plain_tip
 from viewer.widgets.read_only_table import read_only_table
 
 ATTRIBUTE_COLUMNS = ("name", "HDF5 type", "shape", "value")
@@ -36,7 +37,7 @@ def _fill(table: QTableWidget, rows: list[tuple[str, ...]], problems: list[bool]
     for row, (cells, problem) in enumerate(zip(rows, problems)):
         for col, text in enumerate(cells):
             item = QTableWidgetItem(text)
-            item.setToolTip(text)
+            item.setToolTip(plain_tip(text))
             if problem:
                 item.setForeground(QBrush(status_colour(Kind.SIGNED_ZERO_ONLY)))
             table.setItem(row, col, item)
@@ -59,11 +60,11 @@ class SideAttributes(QWidget):
         self.heading.setWordWrap(True)
         self.heading.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         layout.addWidget(self.heading)
-        layout.addWidget(QLabel("Attributes"))
+        layout.addWidget(plain_label("Attributes"))
         self.attributes = read_only_table(ATTRIBUTE_COLUMNS)
         _fill(self.attributes, [(a.name, a.hdf5_type, a.shape, a.value) for a in shown.attributes], [a.problem for a in shown.attributes])
         layout.addWidget(self.attributes, 2)
-        layout.addWidget(QLabel("Index row"))
+        layout.addWidget(plain_label("Index row"))
         self.index_row = read_only_table(("field", "value"))
         _fill(self.index_row, list(shown.index_row), [False] * len(shown.index_row))
         layout.addWidget(self.index_row, 3)
@@ -91,7 +92,7 @@ class AttributesDialog(QDialog):
         self.setWindowTitle(f"HDF5 attributes — {title}")
         self.resize(1100, 560)
         layout = QVBoxLayout(self)
-        note = QLabel(f"As stored in each file. Values over {MAX_SHOWN_BYTES // 1024} KiB, and types the capture format refuses, are listed but not read.")
+        note = plain_label(f"As stored in each file. Values over {MAX_SHOWN_BYTES // 1024} KiB, and types the capture format refuses, are listed but not read.")
         note.setWordWrap(True)
         layout.addWidget(note)
         splitter = QSplitter(Qt.Orientation.Horizontal)

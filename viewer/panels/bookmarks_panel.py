@@ -13,7 +13,6 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QFocusEvent
 from PySide6.QtWidgets import (
     QHBoxLayout,
-    QLabel,
     QListWidget,
     QListWidgetItem,
     QPlainTextEdit,
@@ -23,6 +22,7 @@ from PySide6.QtWidgets import (
 )
 
 from sessions.investigation.model import Bookmark, ChangeKind, Investigation
+from viewer.widgets.plain_text import plain_label, plain_tip
 
 
 class NoteEdit(QPlainTextEdit):
@@ -74,7 +74,7 @@ class BookmarksPanel(QWidget):
         self.jump_button = QPushButton("Show")
         self.jump_button.setToolTip("Select the bookmarked op and restore its view (double-click does the same)")
         self.remove_button = QPushButton("Remove")
-        self.hint = QLabel("Select an op, then bookmark it to keep a note with it.")
+        self.hint = plain_label("Select an op, then bookmark it to keep a note with it.")
         self.hint.setWordWrap(True)
         buttons = QHBoxLayout()
         for button in (self.add_button, self.jump_button, self.remove_button):
@@ -115,7 +115,7 @@ class BookmarksPanel(QWidget):
         for bookmark in self.session.bookmarks if self.session is not None else ():
             item = QListWidgetItem(bookmark_title(bookmark))
             item.setData(Qt.ItemDataRole.UserRole, bookmark.id)
-            item.setToolTip(bookmark.note or "(no note)")
+            item.setToolTip(plain_tip(bookmark.note or "(no note)"))
             self.list.addItem(item)
             if bookmark.id == current:
                 self.list.setCurrentItem(item)

@@ -18,7 +18,6 @@ from PySide6.QtWidgets import (
     QComboBox,
     QHBoxLayout,
     QHeaderView,
-    QLabel,
     QProgressBar,
     QPushButton,
     QSplitter,
@@ -42,6 +41,7 @@ from sessions.progress import Progress
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
 from viewer.theme import locality_colour, status_colour
+from viewer.widgets.plain_text import plain_label, plain_tip
 from viewer.widgets.progress_bar import show_progress
 from viewer.widgets.read_only_table import read_only_table
 from viewer.workers import TaskSlots
@@ -62,7 +62,7 @@ def _item(text: str, tip: str = "") -> QTableWidgetItem:
     item = QTableWidgetItem(text)
     item.setFlags(item.flags() & ~Qt.ItemFlag.ItemIsEditable)
     if tip:
-        item.setToolTip(tip)
+        item.setToolTip(plain_tip(tip))
     return item
 
 
@@ -105,15 +105,15 @@ class DiagnosisPanel(QWidget):
         self.progress = QProgressBar()
         self.progress.setTextVisible(True)
         self.progress.setMinimumWidth(40)  # it stretches over the row's free width; narrow only in a narrow window
-        self.verdict = QLabel()
+        self.verdict = plain_label()
         self.verdict.setObjectName("diagnosisVerdict")
         self.verdict.setWordWrap(True)
         self.verdict.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.verdict.setStyleSheet("font-weight: bold; padding: 6px; border-left: 4px solid #4a90d9;")
-        self.summary = QLabel()
+        self.summary = plain_label()
         self.summary.setWordWrap(True)
         self.ops = _table(OP_COLUMNS)
-        self.why = QLabel()
+        self.why = plain_label()
         self.why.setWordWrap(True)
         self.why.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.candidates = _table(CANDIDATE_COLUMNS)
@@ -133,7 +133,7 @@ class DiagnosisPanel(QWidget):
 
     def _layout(self) -> None:
         controls = QHBoxLayout()
-        controls.addWidget(QLabel("Diagnose"))
+        controls.addWidget(plain_label("Diagnose"))
         for widget in (self.scope, self.run_button, self.cancel_button, self.show_inherited):
             controls.addWidget(widget)
         controls.addWidget(self.progress, 1)
@@ -283,7 +283,7 @@ class DiagnosisPanel(QWidget):
         found = op.classification
         route = "; ".join(found.oracle_route) or "—"
         self.why.setText(f"{found.key} is {found.locality}: {found.why}.")
-        self.why.setToolTip(f"Oracle's route: {route}.\nCloser to exact (float64): {found.closer_to_exact}.")
+        self.why.setToolTip(plain_tip(f"Oracle's route: {route}.\nCloser to exact (float64): {found.closer_to_exact}."))
         self.layout().activate()
         self.candidates.setRowCount(len(op.candidates))
         for row, result in enumerate(op.candidates):

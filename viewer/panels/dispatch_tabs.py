@@ -95,7 +95,7 @@ class DispatchTabs(QObject):
             return
         key = pair.key
         whole = whole_op(key)
-        self.rerun.set_key(OpKey(whole.step, whole.segment, whole.layer, whole.op, 0).text())
+        self.rerun.set_key(OpKey(whole.step, whole.segment, whole.layer, whole.op, 0, whole.positions).text())
         timeline, selected = self.timeline_model.timeline, self.timeline_model.selected
         if timeline is not None and selected is not None and timeline.keys[int(timeline.slot[selected])] == key:
             return  # the click that made this selection already chose the call to highlight

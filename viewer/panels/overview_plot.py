@@ -13,12 +13,13 @@ from typing import Any
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
 from viewer.theme import STATUS_COLOURS
 from viewer.widgets.opaque_grid_axis import grid_axes, show_grid
+from viewer.widgets.plain_text import plain_label
 from viewer.widgets.stale_while_hidden import StaleWhileHidden
 
 FIRST = "#d64541"
@@ -36,7 +37,7 @@ class OverviewPlot(QWidget):
         self._position: dict[int, int] = {}
         layout = QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 6, 6)
-        self.headline = QLabel("Open a pair to see where the runs part")
+        self.headline = plain_label("Open a pair to see where the runs part")
         self.headline.setObjectName("sectionTitle")
         self.headline.setWordWrap(True)
         layout.addWidget(self.headline)

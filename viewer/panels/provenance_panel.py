@@ -13,7 +13,6 @@ from PySide6.QtGui import QBrush, QColor, QFont
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QHeaderView,
-    QLabel,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
@@ -23,6 +22,7 @@ from PySide6.QtWidgets import (
 from sessions.capture.reader import Capture
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
+from viewer.widgets.plain_text import plain_label, plain_tip
 
 MISMATCH_BACKGROUND = QColor(214, 69, 65, 70)
 
@@ -59,7 +59,7 @@ class ProvenancePanel(QWidget):
         self._model = model
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 8, 8, 8)
-        self.summary = QLabel()
+        self.summary = plain_label()
         self.summary.setObjectName("sectionTitle")
         self.summary.setWordWrap(True)
         layout.addWidget(self.summary)
@@ -97,13 +97,13 @@ class ProvenancePanel(QWidget):
             differs = key in mismatched or (key == "complete" and "NO" in cells[1] + cells[2])
             for col, text in enumerate(cells):
                 item = QTableWidgetItem(text)
-                item.setToolTip(text)
+                item.setToolTip(plain_tip(text))
                 if differs:
                     item.setBackground(QBrush(MISMATCH_BACKGROUND))
                     item.setFont(bold)
                 elif key in expected:
                     item.setFont(muted)
-                    item.setToolTip(f"{text}\n(differs by design between a port and its oracle: not a problem)")
+                    item.setToolTip(plain_tip(f"{text}\n(differs by design between a port and its oracle: not a problem)"))
                 self.table.setItem(row, col, item)
         viewed = self._model.comparison
         if viewed is None:

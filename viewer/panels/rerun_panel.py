@@ -19,7 +19,6 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QHBoxLayout,
     QHeaderView,
-    QLabel,
     QProgressBar,
     QPushButton,
     QSpinBox,
@@ -44,6 +43,7 @@ from sessions.capture.reader import Capture
 from sessions.compare.comparison import Comparison
 from sessions.progress import Progress
 from viewer.comparison_view import ViewedComparison
+from viewer.widgets.plain_text import plain_label
 from viewer.widgets.progress_bar import show_progress
 from viewer.workers import TaskSlots
 
@@ -145,14 +145,14 @@ class RerunPanel(QWidget):
         self.save_button.setEnabled(False)
         self.progress = QProgressBar()
         self.progress.setTextVisible(True)
-        self.status = QLabel("Choose an op or a segment, then run it.")
+        self.status = plain_label("Choose an op or a segment, then run it.")
         self.status.setWordWrap(True)
-        self.device_note = QLabel()
+        self.device_note = plain_label()
         self.device_note.setWordWrap(True)
         self.device_note.setStyleSheet("color: #c9a227;")
-        self.calls = QLabel()
+        self.calls = plain_label()
         self.calls.setWordWrap(True)
-        self.verdict = QLabel()
+        self.verdict = plain_label()
         self.verdict.setWordWrap(True)
         self.verdict.setStyleSheet("font-weight: bold;")
         self.table = QTableWidget(0, len(COLUMNS))
@@ -177,13 +177,13 @@ class RerunPanel(QWidget):
         self.key.setToolTip("An op key, STEP:SEGMENT:LAYER:OP (e.g. 0:visual:0:sdpa), or a segment in the op's place (attention_block, decoder_layer)")
         sides = QHBoxLayout()
         for label, widget in (("inputs from", self.source), ("route from", self.route_from)):
-            sides.addWidget(QLabel(label))
+            sides.addWidget(plain_label(label))
             sides.addWidget(widget)
         sides.addStretch(1)
         form.addRow("Sides", sides)
         for title, widgets in (
-            ("Attention", (self.head_chunk, QLabel("chunk limit"), self.chunk_limit)),
-            ("Compute", (QLabel("dtype"), self.dtype, QLabel("device"), self.device)),
+            ("Attention", (self.head_chunk, plain_label("chunk limit"), self.chunk_limit)),
+            ("Compute", (plain_label("dtype"), self.dtype, plain_label("device"), self.device)),
         ):
             row = QHBoxLayout()
             for widget in widgets:

@@ -27,6 +27,7 @@ from backends.dispatch.timeline import (
     timeline_summary,
 )
 from viewer.panels.timeline_model import TimelineModel
+from viewer.widgets.plain_text import plain_label
 from viewer.widgets.stale_while_hidden import StaleWhileHidden
 
 PRIMITIVE_COLOURS: dict[str, str] = {
@@ -167,7 +168,7 @@ class TimelineView(QWidget):
         self.lanes = self._combo({"group": "Lanes: layer × KV group", "call": "Lanes: call number"}, model.set_lane_mode)
         self.x_axis = self._combo({"call": "Axis: call order", "time": "Axis: time (ms)"}, model.set_x_mode)
         self.colours = self._combo({"metal": "Colour: Metal primitive", "executed": "Colour: executed primitive"}, model.set_colour_by)
-        self.summary = QLabel()
+        self.summary = plain_label()
         self.summary.setWordWrap(True)
         bar = QHBoxLayout()
         for widget in (self.lanes, self.x_axis, self.colours):

@@ -17,7 +17,6 @@ from PySide6.QtCore import (
 )
 from PySide6.QtGui import QBrush, QColor, QFont, QFontMetrics
 from PySide6.QtWidgets import (
-    QLabel,
     QStyle,
     QTableView,
     QVBoxLayout,
@@ -26,6 +25,7 @@ from PySide6.QtWidgets import (
 
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
+from viewer.widgets.plain_text import plain_label
 from viewer.widgets.read_only_table import read_only
 from viewer.widgets.stale_while_hidden import StaleWhileHidden
 
@@ -121,7 +121,7 @@ class TokenTable(QWidget):
         self._model = model
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 8, 8, 8)
-        self.summary = QLabel("Token parity appears once a pair is compared")
+        self.summary = plain_label("Token parity appears once a pair is compared")
         self.summary.setObjectName("sectionTitle")
         self.summary.setWordWrap(True)
         layout.addWidget(self.summary)

@@ -13,7 +13,6 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (
     QHeaderView,
-    QLabel,
     QTableWidgetItem,
     QVBoxLayout,
     QWidget,
@@ -23,6 +22,7 @@ from sessions.compare.verdict import PARITY
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
 from viewer.theme import STATUS_COLOURS
+from viewer.widgets.plain_text import plain_label
 from viewer.widgets.read_only_table import read_only_table
 from viewer.widgets.stale_while_hidden import StaleWhileHidden
 
@@ -51,7 +51,7 @@ class WorstOpsTable(QWidget):
         self._model = model
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 8, 8, 8)
-        self.summary = QLabel("The worst ops appear once a pair is compared")
+        self.summary = plain_label("The worst ops appear once a pair is compared")
         self.summary.setObjectName("sectionTitle")
         self.summary.setWordWrap(True)  # a long summary wraps: one line of it set the window's least width
         layout.addWidget(self.summary)

@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 
 from sessions.bits.element_info import ElementInfo, describe, ulp_between
 from sessions.bits.quant_blocks import QuantBlock
+from viewer.widgets.plain_text import plain_label
 
 DIFFERENT = "#d64541"
 
@@ -108,10 +109,10 @@ class ElementInspector(QFrame):
         """The op key of the shown slice, for copied text."""
         outer = QVBoxLayout(self)
         outer.setContentsMargins(10, 8, 10, 8)
-        self.title = QLabel("Element inspector")
+        self.title = plain_label("Element inspector")
         self.title.setObjectName("sectionTitle")
         outer.addWidget(self.title)
-        self.hint = QLabel(HOVER_HINT)
+        self.hint = plain_label(HOVER_HINT)
         self.hint.setWordWrap(True)
         outer.addWidget(self.hint)
         self.copy_button = QPushButton("Copy element")
@@ -127,13 +128,13 @@ class ElementInspector(QFrame):
         grid.setVerticalSpacing(3)
         line = 0
         for side in ("native", "oracle"):
-            head = QLabel(side)
+            head = plain_label(side)
             head.setObjectName("sectionTitle")
             grid.addWidget(head, line, 0, 1, 2)
             line += 1
             for name in self.ROWS:
-                grid.addWidget(QLabel(name), line, 0, Qt.AlignmentFlag.AlignTop)
-                cell = QLabel("")
+                grid.addWidget(plain_label(name), line, 0, Qt.AlignmentFlag.AlignTop)
+                cell = plain_label("")
                 cell.setFont(mono)
                 cell.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
                 cell.setWordWrap(True)
@@ -144,13 +145,13 @@ class ElementInspector(QFrame):
             line += 1
         grid.setColumnStretch(1, 1)
         outer.addLayout(grid)
-        self.block = QLabel("")
+        self.block = plain_label("")
         self.block.setFont(mono)
         self.block.setWordWrap(True)
         self.block.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.block.setVisible(False)
         outer.addWidget(self.block)
-        self.verdict = QLabel("")
+        self.verdict = plain_label("")
         big = QFont()
         big.setPointSize(13)
         big.setBold(True)

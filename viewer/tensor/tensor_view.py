@@ -17,7 +17,6 @@ from PySide6.QtWidgets import (
     QComboBox,
     QFrame,
     QHBoxLayout,
-    QLabel,
     QMenu,
     QPushButton,
     QScrollArea,
@@ -42,6 +41,7 @@ from viewer.tensor.tensor_loader import (
     TensorSlice,
     detail_bounds,
 )
+from viewer.widgets.plain_text import plain_label
 
 pg.setConfigOptions(imageAxisOrder="row-major")
 
@@ -74,9 +74,9 @@ class AxisPicker(QWidget):
             combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         self.rows.setToolTip("Axis shown as heatmap rows")
         self.cols.setToolTip("Axis shown as heatmap columns")
-        self._layout.addWidget(QLabel("rows"))
+        self._layout.addWidget(plain_label("rows"))
         self._layout.addWidget(self.rows)
-        self._layout.addWidget(QLabel("cols"))
+        self._layout.addWidget(plain_label("cols"))
         self._layout.addWidget(self.cols)
         self._spins: list[QSpinBox] = []
         self.rows.activated.connect(self._emit)
@@ -153,7 +153,7 @@ class TensorView(QWidget):
         outer = QVBoxLayout(self)
         outer.setContentsMargins(6, 6, 6, 6)
         outer.setSpacing(4)
-        self.title = QLabel("Select an op in the alignment tree")
+        self.title = plain_label("Select an op in the alignment tree")
         self.title.setObjectName("sectionTitle")
         self.title.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.title.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
@@ -163,7 +163,7 @@ class TensorView(QWidget):
         self.axes.changed.connect(self.slice_requested)
         top.addWidget(self.axes)
         top.addStretch(1)
-        top.addWidget(QLabel("colour scale"))
+        top.addWidget(plain_label("colour scale"))
         self.scale_buttons = QButtonGroup(self)
         for scale in COLOUR_SCALES:
             button = QPushButton(scale)

@@ -31,7 +31,6 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QHeaderView,
     QInputDialog,
-    QLabel,
     QLineEdit,
     QMenu,
     QPushButton,
@@ -45,6 +44,7 @@ from sessions.compare.verdict import Kind
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
 from viewer.theme import icon, locality_colour, status_colour, status_icon
+from viewer.widgets.plain_text import plain_label, plain_tip
 
 PAIR_ROLE = Qt.ItemDataRole.UserRole + 1
 UNALIGNED_ROLE = Qt.ItemDataRole.UserRole + 3
@@ -120,7 +120,7 @@ class AlignmentTree(QWidget):
         self.jump_button.clicked.connect(self.jump_requested)
         top.addWidget(self.jump_button)
         layout.addLayout(top)
-        self.summary = QLabel("No comparison yet")
+        self.summary = plain_label("No comparison yet")
         self.summary.setObjectName("sectionTitle")
         self.summary.setWordWrap(True)
         layout.addWidget(self.summary)
@@ -229,7 +229,7 @@ class AlignmentTree(QWidget):
             row = self._row(label, pair.verdict, cv.pair_ulp_error_text(pair), cv.pair_differing_text(pair))
             row[0].setData(pair, PAIR_ROLE)
             tooltip = cv.pair_tooltip(pair, comparison) if comparison is not None else ""
-            row[0].setToolTip(f"{tooltip}\npaired by hand: {pair.manual_reason}" if manual else tooltip)
+            row[0].setToolTip(plain_tip(f"{tooltip}\npaired by hand: {pair.manual_reason}" if manual else tooltip))
             cause = self._model.locality.get(pair.key, "")
             if cause:
                 row[CAUSE_COLUMN].setText(cause)
@@ -239,7 +239,7 @@ class AlignmentTree(QWidget):
         for record in group.records:
             row = self._row(cv.unaligned_label(record), group.record_status(record), "", cv.unaligned_reason(record))
             row[0].setData(record, UNALIGNED_ROLE)
-            row[0].setToolTip(cv.unaligned_reason(record))
+            row[0].setToolTip(plain_tip(cv.unaligned_reason(record)))
             self._unaligned_items[id(record)] = row[0]
             parent.appendRow(row)
 

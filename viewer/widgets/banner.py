@@ -37,8 +37,11 @@ class Banner(QFrame):
         actions: Sequence[BannerAction] = (),
         details: str = "",
         expanded: bool = True,
+        rich: bool = False,
     ) -> None:
-        """`details` (optional) sits below `text`, shown or hidden by a Details toggle; `expanded` is its first state."""
+        """`details` (optional) sits below `text`, shown or hidden by a Details toggle; `expanded` is its first state.
+        `rich`: `text` and `details` are markup whose interpolated data is escaped (the contract
+        card); otherwise they show as they are, whatever a capture's names hold (viewer.widgets.plain_text)."""
         super().__init__(parent)
         if level not in LEVELS:
             raise ValueError(f"banner level must be one of {LEVELS}, not {level!r}")
@@ -48,7 +51,9 @@ class Banner(QFrame):
         self.setProperty("level", level)
         layout = QHBoxLayout(self)
         layout.setContentsMargins(10, 6, 6, 6)
+        text_format = Qt.TextFormat.RichText if rich else Qt.TextFormat.PlainText
         self.label = QLabel(text)
+        self.label.setTextFormat(text_format)
         self.label.setObjectName("bannerText")
         self.label.setWordWrap(True)
         self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -58,6 +63,7 @@ class Banner(QFrame):
         # Children from the start: a parentless widget made visible is a window of its own, and
         # showing it took the keyboard focus from the main window (Ctrl+J then did nothing).
         self.details = QLabel(details, self)
+        self.details.setTextFormat(text_format)
         self.details.setObjectName("bannerText")
         self.details.setWordWrap(True)
         self.details.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -122,9 +128,17 @@ class BannerArea(QWidget):
         self.setVisible(False)
 
     def show_message(
-        self, group: str, level: str, text: str, closable: bool = True, actions: Sequence[BannerAction] = (), details: str = "", expanded: bool = True
+        self,
+        group: str,
+        level: str,
+        text: str,
+        closable: bool = True,
+        actions: Sequence[BannerAction] = (),
+        details: str = "",
+        expanded: bool = True,
+        rich: bool = False,
     ) -> Banner:
-        banner = Banner(level, text, closable, self, actions, details, expanded)
+        banner = Banner(level, text, closable, self, actions, details, expanded, rich)
         banner.destroyed.connect(self._refresh)
         self._groups.setdefault(group, []).append(banner)
         self._layout.addWidget(banner)

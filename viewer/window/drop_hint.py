@@ -6,9 +6,10 @@ from pathlib import Path
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QPixmap
-from PySide6.QtWidgets import QLabel, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QPushButton, QVBoxLayout, QWidget
 
 from viewer.theme import asset
+from viewer.widgets.plain_text import plain_label
 
 
 class DropHint(QWidget):
@@ -18,11 +19,11 @@ class DropHint(QWidget):
         super().__init__(parent)
         layout = QVBoxLayout(self)
         layout.addStretch(2)
-        picture = QLabel()
+        picture = plain_label()
         picture.setPixmap(QPixmap(str(asset("drop-hint.svg"))).scaled(96, 96, Qt.AspectRatioMode.KeepAspectRatio, Qt.TransformationMode.SmoothTransformation))
         picture.setAlignment(Qt.AlignmentFlag.AlignCenter)
         layout.addWidget(picture)
-        self.label = QLabel(
+        self.label = plain_label(
             "Drop a native and an oracle capture here\n"
             "(one or both at once; roles come from each file's role hint)"
         )
@@ -33,7 +34,7 @@ class DropHint(QWidget):
         button.clicked.connect(self.open_requested)
         button.setMaximumWidth(260)
         layout.addWidget(button, 0, Qt.AlignmentFlag.AlignHCenter)
-        self.recent = QLabel()
+        self.recent = plain_label()
         self.recent.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.recent.setObjectName("sectionTitle")
         layout.addWidget(self.recent)

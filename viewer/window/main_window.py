@@ -24,7 +24,6 @@ from PySide6.QtWidgets import (
     QApplication,
     QDockWidget,
     QFileDialog,
-    QLabel,
     QMainWindow,
     QProgressBar,
     QPushButton,
@@ -61,6 +60,7 @@ from viewer.tensor.tensor_view import TensorView
 from viewer.theme import apply_theme, icon, restyle_plots
 from viewer.tree.alignment_tree import AlignmentTree
 from viewer.widgets.banner import BannerArea
+from viewer.widgets.plain_text import plain_label
 from viewer.widgets.progress_bar import show_progress
 from viewer.window.drop_hint import DropHint
 from viewer.window.help_dialog import HelpDialog
@@ -185,7 +185,7 @@ class MainWindow(QMainWindow):
 
     def _build_status_bar(self) -> None:
         bar = self.statusBar()
-        self.role_label = QLabel()
+        self.role_label = plain_label()
         self.role_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         bar.addWidget(self.role_label, 1)
         self.tolerance_indicator = ToleranceIndicator(self.model)
@@ -514,7 +514,7 @@ class MainWindow(QMainWindow):
         if card is not None:
             headline, details = card
             expanded = self.height() >= CARD_EXPANDED_FROM_HEIGHT
-            self.banners.show_message("comparison", "error", headline, details=details, expanded=expanded)
+            self.banners.show_message("comparison", "error", headline, details=details, expanded=expanded, rich=True)
         self.tabs.prerender_hidden()
         record = cv.first_finding_record(comparison)
         if record is not None:

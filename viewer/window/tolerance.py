@@ -34,6 +34,7 @@ from sessions.compare.tolerance_policy import load_policy
 from sessions.investigation.model import SavedTolerance
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
+from viewer.widgets.plain_text import plain_label, plain_tip
 
 ERROR_STYLE = "color: #d64541;"
 
@@ -56,7 +57,7 @@ class ToleranceIndicator(QToolButton):
     def refresh(self) -> None:
         viewed = self._model.comparison
         self.setText(cv.tolerance_label(viewed))
-        self.setToolTip(cv.tolerance_tooltip(viewed))
+        self.setToolTip(plain_tip(cv.tolerance_tooltip(viewed)))
 
 
 class ToleranceDialog(QDialog):
@@ -104,7 +105,7 @@ class ToleranceDialog(QDialog):
         policy_row.addWidget(self.clear_policy)
         form.addRow("policy file (TOML)", policy_row)
         layout.addLayout(form)
-        self.error = QLabel()
+        self.error = plain_label()
         self.error.setObjectName("toleranceError")
         self.error.setStyleSheet(ERROR_STYLE)
         self.error.setWordWrap(True)

@@ -18,6 +18,7 @@ from typing import Any
 from PySide6.QtWidgets import QApplication
 
 from viewer.widgets.banner import BannerArea
+from viewer.widgets.plain_text import plain_tip
 
 GROUP = "uncaught"
 ExceptHook = Callable[[type[BaseException], BaseException, "TracebackType | None"], Any]
@@ -63,8 +64,8 @@ class UncaughtErrors:
         if text in banners.texts(GROUP):
             return
         banner = banners.show_message(GROUP, "error", text, actions=[("Copy details", lambda: _copy(details))])
-        banner.label.setToolTip(details)
-        banner.setToolTip(details)
+        banner.label.setToolTip(plain_tip(details))
+        banner.setToolTip(plain_tip(details))
 
 
 def _copy(text: str) -> None:

@@ -9,12 +9,13 @@ bar always shows it).
 from __future__ import annotations
 
 from PySide6.QtCore import QEvent, Qt, Signal
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QWidget
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QPushButton, QWidget
 
 from sessions.compare.verdict import UNUSABLE, Kind
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
 from viewer.theme import WORD_COLOURS
+from viewer.widgets.plain_text import plain_label, plain_tip
 
 COMPARING = "#5f6773"
 
@@ -30,9 +31,9 @@ class VerdictStrip(QFrame):
         layout = QHBoxLayout(self)
         layout.setContentsMargins(12, 6, 12, 6)
         layout.setSpacing(14)
-        self.word = QLabel()
+        self.word = plain_label()
         self.word.setObjectName("verdictWord")
-        self.detail = QLabel()
+        self.detail = plain_label()
         self.detail.setWordWrap(True)
         self.detail.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.go = QPushButton("Go to it (Ctrl+J)")
@@ -96,7 +97,7 @@ class VerdictStrip(QFrame):
             detail += f"  ·  aligned {alignment.short()}"
         self._paint(verdict.word, detail, WORD_COLOURS[verdict.word])
         tip = [detail] + ([first.detail] if first is not None else []) + ([f"aligned {alignment.words()}"] if not alignment.is_plain else [])
-        self.detail.setToolTip("\n".join([*tip, cv.tolerance_tooltip(viewed)]))
+        self.detail.setToolTip(plain_tip("\n".join([*tip, cv.tolerance_tooltip(viewed)])))
         self.go.setVisible(first is not None)
 
     def _waiting(self) -> tuple[str, str]:
@@ -119,7 +120,7 @@ class VerdictStrip(QFrame):
     def _paint(self, word: str, detail: str, colour: str) -> None:
         self.word.setText(word)
         self.detail.setText(detail)
-        self.detail.setToolTip(detail)
+        self.detail.setToolTip(plain_tip(detail))
         # One style sheet with a rule per colour, set once; a new sheet per verdict re-parsed and
         # restyled the strip and its children (10 ms of a real model's comparison's arrival).
         self.setProperty("tone", colour.lstrip("#"))

@@ -13,6 +13,7 @@ from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize, quantize
 
 from backends.engines.demo_model import load_weights
+from backends.rerun.inputs import RerunInputError
 from backends.rerun.segment import RerunOptions, iter_rerun, rerun_target
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.opening import open_capture
@@ -109,6 +110,19 @@ def test_weights_stored_in_the_capture_are_used_before_any_file(tmp_path: Path) 
         result = run_to_end(iter_rerun(native, oracle, run_to_end(iter_compare(native, oracle)), rerun_target("0:prefill:0:q_proj"), RerunOptions(source="native")))
     assert result.reproduces("native") and result.ops[0].dtype == "float32"
     assert result.ops[0].exact["rerun"].rmse < 1e-5
+
+
+def test_a_weight_neither_the_capture_nor_a_file_holds_is_asked_for_with_the_option_that_names_one(tmp_path: Path) -> None:
+    x = np.random.default_rng(1).normal(size=(3, 16)).astype(np.float32)
+    path = tmp_path / "no-weights.h5"
+    with CaptureWriter(path, CaptureMeta(role="native")) as writer:
+        writer.add_tensor("attn_norm", x, step=0, segment="prefill", layer=0)
+        writer.add_tensor("q_proj", x[:, :8].copy(), step=0, segment="prefill", layer=0)
+    with open_capture(path) as native, open_capture(path) as oracle, pytest.raises(RerunInputError) as missing:
+        run_to_end(iter_rerun(native, oracle, run_to_end(iter_compare(native, oracle)), rerun_target("0:prefill:0:q_proj"), RerunOptions(source="native")))
+    assert str(missing.value).endswith(
+        "neither the native capture nor a referenced weights file holds it (`rerun --weights FILE` names the file that does)"
+    )
 
 
 def _record_without_config(pair: tuple[Path, Path], tmp_path: Path, config: dict | None = None, **where: str) -> tuple[Path, Path]:

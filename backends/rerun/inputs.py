@@ -321,6 +321,7 @@ class WeightSource:
             raise RerunInputError(
                 f"{op} rerun needs the {where}weight ({' or '.join(names)}); neither the {self.ops.side} capture "
                 f"nor {self.path if self.path is not None else 'a referenced weights file'} holds it"
+                + ("" if self.named else " (`rerun --weights FILE` names the file that does)")
             )
         name, weight, source = found
         _check_weight(op, name, weight, source, width)

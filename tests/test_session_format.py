@@ -277,3 +277,31 @@ def test_json_beyond_what_a_parser_reads_is_a_located_format_error(text: str, lo
         loads(text.encode(), "s.xray")
     assert (caught.value.source, caught.value.location) == ("s.xray", location)
     assert caught.value.problem.startswith(problem)
+
+
+@pytest.mark.parametrize(
+    ("edit", "location", "problem"),
+    [
+        (lambda d: d["session"]["view"]["colour_scale"].update(vmin="NaN"), "/session/view/colour_scale/vmin", "holds NaN or an infinity"),
+        (lambda d: d["session"]["view"]["layout"].update(zoom="1e999"), "/session/view/layout", "holds NaN or an infinity"),
+        (lambda d: d["session"]["tolerances"]["default"].update(atol="9" * 400), "/session/tolerances/default/atol", "is too large a number (400 digits)"),
+        (lambda d: d["session"]["bookmarks"].append(dict(d["session"]["bookmarks"][0])), "/session/bookmarks/2/id", "bookmark id"),
+    ],
+)
+def test_numbers_no_save_could_write_back_and_a_bookmark_id_used_twice_are_refused_where_they_are(
+    tmp_path: Path, edit, location: str, problem: str  # type: ignore[no-untyped-def]
+) -> None:
+    document = json.loads(dumps(full_session(tmp_path)))
+    edit(document)
+    text = json.dumps(document).replace('"NaN"', "NaN").replace('"1e999"', "1e999").replace('"' + "9" * 400 + '"', "9" * 400)
+    with pytest.raises(SessionFormatError) as refused:
+        loads(text.encode(), "s.xray")
+    assert refused.value.location == location and refused.value.problem.startswith(problem), refused.value
+
+
+def test_a_relative_policy_path_is_the_session_folders_for_the_window_as_for_report(tmp_path: Path) -> None:
+    document = json.loads(dumps(full_session(tmp_path)))
+    document["session"]["tolerances"]["policy"] = "policies/strict.toml"
+    decoded = loads(json.dumps(document).encode(), str(tmp_path / "folder" / "s.xray"))
+    assert decoded.session.tolerance_policy == tmp_path / "folder" / "policies" / "strict.toml"
+

@@ -17,10 +17,12 @@ from pathlib import Path
 import pytest
 
 from sessions.atomic_write import STALE_TEMP_AGE_S, atomic_write_bytes
+from sessions.capture.identity import CaptureIdentity
 from sessions.compare.key import OpKey
 from sessions.investigation.model import Investigation
 from sessions.investigation.store import (
     MAX_SESSION_BYTES,
+    SessionChangedError,
     SessionDocument,
     SessionOpenError,
     SessionSaveError,
@@ -299,3 +301,31 @@ def test_saving_over_a_fifo_does_not_wait_to_read_it_first(tmp_path: Path) -> No
         save_session(titled("saved"), path, backups=0)
         assert time.monotonic() - started < UNBLOCK_AFTER_S
         assert SessionDocument.open(path).session.title == "saved"
+
+
+def test_a_save_over_a_file_another_window_saved_since_is_refused_until_asked_to_replace_it(tmp_path: Path) -> None:
+    path = tmp_path / "s.xray"
+    save_session(titled("first"), path)
+    mine, theirs = SessionDocument.open(path), SessionDocument.open(path)
+    theirs.session.add_bookmark(OpKey(0, "visual", 0, "sdpa"), "their finding")
+    theirs.save()
+    mine.session.add_bookmark(OpKey(0, "visual", 0, "ffn_act"), "my finding")
+    with pytest.raises(SessionChangedError, match="changed on disk since this window opened or saved it"):
+        mine.save()
+    assert [b.note for b in SessionDocument.open(path).session.bookmarks] == ["note of first", "their finding"], "their work is still there"
+    mine.save(replace_changed=True)
+    mine.session.set_title("again")
+    mine.save()
+    assert SessionDocument.open(path).session.title == "again", "a file this window wrote last saves without a question"
+
+
+def test_a_session_is_never_saved_over_one_of_its_captures(tmp_path: Path) -> None:
+    capture = tmp_path / "native.h5"
+    capture.write_bytes(b"not really a capture")
+    session = Investigation()
+    session.add_capture("native", capture, CaptureIdentity(20, 0, "0" * 64))
+    document = SessionDocument(session)
+    with pytest.raises(SessionSaveError, match="it is the session's native capture, which a session file never replaces"):
+        document.save_as(capture)
+    assert capture.read_bytes() == b"not really a capture" and not capture.with_name("native.h5.1").exists()
+

@@ -172,8 +172,8 @@ time.sleep(120)
 """
 
 
-def test_a_killed_viewers_session_is_offered_once_and_restored(qtbot: QtBot, tmp_path: Path) -> None:
-    settings = tmp_path / "viewer.ini"
+def _killed_viewer(qtbot: QtBot, settings: Path) -> None:
+    """A viewer with an unsaved title and bookmark, killed; while it runs, its session is not offered."""
     crashed = subprocess.Popen([sys.executable, "-c", CRASHING_VIEWER, str(settings)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert crashed.stdout is not None and crashed.stdout.readline() == "autosaved\n"
@@ -184,6 +184,11 @@ def test_a_killed_viewers_session_is_offered_once_and_restored(qtbot: QtBot, tmp
         crashed.send_signal(signal.SIGKILL)
         crashed.wait()
         crashed.stdout.close()
+
+
+def test_a_killed_viewers_session_is_offered_once_and_restored(qtbot: QtBot, tmp_path: Path) -> None:
+    settings = tmp_path / "viewer.ini"
+    _killed_viewer(qtbot, settings)
     win = new_window(qtbot, settings)
     [offer] = win.banners.banners("recovery")
     assert "stopped unexpectedly" in offer.text and "1 bookmark(s)" in offer.text
@@ -198,6 +203,29 @@ def test_a_killed_viewers_session_is_offered_once_and_restored(qtbot: QtBot, tmp
     win.close()
     third = new_window(qtbot, settings)
     assert third.banners.banners("recovery") == [], "a restored and discarded session is not offered again"
+    third.close()
+
+
+def test_an_unanswered_recovery_offer_is_offered_again_and_restoring_settles_the_windows_own_work_first(qtbot: QtBot, tmp_path: Path) -> None:
+    settings = tmp_path / "viewer.ini"
+    _killed_viewer(qtbot, settings)
+    first = new_window(qtbot, settings)
+    assert len(first.banners.banners("recovery")) == 1
+    first.close()
+    second = new_window(qtbot, settings)
+    [offer] = second.banners.banners("recovery")
+    assert "1 bookmark(s)" in offer.text, "a window closed with the offer unanswered left the work unoffered for good"
+    second.session_file.session.set_title("this window's own work")
+    second.session_file.ask_close = lambda: "cancel"
+    offer.buttons["Restore"].click()
+    assert second.session_file.session.title == "this window's own work", "Restore replaced unsaved work without asking"
+    [again] = [banner for banner in second.banners.banners("recovery") if "was not restored" in banner.text]
+    second.session_file.ask_close = lambda: "discard"
+    again.buttons["Restore"].click()
+    assert second.session_file.session.title == "crashed investigation"
+    second.close()
+    third = new_window(qtbot, settings)
+    assert third.banners.banners("recovery") == []
     third.close()
 
 

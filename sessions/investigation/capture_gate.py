@@ -77,7 +77,7 @@ def _is_file(path: Path) -> bool:
 
 def _status(ref: CaptureRef, path: Path, current: CaptureIdentity) -> CaptureStatus:
     if ref.identity.same_content(current):
-        note = "" if ref.identity.mtime_ns == current.mtime_ns else " (modified time changed, content identical)"
+        note = "" if ref.identity.mtime_ns == current.mtime_ns else " (modified time changed; root attributes and index identical, tensor bytes not hashed)"
         return CaptureStatus(ref.id, ref.role, path, CaptureState.OK, f"{path}: unchanged{note}", current)
     changes = "; ".join(ref.identity.differences(current))
     message = f"{path}: not the capture this session was saved with ({changes}); its data is not shown until you accept it"

@@ -203,6 +203,12 @@ class RecoveryOffer:
         with contextlib.suppress(OSError):
             self.file.unlink(missing_ok=True)
 
+    def release(self) -> None:
+        """Unclaim an offer the user neither restored nor discarded (the window closed with it
+        shown): the next start offers it again. A claimed file no scan looks at was work lost."""
+        with contextlib.suppress(OSError):
+            os.rename(self.file, self.file.with_name(self.file.name.removesuffix(_OFFERED_SUFFIX)))
+
 
 @dataclass(frozen=True)
 class RecoveryScan:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -224,7 +225,11 @@ class _Node:
         return self.get(key, (int,))
 
     def number(self, key: str) -> float:
-        return float(self.get(key, (int, float)))
+        value = self.get(key, (int, float))
+        try:
+            return float(value)
+        except OverflowError:  # an integer of hundreds of digits
+            raise self.fail(f"is too large a number ({len(str(value))} digits)", key) from None
 
     def node(self, key: str) -> _Node:
         return _Node(self.get(key, (dict,)), f"{self.where}/{key}", self.source, self.lenient)
@@ -256,14 +261,16 @@ def _read_optional_op(n: _Node | None) -> OpKey | None:
     return None if n is None else _read_op(n)
 
 
+_NOT_JSON_NUMBER = "holds NaN or an infinity (1e999 reads as one), which a session never holds: it could not be saved again"
+
+
 def _read_view(n: _Node) -> ViewState:
     scale = n.node("colour_scale")
-    colour = ColourScale(
-        scale.text("mode"),
-        scale.text("colormap"),
-        scale.get("vmin", (int, float, type(None))),
-        scale.get("vmax", (int, float, type(None))),
-    )
+    bounds = {key: scale.get(key, (int, float, type(None))) for key in ("vmin", "vmax")}
+    for key, value in bounds.items():
+        if value is not None and not math.isfinite(value):
+            raise scale.fail(_NOT_JSON_NUMBER, key)
+    colour = ColourScale(scale.text("mode"), scale.text("colormap"), bounds["vmin"], bounds["vmax"])
     scale.done()
     try:
         slices = normal_slices(n.get("slices", (list,)))
@@ -281,6 +288,10 @@ def _read_layout(n: _Node) -> dict[str, Any]:
         value = n.get(key, (int, type(None)) if key == "row_axis" else (int,), None)
         if value is not None and value < 0:
             raise n.fail(f"must be at least 0, not {value}", key)
+    try:
+        check_json_able(n.value, "the layout")
+    except ValueError:
+        raise n.fail(_NOT_JSON_NUMBER) from None
     state = n.get("window_state", (str,), None)
     if state is not None:
         try:
@@ -290,6 +301,13 @@ def _read_layout(n: _Node) -> dict[str, Any]:
     return dict(n.value)
 
 
+def _beside(path: Path, source: str) -> Path:
+    """A path a session names, relative ones taken from the session's folder (a hand-written file):
+    the window read a relative policy from its working folder, `report --session` from the
+    session's, and the two judged with different policies."""
+    return path if path.is_absolute() else Path(source).absolute().parent / path
+
+
 def _read_capture(n: _Node) -> CaptureRef:
     ident = n.node("identity")
     identity = CaptureIdentity(ident.integer("size"), ident.integer("mtime_ns"), ident.text("sha256"))
@@ -297,11 +315,10 @@ def _read_capture(n: _Node) -> CaptureRef:
     role = n.text("role")
     if role not in ROLES:
         raise n.fail(f"unknown role {role!r}", "role")
-    path = Path(n.text("path"))
     ref = CaptureRef(
         n.text("id"),
         role,
-        path if path.is_absolute() else Path(n.source).absolute().parent / path,  # hand-written: the session folder's
+        _beside(Path(n.text("path")), n.source),
         identity,
         n.text("location"),
         n.text("profile"),
@@ -370,11 +387,14 @@ def _read_session(n: _Node) -> Investigation:
                 raise o.fail(f"names capture {side.capture_id!r}, which this session does not have")
         o.done()
         overrides.append(override)
-    bookmarks = []
+    bookmarks: list[Bookmark] = []
     for b in n.nodes("bookmarks"):
         op = _read_op(b.node("op"))
         view_node = b.optional_node("view")
-        bookmarks.append(Bookmark(b.text("id"), op, b.text("note"), b.text("created_utc"), None if view_node is None else _read_view(view_node)))
+        bookmark_id = b.text("id")
+        if any(kept.id == bookmark_id for kept in bookmarks):  # editing one note edited both
+            raise b.fail(f"bookmark id {bookmark_id!r} is used twice", "id")
+        bookmarks.append(Bookmark(bookmark_id, op, b.text("note"), b.text("created_utc"), None if view_node is None else _read_view(view_node)))
         b.done()
     session = Investigation(
         title=n.text("title"),
@@ -384,7 +404,7 @@ def _read_session(n: _Node) -> Investigation:
         reruns=tuple(reruns),
         tolerance=default,
         op_tolerances=per_op,
-        tolerance_policy=None if policy is None else Path(policy),
+        tolerance_policy=None if policy is None else _beside(Path(policy), n.source),
         overrides=tuple(overrides),
         alignment_mode=mode,
         selected_op=_read_optional_op(n.optional_node("selected_op")),

@@ -53,7 +53,7 @@ def apply_session(args: argparse.Namespace) -> Investigation:
         if getattr(args, name) is None and value:
             setattr(args, name, value)
     if getattr(args, "tolerance_policy", None) is None and session.tolerance_policy is not None:
-        policy = folder / session.tolerance_policy  # a hand-written relative path is the session folder's
+        policy = session.tolerance_policy  # read from the session's folder when relative, as the window reads it
         try:
             load_policy(policy)
         except PolicyError as exc:

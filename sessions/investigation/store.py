@@ -25,7 +25,7 @@ from sessions.investigation.schema import (
     loads,
     schema_version_of,
 )
-from sessions.side_file import read_side_file
+from sessions.side_file import read_side_file, same_file
 
 DEFAULT_BACKUPS = 3
 MAX_SESSION_BYTES = 64 * 1024**2
@@ -48,6 +48,24 @@ class SessionSaveError(Exception):
 
 class SessionReadOnlyError(SessionSaveError):
     """Saving would overwrite a file from a newer Parity X-ray (and drop what it stored)."""
+
+
+class SessionChangedError(SessionSaveError):
+    """The file changed on disk since this document read or wrote it: another window or program
+    saved there, and saving would silently replace that work (two windows on one session each
+    saved, and the first one's bookmarks were gone)."""
+
+
+DiskStamp = tuple[int, int, int]
+"""(inode, modification time in ns, size) of a session file: an atomic save replaces all three."""
+
+
+def disk_stamp(path: Path) -> DiskStamp | None:
+    try:
+        found = path.stat()
+    except OSError:
+        return None
+    return found.st_ino, found.st_mtime_ns, found.st_size
 
 
 _OS_ERROR_WORDS = {
@@ -91,6 +109,9 @@ def save_session(session: Investigation, path: str | Path, *, backups: int = DEF
             f"it was saved by a newer Parity X-ray (session schema {on_disk}; this version writes "
             f"{SCHEMA_VERSION}) and overwriting it would lose what that version stored; use Save As",
         )
+    replaced = next((ref for ref in session.all_capture_refs() if same_file(path, ref.path)), None)
+    if replaced is not None:
+        raise SessionSaveError(path, f"it is the session's {replaced.role} capture, which a session file never replaces; choose another name")
     data = dumps(session, path.parent)
     try:
         atomic_write_bytes(path, data, backups=backups)
@@ -143,6 +164,8 @@ class SessionDocument:
     """Things the user must be told once after opening (backup loaded, upgraded, read-only)."""
     backups: int = DEFAULT_BACKUPS
     saved_revision: int = 0
+    on_disk: DiskStamp | None = None
+    """The file as this document last read or wrote it (`SessionChangedError`)."""
 
     @property
     def read_only(self) -> bool:
@@ -179,7 +202,7 @@ class SessionDocument:
             if not recover:
                 raise SessionOpenError(f"{exc}{_backups_named(path, backups)}") from None
             return cls._from_backup(path, backups, str(exc))
-        document = cls(decoded.session, path, decoded.read_only_reason, backups=backups)
+        document = cls(decoded.session, path, decoded.read_only_reason, backups=backups, on_disk=disk_stamp(path))
         document.saved_revision = decoded.session.revision
         if decoded.read_only_reason:
             document.notices.append(f"{path.name} was {decoded.read_only_reason}")
@@ -206,17 +229,26 @@ class SessionDocument:
             if path.exists():
                 notice += _set_aside(path)
             saved = _saved_time(backup)
-            document = cls(decoded.session, path, decoded.read_only_reason, backups=backups)
+            document = cls(decoded.session, path, decoded.read_only_reason, backups=backups, on_disk=disk_stamp(path))
             document.notices.append(f"{notice}. The backup was saved {saved}; later changes are not in it.")
             document.saved_revision = -1
             return document
         raise SessionOpenError(f"{path} cannot be opened and no backup can be read: " + "; ".join(tried))
 
-    def save(self) -> None:
+    def save(self, replace_changed: bool = False) -> None:
+        """Save to the document's file. Raises SessionChangedError when the file changed on disk
+        since this document read or wrote it, unless `replace_changed` (the user chose to)."""
         if self.path is None:
             raise ValueError("this session has no file yet; use save_as")
         if self.read_only_reason is not None:
             raise SessionReadOnlyError(self.path, f"it was {self.read_only_reason}")
+        now = disk_stamp(self.path)
+        if not replace_changed and now is not None and now != self.on_disk:
+            raise SessionChangedError(
+                self.path,
+                "it changed on disk since this window opened or saved it (another window or program saved it there), "
+                "and saving would replace that work; save anyway, or Save As another file and compare the two",
+            )
         self._write(self.path)
 
     def save_as(self, path: str | Path) -> None:
@@ -232,6 +264,7 @@ class SessionDocument:
         revision = self.session.revision
         save_session(self.session, path, backups=self.backups)
         self.saved_revision = revision
+        self.on_disk = disk_stamp(path)
 
 
 def _saved_time(path: Path) -> str:

@@ -23,6 +23,7 @@ from sessions.investigation.recovery import (
     claim_recovery_offers,
 )
 from sessions.investigation.store import (
+    SessionChangedError,
     SessionDocument,
     SessionOpenError,
     SessionSaveError,
@@ -84,6 +85,8 @@ class SessionFile(QObject):
         self.ask_close: CloseQuestion = lambda: ask_close(parent)
         self.document = SessionDocument(Investigation())
         self.autosaver = Autosaver(self.document, self.recovery_dir)
+        self._pending_offers: list[RecoveryOffer] = []
+        """Recovery offers shown and not answered yet (`close` releases them)."""
         self.timer = QTimer(self)
         self.timer.setInterval(AUTOSAVE_TICK_MS)
         self.timer.timeout.connect(self._tick)
@@ -138,6 +141,9 @@ class SessionFile(QObject):
             return False
         self.timer.stop()
         self.autosaver.close()
+        for offer in self._pending_offers:
+            offer.release()
+        self._pending_offers.clear()
         return True
 
     # -- save --------------------------------------------------------------------------------
@@ -155,10 +161,16 @@ class SessionFile(QObject):
             path = path.with_name(path.name + ".xray")
         return self._write(path)
 
-    def _write(self, path: Path | None) -> bool:
+    def _write(self, path: Path | None, replace_changed: bool = False) -> bool:
         self.about_to_save.emit()
         try:
-            self.document.save() if path is None else self.document.save_as(path)
+            self.document.save(replace_changed) if path is None else self.document.save_as(path)
+        except SessionChangedError as exc:
+            self._banners.clear("session")
+            self._banners.show_message(
+                "session", "warning", str(exc), actions=[("Save anyway", lambda: self._write(None, replace_changed=True)), ("Save As…", self.save_as)]
+            )
+            return False
         except SessionSaveError as exc:
             self._banners.show_message("session", "error", str(exc))
             return False
@@ -200,7 +212,8 @@ class SessionFile(QObject):
     # -- recovery ----------------------------------------------------------------------------
 
     def offer_recovery(self) -> list[RecoveryOffer]:
-        """Sessions left by a crashed or killed Parity X-ray, each offered once, in a banner."""
+        """Sessions left by a crashed or killed Parity X-ray, each offered once, in a banner; those
+        still unanswered when the window closes are offered again at the next start."""
         scan = claim_recovery_offers(self.recovery_dir)
         for notice in scan.notices:
             self._banners.show_message("recovery", "warning", notice)
@@ -211,14 +224,27 @@ class SessionFile(QObject):
                 "recovery", "warning",
                 f"Parity X-ray stopped unexpectedly while {name} had unsaved work ({what}). Restore it?",
                 closable=False,
-                actions=[("Restore", lambda o=offer: self.restore(o)), ("Discard", offer.discard)],
+                actions=[("Restore", lambda o=offer: self.restore(o)), ("Discard", lambda o=offer: self._discard_offer(o))],
             )
+        self._pending_offers += scan.offers
         return scan.offers
 
     def restore(self, offer: RecoveryOffer) -> None:
+        """Install the recovered session, once the window's own unsaved work is settled (Restore
+        replaced it without a word, and deleted its recovery file)."""
+        if not self.settle_unsaved():
+            self._banners.show_message(
+                "recovery", "warning", "The unsaved session was not restored; Restore it again once this window's work is saved or discarded.",
+                actions=[("Restore", lambda: self.restore(offer)), ("Discard", lambda: self._discard_offer(offer))],
+            )
+            return
         document = offer.restore()
         self._install(document)
         self.autosaver.flush()
-        offer.discard()
+        self._discard_offer(offer)
         self._status("Recovered the unsaved session; save it to keep it.", 8000)
         self.captures_wanted.emit()
+
+    def _discard_offer(self, offer: RecoveryOffer) -> None:
+        offer.discard()
+        self._pending_offers = [pending for pending in self._pending_offers if pending is not offer]

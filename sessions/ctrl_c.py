@@ -65,14 +65,19 @@ def ctrl_c_is_pythons() -> bool:
 @contextmanager
 def ctrl_c_kept() -> Iterator[None]:
     """Within: a Ctrl-C raises KeyboardInterrupt as usual and is also kept for `raise_if_pressed`
-    (nothing changes unless `ctrl_c_is_pythons`)."""
-    if not ctrl_c_is_pythons():
+    (only where `ctrl_c_is_pythons`), and a SIGTERM raises Terminated (where nothing else handles
+    it). A background job keeps ignoring Ctrl-C, and still stops on SIGTERM as a command should:
+    taking neither there, an import killed by a CI time limit left its partial file and said nothing."""
+    main = threading.current_thread() is threading.main_thread()
+    take_ctrl_c = ctrl_c_is_pythons()
+    take_term = main and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    if not take_ctrl_c and not take_term:
         yield
         return
     _pressed.clear()
     _terminated.clear()
-    previous = signal.signal(signal.SIGINT, _on_ctrl_c)
-    previous_term = signal.signal(signal.SIGTERM, _on_sigterm) if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL else None
+    previous = signal.signal(signal.SIGINT, _on_ctrl_c) if take_ctrl_c else None
+    previous_term = signal.signal(signal.SIGTERM, _on_sigterm) if take_term else None
     previous_hook = sys.unraisablehook
 
     def hook(unraisable: "sys.UnraisableHookArgs") -> None:
@@ -83,7 +88,8 @@ def ctrl_c_kept() -> Iterator[None]:
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
         if previous_term is not None:
             signal.signal(signal.SIGTERM, previous_term)
         sys.unraisablehook = previous_hook

@@ -105,3 +105,17 @@ def same_file(a: str | Path, b: str | Path) -> bool:
         return os.path.samefile(a, b)
     except OSError:
         return False
+
+
+DiskStamp = tuple[int, int, int]
+"""(inode, modification time in ns, size) of a file: a write or an atomic replace changes one."""
+
+
+def disk_stamp(path: str | Path) -> DiskStamp | None:
+    """The file at `path` as it is now, to tell later whether anyone wrote there; None when absent."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_ino, found.st_mtime_ns, found.st_size
+

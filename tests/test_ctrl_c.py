@@ -87,19 +87,26 @@ def _checker_of(pid: int, timeout_s: float = 30.0) -> int:
 
 
 @pytest.mark.parametrize(
-    ("command", "stop", "code", "said"),
-    [("report", signal.SIGINT, 130, "interrupted by Ctrl-C"), ("validate", signal.SIGINT, 130, "interrupted by Ctrl-C"), ("report", signal.SIGTERM, 143, "stopped by SIGTERM")],
+    ("command", "stop", "code", "said", "background"),
+    [
+        ("report", signal.SIGINT, 130, "interrupted by Ctrl-C", False),
+        ("validate", signal.SIGINT, 130, "interrupted by Ctrl-C", False),
+        ("report", signal.SIGTERM, 143, "stopped by SIGTERM", False),
+        ("report", signal.SIGTERM, 143, "stopped by SIGTERM", True),
+    ],
 )
 def test_ctrl_c_or_sigterm_ends_a_command_with_one_line_its_exit_code_and_no_child_left(
-    command: str, stop: int, code: int, said: str, demo_pairs: dict[str, tuple[Path, Path]], tmp_path: Path, python_ctrl_c: None
+    command: str, stop: int, code: int, said: str, background: bool, demo_pairs: dict[str, tuple[Path, Path]], tmp_path: Path, python_ctrl_c: None
 ) -> None:
+    """`background`: started as a shell's background job is, with Ctrl-C ignored (`trap "" INT`)."""
     native, oracle = demo_pairs["clean"]
     copies = []
     for source in (native, oracle):  # files no check has passed yet (the check cache knows the demo's)
         copies.append(tmp_path / source.name)
         copies[-1].write_bytes(source.read_bytes())
+    argv = [sys.executable, "-m", "viewer.cli", command, *map(str, copies)]
     running = subprocess.Popen(
-        [sys.executable, "-m", "viewer.cli", command, *map(str, copies)],
+        ["sh", "-c", 'trap "" INT; exec "$0" "$@"', *argv] if background else argv,
         cwd=PROJECT_ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     checker = _checker_of(running.pid)

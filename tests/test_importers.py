@@ -276,6 +276,28 @@ def test_a_symlink_out_of_the_dump_folder_is_refused_and_its_target_never_read(t
     assert refused.problem == f"file 'x.bin' resolves to {tmp_path / 'secret.bin'}, outside {dump}; a symlink may not lead out of the dump folder"
 
 
+def test_a_symlink_loop_in_the_dump_folder_is_refused_by_name(tmp_path: Path) -> None:
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    (dump / "q.npy").symlink_to(dump / "q.npy")
+    manifest = _manifest(dump, [{"name": "q", "file": "q.npy"}])
+    refused = _refused("dir", dump)
+    assert (refused.path, refused.location) == (str(manifest), "entry 0 ('q')")
+    assert refused.problem.startswith("file 'q.npy' cannot be followed to a file (Symlink loop from")
+
+
+def test_an_npz_member_that_cannot_be_inflated_is_refused_by_name(tmp_path: Path) -> None:
+    source = tmp_path / "dump.npz"
+    np.savez_compressed(source, q=np.arange(4096, dtype=np.float32))
+    data = bytearray(source.read_bytes())
+    start = data.index(b"q.npy") + len(b"q.npy") + 40  # inside the member's deflated bytes
+    data[start : start + 64] = bytes(64)
+    source.write_bytes(bytes(data))
+    refused = _refused("npz", source)
+    assert (refused.path, refused.location) == (str(source), "q")
+    assert refused.problem.startswith("is not a readable .npy array (Error -3 while decompressing data")
+
+
 @pytest.mark.parametrize(
     ("text", "what"),
     [

@@ -57,7 +57,9 @@ def test_an_existing_output_is_refused_unless_forced(gguf: Path, tmp_path: Path,
         (["record", "mlx", "absent-dir", "--tokens", "1"], "absent-dir: not a directory"),
         (["record", "llama", "GGUF", "--tokens", "1,96"], "token id 96 is outside tiny.bf16.gguf's vocabulary (96 ids)"),
         (["record", "llama", "GGUF", "--tokens", "1", "--batch", "2", "--batch-row", "2"], "row 2 is not a row of a batch of 2"),
-        (["record", "llama", "GGUF", "--tokens", "1", "--threads", "0"], "--threads must be at least 1, not 0"),
+        (["record", "llama", "GGUF", "--tokens", "1", "--threads", "0"], "--threads must be from 1 to 1024, not 0"),
+        (["record", "llama", "GGUF", "--tokens", "1", "--threads", "100000"], "--threads must be from 1 to 1024, not 100000"),
+        (["record", "llama", "evil\x1b[2J.gguf", "--tokens", "1"], "evil\\x1b[2J.gguf: no such GGUF file"),
         (["record", "llama", ".", "--tokens", "1"], ".: a directory, not a GGUF file"),
         (["record", "llama", "GGUF", "--tokens", "1", "--decode-steps", "4096"], "the run needs 4097 positions (prompt 1, decode steps 4096), more than the model's context of 4096"),
         (["record", "llama", "GGUF", "--tokens", "1,2", "--batch", "10000000000"], "a batch of 10000000000, 2 positions each, needs at least 26226.0 GiB at once (KV cache 19073.5 GiB, logits 7152.6 GiB)"),
@@ -114,3 +116,18 @@ def test_a_request_recorded_as_a_row_of_a_batch_reports_against_itself_alone(
     assert {u["reason"] for u in document["unaligned"]} == {"one_sided"}
     assert document["dispatch_differences"] == [], "each side's attention batch is the batch its capture declares"
     assert "step 1: match" in text and "step 2: match" in text
+
+
+def test_an_interrupted_recording_says_what_it_left_at_its_output(tmp_path: Path) -> None:
+    """Stopped before its first step, a run claimed its output held the steps written so far: there
+    was none, or (`--force`) the old capture, still complete."""
+    from sessions.side_file import disk_stamp
+
+    out = tmp_path / "x.h5"
+    assert record_command._left_at(out, None) == f"nothing was written to {out} (the run stopped before its first step)"
+    out.write_bytes(b"an earlier capture")
+    before = disk_stamp(out)
+    assert record_command._left_at(out, before) == f"{out} is as it was (the run stopped before its first step)"
+    out.unlink()
+    out.write_bytes(b"the first steps of this run")
+    assert record_command._left_at(out, before).endswith("holds the steps written so far and reads as incomplete (parity-xray validate names them)")

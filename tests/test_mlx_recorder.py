@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -186,7 +187,7 @@ def test_record_never_writes_over_the_model_it_reads_even_with_force(model_dir: 
     ("config", "problem"),
     [
         ("[1, 2]", "config.json: not a JSON object"),
-        ('{"model_type": "qwen3", "num_hidden_layers": "2"}', "mlx-lm cannot load it (TypeError: "),
+        ('{"model_type": "qwen3", "num_hidden_layers": "2"}', 'config.json: num_hidden_layers must be a whole number of at least 1, not "2"'),
         ("[" * 100_000, "config.json: not JSON (it nests deeper than a reader follows)"),
     ],
 )
@@ -200,6 +201,27 @@ def test_a_config_json_of_the_wrong_shape_is_refused_by_name(model_dir: Path, tm
     out = capsys.readouterr().err
     assert out.startswith("record refused: ") and problem in out and "Traceback" not in out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        ({"num_attention_heads": 0}, "config.json: num_attention_heads must be a whole number of at least 1, not 0"),
+        ({"num_hidden_layers": 10_000_000}, "config.json: num_hidden_layers is 10000000, but the weights hold 2 layer(s) (model.layers.0 .. 1)"),
+    ],
+)
+def test_config_sizes_mlx_lm_would_build_from_are_refused_before_it_builds_anything(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: dict[str, int], problem: str
+) -> None:
+    """mlx-lm divided by zero heads (a traceback), and built ten million layers' modules (GBs) before reading a weight."""
+    broken = tmp_path / "model"
+    broken.mkdir()
+    for path in model_dir.iterdir():
+        (broken / path.name).write_bytes(path.read_bytes())
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    (broken / "config.json").write_text(json.dumps({**config, **edit}), encoding="utf-8")
+    assert main(["record", "mlx", str(broken), "--tokens", "1,2", "--out", str(tmp_path / "x.h5")]) == 2
+    assert capsys.readouterr().err == f"record refused: {broken / 'config.json'}: {problem.removeprefix('config.json: ')}\n"
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,9 @@ from sessions.capture.format import ROLES
 from sessions.commands.arguments import output_problem
 from sessions.ctrl_c import exit_code_of, raise_if_pressed, said
 from sessions.file_room import FileUnwritable
+from sessions.printable import printable, printable_lines
 from sessions.progress import Progress
+from sessions.side_file import DiskStamp, disk_stamp
 
 if TYPE_CHECKING:
     from backends.recorders.record_schedule import TokenSchedule
@@ -112,39 +114,40 @@ def run(args: argparse.Namespace) -> int:
             args.feed_last,
         )
     except ValueError as exc:
-        print(f"record refused: {exc}", file=sys.stderr)
+        print(f"record refused: {printable_lines(str(exc))}", file=sys.stderr)
         return EXIT_REFUSED
     outs = repeat_paths(args.out, args.repeat)
     outputs = {("--out" if k == 0 else f"--repeat's run {k + 1}"): str(out) for k, out in enumerate(outs)}
     problem = output_problem(outputs, _model_files(args.model))
     if problem is not None:
-        print(f"record refused: {problem}", file=sys.stderr)
+        print(f"record refused: {printable_lines(problem)}", file=sys.stderr)
         return EXIT_REFUSED
     taken = [out for out in outs if out.exists()]
     if taken and not args.force:
-        print(f"record refused: {taken[0]} already exists (--force replaces it)", file=sys.stderr)
+        print(f"record refused: {printable(str(taken[0]))} already exists (--force replaces it)", file=sys.stderr)
         return EXIT_REFUSED
     for out in outs:
+        before = disk_stamp(out)
         try:
             shown = None
             for progress in _work(args, schedule, out):
                 if progress != shown:  # the child's latest progress comes again while it is quiet
-                    print(f"  {progress.label} ({progress.done}/{progress.total})", flush=True)
+                    print(f"  {printable(progress.label)} ({progress.done}/{progress.total})", flush=True)
                     shown = progress
                 raise_if_pressed()
         except LlamaCrashed as exc:
-            print(f"record failed: {exc}", file=sys.stderr)
+            print(f"record failed: {printable_lines(str(exc))}", file=sys.stderr)
             return EXIT_CRASHED
         except KeyboardInterrupt as stop:
-            print(f"record {said(stop, 'interrupted')}: {out} holds the steps written so far and reads as incomplete (parity-xray validate names them)", file=sys.stderr)
+            print(f"record {said(stop, 'interrupted')}: {_left_at(out, before)}", file=sys.stderr)
             return exit_code_of(stop)
         except FileUnwritable as exc:  # a full disk: its words say what is left at the path
-            print(f"record failed: {exc}", file=sys.stderr)
+            print(f"record failed: {printable_lines(str(exc))}", file=sys.stderr)
             return EXIT_REFUSED
-        except (ValueError, RuntimeError, OSError, ImportError) as exc:
-            print(f"record refused: {exc}", file=sys.stderr)
+        except (ValueError, RuntimeError, OSError, ImportError) as exc:  # an engine's own words, naming files or fields of the model
+            print(f"record refused: {printable_lines(str(exc))}", file=sys.stderr)
             return EXIT_REFUSED
-        print(f"{out}: recorded {args.engine} run of {args.model}")
+        print(f"{printable(str(out))}: recorded {args.engine} run of {printable(str(args.model))}")
     return EXIT_OK
 
 
@@ -161,3 +164,16 @@ def _work(args: argparse.Namespace, schedule: "TokenSchedule", out: Path) -> Ite
     from backends.recorders.mlx_recorder import iter_record_mlx
 
     return iter_record_mlx(args.model, schedule, out, role=args.role, device=args.device, batch=args.batch, batch_row=args.batch_row)
+
+
+def _left_at(out: Path, before: DiskStamp | None) -> str:
+    """What an interrupted recording left at `out`: a run stopped before its writer opened the
+    file left nothing, or (`--force`) the capture that was there, which still reads as complete."""
+    shown = printable(str(out))
+    now = disk_stamp(out)
+    if now is None:
+        return f"nothing was written to {shown} (the run stopped before its first step)"
+    if now == before:
+        return f"{shown} is as it was (the run stopped before its first step)"
+    return f"{shown} holds the steps written so far and reads as incomplete (parity-xray validate names them)"
+

@@ -102,6 +102,11 @@ def require_gguf_file(model_path: Path) -> None:
         raise RecorderError(f"{model_path}: {file_kind(mode)}, not a GGUF file")
 
 
+MAX_THREADS = 1024
+"""More threads than any CPU runs: 100,000 crashed llama.cpp's OpenMP runtime (SIGSEGV in libgomp),
+and the crash was reported as a damaged GGUF."""
+
+
 @dataclass(frozen=True)
 class LlamaSettings:
     """Context settings; the defaults are the parity settings recorded in provenance."""
@@ -122,8 +127,8 @@ class LlamaSettings:
     Off keeps every weight in a plain CPU buffer: other kernels, other bits, and no AMX."""
 
     def __post_init__(self) -> None:
-        if self.n_threads < 1:
-            raise ValueError(f"--threads must be at least 1, not {self.n_threads}")
+        if not 1 <= self.n_threads <= MAX_THREADS:
+            raise ValueError(f"--threads must be from 1 to {MAX_THREADS}, not {self.n_threads}")
         if self.kv_type not in KV_TYPES:
             raise ValueError(f"KV cache type {self.kv_type!r} is not one of {', '.join(KV_TYPES)}")
 

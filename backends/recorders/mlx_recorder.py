@@ -75,13 +75,54 @@ def load_local_model(directory: Path) -> tuple[nn.Module, dict[str, Any]]:
         raise ModelDirError(f"{directory / 'config.json'}: not JSON ({parse_problem(exc)})") from None
     if not isinstance(config, dict):
         raise ModelDirError(f"{directory / 'config.json'}: not a JSON object")
+    _check_sizes(config, directory)
     from mlx_lm.utils import load_model
 
     try:
         return load_model(directory)
-    except (ValueError, KeyError, TypeError, AttributeError, FileNotFoundError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, FileNotFoundError, ArithmeticError) as exc:
         # TypeError, AttributeError: a config field of the wrong type ("num_hidden_layers": "2")
         raise ModelDirError(f"{directory}: mlx-lm cannot load it ({type(exc).__name__}: {exc})") from None
+
+
+SIZE_FIELDS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size", "intermediate_size", "vocab_size", "head_dim")
+"""config.json sizes mlx-lm builds the model from before it reads a weight."""
+
+
+def _check_sizes(config: dict[str, Any], directory: Path) -> None:
+    """Refuse sizes mlx-lm would build a model from before any weight says otherwise: it divided by
+    `num_attention_heads: 0`, and built ten million layers (3.5 GB in 20 s, growing) for a
+    `num_hidden_layers` the two-layer weights never had."""
+    where = directory / "config.json"
+    for name in SIZE_FIELDS:
+        value = config.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ModelDirError(f"{where}: {name} must be a whole number of at least 1, not {json.dumps(value)[:40]}")
+    layers = config.get("num_hidden_layers")
+    held = _weight_layers(directory)
+    if isinstance(layers, int) and held is not None and layers > held:
+        raise ModelDirError(f"{where}: num_hidden_layers is {layers}, but the weights hold {held} layer(s) (model.layers.0 .. {held - 1})")
+
+
+def _weight_layers(directory: Path) -> int | None:
+    """How many decoder layers the safetensors files hold weights of (`model.layers.N.`), read from
+    their headers; None when they name none that way or cannot be read (mlx-lm then says why)."""
+    from safetensors import SafetensorError, safe_open
+
+    found = -1
+    for path in sorted(directory.glob("*.safetensors")):
+        try:
+            with safe_open(str(path), framework="numpy") as handle:
+                names = list(handle.keys())
+        except (SafetensorError, OSError, ValueError):
+            return None
+        for name in names:
+            parts = name.split(".")
+            for at in range(len(parts) - 2):
+                if parts[at] == "layers" and parts[at + 1].isdigit():
+                    found = max(found, int(parts[at + 1]))
+                    break
+    return found + 1 if found >= 0 else None
 
 
 def weights_sha256(directory: Path) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 import zipfile
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,13 +142,17 @@ def _npy(file: BinaryIO, fail: Callable[[str], CaptureError]) -> np.ndarray:
             raise fail(problem)
         file.seek(0)
         return np.lib.format.read_array(file, allow_pickle=False)
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
         raise fail(f"is not a readable .npy array ({exc})") from None
 
 
-def _inside(path: Path, base: Path) -> bool:
-    """Whether `path`, its symlinks followed, is still in the folder `base`."""
-    return path.resolve().is_relative_to(base.resolve())
+def _inside(path: Path, base: Path, manifest: Path, where: str) -> bool:
+    """Whether `path`, its symlinks followed, is still in the folder `base`; CaptureError (at
+    `where` of `manifest`) for links that cannot be followed, such as a loop."""
+    try:
+        return path.resolve().is_relative_to(base.resolve())
+    except (RuntimeError, OSError) as exc:  # a symlink loop raises RuntimeError before Python 3.13
+        raise CaptureError(manifest, where, f"file {path.name!r} cannot be followed to a file ({exc})") from None
 
 
 def _from_file(entry: Entry, path: Path, manifest: Path) -> ImportedArray:
@@ -172,7 +177,7 @@ def from_directory(manifest: Manifest) -> Iterator[ImportedArray]:
     base = manifest.path.parent
     for entry in manifest.entries:
         path = base / str(entry.file)
-        if not _inside(path, base):
+        if not _inside(path, base, manifest.path, entry.label()):
             raise CaptureError(manifest.path, entry.label(), f"file {entry.file!r} resolves to {path.resolve()}, outside {base}; a symlink may not lead out of the dump folder")
         yield _from_file(entry, path, manifest.path)
 
@@ -213,7 +218,11 @@ def from_npz(path: Path, manifest: Manifest | None) -> tuple[Manifest, Iterator[
         with archive:
             for entry in manifest.entries:
                 key = entry.source_key
-                with archive.open(members[key]) as member:
+                try:
+                    member = archive.open(members[key])
+                except (RuntimeError, NotImplementedError, zipfile.BadZipFile, OSError, ValueError) as exc:  # encrypted, an unknown compression
+                    raise CaptureError(path, key, f"cannot be read from the archive ({exc})") from None
+                with member:
                     array = _npy(member, lambda problem, key=key: CaptureError(path, key, problem))
                 yield _typed(entry, array, manifest.path, entry.label())
 

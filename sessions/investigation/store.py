@@ -25,7 +25,7 @@ from sessions.investigation.schema import (
     loads,
     schema_version_of,
 )
-from sessions.side_file import read_side_file, same_file
+from sessions.side_file import DiskStamp, disk_stamp, read_side_file, same_file
 
 DEFAULT_BACKUPS = 3
 MAX_SESSION_BYTES = 64 * 1024**2
@@ -54,18 +54,6 @@ class SessionChangedError(SessionSaveError):
     """The file changed on disk since this document read or wrote it: another window or program
     saved there, and saving would silently replace that work (two windows on one session each
     saved, and the first one's bookmarks were gone)."""
-
-
-DiskStamp = tuple[int, int, int]
-"""(inode, modification time in ns, size) of a session file: an atomic save replaces all three."""
-
-
-def disk_stamp(path: Path) -> DiskStamp | None:
-    try:
-        found = path.stat()
-    except OSError:
-        return None
-    return found.st_ino, found.st_mtime_ns, found.st_size
 
 
 _OS_ERROR_WORDS = {

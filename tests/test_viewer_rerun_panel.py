@@ -58,7 +58,7 @@ def test_running_on_the_native_route_shows_the_three_way_table_and_the_verdict_a
     panel.choose_save_path = lambda _parent, _suggested: oracle
     qtbot.mouseClick(panel.save_button, Qt.MouseButton.LeftButton)
     assert panel.status.text() == (
-        f"Could not save the rerun to {oracle}: {oracle} is {oracle}, which this rerun was computed from: "
+        f"Could not save the rerun to {oracle}: {oracle} is one of the files this rerun was computed from: "
         "a saved rerun never replaces an input; choose another file"
     )
     assert oracle.read_bytes() == before, "the window's Save replaced the oracle capture with the rerun"

@@ -63,9 +63,8 @@ def save_rerun(result: RerunResult, path: str | Path) -> Path:
     Raises OSError (FileUnwritable when the capture could not be written; ReplacesInput when
     `path` is a file the rerun was computed from, whoever asks: the window's Save offered any path)."""
     path = Path(path)
-    replaced = next((given for given in result.input_files if same_file(path, given)), None)
-    if replaced is not None:
-        raise ReplacesInput(f"{path} is {replaced}, which this rerun was computed from: a saved rerun never replaces an input; choose another file")
+    if any(same_file(path, given) for given in result.input_files):
+        raise ReplacesInput(f"{path} is one of the files this rerun was computed from: a saved rerun never replaces an input; choose another file")
     with CaptureWriter(path, rerun_meta(result), complete_only=True) as writer:
         _write_ops(writer, result)
     return path

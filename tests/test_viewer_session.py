@@ -15,6 +15,8 @@ from PySide6.QtGui import QImage
 from pytestqt.qtbot import QtBot
 
 from sessions.investigation.capture_gate import CaptureState
+from sessions.investigation.model import Investigation
+from sessions.investigation.store import SessionDocument
 from sessions.report.html_page import PNG_SIGNATURE
 from viewer.settings import ViewerSettings
 from viewer.tensor.tensor_loader import SliceSpec
@@ -279,6 +281,28 @@ def test_a_corrupt_session_opens_its_backup_and_says_so(qtbot: QtBot, tmp_path: 
     wait_shown(qtbot, win)
     win.session_file.ask_close = lambda: "discard"
     win.close()
+
+
+def test_saving_over_a_session_another_window_saved_since_asks_first(qtbot: QtBot, tmp_path: Path) -> None:
+    from sessions.compare.key import OpKey
+    from sessions.investigation.store import save_session
+
+    path = tmp_path / "shared.xray"
+    save_session(Investigation(), path)
+    first, second = new_window(qtbot, tmp_path / "first.ini"), new_window(qtbot, tmp_path / "second.ini")
+    for win in (first, second):
+        assert win.session_file.open_session(path)
+    second.session_file.session.add_bookmark(OpKey(0, "visual", 0, "sdpa"), "the second window's finding")
+    assert second.session_file.save()
+    first.session_file.session.add_bookmark(OpKey(0, "visual", 0, "ffn_act"), "the first window's finding")
+    assert not first.session_file.save()
+    [asked] = first.banners.banners("session")
+    assert "changed on disk since this window opened or saved it" in asked.text and list(asked.buttons) == ["Save anyway", "Save As…"]
+    assert [b.note for b in SessionDocument.open(path).session.bookmarks] == ["the second window's finding"]
+    asked.buttons["Save anyway"].click()
+    assert [b.note for b in SessionDocument.open(path).session.bookmarks] == ["the first window's finding"] and not first.session_file.document.dirty
+    first.close()
+    second.close()
 
 
 def test_a_failed_save_is_shown_and_the_session_stays_in_memory(qtbot: QtBot, tmp_path: Path) -> None:

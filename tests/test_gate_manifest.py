@@ -185,3 +185,11 @@ def test_the_gate_page_links_each_case_page_by_its_url_and_writes_control_charac
     page = render_gate_html(GateResult("gate.toml", "a LocalCluster", None, "2026-12-03T00:00:00", 1.0, [case]))
     assert '<a href="r%231%20cases/evil.html">evil\\x1b[2J</a>' in page and "\x1b" not in page
 
+
+def test_a_case_page_is_named_by_its_number_and_at_most_120_characters_of_its_name(tmp_path: Path) -> None:
+    from sessions.commands.gate import case_pages
+
+    pages = case_pages(str(tmp_path / "out.html"), [_case("x" * 5000, "PARITY"), _case("a b/c", "PARITY")])
+    assert [page.name for page in pages] == [f"001-{'x' * 120}.html", "002-a_b_c.html"]
+    assert pages[0].parent == tmp_path / "out-cases"
+

@@ -6,6 +6,7 @@ The gate result is made for real: each case judged by the same code a Dask worke
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from sessions.gate.judge import iter_judge_case
 from sessions.gate.manifest import GateCase
 from sessions.gate.result import GateResult, dumps, load_gate_file
 from sessions.progress import run_to_end
+from tests.side_files import fifo_without_writer
 from viewer.app import window_for
 from viewer.gate.gate_window import COLUMNS, GateWindow
 from viewer.settings import ViewerSettings
@@ -90,3 +92,33 @@ def test_parity_xray_gate_json_opens_the_gate_window_and_a_report_json_is_refuse
     report.write_text('{"format": "parity-xray-report", "version": 4}')
     assert window_for([str(report)]) == 2
     assert capsys.readouterr().err == f"parity-xray: {report}: not a gate result: not a parity-xray-gate version 1 document\n"
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (lambda d: d["cases"][0].update(name=5), "malformed gate document (TypeError: gate.cases[0].name is int, not str)"),
+        (lambda d: d["cases"][0].update(rule_failures=[1, 2]), "malformed gate document (TypeError: gate.cases[0].rule_failures[0] is int, not str)"),
+        (lambda d: d["cases"][0].update(reasons="abc"), "malformed gate document (TypeError: gate.cases[0].reasons is str, not a list)"),
+        (lambda d: d["cases"][0].update(word="<b>PWNED</b>"), "malformed gate document (a case's word is '<b>PWNED</b>', not one of PARITY, "),
+    ],
+)
+def test_a_gate_result_of_the_wrong_types_is_refused_by_place_not_shown(
+    gate_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], edit, problem: str  # type: ignore[no-untyped-def]
+) -> None:
+    document = json.loads(gate_file.read_text())
+    edit(document)
+    forged = tmp_path / "forged.json"
+    forged.write_text(json.dumps(document))
+    assert window_for([str(forged), "--settings", str(tmp_path / "viewer.ini")]) == 2
+    assert capsys.readouterr().err.startswith(f"parity-xray: {forged}: not a gate result: {problem}")
+
+
+def test_a_gate_result_too_deep_for_a_reader_or_a_fifo_is_refused_at_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    assert window_for([str(deep)]) == 2
+    assert capsys.readouterr().err == f"parity-xray: {deep}: not a gate result: not JSON (it nests deeper than a reader follows)\n"
+    with fifo_without_writer(tmp_path, "gate.json") as fifo:
+        assert window_for([str(fifo)]) == 2
+    assert capsys.readouterr().err == f"parity-xray: {fifo}: not a gate result: cannot read it (not a regular file: a FIFO)\n"

@@ -178,7 +178,13 @@ def case_pages(html_out: str, cases: Sequence[GateCase | CaseResult]) -> list[Pa
     """Where each case's own report goes: OUT-cases/NNN-NAME.html beside the summary OUT.html.
     Known before any case is judged, so that none of them can name an input."""
     folder = _cases_folder(html_out)
-    return [folder / f"{index + 1:03d}-{re.sub(r'[^A-Za-z0-9._-]+', '_', case.name)}.html" for index, case in enumerate(cases)]
+    return [folder / f"{index + 1:03d}-{re.sub(r'[^A-Za-z0-9._-]+', '_', case.name)[:PAGE_NAME_CHARS]}.html" for index, case in enumerate(cases)]
+
+
+PAGE_NAME_CHARS = 120
+"""Characters of a case's name in its page's file name (its number keeps pages apart): a name of
+thousands of characters, or a default name made of a long native path, was "File name too long",
+and `--html` refused the whole gate."""
 
 
 REASON_SHOWN = 60

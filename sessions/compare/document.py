@@ -106,6 +106,47 @@ def _dataclass_reader(tp: type) -> Reader:
     return read_or_take
 
 
+def check_types(value: Any, tp: Any, where: str) -> None:
+    """TypeError naming `where` unless `value`, as `from_plain` read it, holds what `tp` says.
+    `from_plain` converts only what needs converting and takes the rest as parsed: a small
+    document from elsewhere (a gate result someone sends) is checked whole, field by field, so a
+    name that is a number or reasons that are a string are refused where they are, not met as
+    an AttributeError in whatever shows them."""
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        for option in get_args(tp):
+            try:
+                check_types(value, option, where)
+                return
+            except TypeError:
+                continue
+        raise TypeError(f"{where} is {type(value).__name__}, not {tp}")
+    if tp is type(None) or tp is bool or tp is str or tp is OpKey or (isinstance(tp, type) and issubclass(tp, Enum)):
+        ok = value is None if tp is type(None) else isinstance(value, tp)
+    elif tp is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif tp is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif dataclasses.is_dataclass(tp):
+        if not isinstance(value, tp):  # type: ignore[arg-type]
+            raise TypeError(f"{where} is {type(value).__name__}, not an object")
+        hints = get_type_hints(tp)
+        for f in dataclasses.fields(tp):
+            check_types(getattr(value, f.name), hints[f.name], f"{where}.{f.name}")
+        return
+    elif origin is list:
+        if not isinstance(value, list):
+            raise TypeError(f"{where} is {type(value).__name__}, not a list")
+        (item,) = get_args(tp)
+        for at, element in enumerate(value):
+            check_types(element, item, f"{where}[{at}]")
+        return
+    else:
+        ok = True  # dicts and tuples of plain values are taken as parsed
+    if not ok:
+        raise TypeError(f"{where} is {type(value).__name__}, not {getattr(tp, '__name__', tp)}")
+
+
 def comparison_from_dict(data: dict[str, Any]) -> Comparison:
     if data.get("format") != DOCUMENT_FORMAT or data.get("version") != DOCUMENT_VERSION:
         raise ReportFormatError(f"not a {DOCUMENT_FORMAT} version {DOCUMENT_VERSION} document")

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sessions.compare.document import from_plain
+from sessions.compare.document import check_types, from_plain
 from sessions.compare.json_plain import plain
 from sessions.compare.tensor_diff import Tolerance
 from sessions.compare.verdict import (
@@ -32,6 +32,7 @@ from sessions.compare.verdict import (
     UNUSABLE,
     word_of,
 )
+from sessions.side_file import parse_problem, read_side_file
 
 GATE_FORMAT = "parity-xray-gate"
 GATE_VERSION = 1
@@ -203,10 +204,15 @@ def dumps(gate: GateResult) -> str:
     return json.dumps(gate_to_dict(gate), indent=1, allow_nan=False)
 
 
+MAX_GATE_BYTES = 256 * 1024**2
+"""A gate document of a hundred thousand cases is tens of MB; a bigger file, or a device, is refused before it is read."""
+
+
 def load_gate_file(path: str | Path) -> GateResult:
-    """The gate document at `path`; raises GateFormatError, also when it cannot be read."""
+    """The gate document at `path`; raises GateFormatError, also when it cannot be read. It may
+    be someone else's file: anything but a regular file (a FIFO hung the window) is refused."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_side_file(path, MAX_GATE_BYTES).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise GateFormatError(f"cannot read it ({exc})") from None
     return loads(text)
@@ -216,11 +222,16 @@ def loads(text: str) -> GateResult:
     """A gate document back (the viewer opens one); raises GateFormatError for anything else."""
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise GateFormatError(f"not JSON ({exc})") from None
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError is one; so is an integer of 4,300 digits
+        raise GateFormatError(f"not JSON ({parse_problem(exc)})") from None
     if not isinstance(data, dict) or data.get("format") != GATE_FORMAT or data.get("version") != GATE_VERSION:
         raise GateFormatError(f"not a {GATE_FORMAT} version {GATE_VERSION} document")
     try:
-        return from_plain(GateResult, data)
-    except (KeyError, TypeError, ValueError) as exc:
+        gate = from_plain(GateResult, data)
+        check_types(gate, GateResult, "gate")
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise GateFormatError(f"malformed gate document ({type(exc).__name__}: {exc})") from None
+    unknown = next((c.word for c in gate.cases if c.word not in (PARITY, UNUSABLE, *FAILING_WORDS)), None)
+    if unknown is not None:
+        raise GateFormatError(f"malformed gate document (a case's word is {unknown!r}, not one of {', '.join((PARITY, *FAILING_WORDS, UNUSABLE))})")
+    return gate

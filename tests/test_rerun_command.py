@@ -39,6 +39,14 @@ def test_the_command_reruns_on_the_native_route_and_writes_json(demo_pairs: dict
         assert rerun.meta.role == "rerun"
 
 
+def test_the_text_names_where_a_reruns_weights_came_from(demo_pairs: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    native, oracle = demo_pairs["clean"]
+    assert main(["rerun", str(native), str(oracle), "--op", "0:visual:0:q_proj"]) == 0
+    assert f"\nweights from {native.parent / 'demo-qwen3-tiny.safetensors'}\n" in capsys.readouterr().out
+    assert main(["rerun", str(native), str(oracle), "--op", "0:visual:0:sdpa"]) == 0
+    assert "\nweights: none taken (no op of this rerun multiplies by one)\n" in capsys.readouterr().out
+
+
 def test_weights_named_for_a_rerun_that_takes_none_are_said_to_be_unread(demo_pairs: dict, capsys: pytest.CaptureFixture[str]) -> None:
     native, oracle = demo_pairs["attention-contract"]
     weights = oracle.parent / "demo-qwen3-tiny.safetensors"

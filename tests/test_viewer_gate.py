@@ -122,3 +122,15 @@ def test_a_gate_result_too_deep_for_a_reader_or_a_fifo_is_refused_at_once(tmp_pa
     with fifo_without_writer(tmp_path, "gate.json") as fifo:
         assert window_for([str(fifo)]) == 2
     assert capsys.readouterr().err == f"parity-xray: {fifo}: not a gate result: cannot read it (not a regular file: a FIFO)\n"
+
+
+def test_a_first_finding_key_holding_markup_shows_as_text_in_the_gate_headline(qtbot: QtBot, gate_file: Path, tmp_path: Path) -> None:
+    document = json.loads(gate_file.read_text())
+    failing = next(case for case in document["cases"] if case["first"] is not None)
+    failing["first"]["key"] = "0:<h1>seg</h1>:0:layer_out"
+    forged = tmp_path / "markup.json"
+    forged.write_text(json.dumps(document))
+    window = window_for([str(forged), "--settings", str(tmp_path / "viewer.ini")])
+    assert isinstance(window, GateWindow)
+    qtbot.addWidget(window)
+    assert "0:&lt;h1&gt;seg&lt;/h1&gt;:0:layer_out" in window.headline.text() and "<h1>" not in window.headline.text()

@@ -182,7 +182,8 @@ def _search(session: RerunSession, found: Classification) -> OpDiagnosis:
     exact = [c.id for c in ran if c.vs_native is not None and c.vs_native.bit_exact]
     result.native_ran = _preferred(exact, result.native_declared)
     result.also_exact = [i for i in exact if i != result.native_ran]
-    computed = [c for c in ran if c.id not in {d.id for d in candidates_for(key.op) if d.of_route}]
+    copies = {c.id for c in candidates_for(key.op) if c.of_route}
+    computed = [c for c in ran if c.id not in copies]
     if result.native_ran is None and computed:
         result.closest = min(computed, key=lambda c: c.vs_native.closeness()).id  # type: ignore[union-attr]
     oracle_shape = call_shape(session.captured["oracle"], key)
@@ -219,15 +220,15 @@ def _dispatch_note(session: RerunSession, comparison: Comparison, pair: PairResu
     )
 
 
-def _targets(comparison: Comparison, options: DiagnoseOptions) -> list[PairResult]:
-    differing = [p for p in comparison.pairs if not p.post_eos and not p.metrics.bit_exact]
+def _targets(comparison: Comparison, options: DiagnoseOptions) -> tuple[list[PairResult], bool]:
+    """The pairs to classify, and whether the op `--op` names is after the shared EOS step."""
     if options.mode == "op":
         assert options.key is not None
         pair = next((p for p in comparison.pairs if p.key == options.key), None)
         if pair is None:
             raise ValueError(not_aligned(comparison, options.key))
-        return [pair] if not pair.metrics.bit_exact and not pair.post_eos else []
-    return differing
+        return ([pair] if not pair.metrics.bit_exact and not pair.post_eos else []), pair.post_eos
+    return [p for p in comparison.pairs if not p.post_eos and not p.metrics.bit_exact], False
 
 
 def iter_diagnose(native: Capture, oracle: Capture, comparison: Comparison, options: DiagnoseOptions = DiagnoseOptions()) -> ProgressGenerator[Diagnosis]:
@@ -236,7 +237,7 @@ def iter_diagnose(native: Capture, oracle: Capture, comparison: Comparison, opti
     Raises ValueError for a bad option or a key the comparison does not hold; CaptureError when
     a capture changed since it was compared. What cannot be rerun is reported per op, never raised."""
     started = time.perf_counter()
-    targets = _targets(comparison, options)
+    targets, after_eos = _targets(comparison, options)
     yield Progress(0, max(1, len(targets)), "finding records by canonical key")
     session = RerunSession(native, oracle, comparison)
     diagnosis = Diagnosis(str(native.path), str(oracle.path), options.mode, "", comparison.verdict.word)
@@ -261,7 +262,6 @@ def iter_diagnose(native: Capture, oracle: Capture, comparison: Comparison, opti
         diagnosis.dispatch.append(_dispatch_note(session, comparison, pair))
     if options.mode == "all" and options.budget and diagnosis.local_chain:
         diagnosis.budget = yield from _iter_budget(session, comparison, diagnosis)
-    after_eos = options.mode == "op" and any(p.post_eos for p in comparison.pairs if p.key == options.key)
     diagnosis.verdict = verdict_sentence(diagnosis, len(targets), len(dispatch_only), comparison.verdict.first, after_eos)
     if options.mode == "first" and len(diagnosis.ops) < len(targets):
         diagnosis.notes.append(f"Stopped after {locals_found} local op(s); {len(targets) - len(diagnosis.ops)} later diverged op(s) were not classified (--all classifies every one).")

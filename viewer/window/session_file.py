@@ -220,12 +220,7 @@ class SessionFile(QObject):
         for offer in scan.offers:
             name = offer.session_path.name if offer.session_path else "an unsaved session"
             what = f"{len(offer.session.bookmarks)} bookmark(s)" + (f", “{offer.session.title}”" if offer.session.title else "")
-            self._banners.show_message(
-                "recovery", "warning",
-                f"Parity X-ray stopped unexpectedly while {name} had unsaved work ({what}). Restore it?",
-                closable=False,
-                actions=[("Restore", lambda o=offer: self.restore(o)), ("Discard", lambda o=offer: self._discard_offer(o))],
-            )
+            self._show_offer(offer, f"Parity X-ray stopped unexpectedly while {name} had unsaved work ({what}). Restore it?")
         self._pending_offers += scan.offers
         return scan.offers
 
@@ -233,10 +228,7 @@ class SessionFile(QObject):
         """Install the recovered session, once the window's own unsaved work is settled (Restore
         replaced it without a word, and deleted its recovery file)."""
         if not self.settle_unsaved():
-            self._banners.show_message(
-                "recovery", "warning", "The unsaved session was not restored; Restore it again once this window's work is saved or discarded.",
-                actions=[("Restore", lambda: self.restore(offer)), ("Discard", lambda: self._discard_offer(offer))],
-            )
+            self._show_offer(offer, "The unsaved session was not restored; Restore it again once this window's work is saved or discarded.")
             return
         document = offer.restore()
         self._install(document)
@@ -244,6 +236,11 @@ class SessionFile(QObject):
         self._discard_offer(offer)
         self._status("Recovered the unsaved session; save it to keep it.", 8000)
         self.captures_wanted.emit()
+
+    def _show_offer(self, offer: RecoveryOffer, text: str) -> None:
+        self._banners.show_message(
+            "recovery", "warning", text, closable=False, actions=[("Restore", lambda: self.restore(offer)), ("Discard", lambda: self._discard_offer(offer))]
+        )
 
     def _discard_offer(self, offer: RecoveryOffer) -> None:
         offer.discard()

@@ -18,10 +18,13 @@ defines it:
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
+
+from sessions.printable import printable
 
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
@@ -97,6 +100,22 @@ def parse_problem(exc: ValueError | RecursionError) -> str:
     if isinstance(exc, RecursionError):
         return "it nests deeper than a reader follows"
     return str(exc)
+
+
+def load_json(text: str) -> Any:
+    """JSON whose every object gives each key once. Python's parser keeps the last of a key given
+    twice and says nothing: an engine's manifest entry with two `step`s, or a provenance with two
+    `contracts`, read as whichever came last, where the writer may have meant the first."""
+    return json.loads(text, object_pairs_hook=_unique_keys)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise ValueError(f"key {printable(key)!r} is given twice in one object")
+        found[key] = value
+    return found
 
 
 def same_file(a: str | Path, b: str | Path) -> bool:

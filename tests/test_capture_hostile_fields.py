@@ -382,6 +382,12 @@ def test_a_provenance_json_that_is_not_one_dimensional_is_refused(tmp_path: Path
     assert error.problem == f"is uint8 of shape {shape}; the format stores the JSON's bytes as 1-D uint8"
 
 
+def test_a_provenance_that_gives_a_key_twice_is_refused_not_read_as_its_last_value(tmp_path: Path) -> None:
+    text = b'{"contracts": {"sdpa": "attn.f32.tiled64x64"}, "contracts": {}}'
+    error = refusal(with_root_attribute(small_capture(tmp_path / "provenance.h5"), cf.ATTR_PROVENANCE, np.frombuffer(text, np.uint8)))
+    assert (error.location, error.problem) == ("/ attribute 'provenance_json'", "is not JSON (key 'contracts' is given twice in one object)")
+
+
 CALL = {"kv_group": -1, "head_start": 0, "head_count": 4, "q_heads": 4, "kv_heads": 2, "q_rows": 1, "kv_len": 3, "head_dim": 8, "primitive": "fallback"}
 
 

@@ -358,3 +358,19 @@ def test_the_diagnosis_text_and_page_write_a_captures_control_characters_as_esca
     assert "weights file missing\\x1b[2J\\x1b]0;pwned\\x07" in text and "weights file missing\\x1b[2J" in page
     assert "\x1b" not in text and "\x07" not in text and "\x1b" not in page
 
+
+
+def test_first_stops_after_a_thousand_undetermined_ops_in_a_row_and_says_how_many_it_left(tmp_path: Path) -> None:
+    from backends.diagnosis.run import UNDETERMINED_RUN
+
+    same = bf16_bits([[1.0, 2.0, 3.0, 4.0]])
+    spread = same + 1
+    layers = UNDETERMINED_RUN + 50
+    native = [T("q_proj", spread, layer=layer, dtype="bfloat16") for layer in range(layers)]
+    oracle = [T("q_proj", same, layer=layer, dtype="bfloat16") for layer in range(layers)]
+    paths = write_capture(tmp_path / "n.h5", "native", native), write_capture(tmp_path / "o.h5", "oracle", oracle)
+    found = diagnose(paths)
+    assert len(found.ops) == UNDETERMINED_RUN == 1000
+    assert {str(op.classification.locality) for op in found.ops} == {"undetermined"}
+    assert found.notes[-1] == "Stopped after 1,000 diverged ops in a row could not be classified; 50 later diverged op(s) were not classified (--all classifies every one)."
+    assert found.verdict.startswith("0:prefill:0:q_proj is undetermined: cannot be rerun on the oracle's route from the native's inputs: q_proj rerun needs")

@@ -492,3 +492,39 @@ def test_a_missing_capture_is_unusable_in_the_words_report_uses_for_it(
     assert report_main(["report", str(missing), str(demo_pairs["clean"][1])]) == 2
     assert result.word == UNUSABLE and capsys.readouterr().err == f"parity-xray report: unusable input: {result.reasons[0]}\n"
     assert result.reasons == [f"{missing}: file: does not exist"]
+
+
+STARTING_GATE = """
+import os, signal, threading
+from sessions.gate.cluster import DaskGate
+
+if __name__ == "__main__":
+    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+    try:
+        with DaskGate(workers=1):
+            print("started")
+    except KeyboardInterrupt:
+        print("interrupted")
+"""
+
+
+def test_ctrl_c_while_the_local_cluster_starts_stops_the_gate_without_dasks_exit_traceback(tmp_path: Path) -> None:
+    (tmp_path / "starting_gate.py").write_text(STARTING_GATE)
+    env = {**child_env(), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, str(tmp_path / "starting_gate.py")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout) == (0, "interrupted\n")
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("align", ["calls", "positions"])
+def test_a_case_says_how_its_records_were_paired_as_reports_json_does(
+    tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], align: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sessions.gate.result import gate_to_dict
+
+    native, oracle = demo_pairs["head-chunk"]
+    result = run_to_end(iter_judge_case(GateCase("head-chunk", str(native), str(oracle), CompareOptions(alignment=align)))).result
+    gate = GateResult("gate.toml", "local", None, "2026-12-03T00:00:00", 1.0, [result])
+    assert report_main(["report", str(native), str(oracle), "--align", align, "--json", str(tmp_path / "r.json")]) == 1
+    capsys.readouterr()
+    assert gate_to_dict(gate)["cases"][0]["alignment"] == json.loads((tmp_path / "r.json").read_text())["alignment"]["mode"] == align

@@ -121,6 +121,8 @@ def test_a_bound_of_0_is_no_bound_as_on_reports_command_line(tmp_path: Path) -> 
          "the top level: 'tolerance_policy' cannot be used ("),
         ('[[case]]\nnative = "n.h5"\noracle = "o.h5"\ntolerance_policy = 3\n', 4, "'tolerance_policy' must be the path of a policy file, got 3"),
         ("token_budget = 4\n", None, "no cases"),
+        ('max_ulp = -2\n[[case]]\nnative = "n.h5"\noracle = "o.h5"\nmax_ulp = 1\n', 1, "the top level: 'max_ulp' "),
+        ('align = "tokens"\n[[case]]\nnative = "n.h5"\noracle = "o.h5"\nalign = "calls"\n', 1, "the top level: 'align' must be one of"),
         ("x = " + "[" * 50_000 + "]" * 50_000 + "\n", None, "not valid TOML: it nests deeper than a reader follows"),
         ("token_budget = " + "9" * 5000 + "\n", None, "not valid TOML: Exceeds the limit (4300 digits) for integer string conversion"),
     ],

@@ -303,6 +303,7 @@ def test_an_npz_member_that_cannot_be_inflated_is_refused_by_name(tmp_path: Path
     [
         ("[" * 100_000 + "]" * 100_000, "not valid JSON (it nests deeper than a reader follows)"),
         ('[{"name": "a", "file": "x.npy", "step": ' + "9" * 5000 + "}]", "not valid JSON (Exceeds the limit (4300 digits) for integer string conversion"),
+        ('[{"name": "a", "file": "x.npy", "step": 0, "step": 5}]', "not valid JSON (key 'step' is given twice in one object)"),
     ],
 )
 def test_a_manifest_beyond_what_the_json_parser_reads_is_refused(tmp_path: Path, text: str, what: str) -> None:

@@ -55,6 +55,11 @@ from sessions.compare.verdict import Finding, Kind
 from sessions.progress import Progress, ProgressGenerator
 
 MODES = ("op", "first", "all")
+UNDETERMINED_RUN = 1000
+"""`--first` stops after this many diverged ops in a row are undetermined. What leaves an op
+undetermined (weights the captures do not hold, a stage no rerun computes) usually holds for
+every later op too: a run diverged from its first steps with no weights at hand walked all its
+88,000 diverged ops for 79 s to say what the first thousand had said."""
 
 
 @dataclass(frozen=True)
@@ -242,14 +247,15 @@ def iter_diagnose(native: Capture, oracle: Capture, comparison: Comparison, opti
     session = RerunSession(native, oracle, comparison)
     diagnosis = Diagnosis(str(native.path), str(oracle.path), options.mode, "", comparison.verdict.word)
     diagnosis.notes.extend(comparison.provenance.warnings)  # one file twice, other weights: said as report says them
-    locals_found = 0
+    locals_found, open_run = 0, 0
     for number, pair in enumerate(targets):
         yield Progress(number, len(targets), f"classifying {pair.key.text()}")
         found = classify(session, pair)
         op = _search(session, found) if found.locality == Locality.LOCAL else OpDiagnosis(found)
         diagnosis.ops.append(op)
         locals_found += found.locality == Locality.LOCAL
-        if options.mode == "first" and locals_found >= options.first:
+        open_run = open_run + 1 if found.locality == Locality.UNDETERMINED else 0
+        if options.mode == "first" and (locals_found >= options.first or open_run >= UNDETERMINED_RUN):
             break
     # A dispatch-only pair whose bits differ within a tolerance is a target like any pair whose bits differ.
     dispatch_only = [p for p in comparison.pairs if p.verdict == Kind.DISPATCH_ONLY and not p.post_eos and p.metrics.bit_exact]
@@ -264,7 +270,8 @@ def iter_diagnose(native: Capture, oracle: Capture, comparison: Comparison, opti
         diagnosis.budget = yield from _iter_budget(session, comparison, diagnosis)
     diagnosis.verdict = verdict_sentence(diagnosis, len(targets), len(dispatch_only), comparison.verdict.first, after_eos)
     if options.mode == "first" and len(diagnosis.ops) < len(targets):
-        diagnosis.notes.append(f"Stopped after {locals_found} local op(s); {len(targets) - len(diagnosis.ops)} later diverged op(s) were not classified (--all classifies every one).")
+        why = f"{locals_found} local op(s)" if open_run < UNDETERMINED_RUN else f"{open_run:,} diverged ops in a row could not be classified"
+        diagnosis.notes.append(f"Stopped after {why}; {len(targets) - len(diagnosis.ops):,} later diverged op(s) were not classified (--all classifies every one).")
     diagnosis.seconds = time.perf_counter() - started
     return diagnosis
 

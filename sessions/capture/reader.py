@@ -15,7 +15,6 @@ as a slice, from a dataset of their own or as a byte range of a pack (docs/captu
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Iterator
@@ -63,6 +62,7 @@ from sessions.capture.text_fields import (
     control_character,
 )
 from sessions.printable import printable
+from sessions.side_file import load_json
 
 _TRUNCATED = re.compile(r"truncated file: eof = (\d+),.*stored_eof = (\d+)")
 """libhdf5's words for a file shorter than its superblock says: the bytes there and the bytes it should have."""
@@ -275,7 +275,7 @@ class Capture:
                     f"is {raw_provenance.dtype} of shape {raw_provenance.shape}; the format stores the JSON's bytes as 1-D uint8",
                 )
             try:
-                provenance = json.loads(raw_provenance.tobytes().decode("utf-8"))
+                provenance = load_json(raw_provenance.tobytes().decode("utf-8"))
             except UnicodeDecodeError:
                 raise self._fail("/ attribute 'provenance_json'", "is not UTF-8 text") from None
             except (ValueError, RecursionError) as exc:

@@ -17,6 +17,7 @@ from sessions.compare.comparison import Comparison, PairResult
 from sessions.compare.key import OpKey
 from sessions.compare.layout_transform import LayoutError, LayoutTransform
 from sessions.compare.mapped_record import MappedRecord, batch_of, canonical_shape
+from sessions.gc_pause import garbage_collection_paused
 from sessions.progress import Progress, ProgressGenerator, run_to_end
 
 READ_CHUNK_BYTES = 2 * 1024 * 1024
@@ -68,8 +69,11 @@ def aligned_records(native: Capture, oracle: Capture, comparison: Comparison) ->
     alignment, so the session's profiles and manual overrides apply there too."""
     native_records: dict[OpKey, MappedRecord] = {}
     oracle_records: dict[OpKey, MappedRecord] = {}
-    for pair in comparison.pairs:
-        native_records[pair.key], oracle_records[pair.key] = pair_sides(native, oracle, pair)
+    with garbage_collection_paused(keep_made=True):
+        native.records.build_every()
+        oracle.records.build_every()
+        for pair in comparison.pairs:
+            native_records[pair.key], oracle_records[pair.key] = pair_sides(native, oracle, pair)
     return native_records, oracle_records
 
 

@@ -40,6 +40,7 @@ from distributed import (
 from distributed.client import Future
 from distributed.comm import connect
 
+from sessions.ctrl_c import ctrl_c_deferred
 from sessions.gate.judge import CachedCase, CaseOutcome, case_unusable, iter_judge_case
 from sessions.gate.manifest import GateCase
 from sessions.machine import usable_cores
@@ -127,7 +128,7 @@ class DaskGate:
                 _check_answers(self.scheduler)
                 self.client = Client(self.scheduler, timeout=CONNECT_TIMEOUT_S)
             else:
-                with dask.config.set({"distributed.scheduler.worker-saturation": WORKER_SATURATION}):
+                with ctrl_c_deferred(), dask.config.set({"distributed.scheduler.worker-saturation": WORKER_SATURATION}):
                     self.cluster = LocalCluster(
                         n_workers=self.workers or usable_cores(),
                         threads_per_worker=1,
@@ -143,7 +144,7 @@ class DaskGate:
             where = f"the scheduler at {self.scheduler}" if self.scheduler else "a local Dask cluster"
             why = "it answered something other than Dask's protocol" if isinstance(exc, MemoryError) else f"{type(exc).__name__}: {exc}"
             raise ClusterError(f"cannot use {where}: {why}") from None
-        except BaseException:  # Ctrl-C while the cluster starts: `with` will not call __exit__
+        except BaseException:  # Ctrl-C once the cluster has started (`ctrl_c_deferred`): `with` will not call __exit__
             self.close()
             raise
         return self

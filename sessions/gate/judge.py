@@ -117,6 +117,7 @@ def result_of(case: GateCase, comparison: Comparison, seconds: float) -> CaseRes
         native_profile=comparison.native_profile,
         oracle_profile=comparison.oracle_profile,
         tolerance_policy=comparison.tolerance_policy,
+        alignment=comparison.alignment.mode,
         seconds=seconds,
     )
 

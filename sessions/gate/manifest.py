@@ -99,6 +99,9 @@ def parse_manifest(text: str, path: Path) -> Manifest:
     reader = _Reader(text, path)
     reader.check_keys(data, TOP_KEYS, None, "the top level")
     defaults = {k: data[k] for k in OPTION_KEYS if k in data}
+    # Checked on their own, not only through the cases: a bad default that every case overrides
+    # was accepted, and became a refusal the day a case was added without that key.
+    reader.options(defaults, (), None, "the top level")
     cases: list[GateCase] = []
     if "cases" in data or "oracle" in data:
         cases += reader.glob_cases(data, defaults)

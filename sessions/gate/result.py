@@ -107,6 +107,10 @@ class CaseResult:
     oracle_profile: str | None
     tolerance_policy: str = ""
     """The policy file whose rules judged the case's ops ("" when none), as `report` names it."""
+    alignment: str = ""
+    """How the comparison paired the records: `calls` or `positions` (`--align auto` chooses; ""
+    when the case could not be judged). A case's verdict means little without it: runs cut
+    differently are compared position by position, and their dispatch is then not compared."""
     seconds: float = 0.0
     """Wall time of the judgment on its worker (a reused result keeps the time it took then)."""
     worker: str | None = None

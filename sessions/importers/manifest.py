@@ -36,7 +36,7 @@ from sessions.capture.hdf5_safety import printable
 from sessions.capture.pack_layout import MAX_ELEMENTS
 from sessions.capture.reader import CaptureError
 from sessions.capture.text_fields import control_character
-from sessions.side_file import parse_problem, read_side_file
+from sessions.side_file import load_json, parse_problem, read_side_file
 
 DEFAULT_SEGMENT = "prefill"
 ENTRY_KEYS = {
@@ -272,7 +272,7 @@ def load_manifest(path: str | Path, *, need_file: bool) -> Manifest:
     except (OSError, UnicodeDecodeError) as exc:
         raise CaptureError(path, "file", f"cannot read the manifest ({exc})") from None
     try:
-        data = json.loads(text)
+        data = load_json(text)
     except json.JSONDecodeError as exc:
         raise CaptureError(path, f"line {exc.lineno} column {exc.colno}", f"not valid JSON ({exc.msg})") from None
     except (ValueError, RecursionError) as exc:

@@ -140,6 +140,39 @@ def test_a_manual_pair_of_different_shapes_is_refused_like_an_automatic_one(tmp_
     assert "manual pairing: try it" in comparison.unaligned[0].detail
 
 
+def test_a_record_whose_partner_the_user_paired_elsewhere_says_so_rather_than_that_it_has_none(tmp_path: Path) -> None:
+    layers = [T("ffn_down", _bits(layer), layer=layer, dtype="bfloat16") for layer in (0, 1)]
+    native, oracle = write_capture(tmp_path / "n.h5", "native", layers), write_capture(tmp_path / "o.h5", "oracle", layers)
+    comparison = _compare(native, oracle, ManualPair(RecordKey(0, "prefill", 1, "ffn_down"), RecordKey(0, "prefill", 0, "ffn_down"), "suspect"))
+    assert [(u.side, u.layer, u.reason) for u in comparison.unaligned] == [("native", 0, NO_PARTNER), ("oracle", 1, NO_PARTNER)]
+    assert comparison.unaligned[0].detail == (
+        "the oracle record that would pair with it, 'ffn_down' (seq 0), is manually paired with native 'ffn_down' (seq 1) (suspect)"
+    )
+    assert comparison.unaligned[1].detail == (
+        "the native record that would pair with it, 'ffn_down' (seq 1), is manually paired with oracle 'ffn_down' (seq 0) (suspect)"
+    )
+
+
+def test_by_position_a_record_whose_positions_the_user_paired_elsewhere_says_so(tmp_path: Path) -> None:
+    rows = _bits(5, (8, WIDTH))
+    native = write_capture(
+        tmp_path / "n.h5", "native",
+        [T("layer_out", rows[a:b], segment=segment, layer=0, dtype="bfloat16", position=a) for segment, a, b in (("prefill-a", 0, 4), ("prefill-b", 4, 8))],
+    )
+    oracle = write_capture(tmp_path / "o.h5", "oracle", [T("layer_out", rows, layer=0, dtype="bfloat16", position=0)])
+    options = CompareOptions(
+        native_profile="canonical", oracle_profile="canonical", alignment="positions",
+        overrides=(ManualPair(RecordKey(0, "prefill-b", 0, "layer_out"), RecordKey(0, "prefill", 0, "layer_out"), "check the tail"),),
+    )
+    with open_capture(native) as n, open_capture(oracle) as o:
+        comparison = run_to_end(iter_compare(n, o, options))
+    alone = next(u for u in comparison.unaligned if u.segment == "prefill-a")
+    assert (alone.reason, alone.detail) == (
+        NO_PARTNER,
+        "the oracle record that would pair with it, 'layer_out' (seq 0), is manually paired with native 'layer_out' (seq 1) (check the tail)",
+    )
+
+
 def test_overrides_are_part_of_the_cache_key_and_cross_the_process_boundary(tmp_path: Path) -> None:
     native, oracle = _captures(tmp_path)
     broken = CompareOptions(native_profile="canonical", oracle_profile="canonical", overrides=(ManualBreak(RecordKey(0, "prefill", 0, "ffn_down"), "why"),))

@@ -271,6 +271,30 @@ def test_tokens_that_differ_over_bit_exact_tensors_read_as_a_token_divergence_ev
     win.close()
 
 
+def test_a_run_that_stops_a_step_early_points_every_surface_at_the_logits_only_the_other_recorded(
+    tmp_path: Path, qtbot: QtBot, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logits = [bf16_bits(np.full((1, 8), step + 1.0)) for step in range(3)]
+
+    def run(steps: int) -> list[T]:
+        return [T("logits", logits[step], step=step, segment="decode", layer=-1, dtype="bfloat16") for step in range(steps)]
+
+    native = write_capture(tmp_path / "short.native.h5", "native", run(2), [(0, 5, False), (1, 7, False)])
+    oracle = write_capture(tmp_path / "short.oracle.h5", "oracle", run(3), [(0, 5, False), (1, 7, False), (2, 8, False)])
+    code, text, document, _ = _headless(Case(native, oracle, DIVERGENCE, Kind.TOKENS, "2:decode:-1:logits"), tmp_path, capsys)
+    assert code == 1 and text.startswith("DIVERGENCE: first tokens at 2:decode:-1:logits (native token none vs oracle token 8)")
+    assert "First finding: tokens at 2:decode:-1:logits\n" in text, "no rerun or diagnose of an op that has no pair"
+    assert [(u["side"], u["step"], u["name"]) for u in document["unaligned"]] == [("oracle", 2, "logits")]
+
+    win = window_on(qtbot, tmp_path, native, oracle)
+    qtbot.keyClick(win, Qt.Key.Key_J, Qt.KeyboardModifier.ControlModifier)
+    current = win.tree.view.currentIndex()
+    record = win.tree.proxy.mapToSource(current.siblingAtColumn(0)).data(UNALIGNED_ROLE)
+    assert record is not None and (record.side, record.step, record.name) == ("oracle", 2, "logits")
+    assert win.model.selected is None
+    win.close()
+
+
 def test_a_contract_that_changes_after_the_shared_eos_is_no_finding_on_any_surface(tmp_path: Path, qtbot: QtBot, capsys: pytest.CaptureFixture[str]) -> None:
     tokens = [(0, 5, False), (1, 7, True), (2, 3, False)]
     native, oracle = _two_steps(tmp_path, "post-eos-contract", "attn.f32", tokens, tokens)

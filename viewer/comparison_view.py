@@ -312,9 +312,10 @@ def first_finding_pair(viewed: ViewedComparison | None) -> PairResult | None:
 
 
 def first_finding_record(viewed: ViewedComparison | None) -> UnalignedRecord | None:
-    """The unaligned record the verdict's first finding names, when it names one."""
+    """The unaligned record the verdict's first finding names, when it names one: an unaligned
+    finding's, or a token step's logits that only one run recorded (a run that stopped earlier)."""
     first = first_finding(viewed)
-    if viewed is None or first is None or first.kind != Kind.UNALIGNED:
+    if viewed is None or first is None:
         return None
     return next((u for u in viewed.comparison.unaligned if unaligned_key(u) == first.key), None)
 

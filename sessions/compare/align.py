@@ -10,6 +10,7 @@ than seq so a saved session still means the same records after a re-capture.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
 from operator import itemgetter
@@ -385,7 +386,24 @@ def _differ_only_on(a: tuple[int, ...], b: tuple[int, ...], axis: int) -> bool:
     return len(a) == len(b) and all(x == y for i, (x, y) in enumerate(zip(a, b)) if i != axis)
 
 
-def _pair_by_key(n_mapped: list[MappedRecord], o_mapped: list[MappedRecord], unaligned: list[UnalignedRecord]) -> list[AlignedPair]:
+def _manually_paired(side: str, manual: list[AlignedPair], holds: Callable[[MappedRecord], bool]) -> str | None:
+    """Why a record has no partner when the one it would have had is `side`'s record of a manual
+    pair (`holds` picks it): a manual pairing takes its records out of automatic matching, and
+    "no oracle record for ..." was false of a record the user had paired elsewhere."""
+    for pair in manual:
+        mine, other = (pair.oracle, pair.native) if side == "oracle" else (pair.native, pair.oracle)
+        if holds(mine):
+            other_side = "native" if side == "oracle" else "oracle"
+            return (
+                f"the {side} record that would pair with it, {mine.record.name!r} (seq {mine.record.seq}), is manually paired "
+                f"with {other_side} {other.record.name!r} (seq {other.record.seq}) ({pair.manual_reason})"
+            )
+    return None
+
+
+def _pair_by_key(
+    n_mapped: list[MappedRecord], o_mapped: list[MappedRecord], unaligned: list[UnalignedRecord], manual: list[AlignedPair]
+) -> list[AlignedPair]:
     """Same calls: records pair when their keys are equal; a key claimed twice pairs nothing."""
     n_unique, n_dupes = _by_key(n_mapped)
     o_unique, o_dupes = _by_key(o_mapped)
@@ -405,12 +423,14 @@ def _pair_by_key(n_mapped: list[MappedRecord], o_mapped: list[MappedRecord], una
         o = o_unique.pop(key, None)
         if o is None:
             if key not in o_dupes:
-                unaligned.append(_unaligned("native", n.record, NO_PARTNER, f"no oracle record for {key.label()}", key))
+                taken = _manually_paired("oracle", manual, lambda m: m.key == key)
+                unaligned.append(_unaligned("native", n.record, NO_PARTNER, taken or f"no oracle record for {key.label()}", key))
             continue
         pairs.append(AlignedPair(key, n, o))
     for key, o in o_unique.items():
         if key not in n_dupes:
-            unaligned.append(_unaligned("oracle", o.record, NO_PARTNER, f"no native record for {key.label()}", key))
+            taken = _manually_paired("native", manual, lambda m: m.key == key)
+            unaligned.append(_unaligned("oracle", o.record, NO_PARTNER, taken or f"no native record for {key.label()}", key))
     return pairs
 
 
@@ -439,18 +459,26 @@ def _placed(side: str, mapped: list[MappedRecord], spans: dict[int, Span], unali
 
 
 def _pair_by_position(
-    n_mapped: list[MappedRecord], o_mapped: list[MappedRecord], n_spans: dict[int, Span], o_spans: dict[int, Span], unaligned: list[UnalignedRecord]
+    n_mapped: list[MappedRecord],
+    o_mapped: list[MappedRecord],
+    n_spans: dict[int, Span],
+    o_spans: dict[int, Span],
+    unaligned: list[UnalignedRecord],
+    manual: list[AlignedPair],
 ) -> list[AlignedPair]:
     """Runs cut differently: each (layer, op, occurrence) pairs the positions both sides hold, one
     pair per overlap of a native and an oracle record, named by the native call and the positions."""
     natives, oracles = _placed("native", n_mapped, n_spans, unaligned), _placed("oracle", o_mapped, o_spans, unaligned)
+    spans = {"native": n_spans, "oracle": o_spans}
     for side, mine, theirs in (("native", natives, oracles), ("oracle", oracles, natives)):
         other = "oracle" if side == "native" else "native"
         for group, placed in mine.items():
             covered = [span for span, _ in theirs.get(group, [])]
             for span, m in placed:
                 for gap in uncovered(span, covered):
-                    unaligned.append(_unaligned(side, m.record, NO_PARTNER, f"no {other} record of {m.key.op} holds {span_text(gap)}", m.key))
+                    held = partial(_holds, spans[other], group, gap)
+                    detail = _manually_paired(other, manual, held) or f"no {other} record of {m.key.op} holds {span_text(gap)}"
+                    unaligned.append(_unaligned(side, m.record, NO_PARTNER, detail, m.key))
     pairs: list[AlignedPair] = []
     for (layer, op, occurrence), n_group in natives.items():
         o_group = oracles.get((layer, op, occurrence), [])
@@ -469,6 +497,11 @@ def _pair_by_position(
                 pairs.append(AlignedPair(key, n_cut, o_cut))
                 k += 1
     return pairs
+
+
+def _holds(spans: dict[int, Span], group: tuple[int, str, int], gap: Span, m: MappedRecord) -> bool:
+    """Whether `m` is a record of the (layer, op, occurrence) `group` that holds some of `gap`'s positions."""
+    return (m.key.layer, m.key.op, m.key.occurrence) == group and m.record.seq in spans and overlap(spans[m.record.seq], gap) is not None
 
 
 def cut_alike(native_calls: list[Call], oracle_calls: list[Call]) -> bool:
@@ -519,13 +552,13 @@ def align(
     (n_spans, n_calls), (o_spans, o_calls) = record_spans(n_mapped), record_spans(o_mapped)
     chosen = mode if mode != "auto" else auto_mode(n_mapped, o_mapped, n_calls, o_calls)
     n_recorded, o_recorded = _recorded(n_mapped), _recorded(o_mapped)
-    candidates = _take_manual_pairs(overrides, n_mapped, o_mapped, native, oracle, unaligned)
+    manual = _take_manual_pairs(overrides, n_mapped, o_mapped, native, oracle, unaligned)
     n_mapped = _unless_recorded("native", n_mapped, n_optional, o_recorded, unaligned)
     o_mapped = _unless_recorded("oracle", o_mapped, o_optional, n_recorded, unaligned)
     if chosen == CALLS:
-        candidates += _pair_by_key(n_mapped, o_mapped, unaligned)
+        candidates = manual + _pair_by_key(n_mapped, o_mapped, unaligned, manual)
     else:
-        candidates += _pair_by_position(n_mapped, o_mapped, n_spans, o_spans, unaligned)
+        candidates = manual + _pair_by_position(n_mapped, o_mapped, n_spans, o_spans, unaligned, manual)
     pairs = [p for p in _apply_breaks(overrides, candidates, native, unaligned) if _comparable(p, unaligned)]
     pairs = _set_aside_before_mask(pairs, n_spans, o_spans, unaligned)
     pairs.sort(key=lambda p: p.native.record.seq)

@@ -147,9 +147,10 @@ def _first_block(c: Comparison) -> list[str]:
 
 def _next_commands(c: Comparison, first: Finding) -> str:
     """The `rerun` and `diagnose` commands that look into the first finding: only for an aligned
-    pair (an unaligned record has no partner to rerun against), under the alignment that made
-    its key (a key cut by position exists only when pairing by position)."""
-    if first.kind == Kind.UNALIGNED:
+    pair (an unaligned record has no partner to rerun against, nor has a token step whose logits
+    only one run recorded), under the alignment that made its key (a key cut by position exists
+    only when pairing by position)."""
+    if first.kind == Kind.UNALIGNED or not any(p.key == first.key for p in c.pairs):
         return ""
     whole = whole_op(first.key)
     align = " --align positions" if c.alignment.mode == POSITIONS else ""

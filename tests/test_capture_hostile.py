@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from sessions.capture import format as cf
+from sessions.capture.hdf5_safety import MAX_ATTRIBUTES, MAX_CHUNKS
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.opening import open_capture
 from sessions.capture.reader import CaptureError
@@ -159,6 +160,25 @@ def test_a_decompression_bomb_chunk_is_refused_by_its_declared_chunk_size(tmp_pa
 def test_variable_length_string_attribute_is_refused_unread(tmp_path: Path) -> None:
     error = refusal(mutated(tmp_path, lambda f, _: f.attrs.create("prompt", "vlen text", dtype=h5py.string_dtype())))
     assert error.location == "/ attribute 'prompt'" and "variable-length string" in error.problem
+
+
+def test_an_object_with_more_attributes_than_the_format_carries_is_refused_by_count_not_opened_one_by_one(tmp_path: Path) -> None:
+    def crowd(f: h5py.File, _: Path) -> None:
+        for i in range(MAX_ATTRIBUTES + 1):
+            f["/tensors"].attrs[f"a{i}"] = np.int8(1)
+
+    error = refusal(mutated(tmp_path, crowd))
+    assert (error.location, error.problem) == ("/tensors", "has 1,025 attributes; an object of the format carries at most 1,024")
+
+
+def test_a_dataset_cut_into_more_chunks_than_the_format_allows_is_refused_before_any_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "tiny-chunks.h5"
+    base_capture(path)
+    with h5py.File(path, "r+") as f:
+        ds = f.create_dataset(VICTIM + "-crumbs", shape=(MAX_CHUNKS + 1,), dtype=np.uint8, chunks=(1,))
+        ds.attrs.create(cf.ATTR_LOGICAL_DTYPE, np.bytes_(b"uint8"))
+    error = refusal(path)
+    assert (error.location, error.problem) == (VICTIM + "-crumbs", "is cut into 1,048,577 chunks of (1,); a dataset of the format is cut into at most 1,048,576")
 
 
 def test_soft_link_loop_is_refused(tmp_path: Path) -> None:

@@ -129,6 +129,15 @@ def test_a_control_character_in_a_short_root_text_attribute_is_refused_by_name(t
     assert error.problem == f"holds a control character ({EVIL_SHOWN})"
 
 
+@pytest.mark.parametrize("attribute", ["engine_name", "prompt"])
+def test_a_root_text_attribute_that_is_not_utf8_is_refused_as_an_index_field_is(tmp_path: Path, attribute: str) -> None:
+    path = small_capture(tmp_path / "root.h5")
+    with h5py.File(path, "r+") as f:
+        f.attrs.create(attribute, np.bytes_(b"\xc3\x28abc"))
+    error = refusal(path)
+    assert (error.location, error.problem) == (f"/ attribute '{attribute}'", "is not UTF-8 text ('\ufffd(abc')")
+
+
 def test_the_prompt_may_hold_newlines_and_tabs(tmp_path: Path) -> None:
     prompt = "line one\n\tline two"
     path = write_capture(tmp_path / "prompt.h5", "native", [T("t0", np.zeros(4, np.float32))], prompt=prompt)

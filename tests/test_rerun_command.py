@@ -149,7 +149,9 @@ def _record_without_config(pair: tuple[Path, Path], tmp_path: Path, config: dict
     return native, oracle
 
 
-@pytest.mark.parametrize("config", [{}, {"rms_norm_eps": None, "rope_theta": "fast"}, {"rms_norm_eps": -1e-6, "rope_theta": float("inf")}])
+@pytest.mark.parametrize(
+    "config", [{}, {"rms_norm_eps": None, "rope_theta": "fast"}, {"rms_norm_eps": -1e-6, "rope_theta": float("inf")}, {"rms_norm_eps": 10**400, "rope_theta": 10**400}]
+)
 def test_a_capture_without_a_usable_config_takes_eps_and_rope_base_from_the_weights_file_it_references(
     llama_tiny_pairs: dict[str, tuple[Path, Path]], tmp_path: Path, capsys: pytest.CaptureFixture[str], config: dict
 ) -> None:

@@ -165,6 +165,17 @@ def test_a_directory_fifo_or_empty_file_given_as_weights_is_named_as_what_it_is_
     assert rerun(capture, empty, capsys) == (2, f"parity-xray rerun: weights file {empty} (named for this rerun) is empty (0 bytes)\n")
 
 
+def test_a_weights_file_that_is_not_safetensors_says_which_format_it_was_read_as_and_why(
+    capture: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = tmp_path / "weights.bin"
+    text.write_text("not weights\n")
+    code, err = rerun(capture, text, capsys)
+    assert code == 2 and err.startswith(
+        f"parity-xray rerun: weights file {text} (named for this rerun) cannot be read as safetensors, which a weights file not named *.gguf is taken to be ("
+    )
+
+
 def test_a_config_json_beside_the_weights_is_read_only_when_it_is_a_small_regular_file(tmp_path: Path) -> None:
     weights = safetensors(tmp_path / "w.safetensors", "F32", [8, 16], W.tobytes())
     beside = tmp_path / "config.json"

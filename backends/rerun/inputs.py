@@ -358,7 +358,10 @@ class WeightSource:
             try:
                 self._file = dict(mx.load(str(path)).items())
             except (OSError, ValueError, RuntimeError) as exc:
-                raise RerunInputError(f"{path}: cannot be read as safetensors ({exc})") from None
+                raise RerunInputError(
+                    f"weights file {path} ({self._origin()}) cannot be read as safetensors, which a weights file "
+                    f"not named *.gguf is taken to be ({exc})"
+                ) from None
         name = next((n for n in names if n in self._file), None)
         if name is None:
             return None
@@ -493,8 +496,14 @@ RERUN_CONFIG = ("rms_norm_eps", "rope_theta")
 
 def _is_model_scalar(value: Any) -> bool:
     """A value an eps or a RoPE base can take: a finite number above 0 (NaN would spread through
-    every rerun and read as a diagnosis)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    every rerun and read as a diagnosis; an integer of 400 digits, past any float, raised)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        number = float(value)
+    except OverflowError:
+        return False
+    return math.isfinite(number) and number > 0
 
 
 def _usable(config: dict[str, Any]) -> dict[str, Any]:

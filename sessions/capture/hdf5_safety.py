@@ -31,6 +31,18 @@ DEFAULT_MEMORY_BUDGET = 2 * 1024**3
 MAX_ATTRIBUTE_BYTES = 64 * 1024**2
 """Largest attribute value a capture may hold (the prompt and provenance_json are the large ones)."""
 
+MAX_ATTRIBUTES = 1024
+"""Most attributes one object may carry. The format's objects carry a few (the root about
+twenty, a pack one table per recorder field); libhdf5 opens the i-th of an object's attributes
+in time that grows with i, so 20,000 attributes on one group of a 5 MB file took the structure
+check past its 60 s limit, where a refusal by count takes a millisecond."""
+
+MAX_CHUNKS = 2**20
+"""Most chunks one dataset may be cut into. Each chunk costs libhdf5 an index entry held in
+memory and a read of its own: a 3.2 MB pack cut into 3.2 million one-byte chunks took 25 s and
+1 GB to compare. A million still admits a table of a million rows chunked row by row (the
+reference writer chunks 1,024 rows)."""
+
 CHECK_TIMEOUT_ENV = "PARITY_XRAY_CHECK_TIMEOUT_S"
 """Raises (or lowers) the check's time limit for every command and the viewer, e.g. on a slow machine."""
 
@@ -276,6 +288,11 @@ def dataset_problems(dsid: h5py.h5d.DatasetID, location: str, budget: int, file_
             problems.append(
                 Problem(location, f"declares chunks of {chunk} = {chunk_bytes} bytes, over the memory budget of {budget}")
             )
+        chunks = _product(tuple(-(-int(dim) // max(1, int(edge))) for dim, edge in zip(shape, chunk)))
+        if chunks > MAX_CHUNKS:
+            problems.append(
+                Problem(location, f"is cut into {chunks:,} chunks of {chunk}; a dataset of the format is cut into at most {MAX_CHUNKS:,}")
+            )
     if layout == h5py.h5d.CONTIGUOUS and declared > 0 and not problems:
         try:
             offset = dsid.get_offset()
@@ -345,6 +362,8 @@ def attribute_problems(obj_id: h5py.h5o.ObjectID, location: str, budget: int) ->
         count = h5py.h5a.get_num_attrs(obj_id)
     except HDF5_ERRORS as exc:
         return [Problem(location, f"attributes cannot be listed ({describe_error(exc)})")]
+    if count > MAX_ATTRIBUTES:
+        return [Problem(location, f"has {count:,} attributes; an object of the format carries at most {MAX_ATTRIBUTES:,}")]
     for i in range(count):
         try:
             attr = h5py.h5a.open(obj_id, index=i)

@@ -234,8 +234,9 @@ class Capture:
         return self._int_attr(self._file.id, "/", name, default)
 
     def _root_text(self, name: str) -> str:
-        """A root text attribute, empty when absent; refused when it is not one string, or when it
-        holds a control character, which would reach the terminal of whoever reads a report (a
+        """A root text attribute, empty when absent; refused when it is not one string, is not UTF-8
+        (as an index field is: with replacement characters it read as other text), or holds a
+        control character, which would reach the terminal of whoever reads a report (a
         multi-line one, the prompt, may hold line breaks and tabs, and nothing else: an escape in
         it was accepted)."""
         value = self._root_attr(name)
@@ -244,7 +245,11 @@ class Capture:
         problem = _text_problem(value)
         if problem is not None:
             raise self._fail(f"/ attribute '{name}'", problem)
-        text = cf.decode_field(value[()])
+        raw = bytes(value[()]).rstrip(b"\0")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise self._fail(f"/ attribute '{name}'", f"is not UTF-8 text ('{cf.decode_field(raw)}')") from None
         lines = text.replace("\r\n", "\n").replace("\t", " ").split("\n") if name in cf.MULTILINE_STRING_ATTRS else [text]
         control = next((c for c in map(control_character, lines) if c is not None), None)
         if control is not None:

@@ -295,6 +295,30 @@ def test_a_run_that_stops_a_step_early_points_every_surface_at_the_logits_only_t
     win.close()
 
 
+def test_a_divergence_before_a_contract_mismatch_leaves_neither_kind_out_of_the_strip(tmp_path: Path, qtbot: QtBot, capsys: pytest.CaptureFixture[str]) -> None:
+    rng = np.random.default_rng(5)
+    norm, attention = bf16_bits(rng.standard_normal((4, 8))), bf16_bits(rng.standard_normal((4, 32)))
+    flipped = norm.copy()
+    flipped[0, 0] ^= 1
+
+    def run(norm_bits: np.ndarray, contract: str) -> list[T]:
+        ids = dict(kernel_id="sdpa", contract_id=contract, effective_contract_id=contract)
+        return [T("attn_norm", norm_bits, layer=layer, dtype="bfloat16") for layer in (0, 1)] + [
+            T("sdpa", attention, layer=layer, dtype="bfloat16", **ids) for layer in (0, 1)
+        ]
+
+    native = write_capture(tmp_path / "n.h5", "native", run(flipped, "attn.f32"))
+    oracle = write_capture(tmp_path / "o.h5", "oracle", run(norm, "attn.f16"))
+    _, _, document, _ = _headless(Case(native, oracle, CONTRACT_MISMATCH, Kind.DIVERGED, "0:prefill:0:attn_norm"), tmp_path, capsys)
+    verdict = document["verdict"]
+    assert (verdict["word"], verdict["first"]["kind"], verdict["reason_kinds"]) == (CONTRACT_MISMATCH, "diverged", ["contract-mismatch", "diverged"])
+    win = window_on(qtbot, tmp_path, native, oracle)
+    detail = win.verdict_strip.detail.text()
+    assert detail.startswith("first diverged at 0:prefill:0:attn_norm (of 2): ")
+    assert "also: 2 op(s) contract-mismatch, first at 0:prefill:0:sdpa" in detail and "op(s) diverged" not in detail
+    win.close()
+
+
 def test_a_contract_that_changes_after_the_shared_eos_is_no_finding_on_any_surface(tmp_path: Path, qtbot: QtBot, capsys: pytest.CaptureFixture[str]) -> None:
     tokens = [(0, 5, False), (1, 7, True), (2, 3, False)]
     native, oracle = _two_steps(tmp_path, "post-eos-contract", "attn.f32", tokens, tokens)

@@ -169,7 +169,7 @@ def test_report_after_editing_a_profile_prints_the_edited_result_not_the_cached_
     first = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("First finding:"))
     assert first == "First finding: unaligned at 0:prefill:0:ffn_down", "no rerun or diagnose offered for a record without a partner"
     document = json.loads(report.read_text())
-    assert document["version"] == 5 and document["pairs"] == []
+    assert document["version"] == 6 and document["pairs"] == []
     assert document["native_profile_identity"]["path"] == str(profile.resolve())
     assert sorted(u["reason"] for u in document["unaligned"]) == ["no_partner", "no_partner"]
 
@@ -179,7 +179,7 @@ def test_a_version_1_document_is_refused_by_name(tmp_path: Path) -> None:
     assert _run(*_pair(tmp_path, flip=False), "--json", str(report)) == 0
     document = json.loads(report.read_text())
     document["version"] = 1
-    with pytest.raises(ReportFormatError, match="not a parity-xray-report version 5 document"):
+    with pytest.raises(ReportFormatError, match="not a parity-xray-report version 6 document"):
         loads(json.dumps(document))
 
 
@@ -280,13 +280,20 @@ def test_a_parity_over_captures_without_tokens_does_not_say_the_tokens_agree(tmp
     oracle = write_capture(tmp_path / "o.h5", "oracle", [T("layer_out", x, layer=0, dtype="bfloat16")])
     out_json = tmp_path / "r.json"
     assert _run(str(native), str(oracle), "--json", str(out_json)) == 0
-    headline = "PARITY: every aligned op before the shared EOS is bit-exact or within tolerance, and no token steps were recorded to compare"
+    headline = "PARITY: every aligned op is bit-exact or within tolerance, and no token steps were recorded to compare"
     assert capsys.readouterr().out.startswith(headline + "\n")
     verdict = json.loads(out_json.read_text())["verdict"]
     assert verdict["headline"] == headline and verdict["tokens_compared"] is False
     with_tokens = _pair(tmp_path, flip=False)
     assert _run(*with_tokens) == 0
-    assert capsys.readouterr().out.startswith("PARITY: every aligned op before the shared EOS is bit-exact or within tolerance, and the tokens agree\n")
+    assert capsys.readouterr().out.startswith("PARITY: every aligned op is bit-exact or within tolerance, and the tokens agree\n")
+
+
+def test_a_parity_headline_names_the_shared_eos_only_when_both_runs_stopped_there(demo_pairs: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _run(*map(str, demo_pairs["post-eos"])) == 0
+    assert capsys.readouterr().out.startswith("PARITY: every aligned op up to the shared EOS (step 3) is bit-exact or within tolerance, and the tokens agree\n")
+    assert _run(*map(str, demo_pairs["clean"])) == 0
+    assert capsys.readouterr().out.startswith("PARITY: every aligned op is bit-exact or within tolerance, and the tokens agree\n")
 
 
 def test_a_zero_tolerance_on_the_command_line_is_bit_exact_as_in_the_window_and_a_session(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -67,6 +67,18 @@ def test_diagnosing_every_op_leads_with_the_verdict_and_fills_the_tree_cause_col
     window.grab().save(str(artifacts_dir / "diagnosis-panel-1440x900.png"))
 
 
+def test_a_new_pair_takes_back_the_last_diagnosis_cause_column_tab_titles_and_progress(qtbot, window: MainWindow, demo_pairs: dict) -> None:  # type: ignore[no-untyped-def]
+    panel = window.diagnosis
+    with qtbot.waitSignal(panel.finished, timeout=120_000):
+        panel.run()
+    assert not window.tree.view.isColumnHidden(4) and panel.details.tabText(0) == "Candidates at 0:visual:0:sdpa" and panel.progress.text() == "done"
+    window.open_pair(*demo_pairs["clean"])
+    qtbot.waitUntil(lambda: window.model.comparison is not None and not window.tasks.busy, timeout=120_000)
+    assert window.tree.view.isColumnHidden(4), "no empty cause column squeezes the new pair's op names"
+    assert (panel.details.tabText(0), panel.details.tabText(1)) == ("Candidates", "Budget")
+    assert panel.progress.text() != "done"
+
+
 @pytest.fixture
 def panel(qtbot, demo_pairs: dict):  # type: ignore[no-untyped-def]
     """The panel alone, on a model holding the attention-contract pair and its comparison."""

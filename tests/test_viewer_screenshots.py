@@ -38,6 +38,13 @@ def test_every_tab_is_saved_at_common_screen_sizes_with_the_verdict_on_screen(
     assert tree >= 2 * bookmarks, f"the alignment tree, the way around the run, keeps most of the left column: tree {tree} px, bookmarks {bookmarks} px"
     maps = {name: plot.vb.height() for name, plot in win.tensor_view.plots.items()}
     assert min(maps.values()) >= 40, f"each tensor map keeps at least 40 px of data beside the contract card: {maps}"
+    if not card.details.isVisible():
+        card.details_toggle.click()
+        QApplication.processEvents()
+        shown = {name: plot.vb.height() for name, plot in win.tensor_view.plots.items()}
+        assert min(shown.values()) >= 40, f"with the card's details shown too (they scroll): {shown}"
+        assert win.grab().save(str(artifacts_dir / f"card-details-shown-{width}x{height}.png"))
+        card.details_toggle.click()
     for index, name in enumerate(TABS):
         win.show_panel(index)
         qtbot.waitUntil(lambda: not win.tasks.busy, timeout=120_000)

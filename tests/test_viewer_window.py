@@ -27,7 +27,7 @@ from sessions.compare.verdict import Kind
 from tests.hand_captures import T, bf16_bits, write_capture
 from viewer.comparison_view import unaligned_label
 from viewer.settings import ViewerSettings
-from viewer.tree.alignment_tree import UNALIGNED_ROLE
+from viewer.tree.alignment_tree import PAIR_ROLE, UNALIGNED_ROLE
 from viewer.window.main_window import MainWindow
 from viewer.window.terminal_ctrl_c import closing_on_ctrl_c
 
@@ -361,6 +361,23 @@ def test_filter_box_narrows_the_tree_and_keeps_matching_ops(qtbot: QtBot, window
     window.tree.filter.clear()
     qtbot.keyClicks(window.tree.filter, "diverged")
     assert window.tree.visible_leaf_labels() == ["attn_norm"]
+
+
+def test_the_filter_never_changes_the_selected_op_and_clearing_it_shows_that_op_again(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
+    window.open_pair(*small_pair(tmp_path))
+    wait_compared(qtbot, window)
+    layer_out = next(p for p in window.model.comparison.comparison.pairs if p.key.op == "layer_out")
+    window.model.select(layer_out)
+    qtbot.keyClicks(window.tree.filter, "attn")
+    assert window.tree.visible_leaf_labels() == ["attn_norm"]
+    assert window.model.selected is layer_out, "the row the view fell back on is not the user's choice"
+    assert not window.tree.view.selectionModel().hasSelection()
+    window.tree.filter.clear()
+    assert window.model.selected is layer_out
+    current = window.tree.proxy.mapToSource(window.tree.view.currentIndex().siblingAtColumn(0))
+    assert current.data(PAIR_ROLE) is layer_out
+    qtbot.keyClicks(window.tree.filter, "layer")
+    assert window.model.selected is layer_out and window.tree.view.currentIndex().isValid()
 
 
 def test_weights_mismatch_incomplete_capture_and_unaligned_records_are_shown(qtbot: QtBot, window: MainWindow, tmp_path: Path, artifacts_dir: Path) -> None:

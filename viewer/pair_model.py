@@ -46,6 +46,7 @@ class PairModel(QObject):
         self.locality = {}
         self.captures_changed.emit()
         self.comparison_changed.emit()
+        self.diagnosis_changed.emit()  # the tree's cause column hides with the diagnosis it showed
         self.selection_changed.emit(None)
         return old
 
@@ -64,6 +65,7 @@ class PairModel(QObject):
         self.selected = None
         self.locality = {}
         self.comparison_changed.emit()
+        self.diagnosis_changed.emit()
 
     def waiting(self) -> str:
         """What a view shows for the open pair while it has no comparison."""

@@ -512,7 +512,7 @@ def _assemble(
     by_key = contracts.by_key()
     dispatch_by_key = {d.key: d for d in dispatch}
     pair_findings = [Finding(r.verdict, r.key, _pair_detail(r, by_key, dispatch_by_key)) for r in compared if r.verdict in FAILING]
-    verdict = judge(pair_findings, token_finding(tokens, results), _unaligned_findings(unaligned), [r.verdict for r in results], tokens.compared_steps > 0)
+    verdict = judge(pair_findings, token_finding(tokens, results), _unaligned_findings(unaligned), [r.verdict for r in results], tokens.compared_steps > 0, eos)
     return Comparison(
         native_path=str(native.path),
         oracle_path=str(oracle.path),

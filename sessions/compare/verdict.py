@@ -119,6 +119,23 @@ class Verdict:
     """Aligned pairs per kind, plus unaligned records."""
     tokens_compared: bool = True
     """Whether any token step was compared: captures without token tables agree on none."""
+    shared_eos: int | None = None
+    """The step both runs stopped at, when they did: what the ops and tokens were compared up to."""
+    reason_kinds: list[str] = field(default_factory=list)
+    """The kind each of `reasons` is about, in the same order."""
+
+    def reasons_besides_first(self) -> list[str]:
+        """What else fails, beside the first finding's kind: a strip naming the first finding
+        listed the reasons after the first, which dropped another kind's when the first finding
+        was not of the most serious kind (a divergence before a contract mismatch)."""
+        first = None if self.first is None else str(self.first.kind)
+        return [reason for reason, kind in zip(self.reasons, self.reason_kinds) if kind != first]
+
+    def first_of(self) -> int:
+        """How many findings there are of the first finding's kind (1 for tokens: one first step)."""
+        if self.first is None:
+            return 0
+        return max(1, self.counts.get(str(self.first.kind), 1)) if self.first.kind != Kind.TOKENS else 1
 
     @property
     def passed(self) -> bool:
@@ -133,7 +150,8 @@ class Verdict:
         """The sentence every surface leads with: the word, and where to look first."""
         if self.first is None:
             tokens = "the tokens agree" if self.tokens_compared else "no token steps were recorded to compare"
-            return f"{self.word}: every aligned op before the shared EOS is bit-exact or within tolerance, and {tokens}"
+            ops = "every aligned op" if self.shared_eos is None else f"every aligned op up to the shared EOS (step {self.shared_eos})"
+            return f"{self.word}: {ops} is bit-exact or within tolerance, and {tokens}"
         return f"{self.word}: first {self.first.kind} at {self.first.key} ({self.first.detail})"
 
 
@@ -152,13 +170,19 @@ def classify_pair(
 
 
 def judge(
-    pair_findings: list[Finding], token_finding: Finding | None, unaligned_findings: list[Finding], pair_kinds: list[Kind], tokens_compared: bool = True
+    pair_findings: list[Finding],
+    token_finding: Finding | None,
+    unaligned_findings: list[Finding],
+    pair_kinds: list[Kind],
+    tokens_compared: bool = True,
+    shared_eos: int | None = None,
 ) -> Verdict:
     """The comparison's verdict from its classified parts.
 
     `pair_findings` are the failing pairs in execution order, `pair_kinds` every pair's kind
     (for the counts), `unaligned_findings` the unaligned records before the shared EOS,
-    `tokens_compared` whether any token step was compared."""
+    `tokens_compared` whether any token step was compared, `shared_eos` the step both runs
+    stopped at (None: a PARITY headline does not speak of one)."""
     present = {f.kind for f in pair_findings} | {f.kind for f in unaligned_findings}
     if token_finding is not None:
         present.add(Kind.TOKENS)
@@ -167,18 +191,20 @@ def judge(
     counts = Counter(str(k) for k in pair_kinds)
     if unaligned_findings:
         counts[str(Kind.UNALIGNED)] = len(unaligned_findings)
-    return Verdict(word, ordered[0] if ordered else None, _reasons(pair_findings, token_finding, unaligned_findings), dict(counts), tokens_compared)
+    reasons = _reasons(pair_findings, token_finding, unaligned_findings)
+    first = ordered[0] if ordered else None
+    return Verdict(word, first, [text for _, text in reasons], dict(counts), tokens_compared, shared_eos, [str(kind) for kind, _ in reasons])
 
 
-def _reasons(pairs: list[Finding], token: Finding | None, unaligned: list[Finding]) -> list[str]:
+def _reasons(pairs: list[Finding], token: Finding | None, unaligned: list[Finding]) -> list[tuple[Kind, str]]:
     by_kind = Counter(f.kind for f in pairs)
     reasons = []
     for kind in (Kind.CONTRACT_MISMATCH, Kind.DIVERGED, Kind.SIGNED_ZERO_ONLY, Kind.DISPATCH_ONLY):
         if by_kind[kind]:
             first = next(f for f in pairs if f.kind == kind)
-            reasons.append(f"{by_kind[kind]} op(s) {kind}, first at {first.key}")
+            reasons.append((kind, f"{by_kind[kind]} op(s) {kind}, first at {first.key}"))
     if token is not None:
-        reasons.append(f"greedy tokens differ from step {token.key.step}")
+        reasons.append((Kind.TOKENS, f"greedy tokens differ from step {token.key.step}"))
     if unaligned:
-        reasons.append(f"{len(unaligned)} record(s) could not be aligned, first at {unaligned[0].key}")
+        reasons.append((Kind.UNALIGNED, f"{len(unaligned)} record(s) could not be aligned, first at {unaligned[0].key}"))
     return reasons

@@ -56,6 +56,8 @@ READY = (
     "the native ran, and whether an op is wrong by itself (local) or inherited its error."
 )
 BUDGET_COLUMNS = ("local op", "share of the final logits error", "local error", "injected")
+CANDIDATES_TITLE, BUDGET_TITLE = "Candidates", "Budget"
+"""The detail tabs' titles; a diagnosis names its op and final logits in them, a new pair takes them back."""
 
 
 def _item(text: str, tip: str = "") -> QTableWidgetItem:
@@ -142,8 +144,8 @@ class DiagnosisPanel(QWidget):
         page.setContentsMargins(0, 4, 0, 0)
         page.addWidget(self.why)
         page.addWidget(self.candidates, 1)
-        self.details.addTab(candidates_page, "Candidates")
-        self.details.addTab(self.budget, "Budget")
+        self.details.addTab(candidates_page, CANDIDATES_TITLE)
+        self.details.addTab(self.budget, BUDGET_TITLE)
         split = QSplitter(Qt.Orientation.Horizontal)
         split.addWidget(self.ops)
         split.addWidget(self.details)
@@ -208,6 +210,9 @@ class DiagnosisPanel(QWidget):
             table.resizeColumnsToContents()  # to its headers: a default width cut "vs oracle's route"
         self.summary.setText("")
         self.why.setText("")
+        self.progress.reset()
+        self.details.setTabText(0, CANDIDATES_TITLE)
+        self.details.setTabText(1, BUDGET_TITLE)
         self._show_readiness()
 
     def _show_readiness(self) -> None:
@@ -267,7 +272,7 @@ class DiagnosisPanel(QWidget):
             for column, text in enumerate((entry.key.text(), share_text(entry), _short(entry.local), entry.injected)):
                 self.budget.setItem(row, column, _item(text))
         self.budget.resizeColumnsToContents()
-        title = "Budget" if budget is None or budget.final_logits is None else f"Budget of {budget.final_logits}"
+        title = BUDGET_TITLE if budget is None or budget.final_logits is None else f"Budget of {budget.final_logits}"
         self.details.setTabText(1, title)
 
     def _op_chosen(self, row: int) -> None:
@@ -295,7 +300,7 @@ class DiagnosisPanel(QWidget):
             for column, cell in enumerate(cells):
                 self.candidates.setItem(row, column, cell)
         self.candidates.resizeColumnsToContents()
-        self.details.setTabText(0, f"Candidates at {found.key}")
+        self.details.setTabText(0, f"{CANDIDATES_TITLE} at {found.key}")
 
     def _follow_selection(self, pair: Any) -> None:
         """The window chose an op: show its row here when it was diagnosed."""

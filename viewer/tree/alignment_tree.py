@@ -106,6 +106,8 @@ class AlignmentTree(QWidget):
         self._built: set[tuple[Any, ...]] = set()
         """Paths of the groups whose rows are made."""
         self._lazy = False
+        self._filtering = False
+        """While the filter changes, the rows it hides move the view's current row: that is no choice of the user's."""
         self.ask_reason: ReasonQuestion = lambda what: ask_reason(self, what)
         self.choose_partner: PartnerChoice = lambda record, candidates: choose_partner(self, record, candidates)
         layout = QVBoxLayout(self)
@@ -158,11 +160,29 @@ class AlignmentTree(QWidget):
         model.diagnosis_changed.connect(self._show_causes)
 
     def _filter_changed(self, text: str) -> None:
+        """Filter the rows, keeping the selected op: typing "f" over a selected sdpa selected
+        ffn_norm (the row the view fell back on) and loaded its tensors."""
         if text and self._lazy:
             self._materialize_matches(text)
-        self.proxy.setFilterFixedString(text)
-        if text:
-            self.view.expandAll()
+        self._filtering = True
+        try:
+            self.proxy.setFilterFixedString(text)
+            if text:
+                self.view.expandAll()
+            self._show_selected()
+        finally:
+            self._filtering = False
+
+    def _show_selected(self) -> None:
+        """The selected op's row current and in view when the filter lets it through; else no row current."""
+        pair = self._model.selected
+        item = self._item_for(pair) if pair is not None else None
+        index = self.proxy.mapFromSource(item.index()) if item is not None else QModelIndex()
+        if not index.isValid():
+            self.view.selectionModel().clear()
+            return
+        self.view.selectionModel().setCurrentIndex(index, QItemSelectionModel.SelectionFlag.ClearAndSelect | QItemSelectionModel.SelectionFlag.Rows)
+        self.view.scrollTo(index, QAbstractItemView.ScrollHint.EnsureVisible)
 
     # -- building ----------------------------------------------------------------------------
 
@@ -398,6 +418,8 @@ class AlignmentTree(QWidget):
     # -- selection ---------------------------------------------------------------------------
 
     def _current_changed(self, current: QModelIndex, _previous: QModelIndex) -> None:
+        if self._filtering:
+            return
         source = self.proxy.mapToSource(current.siblingAtColumn(0))
         pair = source.data(PAIR_ROLE)
         if pair is not None:

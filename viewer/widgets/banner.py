@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QEvent, QObject, QSize, Qt
+from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
     QLabel,
     QPushButton,
+    QScrollArea,
+    QSizePolicy,
     QToolButton,
     QVBoxLayout,
     QWidget,
@@ -22,6 +25,9 @@ from PySide6.QtWidgets import (
 
 LEVELS = ("error", "warning", "info")
 
+
+MIN_AREA_HEIGHT = 48
+"""The least height the banner area keeps while it shows a banner: one line and its buttons."""
 
 BannerAction = tuple[str, Callable[[], None]]
 """A button on a banner (a choice such as Restore or Locate…); clicking it also dismisses the banner."""
@@ -116,16 +122,55 @@ class Banner(QFrame):
         return f"{self.label.text()}\n{self.details.text()}" if self.details.text() else self.label.text()
 
 
-class BannerArea(QWidget):
-    """A stack of banners in named groups, so one source can replace its own messages."""
+class BannerArea(QScrollArea):
+    """A stack of banners in named groups, so one source can replace its own messages.
 
-    def __init__(self, parent: QWidget | None = None) -> None:
+    As tall as its banners up to `share` of the window's height, then scrolled: at 1280x720 the
+    contract card with its details shown pushed the tensor maps below to 1 px each."""
+
+    def __init__(self, parent: QWidget | None = None, share: float = 0.3) -> None:
         super().__init__(parent)
-        self._layout = QVBoxLayout(self)
+        self.share = share
+        self.setWidgetResizable(True)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Maximum)
+        inner = QWidget()
+        inner.installEventFilter(self)
+        self._layout = QVBoxLayout(inner)
         self._layout.setContentsMargins(6, 4, 6, 0)
         self._layout.setSpacing(4)
+        self.setWidget(inner)
         self._groups: dict[str, list[Banner]] = {}
         self.setVisible(False)
+
+    def _content_height(self) -> int:
+        """The banners' own height at the area's width: their text wraps."""
+        inner = self.widget()
+        height = inner.heightForWidth(self.width()) if inner.hasHeightForWidth() else -1
+        return inner.sizeHint().height() if height < 0 else height
+
+    def sizeHint(self) -> QSize:
+        """The banners' own height, but at most `share` of the window's."""
+        height = self._content_height()
+        window = self.window()
+        room = int(window.height() * self.share) if window is not self else height
+        return QSize(self.widget().sizeHint().width(), min(height, max(room, self.minimumSizeHint().height())))
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        if event.size().width() != event.oldSize().width():
+            self.updateGeometry()  # wrapped text is taller on a narrower area
+
+    def minimumSizeHint(self) -> QSize:
+        """A line of a banner and its buttons, however small the window."""
+        return QSize(0, min(MIN_AREA_HEIGHT, self._content_height()))
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        """A banner shown, hidden or toggled to its details changes the height the area asks for."""
+        if watched is self.widget() and event.type() == QEvent.Type.LayoutRequest:
+            self.updateGeometry()
+        return super().eventFilter(watched, event)
 
     def show_message(
         self,

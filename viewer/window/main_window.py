@@ -760,6 +760,7 @@ class MainWindow(QMainWindow):
         """The contract card follows the window's height (CARD_EXPANDED_FROM_HEIGHT) until the user
         chooses with its toggle: a window opened tall and then made small kept five lines of card."""
         super().resizeEvent(event)
+        self.banners.updateGeometry()  # its height is a share of the window's
         for card in self.banners.banners("comparison"):
             card.fit_room(event.size().height() >= CARD_EXPANDED_FROM_HEIGHT)
 

@@ -87,11 +87,13 @@ class VerdictStrip(QFrame):
         if first is None:
             detail = verdict.headline.split(": ", 1)[1]
         else:
-            detail = f"first {first.kind} at {first.key}"
+            of = verdict.first_of()
+            detail = f"first {first.kind} at {first.key}" + (f" (of {of:,})" if of > 1 else "")
             if first.kind != Kind.CONTRACT_MISMATCH:
                 detail += f": {first.detail}"  # a contract finding has its own card with both contracts
-            if len(verdict.reasons) > 1:
-                detail += f"  ·  also: {'; '.join(verdict.reasons[1:])}"
+            others = verdict.reasons_besides_first()
+            if others:
+                detail += f"  ·  also: {'; '.join(others)}"
         alignment = viewed.comparison.alignment
         if not alignment.is_plain:
             detail += f"  ·  aligned {alignment.short()}"

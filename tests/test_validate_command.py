@@ -75,7 +75,7 @@ def test_an_unfinished_capture_is_not_valid(tmp_path: Path, capsys: pytest.Captu
     path = good_capture(tmp_path / "unfinished.h5", finish=False)
     assert validate(path) == 2
     assert capsys.readouterr().out.splitlines()[1] == (
-        "  / attribute 'complete': not set: incomplete: the writer did not finish; "
+        "  / attribute 'complete': is not 1: incomplete: the writer did not finish; "
         "it holds 2 records, 2 token steps, 2 tokens, 2 dispatch events"
     )
 

@@ -31,7 +31,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("viewer.demo_command", "generate the demo captures, or open the viewer on them"),
     "record": ("backends.commands.record", "record a real llama.cpp or MLX run into a capture"),
     "import": ("sessions.commands.import_dump", "turn safetensors / .npz / .npy+.bin dumps into a capture"),
-    "cache": ("sessions.commands.cache", "show or --clear the cached comparison results and structure checks"),
+    "cache": ("sessions.commands.cache", "show or --clear the cache: comparison results, structure checks, gate cases, weights hashes"),
     "doctor": ("viewer.doctor.command", "check what a run needs on this machine and print the exact fix"),
 }
 

@@ -175,7 +175,7 @@ def _cases_folder(html_out: str) -> Path:
 
 
 def case_pages(html_out: str, cases: Sequence[GateCase | CaseResult]) -> list[Path]:
-    """Where each case's own report goes: OUT-cases/NNN-NAME.html beside the summary OUT.html.
+    """Where each case's own report goes: STEM-cases/NNN-NAME.html beside the summary STEM.html.
     Known before any case is judged, so that none of them can name an input."""
     folder = _cases_folder(html_out)
     return [folder / f"{index + 1:03d}-{re.sub(r'[^A-Za-z0-9._-]+', '_', case.name)[:PAGE_NAME_CHARS]}.html" for index, case in enumerate(cases)]

@@ -68,7 +68,7 @@ def validate_files(paths: list[Path], memory_budget: int, timeout_s: float, deep
         files = list(itertools.takewhile(lambda path: regular_file_problem(path) is None, paths[at:]))
         for path, report in iter_check_files(files, memory_budget=memory_budget, timeout_s=timeout_s, deep=deep):
             if report.contents and not report.complete:
-                report.problems.insert(0, Problem("/ attribute 'complete'", "not set: " + report.contents))
+                report.problems.insert(0, Problem("/ attribute 'complete'", "is not 1: " + report.contents))
             yield path, report
         at += len(files)
 

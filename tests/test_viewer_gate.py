@@ -18,11 +18,11 @@ from sessions.gate.judge import iter_judge_case
 from sessions.gate.manifest import GateCase
 from sessions.gate.result import GateResult, dumps, load_gate_file
 from sessions.progress import run_to_end
+from sessions.report.word_colours import WORD_COLOURS
 from tests.side_files import fifo_without_writer
 from viewer.app import window_for
 from viewer.gate.gate_window import COLUMNS, GateWindow
 from viewer.settings import ViewerSettings
-from viewer.theme import WORD_COLOURS
 
 pytestmark = [pytest.mark.slow, pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints", "This plugin does not support raise")]
 
@@ -134,3 +134,17 @@ def test_a_first_finding_key_holding_markup_shows_as_text_in_the_gate_headline(q
     assert isinstance(window, GateWindow)
     qtbot.addWidget(window)
     assert "0:&lt;h1&gt;seg&lt;/h1&gt;:0:layer_out" in window.headline.text() and "<h1>" not in window.headline.text()
+
+
+def _luminance(colour: str) -> float:
+    channels = [int(colour[i : i + 2], 16) / 255 for i in (1, 3, 5)]
+    linear = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+
+def test_every_verdict_word_has_one_colour_on_every_surface_and_its_white_text_reads_at_4_5_to_1() -> None:
+    from sessions.gate.html_summary import GATE_STYLE, word_class
+
+    for word, colour in WORD_COLOURS.items():
+        assert f".{word_class(word)} {{ background: {colour}; }}" in GATE_STYLE, word
+        assert (1.05 / (_luminance(colour) + 0.05)) >= 4.5, f"{word}: white on {colour}"

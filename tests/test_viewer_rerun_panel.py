@@ -42,6 +42,7 @@ def test_running_on_the_native_route_shows_the_three_way_table_and_the_verdict_a
     sdpa_row = [panel.table.item(r, 0).text() for r in range(11)].index("sdpa")
     assert panel.table.item(sdpa_row, 3).text() == "bit-exact"
     assert "differ" in panel.table.item(sdpa_row, 2).text() and panel.table.item(sdpa_row, 5).text().startswith("oracle")
+    assert panel.table.item(sdpa_row, 2).text() == "27,961 differ · max 29,937 ULP", "as every other surface writes a figure"
     assert "reproduces the bits of: native" in panel.verdict.text()
     assert "decomposed fallback" in panel.device_note.text()
     assert "all KV groups, heads 0..11, 72 rows × 77 kv" in panel.calls.text() and "Metal would take sdpa_full" in panel.calls.text()
@@ -79,6 +80,13 @@ def test_a_key_the_comparison_did_not_pair_is_shown_as_a_message(qtbot, panel: R
         panel.run()
     assert "0:visual:4:sdpa is not an aligned op of this comparison" in failed.args[0]
     assert panel.status.text().startswith("The rerun could not run: 0:visual:4:sdpa is not an aligned op")
+
+
+def test_an_op_no_rerun_computes_is_not_preselected_and_the_panel_says_why(qtbot, panel: RerunPanel) -> None:  # type: ignore[no-untyped-def]
+    panel.set_key("0:visual:0:sdpa")
+    panel.set_key("0:text-before:-1:embed")
+    assert panel.key.currentText() == "0:visual:0:sdpa"
+    assert panel.status.text() == "0:text-before:-1:embed cannot be rerun: its input is token ids, not a captured tensor."
 
 
 def test_a_first_difference_of_signed_zeros_alone_says_both_sides_are_equally_close(qtbot, demo_pairs: dict) -> None:  # type: ignore[no-untyped-def]

@@ -95,7 +95,7 @@ def test_a_max_ulp_set_in_the_window_admits_the_documented_divergence_and_the_st
     win.open_pair(native, oracle)
     _compared(qtbot, win)
 
-    assert win.verdict_strip.word.text() == DIVERGENCE and win.verdict_strip.detail.text().startswith(f"first diverged at {NEXT}:")
+    assert win.verdict_strip.word.text() == DIVERGENCE and win.verdict_strip.detail.text().startswith(f"first diverged at {NEXT} (of 189): ")
     kinds = _tree_kinds(win)
     assert (kinds[ADMITTED], kinds[NEXT]) == (Kind.WITHIN_TOLERANCE, Kind.DIVERGED)
     assert win.tolerance_indicator.text() == "tolerance: max ULP 2"
@@ -190,7 +190,7 @@ def test_a_sessions_per_op_tolerance_is_applied_in_the_window_as_report_applies_
     win = _window(qtbot, tmp_path)
     assert win.session_file.open_session(tmp_path / "s.xray")
     _compared(qtbot, win)
-    assert win.verdict_strip.word.text() == DIVERGENCE and win.verdict_strip.detail.text().startswith(f"first diverged at {NEXT}:")
+    assert win.verdict_strip.word.text() == DIVERGENCE and win.verdict_strip.detail.text().startswith(f"first diverged at {NEXT} (of 189): ")
     assert _tree_kinds(win)[ADMITTED] == Kind.WITHIN_TOLERANCE
     code, first_line = _report(["--session", str(tmp_path / "s.xray")], capsys)
     assert code == 1 and first_line.startswith(f"{DIVERGENCE}: first diverged at {NEXT} (")

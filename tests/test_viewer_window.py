@@ -196,6 +196,23 @@ def test_f8_and_shift_f8_step_through_divergences_from_the_keyboard(qtbot: QtBot
     wait_idle(qtbot, window)
 
 
+def test_the_error_plot_of_an_op_that_differs_only_in_signed_zeros_says_so_not_that_nothing_differs(
+    qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]]
+) -> None:
+    import pyqtgraph as pg
+
+    window.open_pair(*demo_pairs["signed-zero"])
+    wait_compared(qtbot, window)
+    qtbot.waitUntil(lambda: window.model.selected is not None and window.tensor_view.data is not None, timeout=WAIT_MS)
+    assert window.model.selected.key.op == "ffn_act" and window.model.selected.metrics.differing == 21
+    texts = [item.textItem.toPlainText() for item in window.tensor_view.errors.abs_plot.items if isinstance(item, pg.TextItem)]
+    assert texts == ["|error| 0: signed\nzeros only"]
+    window.model.select(next(p for p in window.model.comparison.comparison.pairs if p.key.op == "embed"))
+    qtbot.waitUntil(lambda: window.tensor_view.data is not None and window.tensor_view.data.request.metrics.differing == 0, timeout=WAIT_MS)
+    rows = [item.textItem.toPlainText() for item in window.tensor_view.errors.row_plot.items if isinstance(item, pg.TextItem)]
+    assert rows == ["no differing\nelements"], "a bit-exact [rows, hidden] tensor has a row axis, with nothing differing along it"
+
+
 def test_overview_click_on_a_point_selects_that_op(qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]]) -> None:
     window.open_pair(*demo_pairs["signed-zero"])
     wait_compared(qtbot, window)
@@ -408,6 +425,9 @@ def test_weights_mismatch_incomplete_capture_and_unaligned_records_are_shown(qtb
     assert (layer.text(), layer.data(status), branch.data(status)) == ("layer 0", Kind.UNALIGNED, Kind.UNALIGNED), "the DIVERGENCE is not a green tree"
     assert "weights_hash" in window.provenance.mismatched_fields()
     window.show_panel(3)
+    table = window.provenance.table
+    assert table.textElideMode() == Qt.TextElideMode.ElideMiddle, "two hashes that differ at their end must not read alike"
+    assert "italic: differs by design between a port and its oracle" in window.provenance.summary.text()
     shoot(window, artifacts_dir, "provenance-weights-mismatch")
 
 

@@ -9,15 +9,7 @@ import pyqtgraph as pg
 from PySide6.QtGui import QColor, QIcon
 from PySide6.QtWidgets import QApplication, QWidget
 
-from sessions.compare.verdict import (
-    CONTRACT_MISMATCH,
-    DISPATCH_ONLY,
-    DIVERGENCE,
-    PARITY,
-    SIGNED_ZERO_ONLY,
-    UNUSABLE,
-    Kind,
-)
+from sessions.compare.verdict import Kind
 from viewer.comparison_view import BY_DESIGN_STATUS
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -48,17 +40,6 @@ STATUS_COLOURS: dict[str, str] = {
     Kind.TOKENS: "#d64541",
 }
 """One colour per verdict kind (sessions.compare.verdict), also used by the status icons in assets/."""
-WORD_COLOURS: dict[str, str] = {
-    PARITY: "#2e9d57",
-    DIVERGENCE: "#d64541",
-    CONTRACT_MISMATCH: "#9b59d0",
-    SIGNED_ZERO_ONLY: "#e07b39",
-    DISPATCH_ONLY: "#2f86c9",
-    UNUSABLE: "#8a8f98",
-}
-"""The verdict strip's background per comparison word."""
-
-
 LOCALITY_COLOURS: dict[str, str] = {"local": "#d64541", "inherited": "#8a8f98", "undetermined": "#c9a227"}
 """A diagnosed op's cause (backends.diagnosis.classify.Locality): local ops are where to look."""
 

@@ -16,7 +16,7 @@ import json
 import sys
 from typing import Any
 
-from backends.diagnosis.candidates import ErrorFigure
+from backends.diagnosis.candidates import metrics_cell
 from backends.rerun import ops as rerun_ops
 from backends.rerun.capture_out import save_rerun
 from backends.rerun.inputs import RerunInputError, files_read
@@ -38,7 +38,6 @@ from sessions.compare.json_plain import plain
 from sessions.compare.options import CompareOptions
 from sessions.compare.profiles import ProfileError
 from sessions.compare.result_cache import iter_compare_cached
-from sessions.compare.tensor_diff import TensorMetrics
 from sessions.printable import printable
 from sessions.progress import run_to_end
 
@@ -96,10 +95,6 @@ def result_to_dict(result: RerunResult) -> dict[str, Any]:
     }
 
 
-def _metric_text(metrics: TensorMetrics | None) -> str:
-    return "not captured" if metrics is None else ErrorFigure.of(metrics).short()
-
-
 def render(result: RerunResult) -> str:
     lines = [
         f"rerun of {result.target.text()} from the {result.options.source} capture's inputs",
@@ -111,8 +106,8 @@ def render(result: RerunResult) -> str:
     for op in result.ops:
         closer = op.closer + ("" if op.inputs_agree is not False else " (inputs differ)")
         lines.append(
-            f"{op.key.op:<14} {op.route[:44]:<44} {_metric_text(op.three_way['native vs oracle']):<{FIGURE_WIDTH}} "
-            f"{_metric_text(op.three_way['rerun vs native']):<{FIGURE_WIDTH}} {_metric_text(op.three_way['rerun vs oracle']):<{FIGURE_WIDTH}} {closer}"
+            f"{op.key.op:<14} {op.route[:44]:<44} {metrics_cell(op.three_way['native vs oracle']):<{FIGURE_WIDTH}} "
+            f"{metrics_cell(op.three_way['rerun vs native']):<{FIGURE_WIDTH}} {metrics_cell(op.three_way['rerun vs oracle']):<{FIGURE_WIDTH}} {closer}"
         )
         for routed in op.calls:
             call = routed.call

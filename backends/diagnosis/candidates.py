@@ -81,6 +81,12 @@ class ErrorFigure:
         return self.differing, self.nan_mismatch, self.max_ulp if self.max_ulp is not None else 1 << 62, self.nmse
 
 
+def metrics_cell(metrics: TensorMetrics | None) -> str:
+    """A rerun's three-way figure in a table cell, in the CLI's table and the window's alike
+    (the window wrote "27961 differ" where every other surface writes "27,961")."""
+    return "not captured" if metrics is None else ErrorFigure.of(metrics).short()
+
+
 def compare_bits(a: np.ndarray, b: np.ndarray, logical: str) -> ErrorFigure:
     return ErrorFigure.of(bits_metrics(a, b, logical))
 

@@ -11,32 +11,23 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-from sessions.compare.verdict import (
-    CONTRACT_MISMATCH,
-    DISPATCH_ONLY,
-    DIVERGENCE,
-    PARITY,
-    SIGNED_ZERO_ONLY,
-    UNUSABLE,
-)
+from sessions.compare.verdict import UNUSABLE
 from sessions.gate.result import CaseResult, GateResult
 from sessions.report.html_page import STYLE, escape
+from sessions.report.word_colours import WORD_COLOURS
 
-WORD_CLASSES = {
-    PARITY: "w-parity",
-    DIVERGENCE: "w-divergence",
-    CONTRACT_MISMATCH: "w-contract",
-    SIGNED_ZERO_ONLY: "w-signed-zero",
-    DISPATCH_ONLY: "w-dispatch",
-    UNUSABLE: "w-unusable",
-}
-GATE_STYLE = """
-.word { color: #fff; font-weight: bold; white-space: nowrap; }
-.w-parity { background: #2e9d57; } .w-divergence { background: #d64541; } .w-contract { background: #9b59d0; }
-.w-signed-zero { background: #e07b39; } .w-dispatch { background: #2f86c9; } .w-unusable { background: #8a8f98; }
-.fail { color: #b3261e; font-weight: bold; } .pass { color: #1e7d3a; font-weight: bold; }
-"""
-"""The verdict strip's colours (viewer/theme.py WORD_COLOURS), so a word looks the same on every surface."""
+
+def word_class(word: str) -> str:
+    """The CSS class a verdict word is painted with ("DISPATCH-ONLY" -> "w-dispatch-only")."""
+    return "w-" + word.lower().replace(" ", "-")
+
+
+GATE_STYLE = (
+    ".word { color: #fff; font-weight: bold; white-space: nowrap; }\n"
+    + " ".join(f".{word_class(word)} {{ background: {colour}; }}" for word, colour in WORD_COLOURS.items())
+    + "\n.fail { color: #b3261e; font-weight: bold; } .pass { color: #1e7d3a; font-weight: bold; }\n"
+)
+"""Each word in the colour every surface gives it (sessions.report.word_colours)."""
 
 
 def _tokens(c: CaseResult) -> tuple[str, str]:
@@ -61,7 +52,7 @@ def _row(c: CaseResult) -> str:
     notes = c.rule_failures + (c.reasons if c.word == UNUSABLE else [])
     gate = '<span class="pass">pass</span>' if c.passed else '<span class="fail">FAIL</span>'
     source = "cached" if c.reused else f"{c.seconds:.1f} s"
-    cells = [name, f'<span class="word {WORD_CLASSES.get(c.word, "")}">{escape(c.word)}</span>', gate, first, tokens, eos, worst,
+    cells = [name, f'<span class="word {word_class(c.word)}">{escape(c.word)}</span>', gate, first, tokens, eos, worst,
              "<br>".join(escape(n) for n in notes), escape(source)]
     return "<tr>" + "".join(f"<td>{cell}</td>" for cell in cells) + "</tr>"
 

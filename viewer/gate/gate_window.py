@@ -24,8 +24,8 @@ from PySide6.QtWidgets import (
 
 from sessions.compare.verdict import UNUSABLE
 from sessions.gate.result import CaseResult, GateResult
+from sessions.report.word_colours import WORD_COLOURS
 from viewer.settings import ViewerSettings
-from viewer.theme import WORD_COLOURS
 from viewer.widgets.plain_text import plain_label, plain_tip
 from viewer.window.main_window import MainWindow
 

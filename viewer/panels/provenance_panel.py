@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QBrush, QColor, QFont
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -69,6 +70,9 @@ class ProvenancePanel(QWidget):
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.setAlternatingRowColors(True)
         self.table.setWordWrap(False)
+        # Hashes and paths differ at either end: cut at the end, two weights hashes that differ
+        # only in their last characters read the same.
+        self.table.setTextElideMode(Qt.TextElideMode.ElideMiddle)
         header = self.table.horizontalHeader()
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.ResizeToContents)
         header.setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
@@ -110,7 +114,8 @@ class ProvenancePanel(QWidget):
             self.summary.setText("Provenance of the open captures")
         else:
             problems = f"  ·  {len(mismatched)} field(s) differ that should not: {', '.join(sorted(mismatched))}" if mismatched else ""
-            self.summary.setText(f"{viewed.comparison.provenance.summary}{problems}")
+            by_design = "  ·  italic: differs by design between a port and its oracle" if any(k in expected for k in keys) else ""
+            self.summary.setText(f"{viewed.comparison.provenance.summary}{problems}{by_design}")
         self.table.setProperty("mismatched_rows", [k for k in keys if k in mismatched])
         self.table.resizeRowsToContents()
 

@@ -28,10 +28,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from backends.diagnosis.candidates import metrics_cell
 from backends.kernels.head_chunk import DEFAULT_CHUNK_LIMIT
 from backends.rerun import ops as rerun_ops
 from backends.rerun.capture_out import save_rerun
+from backends.rerun.inputs import why_not_rerunnable
 from backends.rerun.segment import (
+    SEGMENTS,
     SIDES,
     OpRerun,
     RerunOptions,
@@ -41,6 +44,7 @@ from backends.rerun.segment import (
 )
 from sessions.capture.reader import Capture
 from sessions.compare.comparison import Comparison
+from sessions.compare.key import OpKey
 from sessions.progress import Progress
 from viewer.comparison_view import ViewedComparison
 from viewer.widgets.plain_text import plain_label
@@ -86,14 +90,6 @@ class RerunPanelModel(QObject):
     def set_result(self, result: RerunResult | None) -> None:
         self.result = result
         self.result_changed.emit(result)
-
-
-def _metric(metrics: object) -> str:
-    if metrics is None:
-        return "not captured"
-    if getattr(metrics, "bit_exact"):
-        return "bit-exact"
-    return f"{getattr(metrics, 'differing')} differ · max {getattr(metrics, 'max_ulp')} ULP"
 
 
 def _closer(op: OpRerun) -> str:
@@ -203,7 +199,14 @@ class RerunPanel(QWidget):
         layout.addWidget(self.verdict)
 
     def set_key(self, key: str) -> None:
-        """Preselect an op (e.g. the op selected in the alignment tree or the timeline)."""
+        """Preselect an op (e.g. the op selected in the alignment tree or the timeline). One no
+        rerun computes (embed, an attention stage) leaves the choice as it was and says why: the
+        window's first selection, a clean pair's embed, made Run fail with an error."""
+        op = OpKey.parse(key).op
+        why = None if op in SEGMENTS else why_not_rerunnable(op)
+        if why is not None:
+            self.status.setText(f"{key} cannot be rerun: {why}.")
+            return
         self.key.setCurrentText(key)
 
     def options(self) -> RerunOptions:
@@ -281,8 +284,8 @@ class RerunPanel(QWidget):
             return
         self.table.setRowCount(len(result.ops))
         for row, op in enumerate(result.ops):
-            cells = (op.key.op, op.route, _metric(op.three_way["native vs oracle"]), _metric(op.three_way["rerun vs native"]),
-                     _metric(op.three_way["rerun vs oracle"]), _closer(op))
+            cells = (op.key.op, op.route, metrics_cell(op.three_way["native vs oracle"]), metrics_cell(op.three_way["rerun vs native"]),
+                     metrics_cell(op.three_way["rerun vs oracle"]), _closer(op))
             for column, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 if op.calls and column == 1:

@@ -11,11 +11,13 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtWidgets import QWidget
 
-from sessions.compare.tensor_diff import AxisProfile
+from sessions.compare.tensor_diff import AxisProfile, TensorMetrics
 from viewer.tensor.tensor_loader import ABS_EDGES, TensorSlice
 from viewer.widgets.opaque_grid_axis import grid_axes, show_grid
 
 EXACT = "#2e9d57"
+NO_DIFFERENCE = "no differing\nelements"
+"""Two lines: one overran its neighbour plot at 1280x720."""
 HOT = "#d64541"
 MUTED = "#8a8f98"
 
@@ -80,20 +82,27 @@ class ErrorPlots(pg.GraphicsLayoutWidget):
         ticks = [(k, ulp_bucket_label(k)) for k in range(max(used, 4))]
         step = max(1, (len(ticks) + 2) // 3)
         self.ulp_plot.getAxis("bottom").setTicks(_one_label_then_the_rest(ticks[0], ticks[step::step]))
-        self._bars(self.abs_plot, data.abs_hist.astype(np.float64))
-        self._profile(self.row_plot, metrics.per_row if metrics is not None else None, "row", curve=True)
-        self._profile(self.head_plot, metrics.per_head if metrics is not None else None, "head", curve=False)
+        self._bars(self.abs_plot, data.abs_hist.astype(np.float64), _no_error_text(metrics))
+        exact = metrics is not None and metrics.differing == 0
+        self._profile(self.row_plot, metrics.per_row if metrics is not None else None, "row", curve=True, exact=exact)
+        self._profile(self.head_plot, metrics.per_head if metrics is not None else None, "head", curve=False, exact=exact)
 
     @staticmethod
-    def _bars(plot: pg.PlotItem, counts: np.ndarray) -> None:
+    def _bars(plot: pg.PlotItem, counts: np.ndarray, empty: str = NO_DIFFERENCE) -> None:
         if counts.size == 0 or not counts.any():
-            _message(plot, "no differing\nelements", EXACT)  # one line overran its neighbour at 1280x720
+            _message(plot, empty, EXACT)
             return
         heights = np.log10(counts + 1.0)
         plot.addItem(pg.BarGraphItem(x=np.arange(counts.size), height=heights, width=0.85, brush=HOT, pen=None))
 
     @staticmethod
-    def _profile(plot: pg.PlotItem, profile: AxisProfile | None, name: str, curve: bool) -> None:
+    def _profile(plot: pg.PlotItem, profile: AxisProfile | None, name: str, curve: bool, exact: bool) -> None:
+        """`exact`: nothing differs, so no profile was kept; a bit-exact [5, 384] tensor read "no row axis"."""
+        if profile is None and exact:
+            set_title(plot, f"max ULP / {name}")
+            plot.setToolTip(f"no {name} differs")
+            _message(plot, NO_DIFFERENCE, EXACT)
+            return
         if profile is None:
             set_title(plot, f"per {name}: n/a")
             plot.setToolTip(f"this op has no {name} axis")
@@ -109,6 +118,17 @@ class ErrorPlots(pg.GraphicsLayoutWidget):
         else:
             brushes = [HOT if v > 0 else EXACT for v in values]
             plot.addItem(pg.BarGraphItem(x=np.arange(values.size), height=np.maximum(values, 0.02 * max(1.0, values.max())), width=0.8, brushes=brushes))
+
+
+def _no_error_text(metrics: TensorMetrics | None) -> str:
+    """What an empty |error| plot says: elements that differ only by sign, or only where a side is
+    NaN, have no |error| to draw, which is not "no differing elements" (a signed-zero op's header
+    counted 21 differing elements above that message)."""
+    if metrics is None or metrics.differing == 0:
+        return NO_DIFFERENCE
+    if metrics.signed_zero_only == metrics.differing:
+        return "|error| 0: signed\nzeros only"
+    return "no finite\n|error|"
 
 
 def _one_label_then_the_rest(first: tuple[int, str], rest: list[tuple[int, str]]) -> list[list[tuple[int, str]]]:

@@ -14,13 +14,14 @@ from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QDialog, QTabWidget, QTextBrowser, QVBoxLayout, QWidget
 
 from sessions.compare.verdict import MEANING, Kind
+from sessions.report.word_colours import WORD_COLOURS
 from viewer.comparison_view import BY_DESIGN_STATUS
 from viewer.panels.timeline_view import (
     DIFFERS_COLOUR,
     MISMATCH_COLOUR,
     PRIMITIVE_COLOURS,
 )
-from viewer.theme import STATUS_COLOURS, WORD_COLOURS, asset
+from viewer.theme import STATUS_COLOURS, asset
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 

@@ -12,9 +12,9 @@ from PySide6.QtCore import QEvent, Qt, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QPushButton, QWidget
 
 from sessions.compare.verdict import UNUSABLE, Kind
+from sessions.report.word_colours import WORD_COLOURS
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
-from viewer.theme import WORD_COLOURS
 from viewer.widgets.plain_text import plain_label, plain_tip
 
 COMPARING = "#5f6773"

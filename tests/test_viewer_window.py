@@ -256,6 +256,7 @@ def test_post_eos_steps_are_marked_and_greyed_in_token_parity(qtbot: QtBot, wind
     shoot(window, artifacts_dir, "token-parity-post-eos")
     post_eos = window.model.comparison.comparison.post_eos_unaligned
     assert post_eos and window.tree.summary.text().startswith("222 aligned ops, 222 bit-exact; 0 unaligned;"), "the count report's ops line gives"
+    assert f"; {len(post_eos)} post-EOS without a partner (invalid, not failures);" in window.tree.summary.text(), "there, though no finding"
     branch = window.tree.row_index(f"Post-EOS records without a partner ({len(post_eos)}: invalid, not failures)")
     assert branch.isValid() and branch.siblingAtColumn(1).data() == Kind.POST_EOS
     window.tree.view.expand(branch)
@@ -378,6 +379,12 @@ def test_filter_box_narrows_the_tree_and_keeps_matching_ops(qtbot: QtBot, window
     window.tree.filter.clear()
     qtbot.keyClicks(window.tree.filter, "diverged")
     assert window.tree.visible_leaf_labels() == ["attn_norm"]
+    counts = window.model.comparison.summary
+    assert window.tree.summary.text() == counts
+    qtbot.keyClicks(window.tree.filter, "zzz")
+    assert window.tree.visible_leaf_labels() == [] and window.tree.summary.text().startswith("No row matches “divergedzzz”: the filter reads")
+    window.tree.filter.clear()
+    assert window.tree.summary.text() == counts, "the counts come back with the rows"
 
 
 def test_the_filter_never_changes_the_selected_op_and_clearing_it_shows_that_op_again(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:

@@ -423,7 +423,10 @@ def summary_line(c: Comparison) -> str:
     aligned = "" if c.alignment.is_plain else f"; aligned {c.alignment.short()}"
     step = c.tokens.first_divergence_step
     tokens = "" if step is None else f"; tokens differ from step {step}"
-    return f"{len(c.pairs)} aligned ops, {exact} bit-exact; {unaligned_count(c.unaligned)}{tokens}; profiles {c.native_profile} / {c.oracle_profile}{aligned}"
+    # As report's text says it: records after the shared EOS are no findings, but they are there.
+    post_eos = f"; {len(c.post_eos_unaligned)} post-EOS without a partner (invalid, not failures)" if c.post_eos_unaligned else ""
+    counts = f"{len(c.pairs)} aligned ops, {exact} bit-exact; {unaligned_count(c.unaligned)}{post_eos}{tokens}"
+    return f"{counts}; profiles {c.native_profile} / {c.oracle_profile}{aligned}"
 
 
 def headline(viewed: ViewedComparison) -> str:

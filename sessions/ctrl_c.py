@@ -20,6 +20,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import NoReturn
 
 EXIT_INTERRUPTED = 130
 """The shell's code for a command ended by Ctrl-C (128 + SIGINT)."""
@@ -98,32 +99,48 @@ def ctrl_c_kept() -> Iterator[None]:
 
 @contextmanager
 def ctrl_c_deferred() -> Iterator[None]:
-    """Within: a Ctrl-C or SIGTERM is noted, not raised, and raised on leaving the block. For
-    third-party start-up code that an exception leaves half-built: a Dask LocalCluster
-    interrupted while its workers start is never closed, and Dask's own exit handler then
-    fails on it with a traceback (3 of 7 interrupts of a starting gate). Only in the main
-    thread; elsewhere signals do not reach Python code anyway."""
+    """Within: a Ctrl-C or SIGTERM is noted, not raised, and raised on leaving the block (also
+    when the block fails: a terminal's Ctrl-C reaches the block's child processes too, and the
+    error their end causes must read as the interrupt it is). For third-party start-up code that
+    an exception leaves half-built: a Dask LocalCluster interrupted while its workers start is
+    never closed, and Dask's own exit handler then fails on it with a traceback (3 of 7
+    interrupts of a starting gate). A second signal is raised at once, so a start that hangs
+    can still be stopped. Only in the main thread, and only for a signal Python or `ctrl_c_kept`
+    handles: a background job keeps ignoring Ctrl-C."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     came: list[int] = []
 
-    def note(signum: int, frame: FrameType | None) -> None:
-        came.append(signum)
-
-    previous = {number: signal.signal(number, note) for number in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
-    if signal.SIGTERM in came:
-        _pressed.set()
-        _terminated.set()
-        raise Terminated
-    if came:
+    def stop(signum: int) -> NoReturn:
+        if signum == signal.SIGTERM:
+            _pressed.set()
+            _terminated.set()
+            raise Terminated
         _pressed.set()
         raise KeyboardInterrupt
+
+    def note(signum: int, frame: FrameType | None) -> None:
+        if came:
+            stop(signum)
+        came.append(signum)
+
+    ours = (signal.default_int_handler, _on_ctrl_c, _on_sigterm, signal.SIG_DFL)
+    previous = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    taken = {number: handler for number, handler in previous.items() if handler in ours}
+    for number in taken:
+        signal.signal(number, note)
+    try:
+        yield
+    except BaseException:
+        if came:
+            stop(signal.SIGTERM if signal.SIGTERM in came else signal.SIGINT)
+        raise
+    finally:
+        for number, handler in taken.items():
+            signal.signal(number, handler)
+    if came:
+        stop(signal.SIGTERM if signal.SIGTERM in came else signal.SIGINT)
 
 
 def raise_if_pressed() -> None:

@@ -24,8 +24,6 @@ import stat
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from sessions.printable import printable
-
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
     (stat.S_ISFIFO, "a FIFO"),
@@ -113,7 +111,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     found: dict[str, Any] = {}
     for key, value in pairs:
         if key in found:
-            raise ValueError(f"key {printable(key)!r} is given twice in one object")
+            raise ValueError(f"key {key!r} is given twice in one object")
         found[key] = value
     return found
 

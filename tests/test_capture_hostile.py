@@ -168,7 +168,7 @@ def test_an_object_with_more_attributes_than_the_format_carries_is_refused_by_co
             f["/tensors"].attrs[f"a{i}"] = np.int8(1)
 
     error = refusal(mutated(tmp_path, crowd))
-    assert (error.location, error.problem) == ("/tensors", "has 1,025 attributes; an object of the format carries at most 1,024")
+    assert (error.location, error.problem) == ("/tensors", "has 16,385 attributes; an object of the format carries at most 16,384")
 
 
 def test_a_dataset_cut_into_more_chunks_than_the_format_allows_is_refused_before_any_is_read(tmp_path: Path) -> None:

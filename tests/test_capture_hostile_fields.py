@@ -135,7 +135,7 @@ def test_a_root_text_attribute_that_is_not_utf8_is_refused_as_an_index_field_is(
     with h5py.File(path, "r+") as f:
         f.attrs.create(attribute, np.bytes_(b"\xc3\x28abc"))
     error = refusal(path)
-    assert (error.location, error.problem) == (f"/ attribute '{attribute}'", "is not UTF-8 text ('\ufffd(abc')")
+    assert (error.location, error.problem) == (f"/ attribute '{attribute}'", "is not UTF-8 text (byte 0, in b'\\xc3(abc')")
 
 
 def test_the_prompt_may_hold_newlines_and_tabs(tmp_path: Path) -> None:

@@ -262,6 +262,20 @@ def test_a_file_written_before_attribute_tables_still_gives_each_packed_records_
         assert record_sources(capture) == {1: ("blk.1.attn_output.weight",)}
 
 
+def test_a_pack_written_before_attribute_tables_with_a_thousand_records_attributes_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "before_tables.h5"
+    with CaptureWriter(path, CaptureMeta(role="native")) as writer:
+        for i in range(1100):
+            writer.add_tensor(f"node_{i}", np.ones(4, np.float32), step=0, segment="prefill", layer=0)
+        writer.end_step()
+    with h5py.File(path, "r+") as f:
+        pack = f[cf.pack_path(0)]
+        for seq in range(1100):
+            pack.attrs.create(f"ggml_src[{seq}]", np.bytes_(b'["blk.0.attn_output.weight"]'), dtype=cf.utf8(28))
+    with open_capture(path) as capture:
+        assert len(record_sources(capture)) == 1100
+
+
 @pytest.mark.parametrize(
     "table",
     [

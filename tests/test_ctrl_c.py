@@ -134,3 +134,46 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def _pressed_twice_or_failed(seen: list[str], second: bool, fail: bool) -> None:
+    """What a block under `ctrl_c_deferred` did after one Ctrl-C (two with `second`), failing afterwards with `fail`."""
+    from sessions.ctrl_c import ctrl_c_deferred
+
+    # Inside ctrl_c_kept, as in a command: it forgets the press on leaving, which a later test's
+    # progress loop (`raise_if_pressed`) would otherwise take for its own Ctrl-C.
+    with ctrl_c_kept(), ctrl_c_deferred():
+        os.kill(os.getpid(), signal.SIGINT)
+        seen.append("went on after the first")
+        if second:
+            os.kill(os.getpid(), signal.SIGINT)
+            seen.append("went on after the second")
+        if fail:
+            raise OSError("a child the Ctrl-C also reached died")
+    seen.append("left the block")
+
+
+def test_a_ctrl_c_while_third_party_start_up_runs_is_raised_when_it_ends_and_a_second_one_at_once(python_ctrl_c: None) -> None:
+    seen: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        _pressed_twice_or_failed(seen, second=False, fail=False)
+    assert seen == ["went on after the first"], "the start-up finished, then the interrupt came"
+    seen.clear()
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        _pressed_twice_or_failed(seen, second=False, fail=True)
+    assert isinstance(stopped.value.__context__, OSError), "the error the interrupt caused is its context, not what is said"
+    seen.clear()
+    with pytest.raises(KeyboardInterrupt):
+        _pressed_twice_or_failed(seen, second=True, fail=False)
+    assert seen == ["went on after the first"], "a second Ctrl-C stops a start that hangs"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_deferred_ctrl_c_leaves_an_ignored_one_ignored() -> None:
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    seen: list[str] = []
+    try:
+        _pressed_twice_or_failed(seen, second=True, fail=False)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert seen == ["went on after the first", "went on after the second", "left the block"]

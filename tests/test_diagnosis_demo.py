@@ -374,3 +374,13 @@ def test_first_stops_after_a_thousand_undetermined_ops_in_a_row_and_says_how_man
     assert {str(op.classification.locality) for op in found.ops} == {"undetermined"}
     assert found.notes[-1] == "Stopped after 1,000 diverged ops in a row could not be classified; 50 later diverged op(s) were not classified (--all classifies every one)."
     assert found.verdict.startswith("0:prefill:0:q_proj is undetermined: cannot be rerun on the oracle's route from the native's inputs: q_proj rerun needs")
+
+
+def test_first_counts_undetermined_ops_in_a_row_afresh_in_a_segment_of_another_name(tmp_path: Path) -> None:
+    same = bf16_bits([[1.0, 2.0, 3.0, 4.0]])
+    layers = range(600)
+    native = [T("q_proj", same + 1, segment=segment, layer=layer, dtype="bfloat16") for segment in ("visual", "text-after") for layer in layers]
+    oracle = [T("q_proj", same, segment=segment, layer=layer, dtype="bfloat16") for segment in ("visual", "text-after") for layer in layers]
+    paths = write_capture(tmp_path / "n.h5", "native", native), write_capture(tmp_path / "o.h5", "oracle", oracle)
+    found = diagnose(paths)
+    assert len(found.ops) == 1200 and not any(note.startswith("Stopped after") for note in found.notes)

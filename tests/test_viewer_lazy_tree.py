@@ -80,10 +80,13 @@ def test_ctrl_j_and_the_filter_reach_ops_in_groups_nobody_opened(lazy_window: Ma
 
 def test_a_filter_finding_more_ops_than_it_makes_says_so(lazy_window: MainWindow, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(alignment_tree, "FILTER_MADE_MAX", 3)
+    before = lazy_window.tree.summary.text()
     lazy_window.tree.filter.setText("layer_out")
     expected = sum(p.key.op == "layer_out" for p in lazy_window.model.comparison.comparison.pairs)
     assert f"the first 3 of {expected} matching ops are shown" in lazy_window.tree.summary.text()
     assert len(lazy_window.tree.visible_leaf_labels()) >= 3
+    lazy_window.tree.filter.clear()
+    assert lazy_window.tree.summary.text() == before and "made when it is opened" in before, "no filter's note outlives it"
 
 
 def test_the_filter_finds_each_matching_pair_once_in_order_and_counts_past_the_limit() -> None:

@@ -87,6 +87,8 @@ def test_an_op_no_rerun_computes_is_not_preselected_and_the_panel_says_why(qtbot
     panel.set_key("0:text-before:-1:embed")
     assert panel.key.currentText() == "0:visual:0:sdpa"
     assert panel.status.text() == "0:text-before:-1:embed cannot be rerun: its input is token ids, not a captured tensor."
+    panel.set_key("0:visual:1:sdpa")
+    assert panel.key.currentText() == "0:visual:1:sdpa" and panel.status.text() == ""
 
 
 def test_a_first_difference_of_signed_zeros_alone_says_both_sides_are_equally_close(qtbot, demo_pairs: dict) -> None:  # type: ignore[no-untyped-def]

@@ -315,8 +315,8 @@ def first_finding_record(viewed: ViewedComparison | None) -> UnalignedRecord | N
     """The unaligned record the verdict's first finding names, when it names one: an unaligned
     finding's, or a token step's logits that only one run recorded (a run that stopped earlier)."""
     first = first_finding(viewed)
-    if viewed is None or first is None:
-        return None
+    if viewed is None or first is None or find_pair(viewed, first.key) is not None:
+        return None  # a pair the finding names is where it points, on arrival as for Ctrl+J
     return next((u for u in viewed.comparison.unaligned if unaligned_key(u) == first.key), None)
 
 
@@ -423,9 +423,9 @@ def summary_line(c: Comparison) -> str:
     aligned = "" if c.alignment.is_plain else f"; aligned {c.alignment.short()}"
     step = c.tokens.first_divergence_step
     tokens = "" if step is None else f"; tokens differ from step {step}"
-    # As report's text says it: records after the shared EOS are no findings, but they are there.
+    # As report's text counts them: records after the shared EOS are no findings, but they are there.
     post_eos = f"; {len(c.post_eos_unaligned)} post-EOS without a partner (invalid, not failures)" if c.post_eos_unaligned else ""
-    counts = f"{len(c.pairs)} aligned ops, {exact} bit-exact; {unaligned_count(c.unaligned)}{post_eos}{tokens}"
+    counts = f"{len(c.pairs):,} aligned ops, {exact:,} bit-exact; {unaligned_count(c.unaligned)}{post_eos}{tokens}"
     return f"{counts}; profiles {c.native_profile} / {c.oracle_profile}{aligned}"
 
 

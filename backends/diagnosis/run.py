@@ -56,7 +56,9 @@ from sessions.progress import Progress, ProgressGenerator
 
 MODES = ("op", "first", "all")
 UNDETERMINED_RUN = 1000
-"""`--first` stops after this many diverged ops in a row are undetermined. What leaves an op
+"""`--first` stops after this many diverged ops in a row of one segment name are undetermined
+(a segment of another name, the text after a VLM's visual prefix, starts the count again:
+its ops may be rerun where the prefix's could not). What leaves an op
 undetermined (weights the captures do not hold, a stage no rerun computes) usually holds for
 every later op too: a run diverged from its first steps with no weights at hand walked all its
 88,000 diverged ops for 79 s to say what the first thousand had said."""
@@ -254,7 +256,8 @@ def iter_diagnose(native: Capture, oracle: Capture, comparison: Comparison, opti
         op = _search(session, found) if found.locality == Locality.LOCAL else OpDiagnosis(found)
         diagnosis.ops.append(op)
         locals_found += found.locality == Locality.LOCAL
-        open_run = open_run + 1 if found.locality == Locality.UNDETERMINED else 0
+        same_stage = number > 0 and targets[number - 1].key.segment == pair.key.segment
+        open_run = (open_run if same_stage else 0) + 1 if found.locality == Locality.UNDETERMINED else 0
         if options.mode == "first" and (locals_found >= options.first or open_run >= UNDETERMINED_RUN):
             break
     # A dispatch-only pair whose bits differ within a tolerance is a target like any pair whose bits differ.

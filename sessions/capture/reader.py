@@ -248,8 +248,9 @@ class Capture:
         raw = bytes(value[()]).rstrip(b"\0")
         try:
             text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise self._fail(f"/ attribute '{name}'", f"is not UTF-8 text ('{cf.decode_field(raw)}')") from None
+        except UnicodeDecodeError as exc:
+            near = raw[max(0, exc.start - 16) : exc.end + 16]  # a prompt may be megabytes long
+            raise self._fail(f"/ attribute '{name}'", f"is not UTF-8 text (byte {exc.start}, in {near!r})") from None
         lines = text.replace("\r\n", "\n").replace("\t", " ").split("\n") if name in cf.MULTILINE_STRING_ATTRS else [text]
         control = next((c for c in map(control_character, lines) if c is not None), None)
         if control is not None:

@@ -27,7 +27,9 @@ DOCUMENT_VERSION = 6
 """2: pairs carry their layout transform specs, and the profiles their identity (file, content hash).
 3: every op is named by its key's text form; one verdict object (word, first finding, reasons, counts)
 and a kind per pair replace the verdict string, first_finding and first_beyond_tolerance.
-5: `dispatch_not_compared` says why the attention calls were not compared; `verdict.tokens_compared`."""
+4: pairs carry the rows they compare (runs cut differently) and the alignment mode.
+5: `dispatch_not_compared` says why the attention calls were not compared; `verdict.tokens_compared`.
+6: `verdict.shared_eos` (a PARITY headline names it) and `verdict.reason_kinds`."""
 
 
 class ReportFormatError(ValueError):

@@ -52,7 +52,7 @@ def _row(c: CaseResult) -> str:
     notes = c.rule_failures + (c.reasons if c.word == UNUSABLE else [])
     gate = '<span class="pass">pass</span>' if c.passed else '<span class="fail">FAIL</span>'
     source = "cached" if c.reused else f"{c.seconds:.1f} s"
-    cells = [name, f'<span class="word {word_class(c.word)}">{escape(c.word)}</span>', gate, first, tokens, eos, worst,
+    cells = [name, f'<span class="word {escape(word_class(c.word))}">{escape(c.word)}</span>', gate, first, tokens, eos, worst,
              "<br>".join(escape(n) for n in notes), escape(source)]
     return "<tr>" + "".join(f"<td>{cell}</td>" for cell in cells) + "</tr>"
 

@@ -114,7 +114,7 @@ class ProvenancePanel(QWidget):
             self.summary.setText("Provenance of the open captures")
         else:
             problems = f"  ·  {len(mismatched)} field(s) differ that should not: {', '.join(sorted(mismatched))}" if mismatched else ""
-            by_design = "  ·  italic: differs by design between a port and its oracle" if any(k in expected for k in keys) else ""
+            by_design = "  ·  italic: differs by design between a port and its oracle" if any(k in expected and k not in mismatched for k in keys) else ""
             self.summary.setText(f"{viewed.comparison.provenance.summary}{problems}{by_design}")
         self.table.setProperty("mismatched_rows", [k for k in keys if k in mismatched])
         self.table.resizeRowsToContents()

@@ -163,6 +163,8 @@ class RerunPanel(QWidget):
         self.tasks.progressed.connect(self._progressed)
         self.tasks.busy_changed.connect(self._busy)
         self._keys_shown = False
+        self._refusal: str | None = None
+        """The status line `set_key` last wrote to refuse an op, until another op is chosen."""
         model.captures_changed.connect(self._captures_changed)
         model.result_changed.connect(self._show)
 
@@ -204,10 +206,12 @@ class RerunPanel(QWidget):
         window's first selection, a clean pair's embed, made Run fail with an error."""
         op = OpKey.parse(key).op
         why = None if op in SEGMENTS else why_not_rerunnable(op)
-        if why is not None:
-            self.status.setText(f"{key} cannot be rerun: {why}.")
-            return
-        self.key.setCurrentText(key)
+        refusal = None if why is None else f"{key} cannot be rerun: {why}."
+        if refusal is not None or self.status.text() == self._refusal:
+            self.status.setText(refusal or "")  # a refusal stays only while its op is the one chosen
+        self._refusal = refusal
+        if refusal is None:
+            self.key.setCurrentText(key)
 
     def options(self) -> RerunOptions:
         return RerunOptions(

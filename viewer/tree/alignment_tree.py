@@ -108,8 +108,8 @@ class AlignmentTree(QWidget):
         self._lazy = False
         self._filtering = False
         """While the filter changes, the rows it hides move the view's current row: that is no choice of the user's."""
-        self._counts = ""
-        """The line above the tree: the comparison's counts (and how many rows a filter made)."""
+        self._counts = self._unfiltered = ""
+        """The line above the tree: the comparison's counts (with a filter, and how many rows it made)."""
         self.ask_reason: ReasonQuestion = lambda what: ask_reason(self, what)
         self.choose_partner: PartnerChoice = lambda record, candidates: choose_partner(self, record, candidates)
         layout = QVBoxLayout(self)
@@ -174,6 +174,8 @@ class AlignmentTree(QWidget):
             self._show_selected()
         finally:
             self._filtering = False
+        if not text:
+            self._counts = self._unfiltered
         if self._model.comparison is not None:
             nothing = f"No row matches “{text}”: the filter reads op names, layers, keys (0:visual:3:sdpa) and kinds (diverged, bit-exact, …)"
             self.summary.setText(nothing if text and not self.proxy.rowCount() else self._counts)
@@ -211,7 +213,7 @@ class AlignmentTree(QWidget):
         self._root = comparison.tree.root
         self._lazy = len(cv.pairs(comparison)) + len(cv.unaligned(comparison)) > LAZY_FROM_ROWS
         lazy = " (a group's rows are made when it is opened)" if self._lazy else ""
-        self._counts = comparison.summary + lazy
+        self._counts = self._unfiltered = comparison.summary + lazy
         self.summary.setText(self._counts)
         self._rows[()] = QPersistentModelIndex()
         # Made with the filter model detached, which then maps the rows once: told of each row

@@ -53,7 +53,7 @@ def test_attention_contract_is_local_at_the_visual_sdpa_and_the_single_range_can
         "0:visual:0:sdpa is local: the native ran `attn.bf16.single_range` (bit-exact reproduction); the oracle's contract "
         "on these inputs is `attn.f32.tiled64x64`. Against the float64 reference the oracle's route is closer to exact."
     )
-    assert found.notes == ["Stopped after 1 local op(s); 104 later diverged op(s) were not classified (--all classifies every one)."]
+    assert found.notes == ["Stopped after 1 local op(s); 104 later diverged op(s) were not classified (--all, or the window's scope \"Every diverged op\", classifies every one)."]
 
 
 def test_paired_by_position_the_attention_contract_is_named_as_paired_by_calls(demo_pairs: dict) -> None:
@@ -372,7 +372,7 @@ def test_first_stops_after_a_thousand_undetermined_ops_in_a_row_and_says_how_man
     found = diagnose(paths)
     assert len(found.ops) == UNDETERMINED_RUN == 1000
     assert {str(op.classification.locality) for op in found.ops} == {"undetermined"}
-    assert found.notes[-1] == "Stopped after 1,000 diverged ops in a row could not be classified; 50 later diverged op(s) were not classified (--all classifies every one)."
+    assert found.notes[-1] == "Stopped after 1,000 diverged ops in a row could not be classified; 50 later diverged op(s) were not classified (--all, or the window's scope \"Every diverged op\", classifies every one)."
     assert found.verdict.startswith("0:prefill:0:q_proj is undetermined: cannot be rerun on the oracle's route from the native's inputs: q_proj rerun needs")
 
 

@@ -274,7 +274,7 @@ def iter_diagnose(native: Capture, oracle: Capture, comparison: Comparison, opti
     diagnosis.verdict = verdict_sentence(diagnosis, len(targets), len(dispatch_only), comparison.verdict.first, after_eos)
     if options.mode == "first" and len(diagnosis.ops) < len(targets):
         why = f"{locals_found} local op(s)" if open_run < UNDETERMINED_RUN else f"{open_run:,} diverged ops in a row could not be classified"
-        diagnosis.notes.append(f"Stopped after {why}; {len(targets) - len(diagnosis.ops):,} later diverged op(s) were not classified (--all classifies every one).")
+        diagnosis.notes.append(f"Stopped after {why}; {len(targets) - len(diagnosis.ops):,} later diverged op(s) were not classified (--all, or the window's scope \"Every diverged op\", classifies every one).")
     diagnosis.seconds = time.perf_counter() - started
     return diagnosis
 

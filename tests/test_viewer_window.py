@@ -227,6 +227,14 @@ def test_overview_click_on_a_point_selects_that_op(qtbot: QtBot, window: MainWin
     wait_idle(qtbot, window)
 
 
+def test_the_overview_of_a_parity_pair_shows_its_ulp_axis_from_zero(qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]]) -> None:
+    window.open_pair(*demo_pairs["clean"])
+    wait_compared(qtbot, window)
+    window.show_panel(1)
+    low, high = window.overview.ulp_plot.viewRange()[1]
+    assert -0.1 < low <= 0.0 and high >= 1.0, "no ULP count below 0 on the axis of a run where none differs"
+
+
 def test_the_overviews_first_finding_label_sits_above_every_point(qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]]) -> None:
     """Drawn over the points, the label hid the worst ops; it sits in room added above them."""
     window.open_pair(*demo_pairs["attention-contract"])

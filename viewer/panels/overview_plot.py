@@ -118,6 +118,9 @@ class OverviewPlot(QWidget):
             self.ulp_plot.addItem(self.first_label)
         self.ulp_plot.autoRange()
         self.nmse_plot.autoRange()
+        if series.ulp_log.size and not np.ptp(series.ulp_log):
+            # One value throughout (PARITY: all 0): auto-ranged, it sat in -0.4..0.4, a ULP count below 0.
+            self.ulp_plot.setYRange(0.0, max(1.0, float(series.ulp_log[0])), padding=0.05)
         if at is not None:
             # Above the highest point, in room added on top: drawn over the points, it hid the worst.
             low, high = self.ulp_plot.viewRange()[1]

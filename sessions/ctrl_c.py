@@ -20,7 +20,6 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import NoReturn
 
 EXIT_INTERRUPTED = 130
 """The shell's code for a command ended by Ctrl-C (128 + SIGINT)."""
@@ -112,17 +111,9 @@ def ctrl_c_deferred() -> Iterator[None]:
         return
     came: list[int] = []
 
-    def stop(signum: int) -> NoReturn:
-        if signum == signal.SIGTERM:
-            _pressed.set()
-            _terminated.set()
-            raise Terminated
-        _pressed.set()
-        raise KeyboardInterrupt
-
     def note(signum: int, frame: FrameType | None) -> None:
         if came:
-            stop(signum)
+            (_on_sigterm if signum == signal.SIGTERM else _on_ctrl_c)(signum, frame)
         came.append(signum)
 
     ours = (signal.default_int_handler, _on_ctrl_c, _on_sigterm, signal.SIG_DFL)
@@ -132,15 +123,11 @@ def ctrl_c_deferred() -> Iterator[None]:
         signal.signal(number, note)
     try:
         yield
-    except BaseException:
-        if came:
-            stop(signal.SIGTERM if signal.SIGTERM in came else signal.SIGINT)
-        raise
     finally:
         for number, handler in taken.items():
             signal.signal(number, handler)
-    if came:
-        stop(signal.SIGTERM if signal.SIGTERM in came else signal.SIGINT)
+        if came:  # raised over an error the block ended with, which becomes its context
+            (_on_sigterm if signal.SIGTERM in came else _on_ctrl_c)(came[0], None)
 
 
 def raise_if_pressed() -> None:

@@ -135,7 +135,7 @@ class Verdict:
         """How many findings there are of the first finding's kind (1 for tokens: one first step)."""
         if self.first is None:
             return 0
-        return max(1, self.counts.get(str(self.first.kind), 1)) if self.first.kind != Kind.TOKENS else 1
+        return 1 if self.first.kind == Kind.TOKENS else max(1, self.counts.get(str(self.first.kind), 1))
 
     @property
     def passed(self) -> bool:

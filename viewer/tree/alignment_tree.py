@@ -108,8 +108,6 @@ class AlignmentTree(QWidget):
         self._lazy = False
         self._filtering = False
         """While the filter changes, the rows it hides move the view's current row: that is no choice of the user's."""
-        self._counts = self._unfiltered = ""
-        """The line above the tree: the comparison's counts (with a filter, and how many rows it made)."""
         self.ask_reason: ReasonQuestion = lambda what: ask_reason(self, what)
         self.choose_partner: PartnerChoice = lambda record, candidates: choose_partner(self, record, candidates)
         layout = QVBoxLayout(self)
@@ -164,8 +162,7 @@ class AlignmentTree(QWidget):
     def _filter_changed(self, text: str) -> None:
         """Filter the rows, keeping the selected op: typing "f" over a selected sdpa selected
         ffn_norm (the row the view fell back on) and loaded its tensors."""
-        if text and self._lazy:
-            self._materialize_matches(text)
+        more = self._materialize_matches(text) if text and self._lazy else ""
         self._filtering = True
         try:
             self.proxy.setFilterFixedString(text)
@@ -174,11 +171,13 @@ class AlignmentTree(QWidget):
             self._show_selected()
         finally:
             self._filtering = False
-        if not text:
-            self._counts = self._unfiltered
-        if self._model.comparison is not None:
-            nothing = f"No row matches “{text}”: the filter reads op names, layers, keys (0:visual:3:sdpa) and kinds (diverged, bit-exact, …)"
-            self.summary.setText(nothing if text and not self.proxy.rowCount() else self._counts)
+        comparison = self._model.comparison
+        if comparison is None:
+            return
+        if text and not self.proxy.rowCount():
+            self.summary.setText(f"No row matches “{text}”: the filter reads op names, layers, keys (0:visual:3:sdpa) and kinds (diverged, bit-exact, …)")
+        else:
+            self.summary.setText(comparison.summary + more if text else self._counts_line())
 
     def _show_selected(self) -> None:
         """The selected op's row current and in view when the filter lets it through; else no row current."""
@@ -188,8 +187,7 @@ class AlignmentTree(QWidget):
         if not index.isValid():
             self.view.selectionModel().clear()
             return
-        self.view.selectionModel().setCurrentIndex(index, QItemSelectionModel.SelectionFlag.ClearAndSelect | QItemSelectionModel.SelectionFlag.Rows)
-        self.view.scrollTo(index, QAbstractItemView.ScrollHint.EnsureVisible)
+        self._select_row(index)
 
     # -- building ----------------------------------------------------------------------------
 
@@ -212,9 +210,7 @@ class AlignmentTree(QWidget):
         self._paths = comparison.tree.path_of
         self._root = comparison.tree.root
         self._lazy = len(cv.pairs(comparison)) + len(cv.unaligned(comparison)) > LAZY_FROM_ROWS
-        lazy = " (a group's rows are made when it is opened)" if self._lazy else ""
-        self._counts = self._unfiltered = comparison.summary + lazy
-        self.summary.setText(self._counts)
+        self.summary.setText(self._counts_line())
         self._rows[()] = QPersistentModelIndex()
         # Made with the filter model detached, which then maps the rows once: told of each row
         # as it came, it made a real model's rebuild 72 instead of 48 ms (under the profiler).
@@ -324,18 +320,23 @@ class AlignmentTree(QWidget):
             self._populate(branch)
         return self._unaligned_items.get(id(record))
 
-    def _materialize_matches(self, text: str) -> None:
-        """Make the rows of the first pairs the filter text finds, so the filter can show them; the
-        summary says when there are more than are shown."""
+    def _counts_line(self) -> str:
+        """The line above the unfiltered tree: the comparison's counts."""
+        comparison = self._model.comparison
+        assert comparison is not None
+        return comparison.summary + (" (a group's rows are made when it is opened)" if self._lazy else "")
+
+    def _materialize_matches(self, text: str) -> str:
+        """Make the rows of the first pairs the filter text finds, so the filter can show them;
+        returns what the summary adds when there are more than are shown."""
         comparison = self._model.comparison
         if comparison is None:
-            return
+            return ""
         shown, found = comparison.tree.matches(text.lower(), FILTER_MADE_MAX)
         pairs = cv.pairs(comparison)
         for position in shown:
             self._item_for(pairs[position])
-        more = f"; the first {FILTER_MADE_MAX:,} of {found:,} matching ops are shown, narrow the filter for the rest" if found > FILTER_MADE_MAX else ""
-        self._counts = comparison.summary + more
+        return f"; the first {FILTER_MADE_MAX:,} of {found:,} matching ops are shown, narrow the filter for the rest" if found > FILTER_MADE_MAX else ""
 
     def _show_causes(self) -> None:
         """Each diagnosed op's cause in its row: local ops are where a person looks first."""
@@ -455,10 +456,12 @@ class AlignmentTree(QWidget):
             index = self.proxy.mapFromSource(item.index())
         if self.view.currentIndex() == index:
             return  # picked in the tree itself: scrolling now would move another row under the pointer
+        self._select_row(index)
+
+    def _select_row(self, index: QModelIndex) -> None:
+        """Make a visible row (a filter index) the current, selected one, scrolled into view."""
         self.view.scrollTo(index, QAbstractItemView.ScrollHint.EnsureVisible)
-        self.view.selectionModel().setCurrentIndex(
-            index, QItemSelectionModel.SelectionFlag.ClearAndSelect | QItemSelectionModel.SelectionFlag.Rows
-        )
+        self.view.selectionModel().setCurrentIndex(index, QItemSelectionModel.SelectionFlag.ClearAndSelect | QItemSelectionModel.SelectionFlag.Rows)
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         if event.type() == QEvent.Type.Resize and watched is self.view.viewport():

@@ -28,6 +28,8 @@ LEVELS = ("error", "warning", "info")
 
 MIN_AREA_HEIGHT = 48
 """The least height the banner area keeps while it shows a banner: one line and its buttons."""
+AREA_SHARE = 0.3
+"""The most of the window's height the banner area asks for; past it, its banners scroll."""
 
 BannerAction = tuple[str, Callable[[], None]]
 """A button on a banner (a choice such as Restore or Locate…); clicking it also dismisses the banner."""
@@ -125,12 +127,11 @@ class Banner(QFrame):
 class BannerArea(QScrollArea):
     """A stack of banners in named groups, so one source can replace its own messages.
 
-    As tall as its banners up to `share` of the window's height, then scrolled: at 1280x720 the
+    As tall as its banners up to AREA_SHARE of the window's height, then scrolled: at 1280x720 the
     contract card with its details shown pushed the tensor maps below to 1 px each."""
 
-    def __init__(self, parent: QWidget | None = None, share: float = 0.3) -> None:
+    def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.share = share
         self.setWidgetResizable(True)
         self.setFrameShape(QFrame.Shape.NoFrame)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
@@ -151,10 +152,10 @@ class BannerArea(QScrollArea):
         return inner.sizeHint().height() if height < 0 else height
 
     def sizeHint(self) -> QSize:
-        """The banners' own height, but at most `share` of the window's."""
+        """The banners' own height, but at most AREA_SHARE of the window's."""
         height = self._content_height()
         window = self.window()
-        room = int(window.height() * self.share) if window is not self else height
+        room = int(window.height() * AREA_SHARE) if window is not self else height
         return QSize(self.widget().sizeHint().width(), min(height, max(room, self.minimumSizeHint().height())))
 
     def resizeEvent(self, event: QResizeEvent) -> None:

@@ -74,17 +74,37 @@ def _remove_stale_temps(path: Path) -> None:
             continue
 
 
+NEW_FILE_RANDOM = 12
+"""Hex digits of the random part of a `new_file_beside` name."""
+
+
 def new_file_beside(path: Path, suffix: str) -> tuple[int, Path]:
     """A new, empty file in `path`'s folder under a hidden name of its own, and its descriptor
     open for writing. Made with O_EXCL, so no other file is ever replaced, and with the
     permissions a plain open would give (the umask applies), which it keeps when it is renamed to
     `path`: mkstemp's 0600 made every output readable by its owner alone."""
     while True:
-        temp = path.with_name(f"{_temp_prefix(path)}{uuid.uuid4().hex[:12]}{suffix}")
+        temp = path.with_name(f"{_temp_prefix(path)}{uuid.uuid4().hex[:NEW_FILE_RANDOM]}{suffix}")
         try:
             return os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), temp
         except FileExistsError:
             continue
+
+
+def files_beside(path: Path, suffix: str) -> list[Path]:
+    """The hidden files `new_file_beside` made for `path` with `suffix` that are still there,
+    told apart from other files by the exact form of their names (no glob: a name may hold `[`)."""
+    prefix = _temp_prefix(path)
+    found: list[Path] = []
+    try:
+        entries = list(os.scandir(path.parent))
+    except OSError:
+        return found
+    for entry in entries:
+        middle = entry.name[len(prefix) : len(entry.name) - len(suffix)]
+        if entry.name.startswith(prefix) and entry.name.endswith(suffix) and len(middle) == NEW_FILE_RANDOM and all(c in "0123456789abcdef" for c in middle):
+            found.append(path.with_name(entry.name))
+    return found
 
 
 def _write_temp(path: Path, data: bytes) -> Path:

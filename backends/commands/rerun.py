@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from backends.diagnosis.candidates import metrics_cell
@@ -27,6 +28,7 @@ from backends.rerun.segment import (
     iter_rerun,
     rerun_target,
 )
+from sessions.capture.abandoned_writes import remove_abandoned_writes
 from sessions.capture.opening import open_capture
 from sessions.capture.reader import CaptureError
 from sessions.commands.arguments import (
@@ -134,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
             comparison = run_to_end(iter_compare_cached(native, oracle, compare))
             result = run_to_end(iter_rerun(native, oracle, comparison, key, options))
         if args.save:
+            for abandoned in remove_abandoned_writes(Path(args.save)):
+                print(f"parity-xray rerun: {abandoned.text(Path(args.save))}", file=sys.stderr)
             save_rerun(result, args.save)
     except (RerunInputError, CaptureError, ProfileError, rerun_ops.RerunOpError, ValueError, OSError) as exc:
         print(f"parity-xray rerun: {printable(str(exc))}", file=sys.stderr)

@@ -48,9 +48,10 @@ from typing import Concatenate, ParamSpec, TypeVar
 import h5py
 import numpy as np
 
-from sessions.atomic_write import fsync_directory, fsync_file, new_file_beside
+from sessions.atomic_write import fsync_directory, fsync_file
 from sessions.bits.dtypes import logical_dtype, logical_name_of, to_storage
 from sessions.capture import format as cf
+from sessions.capture.abandoned_writes import held_partial, remove_abandoned_writes
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.pack_layout import stored_nbytes
 from sessions.file_room import FileUnwritable, room_for
@@ -200,19 +201,21 @@ class CaptureWriter:
         self._buffer_widths: dict[str, int] = {}
         """The longest text of each table so far."""
         self._texts: dict[tuple[str, str], bytes] = {}
+        self.abandoned = remove_abandoned_writes(self.path)
+        """Hidden files of killed writers of `path` that this one removed (sessions.capture.abandoned_writes)."""
         # A name of its own: a fixed one (".X.h5.partial") replaced whatever file had it, and
         # two writers of one path wrote into one file.
         try:
-            descriptor, partial = new_file_beside(self.path, ".partial")
+            self._lock, partial = held_partial(self.path)
         except OSError as exc:  # its words name the hidden file, which the user never asked for
             raise _unwritable(self.path, exc) from None
-        os.close(descriptor)
         self._partial = partial
         self._complete_only = complete_only
         try:
             self._file = h5py.File(partial, "w", locking=False)
         except BaseException as exc:
             partial.unlink()
+            os.close(self._lock)
             if isinstance(exc, OSError):
                 raise _unwritable(self.path, exc) from None
             raise
@@ -240,6 +243,7 @@ class CaptureWriter:
             with contextlib.suppress(OSError, RuntimeError):  # libhdf5 out of room cannot close either: the first failure is the news
                 self._file.close()
             partial.unlink(missing_ok=True)
+            os.close(self._lock)
             if isinstance(exc, FileUnwritable):
                 raise
             if isinstance(exc, (OSError, RuntimeError)):
@@ -618,7 +622,14 @@ class CaptureWriter:
                 self._release(finished=False)
 
     def _release(self, finished: bool) -> None:
-        """Close the file; with `complete_only`, rename it to `path` when it is finished, else remove it."""
+        """Close the file; with `complete_only`, rename it to `path` when it is finished, else
+        remove it. The hidden file's lock goes last, once the file is renamed or removed."""
+        try:
+            self._publish(finished)
+        finally:
+            os.close(self._lock)
+
+    def _publish(self, finished: bool) -> None:
         try:
             self._file.close()
         except BaseException:

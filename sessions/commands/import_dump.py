@@ -12,6 +12,7 @@ import sys
 from contextlib import closing
 from pathlib import Path
 
+from sessions.capture.abandoned_writes import remove_abandoned_writes
 from sessions.capture.format import ROLES
 from sessions.capture.reader import CaptureError
 from sessions.ctrl_c import raise_if_pressed
@@ -35,6 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     overrides = {"role": args.role, "engine_name": args.engine_name, "model_id": args.model_id}
+    for abandoned in remove_abandoned_writes(args.out):
+        print(f"import: {abandoned.text(args.out)}", file=sys.stderr)
     try:
         count = 0
         with closing(iter_import(args.kind, args.source, args.out, manifest=args.manifest, meta=overrides)) as work:

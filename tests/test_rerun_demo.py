@@ -62,6 +62,16 @@ def test_attention_contract_oracle_inputs_on_the_native_route_give_the_native_bi
     assert op.exact["oracle"].rmse < op.exact["native"].rmse
 
 
+def test_a_segment_whose_layer_input_agrees_says_inputs_differ_only_from_the_attention_that_reads_the_differing_cache(demo_pairs: dict) -> None:
+    """At decode step 1 of attention-contract, layer 1's input agrees (layer 0 of a decode step
+    ran one route on both sides) but its cache holds the visual prefill's differing keys."""
+    result = _rerun(demo_pairs["attention-contract"], "1:decode:1:decoder_layer")
+    agree = {op.key.op: op.inputs_agree for op in result.ops}
+    assert [op for op, agrees in agree.items() if agrees] == ["attn_norm", "q_proj", "k_proj", "v_proj", "q_norm", "k_norm", "q_rope", "k_rope"]
+    assert agree["sdpa"] is False and agree["layer_out"] is False
+    assert all(op.three_way["native vs oracle"].bit_exact for op in result.ops if op.inputs_agree)  # type: ignore[union-attr]
+
+
 def test_swiglu_order_oracle_inputs_on_the_native_order_give_the_native_bits(demo_pairs: dict) -> None:
     result = _rerun(demo_pairs["swiglu-order"], "0:text-before:0:ffn_act", route_from="native")
     (op,) = result.ops

@@ -260,6 +260,13 @@ def _same_inputs(a: dict[str, mx.array], b: dict[str, mx.array]) -> bool:
     return a.keys() == b.keys() and all(np.array_equal(mx_to_bits(a[k])[0], mx_to_bits(b[k])[0]) for k in a)
 
 
+def _agree_both(first: bool | None, second: bool | None) -> bool | None:
+    """Whether two parts of an op's inputs both agree between the sides: unknown only when no part is known to differ."""
+    if first is False or second is False:
+        return False
+    return None if first is None or second is None else True
+
+
 @dataclass
 class _Sides:
     ops: dict[str, CapturedOps]
@@ -449,17 +456,20 @@ def _run_segment(
     history_key = OpKey(target.step, target.segment, target.layer, "sdpa", 0, target.positions)
     history = kv_history(source, history_key)
     try:
-        other_start = _segment_start(other_ops, target)
-        agree: bool | None = _same_inputs(_with_cache(chain, history), _with_cache(other_start, kv_history(other_ops, history_key)))
+        start_agrees: bool | None = _same_inputs(chain, _segment_start(other_ops, target))
+        cache_agrees: bool | None = _same_inputs(history, kv_history(other_ops, history_key))
     except RerunInputError:
-        agree = None
+        start_agrees = cache_agrees = None
     exact = to_f64(chain)
     captured_dtype = chain[LAYER_INPUT].dtype
     chain = _cast(chain, dtype)
     history_f64 = to_f64(history)
     history = _cast(history, dtype)
     total = len(segment_ops) + 1
+    agree = start_agrees
     for number, op in enumerate(segment_ops):
+        if op == "sdpa":  # it and every op after it read the cache: before it, a cache that differs changes nothing
+            agree = _agree_both(start_agrees, cache_agrees)
         key = OpKey(target.step, target.segment, target.layer, op, 0, target.positions)
         yield Progress(number + 1, total, f"rerunning {key.label()}")
         arrays = {name: chain[name] for name in OP_INPUTS[op]}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sessions.compare.key import OpKey
-from sessions.investigation.model import Investigation, ViewState
+from sessions.investigation.model import Investigation, SavedTolerance, ViewState
 from sessions.investigation.recovery import (
     Autosaver,
     ProcessIdentity,
@@ -42,7 +42,7 @@ def saved_document(tmp_path: Path) -> SessionDocument:
     return document
 
 
-def test_bookmark_and_note_edits_are_autosaved_at_once_other_edits_on_the_timer(tmp_path: Path) -> None:
+def test_decisions_are_autosaved_at_once_the_selection_and_view_on_the_timer(tmp_path: Path) -> None:
     clock = FakeClock()
     document = saved_document(tmp_path)
     saver = Autosaver(document, tmp_path / "recovery", interval_s=30, clock=clock)
@@ -51,6 +51,10 @@ def test_bookmark_and_note_edits_are_autosaved_at_once_other_edits_on_the_timer(
     assert saver.path.exists()
     document.session.set_note(mark.id, "tiled reduction, FP32")
     assert json.loads(saver.path.read_bytes())["document"]["session"]["bookmarks"][0]["note"] == "tiled reduction, FP32"
+    document.session.set_tolerance(SavedTolerance(max_ulp=2))
+    assert json.loads(saver.path.read_bytes())["document"]["session"]["tolerances"]["default"]["max_ulp"] == 2
+    document.session.set_alignment_mode("positions")
+    assert json.loads(saver.path.read_bytes())["document"]["session"]["alignment_mode"] == "positions"
 
     document.session.set_view(ViewState(slices=(3,)))
     clock.now += 29

@@ -2,9 +2,9 @@
 
 Everything here points at data (capture paths plus the identity they had) and never
 embeds it. Mutation goes through methods so every edit bumps `revision` and tells
-subscribers what kind of thing changed: the autosaver writes immediately after bookmark and
-note edits (the costliest to retype) and on a timer for everything else, and the viewer
-knows what to redraw.
+subscribers what kind of thing changed: the autosaver writes the user's decisions at once and
+the selection and view on a timer (`sessions.investigation.recovery.TIMED_KINDS`), and the
+viewer knows what to redraw.
 """
 
 from __future__ import annotations

@@ -37,8 +37,12 @@ from sessions.side_file import read_side_file
 RECOVERY_FORMAT = "parity-xray-recovery"
 RECOVERY_VERSION = 1
 DEFAULT_INTERVAL_S = 30.0
-IMMEDIATE_KINDS = frozenset({ChangeKind.BOOKMARK, ChangeKind.NOTE})
-"""Edits saved at once rather than on the timer: typed text is the work users hate to lose."""
+TIMED_KINDS = frozenset({ChangeKind.SELECTION, ChangeKind.VIEW})
+"""Edits saved on the timer: a selection or a view changes many times a minute, and is quick to
+redo. Every other edit (a bookmark, a note, a tolerance, a pairing and its reason, a profile, a
+rerun, the captures) is a decision the user made once and would have to remember: it is saved
+at once. Only bookmarks and notes were, and a tolerance or a pairing break set between ticks
+was lost in a crash."""
 
 _AUTOSAVE_GLOB = "autosave-*.json"
 _OFFERED_SUFFIX = ".offered"
@@ -115,8 +119,8 @@ class Autosaver:
     """Keeps a recovery copy of one open session while it has unsaved changes.
 
     Qt-free: the viewer calls `tick()` from a timer (every second is fine; writes happen at
-    most every `interval_s`), and bookmark and note edits are written at once through the
-    session's change notifications. Autosave failures never raise into the UI; they are kept
+    most every `interval_s`), and edits other than the selection and the view are written at
+    once through the session's change notifications (`TIMED_KINDS`). Autosave failures never raise into the UI; they are kept
     in `last_error` for a status line.
     """
 
@@ -140,7 +144,7 @@ class Autosaver:
         self._unsubscribe = document.session.subscribe(self._on_change)
 
     def _on_change(self, kind: ChangeKind) -> None:
-        if kind in IMMEDIATE_KINDS:
+        if kind not in TIMED_KINDS:
             self.flush()
 
     def _discard_file(self) -> None:

@@ -25,6 +25,7 @@ from sessions.compare.document import ReportFormatError, loads
 from sessions.compare.json_plain import plain
 from sessions.compare.tensor_diff import TensorMetrics
 from sessions.investigation.model import SavedTolerance
+from sessions.investigation.schema import SCHEMA_VERSION
 from sessions.investigation.store import SessionDocument
 
 
@@ -413,6 +414,22 @@ def test_a_sessions_per_op_tolerance_judges_that_op_and_says_so_and_an_unknown_o
     (tmp_path / "s.xray").write_text(json.dumps(document))
     assert _run("--session", str(tmp_path / "s.xray")) == 2
     assert "/session/tolerances/per_op/ffn_actt: is not a canonical op (attn_norm," in capsys.readouterr().err
+
+
+def test_a_report_on_a_newer_versions_session_names_what_this_version_did_not_read(
+    demo_pairs: dict[str, tuple[Path, Path]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A newer version may store what changes its verdict (a rule this version has no key for): the report says it followed only what it reads."""
+    path = _session(tmp_path, *demo_pairs["clean"])
+    document = json.loads(path.read_text())
+    document["schema_version"] = SCHEMA_VERSION + 1
+    document["session"]["tolerances"]["per_segment"] = {"visual": {"max_ulp": 4}}
+    path.write_text(json.dumps(document))
+    assert _run("--session", str(path), "--no-cache") == 0
+    assert capsys.readouterr().err == (
+        f"parity-xray report: note: {path} was written by a newer Parity X-ray (session schema {SCHEMA_VERSION + 1}; this version writes "
+        f"{SCHEMA_VERSION}); this version does not read what it stored at /session/tolerances/per_segment; this report follows what this version reads\n"
+    )
 
 
 @pytest.mark.parametrize(

@@ -195,6 +195,7 @@ def test_a_newer_schema_opens_read_only_and_is_never_overwritten(tmp_path: Path)
     document = SessionDocument.open(path)
 
     assert document.read_only and "newer" in document.notices[0]
+    assert "this version does not read what it stored at /session/bookmarks/0/colour, /session/comparison_windows;" in document.notices[0]
     assert document.session.bookmarks[0].note == "Q=1008 visual prefill: tiled reduction"
     document.session.add_bookmark(OpKey(1, "decode", 0, "sdpa"), "added while read-only")
     with pytest.raises(SessionReadOnlyError, match="newer"):

@@ -144,9 +144,11 @@ def run(args: argparse.Namespace) -> int:
         )
 
         try:
-            session = apply_session(args)
+            session, note = apply_session(args)
         except SessionReportError as exc:
             return _unusable(args, f"unusable input: {exc}")
+        if note is not None:
+            print(f"parity-xray report: note: {printable(note)}", file=sys.stderr)
         clash = output_problem(_outputs(args), _inputs(args))  # the session's captures and policy are inputs too
         if clash is not None:
             return _unusable(args, clash)

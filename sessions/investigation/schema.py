@@ -51,6 +51,7 @@ from sessions.investigation.model import (
     relative_path_from,
     utc_now,
 )
+from sessions.printable import printable
 from sessions.side_file import parse_problem
 
 FORMAT = "parity-xray-session"
@@ -73,6 +74,8 @@ class DecodedSession:
     session: Investigation
     schema_version: int
     """The version the file was written in (before migration)."""
+    unread: tuple[str, ...] = ()
+    """Where a newer version's file holds keys this version does not know, and so did not read."""
 
     @property
     def newer(self) -> bool:
@@ -80,12 +83,21 @@ class DecodedSession:
 
     @property
     def read_only_reason(self) -> str | None:
+        if self.newer_text is None:
+            return None
+        return f"{self.newer_text}; opened read-only so nothing it stored is lost. Use Save As to keep a copy."
+
+    @property
+    def newer_text(self) -> str | None:
+        """That a newer version wrote the file, and where it stored what this version does not read; None for this version's or an older one's."""
         if not self.newer:
             return None
-        return (
-            f"written by a newer Parity X-ray (session schema {self.schema_version}; this version writes "
-            f"{SCHEMA_VERSION}); opened read-only so nothing it stored is lost. Use Save As to keep a copy."
-        )
+        text = f"written by a newer Parity X-ray (session schema {self.schema_version}; this version writes {SCHEMA_VERSION})"
+        if not self.unread:
+            return text
+        shown = 4
+        more = f" and {len(self.unread) - shown} more" if len(self.unread) > shown else ""
+        return f"{text}; this version does not read what it stored at {', '.join(printable(p) for p in self.unread[:shown])}{more}"
 
 
 # encoding ---------------------------------------------------------------------------------
@@ -194,10 +206,12 @@ _MISSING = object()
 class _Node:
     """A JSON object being read: typed getters that name the exact place of any problem."""
 
-    def __init__(self, value: Any, where: str, source: str, lenient: bool) -> None:
+    def __init__(self, value: Any, where: str, source: str, unread: list[str] | None) -> None:
+        """`unread`: None reads strictly (an unknown key is damage); a list (a newer version's
+        file) collects the places of the keys this version does not know, shared by every node."""
         self.source = source
         self.where = where
-        self.lenient = lenient
+        self.unread = unread
         if not isinstance(value, dict):
             raise self.fail(f"must be an object, not {type(value).__name__}")
         self.value = value
@@ -232,20 +246,22 @@ class _Node:
             raise self.fail(f"is too large a number ({len(str(value))} digits)", key) from None
 
     def node(self, key: str) -> _Node:
-        return _Node(self.get(key, (dict,)), f"{self.where}/{key}", self.source, self.lenient)
+        return _Node(self.get(key, (dict,)), f"{self.where}/{key}", self.source, self.unread)
 
     def nodes(self, key: str) -> list[_Node]:
         items = self.get(key, (list,))
-        return [_Node(item, f"{self.where}/{key}/{i}", self.source, self.lenient) for i, item in enumerate(items)]
+        return [_Node(item, f"{self.where}/{key}/{i}", self.source, self.unread) for i, item in enumerate(items)]
 
     def optional_node(self, key: str) -> _Node | None:
         value = self.get(key, (dict, type(None)), None)
-        return None if value is None else _Node(value, f"{self.where}/{key}", self.source, self.lenient)
+        return None if value is None else _Node(value, f"{self.where}/{key}", self.source, self.unread)
 
     def done(self) -> None:
         unknown = sorted(set(self.value) - self.used)
-        if unknown and not self.lenient:
+        if unknown and self.unread is None:
             raise self.fail(f"unknown key(s) {', '.join(unknown)}")
+        if unknown and self.unread is not None:
+            self.unread.extend(f"{self.where}/{key}" for key in unknown)
 
 
 def _read_op(n: _Node) -> OpKey:
@@ -538,13 +554,14 @@ def decode_document(document: Any, source: str) -> DecodedSession:
     current = document
     for v in range(version, SCHEMA_VERSION):
         current = MIGRATIONS[v](current, source)
-    root = _Node(current, "", source, lenient=version > SCHEMA_VERSION)
+    unread: list[str] | None = [] if version > SCHEMA_VERSION else None
+    root = _Node(current, "", source, unread)
     root.text("format")
     root.integer("schema_version")
     root.text("saved_utc")
     session = _read_session(root.node("session"))
     root.done()
-    return DecodedSession(session, version)
+    return DecodedSession(session, version, tuple(unread or ()))
 
 
 def loads(data: bytes, source: str) -> DecodedSession:

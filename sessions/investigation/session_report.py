@@ -22,10 +22,12 @@ class SessionReportError(Exception):
     """The session cannot be reported on; the message names the file and the problem."""
 
 
-def apply_session(args: argparse.Namespace) -> Investigation:
+def apply_session(args: argparse.Namespace) -> tuple[Investigation, str | None]:
     """Fill NATIVE, ORACLE, profiles, tolerances, the tolerance policy and the alignment mode from the session (command-line values win),
     and `overrides` with the session's manual pairings and breaks between the two captures, as the
-    viewer applies them: a report on a session must say what its window says."""
+    viewer applies them: a report on a session must say what its window says. Also returns a note
+    for the user when a newer version wrote the file: what it stored there that this version does
+    not read may be what makes that version judge the pair differently."""
     if args.native is not None or args.oracle is not None:
         raise SessionReportError("give either NATIVE ORACLE or --session FILE.xray, not both")
     try:
@@ -63,4 +65,4 @@ def apply_session(args: argparse.Namespace) -> Investigation:
         args.align = session.alignment_mode
     args.op_tolerances = session.op_bounds()
     args.overrides = overrides_for_pair(session.overrides, refs["native"][0].id, refs["oracle"][0].id)
-    return session
+    return session, None if document.newer is None else f"{args.session} was {document.newer}; this report follows what this version reads"

@@ -148,6 +148,8 @@ class SessionDocument:
     path: Path | None = None
     read_only_reason: str | None = None
     """Why Save is refused (the file is from a newer version); Save As to another file works."""
+    newer: str | None = None
+    """That a newer version wrote the file, and what of it this version did not read (`DecodedSession.newer_text`)."""
     notices: list[str] = field(default_factory=list)
     """Things the user must be told once after opening (backup loaded, upgraded, read-only)."""
     backups: int = DEFAULT_BACKUPS
@@ -190,7 +192,7 @@ class SessionDocument:
             if not recover:
                 raise SessionOpenError(f"{exc}{_backups_named(path, backups)}") from None
             return cls._from_backup(path, backups, str(exc))
-        document = cls(decoded.session, path, decoded.read_only_reason, backups=backups, on_disk=disk_stamp(path))
+        document = cls(decoded.session, path, decoded.read_only_reason, decoded.newer_text, backups=backups, on_disk=disk_stamp(path))
         document.saved_revision = decoded.session.revision
         if decoded.read_only_reason:
             document.notices.append(f"{path.name} was {decoded.read_only_reason}")
@@ -217,7 +219,7 @@ class SessionDocument:
             if path.exists():
                 notice += _set_aside(path)
             saved = _saved_time(backup)
-            document = cls(decoded.session, path, decoded.read_only_reason, backups=backups, on_disk=disk_stamp(path))
+            document = cls(decoded.session, path, decoded.read_only_reason, decoded.newer_text, backups=backups, on_disk=disk_stamp(path))
             document.notices.append(f"{notice}. The backup was saved {saved}; later changes are not in it.")
             document.saved_revision = -1
             return document

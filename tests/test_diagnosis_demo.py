@@ -56,6 +56,15 @@ def test_attention_contract_is_local_at_the_visual_sdpa_and_the_single_range_can
     assert found.notes == ["Stopped after 1 local op(s); 104 later diverged op(s) were not classified (--all, or the window's scope \"Every diverged op\", classifies every one)."]
 
 
+def test_the_candidate_that_is_the_oracles_route_shows_the_ops_own_error_against_the_native(demo_pairs: dict) -> None:
+    """The same two tensors give one NMSE wherever the diagnosis shows them: the native is measured against the other."""
+    (op,) = diagnose(demo_pairs["attention-contract"]).ops
+    route = next(c for c in op.candidates if c.id == op.oracle_ran)
+    assert route.vs_oracle_route is None or route.vs_oracle_route.bit_exact
+    assert route.vs_native == op.classification.local
+    assert route.vs_native is not None and route.vs_native.nmse == pytest.approx(1.1927e-05, rel=1e-4)
+
+
 def test_paired_by_position_the_attention_contract_is_named_as_paired_by_calls(demo_pairs: dict) -> None:
     (by_calls,) = diagnose(demo_pairs["attention-contract"]).ops
     (by_position,) = diagnose(demo_pairs["attention-contract"], CompareOptions(alignment=POSITIONS)).ops

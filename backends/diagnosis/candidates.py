@@ -87,8 +87,12 @@ def metrics_cell(metrics: TensorMetrics | None) -> str:
     return "not captured" if metrics is None else ErrorFigure.of(metrics).short()
 
 
-def compare_bits(a: np.ndarray, b: np.ndarray, logical: str) -> ErrorFigure:
-    return ErrorFigure.of(bits_metrics(a, b, logical))
+def compare_bits(measured: np.ndarray, reference: np.ndarray, logical: str) -> ErrorFigure:
+    """`measured`'s error against `reference`, whose energy scales NMSE and relative errors. The
+    native is always the measured side, as in `report`'s native vs oracle: a candidate's figure
+    against the native once took the native as reference, so the candidate that is the oracle's
+    route showed another NMSE than the op's own error, between the same two tensors."""
+    return ErrorFigure.of(bits_metrics(measured, reference, logical))
 
 
 @dataclass
@@ -169,7 +173,7 @@ class CandidateResult:
     description: str
     source: str
     vs_native: ErrorFigure | None = None
-    """Against the native's captured output; None when the candidate did not run."""
+    """The native's captured output against this candidate's (`compare_bits`); None when the candidate did not run."""
     vs_oracle_route: ErrorFigure | None = None
     """Against the oracle's route on the same inputs."""
     skipped: str | None = None
@@ -202,7 +206,7 @@ def run_candidate(candidate: Candidate, inputs: CandidateInputs, native_bits: np
     result.seconds = time.perf_counter() - start
     result.bits = bits
     if native_bits is not None and native_bits.shape == bits.shape:
-        result.vs_native = compare_bits(bits, native_bits, inputs.dtype)
+        result.vs_native = compare_bits(native_bits, bits, inputs.dtype)
     if not candidate.of_route and inputs.route_output is not None and inputs.route_output.shape == bits.shape:
         result.vs_oracle_route = compare_bits(bits, inputs.route_output, inputs.dtype)
     return result

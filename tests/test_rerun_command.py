@@ -63,6 +63,15 @@ def test_the_command_exits_1_when_the_rerun_does_not_reproduce_its_route_side(de
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(("route", "code"), [("attn.bf16.single_range", 0), ("attn.f32.tiled64x64", 1)])
+def test_with_a_route_override_the_exit_code_says_whether_that_route_gives_the_route_from_sides_bits(demo_pairs: dict, route: str, code: int) -> None:
+    """docs/rerun.md: a test of what the native ran, on the oracle's inputs."""
+    native, oracle = demo_pairs["attention-contract"]
+    args = ["--op", "0:visual:0:sdpa", "--from", "oracle", "--route-from", "native", "--attention-route", route]
+    assert main(["rerun", str(native), str(oracle), *args]) == code
+
+
+@pytest.mark.slow
 def test_the_command_names_an_op_the_comparison_did_not_pair_and_exits_2(demo_pairs: dict, capsys: pytest.CaptureFixture[str]) -> None:
     native, oracle = demo_pairs["clean"]
     assert main(["rerun", str(native), str(oracle), "--op", "0:visual:7:sdpa", "--from", "native"]) == 2

@@ -39,6 +39,24 @@ def test_head_chunk_scenario_flags_exactly_the_text_after_ops_as_dispatching_dif
 
 
 @pytest.mark.slow
+def test_each_call_carries_its_records_contract_and_the_ops_with_a_contract_finding_are_marked(demo_pairs: dict) -> None:
+    """attention-contract: the same primitives on both sides, but the oracle's visual prefill ran
+    another arithmetic contract; only the contract tells those calls apart."""
+    native, oracle = demo_pairs["attention-contract"]
+    with open_capture(native) as n, open_capture(oracle) as o:
+        timeline = build_timeline(n, o, run_to_end(iter_compare(n, o)))
+    ran = {(int(side), str(timeline.keys[slot])): timeline.contracts[code] for side, slot, code in zip(timeline.side, timeline.slot, timeline.contract)}
+    assert ran[(0, "0:visual:0:sdpa")] == "attn.bf16.single_range" and ran[(1, "0:visual:0:sdpa")] == "attn.f32.tiled64x64"
+    assert ran[(0, "1:decode:1:sdpa")] == ran[(1, "1:decode:1:sdpa")] == "attn.bf16.single_range"
+    marked = {str(timeline.keys[slot]) for slot in np.unique(timeline.slot[timeline.contract_differs]).tolist()}
+    assert marked == {"0:visual:0:sdpa", "0:visual:1:sdpa"}
+    assert not timeline.differs.any()
+    first = int(np.flatnonzero(timeline.contract_differs & (timeline.side == 1))[0])
+    described = describe_event(timeline, first).splitlines()
+    assert "contract: attn.f32.tiled64x64" in described and described[-1] == "its op's contract differs between the sides (a contract finding)"
+
+
+@pytest.mark.slow
 def test_calls_of_records_after_the_shared_eos_are_not_dispatch_differences_of_a_parity_pair(demo_pairs: dict) -> None:
     native, oracle = demo_pairs["post-eos"]
     with open_capture(native) as n, open_capture(oracle) as o:

@@ -19,6 +19,7 @@ from sessions.capture import format as cf
 from sessions.capture.reader import Capture
 from sessions.compare.comparison import Comparison
 from sessions.compare.key import OpKey
+from sessions.printable import printable
 
 SIDES = ("native", "oracle")
 PRIMITIVE_CODES: tuple[str, ...] = ("", metal_routes.UNKNOWN, *cf.PRIMITIVES)
@@ -71,6 +72,15 @@ class Timeline:
     """The call's record has no partner (unaligned, or after the shared EOS): nothing to compare it with."""
     route_mismatch: np.ndarray
     """The recorded primitive (or recorded Metal pick) disagrees with the route predictor."""
+    contract: np.ndarray
+    """Per event, the index in `contracts` of the effective contract its record declares: the
+    arithmetic that ran, which one primitive can carry under several contracts (the
+    attention-contract demo's visual prefill: the same calls, a bf16 single-range reduction
+    against an f32 tiled one)."""
+    contracts: list[str]
+    """The effective contract ids of both captures' attention records; "" for none recorded."""
+    contract_differs: np.ndarray
+    """The op this call belongs to has a contract finding (the comparison's, as `report` counts them)."""
     mask_kind: list[str]
     keys: list[OpKey | None]
     difference_fields: dict[int, list[str]] = field(default_factory=dict)
@@ -133,14 +143,17 @@ def build_timeline(native: Capture, oracle: Capture, comparison: Comparison) -> 
             if ident(side, seq) not in slots:
                 slots[ident(side, seq)] = len(slot_keys)
                 slot_keys.append(keys[side].get(seq))
-    columns: dict[str, list] = {name: [] for name in ("side", "slot", "layer", "predicted", "predicted_metal")}
+    columns: dict[str, list] = {name: [] for name in ("side", "slot", "layer", "contract", "predicted", "predicted_metal")}
     tables = []
+    contracts: dict[str, int] = {}
     for side, capture in enumerate(captures):
         table = capture.dispatch
         tables.append(table)
         columns["side"] += [side] * len(table)
         columns["slot"] += [slots[ident(side, seq)] for seq in table["index_seq"].tolist()]
         columns["layer"] += capture.index["layer"][table["index_seq"]].tolist()
+        names = [cf.decode_field(v) for v in capture.index["effective_contract_id"][table["index_seq"]].tolist()]
+        columns["contract"] += [contracts.setdefault(name, len(contracts)) for name in names]
         here, metal = _predict(table, device_class(capture), capture.meta.mlx_version())
         columns["predicted"] += here
         columns["predicted_metal"] += metal
@@ -156,6 +169,7 @@ def build_timeline(native: Capture, oracle: Capture, comparison: Comparison) -> 
     slot = np.array(columns["slot"], dtype=np.int64)
     side = np.array(columns["side"], dtype=np.int8)
     fields = {slots[d.key]: d.fields for d in comparison.dispatch_differences if d.key in slots}
+    contract_slots = sorted(slots[key] for key in comparison.contracts.by_key() if key in slots)
     sides_per_slot = np.zeros((len(slot_keys), 2), dtype=bool)
     sides_per_slot[slot, side] = True
     alone = ~sides_per_slot.all(axis=1)
@@ -183,6 +197,9 @@ def build_timeline(native: Capture, oracle: Capture, comparison: Comparison) -> 
         differs=np.isin(slot, sorted(fields)),
         one_sided=alone[slot] if not apart else np.zeros(slot.size, dtype=bool),
         route_mismatch=mismatch,
+        contract=np.array(columns["contract"], dtype=np.int32),
+        contracts=list(contracts),
+        contract_differs=np.isin(slot, contract_slots),
         mask_kind=[cf.decode_field(v) for v in both["mask_kind"].tolist()],
         keys=slot_keys,
         difference_fields=fields,
@@ -261,6 +278,7 @@ def describe_event(timeline: Timeline, index: int) -> str:
         f"plan: {group}, heads {t.head_start[index]}..{last} ({t.head_count[index]} of {t.q_heads[index]})",
         f"route: {PRIMITIVE_CODES[t.primitive[index]] or 'not recorded'} (predicted here: {PRIMITIVE_CODES[t.predicted[index]] or '-'})",
         f"Metal: {PRIMITIVE_CODES[t.metal[index]] or 'not recorded'} (predicted: {PRIMITIVE_CODES[t.predicted_metal[index]] or '-'})",
+        f"contract: {printable(t.contracts[int(t.contract[index])]) or 'not recorded'}",
         f"time {t.t_end_ms[index] - t.t_start_ms[index]:.3f} ms",
     ]
     if t.differs[index]:
@@ -269,6 +287,8 @@ def describe_event(timeline: Timeline, index: int) -> str:
         lines.append("no call on the other side to compare: its record has no partner (unaligned, or after the shared EOS)")
     if t.route_mismatch[index]:
         lines.append("recorded primitive disagrees with the route predictor")
+    if t.contract_differs[index]:
+        lines.append("its op's contract differs between the sides (a contract finding)")
     return "\n".join(lines)
 
 

@@ -41,7 +41,7 @@ from sessions.progress import Progress
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
 from viewer.theme import locality_colour, status_colour
-from viewer.widgets.plain_text import plain_label, plain_tip
+from viewer.widgets.plain_text import code_text, plain_label, rich_label
 from viewer.widgets.progress_bar import show_progress
 from viewer.widgets.read_only_table import read_only_table
 from viewer.workers import TaskSlots
@@ -64,7 +64,7 @@ def _item(text: str, tip: str = "") -> QTableWidgetItem:
     item = QTableWidgetItem(text)
     item.setFlags(item.flags() & ~Qt.ItemFlag.ItemIsEditable)
     if tip:
-        item.setToolTip(plain_tip(tip))
+        item.setToolTip(code_text(tip))
     return item
 
 
@@ -107,15 +107,15 @@ class DiagnosisPanel(QWidget):
         self.progress = QProgressBar()
         self.progress.setTextVisible(True)
         self.progress.setMinimumWidth(40)  # it stretches over the row's free width; narrow only in a narrow window
-        self.verdict = plain_label()
+        self.verdict = rich_label()
         self.verdict.setObjectName("diagnosisVerdict")
         self.verdict.setWordWrap(True)
         self.verdict.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.verdict.setStyleSheet("font-weight: bold; padding: 6px; border-left: 4px solid #4a90d9;")
-        self.summary = plain_label()
+        self.summary = rich_label()
         self.summary.setWordWrap(True)
         self.ops = _table(OP_COLUMNS)
-        self.why = plain_label()
+        self.why = rich_label()
         self.why.setWordWrap(True)
         self.why.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.candidates = _table(CANDIDATE_COLUMNS)
@@ -177,10 +177,10 @@ class DiagnosisPanel(QWidget):
         try:
             options = self.options()
         except ValueError as exc:
-            self.verdict.setText(str(exc))
+            self._say(str(exc))
             return
         comparison = viewed.comparison
-        self.verdict.setText("Diagnosing…")
+        self._say("Diagnosing…")
         self.tasks.submit("diagnose", lambda: iter_diagnose(native, oracle, comparison, options), self._succeeded, self._failed, self._cancelled)
 
     def _succeeded(self, diagnosis: Diagnosis) -> None:
@@ -190,11 +190,11 @@ class DiagnosisPanel(QWidget):
         self.finished.emit(diagnosis)
 
     def _failed(self, message: str) -> None:
-        self.verdict.setText(f"The diagnosis could not run: {message}")
+        self._say(f"The diagnosis could not run: {message}")
         self.failed.emit(message)
 
     def _cancelled(self) -> None:
-        self.verdict.setText("Diagnosis cancelled.")
+        self._say("Diagnosis cancelled.")
         self.cancelled.emit()
 
     def _busy(self, busy: bool) -> None:
@@ -215,32 +215,36 @@ class DiagnosisPanel(QWidget):
         self.details.setTabText(1, BUDGET_TITLE)
         self._show_readiness()
 
+    def _say(self, sentence: str) -> None:
+        """The panel's lead sentence: the diagnosis's verdict marks contract ids as code."""
+        self.verdict.setText(code_text(sentence))
+
     def _show_readiness(self) -> None:
         """What Diagnose would do now: an earlier pair's verdict must not stay beside a new comparison."""
         if not self.model.has_pair:
-            self.verdict.setText(NO_PAIR)
+            self._say(NO_PAIR)
         elif self.model.comparison is None:
-            self.verdict.setText(NOT_COMPARED)
+            self._say(NOT_COMPARED)
         else:
-            self.verdict.setText(READY)
+            self._say(READY)
 
     # -- showing -----------------------------------------------------------------------------
 
     def show_diagnosis(self, diagnosis: Diagnosis) -> None:
         self.diagnosis = diagnosis
-        self.verdict.setText(diagnosis.verdict)
+        self._say(diagnosis.verdict)
         contracts = ", ".join(f"{name or 'no exact candidate'} ×{n}" for name, n in diagnosis.contracts().items())
         parts = [diagnosis.counts_text()]
         if contracts:
             parts.append(f"local ops explained by {contracts}")
         parts += diagnosis.notes
         parts.append(f"{diagnosis.seconds:.1f} s on {diagnosis.device} (MLX {diagnosis.mlx_version})")
-        self.summary.setText(" · ".join(parts))
+        self.summary.setText(code_text(" · ".join(parts)))
         self._fill_ops(diagnosis)
         self._show_budget(diagnosis)
         self.layout().activate()
         if not diagnosis.ops:
-            self.why.setText("\n".join(f"{n.key}: reproducing the bits here: {', '.join(n.reproducing) or 'none'}" for n in diagnosis.dispatch))
+            self.why.setText(code_text("\n".join(f"{n.key}: reproducing the bits here: {', '.join(n.reproducing) or 'none'}" for n in diagnosis.dispatch)))
 
     def _refill(self) -> None:
         if self.diagnosis is not None:
@@ -287,8 +291,8 @@ class DiagnosisPanel(QWidget):
     def _show_candidates(self, op: OpDiagnosis) -> None:
         found = op.classification
         route = "; ".join(found.oracle_route) or "—"
-        self.why.setText(f"{found.key} is {found.locality}: {found.why}.")
-        self.why.setToolTip(plain_tip(f"Oracle's route: {route}.\nCloser to exact (float64): {found.closer_to_exact}."))
+        self.why.setText(code_text(f"{found.key} is {found.locality}: {found.why}."))
+        self.why.setToolTip(code_text(f"Oracle's route: {route}.\nCloser to exact (float64): {found.closer_to_exact}."))
         self.layout().activate()
         self.candidates.setRowCount(len(op.candidates))
         for row, result in enumerate(op.candidates):

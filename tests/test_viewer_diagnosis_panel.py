@@ -68,6 +68,25 @@ def test_diagnosing_every_op_leads_with_the_verdict_and_fills_the_tree_cause_col
     window.grab().save(str(artifacts_dir / "diagnosis-panel-1440x900.png"))
 
 
+def test_beside_the_cause_column_the_trees_op_names_and_figures_show_whole_at_1280x720(qtbot, window: MainWindow) -> None:  # type: ignore[no-untyped-def]
+    with qtbot.waitSignal(window.diagnosis.finished, timeout=120_000):
+        window.diagnosis.run()
+    tree, view = window.tree, window.tree.view
+    assert not view.isColumnHidden(4)
+    pairs = {p.key.text(): p for p in window.model.comparison.comparison.pairs}
+    tree.reveal(pairs["0:visual:0:attn_residual"])
+    qtbot.waitUntil(lambda: view.visualRect(view.currentIndex()).isValid())
+    layer = view.currentIndex().parent()
+    rows = [layer.model().index(r, 0, layer) for r in range(layer.model().rowCount(layer))]
+    icon = view.iconSize().width() if view.iconSize().isValid() else view.style().pixelMetric(view.style().PixelMetric.PM_SmallIconSize)
+    fonts = view.fontMetrics()
+    cut = [(row.data(), view.visualRect(row).width()) for row in rows if view.visualRect(row).width() < icon + fonts.horizontalAdvance(row.data()) + 12]
+    assert not cut, f"op names cut beside the cause column: {cut}"
+    for column in (2, 3, 4):
+        widest = max(fonts.horizontalAdvance(str(row.siblingAtColumn(column).data() or "")) for row in rows)
+        assert view.columnWidth(column) >= widest + 8, (view.model().headerData(column, Qt.Orientation.Horizontal), view.columnWidth(column), widest)
+
+
 def test_a_new_pair_takes_back_the_last_diagnosis_cause_column_tab_titles_and_progress(qtbot, window: MainWindow, demo_pairs: dict) -> None:  # type: ignore[no-untyped-def]
     panel = window.diagnosis
     with qtbot.waitSignal(panel.finished, timeout=120_000):

@@ -77,8 +77,9 @@ from viewer.workers import TaskSlots
 
 TABS = ("Tensor diff", "Overview", "Token parity", "Provenance", "Dispatch timeline", "Rerun", "Diagnosis", "Worst ops")
 
-TREE_WIDTH = 420
-"""The alignment tree's width when the window opens: its op, ULP and differing columns whole."""
+TREE_WIDTH = 450
+"""The alignment tree's width when the window opens: its op, ULP, differing and (after a
+diagnosis) cause columns whole, the op names of a layer's rows too."""
 TREE_MIN_WIDTH = 260
 """As narrow as a user may make it, so the window fits a 1024-pixel screen or half of a wide one."""
 GIL_SWITCH_INTERVAL_S = 0.001

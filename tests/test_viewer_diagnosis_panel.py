@@ -13,7 +13,7 @@ from sessions.progress import run_to_end
 from tests.viewer_windows import shown_tip
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
-from viewer.panels.diagnosis_panel import NO_PAIR, NOT_COMPARED, READY, DiagnosisPanel
+from viewer.panels.diagnosis_panel import NO_PAIR, NOT_COMPARED, OP_COLUMNS, READY, DiagnosisPanel
 from viewer.settings import ViewerSettings
 from viewer.window.main_window import TABS, MainWindow
 
@@ -85,6 +85,24 @@ def test_beside_the_cause_column_the_trees_op_names_and_figures_show_whole_at_12
     for column in (2, 3, 4):
         widest = max(fonts.horizontalAdvance(str(row.siblingAtColumn(column).data() or "")) for row in rows)
         assert view.columnWidth(column) >= widest + 8, (view.model().headerData(column, Qt.Orientation.Horizontal), view.columnWidth(column), widest)
+
+
+def test_at_1280x720_the_scope_reads_whole_and_the_ops_table_shows_op_cause_and_contract_without_scrolling(qtbot, window: MainWindow) -> None:  # type: ignore[no-untyped-def]
+    panel = window.diagnosis
+    panel.scope.setCurrentIndex(panel.scope.findData("all"))
+    with qtbot.waitSignal(panel.finished, timeout=120_000):
+        panel.run()
+    qtbot.wait(50)
+    scope = panel.scope
+    assert scope.currentText() == "Every diverged op + budget"
+    assert scope.width() >= scope.fontMetrics().horizontalAdvance(scope.currentText()) + 24, (scope.width(), scope.currentText())
+    ops = panel.ops
+    assert ops.width() >= 380, f"the ops table gets a usable share of the panel: {ops.width()} px"
+    for column in range(3):
+        assert ops.columnWidth(column) >= ops.sizeHintForColumn(column), (OP_COLUMNS[column], ops.columnWidth(column))
+    assert not ops.horizontalScrollBar().isVisible(), "the local error is elided, its tooltip whole"
+    assert sum(ops.columnWidth(c) for c in range(len(OP_COLUMNS))) <= ops.viewport().width()
+    assert "local error:" in shown_tip(ops.item(0, 3).toolTip())
 
 
 def test_a_new_pair_takes_back_the_last_diagnosis_cause_column_tab_titles_and_progress(qtbot, window: MainWindow, demo_pairs: dict) -> None:  # type: ignore[no-untyped-def]

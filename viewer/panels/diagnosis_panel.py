@@ -46,7 +46,7 @@ from viewer.widgets.progress_bar import show_progress
 from viewer.widgets.read_only_table import read_only_table
 from viewer.workers import TaskSlots
 
-SCOPES = (("first", "First local op"), ("all", "Every diverged op, with the budget"), ("op", "The selected op"))
+SCOPES = (("first", "First local op"), ("all", "Every diverged op + budget"), ("op", "The selected op"))
 OP_COLUMNS = ("op", "cause", "native ran", "local error")
 CANDIDATE_COLUMNS = ("candidate", "vs native", "vs oracle's route", "what it computes")
 NO_PAIR = "Open a native and an oracle capture, let the comparison finish, then diagnose."
@@ -81,6 +81,14 @@ def _table(columns: tuple[str, ...]) -> QTableWidget:
     return table
 
 
+def _fit_columns(table: QTableWidget) -> None:
+    """Each column to its contents, except one that stretches over what is left (and elides)."""
+    header = table.horizontalHeader()
+    for column in range(table.columnCount()):
+        if header.sectionResizeMode(column) != QHeaderView.ResizeMode.Stretch:
+            table.resizeColumnToContents(column)
+
+
 class DiagnosisPanel(QWidget):
     finished = Signal(object)
     failed = Signal(str)
@@ -96,9 +104,12 @@ class DiagnosisPanel(QWidget):
         self.scope = QComboBox()
         for value, label in SCOPES:
             self.scope.addItem(label, value)
-        # Sized to a short scope, not the longest: the panel's controls set the window's least width.
+        # Its longest scope whole where there is room; as narrow as 12 characters only in a narrow
+        # window: the panel's controls set the window's least width.
         self.scope.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         self.scope.setMinimumContentsLength(12)
+        self.scope.setMinimumWidth(self.scope.minimumSizeHint().width())
+        self.scope.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         self.run_button = QPushButton("Diagnose")
         self.cancel_button = QPushButton("Cancel")
         self.cancel_button.setEnabled(False)
@@ -115,6 +126,10 @@ class DiagnosisPanel(QWidget):
         self.summary = rich_label()
         self.summary.setWordWrap(True)
         self.ops = _table(OP_COLUMNS)
+        # The local error fills what is left and is elided (its tooltip has it whole): sized to
+        # its text it pushed the table into a sideways scroll at 1280x720.
+        self.ops.horizontalHeader().setStretchLastSection(False)
+        self.ops.horizontalHeader().setSectionResizeMode(len(OP_COLUMNS) - 1, QHeaderView.ResizeMode.Stretch)
         self.why = rich_label()
         self.why.setWordWrap(True)
         self.why.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -149,9 +164,10 @@ class DiagnosisPanel(QWidget):
         split = QSplitter(Qt.Orientation.Horizontal)
         split.addWidget(self.ops)
         split.addWidget(self.details)
-        split.setStretchFactor(0, 2)
-        split.setStretchFactor(1, 3)
-        split.setSizes([390, 640])
+        # Halves: at 1280x720 two fifths left the ops table 300 px, each of its columns cut.
+        split.setStretchFactor(0, 1)
+        split.setStretchFactor(1, 1)
+        split.setSizes([500, 500])
         layout = QVBoxLayout(self)
         layout.addLayout(controls)
         layout.addWidget(self.verdict)
@@ -207,7 +223,7 @@ class DiagnosisPanel(QWidget):
         self.listed = []
         for table in (self.ops, self.candidates, self.budget):
             table.setRowCount(0)
-            table.resizeColumnsToContents()  # to its headers: a default width cut "vs oracle's route"
+            _fit_columns(table)  # to its headers: a default width cut "vs oracle's route"
         self.summary.setText("")
         self.why.setText("")
         self.progress.reset()
@@ -263,7 +279,7 @@ class DiagnosisPanel(QWidget):
             cells[1].setForeground(locality_colour(str(found.locality)))
             for column, cell in enumerate(cells):
                 self.ops.setItem(row, column, cell)
-        self.ops.resizeColumnsToContents()
+        _fit_columns(self.ops)
         first = next((n for n, op in enumerate(self.listed) if str(op.classification.locality) == "local"), 0 if self.listed else None)
         if first is not None:
             self.ops.setCurrentCell(first, 0)
@@ -275,7 +291,7 @@ class DiagnosisPanel(QWidget):
         for row, entry in enumerate(rows):
             for column, text in enumerate((entry.key.text(), share_text(entry), _short(entry.local), entry.injected)):
                 self.budget.setItem(row, column, _item(text))
-        self.budget.resizeColumnsToContents()
+        _fit_columns(self.budget)
         title = BUDGET_TITLE if budget is None or budget.final_logits is None else f"Budget of {budget.final_logits}"
         self.details.setTabText(1, title)
 
@@ -303,7 +319,7 @@ class DiagnosisPanel(QWidget):
                 cells[0].setForeground(status_colour(Kind.BIT_EXACT))
             for column, cell in enumerate(cells):
                 self.candidates.setItem(row, column, cell)
-        self.candidates.resizeColumnsToContents()
+        _fit_columns(self.candidates)
         self.details.setTabText(0, f"{CANDIDATES_TITLE} at {found.key}")
 
     def _follow_selection(self, pair: Any) -> None:

@@ -15,7 +15,7 @@ from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
 from viewer.panels.diagnosis_panel import NO_PAIR, NOT_COMPARED, OP_COLUMNS, READY, DiagnosisPanel
 from viewer.settings import ViewerSettings
-from viewer.window.main_window import TABS, MainWindow
+from viewer.window.main_window import TABS, TREE_WIDTH_WITH_CAUSES, MainWindow
 
 pytestmark = [pytest.mark.slow, pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")]
 
@@ -55,6 +55,7 @@ def test_diagnosing_every_op_leads_with_the_verdict_and_fills_the_tree_cause_col
     assert window.tree.cause_of(pairs["0:text-before:0:sdpa"]) == ""
     verdict = panel.verdict
     qtbot.waitUntil(lambda: verdict.height() >= verdict.heightForWidth(verdict.width()) > 2 * verdict.fontMetrics().height())
+    qtbot.waitUntil(lambda: window.tree_dock.width() >= TREE_WIDTH_WITH_CAUSES)
     window.grab().save(str(artifacts_dir / "diagnosis-panel-1280x720.png"))
     panel.show_inherited.setChecked(True)
     assert panel.ops.rowCount() == 105

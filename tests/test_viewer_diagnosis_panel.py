@@ -10,11 +10,12 @@ from PySide6.QtCore import Qt
 from sessions.capture.opening import open_capture
 from sessions.compare.result_cache import iter_compare_cached
 from sessions.progress import run_to_end
+from tests.viewer_windows import shown_tip
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
-from viewer.panels.diagnosis_panel import NO_PAIR, NOT_COMPARED, READY, DiagnosisPanel
+from viewer.panels.diagnosis_panel import NO_PAIR, NOT_COMPARED, OP_COLUMNS, READY, DiagnosisPanel
 from viewer.settings import ViewerSettings
-from viewer.window.main_window import TABS, MainWindow
+from viewer.window.main_window import TABS, TREE_WIDTH_WITH_CAUSES, MainWindow
 
 pytestmark = [pytest.mark.slow, pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")]
 
@@ -40,13 +41,13 @@ def test_diagnosing_every_op_leads_with_the_verdict_and_fills_the_tree_cause_col
     panel.scope.setCurrentIndex(panel.scope.findData("all"))
     with qtbot.waitSignal(panel.finished, timeout=120_000):
         qtbot.mouseClick(panel.run_button, Qt.MouseButton.LeftButton)
-    assert panel.verdict.text().startswith("0:visual:0:sdpa is local: the native ran `attn.bf16.single_range` (bit-exact reproduction)")
+    assert shown_tip(panel.verdict.text()).startswith("0:visual:0:sdpa is local: the native ran attn.bf16.single_range (bit-exact reproduction)")
     assert [panel.ops.item(r, 0).text() for r in range(panel.ops.rowCount())] == ["0:visual:0:sdpa", "0:visual:1:sdpa"]
     assert panel.ops.item(0, 2).text() == "attn.bf16.single_range"
     candidates = {panel.candidates.item(r, 0).text(): panel.candidates.item(r, 1).text() for r in range(panel.candidates.rowCount())}
     assert candidates["attn.bf16.single_range"] == "bit-exact" and candidates["attn.f32.tiled64x64"] == "27,961 differ · max 29,937 ULP"
     assert panel.details.tabText(1) == "Budget of 6:decode:-1:logits" and panel.budget.item(0, 1).text() == "100%"
-    assert "105 diverged op(s) classified: 2 local, 103 inherited, 0 undetermined" in panel.summary.text()
+    assert "105 diverged op(s) classified: 2 local, 103 inherited, 0 undetermined" in shown_tip(panel.summary.text())
     assert window.model.selected.key.text() == "0:visual:0:sdpa"
     assert not window.tree.view.isColumnHidden(4)
     pairs = {p.key.text(): p for p in window.model.comparison.comparison.pairs}
@@ -54,17 +55,55 @@ def test_diagnosing_every_op_leads_with_the_verdict_and_fills_the_tree_cause_col
     assert window.tree.cause_of(pairs["0:text-before:0:sdpa"]) == ""
     verdict = panel.verdict
     qtbot.waitUntil(lambda: verdict.height() >= verdict.heightForWidth(verdict.width()) > 2 * verdict.fontMetrics().height())
+    qtbot.waitUntil(lambda: window.tree_dock.width() >= TREE_WIDTH_WITH_CAUSES)
     window.grab().save(str(artifacts_dir / "diagnosis-panel-1280x720.png"))
     panel.show_inherited.setChecked(True)
     assert panel.ops.rowCount() == 105
     panel.ops.setCurrentCell(1, 0)
     assert window.model.selected.key.text() == "0:visual:0:o_proj"
     assert panel.candidates.rowCount() == 0 and panel.details.tabText(0) == "Candidates at 0:visual:0:o_proj"
-    assert panel.why.text().startswith("0:visual:0:o_proj is inherited: the oracle's route on the native's inputs gives the native's bits")
+    assert shown_tip(panel.why.text()).startswith("0:visual:0:o_proj is inherited: the oracle's route on the native's inputs gives the native's bits")
     window.resize(1440, 900)
     panel.show_inherited.setChecked(False)
     qtbot.waitUntil(lambda: verdict.height() >= verdict.heightForWidth(verdict.width()))
     window.grab().save(str(artifacts_dir / "diagnosis-panel-1440x900.png"))
+
+
+def test_beside_the_cause_column_the_trees_op_names_and_figures_show_whole_at_1280x720(qtbot, window: MainWindow) -> None:  # type: ignore[no-untyped-def]
+    with qtbot.waitSignal(window.diagnosis.finished, timeout=120_000):
+        window.diagnosis.run()
+    tree, view = window.tree, window.tree.view
+    assert not view.isColumnHidden(4)
+    pairs = {p.key.text(): p for p in window.model.comparison.comparison.pairs}
+    tree.reveal(pairs["0:visual:0:attn_residual"])
+    qtbot.waitUntil(lambda: view.visualRect(view.currentIndex()).isValid())
+    layer = view.currentIndex().parent()
+    rows = [layer.model().index(r, 0, layer) for r in range(layer.model().rowCount(layer))]
+    icon = view.iconSize().width() if view.iconSize().isValid() else view.style().pixelMetric(view.style().PixelMetric.PM_SmallIconSize)
+    fonts = view.fontMetrics()
+    cut = [(row.data(), view.visualRect(row).width()) for row in rows if view.visualRect(row).width() < icon + fonts.horizontalAdvance(row.data()) + 12]
+    assert not cut, f"op names cut beside the cause column: {cut}"
+    for column in (2, 3, 4):
+        widest = max(fonts.horizontalAdvance(str(row.siblingAtColumn(column).data() or "")) for row in rows)
+        assert view.columnWidth(column) >= widest + 8, (view.model().headerData(column, Qt.Orientation.Horizontal), view.columnWidth(column), widest)
+
+
+def test_at_1280x720_the_scope_reads_whole_and_the_ops_table_shows_op_cause_and_contract_without_scrolling(qtbot, window: MainWindow) -> None:  # type: ignore[no-untyped-def]
+    panel = window.diagnosis
+    panel.scope.setCurrentIndex(panel.scope.findData("all"))
+    with qtbot.waitSignal(panel.finished, timeout=120_000):
+        panel.run()
+    qtbot.wait(50)
+    scope = panel.scope
+    assert scope.currentText() == "Every diverged op + budget"
+    assert scope.width() >= scope.fontMetrics().horizontalAdvance(scope.currentText()) + 24, (scope.width(), scope.currentText())
+    ops = panel.ops
+    assert ops.width() >= 380, f"the ops table gets a usable share of the panel: {ops.width()} px"
+    for column in range(3):
+        assert ops.columnWidth(column) >= ops.sizeHintForColumn(column), (OP_COLUMNS[column], ops.columnWidth(column))
+    assert not ops.horizontalScrollBar().isVisible(), "the local error is elided, its tooltip whole"
+    assert sum(ops.columnWidth(c) for c in range(len(OP_COLUMNS))) <= ops.viewport().width()
+    assert "local error:" in shown_tip(ops.item(0, 3).toolTip())
 
 
 def test_a_new_pair_takes_back_the_last_diagnosis_cause_column_tab_titles_and_progress(qtbot, window: MainWindow, demo_pairs: dict) -> None:  # type: ignore[no-untyped-def]
@@ -104,39 +143,51 @@ def test_before_any_diagnosis_every_table_header_shows_whole(qtbot, window: Main
             assert table.columnWidth(column) >= header.sectionSizeHint(column), (table.horizontalHeaderItem(column).text(), table.columnWidth(column))
 
 
+def test_the_diagnosis_sentences_show_contract_ids_as_code_without_their_backticks(qtbot, panel: DiagnosisPanel) -> None:  # type: ignore[no-untyped-def]
+    panel.scope.setCurrentIndex(panel.scope.findData("op"))
+    panel.model.select(next(p for p in panel.model.comparison.comparison.pairs if p.key.text() == "0:visual:0:sdpa"))
+    with qtbot.waitSignal(panel.finished, timeout=60_000):
+        panel.run()
+    assert panel.diagnosis is not None and "the native ran `attn.bf16.single_range` (bit-exact" in panel.diagnosis.verdict, "the CLI's sentence keeps its backticks"
+    assert "the native ran <code>attn.bf16.single_range</code> (bit-exact" in panel.verdict.text()
+    for label in (panel.verdict, panel.summary, panel.why):
+        assert label.textFormat() == Qt.TextFormat.RichText and "`" not in shown_tip(label.text()), shown_tip(label.text())
+    assert "`" not in shown_tip(panel.ops.item(0, 0).toolTip())
+
+
 def test_cancel_stops_the_diagnosis_and_says_so(qtbot, panel: DiagnosisPanel) -> None:  # type: ignore[no-untyped-def]
     panel.scope.setCurrentIndex(panel.scope.findData("all"))
     with qtbot.waitSignal(panel.cancelled, timeout=60_000):
         panel.run()
         qtbot.mouseClick(panel.cancel_button, Qt.MouseButton.LeftButton)
-    assert panel.verdict.text() == "Diagnosis cancelled." and panel.diagnosis is None and panel.model.locality == {}
+    assert shown_tip(panel.verdict.text()) == "Diagnosis cancelled." and panel.diagnosis is None and panel.model.locality == {}
 
 
 def test_the_selected_op_scope_needs_a_selection_and_then_diagnoses_it(qtbot, panel: DiagnosisPanel) -> None:  # type: ignore[no-untyped-def]
     panel.scope.setCurrentIndex(panel.scope.findData("op"))
     panel.run()
-    assert panel.verdict.text() == "Select an op in the alignment tree first, or choose another scope."
+    assert shown_tip(panel.verdict.text()) == "Select an op in the alignment tree first, or choose another scope."
     panel.model.select(next(p for p in panel.model.comparison.comparison.pairs if p.key.text() == "0:visual:0:o_proj"))
     with qtbot.waitSignal(panel.finished, timeout=60_000):
         panel.run()
-    assert panel.verdict.text() == "All 1 diagnosed op(s) are inherited: each did what the oracle's route does with its inputs."
+    assert shown_tip(panel.verdict.text()) == "All 1 diagnosed op(s) are inherited: each did what the oracle's route does with its inputs."
     panel.show_inherited.setChecked(True)
     assert panel.ops.item(0, 1).text() == "inherited"
 
 
 def test_the_panel_says_what_diagnose_needs_and_drops_an_old_verdict_when_the_comparison_changes(qtbot, panel: DiagnosisPanel) -> None:  # type: ignore[no-untyped-def]
-    assert panel.verdict.text() == READY
+    assert shown_tip(panel.verdict.text()) == READY
     panel.scope.setCurrentIndex(panel.scope.findData("op"))
     panel.model.select(next(p for p in panel.model.comparison.comparison.pairs if p.key.text() == "0:visual:0:o_proj"))
     with qtbot.waitSignal(panel.finished, timeout=60_000):
         panel.run()
-    assert panel.verdict.text().startswith("All 1 diagnosed op(s) are inherited")
+    assert shown_tip(panel.verdict.text()).startswith("All 1 diagnosed op(s) are inherited")
     viewed, native, oracle = panel.model.comparison, panel.model.native, panel.model.oracle
     panel.model.set_comparison(viewed)
-    assert panel.verdict.text() == READY and panel.ops.rowCount() == 0 and panel.diagnosis is None
+    assert shown_tip(panel.verdict.text()) == READY and panel.ops.rowCount() == 0 and panel.diagnosis is None
     panel.model.set_captures(None, None)
-    assert panel.verdict.text() == NO_PAIR
+    assert shown_tip(panel.verdict.text()) == NO_PAIR
     panel.model.set_captures(native, oracle)
-    assert panel.verdict.text() == NOT_COMPARED
+    assert shown_tip(panel.verdict.text()) == NOT_COMPARED
     panel.run()
-    assert panel.verdict.text() == NOT_COMPARED
+    assert shown_tip(panel.verdict.text()) == NOT_COMPARED

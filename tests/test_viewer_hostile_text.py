@@ -17,6 +17,7 @@ from pytestqt.qtbot import QtBot
 from tests.hand_captures import T, bf16_bits, write_capture
 from tests.viewer_windows import shown_tip, window_on
 from viewer.tree.alignment_tree import PAIR_ROLE, UNALIGNED_ROLE
+from viewer.widgets.plain_text import code_text
 
 pytestmark = pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")
 
@@ -72,3 +73,11 @@ def test_names_holding_markup_show_as_text_in_labels_banners_and_tooltips(tmp_pa
     assert all("<h1>" not in tip for tip in tips.values())
     assert SEGMENT in shown_tip(win.verdict_strip.detail.toolTip()) and SEGMENT not in win.verdict_strip.detail.toolTip()
     win.close()
+
+
+def test_a_domain_sentence_shows_its_code_spans_as_code_and_any_markup_in_it_as_text(qtbot: QtBot) -> None:
+    sentence = "the native ran `<b>c</b>` on <h1>SEG</h1>\nthen `rerun --weights FILE`"
+    rich = code_text(sentence)
+    assert rich == "<qt>the native ran <code>&lt;b&gt;c&lt;/b&gt;</code> on &lt;h1&gt;SEG&lt;/h1&gt;<br>then <code>rerun --weights FILE</code></qt>"
+    assert shown_tip(rich) == "the native ran <b>c</b> on <h1>SEG</h1>\nthen rerun --weights FILE"
+    assert code_text("") == ""

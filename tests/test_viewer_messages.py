@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QApplication
 from pytestqt.qtbot import QtBot
 
@@ -63,6 +63,20 @@ def test_a_contract_mismatch_reads_as_the_strip_word_and_a_card_at_720p(qtbot: Q
     assert tree.viewport().rect().contains(tree.visualRect(current)), "the first finding's row is highlighted whole, not cut off"
     assert window.tensor_view.height() >= 300, "the tensor view keeps room to be read below the strip and the card"
     shoot(window, artifacts_dir, "contract-mismatch")
+
+
+def test_the_contract_finding_reads_as_words_in_the_card_the_strips_tooltip_and_the_ops_tooltip(qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]]) -> None:
+    window.open_pair(*demo_pairs["attention-contract"])
+    qtbot.waitUntil(lambda: window.model.comparison is not None and not window.tasks.busy and window.tree.view.currentIndex().isValid(), timeout=WAIT_MS)
+    assert window.model.comparison.comparison.contracts.findings[0].kind == "KERNEL_CONTRACT_MISMATCH", "the code `report` and the JSON keep"
+    [card] = [b for b in window.banners.banners("comparison") if "native ran" in b.text]
+    said = "kernel or contract differs: effective_contract_id: native 'attn.bf16.single_range' vs oracle 'attn.f32.tiled64x64'"
+    assert shown_tip(card.details.text()).startswith("Kernel or contract differs, found from the index before any tensor data was read")
+    assert said in shown_tip(window.verdict_strip.detail.toolTip())
+    row = window.tree.view.currentIndex().siblingAtColumn(0)
+    assert said in shown_tip(row.data(Qt.ItemDataRole.ToolTipRole))
+    for shown in (card.details.text(), window.verdict_strip.detail.toolTip(), row.data(Qt.ItemDataRole.ToolTipRole)):
+        assert "KERNEL_CONTRACT_MISMATCH" not in shown
 
 
 def test_the_contract_cards_details_follow_the_windows_height_until_the_user_chooses(qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]]) -> None:

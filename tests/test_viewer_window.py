@@ -25,6 +25,7 @@ from sessions.capture.opening import open_capture
 from sessions.compare.align import align
 from sessions.compare.verdict import Kind
 from tests.hand_captures import T, bf16_bits, write_capture
+from tests.viewer_windows import shown_tip
 from viewer.comparison_view import unaligned_label
 from viewer.settings import ViewerSettings
 from viewer.tree.alignment_tree import PAIR_ROLE, UNALIGNED_ROLE
@@ -270,6 +271,8 @@ def test_post_eos_steps_are_marked_and_greyed_in_token_parity(qtbot: QtBot, wind
     window.tree.view.expand(branch)
     first = window.tree.row_index(unaligned_label(post_eos[0]))
     assert first.isValid() and first.siblingAtColumn(1).data() == Kind.POST_EOS
+    why = f"no partner: no oracle record for step {parity.shared_eos_step + 1} decode embed"
+    assert (first.siblingAtColumn(3).data(), shown_tip(first.data(Qt.ItemDataRole.ToolTipRole))) == (why, why), "the reason in words, not its code no_partner"
 
 
 def test_dropping_two_files_takes_roles_from_their_hints_and_swap_flips_them(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
@@ -432,7 +435,8 @@ def test_weights_mismatch_incomplete_capture_and_unaligned_records_are_shown(qtb
     branch = window.tree.items.item(window.tree.items.rowCount() - 1, 0)
     assert branch.text() == "Unaligned records (1)"
     assert branch.child(0, 0).text().startswith("native: ffn_norm")
-    assert window.tree.items.itemFromIndex(branch.child(0, 3).index()).text().startswith("no_partner")
+    assert window.tree.items.itemFromIndex(branch.child(0, 3).index()).text() == "no partner: no oracle record for step 0 prefill layer 0 ffn_norm"
+    assert window.verdict_strip.detail.text().startswith("first unaligned at 0:prefill:0:ffn_norm: native 'ffn_norm': no partner (no oracle record"), "the finding's reason in words"
     current = window.tree.proxy.mapToSource(window.tree.view.currentIndex().siblingAtColumn(0))
     assert current.data(UNALIGNED_ROLE).name == "ffn_norm" and window.model.selected is None, "the window arrives on the first finding, not on a bit-exact op"
     layer = window.tree.items.item(0, 0).child(0, 0).child(0, 0)

@@ -9,7 +9,8 @@ import pyqtgraph as pg
 from PySide6.QtGui import QColor, QIcon
 from PySide6.QtWidgets import QApplication, QWidget
 
-from sessions.compare.verdict import Kind
+from sessions.compare.verdict import PARITY, Kind
+from sessions.report.word_colours import WORD_COLOURS
 from viewer.comparison_view import BY_DESIGN_STATUS
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -28,7 +29,7 @@ PALETTES = {
 }
 
 STATUS_COLOURS: dict[str, str] = {
-    Kind.BIT_EXACT: "#2e9d57",
+    Kind.BIT_EXACT: WORD_COLOURS[PARITY],
     Kind.WITHIN_TOLERANCE: "#c9a227",
     Kind.DIVERGED: "#d64541",
     Kind.SIGNED_ZERO_ONLY: "#e07b39",
@@ -39,7 +40,8 @@ STATUS_COLOURS: dict[str, str] = {
     Kind.POST_EOS: "#6b7480",
     Kind.TOKENS: "#d64541",
 }
-"""One colour per verdict kind (sessions.compare.verdict), also used by the status icons in assets/."""
+"""One colour per verdict kind (sessions.compare.verdict), also used by the status icons in assets/;
+bit-exact is the PARITY word's green, so the tree's icons and the verdict strip are one green."""
 LOCALITY_COLOURS: dict[str, str] = {"local": "#d64541", "inherited": "#8a8f98", "undetermined": "#c9a227"}
 """A diagnosed op's cause (backends.diagnosis.classify.Locality): local ops are where to look."""
 

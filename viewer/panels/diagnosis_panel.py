@@ -41,12 +41,12 @@ from sessions.progress import Progress
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
 from viewer.theme import locality_colour, status_colour
-from viewer.widgets.plain_text import plain_label, plain_tip
+from viewer.widgets.plain_text import code_text, plain_label, rich_label
 from viewer.widgets.progress_bar import show_progress
 from viewer.widgets.read_only_table import read_only_table
 from viewer.workers import TaskSlots
 
-SCOPES = (("first", "First local op"), ("all", "Every diverged op, with the budget"), ("op", "The selected op"))
+SCOPES = (("first", "First local op"), ("all", "Every diverged op + budget"), ("op", "The selected op"))
 OP_COLUMNS = ("op", "cause", "native ran", "local error")
 CANDIDATE_COLUMNS = ("candidate", "vs native", "vs oracle's route", "what it computes")
 NO_PAIR = "Open a native and an oracle capture, let the comparison finish, then diagnose."
@@ -64,7 +64,7 @@ def _item(text: str, tip: str = "") -> QTableWidgetItem:
     item = QTableWidgetItem(text)
     item.setFlags(item.flags() & ~Qt.ItemFlag.ItemIsEditable)
     if tip:
-        item.setToolTip(plain_tip(tip))
+        item.setToolTip(code_text(tip))
     return item
 
 
@@ -79,6 +79,14 @@ def _table(columns: tuple[str, ...]) -> QTableWidget:
     header.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
     header.setStretchLastSection(True)
     return table
+
+
+def _fit_columns(table: QTableWidget) -> None:
+    """Each column to its contents, except one that stretches over what is left (and elides)."""
+    header = table.horizontalHeader()
+    for column in range(table.columnCount()):
+        if header.sectionResizeMode(column) != QHeaderView.ResizeMode.Stretch:
+            table.resizeColumnToContents(column)
 
 
 class DiagnosisPanel(QWidget):
@@ -96,9 +104,12 @@ class DiagnosisPanel(QWidget):
         self.scope = QComboBox()
         for value, label in SCOPES:
             self.scope.addItem(label, value)
-        # Sized to a short scope, not the longest: the panel's controls set the window's least width.
+        # Its longest scope whole where there is room; as narrow as 12 characters only in a narrow
+        # window: the panel's controls set the window's least width.
         self.scope.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         self.scope.setMinimumContentsLength(12)
+        self.scope.setMinimumWidth(self.scope.minimumSizeHint().width())
+        self.scope.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         self.run_button = QPushButton("Diagnose")
         self.cancel_button = QPushButton("Cancel")
         self.cancel_button.setEnabled(False)
@@ -107,15 +118,19 @@ class DiagnosisPanel(QWidget):
         self.progress = QProgressBar()
         self.progress.setTextVisible(True)
         self.progress.setMinimumWidth(40)  # it stretches over the row's free width; narrow only in a narrow window
-        self.verdict = plain_label()
+        self.verdict = rich_label()
         self.verdict.setObjectName("diagnosisVerdict")
         self.verdict.setWordWrap(True)
         self.verdict.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.verdict.setStyleSheet("font-weight: bold; padding: 6px; border-left: 4px solid #4a90d9;")
-        self.summary = plain_label()
+        self.summary = rich_label()
         self.summary.setWordWrap(True)
         self.ops = _table(OP_COLUMNS)
-        self.why = plain_label()
+        # The local error fills what is left and is elided (its tooltip has it whole): sized to
+        # its text it pushed the table into a sideways scroll at 1280x720.
+        self.ops.horizontalHeader().setStretchLastSection(False)
+        self.ops.horizontalHeader().setSectionResizeMode(len(OP_COLUMNS) - 1, QHeaderView.ResizeMode.Stretch)
+        self.why = rich_label()
         self.why.setWordWrap(True)
         self.why.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.candidates = _table(CANDIDATE_COLUMNS)
@@ -149,9 +164,10 @@ class DiagnosisPanel(QWidget):
         split = QSplitter(Qt.Orientation.Horizontal)
         split.addWidget(self.ops)
         split.addWidget(self.details)
-        split.setStretchFactor(0, 2)
-        split.setStretchFactor(1, 3)
-        split.setSizes([390, 640])
+        # Halves: at 1280x720 two fifths left the ops table 300 px, each of its columns cut.
+        split.setStretchFactor(0, 1)
+        split.setStretchFactor(1, 1)
+        split.setSizes([500, 500])
         layout = QVBoxLayout(self)
         layout.addLayout(controls)
         layout.addWidget(self.verdict)
@@ -177,10 +193,10 @@ class DiagnosisPanel(QWidget):
         try:
             options = self.options()
         except ValueError as exc:
-            self.verdict.setText(str(exc))
+            self._say(str(exc))
             return
         comparison = viewed.comparison
-        self.verdict.setText("Diagnosing…")
+        self._say("Diagnosing…")
         self.tasks.submit("diagnose", lambda: iter_diagnose(native, oracle, comparison, options), self._succeeded, self._failed, self._cancelled)
 
     def _succeeded(self, diagnosis: Diagnosis) -> None:
@@ -190,11 +206,11 @@ class DiagnosisPanel(QWidget):
         self.finished.emit(diagnosis)
 
     def _failed(self, message: str) -> None:
-        self.verdict.setText(f"The diagnosis could not run: {message}")
+        self._say(f"The diagnosis could not run: {message}")
         self.failed.emit(message)
 
     def _cancelled(self) -> None:
-        self.verdict.setText("Diagnosis cancelled.")
+        self._say("Diagnosis cancelled.")
         self.cancelled.emit()
 
     def _busy(self, busy: bool) -> None:
@@ -207,7 +223,7 @@ class DiagnosisPanel(QWidget):
         self.listed = []
         for table in (self.ops, self.candidates, self.budget):
             table.setRowCount(0)
-            table.resizeColumnsToContents()  # to its headers: a default width cut "vs oracle's route"
+            _fit_columns(table)  # to its headers: a default width cut "vs oracle's route"
         self.summary.setText("")
         self.why.setText("")
         self.progress.reset()
@@ -215,32 +231,36 @@ class DiagnosisPanel(QWidget):
         self.details.setTabText(1, BUDGET_TITLE)
         self._show_readiness()
 
+    def _say(self, sentence: str) -> None:
+        """The panel's lead sentence: the diagnosis's verdict marks contract ids as code."""
+        self.verdict.setText(code_text(sentence))
+
     def _show_readiness(self) -> None:
         """What Diagnose would do now: an earlier pair's verdict must not stay beside a new comparison."""
         if not self.model.has_pair:
-            self.verdict.setText(NO_PAIR)
+            self._say(NO_PAIR)
         elif self.model.comparison is None:
-            self.verdict.setText(NOT_COMPARED)
+            self._say(NOT_COMPARED)
         else:
-            self.verdict.setText(READY)
+            self._say(READY)
 
     # -- showing -----------------------------------------------------------------------------
 
     def show_diagnosis(self, diagnosis: Diagnosis) -> None:
         self.diagnosis = diagnosis
-        self.verdict.setText(diagnosis.verdict)
+        self._say(diagnosis.verdict)
         contracts = ", ".join(f"{name or 'no exact candidate'} ×{n}" for name, n in diagnosis.contracts().items())
         parts = [diagnosis.counts_text()]
         if contracts:
             parts.append(f"local ops explained by {contracts}")
         parts += diagnosis.notes
         parts.append(f"{diagnosis.seconds:.1f} s on {diagnosis.device} (MLX {diagnosis.mlx_version})")
-        self.summary.setText(" · ".join(parts))
+        self.summary.setText(code_text(" · ".join(parts)))
         self._fill_ops(diagnosis)
         self._show_budget(diagnosis)
         self.layout().activate()
         if not diagnosis.ops:
-            self.why.setText("\n".join(f"{n.key}: reproducing the bits here: {', '.join(n.reproducing) or 'none'}" for n in diagnosis.dispatch))
+            self.why.setText(code_text("\n".join(f"{n.key}: reproducing the bits here: {', '.join(n.reproducing) or 'none'}" for n in diagnosis.dispatch)))
 
     def _refill(self) -> None:
         if self.diagnosis is not None:
@@ -259,7 +279,7 @@ class DiagnosisPanel(QWidget):
             cells[1].setForeground(locality_colour(str(found.locality)))
             for column, cell in enumerate(cells):
                 self.ops.setItem(row, column, cell)
-        self.ops.resizeColumnsToContents()
+        _fit_columns(self.ops)
         first = next((n for n, op in enumerate(self.listed) if str(op.classification.locality) == "local"), 0 if self.listed else None)
         if first is not None:
             self.ops.setCurrentCell(first, 0)
@@ -271,7 +291,7 @@ class DiagnosisPanel(QWidget):
         for row, entry in enumerate(rows):
             for column, text in enumerate((entry.key.text(), share_text(entry), _short(entry.local), entry.injected)):
                 self.budget.setItem(row, column, _item(text))
-        self.budget.resizeColumnsToContents()
+        _fit_columns(self.budget)
         title = BUDGET_TITLE if budget is None or budget.final_logits is None else f"Budget of {budget.final_logits}"
         self.details.setTabText(1, title)
 
@@ -287,8 +307,8 @@ class DiagnosisPanel(QWidget):
     def _show_candidates(self, op: OpDiagnosis) -> None:
         found = op.classification
         route = "; ".join(found.oracle_route) or "—"
-        self.why.setText(f"{found.key} is {found.locality}: {found.why}.")
-        self.why.setToolTip(plain_tip(f"Oracle's route: {route}.\nCloser to exact (float64): {found.closer_to_exact}."))
+        self.why.setText(code_text(f"{found.key} is {found.locality}: {found.why}."))
+        self.why.setToolTip(code_text(f"Oracle's route: {route}.\nCloser to exact (float64): {found.closer_to_exact}."))
         self.layout().activate()
         self.candidates.setRowCount(len(op.candidates))
         for row, result in enumerate(op.candidates):
@@ -299,7 +319,7 @@ class DiagnosisPanel(QWidget):
                 cells[0].setForeground(status_colour(Kind.BIT_EXACT))
             for column, cell in enumerate(cells):
                 self.candidates.setItem(row, column, cell)
-        self.candidates.resizeColumnsToContents()
+        _fit_columns(self.candidates)
         self.details.setTabText(0, f"{CANDIDATES_TITLE} at {found.key}")
 
     def _follow_selection(self, pair: Any) -> None:

@@ -79,6 +79,9 @@ TABS = ("Tensor diff", "Overview", "Token parity", "Provenance", "Dispatch timel
 
 TREE_WIDTH = 420
 """The alignment tree's width when the window opens: its op, ULP and differing columns whole."""
+TREE_WIDTH_WITH_CAUSES = 450
+"""The tree's least width while a diagnosis's cause column shows: the op names of a layer's rows
+stay whole beside it. Only then: the tensor maps keep their width until a diagnosis."""
 TREE_MIN_WIDTH = 260
 """As narrow as a user may make it, so the window fits a 1024-pixel screen or half of a wide one."""
 GIL_SWITCH_INTERVAL_S = 0.001
@@ -173,6 +176,11 @@ class MainWindow(QMainWindow):
         self.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, dock)
         self.tree_dock = dock
         self.resizeDocks([dock], [TREE_WIDTH], Qt.Orientation.Horizontal)
+        self.model.diagnosis_changed.connect(self._widen_tree_for_causes)
+
+    def _widen_tree_for_causes(self) -> None:
+        if self.model.locality and self.tree_dock.width() < TREE_WIDTH_WITH_CAUSES:
+            self.resizeDocks([self.tree_dock], [TREE_WIDTH_WITH_CAUSES], Qt.Orientation.Horizontal)
 
     def _build_bookmarks_dock(self) -> None:
         self.bookmarks = BookmarksPanel()
@@ -555,7 +563,7 @@ class MainWindow(QMainWindow):
             self.show_panel(0)
         elif record is not None:
             self.tree.reveal_unaligned(record)
-        self.statusBar().showMessage(f"First {first.kind} at {first.key}: {first.detail}", 8000)
+        self.statusBar().showMessage(f"First {first.kind} at {first.key}: {cv.finding_detail(comparison, first)}", 8000)
 
     def step_divergence(self, direction: int) -> None:
         if self.model.comparison is None:

@@ -220,8 +220,8 @@ def test_a_copy_of_the_oracles_route_never_names_the_oracles_contract_nor_the_na
 @pytest.mark.parametrize(
     ("oracle_up", "said"),
     [
-        (None, "the native capture has ffn_up, but the comparison left it unpaired (no_partner: no oracle record for step 0 prefill layer 0 ffn_up)"),
-        ("wider", "the native capture has ffn_up, but the comparison left it unpaired (shape_mismatch: canonical shapes differ: native [3, 4] vs oracle [3, 8])"),
+        (None, "the native capture has ffn_up, but the comparison left it unpaired (no partner: no oracle record for step 0 prefill layer 0 ffn_up)"),
+        ("wider", "the native capture has ffn_up, but the comparison left it unpaired (canonical shapes differ: native [3, 4] vs oracle [3, 8])"),
     ],
 )
 def test_an_input_the_native_holds_without_a_partner_is_named_as_unpaired_not_as_missing_from_the_native(tmp_path: Path, oracle_up: str | None, said: str) -> None:
@@ -253,7 +253,7 @@ def test_an_op_after_the_shared_eos_is_not_diagnosed_and_a_finding_no_rerun_expl
     found = diagnose((wider, narrow))
     assert found.ops == [] and found.comparison_word == "DIVERGENCE"
     assert found.verdict.startswith(
-        "Nothing to diagnose: no aligned op before any shared EOS differs (DIVERGENCE); the comparison's first finding is unaligned at 0:prefill:0:ffn_act (native 'ffn_act': dtype_mismatch"
+        "Nothing to diagnose: no aligned op before any shared EOS differs (DIVERGENCE); the comparison's first finding is unaligned at 0:prefill:0:ffn_act (native 'ffn_act': dtypes differ (native float32 vs oracle bfloat16)"
     )
 
 

@@ -283,7 +283,7 @@ def test_an_f16_cache_against_an_f32_one_is_a_dtype_mismatch_and_parts_first_at_
     assert {"attn_rms", "attn_norm", "q_rms", "q_norm", "k_rms", "k_norm"} <= {p.key.op for p in before}
     assert all(p.metrics.bit_exact for p in before)
     mismatched = sorted((u.name, u.detail) for u in comparison.unaligned if (u.step, u.layer, u.side, u.reason) == (0, 0, "native", "dtype_mismatch"))
-    detail = "dtypes differ: native float32 vs oracle float16"
+    detail = "native float32 vs oracle float16"
     assert mismatched == [("cache_k_l0 (view) (written)", detail), ("cache_v_l0 (reshaped) (view) (written)", detail)]
     assert main(["report", str(pair[0]), str(f16)]) == 1
     text = capsys.readouterr().out.splitlines()
@@ -328,7 +328,7 @@ def test_flash_attention_on_and_off_store_the_same_cache_cells_and_part_at_the_a
     assert comparison.verdict.first is not None
     first = comparison.verdict.first.key
     assert (first.step, first.layer, first.op, comparison.verdict.first.kind) == (0, 0, "sdpa", Kind.CONTRACT_MISMATCH)
-    assert comparison.verdict.first.detail == "KERNEL_CONTRACT_MISMATCH: kernel_id: native 'CONT' vs oracle 'RESHAPE'"
+    assert comparison.verdict.first.detail == "kernel or contract differs: kernel_id: native 'CONT' vs oracle 'RESHAPE'"
 
 
 def test_the_comparison_of_a_real_capture_anchors_every_output_projection_by_its_weight(pair: tuple[Path, Path], tmp_path: Path) -> None:

@@ -14,7 +14,6 @@ from pytestqt.qtbot import QtBot
 from sessions.commands import report as report_command
 from sessions.compare.align import MANUAL_BREAK
 from sessions.compare.document import loads
-from sessions.report.code_words import code_words
 from tests.viewer_windows import shown_tip
 from viewer.comparison_view import MANUAL_MARKER
 from viewer.settings import ViewerSettings
@@ -78,7 +77,7 @@ def test_a_broken_pairing_is_shown_with_its_reason_saved_and_still_applied_after
         ("oracle", "ffn_down", MANUAL_BREAK, REASON),
     ]
     row = win.tree.row_index("native: ffn_down (step 0 prefill layer 0)")
-    assert row.isValid() and row.siblingAtColumn(3).data() == f"{code_words(MANUAL_BREAK)}: {REASON}"
+    assert row.isValid() and row.siblingAtColumn(3).data() == f"broken by hand: {REASON}"
     assert [(o.action, o.left.key.name, o.right.key.name, o.reason) for o in win.session_file.session.overrides] == [("unpair", "ffn_down", "ffn_down", REASON)]
     win.session_file.choose_path = lambda _purpose: tmp_path / "investigation.xray"
     assert win.session_file.save_as()

@@ -13,7 +13,13 @@ from sessions.progress import run_to_end
 from tests.viewer_windows import shown_tip
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
-from viewer.panels.diagnosis_panel import NO_PAIR, NOT_COMPARED, OP_COLUMNS, READY, DiagnosisPanel
+from viewer.panels.diagnosis_panel import (
+    NO_PAIR,
+    NOT_COMPARED,
+    OP_COLUMNS,
+    READY,
+    DiagnosisPanel,
+)
 from viewer.settings import ViewerSettings
 from viewer.window.main_window import TABS, TREE_WIDTH_WITH_CAUSES, MainWindow
 

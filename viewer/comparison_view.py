@@ -28,7 +28,7 @@ from sessions.compare.comparison import (
     unaligned_key,
     worst_ops,
 )
-from sessions.compare.contracts import ContractFinding
+from sessions.compare.contracts import KIND_WORDS, ContractFinding
 from sessions.compare.dispatch_diff import DispatchDifference
 from sessions.compare.in_child import iter_compare_in_child
 from sessions.compare.key import OpKey, grouped_by_key
@@ -45,7 +45,6 @@ from sessions.compare.token_parity import (
 from sessions.compare.verdict import NOT_EXACT, SEVERITY, Finding, Kind
 from sessions.gc_pause import garbage_collection_paused
 from sessions.progress import ProgressGenerator
-from sessions.report.code_words import code_words
 from sessions.report.plot_bins import worst_per_bin
 from sessions.report.text import tolerance_text
 from viewer.tensor.tensor_loader import SliceSpec, TensorRequest
@@ -398,7 +397,7 @@ def pair_tooltip(pair: PairResult, viewed: ViewedComparison | None = None) -> st
     if pair.post_eos:
         lines.append("after the shared EOS: not compared for parity")
     if viewed is not None:
-        lines += [f"{code_words(f.kind)}: {f.detail}" for f in viewed.findings.get(pair.key, [])]
+        lines += [f.text() for f in viewed.findings.get(pair.key, [])]
         lines += [f"dispatch differs in {', '.join(d.fields)}" for d in viewed.dispatch_of.get(pair.key, [])]
     return "\n".join(lines)
 
@@ -413,9 +412,7 @@ def unaligned_label(record: UnalignedRecord) -> str:
 
 
 def unaligned_reason(record: UnalignedRecord) -> str:
-    """Why a record has no partner, in words: the tree's column and tooltip."""
-    reason = code_words(record.reason)
-    return f"{reason}: {record.detail}" if record.detail else reason
+    return record.why()
 
 
 # -- headline, banners ------------------------------------------------------------------------
@@ -430,19 +427,6 @@ def summary_line(c: Comparison) -> str:
     post_eos = f"; {len(c.post_eos_unaligned)} post-EOS without a partner (invalid, not failures)" if c.post_eos_unaligned else ""
     counts = f"{len(c.pairs):,} aligned ops, {exact:,} bit-exact; {unaligned_count(c.unaligned)}{post_eos}{tokens}"
     return f"{counts}; profiles {c.native_profile} / {c.oracle_profile}{aligned}"
-
-
-def finding_detail(viewed: ViewedComparison, finding: Finding) -> str:
-    """A finding's detail as the window says it: the comparison's detail names contract
-    findings and unaligned reasons by their codes, as `report` prints them; here they are words."""
-    if finding.kind == Kind.CONTRACT_MISMATCH and finding.key in viewed.findings:
-        return "; ".join(f"{code_words(f.kind)}: {f.detail}" for f in viewed.findings[finding.key])
-    if finding.kind == Kind.UNALIGNED:
-        for record in viewed.comparison.unaligned:
-            said = f"{record.side} {record.name!r}: {record.reason}"
-            if unaligned_key(record) == finding.key and finding.detail.startswith(said):
-                return f"{record.side} {record.name!r}: {code_words(record.reason)}{finding.detail[len(said):]}"
-    return finding.detail
 
 
 def headline(viewed: ViewedComparison) -> str:
@@ -491,7 +475,7 @@ def contract_card(viewed: ViewedComparison) -> tuple[str, str] | None:
     ops = len({f.key for f in findings})
     more = f" {ops - 1} more op(s) have contract findings (F8 steps through them)." if ops > 1 else ""
     details = (
-        f"{escape(code_words(first.kind).capitalize())}, found from the index before any tensor data was read:<table>{rows}</table>"
+        f"{escape(KIND_WORDS[first.kind].capitalize())}, found from the index before any tensor data was read:<table>{rows}</table>"
         f"Why it matters: the two runs executed different arithmetic here, so their bits are not expected to agree, "
         f"and every later difference may be inherited from this op.{more}"
     )

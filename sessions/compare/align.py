@@ -71,6 +71,26 @@ NOT_BATCHED = "not_batched"
 """A record of a batched run whose stored axis 0 is not the batch: which row is the request is unknown."""
 NO_POSITIONS = "no_positions"
 """Runs cut differently are compared position by position; this record cannot be cut by position."""
+REASON_WORDS: dict[str, str] = {
+    NO_RULE: "no profile rule names it",
+    LAYER_CONFLICT: "layer conflict",
+    LAYOUT: "layout does not apply",
+    NO_PARTNER: "no partner",
+    DUPLICATE_KEY: "key claimed twice",
+    SHAPE_MISMATCH: "canonical shapes differ",
+    DTYPE_MISMATCH: "dtypes differ",
+    ONE_SIDED: "one-sided stage",
+    PADDED_DIFFERENTLY: "caches padded differently",
+    CUT_DIFFERENTLY: "runs cut differently",
+    NOT_RERUN: "not rerun",
+    MANUAL_BREAK: "broken by hand",
+    OVERRIDE_MISSING: "manual override names no record here",
+    OVERRIDE_UNUSABLE: "manual pairing cannot be made",
+    NOT_BATCHED: "not stored by batch row",
+    NO_POSITIONS: "no token positions",
+}
+"""Each reason in the words every sentence uses (report, diagnose, rerun, the window); the JSON's
+`reason` field and the result cache keep the code."""
 
 
 class AlignedPair(NamedTuple):
@@ -121,6 +141,11 @@ class UnalignedRecord:
     reason: str
     detail: str
     key: OpKey | None = None
+
+    def why(self) -> str:
+        """Why the record has no partner, as every sentence says it: the reason in words, then its detail."""
+        words = REASON_WORDS[self.reason]
+        return f"{words}: {self.detail}" if self.detail else words
 
 
 @dataclass
@@ -347,9 +372,9 @@ def _comparable(pair: AlignedPair, unaligned: list[UnalignedRecord]) -> bool:
             f"the caches were padded to {n.shape[padded]} and {o.shape[padded]} cells, so the cells do not correspond one to one; what {pair.key.op} feeds is compared",
         )
     elif n.shape != o.shape:
-        problem = (SHAPE_MISMATCH, f"canonical shapes differ: native {list(n.shape)} vs oracle {list(o.shape)}")
+        problem = (SHAPE_MISMATCH, f"native {list(n.shape)} vs oracle {list(o.shape)}")
     elif n.record.dtype != o.record.dtype:
-        problem = (DTYPE_MISMATCH, f"dtypes differ: native {n.record.dtype} vs oracle {o.record.dtype}")
+        problem = (DTYPE_MISMATCH, f"native {n.record.dtype} vs oracle {o.record.dtype}")
     if problem is None:
         return True
     detail = problem[1] if pair.manual_reason is None else f"{problem[1]} (manual pairing: {pair.manual_reason})"

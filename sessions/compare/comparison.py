@@ -23,6 +23,7 @@ from sessions.compare.align import (
     BY_DESIGN,
     NO_PARTNER,
     NOT_RERUN,
+    REASON_WORDS,
     AlignedPair,
     Alignment,
     UnalignedRecord,
@@ -411,7 +412,7 @@ def _pair_result(
 def _pair_detail(r: PairResult, contracts: dict[OpKey, list[ContractFinding]], dispatch: dict[OpKey, DispatchDifference]) -> str:
     m = r.metrics
     if r.verdict == Kind.CONTRACT_MISMATCH:
-        return "; ".join(f"{f.kind}: {f.detail}" for f in contracts[r.key])
+        return "; ".join(f.text() for f in contracts[r.key])
     ulp = "" if m.max_ulp is None else f", max {m.max_ulp:,} ULP"
     differing = f"{m.differing:,} of {m.size:,} elements differ{ulp}{_first_position(r)}"
     if r.verdict == Kind.DISPATCH_ONLY:
@@ -452,7 +453,7 @@ def not_aligned(comparison: Comparison, key: OpKey) -> str:
         return f"{said}: the records were paired by position, and this op's pairs are {', '.join(cut[:3])}{more}"
     alone = [u for u in (*comparison.unaligned, *comparison.post_eos_unaligned) if u.key is not None and u.key._replace(positions=()) == place]
     if alone:
-        return f"{said}: " + "; ".join(f"its {u.side} record {u.name!r} has no partner ({u.reason}: {u.detail})" for u in alone)
+        return f"{said}: " + "; ".join(f"its {u.side} record {u.name!r} has no partner ({u.why()})" for u in alone)
     return said
 
 
@@ -485,7 +486,7 @@ def _unaligned_findings(unaligned: list[UnalignedRecord]) -> list[Finding]:
     a profile declares one-sided, probabilities over caches padded differently): their consumers
     are compared."""
     ordered = sorted((u for u in unaligned if u.reason not in BY_DESIGN), key=lambda u: (u.step, u.side != "native", u.seq))
-    return [Finding(Kind.UNALIGNED, unaligned_key(u), f"{u.side} {u.name!r}: {u.reason}" + (f" ({u.detail})" if u.detail else "")) for u in ordered]
+    return [Finding(Kind.UNALIGNED, unaligned_key(u), f"{u.side} {u.name!r}: {REASON_WORDS[u.reason]}" + (f" ({u.detail})" if u.detail else "")) for u in ordered]
 
 
 def _assemble(

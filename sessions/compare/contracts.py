@@ -29,6 +29,12 @@ from sessions.compare.key import OpKey, grouped_by_key
 KERNEL_CONTRACT_MISMATCH = "KERNEL_CONTRACT_MISMATCH"
 ROUTE_MISSING = "ROUTE_MISSING"
 ROUTE_UNVALIDATED = "ROUTE_UNVALIDATED"
+KIND_WORDS: dict[str, str] = {
+    KERNEL_CONTRACT_MISMATCH: "kernel or contract differs",
+    ROUTE_MISSING: "contract route incomplete",
+    ROUTE_UNVALIDATED: "contract route not validated",
+}
+"""Each finding kind in the words every sentence uses; the JSON's `kind` field keeps the code."""
 
 
 @dataclass
@@ -46,6 +52,10 @@ class ContractFinding:
     native: ContractIds
     oracle: ContractIds
     detail: str
+
+    def text(self) -> str:
+        """The finding as every sentence says it: its kind in words, then its detail."""
+        return f"{KIND_WORDS[self.kind]}: {self.detail}"
 
 
 @dataclass

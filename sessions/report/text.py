@@ -103,7 +103,7 @@ def render(c: Comparison, top: int = 10, full: bool = False) -> str:
     ] or [f"  {c.dispatch_not_compared or 'no differences'}"]
     out += _more(len(c.dispatch_differences), limit)
     out += ["", f"Unaligned records ({len(c.unaligned)}, plus {len(c.post_eos_unaligned)} post-EOS: invalid, not failures)"]
-    out += [f"  {unaligned_key(u)} {u.side} {u.name!r} (seq {u.seq}): {u.reason}: {u.detail}" for u in c.unaligned[:limit]] or ["  none"]
+    out += [f"  {unaligned_key(u)} {u.side} {u.name!r} (seq {u.seq}): {u.why()}" for u in c.unaligned[:limit]] or ["  none"]
     out += _more(len(c.unaligned), limit)
     if full:
         out += ["", "Provenance"]

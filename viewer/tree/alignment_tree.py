@@ -25,7 +25,14 @@ from PySide6.QtCore import (
     QTimer,
     Signal,
 )
-from PySide6.QtGui import QAction, QBrush, QIcon, QShowEvent, QStandardItem, QStandardItemModel
+from PySide6.QtGui import (
+    QAction,
+    QBrush,
+    QIcon,
+    QShowEvent,
+    QStandardItem,
+    QStandardItemModel,
+)
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QHBoxLayout,

@@ -563,7 +563,7 @@ class MainWindow(QMainWindow):
             self.show_panel(0)
         elif record is not None:
             self.tree.reveal_unaligned(record)
-        self.statusBar().showMessage(f"First {first.kind} at {first.key}: {cv.finding_detail(comparison, first)}", 8000)
+        self.statusBar().showMessage(f"First {first.kind} at {first.key}: {first.detail}", 8000)
 
     def step_divergence(self, direction: int) -> None:
         if self.model.comparison is None:

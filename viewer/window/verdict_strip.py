@@ -90,7 +90,7 @@ class VerdictStrip(QFrame):
             of = verdict.first_of()
             detail = f"first {first.kind} at {first.key}" + (f" (of {of:,})" if of > 1 else "")
             if first.kind != Kind.CONTRACT_MISMATCH:
-                detail += f": {cv.finding_detail(viewed, first)}"  # a contract finding has its own card with both contracts
+                detail += f": {first.detail}"  # a contract finding has its own card with both contracts
             others = verdict.reasons_besides_first()
             if others:
                 detail += f"  ·  also: {'; '.join(others)}"
@@ -98,7 +98,7 @@ class VerdictStrip(QFrame):
         if not alignment.is_plain:
             detail += f"  ·  aligned {alignment.short()}"
         self._paint(verdict.word, detail, WORD_COLOURS[verdict.word])
-        tip = [detail] + ([cv.finding_detail(viewed, first)] if first is not None else []) + ([f"aligned {alignment.words()}"] if not alignment.is_plain else [])
+        tip = [detail] + ([first.detail] if first is not None else []) + ([f"aligned {alignment.words()}"] if not alignment.is_plain else [])
         self.detail.setToolTip(plain_tip("\n".join([*tip, cv.tolerance_tooltip(viewed)])))
         self.go.setVisible(first is not None)
 

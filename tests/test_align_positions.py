@@ -154,6 +154,26 @@ def test_positions_only_one_run_holds_are_listed_and_the_rest_still_pairs(tmp_pa
     assert uncovered == [("oracle", "layer_out", NO_PARTNER, "no native record of layer_out holds positions 1013-1026")]
 
 
+def test_a_record_whose_partners_positions_two_records_claim_names_that_ambiguity_not_a_missing_partner(tmp_path: Path) -> None:
+    """Both oracle records of visual positions 5-1012 are set aside as claimed twice; the native
+    record that holds those positions was reported as having no oracle record there, and being
+    native, that false sentence was the verdict's first finding on every surface."""
+    data = _prompt_tensors()
+    native = combined(tmp_path / "n.h5", data)
+    tensors = _call(data, 0, 5, "text-before", True, False) + _call(data, 5, 1013, "visual", True, False)
+    tensors += [T("layer_out", data["layer_out"][5:1013], segment="visual2", layer=0, dtype="bfloat16", position=5)]
+    tensors += _call(data, 1013, PROMPT, "text-after", True, True)
+    oracle = write_capture(tmp_path / "o.h5", "oracle", tensors, [(0, 7, False)])
+    c = _compare(native, oracle, alignment="positions")
+    first = c.verdict.first
+    assert first is not None and first.key == OpKey(0, "prefill", 0, "layer_out")
+    assert first.detail == (
+        "native 'layer_out': key claimed twice (its oracle partner 'layer_out' (seq 5) is ambiguous: "
+        "positions 5-1012 of layer_out are held by more than one oracle record)"
+    )
+    assert "no oracle record" not in " ".join(u.detail for u in c.unaligned)
+
+
 def test_the_prompt_tail_fed_token_by_token_pairs_with_the_same_rows_of_one_prefill(tmp_path: Path) -> None:
     data = _prompt_tensors()
     fed = _call(data, 0, PROMPT - 4, "prefill", True, False)
@@ -164,6 +184,21 @@ def test_the_prompt_tail_fed_token_by_token_pairs_with_the_same_rows_of_one_pref
     c = _compare(native, oracle)
     assert c.verdict.word == PARITY
     assert [p.key.text() for p in c.pairs if p.key.op == "embed"][-2:] == ["0:prefill:-1:embed@1025", "0:prefill:-1:embed@1026"]
+
+
+def test_paired_by_calls_a_record_whose_partner_is_not_stored_by_batch_row_says_so(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    rows = bf16_bits(rng.standard_normal((1, 6, HIDDEN)))
+    alone = write_capture(tmp_path / "alone.h5", "native", [T("model.layers.0", rows, layer=0, dtype="bfloat16")])
+    batched = write_capture(
+        tmp_path / "batch.h5", "oracle", [T("model.layers.0", bf16_bits(rng.standard_normal((6, 6, HIDDEN))), layer=0, dtype="bfloat16")], batch_size=8, batch_row=3
+    )
+    with open_capture(alone) as n, open_capture(batched) as o:
+        c = run_to_end(iter_compare(n, o, CompareOptions(native_profile="mlx-lm", oracle_profile="mlx-lm", alignment="calls")))
+    assert [(u.side, u.why()) for u in c.unaligned] == [
+        ("native", "no partner: its oracle partner 'model.layers.0' (seq 0) is unaligned itself: not stored by batch row: its stored axis 0 is 6, not the run's batch of 8"),
+        ("oracle", "not stored by batch row: its stored axis 0 is 6, not the run's batch of 8"),
+    ]
 
 
 def test_a_request_alone_compares_with_its_row_of_a_batch_and_ignores_the_other_requests(tmp_path: Path) -> None:

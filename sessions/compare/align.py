@@ -426,10 +426,48 @@ def _manually_paired(side: str, manual: list[AlignedPair], holds: Callable[[Mapp
     return None
 
 
+class _SetAside:
+    """The records each side set aside before pairing (its profile refused them, two claimed one
+    key or one position, they cannot be cut), by op: a record whose partner is one of them says
+    so. "No oracle record of layer_out holds positions 3-6" was the headline of a pair whose two
+    oracle records both claimed positions 3-6, above the lines listing them."""
+
+    def __init__(self, unaligned: list[UnalignedRecord], spans: dict[str, dict[int, Span]] | None = None) -> None:
+        self._spans = spans or {}
+        self._by_op: dict[tuple[str, int, str, int], list[UnalignedRecord]] = defaultdict(list)
+        for u in unaligned:
+            if u.key is not None and u.reason not in BY_DESIGN:
+                self._by_op[(u.side, u.key.layer, u.key.op, u.key.occurrence)].append(u)
+
+    def partner(self, side: str, key: OpKey, gap: Span | None = None) -> UnalignedRecord | None:
+        """`side`'s set-aside record that would have paired with the other side's record of `key`
+        (runs paired by position: that holds some of `gap`)."""
+        for u in self._by_op.get((side, key.layer, key.op, key.occurrence), ()):
+            if gap is None and u.key == key:
+                return u
+            if gap is not None:
+                span = self._spans.get(side, {}).get(u.seq)
+                if (overlap(span, gap) is not None) if span is not None else u.step == key.step:
+                    return u
+        return None
+
+    def unaligned(self, side: str, record: Record, key: OpKey, gap: Span | None = None) -> UnalignedRecord | None:
+        """`record`'s row when its partner on the other side was set aside; None when it was not."""
+        other = "oracle" if side == "native" else "native"
+        found = self.partner(other, key, gap)
+        if found is None:
+            return None
+        partner = f"its {other} partner {found.name!r} (seq {found.seq})"
+        if found.reason == DUPLICATE_KEY:
+            return _unaligned(side, record, DUPLICATE_KEY, f"{partner} is ambiguous: {found.detail}", key)
+        return _unaligned(side, record, NO_PARTNER, f"{partner} is unaligned itself: {found.why()}", key)
+
+
 def _pair_by_key(
     n_mapped: list[MappedRecord], o_mapped: list[MappedRecord], unaligned: list[UnalignedRecord], manual: list[AlignedPair]
 ) -> list[AlignedPair]:
     """Same calls: records pair when their keys are equal; a key claimed twice pairs nothing."""
+    set_aside = _SetAside(unaligned)
     n_unique, n_dupes = _by_key(n_mapped)
     o_unique, o_dupes = _by_key(o_mapped)
     for side, dupes, other in (("native", n_dupes, o_unique), ("oracle", o_dupes, n_unique)):
@@ -448,15 +486,22 @@ def _pair_by_key(
         o = o_unique.pop(key, None)
         if o is None:
             if key not in o_dupes:
-                taken = _manually_paired("oracle", manual, lambda m: m.key == key)
-                unaligned.append(_unaligned("native", n.record, NO_PARTNER, taken or f"no oracle record for {key.label()}", key))
+                unaligned.append(_without_partner("native", n, manual, set_aside, f"no oracle record for {key.label()}"))
             continue
         pairs.append(AlignedPair(key, n, o))
     for key, o in o_unique.items():
         if key not in n_dupes:
-            taken = _manually_paired("native", manual, lambda m: m.key == key)
-            unaligned.append(_unaligned("oracle", o.record, NO_PARTNER, taken or f"no native record for {key.label()}", key))
+            unaligned.append(_without_partner("oracle", o, manual, set_aside, f"no native record for {key.label()}"))
     return pairs
+
+
+def _without_partner(side: str, m: MappedRecord, manual: list[AlignedPair], set_aside: _SetAside, otherwise: str) -> UnalignedRecord:
+    """Runs paired by calls: why `m` has no partner, the most specific reason first (the user paired it elsewhere, its partner was set aside)."""
+    other = "oracle" if side == "native" else "native"
+    taken = _manually_paired(other, manual, lambda partner: partner.key == m.key)
+    if taken is not None:
+        return _unaligned(side, m.record, NO_PARTNER, taken, m.key)
+    return set_aside.unaligned(side, m.record, m.key) or _unaligned(side, m.record, NO_PARTNER, otherwise, m.key)
 
 
 Placed = tuple[Span, MappedRecord]
@@ -478,7 +523,7 @@ def _placed(side: str, mapped: list[MappedRecord], spans: dict[int, Span], unali
         clashing |= {i - 1 for i in clashing}
         for i in sorted(clashing):
             span, m = group[i]
-            unaligned.append(_unaligned(side, m.record, DUPLICATE_KEY, f"{span_text(span)} of {m.key.op} are held by more than one {side} record", m.key))
+            unaligned.append(_unaligned(side, m.record, DUPLICATE_KEY, f"{span_text(span)} of {m.key.op} {'is' if span[1] - span[0] == 1 else 'are'} held by more than one {side} record", m.key))
         group[:] = [placed for i, placed in enumerate(group) if i not in clashing]
     return groups
 
@@ -495,15 +540,16 @@ def _pair_by_position(
     pair per overlap of a native and an oracle record, named by the native call and the positions."""
     natives, oracles = _placed("native", n_mapped, n_spans, unaligned), _placed("oracle", o_mapped, o_spans, unaligned)
     spans = {"native": n_spans, "oracle": o_spans}
+    set_aside = _SetAside(unaligned, spans)
     for side, mine, theirs in (("native", natives, oracles), ("oracle", oracles, natives)):
         other = "oracle" if side == "native" else "native"
         for group, placed in mine.items():
             covered = [span for span, _ in theirs.get(group, [])]
             for span, m in placed:
                 for gap in uncovered(span, covered):
-                    held = partial(_holds, spans[other], group, gap)
-                    detail = _manually_paired(other, manual, held) or f"no {other} record of {m.key.op} holds {span_text(gap)}"
-                    unaligned.append(_unaligned(side, m.record, NO_PARTNER, detail, m.key))
+                    taken = _manually_paired(other, manual, partial(_holds, spans[other], group, gap))
+                    row = None if taken is not None else set_aside.unaligned(side, m.record, m.key, gap)
+                    unaligned.append(row or _unaligned(side, m.record, NO_PARTNER, taken or f"no {other} record of {m.key.op} holds {span_text(gap)}", m.key))
     pairs: list[AlignedPair] = []
     for (layer, op, occurrence), n_group in natives.items():
         o_group = oracles.get((layer, op, occurrence), [])

@@ -404,3 +404,21 @@ def test_a_pair_within_tolerance_whose_attention_calls_differ_is_dispatch_only_o
         assert text.startswith(f"{word}: ") and f">{word}: " in html
     split_text = (tmp_path / "split.json").read_text()
     assert '"bits within tolerance (1 of 128 elements differ, max 1 ULP), attention calls differ in' in split_text
+
+
+def test_runs_cut_differently_but_paired_by_calls_say_so_on_every_surface(tmp_path: Path, qtbot: QtBot, capsys: pytest.CaptureFixture[str]) -> None:
+    """No positions recorded and prompts of different lengths: `auto` pairs by calls, and every
+    surface said "same calls" above a list of records without partners."""
+    rng = np.random.default_rng(9)
+    rows = bf16_bits(rng.standard_normal((8, 8)))
+    native = write_capture(tmp_path / "n.h5", "native", [T("layer_out", rows, layer=0, dtype="bfloat16")], [(0, 5, False)])
+    cut = [T("layer_out", rows[a:b], segment=segment, layer=0, dtype="bfloat16") for segment, a, b in (("text-before", 0, 3), ("visual", 3, 7))]
+    oracle = write_capture(tmp_path / "o.h5", "oracle", cut, [(0, 5, False)])
+    code, text, document, html = _headless(Case(native, oracle, DIVERGENCE, Kind.UNALIGNED, None), tmp_path, capsys)
+    said = "by calls, cut differently: native prefill 0-7; oracle text-before 0-2, visual 3-6"
+    assert code == 1 and f"alignment  {said}" in text.splitlines()
+    assert document["alignment"]["mode"] == "calls" and document["alignment"]["cut_alike"] is False
+    assert said in html
+    win = window_on(qtbot, tmp_path, native, oracle)
+    assert "aligned by calls, cut differently" in win.verdict_strip.detail.text()
+    win.close()

@@ -170,7 +170,7 @@ def test_report_after_editing_a_profile_prints_the_edited_result_not_the_cached_
     first = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("First finding:"))
     assert first == "First finding: unaligned at 0:prefill:0:ffn_down", "no rerun or diagnose offered for a record without a partner"
     document = json.loads(report.read_text())
-    assert document["version"] == 6 and document["pairs"] == []
+    assert document["version"] == 7 and document["pairs"] == []
     assert document["native_profile_identity"]["path"] == str(profile.resolve())
     assert sorted(u["reason"] for u in document["unaligned"]) == ["no_partner", "no_partner"]
 
@@ -180,7 +180,7 @@ def test_a_version_1_document_is_refused_by_name(tmp_path: Path) -> None:
     assert _run(*_pair(tmp_path, flip=False), "--json", str(report)) == 0
     document = json.loads(report.read_text())
     document["version"] = 1
-    with pytest.raises(ReportFormatError, match="not a parity-xray-report version 6 document"):
+    with pytest.raises(ReportFormatError, match="not a parity-xray-report version 7 document"):
         loads(json.dumps(document))
 
 

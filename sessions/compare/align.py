@@ -591,6 +591,8 @@ def auto_mode(native: list[MappedRecord], oracle: list[MappedRecord], native_cal
     if cut_alike(native_calls, oracle_calls):
         return CALLS
     prompt = [c for c in native_calls if c.step == 0], [c for c in oracle_calls if c.step == 0]
+    if not native or not oracle:
+        return CALLS  # nothing pairs: the runs' calls (one list empty) say why, not positions no record holds
     recorded = all(m.record.position >= 0 for m in native) and all(m.record.position >= 0 for m in oracle)
     extent = [max((c.span[1] for c in calls_), default=0) for calls_ in prompt]
     return POSITIONS if recorded or extent[0] == extent[1] else CALLS

@@ -136,26 +136,33 @@ class AlignmentMode:
     native_batch: str
     """"" for one request, else e.g. "row 3 of a batch of 8"."""
     oracle_batch: str
+    cut_alike: bool
+    """Both runs made the same forward calls (`align.cut_alike`). Paired by calls when they did
+    not (`--align calls`, or `auto` without recorded positions and with prompts of different
+    lengths), the report said "same calls" over a list of records without partners."""
 
     @property
     def is_plain(self) -> bool:
         """Same calls and one request on each side: nothing a user needs told about the pairing."""
-        return self.mode != POSITIONS and not self.native_batch and not self.oracle_batch
+        return self.mode != POSITIONS and self.cut_alike and not self.native_batch and not self.oracle_batch
 
     def short(self) -> str:
-        """"same calls" or "by position", with the batch rows: for a strip or a table cell."""
+        """"same calls", "by calls, cut differently" or "by position", with the batch rows: for a strip or a table cell."""
         batch = [f"{side} is {text}" for side, text in (("native", self.native_batch), ("oracle", self.oracle_batch)) if text]
         batch_text = f" ({'; '.join(batch)})" if batch else ""
-        return f"{'by position' if self.mode == POSITIONS else 'same calls'}{batch_text}"
+        how = "by position" if self.mode == POSITIONS else "same calls" if self.cut_alike else "by calls, cut differently"
+        return f"{how}{batch_text}"
 
     def words(self) -> str:
-        """One line: "same calls", or "by position: native prefill 0-1026; oracle text-before 0-4, ..."."""
-        if self.mode != POSITIONS:
+        """One line: "same calls", or how each run was cut: "by position: native prefill 0-1026; oracle text-before 0-4, ..."."""
+        if self.mode != POSITIONS and self.cut_alike:
             return self.short()
         return f"{self.short()}: native {_calls_text(self.native_calls)}; oracle {_calls_text(self.oracle_calls)}"
 
 
 def _calls_text(calls: list[str], shown: int = 4) -> str:
+    if not calls:
+        return "no call (no record its profile maps)"
     more = f", and {len(calls) - shown} more call(s)" if len(calls) > shown else ""
     return ", ".join(calls[:shown]) + more
 
@@ -539,5 +546,6 @@ def _assemble(
             [c.text() for c in alignment.oracle_calls],
             _batch_text(batch_of(native)),
             _batch_text(batch_of(oracle)),
+            cut_alike(alignment.native_calls, alignment.oracle_calls),
         ),
     )

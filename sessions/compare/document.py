@@ -23,7 +23,7 @@ from sessions.compare.tensor_diff import TensorMetrics
 from sessions.gc_pause import garbage_collection_paused
 
 DOCUMENT_FORMAT = "parity-xray-report"
-DOCUMENT_VERSION = 6
+DOCUMENT_VERSION = 7
 """2: pairs carry their layout transform specs, and the profiles their identity (file, content hash).
 3: every op is named by its key's text form; one verdict object (word, first finding, reasons, counts)
 and a kind per pair replace the verdict string, first_finding and first_beyond_tolerance.

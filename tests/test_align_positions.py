@@ -206,7 +206,23 @@ def test_a_side_whose_profile_maps_no_record_is_paired_by_calls_and_says_it_made
     data = _prompt_tensors()
     with open_capture(combined(tmp_path / "n.h5", data)) as n, open_capture(segmented(tmp_path / "o.h5", data)) as o:
         c = run_to_end(iter_compare(n, o, CompareOptions(native_profile="canonical", oracle_profile="mlx-lm")))
-    assert (c.alignment.mode, c.alignment.words()) == ("calls", "by calls, cut differently: native prefill 0-1026; oracle no call (no record its profile maps)")
+    assert (c.alignment.mode, c.alignment.words()) == ("calls", "by calls, cut differently: native prefill 0-1026; oracle no call (no record with known positions)")
+
+
+def test_a_batched_record_whose_capture_does_not_say_it_is_batched_is_not_cut_along_its_batch_axis(tmp_path: Path) -> None:
+    """[4, rows, hidden] where layer_out is `rows hidden`: axis 0 was taken for the token rows,
+    which made up calls ("prefill 0-10") and listed records twice."""
+    data = _prompt_tensors()
+    native = combined(tmp_path / "n.h5", data)
+    stacked = np.stack([data["layer_out"][:PROMPT]] * 4)
+    oracle = write_capture(tmp_path / "o.h5", "oracle", [T("layer_out", stacked, segment="prefill", layer=0, dtype="bfloat16", position=0)], [(0, 7, False)])
+    c = _compare(native, oracle, alignment="positions")
+    (refused,) = [u for u in c.unaligned if u.side == "oracle"]
+    assert refused.why() == (
+        f"no token positions: its canonical shape [4, {PROMPT}, {HIDDEN}] has 3 axes where layer_out has 2 (rows hidden), so which "
+        "holds the token positions is unknown (a batched run whose capture does not say so with batch_size?)"
+    )
+    assert c.alignment.oracle_calls == [] and [u.name for u in c.unaligned if u.side == "native"].count("layer_out") == 1
 
 
 def test_a_request_alone_compares_with_its_row_of_a_batch_and_ignores_the_other_requests(tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ from sessions.compare.positions import (
     span_text,
     uncovered,
 )
-from sessions.compare.profiles import Profile, RuleMatch, padded_axis
+from sessions.compare.profiles import Profile, RuleMatch, canonical_axes, padded_axis
 from sessions.printable import printable
 
 NO_RULE = "no_rule"
@@ -394,13 +394,13 @@ def _set_aside_before_mask(
         if pair.key.op not in BEFORE_MASK or pair.manual_reason is not None:
             kept.append(pair)
             continue
-        ends = (n_spans[pair.native.record.seq][1], o_spans[pair.oracle.record.seq][1])
-        if ends[0] == ends[1]:
+        n_span, o_span = n_spans.get(pair.native.record.seq), o_spans.get(pair.oracle.record.seq)
+        if n_span is None or o_span is None or n_span[1] == o_span[1]:  # no span: a record of another rank, whose shape says what differs
             kept.append(pair)
             continue
         detail = (
-            f"{pair.key.op} before the causal mask, from calls that had written the cache up to position {ends[0]} (native) "
-            f"and {ends[1]} (oracle): the cells one had written and the other had not hold other bits, which the mask hides"
+            f"{pair.key.op} before the causal mask, from calls that had written the cache up to position {n_span[1]} (native) "
+            f"and {o_span[1]} (oracle): the cells one had written and the other had not hold other bits, which the mask hides"
         )
         unaligned.append(_unaligned("native", pair.native.record, CUT_DIFFERENTLY, detail, pair.key))
         unaligned.append(_unaligned("oracle", pair.oracle.record, CUT_DIFFERENTLY, detail, pair.oracle.key))
@@ -513,10 +513,18 @@ def _placed(side: str, mapped: list[MappedRecord], spans: dict[int, Span], unali
     groups: dict[tuple[int, str, int], list[Placed]] = defaultdict(list)
     for m in mapped:
         problem = "quantized blocks cannot be cut into positions" if logical_dtype(m.record.dtype).is_quantized else cut_problem(m)
+        span = spans.get(m.record.seq)
+        if problem is None and span is None:
+            axes = canonical_axes(m.key.op)
+            problem = (
+                f"its canonical shape {list(m.shape)} has {len(m.shape)} axes where {m.key.op} has {len(axes)} ({' '.join(axes)}), so which "
+                "holds the token positions is unknown (a batched run whose capture does not say so with batch_size?)"
+            )
         if problem is not None:
             unaligned.append(_unaligned(side, m.record, NO_POSITIONS, problem, m.key))
             continue
-        groups[(m.key.layer, m.key.op, m.key.occurrence)].append((spans[m.record.seq], m))
+        assert span is not None
+        groups[(m.key.layer, m.key.op, m.key.occurrence)].append((span, m))
     for group in groups.values():
         group.sort(key=lambda placed: placed[0])
         clashing = {i for i in range(1, len(group)) if group[i][0][0] < group[i - 1][0][1]}

@@ -162,7 +162,7 @@ class AlignmentMode:
 
 def _calls_text(calls: list[str], shown: int = 4) -> str:
     if not calls:
-        return "no call (no record its profile maps)"
+        return "no call (no record with known positions)"
     more = f", and {len(calls) - shown} more call(s)" if len(calls) > shown else ""
     return ", ".join(calls[:shown]) + more
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 
 from sessions.compare.mapped_record import MappedRecord
-from sessions.compare.profiles import rows_axis
+from sessions.compare.profiles import canonical_axes, rows_axis
 
 Span = tuple[int, int]
 """Token positions [first, stop)."""
@@ -42,17 +42,20 @@ def record_spans(mapped: list[MappedRecord]) -> tuple[dict[int, Span], list[Call
     record as long as its call starts where the call starts, a shorter one (the logits of the
     last row) ends where the call ends."""
     by_call: dict[tuple[int, str], list[tuple[int, int, int]]] = {}
-    axes: dict[str, int] = {}
+    axes: dict[str, tuple[int, int]] = {}
     for record, key, _, shape, *_ in mapped:
         op = key.op
-        axis = axes.get(op)
-        if axis is None:
-            axis = axes[op] = rows_axis(op)
+        found = axes.get(op)
+        if found is None:
+            found = axes[op] = (rows_axis(op), len(canonical_axes(op)))
+        axis, rank = found
+        if len(shape) != rank:
+            continue  # which axis holds the positions is unknown: it has no span (`align._placed` says why)
         call = record[1:3]  # (step, segment)
         held = by_call.get(call)
         if held is None:
             held = by_call[call] = []
-        held.append((record.seq, shape[axis] if shape else 1, record.position))
+        held.append((record.seq, shape[axis], record.position))
     spans: dict[int, Span] = {}
     found: list[Call] = []
     start = 0

@@ -99,16 +99,22 @@ KV cache to a multiple of 256 cells): runs cut differently may hold more or fewe
 
 
 @cache
+def canonical_axes(op: str) -> tuple[str, ...]:
+    """`op`'s canonical axes by name ("rows", "(heads dim)", ...)."""
+    return tuple(re.findall(r"\([^)]*\)|\S+", CANONICAL_OPS[op]))
+
+
+@cache
 def padded_axis(op: str) -> int | None:
     """The canonical axis of `op` that counts padded cache cells, if it has one."""
-    axes = re.findall(r"\([^)]*\)|\S+", CANONICAL_OPS[op])
+    axes = canonical_axes(op)
     return axes.index(PADDED_AXIS) if PADDED_AXIS in axes else None
 
 
 @cache
 def rows_axis(op: str) -> int:
     """The canonical axis of `op` whose index is a token position: what alignment by position cuts."""
-    return re.findall(r"\([^)]*\)|\S+", CANONICAL_OPS[op]).index("rows")
+    return canonical_axes(op).index("rows")
 
 HEADS_SOURCE: dict[str, tuple[str, ...]] = {
     "q_proj": ("q_rope", "q_norm"),

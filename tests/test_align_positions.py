@@ -225,6 +225,27 @@ def test_a_batched_record_whose_capture_does_not_say_it_is_batched_is_not_cut_al
     assert c.alignment.oracle_calls == [] and [u.name for u in c.unaligned if u.side == "native"].count("layer_out") == 1
 
 
+def test_records_that_cannot_be_cut_pair_whole_where_both_runs_hold_the_same_positions(tmp_path: Path) -> None:
+    """A q8_0 record cannot be cut, but a decode step's holds the same position on both sides and
+    needs no cut: it was refused all the same, so such a pair could never reach PARITY."""
+    blocks = np.arange(5 * 34, dtype=np.uint8).reshape(5, 34)
+
+    def quantized(a: int, b: int, segment: str, step: int = 0) -> T:
+        return T("ffn_down", blocks[a:b].copy(), step=step, segment=segment, layer=0, dtype="q8_0", logical_shape=(b - a, 32), position=a)
+
+    native = write_capture(tmp_path / "n.h5", "native", [quantized(0, 4, "prefill"), quantized(4, 5, "decode", 1)], [(0, 7, False), (1, 8, False)])
+    oracle = write_capture(
+        tmp_path / "o.h5", "oracle", [quantized(0, 2, "first"), quantized(2, 4, "second"), quantized(4, 5, "decode", 1)], [(0, 7, False), (1, 8, False)]
+    )
+    c = _compare(native, oracle, alignment="positions")
+    assert [p.key.text() for p in c.pairs] == ["1:decode:0:ffn_down@4"] and c.pairs[0].metrics.bit_exact
+    assert sorted((u.side, u.seq, u.why()) for u in c.unaligned) == [
+        ("native", 0, "no token positions: quantized blocks cannot be cut into positions"),
+        ("oracle", 0, "no token positions: quantized blocks cannot be cut into positions"),
+        ("oracle", 1, "no token positions: quantized blocks cannot be cut into positions"),
+    ]
+
+
 def test_a_request_alone_compares_with_its_row_of_a_batch_and_ignores_the_other_requests(tmp_path: Path) -> None:
     rng = np.random.default_rng(3)
     batch = bf16_bits(rng.standard_normal((8, 6, HIDDEN)))

@@ -507,23 +507,27 @@ def _without_partner(side: str, m: MappedRecord, manual: list[AlignedPair], set_
 Placed = tuple[Span, MappedRecord]
 
 
-def _placed(side: str, mapped: list[MappedRecord], spans: dict[int, Span], unaligned: list[UnalignedRecord]) -> dict[tuple[int, str, int], list[Placed]]:
-    """A side's records by (layer, op, occurrence), sorted by position; records that cannot be
-    cut by position, or that claim positions another record of the same op holds, are unaligned."""
+def _placed(
+    side: str, mapped: list[MappedRecord], spans: dict[int, Span], unaligned: list[UnalignedRecord], uncuttable: dict[int, str]
+) -> dict[tuple[int, str, int], list[Placed]]:
+    """A side's records by (layer, op, occurrence), sorted by position; records whose positions
+    are unknown, or that claim positions another record of the same op holds, are unaligned.
+    Records that cannot be cut are placed too, with why in `uncuttable` (by seq): one whose
+    partner holds the same positions needs no cut (`_cut_only_where_needed`)."""
     groups: dict[tuple[int, str, int], list[Placed]] = defaultdict(list)
     for m in mapped:
-        problem = "quantized blocks cannot be cut into positions" if logical_dtype(m.record.dtype).is_quantized else cut_problem(m)
         span = spans.get(m.record.seq)
-        if problem is None and span is None:
+        if span is None:
             axes = canonical_axes(m.key.op)
             problem = (
                 f"its canonical shape {list(m.shape)} has {len(m.shape)} axes where {m.key.op} has {len(axes)} ({' '.join(axes)}), so which "
                 "holds the token positions is unknown (a batched run whose capture does not say so with batch_size?)"
             )
-        if problem is not None:
             unaligned.append(_unaligned(side, m.record, NO_POSITIONS, problem, m.key))
             continue
-        assert span is not None
+        cut = "quantized blocks cannot be cut into positions" if logical_dtype(m.record.dtype).is_quantized else cut_problem(m)
+        if cut is not None:
+            uncuttable[m.record.seq] = cut
         groups[(m.key.layer, m.key.op, m.key.occurrence)].append((span, m))
     for group in groups.values():
         group.sort(key=lambda placed: placed[0])
@@ -536,6 +540,27 @@ def _placed(side: str, mapped: list[MappedRecord], spans: dict[int, Span], unali
     return groups
 
 
+def _cut_only_where_needed(
+    placed: dict[str, dict[tuple[int, str, int], list[Placed]]], uncuttable: dict[str, dict[int, str]], unaligned: list[UnalignedRecord]
+) -> None:
+    """Records that cannot be cut (quantized blocks, a layout merging the rows with another axis)
+    stay placed where the other side holds a record of exactly their positions, which pairs
+    whole, as every decode step's does; the others are unaligned (`no_positions`). Refused
+    wherever they stood, a q8_0 cache compared across micro-batch sizes could never reach PARITY."""
+    held = {side: {group: {span for span, _ in group_placed} for group, group_placed in groups.items()} for side, groups in placed.items()}
+    for side, groups in placed.items():
+        other = held["oracle" if side == "native" else "native"]
+        for group, group_placed in groups.items():
+            kept: list[Placed] = []
+            for span, m in group_placed:
+                why = uncuttable[side].get(m.record.seq)
+                if why is not None and span not in other.get(group, set()):
+                    unaligned.append(_unaligned(side, m.record, NO_POSITIONS, why, m.key))
+                else:
+                    kept.append((span, m))
+            group_placed[:] = kept
+
+
 def _pair_by_position(
     n_mapped: list[MappedRecord],
     o_mapped: list[MappedRecord],
@@ -546,7 +571,10 @@ def _pair_by_position(
 ) -> list[AlignedPair]:
     """Runs cut differently: each (layer, op, occurrence) pairs the positions both sides hold, one
     pair per overlap of a native and an oracle record, named by the native call and the positions."""
-    natives, oracles = _placed("native", n_mapped, n_spans, unaligned), _placed("oracle", o_mapped, o_spans, unaligned)
+    uncuttable: dict[str, dict[int, str]] = {"native": {}, "oracle": {}}
+    natives = _placed("native", n_mapped, n_spans, unaligned, uncuttable["native"])
+    oracles = _placed("oracle", o_mapped, o_spans, unaligned, uncuttable["oracle"])
+    _cut_only_where_needed({"native": natives, "oracle": oracles}, uncuttable, unaligned)
     spans = {"native": n_spans, "oracle": o_spans}
     set_aside = _SetAside(unaligned, spans)
     for side, mine, theirs in (("native", natives, oracles), ("oracle", oracles, natives)):

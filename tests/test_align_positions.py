@@ -28,6 +28,7 @@ from sessions.compare.options import CompareOptions
 from sessions.compare.pair_tensors import read_pair_bits
 from sessions.compare.verdict import DIVERGENCE, PARITY
 from sessions.progress import run_to_end
+from viewer.comparison_view import unaligned_label
 
 SEGMENTS = (("text-before", 5), ("visual", 1008), ("text-after", 14))
 PROMPT = sum(n for _, n in SEGMENTS)
@@ -154,6 +155,19 @@ def test_positions_only_one_run_holds_are_listed_and_the_rest_still_pairs(tmp_pa
     assert uncovered == [("oracle", "layer_out", NO_PARTNER, "no native record of layer_out holds positions 1013-1026")]
 
 
+def test_each_stretch_a_record_lacks_a_partner_for_is_a_row_named_by_its_positions(tmp_path: Path) -> None:
+    """A record missing its partner for two stretches made two rows with one key and one label."""
+    data = _prompt_tensors()
+    tensors = _call(data, 5, 1013, "visual", True, False)
+    oracle = write_capture(tmp_path / "o.h5", "oracle", tensors, [(0, 7, False)])
+    c = _compare(combined(tmp_path / "n.h5", data), oracle, alignment="positions")
+    rows = [(u.key.text(), unaligned_label(u)) for u in c.unaligned if u.name == "layer_out"]
+    assert rows == [
+        ("0:prefill:0:layer_out@0-4", "native: layer_out (step 0 prefill layer 0, positions 0–4)"),
+        ("0:prefill:0:layer_out@1013-1026", "native: layer_out (step 0 prefill layer 0, positions 1013–1026)"),
+    ]
+
+
 def test_a_record_whose_partners_positions_two_records_claim_names_that_ambiguity_not_a_missing_partner(tmp_path: Path) -> None:
     """Both oracle records of visual positions 5-1012 are set aside as claimed twice; the native
     record that holds those positions was reported as having no oracle record there, and being
@@ -166,7 +180,7 @@ def test_a_record_whose_partners_positions_two_records_claim_names_that_ambiguit
     oracle = write_capture(tmp_path / "o.h5", "oracle", tensors, [(0, 7, False)])
     c = _compare(native, oracle, alignment="positions")
     first = c.verdict.first
-    assert first is not None and first.key == OpKey(0, "prefill", 0, "layer_out")
+    assert first is not None and first.key == OpKey(0, "prefill", 0, "layer_out", 0, (5, 1013))
     assert first.detail == (
         "native 'layer_out': key claimed twice (its oracle partner 'layer_out' (seq 5) is ambiguous: "
         "positions 5-1012 of layer_out are held by more than one oracle record)"

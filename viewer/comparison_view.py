@@ -407,8 +407,13 @@ def unaligned(viewed: ViewedComparison) -> list[UnalignedRecord]:
 
 
 def unaligned_label(record: UnalignedRecord) -> str:
+    """A row per record, or per stretch of positions a record paired by position lacks a partner for."""
     layer = f" layer {record.layer}" if record.layer >= 0 else ""
-    return f"{record.side}: {record.name} (step {record.step} {record.segment}{layer})"
+    positions = ""
+    if record.key is not None and record.key.positions:
+        first, stop = record.key.positions
+        positions = f", position {first}" if stop - first == 1 else f", positions {first}–{stop - 1}"
+    return f"{record.side}: {record.name} (step {record.step} {record.segment}{layer}{positions})"
 
 
 def unaligned_reason(record: UnalignedRecord) -> str:

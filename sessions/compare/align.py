@@ -584,8 +584,9 @@ def _pair_by_position(
             for span, m in placed:
                 for gap in uncovered(span, covered):
                     taken = _manually_paired(other, manual, partial(_holds, spans[other], group, gap))
-                    row = None if taken is not None else set_aside.unaligned(side, m.record, m.key, gap)
-                    unaligned.append(row or _unaligned(side, m.record, NO_PARTNER, taken or f"no {other} record of {m.key.op} holds {span_text(gap)}", m.key))
+                    key = m.key._replace(positions=gap)  # a record may lack a partner for several stretches: each is a row of its own, named by it
+                    row = None if taken is not None else set_aside.unaligned(side, m.record, key, gap)
+                    unaligned.append(row or _unaligned(side, m.record, NO_PARTNER, taken or f"no {other} record of {m.key.op} holds {span_text(gap)}", key))
     pairs: list[AlignedPair] = []
     for (layer, op, occurrence), n_group in natives.items():
         o_group = oracles.get((layer, op, occurrence), [])

@@ -19,11 +19,14 @@ from hand_captures import T, bf16_bits, write_capture
 
 from sessions.capture.opening import open_capture
 from sessions.capture.reader import CaptureError
+from sessions.capture.records import Record
 from sessions.commands import report as report_command
 from sessions.compare.align import NO_PARTNER
 from sessions.compare.align_modes import POSITIONS
 from sessions.compare.comparison import iter_compare
 from sessions.compare.key import OpKey
+from sessions.compare.layout_transform import LayoutTransform
+from sessions.compare.mapped_record import MappedRecord, cut_problem
 from sessions.compare.options import CompareOptions
 from sessions.compare.pair_tensors import read_pair_bits
 from sessions.compare.verdict import DIVERGENCE, PARITY
@@ -387,3 +390,13 @@ def test_pairs_shipped_to_workers_as_rows_are_built_again_equal_from_the_workers
     assert any(p.native.window is not None for p in made["cut by position"]), "positions cut the combined call's records"
     assert all(p.oracle.batch is not None and p.oracle.batch.row == 3 for p in made["a row of a batch"])
     assert [p.manual_reason for p in made["paired by hand"] if p.manual_reason] == ["checked by hand"]
+
+
+def test_a_layout_that_merges_the_rows_with_another_axis_names_both_axes_it_merges() -> None:
+    """The message named `rows` as the axis the rows were merged with, for `(x rows)`."""
+    record = Record(0, 0, "prefill", 0, "layer_out", 0, "bfloat16", (2, 4, 8), "/t", "", "", "", 0, 0)
+    layout = LayoutTransform.parse("x rows hidden -> (x rows) hidden")
+    mapped = MappedRecord(record, OpKey(0, "prefill", 0, "layer_out"), layout, (8, 8))
+    assert cut_problem(mapped) == (
+        "its layout 'x rows hidden -> (x rows) hidden' merges x and rows into the token rows, so one position's elements are not one slice"
+    )

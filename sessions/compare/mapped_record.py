@@ -124,4 +124,4 @@ def cut_problem(mapped: MappedRecord) -> str | None:
     group = mapped.layout.outputs[rows_axis(mapped.key.op)]
     if len(group) == 1:
         return None
-    return f"its layout {mapped.layout.spec!r} merges the token rows with {', '.join(group[1:])}, so one position's elements are not one slice"
+    return f"its layout {mapped.layout.spec!r} merges {' and '.join(group)} into the token rows, so one position's elements are not one slice"

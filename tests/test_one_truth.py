@@ -345,6 +345,7 @@ def test_pairing_by_position_in_the_window_is_what_report_and_a_saved_session_sa
     assert win.verdict_strip.word.text() == DISPATCH_ONLY
     [by_position] = [a for a in win.alignment_actions.actions() if a.data() == "positions"]
     assert [a.isChecked() for a in win.alignment_actions.actions()] == [True, False, False]
+    assert by_position.toolTip().endswith("attention calls are compared only where the runs were cut alike"), "as this pair's, cut alike, are below"
     by_position.trigger()
     qtbot.waitUntil(lambda: not win.tasks.busy and win.model.comparison is not None and win.model.comparison.comparison.alignment.mode == "positions", timeout=WAIT_MS)
     by_position_headline = "DISPATCH-ONLY: first dispatch-only at 0:text-after:0:sdpa@"

@@ -14,9 +14,18 @@ from PySide6.QtWidgets import QMenu, QWidget
 from sessions.compare.align_modes import AUTO, CALLS, POSITIONS
 
 ALIGNMENT_CHOICES = (
-    (AUTO, "&Automatically", "By the same forward calls when both runs made them, else by token position (report's default)"),
+    (
+        AUTO,
+        "&Automatically",
+        "By the same forward calls when both runs made them, else by token position when both recorded positions or their prompts "
+        "are equally long, else by calls (report's default)",
+    ),
     (CALLS, "By the same &calls", "Pair records of the same forward calls, as `report --align calls`"),
-    (POSITIONS, "By token &position", "Pair records by token position, as `report --align positions`: attention calls are then not compared"),
+    (
+        POSITIONS,
+        "By token &position",
+        "Pair records by token position, as `report --align positions`: attention calls are compared only where the runs were cut alike",
+    ),
 )
 
 

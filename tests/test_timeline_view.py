@@ -15,7 +15,7 @@ from sessions.compare.comparison import iter_compare
 from sessions.progress import run_to_end
 from tests.timeline_captures import write_dispatch_capture
 from viewer.panels.timeline_model import TimelineModel
-from viewer.panels.timeline_view import BoxesItem, TimelineView
+from viewer.panels.timeline_view import BoxesItem, TimelineView, palette
 
 pytestmark = pytest.mark.qt_log_ignore(
     "This plugin does not support propagateSizeHints", "This plugin does not support raise"
@@ -144,6 +144,25 @@ def test_a_llama_cpp_pair_is_coloured_by_what_ran_flash_attention_against_separa
     view.resize(1280, 720)
     qtbot.wait(50)
     view.grab().save(str(artifacts_dir / "timeline-llama-flash-vs-separate-ops-1280x720.png"))
+
+
+def test_coloured_by_contract_the_calls_that_ran_another_arithmetic_stand_out(qtbot, demo_pairs: dict, artifacts_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    """attention-contract: the same primitive on both sides everywhere; by contract, the
+    oracle's visual prefill calls take another colour and are outlined as a contract finding."""
+    with open_capture(demo_pairs["attention-contract"][0]) as n, open_capture(demo_pairs["attention-contract"][1]) as o:
+        view = _view(qtbot, build_timeline(n, o, run_to_end(iter_compare(n, o))))
+    view.resize(1280, 720)
+    view.colours.setCurrentIndex(view.colours.findData("contract"))
+    qtbot.waitUntil(lambda: "contract differs between sides" in view.legend.text())
+    timeline, colours = view.model.timeline, palette(view.model)
+    shown = {(int(side), str(timeline.keys[slot])): colours[code] for side, slot, code in zip(timeline.side, timeline.slot, view.model.colour_codes())}
+    assert shown[(0, "0:visual:0:sdpa")] == shown[(1, "1:decode:0:sdpa")] != shown[(1, "0:visual:0:sdpa")]
+    assert "attn.bf16.single_range" in view.legend.text() and "attn.f32.tiled64x64" in view.legend.text()
+    view.items.update()
+    qtbot.waitUntil(lambda: view.items.painted_rects > 0)
+    view.grab().save(str(artifacts_dir / "timeline-attention-contract-by-contract-1280x720.png"))
+    view.colours.setCurrentIndex(view.colours.findData("metal"))
+    assert "contract differs" not in view.legend.text()
 
 
 def test_by_call_the_axis_leaves_room_for_the_first_segments_label(qtbot, demo_pairs: dict) -> None:  # type: ignore[no-untyped-def]

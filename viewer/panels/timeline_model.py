@@ -10,10 +10,19 @@ from __future__ import annotations
 import numpy as np
 from PySide6.QtCore import QObject, Signal
 
-from backends.dispatch.timeline import LANE_MODES, X_MODES, Boxes, Timeline, layout
+from backends.dispatch.timeline import (
+    LANE_MODES,
+    PRIMITIVE_CODES,
+    X_MODES,
+    Boxes,
+    Timeline,
+    layout,
+)
 
-COLOUR_BY = ("metal", "executed")
-"""metal: the Metal primitive (recorded, else predicted); executed: the primitive that ran."""
+COLOUR_BY = ("metal", "executed", "contract")
+"""metal: the Metal primitive (recorded, else predicted); executed: the primitive that ran;
+contract: the effective contract the call's record declares (the arithmetic that ran, which
+one primitive can carry under several)."""
 
 
 class TimelineModel(QObject):
@@ -39,8 +48,10 @@ class TimelineModel(QObject):
 
     def _colour_for(self, timeline: Timeline | None) -> str:
         """The user's choice, except that a timeline without any Metal route is coloured by the
-        primitive that ran: by Metal it would be all grey."""
-        return self.preferred_colour if timeline is None or timeline.knows_metal_routes() else "executed"
+        primitive that ran rather than by Metal: it would be all grey."""
+        if self.preferred_colour == "metal" and timeline is not None and not timeline.knows_metal_routes():
+            return "executed"
+        return self.preferred_colour
 
     def set_timeline(self, timeline: Timeline | None) -> None:
         self.timeline = timeline
@@ -80,9 +91,17 @@ class TimelineModel(QObject):
             self.selection_changed.emit(event)
 
     def colour_codes(self) -> np.ndarray:
-        """Per event, the primitive code its box is coloured by."""
+        """Per event, the code its box is coloured by: an index into `colour_names()`."""
         assert self.timeline is not None
         t = self.timeline
+        if self.colour_by == "contract":
+            return t.contract
         if self.colour_by == "executed":
             return t.primitive
         return np.where(t.metal > 1, t.metal, t.predicted_metal)
+
+    def colour_names(self) -> list[str]:
+        """What each colour code stands for: a primitive, or a contract id ("" for none recorded)."""
+        if self.colour_by == "contract":
+            return self.timeline.contracts if self.timeline is not None else []
+        return list(PRIMITIVE_CODES)

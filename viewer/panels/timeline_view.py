@@ -7,6 +7,8 @@ pixel column, lane and colour, so 10,000+ calls pan and zoom as smoothly as 100.
 
 from __future__ import annotations
 
+from html import escape
+
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPointF, QRectF, Qt, Signal
@@ -14,20 +16,20 @@ from PySide6.QtGui import QColor, QCursor, QPainter, QPen
 from PySide6.QtWidgets import (
     QComboBox,
     QHBoxLayout,
-    QLabel,
     QToolTip,
     QVBoxLayout,
     QWidget,
 )
 
 from backends.dispatch.timeline import (
-    PRIMITIVE_CODES,
     describe_event,
     hit,
     timeline_summary,
 )
+from sessions.compare.verdict import CONTRACT_MISMATCH
+from sessions.report.word_colours import WORD_COLOURS
 from viewer.panels.timeline_model import TimelineModel
-from viewer.widgets.plain_text import plain_label
+from viewer.widgets.plain_text import plain_label, rich_label
 from viewer.widgets.stale_while_hidden import StaleWhileHidden
 
 PRIMITIVE_COLOURS: dict[str, str] = {
@@ -39,11 +41,23 @@ PRIMITIVE_COLOURS: dict[str, str] = {
     "fallback": "#e0a526",
     "flash_attn_ext": "#7c3aed",
 }
+CONTRACT_COLOURS = ("#3b82f6", "#f97316", "#10b981", "#e11d48", "#eab308", "#06b6d4", "#84cc16", "#ec4899")
+"""Colouring by contract: one colour per contract id, in the order the timeline met them."""
+CONTRACT_DIFFERS_COLOUR = WORD_COLOURS[CONTRACT_MISMATCH]
 DIFFERS_COLOUR = "#d64541"
 MISMATCH_COLOUR = "#c04fd8"
 SELECTED_COLOUR = "#ffffff"
 LOD_BOXES = 3000
 """Above this many visible boxes (or boxes under two pixels wide) they are merged per pixel column."""
+
+
+def palette(model: TimelineModel) -> list[str]:
+    """The colour of each colour code of `model` (`TimelineModel.colour_codes`)."""
+    names = model.colour_names()
+    if model.colour_by != "contract":
+        return [PRIMITIVE_COLOURS[name] for name in names]
+    recorded = [name for name in names if name]
+    return [CONTRACT_COLOURS[recorded.index(name) % len(CONTRACT_COLOURS)] if name else PRIMITIVE_COLOURS[""] for name in names]
 
 
 class BoxesItem(pg.GraphicsObject):
@@ -86,22 +100,23 @@ class BoxesItem(pg.GraphicsObject):
             return
         index = self._visible()
         codes = self.model.colour_codes()[boxes.event[index]]
+        colours = palette(self.model)
         px = self.pixelWidth() or 1.0
         widths = boxes.x1[index] - boxes.x0[index]
         painter.setPen(Qt.PenStyle.NoPen)
         self.painted_rects = 0
         if index.size > LOD_BOXES or (index.size and float(np.median(widths)) < 2 * px):
-            self._paint_merged(painter, index, codes, px)
+            self._paint_merged(painter, index, codes, colours, px)
             self._mark_merged(painter, index, px)
         else:
             for code in np.unique(codes).tolist():
                 chosen = index[codes == code]
-                painter.setBrush(QColor(PRIMITIVE_COLOURS[PRIMITIVE_CODES[code]]))
+                painter.setBrush(QColor(colours[code]))
                 painter.drawRects(self._rects(chosen))
                 self.painted_rects += chosen.size
             self._outline(painter, index)
 
-    def _paint_merged(self, painter: QPainter, index: np.ndarray, codes: np.ndarray, px: float) -> None:
+    def _paint_merged(self, painter: QPainter, index: np.ndarray, codes: np.ndarray, colours: list[str], px: float) -> None:
         """One rectangle per (pixel column, lane, colour): bounded by pixels, not by events."""
         boxes = self.model.boxes
         assert boxes is not None
@@ -110,7 +125,7 @@ class BoxesItem(pg.GraphicsObject):
         merged = np.unique(np.stack([codes.astype(np.int64), lane, column], axis=1), axis=0)
         for code in np.unique(merged[:, 0]).tolist():
             rows = merged[merged[:, 0] == code]
-            painter.setBrush(QColor(PRIMITIVE_COLOURS[PRIMITIVE_CODES[code]]))
+            painter.setBrush(QColor(colours[code]))
             painter.drawRects([QRectF(c * px, la + 0.1, px, 0.8) for la, c in rows[:, 1:].tolist()])
             self.painted_rects += len(rows)
 
@@ -119,7 +134,10 @@ class BoxesItem(pg.GraphicsObject):
         boxes, timeline = self.model.boxes, self.model.timeline
         assert boxes is not None and timeline is not None
         events = boxes.event[index]
-        for mask, colour, offset in ((timeline.differs[events], DIFFERS_COLOUR, 0.9), (timeline.route_mismatch[events], MISMATCH_COLOUR, 0.0)):
+        marks = [(timeline.differs[events], DIFFERS_COLOUR, 0.9), (timeline.route_mismatch[events], MISMATCH_COLOUR, 0.0)]
+        if self.model.colour_by == "contract":
+            marks.append((timeline.contract_differs[events], CONTRACT_DIFFERS_COLOUR, 0.45))
+        for mask, colour, offset in marks:
             chosen = index[mask]
             if not chosen.size:
                 continue
@@ -140,7 +158,9 @@ class BoxesItem(pg.GraphicsObject):
         assert boxes is not None and timeline is not None
         painter.setBrush(Qt.BrushStyle.NoBrush)
         events = boxes.event[index]
+        contract = timeline.contract_differs[events] if self.model.colour_by == "contract" else np.zeros(events.size, dtype=bool)
         for mask, colour, width, style in (
+            (contract, CONTRACT_DIFFERS_COLOUR, 3.0, Qt.PenStyle.SolidLine),
             (timeline.differs[events], DIFFERS_COLOUR, 2.0, Qt.PenStyle.SolidLine),
             (timeline.route_mismatch[events], MISMATCH_COLOUR, 2.0, Qt.PenStyle.DashLine),
             (events == (-1 if self.model.selected is None else self.model.selected), SELECTED_COLOUR, 3.0, Qt.PenStyle.SolidLine),
@@ -167,14 +187,17 @@ class TimelineView(QWidget):
         self.hover_text = ""
         self.lanes = self._combo({"group": "Lanes: layer × KV group", "call": "Lanes: call number"}, model.set_lane_mode)
         self.x_axis = self._combo({"call": "Axis: call order", "time": "Axis: time (ms)"}, model.set_x_mode)
-        self.colours = self._combo({"metal": "Colour: Metal primitive", "executed": "Colour: executed primitive"}, model.set_colour_by)
+        self.colours = self._combo(
+            {"metal": "Colour: Metal primitive", "executed": "Colour: executed primitive", "contract": "Colour: contract"}, model.set_colour_by
+        )
         self.summary = plain_label()
         self.summary.setWordWrap(True)
         bar = QHBoxLayout()
         for widget in (self.lanes, self.x_axis, self.colours):
             bar.addWidget(widget)
         bar.addStretch(1)
-        self.legend = self._legend()
+        self.legend = rich_label()
+        self.legend.setWordWrap(True)
         self.plot = pg.PlotWidget()
         self.plot.setMenuEnabled(False)
         self.plot.getViewBox().invertY(True)
@@ -211,20 +234,25 @@ class TimelineView(QWidget):
         combo.currentIndexChanged.connect(lambda _i, c=combo, s=setter: s(c.currentData()))  # type: ignore[operator]
         return combo
 
-    def _legend(self) -> QLabel:
-        swatches = " ".join(
-            f"<span style='color:{colour}'>■</span> {name}" for name, colour in PRIMITIVE_COLOURS.items() if name not in ("", "unknown")
-        )
+    def _legend_text(self) -> str:
+        """The swatches of what the boxes are coloured by now, and the marks. Contract ids come
+        from someone else's capture: escaped."""
+        if self.model.colour_by == "contract":
+            shown = [(name or "no contract recorded", colour) for name, colour in zip(self.model.colour_names(), palette(self.model))]
+            extra = f"  <span style='color:{CONTRACT_DIFFERS_COLOUR}'>□</span> contract differs between sides"
+        else:
+            shown = [(name, colour) for name, colour in PRIMITIVE_COLOURS.items() if name not in ("", "unknown")]
+            extra = ""
+        swatches = " ".join(f"<span style='color:{colour}'>■</span> {escape(name)}" for name, colour in shown)
         marks = f"<span style='color:{DIFFERS_COLOUR}'>□</span> differs between sides  <span style='color:{MISMATCH_COLOUR}'>┅</span> route ≠ prediction"
-        legend = QLabel(f"{swatches}   {marks}")
-        legend.setWordWrap(True)
-        return legend
+        return f"{swatches}   {marks}{extra}"
 
     def _rebuild(self) -> None:
         self.items.refresh()
         self.colours.blockSignals(True)
         self.colours.setCurrentIndex(self.colours.findData(self.model.colour_by))
         self.colours.blockSignals(False)
+        self.legend.setText(self._legend_text())
         boxes, timeline = self.model.boxes, self.model.timeline
         left, bottom = self.plot.getAxis("left"), self.plot.getAxis("bottom")
         if boxes is None or timeline is None:

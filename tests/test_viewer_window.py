@@ -197,6 +197,17 @@ def test_f8_and_shift_f8_step_through_divergences_from_the_keyboard(qtbot: QtBot
     wait_idle(qtbot, window)
 
 
+def test_the_histograms_under_the_maps_always_label_two_ticks_of_their_scale(qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]]) -> None:
+    """At 1280x720 each small plot is ~80 px wide: one label ("1e-4") said neither the scale nor its direction."""
+    window.open_pair(*demo_pairs["attention-contract"])
+    wait_compared(qtbot, window)
+    qtbot.waitUntil(lambda: window.model.selected is not None and window.tensor_view.data is not None, timeout=WAIT_MS)
+    errors = window.tensor_view.errors
+    always = {name: [text for _, text in plot.getAxis("bottom")._tickLevels[0]] for name, plot in (("ulp", errors.ulp_plot), ("abs", errors.abs_plot))}
+    assert always == {"ulp": ["1", "2^10"], "abs": ["-8", "0"]}
+    assert errors.abs_plot.getAxis("bottom").labelText == "log10"
+
+
 def test_the_error_plot_of_an_op_that_differs_only_in_signed_zeros_says_so_not_that_nothing_differs(
     qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]]
 ) -> None:

@@ -53,8 +53,9 @@ class ErrorPlots(pg.GraphicsLayoutWidget):
         self.ulp_plot.getAxis("bottom").setLabel("ULP ≤")
         self.row_plot.getAxis("bottom").setLabel("row")
         self.head_plot.getAxis("bottom").setLabel("head")
-        abs_ticks = [(i, f"1e{int(round(np.log10(ABS_EDGES[i + 1])))}") for i in range(0, len(ABS_EDGES) - 1, 8)]
-        self.abs_plot.getAxis("bottom").setTicks(_one_label_then_the_rest(abs_ticks[2], abs_ticks))
+        self.abs_plot.getAxis("bottom").setLabel("log10")
+        abs_ticks = [(i, f"{int(round(np.log10(ABS_EDGES[i + 1])))}") for i in range(0, len(ABS_EDGES) - 1, 8)]
+        self.abs_plot.getAxis("bottom").setTicks(_two_then_the_rest(abs_ticks, (1, 3)))
 
     @property
     def plots(self) -> tuple[pg.PlotItem, ...]:
@@ -80,8 +81,7 @@ class ErrorPlots(pg.GraphicsLayoutWidget):
         else:
             self._bars(self.ulp_plot, histogram[: max(used, 4)])
         ticks = [(k, ulp_bucket_label(k)) for k in range(max(used, 4))]
-        step = max(1, (len(ticks) + 2) // 3)
-        self.ulp_plot.getAxis("bottom").setTicks(_one_label_then_the_rest(ticks[0], ticks[step::step]))
+        self.ulp_plot.getAxis("bottom").setTicks(_two_then_the_rest(ticks, (0, 2 * (len(ticks) - 1) // 3)))
         self._bars(self.abs_plot, data.abs_hist.astype(np.float64), _no_error_text(metrics))
         exact = metrics is not None and metrics.differing == 0
         self._profile(self.row_plot, metrics.per_row if metrics is not None else None, "row", curve=True, exact=exact)
@@ -131,10 +131,13 @@ def _no_error_text(metrics: TensorMetrics | None) -> str:
     return "no finite\n|error|"
 
 
-def _one_label_then_the_rest(first: tuple[int, str], rest: list[tuple[int, str]]) -> list[list[tuple[int, str]]]:
-    """Tick levels: pyqtgraph always labels the first level and the next only where it has room,
-    so a plot ~70 px wide (four of them at 1280x720) shows one label instead of overlapping ones."""
-    return [[first], [tick for tick in rest if tick != first]]
+def _two_then_the_rest(ticks: list[tuple[int, str]], chosen: tuple[int, int]) -> list[list[tuple[int, str]]]:
+    """Tick levels: pyqtgraph always labels the first level and the next only where it has room.
+    The first level is two ticks (`chosen`, indices into `ticks`) far enough apart to fit a plot
+    ~80 px wide (four of them at 1280x720) and inside it (a label at the very edge is dropped):
+    two labels give the scale and its direction, where one ("1e-4") gave neither."""
+    first = [ticks[i] for i in sorted(set(chosen)) if 0 <= i < len(ticks)]
+    return [first, [tick for tick in ticks if tick not in first]]
 
 
 def _message(plot: pg.PlotItem, text: str, colour: str) -> None:

@@ -1,6 +1,6 @@
 """Opening another pair starts a clean investigation; unsaved work is asked about first.
 
-The old pair's banners (a live "Save and compare…" rerun button among them), bookmarks and
+The old pair's banners (a saved rerun's live "Open native vs rerun" button among them), bookmarks and
 session title must not carry over to the new pair, and saving afterwards must not re-point the
 old session file at the new captures.
 """
@@ -51,8 +51,11 @@ def test_another_pair_asks_about_unsaved_work_then_starts_a_clean_session(qtbot:
     win.tab_actions[5].trigger()
     with qtbot.waitSignal(win.dispatch.rerun.finished, timeout=WAIT_MS):
         qtbot.mouseClick(win.dispatch.rerun.run_button, Qt.MouseButton.LeftButton)
+    win.dispatch.rerun.choose_save_path = lambda _parent, _suggested: tmp_path / "rerun.h5"
+    with qtbot.waitSignal(win.dispatch.rerun_saved, timeout=WAIT_MS):
+        qtbot.mouseClick(win.dispatch.rerun.save_button, Qt.MouseButton.LeftButton)
     [rerun_banner] = win.banners.banners("rerun")
-    assert "Save and compare…" in rerun_banner.buttons
+    assert "Open native vs rerun" in rerun_banner.buttons
     contract_texts = win.banners.texts("comparison")
     assert contract_texts, "the contract pair has its own banners"
     win.session_file.session.set_title("attention contract drift")

@@ -14,7 +14,6 @@ from typing import Any
 from PySide6.QtCore import QObject, Signal
 
 from backends.dispatch.timeline import Timeline
-from backends.rerun.segment import RerunResult
 from sessions.capture.identity import CaptureIdentity, identity_of_file
 from sessions.compare.key import OpKey
 from sessions.compare.profiles import whole_op
@@ -24,8 +23,6 @@ from viewer.pair_model import PairModel
 from viewer.panels.rerun_panel import (
     RerunPanel,
     RerunPanelModel,
-    SaveChooser,
-    ask_save_path,
 )
 from viewer.panels.timeline_model import TimelineModel
 from viewer.panels.timeline_view import TimelineView
@@ -54,9 +51,9 @@ class DispatchTabs(QObject):
         self.timeline = TimelineView(self.timeline_model)
         self.rerun_model = RerunPanelModel(self)
         self.rerun = RerunPanel(self.rerun_model)
-        self.choose_save_path: SaveChooser = ask_save_path
         self.timeline.op_selected.connect(self._timeline_selected)
-        self.rerun.finished.connect(self._rerun_finished)
+        self.rerun.finished.connect(lambda _result: self.banners.clear("rerun"))
+        self.rerun.saved.connect(self._rerun_saved)
         model.captures_changed.connect(self._captures_changed)
         model.comparison_changed.connect(self._comparison_changed)
         model.selection_changed.connect(self._selection_changed)
@@ -103,27 +100,12 @@ class DispatchTabs(QObject):
 
     # -- reruns beside the others ------------------------------------------------------------
 
-    def _rerun_finished(self, result: RerunResult) -> None:
-        self.banners.clear("rerun")
-        self.banners.show_message(
-            "rerun",
-            "info",
-            f"Rerun of {result.target.text()} finished. Save it as a capture (role rerun) to compare it with either side in a window of its own.",
-            actions=[("Save and compare…", self.save_and_open)],
-        )
-
-    def save_and_open(self) -> None:
+    def _rerun_saved(self, saved: Path) -> None:
+        """The rerun panel's own Save as capture button saves; here the saved capture joins the
+        session and can be opened beside either side. A banner on every tab offered the same
+        save after each rerun, beside the panel's button, and did more than it."""
         result = self.rerun_model.result
-        if result is None:
-            return
-        path = self.choose_save_path(self.rerun, f"rerun-{result.target.text().replace(':', '_')}.h5")
-        if path is None:
-            return
-        try:
-            saved = self.rerun.save_to(path)
-        except OSError as exc:
-            self.banners.show_message("rerun", "error", f"Could not save the rerun to {path}: {exc.strerror or exc}")
-            return
+        assert result is not None
         key = result.target.text()
         self.tasks.submit(
             "rerun-identity",

@@ -102,6 +102,9 @@ class RerunPanel(QWidget):
     finished = Signal(object)
     failed = Signal(str)
     cancelled = Signal()
+    saved = Signal(object)
+    """The Path the finished rerun was saved to, by Save as capture: the window records it in the
+    session and offers to open it beside either side."""
 
     def __init__(self, model: RerunPanelModel, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -324,10 +327,12 @@ class RerunPanel(QWidget):
         assert self.model.result is not None
         saved = save_rerun(self.model.result, path)
         self.status.setText(f"Saved as {saved} (role rerun); open it beside the others.")
+        self.saved.emit(saved)
         return saved
 
     def _ask_save(self) -> None:
-        path = self.choose_save_path(self, "rerun.h5")
+        assert self.model.result is not None
+        path = self.choose_save_path(self, f"rerun-{self.model.result.target.text().replace(':', '_')}.h5")
         if path is None:
             return
         try:

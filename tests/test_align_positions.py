@@ -31,6 +31,7 @@ from sessions.compare.options import CompareOptions
 from sessions.compare.pair_tensors import read_pair_bits
 from sessions.compare.verdict import DIVERGENCE, PARITY
 from sessions.progress import run_to_end
+from viewer.cli import main
 from viewer.comparison_view import unaligned_label
 
 SEGMENTS = (("text-before", 5), ("visual", 1008), ("text-after", 14))
@@ -400,3 +401,14 @@ def test_a_layout_that_merges_the_rows_with_another_axis_names_both_axes_it_merg
     assert cut_problem(mapped) == (
         "its layout 'x rows hidden -> (x rows) hidden' merges x and rows into the token rows, so one position's elements are not one slice"
     )
+
+
+def test_a_rerun_by_position_missing_an_input_says_it_looked_for_the_records_paired_with_those_positions(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The oracle holds positions 5-1012 in its call `visual`: "looked at step 0 prefill" named a call it never made."""
+    data = _prompt_tensors()
+    native, oracle = combined(tmp_path / "n.h5", data), segmented(tmp_path / "o.h5", data)
+    args = ["rerun", str(native), str(oracle), "--op", "0:prefill:0:layer_out@5-1012", "--native-profile", "canonical", "--oracle-profile", "canonical"]
+    assert main(args) == 2
+    assert capsys.readouterr().err.rstrip().endswith("(looked for the records paired with step 0 prefill positions 5-1012)")

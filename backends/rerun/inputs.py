@@ -39,6 +39,7 @@ from sessions.capture.reader import Capture
 from sessions.compare.align import UnalignedRecord
 from sessions.compare.key import OpKey
 from sessions.compare.mapped_record import MappedRecord
+from sessions.compare.positions import span_text
 from sessions.compare.profiles import STAGE_OF
 from sessions.side_file import file_kind
 
@@ -572,7 +573,8 @@ def gather(
             missing.append((name, layer, op))
         else:
             arrays[name] = ops.array(mapped)
-    where = f"looked at step {key.step} {key.segment}"
+    # Paired by position, the key names the native's call; the other side's records of those positions may sit in calls of other names.
+    where = f"looked at step {key.step} {key.segment}" if not key.positions else f"looked for the records paired with step {key.step} {key.segment} {span_text(key.positions)}"
     if missing:
         raise RerunInputError(_missing_message(key, ops, needs, missing, where))
     history = kv_history(ops, key) if key.op == "sdpa" else {}

@@ -47,6 +47,18 @@ def test_the_text_names_where_a_reruns_weights_came_from(demo_pairs: dict, capsy
     assert "\nweights: none taken (no op of this rerun multiplies by one)\n" in capsys.readouterr().out
 
 
+def test_the_route_header_names_only_the_parts_the_reruns_ops_take(demo_pairs: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    """A q_proj rerun named an attention route, and the kernel of an sdpa record it never read."""
+    native, oracle = demo_pairs["clean"]
+    routes = {}
+    for op in ("q_proj", "ffn_act", "sdpa"):
+        assert main(["rerun", str(native), str(oracle), "--op", f"0:visual:0:{op}"]) == 0
+        routes[op] = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("device ")).split("route: ", 1)[1]
+    assert routes["q_proj"] == "each op as its row says"
+    assert routes["ffn_act"].startswith("swiglu ") and "attention" not in routes["ffn_act"]
+    assert routes["sdpa"].startswith("attention ") and "; head-chunk " in routes["sdpa"] and "swiglu" not in routes["sdpa"]
+
+
 def test_weights_named_for_a_rerun_that_takes_none_are_said_to_be_unread(demo_pairs: dict, capsys: pytest.CaptureFixture[str]) -> None:
     native, oracle = demo_pairs["attention-contract"]
     weights = oracle.parent / "demo-qwen3-tiny.safetensors"

@@ -100,7 +100,7 @@ def result_to_dict(result: RerunResult) -> dict[str, Any]:
 def render(result: RerunResult) -> str:
     lines = [
         f"rerun of {result.target.text()} from the {result.options.source} capture's inputs",
-        f"device {result.device} (MLX {result.mlx_version}); route: {'; '.join(result.route_sources)}",
+        f"device {result.device} (MLX {result.mlx_version}); route: {result.route_text()}",
         f"weights from {', '.join(result.weights_from)}" if result.weights_from else "weights: none taken (no op of this rerun multiplies by one)",
         "",
         f"{'op':<14} {'route':<44} {'native vs oracle':<{FIGURE_WIDTH}} {'rerun vs native':<{FIGURE_WIDTH}} {'rerun vs oracle':<{FIGURE_WIDTH}} closer to exact",

@@ -149,6 +149,10 @@ class RerunResult:
     input_files: list[str] = field(default_factory=list)
     """Every file the rerun read or could read (both captures, each side's weights file): what a saved rerun may never replace."""
 
+    def route_text(self) -> str:
+        """The route's parts and where each came from, as the CLI and the panel say it."""
+        return "; ".join(self.route_sources) or "each op as its row says"
+
     def reproduces(self, side: str) -> bool:
         """Every rerun op's bits equal `side`'s record."""
         label = f"rerun vs {side}"
@@ -175,19 +179,22 @@ def rerunnable_keys(comparison: Comparison) -> list[OpKey]:
 
 def resolve_routes(route_ops: CapturedOps, key: OpKey, options: RerunOptions) -> tuple[Routes, list[str]]:
     """The route the rerun follows, and where each choice came from (shown to the user): each part
-    as the user chose it, else as the route side ran it."""
+    as the user chose it, else as the route side ran it. Only the parts an op of the rerun takes
+    are shown: a q_proj rerun's header named an attention route and the kernel of a record it never read."""
     sources: list[str] = []
+    rerun = SEGMENTS.get(key.op, (key.op,))
 
-    def part(name: str, chosen: Any, recorded: Callable[[], tuple[Any, str]], shown: Callable[[Any], str] = str) -> Any:
+    def part(name: str, used_by: str, chosen: Any, recorded: Callable[[], tuple[Any, str]], shown: Callable[[Any], str] = str) -> Any:
         value, why = (chosen, "chosen") if chosen is not None else recorded()
-        sources.append(f"{name} {shown(value)} ({why})")
+        if used_by in rerun:
+            sources.append(f"{name} {shown(value)} ({why})")
         return value
 
-    attention = part("attention", options.attention_route, lambda: _attention_route(route_ops, key))
-    swiglu = part("swiglu", options.swiglu_order, lambda: _declared_swiglu(route_ops))
+    attention = part("attention", "sdpa", options.attention_route, lambda: _attention_route(route_ops, key))
+    swiglu = part("swiglu", "ffn_act", options.swiglu_order, lambda: _declared_swiglu(route_ops))
     if attention not in ops.ATTENTION_ROUTES:
         raise ValueError(f"attention route must be one of {', '.join(ops.ATTENTION_ROUTES)}, not {attention!r}")
-    head_chunk = part("head-chunk", options.head_chunk, lambda: _recorded_head_chunk(route_ops, key), lambda on: "on" if on else "off")
+    head_chunk = part("head-chunk", "sdpa", options.head_chunk, lambda: _recorded_head_chunk(route_ops, key), lambda on: "on" if on else "off")
     return Routes(attention, swiglu, head_chunk, options.chunk_limit), sources
 
 

@@ -300,7 +300,7 @@ class RerunPanel(QWidget):
                         f"KV group {c.call.kv_group}, heads {c.call.head_start}..{c.call.head_start + c.call.head_count - 1}: "
                         f"{c.primitive} here, Metal would take {c.metal_primitive}" for c in op.calls))
                 self.table.setItem(row, column, item)
-        self.status.setText(f"Ran on {result.device} (MLX {result.mlx_version}). Route: {'; '.join(result.route_sources)}.")
+        self.status.setText(f"Ran on {result.device} (MLX {result.mlx_version}). Route: {result.route_text()}.")
         self.device_note.setText(" ".join(result.notes))
         self.calls.setText("\n".join(
             f"SDPA call {n}: {'all KV groups' if c.call.kv_group == -1 else f'KV group {c.call.kv_group}'}, heads "

@@ -95,9 +95,12 @@ def test_files_that_only_resemble_a_writers_hidden_file_are_kept(tmp_path: Path)
     for path in kept:
         path.write_bytes(b"keep")
         _aged(path)
-    os.symlink(tmp_path / "x.h5", tmp_path / ".x.h5.aaaaaaaaaaaa.partial")
+    target = tmp_path / "someone-elses.h5"
+    target.write_bytes(b"keep")
+    _aged(target)
+    os.symlink(target, tmp_path / ".x.h5.aaaaaaaaaaaa.partial")
     assert remove_abandoned_writes(tmp_path / "x.h5") == []
-    assert all(path.exists() for path in kept) and (tmp_path / ".x.h5.aaaaaaaaaaaa.partial").is_symlink()
+    assert all(path.exists() for path in kept) and (tmp_path / ".x.h5.aaaaaaaaaaaa.partial").is_symlink() and target.read_bytes() == b"keep"
 
 
 def test_a_writer_removes_what_killed_writers_of_its_path_left(tmp_path: Path) -> None:
@@ -107,3 +110,14 @@ def test_a_writer_removes_what_killed_writers_of_its_path_left(tmp_path: Path) -
     with CaptureWriter(tmp_path / "x.h5", CaptureMeta(role="native")) as writer:
         assert [a.path for a in writer.abandoned] == [left]
     assert not left.exists()
+
+
+def test_a_recording_in_progress_opens_in_a_reader_that_locks_files_as_h5py_does_by_default(tmp_path: Path) -> None:
+    """The hidden file's lock went with it to the published path, where h5py's default open failed ("unable to lock file")."""
+    out = tmp_path / "x.h5"
+    with CaptureWriter(out, CaptureMeta(role="native")) as writer:
+        writer.add_tensor("a", np.ones(3, np.float32), step=0, segment="prefill", layer=0)
+        writer.end_step()
+        read = "import h5py, sys; print(int(h5py.File(sys.argv[1], 'r').attrs['complete']))"  # another process: h5py's own default, locking on
+        done = subprocess.run([sys.executable, "-c", read, str(out)], capture_output=True, text=True, timeout=60, check=False)
+        assert (done.returncode, done.stdout) == (0, "0\n"), done.stderr[-300:]

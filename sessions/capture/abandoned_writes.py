@@ -24,9 +24,11 @@ from sessions.printable import printable
 
 PARTIAL_SUFFIX = ".partial"
 
-UNLOCKED_GRACE_S = 10.0
-"""A hidden file younger than this is left alone even when unlocked: a live writer takes its
-lock a moment after making the file, and a file system without locks never shows one taken."""
+UNLOCKED_GRACE_S = 300.0
+"""A hidden file written to less than this long ago is left alone even when its lock can be
+taken: a live writer takes its lock a moment after making the file, and on a file system whose
+locks are only local (sshfs, SMB without byte-range locks) a writer on another host holds none
+this host can see, while it keeps writing."""
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,7 @@ def _abandoned(partial: Path) -> AbandonedWrite | None:
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            return None  # a living writer holds it, or the file system has no locks
+            return None  # a living writer holds it, or the file system refuses the lock (NFS, on a read-only descriptor): kept
         if os.stat(partial, follow_symlinks=False).st_ino != info.st_ino:
             return None
         os.unlink(partial)

@@ -214,8 +214,8 @@ class CaptureWriter:
         try:
             self._file = h5py.File(partial, "w", locking=False)
         except BaseException as exc:
-            partial.unlink()
-            os.close(self._lock)
+            self._unlock()
+            partial.unlink(missing_ok=True)
             if isinstance(exc, OSError):
                 raise _unwritable(self.path, exc) from None
             raise
@@ -239,11 +239,14 @@ class CaptureWriter:
             self._write_skeleton(meta)
             if not complete_only:
                 os.replace(partial, self.path)
+                # Published: no hidden file is left to guard, and readers that lock files (h5py's
+                # default, h5dump) could not open a recording in progress while it was held.
+                self._unlock()
         except BaseException as exc:  # the skeleton never reached `path`: nothing of it is left behind
             with contextlib.suppress(OSError, RuntimeError):  # libhdf5 out of room cannot close either: the first failure is the news
                 self._file.close()
             partial.unlink(missing_ok=True)
-            os.close(self._lock)
+            self._unlock()
             if isinstance(exc, FileUnwritable):
                 raise
             if isinstance(exc, (OSError, RuntimeError)):
@@ -627,7 +630,13 @@ class CaptureWriter:
         try:
             self._publish(finished)
         finally:
+            self._unlock()
+
+    def _unlock(self) -> None:
+        """Release the hidden file's lock (`held_partial`), once: a descriptor number closed twice may by then be another file's."""
+        if self._lock != -1:
             os.close(self._lock)
+            self._lock = -1
 
     def _publish(self, finished: bool) -> None:
         try:

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from hand_captures import T, bf16_bits, write_capture
 
+from backends.rerun.inputs import CapturedOps
 from sessions.capture.opening import open_capture
 from sessions.capture.reader import CaptureError
 from sessions.capture.records import Record
@@ -412,3 +413,17 @@ def test_a_rerun_by_position_missing_an_input_says_it_looked_for_the_records_pai
     args = ["rerun", str(native), str(oracle), "--op", "0:prefill:0:layer_out@5-1012", "--native-profile", "canonical", "--oracle-profile", "canonical"]
     assert main(args) == 2
     assert capsys.readouterr().err.rstrip().endswith("(looked for the records paired with step 0 prefill positions 5-1012)")
+
+
+def test_a_rerun_input_left_unpaired_for_some_positions_says_why_not_that_there_is_none(tmp_path: Path) -> None:
+    """Each stretch without a partner is keyed by its positions; the rerun's lookup by the call's key missed them."""
+    data = _prompt_tensors()
+    tensors = _call(data, 0, 1013, "visual", True, False) + [t for t in _call(data, 1013, PROMPT, "text-after", True, True) if t.name != "layer_out"]
+    oracle = write_capture(tmp_path / "o.h5", "oracle", tensors, [(0, 7, False)])
+    native = combined(tmp_path / "n.h5", data)
+    c = _compare(native, oracle, alignment="positions")
+    with open_capture(native) as n:
+        ops = CapturedOps.build(n, "native", {}, c.unaligned)
+        assert ops.lacks(0, "prefill", 0, "layer_out") == (
+            "layer_out, but the comparison left it unpaired (no partner: no oracle record of layer_out holds positions 1013-1026)"
+        )

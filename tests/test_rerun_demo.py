@@ -176,6 +176,8 @@ def test_a_saved_rerun_reports_against_its_route_side_as_the_rerun_said_where_it
         text = capsys.readouterr().out
         assert text.startswith("PARITY: ") and "ops        1 aligned (1 bit-exact); 332 unaligned (all by design)" in text, text[:600]
         assert f"  {key}" not in text.split("Worst ops", 1)[1].split("\n\n", 1)[0]
+        alignment = next(line for line in text.splitlines() if line.startswith("alignment  "))
+        assert "cut differently" not in alignment, "a rerun holds a part of the run's calls by design"
 
 
 def test_a_rerun_says_where_its_weights_came_from_and_a_named_file_leaves_the_saved_weights_hash_unknown(demo_pairs: dict, tmp_path: Path) -> None:

@@ -159,7 +159,8 @@ class CapturedOps:
         positions = sorted(first_seq, key=first_seq.__getitem__)
         provenance = capture.meta.provenance if isinstance(capture.meta.provenance, dict) else {}
         config = provenance.get("config", {})
-        unpaired = {u.key: u.why() for u in unaligned if u.side == side and u.key is not None}
+        # By the call's key: paired by position, each stretch without a partner is keyed by its positions (`align`).
+        unpaired = {u.key.whole_call(): u.why() for u in unaligned if u.side == side and u.key is not None}
         return cls(side, capture, records, positions, config if isinstance(config, dict) else {}, unpaired=unpaired)
 
     def lacks(self, step: int, segment: str, layer: int, op: str, shown: str | None = None) -> str:

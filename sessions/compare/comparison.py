@@ -546,6 +546,7 @@ def _assemble(
             [c.text() for c in alignment.oracle_calls],
             _batch_text(batch_of(native)),
             _batch_text(batch_of(oracle)),
-            cut_alike(alignment.native_calls, alignment.oracle_calls),
+            # A rerun capture holds only the calls it recomputed, without the positions before them: a part of the run's calls by design.
+            cut_alike(alignment.native_calls, alignment.oracle_calls) or RERUN_ROLE in (native.meta.role, oracle.meta.role),
         ),
     )

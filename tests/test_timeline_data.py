@@ -56,6 +56,21 @@ def test_each_call_carries_its_records_contract_and_the_ops_with_a_contract_find
     assert "contract: attn.f32.tiled64x64" in described and described[-1] == "its op's contract differs between the sides (a contract finding)"
 
 
+
+def test_calls_whose_sides_were_not_compared_keep_their_contract_mark(tmp_path: Path) -> None:
+    """Calls not compared across the sides (the oracle records none) have slots of their own per
+    side; the mark was looked up by the pair's key among them and never found."""
+    call = dict(kv_group=-1, head_start=0, head_count=4, q_heads=4, kv_heads=1, q_rows=4, kv_len=4, head_dim=8, primitive="fallback")
+    bits = np.zeros((4, 8), dtype=np.float32)
+    native = write_capture(tmp_path / "n.h5", "native", [T("sdpa", bits, layer=0, dispatch=[call], kernel_id="sdpa", contract_id="attn.a", effective_contract_id="attn.a")])
+    oracle = write_capture(tmp_path / "o.h5", "oracle", [T("sdpa", bits, layer=0, kernel_id="sdpa", contract_id="attn.b", effective_contract_id="attn.b")])
+    with open_capture(native) as n, open_capture(oracle) as o:
+        comparison = run_to_end(iter_compare(n, o, CompareOptions(native_profile="canonical", oracle_profile="canonical")))
+        timeline = build_timeline(n, o, comparison)
+    assert comparison.dispatch_not_compared and len(comparison.contracts.findings) == 1
+    assert timeline.contract_differs.tolist() == [True] and timeline.contracts == ["attn.a"]
+
+
 @pytest.mark.slow
 def test_calls_of_records_after_the_shared_eos_are_not_dispatch_differences_of_a_parity_pair(demo_pairs: dict) -> None:
     native, oracle = demo_pairs["post-eos"]

@@ -169,7 +169,9 @@ def build_timeline(native: Capture, oracle: Capture, comparison: Comparison) -> 
     slot = np.array(columns["slot"], dtype=np.int64)
     side = np.array(columns["side"], dtype=np.int8)
     fields = {slots[d.key]: d.fields for d in comparison.dispatch_differences if d.key in slots}
-    contract_slots = sorted(slots[key] for key in comparison.contracts.by_key() if key in slots)
+    # By each side's record, not by slot: runs cut differently give each side's records slots of their own.
+    found = comparison.contracts.by_key()
+    contract_seqs = [[p.native_seq for p in comparison.pairs if p.key in found], [p.oracle_seq for p in comparison.pairs if p.key in found]]
     sides_per_slot = np.zeros((len(slot_keys), 2), dtype=bool)
     sides_per_slot[slot, side] = True
     alone = ~sides_per_slot.all(axis=1)
@@ -199,7 +201,7 @@ def build_timeline(native: Capture, oracle: Capture, comparison: Comparison) -> 
         route_mismatch=mismatch,
         contract=np.array(columns["contract"], dtype=np.int32),
         contracts=list(contracts),
-        contract_differs=np.isin(slot, contract_slots),
+        contract_differs=np.where(side == 0, np.isin(both["index_seq"], contract_seqs[0]), np.isin(both["index_seq"], contract_seqs[1])),
         mask_kind=[cf.decode_field(v) for v in both["mask_kind"].tolist()],
         keys=slot_keys,
         difference_fields=fields,

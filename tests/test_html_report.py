@@ -167,3 +167,18 @@ def test_the_growth_plot_draws_at_most_two_points_per_pixel_column_and_marks_eac
     tall, marked = drawn(growth_svg(many))
     assert len(tall) <= 2 * FIGURE_WIDTH and 0 < marked <= FIGURE_WIDTH
     assert min(tall) == min(heights) and max(tall) == max(heights), "the highest and lowest errors are still drawn"
+
+
+def test_a_contract_finding_reads_in_words_in_the_text_and_on_the_page_and_as_its_code_in_the_json(
+    tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    native, oracle = demo_pairs["attention-contract"]
+    parser = report_command.argparse.ArgumentParser()
+    report_command.add_arguments(parser)
+    out_html, out_json = tmp_path / "r.html", tmp_path / "r.json"
+    report_command.run(parser.parse_args([str(native), str(oracle), "--html", str(out_html), "--json", str(out_json)]))
+    text = capsys.readouterr().out
+    said = "  0:visual:0:sdpa: kernel or contract differs: effective_contract_id: native 'attn.bf16.single_range' vs oracle 'attn.f32.tiled64x64'"
+    assert said in text.split("Execution contracts", 1)[1].splitlines()
+    assert "<td>kernel or contract differs</td>" in out_html.read_text() and "KERNEL_CONTRACT_MISMATCH" not in out_html.read_text()
+    assert '"kind": "KERNEL_CONTRACT_MISMATCH"' in out_json.read_text()

@@ -68,7 +68,7 @@ def test_a_contract_mismatch_reads_as_the_strip_word_and_a_card_at_720p(qtbot: Q
 def test_the_contract_finding_reads_as_words_in_the_card_the_strips_tooltip_and_the_ops_tooltip(qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]]) -> None:
     window.open_pair(*demo_pairs["attention-contract"])
     qtbot.waitUntil(lambda: window.model.comparison is not None and not window.tasks.busy and window.tree.view.currentIndex().isValid(), timeout=WAIT_MS)
-    assert window.model.comparison.comparison.contracts.findings[0].kind == "KERNEL_CONTRACT_MISMATCH", "the code `report` and the JSON keep"
+    assert window.model.comparison.comparison.contracts.findings[0].kind == "KERNEL_CONTRACT_MISMATCH", "the code the JSON keeps"
     [card] = [b for b in window.banners.banners("comparison") if "native ran" in b.text]
     said = "kernel or contract differs: effective_contract_id: native 'attn.bf16.single_range' vs oracle 'attn.f32.tiled64x64'"
     assert shown_tip(card.details.text()).startswith("Kernel or contract differs, found from the index before any tensor data was read")

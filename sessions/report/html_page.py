@@ -22,6 +22,7 @@ from sessions.compare.comparison import (
     unaligned_count,
     worst_ops,
 )
+from sessions.compare.contracts import KIND_WORDS
 from sessions.compare.key import OpKey
 from sessions.compare.tensor_diff import ElementSample
 from sessions.compare.token_parity import POST_EOS, step_word, token_words
@@ -233,7 +234,7 @@ def render_html(c: Comparison, session: Investigation | None = None, screenshots
         out.append("<h3>Captures in the session</h3>" + _table(["role", "path", "identity (sha256)", "bytes"], rows))
     out.append(f"<h2>Execution contracts</h2><p>{c.contracts.checked} pairs checked, {c.contracts.unrecorded} without contract ids.</p>")
     findings = c.contracts.findings
-    out.append(_table(["kind", "op", "detail"], [[escape(f.kind), f"<code>{escape(f.key.text())}</code>", escape(f.detail)] for f in findings], ["mismatch"] * len(findings))
+    out.append(_table(["kind", "op", "detail"], [[escape(KIND_WORDS[f.kind]), f"<code>{escape(f.key.text())}</code>", escape(f.detail)] for f in findings], ["mismatch"] * len(findings))
                if findings else "<p>No contract mismatches.</p>")
     out.append(f"<h2>Dispatch</h2>{_dispatch(c)}")
     first = c.verdict.first

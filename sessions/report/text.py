@@ -94,7 +94,7 @@ def render(c: Comparison, top: int = 10, full: bool = False) -> str:
     out += ["", _token_header(c)]
     out += _token_lines(c, full, limit)
     out += ["", f"Execution contracts ({c.contracts.checked} pairs, {c.contracts.unrecorded} without contract ids)"]
-    out += [f"  {f.kind} {f.key}: {f.detail}" for f in c.contracts.findings[:limit]] or ["  no findings"]
+    out += [f"  {f.key}: {f.text()}" for f in c.contracts.findings[:limit]] or ["  no findings"]
     out += _more(len(c.contracts.findings), limit)
     out += ["", "Dispatch"]
     out += [

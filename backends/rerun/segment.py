@@ -267,6 +267,15 @@ def _same_inputs(a: dict[str, mx.array], b: dict[str, mx.array]) -> bool:
     return a.keys() == b.keys() and all(np.array_equal(mx_to_bits(a[k])[0], mx_to_bits(b[k])[0]) for k in a)
 
 
+def _agreement(compare: Callable[[], bool]) -> bool | None:
+    """Whether a part of the inputs agrees between the sides; None when the other side lacks it
+    (each part on its own: a cache the other side lacks says nothing of its layer input)."""
+    try:
+        return compare()
+    except RerunInputError:
+        return None
+
+
 def _agree_both(first: bool | None, second: bool | None) -> bool | None:
     """Whether two parts of an op's inputs both agree between the sides: unknown only when no part is known to differ."""
     if first is False or second is False:
@@ -462,11 +471,8 @@ def _run_segment(
     other_ops = next(c for c in sides.ops.values() if c is not source)
     history_key = OpKey(target.step, target.segment, target.layer, "sdpa", 0, target.positions)
     history = kv_history(source, history_key)
-    try:
-        start_agrees: bool | None = _same_inputs(chain, _segment_start(other_ops, target))
-        cache_agrees: bool | None = _same_inputs(history, kv_history(other_ops, history_key))
-    except RerunInputError:
-        start_agrees = cache_agrees = None
+    start_agrees = _agreement(lambda: _same_inputs(chain, _segment_start(other_ops, target)))
+    cache_agrees = _agreement(lambda: _same_inputs(history, kv_history(other_ops, history_key)))
     exact = to_f64(chain)
     captured_dtype = chain[LAYER_INPUT].dtype
     chain = _cast(chain, dtype)

@@ -57,6 +57,8 @@ def test_the_route_header_names_only_the_parts_the_reruns_ops_take(demo_pairs: d
     assert routes["q_proj"] == "each op as its row says"
     assert routes["ffn_act"].startswith("swiglu ") and "attention" not in routes["ffn_act"]
     assert routes["sdpa"].startswith("attention ") and "; head-chunk " in routes["sdpa"] and "swiglu" not in routes["sdpa"]
+    assert main(["rerun", str(native), str(oracle), "--op", "0:visual:0:q_proj", "--attention-route", "attn.f32.tiled64x64"]) == 0
+    assert "route: attention attn.f32.tiled64x64 (chosen; no op of this rerun takes it)\n" in capsys.readouterr().out
 
 
 def test_weights_named_for_a_rerun_that_takes_none_are_said_to_be_unread(demo_pairs: dict, capsys: pytest.CaptureFixture[str]) -> None:

@@ -188,6 +188,8 @@ def resolve_routes(route_ops: CapturedOps, key: OpKey, options: RerunOptions) ->
         value, why = (chosen, "chosen") if chosen is not None else recorded()
         if used_by in rerun:
             sources.append(f"{name} {shown(value)} ({why})")
+        elif chosen is not None:
+            sources.append(f"{name} {shown(value)} (chosen; no op of this rerun takes it)")
         return value
 
     attention = part("attention", "sdpa", options.attention_route, lambda: _attention_route(route_ops, key))

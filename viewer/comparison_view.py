@@ -416,10 +416,6 @@ def unaligned_label(record: UnalignedRecord) -> str:
     return f"{record.side}: {record.name} (step {record.step} {record.segment}{layer}{positions})"
 
 
-def unaligned_reason(record: UnalignedRecord) -> str:
-    return record.why()
-
-
 # -- headline, banners ------------------------------------------------------------------------
 
 

@@ -171,7 +171,8 @@ def build_timeline(native: Capture, oracle: Capture, comparison: Comparison) -> 
     fields = {slots[d.key]: d.fields for d in comparison.dispatch_differences if d.key in slots}
     # By each side's record, not by slot: runs cut differently give each side's records slots of their own.
     found = comparison.contracts.by_key()
-    contract_seqs = [[p.native_seq for p in comparison.pairs if p.key in found], [p.oracle_seq for p in comparison.pairs if p.key in found]]
+    marked = [p for p in comparison.pairs if p.key in found]
+    contract_seqs = [[p.native_seq for p in marked], [p.oracle_seq for p in marked]]
     sides_per_slot = np.zeros((len(slot_keys), 2), dtype=bool)
     sides_per_slot[slot, side] = True
     alone = ~sides_per_slot.all(axis=1)

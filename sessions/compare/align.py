@@ -452,17 +452,13 @@ class _SetAside:
                 spanned[op].append((span[0], span[1], u))
             else:
                 self._by_step.setdefault((*op, u.step), u)
-        self._firsts: dict[tuple[str, int, str, int], list[int]] = {}
-        self._stops: dict[tuple[str, int, str, int], list[int]] = {}
-        self._reach: dict[tuple[str, int, str, int], list[int]] = {}
-        """Per op, the furthest stop of any span up to each one, in order of first position."""
-        self._rows: dict[tuple[str, int, str, int], list[UnalignedRecord]] = {}
+        self._spanned: dict[tuple[str, int, str, int], tuple[list[int], list[int], list[int], list[UnalignedRecord]]] = {}
+        """Per op, in order of first position: the spans' firsts, their stops, the furthest stop of
+        any span up to each one, and the records."""
         for op, rows in spanned.items():
             rows.sort(key=itemgetter(0))
-            self._firsts[op] = [first for first, _, _ in rows]
-            self._stops[op] = [stop for _, stop, _ in rows]
-            self._reach[op] = list(accumulate((stop for _, stop, _ in rows), max))
-            self._rows[op] = [u for _, _, u in rows]
+            stops = [stop for _, stop, _ in rows]
+            self._spanned[op] = ([first for first, _, _ in rows], stops, list(accumulate(stops, max)), [u for _, _, u in rows])
 
     def partner(self, side: str, key: OpKey, gap: Span | None = None) -> UnalignedRecord | None:
         """`side`'s set-aside record that would have paired with the other side's record of `key`
@@ -471,9 +467,8 @@ class _SetAside:
         if gap is None:
             return self._by_key.get((side, key))
         op = (side, key.layer, key.op, key.occurrence)
-        firsts = self._firsts.get(op)
-        if firsts:
-            stops, reach, rows = self._stops[op], self._reach[op], self._rows[op]
+        if op in self._spanned:
+            firsts, stops, reach, rows = self._spanned[op]
             at = bisect_left(firsts, gap[1]) - 1  # the last span starting before the gap ends
             found: UnalignedRecord | None = None
             while at >= 0 and reach[at] > gap[0]:  # no span before one whose reach ends by the gap's start overlaps it

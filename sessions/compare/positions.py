@@ -45,10 +45,10 @@ def record_spans(mapped: list[MappedRecord]) -> tuple[dict[int, Span], list[Call
     axes: dict[str, tuple[int, int]] = {}
     for record, key, _, shape, *_ in mapped:
         op = key.op
-        found = axes.get(op)
-        if found is None:
-            found = axes[op] = (rows_axis(op), len(canonical_axes(op)))
-        axis, rank = found
+        axis_rank = axes.get(op)
+        if axis_rank is None:
+            axis_rank = axes[op] = (rows_axis(op), len(canonical_axes(op)))
+        axis, rank = axis_rank
         if len(shape) != rank:
             continue  # which axis holds the positions is unknown: it has no span (`align._placed` says why)
         call = record[1:3]  # (step, segment)

@@ -258,10 +258,11 @@ class _Node:
 
     def done(self) -> None:
         unknown = sorted(set(self.value) - self.used)
-        if unknown and self.unread is None:
+        if not unknown:
+            return
+        if self.unread is None:
             raise self.fail(f"unknown key(s) {', '.join(unknown)}")
-        if unknown and self.unread is not None:
-            self.unread.extend(f"{self.where}/{key}" for key in unknown)
+        self.unread.extend(f"{self.where}/{key}" for key in unknown)
 
 
 def _read_op(n: _Node) -> OpKey:

@@ -100,6 +100,12 @@ class TimelineModel(QObject):
             return t.primitive
         return np.where(t.metal > 1, t.metal, t.predicted_metal)
 
+    def contract_marked(self) -> np.ndarray:
+        """Per event, whether it is marked as a call of an op with a contract finding: only while coloured by contract."""
+        assert self.timeline is not None
+        t = self.timeline
+        return t.contract_differs if self.colour_by == "contract" else np.zeros(len(t), dtype=bool)
+
     def colour_names(self) -> list[str]:
         """What each colour code stands for: a primitive, or a contract id ("" for none recorded)."""
         if self.colour_by == "contract":

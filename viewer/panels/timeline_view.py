@@ -134,9 +134,11 @@ class BoxesItem(pg.GraphicsObject):
         boxes, timeline = self.model.boxes, self.model.timeline
         assert boxes is not None and timeline is not None
         events = boxes.event[index]
-        marks = [(timeline.differs[events], DIFFERS_COLOUR, 0.9), (timeline.route_mismatch[events], MISMATCH_COLOUR, 0.0)]
-        if self.model.colour_by == "contract":
-            marks.append((timeline.contract_differs[events], CONTRACT_DIFFERS_COLOUR, 0.45))
+        marks = (
+            (timeline.differs[events], DIFFERS_COLOUR, 0.9),
+            (timeline.route_mismatch[events], MISMATCH_COLOUR, 0.0),
+            (self.model.contract_marked()[events], CONTRACT_DIFFERS_COLOUR, 0.45),
+        )
         for mask, colour, offset in marks:
             chosen = index[mask]
             if not chosen.size:
@@ -158,9 +160,8 @@ class BoxesItem(pg.GraphicsObject):
         assert boxes is not None and timeline is not None
         painter.setBrush(Qt.BrushStyle.NoBrush)
         events = boxes.event[index]
-        contract = timeline.contract_differs[events] if self.model.colour_by == "contract" else np.zeros(events.size, dtype=bool)
         for mask, colour, width, style in (
-            (contract, CONTRACT_DIFFERS_COLOUR, 3.0, Qt.PenStyle.SolidLine),
+            (self.model.contract_marked()[events], CONTRACT_DIFFERS_COLOUR, 3.0, Qt.PenStyle.SolidLine),
             (timeline.differs[events], DIFFERS_COLOUR, 2.0, Qt.PenStyle.SolidLine),
             (timeline.route_mismatch[events], MISMATCH_COLOUR, 2.0, Qt.PenStyle.DashLine),
             (events == (-1 if self.model.selected is None else self.model.selected), SELECTED_COLOUR, 3.0, Qt.PenStyle.SolidLine),

@@ -284,9 +284,9 @@ class AlignmentTree(QWidget):
             parent.appendRow(row)
             self._items[id(pair)] = row[0]
         for record in group.records:
-            row = self._row(cv.unaligned_label(record), group.record_status(record), "", cv.unaligned_reason(record))
+            row = self._row(cv.unaligned_label(record), group.record_status(record), "", record.why())
             row[0].setData(record, UNALIGNED_ROLE)
-            row[0].setToolTip(plain_tip(cv.unaligned_reason(record)))
+            row[0].setToolTip(plain_tip(record.why()))
             self._unaligned_items[id(record)] = row[0]
             parent.appendRow(row)
 

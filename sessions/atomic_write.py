@@ -9,6 +9,7 @@ during rotation leaves every file either the old or the new content, never half 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import time
@@ -42,8 +43,12 @@ def fsync_directory(directory: Path) -> None:
 
 TEMP_PREFIX_BYTES = 200
 """The most of a file's name its hidden temp's name repeats: the rest of the 255 bytes a name may
-take holds a random part (up to 32 characters) and a suffix. Repeating it whole made a file
-whose name was 220-255 bytes long impossible to save."""
+take holds a random part and a suffix. Repeating it whole made a file whose name was 220-255
+bytes long impossible to save."""
+NAME_DIGEST_CHARACTERS = 8
+"""A name cut to TEMP_PREFIX_BYTES ends in this much of its whole name's digest: two outputs whose
+names share their first 200 bytes would otherwise share their temps' names, and one writer took
+the other's dead files for its own."""
 
 
 def fsync_file(path: Path) -> None:
@@ -56,7 +61,10 @@ def fsync_file(path: Path) -> None:
 
 
 def _temp_prefix(path: Path) -> str:
-    raw = os.fsencode(path.name)[:TEMP_PREFIX_BYTES]  # bytes, as the file system counts them
+    raw = os.fsencode(path.name)  # bytes, as the file system counts them
+    if len(raw) > TEMP_PREFIX_BYTES:
+        digest = hashlib.sha256(raw).hexdigest()[:NAME_DIGEST_CHARACTERS].encode()
+        raw = raw[: TEMP_PREFIX_BYTES - NAME_DIGEST_CHARACTERS - 1] + b"~" + digest
     try:
         path.name.encode("utf-8")
     except UnicodeEncodeError:  # a name that is not UTF-8 (Linux allows any bytes) stays its bytes
@@ -66,7 +74,7 @@ def _temp_prefix(path: Path) -> str:
 
 def _remove_stale_temps(path: Path) -> None:
     cutoff = time.time() - STALE_TEMP_AGE_S
-    for leftover in path.parent.glob(f"{_temp_prefix(path)}*.tmp"):
+    for leftover in files_beside(path, ".tmp"):
         try:
             if leftover.stat().st_mtime < cutoff:
                 leftover.unlink()
@@ -122,7 +130,7 @@ def _write_temp(path: Path, data: bytes) -> Path:
 
 def _snapshot(path: Path) -> Path:
     """A durable copy of the current file, made aside and renamed into place by the caller."""
-    temp = path.with_name(f"{_temp_prefix(path)}{uuid.uuid4().hex}.tmp")
+    temp = path.with_name(f"{_temp_prefix(path)}{uuid.uuid4().hex[:NEW_FILE_RANDOM]}.tmp")
     try:
         try:
             os.link(path, temp)

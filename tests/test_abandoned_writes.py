@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
@@ -13,7 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sessions.capture.abandoned_writes import UNLOCKED_GRACE_S, remove_abandoned_writes
+from sessions.atomic_write import new_file_beside
+from sessions.capture import abandoned_writes
+from sessions.capture.abandoned_writes import UNLOCKED_GRACE_S, held_partial, remove_abandoned_writes
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.opening import open_capture
 from sessions.capture.writer import CaptureWriter
@@ -121,3 +124,38 @@ def test_a_recording_in_progress_opens_in_a_reader_that_locks_files_as_h5py_does
         read = "import h5py, sys; print(int(h5py.File(sys.argv[1], 'r').attrs['complete']))"  # another process: h5py's own default, locking on
         done = subprocess.run([sys.executable, "-c", read, str(out)], capture_output=True, text=True, timeout=60, check=False)
         assert (done.returncode, done.stdout) == (0, "0\n"), done.stderr[-300:]
+
+
+def test_outputs_whose_long_names_share_their_first_200_bytes_never_take_each_others_hidden_files(tmp_path: Path) -> None:
+    first, second = tmp_path / f"{'a' * 210}-first.h5", tmp_path / f"{'a' * 210}-second.h5"
+    descriptor, left = held_partial(first)
+    os.close(descriptor)
+    _aged(left)
+    assert len(os.fsencode(left.name)) <= 255
+    assert remove_abandoned_writes(second) == [] and left.exists()
+    assert [a.path for a in remove_abandoned_writes(first)] == [left]
+
+
+def test_a_new_hidden_file_that_another_writers_clean_up_holds_or_removed_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path, made, holders = tmp_path / "x.h5", [], []
+
+    def new_file(output: Path, suffix: str) -> tuple[int, Path]:
+        descriptor, partial = new_file_beside(output, suffix)
+        made.append(partial)
+        if len(made) == 1:  # a clean-up with a clock far off has locked it, about to remove it
+            holders.append(os.open(partial, os.O_RDONLY))
+            fcntl.flock(holders[0], fcntl.LOCK_EX | fcntl.LOCK_NB)
+        elif len(made) == 2:  # a clean-up has removed it already
+            partial.unlink()
+        return descriptor, partial
+
+    monkeypatch.setattr(abandoned_writes, "new_file_beside", new_file)
+    descriptor, partial = held_partial(path)
+    try:
+        assert partial == made[2] and partial.exists()
+        holders.append(os.open(partial, os.O_RDONLY))
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(holders[1], fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        for open_file in (descriptor, *holders):
+            os.close(open_file)

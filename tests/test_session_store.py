@@ -209,9 +209,9 @@ def test_saving_into_a_read_only_folder_reports_it_and_keeps_the_session(tmp_pat
 
 def test_a_leftover_temp_file_from_a_dead_saver_is_removed_by_the_next_save(tmp_path: Path) -> None:
     path = tmp_path / "s.xray"
-    leftover = tmp_path / ".s.xray.abc123.tmp"
+    leftover = tmp_path / ".s.xray.0123456789ab.tmp"
     leftover.write_bytes(b"half a session")
-    recent = tmp_path / ".s.xray.def456.tmp"
+    recent = tmp_path / ".s.xray.cdef01234567.tmp"
     recent.write_bytes(b"a save in flight")
     old = time.time() - STALE_TEMP_AGE_S - 1
     os.utime(leftover, (old, old))

@@ -177,3 +177,12 @@ def test_the_temp_name_of_a_long_name_stays_valid_utf8_and_its_stale_temps_are_s
     os.utime(temp, (0, 0))
     atomic_write_bytes(path, b"saved again")
     assert not temp.exists(), "a stale temp of the same name is found and removed"
+
+
+def test_the_stale_temps_of_a_name_with_glob_characters_are_found(tmp_path: Path) -> None:
+    path = tmp_path / "run [3].json"
+    descriptor, temp = new_file_beside(path, ".tmp")
+    os.close(descriptor)
+    os.utime(temp, (0, 0))
+    atomic_write_bytes(path, b"saved")
+    assert [p.name for p in tmp_path.iterdir()] == [path.name], "the dead saver's temp is removed"

@@ -46,12 +46,28 @@ class AbandonedWrite:
 def held_partial(path: Path) -> tuple[int, Path]:
     """A new hidden file for a capture of `path`, and a descriptor holding its lock: closing
     the descriptor (or the process dying) releases it."""
-    descriptor, partial = new_file_beside(path, PARTIAL_SUFFIX)
+    while True:
+        descriptor, partial = new_file_beside(path, PARTIAL_SUFFIX)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(descriptor)
+            continue
+        except OSError:
+            return descriptor, partial  # no locks on this file system: the file is then never taken for abandoned (`_abandoned`)
+        if _names(partial, descriptor):
+            return descriptor, partial
+        # Another writer's clean-up took the new file for abandoned (its clock is far off, as a
+        # file server's may be): it holds the file or has removed it. A file of its own is made.
+        os.close(descriptor)
+
+
+def _names(path: Path, descriptor: int) -> bool:
+    """Whether `path` still names the file open as `descriptor`."""
     try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        pass  # no locks on this file system: the file is then never taken for abandoned (`_abandoned`)
-    return descriptor, partial
+        return os.stat(path, follow_symlinks=False).st_ino == os.fstat(descriptor).st_ino
+    except FileNotFoundError:
+        return False
 
 
 def remove_abandoned_writes(path: Path) -> list[AbandonedWrite]:
@@ -78,7 +94,7 @@ def _abandoned(partial: Path) -> AbandonedWrite | None:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             return None  # a living writer holds it, or the file system refuses the lock (NFS, on a read-only descriptor): kept
-        if os.stat(partial, follow_symlinks=False).st_ino != info.st_ino:
+        if not _names(partial, descriptor):
             return None
         os.unlink(partial)
         return AbandonedWrite(partial, info.st_size)

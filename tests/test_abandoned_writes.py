@@ -16,7 +16,11 @@ import pytest
 
 from sessions.atomic_write import new_file_beside
 from sessions.capture import abandoned_writes
-from sessions.capture.abandoned_writes import UNLOCKED_GRACE_S, held_partial, remove_abandoned_writes
+from sessions.capture.abandoned_writes import (
+    UNLOCKED_GRACE_S,
+    held_partial,
+    remove_abandoned_writes,
+)
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.opening import open_capture
 from sessions.capture.writer import CaptureWriter

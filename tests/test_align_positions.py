@@ -193,6 +193,25 @@ def test_a_record_whose_partners_positions_two_records_claim_names_that_ambiguit
     assert "no oracle record" not in " ".join(u.detail for u in c.unaligned)
 
 
+def test_a_set_aside_record_without_positions_is_named_only_for_the_positions_its_call_holds(tmp_path: Path) -> None:
+    """The oracle's text-after layer_out has no positions of its own (one axis too many), and its
+    visual call recorded no layer_out. Matched by step alone, it was named the partner of the
+    native's visual positions, which its call never held."""
+    data = _prompt_tensors()
+    native = write_capture(tmp_path / "n.h5", "native", _call(data, 0, 1013, "prefill", True, True), [(0, 7, False)])
+    visual = [t for t in _call(data, 5, 1013, "visual", True, False) if t.name != "layer_out"]
+    after = [t for t in _call(data, 1013, PROMPT, "text-after", True, False) if t.name != "layer_out"]
+    after.append(T("layer_out", data["layer_out"][None, 1013:PROMPT], segment="text-after", layer=0, dtype="bfloat16", position=1013))
+    oracle = write_capture(tmp_path / "o.h5", "oracle", _call(data, 0, 5, "text-before", True, False) + visual + after, [(0, 7, False)])
+    c = _compare(native, oracle, alignment="positions")
+    assert [(u.key.text(), u.why()) for u in c.unaligned if u.side == "native" and u.name == "layer_out"] == [
+        ("0:prefill:0:layer_out@5-1012", "no partner: no oracle record of layer_out holds positions 5-1012"),
+    ]
+    whole = _compare(combined(tmp_path / "whole.h5", data), oracle, alignment="positions")
+    (row,) = [u for u in whole.unaligned if u.side == "native" and u.name == "layer_out"]
+    assert row.key.positions == (5, PROMPT) and row.detail.startswith("its oracle partner 'layer_out' (seq ") and "is unaligned itself: no token positions" in row.detail
+
+
 def test_the_prompt_tail_fed_token_by_token_pairs_with_the_same_rows_of_one_prefill(tmp_path: Path) -> None:
     data = _prompt_tensors()
     fed = _call(data, 0, PROMPT - 4, "prefill", True, False)

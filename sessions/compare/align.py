@@ -436,22 +436,24 @@ class _SetAside:
     a bisection of each op's spans: a run whose every record of one side is set aside asks once
     per record of the other (a scan per lookup made a 216,000-record alignment take 13 s)."""
 
-    def __init__(self, unaligned: list[UnalignedRecord], spans: dict[str, dict[int, Span]] | None = None) -> None:
+    def __init__(
+        self, unaligned: list[UnalignedRecord], spans: dict[str, dict[int, Span]] | None = None, calls: dict[str, list[Call]] | None = None
+    ) -> None:
         self._by_key: dict[tuple[str, OpKey], UnalignedRecord] = {}
         spanned: dict[tuple[str, int, str, int], list[tuple[int, int, UnalignedRecord]]] = defaultdict(list)
-        self._by_step: dict[tuple[str, int, str, int, int], UnalignedRecord] = {}
+        call_spans = {side: {(c.step, c.segment): c.span for c in side_calls} for side, side_calls in (calls or {}).items()}
         for u in unaligned:
             if u.key is None or u.reason in BY_DESIGN:
                 continue
             self._by_key.setdefault((u.side, u.key), u)
             if spans is None:
                 continue
-            op = (u.side, u.key.layer, u.key.op, u.key.occurrence)
-            span = spans[u.side].get(u.seq)
+            # A record with no span of its own stands for the positions its call holds, when its
+            # call's other records say which: matched by step alone, it was named the partner of
+            # positions another call of that step held.
+            span = spans[u.side].get(u.seq) or call_spans.get(u.side, {}).get((u.step, u.segment))
             if span is not None:
-                spanned[op].append((span[0], span[1], u))
-            else:
-                self._by_step.setdefault((*op, u.step), u)
+                spanned[(u.side, u.key.layer, u.key.op, u.key.occurrence)].append((span[0], span[1], u))
         self._spanned: dict[tuple[str, int, str, int], tuple[list[int], list[int], list[int], list[UnalignedRecord]]] = {}
         """Per op, in order of first position: the spans' firsts, their stops, the furthest stop of
         any span up to each one, and the records."""
@@ -462,8 +464,7 @@ class _SetAside:
 
     def partner(self, side: str, key: OpKey, gap: Span | None = None) -> UnalignedRecord | None:
         """`side`'s set-aside record that would have paired with the other side's record of `key`
-        (runs paired by position: one that holds some of `gap`, else one of the same step whose
-        positions are unknown)."""
+        (runs paired by position: one that holds some of `gap`, or whose call does)."""
         if gap is None:
             return self._by_key.get((side, key))
         op = (side, key.layer, key.op, key.occurrence)
@@ -475,9 +476,8 @@ class _SetAside:
                 if stops[at] > gap[0]:
                     found = rows[at]  # the earliest overlapping one is named: the first that claimed the positions
                 at -= 1
-            if found is not None:
-                return found
-        return self._by_step.get((*op, key.step))
+            return found
+        return None
 
     def unaligned(self, side: str, record: Record, key: OpKey, gap: Span | None = None) -> UnalignedRecord | None:
         """`record`'s row when its partner on the other side was set aside; None when it was not."""
@@ -594,19 +594,19 @@ def _cut_only_where_needed(
 def _pair_by_position(
     n_mapped: list[MappedRecord],
     o_mapped: list[MappedRecord],
-    n_spans: dict[int, Span],
-    o_spans: dict[int, Span],
+    spans: dict[str, dict[int, Span]],
+    calls: dict[str, list[Call]],
     unaligned: list[UnalignedRecord],
     manual: list[AlignedPair],
 ) -> list[AlignedPair]:
     """Runs cut differently: each (layer, op, occurrence) pairs the positions both sides hold, one
-    pair per overlap of a native and an oracle record, named by the native call and the positions."""
+    pair per overlap of a native and an oracle record, named by the native call and the positions.
+    `spans` and `calls` are each side's (`record_spans`), by side."""
     uncuttable: dict[str, dict[int, str]] = {"native": {}, "oracle": {}}
-    natives = _placed("native", n_mapped, n_spans, unaligned, uncuttable["native"])
-    oracles = _placed("oracle", o_mapped, o_spans, unaligned, uncuttable["oracle"])
+    natives = _placed("native", n_mapped, spans["native"], unaligned, uncuttable["native"])
+    oracles = _placed("oracle", o_mapped, spans["oracle"], unaligned, uncuttable["oracle"])
     _cut_only_where_needed({"native": natives, "oracle": oracles}, uncuttable, unaligned)
-    spans = {"native": n_spans, "oracle": o_spans}
-    set_aside = _SetAside(unaligned, spans)
+    set_aside = _SetAside(unaligned, spans, calls)
     for side, mine, theirs in (("native", natives, oracles), ("oracle", oracles, natives)):
         other = "oracle" if side == "native" else "native"
         for group, placed in mine.items():
@@ -698,7 +698,7 @@ def align(
     if chosen == CALLS:
         candidates = manual + _pair_by_key(n_mapped, o_mapped, unaligned, manual)
     else:
-        candidates = manual + _pair_by_position(n_mapped, o_mapped, n_spans, o_spans, unaligned, manual)
+        candidates = manual + _pair_by_position(n_mapped, o_mapped, {"native": n_spans, "oracle": o_spans}, {"native": n_calls, "oracle": o_calls}, unaligned, manual)
     pairs = [p for p in _apply_breaks(overrides, candidates, native, unaligned) if _comparable(p, unaligned)]
     pairs = _set_aside_before_mask(pairs, n_spans, o_spans, unaligned)
     pairs.sort(key=lambda p: p.native.record.seq)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QFont, QFontMetrics
 
 from sessions.capture.opening import open_capture
 from sessions.compare.result_cache import iter_compare_cached
@@ -110,6 +111,9 @@ def test_at_1280x720_the_scope_reads_whole_and_the_ops_table_shows_op_cause_and_
     assert not ops.horizontalScrollBar().isVisible(), "the local error is elided, its tooltip whole"
     assert sum(ops.columnWidth(c) for c in range(len(OP_COLUMNS))) <= ops.viewport().width()
     assert "local error:" in shown_tip(ops.item(0, 3).toolTip())
+    bold = QFont(ops.horizontalHeader().font())
+    bold.setBold(True)  # as the style sheet draws a header, which clips a title too long rather than elide it
+    assert ops.columnWidth(3) >= QFontMetrics(bold).horizontalAdvance(OP_COLUMNS[3]) + 12, "the error column's title reads whole"
 
 
 def test_a_new_pair_takes_back_the_last_diagnosis_cause_column_tab_titles_and_progress(qtbot, window: MainWindow, demo_pairs: dict) -> None:  # type: ignore[no-untyped-def]

@@ -13,7 +13,7 @@ from sessions.progress import run_to_end
 from viewer.comparison_view import TokenRow, ViewedComparison
 from viewer.pair_model import PairModel
 from viewer.panels.overview_plot import OverviewPlot
-from viewer.panels.token_table import TokenTable
+from viewer.panels.token_table import COLUMNS, TokenTable
 from viewer.widgets.stale_while_hidden import bring_hidden_pages_up_to_date
 
 pytestmark = pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")
@@ -88,3 +88,20 @@ def test_the_token_tables_short_columns_fit_their_widest_text_wherever_it_is(qtb
         needed = QFontMetrics(drawn).horizontalAdvance(index.data())
         assert table.table.columnWidth(column) >= needed, (row, column)
     assert table.table.columnWidth(1) > 200
+
+
+def test_the_token_table_never_scrolls_sideways_its_top_k_columns_share_what_is_left_and_tell_their_text_in_a_tooltip(qtbot: QtBot) -> None:
+    """At 1280x720 the top-k columns, sized to their text, pushed the verdict's neighbours off screen."""
+    top = ", ".join(f"{token}: 3.109375" for token in (42, 214, 12, 9, 77))
+    steps = [TokenRow(i, str(i), str(i), "match, logits differ", "+0.0156", "1.42e-05", "100%", top, top) for i in range(7)]
+    table = TokenTable(PairModel())
+    qtbot.addWidget(table)
+    table.resize(840, 400)  # the tab's width in a 1280x720 window
+    table.show_rows(steps)
+    table.show()
+    qtbot.waitExposed(table)
+    view = table.table
+    assert not view.horizontalScrollBar().isVisible()
+    assert sum(view.columnWidth(c) for c in range(len(COLUMNS))) <= view.viewport().width()
+    assert abs(view.columnWidth(7) - view.columnWidth(8)) <= 1 and view.columnWidth(7) >= 40
+    assert table.rows.index(0, 7).data(Qt.ItemDataRole.ToolTipRole) == top

@@ -47,7 +47,9 @@ from viewer.widgets.read_only_table import read_only_table
 from viewer.workers import TaskSlots
 
 SCOPES = (("first", "First local op"), ("all", "Every diverged op + budget"), ("op", "The selected op"))
-OP_COLUMNS = ("op", "cause", "native ran", "local error")
+OP_COLUMNS = ("op", "cause", "native ran", "error")
+""""error", not "local error": the column takes what the others leave, and a header is clipped, never elided ("ocal erro")."""
+LOCAL_ERROR_TIP = "Local error: the native's output against the oracle's route computed from the native's own inputs"
 CANDIDATE_COLUMNS = ("candidate", "vs native", "vs oracle's route", "what it computes")
 NO_PAIR = "Open a native and an oracle capture, let the comparison finish, then diagnose."
 NOT_COMPARED = "Diagnose needs this pair's comparison: it can run once the comparison has finished."
@@ -130,6 +132,7 @@ class DiagnosisPanel(QWidget):
         # its text it pushed the table into a sideways scroll at 1280x720.
         self.ops.horizontalHeader().setStretchLastSection(False)
         self.ops.horizontalHeader().setSectionResizeMode(len(OP_COLUMNS) - 1, QHeaderView.ResizeMode.Stretch)
+        self.ops.horizontalHeaderItem(len(OP_COLUMNS) - 1).setToolTip(LOCAL_ERROR_TIP)
         self.why = rich_label()
         self.why.setWordWrap(True)
         self.why.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)

@@ -17,6 +17,7 @@ from PySide6.QtCore import (
 )
 from PySide6.QtGui import QBrush, QColor, QFont, QFontMetrics
 from PySide6.QtWidgets import (
+    QHeaderView,
     QStyle,
     QTableView,
     QVBoxLayout,
@@ -36,9 +37,9 @@ VERDICT_COLOURS = {"match": "#2e9d57", "match, logits differ": "#c9a227", "diffe
 """The verdict column's colours: a match over different logits is a near miss, in amber."""
 MONO_COLUMNS = (1, 2, 4, 5, 6, 7, 8)
 LONG_COLUMNS = (7, 8)
-"""The top-k columns: at most LONG_COLUMN_MAX wide (the whole text is in a tooltip); the table
-scrolls sideways rather than squeeze them to a few letters in a narrow window."""
-LONG_COLUMN_MAX = 320
+"""The top-k columns share the width the others leave, their text elided (whole in a tooltip):
+sized to their text, they pushed the table into a sideways scroll at 1280x720, where the short
+columns (the verdict's) are what a user reads first."""
 VERDICT_COLUMN = 3
 POST_EOS = "post-EOS"
 
@@ -128,7 +129,10 @@ class TokenTable(QWidget):
         self.rows = TokenRows(self)
         self.table = read_only(QTableView())
         self.table.setModel(self.rows)
-        self.table.horizontalHeader().setStretchLastSection(True)
+        header = self.table.horizontalHeader()
+        header.setStretchLastSection(False)
+        for column in LONG_COLUMNS:
+            header.setSectionResizeMode(column, QHeaderView.ResizeMode.Stretch)
         layout.addWidget(self.table, 1)
         self._refresh = StaleWhileHidden(self, self._rebuild_now)
         model.comparison_changed.connect(self._refresh.request)
@@ -147,8 +151,8 @@ class TokenTable(QWidget):
         header = self.table.horizontalHeader()
         margin = 2 * (self.table.style().pixelMetric(QStyle.PixelMetric.PM_FocusFrameHMargin, None, self.table) + 1) + 4
         for column in range(len(COLUMNS)):
-            widest = self.rows.widest(column, self.table.font()) + margin
-            header.resizeSection(column, max(header.sectionSizeFromContents(column).width(), min(widest, LONG_COLUMN_MAX) if column in LONG_COLUMNS else widest))
+            if column not in LONG_COLUMNS:
+                header.resizeSection(column, max(header.sectionSizeFromContents(column).width(), self.rows.widest(column, self.table.font()) + margin))
 
     def verdicts(self) -> list[str]:
         self._refresh.bring_up_to_date()

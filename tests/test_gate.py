@@ -528,3 +528,24 @@ def test_a_case_says_how_its_records_were_paired_as_reports_json_does(
     assert report_main(["report", str(native), str(oracle), "--align", align, "--json", str(tmp_path / "r.json")]) == 1
     capsys.readouterr()
     assert gate_to_dict(gate)["cases"][0]["alignment"] == json.loads((tmp_path / "r.json").read_text())["alignment"]["mode"] == align
+
+
+def test_a_capture_whose_writer_did_not_finish_is_refused_by_gate_report_diagnose_and_rerun_alike(
+    tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A gate passed such a case as PARITY, and diagnose and rerun judged it without a word."""
+    native, oracle = (Path(shutil.copy(path, tmp_path)) for path in demo_pairs["clean"])
+    with h5py.File(native, "r+") as f:
+        f.attrs["complete"] = 0
+    reason = f"{native}: / attribute 'complete': incomplete: the writer did not finish; it holds 333 records, 7 token steps, 7 tokens, 24 dispatch events"
+    result = run_to_end(iter_judge_case(GateCase("cut-short", str(native), str(oracle), CompareOptions()))).result
+    assert (result.word, result.reasons) == (UNUSABLE, [reason])
+    said = {}
+    for command, extra in (("report", []), ("diagnose", []), ("rerun", ["--op", "0:text-before:0:sdpa"])):
+        assert report_main([command, str(native), str(oracle), *extra]) == 2, command
+        said[command] = capsys.readouterr().err
+    assert said == {
+        "report": f"parity-xray report: unusable input: {reason}\n",
+        "diagnose": f"parity-xray diagnose: {reason}\n",
+        "rerun": f"parity-xray rerun: {reason}\n",
+    }

@@ -20,7 +20,7 @@ import sys
 from backends.diagnosis.document import render_html, render_text, to_dict
 from backends.diagnosis.run import DiagnoseOptions, Diagnosis, iter_diagnose
 from backends.rerun.inputs import RerunInputError, files_read
-from sessions.capture.opening import open_capture
+from sessions.capture.opening import open_complete_capture
 from sessions.capture.reader import CaptureError
 from sessions.commands.arguments import (
     add_align_argument,
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         options = options_from(args)
         compare = CompareOptions(native_profile=args.native_profile, oracle_profile=args.oracle_profile, alignment=args.align)
-        with open_capture(args.native) as native, open_capture(args.oracle) as oracle:
+        with open_complete_capture(args.native) as native, open_complete_capture(args.oracle) as oracle:
             inputs = files_read(native, oracle, None, (args.native_profile, args.oracle_profile))
             clash = output_problem(outputs, inputs)
             if clash is not None:

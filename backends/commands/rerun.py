@@ -29,7 +29,7 @@ from backends.rerun.segment import (
     rerun_target,
 )
 from sessions.capture.abandoned_writes import remove_abandoned_writes
-from sessions.capture.opening import open_capture
+from sessions.capture.opening import open_complete_capture
 from sessions.capture.reader import CaptureError
 from sessions.commands.arguments import (
     add_align_argument,
@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         key = rerun_target(args.op)
         options = options_from(args)
         compare = CompareOptions(native_profile=args.native_profile, oracle_profile=args.oracle_profile, alignment=args.align)
-        with open_capture(args.native) as native, open_capture(args.oracle) as oracle:
+        with open_complete_capture(args.native) as native, open_complete_capture(args.oracle) as oracle:
             inputs = files_read(native, oracle, args.weights, (args.native_profile, args.oracle_profile))
             outputs = {"--save": args.save, "--json": args.json}
             problem = output_problem(outputs, inputs)

@@ -49,6 +49,17 @@ def iter_open_capture(
     return capture
 
 
+def open_complete_capture(path: str | Path) -> Capture:
+    """`open_capture` for a verdict: a capture whose writer did not finish is refused, as
+    `report` refuses it. A gate passed one, and diagnose and rerun judged one, without a word."""
+    capture = open_capture(path)
+    if not capture.complete:
+        reason = capture.describe()
+        capture.close()
+        raise CaptureError(path, "/ attribute 'complete'", reason)
+    return capture
+
+
 def open_capture(
     path: str | Path,
     *,

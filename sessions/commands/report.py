@@ -91,18 +91,6 @@ def _check_both(paths: tuple[str, str]) -> None:
         list(pool.map(ensure_checked, existing))
 
 
-def _open(path: str) -> Capture:
-    from sessions.capture.opening import open_capture
-    from sessions.capture.reader import CaptureError
-
-    capture = open_capture(path)
-    if not capture.complete:
-        reason = capture.describe()
-        capture.close()
-        raise CaptureError(path, "/ attribute 'complete'", reason)
-    return capture
-
-
 def _unusable(args: argparse.Namespace, message: str) -> int:
     """Exit 2 with one line on stderr, leaving no report behind: a JSON or HTML file an earlier run
     wrote at the paths asked for is removed, so a CI step reading it never takes the last
@@ -165,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace, session: Investigation | None = None) -> int:
     # Imported after the head start, so the disk works while numpy and h5py load.
+    from sessions.capture.opening import open_complete_capture
     from sessions.capture.reader import CaptureError
     from sessions.compare.comparison import iter_compare
     from sessions.compare.document import dumps
@@ -199,8 +188,8 @@ def _report(args: argparse.Namespace, session: Investigation | None = None) -> i
     captures: list[Capture] = []
     try:
         _check_both((args.native, args.oracle))
-        captures.append(_open(args.native))
-        captures.append(_open(args.oracle))
+        captures.append(open_complete_capture(args.native))
+        captures.append(open_complete_capture(args.oracle))
         work = (
             iter_compare(captures[0], captures[1], options)
             if args.no_cache

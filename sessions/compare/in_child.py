@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from sessions.capture.opening import open_capture
+from sessions.capture.opening import open_capture, open_complete_capture
 from sessions.capture.reader import CaptureError
 from sessions.child_env import module_command
 from sessions.child_process import ChildProcess, progress_line, signal_name
@@ -57,12 +57,14 @@ def options_from_json(text: str) -> CompareOptions:
     return CompareOptions.from_dict(json.loads(text))
 
 
-def _child_command(native: Path, oracle: Path, cache_dir: Path | None, for_window: bool) -> list[str]:
+def _child_command(native: Path, oracle: Path, cache_dir: Path | None, for_window: bool, complete_only: bool) -> list[str]:
     command = module_command("sessions.compare.in_child", "--options", "-")
     if cache_dir is not None:
         command += ["--cache-dir", str(cache_dir)]
     if for_window:
         command += ["--behind-a-window"]
+    if complete_only:
+        command += ["--complete-only"]
     return command + [str(native), str(oracle)]
 
 
@@ -117,19 +119,26 @@ def _outcome(child: ChildProcess, native: Path, oracle: Path, for_window: bool) 
 
 
 def iter_compare_in_child(
-    native_path: Path, oracle_path: Path, options: CompareOptions = CompareOptions(), cache_dir: Path | None = None, for_window: bool = False
+    native_path: Path,
+    oracle_path: Path,
+    options: CompareOptions = CompareOptions(),
+    cache_dir: Path | None = None,
+    for_window: bool = False,
+    complete_only: bool = False,
 ) -> ProgressGenerator[Comparison]:
     """`iter_compare` of two capture files in a child process; yields its progress, returns its Comparison.
 
     `cache_dir` set: the child goes through the sidecar cache there (sessions.compare.result_cache);
     None: it always computes. `for_window`: the caller is a window, which keeps the comparison
     for long, so the collector is kept off it (`garbage_collection_paused(keep_made=True)`), and
-    the child runs at a lower priority (BEHIND_A_WINDOW_NICENESS). Raises CaptureError
+    the child runs at a lower priority (BEHIND_A_WINDOW_NICENESS). `complete_only`: a capture
+    whose writer did not finish is refused (`open_complete_capture`), as a verdict needs; a window
+    shows what such a capture holds. Raises CaptureError
     naming the file when the child reports one, fails, or dies by a signal; ProfileError or
     LayoutError when an input other than the captures is unusable (INPUT_ERRORS). Closing the generator kills and reaps the child (cancel).
     """
     native_path, oracle_path = Path(native_path), Path(oracle_path)
-    child = ChildProcess(_child_command(native_path, oracle_path, cache_dir, for_window), options_to_json(options))
+    child = ChildProcess(_child_command(native_path, oracle_path, cache_dir, for_window, complete_only), options_to_json(options))
     try:
         starting = Progress(0, 1, f"starting the comparison of {native_path.name} and {oracle_path.name}")
         yield starting
@@ -146,10 +155,11 @@ def _write_line(kind: str, text: str) -> None:
     sys.stdout.flush()
 
 
-def compare_here(native_path: Path, oracle_path: Path, options: CompareOptions, cache_dir: Path | None) -> bytes:
+def compare_here(native_path: Path, oracle_path: Path, options: CompareOptions, cache_dir: Path | None, complete_only: bool = False) -> bytes:
     """The child's side: open both files (structurally checked, as any open is), compare, print
     progress; the comparison's document (`document_bytes`), as the cache holds it when there is one."""
-    with open_capture(native_path) as native, open_capture(oracle_path) as oracle:
+    opening = open_complete_capture if complete_only else open_capture
+    with opening(native_path) as native, opening(oracle_path) as oracle:
         work: ProgressGenerator[Comparison | bytes] = (
             iter_compare(native, oracle, options) if cache_dir is None else iter_document_cached(native, oracle, options, cache_dir)
         )
@@ -171,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--options", default=options_to_json(CompareOptions()), help="CompareOptions as a JSON object; - reads it from stdin")
     parser.add_argument("--cache-dir", type=Path, help="use the sidecar result cache in this folder")
     parser.add_argument("--behind-a-window", action="store_true", help="run at a lower priority than the window waiting for it")
+    parser.add_argument("--complete-only", action="store_true", help="refuse a capture whose writer did not finish")
     parser.add_argument("native", type=Path)
     parser.add_argument("oracle", type=Path)
     args = parser.parse_args(argv)
@@ -178,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         os.nice(BEHIND_A_WINDOW_NICENESS)
     try:
         options = options_from_json(sys.stdin.read() if args.options == "-" else args.options)
-        document = compare_here(args.native, args.oracle, options, args.cache_dir)
+        document = compare_here(args.native, args.oracle, options, args.cache_dir, args.complete_only)
     except CaptureError as exc:
         _write_line(ERROR, json.dumps({"path": exc.path, "location": exc.location, "problem": exc.problem}))
         return 1

@@ -155,7 +155,7 @@ def iter_judge_case(case: GateCase, previous: CachedCase | None = None, want_htm
         return _reused(case, previous, previous.fingerprint)
     yield Progress(0, 1, f"{case.name}: checking the captures")
     try:
-        comparison = yield from iter_compare_in_child(Path(case.native), Path(case.oracle), case.options)
+        comparison = yield from iter_compare_in_child(Path(case.native), Path(case.oracle), case.options, complete_only=True)
     except (CaptureError, ProfileError, LayoutError) as exc:
         return CaseOutcome(case_unusable(case, str(exc)), None)
     result = result_of(case, comparison, time.monotonic() - started)

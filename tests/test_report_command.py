@@ -113,6 +113,31 @@ def _unusable(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     return err
 
 
+@pytest.mark.parametrize(
+    ("changes", "detail"),
+    [
+        ({(0, 1): 0x7FC0, (1, 2): 0x7FC0}, "2 of 24 elements differ, each a NaN against a number"),
+        ({(0, 1): 0x7FC0, (1, 2): None}, "2 of 24 elements differ, max 1 ULP, 1 a NaN against a number"),
+        ({(3, 0): 0x8000}, "1 of 24 elements differ, all +0/-0 swaps"),
+    ],
+)
+def test_the_headline_never_measures_a_nan_or_a_signed_zero_in_ulp(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], changes: dict[tuple[int, int], int | None], detail: str
+) -> None:
+    """A pair differing only by NaN against numbers read "max 0 ULP", as if nothing differed."""
+    x = bf16_bits(np.linspace(-2, 2, 24).reshape(4, 6))
+    x[3, 0] = 0x0000
+    y = x.copy()
+    for place, bits in changes.items():
+        y[place] = x[place] ^ 1 if bits is None else bits
+    n = write_capture(tmp_path / "n.h5", "native", [T("l_out-0", y, layer=0, dtype="bfloat16")], [(0, 1, False)])
+    o = write_capture(tmp_path / "o.h5", "oracle", [T("model.layers.0", x[None].copy(), layer=0, dtype="bfloat16")], [(0, 1, False)], weights_hash="sha256:aa")
+    report = tmp_path / "report.json"
+    _run(str(n), str(o), "--json", str(report))
+    assert capsys.readouterr().out.splitlines()[0].endswith(f"at 0:prefill:0:layer_out ({detail})")
+    assert json.loads(report.read_text())["verdict"]["first"]["detail"] == detail
+
+
 def test_missing_file_is_unusable_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     native, _ = _pair(tmp_path, flip=False)
     assert "does not exist" in _unusable(capsys, native, str(tmp_path / "absent.h5"))

@@ -420,12 +420,22 @@ def _pair_detail(r: PairResult, contracts: dict[OpKey, list[ContractFinding]], d
     m = r.metrics
     if r.verdict == Kind.CONTRACT_MISMATCH:
         return "; ".join(f.text() for f in contracts[r.key])
-    ulp = "" if m.max_ulp is None else f", max {m.max_ulp:,} ULP"
-    differing = f"{m.differing:,} of {m.size:,} elements differ{ulp}{_first_position(r)}"
+    differing = f"{m.differing:,} of {m.size:,} elements differ{_how_they_differ(m)}{_first_position(r)}"
     if r.verdict == Kind.DISPATCH_ONLY:
         bits = "bits identical" if m.bit_exact else f"bits within tolerance ({differing})"
         return f"{bits}, attention calls differ in {', '.join(dispatch[r.key].fields)}"
     return differing
+
+
+def _how_they_differ(m: TensorMetrics) -> str:
+    """The headline's measure of the differing elements. NaN against a number has no ULP
+    distance: a pair differing only so read "max 0 ULP", and a +0/-0 swap is no error at all."""
+    if m.differing and m.signed_zero_only == m.differing:
+        return ", all +0/-0 swaps"
+    if m.differing and m.nan_mismatch == m.differing:
+        return ", each a NaN against a number"
+    nan = f", {m.nan_mismatch:,} a NaN against a number" if m.nan_mismatch else ""
+    return ("" if m.max_ulp is None else f", max {m.max_ulp:,} ULP") + nan
 
 
 def _first_position(r: PairResult) -> str:

@@ -39,11 +39,11 @@ from sessions.commands import report as report_command
 from sessions.commands.gate import WORKERS_PER_CORE
 from sessions.compare.comparison import iter_compare
 from sessions.compare.options import CompareOptions
-from sessions.compare.verdict import UNUSABLE, Verdict
+from sessions.compare.verdict import PARITY, UNUSABLE, Verdict
 from sessions.gate.cluster import CONNECT_TIMEOUT_S
 from sessions.gate.judge import iter_judge_case
 from sessions.gate.manifest import GateCase
-from sessions.gate.result import CaseResult, GateResult, load_gate_file
+from sessions.gate.result import CaseResult, GateResult, dumps, load_gate_file, loads
 from sessions.machine import usable_cores
 from sessions.progress import run_to_end
 from viewer.cli import main as report_main
@@ -203,7 +203,8 @@ def test_a_local_gate_judges_every_scenario_as_report_does_and_writes_json_and_h
     assert _case(gate, "swiglu-order").worst_op.key == "0:text-before:1:ffn_down"
     summary = (
         "3/8 pass; 1 contract mismatch at 0:visual:0:sdpa; 1 divergence at 0:text-before:0:ffn_act; "
-        "1 signed-zero-only at 0:text-before:0:ffn_act; 1 dispatch-only at 0:text-after:0:sdpa; 1 no shared EOS; 1 short of the token budget"
+        "1 signed-zero-only at 0:text-before:0:ffn_act; 1 dispatch-only at 0:text-after:0:sdpa; "
+        "1 no shared EOS (clean, EOS required within 64); 1 short of the token budget (clean, EOS required within 64)"
     )
     assert gate.headline == summary and out.endswith(f"\n{summary}\n")
     assert json.loads((tmp_path / "gate.json").read_text())["counts"] == {"cases": 8, "passed": 3, "failed": 5, "unusable": 0, "reused": 0}
@@ -549,3 +550,37 @@ def test_a_capture_whose_writer_did_not_finish_is_refused_by_gate_report_diagnos
         "diagnose": f"parity-xray diagnose: {reason}\n",
         "rerun": f"parity-xray rerun: {reason}\n",
     }
+
+
+def test_a_case_of_one_file_fails_the_gate_and_every_surface_carries_what_report_warns_of(
+    tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A manifest pointing both sides at one file passed for ever, and a swapped pair passed
+    without the warning `report` prints above its verdict."""
+    from sessions.gate.html_summary import render_gate_html
+
+    native, oracle = (str(p) for p in demo_pairs["clean"])
+    results = [
+        run_to_end(iter_judge_case(GateCase(name, n, o, CompareOptions()))).result
+        for name, n, o in (("itself", native, native), ("swapped", oracle, native), ("clean", native, oracle))
+    ]
+    same = "same file: the native and the oracle are one file, so every op is bit-exact whatever it holds"
+    swapped = (
+        "the captures look swapped: the native one was recorded as the oracle and the oracle one as the native "
+        "(give the engine under test first); every 'native' and 'oracle' here follows the order given"
+    )
+    assert [(r.word, r.passed, r.rule_failures, r.warnings) for r in results] == [
+        (PARITY, False, [same], ["SAME FILE: the native and the oracle are one file, so every op is bit-exact whatever it holds"]),
+        (PARITY, True, [], [swapped]),
+        (PARITY, True, [], []),
+    ]
+    for command, argv, warning in (("itself", [native, native], results[0].warnings[0]), ("swapped", [oracle, native], swapped)):
+        report_main(["report", *argv])
+        assert capsys.readouterr().out.splitlines()[0] == f"WARNING: {warning}", command
+    gate = GateResult("gate.toml", "local", None, "2026-12-04T00:00:00", 1.0, results)
+    table = gate_command.render_text(gate)
+    assert table.splitlines()[2].split()[:3] == ["itself", "PARITY", "FAIL"] and same[: gate_command.REASON_SHOWN - 1] + "…" in table.splitlines()[2]
+    assert f"WARNING: swapped: {swapped}" in table and gate.headline == "2/3 pass; 1 same file (itself)"
+    assert f"WARNING: {swapped}" in gate_command.progress_line(results[1])
+    assert escape(f"WARNING: {swapped}") in render_gate_html(gate)
+    assert loads(dumps(gate)).cases[1].warnings == [swapped], "the JSON document carries them"

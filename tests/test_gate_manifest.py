@@ -154,7 +154,7 @@ def test_the_summary_line_counts_passes_then_each_failing_word_with_its_first_ke
     cases += [_case("d", "DIVERGENCE", "0:visual:17:sdpa"), unusable("u", "n.h5", "o.h5", EOS_STOP, Tolerance(), "gone")]
     assert summary_line(cases) == "38/40 pass; 1 divergence at 0:visual:17:sdpa; 1 unusable"
     cases = [_case(f"d{i}", "DIVERGENCE", f"0:visual:{i % 4}:sdpa") for i in range(6)] + [_case("e", "PARITY", rules=("no shared EOS within 64 token steps",))]
-    assert summary_line(cases) == "0/7 pass; 6 divergence at 0:visual:0:sdpa ×2, 0:visual:1:sdpa ×2, 0:visual:2:sdpa and 1 more; 1 no shared EOS"
+    assert summary_line(cases) == "0/7 pass; 6 divergence at 0:visual:0:sdpa ×2, 0:visual:1:sdpa ×2, 0:visual:2:sdpa and 1 more; 1 no shared EOS (e)"
 
 
 def test_the_summary_line_names_a_first_findings_kind_where_that_kind_is_not_what_made_the_word() -> None:

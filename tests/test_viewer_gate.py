@@ -53,7 +53,7 @@ def test_the_table_shows_each_case_with_its_word_in_the_verdict_strips_colour(qt
     assert rows[2][7].endswith("gone.h5: file: does not exist")
     colours = [window.table.item(r, COLUMNS.index("verdict")).background().color().name() for r in range(3)]
     assert colours == [WORD_COLOURS["PARITY"], WORD_COLOURS["DIVERGENCE"], WORD_COLOURS["UNUSABLE"]]
-    assert window.headline.text() == "<b>0/3 pass; 1 divergence at 0:text-before:0:ffn_act; 2 short of the token budget; 1 unusable</b> (exit 2)"
+    assert window.headline.text() == "<b>0/3 pass; 1 divergence at 0:text-before:0:ffn_act; 2 short of the token budget (clean, swiglu-order); 1 unusable</b> (exit 2)"
 
 
 def test_enter_and_double_click_open_the_cases_pair_in_a_main_window(qtbot: QtBot, gate_file: Path, demo_pairs: dict[str, tuple[Path, Path]], tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sessions.commands.arguments import output_problem, write_outputs
-from sessions.compare.verdict import EXIT_UNUSABLE, UNUSABLE
+from sessions.compare.verdict import EXIT_UNUSABLE
 from sessions.ctrl_c import exit_code_of, raise_if_pressed, said
 from sessions.machine import usable_cores
 from sessions.printable import printable
@@ -192,11 +192,14 @@ REASON_SHOWN = 60
 
 
 def _first_finding(c: CaseResult) -> str:
+    """The first finding's key, else why the case fails or is unusable: a case failing a gate
+    rule alone showed an empty cell beside its FAIL."""
     if c.first is not None:
         return c.first.key
-    if c.word != UNUSABLE or not c.reasons:
+    notes = c.notes()
+    if not notes or c.passed:
         return ""
-    reason = printable(c.reasons[0])
+    reason = printable(notes[0])
     return reason if len(reason) <= REASON_SHOWN else reason[: REASON_SHOWN - 1] + "…"
 
 
@@ -205,17 +208,19 @@ def progress_line(c: CaseResult) -> str:
     (a case's name is the manifest's text: its control characters are escaped)."""
     where = "cached" if c.reused else f"{c.seconds:.1f} s on {c.worker}" if c.worker else "no worker returned it"
     notes = [f"first {c.first.kind} at {c.first.key}"] if c.first is not None else []
-    notes += c.rule_failures + (c.reasons if c.word == UNUSABLE else [])
+    notes += c.notes()
     return printable("  ".join([c.name, c.word, *(["; ".join(notes)] if notes else []), f"({where})"]))
 
 
 def render_text(gate: GateResult) -> str:
-    """The table of every case in manifest order, then the summary line. An unusable case's
-    "first finding" is why it is unusable, cut to REASON_SHOWN characters (its progress line has it whole)."""
+    """The table of every case in manifest order, then the summary line. A case failing without a
+    finding (unusable, or a gate rule alone) shows why in its "first finding", cut to REASON_SHOWN
+    characters (its progress line has it whole); below the table, what `report` would warn of."""
     rows = [("case", "verdict", "gate", "first finding", "tokens", "EOS")]
     for c in gate.cases:
         tokens, eos = ("", "") if c.tokens is None else (c.tokens.compared_text(), c.tokens.eos_text())
         rows.append((printable(c.name), c.word, "pass" if c.passed else "FAIL", _first_finding(c), tokens, eos))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
-    return "\n" + "\n".join(lines) + f"\n\n{gate.headline}\n"
+    warned = [printable(f"WARNING: {c.name}: {w}") for c in gate.cases for w in c.warnings]
+    return "\n" + "\n".join(lines + ([""] + warned if warned else [])) + f"\n\n{gate.headline}\n"

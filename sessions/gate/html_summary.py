@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-from sessions.compare.verdict import UNUSABLE
 from sessions.gate.result import CaseResult, GateResult
 from sessions.report.html_page import STYLE, escape
 from sessions.report.word_colours import WORD_COLOURS
@@ -49,7 +48,7 @@ def _row(c: CaseResult) -> str:
     if c.worst_op is not None:
         ulp = "NaN" if c.worst_op.max_ulp is None else f"{c.worst_op.max_ulp:,}"
         worst = f"<code>{escape(c.worst_op.key)}</code> ({escape(c.worst_op.kind)}, max {ulp} ULP, NMSE {c.worst_op.nmse:.3g})"
-    notes = c.rule_failures + (c.reasons if c.word == UNUSABLE else [])
+    notes = c.notes()
     gate = '<span class="pass">pass</span>' if c.passed else '<span class="fail">FAIL</span>'
     source = "cached" if c.reused else f"{c.seconds:.1f} s"
     cells = [name, f'<span class="word {escape(word_class(c.word))}">{escape(c.word)}</span>', gate, first, tokens, eos, worst,

@@ -34,6 +34,7 @@ from sessions.compare.profiles import ProfileError, load_profile_file
 from sessions.gate.manifest import EOS_REQUIRE, GateCase
 from sessions.gate.result import (
     NO_SHARED_EOS,
+    SAME_FILE,
     SHORT_OF_BUDGET,
     CaseFinding,
     CaseResult,
@@ -43,6 +44,7 @@ from sessions.gate.result import (
 )
 from sessions.progress import Progress, ProgressGenerator
 from sessions.report.html_page import render_html
+from sessions.side_file import same_file
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,8 @@ def result_of(case: GateCase, comparison: Comparison, seconds: float) -> CaseRes
     verdict, tokens, budget = comparison.verdict, comparison.tokens, case.token_budget
     eos = tokens.shared_eos_step
     rules = []
+    if same_file(Path(case.native), Path(case.oracle)):
+        rules.append(f"{SAME_FILE}: the native and the oracle are one file, so every op is bit-exact whatever it holds")
     if case.eos == EOS_REQUIRE and eos is None:
         rules.append(f'{NO_SHARED_EOS} within the {tokens.compared_steps} token steps compared (eos = "require")')
     if budget is not None and eos is None and tokens.compared_steps < budget:
@@ -118,6 +122,7 @@ def result_of(case: GateCase, comparison: Comparison, seconds: float) -> CaseRes
         oracle_profile=comparison.oracle_profile,
         tolerance_policy=comparison.tolerance_policy,
         alignment=comparison.alignment.mode,
+        warnings=list(comparison.provenance.warnings),
         seconds=seconds,
     )
 

@@ -41,7 +41,9 @@ FAILING_WORDS = (CONTRACT_MISMATCH, DIVERGENCE, SIGNED_ZERO_ONLY, DISPATCH_ONLY)
 """The comparison words that fail a case, most serious first (the summary's order)."""
 NO_SHARED_EOS = "no shared EOS"
 SHORT_OF_BUDGET = "short of the token budget"
-RULES = (NO_SHARED_EOS, SHORT_OF_BUDGET)
+SAME_FILE = "same file"
+"""A case whose native and oracle are one file (a manifest's slip, a link): its PARITY shows nothing."""
+RULES = (SAME_FILE, NO_SHARED_EOS, SHORT_OF_BUDGET)
 """The gate's own rules; every rule failure's text starts with one of these."""
 KEYS_NAMED = 3
 """How many distinct first-finding keys the summary line names per word before saying how many more."""
@@ -111,6 +113,9 @@ class CaseResult:
     """How the comparison paired the records: `calls` or `positions` (`--align auto` chooses; ""
     when the case could not be judged). A case's verdict means little without it: runs cut
     differently are compared position by position, and their dispatch is then not compared."""
+    warnings: list[str] = field(default_factory=list)
+    """What `report` warns of above its verdict (sessions.compare.provenance_diff): different
+    weights or requests, captures that look swapped. A gate printed none of them."""
     seconds: float = 0.0
     """Wall time of the judgment on its worker (a reused result keeps the time it took then)."""
     worker: str | None = None
@@ -122,6 +127,11 @@ class CaseResult:
     @property
     def passed(self) -> bool:
         return self.word == PARITY and not self.rule_failures
+
+    def notes(self) -> list[str]:
+        """Why the case fails the gate's rules or could not be judged, then what `report` would
+        warn of: every surface's notes (the table, the progress line, the HTML, the window)."""
+        return self.rule_failures + (self.reasons if self.word == UNUSABLE else []) + [f"WARNING: {w}" for w in self.warnings]
 
     @property
     def exit_code(self) -> int:
@@ -179,9 +189,9 @@ def summary_line(cases: list[CaseResult]) -> str:
         if group:
             parts.append(f"{len(group)} {word.lower()} at {_keys([_place(c.first, word) for c in group if c.first is not None])}")
     for rule in RULES:
-        count = sum(any(f.startswith(rule) for f in c.rule_failures) for c in cases)
-        if count:
-            parts.append(f"{count} {rule}")
+        broke = [c.name for c in cases if any(f.startswith(rule) for f in c.rule_failures)]
+        if broke:
+            parts.append(f"{len(broke)} {rule} ({_keys(broke)})")
     unusable = sum(c.word == UNUSABLE for c in cases)
     if unusable:
         parts.append(f"{unusable} unusable")

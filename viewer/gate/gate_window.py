@@ -38,7 +38,7 @@ def case_cells(case: CaseResult) -> tuple[str, ...]:
     tokens, eos = ("", "") if case.tokens is None else (case.tokens.compared_text(), case.tokens.eos_text())
     first = "" if case.first is None else f"{case.first.key} ({case.first.kind})"
     worst = "" if case.worst_op is None else case.worst_op.key
-    notes = "; ".join(case.rule_failures + (case.reasons if case.word == UNUSABLE else []))
+    notes = "; ".join(case.notes())
     return (case.name, case.word, "pass" if case.passed else "FAIL", first, tokens, eos, worst, notes)
 
 

@@ -21,6 +21,7 @@ from backends.engines.demo_scenarios import EOS_DECODE_STEP, SCENARIOS, Expected
 from backends.kernels import attention_contracts as contracts
 from sessions.capture.opening import open_capture
 from sessions.capture.reader import Capture, Record
+from sessions.compare.comparison import iter_compare
 from sessions.compare.key import OpKey
 from sessions.compare.verdict import (
     CONTRACT_MISMATCH,
@@ -218,6 +219,10 @@ def test_head_chunk_changes_only_the_text_after_dispatch_and_its_metal_route(dem
         (1, 11, 1, b"fallback", b"sdpa_vector"),
     ]
     assert [c[1:4] + c[8:] for c in native.calls(key)] == [(-1, 0, 12, b"fallback", b"fallback")]
+    with open_capture(native.capture.path) as n, open_capture(oracle.capture.path) as o:
+        difference = next(d for d in run_to_end(iter_compare(n, o)).dispatch_differences if d.key == OpKey(*key))
+    assert difference.native_summary.startswith("1 call(s), heads per call 12 over all KV groups, 6 rows"), "an unchunked call read '12 per KV group'"
+    assert difference.oracle_summary.startswith("4 call(s), heads per call 5+1 per KV group, 6 rows")
 
 
 @pytest.mark.slow

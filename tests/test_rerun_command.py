@@ -39,6 +39,23 @@ def test_the_command_reruns_on_the_native_route_and_writes_json(demo_pairs: dict
         assert rerun.meta.role == "rerun"
 
 
+def test_a_rerun_that_reproduces_the_oracle_measures_the_native_against_it_as_report_does(demo_pairs: dict, tmp_path: Path) -> None:
+    native, oracle = demo_pairs["attention-contract"]
+    out = tmp_path / "rerun.json"
+    assert main(["rerun", str(native), str(oracle), "--op", "0:visual:0:sdpa", "--json", str(out)]) == 0
+    three_way = json.loads(out.read_text())["ops"][0]["three_way"]
+    assert three_way["rerun vs oracle"]["bit_exact"] is True
+    assert three_way["rerun vs native"]["nmse"] == three_way["native vs oracle"]["nmse"] == pytest.approx(1.1927e-05, rel=1e-4)
+
+
+def test_only_a_rerun_with_an_attention_says_how_the_cpu_ran_attention(demo_pairs: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    native, oracle = demo_pairs["swiglu-order"]
+    main(["rerun", str(native), str(oracle), "--op", "0:text-before:0:ffn_act"])
+    assert "fused attention kernel" not in capsys.readouterr().out
+    main(["rerun", str(native), str(oracle), "--op", "0:text-before:0:attention_block"])
+    assert "Ran on the CPU: MLX has no fused attention kernel there" in capsys.readouterr().out
+
+
 def test_the_text_names_where_a_reruns_weights_came_from(demo_pairs: dict, capsys: pytest.CaptureFixture[str]) -> None:
     native, oracle = demo_pairs["clean"]
     assert main(["rerun", str(native), str(oracle), "--op", "0:visual:0:q_proj"]) == 0

@@ -239,7 +239,9 @@ def _cast(arrays: dict[str, mx.array], dtype: mx.Dtype | None) -> dict[str, mx.a
 
 
 def bits_metrics(a: np.ndarray, b: np.ndarray, logical: str) -> TensorMetrics:
-    """The diff engine's metrics of two same-shape bit arrays (a as native, b as oracle)."""
+    """The diff engine's metrics of `a` measured against `b`, whose energy scales NMSE. The native
+    is always the measured side, as in `report` and `diagnose`: a rerun that reproduced the
+    oracle read another NMSE against the native than `report` gave the same two tensors."""
     acc = DiffAccumulator(logical, a.shape, Tolerance(), rows_axis=0 if a.ndim >= 2 else None)
     acc.add(a, b, 0)
     return acc.finish()
@@ -309,7 +311,7 @@ def _judge(key: OpKey, sides: _Sides, computed: Computed, reference: np.ndarray,
     n, o = bits_by_side.get("native"), bits_by_side.get("oracle")
     three_way = {
         "native vs oracle": bits_metrics(n, o, logical) if n is not None and o is not None else None,
-        "rerun vs native": bits_metrics(bits, n, logical) if n is not None else None,
+        "rerun vs native": bits_metrics(n, bits, logical) if n is not None else None,
         "rerun vs oracle": bits_metrics(bits, o, logical) if o is not None else None,
     }
     exact = {name: _distance(b, logical, reference) for name, b in (*bits_by_side.items(), ("rerun", bits))}
@@ -426,7 +428,7 @@ class RerunSession:
         taken = [(w, w.read_from[before:]) for w, before in zip(weight_sources, taken_before)]
         result.weights_from = list(dict.fromkeys(where for _, read in taken for where in read))
         result.weights_named = any(w.named and read for w, read in taken)
-        if device.type == mx.cpu:
+        if device.type == mx.cpu and any(op.key.op == "sdpa" for op in result.ops):
             result.notes.append(CPU_NOTE)
         if compute_dtype is not None and any(op.computed_dtype != op.dtype for op in result.ops):
             result.notes.append(f"Computed in {options.dtype}, then rounded to the captured dtype for the bit comparison.")

@@ -65,11 +65,13 @@ def summarize(events: list[dict[str, object]]) -> str:
     if not events:
         return "no dispatch recorded"
     chunks = "+".join(str(e["head_count"]) for e in events if e["kv_group"] == events[0]["kv_group"])
+    # kv_group -1: the call covered every KV group, as one unchunked call does ("12 per KV group" was false of it).
+    split = f"heads per call {chunks}" + (" over all KV groups" if events[0]["kv_group"] == -1 else " per KV group")
     primitives = sorted({str(e["primitive"]) for e in events})
     metal = sorted({str(e["metal_primitive"]) for e in events if e["metal_primitive"]})
     first = events[0]
     text = (
-        f"{len(events)} call(s), heads per call {chunks} per KV group, {first['q_rows']} rows, "
+        f"{len(events)} call(s), {split}, {first['q_rows']} rows, "
         f"kv {first['kv_len']}, mask {first['mask_kind']}, primitive {'/'.join(primitives)}"
     )
     return text + (f", Metal would pick {'/'.join(metal)}" if metal else "")

@@ -72,9 +72,9 @@ def test_a_hidden_overview_moves_its_selection_line_only_when_it_is_seen(qtbot: 
 
 def test_the_token_tables_short_columns_fit_their_widest_text_wherever_it_is(qtbot: QtBot) -> None:
     """Widths come from every row's text, measured once, not from the rows Qt would sample."""
-    steps = [TokenRow(i, str(i), str(i), "match", "0", "0", "100%", "—", "—") for i in range(600)]
-    steps[-2] = TokenRow(598, "598", "598", "match, logits differ", "+0.0156", "1.42e-05", "100%", "—", "—")
-    steps[-1] = TokenRow(599, "151645  (EOS) a long token text", "151645  (EOS)", "EOS", "+1.25e-05", "3.10e-09", "100%", "—", "—")
+    steps = [TokenRow(i, str(i), str(i), "match", "0", "0", "100%", "—", "—", "—", "—") for i in range(600)]
+    steps[-2] = TokenRow(598, "598", "598", "match, logits differ", "+0.0156", "1.42e-05", "100%", "—", "—", "—", "—")
+    steps[-1] = TokenRow(599, "151645  (EOS) a long token text", "151645  (EOS)", "EOS", "+1.25e-05", "3.10e-09", "100%", "—", "—", "—", "—")
     table = TokenTable(PairModel())
     qtbot.addWidget(table)
     table.setStyleSheet("QTableView { font-size: 15pt; }")  # a theme's size, which the cells' own fonts take up
@@ -92,8 +92,8 @@ def test_the_token_tables_short_columns_fit_their_widest_text_wherever_it_is(qtb
 
 def test_the_token_table_never_scrolls_sideways_its_top_k_columns_share_what_is_left_and_tell_their_text_in_a_tooltip(qtbot: QtBot) -> None:
     """At 1280x720 the top-k columns, sized to their text, pushed the verdict's neighbours off screen."""
-    top = ", ".join(f"{token}: 3.109375" for token in (42, 214, 12, 9, 77))
-    steps = [TokenRow(i, str(i), str(i), "match, logits differ", "+0.0156", "1.42e-05", "100%", top, top) for i in range(7)]
+    top, ids = ",  ".join(f"{token}: 3.109375" for token in (42, 214, 12, 9, 77)), "42 214 12 9 77"
+    steps = [TokenRow(i, str(i), str(i), "match, logits differ", "+0.0156", "1.42e-05", "100%", top, top, ids, ids) for i in range(7)]
     table = TokenTable(PairModel())
     qtbot.addWidget(table)
     table.resize(840, 400)  # the tab's width in a 1280x720 window
@@ -103,5 +103,6 @@ def test_the_token_table_never_scrolls_sideways_its_top_k_columns_share_what_is_
     view = table.table
     assert not view.horizontalScrollBar().isVisible()
     assert sum(view.columnWidth(c) for c in range(len(COLUMNS))) <= view.viewport().width()
-    assert abs(view.columnWidth(7) - view.columnWidth(8)) <= 1 and view.columnWidth(7) >= 40
-    assert table.rows.index(0, 7).data(Qt.ItemDataRole.ToolTipRole) == top
+    assert abs(view.columnWidth(7) - view.columnWidth(8)) <= 1
+    assert view.columnWidth(7) >= view.fontMetrics().horizontalAdvance(ids) * 1.2 + 8, "five token ids read whole"
+    assert table.rows.index(0, 7).data() == ids and table.rows.index(0, 7).data(Qt.ItemDataRole.ToolTipRole) == top

@@ -558,11 +558,19 @@ class TokenRow:
     kl: str
     top_overlap: str
     native_topk: str
+    """The step's top-k as "token id: logit", most likely first."""
     oracle_topk: str
+    native_top_ids: str
+    """The same tokens' ids alone: what a narrow column shows whole enough to compare the rankings."""
+    oracle_top_ids: str
 
 
 def _top(entries: list[TopEntry]) -> str:
     return ",  ".join(f"{e.token_id}: {e.decimal}" for e in entries) or "—"
+
+
+def _top_ids(entries: list[TopEntry]) -> str:
+    return " ".join(str(e.token_id) for e in entries) or "—"
 
 
 def _verdict(step: TokenStep, eos: int | None) -> str:
@@ -575,9 +583,10 @@ def _row(step: TokenStep, eos: int | None) -> TokenRow:
     tokens = (step.step, token_words(step.native_token, step.native_stop), token_words(step.oracle_token, step.oracle_stop), _verdict(step, eos))
     if logits is None:
         missing = "not compared" if step.status == POST_EOS else "not captured"
-        return TokenRow(*tokens, "—", "—", "—", missing, missing)
+        return TokenRow(*tokens, "—", "—", "—", missing, missing, missing, missing)
     figures = ("0", "0", "100%") if logits.identical else (f"{logits.delta_logit:+.3g}", f"{logits.kl_divergence:.2e}", f"{logits.top_overlap:.0%}")
-    return TokenRow(*tokens, *figures, _top(logits.native_top), _top(logits.oracle_top))
+    tops = (_top(logits.native_top), _top(logits.oracle_top), _top_ids(logits.native_top), _top_ids(logits.oracle_top))
+    return TokenRow(*tokens, *figures, *tops)
 
 
 def token_rows(viewed: ViewedComparison) -> list[TokenRow]:

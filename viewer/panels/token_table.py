@@ -30,9 +30,15 @@ from viewer.widgets.plain_text import plain_label
 from viewer.widgets.read_only_table import read_only
 from viewer.widgets.stale_while_hidden import StaleWhileHidden
 
-COLUMNS = ("step", "native token", "oracle token", "verdict", "Δlogit", "KL (nats)", "top-k overlap", "native top-k", "oracle top-k")
-HEADER_TIPS = {7: "The native's top-k logits of the step, as token id: logit", 8: "The oracle's top-k logits of the step, as token id: logit"}
-"""The top-k columns' headers are short, so they read whole at 1280 px; their format is in a tooltip."""
+COLUMNS = ("step", "native", "oracle", "verdict", "Δlogit", "KL (nats)", "overlap", "native top-k", "oracle top-k")
+HEADER_TIPS = {
+    1: "The native's greedy token of the step",
+    2: "The oracle's greedy token of the step",
+    6: "The share of the top-k tokens both runs rank in their top-k",
+    7: "The native's top-k tokens of the step, most likely first; a cell's tooltip gives each one's logit",
+    8: "The oracle's top-k tokens of the step, most likely first; a cell's tooltip gives each one's logit",
+}
+"""The headers are short, so the top-k columns keep room for their token ids at 1280 px; what each says is in its tooltip."""
 VERDICT_COLOURS = {"match": "#2e9d57", "match, logits differ": "#c9a227", "differ": "#d64541", "EOS": "#4a90d9", "post-EOS": "#7d8694"}
 """The verdict column's colours: a match over different logits is a near miss, in amber."""
 MONO_COLUMNS = (1, 2, 4, 5, 6, 7, 8)
@@ -53,6 +59,8 @@ class TokenRows(QAbstractTableModel):
         super().__init__(parent)
         self.cells: list[tuple[str, ...]] = []
         """Each step's row as the texts of its cells, in COLUMNS order."""
+        self.top_logits: list[tuple[str, str]] = []
+        """Each step's (native, oracle) top-k with their logits: the top-k cells' tooltips."""
         mono = QFont("monospace")
         mono.setStyleHint(QFont.StyleHint.Monospace)
         italic = {False: QFont(), True: QFont(mono)}
@@ -68,8 +76,9 @@ class TokenRows(QAbstractTableModel):
     def show(self, rows: list[cv.TokenRow]) -> None:
         self.beginResetModel()
         self.cells = [
-            (str(r.step), r.native_token, r.oracle_token, r.verdict, r.delta_logit, r.kl, r.top_overlap, r.native_topk, r.oracle_topk) for r in rows
+            (str(r.step), r.native_token, r.oracle_token, r.verdict, r.delta_logit, r.kl, r.top_overlap, r.native_top_ids, r.oracle_top_ids) for r in rows
         ]
+        self.top_logits = [(r.native_topk, r.oracle_topk) for r in rows]
         self.endResetModel()
 
     def widest(self, column: int, plain: QFont) -> int:
@@ -102,7 +111,7 @@ class TokenRows(QAbstractTableModel):
         if role == Qt.ItemDataRole.DisplayRole:
             return cells[column]
         if role == Qt.ItemDataRole.ToolTipRole:
-            return cells[column] if column in LONG_COLUMNS else None
+            return self.top_logits[index.row()][LONG_COLUMNS.index(column)] if column in LONG_COLUMNS else None
         if role == Qt.ItemDataRole.ForegroundRole:
             if post_eos:
                 return self._grey

@@ -8,8 +8,10 @@ what is inherited, and how much of the final error each local op explains.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
+import h5py
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -42,6 +44,21 @@ def causes(diagnosis: Diagnosis) -> dict[str, str]:
     return {op.key.text(): str(op.classification.locality) for op in diagnosis.ops}
 
 
+def declaring(pair: tuple[Path, Path], folder: Path, record: str, segment: str, contract: str) -> tuple[Path, Path]:
+    """A copy of a demo pair whose native record `record` of step 0 `segment` declares `contract`
+    as its effective contract: a record that misstates what the engine ran, bits unchanged."""
+    for source in (*pair, pair[0].parent / "demo-qwen3-tiny.safetensors"):
+        shutil.copy(source, folder)
+    native = folder / pair[0].name
+    with h5py.File(native, "r+") as file:
+        index = file["index"][:]
+        hit = (index["name"] == record.encode()) & (index["segment"] == segment.encode()) & (index["step"] == 0)
+        assert hit.sum() == 1
+        index["effective_contract_id"][hit] = contract.encode()
+        file["index"][...] = index
+    return native, folder / pair[1].name
+
+
 def test_attention_contract_is_local_at_the_visual_sdpa_and_the_single_range_candidate_reproduces_it(demo_pairs: dict) -> None:
     found = diagnose(demo_pairs["attention-contract"])
     (op,) = found.ops
@@ -50,8 +67,9 @@ def test_attention_contract_is_local_at_the_visual_sdpa_and_the_single_range_can
     assert op.also_exact == ["attn.mlx_sdpa.head_chunked", "attn.mlx_sdpa.unchunked"]
     assert op.classification.inputs_agree is True and op.classification.local == op.classification.total
     assert found.verdict == (
-        "0:visual:0:sdpa is local: the native ran `attn.bf16.single_range` (bit-exact reproduction); the oracle's contract "
-        "on these inputs is `attn.f32.tiled64x64`. Against the float64 reference the oracle's route is closer to exact."
+        "0:visual:0:sdpa is local: the native ran `attn.bf16.single_range` (bit-exact reproduction), and `attn.mlx_sdpa.head_chunked`, "
+        "`attn.mlx_sdpa.unchunked` give the same bits; the oracle's contract on these inputs is `attn.f32.tiled64x64`. "
+        "Against the float64 reference the oracle's route is closer to exact."
     )
     assert found.notes == ["Stopped after 1 local op(s); 104 later diverged op(s) were not classified (--all, or the window's scope \"Every diverged op\", classifies every one)."]
 
@@ -79,6 +97,33 @@ def test_swiglu_order_is_local_at_ffn_act_and_reproduced_by_the_natives_order(de
     assert op.key == OpKey(0, "text-before", 0, "ffn_act") and op.classification.locality == Locality.LOCAL
     assert (op.native_ran, op.oracle_ran, op.also_exact) == ("swiglu.mul_then_sigmoid", "swiglu.silu_then_mul", [])
     assert op.classification.local is not None and op.classification.local.differing == 1711 and op.classification.local.max_ulp == 2
+
+
+def test_a_native_record_declaring_the_swiglu_order_it_did_not_run_is_said_to_declare_one_and_run_another(demo_pairs: dict) -> None:
+    """The swiglu-order native records `swiglu.bf16.silu_then_mul` whatever order it runs: the
+    record's id names the candidate `swiglu.silu_then_mul`, which does not give its bits."""
+    found = diagnose(demo_pairs["swiglu-order"])
+    (op,) = found.ops
+    assert (op.native_declared, op.native_declared_exact, op.oracle_declared) == ("swiglu.bf16.silu_then_mul", False, "swiglu.bf16.silu_then_mul")
+    assert found.verdict.startswith(
+        "0:text-before:0:ffn_act is local: the native declares `swiglu.bf16.silu_then_mul`, but its bits are reproduced by "
+        "`swiglu.mul_then_sigmoid` (bit-exact); the oracle's contract on these inputs is `swiglu.silu_then_mul`. "
+    )
+
+
+def test_of_several_exact_candidates_a_false_declaration_is_named_and_the_one_matching_the_natives_recorded_call_is_chosen(
+    demo_pairs: dict, tmp_path: Path
+) -> None:
+    """The native's visual attention claims the tiled contract; its bits are the single range's,
+    which MLX's SDPA on a CPU gives too, chunked or not. It recorded one call over all heads."""
+    found = diagnose(declaring(demo_pairs["attention-contract"], tmp_path, "kqv_out-0", "visual", "attn.f32.tiled64x64"))
+    (op,) = found.ops
+    assert (op.native_declared, op.native_declared_exact, op.native_ran) == ("attn.f32.tiled64x64", False, "attn.mlx_sdpa.unchunked")
+    assert op.also_exact == ["attn.mlx_sdpa.head_chunked", "attn.bf16.single_range"]
+    assert found.verdict.startswith(
+        "0:visual:0:sdpa is local: the native declares `attn.f32.tiled64x64`, but its bits are reproduced by `attn.mlx_sdpa.unchunked` "
+        "(bit-exact), and `attn.mlx_sdpa.head_chunked`, `attn.bf16.single_range` give the same bits; the oracle's contract"
+    )
 
 
 def test_signed_zero_is_the_plus_zero_copy_and_nothing_else(demo_pairs: dict) -> None:

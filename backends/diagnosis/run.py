@@ -40,10 +40,11 @@ from backends.diagnosis.candidates import (
     declared_contract,
     output_bits,
     record_bits,
+    recorded_head_split,
     run_candidate,
 )
 from backends.diagnosis.classify import Classification, Locality, classify
-from backends.diagnosis.registry import REGISTRY, candidates_for
+from backends.diagnosis.registry import REGISTRY, candidates_for, registry_id
 from backends.rerun.inputs import RerunInputError
 from backends.rerun.ops import RerunOpError
 from backends.rerun.segment import RerunSession
@@ -87,7 +88,8 @@ class OpDiagnosis:
     classification: Classification
     candidates: list[CandidateResult] = field(default_factory=list)
     native_ran: str | None = None
-    """The candidate that reproduces the native's bits exactly (the declared contract's, when several do)."""
+    """The candidate that reproduces the native's bits exactly: when several do, the one the
+    native's record declares, else one whose calls match the calls the native recorded."""
     also_exact: list[str] = field(default_factory=list)
     closest: str | None = None
     """With no exact reproduction: the candidate closest to the native's bits."""
@@ -95,6 +97,11 @@ class OpDiagnosis:
     """The candidate that reproduces the oracle's route on the same inputs."""
     native_declared: str = ""
     oracle_declared: str = ""
+    native_declared_exact: bool | None = None
+    """Whether the candidate computing the contract the native's record declares gives its bits:
+    False is a record that misstates what the native ran. None when it declares none, one no
+    candidate computes, or one that could not run here, and when its bits are a copy of the
+    route's (`copy.plus_zero`): a contract names the arithmetic, not a copy taken after it."""
     native_call_rows: int | None = None
     oracle_call_rows: int | None = None
     """Set when the two sides computed this op in calls of different shapes (runs cut differently):
@@ -168,9 +175,16 @@ class Diagnosis:
         return text + (f", {covered} stage(s) covered by the op that computes them" if covered else "")
 
 
-def _preferred(ids: list[str], declared: str) -> str | None:
-    """The declared contract when it is among `ids`, else the first in registry order."""
-    return declared if declared in ids else (ids[0] if ids else None)
+def _preferred(ids: list[str], declared: str, head_split: bool | None) -> str | None:
+    """Of the candidates `ids` that give a side's bits, the one its record declares; else the
+    first in registry order whose calls do not contradict the calls the side recorded (one call
+    over all heads is not the head-chunk route, though on a CPU both give its bits)."""
+    named = registry_id(declared)
+    if named in ids:
+        return named
+    routes = {c.id: c.head_split for c in REGISTRY}
+    fitting = [i for i in ids if head_split is None or routes[i] in (None, head_split)]
+    return (fitting or ids or [None])[0]
 
 
 def _search(session: RerunSession, found: Classification) -> OpDiagnosis:
@@ -187,9 +201,13 @@ def _search(session: RerunSession, found: Classification) -> OpDiagnosis:
     result.candidates = [run_candidate(c, inputs, native_bits) for c in candidates_for(key.op)]
     ran = [c for c in result.candidates if c.vs_native is not None]
     exact = [c.id for c in ran if c.vs_native is not None and c.vs_native.bit_exact]
-    result.native_ran = _preferred(exact, result.native_declared)
-    result.also_exact = [i for i in exact if i != result.native_ran]
     copies = {c.id for c in candidates_for(key.op) if c.of_route}
+    result.native_ran = _preferred(exact, result.native_declared, recorded_head_split(session.captured["native"], key))
+    result.also_exact = [i for i in exact if i != result.native_ran]
+    declared = next((c for c in ran if c.id == registry_id(result.native_declared)), None)
+    if declared is not None and result.native_ran not in copies:
+        # A copy of the route is the route's arithmetic plus a copy no record's contract names.
+        result.native_declared_exact = declared.id in exact
     computed = [c for c in ran if c.id not in copies]
     if result.native_ran is None and computed:
         result.closest = min(computed, key=lambda c: c.vs_native.closeness()).id  # type: ignore[union-attr]
@@ -204,7 +222,7 @@ def _search(session: RerunSession, found: Classification) -> OpDiagnosis:
         again = {c.id: run_candidate(c, oracle_inputs, native_bits) for c in shaped}
         ran = [again.get(c.id, c) for c in ran]
     oracle_exact = [c.id for c in ran if c.vs_oracle_route is not None and c.vs_oracle_route.bit_exact]
-    result.oracle_ran = _preferred(oracle_exact, result.oracle_declared)
+    result.oracle_ran = _preferred(oracle_exact, result.oracle_declared, recorded_head_split(session.captured["oracle"], key))
     return result
 
 
@@ -331,18 +349,30 @@ def _iter_budget(session: RerunSession, comparison: Comparison, diagnosis: Diagn
 # -- the sentence ----------------------------------------------------------------------------
 
 
+def _names(ids: list[str]) -> str:
+    return ", ".join(f"`{i}`" for i in ids)
+
+
 def _contract_clause(op: OpDiagnosis) -> str:
+    """Which contract the native ran, and whether that is what its record declares."""
+    declared = f"the native declares `{op.native_declared}`"
+    if op.native_declared and registry_id(op.native_declared) is None:
+        declared += ", which no candidate computes"
     if op.native_ran is not None:
-        return f"the native ran `{op.native_ran}` (bit-exact reproduction)"
+        also = f", and {_names(op.also_exact)} give{'s' if len(op.also_exact) == 1 else ''} the same bits" if op.also_exact else ""
+        if op.native_declared_exact is False or declared.endswith("computes"):
+            return f"{declared}, but its bits are reproduced by `{op.native_ran}` (bit-exact){also}"
+        return f"the native ran `{op.native_ran}` (bit-exact reproduction){also}"
+    lead = f"{declared}, which does not reproduce its bits, and " if op.native_declared_exact is False else ""
     if op.closest is not None:
         closest = op.result(op.closest).vs_native
         assert closest is not None
-        return f"no candidate reproduces the native's bits exactly; the closest is `{op.closest}` ({closest.text()})"
-    return "no candidate could run on its inputs"
+        return f"{lead}no candidate reproduces the native's bits exactly; the closest is `{op.closest}` ({closest.text()})"
+    return f"{lead}no candidate could run on its inputs"
 
 
 def _oracle_clause(op: OpDiagnosis) -> str:
-    declared = f" (declared `{op.oracle_declared}`)" if op.oracle_declared and op.oracle_declared != op.oracle_ran else ""
+    declared = f" (declared `{op.oracle_declared}`)" if op.oracle_declared and registry_id(op.oracle_declared) != op.oracle_ran else ""
     if op.oracle_ran is not None:
         shapes = ""
         if op.oracle_call_rows is not None:

@@ -151,6 +151,26 @@ def test_diagnose_op_on_the_dispatch_only_op_report_names_explains_it_and_all_lo
     assert [n.key for n in every.dispatch] == [OpKey(0, "text-after", 0, "sdpa"), second]
 
 
+def test_diagnose_op_on_a_contract_only_mismatch_report_names_says_which_declaration_the_bits_bear_out(
+    demo_pairs: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Bits identical, the native's record declaring the F16 single range: report calls it a
+    contract mismatch and points at diagnose --op, which once answered "bit-exact: nothing to diagnose"."""
+    native, oracle = declaring(demo_pairs["clean"], tmp_path, "kqv_out-0", "text-before", "attn.f16.single_range")
+    out = tmp_path / "d.json"
+    assert main(["diagnose", str(native), str(oracle), "--op", "0:text-before:0:sdpa", "--json", str(out)]) == EXIT_EXPLAINED
+    assert capsys.readouterr().out.startswith(
+        "0:text-before:0:sdpa has identical bits on both sides, but their records' contracts do not match: the native declares "
+        "`attn.f16.single_range`, the oracle `attn.bf16.single_range`. From the native's inputs `attn.mlx_sdpa.head_chunked`, "
+        "`attn.mlx_sdpa.unchunked`, `attn.bf16.single_range`, `attn.auto_qtile64` give these bits: the native's "
+        "`attn.f16.single_range` does not; the oracle's `attn.bf16.single_range` does.\n"
+    )
+    (note,) = json.loads(out.read_text(encoding="utf-8"))["contract_only"]
+    assert (note["key"], note["native_declared"], note["oracle_declared"]) == ("0:text-before:0:sdpa", "attn.f16.single_range", "attn.bf16.single_range")
+    f16 = next(c for c in note["candidates"] if c["id"] == "attn.f16.single_range")
+    assert f16["vs_native"]["differing"] == 1164
+
+
 @pytest.mark.parametrize("scenario", ["clean", "post-eos"])
 def test_a_pair_at_parity_has_nothing_to_diagnose(demo_pairs: dict, scenario: str) -> None:
     found = diagnose(demo_pairs[scenario])

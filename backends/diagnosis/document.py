@@ -82,6 +82,10 @@ def render_text(diagnosis: Diagnosis, verbose: bool = False) -> str:
     covered = diagnosis.covered_keys()
     for op in undetermined[:5]:
         lines.append(f"  {'covered' if op.key in covered else 'undetermined'} {op.key}: {op.classification.why}")
+    for declared in diagnosis.contract_only:
+        lines += ["", f"Contract-only mismatch at {declared.key} (identical bits): native declares {declared.native_declared or 'none'}; "
+                  f"oracle declares {declared.oracle_declared or 'none'}; candidates on the native's own inputs, against those bits:"]
+        lines += [f"  {c.id:<34} {figure(c.vs_native) if c.skipped is None else f'not run: {c.skipped}'}" for c in declared.candidates]
     for note in diagnosis.dispatch:
         lines += ["", f"Dispatch-only {note.key}: native {note.native_summary}; oracle {note.oracle_summary}",
                   f"  reproducing the bits here: {', '.join(note.reproducing) or 'none'}"]
@@ -131,6 +135,13 @@ def render_html(diagnosis: Diagnosis) -> str:
         parts.append(_table(
             ["candidate", "vs native", "vs oracle's route", "what it computes", "source"],
             [[c.id, figure(c.vs_native) if c.skipped is None else f"not run: {c.skipped}", figure(c.vs_oracle_route), c.description, c.source] for c in op.candidates],
+        ))
+    for declared in diagnosis.contract_only:
+        parts.append(f"<h2>Contract-only mismatch at {escape(declared.key.text())}</h2><p>Identical bits; the native declares "
+                     f"{escape(declared.native_declared or 'none')}, the oracle {escape(declared.oracle_declared or 'none')}.</p>")
+        parts.append(_table(
+            ["candidate", "vs the bits both sides hold", "what it computes", "source"],
+            [[c.id, figure(c.vs_native) if c.skipped is None else f"not run: {c.skipped}", c.description, c.source] for c in declared.candidates],
         ))
     for note in diagnosis.dispatch:
         parts.append(f"<h2>Dispatch-only {escape(note.key.text())}</h2><p>native: {escape(note.native_summary)}<br>oracle: {escape(note.oracle_summary)}<br>"

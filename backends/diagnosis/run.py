@@ -126,6 +126,33 @@ class DispatchNote:
 
 
 @dataclass
+class ContractNote:
+    """A contract-only mismatch: identical bits, records that declare different contracts. Which
+    candidates give those bits from the native's inputs says which declaration, if either, is true."""
+
+    key: OpKey
+    native_declared: str
+    oracle_declared: str
+    candidates: list[CandidateResult] = field(default_factory=list)
+    """Every candidate for the op on the native's inputs, judged against the bits both sides hold."""
+    reproducing: list[str] = field(default_factory=list)
+    """The candidates that give those bits, registry order (a copy of the oracle's record computes no contract)."""
+
+    def declared_text(self, side: str) -> str:
+        """Whether `side`'s declared contract gives the bits, in words."""
+        declared = self.native_declared if side == "native" else self.oracle_declared
+        if not declared:
+            return f"the {side} declares none"
+        named = registry_id(declared)
+        result = next((c for c in self.candidates if c.id == named), None)
+        if result is None:
+            return f"the {side}'s `{declared}` is no candidate's, so it cannot be checked"
+        if result.vs_native is None:
+            return f"the {side}'s `{declared}` could not run ({result.skipped or 'its output has another shape'})"
+        return f"the {side}'s `{declared}` {'does' if result.vs_native.bit_exact else 'does not'}"
+
+
+@dataclass
 class Diagnosis:
     native_path: str
     oracle_path: str
@@ -136,6 +163,8 @@ class Diagnosis:
     ops: list[OpDiagnosis] = field(default_factory=list)
     """Classified ops in execution order."""
     dispatch: list[DispatchNote] = field(default_factory=list)
+    contract_only: list[ContractNote] = field(default_factory=list)
+    """Contract-mismatch ops whose bits are identical, looked at as dispatch-only ones are."""
     budget: Budget | None = None
     notes: list[str] = field(default_factory=list)
     device: str = "cpu"
@@ -245,6 +274,31 @@ def _dispatch_note(session: RerunSession, comparison: Comparison, pair: PairResu
     )
 
 
+def _contract_note(session: RerunSession, pair: PairResult) -> ContractNote:
+    key = pair.key
+    note = ContractNote(key, declared_contract(session, "native", key), declared_contract(session, "oracle", key))
+    bits = record_bits(session.captured["native"], key)
+    try:
+        inputs = candidate_inputs(session, "native", key, record_bits(session.captured["oracle"], key))
+    except RerunInputError as exc:
+        note.candidates = [CandidateResult(c.id, c.description, c.source, skipped=f"candidates could not read the native's inputs: {exc}") for c in candidates_for(key.op)]
+        return note
+    note.candidates = [run_candidate(c, inputs, bits) for c in candidates_for(key.op)]
+    copies = {c.id for c in candidates_for(key.op) if c.of_route}
+    note.reproducing = [c.id for c in note.candidates if c.id not in copies and c.vs_native is not None and c.vs_native.bit_exact]
+    return note
+
+
+def _bit_identical(comparison: Comparison, kind: Kind, options: DiagnoseOptions, diverged: bool) -> tuple[list[PairResult], int]:
+    """The pairs of `kind` with identical bits this diagnosis looks at, and how many the run holds:
+    `--op` looks at the op it names (report names such ops for diagnose --op), `--all` at every one,
+    the default, when nothing diverged, at the first."""
+    pairs = [p for p in comparison.pairs if p.verdict == kind and not p.post_eos and p.metrics.bit_exact]
+    if options.mode == "op":
+        return [p for p in pairs if p.key == options.key], len(pairs)
+    return (pairs if options.mode == "all" else pairs[:1] if not diverged else []), len(pairs)
+
+
 def _targets(comparison: Comparison, options: DiagnoseOptions) -> tuple[list[PairResult], bool]:
     """The pairs to classify, and whether the op `--op` names is after the shared EOS step."""
     if options.mode == "op":
@@ -278,18 +332,19 @@ def iter_diagnose(native: Capture, oracle: Capture, comparison: Comparison, opti
         open_run = (open_run if same_stage else 0) + 1 if found.locality == Locality.UNDETERMINED else 0
         if options.mode == "first" and (locals_found >= options.first or open_run >= UNDETERMINED_RUN):
             break
-    # A dispatch-only pair whose bits differ within a tolerance is a target like any pair whose bits differ.
-    dispatch_only = [p for p in comparison.pairs if p.verdict == Kind.DISPATCH_ONLY and not p.post_eos and p.metrics.bit_exact]
-    if options.mode == "op":
-        dispatch_only = [p for p in dispatch_only if p.key == options.key]  # report names such an op for diagnose --op
-    # --all looks at every dispatch-only op; the default, when nothing diverged, at the first.
-    noted = dispatch_only if options.mode != "first" else dispatch_only[:1] if not targets else []
+    # A dispatch-only or contract-mismatch pair whose bits differ is a target like any pair whose bits differ.
+    noted, dispatch_only = _bit_identical(comparison, Kind.DISPATCH_ONLY, options, bool(targets))
+    declared, contract_only = _bit_identical(comparison, Kind.CONTRACT_MISMATCH, options, bool(targets))
+    total = len(targets) + len(noted) + len(declared)
     for number, pair in enumerate(noted):
-        yield Progress(len(targets) + number, len(targets) + len(noted), f"checking the dispatch-only {pair.key.text()}")
+        yield Progress(len(targets) + number, total, f"checking the dispatch-only {pair.key.text()}")
         diagnosis.dispatch.append(_dispatch_note(session, comparison, pair))
+    for number, pair in enumerate(declared):
+        yield Progress(len(targets) + len(noted) + number, total, f"checking the declared contracts of {pair.key.text()}")
+        diagnosis.contract_only.append(_contract_note(session, pair))
     if options.mode == "all" and options.budget and diagnosis.local_chain:
         diagnosis.budget = yield from _iter_budget(session, comparison, diagnosis)
-    diagnosis.verdict = verdict_sentence(diagnosis, len(targets), len(dispatch_only), comparison.verdict.first, after_eos)
+    diagnosis.verdict = verdict_sentence(diagnosis, len(targets), len(noted) if options.mode == "op" else dispatch_only, comparison.verdict.first, after_eos, contract_only)
     if options.mode == "first" and len(diagnosis.ops) < len(targets):
         why = f"{locals_found} local op(s)" if open_run < UNDETERMINED_RUN else f"{open_run:,} diverged ops in a row could not be classified"
         diagnosis.notes.append(f"Stopped after {why}; {len(targets) - len(diagnosis.ops):,} later diverged op(s) were not classified (--all, or the window's scope \"Every diverged op\", classifies every one).")
@@ -388,10 +443,13 @@ def _exact_clause(found: Classification) -> str:
     return " Against the float64 reference both are equally close." if found.closer_to_exact == "tie" else ""
 
 
-def verdict_sentence(diagnosis: Diagnosis, diverged: int, dispatch_only: int, finding: Finding | None = None, after_eos: bool = False) -> str:
+def verdict_sentence(
+    diagnosis: Diagnosis, diverged: int, dispatch_only: int, finding: Finding | None = None, after_eos: bool = False, contract_only: int = 0
+) -> str:
     """The one sentence every surface leads with. `finding`: the comparison's first finding, named
     when no op's bits are there to explain it (a record without a partner, tokens); `after_eos`:
-    the op `--op` named is after the shared EOS step."""
+    the op `--op` named is after the shared EOS step; `contract_only`: how many ops of the run
+    have identical bits under contracts that do not match."""
     chain = diagnosis.local_chain
     if chain:
         first = chain[0]
@@ -418,6 +476,15 @@ def verdict_sentence(diagnosis: Diagnosis, diverged: int, dispatch_only: int, fi
             return f"All {len(diagnosis.ops)} diagnosed op(s) are inherited: each did what the oracle's route does with its inputs."
         first_open = diagnosis.open_ops[0]
         return f"{first_open.key} is undetermined: {first_open.classification.why}."
+    if diagnosis.contract_only:
+        declared = diagnosis.contract_only[0]
+        more = f" ({'one' if diagnosis.mode == 'op' else 'the first'} of {contract_only} such ops)" if contract_only > 1 else ""
+        return (
+            f"{declared.key} has identical bits on both sides, but their records' contracts do not match{more}: the native declares "
+            f"`{declared.native_declared or 'none'}`, the oracle `{declared.oracle_declared or 'none'}`. From the native's inputs "
+            f"{_names(declared.reproducing) or 'no candidate'} give{'s' if len(declared.reproducing) == 1 else ''} these bits: "
+            f"{declared.declared_text('native')}; {declared.declared_text('oracle')}."
+        )
     if diagnosis.dispatch:
         note = diagnosis.dispatch[0]
         both = " and ".join(f"`{c}`" for c in note.reproducing) or "no MLX SDPA candidate"

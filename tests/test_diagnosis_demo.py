@@ -231,6 +231,21 @@ def test_every_local_op_of_a_real_llama_cpp_run_is_reproduced_bit_exactly_by_a_g
     assert found.verdict.startswith("0:prefill:0:q_proj is local: the native ran `ggml.mul_mat.q8_0` (bit-exact reproduction)")
 
 
+def test_the_verdict_counts_the_later_ops_left_undetermined_and_says_why_the_first_was(demo_pairs: dict, tmp_path: Path) -> None:
+    """Without its weights file only the attentions and the ops fed their inputs directly can be
+    rerun: the sentence once named the 2 local and 36 inherited ops and hid the 67 others."""
+    for source in demo_pairs["attention-contract"]:
+        shutil.copy(source, tmp_path)
+    found = diagnose(tuple(tmp_path / p.name for p in demo_pairs["attention-contract"]), mode="all", budget=False)
+    assert len(found.open_ops) == 67
+    missing = tmp_path / "demo-qwen3-tiny.safetensors"
+    assert found.verdict.endswith(
+        "1 more local op(s) with the same contract; 36 later op(s) are inherited; 67 later op(s) could not be classified, first "
+        f"0:visual:0:o_proj (cannot be rerun on the oracle's route from the native's inputs: weights file {missing} (referenced by the "
+        "native capture) does not exist). Against the float64 reference the oracle's route is closer to exact."
+    )
+
+
 def test_the_diagnosis_yields_progress_and_closing_it_cancels(demo_pairs: dict) -> None:
     with open_capture(demo_pairs["swiglu-order"][0]) as native, open_capture(demo_pairs["swiglu-order"][1]) as oracle:
         work = iter_diagnose(native, oracle, run_to_end(iter_compare_cached(native, oracle)), DiagnoseOptions(mode="all"))

@@ -470,6 +470,10 @@ def verdict_sentence(
         earlier = [op for op in diagnosis.ops[: diagnosis.ops.index(first)] if op.key in open_keys]
         if earlier:
             sentence += f"; {len(earlier)} earlier diverged op(s) could not be classified, first {earlier[0].key}, so the cause may lie before it"
+        unknown = [op for op in later if op.key in open_keys]
+        if unknown:
+            # What leaves one op undetermined (a weights file that is not there) usually leaves them all.
+            sentence += f"; {len(unknown)} later op(s) could not be classified, first {unknown[0].key} ({unknown[0].classification.why})"
         return sentence + "." + _exact_clause(first.classification)
     if diagnosis.ops:
         if not diagnosis.open_ops:

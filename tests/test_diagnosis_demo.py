@@ -146,7 +146,7 @@ def test_diagnose_op_on_the_dispatch_only_op_report_names_explains_it_and_all_lo
     second = OpKey(0, "text-after", 1, "sdpa")
     one = diagnose(demo_pairs["head-chunk"], mode="op", key=second)
     assert [n.key for n in one.dispatch] == [second], "report suggests diagnose --op for a dispatch-only op: it must not say bit-exact"
-    assert one.verdict.startswith(f"Nothing computes differently on this CPU: 1 op(s) are dispatch-only, first {second.text()}")
+    assert one.verdict.startswith(f"Nothing computes differently on this CPU: {second.text()} is dispatch-only (one of 2 such ops), with identical bits.")
     every = diagnose(demo_pairs["head-chunk"], mode="all")
     assert [n.key for n in every.dispatch] == [OpKey(0, "text-after", 0, "sdpa"), second]
 

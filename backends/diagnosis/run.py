@@ -344,7 +344,7 @@ def iter_diagnose(native: Capture, oracle: Capture, comparison: Comparison, opti
         diagnosis.contract_only.append(_contract_note(session, pair))
     if options.mode == "all" and options.budget and diagnosis.local_chain:
         diagnosis.budget = yield from _iter_budget(session, comparison, diagnosis)
-    diagnosis.verdict = verdict_sentence(diagnosis, len(targets), len(noted) if options.mode == "op" else dispatch_only, comparison.verdict.first, after_eos, contract_only)
+    diagnosis.verdict = verdict_sentence(diagnosis, len(targets), dispatch_only, comparison.verdict.first, after_eos, contract_only)
     if options.mode == "first" and len(diagnosis.ops) < len(targets):
         why = f"{locals_found} local op(s)" if open_run < UNDETERMINED_RUN else f"{open_run:,} diverged ops in a row could not be classified"
         diagnosis.notes.append(f"Stopped after {why}; {len(targets) - len(diagnosis.ops):,} later diverged op(s) were not classified (--all, or the window's scope \"Every diverged op\", classifies every one).")
@@ -492,8 +492,9 @@ def verdict_sentence(
     if diagnosis.dispatch:
         note = diagnosis.dispatch[0]
         both = " and ".join(f"`{c}`" for c in note.reproducing) or "no MLX SDPA candidate"
+        which = f"{note.key} is dispatch-only (one of {dispatch_only} such ops)" if diagnosis.mode == "op" else f"{dispatch_only} op(s) are dispatch-only, first {note.key}"
         return (
-            f"Nothing computes differently on this CPU: {dispatch_only} op(s) are dispatch-only, first {note.key}, with identical bits. "
+            f"Nothing computes differently on this CPU: {which}, with identical bits. "
             f"The native ran {note.native_summary}; the oracle ran {note.oracle_summary}. Here {both} give the same bits "
             f"(MLX runs every SDPA call as its decomposed fallback on a CPU); on Metal the calls would take different kernels, "
             f"which this CPU cannot measure."

@@ -171,6 +171,14 @@ def test_diagnose_op_on_a_contract_only_mismatch_report_names_says_which_declara
     assert f16["vs_native"]["differing"] == 1164
 
 
+def test_diagnose_op_on_a_record_after_the_shared_eos_says_so_and_exits_as_nothing_to_diagnose(demo_pairs: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    """The oracle stopped at the shared EOS, so the native's later records have no partner:
+    report calls them invalid, and diagnose --op once refused one as no aligned op (exit 2)."""
+    native, oracle = (str(p) for p in demo_pairs["post-eos"])
+    assert main(["diagnose", native, oracle, "--op", "5:decode:0:sdpa"]) == EXIT_EXPLAINED
+    assert capsys.readouterr().out.startswith("That op is after the shared EOS step: invalid, never a failure; nothing to diagnose there.\n")
+
+
 @pytest.mark.parametrize("scenario", ["clean", "post-eos"])
 def test_a_pair_at_parity_has_nothing_to_diagnose(demo_pairs: dict, scenario: str) -> None:
     found = diagnose(demo_pairs[scenario])

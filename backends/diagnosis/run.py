@@ -49,7 +49,12 @@ from backends.rerun.inputs import RerunInputError
 from backends.rerun.ops import RerunOpError
 from backends.rerun.segment import RerunSession
 from sessions.capture.reader import Capture
-from sessions.compare.comparison import Comparison, PairResult, not_aligned
+from sessions.compare.comparison import (
+    Comparison,
+    PairResult,
+    not_aligned,
+    unaligned_key,
+)
 from sessions.compare.key import OpKey
 from sessions.compare.profiles import whole_op
 from sessions.compare.verdict import Finding, Kind
@@ -305,6 +310,10 @@ def _targets(comparison: Comparison, options: DiagnoseOptions) -> tuple[list[Pai
         assert options.key is not None
         pair = next((p for p in comparison.pairs if p.key == options.key), None)
         if pair is None:
+            # A run that stops at the shared EOS leaves the other's later records without a
+            # partner: report calls them invalid, not failures, and so does diagnose.
+            if any(unaligned_key(u) == options.key for u in comparison.post_eos_unaligned):
+                return [], True
             raise ValueError(not_aligned(comparison, options.key))
         return ([pair] if not pair.metrics.bit_exact and not pair.post_eos else []), pair.post_eos
     return [p for p in comparison.pairs if not p.post_eos and not p.metrics.bit_exact], False

@@ -44,19 +44,37 @@ def causes(diagnosis: Diagnosis) -> dict[str, str]:
     return {op.key.text(): str(op.classification.locality) for op in diagnosis.ops}
 
 
+def copied(pair: tuple[Path, Path], folder: Path, weights: bool = True) -> tuple[Path, Path]:
+    """A copy of a demo pair in `folder`, with its weights file or without it."""
+    for source in (*pair, *([pair[0].parent / "demo-qwen3-tiny.safetensors"] if weights else [])):
+        shutil.copy(source, folder)
+    return folder / pair[0].name, folder / pair[1].name
+
+
 def declaring(pair: tuple[Path, Path], folder: Path, record: str, segment: str, contract: str) -> tuple[Path, Path]:
     """A copy of a demo pair whose native record `record` of step 0 `segment` declares `contract`
     as its effective contract: a record that misstates what the engine ran, bits unchanged."""
-    for source in (*pair, pair[0].parent / "demo-qwen3-tiny.safetensors"):
-        shutil.copy(source, folder)
-    native = folder / pair[0].name
+    native, oracle = copied(pair, folder)
     with h5py.File(native, "r+") as file:
         index = file["index"][:]
         hit = (index["name"] == record.encode()) & (index["segment"] == segment.encode()) & (index["step"] == 0)
         assert hit.sum() == 1
         index["effective_contract_id"][hit] = contract.encode()
         file["index"][...] = index
-    return native, folder / pair[1].name
+    return native, oracle
+
+
+def nudged(pair: tuple[Path, Path], folder: Path, record: str, segment: str, elements: int) -> tuple[Path, Path]:
+    """A copy of a demo pair whose native bfloat16 record `record` of step 0 `segment` has its
+    first `elements` values one ULP up: an op that computed differently after its output was
+    used, so nothing later changes."""
+    native, oracle = copied(pair, folder)
+    with h5py.File(native, "r+") as file:
+        (row,) = [r for r in file["index"][:] if (r["name"], r["segment"], r["step"]) == (record.encode(), segment.encode(), 0)]
+        stored, start = file[row["path"].decode()], int(row["offset"])
+        values = stored[start : start + 2 * elements].view(np.uint16) + np.uint16(1)
+        stored[start : start + 2 * elements] = values.view(np.uint8)
+    return native, oracle
 
 
 def test_attention_contract_is_local_at_the_visual_sdpa_and_the_single_range_candidate_reproduces_it(demo_pairs: dict) -> None:
@@ -242,9 +260,7 @@ def test_every_local_op_of_a_real_llama_cpp_run_is_reproduced_bit_exactly_by_a_g
 def test_the_verdict_counts_the_later_ops_left_undetermined_and_says_why_the_first_was(demo_pairs: dict, tmp_path: Path) -> None:
     """Without its weights file only the attentions and the ops fed their inputs directly can be
     rerun: the sentence once named the 2 local and 36 inherited ops and hid the 67 others."""
-    for source in demo_pairs["attention-contract"]:
-        shutil.copy(source, tmp_path)
-    found = diagnose(tuple(tmp_path / p.name for p in demo_pairs["attention-contract"]), mode="all", budget=False)
+    found = diagnose(copied(demo_pairs["attention-contract"], tmp_path, weights=False), mode="all", budget=False)
     assert len(found.open_ops) == 67
     missing = tmp_path / "demo-qwen3-tiny.safetensors"
     assert found.verdict.endswith(
@@ -252,6 +268,36 @@ def test_the_verdict_counts_the_later_ops_left_undetermined_and_says_why_the_fir
         f"0:visual:0:o_proj (cannot be rerun on the oracle's route from the native's inputs: weights file {missing} (referenced by the "
         "native capture) does not exist). Against the float64 reference the oracle's route is closer to exact."
     )
+
+
+def test_the_text_lists_the_ops_left_undetermined_under_a_heading_and_counts_those_it_leaves_out(demo_pairs: dict, tmp_path: Path) -> None:
+    from backends.diagnosis.document import render_text
+
+    lines = render_text(diagnose(copied(demo_pairs["attention-contract"], tmp_path, weights=False), mode="all", budget=False)).splitlines()
+    heading = lines.index("Not classified (execution order; a covered stage is accounted for by the op that computes it):")
+    assert lines[heading + 1].startswith("  undetermined 0:visual:0:o_proj: cannot be rerun") and lines[heading - 1] == ""
+    assert lines[heading + 6] == "  ... 62 more in the JSON"
+
+
+def test_a_budget_row_whose_change_reaches_final_logits_the_native_has_exact_says_so_rather_than_a_dash(demo_pairs: dict, tmp_path: Path) -> None:
+    from backends.diagnosis.document import budget_lines
+
+    found = diagnose(nudged(demo_pairs["clean"], tmp_path, "attn_out-0", "visual", 10), mode="all")
+    assert [op.key.text() for op in found.local_chain] == ["0:visual:0:o_proj"]
+    assert found.budget is not None and found.budget.total is not None and found.budget.total.bit_exact
+    (row,) = budget_lines(found.budget)[1:]
+    assert row.startswith("  0:visual:0:o_proj            none (the native's are exact), yet alone it gives 329 differ · max 83 ULP  local 10 of 27,648")
+
+
+def test_a_budget_of_more_rows_than_the_text_lists_counts_the_rest() -> None:
+    from backends.diagnosis.budget import Budget, BudgetRow
+    from backends.diagnosis.candidates import ErrorFigure
+    from backends.diagnosis.document import LOCAL_ROWS_SHOWN, budget_lines
+
+    error = ErrorFigure(3, 512, 2, 1e-6, False)
+    rows = [BudgetRow(OpKey(0, "prefill", layer, "sdpa"), error, "the native's record", share=1 / (layer + 1), final=error) for layer in range(LOCAL_ROWS_SHOWN + 3)]
+    lines = budget_lines(Budget(OpKey(0, "prefill", -1, "logits"), error, rows=rows))
+    assert len(lines) == 1 + LOCAL_ROWS_SHOWN + 1 and lines[-1] == "  ... 3 more in the JSON"
 
 
 def test_the_diagnosis_yields_progress_and_closing_it_cancels(demo_pairs: dict) -> None:

@@ -197,6 +197,16 @@ def test_diagnose_op_on_a_record_after_the_shared_eos_says_so_and_exits_as_nothi
     assert capsys.readouterr().out.startswith("That op is after the shared EOS step: invalid, never a failure; nothing to diagnose there.\n")
 
 
+def test_a_declared_contract_no_candidate_computes_is_named_as_such_beside_the_one_that_gives_the_bits(demo_pairs: dict, tmp_path: Path) -> None:
+    found = diagnose(declaring(demo_pairs["attention-contract"], tmp_path, "kqv_out-0", "visual", "mlx.sdpa.routed"))
+    (op,) = found.ops
+    assert (op.native_declared_exact, op.native_ran) == (None, "attn.mlx_sdpa.unchunked")
+    assert found.verdict.startswith(
+        "0:visual:0:sdpa is local: the native declares `mlx.sdpa.routed`, which no candidate computes, but its bits are reproduced by "
+        "`attn.mlx_sdpa.unchunked` (bit-exact)"
+    )
+
+
 @pytest.mark.parametrize("scenario", ["clean", "post-eos"])
 def test_a_pair_at_parity_has_nothing_to_diagnose(demo_pairs: dict, scenario: str) -> None:
     found = diagnose(demo_pairs[scenario])

@@ -419,12 +419,11 @@ def _names(ids: list[str]) -> str:
 
 def _contract_clause(op: OpDiagnosis) -> str:
     """Which contract the native ran, and whether that is what its record declares."""
-    declared = f"the native declares `{op.native_declared}`"
-    if op.native_declared and registry_id(op.native_declared) is None:
-        declared += ", which no candidate computes"
+    uncomputed = bool(op.native_declared) and registry_id(op.native_declared) is None
+    declared = f"the native declares `{op.native_declared}`" + (", which no candidate computes" if uncomputed else "")
     if op.native_ran is not None:
         also = f", and {_names(op.also_exact)} give{'s' if len(op.also_exact) == 1 else ''} the same bits" if op.also_exact else ""
-        if op.native_declared_exact is False or declared.endswith("computes"):
+        if op.native_declared_exact is False or uncomputed:
             return f"{declared}, but its bits are reproduced by `{op.native_ran}` (bit-exact){also}"
         return f"the native ran `{op.native_ran}` (bit-exact reproduction){also}"
     lead = f"{declared}, which does not reproduce its bits, and " if op.native_declared_exact is False else ""

@@ -8,8 +8,10 @@ what is inherited, and how much of the final error each local op explains.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
+import h5py
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -42,6 +44,39 @@ def causes(diagnosis: Diagnosis) -> dict[str, str]:
     return {op.key.text(): str(op.classification.locality) for op in diagnosis.ops}
 
 
+def copied(pair: tuple[Path, Path], folder: Path, weights: bool = True) -> tuple[Path, Path]:
+    """A copy of a demo pair in `folder`, with its weights file or without it."""
+    for source in (*pair, *([pair[0].parent / "demo-qwen3-tiny.safetensors"] if weights else [])):
+        shutil.copy(source, folder)
+    return folder / pair[0].name, folder / pair[1].name
+
+
+def declaring(pair: tuple[Path, Path], folder: Path, record: str, segment: str, contract: str) -> tuple[Path, Path]:
+    """A copy of a demo pair whose native record `record` of step 0 `segment` declares `contract`
+    as its effective contract: a record that misstates what the engine ran, bits unchanged."""
+    native, oracle = copied(pair, folder)
+    with h5py.File(native, "r+") as file:
+        index = file["index"][:]
+        hit = (index["name"] == record.encode()) & (index["segment"] == segment.encode()) & (index["step"] == 0)
+        assert hit.sum() == 1
+        index["effective_contract_id"][hit] = contract.encode()
+        file["index"][...] = index
+    return native, oracle
+
+
+def nudged(pair: tuple[Path, Path], folder: Path, record: str, segment: str, elements: int) -> tuple[Path, Path]:
+    """A copy of a demo pair whose native bfloat16 record `record` of step 0 `segment` has its
+    first `elements` values one ULP up: an op that computed differently after its output was
+    used, so nothing later changes."""
+    native, oracle = copied(pair, folder)
+    with h5py.File(native, "r+") as file:
+        (row,) = [r for r in file["index"][:] if (r["name"], r["segment"], r["step"]) == (record.encode(), segment.encode(), 0)]
+        stored, start = file[row["path"].decode()], int(row["offset"])
+        values = stored[start : start + 2 * elements].view(np.uint16) + np.uint16(1)
+        stored[start : start + 2 * elements] = values.view(np.uint8)
+    return native, oracle
+
+
 def test_attention_contract_is_local_at_the_visual_sdpa_and_the_single_range_candidate_reproduces_it(demo_pairs: dict) -> None:
     found = diagnose(demo_pairs["attention-contract"])
     (op,) = found.ops
@@ -50,8 +85,9 @@ def test_attention_contract_is_local_at_the_visual_sdpa_and_the_single_range_can
     assert op.also_exact == ["attn.mlx_sdpa.head_chunked", "attn.mlx_sdpa.unchunked"]
     assert op.classification.inputs_agree is True and op.classification.local == op.classification.total
     assert found.verdict == (
-        "0:visual:0:sdpa is local: the native ran `attn.bf16.single_range` (bit-exact reproduction); the oracle's contract "
-        "on these inputs is `attn.f32.tiled64x64`. Against the float64 reference the oracle's route is closer to exact."
+        "0:visual:0:sdpa is local: the native ran `attn.bf16.single_range` (bit-exact reproduction), and `attn.mlx_sdpa.head_chunked`, "
+        "`attn.mlx_sdpa.unchunked` give the same bits; the oracle's contract on these inputs is `attn.f32.tiled64x64`. "
+        "Against the float64 reference the oracle's route is closer to exact."
     )
     assert found.notes == ["Stopped after 1 local op(s); 104 later diverged op(s) were not classified (--all, or the window's scope \"Every diverged op\", classifies every one)."]
 
@@ -81,6 +117,33 @@ def test_swiglu_order_is_local_at_ffn_act_and_reproduced_by_the_natives_order(de
     assert op.classification.local is not None and op.classification.local.differing == 1711 and op.classification.local.max_ulp == 2
 
 
+def test_a_native_record_declaring_the_swiglu_order_it_did_not_run_is_said_to_declare_one_and_run_another(demo_pairs: dict) -> None:
+    """The swiglu-order native records `swiglu.bf16.silu_then_mul` whatever order it runs: the
+    record's id names the candidate `swiglu.silu_then_mul`, which does not give its bits."""
+    found = diagnose(demo_pairs["swiglu-order"])
+    (op,) = found.ops
+    assert (op.native_declared, op.native_declared_exact, op.oracle_declared) == ("swiglu.bf16.silu_then_mul", False, "swiglu.bf16.silu_then_mul")
+    assert found.verdict.startswith(
+        "0:text-before:0:ffn_act is local: the native declares `swiglu.bf16.silu_then_mul`, but its bits are reproduced by "
+        "`swiglu.mul_then_sigmoid` (bit-exact); the oracle's contract on these inputs is `swiglu.silu_then_mul`. "
+    )
+
+
+def test_of_several_exact_candidates_a_false_declaration_is_named_and_the_one_matching_the_natives_recorded_call_is_chosen(
+    demo_pairs: dict, tmp_path: Path
+) -> None:
+    """The native's visual attention claims the tiled contract; its bits are the single range's,
+    which MLX's SDPA on a CPU gives too, chunked or not. It recorded one call over all heads."""
+    found = diagnose(declaring(demo_pairs["attention-contract"], tmp_path, "kqv_out-0", "visual", "attn.f32.tiled64x64"))
+    (op,) = found.ops
+    assert (op.native_declared, op.native_declared_exact, op.native_ran) == ("attn.f32.tiled64x64", False, "attn.mlx_sdpa.unchunked")
+    assert op.also_exact == ["attn.mlx_sdpa.head_chunked", "attn.bf16.single_range"]
+    assert found.verdict.startswith(
+        "0:visual:0:sdpa is local: the native declares `attn.f32.tiled64x64`, but its bits are reproduced by `attn.mlx_sdpa.unchunked` "
+        "(bit-exact), and `attn.mlx_sdpa.head_chunked`, `attn.bf16.single_range` give the same bits; the oracle's contract"
+    )
+
+
 def test_signed_zero_is_the_plus_zero_copy_and_nothing_else(demo_pairs: dict) -> None:
     found = diagnose(demo_pairs["signed-zero"])
     (op,) = found.ops
@@ -101,9 +164,47 @@ def test_diagnose_op_on_the_dispatch_only_op_report_names_explains_it_and_all_lo
     second = OpKey(0, "text-after", 1, "sdpa")
     one = diagnose(demo_pairs["head-chunk"], mode="op", key=second)
     assert [n.key for n in one.dispatch] == [second], "report suggests diagnose --op for a dispatch-only op: it must not say bit-exact"
-    assert one.verdict.startswith(f"Nothing computes differently on this CPU: 1 op(s) are dispatch-only, first {second.text()}")
+    assert one.verdict.startswith(f"Nothing computes differently on this CPU: {second.text()} is dispatch-only (one of 2 such ops), with identical bits.")
     every = diagnose(demo_pairs["head-chunk"], mode="all")
     assert [n.key for n in every.dispatch] == [OpKey(0, "text-after", 0, "sdpa"), second]
+
+
+def test_diagnose_op_on_a_contract_only_mismatch_report_names_says_which_declaration_the_bits_bear_out(
+    demo_pairs: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Bits identical, the native's record declaring the F16 single range: report calls it a
+    contract mismatch and points at diagnose --op, which once answered "bit-exact: nothing to diagnose"."""
+    native, oracle = declaring(demo_pairs["clean"], tmp_path, "kqv_out-0", "text-before", "attn.f16.single_range")
+    out = tmp_path / "d.json"
+    assert main(["diagnose", str(native), str(oracle), "--op", "0:text-before:0:sdpa", "--json", str(out)]) == EXIT_EXPLAINED
+    assert capsys.readouterr().out.startswith(
+        "0:text-before:0:sdpa has identical bits on both sides, but their records' contracts do not match: the native declares "
+        "`attn.f16.single_range`, the oracle `attn.bf16.single_range`. From the native's inputs `attn.mlx_sdpa.head_chunked`, "
+        "`attn.mlx_sdpa.unchunked`, `attn.bf16.single_range`, `attn.auto_qtile64` give these bits: the native's "
+        "`attn.f16.single_range` does not; the oracle's `attn.bf16.single_range` does.\n"
+    )
+    (note,) = json.loads(out.read_text(encoding="utf-8"))["contract_only"]
+    assert (note["key"], note["native_declared"], note["oracle_declared"]) == ("0:text-before:0:sdpa", "attn.f16.single_range", "attn.bf16.single_range")
+    f16 = next(c for c in note["candidates"] if c["id"] == "attn.f16.single_range")
+    assert f16["vs_native"]["differing"] == 1164
+
+
+def test_diagnose_op_on_a_record_after_the_shared_eos_says_so_and_exits_as_nothing_to_diagnose(demo_pairs: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    """The oracle stopped at the shared EOS, so the native's later records have no partner:
+    report calls them invalid, and diagnose --op once refused one as no aligned op (exit 2)."""
+    native, oracle = (str(p) for p in demo_pairs["post-eos"])
+    assert main(["diagnose", native, oracle, "--op", "5:decode:0:sdpa"]) == EXIT_EXPLAINED
+    assert capsys.readouterr().out.startswith("That op is after the shared EOS step: invalid, never a failure; nothing to diagnose there.\n")
+
+
+def test_a_declared_contract_no_candidate_computes_is_named_as_such_beside_the_one_that_gives_the_bits(demo_pairs: dict, tmp_path: Path) -> None:
+    found = diagnose(declaring(demo_pairs["attention-contract"], tmp_path, "kqv_out-0", "visual", "mlx.sdpa.routed"))
+    (op,) = found.ops
+    assert (op.native_declared_exact, op.native_ran) == (None, "attn.mlx_sdpa.unchunked")
+    assert found.verdict.startswith(
+        "0:visual:0:sdpa is local: the native declares `mlx.sdpa.routed`, which no candidate computes, but its bits are reproduced by "
+        "`attn.mlx_sdpa.unchunked` (bit-exact)"
+    )
 
 
 @pytest.mark.parametrize("scenario", ["clean", "post-eos"])
@@ -164,6 +265,49 @@ def test_every_local_op_of_a_real_llama_cpp_run_is_reproduced_bit_exactly_by_a_g
         assert op.native_ran == expected.get(op.key.op, "ggml.mul_mat.q8_0"), op.key.text()
     assert {op.key.op for op in found.ops if op.classification.locality == Locality.INHERITED} >= {"attn_residual", "layer_out"}
     assert found.verdict.startswith("0:prefill:0:q_proj is local: the native ran `ggml.mul_mat.q8_0` (bit-exact reproduction)")
+
+
+def test_the_verdict_counts_the_later_ops_left_undetermined_and_says_why_the_first_was(demo_pairs: dict, tmp_path: Path) -> None:
+    """Without its weights file only the attentions and the ops fed their inputs directly can be
+    rerun: the sentence once named the 2 local and 36 inherited ops and hid the 67 others."""
+    found = diagnose(copied(demo_pairs["attention-contract"], tmp_path, weights=False), mode="all", budget=False)
+    assert len(found.open_ops) == 67
+    missing = tmp_path / "demo-qwen3-tiny.safetensors"
+    assert found.verdict.endswith(
+        "1 more local op(s) with the same contract; 36 later op(s) are inherited; 67 later op(s) could not be classified, first "
+        f"0:visual:0:o_proj (cannot be rerun on the oracle's route from the native's inputs: weights file {missing} (referenced by the "
+        "native capture) does not exist). Against the float64 reference the oracle's route is closer to exact."
+    )
+
+
+def test_the_text_lists_the_ops_left_undetermined_under_a_heading_and_counts_those_it_leaves_out(demo_pairs: dict, tmp_path: Path) -> None:
+    from backends.diagnosis.document import render_text
+
+    lines = render_text(diagnose(copied(demo_pairs["attention-contract"], tmp_path, weights=False), mode="all", budget=False)).splitlines()
+    heading = lines.index("Not classified (execution order; a covered stage is accounted for by the op that computes it):")
+    assert lines[heading + 1].startswith("  undetermined 0:visual:0:o_proj: cannot be rerun") and lines[heading - 1] == ""
+    assert lines[heading + 6] == "  ... 62 more in the JSON"
+
+
+def test_a_budget_row_whose_change_reaches_final_logits_the_native_has_exact_says_so_rather_than_a_dash(demo_pairs: dict, tmp_path: Path) -> None:
+    from backends.diagnosis.document import budget_lines
+
+    found = diagnose(nudged(demo_pairs["clean"], tmp_path, "attn_out-0", "visual", 10), mode="all")
+    assert [op.key.text() for op in found.local_chain] == ["0:visual:0:o_proj"]
+    assert found.budget is not None and found.budget.total is not None and found.budget.total.bit_exact
+    (row,) = budget_lines(found.budget)[1:]
+    assert row.startswith("  0:visual:0:o_proj            none (the native's are exact), yet alone it gives 329 differ · max 83 ULP  local 10 of 27,648")
+
+
+def test_a_budget_of_more_rows_than_the_text_lists_counts_the_rest() -> None:
+    from backends.diagnosis.budget import Budget, BudgetRow
+    from backends.diagnosis.candidates import ErrorFigure
+    from backends.diagnosis.document import LOCAL_ROWS_SHOWN, budget_lines
+
+    error = ErrorFigure(3, 512, 2, 1e-6, False)
+    rows = [BudgetRow(OpKey(0, "prefill", layer, "sdpa"), error, "the native's record", share=1 / (layer + 1), final=error) for layer in range(LOCAL_ROWS_SHOWN + 3)]
+    lines = budget_lines(Budget(OpKey(0, "prefill", -1, "logits"), error, rows=rows))
+    assert len(lines) == 1 + LOCAL_ROWS_SHOWN + 1 and lines[-1] == "  ... 3 more in the JSON"
 
 
 def test_the_diagnosis_yields_progress_and_closing_it_cancels(demo_pairs: dict) -> None:

@@ -165,6 +165,11 @@ class Candidate:
     """Computed from the oracle route's own output (a copy of it): judged against the native
     only. Against the route it is that route, bit-exact whenever the copy changes nothing, so it
     never names the oracle's contract nor the native's closest one."""
+    head_split: bool | None = None
+    """For an MLX attention route: whether it splits the query heads into several calls (the
+    head-chunk route) or makes one call over all heads. On a CPU both give the same bits, so
+    where both reproduce a record, the calls the record made (`recorded_head_split`) say which
+    one ran."""
 
 
 @dataclass
@@ -269,6 +274,16 @@ def declared_contract(session: RerunSession, side: str, key: OpKey) -> str:
     """The contract `side`'s record says it ran (its `effective_contract_id`), or ''."""
     mapped = session.captured[side].find(key.step, key.segment, key.layer, key.op, key.positions)
     return "" if mapped is None else mapped.record.effective_contract_id or ""
+
+
+def recorded_head_split(ops: CapturedOps, key: OpKey) -> bool | None:
+    """Whether `ops`' engine split this attention by heads, from the calls its sdpa record made
+    (several, or one per KV group); None when it recorded none."""
+    mapped = ops.find(key.step, key.segment, key.layer, "sdpa", key.positions)
+    calls = ops.dispatch_events(mapped.record.seq) if mapped is not None else []
+    if not len(calls):
+        return None
+    return len(calls) > 1 or bool((calls["kv_group"] != -1).any())
 
 
 def call_rows(ops: CapturedOps, key: OpKey) -> int | None:

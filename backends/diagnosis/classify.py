@@ -30,7 +30,7 @@ from backends.diagnosis.candidates import (
     record_bits,
     run_candidate,
 )
-from backends.diagnosis.registry import candidates_for
+from backends.diagnosis.registry import candidates_for, registry_id
 from backends.rerun.inputs import RerunInputError, why_not_rerunnable
 from backends.rerun.ops import RerunOpError
 from backends.rerun.segment import OpRerun, RerunOptions, RerunSession
@@ -123,7 +123,7 @@ def _oracle_contracts(session: RerunSession, key: OpKey) -> OracleContracts | No
         theirs = candidate_inputs(session, "native", key, None, engine="oracle")
     except RerunInputError:
         return None
-    declared = declared_contract(session, "oracle", key)
+    declared = registry_id(declared_contract(session, "oracle", key))
     on_native: dict[str, np.ndarray] = {}
     for candidate in sorted(candidates_for(key.op), key=lambda c: c.id != declared):
         judged = run_candidate(candidate, own, oracle_bits)

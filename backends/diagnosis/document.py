@@ -19,6 +19,9 @@ from sessions.report.html_page import STYLE, escape
 FORMAT, VERSION = "parity-xray-diagnosis", 1
 LOCAL_ROWS_SHOWN = 40
 """Local ops listed in the text and HTML skeleton before the rest is counted (the JSON has every one)."""
+UNDETERMINED_ROWS_SHOWN = 5
+"""Ops that could not be classified, listed in the text before the rest is counted: what leaves
+one so usually leaves the next so too, for the same reason."""
 
 
 def to_dict(diagnosis: Diagnosis) -> dict[str, Any]:
@@ -46,7 +49,11 @@ def share_text(row: BudgetRow) -> str:
         return f"not measured: {row.not_measured}"
     reaches = row.final is None or not row.final.bit_exact
     if row.share is None:
-        return "—" if reaches else "none (no final error to share out)"
+        if reaches and row.final is not None:
+            # The native's final logits carry no error, so there is nothing to take a share of,
+            # but the change alone does reach them: that is worth saying, not a dash.
+            return f"none (the native's are exact), yet alone it gives {row.final.short()}"
+        return "none (no final error to share out)"
     return f"{100 * row.share:.3g}%" if reaches else "0% (the change does not reach the final logits)"
 
 
@@ -80,8 +87,15 @@ def render_text(diagnosis: Diagnosis, verbose: bool = False) -> str:
             lines += [f"  {c.id:<34} {candidate_line(c)}" for c in op.candidates]
     undetermined = [op for op in diagnosis.ops if str(op.classification.locality) == "undetermined"]
     covered = diagnosis.covered_keys()
-    for op in undetermined[:5]:
-        lines.append(f"  {'covered' if op.key in covered else 'undetermined'} {op.key}: {op.classification.why}")
+    if undetermined:
+        lines += ["", "Not classified (execution order; a covered stage is accounted for by the op that computes it):"]
+        lines += [f"  {'covered' if op.key in covered else 'undetermined'} {op.key}: {op.classification.why}" for op in undetermined[:UNDETERMINED_ROWS_SHOWN]]
+        if len(undetermined) > UNDETERMINED_ROWS_SHOWN:
+            lines.append(f"  ... {len(undetermined) - UNDETERMINED_ROWS_SHOWN} more in the JSON")
+    for declared in diagnosis.contract_only:
+        lines += ["", f"Contract-only mismatch at {declared.key} (identical bits): native declares {declared.native_declared or 'none'}; "
+                  f"oracle declares {declared.oracle_declared or 'none'}; candidates on the native's own inputs, against those bits:"]
+        lines += [f"  {c.id:<34} {figure(c.vs_native) if c.skipped is None else f'not run: {c.skipped}'}" for c in declared.candidates]
     for note in diagnosis.dispatch:
         lines += ["", f"Dispatch-only {note.key}: native {note.native_summary}; oracle {note.oracle_summary}",
                   f"  reproducing the bits here: {', '.join(note.reproducing) or 'none'}"]
@@ -98,7 +112,9 @@ def budget_lines(budget: Budget) -> list[str]:
     lines = [f"Budget of the final logits {budget.final_logits} (native vs oracle {figure(budget.total)}):"]
     ranked = sorted(budget.rows, key=lambda r: -(r.share or 0.0))
     for row in ranked[:LOCAL_ROWS_SHOWN]:
-        lines.append(f"  {row.key.text():<28} {share_text(row):<48} local {figure(row.local)}; injected {row.injected or '—'}")
+        lines.append(f"  {row.key.text():<28} {share_text(row):<48}  local {figure(row.local)}; injected {row.injected or '—'}")
+    if len(ranked) > LOCAL_ROWS_SHOWN:
+        lines.append(f"  ... {len(ranked) - LOCAL_ROWS_SHOWN} more in the JSON")
     return lines + [f"  {note}" for note in budget.notes]
 
 
@@ -124,6 +140,8 @@ def render_html(diagnosis: Diagnosis) -> str:
             [[op.key.text(), op.classification.kind, str(op.classification.locality), op.native_ran or (f"closest: {op.closest}" if op.closest else "—"),
               figure(op.classification.local), op.classification.total.text(), op.classification.why] for op in diagnosis.ops[: LOCAL_ROWS_SHOWN * 4]],
         ))
+        if len(diagnosis.ops) > LOCAL_ROWS_SHOWN * 4:
+            parts.append(f"<p class='muted'>... {len(diagnosis.ops) - LOCAL_ROWS_SHOWN * 4} more in the JSON</p>")
     for op in diagnosis.local_chain[:LOCAL_ROWS_SHOWN]:
         parts.append(f"<h2>Candidates at {escape(op.key.text())}</h2>")
         parts.append(f"<p>Oracle's route: {escape('; '.join(op.classification.oracle_route))}. "
@@ -131,6 +149,13 @@ def render_html(diagnosis: Diagnosis) -> str:
         parts.append(_table(
             ["candidate", "vs native", "vs oracle's route", "what it computes", "source"],
             [[c.id, figure(c.vs_native) if c.skipped is None else f"not run: {c.skipped}", figure(c.vs_oracle_route), c.description, c.source] for c in op.candidates],
+        ))
+    for declared in diagnosis.contract_only:
+        parts.append(f"<h2>Contract-only mismatch at {escape(declared.key.text())}</h2><p>Identical bits; the native declares "
+                     f"{escape(declared.native_declared or 'none')}, the oracle {escape(declared.oracle_declared or 'none')}.</p>")
+        parts.append(_table(
+            ["candidate", "vs the bits both sides hold", "what it computes", "source"],
+            [[c.id, figure(c.vs_native) if c.skipped is None else f"not run: {c.skipped}", c.description, c.source] for c in declared.candidates],
         ))
     for note in diagnosis.dispatch:
         parts.append(f"<h2>Dispatch-only {escape(note.key.text())}</h2><p>native: {escape(note.native_summary)}<br>oracle: {escape(note.oracle_summary)}<br>"

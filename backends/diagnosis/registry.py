@@ -402,10 +402,12 @@ REGISTRY: tuple[Candidate, ...] = (
     Candidate(
         "attn.mlx_sdpa.head_chunked", frozenset({"sdpa"}), "mx.fast.scaled_dot_product_attention, query heads split by the MTPLX head-chunk rule",
         "youssofal/MTPLX _verify_sdpa over ml-explore/mlx scaled_dot_product_attention", _mlx(Routes(attention=rerun_ops.MLX_SDPA, head_chunk=True)),
+        head_split=True,
     ),
     Candidate(
         "attn.mlx_sdpa.unchunked", frozenset({"sdpa"}), "mx.fast.scaled_dot_product_attention, one call over all heads",
         f"{MLX_SOURCE} mlx/fast.cpp scaled_dot_product_attention", _mlx(Routes(attention=rerun_ops.MLX_SDPA, head_chunk=False)),
+        head_split=False,
     ),
     Candidate(
         contracts.SINGLE_RANGE, frozenset({"sdpa"}),
@@ -467,6 +469,20 @@ REGISTRY: tuple[Candidate, ...] = (
 
 _ids = [c.id for c in REGISTRY]
 assert len(set(_ids)) == len(_ids), "candidate ids must be unique"
+
+
+DECLARED_AS: dict[str, str] = {f"swiglu.{dtype}.{order}": f"swiglu.{order}" for dtype in ("bf16", "f16") for order in rerun_ops.SWIGLU_ORDERS}
+"""Contract ids records declare for arithmetic a candidate computes under another id. The demo
+engines name their SwiGLU order with its dtype (`swiglu.bf16.silu_then_mul`); the candidate
+names the order alone, since it computes in whatever the input dtype is. Every other declared id
+a candidate computes is its id (`attn.bf16.single_range`)."""
+
+
+def registry_id(declared: str) -> str | None:
+    """The candidate that computes the contract a record declares; None when it declares none,
+    or one no candidate computes."""
+    name = DECLARED_AS.get(declared, declared)
+    return name if name in _ids else None
 
 
 def candidates_for(op: str) -> list[Candidate]:

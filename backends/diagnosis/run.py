@@ -40,15 +40,21 @@ from backends.diagnosis.candidates import (
     declared_contract,
     output_bits,
     record_bits,
+    recorded_head_split,
     run_candidate,
 )
 from backends.diagnosis.classify import Classification, Locality, classify
-from backends.diagnosis.registry import REGISTRY, candidates_for
+from backends.diagnosis.registry import REGISTRY, candidates_for, registry_id
 from backends.rerun.inputs import RerunInputError
 from backends.rerun.ops import RerunOpError
 from backends.rerun.segment import RerunSession
 from sessions.capture.reader import Capture
-from sessions.compare.comparison import Comparison, PairResult, not_aligned
+from sessions.compare.comparison import (
+    Comparison,
+    PairResult,
+    not_aligned,
+    unaligned_key,
+)
 from sessions.compare.key import OpKey
 from sessions.compare.profiles import whole_op
 from sessions.compare.verdict import Finding, Kind
@@ -87,7 +93,8 @@ class OpDiagnosis:
     classification: Classification
     candidates: list[CandidateResult] = field(default_factory=list)
     native_ran: str | None = None
-    """The candidate that reproduces the native's bits exactly (the declared contract's, when several do)."""
+    """The candidate that reproduces the native's bits exactly: when several do, the one the
+    native's record declares, else one whose calls match the calls the native recorded."""
     also_exact: list[str] = field(default_factory=list)
     closest: str | None = None
     """With no exact reproduction: the candidate closest to the native's bits."""
@@ -95,6 +102,11 @@ class OpDiagnosis:
     """The candidate that reproduces the oracle's route on the same inputs."""
     native_declared: str = ""
     oracle_declared: str = ""
+    native_declared_exact: bool | None = None
+    """Whether the candidate computing the contract the native's record declares gives its bits:
+    False is a record that misstates what the native ran. None when it declares none, one no
+    candidate computes, or one that could not run here, and when its bits are a copy of the
+    route's (`copy.plus_zero`): a contract names the arithmetic, not a copy taken after it."""
     native_call_rows: int | None = None
     oracle_call_rows: int | None = None
     """Set when the two sides computed this op in calls of different shapes (runs cut differently):
@@ -119,6 +131,33 @@ class DispatchNote:
 
 
 @dataclass
+class ContractNote:
+    """A contract-only mismatch: identical bits, records that declare different contracts. Which
+    candidates give those bits from the native's inputs says which declaration, if either, is true."""
+
+    key: OpKey
+    native_declared: str
+    oracle_declared: str
+    candidates: list[CandidateResult] = field(default_factory=list)
+    """Every candidate for the op on the native's inputs, judged against the bits both sides hold."""
+    reproducing: list[str] = field(default_factory=list)
+    """The candidates that give those bits, registry order (a copy of the oracle's record computes no contract)."""
+
+    def declared_text(self, side: str) -> str:
+        """Whether `side`'s declared contract gives the bits, in words."""
+        declared = self.native_declared if side == "native" else self.oracle_declared
+        if not declared:
+            return f"the {side} declares none"
+        named = registry_id(declared)
+        result = next((c for c in self.candidates if c.id == named), None)
+        if result is None:
+            return f"the {side}'s `{declared}` is no candidate's, so it cannot be checked"
+        if result.vs_native is None:
+            return f"the {side}'s `{declared}` could not run ({result.skipped or 'its output has another shape'})"
+        return f"the {side}'s `{declared}` {'does' if result.vs_native.bit_exact else 'does not'}"
+
+
+@dataclass
 class Diagnosis:
     native_path: str
     oracle_path: str
@@ -129,6 +168,8 @@ class Diagnosis:
     ops: list[OpDiagnosis] = field(default_factory=list)
     """Classified ops in execution order."""
     dispatch: list[DispatchNote] = field(default_factory=list)
+    contract_only: list[ContractNote] = field(default_factory=list)
+    """Contract-mismatch ops whose bits are identical, looked at as dispatch-only ones are."""
     budget: Budget | None = None
     notes: list[str] = field(default_factory=list)
     device: str = "cpu"
@@ -168,9 +209,16 @@ class Diagnosis:
         return text + (f", {covered} stage(s) covered by the op that computes them" if covered else "")
 
 
-def _preferred(ids: list[str], declared: str) -> str | None:
-    """The declared contract when it is among `ids`, else the first in registry order."""
-    return declared if declared in ids else (ids[0] if ids else None)
+def _preferred(ids: list[str], declared: str, head_split: bool | None) -> str | None:
+    """Of the candidates `ids` that give a side's bits, the one its record declares; else the
+    first in registry order whose calls do not contradict the calls the side recorded (one call
+    over all heads is not the head-chunk route, though on a CPU both give its bits)."""
+    named = registry_id(declared)
+    if named in ids:
+        return named
+    routes = {c.id: c.head_split for c in REGISTRY}
+    fitting = [i for i in ids if head_split is None or routes[i] in (None, head_split)]
+    return (fitting or ids or [None])[0]
 
 
 def _search(session: RerunSession, found: Classification) -> OpDiagnosis:
@@ -187,9 +235,13 @@ def _search(session: RerunSession, found: Classification) -> OpDiagnosis:
     result.candidates = [run_candidate(c, inputs, native_bits) for c in candidates_for(key.op)]
     ran = [c for c in result.candidates if c.vs_native is not None]
     exact = [c.id for c in ran if c.vs_native is not None and c.vs_native.bit_exact]
-    result.native_ran = _preferred(exact, result.native_declared)
-    result.also_exact = [i for i in exact if i != result.native_ran]
     copies = {c.id for c in candidates_for(key.op) if c.of_route}
+    result.native_ran = _preferred(exact, result.native_declared, recorded_head_split(session.captured["native"], key))
+    result.also_exact = [i for i in exact if i != result.native_ran]
+    declared = next((c for c in ran if c.id == registry_id(result.native_declared)), None)
+    if declared is not None and result.native_ran not in copies:
+        # A copy of the route is the route's arithmetic plus a copy no record's contract names.
+        result.native_declared_exact = declared.id in exact
     computed = [c for c in ran if c.id not in copies]
     if result.native_ran is None and computed:
         result.closest = min(computed, key=lambda c: c.vs_native.closeness()).id  # type: ignore[union-attr]
@@ -204,7 +256,7 @@ def _search(session: RerunSession, found: Classification) -> OpDiagnosis:
         again = {c.id: run_candidate(c, oracle_inputs, native_bits) for c in shaped}
         ran = [again.get(c.id, c) for c in ran]
     oracle_exact = [c.id for c in ran if c.vs_oracle_route is not None and c.vs_oracle_route.bit_exact]
-    result.oracle_ran = _preferred(oracle_exact, result.oracle_declared)
+    result.oracle_ran = _preferred(oracle_exact, result.oracle_declared, recorded_head_split(session.captured["oracle"], key))
     return result
 
 
@@ -227,12 +279,41 @@ def _dispatch_note(session: RerunSession, comparison: Comparison, pair: PairResu
     )
 
 
+def _contract_note(session: RerunSession, pair: PairResult) -> ContractNote:
+    key = pair.key
+    note = ContractNote(key, declared_contract(session, "native", key), declared_contract(session, "oracle", key))
+    bits = record_bits(session.captured["native"], key)
+    try:
+        inputs = candidate_inputs(session, "native", key, record_bits(session.captured["oracle"], key))
+    except RerunInputError as exc:
+        note.candidates = [CandidateResult(c.id, c.description, c.source, skipped=f"candidates could not read the native's inputs: {exc}") for c in candidates_for(key.op)]
+        return note
+    note.candidates = [run_candidate(c, inputs, bits) for c in candidates_for(key.op)]
+    copies = {c.id for c in candidates_for(key.op) if c.of_route}
+    note.reproducing = [c.id for c in note.candidates if c.id not in copies and c.vs_native is not None and c.vs_native.bit_exact]
+    return note
+
+
+def _bit_identical(comparison: Comparison, kind: Kind, options: DiagnoseOptions, diverged: bool) -> tuple[list[PairResult], int]:
+    """The pairs of `kind` with identical bits this diagnosis looks at, and how many the run holds:
+    `--op` looks at the op it names (report names such ops for diagnose --op), `--all` at every one,
+    the default, when nothing diverged, at the first."""
+    pairs = [p for p in comparison.pairs if p.verdict == kind and not p.post_eos and p.metrics.bit_exact]
+    if options.mode == "op":
+        return [p for p in pairs if p.key == options.key], len(pairs)
+    return (pairs if options.mode == "all" else pairs[:1] if not diverged else []), len(pairs)
+
+
 def _targets(comparison: Comparison, options: DiagnoseOptions) -> tuple[list[PairResult], bool]:
     """The pairs to classify, and whether the op `--op` names is after the shared EOS step."""
     if options.mode == "op":
         assert options.key is not None
         pair = next((p for p in comparison.pairs if p.key == options.key), None)
         if pair is None:
+            # A run that stops at the shared EOS leaves the other's later records without a
+            # partner: report calls them invalid, not failures, and so does diagnose.
+            if any(unaligned_key(u) == options.key for u in comparison.post_eos_unaligned):
+                return [], True
             raise ValueError(not_aligned(comparison, options.key))
         return ([pair] if not pair.metrics.bit_exact and not pair.post_eos else []), pair.post_eos
     return [p for p in comparison.pairs if not p.post_eos and not p.metrics.bit_exact], False
@@ -260,18 +341,19 @@ def iter_diagnose(native: Capture, oracle: Capture, comparison: Comparison, opti
         open_run = (open_run if same_stage else 0) + 1 if found.locality == Locality.UNDETERMINED else 0
         if options.mode == "first" and (locals_found >= options.first or open_run >= UNDETERMINED_RUN):
             break
-    # A dispatch-only pair whose bits differ within a tolerance is a target like any pair whose bits differ.
-    dispatch_only = [p for p in comparison.pairs if p.verdict == Kind.DISPATCH_ONLY and not p.post_eos and p.metrics.bit_exact]
-    if options.mode == "op":
-        dispatch_only = [p for p in dispatch_only if p.key == options.key]  # report names such an op for diagnose --op
-    # --all looks at every dispatch-only op; the default, when nothing diverged, at the first.
-    noted = dispatch_only if options.mode != "first" else dispatch_only[:1] if not targets else []
+    # A dispatch-only or contract-mismatch pair whose bits differ is a target like any pair whose bits differ.
+    noted, dispatch_only = _bit_identical(comparison, Kind.DISPATCH_ONLY, options, bool(targets))
+    declared, contract_only = _bit_identical(comparison, Kind.CONTRACT_MISMATCH, options, bool(targets))
+    total = len(targets) + len(noted) + len(declared)
     for number, pair in enumerate(noted):
-        yield Progress(len(targets) + number, len(targets) + len(noted), f"checking the dispatch-only {pair.key.text()}")
+        yield Progress(len(targets) + number, total, f"checking the dispatch-only {pair.key.text()}")
         diagnosis.dispatch.append(_dispatch_note(session, comparison, pair))
+    for number, pair in enumerate(declared):
+        yield Progress(len(targets) + len(noted) + number, total, f"checking the declared contracts of {pair.key.text()}")
+        diagnosis.contract_only.append(_contract_note(session, pair))
     if options.mode == "all" and options.budget and diagnosis.local_chain:
         diagnosis.budget = yield from _iter_budget(session, comparison, diagnosis)
-    diagnosis.verdict = verdict_sentence(diagnosis, len(targets), len(dispatch_only), comparison.verdict.first, after_eos)
+    diagnosis.verdict = verdict_sentence(diagnosis, len(targets), dispatch_only, comparison.verdict.first, after_eos, contract_only)
     if options.mode == "first" and len(diagnosis.ops) < len(targets):
         why = f"{locals_found} local op(s)" if open_run < UNDETERMINED_RUN else f"{open_run:,} diverged ops in a row could not be classified"
         diagnosis.notes.append(f"Stopped after {why}; {len(targets) - len(diagnosis.ops):,} later diverged op(s) were not classified (--all, or the window's scope \"Every diverged op\", classifies every one).")
@@ -331,18 +413,29 @@ def _iter_budget(session: RerunSession, comparison: Comparison, diagnosis: Diagn
 # -- the sentence ----------------------------------------------------------------------------
 
 
+def _names(ids: list[str]) -> str:
+    return ", ".join(f"`{i}`" for i in ids)
+
+
 def _contract_clause(op: OpDiagnosis) -> str:
+    """Which contract the native ran, and whether that is what its record declares."""
+    uncomputed = bool(op.native_declared) and registry_id(op.native_declared) is None
+    declared = f"the native declares `{op.native_declared}`" + (", which no candidate computes" if uncomputed else "")
     if op.native_ran is not None:
-        return f"the native ran `{op.native_ran}` (bit-exact reproduction)"
+        also = f", and {_names(op.also_exact)} give{'s' if len(op.also_exact) == 1 else ''} the same bits" if op.also_exact else ""
+        if op.native_declared_exact is False or uncomputed:
+            return f"{declared}, but its bits are reproduced by `{op.native_ran}` (bit-exact){also}"
+        return f"the native ran `{op.native_ran}` (bit-exact reproduction){also}"
+    lead = f"{declared}, which does not reproduce its bits, and " if op.native_declared_exact is False else ""
     if op.closest is not None:
         closest = op.result(op.closest).vs_native
         assert closest is not None
-        return f"no candidate reproduces the native's bits exactly; the closest is `{op.closest}` ({closest.text()})"
-    return "no candidate could run on its inputs"
+        return f"{lead}no candidate reproduces the native's bits exactly; the closest is `{op.closest}` ({closest.text()})"
+    return f"{lead}no candidate could run on its inputs"
 
 
 def _oracle_clause(op: OpDiagnosis) -> str:
-    declared = f" (declared `{op.oracle_declared}`)" if op.oracle_declared and op.oracle_declared != op.oracle_ran else ""
+    declared = f" (declared `{op.oracle_declared}`)" if op.oracle_declared and registry_id(op.oracle_declared) != op.oracle_ran else ""
     if op.oracle_ran is not None:
         shapes = ""
         if op.oracle_call_rows is not None:
@@ -358,10 +451,13 @@ def _exact_clause(found: Classification) -> str:
     return " Against the float64 reference both are equally close." if found.closer_to_exact == "tie" else ""
 
 
-def verdict_sentence(diagnosis: Diagnosis, diverged: int, dispatch_only: int, finding: Finding | None = None, after_eos: bool = False) -> str:
+def verdict_sentence(
+    diagnosis: Diagnosis, diverged: int, dispatch_only: int, finding: Finding | None = None, after_eos: bool = False, contract_only: int = 0
+) -> str:
     """The one sentence every surface leads with. `finding`: the comparison's first finding, named
     when no op's bits are there to explain it (a record without a partner, tokens); `after_eos`:
-    the op `--op` named is after the shared EOS step."""
+    the op `--op` named is after the shared EOS step; `contract_only`: how many ops of the run
+    have identical bits under contracts that do not match."""
     chain = diagnosis.local_chain
     if chain:
         first = chain[0]
@@ -382,17 +478,31 @@ def verdict_sentence(diagnosis: Diagnosis, diverged: int, dispatch_only: int, fi
         earlier = [op for op in diagnosis.ops[: diagnosis.ops.index(first)] if op.key in open_keys]
         if earlier:
             sentence += f"; {len(earlier)} earlier diverged op(s) could not be classified, first {earlier[0].key}, so the cause may lie before it"
+        unknown = [op for op in later if op.key in open_keys]
+        if unknown:
+            # What leaves one op undetermined (a weights file that is not there) usually leaves them all.
+            sentence += f"; {len(unknown)} later op(s) could not be classified, first {unknown[0].key} ({unknown[0].classification.why})"
         return sentence + "." + _exact_clause(first.classification)
     if diagnosis.ops:
         if not diagnosis.open_ops:
             return f"All {len(diagnosis.ops)} diagnosed op(s) are inherited: each did what the oracle's route does with its inputs."
         first_open = diagnosis.open_ops[0]
         return f"{first_open.key} is undetermined: {first_open.classification.why}."
+    if diagnosis.contract_only:
+        declared = diagnosis.contract_only[0]
+        more = f" ({'one' if diagnosis.mode == 'op' else 'the first'} of {contract_only} such ops)" if contract_only > 1 else ""
+        return (
+            f"{declared.key} has identical bits on both sides, but their records' contracts do not match{more}: the native declares "
+            f"`{declared.native_declared or 'none'}`, the oracle `{declared.oracle_declared or 'none'}`. From the native's inputs "
+            f"{_names(declared.reproducing) or 'no candidate'} give{'s' if len(declared.reproducing) == 1 else ''} these bits: "
+            f"{declared.declared_text('native')}; {declared.declared_text('oracle')}."
+        )
     if diagnosis.dispatch:
         note = diagnosis.dispatch[0]
         both = " and ".join(f"`{c}`" for c in note.reproducing) or "no MLX SDPA candidate"
+        which = f"{note.key} is dispatch-only (one of {dispatch_only} such ops)" if diagnosis.mode == "op" else f"{dispatch_only} op(s) are dispatch-only, first {note.key}"
         return (
-            f"Nothing computes differently on this CPU: {dispatch_only} op(s) are dispatch-only, first {note.key}, with identical bits. "
+            f"Nothing computes differently on this CPU: {which}, with identical bits. "
             f"The native ran {note.native_summary}; the oracle ran {note.oracle_summary}. Here {both} give the same bits "
             f"(MLX runs every SDPA call as its decomposed fallback on a CPU); on Metal the calls would take different kernels, "
             f"which this CPU cannot measure."

@@ -16,7 +16,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from backends.commands.diagnose import EXIT_EXPLAINED
+from backends.commands.diagnose import EXIT_EXPLAINED, EXIT_UNEXPLAINED
 from backends.diagnosis.budget import Injection, NotMeasurable, Replay
 from backends.diagnosis.classify import Locality
 from backends.diagnosis.run import DiagnoseOptions, Diagnosis, iter_diagnose
@@ -212,6 +212,14 @@ def test_a_pair_at_parity_has_nothing_to_diagnose(demo_pairs: dict, scenario: st
     found = diagnose(demo_pairs[scenario])
     assert found.ops == [] and found.dispatch == []
     assert found.verdict == "Nothing to diagnose: no aligned op before any shared EOS differs (PARITY)."
+
+
+def test_a_failing_comparison_with_no_op_to_diagnose_exits_1_as_a_finding_no_rerun_explains(demo_pairs: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    """Read by the mlx-lm profile, no native record has a partner: report fails, and diagnose said exit 0."""
+    native, oracle = (str(p) for p in demo_pairs["swiglu-order"])
+    assert main(["diagnose", native, oracle, "--native-profile", "mlx-lm"]) == EXIT_UNEXPLAINED
+    assert "which no rerun explains" in capsys.readouterr().out
+    assert main(["diagnose", *(str(p) for p in demo_pairs["clean"])]) == EXIT_EXPLAINED
 
 
 def test_an_op_fed_an_upstream_difference_but_computing_faithfully_is_inherited_not_local(demo_pairs: dict) -> None:

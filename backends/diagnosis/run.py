@@ -500,7 +500,11 @@ def verdict_sentence(
     if diagnosis.dispatch:
         note = diagnosis.dispatch[0]
         both = " and ".join(f"`{c}`" for c in note.reproducing) or "no MLX SDPA candidate"
-        which = f"{note.key} is dispatch-only (one of {dispatch_only} such ops)" if diagnosis.mode == "op" else f"{dispatch_only} op(s) are dispatch-only, first {note.key}"
+        which = (
+            f"{note.key} is dispatch-only" + (f" (one of {dispatch_only} such ops)" if dispatch_only > 1 else "")
+            if diagnosis.mode == "op"
+            else f"{dispatch_only} op(s) are dispatch-only, first {note.key}"
+        )
         return (
             f"Nothing computes differently on this CPU: {which}, with identical bits. "
             f"The native ran {note.native_summary}; the oracle ran {note.oracle_summary}. Here {both} give the same bits "

@@ -27,6 +27,21 @@ def test_identical_bits_are_bit_exact_with_perfect_similarity() -> None:
     assert m.bit_exact and m.differing == 0 and m.max_ulp == 0 and m.nmse == 0.0 and m.cosine == 1.0
 
 
+def test_float64_errors_past_its_largest_value_are_infinite_not_a_crash() -> None:
+    """An oracle zero's ULP is 4.9e-324, so a native 0.5 against it is 1e323 ULPs of error, past
+    float64's largest: report died with an OverflowError, and the window said UNUSABLE."""
+    oracle = np.linspace(-1, 1, 8)
+    oracle[1] = 0.0
+    native = oracle.copy()
+    native[1] = 0.5
+    m = _metrics(native.view(np.uint64), oracle.view(np.uint64), "float64")
+    assert (m.differing, m.max_abs_error, m.max_ulp_error, m.p99_ulp_error) == (1, 0.5, float("inf"), float("inf"))
+    assert m.max_ulp == 0x3FE0000000000000 and 0 < m.nmse < 1
+    flipped = np.array([1.7e308, 1.0])
+    m = _metrics((-flipped).view(np.uint64), flipped.view(np.uint64), "float64")
+    assert m.differing == 2 and m.max_abs_error == float("inf") and m.rmse == float("inf")
+
+
 def test_signed_zero_only_difference_is_counted_separately_and_is_one_ulp() -> None:
     native, oracle = bf16_bits([1.0, -0.0, 2.0]), bf16_bits([1.0, 0.0, 2.0])
     m = _metrics(native, oracle)

@@ -328,7 +328,8 @@ class _Squares:
                 total, count = total + block_total, count + int(values.size)
                 continue
             finite = values[np.isfinite(values)].astype(np.float64)
-            total, count = total + _dot(finite, finite), count + int(finite.size)
+            with np.errstate(over="ignore"):  # float64 values whose squares pass its largest: their sum is inf
+                total, count = total + _dot(finite, finite), count + int(finite.size)
         return total, count
 
 
@@ -418,7 +419,10 @@ class DiffAccumulator:
             if self._quantized:
                 self._add_quantized(a, b, flat, native_bits.shape)
             else:
-                self._add_differing(native_bits, oracle_bits, a[flat], b[flat], flat, row0)
+                # float64 values near its largest overflow what is taken of them (a sign flip of
+                # 1.7e308 differs by 3.4e308): inf, as such an error is, not a warning.
+                with np.errstate(over="ignore", invalid="ignore"):
+                    self._add_differing(native_bits, oracle_bits, a[flat], b[flat], flat, row0)
         if self._quantized:
             return
         if differed or differed_before:
@@ -609,7 +613,9 @@ class DiffAccumulator:
         if not self._quantized:
             self._finish_ulp_stats()
         if self._error_buckets:
-            edge = float(2.0 ** ((self._p99_error_bucket() + 1 - ERROR_BUCKET_OFFSET) / ERROR_BUCKETS_PER_OCTAVE))
+            # A float64 error over an oracle zero's ULP (4.9e-324) passes 2^1024: the edge is then inf, not an OverflowError.
+            with np.errstate(over="ignore"):
+                edge = float(np.exp2((self._p99_error_bucket() + 1 - ERROR_BUCKET_OFFSET) / ERROR_BUCKETS_PER_OCTAVE))
             # The bucket's upper edge, but never above the largest error: a pair whose elements
             # differ only in the sign of zero has errors of 0, whose bucket's edge is 2^(-31/8).
             m.p99_ulp_error = edge if m.max_ulp_error is None else min(edge, m.max_ulp_error)

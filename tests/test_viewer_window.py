@@ -664,3 +664,22 @@ def test_the_html_report_is_rendered_and_written_off_the_ui_thread(qtbot: QtBot,
         assert window.report_export.export_html(page)
         assert exported == [], "export_html returned before the page was written"
     assert exported == [page] and "swiglu" in page.read_text(encoding="utf-8").lower()
+
+
+def test_a_one_dimensional_record_draws_as_curves_and_an_empty_one_says_it_holds_nothing(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
+    """A 1-D record raised an uncaught error from pyqtgraph as soon as its pair opened; a [0, 8] one
+    showed "Cannot show this pair: ValueError: need at least one array to concatenate"."""
+    line = np.linspace(-1, 1, 16).astype(np.float32)
+    changed = line.copy()
+    changed.view(np.uint32)[3] += 2
+    empty = np.zeros((0, 8), np.float32)
+    native = write_capture(tmp_path / "n.h5", "native", [T("attn_norm", changed, layer=0), T("layer_out", empty, layer=0)], [(0, 5, False)])
+    oracle = write_capture(tmp_path / "o.h5", "oracle", [T("attn_norm", line, layer=0), T("layer_out", empty, layer=0)], [(0, 5, False)])
+    window.open_pair(native, oracle)
+    wait_compared(qtbot, window)
+    assert window.tensor_view.data.is_1d and window.tensor_view.title.text().startswith("0:prefill:0:attn_norm")
+    assert window.tensor_view.curves["native"].getData()[1].size == 16
+    window.model.select(next(p for p in window.model.comparison.comparison.pairs if p.key.op == "layer_out"))
+    wait_idle(qtbot, window)
+    assert window.tensor_view.title.text() == "0:prefill:0:layer_out: float32 [0, 8] holds no elements, so there is nothing to show"
+    assert window.banners.banners("uncaught") == []

@@ -609,6 +609,8 @@ def tensor_request(viewed: ViewedComparison | None, native: Capture, oracle: Cap
     if viewed is None:
         return "Comparing…"
     dtype = pair.metrics.dtype
+    if pair.metrics.size == 0:
+        return f"{pair.key}: {dtype} {pair.metrics.shape} holds no elements, so there is nothing to show"
     try:
         native_side, oracle_side = pair_sides(native, oracle, pair)
     except CaptureError as exc:

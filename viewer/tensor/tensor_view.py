@@ -420,15 +420,17 @@ class TensorView(QWidget):
     def _draw_curves(self, data: TensorSlice, scale: str) -> None:
         for image in self.images.values():
             image.clear()
+        # Into their plots before they hold data: pyqtgraph adds an item to the scene before its
+        # view box, and a clipped curve with data asked the window, not a view box, for its range.
+        self.plots["native"].addItem(self.curves["native"])
+        self.plots["native"].addItem(self.curves["oracle"])
+        self.plots["difference"].addItem(self.curves["difference"])
         x = np.arange(data.native_bits.size)
         self.curves["native"].setData(x, data.images["native"])
         self.curves["oracle"].setData(x, data.images["oracle"])
         self.curves["difference"].setData(x, data.images[scale])
-        self.plots["native"].addItem(self.curves["native"])
-        self.plots["native"].addItem(self.curves["oracle"])
         set_title(self.plots["native"], "native (blue) and oracle (orange, dashed)")
         self.plots["oracle"].setVisible(False)
-        self.plots["difference"].addItem(self.curves["difference"])
 
     # -- inspection --------------------------------------------------------------------------
 

@@ -138,6 +138,35 @@ def test_the_headline_never_measures_a_nan_or_a_signed_zero_in_ulp(
     assert json.loads(report.read_text())["verdict"]["first"]["detail"] == detail
 
 
+def test_an_op_differing_only_by_a_nan_leads_the_worst_ops_and_the_error_growth_on_every_surface(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """NMSE leaves a NaN out: such an op ranked below every 1-ULP one, past the top ten, and alone
+    it made the error growth of a DIVERGENCE "flat: every compared pair is bit-exact"."""
+    from sessions.compare.comparison import worst_ops
+    from sessions.compare.document import loads
+
+    x = bf16_bits(np.linspace(-2, 2, 24).reshape(4, 6))
+    nan = x.copy()
+    nan[1, 1] = 0x7FC0
+    one_ulp = x.copy()
+    one_ulp[0, 0] ^= 1
+    native = write_capture(
+        tmp_path / "n.h5", "native", [T("l_out-0", one_ulp, layer=0, dtype="bfloat16"), T("l_out-1", nan, layer=1, dtype="bfloat16")], [(0, 1, False)]
+    )
+    oracle = write_capture(
+        tmp_path / "o.h5", "oracle", [T("model.layers.0", x[None].copy(), layer=0, dtype="bfloat16"), T("model.layers.1", x[None].copy(), layer=1, dtype="bfloat16")],
+        [(0, 1, False)], weights_hash="sha256:aa",
+    )
+    report = tmp_path / "r.json"
+    _run(str(native), str(oracle), "--full", "--json", str(report), "--html", str(tmp_path / "r.html"))
+    text = capsys.readouterr().out.splitlines()
+    worst = text.index(next(line for line in text if line.startswith("Worst ops (a NaN or an infinity against a number first")))
+    assert text[worst + 1].split()[0] == "0:prefill:1:layer_out" and text[worst + 2].split()[0] == "0:prefill:0:layer_out"
+    growth = text.index("Error growth (execution order: max ULP, NMSE, elements differing)")
+    assert [line.split()[0] for line in text[growth + 1 : growth + 3]] == ["0:prefill:0:layer_out", "0:prefill:1:layer_out"]
+    assert [p.key.text() for p in worst_ops(loads(report.read_text()), 10)] == ["0:prefill:1:layer_out", "0:prefill:0:layer_out"]
+    assert "Flat: every compared op is bit-exact" not in (tmp_path / "r.html").read_text()
+
+
 def test_missing_file_is_unusable_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     native, _ = _pair(tmp_path, flip=False)
     assert "does not exist" in _unusable(capsys, native, str(tmp_path / "absent.h5"))

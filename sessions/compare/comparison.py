@@ -176,6 +176,9 @@ class GrowthPoint:
     key: OpKey
     max_ulp: int | None
     nmse: float
+    differing: int
+    """Elements that differ: a pair differing only by NaN against numbers, or by quantized bytes,
+    has max ULP 0 or none and NMSE 0, and the error growth called such a DIVERGENCE "flat"."""
 
 
 @dataclass
@@ -218,7 +221,7 @@ class Comparison:
         """Each compared pair's worst ULP and NMSE in execution order: derived from the pairs, not
         stored beside them (a real model's 220,000 points doubled the document's items). The
         JSON document still carries it (`DERIVED_PROPERTIES`)."""
-        return [GrowthPoint(r.key, r.metrics.max_ulp, r.metrics.nmse) for r in self.compared_pairs]
+        return [GrowthPoint(r.key, r.metrics.max_ulp, r.metrics.nmse, r.metrics.differing) for r in self.compared_pairs]
 
 
 def profile_for(choice: str | None, capture: Capture, side: str) -> Profile:
@@ -474,11 +477,17 @@ def not_aligned(comparison: Comparison, key: OpKey) -> str:
     return said
 
 
+WORST_ORDER = "a NaN or an infinity against a number first, then NMSE, then p99 ULP error"
+"""How `worst_ops` ranks, in the words every surface heads its list with."""
+
+
 def worst_ops(c: Comparison, top: int) -> list[PairResult]:
-    """The pre-EOS pairs that differ, worst first: by NMSE, then p99 ULP error, then how many elements."""
+    """The pre-EOS pairs that differ, worst first: a NaN or an infinity against a number first
+    (NMSE leaves them out, and such an op ranked last, below the top ten), then by NMSE, p99 ULP
+    error and how many elements."""
     return sorted(
         (p for p in c.pairs if not p.post_eos and not p.metrics.bit_exact),
-        key=lambda p: (p.metrics.nmse, p.metrics.p99_ulp_error or 0.0, p.metrics.differing),
+        key=lambda p: (p.metrics.nan_mismatch + p.metrics.inf_mismatch > 0, p.metrics.nmse, p.metrics.p99_ulp_error or 0.0, p.metrics.differing),
         reverse=True,
     )[:top]
 

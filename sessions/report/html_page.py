@@ -18,6 +18,7 @@ import numpy as np
 
 from sessions.atomic_write import atomic_write_bytes
 from sessions.compare.comparison import (
+    WORST_ORDER,
     Comparison,
     unaligned_count,
     worst_ops,
@@ -114,7 +115,7 @@ def growth_svg(c: Comparison, width: int = FIGURE_WIDTH, height: int = FIGURE_HE
     points = c.error_growth
     if not points:
         return '<p class="muted">No aligned ops to plot.</p>'
-    flat = "" if any(p.max_ulp for p in points) else '<p class="muted">Flat: every compared op is bit-exact.</p>'
+    flat = "" if any(p.differing for p in points) else '<p class="muted">Flat: every compared op is bit-exact.</p>'
     left, right, top, bottom = 56, 12, 26, 34
     values = np.log2(1.0 + np.array([float(p.max_ulp or 0) for p in points]))
     peak = max(float(values.max()), 1.0)
@@ -148,8 +149,8 @@ def growth_svg(c: Comparison, width: int = FIGURE_WIDTH, height: int = FIGURE_HE
     parts.append(f'<polyline points="{poly}" fill="none" stroke="#2f74c0" stroke-width="1.6"/>')
     for i in worst_per_bin(np.arange(len(points)), values, len(points), pixels).tolist():
         point, v = points[i], float(values[i])
-        if point.max_ulp:
-            parts.append(f'<circle cx="{x(i):.1f}" cy="{y(v):.1f}" r="2.4" fill="#d64541"><title>{escape(point.key.text())}: {point.max_ulp:,} ULP, NMSE {point.nmse:.3g}</title></circle>')
+        if point.differing:
+            parts.append(f'<circle cx="{x(i):.1f}" cy="{y(v):.1f}" r="2.4" fill="#d64541"><title>{escape(point.key.text())}: {point.differing:,} differ, {"no ULP (bytes)" if point.max_ulp is None else f"max {point.max_ulp:,} ULP"}, NMSE {point.nmse:.3g}</title></circle>')
     parts.append(f'<text x="{(left + width - right) / 2:.0f}" y="{height - 8}" font-size="12" text-anchor="middle" fill="#3c4450">aligned ops in execution order ({len(points):,})</text>')
     parts.append(f'<text x="14" y="{(top + height - bottom) / 2:.0f}" font-size="12" text-anchor="middle" fill="#3c4450" transform="rotate(-90 14 {(top + height - bottom) / 2:.0f})">max ULP</text>')
     parts.append("</svg>")
@@ -242,7 +243,7 @@ def render_html(c: Comparison, session: Investigation | None = None, screenshots
     out.append("<p>None.</p>" if first is None else f"<p><b>{escape(first.kind)}</b> at <code>{escape(first.key.text())}</code>: {escape(first.detail)}</p>")
     out.append(_first_divergence(c))
     out.append(f"<h2>Error growth</h2>{growth_svg(c)}")
-    out.append(f"<h2>Worst ops (by NMSE, then p99 ULP error)</h2>{_worst(c)}")
+    out.append(f"<h2>Worst ops ({escape(WORST_ORDER)})</h2>{_worst(c)}")
     out.append(f"<h2>Token parity</h2>{_tokens(c)}")
     out.append(f"<h2>Bookmarks ({len(session.bookmarks)})</h2>")
     out += [_bookmark(b, screenshots.get(b.id)) for b in session.bookmarks] or ["<p class='muted'>No bookmarks.</p>"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from sessions.compare.align_modes import POSITIONS
 from sessions.compare.comparison import (
+    WORST_ORDER,
     Comparison,
     PairResult,
     unaligned_count,
@@ -85,7 +86,7 @@ def render(c: Comparison, top: int = 10, full: bool = False) -> str:
         f"ops        {_counts_line(c)}",
     ]
     out += ["", *_first_block(c)]
-    out += ["", f"Worst ops (by NMSE, then p99 ULP error; top {top})"]
+    out += ["", f"Worst ops ({WORST_ORDER}; top {top})"]
     out += [
         f"  {p.key.text():40} {p.verdict:17} NMSE {p.metrics.nmse:.3e}  ULP error p99 {_ulp_error(p.metrics.p99_ulp_error)}  differing {p.metrics.differing:,}/{p.metrics.size:,}"
         for p in worst_ops(c, top)
@@ -110,8 +111,10 @@ def render(c: Comparison, top: int = 10, full: bool = False) -> str:
         for f in c.provenance.fields:
             mark = "  " if f.same else "!="
             out.append(f"  {mark} {f.field:15} native {_short(f.native):40} oracle {_short(f.oracle)}")
-        out += ["", "Error growth (execution order: max ULP, NMSE)"]
-        out += [f"  {g.key.text():40} {_ulp(g.max_ulp):>8}  {g.nmse:.3e}" for g in c.error_growth if g.max_ulp] or ["  flat: every compared pair is bit-exact"]
+        out += ["", "Error growth (execution order: max ULP, NMSE, elements differing)"]
+        out += [f"  {g.key.text():40} {_ulp(g.max_ulp):>8}  {g.nmse:.3e}  {g.differing:,}" for g in c.error_growth if g.differing] or [
+            "  flat: every compared pair is bit-exact"
+        ]
     else:
         out += ["", "(--full lists provenance field by field, the error growth, and every finding and token step)"]
     return "\n".join(out) + "\n"

@@ -1,7 +1,7 @@
 """The worst ops, as a sortable table: the same ranking `report` and the HTML print, one click from the tensors.
 
 Rows are the pre-EOS ops whose bits differ (the worst WORST_OPS_SHOWN of them), ranked like
-`worst_ops` (NMSE, then p99 ULP error);
+`worst_ops` (`WORST_ORDER`);
 a header click re-sorts by any column, and selecting a row selects that op everywhere.
 """
 
@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from sessions.compare.comparison import WORST_ORDER
 from sessions.compare.verdict import PARITY
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
@@ -116,4 +117,4 @@ def worst_ops_summary(differing: int, shown: int, word: str) -> str:
         where = "" if word == PARITY else f"; the {word} findings are in the tree (Ctrl+J) and the Dispatch tab"
         return f"No op's bits differ before any shared EOS{where}"
     worst = f"the worst {shown:,} of " if shown < differing else ""
-    return f"{worst}{differing:,} op(s) differ before any shared EOS, worst first (NMSE, then p99 ULP error); click a header to re-sort"
+    return f"{worst}{differing:,} op(s) differ before any shared EOS, worst first ({WORST_ORDER}); click a header to re-sort"

@@ -119,6 +119,8 @@ def _unusable(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
         ({(0, 1): 0x7FC0, (1, 2): 0x7FC0}, "2 of 24 elements differ, each a NaN against a number"),
         ({(0, 1): 0x7FC0, (1, 2): None}, "2 of 24 elements differ, max 1 ULP, 1 a NaN against a number"),
         ({(3, 0): 0x8000}, "1 of 24 elements differ, all +0/-0 swaps"),
+        ({(2, 2): 0x7FC1}, "1 of 24 elements differ, each a NaN against a NaN of other bits"),
+        ({(3, 1): 0xFF80, (1, 2): None}, "2 of 24 elements differ, max 65,281 ULP, 1 an infinity against another value"),
     ],
 )
 def test_the_headline_never_measures_a_nan_or_a_signed_zero_in_ulp(
@@ -126,7 +128,7 @@ def test_the_headline_never_measures_a_nan_or_a_signed_zero_in_ulp(
 ) -> None:
     """A pair differing only by NaN against numbers read "max 0 ULP", as if nothing differed."""
     x = bf16_bits(np.linspace(-2, 2, 24).reshape(4, 6))
-    x[3, 0] = 0x0000
+    x[3, 0], x[2, 2], x[3, 1] = 0x0000, 0x7FC0, 0x7F80  # +0, a NaN and +inf where a case changes them
     y = x.copy()
     for place, bits in changes.items():
         y[place] = x[place] ^ 1 if bits is None else bits

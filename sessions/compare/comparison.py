@@ -437,8 +437,11 @@ def _how_they_differ(m: TensorMetrics) -> str:
         return ", all +0/-0 swaps"
     if m.differing and m.nan_mismatch == m.differing:
         return ", each a NaN against a number"
-    nan = f", {m.nan_mismatch:,} a NaN against a number" if m.nan_mismatch else ""
-    return ("" if m.max_ulp is None else f", max {m.max_ulp:,} ULP") + nan
+    if m.differing and m.nan_payload == m.differing:
+        return ", each a NaN against a NaN of other bits"
+    special = [(m.nan_mismatch, "a NaN against a number"), (m.nan_payload, "a NaN against a NaN of other bits"), (m.inf_mismatch, "an infinity against another value")]
+    said = "".join(f", {count:,} {words}" for count, words in special if count)
+    return ("" if m.max_ulp is None else f", max {m.max_ulp:,} ULP") + said
 
 
 def _first_position(r: PairResult) -> str:

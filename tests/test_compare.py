@@ -149,6 +149,10 @@ def test_quantized_blocks_compare_as_bytes_beside_a_streamed_identical_pair(tmp_
     assert (quantized.differing, quantized.beyond_tolerance) == (1, 1)
     assert quantized.first_difference is not None and quantized.first_difference.coord == [100]
     assert quantized.first_difference.native_hex == f"0x{int(blocks[100]):02x}"
+    assert (quantized.shape, quantized.size, quantized.unit) == ([272], 272, "bytes"), "counted over the stored bytes, not the 256 weights"
+    with open_capture(paths[0]) as n, open_capture(paths[1]) as o:
+        everything = run_to_end(iter_compare(n, o, CompareOptions(chunk_bytes=512)))
+    assert everything.verdict.first is not None and everything.verdict.first.detail == "1 of 272 bytes differ"
 
 
 ORACLE_PROFILE = """name = "my-mlx"

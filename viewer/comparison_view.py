@@ -390,7 +390,7 @@ def pair_tooltip(pair: PairResult, viewed: ViewedComparison | None = None) -> st
     lines = [
         f"{pair.key}: {pair.verdict}",
         f"native {pair.native_name!r} (seq {pair.native_seq}), oracle {pair.oracle_name!r} (seq {pair.oracle_seq})",
-        f"{m.dtype} {m.shape}: {m.differing:,} of {m.size:,} elements differ",
+        f"{m.dtype} {m.shape}: {m.differing:,} of {m.size:,} {m.unit} differ",
     ]
     if not m.bit_exact:
         lines.append(f"ULP error p99 {pair_ulp_error_text(pair)}, max {m.max_ulp_error or 0:.3g} ({pair_max_ulp_text(pair)} representable steps), NMSE {m.nmse:.3g}, signed-zero-only {m.signed_zero_only}, NaN {m.nan_mismatch + m.nan_payload}")

@@ -423,7 +423,7 @@ def _pair_detail(r: PairResult, contracts: dict[OpKey, list[ContractFinding]], d
     m = r.metrics
     if r.verdict == Kind.CONTRACT_MISMATCH:
         return "; ".join(f.text() for f in contracts[r.key])
-    differing = f"{m.differing:,} of {m.size:,} elements differ{_how_they_differ(m)}{_first_position(r)}"
+    differing = f"{m.differing:,} of {m.size:,} {m.unit} differ{_how_they_differ(m)}{_first_position(r)}"
     if r.verdict == Kind.DISPATCH_ONLY:
         bits = "bits identical" if m.bit_exact else f"bits within tolerance ({differing})"
         return f"{bits}, attention calls differ in {', '.join(dispatch[r.key].fields)}"

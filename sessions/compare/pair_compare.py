@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from sessions.bits.dtypes import logical_dtype
+from sessions.bits.dtypes import logical_dtype, quantized_nbytes
 from sessions.capture.reader import stored_span
 from sessions.compare.align import AlignedPair
 from sessions.compare.byte_checks import STRETCH_BYTES, Check
@@ -132,9 +132,10 @@ MetricsKind = tuple[str, tuple[int, ...]]
 
 def _compared(pair: AlignedPair) -> MetricsKind:
     """What a pair's metrics describe: its dtype and the shape compared (a quantized record's
-    blocks are compared as a flat run of bytes)."""
+    blocks are compared as a flat run of its stored bytes)."""
     logical = pair.native.record.dtype
-    return logical, pair.native.shape if not logical_dtype(logical).is_quantized else (pair.native.record.size,)
+    ggml_type = logical_dtype(logical).ggml_type
+    return logical, pair.native.shape if ggml_type is None else (quantized_nbytes(ggml_type, pair.native.record.shape),)
 
 
 def _identical_metrics(kind: MetricsKind, identical: dict[MetricsKind, TensorMetrics]) -> TensorMetrics:

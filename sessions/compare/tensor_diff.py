@@ -150,6 +150,12 @@ class TensorMetrics:
         return self.differing == 0
 
     @property
+    def unit(self) -> str:
+        """What `size` and `differing` count: a quantized record's stored bytes ("136 of 128
+        elements differ" counted bytes against elements), else elements."""
+        return "bytes" if logical_dtype(self.dtype).is_quantized else "elements"
+
+    @property
     def fraction_differing(self) -> float:
         return self.differing / self.size if self.size else 0.0
 

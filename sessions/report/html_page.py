@@ -102,7 +102,7 @@ def _first_divergence(c: Comparison) -> str:
     lines = [
         f"<p>First bit difference: <b><code>{escape(pair.key.text())}</code></b>: native <code>{escape(pair.native_name)}</code> (seq {pair.native_seq}), "
         f"oracle <code>{escape(pair.oracle_name)}</code> (seq {pair.oracle_seq}), {escape(m.dtype)} {escape(str(m.shape))}</p>",
-        f"<p>{m.differing:,} of {m.size:,} elements differ; max {m.max_ulp if m.max_ulp is not None else 'undefined'} ULP; "
+        f"<p>{m.differing:,} of {m.size:,} {m.unit} differ; max {m.max_ulp if m.max_ulp is not None else 'undefined'} ULP; "
         f"NMSE {m.nmse:.3g}; cosine {m.cosine:.12g}; signed-zero-only {m.signed_zero_only}; NaN {m.nan_mismatch + m.nan_payload}</p>",
     ]
     rows = _element_rows("first differing element", m.first_difference) + _element_rows("worst ULP element", m.worst_ulp_at)

@@ -38,7 +38,7 @@ def _element(sample: ElementSample | None) -> str:
 
 
 def _counts(m: TensorMetrics) -> str:
-    parts = [f"{m.differing}/{m.size} elements differ ({m.fraction_differing:.3%})"]
+    parts = [f"{m.differing}/{m.size} {m.unit} differ ({m.fraction_differing:.3%})"]
     if m.max_ulp is not None:
         parts.append(f"max {m.max_ulp} ULP steps, p99 {m.p99_ulp}{'' if m.p99_exact else ' (bucket edge)'}")
     if m.p99_ulp_error is not None:

@@ -169,6 +169,23 @@ def test_an_op_differing_only_by_a_nan_leads_the_worst_ops_and_the_error_growth_
     assert "Flat: every compared op is bit-exact" not in (tmp_path / "r.html").read_text()
 
 
+def test_where_a_tolerance_was_first_broken_is_said_when_the_first_difference_is_within_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Only the JSON said that a NaN broke a 10-ULP bound: every sentence pointed at a 5-ULP difference it allowed."""
+    x = bf16_bits(np.linspace(-2, 2, 24).reshape(4, 6))
+    y = x.copy()
+    y[1, 1] += 5
+    y[2, 2] = 0x7FC0
+    n = write_capture(tmp_path / "n.h5", "native", [T("l_out-0", y, layer=0, dtype="bfloat16")], [(0, 1, False)])
+    o = write_capture(tmp_path / "o.h5", "oracle", [T("model.layers.0", x[None].copy(), layer=0, dtype="bfloat16")], [(0, 1, False)], weights_hash="sha256:aa")
+    report = tmp_path / "report.json"
+    assert _run(str(n), str(o), "--max-ulp", "10", "--json", str(report)) == 1
+    detail = "2 of 24 elements differ, max 5 ULP, 1 a NaN against a number; 1 beyond tolerance, first at [2, 2]"
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == f"DIVERGENCE: first diverged at 0:prefill:0:layer_out ({detail})"
+    assert "  first element beyond tolerance at [2, 2]: native 0x7fc0 (nan)" in out
+    assert json.loads(report.read_text())["verdict"]["first"]["detail"] == detail
+
+
 def test_missing_file_is_unusable_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     native, _ = _pair(tmp_path, flip=False)
     assert "does not exist" in _unusable(capsys, native, str(tmp_path / "absent.h5"))

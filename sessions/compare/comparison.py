@@ -423,7 +423,7 @@ def _pair_detail(r: PairResult, contracts: dict[OpKey, list[ContractFinding]], d
     m = r.metrics
     if r.verdict == Kind.CONTRACT_MISMATCH:
         return "; ".join(f.text() for f in contracts[r.key])
-    differing = f"{m.differing:,} of {m.size:,} {m.unit} differ{_how_they_differ(m)}{_first_position(r)}"
+    differing = f"{m.differing:,} of {m.size:,} {m.unit} differ{_how_they_differ(m)}{_first_position(r)}{_beyond_tolerance(m)}"
     if r.verdict == Kind.DISPATCH_ONLY:
         bits = "bits identical" if m.bit_exact else f"bits within tolerance ({differing})"
         return f"{bits}, attention calls differ in {', '.join(dispatch[r.key].fields)}"
@@ -442,6 +442,15 @@ def _how_they_differ(m: TensorMetrics) -> str:
     special = [(m.nan_mismatch, "a NaN against a number"), (m.nan_payload, "a NaN against a NaN of other bits"), (m.inf_mismatch, "an infinity against another value")]
     said = "".join(f", {count:,} {words}" for count, words in special if count)
     return ("" if m.max_ulp is None else f", max {m.max_ulp:,} ULP") + said
+
+
+def _beyond_tolerance(m: TensorMetrics) -> str:
+    """Where a tolerance was first broken, when that is not where the bits first part: the first
+    difference of a pair a NaN failed was a 5-ULP one its 10-ULP bound allowed."""
+    beyond = m.first_beyond_tolerance
+    if beyond is None or (m.first_difference is not None and beyond.coord == m.first_difference.coord):
+        return ""
+    return f"; {m.beyond_tolerance:,} beyond tolerance, first at {beyond.coord}"
 
 
 def _first_position(r: PairResult) -> str:

@@ -136,8 +136,11 @@ def test_the_headline_never_measures_a_nan_or_a_signed_zero_in_ulp(
     o = write_capture(tmp_path / "o.h5", "oracle", [T("model.layers.0", x[None].copy(), layer=0, dtype="bfloat16")], [(0, 1, False)], weights_hash="sha256:aa")
     report = tmp_path / "report.json"
     _run(str(n), str(o), "--json", str(report))
-    assert capsys.readouterr().out.splitlines()[0].endswith(f"at 0:prefill:0:layer_out ({detail})")
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].endswith(f"at 0:prefill:0:layer_out ({detail})")
     assert json.loads(report.read_text())["verdict"]["first"]["detail"] == detail
+    finite = "each a NaN" not in detail and "+0/-0" not in detail
+    assert ("max abs error 0 (no element differs in value by a finite amount)" in out) == (not finite), "'max abs error 0 none' said nothing"
 
 
 def test_an_op_differing_only_by_a_nan_leads_the_worst_ops_and_the_error_growth_on_every_surface(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

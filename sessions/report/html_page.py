@@ -252,7 +252,7 @@ def render_html(c: Comparison, session: Investigation | None = None, screenshots
         rows = [[escape(o.action), escape(f"{o.left.capture_id}:{o.left.key}"), escape(f"{o.right.capture_id}:{o.right.key}"), escape(o.reason)] for o in session.overrides]
         out.append("<h2>Alignment overrides</h2>" + _table(["action", "left", "right", "reason"], rows))
     out.append(f"<p class='muted'>Selected op when exported: {escape(_op_label(session.selected_op))}; "
-               f"{escape(unaligned_count(c.unaligned))} record(s), {len(c.post_eos_unaligned)} post-EOS.</p>")
+               f"{escape(unaligned_count(c.unaligned))} record(s), plus {len(c.post_eos_unaligned)} without a partner after the shared EOS (invalid, not failures).</p>")
     out.append("</body></html>")
     return "\n".join(out)
 

@@ -128,3 +128,16 @@ def test_the_html_token_table_says_none_for_a_step_a_run_never_made_and_post_eos
     row = html[html.index("<td>2</td>") :].split("</tr>")[0]
     assert "<td>5</td><td>none</td>" in row and "not compared (post-EOS)" in row
     assert "<td>None</td>" not in html and "<td>9 (stop)</td>" in html
+
+
+def test_a_logits_row_holding_a_nan_has_an_undefined_kl_divergence_in_words(tmp_path: Path) -> None:
+    """Every surface wrote "KL nan nats"."""
+    row = np.linspace(-1, 1, 16, dtype=np.float32)[None]
+    broken = row.copy()
+    broken[0, 3] = np.nan
+    native = write_capture(tmp_path / "n.h5", "native", [T("logits", broken)], [(0, 15, False)])
+    oracle = write_capture(tmp_path / "o.h5", "oracle", [T("logits", row)], [(0, 15, False)])
+    with open_capture(native) as n, open_capture(oracle) as o:
+        (step,) = run_to_end(iter_compare(n, o)).tokens.steps
+    assert step.logits is not None and step.logits.kl_text() == "undefined (a NaN or an infinity in the logits)"
+    assert "KL undefined (a NaN or an infinity in the logits)" in step.logits.summary()

@@ -7,6 +7,7 @@ count as parity failures (the Qwen3-VL record's first confirmed defect).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,10 +48,14 @@ class StepLogits:
     """Share of the oracle's top-k token ids that are in the native's top-k."""
 
 
+    def kl_text(self) -> str:
+        """The KL divergence as every surface writes it; a row holding a NaN or an infinity has none ("KL nan nats")."""
+        return f"{self.kl_divergence:.3g} nats" if math.isfinite(self.kl_divergence) else "undefined (a NaN or an infinity in the logits)"
+
     def summary(self) -> str:
         if self.identical:
             return "logits bit-identical"
-        return f"logits differ: Δlogit {self.delta_logit:+.4g} at the oracle's token, KL {self.kl_divergence:.3g} nats, top-{len(self.oracle_top)} overlap {self.top_overlap:.0%}"
+        return f"logits differ: Δlogit {self.delta_logit:+.4g} at the oracle's token, KL {self.kl_text()}, top-{len(self.oracle_top)} overlap {self.top_overlap:.0%}"
 
 
 def step_word(step: TokenStep) -> str:

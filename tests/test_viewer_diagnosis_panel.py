@@ -201,3 +201,24 @@ def test_the_panel_says_what_diagnose_needs_and_drops_an_old_verdict_when_the_co
     assert shown_tip(panel.verdict.text()) == NOT_COMPARED
     panel.run()
     assert shown_tip(panel.verdict.text()) == NOT_COMPARED
+
+
+def test_a_contract_only_mismatch_says_which_declaration_the_bits_bear_out(qtbot, demo_pairs: dict, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """diagnose said so on the command line; the panel showed the sentence and nothing per op."""
+    from test_diagnosis_demo import declaring
+
+    native, oracle = (open_capture(p) for p in declaring(demo_pairs["clean"], tmp_path, "kqv_out-0", "text-before", "attn.f16.single_range"))
+    model = PairModel()
+    model.set_captures(native, oracle)
+    model.set_comparison(cv.ViewedComparison.of(run_to_end(iter_compare_cached(native, oracle))))
+    panel = DiagnosisPanel(model)
+    qtbot.addWidget(panel)
+    panel.show()
+    try:
+        with qtbot.waitSignal(panel.finished, timeout=60_000):
+            panel.run()
+        assert shown_tip(panel.why.text()) == "0:text-before:0:sdpa: the native's attn.f16.single_range does not; the oracle's attn.bf16.single_range does"
+    finally:
+        panel.shutdown()
+        native.close()
+        oracle.close()

@@ -263,7 +263,9 @@ class DiagnosisPanel(QWidget):
         self._show_budget(diagnosis)
         self.layout().activate()
         if not diagnosis.ops:
-            self.why.setText(code_text("\n".join(f"{n.key}: reproducing the bits here: {', '.join(n.reproducing) or 'none'}" for n in diagnosis.dispatch)))
+            lines = [f"{n.key}: reproducing the bits here: {', '.join(n.reproducing) or 'none'}" for n in diagnosis.dispatch]
+            lines += [f"{n.key}: {n.declared_text('native')}; {n.declared_text('oracle')}" for n in diagnosis.contract_only]
+            self.why.setText(code_text("\n".join(lines)))
 
     def _refill(self) -> None:
         if self.diagnosis is not None:

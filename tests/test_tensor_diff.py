@@ -288,3 +288,17 @@ def test_nmse_and_cosine_read_the_same_whatever_number_of_threads_blas_uses() ->
         done = subprocess.run([sys.executable, "-c", _METRICS_UNDER_BLAS_THREADS], env=env, capture_output=True, text=True, timeout=120, check=True)
         printed.add(done.stdout.strip())
     assert len(printed) == 1, f"the last bits follow the thread count: {printed}"
+
+
+def test_the_worst_ulp_element_is_a_real_difference_where_a_signed_zero_swap_is_as_far() -> None:
+    """-0 against +0 is one representable step, as is any 1-ULP difference: the swap came first
+    and was named the worst element, in a chunk and across chunks."""
+    oracle = bf16_bits([0.0, 1.0, 2.0, 3.0])
+    native = oracle.copy()
+    native[0], native[2] = 0x8000, native[2] + 1
+    m = _metrics(native, oracle)
+    assert m.max_ulp == 1 and m.worst_ulp_at is not None and m.worst_ulp_at.coord == [2]
+    acc = DiffAccumulator("bfloat16", (2, 2), Tolerance())
+    acc.add(native[:2].reshape(1, 2), oracle[:2].reshape(1, 2), 0)
+    acc.add(native[2:].reshape(1, 2), oracle[2:].reshape(1, 2), 1)
+    assert acc.finish().worst_ulp_at.coord == [1, 0]

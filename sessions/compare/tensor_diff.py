@@ -388,6 +388,8 @@ class DiffAccumulator:
         self._reread_oracle = reread_oracle
         self._unsummed: list[tuple[int, int]] = []
         """Row ranges of identical chunks whose squares are still missing (see reread_oracle)."""
+        self._worst_moved = False
+        """Whether the element `worst_ulp_at` names differs in value, not only in the sign of a zero."""
         self._samples: dict[tuple[int, int], ElementSample] = {}
         """Samples made, by (chunk's first row, flat index in the chunk): `_sample`."""
 
@@ -508,7 +510,7 @@ class DiffAccumulator:
                     m.max_abs_error, m.max_abs_at = value, sample
                 else:
                     m.max_rel_error, m.max_rel_at = value, sample
-        self._add_ulps(native_bits, oracle_bits, ulp, ~any_nan if special else None, flat, row0)
+        self._add_ulps(native_bits, oracle_bits, ulp, ~any_nan if special else None, flat, row0, abs_err > 0)
         self._add_tolerance(native_bits, oracle_bits, finite, abs_err, vb, ulp, any_nan, flat, row0)
         self._add_profiles(native_bits.shape, flat, ulp, row0)  # 0 where a NaN is: `ulp_distance`
 
@@ -529,16 +531,25 @@ class DiffAccumulator:
         self._sum_bb += _dot(fb, fb) - removed
         self._sum_ab += _dot(fa, fb) - removed
 
-    def _add_ulps(self, native_bits: np.ndarray, oracle_bits: np.ndarray, ulp: np.ndarray, counted: np.ndarray | None, flat: np.ndarray, row0: int) -> None:
-        """`counted`: where a ULP distance exists (no NaN on either side); None when it does everywhere."""
+    def _add_ulps(
+        self, native_bits: np.ndarray, oracle_bits: np.ndarray, ulp: np.ndarray, counted: np.ndarray | None, flat: np.ndarray, row0: int, moved: np.ndarray
+    ) -> None:
+        """`counted`: where a ULP distance exists (no NaN on either side); None when it does
+        everywhere. `moved`: where the values differ, not only their bits. A +0/-0 swap is one
+        representable step, as far as any 1-ULP difference, and was named the worst element
+        beside a real one: of equally distant elements, one whose value moved is named."""
         values = ulp if counted is None else ulp[counted]
         if values.size == 0:
             return
+        moves = moved if counted is None else moved[counted]
         worst = int(np.argmax(values))
         top = int(values[worst])
+        if not moves[worst]:
+            ties = np.flatnonzero((values == top) & moves)
+            worst = int(ties[0]) if ties.size else worst
         m = self.metrics
-        if m.max_ulp is None or top > m.max_ulp:
-            m.max_ulp = top
+        if m.max_ulp is None or top > m.max_ulp or (top == m.max_ulp and moves[worst] and not self._worst_moved):
+            m.max_ulp, self._worst_moved = top, bool(moves[worst])
             k = worst if values.size == ulp.size else int(np.flatnonzero(counted)[worst])
             m.worst_ulp_at = self._sample(native_bits, oracle_bits, int(flat[k]), row0, top)
         if not self._ulp_values_exact:

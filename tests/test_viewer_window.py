@@ -436,6 +436,7 @@ def test_weights_mismatch_incomplete_capture_and_unaligned_records_are_shown(qtb
     writer = CaptureWriter(native, CaptureMeta(role="native", engine_name="hand-native", model_id="hand-model", weights_hash="sha256:bb", prompt="p"))
     writer.add_tensor("attn_norm", bits, step=0, segment="prefill", layer=0, dtype="bfloat16")
     writer.add_tensor("ffn_norm", bits, step=0, segment="prefill", layer=0, dtype="bfloat16")
+    writer.end_step()
     writer.abandon()
 
     window.open_pair(native, oracle)

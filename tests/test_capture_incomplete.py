@@ -275,3 +275,53 @@ def test_a_run_interrupted_inside_a_steps_commit_never_commits_calls_or_tokens_o
             writer.end_step()
     with open_capture(path) as capture:
         assert capture.describe() == f"incomplete: the writer did not finish; it holds {ROWS_PER_STEP} records, 1 token steps, 1 tokens, 1 dispatch events"
+
+
+LIVE_WRITER = """
+import sys
+import numpy as np
+from sessions.capture.meta import CaptureMeta
+from sessions.capture.writer import CaptureWriter
+
+writer = CaptureWriter(sys.argv[1], CaptureMeta(role="native", engine_name="live"))
+for line in sys.stdin:
+    step = int(line)
+    seq = writer.add_tensor("l_out-0", np.full((1, 4), step, np.float32), step=step, segment="decode", layer=0)
+    writer.add_dispatch(index_seq=seq, call=0, kv_group=-1, head_start=0, head_count=4, q_heads=4, kv_heads=1, q_rows=1, kv_len=step + 1, head_dim=64, primitive="fallback")
+    writer.add_token(step=step, segment="decode", token_id=step, is_stop=False)
+    writer.end_step()
+    print("committed", flush=True)
+writer.abandon()
+"""
+
+
+def test_a_recording_that_commits_a_step_while_its_tables_are_read_opens_consistent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The index was read before the calls: a step committed in between left calls pointing past
+    the index ("/dispatch row 1: index_seq 1 is not a record"), which `validate` reported of a
+    recording it watched 1 time in 6."""
+    from sessions.capture.reader import Capture
+
+    path = tmp_path / "live.h5"
+    root = Path(__file__).resolve().parent.parent
+    with subprocess.Popen([sys.executable, "-c", LIVE_WRITER, str(path)], cwd=root, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as writer:
+        assert writer.stdin is not None and writer.stdout is not None
+        writer.stdin.write("0\n")
+        writer.stdin.flush()
+        assert writer.stdout.readline() == "committed\n"
+        read_table, committed_between = Capture._read_table, []
+
+        def one_step_committed_after_the_first_table(self: Capture, table: str, dtype: np.dtype, required: bool) -> np.ndarray:
+            rows = read_table(self, table, dtype, required)
+            if not committed_between:
+                writer.stdin.write("1\n")  # type: ignore[union-attr]
+                writer.stdin.flush()  # type: ignore[union-attr]
+                committed_between.append(writer.stdout.readline())  # type: ignore[union-attr]
+            return rows
+
+        monkeypatch.setattr(Capture, "_read_table", one_step_committed_after_the_first_table)
+        capture = load_capture(path)
+        try:
+            assert committed_between == ["committed\n"]
+            assert (capture.dispatch["index_seq"] < len(capture.index)).all() and set(capture.tokens["step"]) <= set(capture.index["step"])
+        finally:
+            capture.close()

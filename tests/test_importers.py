@@ -167,6 +167,14 @@ def test_layers_are_read_from_conventional_names() -> None:
     assert [infer_layer(n) for n in ("model.layers.12.mlp", "blk.3.attn_q.weight", "Qcur-7", "result_output", "h.0.attn")] == [12, 3, 7, -1, 0]
 
 
+def test_a_number_in_a_name_past_any_layer_the_index_stores_is_no_layer(tmp_path: Path) -> None:
+    """`x-99999999999` ended the import in an OverflowError traceback."""
+    source = tmp_path / "dump.npz"
+    np.savez(source, **{"x-99999999999": np.ones(3, np.float32), "Qcur-3": np.ones(3, np.float32)})
+    with open_capture(_import("npz", source, tmp_path / "x.h5"), check_in_child=False) as capture:
+        assert sorted((r.name, r.layer) for r in capture.records) == [("Qcur-3", 3), ("x-99999999999", -1)]
+
+
 def _refused(kind: str, source: Path, **kwargs: object) -> CaptureError:
     """The refusal of an import, checked to have left no output behind."""
     out = source.parent / "refused.h5"

@@ -61,10 +61,12 @@ _LAYER_PATTERNS = (re.compile(r"(?:^|\.)(?:layers|blk|h|block|blocks)\.(\d+)(?:\
 
 
 def infer_layer(name: str) -> int:
-    """The layer a conventional tensor name carries (`model.layers.3.x`, `blk.3.x`, `Qcur-3`), else -1."""
+    """The layer a conventional tensor name carries (`model.layers.3.x`, `blk.3.x`, `Qcur-3`), else
+    -1. A number past what the index stores (`x-99999999999`) is no layer: it ended the import in
+    an OverflowError."""
     for pattern in _LAYER_PATTERNS:
         found = pattern.search(name)
-        if found:
+        if found and int(found.group(1)) <= MAX_LAYER:
             return int(found.group(1))
     return -1
 

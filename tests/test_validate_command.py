@@ -219,3 +219,13 @@ def test_a_limit_no_check_can_use_is_refused_as_the_option_not_blamed_on_the_fil
         main(["validate", str(capture), option, value])
     assert exited.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == f"parity-xray validate: error: argument {option}: {problem}"
+
+
+def test_a_check_that_runs_out_of_time_says_the_file_was_not_checked_never_invalid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """"invalid (1 problem)" above "nothing wrong with the file was found"."""
+    path = good_capture(tmp_path / "good.h5")
+    parser = argparse.ArgumentParser()
+    validate_command.add_arguments(parser)
+    assert validate_command.run(parser.parse_args(["--timeout", "0.000001", str(path)])) == validate_command.EXIT_INVALID
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"{path}: not checked" and out[1].startswith("  structure check: did not finish within the 1e-06 s allowed")

@@ -80,6 +80,8 @@ class CheckReport:
     problems: list[Problem] = field(default_factory=list)
     complete: bool = False
     contents: str = ""
+    finished: bool = True
+    """False when the check ran out of time: its one problem says so, and blames nothing in the file."""
 
     def to_json(self) -> str:
         return json.dumps(
@@ -461,7 +463,8 @@ def _timeout_report(timeout_s: float, progress: Progress) -> CheckReport:
                 f"was found, but checking it takes longer on this machine: allow more time with "
                 f"{CHECK_TIMEOUT_ENV}=SECONDS (validate: --timeout SECONDS)",
             )
-        ]
+        ],
+        finished=False,
     )
 
 

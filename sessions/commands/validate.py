@@ -82,7 +82,12 @@ def validate_file(path: Path, memory_budget: int, timeout_s: float, deep: bool =
 def run(args: argparse.Namespace) -> int:
     status = EXIT_VALID
     for path, report in validate_files(args.files, args.memory_budget, args.timeout, args.deep):
-        if report.problems:
+        if not report.finished:
+            status = EXIT_INVALID  # not shown valid; its words blame the time allowed, not the file ("invalid (1 problem)" did)
+            print(f"{printable(str(path))}: not checked")
+            for problem in report.problems:
+                print(f"  {problem.location}: {problem.problem}")
+        elif report.problems:
             status = EXIT_INVALID
             count = len(report.problems)
             print(f"{printable(str(path))}: invalid ({count} problem{'s' if count != 1 else ''})")

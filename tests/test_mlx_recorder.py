@@ -139,6 +139,16 @@ def test_record_mlx_repeats_a_segmented_run_and_each_record_knows_its_positions(
     assert f"{out} already exists" in capsys.readouterr().err
 
 
+def test_a_weights_hash_given_names_the_captures_weights_and_a_bad_one_is_refused(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A GGUF and a safetensors run of the same weights hash differently: report warned of different weights, with no way to say otherwise."""
+    out = tmp_path / "named.h5"
+    assert main(["record", "mlx", str(model_dir), "--tokens", "1,2", "--weights-hash", "sha256:same-weights", "--out", str(out)]) == 0
+    with open_capture(out) as capture:
+        assert capture.meta.weights_hash == "sha256:same-weights"
+    assert main(["record", "mlx", str(model_dir), "--tokens", "1,2", "--weights-hash", "a\x1bb", "--out", str(tmp_path / "bad.h5")]) == 2
+    assert "record refused: --weights-hash must be 1 to 256 printable characters" in capsys.readouterr().err
+
+
 def test_a_request_recorded_inside_a_batch_keeps_its_own_tokens(model_dir: Path, tmp_path: Path) -> None:
     alone = _drain(iter_record_mlx(model_dir, TokenSchedule(PROMPT, decode_steps=2), tmp_path / "alone.h5"))
     batched = _drain(iter_record_mlx(model_dir, TokenSchedule(PROMPT, decode_steps=2), tmp_path / "batch.h5", batch=4, batch_row=2))

@@ -37,6 +37,10 @@ EXIT_CRASHED = 3
 KV_CHOICES = ("f32", "f16", "bf16", "q8_0")
 
 
+MAX_WEIGHTS_ID = 256
+"""The longest --weights-hash: an id, not a document."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     engines = parser.add_subparsers(dest="engine", metavar="ENGINE", required=True)
     llama = engines.add_parser("llama", help="llama.cpp through llama-cpp-python's eval callback")
@@ -57,6 +61,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         sub.add_argument("--role", choices=ROLES, default=role, help=f"capture role (default {role})")
         sub.add_argument("--out", type=Path, required=True, metavar="X.h5")
         sub.add_argument("--force", action="store_true", help="replace X.h5 if it exists")
+        sub.add_argument(
+            "--weights-hash",
+            metavar="ID",
+            help="the capture's weights hash instead of the model files' SHA-256 (kept in provenance either way): give a GGUF "
+            "and a safetensors run of the same weights one id, since their files hash differently",
+        )
     llama.add_argument("--all-nodes", action="store_true", help="record every graph node, not only named or weight-anchored ones (the KV cache's views only with --whole-cache)")
     llama.add_argument(
         "--whole-cache", action="store_true",
@@ -105,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.repeat < 1:
             raise ValueError(f"--repeat must be at least 1, not {args.repeat}")
+        if args.weights_hash is not None and not (0 < len(args.weights_hash) <= MAX_WEIGHTS_ID and args.weights_hash.isprintable()):
+            raise ValueError(f"--weights-hash must be 1 to {MAX_WEIGHTS_ID} printable characters, e.g. sha256:<hex>, not {args.weights_hash!r}")
         schedule = TokenSchedule(
             tuple(parse_token_list(args.tokens, "--tokens")),
             args.decode_steps,
@@ -160,10 +172,14 @@ def _work(args: argparse.Namespace, schedule: "TokenSchedule", out: Path) -> Ite
             flash_attn=args.flash_attn, kv_type=args.kv_type, n_threads=args.threads, all_nodes=args.all_nodes,
             whole_cache=args.whole_cache, extra_bufts=args.extra_bufts,
         )  # fmt: skip
-        return iter_record_llama(args.model, schedule, out, settings, role=args.role, batch=args.batch, batch_row=args.batch_row)
+        return iter_record_llama(
+            args.model, schedule, out, settings, role=args.role, weights_hash=args.weights_hash, batch=args.batch, batch_row=args.batch_row
+        )
     from backends.recorders.mlx_recorder import iter_record_mlx
 
-    return iter_record_mlx(args.model, schedule, out, role=args.role, device=args.device, batch=args.batch, batch_row=args.batch_row)
+    return iter_record_mlx(
+        args.model, schedule, out, role=args.role, device=args.device, weights_hash=args.weights_hash, batch=args.batch, batch_row=args.batch_row
+    )
 
 
 def _left_at(out: Path, before: DiskStamp | None) -> str:

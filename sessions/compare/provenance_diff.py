@@ -46,7 +46,10 @@ def diff_provenance(native: CaptureMeta, oracle: CaptureMeta, same_file: bool = 
         warnings.append("SAME FILE: the native and the oracle are one file, so every op is bit-exact whatever it holds")
     weights = by_name["weights_hash"]
     if weights.native and weights.oracle and not weights.same:
-        warnings.append(f"WEIGHTS HASH MISMATCH: native {weights.native} vs oracle {weights.oracle}; the runs used different weights")
+        warnings.append(
+            f"WEIGHTS HASH MISMATCH: native {weights.native} vs oracle {weights.oracle}; the runs used different weights, or the "
+            "same weights in files of other formats (a GGUF and safetensors hash differently: record's --weights-hash gives both one id)"
+        )
     elif not weights.native or not weights.oracle:
         missing = " and ".join(s for s, v in (("native", weights.native), ("oracle", weights.oracle)) if not v)
         warnings.append(f"weights hash not recorded by the {missing} capture; same weights cannot be confirmed")

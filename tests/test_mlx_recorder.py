@@ -16,6 +16,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from backends.commands.record import repeat_paths
 from backends.engines.demo_model import DemoConfig, seeded_weights
 from backends.engines.gguf_export import write_mlx_model_dir
+from backends.engines.mlx_device import gpu_available
 from backends.recorders.mlx_recorder import (
     LOGITS_NAME,
     ModelDirError,
@@ -147,6 +148,13 @@ def test_a_weights_hash_given_names_the_captures_weights_and_a_bad_one_is_refuse
         assert capture.meta.weights_hash == "sha256:same-weights"
     assert main(["record", "mlx", str(model_dir), "--tokens", "1,2", "--weights-hash", "a\x1bb", "--out", str(tmp_path / "bad.h5")]) == 2
     assert "record refused: --weights-hash must be 1 to 256 printable characters" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(gpu_available(), reason="this MLX has a GPU to record on")
+def test_a_gpu_this_mlx_lacks_is_refused_by_the_option_that_asked_for_it(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """MLX's own words were "[default_stream] Cannot get gpu stream without gpu backend"."""
+    assert main(["record", "mlx", str(model_dir), "--tokens", "1,2", "--device", "gpu", "--out", str(tmp_path / "x.h5")]) == 2
+    assert "record refused: device 'gpu' was asked for, but this MLX build has no GPU (it is a CPU-only build): use --device cpu" in capsys.readouterr().err
 
 
 def test_a_request_recorded_inside_a_batch_keeps_its_own_tokens(model_dir: Path, tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from backends.engines.mlx_device import DeviceError, device_of, gpu_available
 from backends.kernels import attention_contracts as contracts
 from backends.kernels import reference_f64 as ref
 from backends.kernels.head_chunk import HeadChunkMaskError
@@ -142,9 +143,9 @@ def test_the_two_swiglu_orders_round_differently_in_bfloat16() -> None:
 
 
 def test_devices_are_cpu_or_an_available_gpu_named_in_the_refusal() -> None:
-    assert ops.device_of("cpu") == mx.Device(mx.cpu)
-    if not ops.gpu_available():
-        with pytest.raises(ops.RerunOpError, match="this MLX build has no GPU"):
-            ops.device_of("gpu")
-    with pytest.raises(ops.RerunOpError, match="'cpu' or 'gpu', not 'tpu'"):
-        ops.device_of("tpu")
+    assert device_of("cpu") == mx.Device(mx.cpu)
+    if not gpu_available():
+        with pytest.raises(DeviceError, match="this MLX build has no GPU"):
+            device_of("gpu")
+    with pytest.raises(DeviceError, match="'cpu' or 'gpu', not 'tpu'"):
+        device_of("tpu")

@@ -28,6 +28,7 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from backends.engines.capture_sink import CaptureSink
 from backends.engines.demo_scenarios import EngineOptions
+from backends.engines.mlx_device import device_of
 from backends.engines.oracle_engine import OracleEngine, layer_of
 from backends.recorders.model_config import MAX_CONFIG_BYTES, hf_config
 from backends.recorders.record_schedule import (
@@ -227,7 +228,7 @@ def run_schedule(recorder: MlxRecorder, schedule: TokenSchedule, rows: list[list
 
 def plain_run_mlx(model_dir: Path, schedule: TokenSchedule, device: str = "cpu") -> list[int]:
     """The schedule through mlx-lm with nothing recorded: the baseline a recording's cost is measured against."""
-    with mx.stream(mx.cpu if device == "cpu" else mx.gpu):
+    with mx.stream(device_of(device)):
         model, _ = load_local_model(Path(model_dir))
         cache = make_prompt_cache(model)
         emitted: list[int] = []
@@ -260,7 +261,7 @@ def iter_record_mlx(
     batch of other requests (`batch_prompts`): the batch-invariance check."""
     check_batch(batch, batch_row)
     model_dir = Path(model_dir)
-    stream = mx.cpu if device == "cpu" else mx.gpu
+    stream = device_of(device)
     with mx.stream(stream):
         model, config = load_local_model(model_dir)
         vocab = int(config.get("vocab_size", 0))

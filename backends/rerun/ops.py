@@ -44,21 +44,6 @@ class RerunOpError(ValueError):
     """An op cannot run as asked (an unknown route, a mask a contract cannot take, ...)."""
 
 
-def device_of(name: str) -> mx.Device:
-    """`cpu`, or `gpu` where this MLX build has one (Metal); anything else is refused by name."""
-    if name == "cpu":
-        return mx.Device(mx.cpu)
-    if name == "gpu":
-        if not gpu_available():
-            raise RerunOpError("device 'gpu' was asked for, but this MLX build has no GPU (it is a CPU-only build)")
-        return mx.Device(mx.gpu)
-    raise RerunOpError(f"device must be 'cpu' or 'gpu', not {name!r}")
-
-
-def gpu_available() -> bool:
-    return bool(mx.metal.is_available())
-
-
 @dataclass(frozen=True)
 class RoutedCall:
     """One SDPA primitive call of a rerun: its head range and the primitive it took."""

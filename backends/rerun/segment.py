@@ -23,6 +23,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from backends.engines.mlx_device import device_of
 from backends.kernels import attention_contracts as contracts
 from backends.kernels.head_chunk import DEFAULT_CHUNK_LIMIT
 from backends.rerun import ops
@@ -402,7 +403,7 @@ class RerunSession:
 
     def iter_rerun(self, target: OpKey, options: RerunOptions = RerunOptions()) -> ProgressGenerator[RerunResult]:
         """One rerun of `target` (see `iter_rerun`)."""
-        device = ops.device_of(options.device)
+        device = device_of(options.device)
         segment_ops = SEGMENTS.get(target.op, (target.op,))
         self._check_aligned(target, segment_ops)
         route_side = options.route_from or options.source

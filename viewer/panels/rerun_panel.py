@@ -29,6 +29,7 @@ from PySide6.QtWidgets import (
 )
 
 from backends.diagnosis.candidates import metrics_cell
+from backends.engines.mlx_device import gpu_available
 from backends.kernels.head_chunk import DEFAULT_CHUNK_LIMIT
 from backends.rerun import ops as rerun_ops
 from backends.rerun.capture_out import save_rerun
@@ -134,7 +135,7 @@ class RerunPanel(QWidget):
         self.device = QComboBox()
         self.device.addItem("cpu", "cpu")
         self.device.addItem("gpu", "gpu")
-        if not rerun_ops.gpu_available():
+        if not gpu_available():
             self.device.model().item(1).setEnabled(False)  # type: ignore[attr-defined]
             self.device.setToolTip("This MLX build has no GPU; reruns run on the CPU.")
         self.run_button = QPushButton("Run rerun")

@@ -36,7 +36,7 @@ PYTHON_TAG := $(shell $(PYTHON) -c 'import sys; print("cp%d%d" % sys.version_inf
 # One wheel per llama-cpp-python version, build flags and Python: built once, reused by every clone.
 LLAMA_WHEELS := $(CACHE_HOME)/parity-xray/wheels/llama-cpp-python-$(LLAMA_VERSION)-$(LLAMA_BUILD_ID)-$(PYTHON_TAG)
 
-.PHONY: demo test doctor clean
+.PHONY: demo test llama doctor clean
 
 $(APP_STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,9 @@ $(TEST_STAMP): $(APP_STAMP)
 	fi
 	$(PIP) install -q -c constraints.txt --find-links "$(LLAMA_WHEELS)" --only-binary llama-cpp-python -e '.[dev,llama]'
 	touch $(TEST_STAMP)
+
+# What `make test` installs, without running the tests: llama.cpp's bindings for `record llama`.
+llama: $(TEST_STAMP)
 
 doctor: $(APP_STAMP)
 	$(BIN)/parity-xray doctor

@@ -180,3 +180,14 @@ def test_the_makefile_builds_llama_cpp_with_the_flags_the_advice_names() -> None
         cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     assert done.stdout.split() == PORTABLE_CMAKE_ARGS.split()
+
+
+def test_the_install_doctor_names_for_a_missing_llama_build_is_a_make_target_that_runs_no_tests() -> None:
+    """It named `make test`, which also runs the whole suite."""
+    from viewer.doctor.checks import INSTALL_LLAMA
+
+    command = INSTALL_LLAMA.split("   ")[0].split()
+    assert command == ["make", "llama"]
+    dry = subprocess.run([*command, "-n", "-C", str(Path(__file__).resolve().parent.parent)], capture_output=True, text=True, timeout=60, check=False)
+    assert dry.returncode == 0, dry.stderr
+    assert "pytest" not in dry.stdout

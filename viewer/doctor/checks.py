@@ -41,7 +41,7 @@ NO_DISPLAY_PLATFORMS = {"offscreen", "minimal", "vnc", "linuxfb", "eglfs", "vkkh
 _QT_GENERIC = ("xcb-cursor0 or libxcb-cursor0 is needed", "even though it was found")
 """Lines Qt prints after any failure to start xcb, whatever the cause (its xcb-cursor hint misled the issue's user)."""
 INSTALL_APP = ".venv/bin/python -m pip install -c constraints.txt -e .   (what `make demo` runs)"
-INSTALL_LLAMA = "make test   (builds llama-cpp-python portably, once per machine)"
+INSTALL_LLAMA = "make llama   (builds llama-cpp-python portably, once per machine; `make test` does too)"
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,16 @@ def test_a_directory_of_npy_and_bin_files_imports_in_step_and_order(tmp_path: Pa
         assert [int(t) for t in capture.tokens["token_id"]] == [7]
 
 
+def test_a_token_row_without_a_segment_takes_the_entries_default_segment(tmp_path: Path) -> None:
+    """It took "" and report keyed the step's logits `0::-1:logits`."""
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    np.save(dump / "logits.npy", np.zeros((1, 4), np.float32))
+    _manifest(dump, {"entries": [{"name": "result_output", "file": "logits.npy"}], "tokens": [{"step": 0, "token_id": 3}]})
+    with open_capture(_import("dir", dump, tmp_path / "x.h5"), check_in_child=False) as capture:
+        assert [(r.segment, t) for r, t in zip(capture.records, capture.tokens["segment"].tolist())] == [("prefill", b"prefill")]
+
+
 def test_safetensors_keep_bfloat16_bits_and_read_layers_from_names(tmp_path: Path) -> None:
     bits = np.array([0x8000, 0x0000, 0x7FC1, 0xFFC3], dtype=np.uint16)
     source = tmp_path / "dump.safetensors"

@@ -179,7 +179,8 @@ def _token(raw: Any, number: int, path: Path) -> dict[str, Any]:
         raise fail(f"is_stop must be true or false, not {_shown(is_stop)}")
     return {
         "step": _int(raw["step"], "step", 0, MAX_STEP, fail),
-        "segment": _text(raw.get("segment", ""), "segment", cf.TOKENS_DTYPE["segment"].itemsize, fail),
+        # The entries' default: a row without one had segment "", and report keyed its logits `0::-1:logits`.
+        "segment": _text(raw.get("segment", DEFAULT_SEGMENT), "segment", cf.TOKENS_DTYPE["segment"].itemsize, fail),
         "token_id": _int(raw["token_id"], "token_id", 0, MAX_INT64, fail),
         "is_stop": is_stop,
     }

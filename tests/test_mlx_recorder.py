@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -219,6 +220,16 @@ def test_a_config_json_of_the_wrong_shape_is_refused_by_name(model_dir: Path, tm
     out = capsys.readouterr().err
     assert out.startswith("record refused: ") and problem in out and "Traceback" not in out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_a_config_json_that_is_no_file_is_named_as_such_not_missing(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    broken = tmp_path / "model"
+    broken.mkdir()
+    for path in model_dir.glob("*.safetensors"):
+        (broken / path.name).write_bytes(path.read_bytes())
+    os.mkfifo(broken / "config.json")
+    assert main(["record", "mlx", str(broken), "--tokens", "1,2", "--out", str(tmp_path / "x.h5")]) == 2
+    assert f"record refused: {broken / 'config.json'}: is not a regular file (an mlx-lm model directory holds its config.json)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -43,7 +43,7 @@ from sessions.capture.meta import CaptureMeta
 from sessions.capture.writer import CaptureWriter
 from sessions.machine import physical_memory
 from sessions.progress import Progress, ProgressGenerator
-from sessions.side_file import parse_problem, read_side_file
+from sessions.side_file import parse_problem, read_side_file, regular_file_problem
 
 MLX_RECORDING = EngineOptions(head_chunk=False)
 """mlx-lm as it ships: one SDPA call per attention, MLX's own route."""
@@ -64,8 +64,9 @@ def load_local_model(directory: Path) -> tuple[nn.Module, dict[str, Any]]:
     directory = Path(directory)
     if not directory.is_dir():
         raise ModelDirError(f"{directory}: not a directory (record mlx takes a local mlx-lm model directory)")
-    if not (directory / "config.json").is_file():
-        raise ModelDirError(f"{directory}: no config.json")
+    problem = regular_file_problem(directory / "config.json")
+    if problem is not None:  # a FIFO or a folder there read as "no config.json"
+        raise ModelDirError(f"{directory / 'config.json'}: {problem} (an mlx-lm model directory holds its config.json)")
     if not list(directory.glob("*.safetensors")):
         raise ModelDirError(f"{directory}: no *.safetensors weights")
     try:

@@ -139,6 +139,7 @@ def test_the_headline_never_measures_a_nan_or_a_signed_zero_in_ulp(
     out = capsys.readouterr().out
     assert out.splitlines()[0].endswith(f"at 0:prefill:0:layer_out ({detail})")
     assert json.loads(report.read_text())["verdict"]["first"]["detail"] == detail
+    assert "first element beyond tolerance" not in out, "under a bit-exact verdict it is the first differing element, said once"
     finite = "each a NaN" not in detail and "+0/-0" not in detail
     assert ("max abs error 0 (no element differs in value by a finite amount)" in out) == (not finite), "'max abs error 0 none' said nothing"
 

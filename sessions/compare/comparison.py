@@ -445,12 +445,8 @@ def _how_they_differ(m: TensorMetrics) -> str:
 
 
 def _beyond_tolerance(m: TensorMetrics) -> str:
-    """Where a tolerance was first broken, when that is not where the bits first part: the first
-    difference of a pair a NaN failed was a 5-ULP one its 10-ULP bound allowed."""
-    beyond = m.first_beyond_tolerance
-    if beyond is None or (m.first_difference is not None and beyond.coord == m.first_difference.coord):
-        return ""
-    return f"; {m.beyond_tolerance:,} beyond tolerance, first at {beyond.coord}"
+    beyond = m.beyond_elsewhere
+    return "" if beyond is None else f"; {m.beyond_tolerance:,} beyond tolerance, first at {beyond.coord}"
 
 
 def _first_position(r: PairResult) -> str:

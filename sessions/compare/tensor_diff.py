@@ -150,6 +150,16 @@ class TensorMetrics:
         return self.differing == 0
 
     @property
+    def beyond_elsewhere(self) -> ElementSample | None:
+        """The first element beyond tolerance when it is not the first that differs: then a
+        tolerance allowed the first difference, and what broke it is elsewhere (a NaN past a
+        10-ULP bound). Every surface names it then, and only then."""
+        beyond = self.first_beyond_tolerance
+        if beyond is None or (self.first_difference is not None and beyond.coord == self.first_difference.coord):
+            return None
+        return beyond
+
+    @property
     def unit(self) -> str:
         """What `size` and `differing` count: a quantized record's stored bytes ("136 of 128
         elements differ" counted bytes against elements), else elements."""
@@ -659,7 +669,10 @@ class DiffAccumulator:
         population = m.size - self._nan_positions
         nonzero = int(self._hist.sum())
         if m.max_ulp is None:
-            m.max_ulp, m.p99_ulp = 0, 0
+            # No differing element has a ULP distance (each is a NaN against a number or another
+            # NaN): none is given, as for quantized bytes. "max 0 ULP" read as if nothing differed.
+            if not m.differing:
+                m.max_ulp, m.p99_ulp = 0, 0
             return
         rank = int(np.ceil(0.99 * population))
         zeros = population - nonzero

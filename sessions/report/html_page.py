@@ -105,7 +105,7 @@ def _first_divergence(c: Comparison) -> str:
         f"<p>{m.differing:,} of {m.size:,} {m.unit} differ; max {m.max_ulp if m.max_ulp is not None else 'undefined'} ULP; "
         f"NMSE {m.nmse:.3g}; cosine {m.cosine:.12g}; signed-zero-only {m.signed_zero_only}; NaN {m.nan_mismatch + m.nan_payload}</p>",
     ]
-    rows = _element_rows("first differing element", m.first_difference) + _element_rows("first element beyond tolerance", m.first_beyond_tolerance)
+    rows = _element_rows("first differing element", m.first_difference) + _element_rows("first element beyond tolerance", m.beyond_elsewhere)
     rows += _element_rows("worst ULP element", m.worst_ulp_at)
     lines.append(_table(["element", "coordinate", "side", "value", "hex", "bits", "ULP"], rows))
     return "".join(lines)

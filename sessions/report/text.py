@@ -62,7 +62,7 @@ def _pair_block(title: str, pair: PairResult) -> list[str]:
         f"  native {pair.native_name!r} (seq {pair.native_seq}), oracle {pair.oracle_name!r} (seq {pair.oracle_seq}), {m.dtype} {m.shape}",
         f"  {_counts(m)}",
         f"  first differing element {_element(m.first_difference)}",
-        *([f"  first element beyond tolerance {_element(m.first_beyond_tolerance)}"] if m.first_beyond_tolerance is not None else []),
+        *([f"  first element beyond tolerance {_element(m.beyond_elsewhere)}"] if m.beyond_elsewhere is not None else []),
         f"  worst ULP element {_element(m.worst_ulp_at)}",
         f"  max abs error {m.max_abs_error:.6g} " + (_element(m.max_abs_at) if m.max_abs_at is not None else "(no element differs in value by a finite amount)"),
         f"  max rel error {m.max_rel_error:.6g}; RMSE {m.rmse:.6g}; NMSE {m.nmse:.6g}; cosine {m.cosine:.12g}",

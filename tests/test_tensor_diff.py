@@ -40,6 +40,7 @@ def test_float64_errors_past_its_largest_value_are_infinite_not_a_crash() -> Non
     flipped = np.array([1.7e308, 1.0])
     m = _metrics((-flipped).view(np.uint64), flipped.view(np.uint64), "float64")
     assert m.differing == 2 and m.max_abs_error == float("inf") and m.rmse == float("inf")
+    assert np.isnan(m.nmse) and np.isnan(m.cosine), "sums past float64's largest leave the ratios undefined, as docs/report-json.md says"
 
 
 def test_signed_zero_only_difference_is_counted_separately_and_is_one_ulp() -> None:

@@ -12,6 +12,7 @@ returns the `Comparison`; closing the generator cancels it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -486,6 +487,10 @@ def not_aligned(comparison: Comparison, key: OpKey) -> str:
 
 
 WORST_ORDER = "a NaN or an infinity against a number first, then NMSE, then p99 ULP error"
+
+
+def _finite_or_worst(value: float) -> float:
+    return math.inf if math.isnan(value) else value
 """How `worst_ops` ranks, in the words every surface heads its list with."""
 
 
@@ -495,7 +500,8 @@ def worst_ops(c: Comparison, top: int) -> list[PairResult]:
     error and how many elements."""
     return sorted(
         (p for p in c.pairs if not p.post_eos and not p.metrics.bit_exact),
-        key=lambda p: (p.metrics.nan_mismatch + p.metrics.inf_mismatch > 0, p.metrics.nmse, p.metrics.p99_ulp_error or 0.0, p.metrics.differing),
+        # A NaN NMSE (float64 sums that overflowed) ranks as the worst: NaN in a sort key orders nothing.
+        key=lambda p: (p.metrics.nan_mismatch + p.metrics.inf_mismatch > 0, _finite_or_worst(p.metrics.nmse), p.metrics.p99_ulp_error or 0.0, p.metrics.differing),
         reverse=True,
     )[:top]
 

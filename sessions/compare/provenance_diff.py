@@ -28,6 +28,10 @@ EXPECTED_TO_DIFFER = ("engine_name", "engine_version", "engine_commit", "compile
 """Fields that differ by design between a port and its oracle: named in the summary, never flagged."""
 
 
+SAME_FILE_WARNING = "SAME FILE: the native and the oracle are one file, so every op is bit-exact whatever it holds"
+"""A gate fails such a case by its `same file` rule, which says this instead."""
+
+
 @dataclass
 class ProvenanceDiff:
     fields: list[ProvenanceField]
@@ -43,7 +47,7 @@ def diff_provenance(native: CaptureMeta, oracle: CaptureMeta, same_file: bool = 
     by_name = {f.field: f for f in fields}
     warnings: list[str] = []
     if same_file:
-        warnings.append("SAME FILE: the native and the oracle are one file, so every op is bit-exact whatever it holds")
+        warnings.append(SAME_FILE_WARNING)
     weights = by_name["weights_hash"]
     if weights.native and weights.oracle and not weights.same:
         warnings.append(

@@ -31,6 +31,7 @@ from sessions.compare.in_child import iter_compare_in_child
 from sessions.compare.layout_transform import LayoutError
 from sessions.compare.profile_identity import ProfileIdentity, identify
 from sessions.compare.profiles import ProfileError, load_profile_file
+from sessions.compare.provenance_diff import SAME_FILE_WARNING
 from sessions.gate.manifest import EOS_REQUIRE, GateCase
 from sessions.gate.result import (
     NO_SHARED_EOS,
@@ -44,7 +45,6 @@ from sessions.gate.result import (
 )
 from sessions.progress import Progress, ProgressGenerator
 from sessions.report.html_page import render_html
-from sessions.side_file import same_file
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,8 @@ def result_of(case: GateCase, comparison: Comparison, seconds: float) -> CaseRes
     verdict, tokens, budget = comparison.verdict, comparison.tokens, case.token_budget
     eos = tokens.shared_eos_step
     rules = []
-    if same_file(Path(case.native), Path(case.oracle)):
+    warnings = [w for w in comparison.provenance.warnings if w != SAME_FILE_WARNING]
+    if len(warnings) < len(comparison.provenance.warnings):
         rules.append(f"{SAME_FILE}: the native and the oracle are one file, so every op is bit-exact whatever it holds")
     if case.eos == EOS_REQUIRE and eos is None:
         rules.append(f'{NO_SHARED_EOS} within the {tokens.compared_steps} token steps compared (eos = "require")')
@@ -122,7 +123,7 @@ def result_of(case: GateCase, comparison: Comparison, seconds: float) -> CaseRes
         oracle_profile=comparison.oracle_profile,
         tolerance_policy=comparison.tolerance_policy,
         alignment=comparison.alignment.mode,
-        warnings=list(comparison.provenance.warnings),
+        warnings=warnings,
         seconds=seconds,
     )
 

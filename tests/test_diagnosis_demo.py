@@ -222,6 +222,20 @@ def test_a_failing_comparison_with_no_op_to_diagnose_exits_1_as_a_finding_no_rer
     assert main(["diagnose", *(str(p) for p in demo_pairs["clean"])]) == EXIT_EXPLAINED
 
 
+def test_records_without_a_partner_beside_a_dispatch_only_op_are_named_and_exit_1(demo_pairs: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The dispatch-only op was looked at, "Nothing computes differently" said, exit 0, and the
+    records that make report's DIVERGENCE were never named."""
+    native, oracle = copied(demo_pairs["head-chunk"], tmp_path)
+    with h5py.File(native, "r+") as file:
+        index = file["index"][:]
+        index["name"][(index["name"] == b"ffn_norm-0") & (index["segment"] == b"text-before") & (index["step"] == 0)] = b"mystery"
+        file["index"][...] = index
+    assert main(["diagnose", str(native), str(oracle)]) == EXIT_UNEXPLAINED
+    verdict = capsys.readouterr().out.splitlines()[0]
+    assert verdict.startswith("Nothing computes differently on this CPU: 2 op(s) are dispatch-only, first 0:text-after:0:sdpa")
+    assert verdict.endswith("; 2 record(s) could not be aligned, first at 0:text-before:0:mystery, which no rerun explains.")
+
+
 def test_an_op_fed_an_upstream_difference_but_computing_faithfully_is_inherited_not_local(demo_pairs: dict) -> None:
     (o_proj,) = diagnose(demo_pairs["attention-contract"], mode="op", key=OpKey(0, "visual", 0, "o_proj")).ops
     assert o_proj.classification.locality == Locality.INHERITED and o_proj.classification.inputs_agree is False

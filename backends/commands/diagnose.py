@@ -32,7 +32,6 @@ from sessions.compare.key import OpKey
 from sessions.compare.options import CompareOptions
 from sessions.compare.profiles import ProfileError
 from sessions.compare.result_cache import iter_compare_cached
-from sessions.compare.verdict import PARITY
 from sessions.ctrl_c import raise_if_pressed
 from sessions.printable import printable
 from sessions.progress import Progress, ProgressGenerator, run_to_end
@@ -65,11 +64,9 @@ def options_from(args: argparse.Namespace) -> DiagnoseOptions:
 
 
 def exit_code(diagnosis: Diagnosis) -> int:
-    """1 also for a failing comparison with no op to diagnose (records without a partner, tokens
-    alone): its finding is one no rerun explains, and a CI step read exit 0 as explained."""
-    unexplained = any(op.native_ran is None for op in diagnosis.local_chain)
-    looked_at = diagnosis.ops or diagnosis.dispatch or diagnosis.contract_only
-    unexplained |= diagnosis.mode != "op" and not looked_at and diagnosis.comparison_word != PARITY
+    """1 also for a failing comparison whose first finding no rerun explains (records without a
+    partner, tokens alone, `Diagnosis.unexplained`): a CI step read exit 0 as explained."""
+    unexplained = any(op.native_ran is None for op in diagnosis.local_chain) or bool(diagnosis.unexplained)
     return EXIT_UNEXPLAINED if unexplained or diagnosis.open_ops else EXIT_EXPLAINED
 
 

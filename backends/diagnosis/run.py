@@ -57,7 +57,7 @@ from sessions.compare.comparison import (
 )
 from sessions.compare.key import OpKey
 from sessions.compare.profiles import whole_op
-from sessions.compare.verdict import Finding, Kind
+from sessions.compare.verdict import Kind
 from sessions.progress import Progress, ProgressGenerator
 
 MODES = ("op", "first", "all")
@@ -171,6 +171,9 @@ class Diagnosis:
     contract_only: list[ContractNote] = field(default_factory=list)
     """Contract-mismatch ops whose bits are identical, looked at as dispatch-only ones are."""
     budget: Budget | None = None
+    unexplained: str = ""
+    """What the comparison found that no rerun explains (records without a partner, tokens with
+    no op classified), in its own words; "" when nothing. It makes the exit status 1."""
     notes: list[str] = field(default_factory=list)
     device: str = "cpu"
     mlx_version: str = mx.__version__
@@ -353,7 +356,15 @@ def iter_diagnose(native: Capture, oracle: Capture, comparison: Comparison, opti
         diagnosis.contract_only.append(_contract_note(session, pair))
     if options.mode == "all" and options.budget and diagnosis.local_chain:
         diagnosis.budget = yield from _iter_budget(session, comparison, diagnosis)
-    diagnosis.verdict = verdict_sentence(diagnosis, len(targets), dispatch_only, comparison.verdict.first, after_eos, contract_only)
+    if options.mode != "op":
+        # A dispatch-only op looked at beside records without a partner read "Nothing computes
+        # differently" with exit 0, and the records were never named.
+        verdict, first = comparison.verdict, comparison.verdict.first
+        unexplained = {Kind.UNALIGNED} | ({Kind.TOKENS} if not diagnosis.ops else set())
+        beyond = [f"the comparison's first finding is {first.kind} at {first.key} ({first.detail})"] if first is not None and first.kind in unexplained else []
+        beyond += [r for r, kind in zip(verdict.reasons, verdict.reason_kinds) if kind in unexplained and (first is None or kind != first.kind)]
+        diagnosis.unexplained = f"{'; '.join(beyond)}, which no rerun explains" if beyond else ""
+    diagnosis.verdict = verdict_sentence(diagnosis, len(targets), dispatch_only, after_eos, contract_only)
     if options.mode == "first" and len(diagnosis.ops) < len(targets):
         why = f"{locals_found} local op(s)" if open_run < UNDETERMINED_RUN else f"{open_run:,} diverged ops in a row could not be classified"
         diagnosis.notes.append(f"Stopped after {why}; {len(targets) - len(diagnosis.ops):,} later diverged op(s) were not classified (--all, or the window's scope \"Every diverged op\", classifies every one).")
@@ -451,13 +462,18 @@ def _exact_clause(found: Classification) -> str:
     return " Against the float64 reference both are equally close." if found.closer_to_exact == "tie" else ""
 
 
-def verdict_sentence(
-    diagnosis: Diagnosis, diverged: int, dispatch_only: int, finding: Finding | None = None, after_eos: bool = False, contract_only: int = 0
-) -> str:
-    """The one sentence every surface leads with. `finding`: the comparison's first finding, named
-    when no op's bits are there to explain it (a record without a partner, tokens); `after_eos`:
-    the op `--op` named is after the shared EOS step; `contract_only`: how many ops of the run
-    have identical bits under contracts that do not match."""
+def verdict_sentence(diagnosis: Diagnosis, diverged: int, dispatch_only: int, after_eos: bool = False, contract_only: int = 0) -> str:
+    """The one sentence every surface leads with, ending in the comparison's first finding when no
+    rerun explains it (`Diagnosis.unexplained`). `after_eos`: the op `--op` named is after the
+    shared EOS step; `contract_only`: how many ops of the run have identical bits under
+    contracts that do not match."""
+    sentence = _sentence(diagnosis, diverged, dispatch_only, after_eos, contract_only)
+    if not diagnosis.unexplained:
+        return sentence
+    return f"{sentence.removesuffix('.')}; {diagnosis.unexplained}."
+
+
+def _sentence(diagnosis: Diagnosis, diverged: int, dispatch_only: int, after_eos: bool, contract_only: int) -> str:
     chain = diagnosis.local_chain
     if chain:
         first = chain[0]
@@ -515,7 +531,4 @@ def verdict_sentence(
         return "That op is after the shared EOS step: invalid, never a failure; nothing to diagnose there."
     if diverged == 0 and diagnosis.mode == "op":
         return "That op is bit-exact: nothing to diagnose there."
-    nothing = f"Nothing to diagnose: no aligned op before any shared EOS differs ({diagnosis.comparison_word})"
-    if finding is not None:
-        return f"{nothing}; the comparison's first finding is {finding.kind} at {finding.key} ({finding.detail}), which no rerun explains."
-    return nothing + "."
+    return f"Nothing to diagnose: no aligned op before any shared EOS differs ({diagnosis.comparison_word})."

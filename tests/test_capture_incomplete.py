@@ -325,3 +325,23 @@ def test_a_recording_that_commits_a_step_while_its_tables_are_read_opens_consist
             assert (capture.dispatch["index_seq"] < len(capture.index)).all() and set(capture.tokens["step"]) <= set(capture.index["step"])
         finally:
             capture.close()
+
+
+def test_a_file_shorter_than_its_superblock_says_that_grows_meanwhile_opens_and_one_that_does_not_is_cut_short(tmp_path: Path) -> None:
+    """A recording's flush lengthens the file after its superblock is written: validate read such a file as a copy cut short."""
+    import threading
+
+    from sessions.capture.reader import CaptureError
+
+    path = tmp_path / "growing.h5"
+    with CaptureWriter(path, CaptureMeta(role="native", engine_name="growing")) as writer:
+        write_step(writer, 0)
+        writer.end_step()
+    whole = path.read_bytes()
+    path.write_bytes(whole[: len(whole) - 4096])
+    threading.Timer(0.03, path.write_bytes, (whole,)).start()
+    with load_capture(path) as capture:
+        assert len(capture.records) == ROWS_PER_STEP
+    path.write_bytes(whole[: len(whole) - 4096])
+    with pytest.raises(CaptureError, match="cut short"):
+        load_capture(path)

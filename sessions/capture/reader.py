@@ -625,6 +625,8 @@ def _range_problems(record: Record, where: str, pack_bytes: int) -> list[Problem
 
 GROWING_RETRIES = 5
 GROWING_WAIT_S = 0.1
+"""A file shorter than its superblock says is looked at again after GROWING_WAIT_S, up to
+GROWING_RETRIES times while it keeps growing: a writer's flush lands within a few (`_open_hdf5`)."""
 
 
 def _open_hdf5(path: Path) -> h5py.File:

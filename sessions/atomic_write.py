@@ -84,6 +84,8 @@ def _remove_stale_temps(path: Path) -> None:
 
 NEW_FILE_RANDOM = 12
 """Hex digits of the random part of a `new_file_beside` name."""
+RANDOM_PARTS = (NEW_FILE_RANDOM, 32)
+"""The random parts `files_beside` knows: this version's, and the whole UUIDs of earlier backups' snapshots, left by savers killed then."""
 
 
 def new_file_beside(path: Path, suffix: str) -> tuple[int, Path]:
@@ -110,7 +112,7 @@ def files_beside(path: Path, suffix: str) -> list[Path]:
         return found
     for entry in entries:
         middle = entry.name[len(prefix) : len(entry.name) - len(suffix)]
-        if entry.name.startswith(prefix) and entry.name.endswith(suffix) and len(middle) == NEW_FILE_RANDOM and all(c in "0123456789abcdef" for c in middle):
+        if entry.name.startswith(prefix) and entry.name.endswith(suffix) and len(middle) in RANDOM_PARTS and all(c in "0123456789abcdef" for c in middle):
             found.append(path.with_name(entry.name))
     return found
 

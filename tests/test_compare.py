@@ -153,6 +153,9 @@ def test_quantized_blocks_compare_as_bytes_beside_a_streamed_identical_pair(tmp_
     with open_capture(paths[0]) as n, open_capture(paths[1]) as o:
         everything = run_to_end(iter_compare(n, o, CompareOptions(chunk_bytes=512)))
     assert everything.verdict.first is not None and everything.verdict.first.detail == "1 of 272 bytes differ"
+    from sessions.report.text import render
+
+    assert "max abs error 0 (quantized blocks are compared as bytes, not values)" in render(everything)
 
 
 ORACLE_PROFILE = """name = "my-mlx"

@@ -179,10 +179,13 @@ def test_the_temp_name_of_a_long_name_stays_valid_utf8_and_its_stale_temps_are_s
     assert not temp.exists(), "a stale temp of the same name is found and removed"
 
 
-def test_the_stale_temps_of_a_name_with_glob_characters_are_found(tmp_path: Path) -> None:
+def test_the_stale_temps_of_a_name_with_glob_characters_are_found_and_those_of_an_earlier_version_too(tmp_path: Path) -> None:
     path = tmp_path / "run [3].json"
     descriptor, temp = new_file_beside(path, ".tmp")
     os.close(descriptor)
     os.utime(temp, (0, 0))
+    earlier = tmp_path / f".run [3].json.{'0123456789abcdef' * 2}.tmp"  # a backup's snapshot named by a whole UUID
+    earlier.write_bytes(b"dead")
+    os.utime(earlier, (0, 0))
     atomic_write_bytes(path, b"saved")
     assert [p.name for p in tmp_path.iterdir()] == [path.name], "the dead saver's temp is removed"

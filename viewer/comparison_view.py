@@ -7,7 +7,6 @@ domain logic and a change in the engine's result shape is absorbed here.
 
 from __future__ import annotations
 
-import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from html import escape
@@ -585,8 +584,7 @@ def _row(step: TokenStep, eos: int | None) -> TokenRow:
     if logits is None:
         missing = "not compared" if step.status == POST_EOS else "not captured"
         return TokenRow(*tokens, "—", "—", "—", missing, missing, missing, missing)
-    kl = f"{logits.kl_divergence:.2e}" if math.isfinite(logits.kl_divergence) else "undefined"
-    figures = ("0", "0", "100%") if logits.identical else (f"{logits.delta_logit:+.3g}", kl, f"{logits.top_overlap:.0%}")
+    figures = ("0", "0", "100%") if logits.identical else (f"{logits.delta_logit:+.3g}", logits.kl_text(short=True), f"{logits.top_overlap:.0%}")
     tops = (_top(logits.native_top), _top(logits.oracle_top), _top_ids(logits.native_top), _top_ids(logits.oracle_top))
     return TokenRow(*tokens, *figures, *tops)
 

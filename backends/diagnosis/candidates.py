@@ -27,6 +27,7 @@ from backends.rerun.inputs import (
     bits_to_mx,
     gather,
     mx_to_bits,
+    splits_heads,
 )
 from backends.rerun.segment import RerunSession, bits_metrics
 from sessions.compare.key import OpKey
@@ -279,11 +280,8 @@ def declared_contract(session: RerunSession, side: str, key: OpKey) -> str:
 def recorded_head_split(ops: CapturedOps, key: OpKey) -> bool | None:
     """Whether `ops`' engine split this attention by heads, from the calls its sdpa record made
     (several, or one per KV group); None when it recorded none."""
-    mapped = ops.find(key.step, key.segment, key.layer, "sdpa", key.positions)
-    calls = ops.dispatch_events(mapped.record.seq) if mapped is not None else []
-    if not len(calls):
-        return None
-    return len(calls) > 1 or bool((calls["kv_group"] != -1).any())
+    calls = ops.sdpa_calls(key)
+    return splits_heads(calls) if len(calls) else None
 
 
 def call_rows(ops: CapturedOps, key: OpKey) -> int | None:

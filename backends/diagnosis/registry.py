@@ -478,6 +478,10 @@ names the order alone, since it computes in whatever the input dtype is. Every o
 a candidate computes is its id (`attn.bf16.single_range`)."""
 
 
+HEAD_SPLIT: dict[str, bool | None] = {c.id: c.head_split for c in REGISTRY}
+"""Each candidate's `head_split`, by id."""
+
+
 def registry_id(declared: str) -> str | None:
     """The candidate that computes the contract a record declares; None when it declares none,
     or one no candidate computes."""

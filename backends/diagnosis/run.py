@@ -44,7 +44,12 @@ from backends.diagnosis.candidates import (
     run_candidate,
 )
 from backends.diagnosis.classify import Classification, Locality, classify
-from backends.diagnosis.registry import REGISTRY, candidates_for, registry_id
+from backends.diagnosis.registry import (
+    HEAD_SPLIT,
+    REGISTRY,
+    candidates_for,
+    registry_id,
+)
 from backends.rerun.inputs import RerunInputError
 from backends.rerun.ops import RerunOpError
 from backends.rerun.segment import RerunSession
@@ -219,8 +224,7 @@ def _preferred(ids: list[str], declared: str, head_split: bool | None) -> str | 
     named = registry_id(declared)
     if named in ids:
         return named
-    routes = {c.id: c.head_split for c in REGISTRY}
-    fitting = [i for i in ids if head_split is None or routes[i] in (None, head_split)]
+    fitting = [i for i in ids if head_split is None or HEAD_SPLIT[i] in (None, head_split)]
     return (fitting or ids or [None])[0]
 
 

@@ -132,6 +132,11 @@ def mx_to_bits(array: mx.array) -> tuple[np.ndarray, str]:
     return to_numpy_bits(array)
 
 
+def splits_heads(calls: np.ndarray) -> bool:
+    """Whether attention calls split the query heads: several calls, or one per KV group."""
+    return len(calls) > 1 or bool((calls["kv_group"] != -1).any())
+
+
 @dataclass
 class CapturedOps:
     """One capture's records by canonical key, and where each (step, segment) sits in time."""
@@ -187,6 +192,11 @@ class CapturedOps:
     def dispatch_events(self, seq: int) -> np.ndarray:
         table = self.capture.dispatch
         return table[table["index_seq"] == seq] if len(table) else table
+
+    def sdpa_calls(self, key: OpKey) -> np.ndarray:
+        """The attention calls this side's sdpa record at `key`'s place made (its dispatch rows; none without one)."""
+        mapped = self.find(key.step, key.segment, key.layer, "sdpa", key.positions)
+        return self.dispatch_events(mapped.record.seq) if mapped is not None else self.capture.dispatch[:0]
 
     def earlier_positions(self, step: int, segment: str) -> list[tuple[int, str]]:
         """The (step, segment) forward calls before this one: their K/V are this call's cache."""

@@ -50,6 +50,7 @@ from backends.rerun.inputs import (
     mx_to_bits,
     op_params,
     share_config,
+    splits_heads,
 )
 from sessions.bits.dtypes import as_bit_pattern, as_values
 from sessions.capture.reader import Capture
@@ -215,13 +216,10 @@ def _recorded_head_chunk(route_ops: CapturedOps, key: OpKey) -> tuple[bool, str]
     """Whether the route side split its attention by heads, from the dispatch rows its sdpa record
     made: an engine without the head-chunk route makes one call per op. With none recorded, the
     MTPLX rule (the oracle engines' own) decides."""
-    mapped = route_ops.find(key.step, key.segment, key.layer, "sdpa", key.positions)
-    table = route_ops.capture.dispatch
-    calls = table[table["index_seq"] == mapped.record.seq] if mapped is not None else table[:0]
+    calls = route_ops.sdpa_calls(key)
     if not len(calls):
         return True, f"the MTPLX rule: the {route_ops.side} capture recorded no attention calls here"
-    chunked = len(calls) > 1 or bool((calls["kv_group"] != -1).any())
-    return chunked, f"the {route_ops.side} record made {len(calls)} call(s)"
+    return splits_heads(calls), f"the {route_ops.side} record made {len(calls)} call(s)"
 
 
 def _attention_route(route_ops: CapturedOps, key: OpKey) -> tuple[str, str]:

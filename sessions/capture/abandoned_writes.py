@@ -12,6 +12,7 @@ removes it; commands say what they removed.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import stat
@@ -24,6 +25,8 @@ from sessions.printable import printable
 
 PARTIAL_SUFFIX = ".partial"
 
+NEW_PARTIAL_TRIES = 100
+"""New hidden files a writer makes before it gives up, when other writers' clean-ups take each one."""
 UNLOCKED_GRACE_S = 300.0
 """A hidden file written to less than this long ago is left alone even when its lock can be
 taken: a live writer takes its lock a moment after making the file, and on a file system whose
@@ -46,7 +49,7 @@ class AbandonedWrite:
 def held_partial(path: Path) -> tuple[int, Path]:
     """A new hidden file for a capture of `path`, and a descriptor holding its lock: closing
     the descriptor (or the process dying) releases it."""
-    while True:
+    for _ in range(NEW_PARTIAL_TRIES):
         descriptor, partial = new_file_beside(path, PARTIAL_SUFFIX)
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -60,6 +63,7 @@ def held_partial(path: Path) -> tuple[int, Path]:
         # Another writer's clean-up took the new file for abandoned (its clock is far off, as a
         # file server's may be): it holds the file or has removed it. A file of its own is made.
         os.close(descriptor)
+    raise OSError(errno.EAGAIN, f"another writer's clean-up took each of {NEW_PARTIAL_TRIES} new hidden files for abandoned", str(path))
 
 
 def _names(path: Path, descriptor: int) -> bool:

@@ -467,17 +467,17 @@ class _SetAside:
         (runs paired by position: one that holds some of `gap`, or whose call does)."""
         if gap is None:
             return self._by_key.get((side, key))
-        op = (side, key.layer, key.op, key.occurrence)
-        if op in self._spanned:
-            firsts, stops, reach, rows = self._spanned[op]
-            at = bisect_left(firsts, gap[1]) - 1  # the last span starting before the gap ends
-            found: UnalignedRecord | None = None
-            while at >= 0 and reach[at] > gap[0]:  # no span before one whose reach ends by the gap's start overlaps it
-                if stops[at] > gap[0]:
-                    found = rows[at]  # the earliest overlapping one is named: the first that claimed the positions
-                at -= 1
-            return found
-        return None
+        spanned = self._spanned.get((side, key.layer, key.op, key.occurrence))
+        if spanned is None:
+            return None
+        firsts, stops, reach, rows = spanned
+        at = bisect_left(firsts, gap[1]) - 1  # the last span starting before the gap ends
+        found: UnalignedRecord | None = None
+        while at >= 0 and reach[at] > gap[0]:  # no span before one whose reach ends by the gap's start overlaps it
+            if stops[at] > gap[0]:
+                found = rows[at]  # the earliest overlapping one is named: the first that claimed the positions
+            at -= 1
+        return found
 
     def unaligned(self, side: str, record: Record, key: OpKey, gap: Span | None = None) -> UnalignedRecord | None:
         """`record`'s row when its partner on the other side was set aside; None when it was not."""

@@ -434,11 +434,13 @@ def _pair_detail(r: PairResult, contracts: dict[OpKey, list[ContractFinding]], d
 def _how_they_differ(m: TensorMetrics) -> str:
     """The headline's measure of the differing elements. NaN against a number has no ULP
     distance: a pair differing only so read "max 0 ULP", and a +0/-0 swap is no error at all."""
-    if m.differing and m.signed_zero_only == m.differing:
+    if not m.differing:
+        return ""
+    if m.signed_zero_only == m.differing:
         return ", all +0/-0 swaps"
-    if m.differing and m.nan_mismatch == m.differing:
+    if m.nan_mismatch == m.differing:
         return ", each a NaN against a number"
-    if m.differing and m.nan_payload == m.differing:
+    if m.nan_payload == m.differing:
         return ", each a NaN against a NaN of other bits"
     special = [(m.nan_mismatch, "a NaN against a number"), (m.nan_payload, "a NaN against a NaN of other bits"), (m.inf_mismatch, "an infinity against another value")]
     said = "".join(f", {count:,} {words}" for count, words in special if count)

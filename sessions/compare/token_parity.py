@@ -48,9 +48,12 @@ class StepLogits:
     """Share of the oracle's top-k token ids that are in the native's top-k."""
 
 
-    def kl_text(self) -> str:
-        """The KL divergence as every surface writes it; a row holding a NaN or an infinity has none ("KL nan nats")."""
-        return f"{self.kl_divergence:.3g} nats" if math.isfinite(self.kl_divergence) else "undefined (a NaN or an infinity in the logits)"
+    def kl_text(self, short: bool = False) -> str:
+        """The KL divergence as every surface writes it (`short`: in a table cell); a row holding a
+        NaN or an infinity has none ("KL nan nats")."""
+        if not math.isfinite(self.kl_divergence):
+            return "undefined" if short else "undefined (a NaN or an infinity in the logits)"
+        return f"{self.kl_divergence:.2e}" if short else f"{self.kl_divergence:.3g} nats"
 
     def summary(self) -> str:
         if self.identical:

@@ -55,6 +55,11 @@ def _counts(m: TensorMetrics) -> str:
     return ", ".join(parts)
 
 
+def _no_value_error(m: TensorMetrics) -> str:
+    """Why a pair that differs has no element to show for its largest error."""
+    return "(quantized blocks are compared as bytes, not values)" if m.unit == "bytes" else "(no element differs in value by a finite amount)"
+
+
 def _pair_block(title: str, pair: PairResult) -> list[str]:
     m = pair.metrics
     lines = [
@@ -64,7 +69,7 @@ def _pair_block(title: str, pair: PairResult) -> list[str]:
         f"  first differing element {_element(m.first_difference)}",
         *([f"  first element beyond tolerance {_element(m.beyond_elsewhere)}"] if m.beyond_elsewhere is not None else []),
         f"  worst ULP element {_element(m.worst_ulp_at)}",
-        f"  max abs error {m.max_abs_error:.6g} " + (_element(m.max_abs_at) if m.max_abs_at is not None else "(no element differs in value by a finite amount)"),
+        f"  max abs error {m.max_abs_error:.6g} " + (_element(m.max_abs_at) if m.max_abs_at is not None else _no_value_error(m)),
         f"  max rel error {m.max_rel_error:.6g}; RMSE {m.rmse:.6g}; NMSE {m.nmse:.6g}; cosine {m.cosine:.12g}",
     ]
     return lines

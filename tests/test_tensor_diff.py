@@ -303,3 +303,11 @@ def test_the_worst_ulp_element_is_a_real_difference_where_a_signed_zero_swap_is_
     acc.add(native[:2].reshape(1, 2), oracle[:2].reshape(1, 2), 0)
     acc.add(native[2:].reshape(1, 2), oracle[2:].reshape(1, 2), 1)
     assert acc.finish().worst_ulp_at.coord == [1, 0]
+
+
+def test_a_scalars_element_is_at_the_empty_coordinate_of_its_shape() -> None:
+    """It was shown at [0], a coordinate a shape [] has not."""
+    acc = DiffAccumulator("float32", (), Tolerance())
+    acc.add(np.array([1.5], np.float32).view(np.uint32), np.array([2.5], np.float32).view(np.uint32), 0)
+    m = acc.finish()
+    assert m.shape == [] and m.first_difference is not None and m.first_difference.coord == [] and m.worst_ulp_at.coord == []

@@ -410,7 +410,8 @@ class DiffAccumulator:
         made = self._samples.get((row0, flat))
         if made is not None:
             return made
-        coord = [int(c) for c in np.unravel_index(flat, native.shape)]
+        # A scalar's chunk arrives as one element of one axis; its coordinate is [], as its shape is.
+        coord = [int(c) for c in np.unravel_index(flat, native.shape)] if self.metrics.shape else []
         if coord:
             coord[0] += row0
         n_hex, n_decimal = _shown(int(as_bit_pattern(native, self.logical).reshape(-1)[flat]), self.logical)

@@ -131,3 +131,21 @@ def test_an_interrupted_recording_says_what_it_left_at_its_output(tmp_path: Path
     out.unlink()
     out.write_bytes(b"the first steps of this run")
     assert record_command._left_at(out, before).endswith("holds the steps written so far and reads as incomplete (parity-xray validate names them)")
+
+
+def test_a_recording_out_of_room_says_so_as_a_recording_of_mlx_does(gguf: Path, tmp_path: Path) -> None:
+    """The llama.cpp child's full disk reached the command as "record refused", MLX's as "record failed"."""
+    import resource
+    import subprocess
+    import sys
+
+    from sessions.child_env import PROJECT_ROOT, child_env
+
+    def no_room() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20 * 1024, 20 * 1024))
+
+    out = tmp_path / "x.h5"
+    command = [sys.executable, "-m", "viewer.cli", "record", "llama", str(gguf), "--tokens", "1,2,3", "--out", str(out)]
+    done = subprocess.run(command, cwd=PROJECT_ROOT, env=child_env(), capture_output=True, text=True, timeout=300, preexec_fn=no_room, check=False)
+    assert done.returncode == record_command.EXIT_REFUSED
+    assert done.stderr.startswith(f"record failed: {out}: cannot be written (no room left for it: "), done.stderr[-500:]

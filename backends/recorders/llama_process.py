@@ -51,6 +51,7 @@ from backends.recorders.record_schedule import (
 )
 from sessions.child_env import module_command
 from sessions.child_process import ChildProcess, progress_line
+from sessions.file_room import FileUnwritable
 from sessions.machine import physical_memory
 from sessions.progress import Progress, ProgressGenerator, run_to_end
 
@@ -140,7 +141,10 @@ def _outcome(child: ChildProcess, returncode: int, job: dict[str, Any], logits: 
         )
     errors = child.lines("error")
     if errors:
-        raise RecorderError(json.loads(errors[-1])["message"])
+        error = json.loads(errors[-1])
+        if error["type"] == "FileUnwritable":  # "record refused" for llama, "record failed" for MLX, of one full disk
+            raise FileUnwritable(error["errno"], error["message"], error["filename"])
+        raise RecorderError(error["message"])
     if returncode == 0 and child.lines("result") and logits.is_file():
         with np.load(logits, allow_pickle=False) as stored:
             return [stored[f"step{i}"] for i in range(len(stored.files))]
@@ -227,6 +231,9 @@ def main() -> int:
     _limit_resources(Path(job["model"]))
     try:
         logits = _run_job(job, protocol)
+    except FileUnwritable as exc:  # a full disk: the parent says so as a recording in its own process does
+        protocol.write("error", json.dumps({"type": "FileUnwritable", "message": exc.strerror, "errno": exc.errno, "filename": exc.filename}))
+        return 1
     except Exception as exc:  # noqa: BLE001  (every failure reaches the parent as a message, not a traceback)
         protocol.write("error", json.dumps({"type": type(exc).__name__, "message": str(exc)}))
         return 1

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from PySide6.QtCore import QByteArray, Qt
-from PySide6.QtGui import QImage
+from PySide6.QtGui import QColor, QImage
 from pytestqt.qtbot import QtBot
 
 from sessions.investigation.capture_gate import CaptureState
@@ -91,6 +91,11 @@ def test_bookmarks_notes_selection_and_view_survive_a_restart(qtbot: QtBot, tmp_
     second = win.session_sync.add_bookmark("held index on the last head")
     win.tab_actions[1].trigger()
     qtbot.waitUntil(lambda: len(win.session_file.session.captures) == 2 and not win.tasks.busy, timeout=WAIT_MS)
+    win.bookmarks.list.clearSelection()
+    shown = win.bookmarks.list.viewport().grab().toImage()
+    second_row = win.bookmarks.list.visualItemRect(win.bookmarks.list.item(1))
+    background = QColor(shown.pixel(second_row.right() - 3, second_row.center().y()))
+    assert background.lightness() < 80, f"the dark theme's alternate row, not a near-white one under light text: {background.name()}"
     win.bookmarks.select_bookmark(second.id)
     win.tab_actions[0].trigger()
     win.grab().save(str(artifacts_dir / "viewer-bookmarks.png"))

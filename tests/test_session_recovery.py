@@ -19,7 +19,7 @@ from sessions.investigation.recovery import (
     claim_recovery_offers,
     process_start_token,
 )
-from sessions.investigation.store import SessionDocument
+from sessions.investigation.store import SessionChangedError, SessionDocument
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -106,7 +106,7 @@ from pathlib import Path
 from sessions.investigation.model import Investigation
 from sessions.compare.key import OpKey
 from sessions.investigation.recovery import Autosaver
-from sessions.investigation.store import SessionDocument
+from sessions.investigation.store import SessionChangedError, SessionDocument
 
 document = SessionDocument(Investigation(title="crashed investigation"), Path(sys.argv[2]))
 Autosaver(document, Path(sys.argv[1]))
@@ -229,3 +229,22 @@ def test_a_dead_but_unreaped_writer_counts_as_gone() -> None:
     assert Path(f"/proc/{child.pid}/stat").exists(), "still a zombie"
     assert process_start_token(child.pid) is None
     child.wait()
+
+
+def test_a_restored_session_saves_over_its_file_unless_another_program_changed_it_since(tmp_path: Path) -> None:
+    """Every save of a restored session was refused as "changed on disk since this window opened
+    or saved it", though nothing had touched the file."""
+    recovery = tmp_path / "recovery"
+    saver, payload = autosave_of_a_gone_writer(tmp_path, recovery, "written before the crash")
+    (recovery / "autosave-gone.json").write_text(json.dumps(payload))
+    saver.path.unlink()
+    [offer] = claim_recovery_offers(recovery).offers
+    restored = offer.restore()
+    restored.save()
+    assert not restored.dirty and restored.path is not None
+    assert SessionDocument.open(restored.path).session.bookmarks[0].note == "written before the crash"
+
+    (recovery / "autosave-gone.json").write_text(json.dumps(payload))
+    [again] = claim_recovery_offers(recovery).offers
+    with pytest.raises(SessionChangedError, match="it changed on disk since this window opened or saved it"):
+        again.restore().save()

@@ -32,7 +32,7 @@ from sessions.investigation.schema import (
     encode_session,
 )
 from sessions.investigation.store import MAX_SESSION_BYTES, SessionDocument
-from sessions.side_file import read_side_file
+from sessions.side_file import DiskStamp, read_side_file
 
 RECOVERY_FORMAT = "parity-xray-recovery"
 RECOVERY_VERSION = 1
@@ -109,6 +109,7 @@ def _recovery_bytes(document: SessionDocument, writer: ProcessIdentity) -> bytes
         "recovery_version": RECOVERY_VERSION,
         "writer": {"pid": writer.pid, "start": writer.start, "host": writer.host},
         "session_path": None if document.path is None else str(document.path),
+        "session_on_disk": None if document.on_disk is None else list(document.on_disk),
         "saved_unix": time.time(),
         "document": encode_session(document.session, base),
     }
@@ -193,6 +194,10 @@ class RecoveryOffer:
     session_path: Path | None
     writer_pid: int
     saved_unix: float
+    session_on_disk: DiskStamp | None = None
+    """The session file as the crashed window last read or wrote it: a save after the restore
+    replaces it unless another program changed it since (without it, every save was refused
+    as "changed on disk")."""
 
     def restore(self) -> SessionDocument:
         """The recovered session as an unsaved document at its original path (Save writes it there).
@@ -200,7 +205,7 @@ class RecoveryOffer:
         Keep the offer until the new document's autosaver has written its own recovery file,
         then `discard` it, so the work is on disk at every moment.
         """
-        return SessionDocument(self.session, self.session_path, saved_revision=-1)
+        return SessionDocument(self.session, self.session_path, saved_revision=-1, on_disk=self.session_on_disk)
 
     def discard(self) -> None:
         """Remove the claimed file; one a folder refuses to remove stays, claimed, and is never offered again."""
@@ -271,9 +276,17 @@ def claim_recovery_offers(directory: Path | None = None) -> RecoveryScan:
                 None if session_path is None else Path(session_path),
                 writer.pid,
                 float(payload.get("saved_unix", 0.0)),
+                _stamp(payload.get("session_on_disk")),
             )
         )
     return RecoveryScan(offers, notices)
+
+
+def _stamp(value: object) -> DiskStamp | None:
+    """A recovery file's stamp of the session file; anything but three integers is none (then a save asks first)."""
+    if isinstance(value, list) and len(value) == 3 and all(type(v) is int for v in value):
+        return (value[0], value[1], value[2])
+    return None
 
 
 def _set_aside(path: Path, exc: BaseException) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import subprocess
@@ -357,3 +358,21 @@ def test_a_session_whose_capture_is_missing_takes_the_old_pair_off_screen(
     qtbot.waitUntil(lambda: not win.tasks.busy and bool(win.banners.banners("captures-check")), timeout=WAIT_MS)
     assert (win.model.native, win.model.oracle, win.model.comparison) == (None, None, None)
     assert win.session_sync.add_bookmark("made while nothing is shown") is None
+
+
+def test_after_a_session_whose_comparison_cannot_run_the_next_pair_is_recorded_as_itself(
+    qtbot: QtBot, tmp_path: Path, pair_copy: tuple[Path, Path], demo_pairs: dict[str, tuple[Path, Path]]
+) -> None:
+    """The window kept waiting to restore the first session's view: the next pair's session named
+    no captures, and got the old session's selection."""
+    session_path = saved_session(qtbot, tmp_path, pair_copy)
+    document = json.loads(session_path.read_text(encoding="utf-8"))
+    document["session"]["tolerances"]["policy"] = str(tmp_path / "gone.toml")
+    session_path.write_text(json.dumps(document), encoding="utf-8")
+    win = new_window(qtbot, tmp_path / "second.ini")
+    win.session_file.open_session(session_path)
+    qtbot.waitUntil(lambda: not win.tasks.busy and bool(win.banners.banners("comparison")), timeout=WAIT_MS)
+    other = demo_pairs["swiglu-order"]
+    win.open_pair(*other)
+    wait_shown(qtbot, win)
+    qtbot.waitUntil(lambda: {ref.path for ref in win.session_file.session.captures} == {p.absolute() for p in other}, timeout=WAIT_MS)

@@ -344,22 +344,6 @@ def test_a_saved_slice_whose_axes_the_tensor_does_not_have_is_not_applied() -> N
     assert slice_spec_of(view({"row_axis": 0}), 2) is None
 
 
-def test_a_session_whose_capture_is_missing_takes_the_old_pair_off_screen(
-    qtbot: QtBot, tmp_path: Path, pair_copy: tuple[Path, Path], demo_pairs: dict[str, tuple[Path, Path]]
-) -> None:
-    """The old pair and its verdict stayed under the new session's name, and a bookmark made then
-    went into the new session on the old pair's op."""
-    session_path = saved_session(qtbot, tmp_path, pair_copy)
-    pair_copy[0].unlink()
-    win = new_window(qtbot, tmp_path / "second.ini")
-    win.open_pair(*demo_pairs["swiglu-order"])
-    wait_shown(qtbot, win)
-    win.session_file.open_session(session_path)
-    qtbot.waitUntil(lambda: not win.tasks.busy and bool(win.banners.banners("captures-check")), timeout=WAIT_MS)
-    assert (win.model.native, win.model.oracle, win.model.comparison) == (None, None, None)
-    assert win.session_sync.add_bookmark("made while nothing is shown") is None
-
-
 def test_after_a_session_whose_comparison_cannot_run_the_next_pair_is_recorded_as_itself(
     qtbot: QtBot, tmp_path: Path, pair_copy: tuple[Path, Path], demo_pairs: dict[str, tuple[Path, Path]]
 ) -> None:

@@ -362,14 +362,9 @@ class MainWindow(QMainWindow):
         self.bookmarks.set_session(self.session_file.session)
 
     def _session_replaced(self, session: Any) -> None:
-        """Another investigation took the old one's place: nothing of the old one may stay live,
-        its pair included. A session whose captures were missing or changed left the old pair on
-        screen under the new session's name, where a bookmark landed on the wrong captures."""
+        """Another investigation took the old one's place: nothing of the old one may stay live."""
         for group in PAIR_BANNERS:
             self.banners.clear(group)
-        self.tasks.cancel_lane("compare")
-        self._retired.extend(self.model.set_captures(None, None))
-        self._close_retired()
         self.bookmarks.set_session(session)
         self.alignment_actions.show_mode(session.alignment_mode)
 

@@ -97,23 +97,3 @@ def test_another_pair_asks_about_unsaved_work_then_starts_a_clean_session(qtbot:
     wait_recorded(qtbot, win, contract)
     assert win.session_file.session.bookmarks == () and win.banners.banners("rerun") == []
     win.close()
-
-
-def test_a_new_sessions_decisions_alone_are_unsaved_work_asked_about_before_they_go(qtbot: QtBot, tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]]) -> None:
-    """A tolerance, a pairing mode, manual pairings and their reasons, with no bookmark or title,
-    were dropped on close without a word, and their recovery file with them."""
-    from sessions.investigation.model import SavedTolerance
-
-    win = MainWindow(ViewerSettings(tmp_path / "viewer.ini"))
-    win.session_file.ask_close = never_asked
-    qtbot.addWidget(win)
-    win.show()
-    win.open_pair(*demo_pairs["clean"])
-    wait_recorded(qtbot, win, demo_pairs["clean"])
-    assert not win.session_file.worth_keeping(), "an untouched new session is nothing to keep"
-    win.session_file.session.set_tolerance(SavedTolerance(max_ulp=2))
-    assert win.session_file.worth_keeping()
-    questions: list[str] = []
-    win.session_file.ask_close = lambda: questions.append("asked") or "discard"
-    win.close()
-    assert questions == ["asked"]

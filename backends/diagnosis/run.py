@@ -311,6 +311,17 @@ def _bit_identical(comparison: Comparison, kind: Kind, options: DiagnoseOptions,
     return (pairs if options.mode == "all" else pairs[:1] if not diverged else []), len(pairs)
 
 
+def _unexplained(comparison: Comparison, classified: bool) -> str:
+    """What the comparison found that no rerun explains, in its words ("" when nothing): records
+    without a partner, and differing tokens when no op was `classified`. A dispatch-only op looked
+    at beside records without a partner read "Nothing computes differently" with exit 0."""
+    verdict, first = comparison.verdict, comparison.verdict.first
+    kinds = {Kind.UNALIGNED} | (set() if classified else {Kind.TOKENS})
+    found = [f"the comparison's first finding is {first.kind} at {first.key} ({first.detail})"] if first is not None and first.kind in kinds else []
+    found += [reason for reason, kind in zip(verdict.reasons, verdict.reason_kinds) if kind in kinds and (first is None or kind != first.kind)]
+    return f"{'; '.join(found)}, which no rerun explains" if found else ""
+
+
 def _targets(comparison: Comparison, options: DiagnoseOptions) -> tuple[list[PairResult], bool]:
     """The pairs to classify, and whether the op `--op` names is after the shared EOS step."""
     if options.mode == "op":
@@ -361,13 +372,7 @@ def iter_diagnose(native: Capture, oracle: Capture, comparison: Comparison, opti
     if options.mode == "all" and options.budget and diagnosis.local_chain:
         diagnosis.budget = yield from _iter_budget(session, comparison, diagnosis)
     if options.mode != "op":
-        # A dispatch-only op looked at beside records without a partner read "Nothing computes
-        # differently" with exit 0, and the records were never named.
-        verdict, first = comparison.verdict, comparison.verdict.first
-        unexplained = {Kind.UNALIGNED} | ({Kind.TOKENS} if not diagnosis.ops else set())
-        beyond = [f"the comparison's first finding is {first.kind} at {first.key} ({first.detail})"] if first is not None and first.kind in unexplained else []
-        beyond += [r for r, kind in zip(verdict.reasons, verdict.reason_kinds) if kind in unexplained and (first is None or kind != first.kind)]
-        diagnosis.unexplained = f"{'; '.join(beyond)}, which no rerun explains" if beyond else ""
+        diagnosis.unexplained = _unexplained(comparison, classified=bool(diagnosis.ops))
     diagnosis.verdict = verdict_sentence(diagnosis, len(targets), dispatch_only, after_eos, contract_only)
     if options.mode == "first" and len(diagnosis.ops) < len(targets):
         why = f"{locals_found} local op(s)" if open_run < UNDETERMINED_RUN else f"{open_run:,} diverged ops in a row could not be classified"

@@ -489,11 +489,11 @@ def not_aligned(comparison: Comparison, key: OpKey) -> str:
 
 
 WORST_ORDER = "a NaN or an infinity against a number first, then NMSE, then p99 ULP error"
+"""How `worst_ops` ranks, in the words every surface heads its list with."""
 
 
 def _finite_or_worst(value: float) -> float:
     return math.inf if math.isnan(value) else value
-"""How `worst_ops` ranks, in the words every surface heads its list with."""
 
 
 def worst_ops(c: Comparison, top: int) -> list[PairResult]:

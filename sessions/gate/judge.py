@@ -99,8 +99,8 @@ def result_of(case: GateCase, comparison: Comparison, seconds: float) -> CaseRes
     verdict, tokens, budget = comparison.verdict, comparison.tokens, case.token_budget
     eos = tokens.shared_eos_step
     rules = []
-    warnings = [w for w in comparison.provenance.warnings if w != SAME_FILE_WARNING]
-    if len(warnings) < len(comparison.provenance.warnings):
+    warnings = [w for w in comparison.provenance.warnings if w != SAME_FILE_WARNING]  # said once, by the rule
+    if SAME_FILE_WARNING in comparison.provenance.warnings:
         rules.append(f"{SAME_FILE}: the native and the oracle are one file, so every op is bit-exact whatever it holds")
     if case.eos == EOS_REQUIRE and eos is None:
         rules.append(f'{NO_SHARED_EOS} within the {tokens.compared_steps} token steps compared (eos = "require")')

@@ -488,16 +488,12 @@ class MainWindow(QMainWindow):
         )
 
     def _comparison_cancelled(self) -> None:
-        self.session_sync.restore_refused()
         self.model.set_comparison(None, "the comparison was cancelled")
         self.banners.show_message("comparison", "info", "Comparison cancelled. Open the pair again, or swap roles, to restart it.")
 
     def _policy_unusable(self, problem: str) -> None:
         """The session's policy file cannot be used (moved, edited): no verdict, as `report` exits 2."""
         self.tasks.cancel_lane("compare")
-        # No comparison will come to apply a restored session's view to: left expecting one, the
-        # window recorded no later pair in its session and gave the next pair the old selection.
-        self.session_sync.restore_refused()
         self.model.set_comparison(None, "the tolerance policy cannot be used")
         message = f"The tolerance policy cannot be used: {problem}"
         self.banners.show_message("comparison", "error", message, actions=[("Tolerance…", self.edit_tolerance)])
@@ -505,7 +501,6 @@ class MainWindow(QMainWindow):
 
     def _comparison_failed(self, message: str) -> None:
         """The pair cannot be compared (unreadable, or no profile knows its names): the verdict is UNUSABLE."""
-        self.session_sync.restore_refused()
         self.model.set_comparison(None, "the comparison failed")
         self.offer_deep_check("comparison", f"The comparison failed: {message}")
         self.verdict_strip.show_unusable(message)

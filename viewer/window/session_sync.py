@@ -237,6 +237,11 @@ class SessionSync(QObject):
 
     def _comparison_changed(self) -> None:
         if self._model.comparison is None:
+            if self._model.not_compared is not None:
+                # No comparison is coming (cancelled, failed, a policy unusable) to apply a restored
+                # session's view to: left expecting one, the window recorded no later pair in its
+                # session and gave the next pair the old selection.
+                self.restore_refused()
             return
         self._record_profiles()
         if self._restoring:

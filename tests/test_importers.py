@@ -164,6 +164,17 @@ def test_an_existing_output_is_never_overwritten(tmp_path: Path) -> None:
     assert out.read_bytes() == b"user data"
 
 
+def test_an_output_that_is_a_link_to_nothing_is_refused_and_the_link_left_as_it_is(tmp_path: Path) -> None:
+    """A dangling link at --out was replaced by the capture without a word, where the user meant its target."""
+    source = tmp_path / "dump.npz"
+    np.savez(source, a=np.zeros(2, np.float32))
+    out = tmp_path / "x.h5"
+    out.symlink_to(tmp_path / "runs" / "x.h5")
+    with pytest.raises(CaptureError, match=r"x.h5: file: is a symbolic link to .*/runs/x.h5, which does not exist; importing never replaces a link"):
+        _import("npz", source, out)
+    assert out.is_symlink() and not (tmp_path / "runs").exists()
+
+
 def test_import_command_reports_a_refusal_with_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _manifest(tmp_path, [{"name": "a", "file": "nope.bin", "dtype": "float32", "shape": [1]}])
     args = build_parser().parse_args(["import", "dir", str(tmp_path), "--out", str(tmp_path / "x.h5")])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import stat
 from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import partial
@@ -108,6 +109,8 @@ def _path_problem(path: str | Path, in_a_folder: bool = True) -> str | None:
         mode = path.stat().st_mode
     except (FileNotFoundError, NotADirectoryError):  # nothing there (its folder is checked below)
         mode = None
+        if path.is_symlink():
+            return f"is a symbolic link to {printable(os.readlink(path))}, which does not exist; an output would replace the link, so name the file itself"
     except OSError as exc:  # a name too long, a loop of links
         return f"cannot be written ({exc.strerror or exc})"
     if mode is not None and stat.S_ISDIR(mode):

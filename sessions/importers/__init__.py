@@ -7,6 +7,7 @@ so the result is an ordinary capture that `validate`, `report` and the viewer ac
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,8 @@ def iter_import(
     source, out = Path(source), Path(out)
     if out.exists():
         raise CaptureError(out, "file", "already exists; importing never overwrites a file")
+    if out.is_symlink():
+        raise CaptureError(out, "file", f"is a symbolic link to {os.readlink(out)}, which does not exist; importing never replaces a link, so name the file itself")
     if not out.parent.is_dir():
         raise CaptureError(out, "file", f"is in {out.parent}, which is not a folder")
     parsed, arrays = _open(kind, source, Path(manifest) if manifest else None)

@@ -163,6 +163,43 @@ def test_missing_inputs_are_named_with_the_layer_and_side(demo_pairs: dict, tmp_
             run_to_end(iter_rerun(native, oracle, run_to_end(iter_compare(native, oracle)), rerun_target("0:text-before:-1:embed"), RerunOptions()))
 
 
+def test_a_rerun_from_a_saved_rerun_that_needs_the_cache_before_it_is_refused_not_run_without_it(demo_pairs: dict, tmp_path: Path) -> None:
+    """A saved rerun holds only its own call: read as a run with no calls before it, its
+    visual q_rope ran at RoPE offset 0 and its sdpa over 72 cached rows instead of 77, and a
+    faithful native read as "does not reproduce" (exit 1) with a float64 RMSE 240x too large."""
+    saved = save_rerun(_rerun(demo_pairs["attention-contract"], "0:visual:0:attention_block", source="oracle", route_from="native"), tmp_path / "rerun.h5")
+    oracle = demo_pairs["attention-contract"][1]
+    made_from = f"({demo_pairs['attention-contract'][0]} and {oracle})"
+    for key, asks in (("0:visual:0:q_rope", "q_rope rerun of layer 0 at step 0 visual"), ("0:visual:0:sdpa", "SDPA rerun of layer 0 at step 0 visual")):
+        expected = (
+            f"{asks} needs the KV cache the calls before step 0 visual left, and the native capture is a saved rerun, which "
+            f"holds only the ops it recomputed; rerun from the captures it was made from {made_from}"
+        )
+        with pytest.raises(ValueError) as refused:
+            _rerun((saved, oracle), key, source="native")
+        assert str(refused.value) == expected
+    with pytest.raises(ValueError) as refused:
+        _rerun((saved, oracle), "0:visual:0:sdpa", source="oracle")
+    assert str(refused.value) == (
+        "SDPA rerun needs the K/V cache of layer 0 from step 0 text-before (earlier rows of this layer's cache); the oracle capture has "
+        "k and v, but the comparison left them unpaired (not rerun: the native capture is a rerun, which holds only the ops it recomputed) there"
+    ), "the oracle holds them: 'has no k and v' blamed the wrong capture"
+
+
+def test_a_rerun_on_the_route_of_a_saved_rerun_takes_the_route_and_weights_the_saved_rerun_took(demo_pairs: dict, tmp_path: Path) -> None:
+    """A saved rerun's records declare no contract and its provenance names no model: its SwiGLU
+    order was read as mlx-lm's, and its o_proj found no weights file."""
+    native, oracle = demo_pairs["swiglu-order"]
+    saved = save_rerun(_rerun((native, oracle), "0:text-before:0:decoder_layer", source="oracle", route_from="native"), tmp_path / "rerun.h5")
+    result = _rerun((saved, oracle), "0:text-before:0:ffn_act", source="oracle", route_from="native")
+    assert result.routes.swiglu == "mul_then_sigmoid"
+    assert result.route_sources == ["swiglu mul_then_sigmoid (the order the native capture, a saved rerun, took)"]
+    (op,) = result.ops
+    assert op.three_way["rerun vs native"].bit_exact and op.three_way["rerun vs oracle"].differing == 1711
+    weights = _rerun((saved, oracle), "0:text-before:0:o_proj", source="native")
+    assert weights.weights_from == [str(native.parent / "demo-qwen3-tiny.safetensors")]
+
+
 def test_a_saved_rerun_reports_against_its_route_side_as_the_rerun_said_where_it_was_cut(demo_pairs: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Its other records and its tokens are by design (the rerun holds one op), and paired by
     position it pairs where it was cut, not from position 0."""

@@ -35,6 +35,7 @@ from backends.recorders.model_config import (
     weights_file_config,
 )
 from sessions.bits.dtypes import logical_dtype
+from sessions.capture.format import RERUN_ROLE
 from sessions.capture.reader import Capture
 from sessions.compare.align import UnalignedRecord
 from sessions.compare.key import OpKey
@@ -198,8 +199,19 @@ class CapturedOps:
         mapped = self.find(key.step, key.segment, key.layer, "sdpa", key.positions)
         return self.dispatch_events(mapped.record.seq) if mapped is not None else self.capture.dispatch[:0]
 
-    def earlier_positions(self, step: int, segment: str) -> list[tuple[int, str]]:
-        """The (step, segment) forward calls before this one: their K/V are this call's cache."""
+    def earlier_positions(self, step: int, segment: str, needed_by: str) -> list[tuple[int, str]]:
+        """The (step, segment) forward calls before this one: their K/V are this call's cache.
+        A saved rerun holds only the calls it recomputed, so the calls before them are unknown,
+        not absent: read as none, they made a rerun from it run without its cache and RoPE
+        offset and call a faithful native "does not reproduce". `needed_by` says what asks."""
+        if self.capture.meta.role == RERUN_ROLE:
+            provenance = self.capture.meta.provenance if isinstance(self.capture.meta.provenance, dict) else {}
+            made_from = [str(provenance[k]) for k in ("native_capture", "oracle_capture") if provenance.get(k)]
+            raise RerunInputError(
+                f"{needed_by} needs the KV cache the calls before step {step} {segment} left, and the {self.side} capture "
+                f"is a saved rerun, which holds only the ops it recomputed; rerun from the captures it was made from"
+                + (f" ({' and '.join(made_from)})" if made_from else "")
+            )
         if (step, segment) not in self.positions:
             return []
         return self.positions[: self.positions.index((step, segment))]
@@ -207,8 +219,9 @@ class CapturedOps:
 
 def referenced_weights(capture: Capture, explicit: Path | None) -> Path | None:
     """The weights file: `explicit`, else the one the provenance names -- `weights_file` (the demo
-    engines), `gguf` (the llama.cpp recorder) or the single safetensors file in `model_dir` (the
-    MLX recorder) -- relative paths taken from the capture's folder."""
+    engines), `gguf` (the llama.cpp recorder), the one weights file in `weights_from` (a saved
+    rerun) or the single safetensors file in `model_dir` (the MLX recorder) -- relative paths
+    taken from the capture's folder."""
     if explicit is not None:
         return explicit
     provenance = capture.meta.provenance if isinstance(capture.meta.provenance, dict) else {}
@@ -217,6 +230,10 @@ def referenced_weights(capture: Capture, explicit: Path | None) -> Path | None:
         if isinstance(name, str) and name:
             path = Path(name)
             return path if path.is_absolute() else capture.path.parent / path
+    taken = provenance.get("weights_from")  # a saved rerun: the file its own rerun read them from
+    files = [Path(name) for name in taken if isinstance(name, str) and Path(name).suffix in (".safetensors", ".gguf")] if isinstance(taken, list) else []
+    if len(files) == 1:
+        return files[0] if files[0].is_absolute() else capture.path.parent / files[0]
     model_dir = provenance.get("model_dir")
     if isinstance(model_dir, str) and model_dir:
         folder = Path(model_dir) if Path(model_dir).is_absolute() else capture.path.parent / model_dir
@@ -601,50 +618,56 @@ def kv_history_rows(ops: CapturedOps, key: OpKey) -> int:
     if key.positions:
         return key.positions[0]
     total = 0
-    for step, segment in ops.earlier_positions(key.step, key.segment):
+    needed_by = f"{key.op} rerun of layer {key.layer} at step {key.step} {key.segment}"
+    for step, segment in ops.earlier_positions(key.step, key.segment, needed_by):
         mapped = ops.find(step, segment, key.layer, "k_rope") or ops.find(step, segment, key.layer, "k_proj")
         if mapped is None:
             raise RerunInputError(
-                f"{key.op} rerun of layer {key.layer} at step {key.step} {key.segment} needs the KV cache rows of the "
-                f"earlier call step {step} {segment}; the {ops.side} capture has no k for layer {key.layer} there"
+                f"{needed_by} needs the KV cache rows of the earlier call step {step} {segment}; "
+                f"the {ops.side} capture has {ops.lacks(step, segment, key.layer, 'k_rope', 'k')} for layer {key.layer} there"
             )
         total += mapped.shape[1] if mapped.key.op == "k_rope" else mapped.shape[0]
     return total
 
 
-def _history_calls(ops: CapturedOps, key: OpKey) -> list[tuple[MappedRecord | None, MappedRecord | None, str]]:
-    """(k_rope, v_proj, where) of each part of the KV cache before this call: the earlier calls,
-    or, aligned by position, the pairs holding positions 0 .. first-1 of this layer in order."""
+_HistoryPart = tuple[MappedRecord | None, MappedRecord | None, str, tuple[int, str] | None]
+
+
+def _history_calls(ops: CapturedOps, key: OpKey) -> list[_HistoryPart]:
+    """(k_rope, v_proj, where, call) of each part of the KV cache before this call: the earlier
+    calls (`call` their (step, segment)), or, aligned by position, the pairs holding positions
+    0 .. first-1 of this layer in order (`call` None)."""
     if not key.positions:
+        needed_by = f"SDPA rerun of layer {key.layer} at step {key.step} {key.segment}"
         return [
-            (ops.find(step, segment, key.layer, "k_rope"), ops.find(step, segment, key.layer, "v_proj"), f"step {step} {segment}")
-            for step, segment in ops.earlier_positions(key.step, key.segment)
+            (ops.find(step, segment, key.layer, "k_rope"), ops.find(step, segment, key.layer, "v_proj"), f"step {step} {segment}", (step, segment))
+            for step, segment in ops.earlier_positions(key.step, key.segment, needed_by)
         ]
     before = sorted(
         (k for k in ops.by_key if k.op == "k_rope" and k.layer == key.layer and k.positions and k.positions[1] <= key.positions[0]),
         key=lambda k: k.positions,
     )
     covered = 0
-    parts: list[tuple[MappedRecord | None, MappedRecord | None, str]] = []
+    parts: list[_HistoryPart] = []
     for k in before:
         if k.positions[0] != covered:
             break
         v = ops.by_key.get(OpKey(k.step, k.segment, k.layer, "v_proj", 0, k.positions))
-        parts.append((ops.by_key[k], v, f"positions {k.positions[0]}-{k.positions[1] - 1}"))
+        parts.append((ops.by_key[k], v, f"positions {k.positions[0]}-{k.positions[1] - 1}", None))
         covered = k.positions[1]
     if covered != key.positions[0]:
-        parts.append((None, None, f"positions {covered}-{key.positions[0] - 1}"))
+        parts.append((None, None, f"positions {covered}-{key.positions[0] - 1}", None))
     return parts
 
 
 def kv_history(ops: CapturedOps, key: OpKey) -> dict[str, mx.array]:
     ks, vs = [], []
-    for k, v, where in _history_calls(ops, key):
+    for k, v, where, call in _history_calls(ops, key):
         if k is None or v is None:
-            gone = " and ".join(n for n, m in (("k", k), ("v", v)) if m is None)
+            gone = [(name, op) for name, op, m in (("k", "k_rope", k), ("v", "v_proj", v)) if m is None]
             raise RerunInputError(
                 f"SDPA rerun needs the K/V cache of layer {key.layer} from {where} (earlier rows of this layer's "
-                f"cache); the {ops.side} capture has no {gone} there"
+                f"cache); the {ops.side} capture has {_history_lacks(ops, key.layer, call, gone)} there"
             )
         ks.append(ops.array(k))
         v_arr = ops.array(v)
@@ -653,6 +676,17 @@ def kv_history(ops: CapturedOps, key: OpKey) -> dict[str, mx.array]:
     if not ks:
         return {}
     return {"k": mx.concatenate(ks, axis=1), "v": mx.concatenate(vs, axis=1)}
+
+
+def _history_lacks(ops: CapturedOps, layer: int, call: tuple[int, str] | None, gone: list[tuple[str, str]]) -> str:
+    """What `ops` has of the (name, op) cache records `gone` in `call`: records there that the
+    comparison left unpaired are named as such ("no k and v" blamed a capture that holds them),
+    once for both when one reason left both unpaired."""
+    whys = {ops.unpaired.get(OpKey(*call, layer, op)) for _, op in gone} if call else {None}
+    names = " and ".join(name for name, _ in gone)
+    if len(whys) == 1 and None not in whys:
+        return f"{names}, but the comparison left {'them' if len(gone) > 1 else 'it'} unpaired ({whys.pop()})"
+    return " and ".join(ops.lacks(*call, layer, op, name) if call else f"no {name}" for name, op in gone)
 
 
 def op_params(

@@ -53,6 +53,7 @@ from backends.rerun.inputs import (
     splits_heads,
 )
 from sessions.bits.dtypes import as_bit_pattern, as_values
+from sessions.capture.format import RERUN_ROLE
 from sessions.capture.reader import Capture
 from sessions.compare.comparison import Comparison, not_aligned
 from sessions.compare.key import OpKey
@@ -204,6 +205,9 @@ def resolve_routes(route_ops: CapturedOps, key: OpKey, options: RerunOptions) ->
 
 def _declared_swiglu(route_ops: CapturedOps) -> tuple[str, str]:
     """The SwiGLU order the route side's provenance declares, else mlx-lm's."""
+    saved = _saved_route(route_ops, "swiglu")
+    if saved in ops.SWIGLU_ORDERS:
+        return saved, f"the order the {route_ops.side} capture, a saved rerun, took"
     provenance = route_ops.capture.meta.provenance
     declared = provenance.get("options", {}) if isinstance(provenance, dict) else {}
     order = declared.get("swiglu_order") if isinstance(declared, dict) else None
@@ -222,8 +226,23 @@ def _recorded_head_chunk(route_ops: CapturedOps, key: OpKey) -> tuple[bool, str]
     return splits_heads(calls), f"the {route_ops.side} record made {len(calls)} call(s)"
 
 
+def _saved_route(route_ops: CapturedOps, part: str) -> str | None:
+    """The route part (`attention`, `swiglu`) a saved rerun on the route side took, from its
+    provenance; None for other captures. A rerun's records declare no contract (capture_out),
+    so its kernel id alone made a rerun of its single-range attention take MLX's SDPA."""
+    if route_ops.capture.meta.role != RERUN_ROLE:
+        return None
+    provenance = route_ops.capture.meta.provenance
+    routes = provenance.get("routes", {}) if isinstance(provenance, dict) else {}
+    value = routes.get(part) if isinstance(routes, dict) else None
+    return value if isinstance(value, str) else None
+
+
 def _attention_route(route_ops: CapturedOps, key: OpKey) -> tuple[str, str]:
     """The reduction the route side's record says ran: its effective contract, unless MLX's SDPA ran it."""
+    saved = _saved_route(route_ops, "attention")
+    if saved in ops.ATTENTION_ROUTES:
+        return saved, f"the route the {route_ops.side} capture, a saved rerun, took"
     mapped = route_ops.find(key.step, key.segment, key.layer, "sdpa", key.positions)
     if mapped is None:
         return ops.MLX_SDPA, f"the {route_ops.side} capture has no sdpa record here; MLX's primitive"

@@ -94,12 +94,21 @@ def test_the_command_exits_1_when_the_rerun_does_not_reproduce_its_route_side(de
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("route", "code"), [("attn.bf16.single_range", 0), ("attn.f32.tiled64x64", 1)])
-def test_with_a_route_override_the_exit_code_says_whether_that_route_gives_the_route_from_sides_bits(demo_pairs: dict, route: str, code: int) -> None:
-    """docs/rerun.md: a test of what the native ran, on the oracle's inputs."""
+@pytest.mark.parametrize(
+    ("route", "code", "reproduced"), [("attn.bf16.single_range", 0, "native"), ("attn.f32.tiled64x64", 1, "oracle")]
+)
+def test_with_a_route_override_the_exit_code_and_the_first_line_say_whether_that_route_gives_the_route_from_sides_bits(
+    demo_pairs: dict, route: str, code: int, reproduced: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/rerun.md: a test of what the native ran, on the oracle's inputs. The text said it
+    only through the exit status; its first line is the panel's verdict sentence."""
     native, oracle = demo_pairs["attention-contract"]
     args = ["--op", "0:visual:0:sdpa", "--from", "oracle", "--route-from", "native", "--attention-route", route]
     assert main(["rerun", str(native), str(oracle), *args]) == code
+    assert capsys.readouterr().out.splitlines()[0] == (
+        f"The rerun on the native route with attention {route} chosen reproduces the bits of: {reproduced}. "
+        "First op where the sides differ: sdpa; against the float64 reference, the oracle side is closer to exact."
+    )
 
 
 @pytest.mark.slow

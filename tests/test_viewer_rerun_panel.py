@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import Qt
 
+from backends.commands.rerun import render
 from sessions.capture.opening import open_capture
 from sessions.compare.comparison import iter_compare
 from sessions.progress import run_to_end
@@ -43,7 +44,11 @@ def test_running_on_the_native_route_shows_the_three_way_table_and_the_verdict_a
     assert panel.table.item(sdpa_row, 3).text() == "bit-exact"
     assert "differ" in panel.table.item(sdpa_row, 2).text() and panel.table.item(sdpa_row, 5).text().startswith("oracle")
     assert panel.table.item(sdpa_row, 2).text() == "27,961 differ · max 29,937 ULP", "as every other surface writes a figure"
-    assert "reproduces the bits of: native" in panel.verdict.text()
+    assert panel.verdict.text() == (
+        "The rerun on the native route reproduces the bits of: native. First op where the sides differ: sdpa; "
+        "against the float64 reference, the oracle side is closer to exact."
+    )
+    assert render(panel.model.result).splitlines()[0] == panel.verdict.text(), "the CLI's first line says what the panel says"
     assert "decomposed fallback" in panel.device_note.text()
     assert "all KV groups, heads 0..11, 72 rows × 77 kv" in panel.calls.text() and "Metal would take sdpa_full" in panel.calls.text()
     panel.grab().save(str(artifacts_dir / "rerun-panel-1440x900.png"))
@@ -72,6 +77,36 @@ def test_cancel_stops_the_rerun_and_says_so(qtbot, panel: RerunPanel) -> None:  
         qtbot.mouseClick(panel.cancel_button, Qt.MouseButton.LeftButton)
     assert panel.status.text() == "Rerun cancelled." and panel.model.result is None
     assert not panel.save_button.isEnabled()
+
+
+def test_a_failed_cancelled_or_other_ops_rerun_never_leaves_the_last_runs_result_on_show(qtbot, panel: RerunPanel) -> None:  # type: ignore[no-untyped-def]
+    """The table, the verdict and an enabled Save of the last sdpa run stayed beside a status
+    saying a later run had failed, and Save would have written the old result."""
+
+    def run_sdpa() -> None:
+        panel.set_key("0:visual:0:sdpa")
+        with qtbot.waitSignal(panel.finished, timeout=60_000):
+            panel.run()
+        assert panel.table.rowCount() == 1 and panel.save_button.isEnabled() and panel.progress.text() == "done"
+
+    def cleared() -> bool:
+        return panel.model.result is None and panel.table.rowCount() == 0 and panel.verdict.text() == "" and not panel.save_button.isEnabled()
+
+    run_sdpa()
+    panel.set_key("0:visual:4:sdpa")
+    assert cleared(), "another op chosen: the sdpa result read as its own"
+    with qtbot.waitSignal(panel.failed, timeout=60_000):
+        panel.run()
+    assert cleared() and panel.progress.text() == "failed"
+    run_sdpa()
+    panel.set_key("0:visual:1:decoder_layer")
+    with qtbot.waitSignal(panel.cancelled, timeout=60_000):
+        panel.run()
+        qtbot.mouseClick(panel.cancel_button, Qt.MouseButton.LeftButton)
+    assert cleared() and panel.progress.text() == "cancelled", "the bar kept the label of a step it never finished"
+    run_sdpa()
+    panel.set_key("0:text-before:-1:embed")
+    assert panel.table.rowCount() == 1, "a refused choice keeps the op, and its result, as they were"
 
 
 def test_a_key_the_comparison_did_not_pair_is_shown_as_a_message(qtbot, panel: RerunPanel) -> None:  # type: ignore[no-untyped-def]

@@ -99,6 +99,8 @@ def result_to_dict(result: RerunResult) -> dict[str, Any]:
 
 def render(result: RerunResult) -> str:
     lines = [
+        result.verdict(),
+        "",
         f"rerun of {result.target.text()} from the {result.options.source} capture's inputs",
         f"device {result.device} (MLX {result.mlx_version}); route: {result.route_text()}",
         f"weights from {', '.join(result.weights_from)}" if result.weights_from else "weights: none taken (no op of this rerun multiplies by one)",

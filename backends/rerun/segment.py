@@ -161,6 +161,29 @@ class RerunResult:
         label = f"rerun vs {side}"
         return all(op.three_way[label] is not None and op.three_way[label].bit_exact for op in self.ops)  # type: ignore[union-attr]
 
+    def verdict(self) -> str:
+        """What the rerun found, in the words the CLI and the panel both say: whose bits the route
+        reproduced, and at the first op where the sides differ, which is the closer to exact.
+        The CLI said it only through its exit status."""
+        side = self.options.route_from or self.options.source
+        reproduced = [s for s in SIDES if self.reproduces(s)]
+        chosen = [
+            f"{part} {value}"
+            for part, value in (("attention", self.options.attention_route), ("swiglu", self.options.swiglu_order),
+                                ("head-chunk", None if self.options.head_chunk is None else "on" if self.options.head_chunk else "off"))
+            if value is not None
+        ]
+        route = f"the {side} route" + (f" with {' and '.join(chosen)} chosen" if chosen else "")
+        lines = [f"The rerun on {route} reproduces the bits of: {', '.join(reproduced) or 'neither side'}."]
+        first = next((op for op in self.ops if op.three_way["native vs oracle"] is not None and not op.three_way["native vs oracle"].bit_exact), None)
+        if first is not None:
+            closer = {"tie": "both sides are equally close to exact", "unknown": "which side is closer to exact is unknown"}.get(
+                first.closer, f"the {first.closer} side is closer to exact"
+            )
+            lines.append(f"First op where the sides differ: {first.key.op}; against the float64 reference, {closer}"
+                         + (" (the sides' inputs already differ there)." if first.inputs_agree is False else "."))
+        return " ".join(lines)
+
 
 def rerun_target(text: str) -> OpKey:
     """An op key (sessions.compare.key) that names something a rerun can recompute: an op with

@@ -216,6 +216,9 @@ class RerunPanel(QWidget):
         self._refusal = refusal
         if refusal is None:
             self.key.setCurrentText(key)
+            shown = self.model.result
+            if shown is not None and shown.target.text() != key:
+                self.model.set_result(None)  # another op's table and verdict read as this one's
 
     def options(self) -> RerunOptions:
         return RerunOptions(
@@ -229,6 +232,9 @@ class RerunPanel(QWidget):
 
     def run(self) -> None:
         native, oracle, comparison = self.model.native, self.model.oracle, self.model.comparison
+        # Whatever this run ends in, the last run's table, verdict and Save no longer stand for what is asked.
+        self.model.set_result(None)
+        self._end_progress("")
         if native is None or oracle is None or comparison is None:
             self.status.setText("Open a native and an oracle capture first, and let the comparison finish.")
             return
@@ -248,12 +254,19 @@ class RerunPanel(QWidget):
 
     def _failed(self, message: str) -> None:
         message = message.removeprefix("RerunInputError: ")
+        self._end_progress("failed")
         self.status.setText(f"The rerun could not run: {message}")
         self.failed.emit(message)
 
     def _cancelled(self) -> None:
+        self._end_progress("cancelled")
         self.status.setText("Rerun cancelled.")
         self.cancelled.emit()
+
+    def _end_progress(self, text: str) -> None:
+        """The bar emptied, saying how the run ended: it kept the label of a step it never finished."""
+        self.progress.setValue(self.progress.minimum())
+        self.progress.setFormat(text)
 
     def _progressed(self, progress: Progress) -> None:
         show_progress(self.progress, progress, progress.label[:60])
@@ -308,21 +321,8 @@ class RerunPanel(QWidget):
             f"{c.call.head_start}..{c.call.head_start + c.call.head_count - 1}, {c.call.q_rows} rows × {c.call.kv_len} kv, "
             f"mask {op.mask_kind} → {c.primitive} here; Metal would take {c.metal_primitive}"
             for op in result.ops for n, c in enumerate(op.calls)))
-        self.verdict.setText(self._verdict(result))
+        self.verdict.setText(result.verdict())
         self.layout().activate()
-
-    def _verdict(self, result: RerunResult) -> str:
-        side = result.options.route_from or result.options.source
-        reproduced = [s for s in SIDES if result.reproduces(s)]
-        lines = [f"The rerun on the {side} route reproduces the bits of: {', '.join(reproduced) or 'neither side'}."]
-        first = next((op for op in result.ops if op.three_way["native vs oracle"] is not None and not op.three_way["native vs oracle"].bit_exact), None)
-        if first is not None:
-            closer = {"tie": "both sides are equally close to exact", "unknown": "which side is closer to exact is unknown"}.get(
-                first.closer, f"the {first.closer} side is closer to exact"
-            )
-            lines.append(f"First op where the sides differ: {first.key.op}; against the float64 reference, {closer}"
-                         + (" (the sides' inputs already differ there)." if first.inputs_agree is False else "."))
-        return " ".join(lines)
 
     def save_to(self, path: str | Path) -> Path:
         assert self.model.result is not None

@@ -412,4 +412,4 @@ def test_an_output_in_a_missing_folder_is_refused_by_name(tmp_path: Path) -> Non
     out = tmp_path / "absent" / "x.h5"
     with pytest.raises(CaptureError) as refused:
         _import("dir", tmp_path, out)
-    assert (refused.value.path, refused.value.problem) == (str(out), f"is in {out.parent}, which is not a folder")
+    assert (refused.value.path, refused.value.problem) == (str(out), f"is in {out.parent}, which does not exist")

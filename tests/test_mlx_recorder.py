@@ -199,7 +199,7 @@ def test_record_never_writes_over_the_model_it_reads_even_with_force(model_dir: 
     assert f"record refused: --out {weights} is the model's {weights.name}: an output never replaces an input" in capsys.readouterr().err
     assert weights.read_bytes() == before
     assert main(["record", "mlx", str(model_dir), "--tokens", "1,2", "--out", str(tmp_path / "absent" / "x.h5")]) == 2
-    assert f"is in {tmp_path / 'absent'}, which is not a folder" in capsys.readouterr().err
+    assert f"is in {tmp_path / 'absent'}, which does not exist" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

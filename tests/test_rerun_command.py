@@ -258,11 +258,11 @@ def test_outputs_that_cannot_be_written_are_one_line_and_exit_2(demo_pairs: dict
     native, oracle = demo_pairs["attention-contract"]
     missing = tmp_path / "absent" / "x.json"
     assert main(["diagnose", str(native), str(oracle), "--json", str(missing)]) == 2
-    assert capsys.readouterr().err == f"parity-xray diagnose: --json {missing} is in {missing.parent}, which is not a folder\n"
+    assert capsys.readouterr().err == f"parity-xray diagnose: --json {missing} is in {missing.parent}, which does not exist\n"
     assert main(["rerun", str(native), str(oracle), "--op", "0:visual:0:sdpa", "--json", str(tmp_path)]) == 2
     assert capsys.readouterr().err == f"parity-xray rerun: --json {tmp_path} is a folder; name a file\n"
     assert main(["rerun", str(native), str(oracle), "--op", "0:visual:0:sdpa", "--save", str(missing)]) == 2
-    assert capsys.readouterr().err == f"parity-xray rerun: --save {missing} is in {missing.parent}, which is not a folder\n"
+    assert capsys.readouterr().err == f"parity-xray rerun: --save {missing} is in {missing.parent}, which does not exist\n"
 
 
 def test_diagnose_refuses_an_empty_key_and_escapes_a_control_character_in_one(demo_pairs: dict, capsys: pytest.CaptureFixture[str]) -> None:

@@ -117,6 +117,16 @@ def test_a_key_the_comparison_did_not_pair_is_shown_as_a_message(qtbot, panel: R
     assert panel.status.text().startswith("The rerun could not run: 0:visual:4:sdpa is not an aligned op")
 
 
+def test_a_key_typed_that_no_rerun_computes_fails_as_every_other_refusal_says_it(qtbot, panel: RerunPanel) -> None:  # type: ignore[no-untyped-def]
+    panel.key.setCurrentText("0:text-before:-1:embed")
+    with qtbot.waitSignal(panel.failed, timeout=10_000):
+        panel.run()
+    assert panel.status.text() == (
+        "The rerun could not run: key '0:text-before:-1:embed': embed cannot be rerun: its input is token ids, not a captured tensor"
+    )
+    assert panel.progress.text() == "failed"
+
+
 def test_an_op_no_rerun_computes_is_not_preselected_and_the_panel_says_why(qtbot, panel: RerunPanel) -> None:  # type: ignore[no-untyped-def]
     panel.set_key("0:visual:0:sdpa")
     panel.set_key("0:text-before:-1:embed")

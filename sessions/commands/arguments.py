@@ -117,10 +117,15 @@ def _path_problem(path: str | Path, in_a_folder: bool = True) -> str | None:
         return "is a folder; name a file"
     if mode is not None and not stat.S_ISREG(mode):
         return f"is {file_kind(mode)}, not a regular file; an output only ever replaces a file"
-    parent = path.absolute().parent
-    if in_a_folder and not parent.is_dir():
-        return f"is in {parent}, which is not a folder"
-    return None
+    return folder_problem(path) if in_a_folder else None
+
+
+def folder_problem(path: str | Path) -> str | None:
+    """Why the folder an output goes in cannot hold it ("is in X, which does not exist"), or None."""
+    parent = Path(path).absolute().parent
+    if parent.is_dir():
+        return None
+    return f"is in {parent}, which {'is not a folder' if parent.exists() else 'does not exist'}"
 
 
 def write_outputs(outputs: Sequence[tuple[str | None, Callable[[], str]]]) -> str | None:

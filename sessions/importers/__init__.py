@@ -15,6 +15,7 @@ from typing import Any
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.reader import CaptureError
 from sessions.capture.writer import CaptureWriter
+from sessions.commands.arguments import folder_problem
 from sessions.importers.manifest import Manifest, failing, load_manifest, meta_value
 from sessions.importers.sources import (
     ImportedArray,
@@ -72,8 +73,9 @@ def iter_import(
         raise CaptureError(out, "file", "already exists; importing never overwrites a file")
     if out.is_symlink():
         raise CaptureError(out, "file", f"is a symbolic link to {os.readlink(out)}, which does not exist; importing never replaces a link, so name the file itself")
-    if not out.parent.is_dir():
-        raise CaptureError(out, "file", f"is in {out.parent}, which is not a folder")
+    problem = folder_problem(out)
+    if problem is not None:
+        raise CaptureError(out, "file", problem)
     parsed, arrays = _open(kind, source, Path(manifest) if manifest else None)
     capture_meta = _meta(parsed, meta or {}, source, kind)
     yield from _write(parsed, arrays, capture_meta, out)  # `out` appears only once complete (complete_only)

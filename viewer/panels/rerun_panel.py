@@ -241,7 +241,7 @@ class RerunPanel(QWidget):
         try:
             key, options = rerun_target(self.key.currentText()), self.options()
         except ValueError as exc:
-            self.status.setText(str(exc))
+            self._failed(str(exc))
             return
         self.status.setText(f"Rerunning {key.text()}…")
         self.tasks.submit("rerun", lambda: iter_rerun(native, oracle, comparison, key, options), self._succeeded, self._failed, self._cancelled)

@@ -72,6 +72,23 @@ def test_the_segmented_pair_is_compared_position_by_position_and_says_so(cut_pai
     ]
 
 
+def test_a_rerun_saved_from_the_segmented_pair_and_paired_by_calls_says_the_runs_were_cut_differently(
+    cut_pairs: dict[str, tuple[Path, Path]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its one call, `prefill` 5-76, is no call of the oracle run: any rerun read as cut alike,
+    and the alignment line said "same calls" above a finding that no oracle record pairs."""
+    native, oracle = (str(p) for p in cut_pairs["segmented-vs-combined"])
+    saved = tmp_path / "rerun.h5"
+    argv = ["rerun", native, oracle, "--op", "0:prefill:0:sdpa@5-76", "--align", "positions", "--from", "native", "--save", str(saved)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    main(["report", str(saved), oracle, "--align", "calls"])
+    alignment = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("alignment  "))
+    assert alignment.startswith("alignment  by calls, cut differently: native prefill 5-76; oracle text-before 0-4, visual 5-76"), alignment
+    assert main(["report", str(saved), oracle, "--align", "positions"]) == 0
+    assert "alignment  by position" in capsys.readouterr().out
+
+
 def test_the_batched_request_is_read_from_its_row(cut_pairs: dict[str, tuple[Path, Path]]) -> None:
     native, oracle = cut_pairs["batch-row"]
     with open_capture(oracle) as o:

@@ -348,6 +348,19 @@ def _iter_compare(
     return _assemble(native, oracle, native_profile, oracle_profile, options, alignment, contracts, (dispatch, not_compared), results, tokens, eos)
 
 
+def _cut_alike(alignment: Alignment, roles: tuple[str, str]) -> bool:
+    """`align.cut_alike`, except for a saved rerun: it holds only the calls it recomputed, each
+    counted from position 0 when it recorded no positions, so its calls are alike when each is a
+    call of the other run, as long. Any rerun was taken as cut alike, and one cut where the other
+    run made no call read "same calls"."""
+    calls = (alignment.native_calls, alignment.oracle_calls)
+    if RERUN_ROLE not in roles:
+        return cut_alike(*calls)
+    rerun, other = calls if roles[0] == RERUN_ROLE else calls[::-1]
+    lengths = {(c.step, c.segment): c.span[1] - c.span[0] for c in other}
+    return all(lengths.get((c.step, c.segment)) == c.span[1] - c.span[0] for c in rerun)
+
+
 def _not_rerun(unaligned: list[UnalignedRecord], reruns: list[str]) -> list[UnalignedRecord]:
     """A run compared with a rerun of some of its ops (the viewer's Save and compare, `rerun
     --save` then `report`): its records the rerun does not hold are by design, and the rerun has
@@ -581,7 +594,6 @@ def _assemble(
             [c.text() for c in alignment.oracle_calls],
             _batch_text(batch_of(native)),
             _batch_text(batch_of(oracle)),
-            # A rerun capture holds only the calls it recomputed, without the positions before them: a part of the run's calls by design.
-            cut_alike(alignment.native_calls, alignment.oracle_calls) or RERUN_ROLE in (native.meta.role, oracle.meta.role),
+            _cut_alike(alignment, (native.meta.role, oracle.meta.role)),
         ),
     )

@@ -124,6 +124,17 @@ def test_the_command_names_an_op_the_comparison_did_not_pair_and_exits_2(demo_pa
     assert "is not STEP:SEGMENT:LAYER:OP" in capsys.readouterr().err
 
 
+@pytest.mark.slow
+def test_an_op_after_the_shared_eos_is_said_to_be_post_eos_not_a_record_without_a_partner(demo_pairs: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    """It read "its native record 'kqv_out-0' has no partner (no partner: ...)", where report says post-EOS records are invalid, never failures."""
+    native, oracle = demo_pairs["post-eos"]
+    assert main(["rerun", str(native), str(oracle), "--op", "4:decode:0:sdpa"]) == 2
+    assert capsys.readouterr().err == (
+        "parity-xray rerun: 4:decode:0:sdpa is not an aligned op of this comparison: step 4 is after the shared EOS (step 3), where one run "
+        "stopped; post-EOS records are invalid, never failures (report lists the aligned ops; a rerun reads the records it paired)\n"
+    )
+
+
 def test_keys_parse_with_an_optional_occurrence() -> None:
     key = rerun_target("2:decode:1:sdpa#1")
     assert (key.step, key.segment, key.layer, key.op, key.occurrence) == (2, "decode", 1, "sdpa", 1)

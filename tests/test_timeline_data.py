@@ -80,9 +80,17 @@ def test_calls_of_records_after_the_shared_eos_are_not_dispatch_differences_of_a
     assert comparison.verdict.word == PARITY and comparison.dispatch_differences == []
     assert not timeline.differs.any() and timeline.one_sided.any()
     assert (timeline.side[timeline.one_sided] == 0).all(), "only the native decoded past the stop"
-    assert "; 0 op(s) dispatch differently; " in timeline_summary(timeline)
+    assert timeline_summary(timeline) == (
+        "42 calls in 18 attention ops; 0 op(s) dispatch differently; 6 op(s) after the shared EOS (step 3), one-sided by design; "
+        "0 call(s) whose recorded primitive disagrees with the route predictor"
+    ), "they were '6 op(s) of records without a partner', where report says post-EOS records are invalid, not failures"
     alone = int(np.flatnonzero(timeline.one_sided)[0])
-    assert "its record has no partner" in describe_event(timeline, alone)
+    described = describe_event(timeline, alone).splitlines()
+    assert described[0] == "native — step 4 decode layer 0 sdpa, without a partner, call 0", "it read 'unaligned op': which op was lost"
+    assert described[-1] == "no call on the other side to compare: after the shared EOS (step 3), where one run stopped"
+    assert [timeline.place(s).text() for s in sorted({int(s) for s in timeline.slot[timeline.one_sided].tolist()})][:2] == [
+        "4:decode:0:sdpa", "4:decode:1:sdpa",
+    ], "the axis names their step and segment too"
     assert layout(timeline, "group").lane_labels[0].startswith("native L0 "), "a lane names the record's layer, paired or not"
 
 

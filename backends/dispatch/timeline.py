@@ -17,7 +17,7 @@ import numpy as np
 from backends.kernels import metal_routes
 from sessions.capture import format as cf
 from sessions.capture.reader import Capture
-from sessions.compare.comparison import Comparison
+from sessions.compare.comparison import Comparison, unaligned_key
 from sessions.compare.key import OpKey
 from sessions.printable import printable
 
@@ -88,6 +88,19 @@ class Timeline:
     versions: tuple[str, str] = ("", "")
     not_compared: str = ""
     """Why no call was compared across the sides ("" when they were): runs paired by position."""
+    unpaired: dict[int, OpKey] = field(default_factory=dict)
+    """slot -> the place of a call whose record the comparison left without a partner (`keys`
+    holds None there: no pair to select), so its tooltip and axis name the op."""
+    shared_eos: int | None = None
+    """The step both runs stopped at: one-sided calls after it are by design, not gaps."""
+
+    def place(self, slot: int) -> OpKey | None:
+        """The op a slot stands for: its pair's key, else its unpaired record's place."""
+        return self.keys[slot] or self.unpaired.get(slot)
+
+    def post_eos(self, slot: int) -> bool:
+        place = self.place(slot)
+        return self.shared_eos is not None and place is not None and place.step > self.shared_eos
 
     def __len__(self) -> int:
         return int(self.side.size)
@@ -105,6 +118,11 @@ def _keys_by_seq(comparison: Comparison) -> tuple[dict[int, OpKey], dict[int, Op
     native = {p.native_seq: p.key for p in comparison.pairs}
     oracle = {p.oracle_seq: p.key for p in comparison.pairs}
     return native, oracle
+
+
+def _unpaired_places(comparison: Comparison) -> dict[tuple[int, int], OpKey]:
+    """(side, seq) -> the place of each record the comparison left without a partner, post-EOS ones included."""
+    return {(SIDES.index(u.side), u.seq): unaligned_key(u) for u in (*comparison.unaligned, *comparison.post_eos_unaligned)}
 
 
 def _predict(rows: np.ndarray, device: metal_routes.DeviceClass, version: str) -> tuple[list[int], list[int]]:
@@ -134,6 +152,8 @@ def build_timeline(native: Capture, oracle: Capture, comparison: Comparison) -> 
     apart = bool(comparison.dispatch_not_compared)
     slots: dict[object, int] = {}
     slot_keys: list[OpKey | None] = []
+    places = _unpaired_places(comparison)
+    unpaired: dict[int, OpKey] = {}
 
     def ident(side: int, seq: int) -> object:
         return (side, seq) if apart else keys[side].get(seq) or (side, seq)
@@ -142,6 +162,8 @@ def build_timeline(native: Capture, oracle: Capture, comparison: Comparison) -> 
         for seq in dict.fromkeys(capture.dispatch["index_seq"].tolist()):
             if ident(side, seq) not in slots:
                 slots[ident(side, seq)] = len(slot_keys)
+                if seq not in keys[side] and (side, seq) in places:
+                    unpaired[len(slot_keys)] = places[(side, seq)]
                 slot_keys.append(keys[side].get(seq))
     columns: dict[str, list] = {name: [] for name in ("side", "slot", "layer", "contract", "predicted", "predicted_metal")}
     tables = []
@@ -208,6 +230,8 @@ def build_timeline(native: Capture, oracle: Capture, comparison: Comparison) -> 
         difference_fields=fields,
         versions=(native.meta.mlx_version(), oracle.meta.mlx_version()),
         not_compared=comparison.dispatch_not_compared,
+        unpaired=unpaired,
+        shared_eos=comparison.verdict.shared_eos,
     )
 
 
@@ -271,8 +295,9 @@ def layout(timeline: Timeline, lane_mode: str = "group", x_mode: str = "call") -
 def describe_event(timeline: Timeline, index: int) -> str:
     """The tooltip: what the call was, its plan, the route it took and what the predictor says."""
     t = timeline
-    key = t.keys[int(t.slot[index])]
-    where = key.label() if key is not None else "unaligned op"
+    slot = int(t.slot[index])
+    place = t.place(slot)
+    where = "a record of no known op" if place is None else place.label() if t.keys[slot] is not None else f"{place.label()}, without a partner"
     group = "all KV groups (unchunked)" if t.kv_group[index] == -1 else f"KV group {t.kv_group[index]}"
     last = t.head_start[index] + t.head_count[index] - 1
     lines = [
@@ -287,7 +312,10 @@ def describe_event(timeline: Timeline, index: int) -> str:
     if t.differs[index]:
         lines.append("differs between sides: " + ", ".join(t.difference_fields.get(int(t.slot[index]), ["dispatch"])))
     if t.one_sided[index]:
-        lines.append("no call on the other side to compare: its record has no partner (unaligned, or after the shared EOS)")
+        lines.append(
+            f"no call on the other side to compare: after the shared EOS (step {t.shared_eos}), where one run stopped"
+            if t.post_eos(slot) else "no call on the other side to compare: its record has no partner (Unaligned lists why)"
+        )
     if t.route_mismatch[index]:
         lines.append("recorded primitive disagrees with the route predictor")
     if t.contract_differs[index]:
@@ -300,10 +328,13 @@ def timeline_summary(timeline: Timeline) -> str:
     section counts them (calls of records without a partner are not differences), or why none
     was compared."""
     differing = len({int(s) for s in timeline.slot[timeline.differs].tolist()})
-    alone = len({int(s) for s in timeline.slot[timeline.one_sided].tolist()})
+    alone = {int(s) for s in timeline.slot[timeline.one_sided].tolist()}
+    after_eos = sum(1 for s in alone if timeline.post_eos(s))
     mismatches = int(timeline.route_mismatch.sum())
     compared = f"dispatch {timeline.not_compared}" if timeline.not_compared else f"{differing} op(s) dispatch differently"
-    unpaired = f"; {alone} op(s) of records without a partner" if alone else ""
+    unpaired = f"; {len(alone) - after_eos} op(s) of records without a partner" if len(alone) > after_eos else ""
+    if after_eos:
+        unpaired += f"; {after_eos} op(s) after the shared EOS (step {timeline.shared_eos}), one-sided by design"
     return (
         f"{len(timeline)} calls in {len(timeline.keys)} attention ops; {compared}{unpaired}; "
         f"{mismatches} call(s) whose recorded primitive disagrees with the route predictor"

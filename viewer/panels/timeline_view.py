@@ -280,7 +280,8 @@ class TimelineView(QWidget):
     def _segment_ticks(self) -> list[tuple[float, str]]:
         assert self.model.timeline is not None
         ticks, seen = [], set()
-        for slot, key in enumerate(self.model.timeline.keys):
+        for slot in range(len(self.model.timeline.keys)):
+            key = self.model.timeline.place(slot)
             if key is None or (key.step, key.segment) in seen:
                 continue
             seen.add((key.step, key.segment))

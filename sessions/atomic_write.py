@@ -207,3 +207,11 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, backups: int = 0) -> No
         raise
     fsync_directory(path.parent)
     _remove_stale_temps(path)
+
+
+def folder_problem(path: str | Path) -> str | None:
+    """Why the folder an output goes in cannot hold it ("is in X, which does not exist"), or None."""
+    parent = Path(path).absolute().parent
+    if parent.is_dir():
+        return None
+    return f"is in {parent}, which {'is not a folder' if parent.exists() else 'does not exist'}"

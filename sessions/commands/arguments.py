@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 
-from sessions.atomic_write import WriteFailed, atomic_write_all
+from sessions.atomic_write import WriteFailed, atomic_write_all, folder_problem
 from sessions.compare.align_modes import ALIGN_MODES
 from sessions.compare.tolerance_bounds import bound_problem, ulp_problem
 from sessions.printable import printable
@@ -118,14 +118,6 @@ def _path_problem(path: str | Path, in_a_folder: bool = True) -> str | None:
     if mode is not None and not stat.S_ISREG(mode):
         return f"is {file_kind(mode)}, not a regular file; an output only ever replaces a file"
     return folder_problem(path) if in_a_folder else None
-
-
-def folder_problem(path: str | Path) -> str | None:
-    """Why the folder an output goes in cannot hold it ("is in X, which does not exist"), or None."""
-    parent = Path(path).absolute().parent
-    if parent.is_dir():
-        return None
-    return f"is in {parent}, which {'is not a folder' if parent.exists() else 'does not exist'}"
 
 
 def write_outputs(outputs: Sequence[tuple[str | None, Callable[[], str]]]) -> str | None:

@@ -12,10 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from sessions.atomic_write import folder_problem
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.reader import CaptureError
 from sessions.capture.writer import CaptureWriter
-from sessions.commands.arguments import folder_problem
 from sessions.importers.manifest import Manifest, failing, load_manifest, meta_value
 from sessions.importers.sources import (
     ImportedArray,

@@ -12,7 +12,7 @@ from sessions.capture.opening import open_capture
 from sessions.compare.comparison import iter_compare
 from sessions.progress import run_to_end
 from viewer.comparison_view import ViewedComparison
-from viewer.panels.rerun_panel import RerunPanel, RerunPanelModel
+from viewer.panels.rerun_panel import COLUMNS, RerunPanel, RerunPanelModel
 
 pytestmark = [pytest.mark.slow, pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")]
 
@@ -68,6 +68,16 @@ def test_running_on_the_native_route_shows_the_three_way_table_and_the_verdict_a
         "a saved rerun never replaces an input; choose another file"
     )
     assert oracle.read_bytes() == before, "the window's Save replaced the oracle capture with the rerun"
+    panel.set_key("0:visual:0:sdpa")
+    with qtbot.waitSignal(panel.finished, timeout=60_000):
+        panel.run()
+    panel.resize(850, 600)  # its tab's room in a 1280x720 window
+    qtbot.waitUntil(lambda: panel.width() == 850)
+    header = panel.table.horizontalHeader()
+    for column in range(panel.table.columnCount()):
+        title = max(header.fontMetrics().horizontalAdvance(line) for line in COLUMNS[column].splitlines())
+        assert panel.table.columnWidth(column) >= max(panel.table.sizeHintForColumn(column), title), ("reads whole", COLUMNS[column])
+    panel.grab().save(str(artifacts_dir / "rerun-panel-tab-at-1280x720.png"))
 
 
 def test_cancel_stops_the_rerun_and_says_so(qtbot, panel: RerunPanel) -> None:  # type: ignore[no-untyped-def]
@@ -147,7 +157,7 @@ def test_a_first_difference_of_signed_zeros_alone_says_both_sides_are_equally_cl
         widget.route_from.setCurrentIndex(widget.route_from.findData("native"))
         with qtbot.waitSignal(widget.finished, timeout=60_000):
             widget.run()
-        assert widget.table.item(0, 5).text() == "tie   1.66e-03 / 1.66e-03 / 1.66e-03"
+        assert widget.table.item(0, 5).text() == "tie\n1.66e-03 / 1.66e-03 / 1.66e-03"
         assert widget.verdict.text() == (
             "The rerun on the native route reproduces the bits of: oracle. First op where the sides differ: ffn_act; "
             "against the float64 reference, both sides are equally close to exact."

@@ -119,7 +119,7 @@ def _round(mode: str, native: Path, oracle: Path, h5diff: str, report: list[str]
         rep_s, rep_rc, rep_out = timed(report + ["--no-cache", "--workers", str(n)], env)
         found = next((text for text in rep_out.splitlines() if text.startswith("DIVERGENCE") or text.startswith("PARITY")), rep_out[-300:])
         times[f"report{n}"] = rep_s
-        line += f" | report x{n} {rep_s:6.2f} s (exit {rep_rc}: {found[:60]})"
+        line += f" | report x{n} {rep_s:6.2f} s (exit {rep_rc}: {found.split(' (')[0][:80]})"  # the headline up to its figures
     prepare()
     times["floor"], _, _ = timed(FLOOR_COMMAND, env)
     print(line + f" | python+numpy+h5py start-up {times['floor']:5.2f} s")

@@ -40,7 +40,6 @@ def wait_recorded(qtbot: QtBot, win: MainWindow, pair: tuple[Path, Path]) -> Non
 def test_another_pair_asks_about_unsaved_work_then_starts_a_clean_session(qtbot: QtBot, tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]]) -> None:
     contract, chunked = demo_pairs["attention-contract"], demo_pairs["head-chunk"]
     win = MainWindow(ViewerSettings(tmp_path / "viewer.ini"))
-    win.session_file.ask_close = lambda: "discard"  # a test that fails midway must not leave a modal question at teardown
     qtbot.addWidget(win)
     win.resize(1440, 900)
     win.show()

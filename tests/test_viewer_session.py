@@ -31,7 +31,6 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def new_window(qtbot: QtBot, settings_path: Path) -> MainWindow:
     win = MainWindow(ViewerSettings(settings_path))
-    win.session_file.ask_close = lambda: "discard"  # a test that fails midway must not leave a modal question at teardown
     qtbot.addWidget(win)
     win.resize(1440, 900)
     win.show()

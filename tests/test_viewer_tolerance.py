@@ -31,7 +31,6 @@ NEXT = "0:text-before:0:ffn_down"
 
 def _window(qtbot: QtBot, tmp_path: Path) -> MainWindow:
     win = MainWindow(ViewerSettings(tmp_path / "viewer.ini"))
-    win.session_file.ask_close = lambda: "discard"
     qtbot.addWidget(win)
     win.show()
     qtbot.waitExposed(win)

@@ -16,7 +16,8 @@ from pathlib import Path
 from PySide6.QtCore import QObject, QTimer, Signal
 from PySide6.QtWidgets import QFileDialog, QMessageBox, QWidget
 
-from sessions.investigation.model import Investigation
+from sessions.compare.align_modes import AUTO
+from sessions.investigation.model import Investigation, SavedTolerance
 from sessions.investigation.recovery import (
     Autosaver,
     RecoveryOffer,
@@ -119,9 +120,13 @@ class SessionFile(QObject):
     # -- unsaved work ------------------------------------------------------------------------
 
     def worth_keeping(self) -> bool:
-        """Unsaved work a user would miss: notes and bookmarks, or edits to a saved session."""
+        """Unsaved work a user would miss: notes and bookmarks, decisions (pairings and breaks with
+        their reasons, tolerances, a policy, the pairing mode, reruns), or edits to a saved session.
+        A new session's decisions alone were dropped on close without a word."""
         s = self.session
-        return self.document.dirty and bool(s.bookmarks or s.title or s.summary or self.document.path is not None)
+        decided = s.overrides or s.reruns or s.op_tolerances or s.tolerance_policy is not None
+        decided = decided or s.tolerance != SavedTolerance() or s.alignment_mode != AUTO
+        return self.document.dirty and bool(s.bookmarks or s.title or s.summary or decided or self.document.path is not None)
 
     def settle_unsaved(self) -> bool:
         """Before the session is replaced or the window closes: False when the user cancelled."""

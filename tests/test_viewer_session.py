@@ -359,3 +359,26 @@ def test_after_a_session_whose_comparison_cannot_run_the_next_pair_is_recorded_a
     win.open_pair(*other)
     wait_shown(qtbot, win)
     qtbot.waitUntil(lambda: {ref.path for ref in win.session_file.session.captures} == {p.absolute() for p in other}, timeout=WAIT_MS)
+
+
+def test_a_session_whose_capture_is_missing_takes_the_old_pair_off_screen(
+    qtbot: QtBot, tmp_path: Path, pair_copy: tuple[Path, Path], demo_pairs: dict[str, tuple[Path, Path]]
+) -> None:
+    """The old pair and its verdict stayed under the new session's name, and a bookmark made then
+    went into the new session on the old pair's op. The old pair's comparison, still running
+    when the session opens, is dropped without a "Comparison cancelled" under the new session."""
+    session_path = saved_session(qtbot, tmp_path, pair_copy)
+    pair_copy[0].unlink()
+    win = new_window(qtbot, tmp_path / "second.ini")
+    win.open_pair(*demo_pairs["swiglu-order"])
+    wait_shown(qtbot, win)
+    win.start_compare()
+    assert win.tasks.task("compare") is not None, "the old pair's comparison runs as the session opens"
+    win.session_file.open_session(session_path)
+    qtbot.waitUntil(lambda: win.tasks.idle and bool(win.banners.banners("captures-check")), timeout=WAIT_MS)
+    assert (win.model.native, win.model.oracle, win.model.comparison, win.model.selected) == (None, None, None, None)
+    assert win.banners.texts("comparison") == []
+    [missing] = win.banners.texts("captures-check")
+    assert pair_copy[0].name in missing and "missing" in missing
+    assert win.session_sync.add_bookmark("made while nothing is shown") is None
+    assert [b.note for b in win.session_file.session.bookmarks] == ["Q=1008 visual prefill: tiled reduction"]

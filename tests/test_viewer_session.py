@@ -29,6 +29,10 @@ WAIT_MS = 120_000
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def never_asked() -> str:
+    raise AssertionError("a session without unsaved work must not ask")
+
+
 def new_window(qtbot: QtBot, settings_path: Path) -> MainWindow:
     win = MainWindow(ViewerSettings(settings_path))
     qtbot.addWidget(win)
@@ -382,3 +386,32 @@ def test_a_session_whose_capture_is_missing_takes_the_old_pair_off_screen(
     assert pair_copy[0].name in missing and "missing" in missing
     assert win.session_sync.add_bookmark("made while nothing is shown") is None
     assert [b.note for b in win.session_file.session.bookmarks] == ["Q=1008 visual prefill: tiled reduction"]
+
+
+
+
+def test_a_saved_session_reopened_and_not_touched_has_no_unsaved_work(qtbot: QtBot, tmp_path: Path, pair_copy: tuple[Path, Path]) -> None:
+    """Putting back a saved colour scale and panel recorded the view half restored, each step an
+    edit: a session only reopened was dirty and asked about on close."""
+    win = new_window(qtbot, tmp_path / "first.ini")
+    win.open_pair(*pair_copy)
+    wait_shown(qtbot, win)
+    qtbot.waitUntil(lambda: len(win.session_file.session.captures) == 2, timeout=WAIT_MS)
+    pair, spec = held_axis_pair(win)
+    win.model.select(pair)
+    win.load_slice(spec)
+    qtbot.waitUntil(lambda: win.tensor_view.data is not None and win.tensor_view.data.spec == spec and not win.tasks.busy, timeout=WAIT_MS)
+    win.model.set_scale("relative")
+    win.show_panel(1)
+    win.session_file.choose_path = lambda _purpose: tmp_path / "investigation.xray"
+    assert win.session_file.save_as()
+    win.close()
+
+    again = new_window(qtbot, tmp_path / "second.ini")
+    again.session_file.open_session(tmp_path / "investigation.xray")
+    qtbot.waitUntil(lambda: again.tensor_view.data is not None and again.tensor_view.data.spec == spec and not again.tasks.busy, timeout=WAIT_MS)
+    assert (again.model.selected.key, again.model.scale, again.tabs.currentIndex()) == (pair.key, "relative", 1)
+    assert not again.session_file.document.dirty
+    again.session_file.ask_close = never_asked
+    again.close()
+

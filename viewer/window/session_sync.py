@@ -135,8 +135,9 @@ class SessionSync(QObject):
         self._restoring, self._pending = False, None
 
     def _apply_restored(self) -> None:
+        """Put the saved view back, still restoring meanwhile: each step (the colour scale, the
+        panel) recorded the view half put back, so a session reopened and not touched was dirty."""
         session = self._pending or self.session
-        self._restoring, self._pending = False, None
         view = session.view
         if view.colour_scale.mode in COLOUR_SCALES:
             self._model.set_scale(view.colour_scale.mode)
@@ -148,6 +149,7 @@ class SessionSync(QObject):
             self._view.show_panel(tab)
         if session.selected_op is not None:
             self._select(session.selected_op, view)
+        self._restoring, self._pending = False, None
         self.restored.emit()
 
     # -- the pair and its comparison ---------------------------------------------------------

@@ -22,6 +22,7 @@ from sessions.report.html_page import PNG_SIGNATURE
 from viewer.settings import ViewerSettings
 from viewer.tensor.tensor_loader import SliceSpec
 from viewer.window.main_window import MainWindow
+from viewer.window.session_file import AUTOSAVE_TICK_MS
 
 pytestmark = [pytest.mark.slow, pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints", "This plugin does not support raise")]
 
@@ -415,3 +416,16 @@ def test_a_saved_session_reopened_and_not_touched_has_no_unsaved_work(qtbot: QtB
     again.session_file.ask_close = never_asked
     again.close()
 
+
+def test_an_edit_of_a_saved_session_marks_the_title_until_it_is_saved(qtbot: QtBot, tmp_path: Path, pair_copy: tuple[Path, Path]) -> None:
+    """The title bar's `*` never came: the autosave tick compared the dirty state before and
+    after its own write, and an edit had made it dirty before either."""
+    session_path = saved_session(qtbot, tmp_path, pair_copy)
+    win = new_window(qtbot, tmp_path / "second.ini")
+    win.session_file.open_session(session_path)
+    wait_shown(qtbot, win)
+    assert win.windowTitle().endswith("[investigation.xray]")
+    win.session_sync.add_bookmark("the second look")
+    qtbot.waitUntil(lambda: win.windowTitle().endswith("[investigation.xray *]"), timeout=5 * AUTOSAVE_TICK_MS)
+    assert win.session_file.save()
+    assert win.windowTitle().endswith("[investigation.xray]")

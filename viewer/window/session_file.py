@@ -88,6 +88,8 @@ class SessionFile(QObject):
         self.autosaver = Autosaver(self.document, self.recovery_dir)
         self._pending_offers: list[RecoveryOffer] = []
         """Recovery offers shown and not answered yet (`close` releases them)."""
+        self._shown_dirty = False
+        """The dirty state the last `document_changed` told of (the title bar's `*`)."""
         self.timer = QTimer(self)
         self.timer.setInterval(AUTOSAVE_TICK_MS)
         self.timer.timeout.connect(self._tick)
@@ -107,15 +109,21 @@ class SessionFile(QObject):
         self.document = document
         self.autosaver = Autosaver(document, self.recovery_dir)
         self.replaced.emit(document.session)
+        self._tell_changed()
+
+    def _tell_changed(self) -> None:
+        self._shown_dirty = self.document.dirty
         self.document_changed.emit()
 
     def _tick(self) -> None:
-        was_dirty = self.document.dirty
+        """Autosave, and tell of an edit since the last tick: the session is dirty from the edit
+        on, so comparing before and after the autosave never saw it (no `*` after an edit of a
+        saved session)."""
         self.autosaver.tick()
         if self.autosaver.last_error:
             self._status(self.autosaver.last_error, 5000)
-        if was_dirty != self.document.dirty:
-            self.document_changed.emit()
+        if self._shown_dirty != self.document.dirty:
+            self._tell_changed()
 
     # -- unsaved work ------------------------------------------------------------------------
 
@@ -184,7 +192,7 @@ class SessionFile(QObject):
         self._remember(self.document.path)
         self.autosaver.tick()
         self._status(f"Session saved to {self.document.path}", 5000)
-        self.document_changed.emit()
+        self._tell_changed()
         return True
 
     def _remember(self, path: Path) -> None:

@@ -429,3 +429,30 @@ def test_an_edit_of_a_saved_session_marks_the_title_until_it_is_saved(qtbot: QtB
     qtbot.waitUntil(lambda: win.windowTitle().endswith("[investigation.xray *]"), timeout=5 * AUTOSAVE_TICK_MS)
     assert win.session_file.save()
     assert win.windowTitle().endswith("[investigation.xray]")
+
+
+def test_the_html_export_leaves_the_window_on_the_op_slice_colour_scale_and_panel_it_found(qtbot: QtBot, tmp_path: Path, pair_copy: tuple[Path, Path]) -> None:
+    """Picturing each bookmark as it was marked left the window on the last bookmark's colour
+    scale and panel."""
+    win = new_window(qtbot, tmp_path / "viewer.ini")
+    win.open_pair(*pair_copy)
+    wait_shown(qtbot, win)
+    marked, spec = held_axis_pair(win)
+    win.model.select(marked)
+    win.load_slice(spec)
+    win.model.set_scale("relative")
+    qtbot.waitUntil(lambda: win.tensor_view.data is not None and win.tensor_view.data.spec == spec and not win.tasks.busy, timeout=WAIT_MS)
+    assert win.session_sync.add_bookmark("the held head") is not None
+    reading = win.model.comparison.comparison.pairs[0]
+    win.model.select(reading)
+    win.model.set_scale("absolute")
+    win.show_panel(1)
+    qtbot.waitUntil(lambda: win.tensor_view.data is not None and win.tensor_view.data.request.label == reading.key.text() and not win.tasks.busy, timeout=WAIT_MS)
+    shown = win.tensor_view.data.spec
+
+    with qtbot.waitSignal(win.report_export.exported, timeout=WAIT_MS):
+        assert win.report_export.export_html(tmp_path / "report.html")
+    qtbot.waitUntil(lambda: not win.tasks.busy, timeout=WAIT_MS)
+
+    assert (win.model.selected, win.model.scale, win.tabs.currentIndex()) == (reading, "absolute", 1)
+    assert (win.tensor_view.data.request.label, win.tensor_view.data.spec) == (reading.key.text(), shown)

@@ -340,7 +340,9 @@ class MainWindow(QMainWindow):
             restore_layout=lambda state: self.restoreState(QByteArray(state)),
         )
         self.session_sync = SessionSync(lambda: self.session_file.session, self.model, self.tasks, self.banners, view, self.start_compare, status, self)
-        camera = BookmarkCamera(self.session_sync.show_bookmark, lambda: self.tasks.task("tensor") is not None, lambda: png_of(self.tensor_view))
+        camera = BookmarkCamera(
+            self.session_sync.show_bookmark, lambda: self.tasks.task("tensor") is not None, lambda: png_of(self.tensor_view), self.session_sync.keep_view
+        )
         self.report_export = ReportExporter(lambda: self.session_file.session, self.model, camera, self.banners, status, self.tasks, self)
         self.session_file.document_changed.connect(self._update_roles)
         self.session_file.recent_changed.connect(self.rebuild_recent_sessions)

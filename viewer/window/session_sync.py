@@ -343,6 +343,20 @@ class SessionSync(QObject):
         op = OpKey.parse(key)
         self.session.add_rerun(path, identity, description=f"live rerun of {key} through MLX", op=op)
 
+    def keep_view(self) -> Callable[[], None]:
+        """What the window shows now (the op, its slice, the colour scale, the panel), as a call
+        that puts it back: the HTML export shows each bookmark to picture it, and left the window
+        on the last one's colour scale and panel."""
+        pair, view = self._model.selected, self.current_view()
+
+        def put_back() -> None:
+            self._model.set_scale(view.colour_scale.mode)
+            self._view.show_panel(view.layout["tab"])
+            if pair is not None:
+                self._select(pair.key, view)
+
+        return put_back
+
     # -- bookmarks ---------------------------------------------------------------------------
 
     def add_bookmark(self, note: str = "") -> Bookmark | None:

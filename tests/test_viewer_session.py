@@ -456,3 +456,14 @@ def test_the_html_export_leaves_the_window_on_the_op_slice_colour_scale_and_pane
 
     assert (win.model.selected, win.model.scale, win.tabs.currentIndex()) == (reading, "absolute", 1)
     assert (win.tensor_view.data.request.label, win.tensor_view.data.spec) == (reading.key.text(), shown)
+
+
+def test_a_moved_capture_found_beside_the_session_is_named_once(qtbot: QtBot, tmp_path: Path, pair_copy: tuple[Path, Path]) -> None:
+    """The banner said where the capture is, then "It looks like it is at" the same place again."""
+    session_path = saved_session(qtbot, tmp_path, pair_copy)
+    moved = session_path.parent / pair_copy[0].name
+    shutil.move(pair_copy[0], moved)
+    win = new_window(qtbot, tmp_path / "second.ini")
+    win.session_file.open_session(session_path)
+    qtbot.waitUntil(lambda: bool(win.banners.banners("captures-check")) and not win.tasks.busy, timeout=WAIT_MS)
+    assert win.banners.texts("captures-check") == [f"The native capture {pair_copy[0]}: missing; the same capture is at {moved}."]

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NoReturn
 
 os.environ["QT_QPA_PLATFORM"] = "offscreen"
 
@@ -24,6 +25,37 @@ def no_checking_child_kept_ready() -> Iterator[None]:
     start their own children, as it expects."""
     yield
     spare_checker.stop()
+
+
+@pytest.fixture(autouse=True)
+def no_modal_dialog(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test can wait on a modal dialog: one that met a dialog hung the whole suite until the
+    run's timeout, with no word of where. A window's questions are replaceable callables (the
+    unsaved-work question, paths, reasons, partners); a call that reaches one of Qt's static
+    dialogs fails the test at once, naming it (pytest-qt reports one raised inside a Qt event).
+    (A context menu's `exec` cannot be replaced so: Shiboken looks it up on the C++ side.)
+    A window still open at teardown answers the unsaved-work question "discard": the test is
+    over, and its decisions (a rerun, a pairing, a tolerance) are unsaved work the window asks
+    about as it closes. Tests that check the question replace `session_file.ask_close`."""
+    from PySide6.QtWidgets import QFileDialog, QInputDialog, QMessageBox
+
+    from viewer.window import session_file
+
+    def refuse(name: str) -> Callable[..., NoReturn]:
+        def blocked(*_args: object, **_kwargs: object) -> NoReturn:
+            raise AssertionError(f"{name} would wait for a person in a headless test: answer it through the window's replaceable question")
+
+        return blocked
+
+    modal = {
+        QMessageBox: ("question", "warning", "critical", "information", "about"),
+        QFileDialog: ("getOpenFileName", "getOpenFileNames", "getSaveFileName", "getExistingDirectory"),
+        QInputDialog: ("getText", "getItem", "getInt", "getDouble", "getMultiLineText"),
+    }
+    for dialog, methods in modal.items():
+        for method in methods:
+            monkeypatch.setattr(dialog, method, refuse(f"{dialog.__name__}.{method}"))
+    monkeypatch.setattr(session_file, "ask_close", lambda _parent: "discard")
 
 
 @pytest.fixture

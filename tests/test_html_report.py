@@ -16,7 +16,7 @@ from sessions.commands import report as report_command
 from sessions.compare.comparison import iter_compare
 from sessions.compare.key import OpKey, RecordKey
 from sessions.compare.verdict import EXIT_FAILED
-from sessions.investigation.model import Investigation, RecordRef
+from sessions.investigation.model import Investigation, RecordRef, ViewState
 from sessions.investigation.store import SessionDocument
 from sessions.progress import run_to_end
 from sessions.report.html_page import PNG_SIGNATURE, bits_of, png_data_uri, render_html
@@ -98,6 +98,14 @@ def test_the_report_embeds_every_image_as_a_png_and_states_the_first_divergence(
     assert bits_of(sample.native_hex) in html and bits_of(sample.oracle_hex) in html
     assert "gate*up before silu &lt;tiled&gt;" in html, "notes are escaped, kept as written"
     assert "Token parity" in html and "Worst ops" in html and "Execution contracts" in html
+
+
+def test_a_bookmarks_slices_read_as_the_user_writes_them(comparison) -> None:  # type: ignore[no-untyped-def]
+    """The page printed Python's tuples: `[3, (0, 16, None), (None, None, None)]`."""
+    session = Investigation()
+    session.add_bookmark(OpKey(0, "visual", 0, "ffn_act"), "a held row", ViewState((3, (0, 16, None), (None, None, None), (2, None, 4))))
+    html = render_html(comparison, session, {})
+    assert "slices [3, 0:16, :, 2::4]" in html and "(None, None, None)" not in html
 
 
 def test_bits_keep_the_storage_width_and_only_pngs_are_embedded() -> None:

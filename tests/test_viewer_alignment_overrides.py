@@ -35,7 +35,6 @@ def _captures(folder: Path) -> tuple[Path, Path]:
 
 def _window(qtbot: QtBot, settings: Path) -> MainWindow:
     win = MainWindow(ViewerSettings(settings))
-    win.session_file.ask_close = lambda: "discard"
     qtbot.addWidget(win)
     win.show()
     qtbot.waitExposed(win)

@@ -7,12 +7,16 @@ old session file at the new captures.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
+from sessions.capture.identity import identity_of_capture
+from sessions.compare.align_modes import POSITIONS
+from sessions.investigation.model import Investigation, SavedTolerance
 from sessions.investigation.store import SessionDocument
 from viewer.settings import ViewerSettings
 from viewer.window.main_window import MainWindow
@@ -40,7 +44,6 @@ def wait_recorded(qtbot: QtBot, win: MainWindow, pair: tuple[Path, Path]) -> Non
 def test_another_pair_asks_about_unsaved_work_then_starts_a_clean_session(qtbot: QtBot, tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]]) -> None:
     contract, chunked = demo_pairs["attention-contract"], demo_pairs["head-chunk"]
     win = MainWindow(ViewerSettings(tmp_path / "viewer.ini"))
-    win.session_file.ask_close = lambda: "discard"  # a test that fails midway must not leave a modal question at teardown
     qtbot.addWidget(win)
     win.resize(1440, 900)
     win.show()
@@ -97,3 +100,40 @@ def test_another_pair_asks_about_unsaved_work_then_starts_a_clean_session(qtbot:
     wait_recorded(qtbot, win, contract)
     assert win.session_file.session.bookmarks == () and win.banners.banners("rerun") == []
     win.close()
+
+
+DECISIONS: dict[str, Callable[[Investigation], object]] = {
+    "a tolerance": lambda session: session.set_tolerance(SavedTolerance(max_ulp=2)),
+    "an op's tolerance": lambda session: session.set_tolerance(SavedTolerance(max_ulp=4), op="sdpa"),
+    "a tolerance policy": lambda session: session.set_tolerance_policy(Path("policy.toml")),
+    "the pairing mode": lambda session: session.set_alignment_mode(POSITIONS),
+}
+"""Decisions a new session records without naming its captures."""
+
+
+def test_a_new_sessions_decisions_alone_are_unsaved_work_asked_about_before_they_go(qtbot: QtBot, tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]]) -> None:
+    """A pairing broken by hand with its reason, a rerun, a tolerance, a policy or a pairing mode,
+    with no bookmark or title, were dropped on close without a word, and their recovery file with them."""
+    win = MainWindow(ViewerSettings(tmp_path / "viewer.ini"))
+    win.session_file.ask_close = never_asked
+    qtbot.addWidget(win)
+    win.show()
+    win.open_pair(*demo_pairs["clean"])
+    wait_recorded(qtbot, win, demo_pairs["clean"])
+    assert not win.session_file.worth_keeping(), "an untouched new session is nothing to keep"
+    first = win.model.comparison.comparison.pairs[0]
+    assert win.session_sync.break_pairing(first, "checked by hand: not the same tensor")
+    assert win.session_file.worth_keeping(), "a pairing broken by hand"
+    win.session_file.start_new()
+    native = win.model.native
+    win.session_file.session.add_rerun(native.path, identity_of_capture(native), description="live rerun through MLX")
+    assert win.session_file.worth_keeping(), "a rerun"
+    for what, decide in DECISIONS.items():
+        win.session_file.start_new()
+        assert not win.session_file.worth_keeping()
+        decide(win.session_file.session)
+        assert win.session_file.worth_keeping(), what
+    questions: list[str] = []
+    win.session_file.ask_close = lambda: questions.append("asked") or "discard"
+    win.close()
+    assert questions == ["asked"]

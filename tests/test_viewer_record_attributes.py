@@ -19,7 +19,6 @@ WAIT_MS = 120_000
 
 def _opened(qtbot: QtBot, tmp_path: Path, native: Path, oracle: Path) -> MainWindow:
     win = MainWindow(ViewerSettings(tmp_path / "viewer.ini"))
-    win.session_file.ask_close = lambda: "discard"
     qtbot.addWidget(win)
     win.show()
     qtbot.waitExposed(win)

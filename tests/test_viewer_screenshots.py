@@ -10,9 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QApplication, QPushButton
 from pytestqt.qtbot import QtBot
 
+from tests.viewer_windows import window_on
+from viewer.pair_model import COLOUR_SCALES
 from viewer.settings import ViewerSettings
 from viewer.window.main_window import CARD_EXPANDED_FROM_HEIGHT, TABS, MainWindow
 
@@ -58,3 +60,37 @@ def test_every_tab_is_saved_at_common_screen_sizes_with_the_verdict_on_screen(
         assert (image.width(), image.height()) == (width, height)
         assert image.save(str(artifacts_dir / f"tab-{index + 1}-{name.lower().replace(' ', '-')}-{width}x{height}.png"))
     win.close()
+
+
+def _ink_width(button: QPushButton) -> int:
+    """How many pixel columns of the button's middle rows hold its white text (the checked
+    button's text colour in both themes; the rows clear of the rounded corners)."""
+    image = button.grab().toImage()
+    rows = range(image.height() // 4, 3 * image.height() // 4)
+    return sum(any(image.pixelColor(x, y).lightness() > 200 for y in rows) for x in range(image.width()))
+
+
+@pytest.mark.slow
+def test_the_selected_colour_scale_shows_its_whole_word_in_both_themes(qtbot: QtBot, tmp_path: Path, demo_pairs: dict, artifacts_dir: Path) -> None:
+    """The checked button's text is drawn heavier than the text it was sized for: "absolute"
+    lost its first and last letters at 1280x720. Its word takes as many columns as in a twin
+    button with room to spare."""
+    win = window_on(qtbot, tmp_path, *demo_pairs["attention-contract"])
+    first_theme = win.settings.theme()
+    try:
+        for theme in ("dark", "light"):
+            if win.settings.theme() != theme:
+                win.toggle_theme()
+            for scale, button in reversed(list(zip(COLOUR_SCALES, win.tensor_view.scale_buttons.buttons()))):
+                win.model.set_scale(scale)
+                QApplication.processEvents()
+                roomy = QPushButton(button.text())
+                qtbot.addWidget(roomy)
+                roomy.setCheckable(True)
+                roomy.setChecked(True)
+                roomy.setFixedWidth(button.width() + 40)
+                assert button.isChecked() and _ink_width(button) == _ink_width(roomy), f"{scale} in the {theme} theme"
+            assert win.grab().save(str(artifacts_dir / f"colour-scale-absolute-{theme}-1280x720.png"))
+    finally:
+        if win.settings.theme() != first_theme:
+            win.toggle_theme()  # the style sheet is the application's: the next test starts in the theme this one found

@@ -22,6 +22,7 @@ from sessions.report.html_page import PNG_SIGNATURE
 from viewer.settings import ViewerSettings
 from viewer.tensor.tensor_loader import SliceSpec
 from viewer.window.main_window import MainWindow
+from viewer.window.session_file import AUTOSAVE_TICK_MS
 
 pytestmark = [pytest.mark.slow, pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints", "This plugin does not support raise")]
 
@@ -29,9 +30,12 @@ WAIT_MS = 120_000
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def never_asked() -> str:
+    raise AssertionError("a session without unsaved work must not ask")
+
+
 def new_window(qtbot: QtBot, settings_path: Path) -> MainWindow:
     win = MainWindow(ViewerSettings(settings_path))
-    win.session_file.ask_close = lambda: "discard"  # a test that fails midway must not leave a modal question at teardown
     qtbot.addWidget(win)
     win.resize(1440, 900)
     win.show()
@@ -360,3 +364,106 @@ def test_after_a_session_whose_comparison_cannot_run_the_next_pair_is_recorded_a
     win.open_pair(*other)
     wait_shown(qtbot, win)
     qtbot.waitUntil(lambda: {ref.path for ref in win.session_file.session.captures} == {p.absolute() for p in other}, timeout=WAIT_MS)
+
+
+def test_a_session_whose_capture_is_missing_takes_the_old_pair_off_screen(
+    qtbot: QtBot, tmp_path: Path, pair_copy: tuple[Path, Path], demo_pairs: dict[str, tuple[Path, Path]]
+) -> None:
+    """The old pair and its verdict stayed under the new session's name, and a bookmark made then
+    went into the new session on the old pair's op. The old pair's comparison, still running
+    when the session opens, is dropped without a "Comparison cancelled" under the new session."""
+    session_path = saved_session(qtbot, tmp_path, pair_copy)
+    pair_copy[0].unlink()
+    win = new_window(qtbot, tmp_path / "second.ini")
+    win.open_pair(*demo_pairs["swiglu-order"])
+    wait_shown(qtbot, win)
+    win.start_compare()
+    assert win.tasks.task("compare") is not None, "the old pair's comparison runs as the session opens"
+    win.session_file.open_session(session_path)
+    qtbot.waitUntil(lambda: win.tasks.idle and bool(win.banners.banners("captures-check")), timeout=WAIT_MS)
+    assert (win.model.native, win.model.oracle, win.model.comparison, win.model.selected) == (None, None, None, None)
+    assert win.banners.texts("comparison") == []
+    [missing] = win.banners.texts("captures-check")
+    assert pair_copy[0].name in missing and "missing" in missing
+    assert win.session_sync.add_bookmark("made while nothing is shown") is None
+    assert [b.note for b in win.session_file.session.bookmarks] == ["Q=1008 visual prefill: tiled reduction"]
+
+
+
+
+def test_a_saved_session_reopened_and_not_touched_has_no_unsaved_work(qtbot: QtBot, tmp_path: Path, pair_copy: tuple[Path, Path]) -> None:
+    """Putting back a saved colour scale and panel recorded the view half restored, each step an
+    edit: a session only reopened was dirty and asked about on close."""
+    win = new_window(qtbot, tmp_path / "first.ini")
+    win.open_pair(*pair_copy)
+    wait_shown(qtbot, win)
+    qtbot.waitUntil(lambda: len(win.session_file.session.captures) == 2, timeout=WAIT_MS)
+    pair, spec = held_axis_pair(win)
+    win.model.select(pair)
+    win.load_slice(spec)
+    qtbot.waitUntil(lambda: win.tensor_view.data is not None and win.tensor_view.data.spec == spec and not win.tasks.busy, timeout=WAIT_MS)
+    win.model.set_scale("relative")
+    win.show_panel(1)
+    win.session_file.choose_path = lambda _purpose: tmp_path / "investigation.xray"
+    assert win.session_file.save_as()
+    win.close()
+
+    again = new_window(qtbot, tmp_path / "second.ini")
+    again.session_file.open_session(tmp_path / "investigation.xray")
+    qtbot.waitUntil(lambda: again.tensor_view.data is not None and again.tensor_view.data.spec == spec and not again.tasks.busy, timeout=WAIT_MS)
+    assert (again.model.selected.key, again.model.scale, again.tabs.currentIndex()) == (pair.key, "relative", 1)
+    assert not again.session_file.document.dirty
+    again.session_file.ask_close = never_asked
+    again.close()
+
+
+def test_an_edit_of_a_saved_session_marks_the_title_until_it_is_saved(qtbot: QtBot, tmp_path: Path, pair_copy: tuple[Path, Path]) -> None:
+    """The title bar's `*` never came: the autosave tick compared the dirty state before and
+    after its own write, and an edit had made it dirty before either."""
+    session_path = saved_session(qtbot, tmp_path, pair_copy)
+    win = new_window(qtbot, tmp_path / "second.ini")
+    win.session_file.open_session(session_path)
+    wait_shown(qtbot, win)
+    assert win.windowTitle().endswith("[investigation.xray]")
+    win.session_sync.add_bookmark("the second look")
+    qtbot.waitUntil(lambda: win.windowTitle().endswith("[investigation.xray *]"), timeout=5 * AUTOSAVE_TICK_MS)
+    assert win.session_file.save()
+    assert win.windowTitle().endswith("[investigation.xray]")
+
+
+def test_the_html_export_leaves_the_window_on_the_op_slice_colour_scale_and_panel_it_found(qtbot: QtBot, tmp_path: Path, pair_copy: tuple[Path, Path]) -> None:
+    """Picturing each bookmark as it was marked left the window on the last bookmark's colour
+    scale and panel."""
+    win = new_window(qtbot, tmp_path / "viewer.ini")
+    win.open_pair(*pair_copy)
+    wait_shown(qtbot, win)
+    marked, spec = held_axis_pair(win)
+    win.model.select(marked)
+    win.load_slice(spec)
+    win.model.set_scale("relative")
+    qtbot.waitUntil(lambda: win.tensor_view.data is not None and win.tensor_view.data.spec == spec and not win.tasks.busy, timeout=WAIT_MS)
+    assert win.session_sync.add_bookmark("the held head") is not None
+    reading = win.model.comparison.comparison.pairs[0]
+    win.model.select(reading)
+    win.model.set_scale("absolute")
+    win.show_panel(1)
+    qtbot.waitUntil(lambda: win.tensor_view.data is not None and win.tensor_view.data.request.label == reading.key.text() and not win.tasks.busy, timeout=WAIT_MS)
+    shown = win.tensor_view.data.spec
+
+    with qtbot.waitSignal(win.report_export.exported, timeout=WAIT_MS):
+        assert win.report_export.export_html(tmp_path / "report.html")
+    qtbot.waitUntil(lambda: not win.tasks.busy, timeout=WAIT_MS)
+
+    assert (win.model.selected, win.model.scale, win.tabs.currentIndex()) == (reading, "absolute", 1)
+    assert (win.tensor_view.data.request.label, win.tensor_view.data.spec) == (reading.key.text(), shown)
+
+
+def test_a_moved_capture_found_beside_the_session_is_named_once(qtbot: QtBot, tmp_path: Path, pair_copy: tuple[Path, Path]) -> None:
+    """The banner said where the capture is, then "It looks like it is at" the same place again."""
+    session_path = saved_session(qtbot, tmp_path, pair_copy)
+    moved = session_path.parent / pair_copy[0].name
+    shutil.move(pair_copy[0], moved)
+    win = new_window(qtbot, tmp_path / "second.ini")
+    win.session_file.open_session(session_path)
+    qtbot.waitUntil(lambda: bool(win.banners.banners("captures-check")) and not win.tasks.busy, timeout=WAIT_MS)
+    assert win.banners.texts("captures-check") == [f"The native capture {pair_copy[0]}: missing; the same capture is at {moved}."]

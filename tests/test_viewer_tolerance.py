@@ -31,7 +31,6 @@ NEXT = "0:text-before:0:ffn_down"
 
 def _window(qtbot: QtBot, tmp_path: Path) -> MainWindow:
     win = MainWindow(ViewerSettings(tmp_path / "viewer.ini"))
-    win.session_file.ask_close = lambda: "discard"
     qtbot.addWidget(win)
     win.show()
     qtbot.waitExposed(win)
@@ -55,6 +54,17 @@ def _choose(qtbot: QtBot, win: MainWindow, max_ulp: int, policy: Path | None) ->
     qtbot.waitUntil(lambda: win.model.comparison is not None and not win.tasks.busy
                     and win.model.comparison.comparison.tolerance.max_ulp == (max_ulp or None)
                     and win.model.comparison.comparison.tolerance_policy == ("" if policy is None else str(policy.resolve())), timeout=WAIT_MS)
+
+
+def _wait_selection_shown(qtbot: QtBot, win: MainWindow) -> None:
+    """Whatever op is selected, its tensors are on show: a state the window reaches whether it
+    kept the selection or jumped elsewhere, so a test asserts which at once instead of waiting out
+    the timeout for an op that never comes."""
+    qtbot.waitUntil(
+        lambda: not win.tasks.busy and win.model.selected is not None and win.tensor_view.data is not None
+        and win.tensor_view.data.request.label == win.model.selected.key.text(),
+        timeout=WAIT_MS,
+    )
 
 
 def _tree_kinds(win: MainWindow) -> dict[str, Kind]:
@@ -195,3 +205,26 @@ def test_a_sessions_per_op_tolerance_is_applied_in_the_window_as_report_applies_
     code, first_line = _report(["--session", str(tmp_path / "s.xray")], capsys)
     assert code == 1 and first_line.startswith(f"{DIVERGENCE}: first diverged at {NEXT} (")
     win.close()
+
+
+@pytest.mark.slow
+def test_a_new_tolerance_keeps_the_selected_op_as_the_new_comparisons_pair(qtbot: QtBot, tmp_path: Path, demo_pairs: dict) -> None:
+    """Every re-compare dropped the selection and jumped to the first finding: a user who admitted
+    2 ULP to see how the op they were reading is judged now was taken to ffn_down."""
+    win = _window(qtbot, tmp_path)
+    win.open_pair(*demo_pairs["swiglu-order"])
+    _compared(qtbot, win)
+    qtbot.waitUntil(lambda: win.model.selected is not None and win.model.selected.key.text() == ADMITTED, timeout=WAIT_MS)
+    reading = win.model.comparison.comparison.pairs[-1].key
+    assert reading.text() not in (ADMITTED, NEXT)
+    win.model.select(win.model.comparison.pair_of[reading])
+    _wait_selection_shown(qtbot, win)
+
+    _choose(qtbot, win, max_ulp=2, policy=None)
+    _wait_selection_shown(qtbot, win)
+
+    assert win.verdict_strip.detail.text().startswith(f"first diverged at {NEXT} (of 189): ")
+    assert win.model.selected.key == reading, f"jumped to {win.model.selected.key.text()}"
+    assert win.model.selected is win.model.comparison.pair_of[reading], "the new comparison's pair, not the old one"
+    assert win.tree.view.currentIndex().siblingAtColumn(0).data(PAIR_ROLE).key == reading
+    assert win.session_file.session.selected_op == reading

@@ -59,13 +59,20 @@ class PairModel(QObject):
 
     def set_comparison(self, comparison: Any, not_compared: str | None = None) -> None:
         """`not_compared`, with no comparison: why none is coming (it was cancelled, it failed),
-        so no view goes on saying one is running."""
+        so no view goes on saying one is running.
+
+        The open pair compared again (a tolerance changed, a pairing broken or undone) keeps the
+        selected op while the new comparison holds its key, as that comparison's pair: every
+        re-compare dropped it, and the window jumped to the first finding."""
+        kept = None if comparison is None or self.selected is None else comparison.pair_of.get(self.selected.key)
         self.comparison = comparison
         self.not_compared = not_compared
-        self.selected = None
+        self.selected = kept
         self.locality = {}
         self.comparison_changed.emit()
         self.diagnosis_changed.emit()
+        if kept is not None:
+            self.selection_changed.emit(kept)
 
     def waiting(self) -> str:
         """What a view shows for the open pair while it has no comparison."""

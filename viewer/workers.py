@@ -205,6 +205,14 @@ class TaskSlots(QObject):
         if task is not None:
             task.cancel()
 
+    def drop_lane(self, lane: str) -> None:
+        """Stop the lane's task and forget it, as a newer task in the lane would: none of its
+        answers, its cancel included, reaches the views (its thread ends in its own time)."""
+        task = self._lanes.pop(lane, None)
+        if task is not None:
+            task.cancel()
+            self.busy_changed.emit(self.busy)
+
     def cancel_all(self) -> None:
         for task in list(self._lanes.values()):
             task.cancel()

@@ -109,6 +109,21 @@ class ViewState:
         """The slices as a numpy selection, as `Capture.read_bits` takes it."""
         return tuple(s if isinstance(s, int) else slice(*s) for s in self.slices)
 
+    def slice_text(self) -> str:
+        """The slices as a user writes them, `[3, 0:16, :]`: reports printed Python's
+        `[3, (0, 16, None), (None, None, None)]`."""
+
+        def bound(value: int | None) -> str:
+            return "" if value is None else str(value)
+
+        def axis(item: AxisSlice) -> str:
+            if isinstance(item, int):
+                return str(item)
+            start, stop, step = item
+            return f"{bound(start)}:{bound(stop)}" + ("" if step is None else f":{step}")
+
+        return "[" + ", ".join(axis(item) for item in self.slices) + "]"
+
 
 @dataclass(frozen=True)
 class Bookmark:

@@ -199,7 +199,7 @@ def _bookmark(bookmark: Bookmark, screenshot: bytes | None) -> str:
     note = f'<div class="note">{escape(bookmark.note)}</div>' if bookmark.note else '<p class="muted">(no note)</p>'
     view = ""
     if bookmark.view is not None:
-        view = f'<p class="muted">colour scale {escape(bookmark.view.colour_scale.mode)}; slices {escape(str(list(bookmark.view.slices)) or "[]")}</p>'
+        view = f'<p class="muted">colour scale {escape(bookmark.view.colour_scale.mode)}; slices {escape(bookmark.view.slice_text())}</p>'
     image = f'<img class="shot" alt="{escape(bookmark.op.label())}" src="{png_data_uri(screenshot)}">' if screenshot else '<p class="muted">No screenshot (exported without the viewer).</p>'
     return f"<h3>{escape(bookmark.op.label())}</h3><p class='muted'>marked {escape(bookmark.created_utc)}</p>{note}{view}{image}"
 

@@ -340,13 +340,15 @@ class MainWindow(QMainWindow):
             restore_layout=lambda state: self.restoreState(QByteArray(state)),
         )
         self.session_sync = SessionSync(lambda: self.session_file.session, self.model, self.tasks, self.banners, view, self.start_compare, status, self)
-        camera = BookmarkCamera(self.session_sync.show_bookmark, lambda: self.tasks.task("tensor") is not None, lambda: png_of(self.tensor_view))
+        camera = BookmarkCamera(
+            self.session_sync.show_bookmark, lambda: self.tasks.task("tensor") is not None, lambda: png_of(self.tensor_view), self.session_sync.keep_view
+        )
         self.report_export = ReportExporter(lambda: self.session_file.session, self.model, camera, self.banners, status, self.tasks, self)
         self.session_file.document_changed.connect(self._update_roles)
         self.session_file.recent_changed.connect(self.rebuild_recent_sessions)
         self.session_file.replaced.connect(self._session_replaced)
         self.session_file.about_to_save.connect(lambda: self.session_sync.record_view(with_layout=True))
-        self.session_file.captures_wanted.connect(lambda: self.session_captures.check(self.session_file.session, self.session_file.folder))
+        self.session_file.captures_wanted.connect(self._check_session_pair)
         self.session_captures.pair_opening.connect(self.session_sync.expect_restore)
         self.session_captures.pair_refused.connect(self.session_sync.restore_refused)
         self.session_sync.bookmark_added.connect(self._reveal_bookmark)
@@ -367,6 +369,18 @@ class MainWindow(QMainWindow):
             self.banners.clear(group)
         self.bookmarks.set_session(session)
         self.alignment_actions.show_mode(session.alignment_mode)
+
+    def _check_session_pair(self) -> None:
+        """An opened or recovered session's pair is checked, then shown; meanwhile nothing of the
+        old pair stays on screen. A session whose capture was missing or changed left the old pair
+        and its verdict under its name, where a bookmark landed on the wrong captures. The old
+        pair's comparison still running is dropped, not cancelled: its "Comparison cancelled"
+        would stand under the new session, and end its restore. (A pair opened by hand replaces
+        the old one itself, so a new session leaves the pair alone.)"""
+        self.tasks.drop_lane("compare")
+        self._retired.extend(self.model.set_captures(None, None))
+        self._close_retired()
+        self.session_captures.check(self.session_file.session, self.session_file.folder)
 
     def _reveal_bookmark(self, bookmark: Any) -> None:
         self.bookmarks.select_bookmark(bookmark.id)

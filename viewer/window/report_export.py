@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QObject, QTimer, Signal
 from PySide6.QtWidgets import QWidget
@@ -48,6 +47,8 @@ class BookmarkCamera:
     """The view is still reading what `show` asked for (then `view_shown` follows)."""
     grab: Callable[[], bytes]
     """The view as PNG bytes."""
+    keep_view: Callable[[], Callable[[], None]]
+    """What the window shows now (op, slice, colour scale, panel), as a call that puts it back."""
 
 
 class ReportExporter(QObject):
@@ -75,7 +76,8 @@ class ReportExporter(QObject):
         self._screenshots: dict[str, bytes] = {}
         self._queue: list[Bookmark] = []
         self._path: Path | None = None
-        self._selected: Any = None
+        self._put_back: Callable[[], None] | None = None
+        """Puts back the view the export found: picturing the bookmarks changes it."""
         self._awaiting_shot = False
 
     def export_markdown(self, path: Path | None = None) -> bool:
@@ -94,7 +96,7 @@ class ReportExporter(QObject):
             return False
         self._path, self._screenshots = path, {}
         self._queue = list(self._session().bookmarks)
-        self._selected = self._model.selected
+        self._put_back = self._camera.keep_view()
         self._next_bookmark()
         return True
 
@@ -143,8 +145,9 @@ class ReportExporter(QObject):
         viewed = self._model.comparison
         if path is None or viewed is None:
             return
-        if self._selected is not None:
-            self._model.select(self._selected)
+        if self._put_back is not None:
+            self._put_back()
+            self._put_back = None
         comparison, session, screenshots = viewed.comparison, self._session().snapshot(), self._screenshots
         self._tasks.submit(
             "export",

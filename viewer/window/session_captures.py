@@ -104,9 +104,8 @@ class SessionCaptures(QObject):
 
     def _flag(self, status: CaptureStatus) -> None:
         show = self._banners.show_message
-        if status.state is CaptureState.MISSING:
-            where = f" It looks like it is at {status.candidate}." if status.candidate else ""
-            show("captures-check", "warning", f"The {status.role} capture {status.message}.{where}", actions=[("Locate…", lambda: self.locate(status))])
+        if status.state is CaptureState.MISSING:  # the message names where the same capture is, when it was found
+            show("captures-check", "warning", f"The {status.role} capture {status.message}.", actions=[("Locate…", lambda: self.locate(status))])
         elif status.state is CaptureState.CHANGED:
             show("captures-check", "error", f"The {status.role} capture changed: {status.message}.",
                  actions=[("Accept this file", lambda: self.accept(status)), ("Locate the original…", lambda: self.locate(status))])

@@ -16,7 +16,8 @@ from pathlib import Path
 from PySide6.QtCore import QObject, QTimer, Signal
 from PySide6.QtWidgets import QFileDialog, QMessageBox, QWidget
 
-from sessions.investigation.model import Investigation
+from sessions.compare.align_modes import AUTO
+from sessions.investigation.model import Investigation, SavedTolerance
 from sessions.investigation.recovery import (
     Autosaver,
     RecoveryOffer,
@@ -87,6 +88,8 @@ class SessionFile(QObject):
         self.autosaver = Autosaver(self.document, self.recovery_dir)
         self._pending_offers: list[RecoveryOffer] = []
         """Recovery offers shown and not answered yet (`close` releases them)."""
+        self._shown_dirty = False
+        """The dirty state the last `document_changed` told of (the title bar's `*`)."""
         self.timer = QTimer(self)
         self.timer.setInterval(AUTOSAVE_TICK_MS)
         self.timer.timeout.connect(self._tick)
@@ -106,22 +109,32 @@ class SessionFile(QObject):
         self.document = document
         self.autosaver = Autosaver(document, self.recovery_dir)
         self.replaced.emit(document.session)
+        self._tell_changed()
+
+    def _tell_changed(self) -> None:
+        self._shown_dirty = self.document.dirty
         self.document_changed.emit()
 
     def _tick(self) -> None:
-        was_dirty = self.document.dirty
+        """Autosave, and tell of an edit since the last tick: the session is dirty from the edit
+        on, so comparing before and after the autosave never saw it (no `*` after an edit of a
+        saved session)."""
         self.autosaver.tick()
         if self.autosaver.last_error:
             self._status(self.autosaver.last_error, 5000)
-        if was_dirty != self.document.dirty:
-            self.document_changed.emit()
+        if self._shown_dirty != self.document.dirty:
+            self._tell_changed()
 
     # -- unsaved work ------------------------------------------------------------------------
 
     def worth_keeping(self) -> bool:
-        """Unsaved work a user would miss: notes and bookmarks, or edits to a saved session."""
+        """Unsaved work a user would miss: notes and bookmarks, decisions (pairings and breaks with
+        their reasons, tolerances, a policy, the pairing mode, reruns), or edits to a saved session.
+        A new session's decisions alone were dropped on close without a word."""
         s = self.session
-        return self.document.dirty and bool(s.bookmarks or s.title or s.summary or self.document.path is not None)
+        decided = s.overrides or s.reruns or s.op_tolerances or s.tolerance_policy is not None
+        decided = decided or s.tolerance != SavedTolerance() or s.alignment_mode != AUTO
+        return self.document.dirty and bool(s.bookmarks or s.title or s.summary or decided or self.document.path is not None)
 
     def settle_unsaved(self) -> bool:
         """Before the session is replaced or the window closes: False when the user cancelled."""
@@ -179,7 +192,7 @@ class SessionFile(QObject):
         self._remember(self.document.path)
         self.autosaver.tick()
         self._status(f"Session saved to {self.document.path}", 5000)
-        self.document_changed.emit()
+        self._tell_changed()
         return True
 
     def _remember(self, path: Path) -> None:

@@ -135,8 +135,9 @@ class SessionSync(QObject):
         self._restoring, self._pending = False, None
 
     def _apply_restored(self) -> None:
+        """Put the saved view back, still restoring meanwhile: each step (the colour scale, the
+        panel) recorded the view half put back, so a session reopened and not touched was dirty."""
         session = self._pending or self.session
-        self._restoring, self._pending = False, None
         view = session.view
         if view.colour_scale.mode in COLOUR_SCALES:
             self._model.set_scale(view.colour_scale.mode)
@@ -148,6 +149,7 @@ class SessionSync(QObject):
             self._view.show_panel(tab)
         if session.selected_op is not None:
             self._select(session.selected_op, view)
+        self._restoring, self._pending = False, None
         self.restored.emit()
 
     # -- the pair and its comparison ---------------------------------------------------------
@@ -340,6 +342,20 @@ class SessionSync(QObject):
     def record_rerun(self, path: Path, identity: CaptureIdentity, key: str) -> None:
         op = OpKey.parse(key)
         self.session.add_rerun(path, identity, description=f"live rerun of {key} through MLX", op=op)
+
+    def keep_view(self) -> Callable[[], None]:
+        """What the window shows now (the op, its slice, the colour scale, the panel), as a call
+        that puts it back: the HTML export shows each bookmark to picture it, and left the window
+        on the last one's colour scale and panel."""
+        pair, view = self._model.selected, self.current_view()
+
+        def put_back() -> None:
+            self._model.set_scale(view.colour_scale.mode)
+            self._view.show_panel(view.layout["tab"])
+            if pair is not None:
+                self._select(pair.key, view)
+
+        return put_back
 
     # -- bookmarks ---------------------------------------------------------------------------
 

@@ -170,6 +170,31 @@ def test_a_malformed_policy_is_refused_with_its_file_and_problem_and_one_broken_
     win.close()
 
 
+def test_a_policy_broken_while_a_comparison_runs_stays_the_verdict_when_that_comparison_ends(qtbot: QtBot, tmp_path: Path) -> None:
+    """The running comparison was cancelled, and its cancel (or its result, judged by the old
+    policy) arrived after the refusal: "Comparison cancelled" replaced the policy's error."""
+    native, oracle = one_ulp_pair(tmp_path)
+    policy = policy_file(tmp_path, '[[rule]]\nmatch = "."\nmax_ulp = 1\n')
+    win = _window(qtbot, tmp_path)
+    win.open_pair(native, oracle)
+    _compared(qtbot, win)
+    _choose(qtbot, win, max_ulp=0, policy=policy)
+    assert win.verdict_strip.word.text() == "PARITY"
+
+    win.start_compare()
+    assert win.tasks.busy, "a comparison is running"
+    policy_file(tmp_path, "[[rule]\n")
+    win.start_compare()
+    qtbot.waitUntil(lambda: not win.tasks.busy, timeout=WAIT_MS)
+    qtbot.wait(200)  # any answer of the dropped comparison has been delivered by now
+
+    assert win.verdict_strip.word.text() == UNUSABLE
+    [banner] = win.banners.banners("comparison")
+    assert banner.text.startswith(f"The tolerance policy cannot be used: {policy}: not TOML"), banner.text
+    assert win.model.comparison is None
+    win.close()
+
+
 def test_the_dialog_holds_any_max_ulp_a_session_or_report_takes_and_refuses_what_is_not_one(qtbot: QtBot) -> None:
     dialog = ToleranceDialog(SavedTolerance(max_ulp=5_000_000_000), None)  # a float32 element can be 4 billion steps off
     qtbot.addWidget(dialog)

@@ -506,8 +506,10 @@ class MainWindow(QMainWindow):
         self.banners.show_message("comparison", "info", "Comparison cancelled. Open the pair again, or swap roles, to restart it.")
 
     def _policy_unusable(self, problem: str) -> None:
-        """The session's policy file cannot be used (moved, edited): no verdict, as `report` exits 2."""
-        self.tasks.cancel_lane("compare")
+        """The session's policy file cannot be used (moved, edited): no verdict, as `report` exits 2.
+        A comparison still running is dropped, not cancelled: its cancel, or its verdict judged by
+        the old policy, arrived after this and replaced the policy's error."""
+        self.tasks.drop_lane("compare")
         self.model.set_comparison(None, "the tolerance policy cannot be used")
         message = f"The tolerance policy cannot be used: {problem}"
         self.banners.show_message("comparison", "error", message, actions=[("Tolerance…", self.edit_tolerance)])

@@ -117,9 +117,10 @@ def _round(mode: str, native: Path, oracle: Path, h5diff: str, report: list[str]
     for n in workers:
         prepare()
         rep_s, rep_rc, rep_out = timed(report + ["--no-cache", "--workers", str(n)], env)
-        found = next((text for text in rep_out.splitlines() if text.startswith("DIVERGENCE") or text.startswith("PARITY")), rep_out[-300:])
+        verdict = next((text for text in rep_out.splitlines() if text.startswith("DIVERGENCE") or text.startswith("PARITY")), None)
+        found = rep_out[-300:] if verdict is None else verdict.split(" (")[0]  # the headline up to its figures; else the error's tail
         times[f"report{n}"] = rep_s
-        line += f" | report x{n} {rep_s:6.2f} s (exit {rep_rc}: {found.split(' (')[0][:80]})"  # the headline up to its figures
+        line += f" | report x{n} {rep_s:6.2f} s (exit {rep_rc}: {found[:80]})"
     prepare()
     times["floor"], _, _ = timed(FLOOR_COMMAND, env)
     print(line + f" | python+numpy+h5py start-up {times['floor']:5.2f} s")

@@ -17,6 +17,8 @@ import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from sessions.printable import printable
+
 STALE_TEMP_AGE_S = 300.0
 """A temp file this old belongs to a saver that died; a live save takes milliseconds."""
 
@@ -207,6 +209,15 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, backups: int = 0) -> No
         raise
     fsync_directory(path.parent)
     _remove_stale_temps(path)
+
+
+def link_problem(path: str | Path) -> str | None:
+    """Why an output may not go where a symbolic link is ("is a symbolic link to X; ..."), or
+    None: the atomic write replaces the link with a file and leaves what it leads to as it was,
+    which is never what the user asked for, whether the link leads to a file or to nothing."""
+    if not os.path.islink(path):
+        return None
+    return f"is a symbolic link to {printable(os.readlink(path))}; an output would replace the link, not write where it leads, so name the file itself"
 
 
 def folder_problem(path: str | Path) -> str | None:

@@ -58,20 +58,26 @@ def test_an_output_path_that_is_a_device_or_pipe_is_refused_before_the_work_and_
     assert out.is_symlink() if target != "FIFO" else stat.S_ISFIFO(out.stat().st_mode)
 
 
-def test_an_output_path_that_is_a_link_to_nothing_is_refused_before_the_work_and_left_as_it_is(
-    demo_pairs: dict[str, tuple[Path, Path]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("leads_to", ["nothing", "a file"])
+def test_an_output_path_that_is_a_link_is_refused_before_the_work_and_left_as_it_is(
+    leads_to: str, demo_pairs: dict[str, tuple[Path, Path]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The atomic write would replace the link itself with a file, never writing where it points."""
+    """The atomic write would replace the link itself with a file, never writing where it leads."""
     native, oracle = demo_pairs["swiglu-order"]
+    target = tmp_path / "reports" / "out.json"
+    if leads_to == "a file":
+        target.parent.mkdir()
+        target.write_text("last run's report")
     out = tmp_path / "out.json"
-    out.symlink_to(tmp_path / "reports" / "out.json")
+    out.symlink_to(target)
     assert main(["report", str(native), str(oracle), "--json", str(out)]) == 2
     captured = capsys.readouterr()
     assert captured.err == (
-        f"parity-xray report: --json {out} is a symbolic link to {tmp_path}/reports/out.json, which does not exist; "
-        "an output would replace the link, so name the file itself\n"
+        f"parity-xray report: --json {out} is a symbolic link to {target}; an output would replace the link, not write where it leads, "
+        "so name the file itself\n"
     )
     assert captured.out == "" and out.is_symlink()
+    assert not target.exists() if leads_to == "nothing" else target.read_text() == "last run's report"
 
 
 def test_a_file_name_too_long_for_the_file_system_is_one_line_for_every_command_that_takes_a_path(

@@ -109,6 +109,10 @@ def test_with_a_route_override_the_exit_code_and_the_first_line_say_whether_that
         f"The rerun on the native route with attention {route} chosen reproduces the bits of: {reproduced}. "
         "First op where the sides differ: sdpa; against the float64 reference, the oracle side is closer to exact."
     )
+    assert main(["rerun", str(native), str(oracle), *args, "--swiglu-order", "mul_then_sigmoid"]) == code
+    assert capsys.readouterr().out.splitlines()[0].startswith(f"The rerun on the native route with attention {route} chosen reproduces"), (
+        "a SwiGLU order no op of an sdpa rerun takes is not part of its route"
+    )
 
 
 @pytest.mark.slow
@@ -133,6 +137,10 @@ def test_an_op_after_the_shared_eos_is_said_to_be_post_eos_not_a_record_without_
         "parity-xray rerun: 4:decode:0:sdpa is not an aligned op of this comparison: step 4 is after the shared EOS (step 3), where one run "
         "stopped; post-EOS records are invalid, never failures (report lists the aligned ops; a rerun reads the records it paired)\n"
     )
+    assert main(["rerun", str(native), str(oracle), "--op", "9:decode:0:sdpa"]) == 2
+    assert capsys.readouterr().err == (
+        "parity-xray rerun: 9:decode:0:sdpa is not an aligned op of this comparison (report lists the aligned ops; a rerun reads the records it paired)\n"
+    ), "a step neither run reached is a mistaken key, not a post-EOS record"
 
 
 def test_keys_parse_with_an_optional_occurrence() -> None:

@@ -186,6 +186,33 @@ def test_a_rerun_from_a_saved_rerun_that_needs_the_cache_before_it_is_refused_no
     ), "the oracle holds them: 'has no k and v' blamed the wrong capture"
 
 
+def test_a_rerun_from_a_saved_rerun_of_the_runs_first_call_needs_no_cache_and_runs(demo_pairs: dict, tmp_path: Path) -> None:
+    """Nothing came before the first call, so nothing is missing: refusing it too was a regression."""
+    native, oracle = demo_pairs["attention-contract"]
+    saved = save_rerun(_rerun((native, oracle), "0:text-before:0:attention_block", source="oracle", route_from="native"), tmp_path / "rerun.h5")
+    for key in ("0:text-before:0:q_rope", "0:text-before:0:sdpa"):
+        (op,) = _rerun((saved, oracle), key, source="native").ops
+        assert op.three_way["rerun vs native"].bit_exact, key
+
+
+def test_a_rerun_saved_from_relative_paths_finds_its_weights_and_captures_from_any_folder(
+    demo_pairs: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its provenance named them as typed, relative to a folder it was not read from."""
+    from viewer.cli import main
+
+    native, oracle = demo_pairs["swiglu-order"]
+    monkeypatch.chdir(native.parent)
+    saved = tmp_path / "rerun.h5"
+    argv = ["rerun", native.name, oracle.name, "--op", "0:text-before:0:decoder_layer", "--from", "oracle", "--route-from", "native"]
+    assert main([*argv, "--save", str(saved)]) == 0
+    monkeypatch.chdir(tmp_path)
+    with open_capture(saved) as rerun:
+        provenance = rerun.meta.provenance
+    assert (provenance["native_capture"], provenance["weights_from"]) == (str(native), [str(native.parent / "demo-qwen3-tiny.safetensors")])
+    assert _rerun((saved, oracle), "0:text-before:0:o_proj", source="native").weights_from == provenance["weights_from"]
+
+
 def test_a_rerun_on_the_route_of_a_saved_rerun_takes_the_route_and_weights_the_saved_rerun_took(demo_pairs: dict, tmp_path: Path) -> None:
     """A saved rerun's records declare no contract and its provenance names no model: its SwiGLU
     order was read as mlx-lm's, and its o_proj found no weights file."""

@@ -117,6 +117,11 @@ def test_a_failed_cancelled_or_other_ops_rerun_never_leaves_the_last_runs_result
     run_sdpa()
     panel.set_key("0:text-before:-1:embed")
     assert panel.table.rowCount() == 1, "a refused choice keeps the op, and its result, as they were"
+    with qtbot.waitSignal(panel.finished, timeout=60_000):
+        panel.run()
+        panel.set_key("0:visual:1:sdpa")  # chosen while the sdpa of layer 0 runs
+    assert panel.key.currentText() == "0:visual:0:sdpa", "the result stood under the op chosen meanwhile, and Save recorded it there"
+    assert panel.model.result.target.text() == "0:visual:0:sdpa"
 
 
 def test_a_key_the_comparison_did_not_pair_is_shown_as_a_message(qtbot, panel: RerunPanel) -> None:  # type: ignore[no-untyped-def]

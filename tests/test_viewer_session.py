@@ -16,7 +16,7 @@ from PySide6.QtGui import QColor, QImage
 from pytestqt.qtbot import QtBot
 
 from sessions.investigation.capture_gate import CaptureState
-from sessions.investigation.model import Investigation
+from sessions.investigation.model import Investigation, SavedTolerance
 from sessions.investigation.store import SessionDocument
 from sessions.report.html_page import PNG_SIGNATURE
 from viewer.settings import ViewerSettings
@@ -389,6 +389,47 @@ def test_a_session_whose_capture_is_missing_takes_the_old_pair_off_screen(
     assert [b.note for b in win.session_file.session.bookmarks] == ["Q=1008 visual prefill: tiled reduction"]
 
 
+def test_a_session_whose_capture_is_missing_drops_the_old_pairs_tensor_still_loading(
+    qtbot: QtBot, tmp_path: Path, pair_copy: tuple[Path, Path], demo_pairs: dict[str, tuple[Path, Path]]
+) -> None:
+    """A tensor of the old pair still loading came back under the new session (so would a previous
+    session's pair still opening: every lane that reads the old pair is dropped, `OLD_PAIR_LANES`)."""
+    session_path = saved_session(qtbot, tmp_path, pair_copy)
+    pair_copy[0].unlink()
+    win = new_window(qtbot, tmp_path / "second.ini")
+    win.open_pair(*demo_pairs["swiglu-order"])
+    wait_shown(qtbot, win)
+    win.model.select(win.model.comparison.comparison.pairs[-1])
+    assert win.tasks.task("tensor") is not None, "the old pair's tensor loads as the session opens"
+    win.session_file.open_session(session_path)
+    qtbot.waitUntil(lambda: win.tasks.idle and bool(win.banners.banners("captures-check")), timeout=WAIT_MS)
+    qtbot.wait(300)
+    assert win.tensor_view.data is None and win.tensor_view.title.text() == "Select an op in the alignment tree"
+
+
+def _held_slice_shown(qtbot: QtBot, tmp_path: Path, pair: tuple[Path, Path], scale: str = "absolute") -> tuple[MainWindow, object, SliceSpec]:
+    """A window on the pair, showing the held-axis op at its non-default slice (`held_axis_pair`) in `scale`."""
+    win = new_window(qtbot, tmp_path / "viewer.ini")
+    win.open_pair(*pair)
+    wait_shown(qtbot, win)
+    held, spec = held_axis_pair(win)
+    win.model.select(held)
+    win.load_slice(spec)
+    win.model.set_scale(scale)
+    qtbot.waitUntil(lambda: win.tensor_view.data is not None and win.tensor_view.data.spec == spec and not win.tasks.busy, timeout=WAIT_MS)
+    return win, held, spec
+
+
+def test_a_recompare_that_keeps_the_selected_op_keeps_its_slice(qtbot: QtBot, tmp_path: Path, pair_copy: tuple[Path, Path]) -> None:
+    """The kept op came back at its default slice, and the session recorded the user's slice as lost."""
+    win, pair, spec = _held_slice_shown(qtbot, tmp_path, pair_copy)
+    recorded = win.session_file.session.view.slices
+    old = win.model.comparison
+    win.session_sync.set_tolerance(SavedTolerance(max_ulp=2), None)
+    qtbot.waitUntil(lambda: win.model.comparison not in (None, old) and not win.tasks.busy, timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: win.tensor_view.data is not None and win.tensor_view.data.request.label == pair.key.text(), timeout=WAIT_MS)
+    assert win.model.selected.key == pair.key and win.tensor_view.data.spec == spec
+    assert win.session_file.session.view.slices == recorded != ()
 
 
 def test_a_saved_session_reopened_and_not_touched_has_no_unsaved_work(qtbot: QtBot, tmp_path: Path, pair_copy: tuple[Path, Path]) -> None:
@@ -434,14 +475,7 @@ def test_an_edit_of_a_saved_session_marks_the_title_until_it_is_saved(qtbot: QtB
 def test_the_html_export_leaves_the_window_on_the_op_slice_colour_scale_and_panel_it_found(qtbot: QtBot, tmp_path: Path, pair_copy: tuple[Path, Path]) -> None:
     """Picturing each bookmark as it was marked left the window on the last bookmark's colour
     scale and panel."""
-    win = new_window(qtbot, tmp_path / "viewer.ini")
-    win.open_pair(*pair_copy)
-    wait_shown(qtbot, win)
-    marked, spec = held_axis_pair(win)
-    win.model.select(marked)
-    win.load_slice(spec)
-    win.model.set_scale("relative")
-    qtbot.waitUntil(lambda: win.tensor_view.data is not None and win.tensor_view.data.spec == spec and not win.tasks.busy, timeout=WAIT_MS)
+    win, _, _ = _held_slice_shown(qtbot, tmp_path, pair_copy, scale="relative")
     assert win.session_sync.add_bookmark("the held head") is not None
     reading = win.model.comparison.comparison.pairs[0]
     win.model.select(reading)
@@ -449,13 +483,22 @@ def test_the_html_export_leaves_the_window_on_the_op_slice_colour_scale_and_pane
     win.show_panel(1)
     qtbot.waitUntil(lambda: win.tensor_view.data is not None and win.tensor_view.data.request.label == reading.key.text() and not win.tasks.busy, timeout=WAIT_MS)
     shown = win.tensor_view.data.spec
+    win.session_file.choose_path = lambda _purpose: tmp_path / "s.xray"
+    assert win.session_file.save_as()
+    qtbot.wait(300)
+    revision = win.session_file.session.revision
+    assert not win.session_file.document.dirty
 
     with qtbot.waitSignal(win.report_export.exported, timeout=WAIT_MS):
         assert win.report_export.export_html(tmp_path / "report.html")
     qtbot.waitUntil(lambda: not win.tasks.busy, timeout=WAIT_MS)
+    qtbot.wait(300)
 
     assert (win.model.selected, win.model.scale, win.tabs.currentIndex()) == (reading, "absolute", 1)
     assert (win.tensor_view.data.request.label, win.tensor_view.data.spec) == (reading.key.text(), shown)
+    assert (win.session_file.session.revision, win.session_file.document.dirty) == (revision, False), (
+        "picturing the bookmarks was recorded as edits: an export made a saved session unsaved work"
+    )
 
 
 def test_a_moved_capture_found_beside_the_session_is_named_once(qtbot: QtBot, tmp_path: Path, pair_copy: tuple[Path, Path]) -> None:

@@ -99,6 +99,7 @@ class Timeline:
         return self.keys[slot] or self.unpaired.get(slot)
 
     def post_eos(self, slot: int) -> bool:
+        """Whether the slot's op comes after the shared EOS: one-sided by design, not a gap."""
         place = self.place(slot)
         return self.shared_eos is not None and place is not None and place.step > self.shared_eos
 

@@ -154,6 +154,9 @@ class CapturedOps:
     unpaired: dict[OpKey, str] = field(default_factory=dict)
     """This side's records the comparison left without a partner, by canonical key: why
     (`lacks`). Such a record is there, so "the capture has no ..." blamed the wrong capture."""
+    run_positions: list[tuple[int, str]] | None = None
+    """For a saved rerun compared with a run: that run's `positions`, which say what calls came
+    before the rerun's own (`share_run_positions`)."""
 
     @classmethod
     def build(cls, capture: Capture, side: str, records: dict[OpKey, MappedRecord], unaligned: list[UnalignedRecord]) -> "CapturedOps":
@@ -205,6 +208,8 @@ class CapturedOps:
         not absent: read as none, they made a rerun from it run without its cache and RoPE
         offset and call a faithful native "does not reproduce". `needed_by` says what asks."""
         if self.capture.meta.role == RERUN_ROLE:
+            if self.run_positions is not None and self.run_positions[:1] == [(step, segment)]:
+                return []  # the run's first call: nothing came before it
             provenance = self.capture.meta.provenance if isinstance(self.capture.meta.provenance, dict) else {}
             made_from = [str(provenance[k]) for k in ("native_capture", "oracle_capture") if provenance.get(k)]
             raise RerunInputError(
@@ -215,6 +220,13 @@ class CapturedOps:
         if (step, segment) not in self.positions:
             return []
         return self.positions[: self.positions.index((step, segment))]
+
+
+def share_run_positions(native: CapturedOps, oracle: CapturedOps) -> None:
+    """A saved rerun learns the call order of the run beside it, when that is a run."""
+    for rerun, run in ((native, oracle), (oracle, native)):
+        if rerun.capture.meta.role == RERUN_ROLE and run.capture.meta.role != RERUN_ROLE:
+            rerun.run_positions = run.positions
 
 
 def referenced_weights(capture: Capture, explicit: Path | None) -> Path | None:
@@ -323,7 +335,9 @@ class WeightSource:
     def __init__(self, ops: CapturedOps, weights_path: Path | None = None) -> None:
         self.ops = ops
         self.named = weights_path is not None
-        self.path = referenced_weights(ops.capture, weights_path)
+        found = referenced_weights(ops.capture, weights_path)
+        # Absolute: a saved rerun's provenance names it, and is read from another folder.
+        self.path = found.absolute() if found is not None else None
         self._records = {r.name: r for r in ops.capture.records if r.name.endswith(".weight")}
         self._file: dict[str, mx.array] | None = None
         self._gguf: GGUFHeader | None = None

@@ -50,6 +50,7 @@ from backends.rerun.inputs import (
     mx_to_bits,
     op_params,
     share_config,
+    share_run_positions,
     splits_heads,
 )
 from sessions.bits.dtypes import as_bit_pattern, as_values
@@ -167,11 +168,12 @@ class RerunResult:
         The CLI said it only through its exit status."""
         side = self.options.route_from or self.options.source
         reproduced = [s for s in SIDES if self.reproduces(s)]
-        chosen = [
+        ran = {op.key.op for op in self.ops}
+        chosen = [  # only the parts an op of the rerun takes, as `resolve_routes` shows them
             f"{part} {value}"
-            for part, value in (("attention", self.options.attention_route), ("swiglu", self.options.swiglu_order),
-                                ("head-chunk", None if self.options.head_chunk is None else "on" if self.options.head_chunk else "off"))
-            if value is not None
+            for part, value, used_by in (("attention", self.options.attention_route, "sdpa"), ("swiglu", self.options.swiglu_order, "ffn_act"),
+                                         ("head-chunk", None if self.options.head_chunk is None else "on" if self.options.head_chunk else "off", "sdpa"))
+            if value is not None and used_by in ran
         ]
         route = f"the {side} route" + (f" with {' and '.join(chosen)} chosen" if chosen else "")
         lines = [f"The rerun on {route} reproduces the bits of: {', '.join(reproduced) or 'neither side'}."]
@@ -263,12 +265,12 @@ def _saved_route(route_ops: CapturedOps, part: str) -> str | None:
 
 def _attention_route(route_ops: CapturedOps, key: OpKey) -> tuple[str, str]:
     """The reduction the route side's record says ran: its effective contract, unless MLX's SDPA ran it."""
-    saved = _saved_route(route_ops, "attention")
-    if saved in ops.ATTENTION_ROUTES:
-        return saved, f"the route the {route_ops.side} capture, a saved rerun, took"
     mapped = route_ops.find(key.step, key.segment, key.layer, "sdpa", key.positions)
     if mapped is None:
         return ops.MLX_SDPA, f"the {route_ops.side} capture has no sdpa record here; MLX's primitive"
+    saved = _saved_route(route_ops, "attention")
+    if saved in ops.ATTENTION_ROUTES:
+        return saved, f"the route the {route_ops.side} capture, a saved rerun, took"
     record = mapped.record
     if record.kernel_id != "mlx.fast.scaled_dot_product_attention" and record.effective_contract_id in (contracts.SINGLE_RANGE, contracts.TILED_64):
         return record.effective_contract_id, f"the {route_ops.side} record's effective contract"
@@ -415,6 +417,7 @@ class RerunSession:
             "oracle": CapturedOps.build(oracle, "oracle", oracle_records, unpaired),
         }
         share_config(self.captured["native"], self.captured["oracle"])
+        share_run_positions(self.captured["native"], self.captured["oracle"])
         self._weights: dict[tuple[str, str | None], WeightSource] = {}
 
     def weights(self, side: str, path: str | None = None) -> WeightSource:
@@ -458,7 +461,8 @@ class RerunSession:
         weight_sources = (sides.weights, sides.other_weights)
         result = RerunResult(
             target, options, options.device, mx.__version__, routes, route_sources, [],
-            native_path=str(self.native.path), oracle_path=str(self.oracle.path), source_meta=source.capture.meta.as_dict(),
+            # Absolute: a saved rerun's provenance names them, and is read from another folder.
+            native_path=str(self.native.path.absolute()), oracle_path=str(self.oracle.path.absolute()), source_meta=source.capture.meta.as_dict(),
             input_files=[str(self.native.path), str(self.oracle.path), *(str(w.path) for w in weight_sources if w.path is not None)],
         )
         taken_before = [len(w.read_from) for w in weight_sources]  # a session's weight sources serve many reruns

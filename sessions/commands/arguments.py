@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import stat
 from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 
-from sessions.atomic_write import WriteFailed, atomic_write_all, folder_problem
+from sessions.atomic_write import (
+    WriteFailed,
+    atomic_write_all,
+    folder_problem,
+    link_problem,
+)
 from sessions.compare.align_modes import ALIGN_MODES
 from sessions.compare.tolerance_bounds import bound_problem, ulp_problem
 from sessions.printable import printable
@@ -109,14 +113,15 @@ def _path_problem(path: str | Path, in_a_folder: bool = True) -> str | None:
         mode = path.stat().st_mode
     except (FileNotFoundError, NotADirectoryError):  # nothing there (its folder is checked below)
         mode = None
-        if path.is_symlink():
-            return f"is a symbolic link to {printable(os.readlink(path))}, which does not exist; an output would replace the link, so name the file itself"
     except OSError as exc:  # a name too long, a loop of links
         return f"cannot be written ({exc.strerror or exc})"
     if mode is not None and stat.S_ISDIR(mode):
         return "is a folder; name a file"
     if mode is not None and not stat.S_ISREG(mode):
         return f"is {file_kind(mode)}, not a regular file; an output only ever replaces a file"
+    linked = link_problem(path)
+    if linked is not None:
+        return linked
     return folder_problem(path) if in_a_folder else None
 
 

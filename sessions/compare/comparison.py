@@ -495,10 +495,12 @@ def not_aligned(comparison: Comparison, key: OpKey) -> str:
     if cut:
         more = f" and {len(cut) - 3} more" if len(cut) > 3 else ""
         return f"{said}: the records were paired by position, and this op's pairs are {', '.join(cut[:3])}{more}"
-    eos = comparison.verdict.shared_eos
-    if eos is not None and key.step > eos:
-        # Said first: "has no partner" read as a capture gap, where the run that stopped at the EOS made none by design.
-        return f"{said}: step {key.step} is after the shared EOS (step {eos}), where one run stopped; post-EOS records are invalid, never failures"
+    if any(u.key is not None and u.key._replace(positions=()) == place for u in comparison.post_eos_unaligned):
+        # Not "has no partner", which read as a capture gap: the run that stopped at the EOS made none by design.
+        return (
+            f"{said}: step {key.step} is after the shared EOS (step {comparison.verdict.shared_eos}), where one run stopped; "
+            "post-EOS records are invalid, never failures"
+        )
     alone = [u for u in comparison.unaligned if u.key is not None and u.key._replace(positions=()) == place]
     if alone:
         return f"{said}: " + "; ".join(f"its {u.side} record {u.name!r} is unpaired ({u.why()})" for u in alone)

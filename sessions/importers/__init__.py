@@ -7,12 +7,11 @@ so the result is an ordinary capture that `validate`, `report` and the viewer ac
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sessions.atomic_write import folder_problem
+from sessions.atomic_write import folder_problem, link_problem
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.reader import CaptureError
 from sessions.capture.writer import CaptureWriter
@@ -71,8 +70,9 @@ def iter_import(
     source, out = Path(source), Path(out)
     if out.exists():
         raise CaptureError(out, "file", "already exists; importing never overwrites a file")
-    if out.is_symlink():
-        raise CaptureError(out, "file", f"is a symbolic link to {os.readlink(out)}, which does not exist; importing never replaces a link, so name the file itself")
+    linked = link_problem(out)  # a link to nothing: the capture would replace the link, not be written where it leads
+    if linked is not None:
+        raise CaptureError(out, "file", linked)
     problem = folder_problem(out)
     if problem is not None:
         raise CaptureError(out, "file", problem)

@@ -171,6 +171,8 @@ class RerunPanel(QWidget):
         self._keys_shown = False
         self._refusal: str | None = None
         """The status line `set_key` last wrote to refuse an op, until another op is chosen."""
+        self._pair: tuple[Capture | None, Capture | None] = (model.native, model.oracle)
+        """The pair the keys are of: another pair drops a rerun still running."""
         model.captures_changed.connect(self._captures_changed)
         model.result_changed.connect(self._show)
 
@@ -249,8 +251,12 @@ class RerunPanel(QWidget):
         self.tasks.submit("rerun", lambda: iter_rerun(native, oracle, comparison, key, options), self._succeeded, self._failed, self._cancelled)
 
     def _succeeded(self, result: RerunResult) -> None:
+        """A run that ends after another op was chosen shows its own op again: its table stood
+        under the op chosen meanwhile, and Save recorded it against that op."""
         self.progress.setValue(self.progress.maximum())
         self.progress.setFormat("done")
+        if self.key.currentText() != result.target.text():
+            self.key.setCurrentText(result.target.text())
         self.model.set_result(result)
         self.finished.emit(result)
 
@@ -282,6 +288,11 @@ class RerunPanel(QWidget):
         of thousands of keys take 25-110 ms to hand to Qt, which the comparison's arrival must
         not wait for while the panel is hidden."""
         self._keys_shown = False
+        pair = (self.model.native, self.model.oracle)
+        if pair != self._pair:  # a rerun of another pair: its answer is not of this one
+            self.tasks.drop_lane("rerun")
+            self._end_progress("")
+        self._pair = pair
         if self.isVisible():
             self._show_keys()
 

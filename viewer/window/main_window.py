@@ -95,6 +95,8 @@ CARD_EXPANDED_FROM_HEIGHT = 900
 one line (which op, what each side ran) with a Details toggle: at 1280x720 the full card took
 ~100 px of height and left each of the three tensor maps 11 px of data (now about 44)."""
 
+OLD_PAIR_LANES = ("open", "compare", "tensor", "detail", "identity", "attributes")
+"""The window's task lanes that read the open pair: dropped when a session's pair replaces it."""
 PAIR_BANNERS = ("open", "roles", "captures", "comparison", "captures-check", "session", "timeline", "rerun", "attributes")
 """Banner groups about the pair on show and its session: a new pair or another session clears them."""
 
@@ -375,9 +377,13 @@ class MainWindow(QMainWindow):
         old pair stays on screen. A session whose capture was missing or changed left the old pair
         and its verdict under its name, where a bookmark landed on the wrong captures. The old
         pair's comparison still running is dropped, not cancelled: its "Comparison cancelled"
-        would stand under the new session, and end its restore. (A pair opened by hand replaces
-        the old one itself, so a new session leaves the pair alone.)"""
-        self.tasks.drop_lane("compare")
+        would stand under the new session, and end its restore; so are its other reads (a
+        previous session's opening, a tensor, a detail, the captures' identities), whose answers
+        put the old pair or its tensor back on screen. (A pair opened by hand replaces the old
+        one itself, so a new session leaves the pair alone.)"""
+        for lane in OLD_PAIR_LANES:
+            self.tasks.drop_lane(lane)
+        self.tensor_view.clear("Select an op in the alignment tree")
         self._retired.extend(self.model.set_captures(None, None))
         self._close_retired()
         self.session_captures.check(self.session_file.session, self.session_file.folder)
@@ -591,9 +597,12 @@ class MainWindow(QMainWindow):
     # -- tensors -----------------------------------------------------------------------------
 
     def _selection_changed(self, pair: Any) -> None:
+        """The op's default slice, unless its tensor is the one on show (a re-compare kept the
+        op): that keeps the user's slice, which the default replaced, in the session too."""
         if pair is None:
             return
-        self.load_slice(None)
+        shown = self.tensor_view.data
+        self.load_slice(shown.spec if shown is not None and shown.request.label == pair.key.text() else None)
 
     def load_slice(self, spec: SliceSpec | None) -> None:
         pair = self.model.selected

@@ -142,12 +142,12 @@ class ReportExporter(QObject):
 
     def _finish(self) -> None:
         path, self._path = self._path, None
+        if self._put_back is not None:  # first: an export that ends without writing leaves the window as it found it too
+            self._put_back()
+            self._put_back = None
         viewed = self._model.comparison
         if path is None or viewed is None:
             return
-        if self._put_back is not None:
-            self._put_back()
-            self._put_back = None
         comparison, session, screenshots = viewed.comparison, self._session().snapshot(), self._screenshots
         self._tasks.submit(
             "export",

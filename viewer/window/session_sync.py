@@ -115,6 +115,8 @@ class SessionSync(QObject):
         self._current = session
         self._restoring = False
         self._pending: Investigation | None = None
+        self._picturing = False
+        """The HTML export is showing bookmarks to picture them (`keep_view`): what it shows is not the user's view."""
         model.captures_changed.connect(self._captures_changed)
         model.comparison_changed.connect(self._comparison_changed)
         model.selection_changed.connect(self._selection_changed)
@@ -318,7 +320,7 @@ class SessionSync(QObject):
         return True
 
     def _selection_changed(self, pair: Any) -> None:
-        if pair is None or self._restoring:
+        if pair is None or self._restoring or self._picturing:
             return
         if pair.key != self.session.selected_op:
             self.session.select_op(pair.key)
@@ -333,7 +335,7 @@ class SessionSync(QObject):
 
     def record_view(self, with_layout: bool = False) -> None:
         """Keep the view in the session; an empty window has none worth keeping (nor being asked about)."""
-        if self._restoring or not self._model.has_pair:
+        if self._restoring or self._picturing or not self._model.has_pair:
             return
         view = self.current_view(with_layout)
         if view != self.session.view:
@@ -346,14 +348,17 @@ class SessionSync(QObject):
     def keep_view(self) -> Callable[[], None]:
         """What the window shows now (the op, its slice, the colour scale, the panel), as a call
         that puts it back: the HTML export shows each bookmark to picture it, and left the window
-        on the last one's colour scale and panel."""
+        on the last one's colour scale and panel. Until then nothing shown is recorded: each
+        bookmark pictured was an edit, and an export made a saved session unsaved work."""
         pair, view = self._model.selected, self.current_view()
+        self._picturing = True
 
         def put_back() -> None:
             self._model.set_scale(view.colour_scale.mode)
             self._view.show_panel(view.layout["tab"])
             if pair is not None:
                 self._select(pair.key, view)
+            self._picturing = False
 
         return put_back
 

@@ -296,7 +296,7 @@ def test_a_request_alone_compares_with_its_row_of_a_batch_and_ignores_the_other_
     with open_capture(alone) as n, open_capture(batched) as o:
         c = run_to_end(iter_compare(n, o, CompareOptions(native_profile="mlx-lm", oracle_profile="mlx-lm")))
     assert c.verdict.word == PARITY and len(c.pairs) == 1
-    assert c.alignment.words() == "same calls (oracle is row 3 of a batch of 8)"
+    assert c.alignment.words() == "by the same calls (oracle is row 3 of a batch of 8)"
 
     own_row_differs = batch.copy()
     own_row_differs[3, 4, 5] ^= 1

@@ -95,7 +95,7 @@ def test_the_batched_request_is_read_from_its_row(cut_pairs: dict[str, tuple[Pat
         assert (o.meta.batch_size, o.meta.batch_row) == (8, 3)
         assert o.records[0].shape[0] == 8
     c = _compare(native, oracle)
-    assert c.alignment.words() == "same calls (oracle is row 3 of a batch of 8)"
+    assert c.alignment.words() == "by the same calls (oracle is row 3 of a batch of 8)"
     assert c.unaligned == []
 
 
@@ -106,7 +106,7 @@ def test_llama_gives_a_request_the_same_prefill_bits_in_a_batch_and_other_bits_f
     with open_capture(oracle) as o:
         assert (o.meta.batch_size, o.meta.batch_row, o.meta.batch_stacked) == (8, 3, True)
     c = _compare(native, oracle)
-    assert c.alignment.words() == "same calls (oracle is row 3 of a batch of 8)"
+    assert c.alignment.words() == "by the same calls (oracle is row 3 of a batch of 8)"
     kinds = {(p.key.step, p.verdict.value) for p in c.pairs}
     assert kinds == {(0, "bit-exact"), *{(s, k) for s in (1, 2, 3) for k in ("bit-exact", "diverged")}}
     assert sorted(p.key.op for p in c.pairs if p.key.step == 1 and p.verdict.value == "bit-exact") == ["attn_norm", "attn_rms", "embed"]

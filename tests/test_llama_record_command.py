@@ -107,7 +107,7 @@ def test_a_request_recorded_as_a_row_of_a_batch_reports_against_itself_alone(
     verdict = document["verdict"]
     assert verdict["headline"].startswith("DIVERGENCE: first diverged at 1:decode:0:q_proj")
     assert text.startswith(verdict["headline"] + "\n")
-    assert "alignment  same calls (oracle is row 1 of a batch of 3)" in text
+    assert "alignment  by the same calls (oracle is row 1 of a batch of 3)" in text
     assert document["alignment"]["oracle_batch"] == "row 1 of a batch of 3"
     prefill = [p for p in document["pairs"] if p["key"].startswith("0:")]
     assert len(prefill) == 56 and {p["verdict"] for p in prefill} == {"bit-exact"}, "26 ops a layer (llama.cpp records every stage), twice, and 4 outside"

@@ -11,6 +11,8 @@ from PySide6.QtWidgets import QDialogButtonBox
 from pytestqt.qtbot import QtBot
 
 from sessions.commands import report as report_command
+from sessions.compare.align_modes import POSITIONS
+from sessions.compare.key import OpKey
 from sessions.compare.verdict import DIVERGENCE, UNUSABLE, Kind
 from sessions.investigation.model import SavedTolerance
 from sessions.investigation.store import SessionDocument
@@ -18,6 +20,7 @@ from tests.hand_captures import one_ulp_pair, pair_session, policy_file
 from viewer.settings import ViewerSettings
 from viewer.tree.alignment_tree import PAIR_ROLE
 from viewer.window.main_window import MainWindow
+from viewer.window.session_sync import MISSING_OP
 from viewer.window.tolerance import ToleranceDialog
 
 pytestmark = pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints", "This plugin does not support raise")
@@ -254,3 +257,32 @@ def test_a_new_tolerance_keeps_the_selected_op_as_the_new_comparisons_pair(qtbot
     assert win.model.selected is win.model.comparison.pair_of[reading], "the new comparison's pair, not the old one"
     assert win.tree.view.currentIndex().siblingAtColumn(0).data(PAIR_ROLE).key == reading
     assert win.session_file.session.selected_op == reading
+
+
+@pytest.mark.slow
+def test_switching_the_pairing_mode_keeps_the_op_and_takes_down_what_was_said_of_the_last_comparison(
+    qtbot: QtBot, tmp_path: Path, demo_pairs: dict
+) -> None:
+    """By position the same records pair under keys with positions: the selection jumped to the
+    first finding, Ctrl+J's first finding of the last comparison stayed in the status bar, and a
+    bookmark's "not in this comparison" stayed beside a comparison it said nothing of."""
+    win = _window(qtbot, tmp_path)
+    win.open_pair(*demo_pairs["swiglu-order"])
+    _compared(qtbot, win)
+    win.jump_to_first_finding()
+    assert win.statusBar().currentMessage().startswith(f"First diverged at {ADMITTED}: ")
+    reading = win.model.comparison.comparison.pairs[-1]
+    win.model.select(win.model.comparison.pair_of[reading.key])
+    _wait_selection_shown(qtbot, win)
+    missing = win.session_file.session.add_bookmark(OpKey.parse("0:visual:9:sdpa"), "an op of another model")
+    assert not win.session_sync.show_bookmark(missing)
+    assert win.banners.texts(MISSING_OP) == ["step 0 visual layer 9 sdpa is not in this comparison."]
+
+    win.session_sync.set_alignment_mode(POSITIONS)
+    qtbot.waitUntil(lambda: win.model.comparison is not None and win.model.comparison.comparison.alignment.mode == POSITIONS and not win.tasks.busy, timeout=WAIT_MS)
+    _wait_selection_shown(qtbot, win)
+
+    selected = win.model.selected
+    assert (selected.native_seq, selected.oracle_seq) == (reading.native_seq, reading.oracle_seq), f"jumped to {selected.key.text()}"
+    assert selected.key.positions and selected.key._replace(positions=()) == reading.key
+    assert win.statusBar().currentMessage() == "" and win.banners.texts(MISSING_OP) == []

@@ -61,10 +61,14 @@ class PairModel(QObject):
         """`not_compared`, with no comparison: why none is coming (it was cancelled, it failed),
         so no view goes on saying one is running.
 
-        The open pair compared again (a tolerance changed, a pairing broken or undone) keeps the
-        selected op while the new comparison holds its key, as that comparison's pair: every
-        re-compare dropped it, and the window jumped to the first finding."""
+        The open pair compared again (a tolerance changed, a pairing broken or undone, the
+        pairing mode switched) keeps the selected op while the new comparison holds its key, or
+        pairs the same two records under another key (by position, a key carries positions), as
+        that comparison's pair: every re-compare dropped it, and the window jumped to the first finding."""
         kept = None if comparison is None or self.selected is None else comparison.pair_of.get(self.selected.key)
+        if kept is None and comparison is not None and self.selected is not None:
+            records = (self.selected.native_seq, self.selected.oracle_seq)
+            kept = next((p for p in comparison.comparison.pairs if (p.native_seq, p.oracle_seq) == records), None)
         self.comparison = comparison
         self.not_compared = not_compared
         self.selected = kept

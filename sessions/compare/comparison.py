@@ -148,14 +148,15 @@ class AlignmentMode:
         return self.mode != POSITIONS and self.cut_alike and not self.native_batch and not self.oracle_batch
 
     def short(self) -> str:
-        """"same calls", "by calls, cut differently" or "by position", with the batch rows: for a strip or a table cell."""
+        """"by the same calls", "by calls, cut differently" or "by position", with the batch rows: for a
+        strip or a table cell, after "aligned" ("aligned same calls" read as a typo)."""
         batch = [f"{side} is {text}" for side, text in (("native", self.native_batch), ("oracle", self.oracle_batch)) if text]
         batch_text = f" ({'; '.join(batch)})" if batch else ""
-        how = "by position" if self.mode == POSITIONS else "same calls" if self.cut_alike else "by calls, cut differently"
+        how = "by position" if self.mode == POSITIONS else "by the same calls" if self.cut_alike else "by calls, cut differently"
         return f"{how}{batch_text}"
 
     def words(self) -> str:
-        """One line: "same calls", or how each run was cut: "by position: native prefill 0-1026; oracle text-before 0-4, ..."."""
+        """One line: "by the same calls", or how each run was cut: "by position: native prefill 0-1026; oracle text-before 0-4, ..."."""
         if self.mode != POSITIONS and self.cut_alike:
             return self.short()
         return f"{self.short()}: native {_calls_text(self.native_calls)}; oracle {_calls_text(self.oracle_calls)}"

@@ -69,7 +69,7 @@ from viewer.window.panel_tabs import PanelTabs
 from viewer.window.report_export import BookmarkCamera, ReportExporter, png_of
 from viewer.window.session_captures import SessionCaptures
 from viewer.window.session_file import SessionFile
-from viewer.window.session_sync import SessionSync, WindowView
+from viewer.window.session_sync import MISSING_OP, SessionSync, WindowView
 from viewer.window.tolerance import ToleranceDialog, ToleranceIndicator
 from viewer.window.uncaught_errors import show_uncaught_errors_in
 from viewer.window.verdict_strip import VerdictStrip
@@ -97,7 +97,7 @@ one line (which op, what each side ran) with a Details toggle: at 1280x720 the f
 
 OLD_PAIR_LANES = ("open", "compare", "tensor", "detail", "identity", "attributes")
 """The window's task lanes that read the open pair: dropped when a session's pair replaces it."""
-PAIR_BANNERS = ("open", "roles", "captures", "comparison", "captures-check", "session", "timeline", "rerun", "attributes")
+PAIR_BANNERS = ("open", "roles", "captures", "comparison", "captures-check", "session", MISSING_OP, "timeline", "rerun", "attributes")
 """Banner groups about the pair on show and its session: a new pair or another session clears them."""
 
 
@@ -113,6 +113,8 @@ class MainWindow(QMainWindow):
         self.model = PairModel(self)
         self.tasks = TaskSlots(self)
         self._retired: list[Capture] = []
+        self._said_of_comparison: set[str] = set()
+        """Status lines about the comparison shown now (`_say_of_comparison`)."""
         self._beside: list[MainWindow] = []
         self.attributes_dialog: AttributesDialog | None = None
         self._build_central()
@@ -534,8 +536,14 @@ class MainWindow(QMainWindow):
                 self.banners.show_message("captures", "warning", f"{role} {capture.path.name}: {capture.contents.describe()}.")
 
     def _comparison_changed(self) -> None:
+        """Nothing said of the last comparison stays: its first finding in the status bar read
+        beside a new verdict that had none, and "X is not in this comparison" beside one that held X."""
         comparison = self.model.comparison
         self.banners.clear("comparison")
+        self.session_sync.forget_missing_ops()
+        if self.statusBar().currentMessage() in self._said_of_comparison:
+            self.statusBar().clearMessage()
+        self._said_of_comparison = set()
         if comparison is None:
             return
         for level, text in cv.banner_messages(comparison):
@@ -575,7 +583,7 @@ class MainWindow(QMainWindow):
             return
         first = cv.first_finding(comparison)
         if first is None:
-            self.statusBar().showMessage(cv.headline(comparison), 5000)
+            self._say_of_comparison(cv.headline(comparison))
             return
         pair = cv.first_finding_pair(comparison)
         record = cv.first_finding_record(comparison)
@@ -585,7 +593,12 @@ class MainWindow(QMainWindow):
             self.show_panel(0)
         elif record is not None:
             self.tree.reveal_unaligned(record)
-        self.statusBar().showMessage(f"First {first.kind} at {first.key}: {first.detail}", 8000)
+        self._say_of_comparison(f"First {first.kind} at {first.key}: {first.detail}")
+
+    def _say_of_comparison(self, text: str) -> None:
+        """A status line about the comparison shown now, taken down when another replaces it."""
+        self._said_of_comparison.add(text)
+        self.statusBar().showMessage(text, 8000)
 
     def step_divergence(self, direction: int) -> None:
         if self.model.comparison is None:

@@ -45,6 +45,9 @@ from viewer.widgets.banner import BannerArea
 from viewer.window.session_file import StatusMessage
 from viewer.workers import TaskSlots
 
+MISSING_OP = "missing-op"
+"""The banner group of "X is not in this comparison": true of one comparison only."""
+
 
 @dataclass(frozen=True)
 class WindowView:
@@ -311,7 +314,7 @@ class SessionSync(QObject):
     def _select(self, op: OpKey, view: ViewState | None) -> bool:
         pair = cv.find_pair(self._model.comparison, op)
         if pair is None:
-            self._banners.show_message("session", "warning", f"{op.label()} is not in this comparison.")
+            self._banners.show_message(MISSING_OP, "warning", f"{op.label()} is not in this comparison.")
             return False
         self._model.select(pair)
         spec = slice_spec_of(view, len(pair.metrics.shape)) if view is not None else None
@@ -340,6 +343,10 @@ class SessionSync(QObject):
         view = self.current_view(with_layout)
         if view != self.session.view:
             self.session.set_view(view)
+
+    def forget_missing_ops(self) -> None:
+        """Another comparison: an op missing from the last one may be in it."""
+        self._banners.clear(MISSING_OP)
 
     def record_rerun(self, path: Path, identity: CaptureIdentity, key: str) -> None:
         op = OpKey.parse(key)

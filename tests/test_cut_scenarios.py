@@ -17,6 +17,7 @@ from backends.diagnosis.classify import Locality
 from backends.diagnosis.run import DiagnoseOptions, iter_diagnose
 from sessions.capture.opening import open_capture
 from sessions.compare.comparison import Comparison, iter_compare
+from sessions.compare.options import CompareOptions
 from sessions.progress import run_to_end
 from viewer.cli import main
 
@@ -38,9 +39,9 @@ def _has_llama() -> bool:
     return True
 
 
-def _compare(native: Path, oracle: Path) -> Comparison:
+def _compare(native: Path, oracle: Path, alignment: str = "auto") -> Comparison:
     with open_capture(native) as n, open_capture(oracle) as o:
-        return run_to_end(iter_compare(n, o))
+        return run_to_end(iter_compare(n, o, CompareOptions(alignment=alignment)))
 
 
 def _finding(c: Comparison) -> tuple[str, object, object]:
@@ -70,6 +71,18 @@ def test_the_segmented_pair_is_compared_position_by_position_and_says_so(cut_pai
         "0:prefill:0:sdpa@5-76",
         "0:prefill:0:sdpa@77-82",
     ]
+
+
+def test_runs_cut_differently_paired_by_calls_say_why_their_records_found_no_partner(cut_pairs: dict[str, tuple[Path, Path]]) -> None:
+    """By calls, the prefill records of runs cut differently read as gaps ("no partner") or a
+    recorder bug ("canonical shapes differ"): nothing said the cut left them over, nor what pairs them."""
+    hint = "the runs were cut into different calls, and pairing by token position compares what both computed"
+    c = _compare(*cut_pairs["prefill-vs-decode"], alignment="calls")
+    first = c.verdict.first
+    assert first is not None and first.detail.startswith("native 'model.embed_tokens': canonical shapes differ (native [83, 384] vs oracle [79, 384]; ")
+    assert first.detail.endswith(f"; {hint})")
+    assert all(u.detail.endswith(hint) for u in c.unaligned if u.reason in ("no_partner", "shape_mismatch"))
+    assert not any(hint in u.detail for u in _compare(*cut_pairs["prefill-vs-decode"]).unaligned), "by position they pair"
 
 
 def test_a_rerun_saved_from_the_segmented_pair_and_paired_by_calls_says_the_runs_were_cut_differently(

@@ -665,6 +665,16 @@ def auto_mode(native: list[MappedRecord], oracle: list[MappedRecord], native_cal
     return POSITIONS if recorded or extent[0] == extent[1] else CALLS
 
 
+CUT_HINT = "; the runs were cut into different calls, and pairing by token position compares what both computed"
+"""Said of a record without a partner, or of another shape, when runs cut differently are paired
+by calls though their positions can be trusted: "canonical shapes differ" read as a recorder bug,
+and nothing said the records were left over from the cut, nor what would pair them."""
+
+
+def _cut_differently_said(unaligned: list[UnalignedRecord]) -> list[UnalignedRecord]:
+    return [replace(u, detail=u.detail + CUT_HINT) if u.reason in (NO_PARTNER, SHAPE_MISMATCH) else u for u in unaligned]
+
+
 def align(
     native: list[Record],
     oracle: list[Record],
@@ -690,7 +700,8 @@ def align(
     o_mapped, o_rejected, o_optional = map_records(oracle, oracle_profile, "oracle", oracle_sources, oracle_batch)
     unaligned.extend(o_rejected)
     (n_spans, n_calls), (o_spans, o_calls) = record_spans(n_mapped), record_spans(o_mapped)
-    chosen = mode if mode != "auto" else auto_mode(n_mapped, o_mapped, n_calls, o_calls)
+    by_position = auto_mode(n_mapped, o_mapped, n_calls, o_calls) == POSITIONS
+    chosen = mode if mode != "auto" else CALLS if not by_position else POSITIONS
     n_recorded, o_recorded = _recorded(n_mapped), _recorded(o_mapped)
     manual = _take_manual_pairs(overrides, n_mapped, o_mapped, native, oracle, unaligned)
     n_mapped = _unless_recorded("native", n_mapped, n_optional, o_recorded, unaligned)
@@ -701,6 +712,8 @@ def align(
         candidates = manual + _pair_by_position(n_mapped, o_mapped, {"native": n_spans, "oracle": o_spans}, {"native": n_calls, "oracle": o_calls}, unaligned, manual)
     pairs = [p for p in _apply_breaks(overrides, candidates, native, unaligned) if _comparable(p, unaligned)]
     pairs = _set_aside_before_mask(pairs, n_spans, o_spans, unaligned)
+    if chosen == CALLS and by_position:
+        unaligned[:] = _cut_differently_said(unaligned)
     pairs.sort(key=lambda p: p.native.record.seq)
     unaligned.sort(key=lambda u: (u.side, u.seq))
     return Alignment(pairs, unaligned, native_profile.name, oracle_profile.name, chosen, n_calls, o_calls)

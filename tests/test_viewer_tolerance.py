@@ -275,6 +275,7 @@ def test_switching_the_pairing_mode_keeps_the_op_and_takes_down_what_was_said_of
     win.model.select(win.model.comparison.pair_of[reading.key])
     _wait_selection_shown(qtbot, win)
     win.tree.filter.setText(reading.key.op)
+    marked = win.session_sync.add_bookmark("read by calls")
     missing = win.session_file.session.add_bookmark(OpKey.parse("0:visual:9:sdpa"), "an op of another model")
     assert not win.session_sync.show_bookmark(missing)
     assert win.banners.texts(MISSING_OP) == ["step 0 visual layer 9 sdpa is not in this comparison."]
@@ -288,3 +289,6 @@ def test_switching_the_pairing_mode_keeps_the_op_and_takes_down_what_was_said_of
     assert selected.key.positions and selected.key._replace(positions=()) == reading.key
     assert win.statusBar().currentMessage() == "" and win.banners.texts(MISSING_OP) == []
     assert win.tree.filter.text() == reading.key.op, "the filter was cleared to reveal the first finding"
+    win.model.select(win.model.comparison.comparison.pairs[0])
+    assert win.session_sync.show_bookmark(marked), "a bookmark made by calls was not in the comparison by position"
+    assert win.model.selected is selected

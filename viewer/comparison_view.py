@@ -333,8 +333,20 @@ def neighbour_divergence(viewed: ViewedComparison, current: PairResult | None, d
 
 
 def find_pair(viewed: ViewedComparison | None, key: OpKey) -> PairResult | None:
-    """The pair with this key (from the verdict, the timeline, a bookmark or a saved selection)."""
-    return None if viewed is None else viewed.pair_of.get(key)
+    """The pair with this key (from the verdict, the timeline, a bookmark or a saved selection).
+
+    A key of the other pairing mode finds the same op: by position a key carries the positions it
+    holds, by calls none, and a bookmark made in one mode was "not in this comparison" in the
+    other. Of several pairs cut from one call, none is guessed."""
+    if viewed is None:
+        return None
+    pair = viewed.pair_of.get(key)
+    if pair is not None:
+        return pair
+    if key.positions:
+        return viewed.pair_of.get(key.whole_call())
+    cut = [found for other, found in viewed.pair_of.items() if other.positions and other.whole_call() == key][:2]
+    return cut[0] if len(cut) == 1 else None
 
 
 def pair_op_label(pair: PairResult) -> str:

@@ -67,6 +67,23 @@ def test_decisions_are_autosaved_at_once_the_selection_and_view_on_the_timer(tmp
     assert not saver.tick(), "nothing changed since the last autosave"
 
 
+def test_a_new_session_with_nothing_a_user_would_miss_leaves_nothing_to_recover(tmp_path: Path) -> None:
+    """A window only opened on a pair and killed was offered back after the restart as
+    "unsaved work (0 bookmark(s))": its view and selection are nothing the close question asks about."""
+    clock = FakeClock()
+    document = SessionDocument(Investigation())
+    saver = Autosaver(document, tmp_path / "recovery", interval_s=30, clock=clock)
+    document.session.set_view(ViewState(slices=(3,)))
+    document.session.select_op(OpKey(0, "visual", 0, "sdpa"))
+    clock.now += 60
+    assert document.dirty and document.unsaved_work() == []
+    assert not saver.tick() and not saver.path.exists()
+
+    document.session.set_tolerance(SavedTolerance(max_ulp=2))
+    document.session.add_bookmark(OpKey(0, "visual", 0, "sdpa"), "tiled reduction")
+    assert document.unsaved_work() == ["1 bookmark(s)", "tolerances"] and saver.path.exists()
+
+
 def test_autosave_never_writes_the_users_file_and_stops_once_saved(tmp_path: Path) -> None:
     document = saved_document(tmp_path)
     user_file = document.path

@@ -157,7 +157,7 @@ class Autosaver:
 
     def flush(self) -> bool:
         """Write the recovery file now if the session has changes it does not hold; True if written."""
-        if not self.document.dirty:
+        if not self.document.unsaved_work():  # nothing a user would miss: nothing to offer back after a crash
             self._discard_file()
             return False
         if self._written_revision == self.document.session.revision:

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sessions.atomic_write import atomic_write_bytes, backup_paths
-from sessions.investigation.model import Investigation
+from sessions.compare.align_modes import AUTO
+from sessions.investigation.model import Investigation, SavedTolerance
 from sessions.investigation.schema import (
     SCHEMA_VERSION,
     DecodedSession,
@@ -140,6 +141,21 @@ def _backups_named(path: Path, backups: int) -> str:
     return f"; backups beside it: {', '.join(present)}" if present else ""
 
 
+def work_in(session: Investigation, path: Path | None) -> list[str]:
+    """What of a session a user would miss, in words ("2 bookmark(s)", "manual pairings", ...):
+    notes and bookmarks, decisions (pairings and breaks with their reasons, tolerances, a policy,
+    the pairing mode, reruns), or, of a saved session, its edits."""
+    said = [f"{len(session.bookmarks)} bookmark(s)"] if session.bookmarks else []
+    said += ["a title or summary"] if session.title or session.summary else []
+    said += ["manual pairings"] if session.overrides else []
+    said += ["reruns"] if session.reruns else []
+    tolerances = session.op_tolerances or session.tolerance_policy is not None or session.tolerance != SavedTolerance()
+    said += ["tolerances"] if tolerances else []
+    said += ["the pairing mode"] if session.alignment_mode != AUTO else []
+    said += [f"edits to {path.name}"] if path is not None and not said else []
+    return said
+
+
 @dataclass
 class SessionDocument:
     """An open session: what File > Save, Save As and the title bar's dirty mark work on."""
@@ -164,6 +180,12 @@ class SessionDocument:
     @property
     def dirty(self) -> bool:
         return self.session.revision != self.saved_revision
+
+    def unsaved_work(self) -> list[str]:
+        """`work_in` this session, none when it is saved as it is. The close question and crash
+        recovery ask by it: a window only opened on a pair and killed was offered back as
+        "unsaved work (0 bookmark(s))"."""
+        return work_in(self.session, self.path) if self.dirty else []
 
     @classmethod
     def open(cls, path: str | Path, *, backups: int = DEFAULT_BACKUPS, recover: bool = True) -> SessionDocument:

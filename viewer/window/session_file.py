@@ -16,8 +16,7 @@ from pathlib import Path
 from PySide6.QtCore import QObject, QTimer, Signal
 from PySide6.QtWidgets import QFileDialog, QMessageBox, QWidget
 
-from sessions.compare.align_modes import AUTO
-from sessions.investigation.model import Investigation, SavedTolerance
+from sessions.investigation.model import Investigation
 from sessions.investigation.recovery import (
     Autosaver,
     RecoveryOffer,
@@ -28,6 +27,7 @@ from sessions.investigation.store import (
     SessionDocument,
     SessionOpenError,
     SessionSaveError,
+    work_in,
 )
 from viewer.settings import ViewerSettings
 from viewer.widgets.banner import BannerArea
@@ -128,13 +128,9 @@ class SessionFile(QObject):
     # -- unsaved work ------------------------------------------------------------------------
 
     def worth_keeping(self) -> bool:
-        """Unsaved work a user would miss: notes and bookmarks, decisions (pairings and breaks with
-        their reasons, tolerances, a policy, the pairing mode, reruns), or edits to a saved session.
-        A new session's decisions alone were dropped on close without a word."""
-        s = self.session
-        decided = s.overrides or s.reruns or s.op_tolerances or s.tolerance_policy is not None
-        decided = decided or s.tolerance != SavedTolerance() or s.alignment_mode != AUTO
-        return self.document.dirty and bool(s.bookmarks or s.title or s.summary or decided or self.document.path is not None)
+        """Unsaved work a user would miss (`SessionDocument.unsaved_work`): a new session's
+        decisions alone were dropped on close without a word."""
+        return bool(self.document.unsaved_work())
 
     def settle_unsaved(self) -> bool:
         """Before the session is replaced or the window closes: False when the user cancelled."""
@@ -232,7 +228,7 @@ class SessionFile(QObject):
             self._banners.show_message("recovery", "warning", notice)
         for offer in scan.offers:
             name = offer.session_path.name if offer.session_path else "an unsaved session"
-            what = f"{len(offer.session.bookmarks)} bookmark(s)" + (f", “{offer.session.title}”" if offer.session.title else "")
+            what = ", ".join(work_in(offer.session, offer.session_path)) + (f", “{offer.session.title}”" if offer.session.title else "")
             self._show_offer(offer, f"Parity X-ray stopped unexpectedly while {name} had unsaved work ({what}). Restore it?")
         self._pending_offers += scan.offers
         return scan.offers

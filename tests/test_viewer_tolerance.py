@@ -44,6 +44,14 @@ def _compared(qtbot: QtBot, win: MainWindow) -> None:
     qtbot.waitUntil(lambda: win.model.comparison is not None and not win.tasks.busy, timeout=WAIT_MS)
 
 
+def _one_ulp_pair_compared(qtbot: QtBot, tmp_path: Path) -> MainWindow:
+    """A window on a pair one ULP apart in its logits (`one_ulp_pair`), compared."""
+    win = _window(qtbot, tmp_path)
+    win.open_pair(*one_ulp_pair(tmp_path))
+    _compared(qtbot, win)
+    return win
+
+
 def _accept(qtbot: QtBot, dialog: ToleranceDialog) -> None:
     qtbot.mouseClick(dialog.buttons.button(QDialogButtonBox.StandardButton.Ok), Qt.MouseButton.LeftButton)
 
@@ -120,11 +128,8 @@ def test_a_max_ulp_set_in_the_window_admits_the_documented_divergence_and_the_st
 
 
 def test_a_policy_chosen_in_the_window_is_kept_in_the_session_and_report_judges_alike(qtbot: QtBot, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    native, oracle = one_ulp_pair(tmp_path)
     policy = policy_file(tmp_path, '[[rule]]\nop = "logits"\nmax_ulp = 1\n')
-    win = _window(qtbot, tmp_path)
-    win.open_pair(native, oracle)
-    _compared(qtbot, win)
+    win = _one_ulp_pair_compared(qtbot, tmp_path)
 
     _choose(qtbot, win, max_ulp=0, policy=policy)
 
@@ -132,7 +137,7 @@ def test_a_policy_chosen_in_the_window_is_kept_in_the_session_and_report_judges_
     assert _tree_kinds(win) == {"0:prefill:0:layer_out": Kind.DIVERGED, "0:prefill:-1:logits": Kind.WITHIN_TOLERANCE}
     assert win.tolerance_indicator.text() == "tolerance: bit-exact + policy.toml"
     assert win.session_file.session.tolerance_policy == policy
-    code, first_line = _report([str(native), str(oracle), "--tolerance-policy", str(policy)], capsys)
+    code, first_line = _report([str(win.model.native.path), str(win.model.oracle.path), "--tolerance-policy", str(policy)], capsys)
     assert code == 1 and first_line.startswith(f"{DIVERGENCE}: first diverged at 0:prefill:0:layer_out (")
 
     qtbot.waitUntil(lambda: len(win.session_file.session.captures) == 2, timeout=WAIT_MS)
@@ -144,11 +149,8 @@ def test_a_policy_chosen_in_the_window_is_kept_in_the_session_and_report_judges_
 
 
 def test_a_malformed_policy_is_refused_with_its_file_and_problem_and_one_broken_later_makes_the_verdict_unusable(qtbot: QtBot, tmp_path: Path) -> None:
-    native, oracle = one_ulp_pair(tmp_path)
     policy = policy_file(tmp_path, '[[rule]]\nop = "logits"\nmax_ulps = 1\n')
-    win = _window(qtbot, tmp_path)
-    win.open_pair(native, oracle)
-    _compared(qtbot, win)
+    win = _one_ulp_pair_compared(qtbot, tmp_path)
 
     dialog = win.edit_tolerance()
     dialog.policy.setText(str(policy))
@@ -176,11 +178,8 @@ def test_a_malformed_policy_is_refused_with_its_file_and_problem_and_one_broken_
 def test_a_policy_broken_while_a_comparison_runs_stays_the_verdict_when_that_comparison_ends(qtbot: QtBot, tmp_path: Path) -> None:
     """The running comparison was cancelled, and its cancel (or its result, judged by the old
     policy) arrived after the refusal: "Comparison cancelled" replaced the policy's error."""
-    native, oracle = one_ulp_pair(tmp_path)
     policy = policy_file(tmp_path, '[[rule]]\nmatch = "."\nmax_ulp = 1\n')
-    win = _window(qtbot, tmp_path)
-    win.open_pair(native, oracle)
-    _compared(qtbot, win)
+    win = _one_ulp_pair_compared(qtbot, tmp_path)
     _choose(qtbot, win, max_ulp=0, policy=policy)
     assert win.verdict_strip.word.text() == "PARITY"
 

@@ -701,7 +701,7 @@ def align(
     unaligned.extend(o_rejected)
     (n_spans, n_calls), (o_spans, o_calls) = record_spans(n_mapped), record_spans(o_mapped)
     by_position = auto_mode(n_mapped, o_mapped, n_calls, o_calls) == POSITIONS
-    chosen = mode if mode != "auto" else CALLS if not by_position else POSITIONS
+    chosen = mode if mode != "auto" else POSITIONS if by_position else CALLS
     n_recorded, o_recorded = _recorded(n_mapped), _recorded(o_mapped)
     manual = _take_manual_pairs(overrides, n_mapped, o_mapped, native, oracle, unaligned)
     n_mapped = _unless_recorded("native", n_mapped, n_optional, o_recorded, unaligned)

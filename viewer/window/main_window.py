@@ -35,8 +35,6 @@ from PySide6.QtWidgets import (
 from sessions.capture.pair_opening import assign_roles, iter_open_captures
 from sessions.capture.reader import Capture
 from sessions.capture.record_attributes import RecordAttributes
-from sessions.capture.structure_check import CheckReport, iter_deep_check
-from sessions.compare.slice_export import iter_export
 from sessions.compare.tolerance_policy import PolicyError
 from sessions.progress import Progress
 from viewer import comparison_view as cv
@@ -62,6 +60,7 @@ from viewer.tree.alignment_tree import AlignmentTree
 from viewer.widgets.banner import BannerArea
 from viewer.widgets.plain_text import plain_label
 from viewer.widgets.progress_bar import show_progress
+from viewer.window.deep_check import DeepCheck
 from viewer.window.drop_hint import DropHint
 from viewer.window.help_dialog import HelpDialog
 from viewer.window.pairing_menu import PairingMenu
@@ -70,6 +69,7 @@ from viewer.window.report_export import BookmarkCamera, ReportExporter, png_of
 from viewer.window.session_captures import SessionCaptures
 from viewer.window.session_file import SessionFile
 from viewer.window.session_sync import MISSING_OP, SessionSync, WindowView
+from viewer.window.slice_export import SliceExport
 from viewer.window.tolerance import ToleranceDialog, ToleranceIndicator
 from viewer.window.uncaught_errors import show_uncaught_errors_in
 from viewer.window.verdict_strip import VerdictStrip
@@ -142,6 +142,7 @@ class MainWindow(QMainWindow):
         layout.addWidget(self.verdict_strip)
         self.banners = BannerArea()
         layout.addWidget(self.banners)
+        self.deep_check = DeepCheck(lambda: (self.model.native, self.model.oracle), self.tasks, self.banners)
         self.stack = QStackedWidget()
         self.drop_hint = DropHint()
         self.drop_hint.open_requested.connect(self.open_dialog)
@@ -166,7 +167,8 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(central)
         self.tensor_view.slice_requested.connect(self.load_slice)
         self.tensor_view.detail_requested.connect(self.load_detail)
-        self.tensor_view.export_requested.connect(lambda what, suffix: self.export_slice(what, suffix))
+        self.export_slice = SliceExport(self.tensor_view, lambda: self.model.native, self.tasks, self.banners, self.statusBar().showMessage, self).export
+        self.tensor_view.export_requested.connect(self.export_slice)
 
     def _build_tree_dock(self) -> None:
         self.tree = AlignmentTree(self.model)
@@ -526,7 +528,7 @@ class MainWindow(QMainWindow):
     def _comparison_failed(self, message: str) -> None:
         """The pair cannot be compared (unreadable, or no profile knows its names): the verdict is UNUSABLE."""
         self.model.set_comparison(None, "the comparison failed")
-        self.offer_deep_check("comparison", f"The comparison failed: {message}")
+        self.deep_check.offer("comparison", f"The comparison failed: {message}")
         self.verdict_strip.show_unusable(message)
 
     def _show_capture_banners(self) -> None:
@@ -636,31 +638,7 @@ class MainWindow(QMainWindow):
 
     def _tensor_failed(self, message: str) -> None:
         self.tensor_view.clear(f"Cannot show this pair: {message}")
-        self.offer_deep_check("tensor", f"A tensor could not be read: {message}")
-
-    def offer_deep_check(self, group: str, message: str) -> None:
-        """A failed read may be one damaged chunk among many: offer to read every tensor of both
-        files in the limited child (`validate --deep`), so the user learns all of it at once."""
-        self.banners.show_message(group, "error", message, actions=[("Check both files deeply", self.deep_check)])
-
-    def deep_check(self) -> None:
-        paths = [c.path for c in (self.model.native, self.model.oracle) if c is not None]
-        self.tasks.submit(
-            "deep-check",
-            lambda: iter_deep_check(paths),
-            on_success=self._deep_checked,
-            on_failure=lambda message: self.banners.show_message("deep-check", "error", f"The deep check could not run: {message}"),
-        )
-
-    def _deep_checked(self, found: list[tuple[Path, CheckReport]]) -> None:
-        self.banners.clear("deep-check")
-        for path, report in found:
-            if report.problems:
-                first = report.problems[0]
-                more = f" (and {len(report.problems) - 1} more problem(s); `parity-xray validate --deep` lists them all)" if len(report.problems) > 1 else ""
-                self.banners.show_message("deep-check", "error", f"{path.name}: {first.location}: {first.problem}{more}")
-            else:
-                self.banners.show_message("deep-check", "info", f"{path.name}: every tensor reads back ({report.contents})")
+        self.deep_check.offer("tensor", f"A tensor could not be read: {message}")
 
     def _slice_ready(self, data: TensorSlice) -> None:
         self.tasks.cancel_lane("detail")
@@ -683,27 +661,6 @@ class MainWindow(QMainWindow):
         self.progress.setVisible(busy)
         self.cancel_button.setVisible(busy)
         self._close_retired()
-
-    def export_slice(self, what: str, suffix: str, path: Path | None = None) -> None:
-        """Write the shown slice off the UI thread; `path` None asks, starting in the native capture's folder."""
-        data = self.tensor_view.data
-        if data is None:
-            self.statusBar().showMessage("Select an op whose tensors are shown first.", 5000)
-            return
-        if path is None:
-            start = self.model.native.path.parent if self.model.native is not None else Path.cwd()
-            suggested = start / f"{data.request.label.replace(':', '_')}-{what}{suffix}"
-            name, _ = QFileDialog.getSaveFileName(self, f"Export {what} values", str(suggested), f"*{suffix}")
-            if not name:
-                return
-            path = Path(name)
-        target = path
-        self.tasks.submit(
-            "export",
-            lambda: iter_export(data.native_bits, data.oracle_bits, data.dtype, what, target),
-            on_success=lambda written: self.statusBar().showMessage(f"Wrote {written}", 8000),
-            on_failure=lambda message: self.banners.show_message("export", "error", f"Could not export to {target}: {message}"),
-        )
 
     def cancel_work(self) -> None:
         self.tasks.cancel_all()

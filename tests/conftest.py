@@ -28,7 +28,7 @@ def no_checking_child_kept_ready() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
-def no_modal_dialog(monkeypatch: pytest.MonkeyPatch) -> None:
+def no_modal_dialog(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """No test can wait on a modal dialog: one that met a dialog hung the whole suite until the
     run's timeout, with no word of where. A window's questions are replaceable callables (the
     unsaved-work question, paths, reasons, partners); a call that reaches one of Qt's static
@@ -36,7 +36,10 @@ def no_modal_dialog(monkeypatch: pytest.MonkeyPatch) -> None:
     (A context menu's `exec` cannot be replaced so: Shiboken looks it up on the C++ side.)
     A window still open at teardown answers the unsaved-work question "discard": the test is
     over, and its decisions (a rerun, a pairing, a tolerance) are unsaved work the window asks
-    about as it closes. Tests that check the question replace `session_file.ask_close`."""
+    about as it closes. Tests that check the question replace `session_file.ask_close`.
+    Only tests that drive widgets (through qtbot) are guarded: the domain's tests import no Qt."""
+    if "qtbot" not in request.fixturenames:
+        return
     from PySide6.QtWidgets import QFileDialog, QInputDialog, QMessageBox
 
     from viewer.window import session_file

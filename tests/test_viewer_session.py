@@ -501,6 +501,24 @@ def test_the_html_export_leaves_the_window_on_the_op_slice_colour_scale_and_pane
     )
 
 
+def test_the_html_export_leaves_a_window_with_no_op_selected_on_no_op(qtbot: QtBot, tmp_path: Path, pair_copy: tuple[Path, Path]) -> None:
+    """With nothing selected, the window was left on the last bookmark pictured."""
+    win, _, _ = _held_slice_shown(qtbot, tmp_path, pair_copy, scale="relative")
+    assert win.session_sync.add_bookmark("the held head") is not None
+    win.model.select(None)
+    assert win.tensor_view.data is None
+
+    with qtbot.waitSignal(win.report_export.exported, timeout=WAIT_MS):
+        assert win.report_export.export_html(tmp_path / "report.html")
+    qtbot.waitUntil(lambda: not win.tasks.busy, timeout=WAIT_MS)
+    qtbot.wait(300)
+
+    page = (tmp_path / "report.html").read_text()
+    assert "the held head" in page and page.count("data:image/png;base64,") == 1, "the bookmark was pictured"
+    assert win.model.selected is None and win.tensor_view.data is None
+    assert win.tensor_view.title.text() == "Select an op in the alignment tree"
+
+
 def test_a_moved_capture_found_beside_the_session_is_named_once(qtbot: QtBot, tmp_path: Path, pair_copy: tuple[Path, Path]) -> None:
     """The banner said where the capture is, then "It looks like it is at" the same place again."""
     session_path = saved_session(qtbot, tmp_path, pair_copy)

@@ -426,7 +426,9 @@ def test_the_filter_never_changes_the_selected_op_and_clearing_it_shows_that_op_
     assert window.model.selected is layer_out and window.tree.view.currentIndex().isValid()
 
 
-def test_weights_mismatch_incomplete_capture_and_unaligned_records_are_shown(qtbot: QtBot, window: MainWindow, tmp_path: Path, artifacts_dir: Path) -> None:
+def _ffn_norm_without_partner(tmp_path: Path) -> tuple[Path, Path]:
+    """attn_norm on both sides, bit-exact; the native's unfinished capture also holds ffn_norm,
+    which the oracle lacks: the first finding is that record, and the weights hashes differ."""
     from sessions.capture.meta import CaptureMeta
     from sessions.capture.writer import CaptureWriter
 
@@ -438,8 +440,39 @@ def test_weights_mismatch_incomplete_capture_and_unaligned_records_are_shown(qtb
     writer.add_tensor("ffn_norm", bits, step=0, segment="prefill", layer=0, dtype="bfloat16")
     writer.end_step()
     writer.abandon()
+    return native, oracle
 
-    window.open_pair(native, oracle)
+
+def test_arriving_on_a_record_without_a_partner_keeps_the_users_filter(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
+    window.open_pair(*_ffn_norm_without_partner(tmp_path))
+    qtbot.waitUntil(lambda: window.model.comparison is not None and not window.tasks.busy and window.tree.view.currentIndex().isValid(), timeout=WAIT_MS)
+    window.tree.filter.setText("attn_norm")
+    first = window.model.comparison
+    window.start_compare()
+    qtbot.waitUntil(lambda: window.model.comparison not in (None, first) and not window.tasks.busy, timeout=WAIT_MS)
+    qtbot.wait(50)  # the arrival runs on a timer of its own
+    assert window.tree.filter.text() == "attn_norm", "the window arriving by itself leaves the typed filter alone"
+    assert window.tree.visible_leaf_labels() == ["attn_norm"]
+    assert not window.tree.view.currentIndex().isValid() and window.model.selected is None
+    qtbot.keyClick(window, Qt.Key.Key_J, Qt.KeyboardModifier.ControlModifier)
+    current = window.tree.proxy.mapToSource(window.tree.view.currentIndex().siblingAtColumn(0))
+    assert window.tree.filter.text() == "" and current.data(UNALIGNED_ROLE).name == "ffn_norm", "Ctrl+J, the user's own ask, shows it under any filter"
+
+
+def test_an_ops_tensors_still_loading_when_no_op_is_selected_are_not_shown(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
+    """Picking a record without a partner while the last op's tensors loaded showed them beside it."""
+    window.open_pair(*small_pair(tmp_path))
+    wait_compared(qtbot, window)
+    other = next(p for p in window.model.comparison.comparison.pairs if p is not window.model.selected)
+    window.model.select(other)
+    window.model.select(None)
+    wait_idle(qtbot, window)
+    qtbot.wait(50)
+    assert window.tensor_view.data is None and window.tensor_view.title.text() == "Select an op in the alignment tree"
+
+
+def test_weights_mismatch_incomplete_capture_and_unaligned_records_are_shown(qtbot: QtBot, window: MainWindow, tmp_path: Path, artifacts_dir: Path) -> None:
+    window.open_pair(*_ffn_norm_without_partner(tmp_path))
     qtbot.waitUntil(lambda: window.model.comparison is not None and not window.tasks.busy and window.tree.view.currentIndex().isValid(), timeout=WAIT_MS)
     texts = window.banners.texts()
     assert any("WEIGHTS HASH MISMATCH" in t and "sha256:bb" in t for t in texts)

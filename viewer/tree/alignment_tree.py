@@ -466,15 +466,19 @@ class AlignmentTree(QWidget):
             return
         self._make_current(item)
 
-    def reveal_unaligned(self, record: UnalignedRecord) -> None:
-        """Select an unaligned record's row (Ctrl+J when the first finding is a record without a partner)."""
+    def reveal_unaligned(self, record: UnalignedRecord, *, past_filter: bool = True) -> None:
+        """Select an unaligned record's row (Ctrl+J when the first finding is a record without a
+        partner). Without `past_filter`, a row the filter hides stays hidden: the window arriving
+        on a new comparison by itself must not undo the filter the user typed."""
         item = self._unaligned_item_for(record)
         if item is not None:
-            self._make_current(item)
+            self._make_current(item, past_filter)
 
-    def _make_current(self, item: QStandardItem) -> None:
+    def _make_current(self, item: QStandardItem, past_filter: bool = True) -> None:
         index = self.proxy.mapFromSource(item.index())
         if not index.isValid():
+            if not past_filter:
+                return
             self.filter.clear()
             index = self.proxy.mapFromSource(item.index())
         if self.view.currentIndex() == index:

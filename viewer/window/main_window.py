@@ -575,7 +575,7 @@ class MainWindow(QMainWindow):
 
     def _reveal_arrived(self, comparison: Any, record: Any) -> None:
         if self.model.comparison is comparison and self.model.selected is None:
-            self.tree.reveal_unaligned(record)
+            self.tree.reveal_unaligned(record, past_filter=False)
 
     def jump_to_first_finding(self) -> None:
         """Ctrl+J: the verdict's first finding, whatever its kind -- the same place the CLI names."""
@@ -615,6 +615,7 @@ class MainWindow(QMainWindow):
         """The op's default slice, unless its tensor is the one on show (a re-compare kept the
         op): that keeps the user's slice, which the default replaced, in the session too."""
         if pair is None:
+            self.tasks.cancel_lane("tensor")  # an op's tensors still loading would show beside no op
             return
         shown = self.tensor_view.data
         self.load_slice(shown.spec if shown is not None and shown.request.label == pair.key.text() else None)

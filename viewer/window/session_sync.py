@@ -365,6 +365,8 @@ class SessionSync(QObject):
             self._view.show_panel(view.layout["tab"])
             if pair is not None:
                 self._select(pair.key, view)
+            else:
+                self._model.select(None)  # no op was on show: the last bookmark pictured is not left there
             self._picturing = False
 
         return put_back

@@ -100,11 +100,39 @@ def parse_problem(exc: ValueError | RecursionError) -> str:
     return str(exc)
 
 
+MAX_JSON_DEPTH = 64
+"""JSON from another engine nested deeper is refused: Python's parser reads about 990 levels,
+but what later walks the value recursively (copying a capture's metadata, writing it out again)
+failed from 500 on, so a provenance 900 levels deep passed `validate` and broke `report`."""
+
+
+class JsonTooDeep(ValueError):
+    """JSON that parses but nests past MAX_JSON_DEPTH."""
+
+
 def load_json(text: str) -> Any:
-    """JSON whose every object gives each key once. Python's parser keeps the last of a key given
-    twice and says nothing: an engine's manifest entry with two `step`s, or a provenance with two
-    `contracts`, read as whichever came last, where the writer may have meant the first."""
-    return json.loads(text, object_pairs_hook=_unique_keys)
+    """JSON whose every object gives each key once, nested at most MAX_JSON_DEPTH levels. Python's
+    parser keeps the last of a key given twice and says nothing: an engine's manifest entry with
+    two `step`s, or a provenance with two `contracts`, read as whichever came last, where the
+    writer may have meant the first."""
+    value = json.loads(text, object_pairs_hook=_unique_keys)
+    depth = _nesting(value)
+    if depth > MAX_JSON_DEPTH:
+        raise JsonTooDeep(f"its values nest {depth} levels deep, past the {MAX_JSON_DEPTH} a reader follows")
+    return value
+
+
+def _nesting(value: Any) -> int:
+    """How many objects and arrays deep `value` nests, found without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, level)
+        stack.extend((child, level + 1) for child in children)
+    return deepest
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

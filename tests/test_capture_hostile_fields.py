@@ -331,6 +331,14 @@ def test_a_zero_element_record_with_a_long_first_axis_is_read_at_once_by_the_dee
 # D6: values the format fixes or forbids, which the comparison would turn into divergences
 
 
+def test_a_step_that_goes_back_is_refused_by_its_index_row(tmp_path: Path) -> None:
+    """Rows are in execution order: a capture whose steps 1 and 3 were swapped paired its step-1
+    records under step 3's number, where a divergence would be reported at the wrong step."""
+    path = with_index(small_capture(tmp_path / "back.h5"), lambda index: index["step"].__setitem__(0, 1))
+    assert problems(path) == [Problem("/index row 1 (t1)", "step goes back (rows are in execution order) (step 0 after step 1)")]
+    assert "/index row 1 (t1): step goes back" in str(refusal(path))
+
+
 def test_a_shape_entry_past_ndim_that_is_not_zero_is_refused_by_its_index_row(tmp_path: Path) -> None:
     path = with_index(small_capture(tmp_path / "trailing.h5"), lambda index: index["shape"].__setitem__(1, [16, 128, 7, 7, 7, 7, 7, 7]))
     error = refusal(path)

@@ -242,6 +242,45 @@ def test_deeply_nested_provenance_is_a_located_refusal_not_a_recursion_error(tmp
     assert (refused.value.location, refused.value.problem) == ("/ attribute 'provenance_json'", "is not JSON (it nests deeper than a reader follows)")
 
 
+def test_provenance_nested_past_what_a_reader_follows_is_refused_by_validate_and_report_alike(tmp_path: Path) -> None:
+    """900 levels parse, and `validate` said valid; `report` then broke with a RecursionError
+    copying the capture's metadata (from 500 levels on)."""
+    paths = []
+    for role in ("native", "oracle"):
+        path = write_capture(tmp_path / f"deep.{role}.h5", role, [T("l_out-0", np.zeros(4, np.float32), layer=0)])
+        with h5py.File(path, "r+") as f:
+            del f.attrs[cf.ATTR_PROVENANCE]
+            f.attrs.create(cf.ATTR_PROVENANCE, np.frombuffer(b'{"deep": ' + b'{"a": ' * 900 + b"1" + b"}" * 901, np.uint8))
+        paths.append(path)
+    located = "/ attribute 'provenance_json': its values nest 901 levels deep, past the 64 a reader follows"
+    status, out, _, _ = cli("validate", str(paths[0]))
+    assert (status, out.splitlines()) == (2, [f"{paths[0]}: invalid (1 problem)", f"  {located}"])
+    status, _, err, _ = cli("report", "--no-cache", *map(str, paths))
+    assert (status, err) == (2, f"parity-xray report: unusable input: {paths[0]}: {located}\n")
+
+
+@pytest.mark.parametrize("layout", ["packed", "datasets"])
+def test_a_bool_stored_as_a_byte_other_than_0_or_1_is_a_located_refusal(tmp_path: Path, layout: str) -> None:
+    """Byte 2 against byte 1 reads True against True: the bits differed, no element did, and
+    `report` failed with an IndexError; `validate --deep` called the file valid."""
+    mask = np.array([[True, False, True, True]] * 2)
+    paths = [write_capture(tmp_path / f"mask.{role}.h5", role, [T("l_out-0", mask, layer=0, dtype="bool")], layout=layout) for role in ("native", "oracle")]
+    with h5py.File(paths[0], "r+") as f:
+        row = f[cf.INDEX_PATH][0]
+        stored = f[cf.decode_field(row["path"])]
+        if layout == "packed":
+            stored[int(row["offset"])] = 2
+        else:
+            stored.id.write(h5py.h5s.ALL, h5py.h5s.ALL, np.array([[2, 0, 1, 1]] * 2, np.uint8), mtype=h5py.h5t.STD_U8LE)
+    located = "/index row 0 (l_out-0): holds byte 0x02 for a bool (1 such bytes in what was read); a bool is stored as one byte, 0 or 1"
+    if layout == "datasets":
+        located = located.replace("(1 such", "(2 such")
+    status, out, _, _ = cli("validate", "--deep", str(paths[0]))
+    assert (status, out.splitlines()[1:]) == (2, [f"  {located}"])
+    status, _, err, _ = cli("report", "--no-cache", *map(str, paths))
+    assert (status, err) == (2, f"parity-xray report: unusable input: {paths[0]}: {located}\n")
+
+
 def test_a_table_field_name_that_is_not_utf8_is_a_located_refusal(tmp_path: Path) -> None:
     path = write_capture(tmp_path / "names.h5", "native", [T("l_out-0", np.zeros(4, np.float32), layer=0)])
     with h5py.File(path, "r+") as f:
@@ -286,6 +325,18 @@ def chunked_dcpl() -> h5py.h5p.PropDCID:
     dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
     dcpl.set_chunk((16,))
     return dcpl
+
+
+def test_source_names_are_read_from_the_checked_file_not_from_what_its_path_names_now(tmp_path: Path) -> None:
+    """Sources were read by reopening the capture by name: a file put in its place after the
+    check was read unchecked."""
+    from sessions.compare.record_sources import record_sources
+
+    path = write_capture(tmp_path / "native.h5", "native", [T("node_5", np.ones(8, np.float32), layer=0, attrs={"ggml_src": json.dumps(["blk.0.ffn_up.weight"])})])
+    swapped = write_capture(tmp_path / "other.h5", "native", [T("node_5", np.ones(8, np.float32), layer=0, attrs={"ggml_src": json.dumps(["placed"])})])
+    with open_capture(path) as capture:
+        swapped.replace(path)
+        assert record_sources(capture) == {0: ("blk.0.ffn_up.weight",)}
 
 
 def test_deeply_nested_source_names_are_no_sources_not_a_crash(tmp_path: Path) -> None:

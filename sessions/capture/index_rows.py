@@ -111,6 +111,7 @@ def index_problems(columns: IndexColumns) -> tuple[list[Problem], np.ndarray]:
             lambda row: f" ({text(row, 'path')!r})",
         ),
         (columns["step"] < 0, "step is negative", None),
+        (_steps_back(columns["step"]), "step goes back (rows are in execution order)", lambda row: f" (step {int(columns['step'][row])} after step {int(columns['step'][row - 1])})"),
         (columns["layer"] < -1, "layer is below -1", None),
         (columns["occurrence"] < 0, "occurrence is negative", None),
         (columns["position"] < -1, "position is below -1 (-1: not recorded)", None),
@@ -134,6 +135,14 @@ def index_problems(columns: IndexColumns) -> tuple[list[Problem], np.ndarray]:
 
         found += listed(bad, describe, what)
     return found, bad_rows
+
+
+def _steps_back(steps: np.ndarray) -> np.ndarray:
+    """Rows whose step is below the row before's: with steps out of order, by-position pairing
+    put one step's records under another's number, and a divergence at the wrong step."""
+    back = np.zeros(len(steps), dtype=bool)
+    back[1:] = steps[1:] < steps[:-1]
+    return back
 
 
 def _nonzero_elements(ndims: np.ndarray, dims: list[np.ndarray]) -> np.ndarray:

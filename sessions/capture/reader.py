@@ -63,7 +63,7 @@ from sessions.capture.text_fields import (
     control_character,
 )
 from sessions.printable import printable
-from sessions.side_file import load_json
+from sessions.side_file import JsonTooDeep, load_json
 
 _TRUNCATED = re.compile(r"truncated file: eof = (\d+),.*stored_eof = (\d+)")
 """libhdf5's words for a file shorter than its superblock says: the bytes there and the bytes it should have."""
@@ -204,6 +204,11 @@ class Capture:
     def file_size(self) -> int:
         return self._file_size
 
+    def open_object(self, path: str) -> h5py.h5o.ObjectID:
+        """The object at `path` in the file this capture opened and checked: reopening the file by
+        its name would read whatever stands there now (a file replaced since, unchecked)."""
+        return h5py.h5o.open(self._file.id, path.encode())
+
     def _fail(self, location: str, problem: str) -> CaptureError:
         return CaptureError(self.path, location, problem)
 
@@ -288,6 +293,8 @@ class Capture:
                 provenance = load_json(raw_provenance.tobytes().decode("utf-8"))
             except UnicodeDecodeError:
                 raise self._fail("/ attribute 'provenance_json'", "is not UTF-8 text") from None
+            except JsonTooDeep as exc:
+                raise self._fail("/ attribute 'provenance_json'", str(exc)) from None
             except (ValueError, RecursionError) as exc:
                 reason = describe_error(exc) if isinstance(exc, RecursionError) else str(exc)
                 raise self._fail("/ attribute 'provenance_json'", f"is not JSON ({reason})") from None
@@ -707,8 +714,11 @@ class RecordReader:
                 shape = selection_shape(stored_shape(self._record.dtype, self._record.shape), selection)
                 return self.read_into(np.empty(shape, dtype=self._storage), selection)
             if self._chunked is not None:
-                return self._chunked.read(selection)
-            return self._dataset[()] if selection is None else self._dataset[selection]
+                bits = self._chunked.read(selection)
+            else:
+                bits = self._dataset[()] if selection is None else self._dataset[selection]
+        refuse_bool_bytes(self._capture.path, self._record, bits)
+        return bits
 
     def read_into(self, out: np.ndarray, selection: Selection = None) -> np.ndarray:
         """Stored bits of the record, or of `selection`, into `out` (C-contiguous, the
@@ -717,11 +727,12 @@ class RecordReader:
             if self._pack is not None:
                 shape = stored_shape(self._record.dtype, self._record.shape)
                 descriptor = self._capture.descriptor
-                return read_packed(self._pack, descriptor, self._chunked, self._record.offset, shape, self._storage, selection, out)
-            if self._chunked is not None:
+                out = read_packed(self._pack, descriptor, self._chunked, self._record.offset, shape, self._storage, selection, out)
+            elif self._chunked is not None:
                 out[...] = self._chunked.read(selection)
             else:
                 self._dataset.read_direct(out, selection)
+        refuse_bool_bytes(self._capture.path, self._record, out)
         return out
 
     @contextmanager
@@ -733,6 +744,21 @@ class RecordReader:
             raise self._capture._fail(exc.problem.location, exc.problem.problem) from None
         except (*HDF5_ERRORS, IndexError) as exc:
             raise self._capture._fail(self._record.path, f"data cannot be read ({describe_error(exc)})") from None
+
+
+def refuse_bool_bytes(path: str | Path, record: Record, stored: np.ndarray) -> None:
+    """A bool is stored as one byte, 0 or 1 (docs/capture-format.md). Any other byte reads as
+    True, as 1 does: two records whose bytes differ compared equal element by element, and the
+    comparison, told their bits differ, found no differing element and failed."""
+    if record.dtype != "bool":
+        return
+    raw = np.ascontiguousarray(stored).view(np.uint8).reshape(-1)
+    bad = np.flatnonzero(raw > 1)
+    if bad.size:
+        raise CaptureError(
+            path, f"/index row {record.seq} ({record.name})",
+            f"holds byte {int(raw[bad[0]]):#04x} for a bool ({bad.size:,} such bytes in what was read); a bool is stored as one byte, 0 or 1",
+        )
 
 
 def stored_span(capture: Capture, record: Record) -> tuple[int, int] | None:

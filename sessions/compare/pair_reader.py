@@ -14,7 +14,12 @@ from functools import lru_cache
 import numpy as np
 
 from sessions.bits.dtypes import logical_dtype
-from sessions.capture.reader import Capture, RecordReader, stored_span
+from sessions.capture.reader import (
+    Capture,
+    RecordReader,
+    refuse_bool_bytes,
+    stored_span,
+)
 from sessions.compare.align import AlignedPair
 from sessions.compare.byte_checks import ByteChecks, FileSpot, Pieces
 from sessions.compare.mapped_record import MappedRecord
@@ -113,6 +118,7 @@ class _Side:
             return stored if stored.size == record.nbytes else None
         if stored.size != math.prod(record.shape) * ld.storage.itemsize:
             return None
+        refuse_bool_bytes(self.capture.path, record, stored)
         return self._mapped.canonical(stored.view(ld.storage).reshape(record.shape))
 
     def whole(self) -> np.ndarray:

@@ -31,23 +31,22 @@ def record_sources(capture: Capture, records: Iterable[Record] | None = None) ->
     found: dict[int, tuple[str, ...]] = {}
     attribute = PackedAttributes(capture, SRC_ATTR)
     try:
-        with h5py.File(capture.path, "r", locking=False) as file:
-            opened: tuple[str, h5py.h5o.ObjectID] | None = None
-            for record in capture.records if records is None else records:
-                try:
-                    if opened is None or opened[0] != record.path:
-                        opened = (record.path, h5py.h5o.open(file.id, record.path.encode()))
-                    raw = attribute.value(opened[1], record)
-                except (KeyError, ValueError, UnsafeObject):
-                    continue
-                if raw is None:
-                    continue
-                try:
-                    names = json.loads(bytes(raw.item()).decode("utf-8"))
-                except (ValueError, UnicodeDecodeError, TypeError, AttributeError, RecursionError):
-                    continue
-                if isinstance(names, list) and all(isinstance(n, str) for n in names):
-                    found[record.seq] = tuple(names)
+        opened: tuple[str, h5py.h5o.ObjectID] | None = None
+        for record in capture.records if records is None else records:
+            try:
+                if opened is None or opened[0] != record.path:
+                    opened = (record.path, capture.open_object(record.path))
+                raw = attribute.value(opened[1], record)
+            except (KeyError, ValueError, UnsafeObject):
+                continue
+            if raw is None:
+                continue
+            try:
+                names = json.loads(bytes(raw.item()).decode("utf-8"))
+            except (ValueError, UnicodeDecodeError, TypeError, AttributeError, RecursionError):
+                continue
+            if isinstance(names, list) and all(isinstance(n, str) for n in names):
+                found[record.seq] = tuple(names)
     except OSError as exc:
         raise CaptureError(capture.path, "file", f"cannot read source names ({exc})") from None
     return found

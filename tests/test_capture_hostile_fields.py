@@ -335,7 +335,7 @@ def test_a_step_that_goes_back_is_refused_by_its_index_row(tmp_path: Path) -> No
     """Rows are in execution order: a capture whose steps 1 and 3 were swapped paired its step-1
     records under step 3's number, where a divergence would be reported at the wrong step."""
     path = with_index(small_capture(tmp_path / "back.h5"), lambda index: index["step"].__setitem__(0, 1))
-    assert problems(path) == [Problem("/index row 1 (t1)", "step goes back (rows are in execution order) (step 0 after step 1)")]
+    assert problems(path) == [Problem("/index row 1 (t1)", "step goes back, though rows are in execution order (step 0 after step 1)")]
     assert "/index row 1 (t1): step goes back" in str(refusal(path))
 
 

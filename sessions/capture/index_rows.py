@@ -111,7 +111,7 @@ def index_problems(columns: IndexColumns) -> tuple[list[Problem], np.ndarray]:
             lambda row: f" ({text(row, 'path')!r})",
         ),
         (columns["step"] < 0, "step is negative", None),
-        (_steps_back(columns["step"]), "step goes back (rows are in execution order)", lambda row: f" (step {int(columns['step'][row])} after step {int(columns['step'][row - 1])})"),
+        (_steps_back(columns["step"]), "step goes back, though rows are in execution order", lambda row: f" (step {int(columns['step'][row])} after step {int(columns['step'][row - 1])})"),
         (columns["layer"] < -1, "layer is below -1", None),
         (columns["occurrence"] < 0, "occurrence is negative", None),
         (columns["position"] < -1, "position is below -1 (-1: not recorded)", None),

@@ -757,7 +757,7 @@ def refuse_bool_bytes(path: str | Path, record: Record, stored: np.ndarray) -> N
     if bad.size:
         raise CaptureError(
             path, f"/index row {record.seq} ({record.name})",
-            f"holds byte {int(raw[bad[0]]):#04x} for a bool ({bad.size:,} such bytes in what was read); a bool is stored as one byte, 0 or 1",
+            f"holds byte {int(raw[bad[0]]):#04x} for a bool ({bad.size:,} of the {raw.size:,} bytes read are neither 0 nor 1); a bool is stored as one byte, 0 or 1",
         )
 
 

@@ -459,6 +459,71 @@ def test_arriving_on_a_record_without_a_partner_keeps_the_users_filter(qtbot: Qt
     assert window.tree.filter.text() == "" and current.data(UNALIGNED_ROLE).name == "ffn_norm", "Ctrl+J, the user's own ask, shows it under any filter"
 
 
+def _three_d_pair(tmp_path: Path) -> tuple[Path, Path]:
+    """A [4, 3, 5] q_norm whose only difference is 7 ULP at [2, 1, 3]."""
+    oracle = bf16_bits(np.ones((4, 3, 5)))
+    native = oracle.copy()
+    native[2, 1, 3] += 7
+    return (
+        write_capture(tmp_path / "n.h5", "native", [T("q_norm", native, dtype="bfloat16", layer=0)]),
+        write_capture(tmp_path / "o.h5", "oracle", [T("q_norm", oracle, dtype="bfloat16", layer=0)]),
+    )
+
+
+def test_a_3d_pair_opens_on_the_slice_holding_the_element_report_names(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
+    """Held at axis 0 = 0, the view said bit-exact beside a report of 7 ULP at [2, 1, 3]."""
+    window.open_pair(*_three_d_pair(tmp_path))
+    wait_compared(qtbot, window)
+    assert window.model.selected.metrics.worst_ulp_at.coord == [2, 1, 3]
+    view = window.tensor_view
+    assert (view.data.spec.row_axis, view.data.spec.col_axis, view.data.spec.index[0]) == (1, 2, 2)
+    assert "bit-exact" not in view.title.text() and view.data.differing == 1
+    assert view.inspector.title.text().startswith("Element [2, 1, 3]") and view.inspector.verdict.text() == "7 ULP apart"
+
+
+def test_an_arrow_click_on_a_held_axis_shows_that_index(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
+    """Only Enter or leaving the box reloaded the slice: after two clicks it read 'axis 0 = 0' shown as 2."""
+    window.open_pair(*_three_d_pair(tmp_path))
+    wait_compared(qtbot, window)
+    window.tensor_view.axes._spins[0].stepDown()
+    qtbot.waitUntil(lambda: window.tensor_view.data.spec.index[0] == 1 and not window.tasks.busy, timeout=WAIT_MS)
+    assert window.tensor_view.axes._spins[0].value() == 1 and window.tensor_view.data.differing == 0
+
+
+def test_a_long_1d_tensor_is_drawn_downsampled(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
+    """Every point was drawn: a 65,536-element tensor repainted in 1.2 s, a million held the window over 100 s."""
+    oracle = bf16_bits(np.random.default_rng(0).standard_normal(1 << 16))
+    native = oracle.copy()
+    native[12345] += 3
+    window.open_pair(
+        write_capture(tmp_path / "n.h5", "native", [T("logits", native, dtype="bfloat16")]),
+        write_capture(tmp_path / "o.h5", "oracle", [T("logits", oracle, dtype="bfloat16")]),
+    )
+    wait_compared(qtbot, window)
+    QApplication.processEvents()
+    for name, curve in window.tensor_view.curves.items():
+        assert curve.opts["autoDownsample"] and curve.opts["clipToView"], name
+        shown, _ = curve.getData()
+        assert shown is not None and shown.size < 1 << 14, f"{name}: {shown.size if shown is not None else None} points drawn"
+    assert not window.tensor_view.plots["native"].vb.yInverted(), "a curve's larger values are up"
+
+
+def test_the_view_pins_the_element_report_names_when_a_signed_zero_swap_is_as_far(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
+    """+0/-0 is one ULP, as is 1.0 against the next bfloat16: the view pinned the swap, `report` the value that moved."""
+    oracle = bf16_bits(np.ones((1, 8), np.float32))
+    oracle[0, 0] = 0x0000
+    native = oracle.copy()
+    native[0, 0], native[0, 5] = 0x8000, oracle[0, 5] + 1
+    window.open_pair(
+        write_capture(tmp_path / "n.h5", "native", [T("attn_norm", native, dtype="bfloat16", layer=0)]),
+        write_capture(tmp_path / "o.h5", "oracle", [T("attn_norm", oracle, dtype="bfloat16", layer=0)]),
+    )
+    wait_compared(qtbot, window)
+    assert window.model.selected.metrics.worst_ulp_at.coord == [0, 5]
+    assert window.tensor_view.data.worst == (0, 5)
+    assert window.tensor_view.inspector.title.text().startswith("Element [0, 5]")
+
+
 def test_an_ops_tensors_still_loading_when_no_op_is_selected_are_not_shown(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
     """Picking a record without a partner while the last op's tensors loaded showed them beside it."""
     window.open_pair(*small_pair(tmp_path))
@@ -712,6 +777,7 @@ def test_a_one_dimensional_record_draws_as_curves_and_an_empty_one_says_it_holds
     window.open_pair(native, oracle)
     wait_compared(qtbot, window)
     assert window.tensor_view.data.is_1d and window.tensor_view.title.text().startswith("0:prefill:0:attn_norm")
+    QApplication.processEvents()
     assert window.tensor_view.curves["native"].getData()[1].size == 16
     window.model.select(next(p for p in window.model.comparison.comparison.pairs if p.key.op == "layer_out"))
     wait_idle(qtbot, window)

@@ -23,11 +23,18 @@ ROWS_PER_STEP = 256
 
 
 def exported_values(native_bits: np.ndarray, oracle_bits: np.ndarray, dtype: str, what: str) -> np.ndarray:
+    """Integers and bools stay integers, and their difference is exact in int64 up to 32 bits (a
+    64-bit integer's difference is float64); floats widen as the module says."""
     if what not in WHAT:
         raise ValueError(f"export one of {', '.join(WHAT)}, not {what!r}")
+    native, oracle = as_values(native_bits, dtype), as_values(oracle_bits, dtype)
+    integral = native.dtype.kind in "iub"
     if what == "difference":
-        return as_values(native_bits, dtype).astype(np.float64) - as_values(oracle_bits, dtype).astype(np.float64)
-    values = as_values(native_bits if what == "native" else oracle_bits, dtype)
+        wide = np.int64 if integral and native.dtype.itemsize <= 4 else np.float64
+        return native.astype(wide) - oracle.astype(wide)
+    values = native if what == "native" else oracle
+    if integral:
+        return values.astype(np.uint8) if values.dtype.kind == "b" else np.asarray(values)
     return values.astype(np.float32) if values.dtype.itemsize < 4 else np.asarray(values)
 
 
@@ -44,7 +51,7 @@ def iter_export(native_bits: np.ndarray, oracle_bits: np.ndarray, dtype: str, wh
                 yield Progress(0, 1, f"writing {path.name}")
                 np.save(handle, values)
             else:
-                text_format = "%.17g" if values.dtype == np.float64 else "%.9g"
+                text_format = "%d" if values.dtype.kind in "iu" else "%.17g" if values.dtype == np.float64 else "%.9g"
                 for start in range(0, rows.shape[0], ROWS_PER_STEP):
                     np.savetxt(handle, rows[start : start + ROWS_PER_STEP], fmt=text_format, delimiter=",")
                     yield Progress(min(start + ROWS_PER_STEP, rows.shape[0]), rows.shape[0], f"writing {path.name}")

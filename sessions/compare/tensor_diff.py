@@ -178,6 +178,18 @@ def _widened(bits: np.ndarray, logical_dtype_name: str) -> np.ndarray:
         return as_values(bits, logical_dtype_name).astype(np.float64)
 
 
+def worst_index(ulp: np.ndarray, moved: np.ndarray) -> int:
+    """The flat index of the largest ULP distance. A +0/-0 swap is one ULP, as far as a value
+    one representable step away; of equally distant elements, one whose value `moved` is named,
+    so the report and the viewer point at the same element."""
+    flat_ulp, flat_moved = ulp.reshape(-1), moved.reshape(-1)
+    worst = int(np.argmax(flat_ulp))
+    if not flat_moved[worst]:
+        ties = np.flatnonzero((flat_ulp == flat_ulp[worst]) & flat_moved)
+        worst = int(ties[0]) if ties.size else worst
+    return worst
+
+
 def element_maps(
     native_bits: np.ndarray, oracle_bits: np.ndarray, logical_dtype_name: str
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -553,11 +565,8 @@ class DiffAccumulator:
         if values.size == 0:
             return
         moves = moved if counted is None else moved[counted]
-        worst = int(np.argmax(values))
+        worst = worst_index(values, moves)
         top = int(values[worst])
-        if not moves[worst]:
-            ties = np.flatnonzero((values == top) & moves)
-            worst = int(ties[0]) if ties.size else worst
         m = self.metrics
         if m.max_ulp is None or top > m.max_ulp or (top == m.max_ulp and moves[worst] and not self._worst_moved):
             m.max_ulp, self._worst_moved = top, bool(moves[worst])

@@ -18,7 +18,7 @@ from sessions.bits.dtypes import as_values, logical_dtype
 from sessions.capture.reader import Capture, Record
 from sessions.compare.mapped_record import MappedRecord
 from sessions.compare.pair_tensors import iter_read_canonical
-from sessions.compare.tensor_diff import TensorMetrics, element_maps
+from sessions.compare.tensor_diff import TensorMetrics, element_maps, worst_index
 from sessions.progress import Progress, ProgressGenerator
 from viewer.tensor.display_aggregate import (
     block_factors,
@@ -48,10 +48,13 @@ class SliceSpec:
     """A position for every axis; the entries of the shown axes are ignored."""
 
     @staticmethod
-    def default(shape: tuple[int, ...]) -> "SliceSpec":
+    def default(shape: tuple[int, ...], at: tuple[int, ...] | None = None) -> "SliceSpec":
+        """The last two axes shown; the others held at `at` (the pair's worst element), else at 0:
+        held at 0, a 3-D pair differing only at [2, 1, 3] opened on a slice that read bit-exact."""
+        index = at if at is not None and len(at) == len(shape) and all(0 <= i < n for i, n in zip(at, shape)) else (0,) * len(shape)
         if len(shape) <= 1:
-            return SliceSpec(None, 0, (0,) * len(shape))
-        return SliceSpec(len(shape) - 2, len(shape) - 1, (0,) * len(shape))
+            return SliceSpec(None, 0, index)
+        return SliceSpec(len(shape) - 2, len(shape) - 1, index)
 
     def cut(self, array: np.ndarray) -> np.ndarray:
         if array.ndim == 0:
@@ -152,7 +155,7 @@ def _iter_maps(n2: np.ndarray, o2: np.ndarray, dtype: str, factors: tuple[int, i
         differing += int(np.count_nonzero(nb != ob))
         differs = abs_err[np.isfinite(abs_err) & (abs_err > 0)]
         abs_hist += np.histogram(differs, ABS_EDGES)[0]
-        flat = int(np.argmax(ulp))
+        flat = worst_index(ulp, abs_err != 0)
         if ulp.flat[flat] > worst[0] and ulp.flat[flat] > 0:
             r, c = np.unravel_index(flat, ulp.shape)
             worst = (float(ulp.flat[flat]), start + int(r), int(c))
@@ -182,6 +185,14 @@ def _iter_decoded(capture: Capture, record: Record, label: str) -> ProgressGener
     return values.view(np.uint32), raw
 
 
+def _worst_element(metrics: TensorMetrics | None) -> tuple[int, ...] | None:
+    """Where the report names the pair's largest error (else its first difference), as a coordinate."""
+    if metrics is None:
+        return None
+    sample = metrics.worst_ulp_at or metrics.first_difference
+    return tuple(sample.coord) if sample is not None else None
+
+
 def iter_prepare(request: TensorRequest) -> ProgressGenerator[TensorSlice]:
     raw_blocks: tuple[np.ndarray, np.ndarray] | None = None
     notes: list[str] = []
@@ -195,7 +206,7 @@ def iter_prepare(request: TensorRequest) -> ProgressGenerator[TensorSlice]:
         native = yield from iter_read_canonical(request.native, request.native_side, f"reading native {request.label}")
         oracle = yield from iter_read_canonical(request.oracle, request.oracle_side, f"reading oracle {request.label}")
     shape = tuple(native.shape)
-    spec = request.spec or SliceSpec.default(shape)
+    spec = request.spec or SliceSpec.default(shape, _worst_element(request.metrics))
     native_cut = np.ascontiguousarray(spec.cut(native))
     oracle_cut = np.ascontiguousarray(spec.cut(oracle))
     n2, o2 = _as_2d(native_cut), _as_2d(oracle_cut)

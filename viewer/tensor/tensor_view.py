@@ -30,7 +30,7 @@ from PySide6.QtWidgets import (
 
 from sessions.bits.quant_blocks import block_of
 from sessions.compare.slice_export import FORMATS, WHAT
-from sessions.compare.tensor_diff import element_maps
+from sessions.compare.tensor_diff import element_maps, worst_index
 from viewer.pair_model import COLOUR_SCALES, PairModel
 from viewer.tensor.display_aggregate import block_factors
 from viewer.tensor.error_plots import ErrorPlots, set_title
@@ -107,7 +107,8 @@ class AxisPicker(QWidget):
             spin.setPrefix(f"axis {axis} = ")
             spin.setToolTip(f"Index held on axis {axis} (size {n})")
             spin.setProperty("axis", axis)
-            spin.editingFinished.connect(self._emit)
+            spin.setKeyboardTracking(False)  # typed digits count on Enter; an arrow click at once (it read 2 and showed 0)
+            spin.valueChanged.connect(self._emit)
             self._layout.addWidget(spin)
             self._spins.append(spin)
 
@@ -228,9 +229,6 @@ class TensorView(QWidget):
             "oracle": pg.PlotDataItem(pen=pg.mkPen(ORACLE_PEN, width=1.5, style=Qt.PenStyle.DashLine), name="oracle"),
             "difference": pg.PlotDataItem(pen=pg.mkPen("#d64541", width=1.5), name="difference"),
         }
-        for curve in self.curves.values():
-            curve.setDownsampling(auto=True, method="peak")
-            curve.setClipToView(True)
         self.maps.scene().sigMouseMoved.connect(self._hovered)
         self.maps.scene().sigMouseClicked.connect(self._clicked)
         left.addWidget(self.maps)
@@ -347,6 +345,8 @@ class TensorView(QWidget):
         scale = self._model.scale
         set_title(self.plots["difference"], f"difference: {SCALE_TITLES[scale]}")
         self._drop_curves()
+        for plot in self.plots.values():
+            plot.invertY(not data.is_1d)  # a map's row 0 on top; a curve's larger values up
         if data.is_1d:
             self._draw_curves(data, scale)
             return
@@ -366,6 +366,9 @@ class TensorView(QWidget):
         data = self.data
         assert data is not None
         if data.is_1d:
+            # The whole x range first: a curve clipped to the view fits its clipped points, and
+            # from the default range only three of sixteen were ever drawn.
+            self.plots["native"].setXRange(0, max(1, data.native_bits.size - 1), padding=0)
             self.plots["native"].autoRange()
         else:
             rows, cols = data.native_bits.shape
@@ -425,6 +428,11 @@ class TensorView(QWidget):
         self.plots["native"].addItem(self.curves["native"])
         self.plots["native"].addItem(self.curves["oracle"])
         self.plots["difference"].addItem(self.curves["difference"])
+        for curve in self.curves.values():
+            # After addItem, which sets both to its plot's defaults (off): every point of a 1-D
+            # tensor was drawn, a 65,536-element one repainted in 1.2 s and a million held the window.
+            curve.setDownsampling(auto=True, method="peak")
+            curve.setClipToView(True)
         x = np.arange(data.native_bits.size)
         self.curves["native"].setData(x, data.images["native"])
         self.curves["oracle"].setData(x, data.images["oracle"])
@@ -466,9 +474,9 @@ class TensorView(QWidget):
         c0 = origin_col + (col - origin_col) // fx * fx
         nb = data.native_bits[r0 : r0 + fy, c0 : c0 + fx]
         ob = data.oracle_bits[r0 : r0 + fy, c0 : c0 + fx]
-        _, _, ulp = element_maps(nb, ob, data.dtype)
+        abs_err, _, ulp = element_maps(nb, ob, data.dtype)
         ulp = np.where(np.isnan(ulp), np.inf, ulp)
-        r, c = np.unravel_index(int(np.argmax(ulp)), ulp.shape)
+        r, c = np.unravel_index(worst_index(ulp, abs_err != 0), ulp.shape)
         return (r0 + int(r), c0 + int(c))
 
     def _hovered(self, scene_pos: QPointF) -> None:

@@ -524,6 +524,19 @@ def test_the_view_pins_the_element_report_names_when_a_signed_zero_swap_is_as_fa
     assert window.tensor_view.inspector.title.text().startswith("Element [0, 5]")
 
 
+def test_a_scalars_element_is_named_by_the_coordinate_report_gives(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
+    """The inspector said "Element [0]" where `report` says [] (a scalar has no axis)."""
+    oracle = np.float32(1.5)
+    native = np.nextafter(oracle, np.float32(2))
+    window.open_pair(
+        write_capture(tmp_path / "n.h5", "native", [T("attn_norm", np.array(native), layer=0)]),
+        write_capture(tmp_path / "o.h5", "oracle", [T("attn_norm", np.array(oracle), layer=0)]),
+    )
+    wait_compared(qtbot, window)
+    assert window.model.selected.metrics.worst_ulp_at.coord == []
+    assert window.tensor_view.inspector.title.text().startswith("Element []")
+
+
 def test_an_ops_tensors_still_loading_when_no_op_is_selected_are_not_shown(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
     """Picking a record without a partner while the last op's tensors loaded showed them beside it."""
     window.open_pair(*small_pair(tmp_path))

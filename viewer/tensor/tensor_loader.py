@@ -66,8 +66,10 @@ class SliceSpec:
         return part
 
     def coordinate(self, row: int | None, col: int) -> tuple[int, ...]:
-        """The full N-D coordinate of a shown element."""
-        coord = list(self.index) or [0]
+        """The full N-D coordinate of a shown element; () for a scalar, as `report` prints it ([])."""
+        if not self.index:
+            return ()
+        coord = list(self.index)
         if self.row_axis is not None and row is not None:
             coord[self.row_axis] = row
         coord[self.col_axis] = col

@@ -110,15 +110,15 @@ class JsonTooDeep(ValueError):
     """JSON that parses but nests past MAX_JSON_DEPTH."""
 
 
-def load_json(text: str) -> Any:
-    """JSON whose every object gives each key once, nested at most MAX_JSON_DEPTH levels. Python's
+def load_json(text: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """JSON whose every object gives each key once, nested at most `max_depth` levels. Python's
     parser keeps the last of a key given twice and says nothing: an engine's manifest entry with
     two `step`s, or a provenance with two `contracts`, read as whichever came last, where the
     writer may have meant the first."""
     value = json.loads(text, object_pairs_hook=_unique_keys)
     depth = _nesting(value)
-    if depth > MAX_JSON_DEPTH:
-        raise JsonTooDeep(f"its values nest {depth} levels deep, past the {MAX_JSON_DEPTH} a reader follows")
+    if depth > max_depth:
+        raise JsonTooDeep(f"its values nest {depth} levels deep, past the {max_depth} a reader follows")
     return value
 
 

@@ -336,6 +336,9 @@ def test_source_names_are_read_from_the_checked_file_not_from_what_its_path_name
     with open_capture(path) as capture:
         swapped.replace(path)
         assert record_sources(capture) == {0: ("blk.0.ffn_up.weight",)}
+    with pytest.raises(CaptureError) as closed:
+        record_sources(capture)
+    assert closed.value.problem == "is closed: reading it again needs it opened again", "not quietly no sources"
 
 
 def test_deeply_nested_source_names_are_no_sources_not_a_crash(tmp_path: Path) -> None:

@@ -75,6 +75,30 @@ def test_a_token_row_without_a_segment_takes_the_entries_default_segment(tmp_pat
         assert [(r.segment, t) for r, t in zip(capture.records, capture.tokens["segment"].tolist())] == [("prefill", b"prefill")]
 
 
+def _nested(depth: int) -> object:
+    value: object = 1
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+def test_a_manifest_provenance_may_nest_as_deep_as_a_captures_and_no_deeper(tmp_path: Path) -> None:
+    """The depth limit counted the manifest's own two levels: a provenance 63 deep was refused on
+    import, as "not valid JSON", though a capture may hold one 64 deep."""
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    np.save(dump / "q.npy", np.zeros(4, np.float32))
+    manifest = {"meta": {"provenance": _nested(64)}, "entries": [{"name": "l_out-0", "file": "q.npy"}]}
+    _manifest(dump, manifest)
+    with open_capture(_import("dir", dump, tmp_path / "x.h5"), check_in_child=False) as capture:
+        assert capture.meta.provenance["a"] == _nested(63)
+    manifest["meta"]["provenance"] = _nested(65)  # type: ignore[index]
+    path = _manifest(dump, manifest)
+    with pytest.raises(CaptureError) as refused:
+        _import("dir", dump, tmp_path / "y.h5")
+    assert (refused.value.path, refused.value.location, refused.value.problem) == (str(path), "file", "its values nest 67 levels deep, past the 66 a reader follows")
+
+
 def test_safetensors_keep_bfloat16_bits_and_read_layers_from_names(tmp_path: Path) -> None:
     bits = np.array([0x8000, 0x0000, 0x7FC1, 0xFFC3], dtype=np.uint16)
     source = tmp_path / "dump.safetensors"

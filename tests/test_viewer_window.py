@@ -537,6 +537,23 @@ def test_a_scalars_element_is_named_by_the_coordinate_report_gives(qtbot: QtBot,
     assert window.tensor_view.inspector.title.text().startswith("Element []")
 
 
+def test_the_view_and_report_name_the_same_worst_element_across_the_views_chunks(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
+    """The view diffs an 8 MB slice 2 MB at a time: a +0/-0 swap in its first chunk outranked a
+    value one ULP away in a later one, which `report` names."""
+    oracle = np.ones((2048, 1024), np.float32)
+    oracle[0, 0] = 0.0
+    native = oracle.copy()
+    native[0, 0] = -0.0
+    native[1000, 5] = np.nextafter(np.float32(1), np.float32(2))
+    window.open_pair(
+        write_capture(tmp_path / "n.h5", "native", [T("attn_norm", native, layer=0)]),
+        write_capture(tmp_path / "o.h5", "oracle", [T("attn_norm", oracle, layer=0)]),
+    )
+    wait_compared(qtbot, window)
+    assert window.model.selected.metrics.worst_ulp_at.coord == [1000, 5]
+    assert window.tensor_view.data.worst == (1000, 5)
+
+
 def test_an_ops_tensors_still_loading_when_no_op_is_selected_are_not_shown(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
     """Picking a record without a partner while the last op's tensors loaded showed them beside it."""
     window.open_pair(*small_pair(tmp_path))
@@ -547,6 +564,25 @@ def test_an_ops_tensors_still_loading_when_no_op_is_selected_are_not_shown(qtbot
     wait_idle(qtbot, window)
     qtbot.wait(50)
     assert window.tensor_view.data is None and window.tensor_view.title.text() == "Select an op in the alignment tree"
+
+
+def test_the_html_export_puts_the_tree_back_on_the_record_without_a_partner_it_found(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
+    """With no op selected, the tree was left on the last bookmark's op."""
+    window.open_pair(*_ffn_norm_without_partner(tmp_path))
+    qtbot.waitUntil(lambda: window.model.comparison is not None and not window.tasks.busy and window.tree.view.currentIndex().isValid(), timeout=WAIT_MS)
+    record = window.tree.proxy.mapToSource(window.tree.view.currentIndex().siblingAtColumn(0)).data(UNALIGNED_ROLE)
+    window.model.select(window.model.comparison.comparison.pairs[0])
+    wait_compared(qtbot, window)
+    assert window.session_sync.add_bookmark("attn_norm") is not None
+    window.tree.reveal_unaligned(record)
+    assert window.model.selected is None
+
+    with qtbot.waitSignal(window.report_export.exported, timeout=WAIT_MS):
+        assert window.report_export.export_html(tmp_path / "report.html")
+    wait_idle(qtbot, window)
+
+    current = window.tree.proxy.mapToSource(window.tree.view.currentIndex().siblingAtColumn(0))
+    assert current.data(UNALIGNED_ROLE) == record and window.model.selected is None
 
 
 def test_weights_mismatch_incomplete_capture_and_unaligned_records_are_shown(qtbot: QtBot, window: MainWindow, tmp_path: Path, artifacts_dir: Path) -> None:

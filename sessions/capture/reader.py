@@ -207,6 +207,8 @@ class Capture:
     def open_object(self, path: str) -> h5py.h5o.ObjectID:
         """The object at `path` in the file this capture opened and checked: reopening the file by
         its name would read whatever stands there now (a file replaced since, unchecked)."""
+        if not self._file.id.valid:
+            raise self._fail("file", "is closed: reading it again needs it opened again")
         return h5py.h5o.open(self._file.id, path.encode())
 
     def _fail(self, location: str, problem: str) -> CaptureError:

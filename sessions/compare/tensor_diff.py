@@ -190,6 +190,13 @@ def worst_index(ulp: np.ndarray, moved: np.ndarray) -> int:
     return worst
 
 
+def replaces_worst(ulp: float, moved: bool, worst_ulp: float | None, worst_moved: bool) -> bool:
+    """Whether an element `ulp` apart takes the worst place from the one found before it (in an
+    earlier block or chunk): it is farther, or as far while its value `moved` and the other's did
+    not (a +0/-0 swap); `worst_index` within a block."""
+    return worst_ulp is None or ulp > worst_ulp or (ulp == worst_ulp and moved and not worst_moved)
+
+
 def element_maps(
     native_bits: np.ndarray, oracle_bits: np.ndarray, logical_dtype_name: str
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -568,7 +575,7 @@ class DiffAccumulator:
         worst = worst_index(values, moves)
         top = int(values[worst])
         m = self.metrics
-        if m.max_ulp is None or top > m.max_ulp or (top == m.max_ulp and moves[worst] and not self._worst_moved):
+        if replaces_worst(top, bool(moves[worst]), m.max_ulp, self._worst_moved):
             m.max_ulp, self._worst_moved = top, bool(moves[worst])
             k = worst if values.size == ulp.size else int(np.flatnonzero(counted)[worst])
             m.worst_ulp_at = self._sample(native_bits, oracle_bits, int(flat[k]), row0, top)

@@ -36,7 +36,13 @@ from sessions.capture.hdf5_safety import printable
 from sessions.capture.pack_layout import MAX_ELEMENTS
 from sessions.capture.reader import CaptureError
 from sessions.capture.text_fields import control_character
-from sessions.side_file import load_json, parse_problem, read_side_file
+from sessions.side_file import (
+    MAX_JSON_DEPTH,
+    JsonTooDeep,
+    load_json,
+    parse_problem,
+    read_side_file,
+)
 
 DEFAULT_SEGMENT = "prefill"
 ENTRY_KEYS = {
@@ -48,6 +54,9 @@ META_KEYS = {"role", "engine_name", "engine_version", "engine_commit", "model_id
 MAX_MANIFEST_BYTES = 64 * 1024**2
 """One entry per dumped tensor, a few hundred bytes each: a long multi-step dump is a few MB, and
 64 MiB is far beyond it; a device or a huge file is refused before it is read whole."""
+MANIFEST_DEPTH = MAX_JSON_DEPTH + 2
+"""A manifest's provenance sits two levels down ({"meta": {"provenance": ...}}): it may nest as
+deep as a capture's provenance may."""
 MAX_STEP = int(np.iinfo(cf.INDEX_DTYPE["step"]).max)
 MAX_LAYER = int(np.iinfo(cf.INDEX_DTYPE["layer"]).max)
 MAX_INT64 = int(np.iinfo(np.int64).max)
@@ -275,7 +284,9 @@ def load_manifest(path: str | Path, *, need_file: bool) -> Manifest:
     except (OSError, UnicodeDecodeError) as exc:
         raise CaptureError(path, "file", f"cannot read the manifest ({exc})") from None
     try:
-        data = load_json(text)
+        data = load_json(text, MANIFEST_DEPTH)
+    except JsonTooDeep as exc:
+        raise CaptureError(path, "file", str(exc)) from None
     except json.JSONDecodeError as exc:
         raise CaptureError(path, f"line {exc.lineno} column {exc.colno}", f"not valid JSON ({exc.msg})") from None
     except (ValueError, RecursionError) as exc:

@@ -18,7 +18,12 @@ from sessions.bits.dtypes import as_values, logical_dtype
 from sessions.capture.reader import Capture, Record
 from sessions.compare.mapped_record import MappedRecord
 from sessions.compare.pair_tensors import iter_read_canonical
-from sessions.compare.tensor_diff import TensorMetrics, element_maps, worst_index
+from sessions.compare.tensor_diff import (
+    TensorMetrics,
+    element_maps,
+    replaces_worst,
+    worst_index,
+)
 from sessions.progress import Progress, ProgressGenerator
 from viewer.tensor.display_aggregate import (
     block_factors,
@@ -145,6 +150,7 @@ def _iter_maps(n2: np.ndarray, o2: np.ndarray, dtype: str, factors: tuple[int, i
     abs_hist = np.zeros(len(ABS_EDGES) - 1, dtype=np.int64)
     differing = 0
     worst: tuple[float, int, int] = (-1.0, 0, 0)
+    worst_moved = False
     for start in range(0, n2.shape[0], rows_per_chunk):
         stop = min(n2.shape[0], start + rows_per_chunk)
         nb, ob = n2[start:stop], o2[start:stop]
@@ -157,10 +163,11 @@ def _iter_maps(n2: np.ndarray, o2: np.ndarray, dtype: str, factors: tuple[int, i
         differing += int(np.count_nonzero(nb != ob))
         differs = abs_err[np.isfinite(abs_err) & (abs_err > 0)]
         abs_hist += np.histogram(differs, ABS_EDGES)[0]
-        flat = worst_index(ulp, abs_err != 0)
-        if ulp.flat[flat] > worst[0] and ulp.flat[flat] > 0:
+        moved = abs_err != 0
+        flat = worst_index(ulp, moved)
+        if ulp.flat[flat] > 0 and replaces_worst(float(ulp.flat[flat]), bool(moved.flat[flat]), worst[0], worst_moved):
             r, c = np.unravel_index(flat, ulp.shape)
-            worst = (float(ulp.flat[flat]), start + int(r), int(c))
+            worst, worst_moved = (float(ulp.flat[flat]), start + int(r), int(c)), bool(moved.flat[flat])
         images["native"].append(block_mean(values_n, factors))
         images["oracle"].append(block_mean(values_o, factors))
         with np.errstate(over="ignore", invalid="ignore"):  # an error past float32's range shows as inf, as it is

@@ -344,6 +344,7 @@ class MainWindow(QMainWindow):
             load_slice=self.load_slice,
             save_layout=lambda: bytes(self.saveState()),
             restore_layout=lambda state: self.restoreState(QByteArray(state)),
+            keep_tree_row=self.tree.keep_current_row,
         )
         self.session_sync = SessionSync(lambda: self.session_file.session, self.model, self.tasks, self.banners, view, self.start_compare, status, self)
         camera = BookmarkCamera(

@@ -62,6 +62,8 @@ class WindowView:
     save_layout: Callable[[], bytes]
     """The docks' and toolbars' arrangement (QMainWindow.saveState)."""
     restore_layout: Callable[[bytes], None]
+    keep_tree_row: Callable[[], Callable[[], None]]
+    """The tree's current row, as a call that puts it back (`AlignmentTree.keep_current_row`)."""
 
 
 def iter_identities(captures: list[Capture]) -> ProgressGenerator[list[CaptureIdentity]]:
@@ -357,7 +359,7 @@ class SessionSync(QObject):
         that puts it back: the HTML export shows each bookmark to picture it, and left the window
         on the last one's colour scale and panel. Until then nothing shown is recorded: each
         bookmark pictured was an edit, and an export made a saved session unsaved work."""
-        pair, view = self._model.selected, self.current_view()
+        pair, view, tree_row = self._model.selected, self.current_view(), self._view.keep_tree_row()
         self._picturing = True
 
         def put_back() -> None:
@@ -365,8 +367,9 @@ class SessionSync(QObject):
             self._view.show_panel(view.layout["tab"])
             if pair is not None:
                 self._select(pair.key, view)
-            else:
-                self._model.select(None)  # no op was on show: the last bookmark pictured is not left there
+            else:  # no op was on show: the last bookmark pictured is not left there, in the tree either
+                self._model.select(None)
+                tree_row()
             self._picturing = False
 
         return put_back

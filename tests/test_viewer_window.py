@@ -10,12 +10,13 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
-from PySide6.QtCore import QEvent, QMimeData, QObject, QPoint, QPointF, Qt, QUrl
+from PySide6.QtCore import QEvent, QMimeData, QObject, QPoint, Qt, QUrl
 from PySide6.QtGui import QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import QApplication, QWidget
 from pytestqt.qtbot import QtBot
@@ -25,7 +26,15 @@ from sessions.capture.opening import open_capture
 from sessions.compare.align import align
 from sessions.compare.verdict import Kind
 from tests.hand_captures import T, bf16_bits, write_capture
-from tests.viewer_windows import shown_tip
+from tests.viewer_windows import COMPARED_WITHIN_MS as WAIT_MS
+from tests.viewer_windows import (
+    click_element,
+    shown_tip,
+    shown_window,
+    small_pair,
+    wait_compared,
+    wait_idle,
+)
 from viewer.comparison_view import unaligned_label
 from viewer.settings import ViewerSettings
 from viewer.tree.alignment_tree import PAIR_ROLE, UNALIGNED_ROLE
@@ -34,26 +43,11 @@ from viewer.window.terminal_ctrl_c import closing_on_ctrl_c
 
 pytestmark = pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")
 
-WAIT_MS = 120_000
-
-
 @pytest.fixture
-def window(qtbot: QtBot, tmp_path: Path) -> MainWindow:
-    win = MainWindow(ViewerSettings(tmp_path / "viewer.ini"))
-    qtbot.addWidget(win)
-    win.resize(1440, 900)
-    win.show()
-    qtbot.waitExposed(win)
+def window(qtbot: QtBot, tmp_path: Path) -> Iterator[MainWindow]:
+    win = shown_window(qtbot, tmp_path)
     yield win
     win.close()
-
-
-def wait_idle(qtbot: QtBot, win: MainWindow) -> None:
-    qtbot.waitUntil(lambda: not win.tasks.busy, timeout=WAIT_MS)
-
-
-def wait_compared(qtbot: QtBot, win: MainWindow) -> None:
-    qtbot.waitUntil(lambda: win.model.comparison is not None and win.tensor_view.data is not None and not win.tasks.busy, timeout=WAIT_MS)
 
 
 def shoot(win: MainWindow, artifacts_dir: Path, name: str) -> Path:
@@ -89,22 +83,6 @@ def resolve_profile_for(capture: object) -> object:
 # -- small hand-built pair --------------------------------------------------------------------
 
 
-def small_pair(tmp_path: Path) -> tuple[Path, Path]:
-    """attn_norm 4x8 bf16: native has a 1-ULP flip at (1, 2), -0 for +0 at (2, 3), another NaN payload at (3, 4)."""
-    oracle = np.linspace(-2.0, 2.0, 32, dtype=np.float32).reshape(4, 8)
-    oracle[2, 3] = 0.0
-    o_bits = bf16_bits(oracle)
-    o_bits[3, 4] = 0x7FC1
-    n_bits = o_bits.copy()
-    n_bits[1, 2] += 1
-    n_bits[2, 3] = 0x8000
-    n_bits[3, 4] = 0x7FC3
-    rest = bf16_bits(np.ones((4, 8), dtype=np.float32))
-    native = write_capture(tmp_path / "small.native.h5", "native", [T("attn_norm", n_bits, layer=0, dtype="bfloat16"), T("layer_out", rest, layer=0, dtype="bfloat16")], [(0, 5, False)])
-    oracle_path = write_capture(tmp_path / "small.oracle.h5", "oracle", [T("attn_norm", o_bits, layer=0, dtype="bfloat16"), T("layer_out", rest, layer=0, dtype="bfloat16")], [(0, 5, False)])
-    return native, oracle_path
-
-
 def drop(win: MainWindow, paths: list[Path]) -> None:
     mime = QMimeData()
     mime.setUrls([QUrl.fromLocalFile(str(p)) for p in paths])
@@ -114,14 +92,6 @@ def drop(win: MainWindow, paths: list[Path]) -> None:
     assert enter.isAccepted()
     event = QDropEvent(where, Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier)
     QApplication.sendEvent(win, event)
-
-
-def click_element(qtbot: QtBot, win: MainWindow, plot_name: str, row: int, col: int) -> None:
-    view = win.tensor_view
-    plot = view.plots[plot_name]
-    scene_point = plot.vb.mapViewToScene(QPointF(col + 0.5, row + 0.5))
-    widget_point = view.maps.mapFromScene(scene_point)
-    qtbot.mouseClick(view.maps.viewport(), Qt.MouseButton.LeftButton, pos=QPoint(widget_point.x(), widget_point.y()))
 
 
 # -- tests ------------------------------------------------------------------------------------
@@ -340,29 +310,6 @@ def test_a_hostile_file_is_a_message_in_the_window_and_the_open_pair_stays(qtbot
     shoot(window, artifacts_dir, f"hostile-{kind}")
 
 
-def test_switching_colour_scales_redraws_the_difference_map(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
-    window.open_pair(*small_pair(tmp_path))
-    wait_compared(qtbot, window)
-    view = window.tensor_view
-    assert view.data.request.label.endswith("attn_norm")
-    drawn = {}
-    for scale in ("absolute", "relative", "ULP"):
-        button = next(b for b in view.scale_buttons.buttons() if b.text() == scale)
-        qtbot.mouseClick(button, Qt.MouseButton.LeftButton)
-        assert window.model.scale == scale and button.isChecked()
-        assert scale in view.plots["difference"].titleLabel.text
-        drawn[scale] = view.images["difference"].image.copy()
-        assert np.array_equal(drawn[scale], view.data.rgba[scale])
-        assert view.diff_bar.levels() == pytest.approx(view.data.levels[scale])
-    assert not np.array_equal(drawn["ULP"], drawn["absolute"])
-    # (1, 2) is one ULP apart: log2(1 + 1) = 1 on the ULP scale; its relative error is |d| / |oracle|.
-    maps = view.data.images
-    assert maps["ULP"][1, 2] == pytest.approx(1.0)
-    oracle_value = float(np.linspace(-2.0, 2.0, 32, dtype=np.float32).reshape(4, 8)[1, 2])
-    assert maps["relative"][1, 2] == pytest.approx(maps["absolute"][1, 2] / abs(oracle_value), rel=0.02)
-    assert maps["ULP"][0, 0] == 0.0 and maps["absolute"][0, 0] == 0.0
-
-
 def test_clicking_an_element_shows_both_sides_bits_and_flags(qtbot: QtBot, window: MainWindow, tmp_path: Path, artifacts_dir: Path) -> None:
     native, oracle = small_pair(tmp_path)
     window.open_pair(native, oracle)
@@ -459,113 +406,6 @@ def test_arriving_on_a_record_without_a_partner_keeps_the_users_filter(qtbot: Qt
     assert window.tree.filter.text() == "" and current.data(UNALIGNED_ROLE).name == "ffn_norm", "Ctrl+J, the user's own ask, shows it under any filter"
 
 
-def _three_d_pair(tmp_path: Path) -> tuple[Path, Path]:
-    """A [4, 3, 5] q_norm whose only difference is 7 ULP at [2, 1, 3]."""
-    oracle = bf16_bits(np.ones((4, 3, 5)))
-    native = oracle.copy()
-    native[2, 1, 3] += 7
-    return (
-        write_capture(tmp_path / "n.h5", "native", [T("q_norm", native, dtype="bfloat16", layer=0)]),
-        write_capture(tmp_path / "o.h5", "oracle", [T("q_norm", oracle, dtype="bfloat16", layer=0)]),
-    )
-
-
-def test_a_3d_pair_opens_on_the_slice_holding_the_element_report_names(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
-    """Held at axis 0 = 0, the view said bit-exact beside a report of 7 ULP at [2, 1, 3]."""
-    window.open_pair(*_three_d_pair(tmp_path))
-    wait_compared(qtbot, window)
-    assert window.model.selected.metrics.worst_ulp_at.coord == [2, 1, 3]
-    view = window.tensor_view
-    assert (view.data.spec.row_axis, view.data.spec.col_axis, view.data.spec.index[0]) == (1, 2, 2)
-    assert "bit-exact" not in view.title.text() and view.data.differing == 1
-    assert view.inspector.title.text().startswith("Element [2, 1, 3]") and view.inspector.verdict.text() == "7 ULP apart"
-
-
-def test_an_arrow_click_on_a_held_axis_shows_that_index(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
-    """Only Enter or leaving the box reloaded the slice: after two clicks it read 'axis 0 = 0' shown as 2."""
-    window.open_pair(*_three_d_pair(tmp_path))
-    wait_compared(qtbot, window)
-    window.tensor_view.axes._spins[0].stepDown()
-    qtbot.waitUntil(lambda: window.tensor_view.data.spec.index[0] == 1 and not window.tasks.busy, timeout=WAIT_MS)
-    assert window.tensor_view.axes._spins[0].value() == 1 and window.tensor_view.data.differing == 0
-
-
-def test_a_long_1d_tensor_is_drawn_downsampled(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
-    """Every point was drawn: a 65,536-element tensor repainted in 1.2 s, a million held the window over 100 s."""
-    oracle = bf16_bits(np.random.default_rng(0).standard_normal(1 << 16))
-    native = oracle.copy()
-    native[12345] += 3
-    window.open_pair(
-        write_capture(tmp_path / "n.h5", "native", [T("logits", native, dtype="bfloat16")]),
-        write_capture(tmp_path / "o.h5", "oracle", [T("logits", oracle, dtype="bfloat16")]),
-    )
-    wait_compared(qtbot, window)
-    QApplication.processEvents()
-    for name, curve in window.tensor_view.curves.items():
-        assert curve.opts["autoDownsample"] and curve.opts["clipToView"], name
-        shown, _ = curve.getData()
-        assert shown is not None and shown.size < 1 << 14, f"{name}: {shown.size if shown is not None else None} points drawn"
-    assert not window.tensor_view.plots["native"].vb.yInverted(), "a curve's larger values are up"
-
-
-def test_the_view_pins_the_element_report_names_when_a_signed_zero_swap_is_as_far(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
-    """+0/-0 is one ULP, as is 1.0 against the next bfloat16: the view pinned the swap, `report` the value that moved."""
-    oracle = bf16_bits(np.ones((1, 8), np.float32))
-    oracle[0, 0] = 0x0000
-    native = oracle.copy()
-    native[0, 0], native[0, 5] = 0x8000, oracle[0, 5] + 1
-    window.open_pair(
-        write_capture(tmp_path / "n.h5", "native", [T("attn_norm", native, dtype="bfloat16", layer=0)]),
-        write_capture(tmp_path / "o.h5", "oracle", [T("attn_norm", oracle, dtype="bfloat16", layer=0)]),
-    )
-    wait_compared(qtbot, window)
-    assert window.model.selected.metrics.worst_ulp_at.coord == [0, 5]
-    assert window.tensor_view.data.worst == (0, 5)
-    assert window.tensor_view.inspector.title.text().startswith("Element [0, 5]")
-
-
-def test_a_scalars_element_is_named_by_the_coordinate_report_gives(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
-    """The inspector said "Element [0]" where `report` says [] (a scalar has no axis)."""
-    oracle = np.float32(1.5)
-    native = np.nextafter(oracle, np.float32(2))
-    window.open_pair(
-        write_capture(tmp_path / "n.h5", "native", [T("attn_norm", np.array(native), layer=0)]),
-        write_capture(tmp_path / "o.h5", "oracle", [T("attn_norm", np.array(oracle), layer=0)]),
-    )
-    wait_compared(qtbot, window)
-    assert window.model.selected.metrics.worst_ulp_at.coord == []
-    assert window.tensor_view.inspector.title.text().startswith("Element []")
-
-
-def test_the_view_and_report_name_the_same_worst_element_across_the_views_chunks(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
-    """The view diffs an 8 MB slice 2 MB at a time: a +0/-0 swap in its first chunk outranked a
-    value one ULP away in a later one, which `report` names."""
-    oracle = np.ones((2048, 1024), np.float32)
-    oracle[0, 0] = 0.0
-    native = oracle.copy()
-    native[0, 0] = -0.0
-    native[1000, 5] = np.nextafter(np.float32(1), np.float32(2))
-    window.open_pair(
-        write_capture(tmp_path / "n.h5", "native", [T("attn_norm", native, layer=0)]),
-        write_capture(tmp_path / "o.h5", "oracle", [T("attn_norm", oracle, layer=0)]),
-    )
-    wait_compared(qtbot, window)
-    assert window.model.selected.metrics.worst_ulp_at.coord == [1000, 5]
-    assert window.tensor_view.data.worst == (1000, 5)
-
-
-def test_an_ops_tensors_still_loading_when_no_op_is_selected_are_not_shown(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
-    """Picking a record without a partner while the last op's tensors loaded showed them beside it."""
-    window.open_pair(*small_pair(tmp_path))
-    wait_compared(qtbot, window)
-    other = next(p for p in window.model.comparison.comparison.pairs if p is not window.model.selected)
-    window.model.select(other)
-    window.model.select(None)
-    wait_idle(qtbot, window)
-    qtbot.wait(50)
-    assert window.tensor_view.data is None and window.tensor_view.title.text() == "Select an op in the alignment tree"
-
-
 def test_the_html_export_puts_the_tree_back_on_the_record_without_a_partner_it_found(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
     """With no op selected, the tree was left on the last bookmark's op."""
     window.open_pair(*_ffn_norm_without_partner(tmp_path))
@@ -632,37 +472,6 @@ def test_command_line_files_open_as_native_then_oracle(qtbot: QtBot, tmp_path: P
     win.close()
 
 
-def test_the_inspector_says_when_it_is_pinned_unpins_on_a_second_click_and_copies_the_element(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
-    native, oracle = small_pair(tmp_path)
-    window.open_pair(native, oracle)
-    wait_compared(qtbot, window)
-    inspector = window.tensor_view.inspector
-    click_element(qtbot, window, "difference", 2, 3)
-    assert inspector.title.text().endswith("(pinned)") and inspector.hint.text().startswith("Pinned: hovering does not move")
-    inspector.copy_element()
-    assert QApplication.clipboard().text() == "0:prefill:0:attn_norm [2, 3]: native 0x8000 (-0.0) oracle 0x0000 (0.0), 1 ULP apart"
-    click_element(qtbot, window, "difference", 2, 3)
-    assert not inspector.title.text().endswith("(pinned)") and inspector.hint.text().startswith("Hover a heatmap")
-    assert window.tensor_view.pinned is None and inspector.current is not None and not inspector.current.pinned
-
-
-def test_the_shown_slice_exports_either_side_or_the_difference_as_npy_and_csv(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
-    native, oracle = small_pair(tmp_path)
-    window.open_pair(native, oracle)
-    wait_compared(qtbot, window)
-    data = window.tensor_view.data
-    assert data is not None
-    for what, suffix in (("native", ".npy"), ("difference", ".csv")):
-        target = tmp_path / f"out-{what}{suffix}"
-        window.export_slice(what, suffix, target)
-        qtbot.waitUntil(target.exists, timeout=WAIT_MS)
-    exported = np.load(tmp_path / "out-native.npy")
-    assert exported.dtype == np.float32 and exported.shape == (4, 8)
-    assert np.array_equal(exported.view(np.uint32) >> 16, data.native_bits.astype(np.uint32)), "bf16 widened exactly"
-    difference = np.loadtxt(tmp_path / "out-difference.csv", delimiter=",")
-    assert difference.shape == (4, 8) and np.isnan(difference[3, 4]) and np.flatnonzero(np.nan_to_num(difference)).tolist() == [1 * 8 + 2]
-
-
 def test_a_failed_read_offers_a_deep_check_that_names_the_damaged_chunk(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
     import zlib
 
@@ -715,7 +524,6 @@ def test_the_overview_draws_a_long_runs_lines_thinned_to_the_pixels_they_cover(q
     overview.grab()
     drawn = overview.ulp_line.curve.xData.size
     assert drawn < ops // 10, f"{drawn} of {ops} points drawn: the line is not thinned"
-
 
 
 class _WindowsShown(QObject):
@@ -814,21 +622,3 @@ def test_the_html_report_is_rendered_and_written_off_the_ui_thread(qtbot: QtBot,
     assert exported == [page] and "swiglu" in page.read_text(encoding="utf-8").lower()
 
 
-def test_a_one_dimensional_record_draws_as_curves_and_an_empty_one_says_it_holds_nothing(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
-    """A 1-D record raised an uncaught error from pyqtgraph as soon as its pair opened; a [0, 8] one
-    showed "Cannot show this pair: ValueError: need at least one array to concatenate"."""
-    line = np.linspace(-1, 1, 16).astype(np.float32)
-    changed = line.copy()
-    changed.view(np.uint32)[3] += 2
-    empty = np.zeros((0, 8), np.float32)
-    native = write_capture(tmp_path / "n.h5", "native", [T("attn_norm", changed, layer=0), T("layer_out", empty, layer=0)], [(0, 5, False)])
-    oracle = write_capture(tmp_path / "o.h5", "oracle", [T("attn_norm", line, layer=0), T("layer_out", empty, layer=0)], [(0, 5, False)])
-    window.open_pair(native, oracle)
-    wait_compared(qtbot, window)
-    assert window.tensor_view.data.is_1d and window.tensor_view.title.text().startswith("0:prefill:0:attn_norm")
-    QApplication.processEvents()
-    assert window.tensor_view.curves["native"].getData()[1].size == 16
-    window.model.select(next(p for p in window.model.comparison.comparison.pairs if p.key.op == "layer_out"))
-    wait_idle(qtbot, window)
-    assert window.tensor_view.title.text() == "0:prefill:0:layer_out: float32 [0, 8] holds no elements, so there is nothing to show"
-    assert window.banners.banners("uncaught") == []

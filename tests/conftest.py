@@ -6,7 +6,7 @@ import os
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 os.environ["QT_QPA_PLATFORM"] = "offscreen"
 
@@ -15,7 +15,24 @@ import pytest  # noqa: E402
 import sessions  # noqa: E402,F401  (disables HDF5 filter plugins before h5py loads)
 from sessions.capture import spare_checker  # noqa: E402
 
+if TYPE_CHECKING:
+    from pytestqt.qtbot import QtBot
+
+    from viewer.window.main_window import MainWindow
+
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+
+
+@pytest.fixture
+def window(qtbot: QtBot, tmp_path: Path) -> Iterator[MainWindow]:
+    """A shown 1440x900 main window with no pair (`tests.viewer_windows.shown_window`). Qt is
+    imported here, not above: the domain's tests import none. A file whose tests start from
+    another window defines its own."""
+    from tests.viewer_windows import shown_window
+
+    win = shown_window(qtbot, tmp_path)
+    yield win
+    win.close()
 
 
 @pytest.fixture(autouse=True)

@@ -3,7 +3,6 @@ maps draw, which element the inspector names (the one `report` names), and what 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,6 @@ from tests.hand_captures import T, bf16_bits, write_capture
 from tests.viewer_windows import COMPARED_WITHIN_MS as WAIT_MS
 from tests.viewer_windows import (
     click_element,
-    shown_window,
     small_pair,
     wait_compared,
     wait_idle,
@@ -24,13 +22,6 @@ from tests.viewer_windows import (
 from viewer.window.main_window import MainWindow
 
 pytestmark = pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")
-
-
-@pytest.fixture
-def window(qtbot: QtBot, tmp_path: Path) -> Iterator[MainWindow]:
-    win = shown_window(qtbot, tmp_path)
-    yield win
-    win.close()
 
 
 def _three_d_pair(tmp_path: Path) -> tuple[Path, Path]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import h5py
@@ -30,7 +29,6 @@ from tests.viewer_windows import COMPARED_WITHIN_MS as WAIT_MS
 from tests.viewer_windows import (
     click_element,
     shown_tip,
-    shown_window,
     small_pair,
     wait_compared,
     wait_idle,
@@ -42,12 +40,6 @@ from viewer.window.main_window import MainWindow
 from viewer.window.terminal_ctrl_c import closing_on_ctrl_c
 
 pytestmark = pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")
-
-@pytest.fixture
-def window(qtbot: QtBot, tmp_path: Path) -> Iterator[MainWindow]:
-    win = shown_window(qtbot, tmp_path)
-    yield win
-    win.close()
 
 
 def shoot(win: MainWindow, artifacts_dir: Path, name: str) -> Path:

@@ -9,16 +9,27 @@ reads and closing that generator (cancel) kills and reaps the child.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import selectors
 import signal
 import subprocess
+import sys
 
 from sessions.child_env import child_env
 from sessions.progress import Progress
 
 PROGRESS = "progress"
 READ_BYTES = 1024 * 1024
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """In a child: be killed when the process that started it dies (Linux). A parent killed with
+    -9 cannot stop its children: a recording's llama.cpp child went on writing for seconds, and a
+    comparison's workers finished their shards unseen."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def signal_name(number: int) -> str:

@@ -15,7 +15,7 @@ from sessions.compare.align import align
 from sessions.compare.comparison import Comparison, iter_compare, resolve_profiles
 from sessions.compare.document import dumps
 from sessions.compare.options import CompareOptions
-from sessions.compare.pair_reader import pair_bytes
+from sessions.compare.pair_reader import pair_byte_counts, pair_bytes
 from sessions.compare.parallel_compare import (
     RECENT_S,
     _RecentRate,
@@ -92,7 +92,7 @@ def test_shards_are_consecutive_runs_of_about_equal_bytes_and_workers_are_as_man
     native, oracle = demo_pairs["clean"]
     with open_capture(native) as n, open_capture(oracle) as o:
         pairs = align(n.records, o.records, *resolve_profiles(n, o, CompareOptions())).pairs
-    parts = shards(pairs, 8)
+    parts = shards(pair_byte_counts(pairs), 8)
     assert [i for part in parts for i in part] == list(range(len(pairs)))
     sizes = [sum(pair_bytes(pairs[i]) for i in part) for part in parts]
     assert len(parts) == 8 and max(sizes) < 2 * sum(sizes) / 8

@@ -51,7 +51,7 @@ from sessions.compare.options import CompareOptions
 from sessions.compare.pair_compare import iter_compare_pairs
 from sessions.compare.pair_reader import (
     PairReader,
-    pair_bytes,
+    pair_byte_counts,
     read_ahead_spans,
 )
 from sessions.compare.parallel_compare import (
@@ -248,13 +248,10 @@ def resolve_profiles(native: Capture, oracle: Capture, options: CompareOptions) 
 def _heads(pairs: list[AlignedPair], native_dispatch: np.ndarray) -> dict[tuple[int, str, int, str], int]:
     """Head counts per (step, segment, layer, op): from ops whose canonical axis 0 is heads,
     and from the query-head count of the dispatch events an op made."""
-    heads = {
-        (p.key.step, p.key.segment, p.key.layer, p.key.op): p.native.shape[0]
-        for p in pairs
-        if CANONICAL_OPS[p.key.op].startswith("heads") and p.native.shape
-    }
+    heads_first = {op for op, axes in CANONICAL_OPS.items() if axes.startswith("heads")}
+    heads = {(p.key.step, p.key.segment, p.key.layer, p.key.op): p.native.shape[0] for p in pairs if p.key.op in heads_first and p.native.shape}
     events = events_by_record(native_dispatch)
-    for p in pairs:
+    for p in pairs if events else ():
         made = events.get(p.native.record.seq)
         if made and int(made[0]["q_heads"]) > 0:  # type: ignore[call-overload]
             heads[(p.key.step, p.key.segment, p.key.layer, f"dispatch:{p.key.op}")] = int(made[0]["q_heads"])  # type: ignore[call-overload]
@@ -318,7 +315,8 @@ def _iter_compare(
     batches = (native.meta.batch_size, oracle.meta.batch_size)
     not_compared = dispatch_not_compared(alignment, len(native.dispatch), len(oracle.dispatch))
     dispatch = [] if not_compared else compare_dispatch(alignment.pairs, native.dispatch, oracle.dispatch, batches)
-    total = sum(pair_bytes(p) for p in alignment.pairs) or 1
+    sizes = pair_byte_counts(alignment.pairs)
+    total = int(sizes.sum()) or 1
     yield Progress(0, total, f"execution state checked: {len(contracts.findings)} contract finding(s), {len(dispatch)} dispatch difference(s)")
     eos = shared_eos_step(tokens_by_step(native_tokens), tokens_by_step(oracle_tokens))
     heads = _heads(alignment.pairs, native.dispatch)
@@ -327,14 +325,14 @@ def _iter_compare(
     results: list[PairResult] = []
     logits: dict[int, tuple[int, StepLogits]] = {}
     workers = worker_count(options)
-    spans, span_bytes_done = read_ahead_spans(native, oracle, alignment.pairs)
+    spans, span_bytes_done = read_ahead_spans(native, oracle, alignment.pairs, sizes)
     with ReadAhead(spans, READ_AHEAD_BYTES) as read_ahead:
 
         def after_pair(index: int) -> None:
             read_ahead.consumed(span_bytes_done[index])
 
         if workers > 1:
-            outcomes = yield from iter_compare_in_workers(native, oracle, alignment.pairs, options, heads, workers, total, checks, after_pair)
+            outcomes = yield from iter_compare_in_workers(native, oracle, alignment.pairs, options, heads, workers, sizes, checks, after_pair)
         else:
             with PairReader(native, oracle, checks) as reader:
                 outcomes = yield from iter_compare_pairs(reader, alignment.pairs, options, heads, (0, total), after_pair)

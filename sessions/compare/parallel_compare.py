@@ -23,11 +23,8 @@ handles, neither of which survives a fork safely.
 
 from __future__ import annotations
 
-import ctypes
 import math
 import pickle
-import signal
-import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -36,8 +33,11 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from sessions.capture.opening import open_capture
 from sessions.capture.reader import Capture, CaptureError
+from sessions.child_process import die_with_parent
 from sessions.compare.align import AlignedPair
 from sessions.compare.byte_checks import ByteChecks
 from sessions.compare.key import OpKey
@@ -45,7 +45,7 @@ from sessions.compare.layout_transform import LayoutTransform
 from sessions.compare.mapped_record import BatchRow, MappedRecord, batch_of
 from sessions.compare.options import CompareOptions
 from sessions.compare.pair_compare import Heads, PairOutcome, iter_compare_pairs
-from sessions.compare.pair_reader import PairReader, pair_bytes
+from sessions.compare.pair_reader import PairReader
 from sessions.gc_pause import garbage_collection_paused
 from sessions.machine import usable_cores
 from sessions.progress import Progress, ProgressGenerator, run_to_end
@@ -78,7 +78,6 @@ RECENT_S = 0.5
 a run is fast while it is identical and slow from its first divergence on, and an average over
 the fast part started the workers four seconds into the slow one."""
 POLL_SECONDS = 0.1
-PR_SET_PDEATHSIG = 1
 
 _open: dict[str, Capture] = {}
 """A worker's open captures, by path: opened once for all its shards."""
@@ -156,19 +155,18 @@ def check_threads(options: CompareOptions) -> int:
     return options.workers if options.workers > 0 else min(MAX_AUTO_WORKERS, usable_cores())
 
 
-def shards(pairs: list[AlignedPair], parts: int) -> list[range]:
-    """Consecutive runs of pairs of about equal bytes, in order."""
-    total = sum(pair_bytes(p) for p in pairs) or 1
-    target = total / max(1, parts)
+def shards(sizes: np.ndarray, parts: int) -> list[range]:
+    """Consecutive runs of pairs (of `sizes`: `pair_byte_counts`) of about equal bytes, in order."""
+    target = (int(sizes.sum()) or 1) / max(1, parts)
     out: list[range] = []
     start, held = 0, 0
-    for index, pair in enumerate(pairs):
-        held += pair_bytes(pair)
-        if held >= target and index + 1 < len(pairs):
+    for index, size in enumerate(sizes.tolist()):
+        held += size
+        if held >= target and index + 1 < len(sizes):
             out.append(range(start, index + 1))
             start, held = index + 1, 0
-    if start < len(pairs):
-        out.append(range(start, len(pairs)))
+    if start < len(sizes):
+        out.append(range(start, len(sizes)))
     return out
 
 
@@ -193,8 +191,7 @@ def _start_worker(claims: SynchronizedArray[int], job: bytes) -> None:
     own, and a real run's pairs take seconds to pickle."""
     global _claims, _job
     _claims, _job = claims, pickle.loads(job)
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    die_with_parent()
 
 
 def _capture(path: str) -> Capture:
@@ -302,16 +299,17 @@ def iter_compare_in_workers(
     options: CompareOptions,
     heads: Heads,
     workers: int,
-    total: int,
+    pair_sizes: np.ndarray,
     checks: ByteChecks,
     after_pair: Callable[[int], None] | None = None,
 ) -> ProgressGenerator[list[PairOutcome]]:
     """Every pair's outcome, in order, compared by this process (its stored bytes checked by
     `checks`) and, when the comparison is slow enough to pay for them, `workers - 1` others;
-    yields Progress(bytes, total). `after_pair(i)` is told when this process is done with pair i
-    (the read-ahead moves on)."""
-    parts = shards(pairs, workers * SHARDS_PER_WORKER)
-    sizes = [sum(pair_bytes(pairs[i]) for i in part) for part in parts]
+    yields Progress(bytes, total of `pair_sizes`, the pairs' `pair_byte_counts`). `after_pair(i)`
+    is told when this process is done with pair i (the read-ahead moves on)."""
+    total = int(pair_sizes.sum()) or 1
+    parts = shards(pair_sizes, workers * SHARDS_PER_WORKER)
+    sizes = [int(pair_sizes[part.start : part.stop].sum()) for part in parts]
     others = _Workers(parts)
     own: dict[int, list[PairOutcome]] = {}
     reader = PairReader(native, oracle, checks)

@@ -112,3 +112,16 @@ def test_control_characters_in_the_paths_a_command_prints_are_escaped(demo_pairs
     assert f"native     {tmp_path}/evil\\x1b[2J\\nPARITY.native.h5 [profile llama.cpp]" in header
     assert main(["validate", str(native)]) == 0
     assert capsys.readouterr().out.startswith(f"{tmp_path}/evil\\x1b[2J\\nPARITY.native.h5: valid (")
+
+
+def test_the_top_level_help_says_how_to_open_the_viewer_as_well_as_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    """`parity-xray --help` listed only the commands: nothing said that a pair of captures, a
+    session or a gate's JSON opens the window, nor that --settings exists."""
+    with pytest.raises(SystemExit) as exited:
+        main(["--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert "without a command, the viewer opens:" in out
+    for form in ("parity-xray NATIVE ORACLE", "parity-xray [open] FILE.xray", "parity-xray GATE.json", "--settings FILE.ini"):
+        assert form in out
+    assert "report" in out and "doctor" in out

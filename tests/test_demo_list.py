@@ -40,3 +40,20 @@ def test_a_seed_no_capture_can_hold_is_refused_as_the_option(tmp_path: Path, cap
     assert exited.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == f"parity-xray demo: error: argument --seed: {problem}"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_each_seed_has_a_folder_of_its_own_so_no_seed_opens_another_seeds_captures(capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`demo --seed 7` opened the seed-0 captures already in the cache, and a later plain `demo`
+    opened seed 7's: the folder did not depend on the seed."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert main(["demo", "--list", "--seed", "7"]) == 0
+    assert capsys.readouterr().out.startswith(f"Demo scenarios; their captures live in {tmp_path / 'parity-xray' / 'demo' / 'seed-7'} (written on first use).")
+    assert main(["demo", "--list"]) == 0
+    assert capsys.readouterr().out.startswith(f"Demo scenarios; their captures live in {tmp_path / 'parity-xray' / 'demo'} (written on first use).")
+
+
+def test_opening_the_viewer_on_two_scenarios_is_refused_rather_than_opening_the_first(capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert main(["demo", "--scenario", "clean", "--scenario", "swiglu-order"]) == 2
+    assert capsys.readouterr().err == "parity-xray demo: the viewer opens one scenario; repeat --scenario only with --generate DIR\n"
+    assert not (tmp_path / "parity-xray" / "demo").exists()

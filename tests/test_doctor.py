@@ -126,7 +126,14 @@ def test_doctor_on_an_x11_display_names_what_stops_the_window_and_exits_1() -> N
 def test_doctor_without_a_display_says_so_and_exits_1() -> None:
     done = _doctor(_without_display(), "--for", "viewer")
     assert done.returncode == 1
+    assert done.stdout.startswith("parity-xray doctor: what the viewer needs on this machine\n")
     assert "no display: DISPLAY is not set, so the 'xcb' platform has nowhere to draw" in done.stdout
+
+
+def test_doctor_for_llama_names_the_command_it_checks_for() -> None:
+    """The heading read "what the llama needs on this machine"."""
+    done = _doctor(os.environ.copy(), "--for", "llama")
+    assert done.stdout.startswith("parity-xray doctor: what `record llama` needs on this machine\n")
 
 
 def test_doctor_offscreen_finds_everything_the_demo_needs_without_loading_qt_itself() -> None:

@@ -36,6 +36,16 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+VIEWER_FORMS = """without a command, the viewer opens:
+  parity-xray                      empty (drop captures onto it)
+  parity-xray NATIVE ORACLE        on a pair of captures
+  parity-xray [open] FILE.xray     on a saved investigation session
+  parity-xray GATE.json            on a gate's result (gate --json)
+  --settings FILE.ini              layout, recent files and theme from this file"""
+"""The viewer's command lines, which `--help` lists after the commands: only `parity-xray
+NATIVE ORACLE --help` said them, and nothing led there."""
+
+
 def _module(name: str) -> ModuleType:
     return importlib.import_module(SUBCOMMANDS[name][0])
 
@@ -45,6 +55,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="parity-xray",
         description="Show where and why two runs of a language model stop agreeing, down to the bit.",
+        epilog=VIEWER_FORMS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_text) in SUBCOMMANDS.items():

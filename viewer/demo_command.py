@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--scenario",
         action="append",
         metavar="NAME",
-        help="only this scenario (repeatable); see --list",
+        help="only this scenario (repeatable with --generate; the viewer opens one); see --list",
     )
     parser.add_argument("--list", action="store_true", help="list the scenarios and where each one diverges")
     parser.add_argument("--seed", type=whole_number(0, SEED_MAX), default=0, help="weights and prompt seed (default 0)")
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"parity-xray demo: unknown scenario {', '.join(unknown)}; known: {', '.join(known)}", file=sys.stderr)
         return 2
     if args.list:
-        print(_listing(default_demo_dir(), SCENARIOS, CUT_SCENARIOS, LLAMA_SCENARIOS), end="")
+        print(_listing(default_demo_dir(args.seed), SCENARIOS, CUT_SCENARIOS, LLAMA_SCENARIOS), end="")
         return 0
     if args.generate is not None:
         from backends.recorders.llama_nodes import RecorderError
@@ -119,7 +119,10 @@ def run(args: argparse.Namespace) -> int:
         for name, (native, oracle) in pairs.items():
             print(f"{name:20s} native {native}\n{'':20s} oracle {oracle}")
         return 0
-    demo_dir = default_demo_dir()
+    if len(args.scenario or ()) > 1:
+        print("parity-xray demo: the viewer opens one scenario; repeat --scenario only with --generate DIR", file=sys.stderr)
+        return 2
+    demo_dir = default_demo_dir(args.seed)
     scenario = (args.scenario or [DEFAULT_SCENARIO])[0]
     native, oracle = pair_paths(demo_dir, scenario)
     if not (native.exists() and oracle.exists()):

@@ -52,8 +52,11 @@ VISUAL_TOKENS = 128
 NO_EOS = -1
 
 
-def default_demo_dir() -> Path:
-    return platformdirs.user_cache_path("parity-xray") / "demo"
+def default_demo_dir(seed: int = 0) -> Path:
+    """Where `demo` keeps the captures of `seed`: a folder per seed, so that `demo --seed 7` never
+    opens the seed-0 captures already there (nor a later plain `demo` the seed-7 ones)."""
+    base = platformdirs.user_cache_path("parity-xray") / "demo"
+    return base if seed == 0 else base / f"seed-{seed}"
 
 
 def pair_paths(directory: Path, scenario: str) -> tuple[Path, Path]:

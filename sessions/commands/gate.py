@@ -39,10 +39,10 @@ WORKERS_PER_CORE = 4
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("manifest", help="TOML manifest of the cases (docs/gate.md)")
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--workers", type=int, metavar="N", help="local Dask worker processes, one thread each (default: one per core)")
+    where.add_argument("--workers", type=int, metavar="N", help=f"local Dask worker processes, one thread each (default: one per core; at most {WORKERS_PER_CORE} per core)")
     where.add_argument("--scheduler", metavar="tcp://HOST:8786", help="judge on this existing Dask cluster; its workers must see the capture paths")
     parser.add_argument("--json", metavar="OUT", help="write the results as JSON (docs/gate.md)")
-    parser.add_argument("--html", metavar="OUT", help="write an HTML summary, and each case's own report in OUT-cases/ beside it")
+    parser.add_argument("--html", metavar="OUT", help="write an HTML summary, and each case's own report in STEM-cases/ beside it (gate.html: gate-cases/)")
     parser.add_argument("--no-cache", action="store_true", help="judge every case again, even those whose captures and options did not change")
 
 

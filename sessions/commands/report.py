@@ -44,9 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="OUT", help="also write the report as JSON (docs/report-json.md)")
     parser.add_argument("--html", metavar="OUT", help="also write a self-contained HTML report (with --session: its bookmarks and notes)")
     parser.add_argument("--session", metavar="FILE.xray", help="compare the pair a saved session names, with its profiles and tolerance")
-    parser.add_argument("--atol", type=tolerance_bound, help="absolute tolerance (default, or 0: bit-exact)")
-    parser.add_argument("--rtol", type=tolerance_bound, help="relative tolerance (default, or 0: bit-exact)")
-    parser.add_argument("--max-ulp", type=ulp_bound, help="ULP tolerance (default, or 0: bit-exact)")
+    parser.add_argument("--atol", type=tolerance_bound, help="absolute tolerance (unset or 0: no bound; all three unset: bit-exact)")
+    parser.add_argument("--rtol", type=tolerance_bound, help="relative tolerance (unset or 0: no bound; all three unset: bit-exact)")
+    parser.add_argument("--max-ulp", type=ulp_bound, help="ULP tolerance (unset or 0: no bound; all three unset: bit-exact)")
     parser.add_argument("--tolerance-policy", metavar="POLICY.toml", help="per-op, per-dtype tolerances (docs/tolerance-policy.md); its rules win over --atol/--rtol/--max-ulp")
     parser.add_argument("--native-profile", help="built-in profile name or TOML path (default: detected)")
     parser.add_argument("--oracle-profile", help="built-in profile name or TOML path (default: detected)")
@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workers", type=whole_number(0), default=0, metavar="N",
         help="processes comparing at most at once (default: one per core, up to 16, on 4 or more cores; else 1); "
-        "the others start only once this one would take over a second for the rest. Also how many threads "
+        "extra worker processes start only when the remaining work would take this process over a second. Also how many threads "
         "check stored bytes (default: one per core); 1 checks them in this process's own thread",
     )
     parser.add_argument("--top", type=whole_number(1), default=10, metavar="N", help="how many worst ops to list (default 10)")

@@ -24,6 +24,8 @@ PURPOSES: dict[str, frozenset[str]] = {
     "llama": frozenset({"llama", "cache"}),
 }
 """What each purpose needs, by check area."""
+PURPOSE_WORDS = {"all": "everything", "viewer": "the viewer", "demo": "the demo", "llama": "`record llama`"}
+"""Each purpose as the heading names it."""
 WIDTH = 20
 
 
@@ -47,7 +49,7 @@ def render(findings: list[Finding]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     findings = run_checks(PURPOSES[args.purpose], os.environ)
-    print(f"parity-xray doctor: what {'everything' if args.purpose == 'all' else 'the ' + args.purpose} needs on this machine\n")
+    print(f"parity-xray doctor: what {PURPOSE_WORDS[args.purpose]} needs on this machine\n")
     print(render(findings))
     stopping = blocking(findings, args.purpose)
     if not stopping:

@@ -112,6 +112,8 @@ def check_file(path: Path, seed: int, steps_reported: int) -> tuple[str, str]:
     from sessions.capture.reader import CaptureError
     from sessions.compare.record_sources import record_sources
 
+    if not path.exists():  # the writer renames its file to `path` at its first committed step
+        return ("ok", "no file: killed before its first step") if steps_reported == 0 else ("content", f"no file, though the writer had finished {steps_reported} steps")
     try:
         capture = open_capture(path)
     except CaptureError as exc:
@@ -167,7 +169,7 @@ def kill_once(root: Path, work: Path, kill_id: int, rng: random.Random, max_dela
     steps_reported = sum(1 for word in lines if word == "step")
     result, detail = check_file(path, seed, steps_reported)
     return {"kill": kill_id, "compression": compression, "seed": seed, "delay_s": round(delay, 4),
-            "steps_reported": steps_reported, "bytes": path.stat().st_size, "result": result, "detail": detail}
+            "steps_reported": steps_reported, "bytes": path.stat().st_size if path.exists() else 0, "result": result, "detail": detail}
 
 
 def kill_many(args: argparse.Namespace) -> None:

@@ -37,7 +37,7 @@ def compile_command(out: Path) -> list[str] | None:
 
 def python_twin(path: Path) -> None:
     """The C program's run, value for value, through the reference writer."""
-    meta = CaptureMeta(role="oracle", engine_name="python-twin", prompt="the quick brown fox " * 500)
+    meta = CaptureMeta(role="oracle", engine_name="python-twin", prompt="the quick brown fox " * 5000)
     with CaptureWriter(path, meta) as writer:
         for step in range(STEPS):
             segment = "prefill" if step == 0 else "decode"

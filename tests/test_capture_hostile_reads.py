@@ -22,6 +22,7 @@ from gguf import GGMLQuantizationType, quantize
 from hand_captures import T, write_capture
 
 from sessions.capture import format as cf
+from sessions.capture import writer as writer_module
 from sessions.capture.chunk_read import BadChunk, ChunkedReader, liblzf, unlzf_python
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.opening import open_capture
@@ -211,10 +212,13 @@ def test_an_attribute_over_the_budget_is_refused_before_its_value_is_read(tmp_pa
 
 
 @pytest.mark.parametrize("dims", [2**31, 2**40])
-def test_an_attribute_that_cannot_be_read_is_refused_never_taken_as_absent(tmp_path: Path, dims: int) -> None:
+def test_an_attribute_that_cannot_be_read_is_refused_never_taken_as_absent(tmp_path: Path, dims: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """provenance_json's dataspace rewritten in the file to `dims` elements: libhdf5 runs off its buffer.
 
-    Taken as "absent", the file compared as PARITY (and its `complete` marker read as unset)."""
+    Taken as "absent", the file compared as PARITY (and its `complete` marker read as unset). The
+    file is in libhdf5's earliest format, as another engine's writer may leave it, whose object
+    headers carry no checksum that would catch the rewrite."""
+    monkeypatch.setattr(writer_module, "FILE_FORMAT", ("earliest", "v108"))
     tensors = [T("l_out-0", np.zeros(4, np.float32), layer=0)]
     twin = write_capture(tmp_path / "twin.h5", "oracle", tensors, [(0, 1, False)])
     path = write_capture(tmp_path / "corrupt.h5", "native", tensors, [(0, 1, False)])
@@ -230,6 +234,18 @@ def test_an_attribute_that_cannot_be_read_is_refused_never_taken_as_absent(tmp_p
     assert (status, out.splitlines()) == (2, [f"{path}: invalid (1 problem)", f"  {located}"])
     status, _, err, _ = cli("report", "--no-cache", str(path), str(twin))
     assert (status, err) == (2, f"parity-xray report: unusable input: {path}: {located}\n")
+
+
+def test_a_flipped_bit_in_the_root_header_of_the_writers_format_is_a_located_refusal(tmp_path: Path) -> None:
+    """The writer's 1.8 format checksums its object headers: a bit flipped in the prompt is caught
+    where the root's attributes are read, never read as another prompt."""
+    path = write_capture(tmp_path / "flipped.h5", "native", [T("l_out-0", np.zeros(4, np.float32), layer=0)], [(0, 1, False)], prompt="a prompt to flip")
+    data = bytearray(path.read_bytes())
+    data[data.find(b"a prompt to flip")] ^= 1
+    path.write_bytes(bytes(data))
+    status, out, _, _ = cli("validate", str(path))
+    assert status == 2
+    assert out.splitlines()[1].startswith("  / attribute 'format': cannot be read (") and "checksum" in out
 
 
 def test_deeply_nested_provenance_is_a_located_refusal_not_a_recursion_error(tmp_path: Path) -> None:

@@ -230,11 +230,12 @@ def test_abandoned_writer_file_is_incomplete_and_a_closed_one_complete(tmp_path:
             assert capture.describe().startswith("incomplete: the writer did not finish") is not complete
 
 
-def test_a_writer_that_cannot_write_its_root_attributes_leaves_no_file_and_names_the_path(tmp_path: Path) -> None:
+def test_a_prompt_no_reader_would_read_is_refused_before_writing_and_leaves_no_file(tmp_path: Path) -> None:
+    """A reader refuses an attribute over 64 MiB: the writer does not write one."""
     path = tmp_path / "x.h5"
-    with pytest.raises(OSError) as raised:
-        CaptureWriter(path, CaptureMeta(role="native", prompt="7 " * 150_000))  # past libhdf5's 64 KiB attribute message
-    assert str(raised.value).startswith(f"{path}: cannot write the capture's root attributes and tables (")
+    with pytest.raises(ValueError) as raised:
+        CaptureWriter(path, CaptureMeta(role="native", prompt="7 " * (33 * 1024**2)))
+    assert str(raised.value) == f"{path}: its prompt is 69,206,016 bytes, over the 64 MiB an attribute of a capture holds"
     assert list(tmp_path.iterdir()) == []
 
 

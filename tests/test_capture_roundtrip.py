@@ -166,3 +166,18 @@ def test_a_capture_that_cannot_be_created_is_named_by_its_own_path_not_the_hidde
     with pytest.raises(OSError) as refused:
         CaptureWriter(blocked / "x.h5", CaptureMeta(role="native", engine_name="e"))
     assert str(refused.value) == f"{blocked / 'x.h5'}: cannot be written (Not a directory)"
+
+
+def test_the_prompt_and_provenance_of_a_run_of_thirty_thousand_tokens_are_written_and_read_back(tmp_path: Path) -> None:
+    """libhdf5's earliest file format holds no attribute over 64 KiB: recording a prompt of about
+    8,000 real token ids or more failed with "object header message is too large"."""
+    tokens = list(range(100_000, 130_000))
+    prompt = ",".join(map(str, tokens))
+    meta = CaptureMeta(role="native", engine_name="e", prompt=prompt, provenance={"prompt_tokens": tokens})
+    with CaptureWriter(tmp_path / "long.h5", meta) as writer:
+        writer.add_tensor("l_out", np.ones((2, 4), np.float32), step=0, segment="prefill", layer=0)
+        writer.end_step()
+    with open_capture(tmp_path / "long.h5") as capture:
+        assert len(prompt) == 209_999 and capture.meta.prompt == prompt
+        assert capture.meta.provenance["prompt_tokens"] == tokens
+        assert capture.complete and len(capture.records) == 1

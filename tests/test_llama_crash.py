@@ -73,9 +73,25 @@ def test_an_illegal_instruction_becomes_a_message_with_the_portable_rebuild(
     )
     assert REBUILD_COMMAND in message
     assert "--no-extra-bufts" in message
-    assert f"{out} holds what was recorded before the crash, marked incomplete." in message
+    assert message.endswith(f"\nNothing was written to {out} (the run stopped before its first step).")
+    assert not out.exists()
+
+
+def test_a_crash_before_the_first_step_leaves_the_capture_force_would_replace_as_it_was(
+    gguf_f32: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer renamed its empty structure over the output before the first step: a `--force`
+    run that crashed (or was refused, or stopped) in step 0 left an empty capture where a good one was."""
+    out = tmp_path / "x.h5"
+    run_to_end(iter_record_llama(gguf_f32, SCHEDULE, out))
+    kept = out.read_bytes()
+    monkeypatch.setenv(FAULT_ENV, "SIGSEGV")
+    with pytest.raises(LlamaCrashed) as crashed:
+        run_to_end(iter_record_llama(gguf_f32, SCHEDULE, out))
+    assert str(crashed.value).endswith(f"\n{out} is as it was (the run stopped before its first step).")
+    assert out.read_bytes() == kept
     with open_capture(out, check_in_child=False) as capture:
-        assert capture.complete is False
+        assert capture.complete is True
 
 
 def test_a_bad_read_inside_ggml_names_the_ggml_function(gguf_f32: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -134,3 +150,4 @@ def test_closing_the_recording_kills_the_child(gguf_f32: Path, tmp_path: Path) -
     assert len(_recording_children()) == 1
     work.close()
     assert _recording_children() == []
+

@@ -12,6 +12,7 @@ pytest.importorskip("llama_cpp")
 from backends.commands import record as record_command  # noqa: E402
 from backends.demo.llama_pairs import demo_weights_f32  # noqa: E402
 from backends.engines.gguf_export import export_gguf  # noqa: E402
+from backends.recorders.left_behind import left_at  # noqa: E402
 from sessions.capture.opening import open_capture  # noqa: E402
 from tests.side_files import fifo_without_writer  # noqa: E402
 from tests.test_llama_recorder import TINY  # noqa: E402
@@ -57,6 +58,13 @@ def test_an_existing_output_is_refused_unless_forced(gguf: Path, tmp_path: Path,
         (["record", "mlx", "absent-dir", "--tokens", "1"], "absent-dir: not a directory"),
         (["record", "llama", "GGUF", "--tokens", "1,96"], "token id 96 is outside tiny.bf16.gguf's vocabulary (96 ids)"),
         (["record", "llama", "GGUF", "--tokens", "1", "--batch", "2", "--batch-row", "2"], "row 2 is not a row of a batch of 2"),
+        (["record", "llama", "GGUF", "--tokens", "1", "--batch", "0"], "a batch holds at least 1 request, not 0"),
+        (["record", "llama", "GGUF", "--tokens", "1,2,3", "--feed-last", "-1"], "--feed-last -1: the count of prompt tokens fed one by one must be >= 0"),
+        (
+            ["record", "llama", "GGUF", "--tokens", "1,2,3,4", "--segments", "abcdefghijklmnop=4", "--ubatch", "2"],
+            "segment 'abcdefghijklmnop.0' is longer than the capture's 16-byte segment field: a call longer than the micro-batch size 2 "
+            "is recorded as NAME.0, NAME.1, ...; give it a shorter name",
+        ),
         (["record", "llama", "GGUF", "--tokens", "1", "--threads", "0"], "--threads must be from 1 to 1024, not 0"),
         (["record", "llama", "GGUF", "--tokens", "1", "--threads", "100000"], "--threads must be from 1 to 1024, not 100000"),
         (["record", "llama", "evil\x1b[2J.gguf", "--tokens", "1"], "evil\\x1b[2J.gguf: no such GGUF file"),
@@ -124,13 +132,13 @@ def test_an_interrupted_recording_says_what_it_left_at_its_output(tmp_path: Path
     from sessions.side_file import disk_stamp
 
     out = tmp_path / "x.h5"
-    assert record_command._left_at(out, None) == f"nothing was written to {out} (the run stopped before its first step)"
+    assert left_at(out, None) == f"nothing was written to {out} (the run stopped before its first step)"
     out.write_bytes(b"an earlier capture")
     before = disk_stamp(out)
-    assert record_command._left_at(out, before) == f"{out} is as it was (the run stopped before its first step)"
+    assert left_at(out, before) == f"{out} is as it was (the run stopped before its first step)"
     out.unlink()
     out.write_bytes(b"the first steps of this run")
-    assert record_command._left_at(out, before).endswith("holds the steps written so far and reads as incomplete (parity-xray validate names them)")
+    assert left_at(out, before).endswith("holds the steps written so far and reads as incomplete (parity-xray validate names them)")
 
 
 def test_a_recording_out_of_room_says_so_as_a_recording_of_mlx_does(gguf: Path, tmp_path: Path) -> None:

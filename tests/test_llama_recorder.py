@@ -291,14 +291,26 @@ def test_the_whole_cache_setting_records_every_cell_and_holds_the_written_ones_w
     assert a.meta.provenance["parity_settings"]["whole_cache"] is False and b.meta.provenance["parity_settings"]["whole_cache"] is True
 
 
-def test_all_nodes_adds_the_unnamed_nodes(ggufs: dict[str, Path], tmp_path: Path) -> None:
-    named, every = tmp_path / "named.h5", tmp_path / "all.h5"
-    schedule = TokenSchedule(SCHEDULE.prompt)
+def test_all_nodes_adds_the_unnamed_nodes_and_two_such_runs_are_parity(ggufs: dict[str, Path], tmp_path: Path) -> None:
+    """Two identical --all-nodes runs read DIVERGENCE: the last layer's GET_ROWS over out_ids
+    (the rows whose logits are computed) had no rule, and `no_rule` is a finding."""
+    from sessions.compare.comparison import iter_compare
+    from sessions.progress import run_to_end
+
+    named, every, again = tmp_path / "named.h5", tmp_path / "all.h5", tmp_path / "again.h5"
+    schedule = TokenSchedule(SCHEDULE.prompt, decode_steps=1)
     _record(ggufs["f32"], named, schedule)
     _record(ggufs["f32"], every, schedule, LlamaSettings(all_nodes=True))
+    _record(ggufs["f32"], again, schedule, LlamaSettings(all_nodes=True))
     with open_capture(named, check_in_child=False) as a, open_capture(every, check_in_child=False) as b:
         assert len(b.records) >= len(a.records)
         assert {r.name for r in a.records} <= {r.name for r in b.records}
+    with open_capture(every, check_in_child=False) as b, open_capture(again, check_in_child=False) as c:
+        comparison = run_to_end(iter_compare(b, c))
+    assert comparison.verdict.word == "PARITY"
+    selections = [u for u in comparison.unaligned if u.detail.startswith("the last layer's rows whose logits are computed")]
+    assert {u.reason for u in selections} == {"one_sided"} and {u.step for u in selections} == {0, 1}
+    assert len(selections) == 8, "two GET_ROWS over out_ids a step, on each side"
 
 
 def test_a_missing_model_is_refused(tmp_path: Path) -> None:

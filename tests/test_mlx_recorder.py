@@ -115,6 +115,19 @@ def test_a_directory_without_weights_is_refused_by_name(tmp_path: Path) -> None:
         load_local_model(tmp_path / "absent")
 
 
+def test_weights_mlx_cannot_read_are_refused_naming_the_model_folder(model_dir: Path, tmp_path: Path) -> None:
+    """MLX's own RuntimeError ("[load_safetensors] ... invalid data offsets") reached the command
+    without the folder's name."""
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_bytes((model_dir / "config.json").read_bytes())
+    weights = next(model_dir.glob("*.safetensors")).read_bytes()
+    (broken / "model.safetensors").write_bytes(weights[: len(weights) // 2])
+    with pytest.raises(ModelDirError) as refused:
+        load_local_model(broken)
+    assert str(refused.value).startswith(f"{broken}: mlx-lm cannot load it (RuntimeError: ")
+
+
 def test_a_cut_schedule_names_its_calls_and_micro_batches_and_refuses_sizes_that_do_not_add_up() -> None:
     schedule = TokenSchedule(tuple(range(10)), ubatch=3, cut=parse_segments("text-before=2,visual=5,1"), feed_last=2)
     assert schedule.segments() == [

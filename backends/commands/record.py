@@ -20,13 +20,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from backends.recorders.left_behind import left_at
 from sessions.capture.format import ROLES
 from sessions.commands.arguments import output_problem
 from sessions.ctrl_c import exit_code_of, raise_if_pressed, said
 from sessions.file_room import FileUnwritable
 from sessions.printable import printable, printable_lines
 from sessions.progress import Progress
-from sessions.side_file import DiskStamp, disk_stamp
+from sessions.side_file import disk_stamp
 
 if TYPE_CHECKING:
     from backends.recorders.record_schedule import TokenSchedule
@@ -44,12 +45,12 @@ MAX_WEIGHTS_ID = 256
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     engines = parser.add_subparsers(dest="engine", metavar="ENGINE", required=True)
     llama = engines.add_parser("llama", help="llama.cpp through llama-cpp-python's eval callback")
-    llama.add_argument("model", type=Path, metavar="MODEL.gguf")
+    llama.add_argument("model", type=Path, metavar="MODEL.gguf", help="the GGUF file llama.cpp loads")
     mlx = engines.add_parser("mlx", help="any mlx-lm model from a local directory")
-    mlx.add_argument("model", type=Path, metavar="MODEL_DIR")
+    mlx.add_argument("model", type=Path, metavar="MODEL_DIR", help="an mlx-lm model folder (config.json and safetensors)")
     for sub, role in ((llama, "native"), (mlx, "oracle")):
         sub.add_argument("--tokens", required=True, help="prompt token ids, e.g. 1,2,3")
-        sub.add_argument("--decode-steps", type=int, default=0, metavar="N", help="greedy decode steps after the prefill")
+        sub.add_argument("--decode-steps", type=int, default=0, metavar="N", help="greedy decode steps after the prefill (default 0: the prefill alone)")
         sub.add_argument("--ubatch", type=int, default=512, metavar="N", help="prefill micro-batch size (each piece is a segment)")
         sub.add_argument(
             "--segments", default="", metavar="SIZES",
@@ -59,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         sub.add_argument("--repeat", type=int, default=1, metavar="K", help="record the same run K times (X.h5, X.run2.h5, ...): run-to-run determinism")
         sub.add_argument("--stop-tokens", default="", metavar="IDS", help="token ids that end the run (marked is_stop)")
         sub.add_argument("--role", choices=ROLES, default=role, help=f"capture role (default {role})")
-        sub.add_argument("--out", type=Path, required=True, metavar="X.h5")
+        sub.add_argument("--out", type=Path, required=True, metavar="X.h5", help="the capture to write (refused if it exists, unless --force)")
         sub.add_argument("--force", action="store_true", help="replace X.h5 if it exists")
         sub.add_argument(
             "--weights-hash",
@@ -74,12 +75,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     llama.add_argument("--kv-type", choices=KV_CHOICES, default="f32", help="KV cache type (parity default f32)")
     llama.add_argument("--flash-attn", action="store_true", help="turn flash attention on (parity default off)")
-    llama.add_argument("--threads", type=int, default=2, metavar="N")
+    llama.add_argument("--threads", type=int, default=2, metavar="N", help="llama.cpp CPU threads (default 2)")
     llama.add_argument(
         "--no-extra-bufts", dest="extra_bufts", action="store_false",
         help="keep weights out of llama.cpp's repacked extra buffer types (no AMX / repacked kernels)",
     )  # fmt: skip
-    mlx.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+    mlx.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="where MLX computes (default cpu)")
     for sub in (llama, mlx):
         sub.add_argument(
             "--batch", type=int, default=1, metavar="N",
@@ -151,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"record failed: {printable_lines(str(exc))}", file=sys.stderr)
             return EXIT_CRASHED
         except KeyboardInterrupt as stop:
-            print(f"record {said(stop, 'interrupted')}: {_left_at(out, before)}", file=sys.stderr)
+            print(f"record {said(stop, 'interrupted')}: {left_at(out, before)}", file=sys.stderr)
             return exit_code_of(stop)
         except FileUnwritable as exc:  # a full disk: its words say what is left at the path
             print(f"record failed: {printable_lines(str(exc))}", file=sys.stderr)
@@ -180,16 +181,3 @@ def _work(args: argparse.Namespace, schedule: "TokenSchedule", out: Path) -> Ite
     return iter_record_mlx(
         args.model, schedule, out, role=args.role, device=args.device, weights_hash=args.weights_hash, batch=args.batch, batch_row=args.batch_row
     )
-
-
-def _left_at(out: Path, before: DiskStamp | None) -> str:
-    """What an interrupted recording left at `out`: a run stopped before its writer opened the
-    file left nothing, or (`--force`) the capture that was there, which still reads as complete."""
-    shown = printable(str(out))
-    now = disk_stamp(out)
-    if now is None:
-        return f"nothing was written to {shown} (the run stopped before its first step)"
-    if now == before:
-        return f"{shown} is as it was (the run stopped before its first step)"
-    return f"{shown} holds the steps written so far and reads as incomplete (parity-xray validate names them)"
-

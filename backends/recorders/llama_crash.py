@@ -121,8 +121,9 @@ def python_frame(stderr: str) -> str | None:
     return f"{Path(found.group('file')).name} line {found.group('line')} in {found.group('function')}" if found else None
 
 
-def explain_crash(signum: int, stderr: str, *, stage: str, system_info: str | None, partial: Path | None) -> str:
-    """The whole message: what died and how, where, what ggml said, why it may be, and what to do."""
+def explain_crash(signum: int, stderr: str, *, stage: str, system_info: str | None, left: str | None) -> str:
+    """The whole message: what died and how, where, what ggml said, why it may be, what to do, and
+    `left`: what the run left at its output (`left_behind.left_at`), for a recording."""
     meaning = f" ({MEANINGS[signum]})" if signum in MEANINGS else ""
     lines = [f"llama.cpp crashed while {stage}: the process died by {signal_name(signum)}{meaning}."]
     where = native_function(stderr)
@@ -137,6 +138,6 @@ def explain_crash(signum: int, stderr: str, *, stage: str, system_info: str | No
         if missing:
             lines.append(f"This llama-cpp-python build uses {'; '.join(missing)}.")
     lines.append(ADVICE.get(signum, "Report the lines above to llama.cpp with the GGUF and the command."))
-    if partial is not None and partial.exists():
-        lines.append(f"{partial} holds what was recorded before the crash, marked incomplete.")
+    if left is not None:
+        lines.append(left[0].upper() + left[1:] + ".")
     return "\n".join(lines)

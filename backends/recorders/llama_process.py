@@ -36,6 +36,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from backends.recorders.left_behind import left_at
 from backends.recorders.llama_crash import explain_crash
 from backends.recorders.llama_nodes import RecorderError
 from backends.recorders.llama_process_env import brief_openmp_wait
@@ -50,10 +51,11 @@ from backends.recorders.record_schedule import (
     check_batch,
 )
 from sessions.child_env import module_command
-from sessions.child_process import ChildProcess, progress_line
+from sessions.child_process import ChildProcess, die_with_parent, progress_line
 from sessions.file_room import FileUnwritable
 from sessions.machine import physical_memory
 from sessions.progress import Progress, ProgressGenerator, run_to_end
+from sessions.side_file import DiskStamp, disk_stamp
 
 FAULT_ENV = "PARITY_XRAY_LLAMA_FAULT"
 POLL_S = 0.1
@@ -110,6 +112,7 @@ def plain_logits(model_path: Path, schedule: TokenSchedule, settings: LlamaSetti
 
 def _iter_child(model: Path, schedule: TokenSchedule, settings: LlamaSettings, job: dict[str, Any]) -> ProgressGenerator[list[np.ndarray]]:
     require_gguf_file(model)
+    before = disk_stamp(job["out"]) if job["mode"] == "record" else None
     with tempfile.TemporaryDirectory(prefix="parity-xray-llama-") as scratch:
         logits = Path(scratch) / "logits.npz"
         job = {**job, "model": str(model), "schedule": _schedule_json(schedule), "settings": asdict(settings), "logits": str(logits)}
@@ -120,23 +123,22 @@ def _iter_child(model: Path, schedule: TokenSchedule, settings: LlamaSettings, j
                 child.read(POLL_S)
                 if child.latest is not None:
                     yield child.latest
-            return _outcome(child, child.process.wait(), job, logits)
+            return _outcome(child, child.process.wait(), job, logits, before)
         finally:
             child.close()
 
 
-def _outcome(child: ChildProcess, returncode: int, job: dict[str, Any], logits: Path) -> list[np.ndarray]:
-    """The child's logits, or the error its ending amounts to."""
+def _outcome(child: ChildProcess, returncode: int, job: dict[str, Any], logits: Path, before: DiskStamp | None) -> list[np.ndarray]:
+    """The child's logits, or the error its ending amounts to; `before`: the output's stamp when it started."""
     if returncode < 0:
         systems, stages = child.lines("system"), child.lines("stage")
-        computed = any(stage.startswith(COMPUTING) for stage in stages)
         raise LlamaCrashed(
             explain_crash(
                 -returncode,
                 child.stderr_text(),
                 stage=stages[-1] if stages else "starting",
                 system_info=json.loads(systems[-1])["system_info"] if systems else None,
-                partial=Path(job["out"]) if job["mode"] == "record" and computed else None,
+                left=left_at(Path(job["out"]), before) if job["mode"] == "record" else None,
             )
         )
     errors = child.lines("error")
@@ -221,6 +223,7 @@ def _run_job(job: dict[str, Any], protocol: _Protocol) -> list[np.ndarray]:
 
 
 def main() -> int:
+    die_with_parent()
     brief_openmp_wait()
     protocol = _Protocol(os.fdopen(os.dup(1), "w"))
     os.dup2(2, 1)

@@ -82,8 +82,9 @@ def load_local_model(directory: Path) -> tuple[nn.Module, dict[str, Any]]:
 
     try:
         return load_model(directory)
-    except (ValueError, KeyError, TypeError, AttributeError, FileNotFoundError, ArithmeticError) as exc:
-        # TypeError, AttributeError: a config field of the wrong type ("num_hidden_layers": "2")
+    except (ValueError, KeyError, TypeError, AttributeError, FileNotFoundError, ArithmeticError, RuntimeError) as exc:
+        # TypeError, AttributeError: a config field of the wrong type ("num_hidden_layers": "2");
+        # RuntimeError: MLX's own words for weights it cannot read, which name no file
         raise ModelDirError(f"{directory}: mlx-lm cannot load it ({type(exc).__name__}: {exc})") from None
 
 

@@ -111,10 +111,19 @@ class TokenSchedule:
         if self.ubatch < 1:
             raise ValueError(f"micro-batch size must be positive, not {self.ubatch}")
         head = len(self.prompt) - self.feed_last
-        if not 0 <= self.feed_last < len(self.prompt):
+        if self.feed_last < 0:
+            raise ValueError(f"--feed-last {self.feed_last}: the count of prompt tokens fed one by one must be >= 0")
+        if self.feed_last >= len(self.prompt):
             raise ValueError(f"feeding the last {self.feed_last} of {len(self.prompt)} prompt tokens one by one leaves no prefill")
         if self.cut and sum(n for _, n in self.cut) != head:
             raise ValueError(f"the segments hold {sum(n for _, n in self.cut)} tokens; the prompt's prefill has {head}")
+        field = cf.INDEX_DTYPE["segment"].itemsize
+        long = next((name for call in self.calls() if len(call) > 1 for name, _, _ in call if len(name.encode("utf-8")) > field), None)
+        if long is not None:
+            raise ValueError(
+                f"segment '{printable(long)}' is longer than the capture's {field}-byte segment field: a call longer than "
+                f"the micro-batch size {self.ubatch} is recorded as NAME.0, NAME.1, ...; give it a shorter name"
+            )
 
     def calls(self) -> list[list[Piece]]:
         """The prompt's forward calls in order, each as its micro-batches (llama.cpp's `n_ubatch`)."""
@@ -148,7 +157,9 @@ class TokenSchedule:
 
 def check_batch(batch: int, row: int) -> None:
     """ValueError unless `row` is a request of a batch of `batch`."""
-    if batch < 1 or not 0 <= row < batch:
+    if batch < 1:
+        raise ValueError(f"a batch holds at least 1 request, not {batch}")
+    if not 0 <= row < batch:
         raise ValueError(f"row {row} is not a row of a batch of {batch}")
 
 

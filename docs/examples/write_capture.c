@@ -23,7 +23,7 @@
 #define ROWS 4
 #define COLS 64
 #define VOCAB 50
-#define PROMPT_BYTES 10000 /* longer than any stack buffer a writer might be tempted to use */
+#define PROMPT_BYTES 100000 /* longer than any stack buffer a writer might be tempted to use, and than the 64 KiB an attribute of the earliest file format holds */
 
 static void fail(const char *what) {
     fprintf(stderr, "write_capture: %s failed\n", what);
@@ -225,10 +225,16 @@ int main(int argc, char **argv) {
     char partial[4096];
     if (snprintf(partial, sizeof partial, "%s.partial", argv[1]) >= (int)sizeof partial) fail("path length");
 
-    /* 1. Everything a reader needs before the first step, under a temporary name. Default file
-     *    access properties: libhdf5's earliest file format, whose superblock (version 0) has no
-     *    "open for writing" flag. Locking off, so a viewer reading the file never blocks us. */
+    /* 1. Everything a reader needs before the first step, under a temporary name. The 1.8 file
+     *    format: its object headers hold attributes over 64 KiB (a long prompt), and its
+     *    superblock (version 2) has no "open for writing" flag. Locking off, so a viewer reading
+     *    the file never blocks us. */
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+#if H5_VERSION_GE(1, 10, 2)
+    H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_V18);
+#else
+    H5Pset_libver_bounds(fapl, H5F_LIBVER_18, H5F_LIBVER_LATEST);
+#endif
 #if H5_VERSION_GE(1, 12, 1) || (H5_VERS_MAJOR == 1 && H5_VERS_MINOR == 10 && H5_VERS_RELEASE >= 7)
     H5Pset_file_locking(fapl, 0, 1); /* older versions: HDF5_USE_FILE_LOCKING=FALSE in the environment */
 #endif
@@ -274,8 +280,6 @@ int main(int argc, char **argv) {
     hid_t dispatch = create_table(file, "/dispatch", dtype);
     hid_t tokens = create_table(file, "/tokens", ttype);
     H5Fflush(file, H5F_SCOPE_GLOBAL);
-    /* POSIX renames the open file; on Windows close it, rename it, and open it again. */
-    if (rename(partial, argv[1]) != 0) fail("rename");
 
     int64_t seq = 0;
     for (int32_t step = 0; step < STEPS; step++) {
@@ -349,6 +353,10 @@ int main(int argc, char **argv) {
         set_int_attr(dispatch, "committed_rows", (int64_t)table_rows(dispatch));
         set_int_attr(tokens, "committed_rows", (int64_t)table_rows(tokens));
         H5Fflush(file, H5F_SCOPE_GLOBAL);
+        /* After the first step's commits, the file takes its name: a capture already there is
+         * replaced only by one with a step to show. POSIX renames the open file; on Windows
+         * close it, rename it, and open it again. */
+        if (step == 0 && rename(partial, argv[1]) != 0) fail("rename");
     }
 
     /* 4. The complete marker, written last, in place. */

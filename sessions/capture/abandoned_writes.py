@@ -1,7 +1,7 @@
 """Hidden capture files left by writers that were killed, found and removed by the next writer of the same path.
 
 A writer builds its capture under a hidden name beside the output (`.X.h5.<random>.partial`)
-and renames it to X.h5 once it is complete (a recording: once its empty structure is written).
+and renames it to X.h5 once it is complete (a recording: once its first step is committed).
 A writer killed with -9, by the out-of-memory killer or by a power cut cannot remove that file:
 the next import of X.h5 succeeded, and the killed one's gigabytes stayed on the disk, hidden.
 Each writer therefore holds an exclusive lock (flock) on its hidden file for as long as it

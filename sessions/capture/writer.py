@@ -16,8 +16,9 @@ landed (docs/capture-format.md, "Writing"):
   read, and are committed by rewriting that one attribute after a flush; `/index` first, so
   dispatch rows and tokens never point past the records shown;
 - `complete` exists from the start as 0 and turns 1 by one in-place write at `close`;
-- the file is created under a temporary name and renamed once its empty structure is on disk
-  (with `complete_only`, once it is complete: whole or not at all).
+- the file is created under a temporary name and renamed once its first step is committed
+  (with `complete_only`, once it is complete: whole or not at all), so a run stopped before
+  its first step leaves `path` as it was (with --force, the capture that was there).
 
 Before each write the writer asks for room (sessions.file_room): libhdf5, once one of its
 writes has failed for want of room, can neither flush nor close the file.
@@ -52,6 +53,7 @@ from sessions.atomic_write import fsync_directory, fsync_file
 from sessions.bits.dtypes import logical_dtype, logical_name_of, to_storage
 from sessions.capture import format as cf
 from sessions.capture.abandoned_writes import held_partial, remove_abandoned_writes
+from sessions.capture.hdf5_safety import MAX_ATTRIBUTE_BYTES
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.pack_layout import stored_nbytes
 from sessions.file_room import FileUnwritable, room_for
@@ -141,6 +143,10 @@ def _add_text_attrs(ds: h5py.Dataset, attrs: Mapping[str, list[bytes] | bytes]) 
         h5py.h5a.create(ds.id, name.encode("utf-8"), text_type, space).write(texts.astype(f"S{size}"), mtype=text_type)
 
 
+FILE_FORMAT = ("v108", "v108")
+"""libhdf5's 1.8 file format: the earliest one refuses an attribute over 64 KiB, the prompt and
+provenance of a run of about 8,000 tokens; a newer one marks a file open while it is written, so a
+killed writer's would not open (docs/capture-format.md, "Writing")."""
 MAX_ATTRIBUTE_NAME_BYTES = 255
 """A recorder attribute's name shares libhdf5's 64 KiB per attribute with its value: kept short."""
 
@@ -178,9 +184,9 @@ class CaptureWriter:
     ) -> None:
         """`complete_only`: `path` receives the capture only once it is complete, renamed there at
         `close`; a write that fails, or `abandon`, leaves `path` as it was (an import, a saved
-        rerun: whole or not at all). Otherwise `path` holds the capture from its empty structure
-        on, readable as incomplete while it grows: a recording killed or out of room keeps the
-        steps it committed."""
+        rerun: whole or not at all). Otherwise `path` holds the capture from its first committed
+        step on, readable as incomplete while it grows: a recording killed or out of room keeps
+        the steps it committed, and one stopped before its first step leaves `path` as it was."""
         if meta.role not in cf.ROLES:
             raise ValueError(f"role must be one of {cf.ROLES}, not {meta.role!r}")
         if compression not in COMPRESSIONS:
@@ -211,8 +217,10 @@ class CaptureWriter:
             raise _unwritable(self.path, exc) from None
         self._partial = partial
         self._complete_only = complete_only
+        self._published = False
+        """Whether `path` holds this capture (`_publish_growing`)."""
         try:
-            self._file = h5py.File(partial, "w", locking=False)
+            self._file = h5py.File(partial, "w", locking=False, libver=FILE_FORMAT)
         except BaseException as exc:
             self._unlock()
             partial.unlink(missing_ok=True)
@@ -237,11 +245,6 @@ class CaptureWriter:
         try:
             self._make_room(SKELETON_BYTES)
             self._write_skeleton(meta)
-            if not complete_only:
-                os.replace(partial, self.path)
-                # Published: no hidden file is left to guard, and readers that lock files (h5py's
-                # default, h5dump) could not open a recording in progress while it was held.
-                self._unlock()
         except BaseException as exc:  # the skeleton never reached `path`: nothing of it is left behind
             with contextlib.suppress(OSError, RuntimeError):  # libhdf5 out of room cannot close either: the first failure is the news
                 self._file.close()
@@ -269,9 +272,12 @@ class CaptureWriter:
         attrs.create(cf.ATTR_FORMAT, np.bytes_(cf.FORMAT_NAME.encode()), dtype=h5py.string_dtype("utf-8", len(cf.FORMAT_NAME)))
         attrs.create(cf.ATTR_VERSION, np.int64(cf.FORMAT_VERSION))
         created = meta.created_utc or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-        for name in cf.STRING_ATTRS:
-            value = created if name == "created_utc" else getattr(meta, name)
-            raw = value.encode("utf-8")
+        texts = {name: (created if name == "created_utc" else getattr(meta, name)).encode("utf-8") for name in cf.STRING_ATTRS}
+        provenance = meta.provenance_bytes()
+        for name, raw in [*texts.items(), (cf.ATTR_PROVENANCE, provenance)]:
+            if len(raw) > MAX_ATTRIBUTE_BYTES:  # a reader refuses it: the file would be written for nothing
+                raise ValueError(f"{self.path}: its {name} is {len(raw):,} bytes, over the {MAX_ATTRIBUTE_BYTES // 1024**2} MiB an attribute of a capture holds")
+        for name, raw in texts.items():
             attrs.create(name, np.bytes_(raw), dtype=h5py.string_dtype("utf-8", max(1, len(raw))))
         attrs.create("seed", np.int64(meta.seed))
         if meta.batch_size != 1:
@@ -279,7 +285,7 @@ class CaptureWriter:
             attrs.create("batch_row", np.int64(meta.batch_row))
         if meta.batch_stacked:
             attrs.create("batch_stacked", np.int64(1))
-        attrs.create(cf.ATTR_PROVENANCE, np.frombuffer(meta.provenance_bytes(), dtype=np.uint8))
+        attrs.create(cf.ATTR_PROVENANCE, np.frombuffer(provenance, dtype=np.uint8))
         attrs.create(cf.ATTR_COMPLETE, np.int8(0))
 
     def _open_step_group(self) -> h5py.Group:
@@ -568,12 +574,25 @@ class CaptureWriter:
                 _set_scalar(ds.id, cf.ATTR_COMMITTED_ROWS, np.array(ds.shape[0], dtype=np.int64))
             if tables:
                 self._file.flush()
+        self._publish_growing()
+
+    def _publish_growing(self) -> None:
+        """Rename a recording to `path` at its first committed step. Renamed with its empty
+        structure, `--force` replaced a good capture with an empty one whenever the run stopped,
+        crashed or was refused before its first step."""
+        if self._complete_only or self._published:
+            return
+        os.replace(self._partial, self.path)
+        self._published = True
+        # No hidden file is left to guard, and readers that lock files (h5py's default, h5dump)
+        # could not open a recording in progress while it was held.
+        self._unlock()
 
     def _failed(self, exc: OSError | RuntimeError) -> FileUnwritable:
         """The writer's first failed write, kept (`_refuse_after_failure`), in words that say what is left at `path`."""
         if self._failure is None:
             failure = _unwritable(self.path, exc)
-            if not self._complete_only:
+            if self._published:
                 kept = "the steps written before it stay readable, and the capture reads as incomplete"
                 failure = FileUnwritable(failure.errno, f"{failure.strerror}; {kept}", failure.filename)
             self._failure = failure
@@ -640,10 +659,10 @@ class CaptureWriter:
         try:
             self._file.close()
         except BaseException:
-            if self._complete_only:
+            if not self._published:
                 self._partial.unlink(missing_ok=True)
             raise
-        if not self._complete_only:
+        if self._published:
             return
         try:
             if finished:

@@ -73,7 +73,7 @@ def test_an_illegal_instruction_becomes_a_message_with_the_portable_rebuild(
     )
     assert REBUILD_COMMAND in message
     assert "--no-extra-bufts" in message
-    assert message.endswith(f"\nNothing was written to {out} (the run stopped before its first step).")
+    assert message.endswith(f"\nIts output: nothing was written to {out} (the run stopped before its first step).")
     assert not out.exists()
 
 
@@ -88,7 +88,7 @@ def test_a_crash_before_the_first_step_leaves_the_capture_force_would_replace_as
     monkeypatch.setenv(FAULT_ENV, "SIGSEGV")
     with pytest.raises(LlamaCrashed) as crashed:
         run_to_end(iter_record_llama(gguf_f32, SCHEDULE, out))
-    assert str(crashed.value).endswith(f"\n{out} is as it was (the run stopped before its first step).")
+    assert str(crashed.value).endswith(f"\nIts output: {out} is as it was (the run stopped before its first step).")
     assert out.read_bytes() == kept
     with open_capture(out, check_in_child=False) as capture:
         assert capture.complete is True

@@ -139,5 +139,5 @@ def explain_crash(signum: int, stderr: str, *, stage: str, system_info: str | No
             lines.append(f"This llama-cpp-python build uses {'; '.join(missing)}.")
     lines.append(ADVICE.get(signum, "Report the lines above to llama.cpp with the GGUF and the command."))
     if left is not None:
-        lines.append(left[0].upper() + left[1:] + ".")
+        lines.append(f"Its output: {left}.")  # not capitalised: it may start with a relative path
     return "\n".join(lines)

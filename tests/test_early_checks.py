@@ -5,6 +5,7 @@ only for bytes the checked stretches cover, all found equal."""
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ from sessions.compare.byte_checks import (
     STRETCH_BYTES,
     ByteChecks,
     KnownStretches,
+    early_threads,
 )
 from sessions.compare.comparison import iter_compare
 from sessions.compare.early_checks import early_stretches
@@ -127,6 +129,34 @@ def test_the_early_process_finds_each_stretch_equal_or_not_and_is_gone_once_the_
         assert _early_readers() == []
 
 
+def test_the_early_process_reads_on_several_threads_where_there_are_cores_and_answers_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On one thread, 16 cores left a 240,000-record comparison waiting 1.2 s for the early
+    process after its pairing ended. On four, the answers still come stretch by stretch, in order."""
+    size = 12 * STRETCH_BYTES
+    data = np.random.default_rng(3).integers(0, 256, size, dtype=np.uint8).tobytes()
+    changed = bytearray(data)
+    for stretch in (2, 7, 11):
+        changed[stretch * STRETCH_BYTES + 99] ^= 1
+    (tmp_path / "n.bin").write_bytes(data)
+    (tmp_path / "o.bin").write_bytes(bytes(changed))
+    assert [early_threads(threads) for threads in (1, 2, 3, 16)] == [1, 1, 2, 4]
+    started: list[list[str]] = []
+    real_popen = subprocess.Popen
+
+    def popen(command: list[str], **kwargs: object) -> subprocess.Popen[bytes]:
+        started.append(command)
+        return real_popen(command, **kwargs)  # type: ignore[call-overload,no-any-return]
+
+    monkeypatch.setattr(byte_checks.subprocess, "Popen", popen)
+    with open(tmp_path / "n.bin", "rb") as a, open(tmp_path / "o.bin", "rb") as b:
+        known = KnownStretches(a.fileno(), b.fileno(), [(0, 0, size)])
+        with ByteChecks(16) as checks:
+            checks.check_early(known)
+            _settled(known)
+    assert [command[-1] for command in started] == ["4"]
+    assert known.equal == [stretch not in (2, 7, 11) for stretch in range(12)]
+
+
 def test_one_thread_asked_for_or_too_few_bytes_start_no_early_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     native, oracle = _many_small_records(tmp_path, flip_at=-1)
     with open_capture(native) as n, open_capture(oracle) as o:
@@ -225,8 +255,6 @@ def test_no_thread_to_read_the_answers_ends_the_early_process_and_leaves_the_che
 
 def test_a_child_runs_the_projects_module_whatever_folder_it_is_started_in(tmp_path: Path) -> None:
     """A `sessions` package where the user stands must not stand in for the project's own."""
-    import subprocess
-
     from sessions.child_env import child_env, module_command
 
     fake = tmp_path / "sessions" / "compare"
@@ -234,5 +262,5 @@ def test_a_child_runs_the_projects_module_whatever_folder_it_is_started_in(tmp_p
     (tmp_path / "sessions" / "__init__.py").write_text("")
     (fake / "__init__.py").write_text("")
     (fake / "early_reader.py").write_text("print('not the project')\n")
-    done = subprocess.run(module_command(EARLY_READER, "3", "4"), cwd=tmp_path, env=child_env(), input=b"", capture_output=True, timeout=60)
+    done = subprocess.run(module_command(EARLY_READER, "3", "4", "1"), cwd=tmp_path, env=child_env(), input=b"", capture_output=True, timeout=60)
     assert done.returncode == 0 and done.stdout == b"", done.stdout

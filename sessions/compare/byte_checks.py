@@ -33,6 +33,15 @@ EARLY_MIN_BYTES = 256 * 1024 * 1024
 would cost about what the comparison's own threads take to check them."""
 EARLY_READER = early_reader.__name__
 """The module a process of its own runs to check stretches before the comparison asks (`ByteChecks.check_early`)."""
+EARLY_READER_THREADS = 4
+"""The most threads the early process reads on. Past a few, reads from the page cache gain
+little: a many-GB pair compared fastest on 4 processes of 16 cores (issue 16's device runs)."""
+
+
+def early_threads(threads: int) -> int:
+    """Threads for the early process of a comparison allowed `threads`: one core stays with the
+    pairing, which runs meanwhile (on 2 cores the early process reads on one thread)."""
+    return max(1, min(EARLY_READER_THREADS, threads - 1))
 STRETCH_BYTES = 4 * 1024 * 1024
 """Stored bytes are handed out this much at a time: a run of small records is cut where its bytes
 pass a multiple of it (sessions.compare.pair_compare), a long record is shared out between the
@@ -163,7 +172,7 @@ class ByteChecks:
                 asked.write(b"".join(b"%d %d %d\n" % (native[1], oracle[1], size) for native, oracle, size in stretches))
                 asked.seek(0)
                 early = subprocess.Popen(
-                    module_command(EARLY_READER, *(str(fd) for fd in known.descriptors)),
+                    module_command(EARLY_READER, *(str(fd) for fd in known.descriptors), str(early_threads(self.threads))),
                     stdin=asked, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, pass_fds=known.descriptors, env=child_env(),
                 )
         except (OSError, ValueError):

@@ -125,3 +125,60 @@ def test_a_rebuilt_tree_keeps_its_hidden_columns_and_column_widths(lazy_window: 
     assert tree.view.isColumnHidden(1) and tree.view.isColumnHidden(alignment_tree.CAUSE_COLUMN)
     assert header.sectionSize(2) == 123 and header.sectionSize(3) == differing
     assert tree.proxy.rowCount() > 0
+
+
+def test_a_filter_that_matches_group_labels_makes_no_rows_beyond_its_first_matches(lazy_window: MainWindow, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Opening the groups the filter lets through made their rows, whose matching groups were
+    opened in turn: "l" (it is in "layer", "decode" ...) made a real model's 260,000 rows, 47 s."""
+    monkeypatch.setattr(alignment_tree, "FILTER_MADE_MAX", 3)
+    made = _made_op_rows(lazy_window)
+    lazy_window.tree.filter.setText("l")
+    assert _made_op_rows(lazy_window) <= made + 3
+    assert lazy_window.tree.filter.text() == "l" and lazy_window.tree.proxy.rowCount() > 0
+    lazy_window.tree.filter.clear()
+    step = lazy_window.tree.proxy.index(lazy_window.tree.proxy.rowCount() - 2, 0)
+    lazy_window.tree.view.expand(step)
+    assert lazy_window.tree.proxy.rowCount(step) > 0, "a group the user opens is still made"
+
+
+def test_a_key_copied_from_report_finds_a_record_without_a_partner(qtbot: QtBot, tmp_path: Path, demo_pairs: dict) -> None:
+    """The filter matched keys only on rows holding a pair: `report`'s key of a record without a
+    partner found "No row matches"."""
+    from sessions.compare.comparison import unaligned_key
+    from tests.viewer_windows import window_on
+    from viewer import comparison_view as cv
+
+    win = window_on(qtbot, tmp_path, *demo_pairs["post-eos"])
+    record = win.model.comparison.comparison.post_eos_unaligned[-1]
+    win.tree.filter.setText(unaligned_key(record).text())
+    assert cv.unaligned_label(record) in win.tree.visible_leaf_labels()
+    assert not win.tree.summary.text().startswith("No row matches")
+    win.close()
+
+
+def test_many_records_without_a_partner_are_grouped_by_step_and_the_lazy_filter_finds_them(
+    qtbot: QtBot, tmp_path: Path, demo_pairs: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opening the branch of a real run's 40,000 records without a partner made them all (1.5 s),
+    and the lazy tree's filter searched only pairs: `l_out`, 40,000 such records, found "No row"."""
+    from sessions.compare.comparison import unaligned_key
+    from tests.viewer_windows import window_on
+    from viewer import comparison_view as cv
+
+    monkeypatch.setattr(alignment_tree, "LAZY_FROM_ROWS", 10)
+    monkeypatch.setattr(cv, "RECORDS_BY_STEP_FROM", 10)
+    win = window_on(qtbot, tmp_path, *demo_pairs["post-eos"])
+    tree, comparison = win.tree, win.model.comparison
+    records = comparison.comparison.post_eos_unaligned
+    assert len(records) > 10
+    branch = tree.proxy.index(tree.proxy.rowCount() - 1, 0)
+    assert str(branch.data()).startswith("Post-EOS records without a partner")
+    tree.view.expand(branch)
+    steps = sorted({r.step for r in records})
+    assert [tree.proxy.index(r, 0, branch).data() for r in range(tree.proxy.rowCount(branch))] == [f"step {s}" for s in steps]
+    assert not any(id(r) in tree._unaligned_items for r in records), "no record's row is made before its step is opened"
+    record = records[-1]
+    tree.filter.setText(unaligned_key(record).text())
+    assert cv.unaligned_label(record) in tree.visible_leaf_labels()
+    assert not tree.summary.text().startswith("No row matches")
+    win.close()

@@ -171,3 +171,18 @@ def test_a_first_difference_of_signed_zeros_alone_says_both_sides_are_equally_cl
         widget.shutdown()
         native.close()
         oracle.close()
+
+
+def test_the_key_box_is_as_wide_as_its_minimum_not_as_its_longest_key(qtbot, demo_pairs: dict) -> None:  # type: ignore[no-untyped-def]
+    """Sized to its contents on first show, the box measured every key: a real run's 260,000 held
+    the window for a second the first time the Rerun tab showed, and one long key widened the form."""
+    from PySide6.QtCore import QStringListModel
+
+    widget = RerunPanel(RerunPanelModel())
+    qtbot.addWidget(widget)
+    short = widget.key.sizeHint().width()
+    widget.key.setModel(QStringListModel(["0:visual:0:sdpa", "0:" + "x" * 400 + ":0:sdpa"], widget.key))
+    widget.show()
+    qtbot.waitExposed(widget)
+    assert widget.key.sizeHint().width() == short
+    widget.shutdown()

@@ -180,16 +180,30 @@ class TreePlaces:
     """A pair's group, by id(pair)."""
     search: np.ndarray
     """One lower-case line per pair (`search_text`), UTF-8, in the order of the comparison's pairs (`search_lines`)."""
+    records: list[UnalignedRecord] = field(default_factory=list)
+    """The records without a partner, those before the shared EOS first: what `record_search` lines describe."""
+    record_path_of: dict[int, tuple[Any, ...]] = field(default_factory=dict)
+    """A record's group, by id(record)."""
+    record_search: np.ndarray = field(default_factory=lambda: search_lines([]))
+    """One lower-case line per record of `records` (`record_search_text`)."""
 
     def matches(self, needle: str, limit: int) -> tuple[list[int], int]:
         """Positions (in the comparison's pairs) of the first `limit` pairs whose line holds
         `needle`, and how many pairs' lines do. One vectorised search of every line costs the
         same whatever the needle (240,000 lines: 11 ms); walking one joined string with
         str.find took 150 ms a key for a needle every line holds twice ("decode")."""
-        if not needle or "\n" in needle or "\0" in needle:
-            return [], 0
-        found = np.flatnonzero(np.strings.find(self.search, needle.encode()) >= 0)
-        return found[:limit].tolist(), len(found)
+        return _found(self.search, needle, limit)
+
+    def record_matches(self, needle: str, limit: int) -> tuple[list[int], int]:
+        """`matches` among the records without a partner (positions in `records`)."""
+        return _found(self.record_search, needle, limit)
+
+
+def _found(lines: np.ndarray, needle: str, limit: int) -> tuple[list[int], int]:
+    if not needle or "\n" in needle or "\0" in needle:
+        return [], 0
+    found = np.flatnonzero(np.strings.find(lines, needle.encode()) >= 0)
+    return found[:limit].tolist(), len(found)
 
 
 def search_lines(lines: list[str]) -> np.ndarray:
@@ -208,6 +222,34 @@ def search_text(pair: PairResult, path: TreePath) -> str:
     its groups' labels, and its key as `report` prints it (a key copied from a terminal finds its op)."""
     manual = MANUAL_MARKER if pair.manual_reason is not None else ""
     return f"{pair_op_label(pair)}{manual} {pair.verdict} step {path[0]} {path[1]} {place_label(path[2])} {pair.key.text()}".lower()
+
+
+def record_search_text(record: UnalignedRecord, status: str) -> str:
+    """What the filter box matches a record without a partner against: its row's cells, its
+    key as `report` prints it, and its step group's label."""
+    return f"{unaligned_label(record)} {status} {record.why()} {unaligned_key(record).text()} step {record.step}".lower()
+
+
+RECORDS_BY_STEP_FROM = 1_000
+"""A branch of more records without a partner than this holds them in a group per step: made
+all at once when the branch opened, a real run's 40,000 took 1.5 s."""
+
+
+def _records_branch(root: TreeGroup, part: str, label: str, records: list[UnalignedRecord], status: str | None, path_of: dict[int, tuple[Any, ...]]) -> TreeGroup:
+    """The branch of `records` (`status`: every record's, else each one's own), under a group per
+    step when there are many (RECORDS_BY_STEP_FROM); each record's group into `path_of`."""
+    branch = root.child(part, label)
+    by_step = len(records) > RECORDS_BY_STEP_FROM
+    for record in records:
+        group = branch.child(record.step, f"step {record.step}") if by_step else branch
+        group.records.append(record)
+        group.records_status = status
+        path_of[id(record)] = group.path
+        look = status or unaligned_status(record)
+        if look != BY_DESIGN_STATUS:
+            group.worsen(look)
+            branch.worsen(look)
+    return branch
 
 
 def _place(step: int, segment: str, layer: int, layered: set[tuple[int, str]]) -> int | str:
@@ -239,15 +281,14 @@ def tree_places(comparison: Comparison) -> TreePlaces:
             group = group.child(part, label)
             group.worsen(worst)
         group.pairs = grouped
+    record_path_of: dict[int, tuple[Any, ...]] = {}
     if comparison.unaligned:
         designed = sum(u.reason in BY_DESIGN for u in comparison.unaligned)
         by_design = f", {designed} by design" if designed else ""
-        branch = root.child(UNALIGNED_BRANCH, f"Unaligned records ({len(comparison.unaligned)}{by_design})")
-        branch.records = list(comparison.unaligned)
+        _records_branch(root, UNALIGNED_BRANCH, f"Unaligned records ({len(comparison.unaligned)}{by_design})", comparison.unaligned, None, record_path_of)
         for record in comparison.unaligned:
             if unaligned_status(record) != Kind.UNALIGNED:
                 continue
-            branch.worsen(Kind.UNALIGNED)
             where = (record.step, record.segment, _place(record.step, record.segment, record.layer, layered))
             for depth in range(1, 4):
                 group = root.find(where[:depth])
@@ -265,10 +306,12 @@ def tree_places(comparison: Comparison) -> TreePlaces:
                 group.worsen(Kind.TOKENS)
     if comparison.post_eos_unaligned:
         count = len(comparison.post_eos_unaligned)
-        branch = root.child(POST_EOS_BRANCH, f"Post-EOS records without a partner ({count}: invalid, not failures)")
-        branch.records, branch.records_status = list(comparison.post_eos_unaligned), Kind.POST_EOS
-        branch.worsen(Kind.POST_EOS)
-    return TreePlaces(root, path_of, search_lines(lines))
+        label = f"Post-EOS records without a partner ({count}: invalid, not failures)"
+        _records_branch(root, POST_EOS_BRANCH, label, comparison.post_eos_unaligned, Kind.POST_EOS, record_path_of)
+    records = [*comparison.unaligned, *comparison.post_eos_unaligned]
+    record_lines = [record_search_text(r, unaligned_status(r)) for r in comparison.unaligned]
+    record_lines += [record_search_text(r, Kind.POST_EOS) for r in comparison.post_eos_unaligned]
+    return TreePlaces(root, path_of, search_lines(lines), records, record_path_of, search_lines(record_lines))
 
 
 def unaligned_status(record: UnalignedRecord) -> str:

@@ -116,6 +116,9 @@ class RerunPanel(QWidget):
         self.key = QComboBox()
         self.key.setEditable(True)
         self.key.setMinimumContentsLength(24)
+        # As wide as 24 characters, not as its longest key: measuring a real run's 260,000 keys
+        # for the width held the window for a second the first time the panel showed.
+        self.key.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         self.source = QComboBox()
         self.source.addItems(["oracle", "native"])
         self.route_from = QComboBox()

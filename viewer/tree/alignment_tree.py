@@ -47,6 +47,7 @@ from PySide6.QtWidgets import (
 )
 
 from sessions.compare.align import MANUAL_BREAK, UnalignedRecord
+from sessions.compare.comparison import unaligned_key
 from sessions.compare.verdict import Kind
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
@@ -69,10 +70,14 @@ ReasonQuestion = Callable[[str], "str | None"]
 """Given what is about to be done, the user's reason, or None (cancelled)."""
 PartnerChoice = Callable[[UnalignedRecord, list[UnalignedRecord]], "UnalignedRecord | None"]
 """Given an unaligned record and the other side's unaligned records, the chosen one or None."""
-COLUMNS = ("op", "status", "ULP p99", "differing", "cause")
+COLUMNS = ("op", "status", "ULP p99", "differing", "cause", "key")
 """The status column is hidden (icon and colour show it) but the filter box matches its text.
-"cause" is local / inherited / undetermined once a diagnosis has classified the op."""
+"cause" is local / inherited / undetermined once a diagnosis has classified the op. "key" is
+hidden too: the row's key as `report` prints it (0:visual:3:sdpa), so a key copied from a
+terminal finds its op, or its record without a partner, in Qt's own filter. Matched by a Python
+override of the filter instead, every keystroke cost 1-2.8 s over a real model's 260,000 rows."""
 CAUSE_COLUMN = 4
+KEY_COLUMN = 5
 COLUMN_SAMPLES = {2: "30,000", 3: "27,961 (51%)", CAUSE_COLUMN: "inherited"}
 """Each figure column is as wide as its header or this typical cell, whichever is wider, measured
 once in the view's font: the op column stretches over the rest, so op names stay whole beside
@@ -141,7 +146,7 @@ class AlignmentTree(QWidget):
         layout.addWidget(self.summary)
         self.items = QStandardItemModel(0, len(COLUMNS), self)
         self.items.setHorizontalHeaderLabels(list(COLUMNS))
-        self.proxy = _KeyAwareFilter(self)
+        self.proxy = QSortFilterProxyModel(self)
         self.proxy.setSourceModel(self.items)
         self.proxy.setRecursiveFilteringEnabled(True)
         self.proxy.setFilterCaseSensitivity(Qt.CaseSensitivity.CaseInsensitive)
@@ -163,6 +168,7 @@ class AlignmentTree(QWidget):
         self.view.selectionModel().currentChanged.connect(self._current_changed)
         self.view.setColumnHidden(1, True)
         self.view.setColumnHidden(CAUSE_COLUMN, True)
+        self.view.setColumnHidden(KEY_COLUMN, True)
         self.view.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.view.customContextMenuRequested.connect(self._show_menu)
         self.view.viewport().installEventFilter(self)
@@ -185,11 +191,13 @@ class AlignmentTree(QWidget):
     def _filter_changed(self, text: str) -> None:
         """Filter the rows, keeping the selected op: typing "f" over a selected sdpa selected
         ffn_norm (the row the view fell back on) and loaded its tensors."""
-        more = self._materialize_matches(text) if text and self._lazy else ""
+        made, more = self._materialize_matches(text) if text and self._lazy else ([], "")
         self._filtering = True
         try:
             self.proxy.setFilterFixedString(text)
-            if text:
+            if text and self._lazy:
+                self._expand_to(made)
+            elif text:
                 self.view.expandAll()
             self._show_selected()
         finally:
@@ -273,7 +281,7 @@ class AlignmentTree(QWidget):
         for pair in group.pairs:
             manual = pair.manual_reason is not None
             label = cv.pair_op_label(pair) + (cv.MANUAL_MARKER if manual else "")
-            row = self._row(label, pair.verdict, cv.pair_ulp_error_text(pair), cv.pair_differing_text(pair))
+            row = self._row(label, pair.verdict, cv.pair_ulp_error_text(pair), cv.pair_differing_text(pair), pair.key.text())
             row[0].setData(pair, PAIR_ROLE)
             tooltip = cv.pair_tooltip(pair, comparison) if comparison is not None else ""
             row[0].setToolTip(plain_tip(f"{tooltip}\npaired by hand: {pair.manual_reason}" if manual else tooltip))
@@ -284,15 +292,15 @@ class AlignmentTree(QWidget):
             parent.appendRow(row)
             self._items[id(pair)] = row[0]
         for record in group.records:
-            row = self._row(cv.unaligned_label(record), group.record_status(record), "", record.why())
+            row = self._row(cv.unaligned_label(record), group.record_status(record), "", record.why(), unaligned_key(record).text())
             row[0].setData(record, UNALIGNED_ROLE)
             row[0].setToolTip(plain_tip(record.why()))
             self._unaligned_items[id(record)] = row[0]
             parent.appendRow(row)
 
-    def _row(self, label: str, status: str | None = None, ulp: str = "", differing: str = "") -> list[QStandardItem]:
+    def _row(self, label: str, status: str | None = None, ulp: str = "", differing: str = "", key: str = "") -> list[QStandardItem]:
         # Not editable through the view (NoEditTriggers): a flag per cell cost a fifth of a row.
-        cells = [QStandardItem(label), QStandardItem(status or ""), QStandardItem(ulp), QStandardItem(differing), QStandardItem("")]
+        cells = [QStandardItem(label), QStandardItem(status or ""), QStandardItem(ulp), QStandardItem(differing), QStandardItem(""), QStandardItem(key)]
         if status is not None:
             self._paint(cells, status)
         return cells
@@ -319,7 +327,11 @@ class AlignmentTree(QWidget):
         """A group opened: make its rows in place of its placeholder. A group row made before its
         rows holds one empty row, so the view draws it as openable without asking Python (a
         `hasChildren` override is called hundreds of times per layout, each call waiting for the
-        interpreter lock while a worker thread runs)."""
+        interpreter lock while a worker thread runs). Not while the filter opens the groups it
+        lets through: their rows made, the new groups that match opened too, and one keystroke
+        ("l") made all of a real model's 260,000 rows (47 s)."""
+        if self._filtering:
+            return
         path = self.proxy.mapToSource(index.siblingAtColumn(0)).data(GROUP_ROLE)
         group = self._root.find(path) if isinstance(path, tuple) else None
         if group is not None:
@@ -338,9 +350,16 @@ class AlignmentTree(QWidget):
         return self._items.get(id(pair))
 
     def _unaligned_item_for(self, record: UnalignedRecord) -> QStandardItem | None:
-        branch = self._root.children.get(cv.UNALIGNED_BRANCH)
-        if branch is not None:
-            self._populate(branch)
+        """A record's row, making the rows of the groups on its path first."""
+        comparison = self._model.comparison
+        path = comparison.tree.record_path_of.get(id(record)) if comparison is not None else None
+        if path is None:
+            return None
+        group = self._root
+        self._populate(group)
+        for part in path:
+            group = group.children[part]
+            self._populate(group)
         return self._unaligned_items.get(id(record))
 
     def _counts_line(self) -> str:
@@ -349,17 +368,29 @@ class AlignmentTree(QWidget):
         assert comparison is not None
         return comparison.summary + (" (a group's rows are made when it is opened)" if self._lazy else "")
 
-    def _materialize_matches(self, text: str) -> str:
-        """Make the rows of the first pairs the filter text finds, so the filter can show them;
-        returns what the summary adds when there are more than are shown."""
+    def _materialize_matches(self, text: str) -> tuple[list[QStandardItem], str]:
+        """Make the rows of the first pairs, and of the first records without a partner, the
+        filter text finds, so the filter can show them: those rows, and what the summary adds
+        when there are more than are shown."""
         comparison = self._model.comparison
         if comparison is None:
-            return ""
+            return [], ""
         shown, found = comparison.tree.matches(text.lower(), FILTER_MADE_MAX)
         pairs = cv.pairs(comparison)
-        for position in shown:
-            self._item_for(pairs[position])
-        return f"; the first {FILTER_MADE_MAX:,} of {found:,} matching ops are shown, narrow the filter for the rest" if found > FILTER_MADE_MAX else ""
+        made = [self._item_for(pairs[position]) for position in shown]
+        shown_records, found_records = comparison.tree.record_matches(text.lower(), FILTER_MADE_MAX)
+        made += [self._unaligned_item_for(comparison.tree.records[position]) for position in shown_records]
+        more = [f"{FILTER_MADE_MAX:,} of {count:,} matching {what}" for count, what in ((found, "ops"), (found_records, "records without a partner")) if count > FILTER_MADE_MAX]
+        return [item for item in made if item is not None], f"; the first {' and '.join(more)} are shown, narrow the filter for the rest" if more else ""
+
+    def _expand_to(self, items: list[QStandardItem]) -> None:
+        """Open the groups above these rows, and no others: opening every group the filter let
+        through (all a real run's steps match "l", by their status "unaligned") took half a second."""
+        for item in items:
+            parent = self.proxy.mapFromSource(item.index()).parent()
+            while parent.isValid():
+                self.view.expand(parent)
+                parent = parent.parent()
 
     def _show_causes(self) -> None:
         """Each diagnosed op's cause in its row: local ops are where a person looks first."""
@@ -538,14 +569,3 @@ def _placeholder() -> QStandardItem:
     cell.setData(True, PLACEHOLDER_ROLE)
     return cell
 
-
-class _KeyAwareFilter(QSortFilterProxyModel):
-    """The tree's filter: a row's cells, or an op's key as `report` prints it (0:visual:3:sdpa),
-    which no cell shows whole: a key copied from a terminal finds its op."""
-
-    def filterAcceptsRow(self, source_row: int, source_parent: QModelIndex) -> bool:
-        if super().filterAcceptsRow(source_row, source_parent):
-            return True
-        pair = self.sourceModel().index(source_row, 0, source_parent).data(PAIR_ROLE)
-        wanted = self.filterRegularExpression().pattern()
-        return pair is not None and bool(wanted) and self.filterRegularExpression().match(pair.key.text()).hasMatch()

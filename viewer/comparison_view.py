@@ -235,21 +235,30 @@ RECORDS_BY_STEP_FROM = 1_000
 all at once when the branch opened, a real run's 40,000 took 1.5 s."""
 
 
-def _records_branch(root: TreeGroup, part: str, label: str, records: list[UnalignedRecord], status: str | None, path_of: dict[int, tuple[Any, ...]]) -> TreeGroup:
-    """The branch of `records` (`status`: every record's, else each one's own), under a group per
-    step when there are many (RECORDS_BY_STEP_FROM); each record's group into `path_of`."""
-    branch = root.child(part, label)
-    by_step = len(records) > RECORDS_BY_STEP_FROM
-    for record in records:
-        group = branch.child(record.step, f"step {record.step}") if by_step else branch
-        group.records.append(record)
-        group.records_status = status
-        path_of[id(record)] = group.path
-        look = status or unaligned_status(record)
-        if look != BY_DESIGN_STATUS:
-            group.worsen(look)
-            branch.worsen(look)
-    return branch
+class _RecordPlaces:
+    """The records without a partner as `TreePlaces` holds them, filled branch by branch."""
+
+    def __init__(self) -> None:
+        self.records: list[UnalignedRecord] = []
+        self.path_of: dict[int, tuple[Any, ...]] = {}
+        self.lines: list[str] = []
+
+    def add_branch(self, root: TreeGroup, part: str, label: str, records: list[UnalignedRecord], status: str | None) -> None:
+        """The branch of `records` (`status`: every record's, else each one's own), under a group
+        per step when there are many (RECORDS_BY_STEP_FROM)."""
+        branch = root.child(part, label)
+        by_step = len(records) > RECORDS_BY_STEP_FROM
+        for record in records:
+            group = branch.child(record.step, f"step {record.step}") if by_step else branch
+            group.records.append(record)
+            group.records_status = status
+            look = status or unaligned_status(record)
+            if look != BY_DESIGN_STATUS:
+                group.worsen(look)
+                branch.worsen(look)
+            self.records.append(record)
+            self.path_of[id(record)] = group.path
+            self.lines.append(record_search_text(record, look))
 
 
 def _place(step: int, segment: str, layer: int, layered: set[tuple[int, str]]) -> int | str:
@@ -281,11 +290,11 @@ def tree_places(comparison: Comparison) -> TreePlaces:
             group = group.child(part, label)
             group.worsen(worst)
         group.pairs = grouped
-    record_path_of: dict[int, tuple[Any, ...]] = {}
+    places = _RecordPlaces()
     if comparison.unaligned:
         designed = sum(u.reason in BY_DESIGN for u in comparison.unaligned)
         by_design = f", {designed} by design" if designed else ""
-        _records_branch(root, UNALIGNED_BRANCH, f"Unaligned records ({len(comparison.unaligned)}{by_design})", comparison.unaligned, None, record_path_of)
+        places.add_branch(root, UNALIGNED_BRANCH, f"Unaligned records ({len(comparison.unaligned)}{by_design})", comparison.unaligned, None)
         for record in comparison.unaligned:
             if unaligned_status(record) != Kind.UNALIGNED:
                 continue
@@ -307,11 +316,8 @@ def tree_places(comparison: Comparison) -> TreePlaces:
     if comparison.post_eos_unaligned:
         count = len(comparison.post_eos_unaligned)
         label = f"Post-EOS records without a partner ({count}: invalid, not failures)"
-        _records_branch(root, POST_EOS_BRANCH, label, comparison.post_eos_unaligned, Kind.POST_EOS, record_path_of)
-    records = [*comparison.unaligned, *comparison.post_eos_unaligned]
-    record_lines = [record_search_text(r, unaligned_status(r)) for r in comparison.unaligned]
-    record_lines += [record_search_text(r, Kind.POST_EOS) for r in comparison.post_eos_unaligned]
-    return TreePlaces(root, path_of, search_lines(lines), records, record_path_of, search_lines(record_lines))
+        places.add_branch(root, POST_EOS_BRANCH, label, comparison.post_eos_unaligned, Kind.POST_EOS)
+    return TreePlaces(root, path_of, search_lines(lines), places.records, places.path_of, search_lines(places.lines))
 
 
 def unaligned_status(record: UnalignedRecord) -> str:

@@ -37,11 +37,6 @@ EARLY_READER_THREADS = 4
 """The most threads the early process reads on. Past a few, reads from the page cache gain
 little: a many-GB pair compared fastest on 4 processes of 16 cores (issue 16's device runs)."""
 
-
-def early_threads(threads: int) -> int:
-    """Threads for the early process of a comparison allowed `threads`: one core stays with the
-    pairing, which runs meanwhile (on 2 cores the early process reads on one thread)."""
-    return max(1, min(EARLY_READER_THREADS, threads - 1))
 STRETCH_BYTES = 4 * 1024 * 1024
 """Stored bytes are handed out this much at a time: a run of small records is cut where its bytes
 pass a multiple of it (sessions.compare.pair_compare), a long record is shared out between the
@@ -56,6 +51,12 @@ FileSpot = tuple[int, int]
 """(file descriptor, byte offset)."""
 Check = tuple[FileSpot, FileSpot, int]
 """Native spot, oracle spot, and how many bytes from each."""
+
+
+def early_threads(threads: int) -> int:
+    """Threads for the early process of a comparison allowed `threads`: one core stays with the
+    pairing, which runs meanwhile (on 2 cores the early process reads on one thread)."""
+    return max(1, min(EARLY_READER_THREADS, threads - 1))
 
 
 class Pieces:

@@ -342,11 +342,7 @@ class AlignmentTree(QWidget):
         path = self._paths.get(id(pair))
         if path is None:
             return None
-        group = self._root
-        for part in path:
-            self._populate(group)
-            group = group.children[part]
-        self._populate(group)
+        self._make_path(path)
         return self._items.get(id(pair))
 
     def _unaligned_item_for(self, record: UnalignedRecord) -> QStandardItem | None:
@@ -355,12 +351,16 @@ class AlignmentTree(QWidget):
         path = comparison.tree.record_path_of.get(id(record)) if comparison is not None else None
         if path is None:
             return None
+        self._make_path(path)
+        return self._unaligned_items.get(id(record))
+
+    def _make_path(self, path: tuple[Any, ...]) -> None:
+        """Make the rows of every group from the root down to the one at `path`."""
         group = self._root
         self._populate(group)
         for part in path:
             group = group.children[part]
             self._populate(group)
-        return self._unaligned_items.get(id(record))
 
     def _counts_line(self) -> str:
         """The line above the unfiltered tree: the comparison's counts."""

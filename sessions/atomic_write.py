@@ -221,8 +221,18 @@ def link_problem(path: str | Path) -> str | None:
 
 
 def folder_problem(path: str | Path) -> str | None:
-    """Why the folder an output goes in cannot hold it ("is in X, which does not exist"), or None."""
+    """Why the folder an output goes in cannot hold it ("is in X, which does not exist"), or None.
+
+    A folder that exists is asked to take a file, which is removed at once: permissions do not
+    say it (root may write anywhere the mode bits forbid, a read-only mount refuses everyone,
+    /proc takes no file at all), and `record --out /proc/x.h5` failed only after loading the model."""
     parent = Path(path).absolute().parent
-    if parent.is_dir():
-        return None
-    return f"is in {parent}, which {'is not a folder' if parent.exists() else 'does not exist'}"
+    if not parent.is_dir():
+        return f"is in {parent}, which {'is not a folder' if parent.exists() else 'does not exist'}"
+    probe = parent / f".parity-xray-probe-{uuid.uuid4().hex}"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError as exc:
+        return f"is in {parent}, which takes no new file ({exc.strerror or exc})"
+    probe.unlink(missing_ok=True)
+    return None

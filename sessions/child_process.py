@@ -48,13 +48,15 @@ def progress_line(progress: Progress) -> str:
 class ChildProcess:
     """One child, what it has printed so far, and its latest progress; `close` kills and reaps it."""
 
-    def __init__(self, command: list[str], stdin_text: str | None = None) -> None:
+    def __init__(self, command: list[str], stdin_text: str | None = None, pass_fds: tuple[int, ...] = ()) -> None:
+        """`pass_fds`: descriptors the child inherits under the same numbers (an answer too large for a pipe line)."""
         self.process = subprocess.Popen(
             command,
             stdin=subprocess.DEVNULL if stdin_text is None else subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=child_env(),
+            pass_fds=pass_fds,
         )
         assert self.process.stdout is not None and self.process.stderr is not None
         if stdin_text is not None:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -144,8 +147,6 @@ def test_an_interrupted_recording_says_what_it_left_at_its_output(tmp_path: Path
 def test_a_recording_out_of_room_says_so_as_a_recording_of_mlx_does(gguf: Path, tmp_path: Path) -> None:
     """The llama.cpp child's full disk reached the command as "record refused", MLX's as "record failed"."""
     import resource
-    import subprocess
-    import sys
 
     from sessions.child_env import PROJECT_ROOT, child_env
 
@@ -157,3 +158,25 @@ def test_a_recording_out_of_room_says_so_as_a_recording_of_mlx_does(gguf: Path, 
     done = subprocess.run(command, cwd=PROJECT_ROOT, env=child_env(), capture_output=True, text=True, timeout=300, preexec_fn=no_room, check=False)
     assert done.returncode == record_command.EXIT_REFUSED
     assert done.stderr.startswith(f"record failed: {out}: cannot be written (no room left for it: "), done.stderr[-500:]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads a process's children from /proc")
+def test_a_recording_killed_with_minus_9_leaves_nothing_in_the_temporary_folder(gguf: Path, tmp_path: Path) -> None:
+    """The llama.cpp child handed its logits back through a scratch folder, which a `kill -9` of
+    `record` left behind, one more each time."""
+    from sessions.child_env import PROJECT_ROOT, child_env
+
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    command = [sys.executable, "-m", "viewer.cli", "record", "llama", str(gguf), "--tokens", "1,2,3", "--decode-steps", "50", "--out", str(tmp_path / "x.h5")]
+    with subprocess.Popen(command, cwd=PROJECT_ROOT, env={**child_env(), "TMPDIR": str(temporary)}, stderr=subprocess.DEVNULL) as record:
+        children = Path(f"/proc/{record.pid}/task/{record.pid}/children")
+        deadline = time.monotonic() + 60
+        while not children.read_text().split() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        [llama] = map(int, children.read_text().split())
+        record.kill()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{llama}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert list(temporary.iterdir()) == []

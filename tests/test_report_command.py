@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,15 @@ def test_a_tolerance_passes_the_pair_but_keeps_the_bit_difference_counted(tmp_pa
     assert document["first_divergence"] == 0 and document["verdict"]["first"] is None and document["verdict"]["word"] == "PARITY"
     assert document["pairs"][0]["verdict"] == "within-tolerance"
     assert document["pairs"][0]["metrics"]["differing"] == 1
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux's")
+def test_an_output_whose_folder_takes_no_file_is_refused_before_the_comparison(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Root may write where the mode bits forbid, so the folder is asked to take a file: /proc
+    takes none, and the report ran to its end before saying "No such file or directory"."""
+    native, oracle = _pair(tmp_path, flip=True)
+    assert _run(native, oracle, "--json", "/proc/r.json") == 2
+    assert capsys.readouterr().err.strip() == "parity-xray report: --json /proc/r.json is in /proc, which takes no new file (No such file or directory)"
 
 
 def test_weights_hash_mismatch_is_a_warning_at_the_top(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -407,6 +407,26 @@ def test_a_session_whose_capture_is_missing_drops_the_old_pairs_tensor_still_loa
     assert win.tensor_view.data is None and win.tensor_view.title.text() == "Select an op in the alignment tree"
 
 
+def test_a_session_whose_capture_is_missing_drops_a_pair_still_opening(
+    qtbot: QtBot, tmp_path: Path, pair_copy: tuple[Path, Path], demo_pairs: dict[str, tuple[Path, Path]]
+) -> None:
+    """A pair the user opened just before the session would arrive after it: on screen under the
+    session's name, or replacing the session with a new, empty one (`OLD_PAIR_LANES`)."""
+    session_path = saved_session(qtbot, tmp_path, pair_copy)
+    pair_copy[0].unlink()
+    win = new_window(qtbot, tmp_path / "second.ini")
+    win.open_pair(*demo_pairs["swiglu-order"])
+    assert win.tasks.task("open") is not None, "the other pair is still opening as the session opens"
+    win.session_file.open_session(session_path)
+    qtbot.waitUntil(lambda: win.tasks.idle, timeout=WAIT_MS)
+    qtbot.wait(300)
+    qtbot.waitUntil(lambda: win.tasks.idle, timeout=WAIT_MS)
+    assert (win.model.native, win.model.oracle, win.model.comparison) == (None, None, None)
+    [missing] = win.banners.texts("captures-check")
+    assert pair_copy[0].name in missing and "missing" in missing
+    assert [b.note for b in win.session_file.session.bookmarks] == ["Q=1008 visual prefill: tiled reduction"]
+
+
 def _held_slice_shown(qtbot: QtBot, tmp_path: Path, pair: tuple[Path, Path], scale: str = "absolute") -> tuple[MainWindow, object, SliceSpec]:
     """A window on the pair, showing the held-axis op at its non-default slice (`held_axis_pair`) in `scale`."""
     win = new_window(qtbot, tmp_path / "viewer.ini")

@@ -10,10 +10,11 @@ function when known, what ggml said, and what to do (`backends.recorders.llama_c
 The child reads one JSON job on stdin and writes, on a private copy of its stdout (fd 1 itself
 becomes stderr, so gdb backtraces and native printf output cannot corrupt the protocol):
 `system {...}` (llama.cpp's system info, once loaded), `stage TEXT` (what it is about to do),
-`progress DONE TOTAL LABEL`, and at the end `result` (the logits are in the job's `.npz` file)
-or `error {"type", "message"}`. Its core dumps are off and its address space is limited to the
-machine's memory plus the model file and some headroom, so a runaway allocation fails inside
-llama.cpp (a clean error) instead of swapping the machine.
+`progress DONE TOTAL LABEL`, and at the end `result` (the logits are an `.npz` written to the
+descriptor `logits_fd`, a file the parent made and unlinked) or `error {"type", "message"}`.
+Its core dumps are off and its address space is limited to the machine's memory plus the model
+file and some headroom, so a runaway allocation fails inside llama.cpp (a clean error) instead
+of swapping the machine.
 
 `PARITY_XRAY_LLAMA_FAULT=SIGILL|SIGSEGV` makes the child fault for real just before its first
 `llama_decode` (an illegal instruction; a read through a bad pointer inside ggml), which is how
@@ -32,7 +33,7 @@ import sys
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any, TextIO
 
 import numpy as np
 
@@ -113,10 +114,11 @@ def plain_logits(model_path: Path, schedule: TokenSchedule, settings: LlamaSetti
 def _iter_child(model: Path, schedule: TokenSchedule, settings: LlamaSettings, job: dict[str, Any]) -> ProgressGenerator[list[np.ndarray]]:
     require_gguf_file(model)
     before = disk_stamp(job["out"]) if job["mode"] == "record" else None
-    with tempfile.TemporaryDirectory(prefix="parity-xray-llama-") as scratch:
-        logits = Path(scratch) / "logits.npz"
-        job = {**job, "model": str(model), "schedule": _schedule_json(schedule), "settings": asdict(settings), "logits": str(logits)}
-        child = ChildProcess(module_command("backends.recorders.llama_process"), json.dumps(job))
+    # An unlinked file, not a scratch folder: a `kill -9` of this process left the folder behind,
+    # and the kernel frees this file with the last process holding it.
+    with tempfile.TemporaryFile(prefix="parity-xray-llama-logits-") as logits:
+        job = {**job, "model": str(model), "schedule": _schedule_json(schedule), "settings": asdict(settings), "logits_fd": logits.fileno()}
+        child = ChildProcess(module_command("backends.recorders.llama_process"), json.dumps(job), pass_fds=(logits.fileno(),))
         try:
             yield Progress(0, schedule.decode_steps + 1, f"starting llama.cpp on {model.name}")
             while child.reading:
@@ -128,7 +130,7 @@ def _iter_child(model: Path, schedule: TokenSchedule, settings: LlamaSettings, j
             child.close()
 
 
-def _outcome(child: ChildProcess, returncode: int, job: dict[str, Any], logits: Path, before: DiskStamp | None) -> list[np.ndarray]:
+def _outcome(child: ChildProcess, returncode: int, job: dict[str, Any], logits: IO[bytes], before: DiskStamp | None) -> list[np.ndarray]:
     """The child's logits, or the error its ending amounts to; `before`: the output's stamp when it started."""
     if returncode < 0:
         systems, stages = child.lines("system"), child.lines("stage")
@@ -147,7 +149,8 @@ def _outcome(child: ChildProcess, returncode: int, job: dict[str, Any], logits: 
         if error["type"] == "FileUnwritable":  # "record refused" for llama, "record failed" for MLX, of one full disk
             raise FileUnwritable(error["errno"], error["message"], error["filename"])
         raise RecorderError(error["message"])
-    if returncode == 0 and child.lines("result") and logits.is_file():
+    if returncode == 0 and child.lines("result"):
+        logits.seek(0)
         with np.load(logits, allow_pickle=False) as stored:
             return [stored[f"step{i}"] for i in range(len(stored.files))]
     tail = child.stderr_text().strip().splitlines()[-1:] or ["no output"]
@@ -240,7 +243,8 @@ def main() -> int:
     except Exception as exc:  # noqa: BLE001  (every failure reaches the parent as a message, not a traceback)
         protocol.write("error", json.dumps({"type": type(exc).__name__, "message": str(exc)}))
         return 1
-    np.savez(job["logits"], **{f"step{i}": values for i, values in enumerate(logits)})
+    with os.fdopen(job["logits_fd"], "wb") as answer:
+        np.savez(answer, **{f"step{i}": values for i, values in enumerate(logits)})
     protocol.write("result")
     return 0
 

@@ -7,11 +7,13 @@ keyboard shortcut all end in `select` and every view follows.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QObject, QTimer, Signal
 
 from sessions.capture.reader import Capture
+from sessions.gradual_release import iter_release
 
 COLOUR_SCALES = ("absolute", "relative", "ULP")
 
@@ -35,11 +37,16 @@ class PairModel(QObject):
         self.not_compared: str | None = None
         """Why the open pair has no comparison and none is coming (it was cancelled, it failed);
         None while one may still come."""
+        self._releases: list[Iterator[None]] = []
+        self._release_step = QTimer(self)
+        self._release_step.setInterval(0)
+        self._release_step.timeout.connect(self._release_next)
 
     def set_captures(self, native: Capture | None, oracle: Capture | None) -> list[Capture]:
         """Replace the open pair; returns the captures no longer shown, for the caller to close."""
         old = [c for c in (self.native, self.oracle) if c is not None and c not in (native, oracle)]
         self.native, self.oracle = native, oracle
+        retired = [self.comparison]
         self.comparison = None
         self.not_compared = None
         self.selected = None
@@ -48,6 +55,7 @@ class PairModel(QObject):
         self.comparison_changed.emit()
         self.diagnosis_changed.emit()  # the tree's cause column hides with the diagnosis it showed
         self.selection_changed.emit(None)
+        self._release_later(retired)
         return old
 
     def swap(self) -> None:
@@ -69,6 +77,7 @@ class PairModel(QObject):
         if kept is None and comparison is not None and self.selected is not None:
             records = (self.selected.native_seq, self.selected.oracle_seq)
             kept = next((p for p in comparison.comparison.pairs if (p.native_seq, p.oracle_seq) == records), None)
+        retired = [self.comparison]
         self.comparison = comparison
         self.not_compared = not_compared
         self.selected = kept
@@ -77,6 +86,23 @@ class PairModel(QObject):
         self.diagnosis_changed.emit()
         if kept is not None:
             self.selection_changed.emit(kept)
+        self._release_later(retired)
+
+    def _release_later(self, retired: list[Any]) -> None:
+        """The comparison the views have just let go of (the only item of `retired`, which the
+        caller keeps no other reference to) is freed in steps while the window is idle: freed at
+        once, a real model's comparison held the window for 113 ms as a re-opened pair replaced
+        it (`sessions.gradual_release`)."""
+        if retired[0] is None:
+            return
+        self._releases.append(iter_release(retired))
+        self._release_step.start()
+
+    def _release_next(self) -> None:
+        if next(self._releases[0], False) is False:  # it yields None until it has freed everything
+            self._releases.pop(0)
+        if not self._releases:
+            self._release_step.stop()
 
     def waiting(self) -> str:
         """What a view shows for the open pair while it has no comparison."""

@@ -15,9 +15,9 @@ With `--records N` (240000: a real 8B model's run) it builds instead two capture
 records in 36-layer token steps, one bit apart at 60% of the run, and drives the open, the
 first paint after it (half a second), the wait while the child compares, the comparison's
 arrival (the tree, the verdict, the first finding), the Overview, Ctrl+J, the tree filter,
-stepping through findings and another op. `--diverged`: every record after it differs in most
-elements, as in a run whose first error reaches every later op (88,000 differing pairs at 240,000
-records).
+stepping through findings and another op, and the pair opened again over itself. `--diverged`:
+every record after it differs in most elements, as in a run whose first error reaches every
+later op (88,000 differing pairs at 240,000 records).
 
 Target: longest stall <= ~100 ms.
 """
@@ -31,6 +31,7 @@ import os
 import sys
 import tempfile
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -198,7 +199,8 @@ def run(app: QApplication, native: Path, oracle: Path, settings_dir: Path) -> di
 
 def run_many_records(app: QApplication, native: Path, oracle: Path, settings_dir: Path) -> dict[str, object]:
     """The window on a real model's record count: open and compare, the tree, the Overview,
-    Ctrl+J, the tree filter, stepping through findings and another op."""
+    Ctrl+J, the tree filter, stepping through findings and another op, then the same pair
+    opened again over it (the old comparison goes as the new one is made)."""
 
     def settle(seconds: float = 0.3) -> None:
         wait(app, lambda: not window.tasks.busy)
@@ -236,6 +238,12 @@ def run_many_records(app: QApplication, native: Path, oracle: Path, settings_dir
     window.model.select(pairs[len(pairs) // 3])
     settle()
     ends["step_and_another_op"] = beat.now_ms()
+    shown = weakref.ref(window.model.comparison)  # not held here: the window frees it as the new one comes
+    window.open_pair(native, oracle)
+    phases["reopen_compare_s"] = wait(app, lambda: window.model.comparison is not None and window.model.comparison is not shown())
+    ends["reopen_while_comparing"] = beat.now_ms()
+    settle()
+    ends["reopen_arrival"] = beat.now_ms()
     result = beat.stop(ends)
     result["pairs"] = len(pairs)
     result["first_finding_after_ctrl_j"] = first_finding

@@ -14,7 +14,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from sessions.printable import printable
@@ -119,11 +119,14 @@ def files_beside(path: Path, suffix: str) -> list[Path]:
     return found
 
 
-def _write_temp(path: Path, data: bytes) -> Path:
+def _write_temp(path: Path, data: bytes | Iterable[bytes]) -> Path:
+    """`data` whole, or as pieces made while they are written (a real model's report JSON: 236
+    MB that need not be held at once)."""
     fd, temp = new_file_beside(path, ".tmp")
     try:
         with os.fdopen(fd, "wb") as out:
-            out.write(data)
+            for piece in (data,) if isinstance(data, bytes) else data:
+                out.write(piece)
             out.flush()
             os.fsync(out.fileno())
     except BaseException:
@@ -163,7 +166,7 @@ class WriteFailed(OSError):
     rename was refused part-way: then the message names those already replaced."""
 
 
-def atomic_write_all(files: Sequence[tuple[Path, Callable[[], bytes]]]) -> None:
+def atomic_write_all(files: Sequence[tuple[Path, Callable[[], bytes | Iterable[bytes]]]]) -> None:
     """Write every file whole or none of them: each one's content (made only now) goes to a temp
     file beside it, and only once all are on disk do they replace their paths. A report's JSON
     and HTML, or a gate's summary and its cases' pages, never mix two runs when the disk fills

@@ -110,16 +110,19 @@ def test_demo_generate_out_of_room_names_the_file_and_leaves_nothing_half_writte
 WRITE_TWO_OUTPUTS = """
 import sys
 from sessions.commands.arguments import write_outputs
-small, big = sys.argv[1:3]
-print(write_outputs([(small, lambda: "new summary"), (big, lambda: "x" * 200_000)]))
+small, big, made = sys.argv[1:4]
+whole = lambda: "x" * 200_000
+pieces = lambda: ("x" * 1000 for _ in range(200))  # a report's JSON: written as it is made
+print(write_outputs([(small, lambda: "new summary"), (big, whole if made == "whole" else pieces)]))
 """
 
 
-def test_outputs_are_written_all_or_none_when_the_room_runs_out_half_way(tmp_path: Path) -> None:
+@pytest.mark.parametrize("made", ["whole", "in pieces"])
+def test_outputs_are_written_all_or_none_when_the_room_runs_out_half_way(tmp_path: Path, made: str) -> None:
     small, big = tmp_path / "summary.json", tmp_path / "report.html"
     small.write_text("the last run's summary")
     big.write_text("the last run's report")
-    done = _limited([sys.executable, "-c", WRITE_TWO_OUTPUTS, str(small), str(big)], 100_000)
+    done = _limited([sys.executable, "-c", WRITE_TWO_OUTPUTS, str(small), str(big), made], 100_000)
     assert done.stdout == f"cannot write {big}: File too large\n"
     assert small.read_text() == "the last run's summary", "not the new summary beside the last run's report"
     assert big.read_text() == "the last run's report"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 import stat
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 
@@ -125,11 +125,11 @@ def _path_problem(path: str | Path, in_a_folder: bool = True) -> str | None:
     return folder_problem(path) if in_a_folder else None
 
 
-def write_outputs(outputs: Sequence[tuple[str | None, Callable[[], str]]]) -> str | None:
-    """Write each asked-for output (path, its text made only now), all of them or none
-    (`atomic_write_all`): a path that cannot hold a file (`_path_problem`: checked again, as it
-    may have changed during the work) or a failed write is one line of problem (returned), never
-    a traceback or a wait for a reader. None when all were written."""
+def write_outputs(outputs: Sequence[tuple[str | None, Callable[[], str | Iterable[str]]]]) -> str | None:
+    """Write each asked-for output (path, its text made only now, whole or in pieces), all of
+    them or none (`atomic_write_all`): a path that cannot hold a file (`_path_problem`: checked
+    again, as it may have changed during the work) or a failed write is one line of problem
+    (returned), never a traceback or a wait for a reader. None when all were written."""
     wanted = [(path, text) for path, text in outputs if path]
     for path, _ in wanted:
         problem = _path_problem(path)
@@ -142,8 +142,10 @@ def write_outputs(outputs: Sequence[tuple[str | None, Callable[[], str]]]) -> st
     return None
 
 
-def _utf8(text: Callable[[], str]) -> bytes:
-    return text().encode("utf-8")
+def _utf8(text: Callable[[], str | Iterable[str]]) -> Iterator[bytes]:
+    made = text()
+    for piece in (made,) if isinstance(made, str) else made:
+        yield piece.encode("utf-8")
 
 
 def add_align_argument(parser: argparse.ArgumentParser) -> None:

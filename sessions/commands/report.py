@@ -25,7 +25,7 @@ from sessions.compare.verdict import EXIT_UNUSABLE
 from sessions.printable import printable
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
 
     from sessions.capture.reader import Capture
     from sessions.investigation.model import Investigation
@@ -156,7 +156,7 @@ def _report(args: argparse.Namespace, session: Investigation | None = None) -> i
     from sessions.capture.opening import open_complete_capture
     from sessions.capture.reader import CaptureError
     from sessions.compare.comparison import iter_compare
-    from sessions.compare.document import dumps
+    from sessions.compare.document import json_pieces
     from sessions.compare.layout_transform import LayoutError
     from sessions.compare.options import CompareOptions
     from sessions.compare.profiles import ProfileError
@@ -202,9 +202,9 @@ def _report(args: argparse.Namespace, session: Investigation | None = None) -> i
         for capture in captures:
             capture.close()
     sys.stdout.write(render(comparison, args.top, full=args.full))
-    outputs: list[tuple[str, Callable[[], str]]] = []
+    outputs: list[tuple[str, Callable[[], str | Iterable[str]]]] = []
     if args.json:
-        outputs.append((args.json, lambda: dumps(comparison)))
+        outputs.append((args.json, lambda: json_pieces(comparison)))
     if getattr(args, "html", None):
         from sessions.report.html_page import render_html
 

@@ -31,7 +31,6 @@ import os
 import sys
 import tempfile
 import time
-import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -235,17 +234,20 @@ def run_many_records(app: QApplication, native: Path, oracle: Path, settings_dir
         window.step_divergence(direction)
         settle(0.1)
     pairs = window.model.comparison.comparison.pairs
-    window.model.select(pairs[len(pairs) // 3])
+    pair_count = len(pairs)
+    window.model.select(pairs[pair_count // 3])
+    del pairs  # nothing here holds the comparison (not even weakly): the window frees it in steps as the new one is made
     settle()
     ends["step_and_another_op"] = beat.now_ms()
-    shown = weakref.ref(window.model.comparison)  # not held here: the window frees it as the new one comes
+    arrived: list[bool] = []
+    window.model.comparison_changed.connect(lambda: arrived.append(window.model.comparison is not None))
     window.open_pair(native, oracle)
-    phases["reopen_compare_s"] = wait(app, lambda: window.model.comparison is not None and window.model.comparison is not shown())
+    phases["reopen_compare_s"] = wait(app, lambda: any(arrived))
     ends["reopen_while_comparing"] = beat.now_ms()
     settle()
     ends["reopen_arrival"] = beat.now_ms()
     result = beat.stop(ends)
-    result["pairs"] = len(pairs)
+    result["pairs"] = pair_count
     result["first_finding_after_ctrl_j"] = first_finding
     result["uncaught_errors"] = uncaught_errors(window)
     window.close()

@@ -125,7 +125,7 @@ def _write_temp(path: Path, data: bytes | Iterable[bytes]) -> Path:
     fd, temp = new_file_beside(path, ".tmp")
     try:
         with os.fdopen(fd, "wb") as out:
-            for piece in (data,) if isinstance(data, bytes) else data:
+            for piece in (data,) if isinstance(data, (bytes, bytearray, memoryview)) else data:
                 out.write(piece)
             out.flush()
             os.fsync(out.fileno())
@@ -237,5 +237,8 @@ def folder_problem(path: str | Path) -> str | None:
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except OSError as exc:
         return f"is in {parent}, which takes no new file ({exc.strerror or exc})"
-    probe.unlink(missing_ok=True)
+    try:
+        probe.unlink()
+    except OSError as exc:  # an append-only folder: the write's own rename into place would fail too
+        return f"is in {parent}, which takes a new file but cannot remove one ({exc.strerror or exc}; {probe.name} stays there)"
     return None

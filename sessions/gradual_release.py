@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import weakref
 from collections.abc import Iterator
+from functools import cache
 from typing import Any
 
 BATCH = 10_000
@@ -38,7 +40,7 @@ def iter_release(holder: list[Any]) -> Iterator[None]:
     out here this generator holds it alone; if anything else still holds it, it is left to
     them whole. Closing the generator early frees what is left at once."""
     owner = holder.pop()
-    if not _counts_are_exact() or sys.getrefcount(owner) != 2:  # this frame and the call's argument
+    if not _counts_are_exact() or sys.getrefcount(owner) != 2 or weakref.getweakrefcount(owner):  # this frame and the call's argument
         return
     level = [owner]
     del owner
@@ -67,8 +69,9 @@ def _detach_parts(owner: Any, below: list[Any], containers: list[list[Any] | dic
     object with fields into `below` (its parts are the next level's); the rest go with `owner`."""
     for name in _field_names(owner):
         part = getattr(owner, name, None)
-        # Held by the field, this frame and the call's argument only: nothing else can see it.
-        if part is None or sys.getrefcount(part) != 3:
+        # Held by the field, this frame and the call's argument only, and by no weak reference
+        # (which counts for nothing here): nothing else can see it.
+        if part is None or sys.getrefcount(part) != 3 or weakref.getweakrefcount(part):
             continue
         if isinstance(part, (list, dict)) and len(part) >= LARGE:
             containers.append(part)
@@ -89,6 +92,7 @@ def _field_names(value: Any) -> tuple[str, ...]:
     return tuple(getattr(value, "__dict__", {}))
 
 
+@cache
 def _counts_are_exact() -> bool:
     """Whether a reference count says exactly who holds an object, as the ownership checks above
     read it: a list held by one object's field and one local name counts 3 in the call. Newer

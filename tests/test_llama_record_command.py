@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -180,3 +181,16 @@ def test_a_recording_killed_with_minus_9_leaves_nothing_in_the_temporary_folder(
     while Path(f"/proc/{llama}").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert list(temporary.iterdir()) == []
+
+
+def test_a_recording_started_with_standard_input_closed_gets_its_logits_back(gguf: Path, tmp_path: Path) -> None:
+    """The logits' file took descriptor 0 left free, and in the child the stdin pipe replaced it:
+    "the llama.cpp process failed (... Bad file descriptor)" from a launcher that closes stdin."""
+    from sessions.child_env import PROJECT_ROOT, child_env
+
+    out = tmp_path / "x.h5"
+    command = [sys.executable, "-m", "viewer.cli", "record", "llama", str(gguf), "--tokens", "1,2,3", "--decode-steps", "2", "--out", str(out)]
+    done = subprocess.run(command, cwd=PROJECT_ROOT, env=child_env(), capture_output=True, text=True, timeout=300, preexec_fn=lambda: os.close(0), check=False)
+    assert done.returncode == record_command.EXIT_OK, done.stderr[-500:]
+    with open_capture(out, check_in_child=False) as capture:
+        assert capture.complete and sorted({r.step for r in capture.records}) == [0, 1, 2]

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,6 +98,23 @@ def test_an_output_whose_folder_takes_no_file_is_refused_before_the_comparison(t
     native, oracle = _pair(tmp_path, flip=True)
     assert _run(native, oracle, "--json", "/proc/r.json") == 2
     assert capsys.readouterr().err.strip() == "parity-xray report: --json /proc/r.json is in /proc, which takes no new file (No such file or directory)"
+
+
+def test_an_output_whose_folder_keeps_every_file_it_takes_is_refused_naming_what_stays(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An append-only folder takes the probe but cannot remove it: the refusal named a hidden
+    file the user never asked for ("cannot use .../.parity-xray-probe-...")."""
+    native, oracle = _pair(tmp_path, flip=True)
+    folder = tmp_path / "append-only"
+    folder.mkdir()
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+a", str(folder)], capture_output=True, check=False).returncode:
+        pytest.skip("chattr +a is not allowed here (root on a file system with attributes)")
+    try:
+        assert _run(native, oracle, "--json", str(folder / "r.json")) == 2
+        err = capsys.readouterr().err.strip()
+    finally:
+        subprocess.run(["chattr", "-a", str(folder)], check=True)
+    assert err.startswith(f"parity-xray report: --json {folder / 'r.json'} is in {folder}, which takes a new file but cannot remove one (Operation not permitted; .parity-xray-probe-")
+    assert err.endswith(" stays there)")
 
 
 def test_weights_hash_mismatch_is_a_warning_at_the_top(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,14 +5,17 @@ session drops."""
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from pytestqt.qtbot import QtBot
 
+from sessions import gradual_release
 from sessions.capture.opening import open_capture
 from sessions.progress import run_to_end
 from viewer import comparison_view as cv
+from viewer import pair_model
 from viewer.settings import ViewerSettings
 from viewer.window.main_window import MainWindow
 
@@ -41,17 +44,31 @@ def test_a_dropped_window_comparison_is_freed_without_the_collector(demo_pairs: 
 
 @pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")
 def test_a_window_frees_the_comparison_it_stops_showing_in_steps_while_idle(
-    qtbot: QtBot, tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]]
+    qtbot: QtBot, tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Freed at once, a real model's comparison held the window for 113 ms as a re-opened pair
-    replaced it; it now goes a batch at a time, after the views have let go of it, and all of it goes."""
+    replaced it; it now goes a batch at a time once the views have let go of it, one step per
+    turn of the event loop, and all of it goes. Batches of 10 make the demo's 333 pairs many steps."""
+    monkeypatch.setattr(gradual_release, "LARGE", 10)
+    monkeypatch.setattr(gradual_release, "BATCH", 10)
+    steps: list[int] = []
+
+    def counted(holder: list[object]) -> Iterator[None]:
+        for _ in gradual_release.iter_release(holder):
+            steps.append(len(steps))
+            yield
+
+    monkeypatch.setattr(pair_model, "iter_release", counted)
     win = MainWindow(ViewerSettings(tmp_path / "viewer.ini"))
     qtbot.addWidget(win)
     win.show()
     win.open_pair(*demo_pairs["swiglu-order"])
     qtbot.waitUntil(lambda: win.model.comparison is not None and not win.tasks.busy, timeout=WAIT_MS)
-    viewed = weakref.ref(win.model.comparison)
-    pairs = weakref.ref(win.model.comparison.comparison)
+    pairs = win.model.comparison.comparison.pairs
+    assert len(pairs) == 333
+    first = weakref.ref(pairs[0])
+    del pairs
     win.model.set_captures(None, None)
-    assert viewed() is not None, "still there as the views let go: freed later, when the window is idle"
-    qtbot.waitUntil(lambda: viewed() is None and pairs() is None, timeout=WAIT_MS)
+    assert first() is not None and steps == [], "nothing is freed while the views let go of it"
+    qtbot.waitUntil(lambda: first() is None, timeout=WAIT_MS)
+    assert len(steps) >= 333 // 10, "the pairs went ten at a time"

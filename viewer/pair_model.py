@@ -99,6 +99,8 @@ class PairModel(QObject):
         self._release_step.start()
 
     def _release_next(self) -> None:
+        """One step of the oldest release: one batch per turn of the event loop, so input and
+        paints come between them. A step that raised ends that release (its generator is done)."""
         if next(self._releases[0], False) is False:  # it yields None until it has freed everything
             self._releases.pop(0)
         if not self._releases:

@@ -24,6 +24,7 @@ the tests prove a crash becomes a message.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import json
 import mmap
 import os
@@ -117,8 +118,14 @@ def _iter_child(model: Path, schedule: TokenSchedule, settings: LlamaSettings, j
     # An unlinked file, not a scratch folder: a `kill -9` of this process left the folder behind,
     # and the kernel frees this file with the last process holding it.
     with tempfile.TemporaryFile(prefix="parity-xray-llama-logits-") as logits:
-        job = {**job, "model": str(model), "schedule": _schedule_json(schedule), "settings": asdict(settings), "logits_fd": logits.fileno()}
-        child = ChildProcess(module_command("backends.recorders.llama_process"), json.dumps(job), pass_fds=(logits.fileno(),))
+        # Handed over above the standard streams: run with one of them closed, the file took its
+        # number, and the child's own stdin pipe took that number back in the child.
+        answer = fcntl.fcntl(logits.fileno(), fcntl.F_DUPFD_CLOEXEC, 3)
+        try:
+            job = {**job, "model": str(model), "schedule": _schedule_json(schedule), "settings": asdict(settings), "logits_fd": answer}
+            child = ChildProcess(module_command("backends.recorders.llama_process"), json.dumps(job), pass_fds=(answer,))
+        finally:
+            os.close(answer)  # the child has its own
         try:
             yield Progress(0, schedule.decode_steps + 1, f"starting llama.cpp on {model.name}")
             while child.reading:

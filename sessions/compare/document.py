@@ -183,6 +183,11 @@ def json_pieces(comparison: Comparison) -> Iterator[str]:
         yield "\n}"
 
 
+def dumps(comparison: Comparison) -> str:
+    """`json_pieces` as one string, for callers that keep the document (tests, round trips)."""
+    return "".join(json_pieces(comparison))
+
+
 def _separated(items: Iterator[str], separator: str) -> Iterator[str]:
     """`separator.join(items)`, a piece at a time."""
     for at, item in enumerate(items):

@@ -42,9 +42,13 @@ def test_every_tab_is_saved_at_common_screen_sizes_with_the_verdict_on_screen(
     assert min(maps.values()) >= 40, f"each tensor map keeps at least 40 px of data beside the contract card: {maps}"
     if not card.details.isVisible():
         card.details_toggle.click()
-        QApplication.processEvents()
-        shown = {name: plot.vb.height() for name, plot in win.tensor_view.plots.items()}
-        assert min(shown.values()) >= 40, f"with the card's details shown too (they scroll): {shown}"
+
+        def maps_keep_their_height() -> None:
+            shown = {name: plot.vb.height() for name, plot in win.tensor_view.plots.items()}
+            assert min(shown.values()) >= 40, f"with the card's details shown too (they scroll): {shown}"
+
+        # Once settled, not after one turn: the card's scroll area limits its height in a later layout pass.
+        qtbot.waitUntil(maps_keep_their_height, timeout=5_000)
         assert win.grab().save(str(artifacts_dir / f"card-details-shown-{width}x{height}.png"))
         card.details_toggle.click()
     for index, name in enumerate(TABS):

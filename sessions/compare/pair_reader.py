@@ -41,7 +41,8 @@ def pair_byte_counts(pairs: list[AlignedPair]) -> np.ndarray:
 
 @lru_cache(maxsize=4096)
 def _pair_bytes(dtype: str, compared: tuple[int, ...], stored: tuple[int, ...]) -> int:
-    """Once per kind of pair: a comparison asks for every pair's bytes three times, a real run has 220,000 pairs of a few hundred kinds."""
+    """Once per kind of pair: a comparison asks for every pair's bytes (once for `pair_byte_counts`,
+    again as each pair's progress), and a real run has 220,000 pairs of a few hundred kinds."""
     ld = logical_dtype(dtype)
     return 2 * math.prod(stored if ld.is_quantized else compared) * ld.storage.itemsize
 

@@ -116,6 +116,11 @@ class Records(Sequence[Record]):
         self._columns = columns
         self._batches: dict[int, list[Record]] = {}
 
+    @property
+    def columns(self) -> IndexColumns:
+        """The index these records are rows of, as columns (for work over every row at once)."""
+        return self._columns
+
     def _batch(self, number: int) -> list[Record]:
         batch = self._batches.get(number)
         if batch is None:

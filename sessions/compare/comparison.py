@@ -13,6 +13,7 @@ returns the `Comparison`; closing the generator cancels it.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -386,10 +387,11 @@ def dispatch_not_compared(alignment: Alignment, native_events: int, oracle_event
     return ""
 
 
-def _records_within(capture: Capture, max_steps: int | None) -> list[Record]:
-    """The capture's records of the steps a budget of `max_steps` covers (all when None)."""
+def _records_within(capture: Capture, max_steps: int | None) -> Sequence[Record]:
+    """The capture's records of the steps a budget of `max_steps` covers (all when None: the
+    capture's `Records`, whose index columns alignment groups by, `record_columns`)."""
     if max_steps is None:
-        return list(capture.records)
+        return capture.records
     return [r for r in capture.records if r.step < max_steps]
 
 

@@ -8,6 +8,7 @@ agreement of the row its step's token comes from.
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import attrgetter
 from typing import NamedTuple
 
 import numpy as np
@@ -104,8 +105,8 @@ def _runs(pairs: list[AlignedPair], reader: PairReader) -> list[_Run]:
     n_fd, o_fd = native.descriptor, oracle.descriptor
     if n_fd is None or o_fd is None or len(pairs) < 2:
         return []
-    n_seqs = np.fromiter((pair.native.record.seq for pair in pairs), np.int64, len(pairs))
-    o_seqs = np.fromiter((pair.oracle.record.seq for pair in pairs), np.int64, len(pairs))
+    n_seqs = np.fromiter(map(attrgetter("native.record.seq"), pairs), np.int64, len(pairs))
+    o_seqs = np.fromiter(map(attrgetter("oracle.record.seq"), pairs), np.int64, len(pairs))
     n_at, o_at = native.packed_addresses[n_seqs], oracle.packed_addresses[o_seqs]
     size = native.columns["nbytes"][n_seqs]
     usable = np.fromiter(map(_whole_and_alike, pairs), bool, len(pairs))

@@ -13,8 +13,9 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from operator import itemgetter
 
-from sessions.compare.mapped_record import MappedRecord
-from sessions.compare.profiles import canonical_axes, rows_axis
+import numpy as np
+
+from sessions.compare.record_columns import Coded, groups
 
 Span = tuple[int, int]
 """Token positions [first, stop)."""
@@ -33,43 +34,40 @@ class Call:
         return f"{self.segment} {first}-{stop - 1}" if stop - first > 1 else f"{self.segment} {first}"
 
 
-def record_spans(mapped: list[MappedRecord]) -> tuple[dict[int, Span], list[Call]]:
+def record_spans(seq: np.ndarray, step: np.ndarray, segment: Coded[str], rows: np.ndarray, position: np.ndarray) -> tuple[dict[int, Span], list[Call]]:
     """Each record's positions, by seq, and the run's forward calls in execution order, each
-    spanning its records' positions. `mapped` is in execution order, as `map_records` returns it.
+    spanning its records' positions. One array element per record, in execution order (as
+    `align.map_records` keeps them): `rows` is how many positions a record holds (its canonical
+    rows; -1 when which axis holds them is unknown: it has no span, and `align._placed` says
+    why), `position` the recorded first position (-1: not recorded).
 
     A record's positions are recorded, or derived from the order of the calls: calls (step,
     segment) follow one another in execution order, each as long as its longest record; a
     record as long as its call starts where the call starts, a shorter one (the logits of the
     last row) ends where the call ends."""
-    by_call: dict[tuple[int, str], list[tuple[int, int, int]]] = {}
-    axes: dict[str, tuple[int, int]] = {}
-    for record, key, _, shape, *_ in mapped:
-        op = key.op
-        axis_rank = axes.get(op)
-        if axis_rank is None:
-            axis_rank = axes[op] = (rows_axis(op), len(canonical_axes(op)))
-        axis, rank = axis_rank
-        if len(shape) != rank:
-            continue  # which axis holds the positions is unknown: it has no span (`align._placed` says why)
-        call = record[1:3]  # (step, segment)
-        held = by_call.get(call)
-        if held is None:
-            held = by_call[call] = []
-        held.append((record.seq, shape[axis], record.position))
-    spans: dict[int, Span] = {}
-    found: list[Call] = []
-    start = 0
-    for (step, segment), records in by_call.items():
-        length = max(rows for _, rows, _ in records)
-        low, high = None, None
-        for seq, rows, position in records:
-            first = position if position >= 0 else (start if rows == length else start + length - rows)
-            spans[seq] = (first, first + rows)
-            low = first if low is None or first < low else low
-            high = first + rows if high is None or first + rows > high else high
-        assert low is not None and high is not None
-        found.append(Call(step, segment, (low, high)))
-        start += length
+    held = np.flatnonzero(rows >= 0)
+    if not len(held):
+        return {}, []
+    seq, step, codes, rows, position = seq[held], step[held], segment.codes[held], rows[held], position[held]
+    calls = groups(step, codes)
+    order = np.argsort(calls.first, kind="stable")  # the calls in execution order: by their first record
+    call = np.empty(len(order), dtype=np.int64)
+    call[order] = np.arange(len(order))
+    call = call[calls.of_row]
+    # Python integers where recorded positions or summed lengths could pass int64.
+    wide = int(position.max()) + int(rows.max()) * len(rows) >= 1 << 62
+    rows, position = (rows.astype(object), position.astype(object)) if wide else (rows, position)
+    length = np.zeros(len(order), dtype=rows.dtype)
+    np.maximum.at(length, call, rows)
+    start = np.concatenate((np.zeros(1, dtype=rows.dtype), np.cumsum(length)[:-1]))
+    first = np.where(position >= 0, position, start[call] + length[call] - rows)
+    stop = first + rows
+    low, high = first[calls.first[order]].copy(), stop[calls.first[order]].copy()
+    np.minimum.at(low, call, first)
+    np.maximum.at(high, call, stop)
+    spans = dict(zip(seq.tolist(), zip(first.tolist(), stop.tolist())))
+    firsts = calls.first[order].tolist()
+    found = [Call(int(step[at]), segment.values[codes[at]], (int(a), int(b))) for at, a, b in zip(firsts, low.tolist(), high.tolist())]
     return spans, found
 
 

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import numpy as np
 
+from sessions.capture.columns import Coded
 from sessions.capture.opening import open_capture
 from sessions.compare.align import align
 from sessions.compare.comparison import resolve_profiles
 from sessions.compare.options import CompareOptions
 from sessions.compare.positions import record_spans
-from sessions.compare.record_columns import Coded, coded, groups
+from sessions.compare.record_columns import groups
 
 LOWEST, HIGHEST = np.iinfo(np.int64).min, np.iinfo(np.int64).max
 
@@ -42,8 +43,8 @@ def test_columns_whose_ranges_multiply_past_int64_are_still_told_apart() -> None
     assert len(found.first) == 4096
 
 
-def test_groups_of_many_wide_columns_fold_without_overflow() -> None:
-    """Four columns each wider than there are rows: their product passes 2**62, so the fold re-ranks."""
+def test_columns_wider_than_there_are_rows_group_by_the_rank_of_their_values() -> None:
+    """Random int64 columns span far more values than 60 rows: each is ranked before it is folded."""
     gen = np.random.default_rng(3)
     columns = [gen.integers(LOWEST, HIGHEST, size=50, dtype=np.int64) for _ in range(4)]
     columns = [np.concatenate((c, c[:10])) for c in columns]  # rows 50-59 repeat rows 0-9
@@ -55,7 +56,7 @@ def test_groups_of_many_wide_columns_fold_without_overflow() -> None:
 
 def test_values_that_are_equal_share_one_code() -> None:
     """Two different raw names can decode to the same text (invalid UTF-8 shows as U+FFFD)."""
-    merged = coded(["\ufffd", "q_proj", "\ufffd"], np.array([0, 1, 2, 2, 0], dtype=np.int64))
+    merged = Coded.merged(["\ufffd", "q_proj", "\ufffd"], np.array([0, 1, 2, 2, 0], dtype=np.int64))
     assert merged.values == ["\ufffd", "q_proj"]
     assert merged.codes.tolist() == [0, 1, 0, 0, 0]
     assert merged.taken(np.array([1, 2])) == ["q_proj", "\ufffd"]
@@ -76,14 +77,41 @@ def test_recorded_positions_near_the_end_of_int64_give_exact_spans() -> None:
 
 def test_spans_derived_from_call_order_end_a_shorter_record_where_its_call_ends() -> None:
     spans, calls = record_spans(
-        np.array([0, 1, 2, 3, 4], dtype=np.int64),
-        np.array([0, 0, 0, 1, 1], dtype=np.int64),
-        Coded(["prefill", "decode"], np.array([0, 0, 0, 1, 1], dtype=np.int64)),
-        np.array([5, -1, 1, 1, 1], dtype=np.int64),
-        np.full(5, -1, dtype=np.int64),
+        np.array([0, 2, 3, 4], dtype=np.int64),
+        np.array([0, 0, 1, 1], dtype=np.int64),
+        Coded(["prefill", "decode"], np.array([0, 0, 1, 1], dtype=np.int64)),
+        np.array([5, 1, 1, 1], dtype=np.int64),
+        np.full(4, -1, dtype=np.int64),
     )
     assert spans == {0: (0, 5), 2: (4, 5), 3: (5, 6), 4: (5, 6)}
     assert [c.text() for c in calls] == ["prefill 0-4", "decode 5"]
+
+
+def test_a_negative_stored_row_count_still_spans_and_moves_the_calls_after_it() -> None:
+    """A hostile index's negative dimension is a bad row, which is still aligned: its call is as
+    long as its longest record, however negative, as record-by-record alignment had it."""
+    spans, calls = record_spans(
+        np.array([0, 1], dtype=np.int64),
+        np.array([0, 1], dtype=np.int64),
+        Coded(["prefill", "decode"], np.array([0, 1], dtype=np.int64)),
+        np.array([-4, 1], dtype=np.int64),
+        np.full(2, -1, dtype=np.int64),
+    )
+    assert spans == {0: (0, -4), 1: (-4, -3)}
+    assert [(c.step, c.segment, c.span) for c in calls] == [(0, "prefill", (0, -4)), (1, "decode", (-4, -3))]
+
+
+def test_a_seq_given_twice_keeps_the_span_of_its_last_record_in_call_order() -> None:
+    """Rows: seq 7 in step 0 (4 rows), seq 7 in step 1 (1 row), seq 7 in step 0 again (2 rows).
+    Call by call, step 0's second record is visited before step 1's, so step 1's span holds."""
+    spans, _ = record_spans(
+        np.array([7, 7, 7], dtype=np.int64),
+        np.array([0, 1, 0], dtype=np.int64),
+        Coded(["prefill", "decode"], np.array([0, 1, 0], dtype=np.int64)),
+        np.array([4, 1, 2], dtype=np.int64),
+        np.full(3, -1, dtype=np.int64),
+    )
+    assert spans == {7: (4, 5)}
 
 
 def test_a_capture_s_records_align_as_a_list_of_the_same_records_does(demo_pairs: dict[str, tuple[Path, Path]]) -> None:

@@ -11,12 +11,52 @@ are found among the runs' first rows, by hashing when there are many.
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
 import numpy as np
+
+from sessions.capture import format as cf
 
 SORTED_RUNS = 4096
 """Up to this many runs, a text column's distinct values are found by sorting them; past it by hashing."""
 
 _FNV_PRIME = np.uint64(0x100000001B3)
+
+
+Value = TypeVar("Value", bound=Hashable)
+
+
+@dataclass(frozen=True)
+class Coded(Generic[Value]):
+    """A column of repeating values as its distinct values and each row's position among them:
+    equal values have equal codes, so rows are grouped by their codes instead of their values."""
+
+    values: list[Value]
+    codes: np.ndarray
+
+    @classmethod
+    def merged(cls, values: list[Value], codes: np.ndarray) -> Coded[Value]:
+        """`values` with `codes` into them, made one code where two values are equal: distinct
+        raw bytes of a text field can decode to one text (invalid UTF-8 is shown as U+FFFD)."""
+        first: dict[Value, int] = {}
+        remap = np.array([first.setdefault(value, len(first)) for value in values], dtype=np.int64)
+        return cls(list(first), remap[codes] if len(first) < len(values) else codes.astype(np.int64, copy=False))
+
+    @classmethod
+    def of(cls, values: Sequence[Value]) -> Coded[Value]:
+        """A column given value by value."""
+        first: dict[Value, int] = {}
+        codes = np.fromiter((first.setdefault(value, len(first)) for value in values), dtype=np.int64, count=len(values))
+        return cls(list(first), codes)
+
+    def taken(self, rows: np.ndarray | None = None) -> list[Value]:
+        """The value of each row (of `rows`; all when None), as one list (the values shared, not copied)."""
+        table = np.empty(len(self.values), dtype=object)
+        for at, value in enumerate(self.values):
+            table[at] = value
+        return table[self.codes if rows is None else self.codes[rows]].tolist()  # type: ignore[no-any-return]
 
 
 class IndexColumns:
@@ -53,6 +93,17 @@ class IndexColumns:
             rows[row_codes] = np.arange(len(row_codes))
             self._codes["shape"] = rows, row_codes
         return self._codes["shape"]
+
+    def texts(self, name: str) -> Coded[str]:
+        """A text field decoded, once per distinct value."""
+        values, codes = self.codes(name)
+        return Coded.merged([cf.decode_field(value) for value in values.tolist()], codes)
+
+    def shapes(self) -> Coded[tuple[int, ...]]:
+        """`shape` as tuples of `ndim` entries, each built once per distinct shape."""
+        rows, codes = self.shape_codes()
+        shape, ndim = self.index["shape"], self["ndim"]
+        return Coded.merged([tuple(shape[row, : ndim[row]].tolist()) for row in rows.tolist()], codes)
 
     @property
     def dims(self) -> list[np.ndarray]:

@@ -21,6 +21,7 @@ from typing import NamedTuple
 import numpy as np
 
 from sessions.bits.dtypes import logical_dtype
+from sessions.capture.columns import Coded
 from sessions.capture.reader import Record
 from sessions.compare.align_modes import CALLS, POSITIONS
 from sessions.compare.key import OpKey, RecordKey
@@ -46,7 +47,7 @@ from sessions.compare.profiles import (
     padded_axis,
     rows_axis,
 )
-from sessions.compare.record_columns import Coded, RecordColumns, groups, record_columns
+from sessions.compare.record_columns import groups, record_columns
 from sessions.printable import printable
 
 NO_RULE = "no_rule"
@@ -234,21 +235,27 @@ class MappedRun(NamedTuple):
     """The run's forward calls in execution order (`record_spans`)."""
 
 
-def _source_codes(columns: RecordColumns, sources: dict[int, tuple[str, ...]]) -> Coded[tuple[str, ...]]:
+def _source_codes(seqs: np.ndarray, sources: dict[int, tuple[str, ...]]) -> Coded[tuple[str, ...]]:
     """Each record's source names (`sources`, by seq; none when absent) as codes."""
     if not sources:
-        return Coded([()], np.zeros(len(columns), dtype=np.int64))
-    found: dict[tuple[str, ...], int] = {(): 0}
-    codes = np.fromiter((found.setdefault(sources.get(seq, ()), len(found)) for seq in columns.seq.tolist()), dtype=np.int64, count=len(columns))
-    return Coded(list(found), codes)
+        return Coded([()], np.zeros(len(seqs), dtype=np.int64))
+    return Coded.of([sources.get(seq, ()) for seq in seqs.tolist()])
 
 
-def _position_rows(mapping: _Mapping) -> int:
-    """How many token positions a record of this mapping holds: its canonical rows; -1 when its
+def _position_rows(mapping: _Mapping) -> int | None:
+    """How many token positions a record of this mapping holds: its canonical rows; None when its
     canonical shape has another rank than its op's axes, so which axis holds them is unknown."""
     if mapping.refusal is not None or len(mapping.shape) != len(canonical_axes(mapping.op)):
-        return -1
+        return None
     return mapping.shape[rows_axis(mapping.op)]
+
+
+def _integers(values: list[int]) -> np.ndarray:
+    """int64, or Python integers where a hostile shape's canonical rows do not fit one."""
+    try:
+        return np.array(values, dtype=np.int64)
+    except OverflowError:
+        return np.array(values, dtype=object)
 
 
 def map_records(
@@ -274,12 +281,12 @@ def map_records(
     name, occurrence, kernel, layer, shape = columns.name, columns.occurrence, columns.kernel_id, columns.layer, columns.shape
     calls_of = groups(columns.step, columns.segment.codes, layer, name.codes)  # (step, segment, layer, name)
     count = calls_of.sizes[calls_of.of_row]
-    found = _source_codes(columns, sources or {})
-    kinds = groups(name.codes, occurrence, count, kernel.codes, found.codes, layer, shape.codes)
+    sources_of = _source_codes(columns.seq, sources or {})
+    kinds = groups(name.codes, occurrence, count, kernel.codes, sources_of.codes, layer, shape.codes)
     matches: dict[tuple[str, int, int, str, tuple[str, ...]], RuleMatch | None] = {}
     mappings: list[_Mapping] = []
     first = kinds.first
-    each_kind = zip(name.taken(first), occurrence[first].tolist(), count[first].tolist(), kernel.taken(first), found.taken(first), layer[first].tolist(), shape.taken(first))
+    each_kind = zip(name.taken(first), occurrence[first].tolist(), count[first].tolist(), kernel.taken(first), sources_of.taken(first), layer[first].tolist(), shape.taken(first))
     for kind in each_kind:
         asked = kind[:5]  # shapes that grow every step (attention scores) make kinds, not rules
         if asked not in matches:
@@ -308,13 +315,15 @@ def map_records(
     mapped = list(map(make_mapped, zip(every, keys, layouts, canonical, repeat(None), repeat(batch))))
     optional: dict[int, str] = {}
     one_sided = np.array([m.one_sided is not None for m in mappings], dtype=bool)[kind_of]
-    for at in np.flatnonzero(one_sided).tolist():
-        one = mappings[kind_of[at]].one_sided
+    for row in np.flatnonzero(one_sided).tolist():
+        one = mappings[kind_of[row]].one_sided
         assert one is not None
-        optional[every[at].seq] = one
-    rows = np.array([_position_rows(m) for m in mappings], dtype=np.int64)[kind_of]
-    pick = slice(None) if kept is None else kept
-    spans, calls = record_spans(columns.seq[pick], columns.step[pick], Coded(columns.segment.values, columns.segment.codes[pick]), rows, columns.position[pick])
+        optional[every[row].seq] = one
+    rows = [_position_rows(m) for m in mappings]
+    spanned = np.array([r is not None for r in rows], dtype=bool)[kind_of]
+    at = np.flatnonzero(spanned) if kept is None else kept[spanned]
+    held = _integers([r or 0 for r in rows])[kind_of[spanned]]
+    spans, calls = record_spans(columns.seq[at], columns.step[at], Coded(columns.segment.values, columns.segment.codes[at]), held, columns.position[at])
     return MappedRun(mapped, rejected, optional, spans, calls)
 
 
@@ -584,9 +593,9 @@ def _pair_by_key(
                 )
     # One `map` per pass, in C: a statement per key took 0.1 s of a 240,000-record pair's alignment.
     partners = list(map(o_unique.pop, n_unique, repeat(None)))
-    found = list(map(is_not, partners, repeat(None)))
-    pairs = list(map(partial(tuple.__new__, AlignedPair), zip(compress(n_unique, found), compress(n_unique.values(), found), compress(partners, found), repeat(None))))
-    for key, n in compress(n_unique.items(), map(not_, found)):
+    paired = list(map(is_not, partners, repeat(None)))
+    pairs = list(map(partial(tuple.__new__, AlignedPair), zip(compress(n_unique, paired), compress(n_unique.values(), paired), compress(partners, paired), repeat(None))))
+    for key, n in compress(n_unique.items(), map(not_, paired)):
         if key not in o_dupes:
             unaligned.append(_without_partner("native", n, manual, set_aside, f"no oracle record for {key.label()}"))
     for key, o in o_unique.items():

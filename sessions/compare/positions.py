@@ -15,7 +15,8 @@ from operator import itemgetter
 
 import numpy as np
 
-from sessions.compare.record_columns import Coded, groups
+from sessions.capture.columns import Coded
+from sessions.compare.record_columns import groups
 
 Span = tuple[int, int]
 """Token positions [first, stop)."""
@@ -36,39 +37,42 @@ class Call:
 
 def record_spans(seq: np.ndarray, step: np.ndarray, segment: Coded[str], rows: np.ndarray, position: np.ndarray) -> tuple[dict[int, Span], list[Call]]:
     """Each record's positions, by seq, and the run's forward calls in execution order, each
-    spanning its records' positions. One array element per record, in execution order (as
-    `align.map_records` keeps them): `rows` is how many positions a record holds (its canonical
-    rows; -1 when which axis holds them is unknown: it has no span, and `align._placed` says
-    why), `position` the recorded first position (-1: not recorded).
+    spanning its records' positions. One array element per record whose canonical shape says
+    which axis holds its positions (`align.map_records` keeps them in execution order): `rows`
+    is how many positions it holds, `position` the recorded first one (-1: not recorded).
 
     A record's positions are recorded, or derived from the order of the calls: calls (step,
     segment) follow one another in execution order, each as long as its longest record; a
     record as long as its call starts where the call starts, a shorter one (the logits of the
     last row) ends where the call ends."""
-    held = np.flatnonzero(rows >= 0)
-    if not len(held):
+    if not len(seq):
         return {}, []
-    seq, step, codes, rows, position = seq[held], step[held], segment.codes[held], rows[held], position[held]
-    calls = groups(step, codes)
+    calls = groups(step, segment.codes)
     order = np.argsort(calls.first, kind="stable")  # the calls in execution order: by their first record
     call = np.empty(len(order), dtype=np.int64)
     call[order] = np.arange(len(order))
     call = call[calls.of_row]
-    # Python integers where recorded positions or summed lengths could pass int64.
-    wide = int(position.max()) + int(rows.max()) * len(rows) >= 1 << 62
-    rows, position = (rows.astype(object), position.astype(object)) if wide else (rows, position)
-    length = np.zeros(len(order), dtype=rows.dtype)
+    opening = calls.first[order]  # each call's first record
+    # Python integers where recorded positions or summed lengths could pass int64 (a hostile index).
+    reach = max(abs(int(position.min())), abs(int(position.max()))) + max(abs(int(rows.min())), abs(int(rows.max()))) * (len(rows) + 1)
+    if reach >= 1 << 62:
+        rows, position = rows.astype(object), position.astype(object)
+    length = rows[opening].copy()
     np.maximum.at(length, call, rows)
     start = np.concatenate((np.zeros(1, dtype=rows.dtype), np.cumsum(length)[:-1]))
     first = np.where(position >= 0, position, start[call] + length[call] - rows)
     stop = first + rows
-    low, high = first[calls.first[order]].copy(), stop[calls.first[order]].copy()
+    low, high = first[opening].copy(), stop[opening].copy()
     np.minimum.at(low, call, first)
     np.maximum.at(high, call, stop)
     spans = dict(zip(seq.tolist(), zip(first.tolist(), stop.tolist())))
-    firsts = calls.first[order].tolist()
-    found = [Call(int(step[at]), segment.values[codes[at]], (int(a), int(b))) for at, a, b in zip(firsts, low.tolist(), high.tolist())]
-    return spans, found
+    if len(spans) < len(seq):
+        # A seq given twice (only a broken index has one): the last in call order holds, as it did
+        # when records were visited call by call.
+        by_call = np.argsort(call, kind="stable")
+        spans = dict(zip(seq[by_call].tolist(), zip(first[by_call].tolist(), stop[by_call].tolist())))
+    made = [Call(int(step[at]), segment.values[segment.codes[at]], (int(a), int(b))) for at, a, b in zip(opening.tolist(), low.tolist(), high.tolist())]
+    return spans, made
 
 
 def overlap(a: Span, b: Span) -> Span | None:

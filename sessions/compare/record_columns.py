@@ -11,55 +11,22 @@ cut to its first steps, a test's own records) is turned into columns here.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Generic, NamedTuple, TypeVar
+from typing import NamedTuple
 
 import numpy as np
 
-from sessions.capture import format as cf
+from sessions.capture.columns import Coded
 from sessions.capture.reader import Record
 from sessions.capture.records import Records
-
-Value = TypeVar("Value", bound=Hashable)
-
-
-@dataclass(frozen=True)
-class Coded(Generic[Value]):
-    """A column of repeating values as the distinct values and each row's position among them:
-    equal values have equal codes, so codes can be grouped in place of the values."""
-
-    values: list[Value]
-    codes: np.ndarray
-
-    def taken(self, rows: np.ndarray | None = None) -> list[Value]:
-        """The values of `rows` (all rows when None), as one list (the values shared, not copied)."""
-        table = np.empty(len(self.values), dtype=object)
-        for at, value in enumerate(self.values):
-            table[at] = value
-        return table[self.codes if rows is None else self.codes[rows]].tolist()  # type: ignore[no-any-return]
-
-
-def coded(values: list[Value], codes: np.ndarray) -> Coded[Value]:
-    """`values` with `codes` into them, merged where two values are equal: distinct raw bytes of a
-    text field can decode to one text (invalid UTF-8 is shown as U+FFFD), and must group as one."""
-    first: dict[Value, int] = {}
-    remap = np.array([first.setdefault(value, len(first)) for value in values], dtype=np.int64)
-    return Coded(list(first), remap[codes] if len(first) < len(values) else codes.astype(np.int64, copy=False))
-
-
-def _listed(values: Sequence[Value]) -> Coded[Value]:
-    first: dict[Value, int] = {}
-    codes = np.fromiter((first.setdefault(value, len(first)) for value in values), dtype=np.int64, count=len(values))
-    return Coded(list(first), codes)
 
 
 @dataclass(frozen=True)
 class RecordColumns:
-    """The records, and the fields alignment groups them by, one array (or code column) per field."""
+    """The fields alignment groups records by, one array (or coded column) per field."""
 
-    records: Sequence[Record]
     seq: np.ndarray
     step: np.ndarray
     layer: np.ndarray
@@ -78,32 +45,38 @@ def record_columns(records: Sequence[Record]) -> RecordColumns:
     """`records`' columns: from the index columns of a capture's `Records`, else from the records."""
     if isinstance(records, Records):
         columns = records.columns
-        texts = {
-            name: coded([cf.decode_field(value) for value in values.tolist()], codes)
-            for name in ("segment", "name", "kernel_id")
-            for values, codes in [columns.codes(name)]
-        }
-        rows, shape_codes = columns.shape_codes()
-        stored, ndim = columns.index["shape"], columns["ndim"]
-        shapes = coded([tuple(stored[row, : ndim[row]].tolist()) for row in rows.tolist()], shape_codes)
-        ints = {name: columns[name].astype(np.int64, copy=False) for name in ("seq", "step", "layer", "occurrence", "position")}
-        return RecordColumns(records, **ints, **texts, shape=shapes)  # type: ignore[arg-type]
-    count = len(records)
 
-    def ints(field: int) -> np.ndarray:
-        return np.fromiter(map(itemgetter(field), records), dtype=np.int64, count=count)
+        def column(name: str) -> np.ndarray:
+            return columns[name].astype(np.int64, copy=False)
+
+        return RecordColumns(
+            seq=column("seq"),
+            step=column("step"),
+            layer=column("layer"),
+            occurrence=column("occurrence"),
+            position=column("position"),
+            segment=columns.texts("segment"),
+            name=columns.texts("name"),
+            kernel_id=columns.texts("kernel_id"),
+            shape=columns.shapes(),
+        )
+
+    def numbers(field: int) -> np.ndarray:
+        return np.fromiter(map(itemgetter(field), records), dtype=np.int64, count=len(records))
+
+    def texts(field: int) -> Coded[str]:
+        return Coded.of(list(map(itemgetter(field), records)))
 
     return RecordColumns(
-        records,
-        seq=ints(0),
-        step=ints(1),
-        layer=ints(3),
-        occurrence=ints(5),
-        position=ints(14),
-        segment=_listed(list(map(itemgetter(2), records))),
-        name=_listed(list(map(itemgetter(4), records))),
-        kernel_id=_listed(list(map(itemgetter(9), records))),
-        shape=_listed(list(map(itemgetter(7), records))),
+        seq=numbers(0),
+        step=numbers(1),
+        layer=numbers(3),
+        occurrence=numbers(5),
+        position=numbers(14),
+        segment=texts(2),
+        name=texts(4),
+        kernel_id=texts(9),
+        shape=Coded.of(list(map(itemgetter(7), records))),
     )
 
 

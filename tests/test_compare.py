@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from sessions.capture.opening import open_capture
 from sessions.capture.writer import CaptureWriter
 from sessions.compare.comparison import iter_compare
 from sessions.compare.document import dumps, loads, loads_lines
+from sessions.compare.key import OpKey
 from sessions.compare.options import CompareOptions
 from sessions.compare.profile_identity import ProfileIdentity, profile_content_hash
 from sessions.compare.profiles import (
@@ -252,6 +254,59 @@ def test_the_document_in_lines_reads_back_to_the_same_comparison_and_a_broken_li
     first_pair = next(line for line in lines if line.startswith("pairs\t"))
     with pytest.raises(ReportFormatError, match="IndexError in an item of pairs"):
         loads_lines("\n".join([lines[0], first_pair]).encode())
+
+
+def test_a_document_line_with_a_null_key_extra_data_or_an_unknown_verdict_is_named_not_a_crash(tmp_path: Path) -> None:
+    """A damaged cache entry (or a child's garbled output) is refused as ReportFormatError, which
+    the cache answers by comparing again; a null key was an AttributeError that ended `report`
+    with a traceback."""
+    from sessions.compare.document import ReportFormatError, document_lines, loads_lines
+
+    native, oracle = _pair(tmp_path)
+    with open_capture(native) as n, open_capture(oracle) as o:
+        lines = list(document_lines(run_to_end(iter_compare(n, o))))
+    at = next(i for i, line in enumerate(lines) if line.startswith("pairs\t"))
+    head = lines[: at + 1]
+    pair = lines[at]
+    row = json.loads(pair.split("\t", 1)[1])
+
+    def changed(at: int, value: object) -> str:
+        return "pairs\t" + json.dumps([value if i == at else v for i, v in enumerate(row)])
+
+    assert changed(0, row[0]) == pair, "rows are written as json writes them"
+    damaged = {
+        "TypeError in an item of pairs: an op key is text": changed(0, None),
+        "extra data at character": pair + " []",
+        "ValueError in an item of pairs: 'identical' is not a valid Kind": changed(10, "identical"),
+    }
+    for problem, line in damaged.items():
+        with pytest.raises(ReportFormatError, match=problem):
+            loads_lines("\n".join([*head[:-1], line]).encode())
+
+
+def test_keys_read_from_a_document_are_the_keys_parse_gives_whatever_their_text() -> None:
+    """Reading a document's keys parses the text after the step once per distinct text; every
+    key must still be what `OpKey.parse` gives, and every refusal a ValueError or TypeError."""
+    from sessions.compare.key import KeyParser
+
+    read = KeyParser()
+    texts = [
+        "0:visual:0:sdpa", "7:visual:0:sdpa", "007:visual:0:sdpa", " 3:visual:0:sdpa", "12:decode:-1:logits",
+        "4:decode:2:q_rope#1", "5:decode:2:q_rope#1", "0:prefill:3:ffn_down@5-1012", "9:prefill:3:ffn_down@5-1012",
+        "1:decode:0:attn_norm  ", "2:decode:0:attn_norm  ", "+2:decode:0:sdpa", "-1:decode:0:sdpa", "٣:decode:0:sdpa",
+        ":decode:0:sdpa", "1:decode:0:", "1:decode:x:sdpa", "1:decode:0:sdpa@9-3", "3", None, 17,
+    ]
+    for text in texts * 2:  # the second time, every text after a step is known
+        try:
+            expected: object = OpKey.parse(text)  # type: ignore[arg-type]
+        except (ValueError, TypeError) as exc:
+            expected = type(exc)
+        try:
+            got: object = read(text)  # type: ignore[arg-type]
+        except (ValueError, TypeError) as exc:
+            got = type(exc)
+        assert got == expected and type(got) is type(expected), text
+    assert read("8:decode:2:q_rope#1") == OpKey(8, "decode", 2, "q_rope", 1)
 
 
 def test_identical_pairs_metrics_are_written_once_in_lines_and_read_back_as_one_object(demo_pairs: dict[str, tuple[Path, Path]]) -> None:

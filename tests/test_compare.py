@@ -256,7 +256,7 @@ def test_the_document_in_lines_reads_back_to_the_same_comparison_and_a_broken_li
         loads_lines("\n".join([lines[0], first_pair]).encode())
 
 
-def test_a_document_line_with_a_null_key_extra_data_or_an_unknown_verdict_is_named_not_a_crash(tmp_path: Path) -> None:
+def test_a_document_line_with_a_null_key_extra_data_deep_nesting_or_an_unknown_verdict_is_named_not_a_crash(tmp_path: Path) -> None:
     """A damaged cache entry (or a child's garbled output) is refused as ReportFormatError, which
     the cache answers by comparing again; a null key was an AttributeError that ended `report`
     with a traceback."""
@@ -278,10 +278,14 @@ def test_a_document_line_with_a_null_key_extra_data_or_an_unknown_verdict_is_nam
         "TypeError in an item of pairs: an op key is text": changed(0, None),
         "extra data at character": pair + " []",
         "ValueError in an item of pairs: 'identical' is not a valid Kind": changed(10, "identical"),
+        "an item of pairs is not JSON \\(it nests deeper than a reader follows\\)": "pairs\t" + "[" * 100_000,
+        "an item of pairs is not JSON \\(Exceeds the limit": "pairs\t" + "9" * 5000,
     }
     for problem, line in damaged.items():
         with pytest.raises(ReportFormatError, match=problem):
             loads_lines("\n".join([*head[:-1], line]).encode())
+    with pytest.raises(ReportFormatError, match="the document's first line is not JSON \\(it nests deeper"):
+        loads_lines(("[" * 100_000).encode())
 
 
 def test_keys_read_from_a_document_are_the_keys_parse_gives_whatever_their_text() -> None:

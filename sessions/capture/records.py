@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from functools import partial
+from itertools import chain
 from typing import Any, NamedTuple, overload
 
 import numpy as np
@@ -149,5 +150,4 @@ class Records(Sequence[Record]):
     def __iter__(self) -> Iterator[Record]:
         """A walk of every record builds those not built yet all at once (`build_every`)."""
         self.build_every()
-        for number in range(self._batch_count):
-            yield from self._batches[number]
+        return chain.from_iterable(map(self._batches.__getitem__, range(self._batch_count)))

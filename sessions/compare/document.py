@@ -21,6 +21,7 @@ from sessions.compare.json_plain import PLAIN_TYPES, plain
 from sessions.compare.key import KeyParser, OpKey
 from sessions.compare.tensor_diff import TensorMetrics
 from sessions.gc_pause import garbage_collection_paused
+from sessions.side_file import parse_problem
 
 DOCUMENT_FORMAT = "parity-xray-report"
 DOCUMENT_VERSION = 7
@@ -228,8 +229,8 @@ def loads(text: str) -> Comparison:
 def _json_object(text: str | bytes | bytearray, what: str) -> dict[str, Any]:
     try:
         data = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ReportFormatError(f"{what} is not JSON ({exc})") from None
+    except (ValueError, RecursionError) as exc:  # a decode error; an integer of 4,300 digits; nesting past the stack
+        raise ReportFormatError(f"{what} is not JSON ({parse_problem(exc)})") from None
     if not isinstance(data, dict):
         raise ReportFormatError(f"{what} is not an object")
     return data
@@ -243,6 +244,7 @@ PAIR_FIELDS = tuple(f.name for f in dataclasses.fields(PairResult))
 """A pair's line in `document_lines` is a row: its fields' values in this order, its metrics the
 number of a METRICS_LINE. A row is read in half the time of an object with named fields."""
 _METRICS_AT = PAIR_FIELDS.index("metrics")
+_KEY_AT = PAIR_FIELDS.index("key")
 _pair_values = operator.attrgetter(*PAIR_FIELDS)
 
 METRICS_LINE = "metrics"
@@ -307,8 +309,6 @@ def _pair_from_row(row: Any, shared: list[TensorMetrics], read_key: KeyParser) -
     return PairResult(*row)
 
 
-_KEY_AT = PAIR_FIELDS.index("key")
-
 
 @cache
 def _pair_readers() -> list[tuple[int, Reader, bool]]:
@@ -337,7 +337,8 @@ def loads_lines(data: bytes | bytearray, start: int = 0, keep_made: bool = False
     model's 230 MB into one str held the interpreter lock, and a window's event loop, for half
     a second), and no parsed document outlives its line (freeing 220,000 parsed items at once
     held it for another). `keep_made`: the caller keeps the comparison for long
-    (`garbage_collection_paused`).
+    (`garbage_collection_paused`). Lines are read exactly as `document_lines` writes them: an
+    item with spaces around it is refused, as is anything that cannot be its object.
     """
     with garbage_collection_paused(keep_made=keep_made):
         end = data.find(b"\n", start)
@@ -364,8 +365,8 @@ def loads_lines(data: bytes | bytearray, start: int = 0, keep_made: bool = False
             try:
                 text = item.decode("utf-8")
                 parsed, used = decode(text)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise ReportFormatError(f"an item of {name} is not JSON ({exc})") from None
+            except (ValueError, RecursionError) as exc:
+                raise ReportFormatError(f"an item of {name} is not JSON ({parse_problem(exc)})") from None
             if used != len(text):
                 raise ReportFormatError(f"an item of {name} is not JSON (extra data at character {used})")
             found, read = items[name]

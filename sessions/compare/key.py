@@ -108,7 +108,7 @@ class KeyParser:
             return OpKey.parse(text)
         step, _, after = text.partition(":")
         known = self._after_step.get(after)
-        if known is not None and step.isascii() and step.isdigit():
+        if known is not None and step.isascii() and step.isdigit() and len(step) < 19:  # past int64, parse names the problem
             return tuple.__new__(OpKey, (int(step), *known))
         key = OpKey.parse(text)
         self._after_step[after] = key[1:]

@@ -496,11 +496,22 @@ def test_a_missing_capture_is_unusable_in_the_words_report_uses_for_it(
 
 
 STARTING_GATE = """
-import os, signal, threading
+import os, signal, threading, time
+import psutil
 from sessions.gate.cluster import DaskGate
 
+
+def interrupt_while_starting():
+    # Once the cluster has a worker process, it is starting: LocalCluster waits for the worker
+    # to register, which takes the worker's start-up (a fixed 0.2 s timer would miss it on a
+    # machine that starts a cluster faster).
+    while not psutil.Process().children():
+        time.sleep(0.005)
+    os.kill(os.getpid(), signal.SIGINT)
+
+
 if __name__ == "__main__":
-    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+    threading.Thread(target=interrupt_while_starting, daemon=True).start()
     try:
         with DaskGate(workers=1):
             print("started")

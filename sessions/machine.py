@@ -13,3 +13,17 @@ def usable_cores() -> int:
 def physical_memory() -> int:
     """This machine's memory in bytes."""
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def available_memory() -> int:
+    """Bytes the system could give without swapping, page cache included (Linux's MemAvailable):
+    what reading ahead may fill without pushing out what is read next. Where the system does not
+    say (macOS), half the machine's memory."""
+    try:
+        with open("/proc/meminfo", "rb") as meminfo:
+            for line in meminfo:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return physical_memory() // 2

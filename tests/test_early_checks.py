@@ -25,6 +25,7 @@ from sessions.compare.byte_checks import (
 from sessions.compare.comparison import iter_compare
 from sessions.compare.early_checks import early_stretches
 from sessions.compare.options import CompareOptions
+from sessions.machine import available_memory, physical_memory
 from sessions.progress import run_to_end
 from tests.test_compare import _many_small_records
 
@@ -90,6 +91,17 @@ def test_captures_laid_out_alike_are_one_region_per_stretch_of_back_to_back_reco
     _, renamed = _many_small_records(other, flip_at=-1)
     with open_capture(native) as n, h5_renamed(renamed) as o:
         assert early_stretches(n, o, None).regions == [], "no row holds the same record on both sides"
+
+
+def test_the_memory_the_system_could_give_is_what_the_system_says_and_never_more_than_the_machine_has() -> None:
+    """The early checks' budget is a share of it: read wrong (kB taken as bytes), a real run's
+    bytes would be checked after the pairing instead of during it."""
+    import psutil
+
+    available = available_memory()
+    assert 0 < available <= physical_memory()
+    if Path("/proc/meminfo").exists():  # Linux says; elsewhere half the machine's memory stands in
+        assert abs(available - psutil.virtual_memory().available) < physical_memory() // 20
 
 
 class h5_renamed:

@@ -12,16 +12,7 @@ from hand_captures import T, bf16_bits, write_capture
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.opening import open_capture
 from sessions.capture.writer import CaptureWriter
-from sessions.compare.align import (
-    DUPLICATE_KEY,
-    LAYER_CONFLICT,
-    NO_PARTNER,
-    NO_RULE,
-    ONE_SIDED,
-    SHAPE_MISMATCH,
-    ManualPair,
-    align,
-)
+from sessions.compare.align import ManualPair, align
 from sessions.compare.comparison import iter_compare
 from sessions.compare.key import RecordKey
 from sessions.compare.options import CompareOptions
@@ -30,6 +21,14 @@ from sessions.compare.profiles import (
     builtin_profiles,
     load_profile_file,
     profile_from_dict,
+)
+from sessions.compare.unaligned import (
+    DUPLICATE_KEY,
+    LAYER_CONFLICT,
+    NO_PARTNER,
+    NO_RULE,
+    ONE_SIDED,
+    SHAPE_MISMATCH,
 )
 from sessions.compare.verdict import PARITY
 from sessions.progress import run_to_end

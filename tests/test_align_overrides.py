@@ -9,22 +9,21 @@ import pytest
 from hand_captures import T, bf16_bits, write_capture
 
 from sessions.capture.opening import open_capture
-from sessions.compare.align import (
-    MANUAL_BREAK,
-    NO_PARTNER,
-    NO_RULE,
-    OVERRIDE_MISSING,
-    OVERRIDE_UNUSABLE,
-    SHAPE_MISMATCH,
-    ManualBreak,
-    ManualPair,
-)
+from sessions.compare.align import ManualBreak, ManualPair
 from sessions.compare.comparison import iter_compare
 from sessions.compare.document import dumps, loads
 from sessions.compare.in_child import options_from_json, options_to_json
 from sessions.compare.key import RecordKey
 from sessions.compare.options import CompareOptions
 from sessions.compare.result_cache import iter_compare_cached
+from sessions.compare.unaligned import (
+    MANUAL_BREAK,
+    NO_PARTNER,
+    NO_RULE,
+    OVERRIDE_MISSING,
+    OVERRIDE_UNUSABLE,
+    SHAPE_MISMATCH,
+)
 from sessions.compare.verdict import DIVERGENCE, PARITY, Kind
 from sessions.investigation.model import (
     AlignmentOverride,

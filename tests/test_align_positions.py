@@ -22,7 +22,6 @@ from sessions.capture.opening import open_capture
 from sessions.capture.reader import CaptureError
 from sessions.capture.records import Record
 from sessions.commands import report as report_command
-from sessions.compare.align import NO_PARTNER
 from sessions.compare.align_modes import POSITIONS
 from sessions.compare.comparison import iter_compare
 from sessions.compare.key import OpKey
@@ -30,6 +29,7 @@ from sessions.compare.layout_transform import LayoutTransform
 from sessions.compare.mapped_record import MappedRecord, cut_problem
 from sessions.compare.options import CompareOptions
 from sessions.compare.pair_tensors import read_pair_bits
+from sessions.compare.unaligned import NO_PARTNER
 from sessions.compare.verdict import DIVERGENCE, PARITY
 from sessions.progress import run_to_end
 from viewer.cli import main

@@ -23,13 +23,7 @@ from backends.recorders.llama_recorder import LlamaSettings  # noqa: E402
 from backends.recorders.mlx_recorder import iter_record_mlx  # noqa: E402
 from backends.recorders.record_schedule import TokenSchedule  # noqa: E402
 from sessions.capture.opening import open_capture  # noqa: E402
-from sessions.compare.align import (  # noqa: E402
-    CUT_DIFFERENTLY,
-    ONE_SIDED,
-    PADDED_DIFFERENTLY,
-    Alignment,
-    align,
-)
+from sessions.compare.align import Alignment, align  # noqa: E402
 from sessions.compare.align_modes import CALLS  # noqa: E402
 from sessions.compare.comparison import iter_compare  # noqa: E402
 from sessions.compare.options import CompareOptions
@@ -41,6 +35,7 @@ from sessions.compare.profiles import (  # noqa: E402
     profile_from_dict,
 )
 from sessions.compare.record_sources import record_sources, sources_for  # noqa: E402
+from sessions.compare.unaligned import CUT_DIFFERENTLY, ONE_SIDED, PADDED_DIFFERENTLY  # noqa: E402
 from sessions.compare.verdict import Kind  # noqa: E402
 from sessions.progress import run_to_end  # noqa: E402
 from tests.test_llama_recorder import TINY  # noqa: E402

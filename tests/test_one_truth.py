@@ -23,8 +23,8 @@ from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
 from sessions.commands import report as report_command
-from sessions.compare.align import BY_DESIGN
 from sessions.compare.key import OpKey
+from sessions.compare.unaligned import BY_DESIGN
 from sessions.compare.verdict import (
     CONTRACT_MISMATCH,
     DISPATCH_ONLY,

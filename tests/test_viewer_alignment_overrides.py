@@ -12,8 +12,8 @@ from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
 from sessions.commands import report as report_command
-from sessions.compare.align import MANUAL_BREAK
 from sessions.compare.document import loads
+from sessions.compare.unaligned import MANUAL_BREAK
 from tests.viewer_windows import shown_tip
 from viewer.comparison_view import MANUAL_MARKER
 from viewer.settings import ViewerSettings

@@ -19,7 +19,6 @@ from backends.dispatch.timeline import Timeline, build_timeline
 from backends.rerun.segment import rerunnable_keys
 from sessions.capture.reader import Capture, CaptureError
 from sessions.capture.record_attributes import RecordAttributes, iter_records_attributes
-from sessions.compare.align import BY_DESIGN, UnalignedRecord
 from sessions.compare.comparison import (
     Comparison,
     PairResult,
@@ -42,6 +41,7 @@ from sessions.compare.token_parity import (
     step_word,
     token_words,
 )
+from sessions.compare.unaligned import BY_DESIGN, UnalignedRecord
 from sessions.compare.verdict import NOT_EXACT, SEVERITY, Finding, Kind
 from sessions.gc_pause import garbage_collection_paused
 from sessions.progress import ProgressGenerator

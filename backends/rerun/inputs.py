@@ -37,11 +37,11 @@ from backends.recorders.model_config import (
 from sessions.bits.dtypes import logical_dtype
 from sessions.capture.format import RERUN_ROLE
 from sessions.capture.reader import Capture
-from sessions.compare.align import UnalignedRecord
 from sessions.compare.key import OpKey
 from sessions.compare.mapped_record import MappedRecord
 from sessions.compare.positions import span_text
 from sessions.compare.profiles import STAGE_OF
+from sessions.compare.unaligned import UnalignedRecord
 from sessions.side_file import file_kind
 
 LAYER_INPUT = "layer_input"

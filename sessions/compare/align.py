@@ -18,91 +18,48 @@ from itertools import accumulate, compress, repeat
 from operator import and_, attrgetter, eq, is_not, itemgetter, not_
 from typing import NamedTuple
 
-import numpy as np
-
 from sessions.bits.dtypes import logical_dtype
-from sessions.capture.columns import Coded
 from sessions.capture.reader import Record
 from sessions.compare.align_modes import CALLS, POSITIONS
 from sessions.compare.key import OpKey, RecordKey
-from sessions.compare.layout_transform import LayoutError, LayoutTransform
 from sessions.compare.mapped_record import (
     BatchRow,
     MappedRecord,
-    canonical_shape,
     cut_problem,
 )
 from sessions.compare.positions import (
     Call,
     Span,
     overlap,
-    record_spans,
     span_text,
     uncovered,
 )
 from sessions.compare.profiles import (
     Profile,
-    RuleMatch,
     canonical_axes,
     padded_axis,
-    rows_axis,
 )
-from sessions.compare.record_columns import groups, record_columns
+from sessions.compare.record_mapping import map_records
+from sessions.compare.unaligned import (
+    BY_DESIGN,
+    CUT_DIFFERENTLY,
+    DTYPE_MISMATCH,
+    DUPLICATE_KEY,
+    MANUAL_BREAK,
+    NO_PARTNER,
+    NO_POSITIONS,
+    ONE_SIDED,
+    OVERRIDE_MISSING,
+    OVERRIDE_UNUSABLE,
+    PADDED_DIFFERENTLY,
+    SHAPE_MISMATCH,
+    UnalignedRecord,
+    unaligned_record,
+)
 from sessions.printable import printable
 
-NO_RULE = "no_rule"
-LAYER_CONFLICT = "layer_conflict"
-LAYOUT = "layout"
-NO_PARTNER = "no_partner"
-DUPLICATE_KEY = "duplicate_key"
-SHAPE_MISMATCH = "shape_mismatch"
-DTYPE_MISMATCH = "dtype_mismatch"
-ONE_SIDED = "one_sided"
-"""A stage the profile knows the other engine has no tensor for (KV-cache views, kq, ...)."""
-PADDED_DIFFERENTLY = "padded_differently"
-"""A pair over caches padded to different lengths (attention scores or probabilities of runs cut differently):
-the cells do not correspond one to one, and what the stage feeds is compared."""
-CUT_DIFFERENTLY = "cut_differently"
-"""Scores before the causal mask (`BEFORE_MASK`) of calls that had written different cells: a
-call's scores over cells it had not written yet are whatever those cells held then, which differ
-between runs cut into different calls and which the mask hides."""
 BEFORE_MASK = frozenset({"attn_scores"})
 """Ops that hold every cache cell before the causal mask."""
-NOT_RERUN = "not_rerun"
-"""A record of a run compared with a rerun capture (role `rerun`) that the rerun did not recompute:
-a rerun holds only the ops it was asked for."""
-BY_DESIGN = frozenset({ONE_SIDED, PADDED_DIFFERENTLY, CUT_DIFFERENTLY, NOT_RERUN})
-"""Unaligned reasons that are not findings: the runs hold these records differently by design."""
-MANUAL_BREAK = "manual_break"
-"""The user broke this pairing; the detail is their reason."""
-OVERRIDE_MISSING = "override_missing"
-"""A manual override names a record this capture does not hold (re-captured, or another run)."""
-OVERRIDE_UNUSABLE = "override_unusable"
-"""A manual pairing cannot be made: a record has no canonical op, or is already manually paired."""
-NOT_BATCHED = "not_batched"
-"""A record of a batched run whose stored axis 0 is not the batch: which row is the request is unknown."""
-NO_POSITIONS = "no_positions"
-"""Runs cut differently are compared position by position; this record cannot be cut by position."""
-REASON_WORDS: dict[str, str] = {
-    NO_RULE: "no profile rule names it",
-    LAYER_CONFLICT: "layer conflict",
-    LAYOUT: "layout does not apply",
-    NO_PARTNER: "no partner",
-    DUPLICATE_KEY: "key claimed twice",
-    SHAPE_MISMATCH: "canonical shapes differ",
-    DTYPE_MISMATCH: "dtypes differ",
-    ONE_SIDED: "one-sided stage",
-    PADDED_DIFFERENTLY: "caches padded differently",
-    CUT_DIFFERENTLY: "runs cut differently",
-    NOT_RERUN: "not rerun",
-    MANUAL_BREAK: "broken by hand",
-    OVERRIDE_MISSING: "manual override names no record here",
-    OVERRIDE_UNUSABLE: "manual pairing cannot be made",
-    NOT_BATCHED: "not stored by batch row",
-    NO_POSITIONS: "no token positions",
-}
-"""Each reason in the words every sentence uses (report, diagnose, rerun, the window); the JSON's
-`reason` field and the result cache keep the code."""
 
 
 class AlignedPair(NamedTuple):
@@ -138,28 +95,6 @@ class ManualBreak:
 AlignOverride = ManualPair | ManualBreak
 
 
-@dataclass(frozen=True, slots=True)
-class UnalignedRecord:
-    """Slots, no dict each: a llama.cpp capture has tens of thousands of records no profile rule
-    maps (building 80,000 into fresh memory alone: 0.11 s against 0.23 s)."""
-
-    side: str
-    seq: int
-    name: str
-    step: int
-    segment: str
-    layer: int
-    occurrence: int
-    reason: str
-    detail: str
-    key: OpKey | None = None
-
-    def why(self) -> str:
-        """Why the record has no partner, as every sentence says it: the reason in words, then its detail."""
-        words = REASON_WORDS[self.reason]
-        return f"{words}: {self.detail}" if self.detail else words
-
-
 @dataclass
 class Alignment:
     pairs: list[AlignedPair]
@@ -170,161 +105,6 @@ class Alignment:
     mode: str = CALLS
     native_calls: list[Call] = field(default_factory=list)
     oracle_calls: list[Call] = field(default_factory=list)
-
-
-def _unaligned(side: str, record: Record, reason: str, detail: str, key: OpKey | None = None) -> UnalignedRecord:
-    return UnalignedRecord(
-        side, record.seq, record.name, record.step, record.segment, record.layer, record.occurrence, reason, detail, key
-    )
-
-
-class _Mapping(NamedTuple):
-    """What a profile makes of one kind of record: the same for every token step's record of that
-    kind, so it is worked out once per kind (`_KindOfRecord`), not once per record."""
-
-    op: str
-    occurrence: int
-    layer: int
-    layout: LayoutTransform | None
-    shape: tuple[int, ...]
-    one_sided: str | None
-    refusal: tuple[str, str] | None = None
-    """(reason, detail) when records of this kind are unaligned."""
-    keyed: bool = False
-    """Whether a refused record still has its canonical key (the profile mapped it, its layout did not fit)."""
-
-
-_KindOfRecord = tuple[str, int, int, str, tuple[str, ...], int, tuple[int, ...]]
-"""(name, occurrence, count, kernel, sources, layer, shape): all a record's mapping depends on."""
-
-
-def _mapping(profile: Profile, match: RuleMatch | None, kind: _KindOfRecord, batch: BatchRow | None) -> _Mapping:
-    """What `match` (the profile's rule for the kind's name, occurrence, count, kernel and sources) makes of records of `kind`."""
-    name, occurrence, count, _, _, layer, shape = kind
-    if match is not None and match.one_sided is not None and not match.op:
-        return _Mapping("", 0, layer, None, (), None, (ONE_SIDED, match.one_sided))
-    if match is None:
-        detail = f"profile {profile.name!r} has no rule for {name!r} occurrence {occurrence} of {count}"
-        return _Mapping("", 0, layer, None, (), None, (NO_RULE, detail))
-    if match.layer is not None and match.layer != layer:
-        if layer != -1:
-            return _Mapping("", 0, layer, None, (), None, (LAYER_CONFLICT, f"name says layer {match.layer}, record says {layer}"))
-        layer = match.layer
-    refused = _Mapping(match.op, match.occurrence, layer, None, (), None, keyed=True)
-    if batch is not None and (not shape or shape[0] != batch.size):
-        axis0 = shape[0] if shape else "a scalar"
-        return refused._replace(refusal=(NOT_BATCHED, f"its stored axis 0 is {axis0}, not the run's batch of {batch.size}"))
-    try:
-        canonical = canonical_shape(shape, match.layout, batch)
-    except LayoutError as exc:
-        return refused._replace(refusal=(LAYOUT, str(exc)))
-    return _Mapping(match.op, match.occurrence, layer, match.layout, canonical, match.one_sided)
-
-
-class MappedRun(NamedTuple):
-    """A side's records as its profile maps them (`map_records`)."""
-
-    mapped: list[MappedRecord]
-    rejected: list[UnalignedRecord]
-    """Records without a canonical key or shape, and why."""
-    optional: dict[int, str]
-    """seq -> why the other engine may not record it, for records of optional stages (`_unless_recorded`)."""
-    spans: dict[int, Span]
-    """Each mapped record's token positions, by seq (`record_spans`)."""
-    calls: list[Call]
-    """The run's forward calls in execution order (`record_spans`)."""
-
-
-def _source_codes(seqs: np.ndarray, sources: dict[int, tuple[str, ...]]) -> Coded[tuple[str, ...]]:
-    """Each record's source names (`sources`, by seq; none when absent) as codes."""
-    if not sources:
-        return Coded([()], np.zeros(len(seqs), dtype=np.int64))
-    return Coded.of([sources.get(seq, ()) for seq in seqs.tolist()])
-
-
-def _position_rows(mapping: _Mapping) -> int | None:
-    """How many token positions a record of this mapping holds: its canonical rows; None when its
-    canonical shape has another rank than its op's axes, so which axis holds them is unknown."""
-    if mapping.refusal is not None or len(mapping.shape) != len(canonical_axes(mapping.op)):
-        return None
-    return mapping.shape[rows_axis(mapping.op)]
-
-
-def _integers(values: list[int]) -> np.ndarray:
-    """int64, or Python integers where a hostile shape's canonical rows do not fit one."""
-    try:
-        return np.array(values, dtype=np.int64)
-    except OverflowError:
-        return np.array(values, dtype=object)
-
-
-def map_records(
-    records: Sequence[Record],
-    profile: Profile,
-    side: str,
-    sources: dict[int, tuple[str, ...]] | None = None,
-    batch: BatchRow | None = None,
-) -> MappedRun:
-    """Each record's canonical key and shape under `profile`, or why it has none; the records of
-    optional stages; and each record's token positions and the run's calls (`record_spans`).
-
-    `sources` (seq -> source tensor names, `sessions.compare.record_sources`) feeds rules that anchor
-    a record by what it consumes. A record's mapping depends only on its kind (`_KindOfRecord`),
-    which repeats every token step, so each kind is mapped once (a capture of a real model has
-    hundreds of thousands of records, a few thousand kinds). The kinds are found with numpy on
-    the records' columns (`record_columns`); only the keys and mapped records are built per
-    record, by `map` over the columns. `batch` is where a batched run, whose records hold the
-    batch along stored axis 0, keeps the request compared."""
-    columns = record_columns(records)
-    if not len(columns):
-        return MappedRun([], [], {}, {}, [])
-    name, occurrence, kernel, layer, shape = columns.name, columns.occurrence, columns.kernel_id, columns.layer, columns.shape
-    calls_of = groups(columns.step, columns.segment.codes, layer, name.codes)  # (step, segment, layer, name)
-    count = calls_of.sizes[calls_of.of_row]
-    sources_of = _source_codes(columns.seq, sources or {})
-    kinds = groups(name.codes, occurrence, count, kernel.codes, sources_of.codes, layer, shape.codes)
-    matches: dict[tuple[str, int, int, str, tuple[str, ...]], RuleMatch | None] = {}
-    mappings: list[_Mapping] = []
-    first = kinds.first
-    each_kind = zip(name.taken(first), occurrence[first].tolist(), count[first].tolist(), kernel.taken(first), sources_of.taken(first), layer[first].tolist(), shape.taken(first))
-    for kind in each_kind:
-        asked = kind[:5]  # shapes that grow every step (attention scores) make kinds, not rules
-        if asked not in matches:
-            matches[asked] = profile.match(*asked)
-        mappings.append(_mapping(profile, matches[asked], kind, batch))
-    every = records if isinstance(records, list) else list(records)
-    kind_of = kinds.of_row
-    refused = np.array([m.refusal is not None for m in mappings], dtype=bool)[kind_of]
-    rejected: list[UnalignedRecord] = []
-    kept: np.ndarray | None = None
-    if refused.any():
-        for row in np.flatnonzero(refused).tolist():
-            record, m = every[row], mappings[kind_of[row]]
-            assert m.refusal is not None
-            rejected.append(_unaligned(side, record, *m.refusal, OpKey(record.step, record.segment, m.layer, m.op, m.occurrence) if m.keyed else None))
-        kept = np.flatnonzero(~refused)
-        every = [every[row] for row in kept.tolist()]
-        kind_of = kind_of[kept]
-    per_kind = list(zip(*mappings))
-    steps = columns.step.tolist() if kept is None else columns.step[kept].tolist()
-    segments = columns.segment.taken(kept)
-    make_key, make_mapped = partial(tuple.__new__, OpKey), partial(tuple.__new__, MappedRecord)
-    layers, ops, occurrences = (Coded(list(per_kind[field]), kind_of).taken() for field in (2, 0, 1))
-    keys = map(make_key, zip(steps, segments, layers, ops, occurrences, repeat(())))
-    layouts, canonical = Coded(list(per_kind[3]), kind_of).taken(), Coded(list(per_kind[4]), kind_of).taken()
-    mapped = list(map(make_mapped, zip(every, keys, layouts, canonical, repeat(None), repeat(batch))))
-    optional: dict[int, str] = {}
-    one_sided = np.array([m.one_sided is not None for m in mappings], dtype=bool)[kind_of]
-    for row in np.flatnonzero(one_sided).tolist():
-        one = mappings[kind_of[row]].one_sided
-        assert one is not None
-        optional[every[row].seq] = one
-    rows = [_position_rows(m) for m in mappings]
-    spanned = np.array([r is not None for r in rows], dtype=bool)[kind_of]
-    at = np.flatnonzero(spanned) if kept is None else kept[spanned]
-    held = _integers([r or 0 for r in rows])[kind_of[spanned]]
-    spans, calls = record_spans(columns.seq[at], columns.step[at], Coded(columns.segment.values, columns.segment.codes[at]), held, columns.position[at])
-    return MappedRun(mapped, rejected, optional, spans, calls)
 
 
 def _recorded(mapped: list[MappedRecord]) -> set[tuple[int, str]]:
@@ -345,7 +125,7 @@ def _unless_recorded(
     for m in mapped:
         why = optional.get(m.record.seq)
         if why is not None and (m.key.layer, m.key.op) not in other:
-            unaligned.append(_unaligned(side, m.record, ONE_SIDED, why, m.key))
+            unaligned.append(unaligned_record(side, m.record, ONE_SIDED, why, m.key))
         else:
             kept.append(m)
     return kept
@@ -432,8 +212,8 @@ def _apply_breaks(
         if reason is None:
             kept.append(pair)
             continue
-        unaligned.append(_unaligned("native", pair.native.record, MANUAL_BREAK, reason, pair.key))
-        unaligned.append(_unaligned("oracle", pair.oracle.record, MANUAL_BREAK, reason, pair.oracle.key))
+        unaligned.append(unaligned_record("native", pair.native.record, MANUAL_BREAK, reason, pair.key))
+        unaligned.append(unaligned_record("oracle", pair.oracle.record, MANUAL_BREAK, reason, pair.oracle.key))
     return kept
 
 
@@ -454,8 +234,8 @@ def _comparable(pair: AlignedPair, unaligned: list[UnalignedRecord]) -> bool:
     if problem is None:
         return True
     detail = problem[1] if pair.manual_reason is None else f"{problem[1]} (manual pairing: {pair.manual_reason})"
-    unaligned.append(_unaligned("native", n.record, problem[0], detail, pair.key))
-    unaligned.append(_unaligned("oracle", o.record, problem[0], detail, o.key))
+    unaligned.append(unaligned_record("native", n.record, problem[0], detail, pair.key))
+    unaligned.append(unaligned_record("oracle", o.record, problem[0], detail, o.key))
     return False
 
 
@@ -486,8 +266,8 @@ def _set_aside_before_mask(
             f"{pair.key.op} before the causal mask, from calls that had written the cache up to position {n_span[1]} (native) "
             f"and {o_span[1]} (oracle): the cells one had written and the other had not hold other bits, which the mask hides"
         )
-        unaligned.append(_unaligned("native", pair.native.record, CUT_DIFFERENTLY, detail, pair.key))
-        unaligned.append(_unaligned("oracle", pair.oracle.record, CUT_DIFFERENTLY, detail, pair.oracle.key))
+        unaligned.append(unaligned_record("native", pair.native.record, CUT_DIFFERENTLY, detail, pair.key))
+        unaligned.append(unaligned_record("oracle", pair.oracle.record, CUT_DIFFERENTLY, detail, pair.oracle.key))
     return kept
 
 
@@ -569,8 +349,8 @@ class _SetAside:
             return None
         partner = f"its {other} partner {found.name!r} (seq {found.seq})"
         if found.reason == DUPLICATE_KEY:
-            return _unaligned(side, record, DUPLICATE_KEY, f"{partner} is ambiguous: {found.detail}", key)
-        return _unaligned(side, record, NO_PARTNER, f"{partner} is unaligned itself: {found.why()}", key)
+            return unaligned_record(side, record, DUPLICATE_KEY, f"{partner} is ambiguous: {found.detail}", key)
+        return unaligned_record(side, record, NO_PARTNER, f"{partner} is unaligned itself: {found.why()}", key)
 
 
 def _pair_by_key(
@@ -584,12 +364,12 @@ def _pair_by_key(
         for key, group in dupes.items():
             names = ", ".join(f"{m.record.name!r} (seq {m.record.seq})" for m in group)
             for m in group:
-                unaligned.append(_unaligned(side, m.record, DUPLICATE_KEY, f"{key.label()} is claimed by {names}", key))
+                unaligned.append(unaligned_record(side, m.record, DUPLICATE_KEY, f"{key.label()} is claimed by {names}", key))
             partner = other.pop(key, None)
             if partner is not None:
                 other_side = "oracle" if side == "native" else "native"
                 unaligned.append(
-                    _unaligned(other_side, partner.record, DUPLICATE_KEY, f"its partner key {key.label()} is ambiguous on the {side} side", key)
+                    unaligned_record(other_side, partner.record, DUPLICATE_KEY, f"its partner key {key.label()} is ambiguous on the {side} side", key)
                 )
     # One `map` per pass, in C: a statement per key took 0.1 s of a 240,000-record pair's alignment.
     partners = list(map(o_unique.pop, n_unique, repeat(None)))
@@ -609,8 +389,8 @@ def _without_partner(side: str, m: MappedRecord, manual: list[AlignedPair], set_
     other = "oracle" if side == "native" else "native"
     taken = _manually_paired(other, manual, lambda partner: partner.key == m.key)
     if taken is not None:
-        return _unaligned(side, m.record, NO_PARTNER, taken, m.key)
-    return set_aside.unaligned(side, m.record, m.key) or _unaligned(side, m.record, NO_PARTNER, otherwise, m.key)
+        return unaligned_record(side, m.record, NO_PARTNER, taken, m.key)
+    return set_aside.unaligned(side, m.record, m.key) or unaligned_record(side, m.record, NO_PARTNER, otherwise, m.key)
 
 
 Placed = tuple[Span, MappedRecord]
@@ -632,7 +412,7 @@ def _placed(
                 f"its canonical shape {list(m.shape)} has {len(m.shape)} axes where {m.key.op} has {len(axes)} ({' '.join(axes)}), so which "
                 "holds the token positions is unknown (a batched run whose capture does not say so with batch_size?)"
             )
-            unaligned.append(_unaligned(side, m.record, NO_POSITIONS, problem, m.key))
+            unaligned.append(unaligned_record(side, m.record, NO_POSITIONS, problem, m.key))
             continue
         cut = "quantized blocks cannot be cut into positions" if logical_dtype(m.record.dtype).is_quantized else cut_problem(m)
         if cut is not None:
@@ -644,7 +424,7 @@ def _placed(
         clashing |= {i - 1 for i in clashing}
         for i in sorted(clashing):
             span, m = group[i]
-            unaligned.append(_unaligned(side, m.record, DUPLICATE_KEY, f"{span_text(span)} of {m.key.op} {'is' if span[1] - span[0] == 1 else 'are'} held by more than one {side} record", m.key))
+            unaligned.append(unaligned_record(side, m.record, DUPLICATE_KEY, f"{span_text(span)} of {m.key.op} {'is' if span[1] - span[0] == 1 else 'are'} held by more than one {side} record", m.key))
         group[:] = [placed for i, placed in enumerate(group) if i not in clashing]
     return groups
 
@@ -666,7 +446,7 @@ def _cut_only_where_needed(
             for span, m in group_placed:
                 why = uncuttable[side].get(m.record.seq)
                 if why is not None and span not in other.get(group, set()):
-                    unaligned.append(_unaligned(side, m.record, NO_POSITIONS, why, m.key))
+                    unaligned.append(unaligned_record(side, m.record, NO_POSITIONS, why, m.key))
                 else:
                     kept.append((span, m))
             group_placed[:] = kept
@@ -697,7 +477,7 @@ def _pair_by_position(
                     taken = _manually_paired(other, manual, partial(_holds, spans[other], group, gap))
                     key = m.key._replace(positions=gap)  # a record may lack a partner for several stretches: each is a row of its own, named by it
                     row = None if taken is not None else set_aside.unaligned(side, m.record, key, gap)
-                    unaligned.append(row or _unaligned(side, m.record, NO_PARTNER, taken or f"no {other} record of {m.key.op} holds {span_text(gap)}", key))
+                    unaligned.append(row or unaligned_record(side, m.record, NO_PARTNER, taken or f"no {other} record of {m.key.op} holds {span_text(gap)}", key))
     pairs: list[AlignedPair] = []
     for (layer, op, occurrence), n_group in natives.items():
         o_group = oracles.get((layer, op, occurrence), [])

@@ -21,17 +21,7 @@ import numpy as np
 from sessions.capture.format import RERUN_ROLE
 from sessions.capture.read_ahead import ReadAhead
 from sessions.capture.reader import Capture, Record
-from sessions.compare.align import (
-    BY_DESIGN,
-    NO_PARTNER,
-    NOT_RERUN,
-    REASON_WORDS,
-    AlignedPair,
-    Alignment,
-    UnalignedRecord,
-    align,
-    cut_alike,
-)
+from sessions.compare.align import AlignedPair, Alignment, align, cut_alike
 from sessions.compare.align_modes import ALIGN_MODES, POSITIONS
 from sessions.compare.byte_checks import ByteChecks
 from sessions.compare.contracts import (
@@ -79,6 +69,13 @@ from sessions.compare.token_parity import (
     shared_eos_step,
     token_words,
     tokens_by_step,
+)
+from sessions.compare.unaligned import (
+    BY_DESIGN,
+    NO_PARTNER,
+    NOT_RERUN,
+    REASON_WORDS,
+    UnalignedRecord,
 )
 from sessions.compare.verdict import (
     FAILING,

@@ -38,7 +38,7 @@ class Call:
 def record_spans(seq: np.ndarray, step: np.ndarray, segment: Coded[str], rows: np.ndarray, position: np.ndarray) -> tuple[dict[int, Span], list[Call]]:
     """Each record's positions, by seq, and the run's forward calls in execution order, each
     spanning its records' positions. One array element per record whose canonical shape says
-    which axis holds its positions (`align.map_records` keeps them in execution order): `rows`
+    which axis holds its positions (`record_mapping.map_records` keeps them in execution order): `rows`
     is how many positions it holds, `position` the recorded first one (-1: not recorded).
 
     A record's positions are recorded, or derived from the order of the calls: calls (step,

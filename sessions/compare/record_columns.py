@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -61,22 +61,22 @@ def record_columns(records: Sequence[Record]) -> RecordColumns:
             shape=columns.shapes(),
         )
 
-    def numbers(field: int) -> np.ndarray:
-        return np.fromiter(map(itemgetter(field), records), dtype=np.int64, count=len(records))
+    def numbers(name: str) -> np.ndarray:
+        return np.fromiter(map(itemgetter(Record._fields.index(name)), records), dtype=np.int64, count=len(records))
 
-    def texts(field: int) -> Coded[str]:
-        return Coded.of(list(map(itemgetter(field), records)))
+    def coded(name: str) -> Coded[Any]:
+        return Coded.of(list(map(itemgetter(Record._fields.index(name)), records)))
 
     return RecordColumns(
-        seq=numbers(0),
-        step=numbers(1),
-        layer=numbers(3),
-        occurrence=numbers(5),
-        position=numbers(14),
-        segment=texts(2),
-        name=texts(4),
-        kernel_id=texts(9),
-        shape=Coded.of(list(map(itemgetter(7), records))),
+        seq=numbers("seq"),
+        step=numbers("step"),
+        layer=numbers("layer"),
+        occurrence=numbers("occurrence"),
+        position=numbers("position"),
+        segment=coded("segment"),
+        name=coded("name"),
+        kernel_id=coded("kernel_id"),
+        shape=coded("shape"),
     )
 
 

@@ -46,8 +46,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from sessions.compare.align import MANUAL_BREAK, UnalignedRecord
 from sessions.compare.comparison import unaligned_key
+from sessions.compare.unaligned import MANUAL_BREAK, UnalignedRecord
 from sessions.compare.verdict import Kind
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel

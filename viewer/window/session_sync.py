@@ -22,11 +22,11 @@ from PySide6.QtWidgets import QWidget
 
 from sessions.capture.identity import CaptureIdentity, identity_of_capture
 from sessions.capture.reader import Capture
-from sessions.compare.align import UnalignedRecord
 from sessions.compare.comparison import PairResult
 from sessions.compare.key import OpKey, RecordKey
 from sessions.compare.options import CompareOptions
 from sessions.compare.tolerance_policy import load_policy, with_op_rules
+from sessions.compare.unaligned import UnalignedRecord
 from sessions.investigation.model import (
     Bookmark,
     CaptureRef,

@@ -1,0 +1,183 @@
+"""Each record of a run mapped to its canonical op and shape under its profile, or refused with why.
+
+A record's mapping depends only on its kind (name, occurrence, how many share its call, kernel,
+sources, layer, shape), which repeats every token step: a real run has hundreds of thousands of
+records and a few thousand kinds, so each kind is mapped once, on the records' columns
+(`sessions.compare.record_columns`). Pairing the mapped records is `sessions.compare.align`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+from itertools import repeat
+from typing import NamedTuple
+
+import numpy as np
+
+from sessions.capture.columns import Coded
+from sessions.capture.reader import Record
+from sessions.compare.key import OpKey
+from sessions.compare.layout_transform import LayoutError, LayoutTransform
+from sessions.compare.mapped_record import BatchRow, MappedRecord, canonical_shape
+from sessions.compare.positions import Call, Span, record_spans
+from sessions.compare.profiles import Profile, RuleMatch, canonical_axes, rows_axis
+from sessions.compare.record_columns import groups, record_columns
+from sessions.compare.unaligned import (
+    LAYER_CONFLICT,
+    LAYOUT,
+    NO_RULE,
+    NOT_BATCHED,
+    ONE_SIDED,
+    UnalignedRecord,
+    unaligned_record,
+)
+
+
+class _Mapping(NamedTuple):
+    """What a profile makes of one kind of record: the same for every token step's record of that
+    kind, so it is worked out once per kind (`_KindOfRecord`), not once per record."""
+
+    op: str
+    occurrence: int
+    layer: int
+    layout: LayoutTransform | None
+    shape: tuple[int, ...]
+    one_sided: str | None
+    refusal: tuple[str, str] | None = None
+    """(reason, detail) when records of this kind are unaligned."""
+    keyed: bool = False
+    """Whether a refused record still has its canonical key (the profile mapped it, its layout did not fit)."""
+
+
+_KindOfRecord = tuple[str, int, int, str, tuple[str, ...], int, tuple[int, ...]]
+"""(name, occurrence, count, kernel, sources, layer, shape): all a record's mapping depends on."""
+
+
+def _mapping(profile: Profile, match: RuleMatch | None, kind: _KindOfRecord, batch: BatchRow | None) -> _Mapping:
+    """What `match` (the profile's rule for the kind's name, occurrence, count, kernel and sources) makes of records of `kind`."""
+    name, occurrence, count, _, _, layer, shape = kind
+    if match is not None and match.one_sided is not None and not match.op:
+        return _Mapping("", 0, layer, None, (), None, (ONE_SIDED, match.one_sided))
+    if match is None:
+        detail = f"profile {profile.name!r} has no rule for {name!r} occurrence {occurrence} of {count}"
+        return _Mapping("", 0, layer, None, (), None, (NO_RULE, detail))
+    if match.layer is not None and match.layer != layer:
+        if layer != -1:
+            return _Mapping("", 0, layer, None, (), None, (LAYER_CONFLICT, f"name says layer {match.layer}, record says {layer}"))
+        layer = match.layer
+    refused = _Mapping(match.op, match.occurrence, layer, None, (), None, keyed=True)
+    if batch is not None and (not shape or shape[0] != batch.size):
+        axis0 = shape[0] if shape else "a scalar"
+        return refused._replace(refusal=(NOT_BATCHED, f"its stored axis 0 is {axis0}, not the run's batch of {batch.size}"))
+    try:
+        canonical = canonical_shape(shape, match.layout, batch)
+    except LayoutError as exc:
+        return refused._replace(refusal=(LAYOUT, str(exc)))
+    return _Mapping(match.op, match.occurrence, layer, match.layout, canonical, match.one_sided)
+
+
+class MappedRun(NamedTuple):
+    """A side's records as its profile maps them (`map_records`)."""
+
+    mapped: list[MappedRecord]
+    rejected: list[UnalignedRecord]
+    """Records without a canonical key or shape, and why."""
+    optional: dict[int, str]
+    """seq -> why the other engine may not record it, for records of optional stages (`_unless_recorded`)."""
+    spans: dict[int, Span]
+    """Each mapped record's token positions, by seq (`record_spans`)."""
+    calls: list[Call]
+    """The run's forward calls in execution order (`record_spans`)."""
+
+
+def _source_codes(seqs: np.ndarray, sources: dict[int, tuple[str, ...]]) -> Coded[tuple[str, ...]]:
+    """Each record's source names (`sources`, by seq; none when absent) as codes."""
+    if not sources:
+        return Coded([()], np.zeros(len(seqs), dtype=np.int64))
+    return Coded.of([sources.get(seq, ()) for seq in seqs.tolist()])
+
+
+def _position_rows(mapping: _Mapping) -> int | None:
+    """How many token positions a record of this mapping holds: its canonical rows; None when its
+    canonical shape has another rank than its op's axes, so which axis holds them is unknown."""
+    if mapping.refusal is not None or len(mapping.shape) != len(canonical_axes(mapping.op)):
+        return None
+    return mapping.shape[rows_axis(mapping.op)]
+
+
+def _integers(values: list[int]) -> np.ndarray:
+    """int64, or Python integers where a hostile shape's canonical rows do not fit one."""
+    try:
+        return np.array(values, dtype=np.int64)
+    except OverflowError:
+        return np.array(values, dtype=object)
+
+
+def map_records(
+    records: Sequence[Record],
+    profile: Profile,
+    side: str,
+    sources: dict[int, tuple[str, ...]] | None = None,
+    batch: BatchRow | None = None,
+) -> MappedRun:
+    """Each record's canonical key and shape under `profile`, or why it has none; the records of
+    optional stages; and each record's token positions and the run's calls (`record_spans`).
+
+    `sources` (seq -> source tensor names, `sessions.compare.record_sources`) feeds rules that anchor
+    a record by what it consumes. A record's mapping depends only on its kind (`_KindOfRecord`),
+    which repeats every token step, so each kind is mapped once (a capture of a real model has
+    hundreds of thousands of records, a few thousand kinds). The kinds are found with numpy on
+    the records' columns (`record_columns`); only the keys and mapped records are built per
+    record, by `map` over the columns. `batch` is where a batched run, whose records hold the
+    batch along stored axis 0, keeps the request compared."""
+    columns = record_columns(records)
+    if not len(columns):
+        return MappedRun([], [], {}, {}, [])
+    name, occurrence, kernel, layer, shape = columns.name, columns.occurrence, columns.kernel_id, columns.layer, columns.shape
+    calls_of = groups(columns.step, columns.segment.codes, layer, name.codes)  # (step, segment, layer, name)
+    count = calls_of.sizes[calls_of.of_row]
+    sources_of = _source_codes(columns.seq, sources or {})
+    kinds = groups(name.codes, occurrence, count, kernel.codes, sources_of.codes, layer, shape.codes)
+    matches: dict[tuple[str, int, int, str, tuple[str, ...]], RuleMatch | None] = {}
+    mappings: list[_Mapping] = []
+    first = kinds.first
+    each_kind = zip(name.taken(first), occurrence[first].tolist(), count[first].tolist(), kernel.taken(first), sources_of.taken(first), layer[first].tolist(), shape.taken(first))
+    for kind in each_kind:
+        asked = kind[:5]  # shapes that grow every step (attention scores) make kinds, not rules
+        if asked not in matches:
+            matches[asked] = profile.match(*asked)
+        mappings.append(_mapping(profile, matches[asked], kind, batch))
+    every = records if isinstance(records, list) else list(records)
+    kind_of = kinds.of_row
+    refused = np.array([m.refusal is not None for m in mappings], dtype=bool)[kind_of]
+    rejected: list[UnalignedRecord] = []
+    kept: np.ndarray | None = None
+    if refused.any():
+        for row in np.flatnonzero(refused).tolist():
+            record, m = every[row], mappings[kind_of[row]]
+            assert m.refusal is not None
+            rejected.append(unaligned_record(side, record, *m.refusal, OpKey(record.step, record.segment, m.layer, m.op, m.occurrence) if m.keyed else None))
+        kept = np.flatnonzero(~refused)
+        every = [every[row] for row in kept.tolist()]
+        kind_of = kind_of[kept]
+    per_kind = list(zip(*mappings))
+    steps = columns.step.tolist() if kept is None else columns.step[kept].tolist()
+    segments = columns.segment.taken(kept)
+    make_key, make_mapped = partial(tuple.__new__, OpKey), partial(tuple.__new__, MappedRecord)
+    layers, ops, occurrences = (Coded(list(per_kind[field]), kind_of).taken() for field in (2, 0, 1))
+    keys = map(make_key, zip(steps, segments, layers, ops, occurrences, repeat(())))
+    layouts, canonical = Coded(list(per_kind[3]), kind_of).taken(), Coded(list(per_kind[4]), kind_of).taken()
+    mapped = list(map(make_mapped, zip(every, keys, layouts, canonical, repeat(None), repeat(batch))))
+    optional: dict[int, str] = {}
+    one_sided = np.array([m.one_sided is not None for m in mappings], dtype=bool)[kind_of]
+    for row in np.flatnonzero(one_sided).tolist():
+        one = mappings[kind_of[row]].one_sided
+        assert one is not None
+        optional[every[row].seq] = one
+    rows = [_position_rows(m) for m in mappings]
+    spanned = np.array([r is not None for r in rows], dtype=bool)[kind_of]
+    at = np.flatnonzero(spanned) if kept is None else kept[spanned]
+    held = _integers([r or 0 for r in rows])[kind_of[spanned]]
+    spans, calls = record_spans(columns.seq[at], columns.step[at], Coded(columns.segment.values, columns.segment.codes[at]), held, columns.position[at])
+    return MappedRun(mapped, rejected, optional, spans, calls)

@@ -4,9 +4,9 @@ Builds a native/oracle pair of seed-sized tensors (1008 x 16384 float32, the Qwe
 prefix) with real planted bit flips, opens it in the real MainWindow (offscreen unless a
 display is given), and drives it: open + full comparison, the first divergence's heatmaps,
 a colour-scale switch, another op, a zoom into a region drawn at full resolution, an element
-click. A 10 ms QTimer heartbeat records every gap; the longest gap is the longest time the UI
-could not respond, reported overall and per phase (open and first paint, the comparison, the
-heatmaps, another op, the zoom, inspecting). A gap past half a second prints every thread's
+click, and an HTML report of three bookmarks (each pictured as it was marked). A 10 ms QTimer
+heartbeat records every gap; the longest gap is the longest time the UI could not respond,
+reported overall and per phase. A gap past half a second prints every thread's
 stack to stderr while it lasts (faulthandler), naming what the UI thread is stuck in.
 
     .venv/bin/python benchmarks/bench_ui_stall.py [--layers 8 | --records N [--diverged]] [--dir DIR] [--json OUT]
@@ -15,9 +15,9 @@ With `--records N` (240000: a real 8B model's run) it builds instead two capture
 records in 36-layer token steps, one bit apart at 60% of the run, and drives the open, the
 first paint after it (half a second), the wait while the child compares, the comparison's
 arrival (the tree, the verdict, the first finding), the Overview, Ctrl+J, the tree filter,
-stepping through findings and another op, and the pair opened again over itself. `--diverged`:
-every record after it differs in most elements, as in a run whose first error reaches every
-later op (88,000 differing pairs at 240,000 records).
+stepping through findings and another op, an HTML report of three bookmarks, and the pair
+opened again over itself. `--diverged`: every record after it differs in most elements, as in a
+run whose first error reaches every later op (88,000 differing pairs at 240,000 records).
 
 Target: longest stall <= ~100 ms.
 """
@@ -168,6 +168,29 @@ def uncaught_errors(window) -> list[str]:  # type: ignore[no-untyped-def]
     return list(window.banners.texts(GROUP))
 
 
+def bookmarked(app: QApplication, window, pairs: list) -> None:  # type: ignore[no-untyped-def]
+    """Bookmark `pairs`, each on its own colour scale, as a user marks what they found, then
+    select the first again. The bookmarks are the bench's own: the window drops them unasked
+    when it opens another pair or closes (a question would wait for an answer no one gives)."""
+    window.session_file.ask_close = lambda: "discard"
+    for pair, scale in zip(pairs, ("ULP", "absolute", "relative")):
+        window.model.select(pair)
+        window.model.set_scale(scale)
+        wait(app, lambda: not window.tasks.busy and window.tensor_view.data is not None and window.tensor_view.data.request.label == pair.key.text())
+        window.session_sync.add_bookmark(f"bench bookmark at {pair.key}")
+    window.model.select(pairs[0])
+    wait(app, lambda: not window.tasks.busy)
+
+
+def exported_html(app: QApplication, window, path: Path) -> float:  # type: ignore[no-untyped-def]
+    """File > Export > HTML report: the seconds until the page is written, each bookmark
+    pictured as it was marked while the window stays usable."""
+    written: list[object] = []
+    window.report_export.exported.connect(written.append)
+    if not window.report_export.export_html(path):
+        raise RuntimeError("the HTML export did not start")
+    return wait(app, lambda: written)
+
 def run(app: QApplication, native: Path, oracle: Path, settings_dir: Path) -> dict[str, object]:
     window, beat, phases, ends = opened(app, native, oracle, settings_dir)
     ends["open_and_first_paint"] = beat.now_ms()
@@ -190,6 +213,10 @@ def run(app: QApplication, native: Path, oracle: Path, settings_dir: Path) -> di
         window.show_panel(index)
         app.processEvents()
     ends["inspect_and_panels"] = beat.now_ms()
+    bookmarked(app, window, [pairs[0], pairs[-1], pairs[len(pairs) // 2]])
+    ends["bookmarking"] = beat.now_ms()
+    phases["html_export_s"] = exported_html(app, window, settings_dir / "report.html")
+    ends["html_export"] = beat.now_ms()
     result = beat.stop(ends)
     result["uncaught_errors"] = uncaught_errors(window)
     window.close()
@@ -239,6 +266,14 @@ def run_many_records(app: QApplication, native: Path, oracle: Path, settings_dir
     del pairs  # nothing here holds the comparison (not even weakly): the window frees it in steps as the new one is made
     settle()
     ends["step_and_another_op"] = beat.now_ms()
+    pairs = window.model.comparison.comparison.pairs
+    bookmarked(app, window, [pairs[0], pairs[pair_count * 3 // 5], pairs[-1]])
+    del pairs
+    settle()
+    ends["bookmarking"] = beat.now_ms()
+    phases["html_export_s"] = exported_html(app, window, settings_dir / "report.html")
+    settle()
+    ends["html_export"] = beat.now_ms()
     arrived: list[bool] = []
     window.model.comparison_changed.connect(lambda: arrived.append(window.model.comparison is not None))
     window.open_pair(native, oracle)

@@ -521,6 +521,43 @@ def test_the_html_export_leaves_the_window_on_the_op_slice_colour_scale_and_pane
     )
 
 
+def test_the_html_export_pictures_each_bookmark_without_changing_what_the_window_shows(qtbot: QtBot, tmp_path: Path, pair_copy: tuple[Path, Path]) -> None:
+    """Each bookmark was shown in the window to picture it and the user's view put back after:
+    the window went through every bookmark, and redrew its op and itself in one turn of the
+    event loop at the end. Now the export's camera pictures them in a view of its own."""
+    win, held, _ = _held_slice_shown(qtbot, tmp_path, pair_copy, scale="relative")
+    assert win.session_sync.add_bookmark("the held head, relative") is not None
+    assert win.session_sync.add_bookmark("the same view again") is not None
+    other = win.model.comparison.comparison.pairs[0]
+    win.model.select(other)
+    win.model.set_scale("ULP")
+    qtbot.waitUntil(lambda: win.tensor_view.data is not None and win.tensor_view.data.request.label == other.key.text() and not win.tasks.busy, timeout=WAIT_MS)
+    assert win.session_sync.add_bookmark("the first op, ULP") is not None
+    win.model.select(held)
+    win.model.set_scale("absolute")
+    qtbot.waitUntil(lambda: win.tensor_view.data is not None and win.tensor_view.data.request.label == held.key.text() and not win.tasks.busy, timeout=WAIT_MS)
+    shown = win.tensor_view.data
+    changes: list[object] = []
+    win.model.selection_changed.connect(changes.append)
+    win.model.scale_changed.connect(changes.append)
+    win.tensor_view.slice_shown.connect(lambda: changes.append("the window's tensor view drew"))
+
+    with qtbot.waitSignal(win.report_export.exported, timeout=WAIT_MS):
+        assert win.report_export.export_html(tmp_path / "report.html")
+    qtbot.waitUntil(lambda: not win.tasks.busy, timeout=WAIT_MS)
+
+    assert changes == [], "the window's selection, colour scale or tensor view changed while the bookmarks were pictured"
+    assert win.tensor_view.data is shown and win.model.scale == "absolute"
+    images = ImageSources()
+    images.feed((tmp_path / "report.html").read_text())
+    assert len(images.sources) == 3
+    assert images.sources[0] == images.sources[1], "the camera's first picture, taken as its view was new, is laid out as the next one"
+    assert images.sources[1] != images.sources[2], "each bookmark is pictured as it was marked: another op, another scale"
+    for source in images.sources:
+        image = QImage.fromData(QByteArray.fromBase64(source.partition(",")[2].encode("ascii")).data(), "PNG")
+        assert image.width() >= 1000 and image.height() >= 640, "the picture is at least the camera's smallest size"
+
+
 def test_the_html_export_leaves_a_window_with_no_op_selected_on_no_op(qtbot: QtBot, tmp_path: Path, pair_copy: tuple[Path, Path]) -> None:
     """With nothing selected, the window was left on the last bookmark pictured."""
     win, _, _ = _held_slice_shown(qtbot, tmp_path, pair_copy, scale="relative")

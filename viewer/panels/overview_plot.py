@@ -42,11 +42,10 @@ class OverviewPlot(QWidget):
         self.headline.setWordWrap(True)
         layout.addWidget(self.headline)
         self.plot_widget = pg.GraphicsLayoutWidget()
-        self.ulp_plot = self.plot_widget.addPlot(row=0, col=0, title="max ULP distance per op (log2(1 + ULP))", axisItems=grid_axes())
-        self.nmse_plot = self.plot_widget.addPlot(row=1, col=0, title="NMSE per op (log10; bit-exact ops on the floor)", axisItems=grid_axes())
+        self.ulp_plot = self.plot_widget.addPlot(row=0, col=0, title="max ULP distance per op (log2(1 + ULP))", axisItems=grid_axes(), enableMenu=False)
+        self.nmse_plot = self.plot_widget.addPlot(row=1, col=0, title="NMSE per op (log10; bit-exact ops on the floor)", axisItems=grid_axes(), enableMenu=False)
         self.nmse_plot.setXLink(self.ulp_plot)
         for plot in (self.ulp_plot, self.nmse_plot):
-            plot.setMenuEnabled(False)
             show_grid(plot, x=True, y=True, alpha=0.15)
             plot.getAxis("left").setWidth(52)
         self.nmse_plot.getAxis("bottom").setLabel("aligned op, in execution order")

@@ -32,16 +32,15 @@ class ErrorPlots(pg.GraphicsLayoutWidget):
         super().__init__(parent)
         self.ci.setContentsMargins(2, 2, 2, 2)
         self.ci.layout.setHorizontalSpacing(2)
-        self.ulp_plot = self.addPlot(title="ULP steps", axisItems=grid_axes())
-        self.abs_plot = self.addPlot(title="|error|", axisItems=grid_axes())
-        self.row_plot = self.addPlot(title="max ULP / row", axisItems=grid_axes())
-        self.head_plot = self.addPlot(title="max ULP / head", axisItems=grid_axes())
+        self.ulp_plot = self.addPlot(title="ULP steps", axisItems=grid_axes(), enableMenu=False)
+        self.abs_plot = self.addPlot(title="|error|", axisItems=grid_axes(), enableMenu=False)
+        self.row_plot = self.addPlot(title="max ULP / row", axisItems=grid_axes(), enableMenu=False)
+        self.head_plot = self.addPlot(title="max ULP / head", axisItems=grid_axes(), enableMenu=False)
         # At 1280x720 four plots share ~500 px: one y label says what both histograms count, and
         # the profiles' axes are wide enough for maxima like 30000.
         for plot, left_width in zip(self.plots, (42, 30, 48, 48)):
             plot.titleLabel.opts["size"] = "9pt"
             plot.setTitle(plot.titleLabel.text)
-            plot.setMenuEnabled(False)
             show_grid(plot, x=False, y=True, alpha=0.2)
             plot.getAxis("left").setWidth(left_width)
             for side in ("left", "bottom"):

@@ -516,19 +516,6 @@ class AlignmentTree(QWidget):
             return  # picked in the tree itself: scrolling now would move another row under the pointer
         self._select_row(index)
 
-    def keep_current_row(self) -> Callable[[], None]:
-        """The current row (a record without a partner, say), as a call that makes it current
-        again, or leaves no row current: the HTML export moves the tree to each bookmark's op."""
-        kept = QPersistentModelIndex(self.view.currentIndex())
-
-        def put_back() -> None:
-            if kept.isValid():
-                self._select_row(QModelIndex(kept))
-            else:
-                self.view.selectionModel().clear()
-
-        return put_back
-
     def _select_row(self, index: QModelIndex) -> None:
         """Make a visible row (a filter index) the current, selected one, scrolled into view."""
         self.view.scrollTo(index, QAbstractItemView.ScrollHint.EnsureVisible)

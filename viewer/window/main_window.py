@@ -60,12 +60,13 @@ from viewer.tree.alignment_tree import AlignmentTree
 from viewer.widgets.banner import BannerArea
 from viewer.widgets.plain_text import plain_label
 from viewer.widgets.progress_bar import show_progress
+from viewer.window.bookmark_camera import BookmarkCamera
 from viewer.window.deep_check import DeepCheck
 from viewer.window.drop_hint import DropHint
 from viewer.window.help_dialog import HelpDialog
 from viewer.window.pairing_menu import PairingMenu
 from viewer.window.panel_tabs import PanelTabs
-from viewer.window.report_export import BookmarkCamera, ReportExporter, png_of
+from viewer.window.report_export import ReportExporter
 from viewer.window.session_captures import SessionCaptures
 from viewer.window.session_file import SessionFile
 from viewer.window.session_sync import MISSING_OP, SessionSync, WindowView
@@ -344,12 +345,9 @@ class MainWindow(QMainWindow):
             load_slice=self.load_slice,
             save_layout=lambda: bytes(self.saveState()),
             restore_layout=lambda state: self.restoreState(QByteArray(state)),
-            keep_tree_row=self.tree.keep_current_row,
         )
         self.session_sync = SessionSync(lambda: self.session_file.session, self.model, self.tasks, self.banners, view, self.start_compare, status, self)
-        camera = BookmarkCamera(
-            self.session_sync.show_bookmark, lambda: self.tasks.task("tensor") is not None, lambda: png_of(self.tensor_view), self.session_sync.keep_view
-        )
+        camera = BookmarkCamera(self.model, self.tasks, self.tensor_view.size, self.session_sync.say_missing, self)
         self.report_export = ReportExporter(lambda: self.session_file.session, self.model, camera, self.banners, status, self.tasks, self)
         self.session_file.document_changed.connect(self._update_roles)
         self.session_file.recent_changed.connect(self.rebuild_recent_sessions)
@@ -361,7 +359,6 @@ class MainWindow(QMainWindow):
         self.session_sync.bookmark_added.connect(self._reveal_bookmark)
         self.tabs.currentChanged.connect(lambda _i: self.session_sync.record_view())
         self.tensor_view.slice_shown.connect(self.session_sync.record_view)
-        self.tensor_view.slice_shown.connect(self.report_export.view_shown)
         self.bookmarks.add_requested.connect(self.session_sync.add_bookmark)
         self.bookmarks.jump_requested.connect(self.session_sync.show_bookmark)
         self.dispatch.rerun_saved.connect(self.session_sync.record_rerun)

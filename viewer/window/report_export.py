@@ -1,19 +1,18 @@
 """File ▸ Export: the session's bookmarks and notes as Markdown, or the HTML report with a picture per bookmark.
 
-The HTML report shows each bookmark as the user marked it, so every bookmark is shown in the
-window in turn (its op, slice and colour scale), the tensor view is grabbed once it has drawn
-it, and the selection the user had is put back at the end. The page is rendered and written off
-the UI thread (0.3-0.45 s for 240,000 pairs). Writing is atomic: a failed export
+The HTML report shows each bookmark as the user marked it, so every bookmark is drawn in turn
+(its op, slice and colour scale) in the camera's own tensor view (`BookmarkCamera`), which is
+grabbed once it has drawn it; the window the user is looking at never changes. The page is
+rendered and written off the UI thread (0.3-0.45 s for 240,000 pairs). Writing is atomic: a failed export
 leaves no half-written file and the session untouched.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QObject, QTimer, Signal
+from PySide6.QtCore import QObject, QTimer, Signal
 from PySide6.QtWidgets import QWidget
 
 from sessions.atomic_write import atomic_write_bytes
@@ -23,32 +22,9 @@ from sessions.investigation.store import describe_os_error
 from sessions.report.html_page import iter_write_html
 from viewer.pair_model import PairModel
 from viewer.widgets.banner import BannerArea
+from viewer.window.bookmark_camera import BookmarkCamera
 from viewer.window.session_file import PathChooser, StatusMessage, ask_path
 from viewer.workers import TaskSlots
-
-
-def png_of(widget: QWidget) -> bytes:
-    """The widget as it is drawn now, as PNG bytes."""
-    data = QByteArray()
-    buffer = QBuffer(data)
-    buffer.open(QIODevice.OpenModeFlag.WriteOnly)
-    widget.grab().save(buffer, "PNG")
-    buffer.close()
-    return bytes(data)
-
-
-@dataclass(frozen=True)
-class BookmarkCamera:
-    """How to picture a bookmark: show it as it was marked, know whether its view is still loading, grab it."""
-
-    show: Callable[[Bookmark], bool]
-    """Show the bookmark's op and view; False when its op is not in this comparison."""
-    loading: Callable[[], bool]
-    """The view is still reading what `show` asked for (then `view_shown` follows)."""
-    grab: Callable[[], bytes]
-    """The view as PNG bytes."""
-    keep_view: Callable[[], Callable[[], None]]
-    """What the window shows now (op, slice, colour scale, panel), as a call that puts it back."""
 
 
 class ReportExporter(QObject):
@@ -76,9 +52,8 @@ class ReportExporter(QObject):
         self._screenshots: dict[str, bytes] = {}
         self._queue: list[Bookmark] = []
         self._path: Path | None = None
-        self._put_back: Callable[[], None] | None = None
-        """Puts back the view the export found: picturing the bookmarks changes it."""
         self._awaiting_shot = False
+        camera.shown.connect(self._view_shown)
 
     def export_markdown(self, path: Path | None = None) -> bool:
         path = path or self.choose_path("export-md")
@@ -96,12 +71,13 @@ class ReportExporter(QObject):
             return False
         self._path, self._screenshots = path, {}
         self._queue = list(self._session().bookmarks)
-        self._put_back = self._camera.keep_view()
-        self._next_bookmark()
+        if self._queue:
+            self._camera.prepare()
+        QTimer.singleShot(0, self, self._next_bookmark)
         return True
 
-    def view_shown(self) -> None:
-        """The tensor view drew what it was asked for; if that was a bookmark's view, picture it."""
+    def _view_shown(self) -> None:
+        """The camera drew what it was asked for: picture it."""
         if self._awaiting_shot:
             self._awaiting_shot = False
             self._shoot()
@@ -125,14 +101,10 @@ class ReportExporter(QObject):
     def _next_bookmark(self) -> None:
         while self._queue:
             self._awaiting_shot = True
-            if not self._camera.show(self._queue[0]):
-                self._awaiting_shot = False
-                self._queue.pop(0)
-                continue
-            if self._awaiting_shot and not self._camera.loading():
-                self._awaiting_shot = False
-                self._shoot()
-            return
+            if self._camera.show(self._queue[0]):
+                return  # the camera's `shown` follows
+            self._awaiting_shot = False
+            self._queue.pop(0)
         self._finish()
 
     def _shoot(self) -> None:
@@ -142,9 +114,7 @@ class ReportExporter(QObject):
 
     def _finish(self) -> None:
         path, self._path = self._path, None
-        if self._put_back is not None:  # first: an export that ends without writing leaves the window as it found it too
-            self._put_back()
-            self._put_back = None
+        self._camera.done()
         viewed = self._model.comparison
         if path is None or viewed is None:
             return

@@ -62,8 +62,6 @@ class WindowView:
     save_layout: Callable[[], bytes]
     """The docks' and toolbars' arrangement (QMainWindow.saveState)."""
     restore_layout: Callable[[bytes], None]
-    keep_tree_row: Callable[[], Callable[[], None]]
-    """The tree's current row, as a call that puts it back (`AlignmentTree.keep_current_row`)."""
 
 
 def iter_identities(captures: list[Capture]) -> ProgressGenerator[list[CaptureIdentity]]:
@@ -120,8 +118,6 @@ class SessionSync(QObject):
         self._current = session
         self._restoring = False
         self._pending: Investigation | None = None
-        self._picturing = False
-        """The HTML export is showing bookmarks to picture them (`keep_view`): what it shows is not the user's view."""
         model.captures_changed.connect(self._captures_changed)
         model.comparison_changed.connect(self._comparison_changed)
         model.selection_changed.connect(self._selection_changed)
@@ -316,7 +312,7 @@ class SessionSync(QObject):
     def _select(self, op: OpKey, view: ViewState | None) -> bool:
         pair = cv.find_pair(self._model.comparison, op)
         if pair is None:
-            self._banners.show_message(MISSING_OP, "warning", f"{op.label()} is not in this comparison.")
+            self.say_missing(op)
             return False
         self._model.select(pair)
         spec = slice_spec_of(view, len(pair.metrics.shape)) if view is not None else None
@@ -325,7 +321,7 @@ class SessionSync(QObject):
         return True
 
     def _selection_changed(self, pair: Any) -> None:
-        if pair is None or self._restoring or self._picturing:
+        if pair is None or self._restoring:
             return
         if pair.key != self.session.selected_op:
             self.session.select_op(pair.key)
@@ -340,11 +336,15 @@ class SessionSync(QObject):
 
     def record_view(self, with_layout: bool = False) -> None:
         """Keep the view in the session; an empty window has none worth keeping (nor being asked about)."""
-        if self._restoring or self._picturing or not self._model.has_pair:
+        if self._restoring or not self._model.has_pair:
             return
         view = self.current_view(with_layout)
         if view != self.session.view:
             self.session.set_view(view)
+
+    def say_missing(self, op: OpKey) -> None:
+        """A bookmark's or a saved selection's op is not in the comparison shown."""
+        self._banners.show_message(MISSING_OP, "warning", f"{op.label()} is not in this comparison.")
 
     def forget_missing_ops(self) -> None:
         """Another comparison: an op missing from the last one may be in it."""
@@ -353,26 +353,6 @@ class SessionSync(QObject):
     def record_rerun(self, path: Path, identity: CaptureIdentity, key: str) -> None:
         op = OpKey.parse(key)
         self.session.add_rerun(path, identity, description=f"live rerun of {key} through MLX", op=op)
-
-    def keep_view(self) -> Callable[[], None]:
-        """What the window shows now (the op, its slice, the colour scale, the panel), as a call
-        that puts it back: the HTML export shows each bookmark to picture it, and left the window
-        on the last one's colour scale and panel. Until then nothing shown is recorded: each
-        bookmark pictured was an edit, and an export made a saved session unsaved work."""
-        pair, view, tree_row = self._model.selected, self.current_view(), self._view.keep_tree_row()
-        self._picturing = True
-
-        def put_back() -> None:
-            self._model.set_scale(view.colour_scale.mode)
-            self._view.show_panel(view.layout["tab"])
-            if pair is not None:
-                self._select(pair.key, view)
-            else:  # no op was on show: the last bookmark pictured is not left there, in the tree either
-                self._model.select(None)
-                tree_row()
-            self._picturing = False
-
-        return put_back
 
     # -- bookmarks ---------------------------------------------------------------------------
 

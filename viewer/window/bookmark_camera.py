@@ -1,0 +1,156 @@
+"""Bookmarks pictured for the HTML report in a tensor view of the camera's own, never on screen.
+
+The report shows each bookmark as the user marked it: its op, slice and colour scale. Shown in
+the window one after another, the bookmarks changed what the user was looking at, and putting
+the user's op back redrew it and repainted the whole window in one turn of the event loop
+(164-192 ms on a 240,000-pair comparison, past the 100 ms a window may stall). A view of its
+own changes nothing the user sees, so nothing has to be put back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import shiboken6
+from PySide6.QtCore import (
+    QBuffer,
+    QByteArray,
+    QIODevice,
+    QObject,
+    QSize,
+    Qt,
+    QTimer,
+    Signal,
+)
+from PySide6.QtGui import QImage
+from PySide6.QtWidgets import QWidget
+
+from sessions.compare.key import OpKey
+from sessions.investigation.model import Bookmark
+from viewer import comparison_view as cv
+from viewer.pair_model import COLOUR_SCALES, PairModel
+from viewer.tensor.tensor_loader import iter_prepare
+from viewer.tensor.tensor_view import TensorView
+from viewer.window.session_sync import slice_spec_of
+from viewer.workers import TaskSlots
+
+LANE = "picture"
+"""The task lane the camera reads its tensors in: the window's own "tensor" lane is the user's view."""
+SETTLE_PAINTS = 5
+"""At most this many paints before a picture is taken as it is (two or three settle a view)."""
+SMALLEST = QSize(1000, 640)
+"""The smallest picture taken: a window made small, or a tensor view never laid out, still gives a legible page."""
+
+
+class BookmarkCamera(QObject):
+    """Shows a bookmark as it was marked in its own tensor view, then grabs it as PNG bytes."""
+
+    shown = Signal()
+    """What `show` asked for (or the sentence saying why it cannot be shown) is drawn and laid
+    out: grab it. Given once for each `show` that returned True, in a later turn of the event loop."""
+
+    def __init__(
+        self,
+        model: PairModel,
+        tasks: TaskSlots,
+        size: Callable[[], QSize],
+        missing: Callable[[OpKey], None],
+        parent: QWidget,
+    ) -> None:
+        """`model` is the window's (its pair and comparison are pictured, its selection and colour
+        scale left alone); `size` is the size of the window's tensor view, which the pictures take;
+        `missing` says that a bookmark's op is not in this comparison."""
+        super().__init__(parent)
+        self._window_model = model
+        self._tasks = tasks
+        self._size = size
+        self._missing = missing
+        self._host = parent
+        self._scale = PairModel(self)
+        """The camera's own colour scale (the only part of a model a tensor view reads)."""
+        self._view: TensorView | None = None
+        self._settling: QImage | None = None
+        """The view's last paint while it settles (`_settle`), and how many paints it took."""
+        self._paints = 0
+        self._picture: QImage | None = None
+        """The settled paint, which `grab` gives."""
+
+    def show(self, bookmark: Bookmark) -> bool:
+        """Start drawing the bookmark's op, slice and colour scale; False when its op is not in this comparison."""
+        viewed = self._window_model.comparison
+        native, oracle = self._window_model.native, self._window_model.oracle
+        pair = cv.find_pair(viewed, bookmark.op)
+        if pair is None or native is None or oracle is None:
+            self._missing(bookmark.op)
+            return False
+        view = self.prepare()
+        saved = bookmark.view
+        scale = saved.colour_scale.mode if saved is not None and saved.colour_scale.mode in COLOUR_SCALES else self._window_model.scale
+        self._scale.set_scale(scale)
+        spec = slice_spec_of(saved, len(pair.metrics.shape)) if saved is not None else None
+        request = cv.tensor_request(viewed, native, oracle, pair, spec)
+        if isinstance(request, str):
+            view.clear(request)
+            return True
+        view.show_loading(request.label)
+        self._tasks.submit(
+            LANE,
+            lambda: iter_prepare(request),
+            on_success=view.show_slice,
+            on_failure=lambda message: view.clear(f"Cannot show this pair: {message}"),
+        )
+        return True
+
+    def _drawn(self) -> None:
+        """The view drew what was asked for. A view never shown is laid out as it is painted (its
+        axes take the width of the tick labels they painted), so it is painted in turns of the
+        event loop of their own until two paints agree: grabbed at once, a new view's first
+        picture had plots without axes, and the next one colour bars without their labels."""
+        self._settling = None
+        QTimer.singleShot(0, self, self._settle)
+
+    def _settle(self) -> None:
+        if self._view is None:
+            return
+        image = self._view.grab().toImage()
+        settled, self._settling = self._settling, image
+        self._paints = 1 if settled is None else self._paints + 1
+        if image == settled or self._paints >= SETTLE_PAINTS:
+            self._picture = image
+            self.shown.emit()
+        else:
+            QTimer.singleShot(0, self, self._settle)
+
+    def grab(self) -> bytes:
+        """The view as its last paint drew it, once laid out, as PNG bytes."""
+        assert self._picture is not None, "grab follows `shown`"
+        data = QByteArray()
+        buffer = QBuffer(data)
+        buffer.open(QIODevice.OpenModeFlag.WriteOnly)
+        self._picture.save(buffer, "PNG")
+        buffer.close()
+        return bytes(data)
+
+    def done(self) -> None:
+        """The export has its pictures: the view goes, with the last tensor it drew. Cleared
+        instead, its plots were laid out again while the page was rendered (140 ms of the
+        window's time on a 240,000-pair comparison)."""
+        self._tasks.drop_lane(LANE)
+        if self._view is not None:
+            shiboken6.delete(self._view)
+            self._view = None
+        self._settling = self._picture = None
+
+    def prepare(self) -> TensorView:
+        """The camera's tensor view, sized as the window's: built for an export, as a window of the
+        main window's (deleted with it) that is laid out and painted when grabbed but never shown.
+        Building it takes 120-150 ms in the window (its plots, styled), so the export asks for it
+        in a turn of the event loop of its own, before the first bookmark is drawn."""
+        size = self._size().expandedTo(SMALLEST)
+        if self._view is None:
+            view = TensorView(self._scale)
+            view.setParent(self._host, Qt.WindowType.Window)
+            view.slice_shown.connect(self._drawn)
+            self._view = view
+        self._view.resize(size)
+        return self._view

@@ -256,6 +256,34 @@ def test_the_document_in_lines_reads_back_to_the_same_comparison_and_a_broken_li
         loads_lines("\n".join([lines[0], first_pair]).encode())
 
 
+def test_a_pair_with_positions_windows_a_manual_reason_and_layouts_reads_back_from_its_document_line(tmp_path: Path) -> None:
+    """A pair's line holds its values as JSON writes them, its key as text: every kind of value
+    a pair can hold (a positioned key with an occurrence, windows, layouts, a user's reason with
+    quotes, a tab and non-ASCII text, a verdict) comes back equal."""
+    from sessions.compare.document import document_lines
+    from sessions.compare.verdict import Kind
+
+    native, oracle = _pair(tmp_path)
+    with open_capture(native) as n, open_capture(oracle) as o:
+        comparison = run_to_end(iter_compare(n, o))
+    first = comparison.pairs[0]
+    odd = dataclasses.replace(
+        first,
+        key=first.key._replace(occurrence=2, positions=(5, 9)),
+        native_layout="transpose(1,0)",
+        manual_reason='paired by hand: "q" \u2260 k\tβ',
+        native_window=(5, 9),
+        oracle_window=(0, 4),
+        verdict=Kind.WITHIN_TOLERANCE,
+        within_tolerance=True,
+    )
+    comparison = dataclasses.replace(comparison, pairs=[odd, *comparison.pairs[1:]])
+    line = next(line for line in document_lines(comparison) if line.startswith("pairs\t"))
+    assert line.startswith(f'pairs\t["{first.key.text().split("@")[0]}#2@5-8", ')
+    back = loads_lines(("\n".join(document_lines(comparison)) + "\n").encode())
+    assert back.pairs[0] == odd and back.pairs[1:] == comparison.pairs[1:]
+
+
 def test_a_document_line_with_a_null_key_extra_data_deep_nesting_or_an_unknown_verdict_is_named_not_a_crash(tmp_path: Path) -> None:
     """A damaged cache entry (or a child's garbled output) is refused as ReportFormatError, which
     the cache answers by comparing again; a null key was an AttributeError that ended `report`

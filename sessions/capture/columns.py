@@ -121,10 +121,14 @@ class IndexColumns:
 
 def _words(text: np.ndarray) -> np.ndarray:
     """A fixed-length text column as its 8-byte words (or bytes), one contiguous row per word,
-    gathered in one pass (one pass per word costs twice as much)."""
+    gathered in one pass (one pass per word costs twice as much), without the words no row sets:
+    texts are short in wide fields (a 64-byte name column of 240,000 rows held its names in 2
+    words of 8), and a word that is zero in every row tells no two rows apart."""
     size = text.dtype.itemsize
     unit = np.uint64 if size % 8 == 0 else np.uint8
-    return np.ascontiguousarray(text.view(np.dtype((unit, (size // np.dtype(unit).itemsize,)))).T)
+    words = np.ascontiguousarray(text.view(np.dtype((unit, (size // np.dtype(unit).itemsize,)))).T)
+    used = words.any(axis=1)
+    return words if used.all() else words[used]
 
 
 def changes(text: np.ndarray) -> np.ndarray:

@@ -28,6 +28,7 @@ import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +65,10 @@ class ToleranceRule:
     def __post_init__(self) -> None:
         drop_zero_bounds(self)
 
-    @property
+    @cached_property
     def tolerance(self) -> Tolerance:
+        """One object per rule: a comparison judges pairs once per tolerance object (a new one
+        for each pair judged every pair of a policy's run again)."""
         return Tolerance(self.atol, self.rtol, self.max_ulp)
 
     def fits(self, key: OpKey, dtype: str) -> bool:

@@ -558,6 +558,30 @@ def test_the_html_export_pictures_each_bookmark_without_changing_what_the_window
         assert image.width() >= 1000 and image.height() >= 640, "the picture is at least the camera's smallest size"
 
 
+def test_an_html_export_cancelled_while_it_pictures_writes_nothing_says_so_and_the_next_one_is_written(qtbot: QtBot, tmp_path: Path, pair_copy: tuple[Path, Path]) -> None:
+    """Esc while a bookmark's tensor was read for its picture left the export waiting for a
+    picture forever: nothing written, nothing said, and every later export mixed its pictures
+    with the stuck one's."""
+    win, _, _ = _held_slice_shown(qtbot, tmp_path, pair_copy, scale="relative")
+    assert win.session_sync.add_bookmark("the held head") is not None
+    exported: list[object] = []
+    win.report_export.exported.connect(exported.append)
+    page = tmp_path / "report.html"
+    assert win.report_export.export_html(page)
+    qtbot.waitUntil(lambda: win.tasks.task("picture") is not None, timeout=WAIT_MS)
+    assert not win.report_export.export_html(tmp_path / "other.html"), "a second export waits for the first"
+    assert win.statusBar().currentMessage() == "An HTML report is being exported; export again when it is written."
+    win.cancel_work()
+    qtbot.waitUntil(lambda: not win.report_export.exporting and not win.tasks.busy, timeout=WAIT_MS)
+    qtbot.wait(200)
+    assert exported == [] and not page.exists() and not (tmp_path / "other.html").exists()
+    assert win.statusBar().currentMessage() == f"HTML report not exported to {page}: cancelled."
+
+    with qtbot.waitSignal(win.report_export.exported, timeout=WAIT_MS):
+        assert win.report_export.export_html(page)
+    assert page.read_text().count("data:image/png;base64,") == 1
+
+
 def test_the_html_export_leaves_a_window_with_no_op_selected_on_no_op(qtbot: QtBot, tmp_path: Path, pair_copy: tuple[Path, Path]) -> None:
     """With nothing selected, the window was left on the last bookmark pictured."""
     win, _, _ = _held_slice_shown(qtbot, tmp_path, pair_copy, scale="relative")

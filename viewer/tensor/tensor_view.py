@@ -196,7 +196,7 @@ class TensorView(QWidget):
         self.detail_images: dict[str, pg.ImageItem] = {}
         self.marks: dict[str, pg.ScatterPlotItem] = {}
         for row, name in enumerate(("native", "oracle", "difference")):
-            plot = self.maps.addPlot(row=row, col=0, title=name, enableMenu=False)  # none built: a menu made, then disabled, was a quarter of building this view
+            plot = self.maps.addPlot(row=row, col=0, title=name, enableMenu=False)  # no view-box menu built (one made, then disabled, was a quarter of building this view)
             plot.invertY(True)
             plot.getAxis("left").setWidth(44)
             if name != "difference":

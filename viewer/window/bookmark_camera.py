@@ -47,7 +47,8 @@ class BookmarkCamera(QObject):
 
     shown = Signal()
     """What `show` asked for (or the sentence saying why it cannot be shown) is drawn and laid
-    out: grab it. Given once for each `show` that returned True, in a later turn of the event loop."""
+    out: grab it. Given once for each `show` that returned True, in a later turn of the event
+    loop, unless the camera is told it is `done` first."""
 
     def __init__(
         self,
@@ -107,19 +108,20 @@ class BookmarkCamera(QObject):
         event loop of their own until two paints agree: grabbed at once, a new view's first
         picture had plots without axes, and the next one colour bars without their labels."""
         self._settling = None
-        QTimer.singleShot(0, self, self._settle)
+        QTimer.singleShot(0, self, lambda view=self._view: self._settle(view))
 
-    def _settle(self) -> None:
-        if self._view is None:
+    def _settle(self, view: TensorView | None) -> None:
+        """One paint of `view`, unless the camera has let go of it since (`done`)."""
+        if view is None or view is not self._view:
             return
-        image = self._view.grab().toImage()
+        image = view.grab().toImage()
         settled, self._settling = self._settling, image
         self._paints = 1 if settled is None else self._paints + 1
         if image == settled or self._paints >= SETTLE_PAINTS:
             self._picture = image
             self.shown.emit()
         else:
-            QTimer.singleShot(0, self, self._settle)
+            QTimer.singleShot(0, self, lambda: self._settle(view))
 
     def grab(self) -> bytes:
         """The view as its last paint drew it, once laid out, as PNG bytes."""

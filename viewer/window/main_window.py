@@ -662,6 +662,7 @@ class MainWindow(QMainWindow):
         self._close_retired()
 
     def cancel_work(self) -> None:
+        self.report_export.abort("cancelled")  # the user's own stop: a read's answer may be on its way already
         self.tasks.cancel_all()
 
     def _close_retired(self) -> None:
@@ -781,6 +782,7 @@ class MainWindow(QMainWindow):
         self.diagnosis.shutdown()
         self.settings.save_window(QByteArray(self.saveGeometry()), QByteArray(self.saveState()))
         self.settings.sync()
+        self.report_export.abort()
         self.tasks.shutdown()
         for capture in {id(c): c for c in [*self._retired, self.model.native, self.model.oracle] if c is not None}.values():
             capture.close()

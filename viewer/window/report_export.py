@@ -26,6 +26,9 @@ from viewer.window.bookmark_camera import BookmarkCamera
 from viewer.window.session_file import PathChooser, StatusMessage, ask_path
 from viewer.workers import TaskSlots
 
+EXPORT_LANE = "export"
+"""The task lane the page is rendered and written in."""
+
 
 class ReportExporter(QObject):
     exported = Signal(object)
@@ -53,7 +56,10 @@ class ReportExporter(QObject):
         self._queue: list[Bookmark] = []
         self._path: Path | None = None
         self._awaiting_shot = False
+        self._run = object()
+        """This export's token: a step scheduled by an export that was stopped finds another one here and does nothing."""
         camera.shown.connect(self._view_shown)
+        model.comparison_changed.connect(lambda: self.abort("the comparison it pictured was replaced"))
 
     def export_markdown(self, path: Path | None = None) -> bool:
         path = path or self.choose_path("export-md")
@@ -62,19 +68,50 @@ class ReportExporter(QObject):
         return self._write(path, bookmarks_markdown(self._session()).encode("utf-8"))
 
     def export_html(self, path: Path | None = None) -> bool:
-        """Grab each bookmark's view (restored as it was marked), then write the report."""
+        """Picture each bookmark as it was marked (`BookmarkCamera`), then write the report. False
+        when none starts: no path chosen, no comparison, or an export still running."""
         path = path or self.choose_path("export-html")
         if path is None:
             return False
         if self._model.comparison is None:
             self._banners.show_message("session", "error", "Open and compare a pair before exporting the HTML report.")
             return False
-        self._path, self._screenshots = path, {}
+        if self.exporting:
+            self._status("An HTML report is being exported; export again when it is written.", 5000)
+            return False
+        self._path, self._screenshots, self._run = path, {}, object()
         self._queue = list(self._session().bookmarks)
         if self._queue:
             self._camera.prepare()
-        QTimer.singleShot(0, self, self._next_bookmark)
+        self._next_later()
         return True
+
+    def _next_later(self) -> None:
+        """The next bookmark (or the page), in a turn of the event loop of its own."""
+        run = self._run
+
+        def step() -> None:
+            if run is self._run:
+                self._next_bookmark()
+
+        QTimer.singleShot(0, self, step)
+
+    @property
+    def exporting(self) -> bool:
+        """An export is picturing its bookmarks or writing its page."""
+        return self._path is not None or self._tasks.task(EXPORT_LANE) is not None
+
+    def abort(self, why: str | None = None) -> None:
+        """Stop an export that is still picturing its bookmarks, writing nothing; `why` is said
+        to the user (None: the window is closing). Its pictures are of one comparison: another
+        one, or the user's Cancel, leaves nothing the page could honestly hold."""
+        if self._path is None:
+            return
+        path, self._path, self._queue, self._screenshots, self._awaiting_shot = self._path, None, [], {}, False
+        self._run = object()
+        self._camera.done()
+        if why is not None:
+            self._status(f"HTML report not exported to {path}: {why}.", 8000)
 
     def _view_shown(self) -> None:
         """The camera drew what it was asked for: picture it."""
@@ -110,7 +147,7 @@ class ReportExporter(QObject):
     def _shoot(self) -> None:
         bookmark = self._queue.pop(0)
         self._screenshots[bookmark.id] = self._camera.grab()
-        QTimer.singleShot(0, self, self._next_bookmark)
+        self._next_later()
 
     def _finish(self) -> None:
         path, self._path = self._path, None
@@ -120,8 +157,9 @@ class ReportExporter(QObject):
             return
         comparison, session, screenshots = viewed.comparison, self._session().snapshot(), self._screenshots
         self._tasks.submit(
-            "export",
+            EXPORT_LANE,
             lambda: iter_write_html(path, comparison, session, screenshots),
             on_success=lambda problem: self._written(path, problem),
             on_failure=lambda message: self._written(path, message),
+            on_cancel=lambda: self._status(f"HTML report not exported to {path}: cancelled.", 8000),
         )

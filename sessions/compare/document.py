@@ -313,7 +313,6 @@ def _pair_from_row(row: Any, shared: list[TensorMetrics], read_key: KeyParser) -
     return PairResult(*row)
 
 
-
 @cache
 def _pair_readers() -> list[tuple[int, Reader, bool]]:
     """(position, reader, whether null is allowed) of a pair row's values that need reading, but

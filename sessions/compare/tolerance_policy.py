@@ -67,8 +67,8 @@ class ToleranceRule:
 
     @cached_property
     def tolerance(self) -> Tolerance:
-        """One object per rule: a comparison judges pairs once per tolerance object (a new one
-        for each pair judged every pair of a policy's run again)."""
+        """One object per rule: a comparison judges pairs once per tolerance object, and with a
+        new object per call every pair of a policy's run was judged anew."""
         return Tolerance(self.atol, self.rtol, self.max_ulp)
 
     def fits(self, key: OpKey, dtype: str) -> bool:

@@ -12,7 +12,7 @@ from hand_captures import T, bf16_bits, write_capture
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.opening import open_capture
 from sessions.capture.writer import CaptureWriter
-from sessions.compare.align import ManualPair, align
+from sessions.compare.align import CUT_HINT, ManualPair, align
 from sessions.compare.comparison import iter_compare
 from sessions.compare.key import RecordKey
 from sessions.compare.options import CompareOptions
@@ -107,6 +107,37 @@ def test_duplicate_key_is_an_error_for_every_claimant_and_the_partner(tmp_path: 
         ("native", "a-0", DUPLICATE_KEY),
         ("native", "b-0", DUPLICATE_KEY),
         ("oracle", "layer_out", DUPLICATE_KEY),
+    ]
+
+
+def test_keys_pair_across_sides_whose_segments_and_ops_are_named_in_another_order_and_each_duplicate_says_why(tmp_path: Path) -> None:
+    profile = tmp_path / "dup.toml"
+    profile.write_text('name = "dup"\n[[rule]]\nname = "a-{layer}"\nop = "layer_out"\n[[rule]]\nname = "b-{layer}"\nop = "layer_out"\n[[rule]]\nname = "n-{layer}"\nop = "attn_norm"\n')
+    x = _q(8, (ROWS, 8))
+
+    def records(*named: tuple[str, str, int]) -> list[T]:
+        return [T(name, x, segment=segment, layer=layer, dtype="bfloat16") for name, segment, layer in named]
+
+    native = write_capture(
+        tmp_path / "n.h5",
+        "native",
+        records(("n-0", "visual", 0), ("a-0", "visual", 0), ("b-0", "visual", 0), ("n-0", "text", 0), ("a-1", "text", 1), ("a-2", "text", 2)),
+    )
+    oracle = write_capture(tmp_path / "o.h5", "oracle", records(("a-2", "text", 2), ("b-2", "text", 2), ("n-0", "text", 0), ("a-0", "visual", 0), ("n-0", "visual", 0)))
+    with open_capture(native) as n, open_capture(oracle) as o:
+        alignment = align(n.records, o.records, load_profile_file(profile), load_profile_file(profile), mode="calls")
+    assert [(p.key.text(), p.native.record.seq, p.oracle.record.seq) for p in alignment.pairs] == [
+        ("0:visual:0:attn_norm", 0, 4),
+        ("0:text:0:attn_norm", 3, 2),
+    ]
+    assert [(u.side, u.seq, u.reason, u.detail) for u in alignment.unaligned] == [
+        ("native", 1, DUPLICATE_KEY, "step 0 visual layer 0 layer_out is claimed by 'a-0' (seq 1), 'b-0' (seq 2)"),
+        ("native", 2, DUPLICATE_KEY, "step 0 visual layer 0 layer_out is claimed by 'a-0' (seq 1), 'b-0' (seq 2)"),
+        ("native", 4, NO_PARTNER, "no oracle record for step 0 text layer 1 layer_out" + CUT_HINT),
+        ("native", 5, DUPLICATE_KEY, "its partner key step 0 text layer 2 layer_out is ambiguous on the oracle side"),
+        ("oracle", 0, DUPLICATE_KEY, "step 0 text layer 2 layer_out is claimed by 'a-2' (seq 0), 'b-2' (seq 1)"),
+        ("oracle", 1, DUPLICATE_KEY, "step 0 text layer 2 layer_out is claimed by 'a-2' (seq 0), 'b-2' (seq 1)"),
+        ("oracle", 3, DUPLICATE_KEY, "its partner key step 0 visual layer 0 layer_out is ambiguous on the native side"),
     ]
 
 

@@ -87,7 +87,7 @@ def test_recorded_positions_near_the_end_of_int64_give_exact_spans() -> None:
         np.array([16, 1], dtype=np.int64),
         np.array([last, -1], dtype=np.int64),
     )
-    assert spans == {0: (last, last + 16), 1: (16, 17)}
+    assert spans.by_seq() == {0: (last, last + 16), 1: (16, 17)}
     assert [(c.step, c.segment, c.span) for c in calls] == [(0, "prefill", (last, last + 16)), (1, "decode", (16, 17))]
 
 
@@ -99,7 +99,7 @@ def test_spans_derived_from_call_order_end_a_shorter_record_where_its_call_ends(
         np.array([5, 1, 1, 1], dtype=np.int64),
         np.full(4, -1, dtype=np.int64),
     )
-    assert spans == {0: (0, 5), 2: (4, 5), 3: (5, 6), 4: (5, 6)}
+    assert spans.by_seq() == {0: (0, 5), 2: (4, 5), 3: (5, 6), 4: (5, 6)}
     assert [c.text() for c in calls] == ["prefill 0-4", "decode 5"]
 
 
@@ -113,7 +113,7 @@ def test_a_negative_stored_row_count_still_spans_and_moves_the_calls_after_it() 
         np.array([-4, 1], dtype=np.int64),
         np.full(2, -1, dtype=np.int64),
     )
-    assert spans == {0: (0, -4), 1: (-4, -3)}
+    assert spans.by_seq() == {0: (0, -4), 1: (-4, -3)}
     assert [(c.step, c.segment, c.span) for c in calls] == [(0, "prefill", (0, -4)), (1, "decode", (-4, -3))]
 
 
@@ -127,7 +127,7 @@ def test_a_seq_given_twice_keeps_the_span_of_its_last_record_in_call_order() -> 
         np.array([4, 1, 2], dtype=np.int64),
         np.full(3, -1, dtype=np.int64),
     )
-    assert spans == {7: (4, 5)}
+    assert spans.by_seq() == {7: (4, 5)}
 
 
 def test_a_capture_s_records_align_as_a_list_of_the_same_records_does(demo_pairs: dict[str, tuple[Path, Path]]) -> None:

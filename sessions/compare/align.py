@@ -15,8 +15,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from itertools import accumulate, compress, repeat
-from operator import and_, attrgetter, eq, is_not, itemgetter, not_
+from operator import and_, attrgetter, eq, itemgetter
 from typing import NamedTuple
+
+import numpy as np
 
 from sessions.bits.dtypes import logical_dtype
 from sessions.capture.reader import Record
@@ -29,6 +31,7 @@ from sessions.compare.mapped_record import (
 )
 from sessions.compare.positions import (
     Call,
+    RecordSpans,
     Span,
     overlap,
     span_text,
@@ -39,6 +42,7 @@ from sessions.compare.profiles import (
     canonical_axes,
     padded_axis,
 )
+from sessions.compare.record_columns import KeyColumns, shared_keys
 from sessions.compare.record_mapping import map_records
 from sessions.compare.unaligned import (
     BY_DESIGN,
@@ -112,35 +116,31 @@ def _recorded(mapped: list[MappedRecord]) -> set[tuple[int, str]]:
     return {(m.key.layer, m.key.op) for m in mapped}
 
 
-def _unless_recorded(
-    side: str, mapped: list[MappedRecord], optional: dict[int, str], other: set[tuple[int, str]], unaligned: list[UnalignedRecord]
-) -> list[MappedRecord]:
+class _Candidates(NamedTuple):
+    """A side's mapped records still to pair automatically, in execution order, with their keys as
+    columns row for row (`_pair_by_key` pairs by those)."""
+
+    mapped: list[MappedRecord]
+    keys: KeyColumns
+
+    def only(self, keep: list[bool]) -> _Candidates:
+        if all(keep):
+            return self
+        return _Candidates(list(compress(self.mapped, keep)), self.keys.rows(np.flatnonzero(keep)))
+
+
+def _unless_recorded(side: str, candidates: _Candidates, optional: dict[int, str], other: set[tuple[int, str]], unaligned: list[UnalignedRecord]) -> _Candidates:
     """A side's records without those of optional stages (the KV cache's written cells) whose op
     the other capture never records in that layer: one-sided with their reason, not a partner
     missing per record. By layer, because an engine may record a stage in some layers only
     (mlx-lm's sliding-window layers keep a rotating cache, which `record mlx` does not record)."""
     if not optional:
-        return mapped
-    kept: list[MappedRecord] = []
-    for m in mapped:
-        why = optional.get(m.record.seq)
-        if why is not None and (m.key.layer, m.key.op) not in other:
-            unaligned.append(unaligned_record(side, m.record, ONE_SIDED, why, m.key))
-        else:
-            kept.append(m)
-    return kept
-
-
-def _by_key(mapped: list[MappedRecord]) -> tuple[dict[OpKey, MappedRecord], dict[OpKey, list[MappedRecord]]]:
-    unique = dict(zip(map(itemgetter(1), mapped), mapped))
-    if len(unique) == len(mapped):
-        return unique, {}
-    groups: dict[OpKey, list[MappedRecord]] = defaultdict(list)
-    for m in mapped:
-        groups[m.key].append(m)
-    unique = {k: v[0] for k, v in groups.items() if len(v) == 1}
-    duplicates = {k: v for k, v in groups.items() if len(v) > 1}
-    return unique, duplicates
+        return candidates
+    keep = [m.record.seq not in optional or (m.key.layer, m.key.op) in other for m in candidates.mapped]
+    for m, kept in zip(candidates.mapped, keep):
+        if not kept:
+            unaligned.append(unaligned_record(side, m.record, ONE_SIDED, optional[m.record.seq], m.key))
+    return candidates.only(keep)
 
 
 def _latest(overrides: tuple[AlignOverride, ...]) -> tuple[AlignOverride, ...]:
@@ -158,16 +158,17 @@ def _override_problem(side: str, key: RecordKey, reason: str, detail: str) -> Un
 
 def _take_manual_pairs(
     overrides: tuple[AlignOverride, ...],
-    n_mapped: list[MappedRecord],
-    o_mapped: list[MappedRecord],
+    n_candidates: _Candidates,
+    o_candidates: _Candidates,
     native: Sequence[Record],
     oracle: Sequence[Record],
     unaligned: list[UnalignedRecord],
-) -> list[AlignedPair]:
-    """Remove manually paired records from `*_mapped` (so automatic matching never sees them) and
-    pair them; every override that cannot be applied adds a row saying why."""
+) -> tuple[list[AlignedPair], _Candidates, _Candidates]:
+    """The manual pairs, and each side's candidates without their records (automatic matching
+    never sees them); every override that cannot be applied adds a row saying why."""
     if not any(isinstance(override, ManualPair) for override in overrides):
-        return []  # a real run's 240,000 records: their keys cost 1 s to index for nothing
+        return [], n_candidates, o_candidates  # a real run's 240,000 records: their keys cost 1 s to index for nothing
+    n_mapped, o_mapped = n_candidates.mapped, o_candidates.mapped
     mapped = {"native": {RecordKey.of(m.record): m for m in n_mapped}, "oracle": {RecordKey.of(m.record): m for m in o_mapped}}
     present = {"native": {RecordKey.of(r) for r in native}, "oracle": {RecordKey.of(r) for r in oracle}}
     taken: set[tuple[str, RecordKey]] = set()
@@ -190,9 +191,11 @@ def _take_manual_pairs(
         n, o = mapped["native"][override.native], mapped["oracle"][override.oracle]
         taken.update({("native", override.native), ("oracle", override.oracle)})
         pairs.append(AlignedPair(n.key, n, o, override.reason))
-    n_mapped[:] = [m for m in n_mapped if ("native", RecordKey.of(m.record)) not in taken]
-    o_mapped[:] = [m for m in o_mapped if ("oracle", RecordKey.of(m.record)) not in taken]
-    return pairs
+    return (
+        pairs,
+        n_candidates.only([("native", RecordKey.of(m.record)) not in taken for m in n_mapped]),
+        o_candidates.only([("oracle", RecordKey.of(m.record)) not in taken for m in o_mapped]),
+    )
 
 
 def _apply_breaks(
@@ -248,14 +251,18 @@ def _alike(pairs: list[AlignedPair]) -> list[bool]:
 
 
 def _set_aside_before_mask(
-    pairs: list[AlignedPair], n_spans: dict[int, Span], o_spans: dict[int, Span], unaligned: list[UnalignedRecord]
+    pairs: list[AlignedPair], native_spans: RecordSpans, oracle_spans: RecordSpans, unaligned: list[UnalignedRecord]
 ) -> list[AlignedPair]:
     """Pairs without those of `BEFORE_MASK` ops whose records' calls end at different positions
     (so had written different cells) unless the user paired them; those become `cut_differently`
     on both sides."""
+    before_mask = list(map(BEFORE_MASK.__contains__, map(itemgetter(3), map(itemgetter(0), pairs))))
+    if not any(before_mask):
+        return pairs  # a statement per pair took 0.05 s of a 240,000-record pair's alignment
+    n_spans, o_spans = native_spans.by_seq(), oracle_spans.by_seq()
     kept: list[AlignedPair] = []
-    for pair in pairs:
-        if pair.key.op not in BEFORE_MASK or pair.manual_reason is not None:
+    for pair, scores in zip(pairs, before_mask):
+        if not scores or pair.manual_reason is not None:
             kept.append(pair)
             continue
         n_span, o_span = n_spans.get(pair.native.record.seq), o_spans.get(pair.oracle.record.seq)
@@ -353,35 +360,35 @@ class _SetAside:
         return unaligned_record(side, record, NO_PARTNER, f"{partner} is unaligned itself: {found.why()}", key)
 
 
-def _pair_by_key(
-    n_mapped: list[MappedRecord], o_mapped: list[MappedRecord], unaligned: list[UnalignedRecord], manual: list[AlignedPair]
-) -> list[AlignedPair]:
-    """Same calls: records pair when their keys are equal; a key claimed twice pairs nothing."""
+def _pair_by_key(n: _Candidates, o: _Candidates, unaligned: list[UnalignedRecord], manual: list[AlignedPair]) -> list[AlignedPair]:
+    """Same calls: records pair when their keys are equal; a key claimed twice pairs nothing.
+    Keys are compared as integers (`shared_keys`), counted per side."""
     set_aside = _SetAside(unaligned)
-    n_unique, n_dupes = _by_key(n_mapped)
-    o_unique, o_dupes = _by_key(o_mapped)
-    for side, dupes, other in (("native", n_dupes, o_unique), ("oracle", o_dupes, n_unique)):
-        for key, group in dupes.items():
+    n_key, o_key, distinct = shared_keys(n.keys, o.keys)
+    counts = {"native": np.bincount(n_key, minlength=distinct), "oracle": np.bincount(o_key, minlength=distinct)}
+    for side, other, candidates, key_of in (("native", "oracle", n, n_key), ("oracle", "native", o, o_key)):
+        mine, theirs = counts[side][key_of], counts[other][key_of]
+        claimed: dict[int, list[MappedRecord]] = defaultdict(list)
+        for row in np.flatnonzero(mine > 1).tolist():
+            claimed[int(key_of[row])].append(candidates.mapped[row])
+        for group in claimed.values():
             names = ", ".join(f"{m.record.name!r} (seq {m.record.seq})" for m in group)
             for m in group:
-                unaligned.append(unaligned_record(side, m.record, DUPLICATE_KEY, f"{key.label()} is claimed by {names}", key))
-            partner = other.pop(key, None)
-            if partner is not None:
-                other_side = "oracle" if side == "native" else "native"
-                unaligned.append(
-                    unaligned_record(other_side, partner.record, DUPLICATE_KEY, f"its partner key {key.label()} is ambiguous on the {side} side", key)
-                )
-    # One `map` per pass, in C: a statement per key took 0.1 s of a 240,000-record pair's alignment.
-    partners = list(map(o_unique.pop, n_unique, repeat(None)))
-    paired = list(map(is_not, partners, repeat(None)))
-    pairs = list(map(partial(tuple.__new__, AlignedPair), zip(compress(n_unique, paired), compress(n_unique.values(), paired), compress(partners, paired), repeat(None))))
-    for key, n in compress(n_unique.items(), map(not_, paired)):
-        if key not in o_dupes:
-            unaligned.append(_without_partner("native", n, manual, set_aside, f"no oracle record for {key.label()}"))
-    for key, o in o_unique.items():
-        if key not in n_dupes:
-            unaligned.append(_without_partner("oracle", o, manual, set_aside, f"no native record for {key.label()}"))
-    return pairs
+                unaligned.append(unaligned_record(side, m.record, DUPLICATE_KEY, f"{m.key.label()} is claimed by {names}", m.key))
+        for row in np.flatnonzero((mine == 1) & (theirs > 1)).tolist():
+            m = candidates.mapped[row]
+            unaligned.append(unaligned_record(side, m.record, DUPLICATE_KEY, f"its partner key {m.key.label()} is ambiguous on the {other} side", m.key))
+        for row in np.flatnonzero((mine == 1) & (theirs == 0)).tolist():
+            m = candidates.mapped[row]
+            unaligned.append(_without_partner(side, m, manual, set_aside, f"no {other} record for {m.key.label()}"))
+    paired = (counts["native"][n_key] == 1) & (counts["oracle"][n_key] == 1)
+    single = counts["oracle"][o_key] == 1
+    oracle_row = np.full(distinct, -1, dtype=np.int64)
+    oracle_row[o_key[single]] = np.flatnonzero(single)
+    natives = list(compress(n.mapped, paired.tolist()))
+    oracles = list(map(o.mapped.__getitem__, oracle_row[n_key[paired]].tolist()))
+    # One `map` in C: a statement per pair took 0.1 s of a 240,000-record pair's alignment.
+    return list(map(partial(tuple.__new__, AlignedPair), zip(map(itemgetter(1), natives), natives, oracles, repeat(None))))
 
 
 def _without_partner(side: str, m: MappedRecord, manual: list[AlignedPair], set_aside: _SetAside, otherwise: str) -> UnalignedRecord:
@@ -557,20 +564,20 @@ def align(
     # A reason is the user's text, often from a session someone else saved: it reaches the
     # terminal in every finding it explains, so its control characters are escaped once here.
     overrides = tuple(replace(o, reason=printable(o.reason)) for o in _latest(overrides))
-    n_mapped, unaligned, n_optional, n_spans, n_calls = map_records(native, native_profile, "native", native_sources, native_batch)
-    o_mapped, o_rejected, o_optional, o_spans, o_calls = map_records(oracle, oracle_profile, "oracle", oracle_sources, oracle_batch)
+    n_mapped, unaligned, n_optional, n_spans, n_calls, n_keys = map_records(native, native_profile, "native", native_sources, native_batch)
+    o_mapped, o_rejected, o_optional, o_spans, o_calls, o_keys = map_records(oracle, oracle_profile, "oracle", oracle_sources, oracle_batch)
     unaligned.extend(o_rejected)
     by_position = auto_mode(n_mapped, o_mapped, n_calls, o_calls) == POSITIONS
     chosen = mode if mode != "auto" else POSITIONS if by_position else CALLS
     # What a side records matters only to the other side's optional records (a real run's 480,000 records: 0.05 s).
     n_recorded, o_recorded = _recorded(n_mapped) if o_optional else set(), _recorded(o_mapped) if n_optional else set()
-    manual = _take_manual_pairs(overrides, n_mapped, o_mapped, native, oracle, unaligned)
-    n_mapped = _unless_recorded("native", n_mapped, n_optional, o_recorded, unaligned)
-    o_mapped = _unless_recorded("oracle", o_mapped, o_optional, n_recorded, unaligned)
+    manual, n_candidates, o_candidates = _take_manual_pairs(overrides, _Candidates(n_mapped, n_keys), _Candidates(o_mapped, o_keys), native, oracle, unaligned)
+    n_candidates = _unless_recorded("native", n_candidates, n_optional, o_recorded, unaligned)
+    o_candidates = _unless_recorded("oracle", o_candidates, o_optional, n_recorded, unaligned)
     if chosen == CALLS:
-        candidates = manual + _pair_by_key(n_mapped, o_mapped, unaligned, manual)
+        candidates = manual + _pair_by_key(n_candidates, o_candidates, unaligned, manual)
     else:
-        candidates = manual + _pair_by_position(n_mapped, o_mapped, {"native": n_spans, "oracle": o_spans}, {"native": n_calls, "oracle": o_calls}, unaligned, manual)
+        candidates = manual + _pair_by_position(n_candidates.mapped, o_candidates.mapped, {"native": n_spans.by_seq(), "oracle": o_spans.by_seq()}, {"native": n_calls, "oracle": o_calls}, unaligned, manual)
     candidates = _apply_breaks(overrides, candidates, native, unaligned)
     alike = _alike(candidates)
     pairs = candidates if all(alike) else [p for p, same in zip(candidates, alike) if same or _comparable(p, unaligned)]

@@ -116,3 +116,45 @@ def groups(*columns: np.ndarray) -> Groups:
         width *= span
     _, first, of_row, sizes = np.unique(combined, return_index=True, return_inverse=True, return_counts=True)
     return Groups(first, of_row.reshape(-1), sizes)
+
+
+@dataclass(frozen=True)
+class KeyColumns:
+    """Mapped records' op keys (whole calls, no positions) as columns, row for row with their
+    list: pairing two runs of hundreds of thousands of records by key then compares integers.
+    Hashing a tuple key per record took 0.26 s of a 240,000-record pair's alignment."""
+
+    step: np.ndarray
+    segment: Coded[str]
+    layer: np.ndarray
+    op: Coded[str]
+    occurrence: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def rows(self, kept: np.ndarray) -> KeyColumns:
+        """The keys of rows `kept` (positions, in order)."""
+        return KeyColumns(
+            self.step[kept], Coded(self.segment.values, self.segment.codes[kept]), self.layer[kept], Coded(self.op.values, self.op.codes[kept]), self.occurrence[kept]
+        )
+
+
+def _shared_codes(a: Coded[str], b: Coded[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Both columns' codes into one list of values, so equal values have equal codes across them."""
+    shared: dict[str, int] = {}
+    remap = [np.array([shared.setdefault(value, len(shared)) for value in column.values], dtype=np.int64) for column in (a, b)]
+    return remap[0][a.codes], remap[1][b.codes]
+
+
+def shared_keys(a: KeyColumns, b: KeyColumns) -> tuple[np.ndarray, np.ndarray, int]:
+    """Each row's key as one integer, equal across `a` and `b` exactly when the keys are, and how many distinct keys there are."""
+    segments, ops = _shared_codes(a.segment, b.segment), _shared_codes(a.op, b.op)
+    both = groups(
+        np.concatenate((a.step, b.step)),
+        np.concatenate(segments),
+        np.concatenate((a.layer, b.layer)),
+        np.concatenate(ops),
+        np.concatenate((a.occurrence, b.occurrence)),
+    )
+    return both.of_row[: len(a)], both.of_row[len(a) :], len(both.first)

@@ -20,9 +20,9 @@ from sessions.capture.reader import Record
 from sessions.compare.key import OpKey
 from sessions.compare.layout_transform import LayoutError, LayoutTransform
 from sessions.compare.mapped_record import BatchRow, MappedRecord, canonical_shape
-from sessions.compare.positions import Call, Span, record_spans
+from sessions.compare.positions import NO_SPANS, Call, RecordSpans, record_spans
 from sessions.compare.profiles import Profile, RuleMatch, canonical_axes, rows_axis
-from sessions.compare.record_columns import groups, record_columns
+from sessions.compare.record_columns import KeyColumns, groups, record_columns
 from sessions.compare.unaligned import (
     LAYER_CONFLICT,
     LAYOUT,
@@ -85,10 +85,12 @@ class MappedRun(NamedTuple):
     """Records without a canonical key or shape, and why."""
     optional: dict[int, str]
     """seq -> why the other engine may not record it, for records of optional stages (`_unless_recorded`)."""
-    spans: dict[int, Span]
+    spans: RecordSpans
     """Each mapped record's token positions, by seq (`record_spans`)."""
     calls: list[Call]
     """The run's forward calls in execution order (`record_spans`)."""
+    keys: KeyColumns
+    """The mapped records' keys as columns, row for row with `mapped`."""
 
 
 def _source_codes(seqs: np.ndarray, sources: dict[int, tuple[str, ...]]) -> Coded[tuple[str, ...]]:
@@ -133,7 +135,8 @@ def map_records(
     batch along stored axis 0, keeps the request compared."""
     columns = record_columns(records)
     if not len(columns):
-        return MappedRun([], [], {}, {}, [])
+        no_rows = np.zeros(0, dtype=np.int64)
+        return MappedRun([], [], {}, NO_SPANS, [], KeyColumns(no_rows, Coded([], no_rows), no_rows, Coded([], no_rows), no_rows))
     name, occurrence, kernel, layer, shape = columns.name, columns.occurrence, columns.kernel_id, columns.layer, columns.shape
     calls_of = groups(columns.step, columns.segment.codes, layer, name.codes)  # (step, segment, layer, name)
     count = calls_of.sizes[calls_of.of_row]
@@ -162,11 +165,16 @@ def map_records(
         every = [every[row] for row in kept.tolist()]
         kind_of = kind_of[kept]
     per_kind = list(zip(*mappings))
-    steps = columns.step.tolist() if kept is None else columns.step[kept].tolist()
-    segments = columns.segment.taken(kept)
+    key_columns = KeyColumns(
+        columns.step if kept is None else columns.step[kept],
+        columns.segment if kept is None else Coded(columns.segment.values, columns.segment.codes[kept]),
+        _integers(list(per_kind[2]))[kind_of],
+        Coded(list(per_kind[0]), kind_of),
+        _integers(list(per_kind[1]))[kind_of],
+    )
     make_key, make_mapped = partial(tuple.__new__, OpKey), partial(tuple.__new__, MappedRecord)
-    layers, ops, occurrences = (Coded(list(per_kind[field]), kind_of).taken() for field in (2, 0, 1))
-    keys = map(make_key, zip(steps, segments, layers, ops, occurrences, repeat(())))
+    key_fields = (key_columns.step.tolist(), key_columns.segment.taken(), key_columns.layer.tolist(), key_columns.op.taken(), key_columns.occurrence.tolist())
+    keys = map(make_key, zip(*key_fields, repeat(())))
     layouts, canonical = Coded(list(per_kind[3]), kind_of).taken(), Coded(list(per_kind[4]), kind_of).taken()
     mapped = list(map(make_mapped, zip(every, keys, layouts, canonical, repeat(None), repeat(batch))))
     optional: dict[int, str] = {}
@@ -180,4 +188,4 @@ def map_records(
     at = np.flatnonzero(spanned) if kept is None else kept[spanned]
     held = _integers([r or 0 for r in rows])[kind_of[spanned]]
     spans, calls = record_spans(columns.seq[at], columns.step[at], Coded(columns.segment.values, columns.segment.codes[at]), held, columns.position[at])
-    return MappedRun(mapped, rejected, optional, spans, calls)
+    return MappedRun(mapped, rejected, optional, spans, calls, key_columns)

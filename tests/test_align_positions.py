@@ -29,7 +29,7 @@ from sessions.compare.layout_transform import LayoutTransform
 from sessions.compare.mapped_record import MappedRecord, cut_problem
 from sessions.compare.options import CompareOptions
 from sessions.compare.pair_tensors import read_pair_bits
-from sessions.compare.unaligned import NO_PARTNER
+from sessions.compare.unaligned import NO_PARTNER, NO_POSITIONS
 from sessions.compare.verdict import DIVERGENCE, PARITY
 from sessions.progress import run_to_end
 from viewer.cli import main
@@ -191,6 +191,31 @@ def test_a_record_whose_partners_positions_two_records_claim_names_that_ambiguit
         "positions 5-1012 of layer_out are held by more than one oracle record)"
     )
     assert "no oracle record" not in " ".join(u.detail for u in c.unaligned)
+
+
+def test_a_record_of_no_rows_holds_no_position_and_says_so_while_the_record_over_its_place_lacks_a_partner(tmp_path: Path) -> None:
+    """An oracle record of 0 rows at position 700, inside the native's record of the same op:
+    pairing them stopped the comparison with an AssertionError, and a 0-row record that
+    overlapped nothing vanished from both the pairs and the unaligned list."""
+    data = _prompt_tensors()
+    native = write_capture(
+        tmp_path / "n.h5",
+        "native",
+        _call(data, 0, PROMPT, "prefill", True, True) + [T("layer_out", data["layer_out"], segment="prefill", layer=1, dtype="bfloat16", position=0)],
+        [(0, 7, False)],
+    )
+    empty = T("layer_out", data["layer_out"][:0], segment="visual", layer=1, dtype="bfloat16", position=700)
+    tensors = _call(data, 0, 5, "text-before", True, False) + _call(data, 5, 1013, "visual", True, False) + [empty]
+    oracle = write_capture(tmp_path / "o.h5", "oracle", tensors + _call(data, 1013, PROMPT, "text-after", True, True), [(0, 7, False)])
+    c = _compare(native, oracle, alignment="positions")
+    assert [(u.side, u.key.text(), u.reason) for u in c.unaligned if u.layer == 1] == [
+        ("native", "0:prefill:1:layer_out@0-1026", NO_PARTNER),
+        ("oracle", "0:visual:1:layer_out", NO_POSITIONS),
+    ]
+    native_row, oracle_row = (u for u in c.unaligned if u.layer == 1)
+    assert oracle_row.detail == "its canonical shape [0, 8] has no rows, so it holds no token position"
+    assert native_row.detail == f"its oracle partner 'layer_out' (seq {oracle_row.seq}) is unaligned itself: no token positions: {oracle_row.detail}"
+    assert all(p.metrics.bit_exact for p in c.pairs) and len(c.pairs) == 10  # embed, q_rope and layer 0 per oracle call, and the logits
 
 
 def test_a_set_aside_record_without_positions_is_named_only_for_the_positions_its_call_holds(tmp_path: Path) -> None:

@@ -401,16 +401,19 @@ def _without_partner(side: str, m: MappedRecord, manual: list[AlignedPair], set_
 
 
 Placed = tuple[Span, MappedRecord]
+Group = tuple[int, str, int]
+"""(layer, op, occurrence): the records of one op, which runs cut differently pair by position."""
 
 
 def _placed(
     side: str, mapped: list[MappedRecord], spans: dict[int, Span], unaligned: list[UnalignedRecord], uncuttable: dict[int, str]
-) -> dict[tuple[int, str, int], list[Placed]]:
+) -> dict[Group, list[Placed]]:
     """A side's records by (layer, op, occurrence), sorted by position; records whose positions
-    are unknown, or that claim positions another record of the same op holds, are unaligned.
+    are unknown, that hold none (no rows), or that claim positions another record of the same
+    op holds, are unaligned.
     Records that cannot be cut are placed too, with why in `uncuttable` (by seq): one whose
     partner holds the same positions needs no cut (`_cut_only_where_needed`)."""
-    groups: dict[tuple[int, str, int], list[Placed]] = defaultdict(list)
+    groups: dict[Group, list[Placed]] = defaultdict(list)
     for m in mapped:
         span = spans.get(m.record.seq)
         if span is None:
@@ -421,13 +424,18 @@ def _placed(
             )
             unaligned.append(unaligned_record(side, m.record, NO_POSITIONS, problem, m.key))
             continue
+        if span[1] <= span[0]:
+            unaligned.append(unaligned_record(side, m.record, NO_POSITIONS, f"its canonical shape {list(m.shape)} has no rows, so it holds no token position", m.key))
+            continue
         cut = "quantized blocks cannot be cut into positions" if logical_dtype(m.record.dtype).is_quantized else cut_problem(m)
         if cut is not None:
             uncuttable[m.record.seq] = cut
-        groups[(m.key.layer, m.key.op, m.key.occurrence)].append((span, m))
+        groups[m.key[2:5]].append((span, m))  # (layer, op, occurrence)
     for group in groups.values():
-        group.sort(key=lambda placed: placed[0])
+        group.sort(key=itemgetter(0))
         clashing = {i for i in range(1, len(group)) if group[i][0][0] < group[i - 1][0][1]}
+        if not clashing:
+            continue
         clashing |= {i - 1 for i in clashing}
         for i in sorted(clashing):
             span, m = group[i]
@@ -437,7 +445,7 @@ def _placed(
 
 
 def _cut_only_where_needed(
-    placed: dict[str, dict[tuple[int, str, int], list[Placed]]], uncuttable: dict[str, dict[int, str]], unaligned: list[UnalignedRecord]
+    placed: dict[str, dict[Group, list[Placed]]], uncuttable: dict[str, dict[int, str]], unaligned: list[UnalignedRecord]
 ) -> None:
     """Records that cannot be cut (quantized blocks, a layout merging the rows with another axis)
     stay placed where the other side holds a record of exactly their positions, which pairs
@@ -474,38 +482,68 @@ def _pair_by_position(
     natives = _placed("native", n_mapped, spans["native"], unaligned, uncuttable["native"])
     oracles = _placed("oracle", o_mapped, spans["oracle"], unaligned, uncuttable["oracle"])
     _cut_only_where_needed({"native": natives, "oracle": oracles}, uncuttable, unaligned)
+    pairs, short = _overlaps(natives, oracles)
     set_aside = _SetAside(unaligned, spans, calls)
-    for side, mine, theirs in (("native", natives, oracles), ("oracle", oracles, natives)):
-        other = "oracle" if side == "native" else "native"
-        for group, placed in mine.items():
-            covered = [span for span, _ in theirs.get(group, [])]
-            for span, m in placed:
-                for gap in uncovered(span, covered):
-                    taken = _manually_paired(other, manual, partial(_holds, spans[other], group, gap))
-                    key = m.key._replace(positions=gap)  # a record may lack a partner for several stretches: each is a row of its own, named by it
-                    row = None if taken is not None else set_aside.unaligned(side, m.record, key, gap)
-                    unaligned.append(row or unaligned_record(side, m.record, NO_PARTNER, taken or f"no {other} record of {m.key.op} holds {span_text(gap)}", key))
-    pairs: list[AlignedPair] = []
-    for (layer, op, occurrence), n_group in natives.items():
-        o_group = oracles.get((layer, op, occurrence), [])
-        j = 0
-        for n_span, n in n_group:
-            while j < len(o_group) and o_group[j][0][1] <= n_span[0]:
-                j += 1
-            k = j
-            while k < len(o_group) and o_group[k][0][0] < n_span[1]:
-                o_span, o = o_group[k]
-                both = overlap(n_span, o_span)
-                assert both is not None
-                key = OpKey(n.key.step, n.key.segment, layer, op, occurrence, both)
-                n_cut = n.cut((both[0] - n_span[0], both[1] - n_span[0]), key)
-                o_cut = o.cut((both[0] - o_span[0], both[1] - o_span[0]), key)
-                pairs.append(AlignedPair(key, n_cut, o_cut))
-                k += 1
+    for side, other, theirs in (("native", "oracle", oracles), ("oracle", "native", natives)):
+        covered: dict[Group, list[Span]] = {}
+        for group, span, m in short[side]:
+            if group not in covered:
+                covered[group] = [their_span for their_span, _ in theirs.get(group, [])]
+            for gap in uncovered(span, covered[group]):
+                taken = _manually_paired(other, manual, partial(_holds, spans[other], group, gap))
+                key = m.key._replace(positions=gap)  # a record may lack a partner for several stretches: each is a row of its own, named by it
+                row = None if taken is not None else set_aside.unaligned(side, m.record, key, gap)
+                unaligned.append(row or unaligned_record(side, m.record, NO_PARTNER, taken or f"no {other} record of {m.key.op} holds {span_text(gap)}", key))
     return pairs
 
 
-def _holds(spans: dict[int, Span], group: tuple[int, str, int], gap: Span, m: MappedRecord) -> bool:
+def _overlaps(
+    natives: dict[Group, list[Placed]], oracles: dict[Group, list[Placed]]
+) -> tuple[list[AlignedPair], dict[str, list[tuple[Group, Span, MappedRecord]]]]:
+    """One pair per overlap of a native and an oracle record of each group, in the natives'
+    order; and each side's records whose positions the other side does not all hold. A group's
+    spans are sorted and disjoint on each side (`_placed`), so a record is held whole exactly
+    when its overlaps add up to its length: the positions no record holds are looked for in
+    those records alone (looked for in every record, a 240,000-record pair took 0.6 s)."""
+    pairs: list[AlignedPair] = []
+    short: dict[str, list[tuple[Group, Span, MappedRecord]]] = {"native": [], "oracle": []}
+    make_key, make_mapped, make_pair = partial(tuple.__new__, OpKey), partial(tuple.__new__, MappedRecord), partial(tuple.__new__, AlignedPair)
+    for group, n_group in natives.items():
+        layer, op, occurrence = group
+        o_group = oracles.get(group, [])
+        o_spans = [o_span for o_span, _ in o_group]
+        o_held = [0] * len(o_group)
+        j = 0
+        for n_span, n in n_group:
+            first, stop = n_span
+            while j < len(o_spans) and o_spans[j][1] <= first:
+                j += 1
+            if j < len(o_spans) and o_spans[j] == n_span:
+                # Both hold exactly these positions, as every decode step's records do: a pair of whole records.
+                o = o_group[j][1]
+                key = make_key((n.key.step, n.key.segment, layer, op, occurrence, n_span))
+                pairs.append(make_pair((key, make_mapped((n.record, key, n.layout, n.shape, None, n.batch)), make_mapped((o.record, key, o.layout, o.shape, None, o.batch)), None)))
+                o_held[j] = stop - first
+                continue
+            k, held = j, 0
+            while k < len(o_spans) and o_spans[k][0] < stop:
+                o_span, o = o_group[k]
+                k += 1
+                both = (max(first, o_span[0]), min(stop, o_span[1]))
+                key = make_key((n.key.step, n.key.segment, layer, op, occurrence, both))
+                pairs.append(make_pair((key, n.cut((both[0] - first, both[1] - first), key), o.cut((both[0] - o_span[0], both[1] - o_span[0]), key), None)))
+                held += both[1] - both[0]
+                o_held[k - 1] += both[1] - both[0]
+            if held < stop - first:
+                short["native"].append((group, n_span, n))
+        short["oracle"] += [(group, o_span, o) for (o_span, o), held in zip(o_group, o_held) if held < o_span[1] - o_span[0]]
+    for group, o_group in oracles.items():
+        if group not in natives:
+            short["oracle"] += [(group, o_span, o) for o_span, o in o_group]
+    return pairs, short
+
+
+def _holds(spans: dict[int, Span], group: Group, gap: Span, m: MappedRecord) -> bool:
     """Whether `m` is a record of the (layer, op, occurrence) `group` that holds some of `gap`'s positions."""
     return (m.key.layer, m.key.op, m.key.occurrence) == group and m.record.seq in spans and overlap(spans[m.record.seq], gap) is not None
 

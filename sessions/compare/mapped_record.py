@@ -97,12 +97,15 @@ class MappedRecord(NamedTuple):
         return self.layout.apply(bits) if self.layout is not None else bits
 
     def cut(self, window: tuple[int, int], key: OpKey) -> MappedRecord:
-        """This record narrowed to canonical rows `window` of its rows axis, paired under `key`."""
+        """This record narrowed to canonical rows `window` of its rows axis, paired under `key`.
+        Built with `tuple.__new__`: runs cut differently cut every record they pair
+        (`_replace` took 1.2 s for a 240,000-record pair)."""
         axis = rows_axis(self.key.op)
+        if window == (0, self.shape[axis]):
+            return tuple.__new__(MappedRecord, (self.record, key, self.layout, self.shape, None, self.batch))
         shape = list(self.shape)
         shape[axis] = window[1] - window[0]
-        whole = window == (0, self.shape[axis])
-        return self._replace(key=key, shape=tuple(shape), window=None if whole else window)
+        return tuple.__new__(MappedRecord, (self.record, key, self.layout, tuple(shape), window, self.batch))
 
 
 def batch_of(capture: Capture) -> BatchRow | None:

@@ -124,6 +124,7 @@ class _Candidates(NamedTuple):
     keys: KeyColumns
 
     def only(self, keep: list[bool]) -> _Candidates:
+        """The rows `keep` marks, keys and records alike: manual pairs and one-sided records leave automatic matching."""
         if all(keep):
             return self
         return _Candidates(list(compress(self.mapped, keep)), self.keys.rows(np.flatnonzero(keep)))
@@ -401,19 +402,19 @@ def _without_partner(side: str, m: MappedRecord, manual: list[AlignedPair], set_
 
 
 Placed = tuple[Span, MappedRecord]
-Group = tuple[int, str, int]
+OpGroup = tuple[int, str, int]
 """(layer, op, occurrence): the records of one op, which runs cut differently pair by position."""
 
 
 def _placed(
     side: str, mapped: list[MappedRecord], spans: dict[int, Span], unaligned: list[UnalignedRecord], uncuttable: dict[int, str]
-) -> dict[Group, list[Placed]]:
+) -> dict[OpGroup, list[Placed]]:
     """A side's records by (layer, op, occurrence), sorted by position; records whose positions
     are unknown, that hold none (no rows), or that claim positions another record of the same
     op holds, are unaligned.
     Records that cannot be cut are placed too, with why in `uncuttable` (by seq): one whose
     partner holds the same positions needs no cut (`_cut_only_where_needed`)."""
-    groups: dict[Group, list[Placed]] = defaultdict(list)
+    groups: dict[OpGroup, list[Placed]] = defaultdict(list)
     for m in mapped:
         span = spans.get(m.record.seq)
         if span is None:
@@ -445,7 +446,7 @@ def _placed(
 
 
 def _cut_only_where_needed(
-    placed: dict[str, dict[Group, list[Placed]]], uncuttable: dict[str, dict[int, str]], unaligned: list[UnalignedRecord]
+    placed: dict[str, dict[OpGroup, list[Placed]]], uncuttable: dict[str, dict[int, str]], unaligned: list[UnalignedRecord]
 ) -> None:
     """Records that cannot be cut (quantized blocks, a layout merging the rows with another axis)
     stay placed where the other side holds a record of exactly their positions, which pairs
@@ -485,7 +486,7 @@ def _pair_by_position(
     pairs, short = _overlaps(natives, oracles)
     set_aside = _SetAside(unaligned, spans, calls)
     for side, other, theirs in (("native", "oracle", oracles), ("oracle", "native", natives)):
-        covered: dict[Group, list[Span]] = {}
+        covered: dict[OpGroup, list[Span]] = {}
         for group, span, m in short[side]:
             if group not in covered:
                 covered[group] = [their_span for their_span, _ in theirs.get(group, [])]
@@ -498,15 +499,15 @@ def _pair_by_position(
 
 
 def _overlaps(
-    natives: dict[Group, list[Placed]], oracles: dict[Group, list[Placed]]
-) -> tuple[list[AlignedPair], dict[str, list[tuple[Group, Span, MappedRecord]]]]:
+    natives: dict[OpGroup, list[Placed]], oracles: dict[OpGroup, list[Placed]]
+) -> tuple[list[AlignedPair], dict[str, list[tuple[OpGroup, Span, MappedRecord]]]]:
     """One pair per overlap of a native and an oracle record of each group, in the natives'
     order; and each side's records whose positions the other side does not all hold. A group's
     spans are sorted and disjoint on each side (`_placed`), so a record is held whole exactly
     when its overlaps add up to its length: the positions no record holds are looked for in
     those records alone (looked for in every record, a 240,000-record pair took 0.6 s)."""
     pairs: list[AlignedPair] = []
-    short: dict[str, list[tuple[Group, Span, MappedRecord]]] = {"native": [], "oracle": []}
+    short: dict[str, list[tuple[OpGroup, Span, MappedRecord]]] = {"native": [], "oracle": []}
     make_key, make_mapped, make_pair = partial(tuple.__new__, OpKey), partial(tuple.__new__, MappedRecord), partial(tuple.__new__, AlignedPair)
     for group, n_group in natives.items():
         layer, op, occurrence = group
@@ -543,7 +544,7 @@ def _overlaps(
     return pairs, short
 
 
-def _holds(spans: dict[int, Span], group: Group, gap: Span, m: MappedRecord) -> bool:
+def _holds(spans: dict[int, Span], group: OpGroup, gap: Span, m: MappedRecord) -> bool:
     """Whether `m` is a record of the (layer, op, occurrence) `group` that holds some of `gap`'s positions."""
     return (m.key.layer, m.key.op, m.key.occurrence) == group and m.record.seq in spans and overlap(spans[m.record.seq], gap) is not None
 

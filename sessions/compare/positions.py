@@ -44,6 +44,7 @@ class RecordSpans:
         self._by_seq: dict[int, Span] | None = None
 
     def by_seq(self) -> dict[int, Span]:
+        """The spans by seq, built on the first call and kept (runs paired by position look up every record's)."""
         if self._by_seq is None:
             seq, first, stop, call = self._columns
             self._by_seq = dict(zip(seq.tolist(), zip(first.tolist(), stop.tolist())))
@@ -54,8 +55,10 @@ class RecordSpans:
                 self._by_seq = dict(zip(seq[by_call].tolist(), zip(first[by_call].tolist(), stop[by_call].tolist())))
         return self._by_seq
 
-
-NO_SPANS = RecordSpans(*(np.zeros(0, dtype=np.int64),) * 4)
+    @classmethod
+    def none(cls) -> RecordSpans:
+        """The spans of a run without records (a new object each time: `by_seq` keeps what it built)."""
+        return cls(*(np.zeros(0, dtype=np.int64),) * 4)
 
 
 def record_spans(seq: np.ndarray, step: np.ndarray, segment: Coded[str], rows: np.ndarray, position: np.ndarray) -> tuple[RecordSpans, list[Call]]:
@@ -69,7 +72,7 @@ def record_spans(seq: np.ndarray, step: np.ndarray, segment: Coded[str], rows: n
     record as long as its call starts where the call starts, a shorter one (the logits of the
     last row) ends where the call ends."""
     if not len(seq):
-        return NO_SPANS, []
+        return RecordSpans.none(), []
     calls = groups(step, segment.codes)
     order = np.argsort(calls.first, kind="stable")  # the calls in execution order: by their first record
     call = np.empty(len(order), dtype=np.int64)

@@ -134,14 +134,15 @@ class KeyColumns:
         return len(self.step)
 
     def rows(self, kept: np.ndarray) -> KeyColumns:
-        """The keys of rows `kept` (positions, in order)."""
+        """The keys of rows `kept` (row indices, in order)."""
         return KeyColumns(
             self.step[kept], Coded(self.segment.values, self.segment.codes[kept]), self.layer[kept], Coded(self.op.values, self.op.codes[kept]), self.occurrence[kept]
         )
 
 
 def _shared_codes(a: Coded[str], b: Coded[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Both columns' codes into one list of values, so equal values have equal codes across them."""
+    """Both columns' codes into one list of values: each side codes its own texts, so a code of
+    one side means nothing to the other until both are remapped."""
     shared: dict[str, int] = {}
     remap = [np.array([shared.setdefault(value, len(shared)) for value in column.values], dtype=np.int64) for column in (a, b)]
     return remap[0][a.codes], remap[1][b.codes]

@@ -20,7 +20,7 @@ from sessions.capture.reader import Record
 from sessions.compare.key import OpKey
 from sessions.compare.layout_transform import LayoutError, LayoutTransform
 from sessions.compare.mapped_record import BatchRow, MappedRecord, canonical_shape
-from sessions.compare.positions import NO_SPANS, Call, RecordSpans, record_spans
+from sessions.compare.positions import Call, RecordSpans, record_spans
 from sessions.compare.profiles import Profile, RuleMatch, canonical_axes, rows_axis
 from sessions.compare.record_columns import KeyColumns, groups, record_columns
 from sessions.compare.unaligned import (
@@ -136,7 +136,7 @@ def map_records(
     columns = record_columns(records)
     if not len(columns):
         no_rows = np.zeros(0, dtype=np.int64)
-        return MappedRun([], [], {}, NO_SPANS, [], KeyColumns(no_rows, Coded([], no_rows), no_rows, Coded([], no_rows), no_rows))
+        return MappedRun([], [], {}, RecordSpans.none(), [], KeyColumns(no_rows, Coded([], no_rows), no_rows, Coded([], no_rows), no_rows))
     name, occurrence, kernel, layer, shape = columns.name, columns.occurrence, columns.kernel_id, columns.layer, columns.shape
     calls_of = groups(columns.step, columns.segment.codes, layer, name.codes)  # (step, segment, layer, name)
     count = calls_of.sizes[calls_of.of_row]

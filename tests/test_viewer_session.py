@@ -11,7 +11,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QByteArray, Qt
+from PySide6.QtCore import QByteArray, Qt, QTimer
 from PySide6.QtGui import QColor, QImage
 from pytestqt.qtbot import QtBot
 
@@ -567,12 +567,28 @@ def test_an_html_export_cancelled_while_it_pictures_writes_nothing_says_so_and_t
     exported: list[object] = []
     win.report_export.exported.connect(exported.append)
     page = tmp_path / "report.html"
+    seen: dict[str, object] = {}
+
+    def esc_while_the_picture_is_read() -> None:
+        # Posted as the read started, so it runs before the read's answer: a wait polling for the
+        # read in flight missed a fast one and waited out its timeout.
+        seen["reading"] = win.tasks.task("picture") is not None
+        seen["second export"] = win.report_export.export_html(tmp_path / "other.html")
+        seen["said"] = win.statusBar().currentMessage()
+        win.cancel_work()
+
+    def when_the_picture_is_read(_busy: bool) -> None:
+        if win.tasks.task("picture") is not None and not seen:
+            seen["asked"] = True
+            QTimer.singleShot(0, esc_while_the_picture_is_read)
+
+    win.tasks.busy_changed.connect(when_the_picture_is_read)
     assert win.report_export.export_html(page)
-    qtbot.waitUntil(lambda: win.tasks.task("picture") is not None, timeout=WAIT_MS)
-    assert not win.report_export.export_html(tmp_path / "other.html"), "a second export waits for the first"
-    assert win.statusBar().currentMessage() == "An HTML report is being exported; export again when it is written."
-    win.cancel_work()
-    qtbot.waitUntil(lambda: not win.report_export.exporting and not win.tasks.busy, timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: "said" in seen and not win.report_export.exporting and not win.tasks.busy, timeout=WAIT_MS)
+    win.tasks.busy_changed.disconnect(when_the_picture_is_read)
+    assert seen["reading"] is True
+    assert seen["second export"] is False, "a second export waits for the first"
+    assert seen["said"] == "An HTML report is being exported; export again when it is written."
     qtbot.wait(200)
     assert exported == [] and not page.exists() and not (tmp_path / "other.html").exists()
     assert win.statusBar().currentMessage() == f"HTML report not exported to {page}: cancelled."

@@ -142,7 +142,9 @@ class TensorView(QWidget):
     export_requested = Signal(str, str)
     """(what, suffix): write the shown slice's native, oracle or difference values as .npy or .csv."""
 
-    def __init__(self, model: PairModel, parent: QWidget | None = None) -> None:
+    def __init__(self, model: PairModel, parent: QWidget | None = None, errors: ErrorPlots | None = None) -> None:
+        """`errors`: the error plots, when built beforehand (the HTML export's camera builds its
+        view over two turns of the event loop)."""
         super().__init__(parent)
         self._model = model
         self.data: TensorSlice | None = None
@@ -231,7 +233,7 @@ class TensorView(QWidget):
         self.maps.scene().sigMouseMoved.connect(self._hovered)
         self.maps.scene().sigMouseClicked.connect(self._clicked)
         left.addWidget(self.maps)
-        self.errors = ErrorPlots()
+        self.errors = errors if errors is not None else ErrorPlots()
         self.errors.setMinimumHeight(ERROR_PLOTS_MIN_HEIGHT)
         left.addWidget(self.errors)
         left.setStretchFactor(0, 3)

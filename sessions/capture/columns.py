@@ -51,6 +51,10 @@ class Coded(Generic[Value]):
         codes = np.fromiter((first.setdefault(value, len(first)) for value in values), dtype=np.int64, count=len(values))
         return cls(list(first), codes)
 
+    def rows(self, rows: np.ndarray) -> Coded[Value]:
+        """The column of rows `rows` (row indices, or a mask), its values shared, not copied."""
+        return Coded(self.values, self.codes[rows])
+
     def taken(self, rows: np.ndarray | None = None) -> list[Value]:
         """The value of each row (of `rows`; all when None), as one list (the values shared, not copied)."""
         table = np.empty(len(self.values), dtype=object)

@@ -169,8 +169,9 @@ def _take_manual_pairs(
     never sees them); every override that cannot be applied adds a row saying why."""
     if not any(isinstance(override, ManualPair) for override in overrides):
         return [], n_candidates, o_candidates  # a real run's 240,000 records: their keys cost 1 s to index for nothing
-    n_mapped, o_mapped = n_candidates.mapped, o_candidates.mapped
-    mapped = {"native": {RecordKey.of(m.record): m for m in n_mapped}, "oracle": {RecordKey.of(m.record): m for m in o_mapped}}
+    sides = {"native": n_candidates, "oracle": o_candidates}
+    record_keys = {side: [RecordKey.of(m.record) for m in candidates.mapped] for side, candidates in sides.items()}
+    mapped = {side: dict(zip(record_keys[side], candidates.mapped)) for side, candidates in sides.items()}
     present = {"native": {RecordKey.of(r) for r in native}, "oracle": {RecordKey.of(r) for r in oracle}}
     taken: set[tuple[str, RecordKey]] = set()
     pairs: list[AlignedPair] = []
@@ -194,8 +195,8 @@ def _take_manual_pairs(
         pairs.append(AlignedPair(n.key, n, o, override.reason))
     return (
         pairs,
-        n_candidates.only([("native", RecordKey.of(m.record)) not in taken for m in n_mapped]),
-        o_candidates.only([("oracle", RecordKey.of(m.record)) not in taken for m in o_mapped]),
+        n_candidates.only([("native", key) not in taken for key in record_keys["native"]]),
+        o_candidates.only([("oracle", key) not in taken for key in record_keys["oracle"]]),
     )
 
 
@@ -508,7 +509,7 @@ def _overlaps(
     those records alone (looked for in every record, a 240,000-record pair took 0.6 s)."""
     pairs: list[AlignedPair] = []
     short: dict[str, list[tuple[OpGroup, Span, MappedRecord]]] = {"native": [], "oracle": []}
-    make_key, make_mapped, make_pair = partial(tuple.__new__, OpKey), partial(tuple.__new__, MappedRecord), partial(tuple.__new__, AlignedPair)
+    make_key, make_pair = partial(tuple.__new__, OpKey), partial(tuple.__new__, AlignedPair)
     for group, n_group in natives.items():
         layer, op, occurrence = group
         o_group = oracles.get(group, [])
@@ -523,7 +524,7 @@ def _overlaps(
                 # Both hold exactly these positions, as every decode step's records do: a pair of whole records.
                 o = o_group[j][1]
                 key = make_key((n.key.step, n.key.segment, layer, op, occurrence, n_span))
-                pairs.append(make_pair((key, make_mapped((n.record, key, n.layout, n.shape, None, n.batch)), make_mapped((o.record, key, o.layout, o.shape, None, o.batch)), None)))
+                pairs.append(make_pair((key, n.whole(key), o.whole(key), None)))
                 o_held[j] = stop - first
                 continue
             k, held = j, 0

@@ -130,14 +130,18 @@ class KeyColumns:
     op: Coded[str]
     occurrence: np.ndarray
 
+    @classmethod
+    def none(cls) -> KeyColumns:
+        """The keys of a run without mapped records."""
+        no_rows = np.zeros(0, dtype=np.int64)
+        return cls(no_rows, Coded([], no_rows), no_rows, Coded([], no_rows), no_rows)
+
     def __len__(self) -> int:
         return len(self.step)
 
     def rows(self, kept: np.ndarray) -> KeyColumns:
         """The keys of rows `kept` (row indices, in order)."""
-        return KeyColumns(
-            self.step[kept], Coded(self.segment.values, self.segment.codes[kept]), self.layer[kept], Coded(self.op.values, self.op.codes[kept]), self.occurrence[kept]
-        )
+        return KeyColumns(self.step[kept], self.segment.rows(kept), self.layer[kept], self.op.rows(kept), self.occurrence[kept])
 
 
 def _shared_codes(a: Coded[str], b: Coded[str]) -> tuple[np.ndarray, np.ndarray]:

@@ -135,8 +135,7 @@ def map_records(
     batch along stored axis 0, keeps the request compared."""
     columns = record_columns(records)
     if not len(columns):
-        no_rows = np.zeros(0, dtype=np.int64)
-        return MappedRun([], [], {}, RecordSpans.none(), [], KeyColumns(no_rows, Coded([], no_rows), no_rows, Coded([], no_rows), no_rows))
+        return MappedRun([], [], {}, RecordSpans.none(), [], KeyColumns.none())
     name, occurrence, kernel, layer, shape = columns.name, columns.occurrence, columns.kernel_id, columns.layer, columns.shape
     calls_of = groups(columns.step, columns.segment.codes, layer, name.codes)  # (step, segment, layer, name)
     count = calls_of.sizes[calls_of.of_row]
@@ -167,7 +166,7 @@ def map_records(
     per_kind = list(zip(*mappings))
     key_columns = KeyColumns(
         columns.step if kept is None else columns.step[kept],
-        columns.segment if kept is None else Coded(columns.segment.values, columns.segment.codes[kept]),
+        columns.segment if kept is None else columns.segment.rows(kept),
         _integers(list(per_kind[2]))[kind_of],
         Coded(list(per_kind[0]), kind_of),
         _integers(list(per_kind[1]))[kind_of],
@@ -187,5 +186,5 @@ def map_records(
     spanned = np.array([r is not None for r in rows], dtype=bool)[kind_of]
     at = np.flatnonzero(spanned) if kept is None else kept[spanned]
     held = _integers([r or 0 for r in rows])[kind_of[spanned]]
-    spans, calls = record_spans(columns.seq[at], columns.step[at], Coded(columns.segment.values, columns.segment.codes[at]), held, columns.position[at])
+    spans, calls = record_spans(columns.seq[at], columns.step[at], columns.segment.rows(at), held, columns.position[at])
     return MappedRun(mapped, rejected, optional, spans, calls, key_columns)

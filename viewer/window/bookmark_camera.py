@@ -39,6 +39,9 @@ LANE = "picture"
 """The task lane the camera reads its tensors in: the window's own "tensor" lane is the user's view."""
 SETTLE_PAINTS = 5
 """At most this many paints before a picture is taken as it is (two or three settle a view)."""
+LATER_MS = 1
+"""A later step of an export waits this long, so the timers and input that are due run first: a
+step queued at 0 ms ran before them, and two steps held the window as one (112 ms)."""
 SMALLEST = QSize(1000, 640)
 """The smallest picture taken: a window made small, or a tensor view never laid out, still gives a legible page."""
 
@@ -80,7 +83,7 @@ class BookmarkCamera(QObject):
         """Start drawing the bookmark's op, slice and colour scale; False when its op is not in this
         comparison. A view built for it (`_sized_view`) draws in a later turn of the event loop,
         after the timers and input that are due: its build and its tensor's read in one turn held
-        the window 98 ms."""
+        the window 98 ms (`LATER_MS`)."""
         viewed = self._window_model.comparison
         native, oracle = self._window_model.native, self._window_model.oracle
         pair = cv.find_pair(viewed, bookmark.op)
@@ -110,7 +113,7 @@ class BookmarkCamera(QObject):
             )
 
         if new:
-            QTimer.singleShot(1, self, draw)
+            QTimer.singleShot(LATER_MS, self, draw)
         else:
             draw()
         return True

@@ -22,7 +22,7 @@ from sessions.investigation.store import describe_os_error
 from sessions.report.html_page import iter_write_html
 from viewer.pair_model import PairModel
 from viewer.widgets.banner import BannerArea
-from viewer.window.bookmark_camera import BookmarkCamera
+from viewer.window.bookmark_camera import LATER_MS, BookmarkCamera
 from viewer.window.session_file import PathChooser, StatusMessage, ask_path
 from viewer.workers import TaskSlots
 
@@ -88,15 +88,14 @@ class ReportExporter(QObject):
 
     def _next_later(self) -> None:
         """The next bookmark (or the page), in a turn of the event loop of its own, after the
-        timers and input that are due: a step queued at 0 ms ran before them, so the camera's
-        view built over two steps still held the window for both (112 ms)."""
+        timers and input that are due (`LATER_MS`)."""
         run = self._run
 
         def step() -> None:
             if run is self._run:
                 self._next_bookmark()
 
-        QTimer.singleShot(1, self, step)
+        QTimer.singleShot(LATER_MS, self, step)
 
     @property
     def exporting(self) -> bool:

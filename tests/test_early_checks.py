@@ -141,6 +141,25 @@ def test_the_early_process_finds_each_stretch_equal_or_not_and_is_gone_once_the_
         assert _early_readers() == []
 
 
+def test_ending_the_early_process_keeps_its_answers_and_leaves_the_rest_to_be_checked_when_asked(tmp_path: Path) -> None:
+    size = 2 * STRETCH_BYTES
+    data = np.random.default_rng(4).integers(0, 256, size, dtype=np.uint8).tobytes()
+    changed = bytearray(data)
+    changed[STRETCH_BYTES + 3] ^= 2
+    (tmp_path / "n.bin").write_bytes(data)
+    (tmp_path / "o.bin").write_bytes(bytes(changed))
+    with open(tmp_path / "n.bin", "rb") as a, open(tmp_path / "o.bin", "rb") as b, ByteChecks(2) as checks:
+        known = KnownStretches(a.fileno(), b.fileno(), [(0, 0, size)])
+        checks.check_early(known)
+        _settled(known)
+        checks.end_early()
+        assert _early_readers() == []
+        assert known.equal == [True, False] and checks.known is known, "the answers given stay"
+        assert checks.equal((a.fileno(), 0), (b.fileno(), 0), STRETCH_BYTES)
+        assert not checks.equal((a.fileno(), 0), (b.fileno(), 0), size), "checked by the comparison's own threads"
+        checks.end_early()
+
+
 def test_the_early_process_reads_on_several_threads_where_there_are_cores_and_answers_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """On one thread, 16 cores left a 240,000-record comparison waiting 1.2 s for the early
     process after its pairing ended. On four, the answers still come stretch by stretch, in order."""
@@ -218,6 +237,21 @@ def test_a_comparison_closed_while_its_bytes_are_checked_early_leaves_no_process
         assert _early_readers(), "the early reader runs while the records are paired"
         work.close()
         assert _early_readers() == []
+
+
+def test_the_early_process_ends_once_the_records_are_paired_and_the_comparison_checks_the_rest_itself(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beside the comparison's own threads the early process read the same bytes again: a warm
+    pair of a few large records, paired at once, was read twice over."""
+    native, oracle = _many_small_records(tmp_path, flip_at=30)
+    monkeypatch.setattr(comparison, "check_threads", lambda options: 2)
+    with open_capture(native) as n, open_capture(oracle) as o:
+        work = iter_compare(n, o, CompareOptions(workers=1))
+        assert next(work).label == "aligning records"
+        assert next(work).label.startswith("execution state checked") and _early_readers(), "the early reader runs while the records are paired"
+        next(work)
+        assert _early_readers() == [], "gone once pairs are compared, before the comparison ends"
+        compared = run_to_end(work)
+    assert [p.key.text() for p in compared.pairs if not p.metrics.bit_exact] == ["1:decode:0:ffn_up"]
 
 
 def test_without_a_process_to_check_early_the_comparison_checks_when_it_asks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

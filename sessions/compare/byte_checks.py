@@ -258,11 +258,17 @@ class ByteChecks:
             for future, _ in pending:
                 future.cancel()
 
-    def close(self) -> None:
+    def end_early(self) -> None:
+        """End the early process, keeping the answers it gave. Called as the comparison begins:
+        its own threads then check the rest, and the early process read the same bytes beside
+        them (a 4.3 GB warm pair of 64 MiB records, paired in 2 ms, was read twice over)."""
         if self._early is not None and self._early_answers is not None:
             _end(self._early)
             self._early_answers.join()
             self._early = self._early_answers = None
+
+    def close(self) -> None:
+        self.end_early()
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
 

@@ -324,6 +324,7 @@ def _iter_compare(
     logits: dict[int, tuple[int, StepLogits]] = {}
     workers = worker_count(options)
     spans, span_bytes_done = read_ahead_spans(native, oracle, alignment.pairs, sizes)
+    checks.end_early()
     with ReadAhead(spans, READ_AHEAD_BYTES) as read_ahead:
 
         def after_pair(index: int) -> None:

@@ -338,24 +338,28 @@ def _iter_compare(
     # (within tolerance, kind) by what decides them: a real run's pairs share a few metrics objects
     # (identical pairs one per dtype and shape) and tolerances, so their ids stand for them. Each
     # entry holds the objects it was judged for, so no other object takes their ids during the
-    # loop. Judged pair by pair, this loop took 0.38 s for 220,000 pairs; now 0.24 s.
+    # loop. Judged pair by pair, this loop took 0.38 s for 220,000 pairs. A pair's fields are
+    # unpacked once, and the key is looked up only in sets that hold keys and the tolerance only
+    # under a policy: 0.31 -> 0.22 s.
     judged: dict[tuple[int, int, bool, bool, bool], tuple[bool, Kind, TensorMetrics, Tolerance]] = {}
+    one_tolerance = options.tolerance if options.policy is None else None
     for pair, (metrics, agreement) in zip(alignment.pairs, outcomes):
-        key, n, o = pair.key, pair.native, pair.oracle
+        key, n, o, manual_reason = pair
         post_eos = eos is not None and key.step > eos
-        contract, differs = key in contract_keys, key in dispatch_keys
-        tolerance = options.tolerance_for(key, n.record.dtype)
+        # Membership costs a key's hash even in an empty set: most runs have no findings of either.
+        contract, differs = bool(contract_keys) and key in contract_keys, bool(dispatch_keys) and key in dispatch_keys
+        tolerance = one_tolerance if one_tolerance is not None else options.tolerance_for(key, n.record.dtype)
         facts = (id(metrics), id(tolerance), post_eos, contract, differs)
         found = judged.get(facts)
         if found is None:
             found = judged[facts] = (*_judged(metrics, tolerance, post_eos, contract, differs), metrics, tolerance)
-        within, kind = found[0], found[1]
+        n_record, o_record, n_layout, o_layout = n.record, o.record, n.layout, o.layout
         results.append(
             PairResult(
-                key, n.record.name, n.record.seq, o.record.name, o.record.seq,
-                n.layout.spec if n.layout is not None else None,
-                o.layout.spec if o.layout is not None else None,
-                metrics, post_eos, within, kind, pair.manual_reason, n.window, o.window,
+                key, n_record.name, n_record.seq, o_record.name, o_record.seq,
+                n_layout.spec if n_layout is not None else None,
+                o_layout.spec if o_layout is not None else None,
+                metrics, post_eos, found[0], found[1], manual_reason, n.window, o.window,
             )  # fmt: skip
         )
         if agreement is not None:

@@ -18,7 +18,7 @@ import sessions  # noqa: E402,F401  (disables HDF5 filter plugins before h5py lo
 from sessions.capture.meta import CaptureMeta  # noqa: E402
 from sessions.capture.writer import CaptureWriter  # noqa: E402
 
-OP_NAMES = ("attn_norm", "q_proj", "k_proj", "v_proj", "sdpa", "o_proj", "ffn_norm", "ffn_gate", "ffn_up", "ffn_act", "ffn_down", "l_out")
+OP_NAMES = ("attn_norm", "q_proj", "k_proj", "v_proj", "sdpa", "o_proj", "ffn_norm", "ffn_gate", "ffn_up", "ffn_act", "ffn_down", "layer_out")
 OPS_PER_LAYER = len(OP_NAMES)
 STEP_RECORDS = 36 * OPS_PER_LAYER
 """A 36-layer model's ops per token step: 240,000 records are about 555 steps."""

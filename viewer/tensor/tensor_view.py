@@ -32,6 +32,7 @@ from sessions.bits.quant_blocks import block_of
 from sessions.compare.slice_export import FORMATS, WHAT
 from sessions.compare.tensor_diff import element_maps, worst_index
 from viewer.pair_model import COLOUR_SCALES, PairModel
+from viewer.tensor.difference_maps import DifferenceMaps
 from viewer.tensor.display_aggregate import block_factors
 from viewer.tensor.error_plots import ErrorPlots, set_title
 from viewer.tensor.inspector import ElementInspector, InspectedElement, inspect
@@ -52,7 +53,6 @@ SCALE_TITLES = {
 }
 NATIVE_PEN = "#4a90d9"
 ORACLE_PEN = "#e8913a"
-MARK = "#00e5ff"
 DETAIL_DELAY_MS = 150
 """Wait for the zoom or pan to rest before asking for the finer region."""
 
@@ -142,9 +142,9 @@ class TensorView(QWidget):
     export_requested = Signal(str, str)
     """(what, suffix): write the shown slice's native, oracle or difference values as .npy or .csv."""
 
-    def __init__(self, model: PairModel, parent: QWidget | None = None, errors: ErrorPlots | None = None) -> None:
-        """`errors`: the error plots, when built beforehand (the HTML export's camera builds its
-        view over two turns of the event loop)."""
+    def __init__(self, model: PairModel, parent: QWidget | None = None, errors: ErrorPlots | None = None, maps: DifferenceMaps | None = None) -> None:
+        """`errors`, `maps`: the error plots and the heatmaps, when built beforehand (the HTML
+        export's camera builds its view a part per turn of the event loop)."""
         super().__init__(parent)
         self._model = model
         self.data: TensorSlice | None = None
@@ -191,40 +191,14 @@ class TensorView(QWidget):
 
         splitter = QSplitter(Qt.Orientation.Horizontal)
         left = QSplitter(Qt.Orientation.Vertical)
-        self.maps = pg.GraphicsLayoutWidget()
-        self.maps.ci.setSpacing(2)
-        self.plots: dict[str, pg.PlotItem] = {}
-        self.images: dict[str, pg.ImageItem] = {}
-        self.detail_images: dict[str, pg.ImageItem] = {}
-        self.marks: dict[str, pg.ScatterPlotItem] = {}
-        for row, name in enumerate(("native", "oracle", "difference")):
-            plot = self.maps.addPlot(row=row, col=0, title=name, enableMenu=False)  # no view-box menu built (one made, then disabled, was a quarter of building this view)
-            plot.invertY(True)
-            plot.getAxis("left").setWidth(44)
-            if name != "difference":
-                plot.hideAxis("bottom")  # the maps share their columns (linked below): one column axis, under the last, leaves the maps their height
-            image = pg.ImageItem()
-            plot.addItem(image)
-            detail = pg.ImageItem()
-            detail.setZValue(1)
-            plot.addItem(detail)
-            mark = pg.ScatterPlotItem(size=14, pen=pg.mkPen(MARK, width=2), brush=None, symbol="s")
-            mark.setZValue(2)
-            plot.addItem(mark)
-            self.plots[name], self.images[name], self.detail_images[name], self.marks[name] = plot, image, detail, mark
+        self.maps = maps if maps is not None else DifferenceMaps()
+        self.plots, self.images, self.detail_images, self.marks = self.maps.plots, self.maps.images, self.maps.detail_images, self.maps.marks
+        self.value_bar, self.diff_bar = self.maps.value_bar, self.maps.diff_bar
         self._detail_timer = QTimer(self)
         self._detail_timer.setSingleShot(True)
         self._detail_timer.setInterval(DETAIL_DELAY_MS)
         self._detail_timer.timeout.connect(self._request_detail)
         self.plots["native"].vb.sigRangeChanged.connect(self._detail_timer.start)
-        # The bars label the scales; the images arrive already coloured with the same maps.
-        self.value_bar = pg.ColorBarItem(colorMap=pg.colormap.get("viridis"), interactive=False, width=12)
-        self.maps.addItem(self.value_bar, row=0, col=1, rowspan=2)
-        self.diff_bar = pg.ColorBarItem(colorMap=pg.colormap.get("inferno"), interactive=False, width=12)
-        self.maps.addItem(self.diff_bar, row=2, col=1)
-        for name in ("oracle", "difference"):
-            self.plots[name].setXLink(self.plots["native"])
-            self.plots[name].setYLink(self.plots["native"])
         self.curves = {
             "native": pg.PlotDataItem(pen=pg.mkPen(NATIVE_PEN, width=1.5), name="native"),
             "oracle": pg.PlotDataItem(pen=pg.mkPen(ORACLE_PEN, width=1.5, style=Qt.PenStyle.DashLine), name="oracle"),

@@ -81,8 +81,6 @@ class ReportExporter(QObject):
             return False
         self._path, self._screenshots, self._run = path, {}, object()
         self._queue = list(self._session().bookmarks)
-        if self._queue:
-            self._camera.prepare()
         self._next_later()
         return True
 
@@ -137,6 +135,9 @@ class ReportExporter(QObject):
         return True
 
     def _next_bookmark(self) -> None:
+        if self._queue and not self._camera.prepare():
+            self._next_later()  # the camera's view is built a part per turn
+            return
         while self._queue:
             self._awaiting_shot = True
             if self._camera.show(self._queue[0]):

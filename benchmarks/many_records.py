@@ -31,7 +31,9 @@ def build_many_records_pair(directory: Path, records: int, shape: tuple[int, int
     error, once made, reaches every later op and spreads over its elements."""
     import ml_dtypes
 
-    name = f"many-{records}" + ("" if shape == (4, 16) else f"-{shape[0]}x{shape[1]}") + ("-diverged" if diverged else "")
+    # "canonical": its op names are the canonical profile's. Pairs built before were named many-N and
+    # used llama.cpp's l_out, which the profile has no rule for; a file is reused by its name alone.
+    name = f"many-canonical-{records}" + ("" if shape == (4, 16) else f"-{shape[0]}x{shape[1]}") + ("-diverged" if diverged else "")
     native_path, oracle_path = directory / f"{name}.native.h5", directory / f"{name}.oracle.h5"
     if native_path.exists() and oracle_path.exists():
         return native_path, oracle_path

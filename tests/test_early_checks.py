@@ -160,6 +160,47 @@ def test_ending_the_early_process_keeps_its_answers_and_leaves_the_rest_to_be_ch
         checks.end_early()
 
 
+@pytest.mark.parametrize("after_s", [0.0, 0.05, 0.2])
+def test_ending_the_early_process_while_it_answers_keeps_what_it_said_and_raises_nothing_in_its_reader(tmp_path: Path, after_s: float) -> None:
+    """Ended as the comparison begins, the process is often still answering: its pipe was closed
+    before the thread reading it had stopped, whose next read then failed in the thread."""
+    regions = [(at * 8192, at * 8192, 4096) for at in range(2000)]
+    data = np.random.default_rng(5).integers(0, 256, 2000 * 8192, dtype=np.uint8).tobytes()
+    changed = bytearray(data)
+    changed[7 * 8192 + 5] ^= 1
+    (tmp_path / "n.bin").write_bytes(data)
+    (tmp_path / "o.bin").write_bytes(bytes(changed))
+    with open(tmp_path / "n.bin", "rb") as a, open(tmp_path / "o.bin", "rb") as b, ByteChecks(2) as checks:
+        known = KnownStretches(a.fileno(), b.fileno(), regions)
+        checks.check_early(known)
+        time.sleep(after_s)
+        checks.end_early()
+        assert _early_readers() == []
+        settled = known.settled
+        assert known.equal[:settled] == [at != 7 for at in range(settled)], "each answer given is the right one"
+        assert not any(known.equal[settled:]), "nothing unanswered is taken for equal"
+        assert not checks.equal((a.fileno(), 7 * 8192), (b.fileno(), 7 * 8192), 4096)
+        assert checks.equal((a.fileno(), 1999 * 8192), (b.fileno(), 1999 * 8192), 4096)
+
+
+def test_ending_an_early_process_still_answering_lets_the_thread_reading_it_take_what_it_said_and_stop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`yes` stands in for an early process that answers faster than it can be read, and more
+    than it was asked: its pipe was closed while the thread reading it still read, which then
+    failed in the thread (an unhandled thread exception is an error here), and an answer past the
+    last stretch failed there too."""
+    monkeypatch.setattr(byte_checks, "module_command", lambda *_: ["yes", "1"])
+    (tmp_path / "n.bin").write_bytes(b"n")
+    with open(tmp_path / "n.bin", "rb") as a, open(tmp_path / "n.bin", "rb") as b:
+        for _ in range(10):
+            with ByteChecks(2) as checks:
+                known = KnownStretches(a.fileno(), b.fileno(), [(at, at, 1) for at in range(200_000)])
+                checks.check_early(known)
+                time.sleep(0.02)
+                checks.end_early()
+                assert 0 < known.settled <= len(known.equal)
+                assert known.equal[: known.settled] == [at % 2 == 0 for at in range(known.settled)], "'1', newline, '1', ...: every answer read is kept"
+
+
 def test_the_early_process_reads_on_several_threads_where_there_are_cores_and_answers_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """On one thread, 16 cores left a 240,000-record comparison waiting 1.2 s for the early
     process after its pairing ended. On four, the answers still come stretch by stretch, in order."""

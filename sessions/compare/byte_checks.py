@@ -193,7 +193,7 @@ class ByteChecks:
             answers = early.stdout.read1(4096)
             if not answers:
                 return
-            for answer in answers:
+            for answer in answers[: len(known.equal) - known.settled]:  # never past the stretches asked about
                 known.equal[known.settled] = answer == ord("1")
                 known.settled += 1
 
@@ -263,8 +263,7 @@ class ByteChecks:
         its own threads then check the rest, and the early process read the same bytes beside
         them (a 4.3 GB warm pair of 64 MiB records, paired in 2 ms, was read twice over)."""
         if self._early is not None and self._early_answers is not None:
-            _end(self._early)
-            self._early_answers.join()
+            _end(self._early, self._early_answers)
             self._early = self._early_answers = None
 
     def close(self) -> None:
@@ -279,10 +278,15 @@ class ByteChecks:
         self.close()
 
 
-def _end(early: subprocess.Popen[bytes]) -> None:
-    """Kill and reap the early process; its answers' pipe then ends."""
+def _end(early: subprocess.Popen[bytes], answers: threading.Thread | None = None) -> None:
+    """Kill and reap the early process; its answers' pipe then ends, so `answers` (the thread
+    reading them) takes what is left in it and returns before the pipe is closed. Closed first,
+    the pipe made the thread's next read fail: an exception in the thread, and the answers still
+    in the pipe lost."""
     early.kill()
     early.wait()
+    if answers is not None:
+        answers.join()
     if early.stdout is not None:
         early.stdout.close()
 

@@ -348,12 +348,12 @@ def _iter_compare(
         post_eos = eos is not None and key.step > eos
         # Membership costs a key's hash even in an empty set: most runs have no findings of either.
         contract, differs = bool(contract_keys) and key in contract_keys, bool(dispatch_keys) and key in dispatch_keys
-        tolerance = one_tolerance if one_tolerance is not None else options.tolerance_for(key, n.record.dtype)
+        n_record, o_record, n_layout, o_layout = n.record, o.record, n.layout, o.layout
+        tolerance = one_tolerance if one_tolerance is not None else options.tolerance_for(key, n_record.dtype)
         facts = (id(metrics), id(tolerance), post_eos, contract, differs)
         found = judged.get(facts)
         if found is None:
             found = judged[facts] = (*_judged(metrics, tolerance, post_eos, contract, differs), metrics, tolerance)
-        n_record, o_record, n_layout, o_layout = n.record, o.record, n.layout, o.layout
         results.append(
             PairResult(
                 key, n_record.name, n_record.seq, o_record.name, o_record.seq,

@@ -62,6 +62,16 @@ def _non_finite(value: float) -> str:
     return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
 
 
+def plain_names(tp: type) -> tuple[str, ...]:
+    """The names `plain` writes for an instance of dataclass `tp`, in its order: its fields, then
+    its derived properties (`DERIVED_PROPERTIES`). For writers that make a class's objects by the
+    hundred thousand from their values, faster than `plain` but with its names."""
+    shape = _shape_of(tp)
+    if shape is None:
+        raise TypeError(f"plain does not write {tp.__name__} field by field")
+    return shape[0] + shape[1]
+
+
 @cache
 def _shape_of(tp: type) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
     """A dataclass's field names and the derived properties written beside them, looked up once

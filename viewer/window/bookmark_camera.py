@@ -76,7 +76,7 @@ class BookmarkCamera(QObject):
         """The camera's own colour scale (the only part of a model a tensor view reads)."""
         self._view: TensorView | None = None
         self._errors: ErrorPlots | None = None
-        """The view's error plots, built by `prepare` a turn of the event loop before the rest of it."""
+        """The view's error plots, built by `prepare` in a turn of the event loop of their own."""
         self._maps: DifferenceMaps | None = None
         """Its heatmaps, built by `prepare` in a turn of their own."""
         self._picture: QImage | None = None

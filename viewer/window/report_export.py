@@ -85,8 +85,8 @@ class ReportExporter(QObject):
         return True
 
     def _next_later(self) -> None:
-        """The next bookmark (or the page), in a turn of the event loop of its own, after the
-        timers and input that are due (`LATER_MS`)."""
+        """The next step (a part of the camera's view, a bookmark, or the page), in a turn of the
+        event loop of its own, after the timers and input that are due (`LATER_MS`)."""
         run = self._run
 
         def step() -> None:

@@ -63,6 +63,15 @@ class Coded(Generic[Value]):
         return table[self.codes if rows is None else self.codes[rows]].tolist()  # type: ignore[no-any-return]
 
 
+def shared_codes(a: Coded[Value], b: Coded[Value]) -> tuple[np.ndarray, np.ndarray]:
+    """Both columns' codes into one list of values, so that equal codes mean equal values across
+    them: each side codes its own values, and a code of one means nothing to the other until both
+    are remapped."""
+    shared: dict[Value, int] = {}
+    remap = [np.array([shared.setdefault(value, len(shared)) for value in column.values], dtype=np.int64) for column in (a, b)]
+    return remap[0][a.codes], remap[1][b.codes]
+
+
 class IndexColumns:
     """An index table's columns, each copied (or coded) once, whatever number of checks use it."""
 

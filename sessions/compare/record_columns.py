@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from sessions.capture.columns import Coded
+from sessions.capture.columns import Coded, shared_codes
 from sessions.capture.reader import Record
 from sessions.capture.records import Records
 
@@ -144,17 +144,9 @@ class KeyColumns:
         return KeyColumns(self.step[kept], self.segment.rows(kept), self.layer[kept], self.op.rows(kept), self.occurrence[kept])
 
 
-def _shared_codes(a: Coded[str], b: Coded[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Both columns' codes into one list of values: each side codes its own texts, so a code of
-    one side means nothing to the other until both are remapped."""
-    shared: dict[str, int] = {}
-    remap = [np.array([shared.setdefault(value, len(shared)) for value in column.values], dtype=np.int64) for column in (a, b)]
-    return remap[0][a.codes], remap[1][b.codes]
-
-
 def shared_keys(a: KeyColumns, b: KeyColumns) -> tuple[np.ndarray, np.ndarray, int]:
     """Each row's key as one integer, equal across `a` and `b` exactly when the keys are, and how many distinct keys there are."""
-    segments, ops = _shared_codes(a.segment, b.segment), _shared_codes(a.op, b.op)
+    segments, ops = shared_codes(a.segment, b.segment), shared_codes(a.op, b.op)
     both = groups(
         np.concatenate((a.step, b.step)),
         np.concatenate(segments),

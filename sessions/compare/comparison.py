@@ -23,7 +23,7 @@ from sessions.capture.read_ahead import ReadAhead
 from sessions.capture.reader import Capture, Record
 from sessions.compare.align import AlignedPair, Alignment, align, cut_alike
 from sessions.compare.align_modes import ALIGN_MODES, POSITIONS
-from sessions.compare.byte_checks import ByteChecks
+from sessions.compare.byte_checks import ByteChecks, kept_in_page_cache
 from sessions.compare.contracts import (
     ContractCheck,
     ContractFinding,
@@ -274,7 +274,8 @@ def iter_compare(
     then. Raises ProfileError when a profile cannot be found or read, and CaptureError when a
     tensor cannot be read (the capture is unusable as input).
     """
-    with garbage_collection_paused(), ByteChecks(check_threads(options)) as checks:
+    kept = kept_in_page_cache(native.descriptor, oracle.descriptor)
+    with garbage_collection_paused(), ByteChecks(check_threads(options), kept) as checks:
         return (yield from _iter_compare(native, oracle, options, profiles, checks))
 
 
@@ -284,8 +285,8 @@ def _iter_compare(
     yield Progress(0, 1, "aligning records")
     if options.alignment not in ALIGN_MODES:
         raise ValueError(f"alignment {options.alignment!r} is not one of {', '.join(ALIGN_MODES)}")
-    native_profile, oracle_profile = resolve_profiles(native, oracle, options) if profiles is None else profiles
     checks.check_early(early_stretches(native, oracle, options.max_steps))
+    native_profile, oracle_profile = resolve_profiles(native, oracle, options) if profiles is None else profiles
     native_tokens, oracle_tokens = _tokens_within(native.tokens, options.max_steps), _tokens_within(oracle.tokens, options.max_steps)
     alignment: Alignment = align(
         _records_within(native, options.max_steps),

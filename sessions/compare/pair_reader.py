@@ -21,7 +21,12 @@ from sessions.capture.reader import (
     stored_span,
 )
 from sessions.compare.align import AlignedPair
-from sessions.compare.byte_checks import ByteChecks, FileSpot, Pieces
+from sessions.compare.byte_checks import (
+    ByteChecks,
+    FileSpot,
+    Pieces,
+    kept_in_page_cache,
+)
 from sessions.compare.mapped_record import MappedRecord
 
 ADVISE_MIN_BYTES = 1024 * 1024
@@ -152,7 +157,7 @@ class PairReader:
             # to decide on workers took the table's 0.17 s (240,000 rows) for slow comparing.
             capture.packed_addresses  # noqa: B018
         self._own_checks = checks is None
-        self.checks = ByteChecks(1) if checks is None else checks
+        self.checks = ByteChecks(1, kept_in_page_cache(native.descriptor, oracle.descriptor)) if checks is None else checks
         self._pieces: Pieces | None = None
         """This reader's own, not the checks' pieces for its thread: a check ahead would overwrite the
         bytes `held_bytes` hands out."""
@@ -173,7 +178,10 @@ class PairReader:
         if not self._pieces.read(native, oracle, size):
             return False
         self._held = size
-        return self._pieces.same(size)
+        if not self._pieces.same(size):
+            return False
+        self.checks.let_go(native, oracle, size)
+        return True
 
     def held_bytes(self, size: int) -> tuple[np.ndarray, np.ndarray] | None:
         """Both sides' `size` bytes as the last `stored_bytes_equal` read them, when it read them

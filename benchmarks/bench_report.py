@@ -50,7 +50,7 @@ from sessions.capture.writer import CaptureWriter  # noqa: E402
 from sessions.machine import usable_cores  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from many_records import build_many_records_pair  # noqa: E402
+from many_records import build_many_records_pair, many_records_paths  # noqa: E402
 
 REPORT_COMMAND = [sys.executable, "-m", "viewer.cli", "report"]
 """`parity-xray report`: the console script's entry point, viewer.cli.main."""
@@ -150,6 +150,8 @@ def main() -> int:
     directory.mkdir(parents=True, exist_ok=True)
     shape = tuple(int(n) for n in args.record_shape.split(","))
     need = int(args.gib * 1024**3) if not args.records else 2 * args.records * shape[0] * shape[1] * 2
+    if args.records and all(path.exists() for path in many_records_paths(directory, args.records, (shape[0], shape[1]), args.diverged)):
+        need = 0  # reused (a real model's 31.7 GB pair was refused for the room it would take to build it again)
     free = shutil.disk_usage(directory).free
     if free < need * 1.2:
         print(f"{directory}: {free / 1024**3:.1f} GiB free, need {need * 1.2 / 1024**3:.1f}", file=sys.stderr)

@@ -24,6 +24,14 @@ STEP_RECORDS = 36 * OPS_PER_LAYER
 """A 36-layer model's ops per token step: 240,000 records are about 555 steps."""
 
 
+def many_records_paths(directory: Path, records: int, shape: tuple[int, int] = (4, 16), diverged: bool = False) -> tuple[Path, Path]:
+    """Where `build_many_records_pair` writes the pair, and finds it to reuse: by its name alone.
+    "canonical": its op names are the canonical profile's. Pairs built before were named many-N and
+    used llama.cpp's l_out, which the profile has no rule for."""
+    name = f"many-canonical-{records}" + ("" if shape == (4, 16) else f"-{shape[0]}x{shape[1]}") + ("-diverged" if diverged else "")
+    return directory / f"{name}.native.h5", directory / f"{name}.oracle.h5"
+
+
 def build_many_records_pair(directory: Path, records: int, shape: tuple[int, int] = (4, 16), diverged: bool = False) -> tuple[Path, Path]:
     """A real model's record count: `records` bfloat16 tensors of `shape` per side in token steps of
     STEP_RECORDS, identical but for one bit in the record at 60% of the run (its first divergence);
@@ -31,10 +39,7 @@ def build_many_records_pair(directory: Path, records: int, shape: tuple[int, int
     error, once made, reaches every later op and spreads over its elements."""
     import ml_dtypes
 
-    # "canonical": its op names are the canonical profile's. Pairs built before were named many-N and
-    # used llama.cpp's l_out, which the profile has no rule for; a file is reused by its name alone.
-    name = f"many-canonical-{records}" + ("" if shape == (4, 16) else f"-{shape[0]}x{shape[1]}") + ("-diverged" if diverged else "")
-    native_path, oracle_path = directory / f"{name}.native.h5", directory / f"{name}.oracle.h5"
+    native_path, oracle_path = many_records_paths(directory, records, shape, diverged)
     if native_path.exists() and oracle_path.exists():
         return native_path, oracle_path
     tensor = np.random.default_rng(12).standard_normal(shape).astype(ml_dtypes.bfloat16)

@@ -4,7 +4,6 @@ only for bytes the checked stretches cover, all found equal."""
 
 from __future__ import annotations
 
-import mmap
 import os
 import subprocess
 import threading
@@ -18,8 +17,6 @@ from sessions.capture.opening import open_capture
 from sessions.compare import byte_checks, comparison, early_checks
 from sessions.compare.byte_checks import (
     EARLY_READER,
-    KEEP_ALL,
-    PIECE_BYTES,
     STRETCH_BYTES,
     ByteChecks,
     KnownStretches,
@@ -30,7 +27,6 @@ from sessions.compare.early_checks import early_stretches
 from sessions.compare.options import CompareOptions
 from sessions.machine import available_memory, physical_memory
 from sessions.progress import run_to_end
-from tests.test_byte_checks import _cached_files, _resident_pages
 from tests.test_compare import _many_small_records
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="child processes are found through /proc")
@@ -261,26 +257,8 @@ def test_the_early_process_reads_on_several_threads_where_there_are_cores_and_an
         with ByteChecks(16) as checks:
             checks.check_early(known)
             _settled(known)
-    assert [command[-3:] for command in started] == [["4", str(KEEP_ALL), str(KEEP_ALL)]], "four threads, and every byte kept in the page cache"
+    assert [command[-1] for command in started] == ["4"]
     assert known.equal == [stretch not in (2, 7, 11) for stretch in range(12)]
-
-
-def test_the_early_process_lets_go_of_the_page_cache_the_stretches_it_finds_equal_past_the_kept_offset(tmp_path: Path) -> None:
-    size = 4 * STRETCH_BYTES
-    native, oracle = _cached_files(tmp_path, 4 * STRETCH_BYTES)  # differing in stretches 0 and 1, and at the last byte
-    with open(native, "rb") as a, open(oracle, "rb") as b:
-        regions = [(0, 0, 3 * STRETCH_BYTES)]
-        known = KnownStretches(a.fileno(), b.fileno(), regions)
-        with ByteChecks(2, (2 * STRETCH_BYTES + PIECE_BYTES, STRETCH_BYTES)) as checks:
-            checks.check_early(known)
-            _settled(known)
-        assert known.equal == [False, False, True]
-        per_stretch = STRETCH_BYTES // mmap.PAGESIZE
-        native_pages, oracle_pages = (_resident_pages(fd, size) for fd in (a.fileno(), b.fileno()))
-        assert all(native_pages[: 2 * per_stretch + PIECE_BYTES // mmap.PAGESIZE]), "differing stretches, and the kept share"
-        assert not any(native_pages[2 * per_stretch + PIECE_BYTES // mmap.PAGESIZE : 3 * per_stretch]), "the equal stretch past the kept offset"
-        assert all(oracle_pages[: 2 * per_stretch]) and not any(oracle_pages[2 * per_stretch : 3 * per_stretch])
-        assert all(native_pages[3 * per_stretch :]) and all(oracle_pages[3 * per_stretch :]), "not asked about"
 
 
 def test_one_thread_asked_for_or_too_few_bytes_start_no_early_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -320,25 +298,6 @@ def test_a_comparison_with_bytes_checked_early_says_what_one_without_them_says(t
     assert early.verdict == plain.verdict
     assert [p.metrics for p in early.pairs] == [p.metrics for p in plain.pairs]
     assert early.verdict.word == ("PARITY" if flip_at == -1 else "DIVERGENCE")
-
-
-@pytest.mark.parametrize("flip_at", [-1, 30])
-@pytest.mark.parametrize("threads", [1, 2])
-def test_a_comparison_that_lets_its_bytes_go_of_the_page_cache_says_what_one_keeping_them_says(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flip_at: int, threads: int
-) -> None:
-    """A pair larger than memory keeps a share of it a side: as if this one were, every byte is let
-    go once found equal, early or by the comparison, and a run that differs is read again."""
-    native, oracle = _many_small_records(tmp_path, flip_at=flip_at)
-    monkeypatch.setattr(comparison, "check_threads", lambda options: threads)
-    with open_capture(native) as n, open_capture(oracle) as o:
-        kept = run_to_end(iter_compare(n, o, CompareOptions(workers=1)))
-        monkeypatch.setattr(byte_checks, "available_memory", lambda: 0)
-        assert byte_checks.kept_in_page_cache(n.descriptor, o.descriptor) == (0, 0)
-        let_go = run_to_end(iter_compare(n, o, CompareOptions(workers=1)))
-    assert let_go.verdict == kept.verdict
-    assert [p.metrics for p in let_go.pairs] == [p.metrics for p in kept.pairs]
-    assert let_go.verdict.word == ("PARITY" if flip_at == -1 else "DIVERGENCE")
 
 
 def test_a_comparison_closed_while_its_bytes_are_checked_early_leaves_no_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -422,5 +381,5 @@ def test_a_child_runs_the_projects_module_whatever_folder_it_is_started_in(tmp_p
     (tmp_path / "sessions" / "__init__.py").write_text("")
     (fake / "__init__.py").write_text("")
     (fake / "early_reader.py").write_text("print('not the project')\n")
-    done = subprocess.run(module_command(EARLY_READER, "3", "4", "1", "0", "0"), cwd=tmp_path, env=child_env(), input=b"", capture_output=True, timeout=60)
+    done = subprocess.run(module_command(EARLY_READER, "3", "4", "1"), cwd=tmp_path, env=child_env(), input=b"", capture_output=True, timeout=60)
     assert done.returncode == 0 and done.stdout == b"", done.stdout

@@ -104,3 +104,29 @@ def test_a_file_on_the_disk_only_is_advised(tmp_path: Path) -> None:
         assert _until(lambda: ahead.advised == 3 * STEP_BYTES, timeout_s=60)
     finally:
         ahead.close(wait=True)
+
+
+def test_spans_the_caller_has_consumed_already_are_not_advised(tmp_path: Path, on_disk_only: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread that fell behind (a full device queue) goes on from where the caller is: a
+    comparison of a pair larger than memory has let the bytes behind it go of the page cache,
+    and advice for them read them back in."""
+    data = tmp_path / "capture.h5"
+    data.write_bytes(b"\0" * (10 * STEP_BYTES))
+    advised: list[int] = []
+    real = os.posix_fadvise
+
+    def recorded(fd: int, offset: int, length: int, advice: int) -> None:
+        if advice == os.POSIX_FADV_WILLNEED:
+            advised.append(offset)
+        real(fd, offset, length, advice)
+
+    monkeypatch.setattr(read_ahead.os, "posix_fadvise", recorded)
+    ahead = ReadAhead([(str(data), 0, 10 * STEP_BYTES)], window=3 * STEP_BYTES)
+    try:
+        assert _until(lambda: ahead.advised == 3 * STEP_BYTES)
+        ahead.consumed(8 * STEP_BYTES)
+        assert _until(lambda: ahead.advised == 10 * STEP_BYTES)
+        assert _until(lambda: len(advised) == 5)
+    finally:
+        ahead.close(wait=True)
+    assert advised == [0, STEP_BYTES, 2 * STEP_BYTES, 8 * STEP_BYTES, 9 * STEP_BYTES]

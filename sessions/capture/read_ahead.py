@@ -26,6 +26,7 @@ import stat
 import threading
 from collections.abc import Sequence
 from types import TracebackType
+from typing import Literal
 
 STEP_BYTES = 4 * 1024 * 1024
 """Bytes per advice call: about what one call makes Linux read."""
@@ -78,16 +79,18 @@ class ReadAhead:
     ) -> None:
         self.close()
 
-    def _may_advise(self, size: int) -> bool:
+    def _may_advise(self, size: int) -> Literal["advise", "passed", "closed"]:
         """Wait until `size` more bytes keep within the window (or nothing is outstanding), and
-        count them; False once closed."""
+        count them: "passed" when the caller has consumed them already (a thread that fell
+        behind). Advised anyway, bytes a comparison had let go of the page cache once checked
+        (sessions.compare.page_release) were read back into it."""
         with self._wake:
             while not self._closed and self._consumed < self._advised and self._advised + size - self._consumed > self._window:
                 self._wake.wait()
             if self._closed:
-                return False
+                return "closed"
             self._advised += size
-            return True
+            return "passed" if self._advised <= self._consumed else "advise"
 
     def _run(self) -> None:
         files: dict[str, int | None] = {}
@@ -100,9 +103,10 @@ class ReadAhead:
                 fd = files[path]
                 for start in range(offset, offset + length, STEP_BYTES):
                     size = min(STEP_BYTES, offset + length - start)
-                    if not self._may_advise(size):
+                    may = self._may_advise(size)
+                    if may == "closed":
                         return
-                    if fd is not None:
+                    if fd is not None and may == "advise":
                         try:
                             os.posix_fadvise(fd, start, size, os.POSIX_FADV_WILLNEED)
                         except OSError:

@@ -13,7 +13,6 @@ it against 6.1-6.7 s without (four runs each, alternating).
 
 from __future__ import annotations
 
-import os
 import subprocess
 import tempfile
 import threading
@@ -27,8 +26,8 @@ import numpy as np
 from sessions.capture.pack_read import pread_exact
 from sessions.child_env import child_env, module_command
 from sessions.compare import early_reader
-from sessions.compare.early_reader import KEEP_ALL, PIECE_BYTES, PageRelease
-from sessions.machine import available_memory
+from sessions.compare.early_reader import PIECE_BYTES
+from sessions.compare.page_release import KEEP_ALL, Kept, PageRelease
 
 EARLY_MIN_BYTES = 256 * 1024 * 1024
 """Fewer alike bytes a side than this are not checked early: starting the process (30-60 ms)
@@ -49,35 +48,10 @@ copies costs less than comparing arrays (0.2 against 1.7 us for 1.4 KB)."""
 AHEAD_BYTES = 128 * 1024 * 1024
 """How far ahead of the comparison, a side, the threads may be checking."""
 
-KEPT_SHARE_OF_MEMORY = 4
-"""A pair larger than the memory the system could give keeps at most this share of it, a side, in
-the page cache (its first bytes, which the next comparison of the pair reads first): the rest
-is let go once checked (`early_reader.PageRelease`)."""
-
-Kept = tuple[int, int]
-"""From which offset of the native and of the oracle file bytes found equal are let go of the page cache."""
-
 FileSpot = tuple[int, int]
 """(file descriptor, byte offset)."""
 Check = tuple[FileSpot, FileSpot, int]
 """Native spot, oracle spot, and how many bytes from each."""
-
-
-def kept_in_page_cache(native_fd: int | None, oracle_fd: int | None) -> Kept:
-    """Where each file's bytes stop being kept in the page cache once checked: nowhere when both
-    files fit in the memory the system could give (a second comparison then reads them from
-    memory); else after the first KEPT_SHARE_OF_MEMORY of it, a side. Kept whole, a pair larger
-    than memory pushed out of the cache the bytes the next comparison reads first, and the
-    kernel reclaimed a page for every page read, in the reading threads: a 31.7 GB pair on a
-    23 GiB, 2-core machine (`report --workers 2`, two runs each) took 24.0-25.1 s from a cold
-    cache (28-31 s of system time) and 11.4-12.3 s right after; letting go, 15.0-16.7 s (6-11 s)
-    and 10.9-11.2 s. `cat` of both files: 18.1 and 12.2 s."""
-    if native_fd is None or oracle_fd is None:
-        return KEEP_ALL, KEEP_ALL
-    available = available_memory()
-    if os.fstat(native_fd).st_size + os.fstat(oracle_fd).st_size <= available:
-        return KEEP_ALL, KEEP_ALL
-    return available // KEPT_SHARE_OF_MEMORY, available // KEPT_SHARE_OF_MEMORY
 
 
 def early_threads(threads: int) -> int:
@@ -180,7 +154,8 @@ class ByteChecks:
     early (`check_early`) answer the checks they cover."""
 
     def __init__(self, threads: int, kept: Kept = (KEEP_ALL, KEEP_ALL)) -> None:
-        """`kept`: from which offset of each file bytes found equal are let go of the page cache (`kept_in_page_cache`)."""
+        """`kept`: from which offset of each file bytes found equal are let go of the page cache
+        (`page_release.kept_in_page_cache`)."""
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="byte-checks") if threads > 1 else None
         self.threads = threads
         self.kept = kept
@@ -203,7 +178,7 @@ class ByteChecks:
                 asked.write(b"".join(b"%d %d %d\n" % (native[1], oracle[1], size) for native, oracle, size in stretches))
                 asked.seek(0)
                 early = subprocess.Popen(
-                    module_command(EARLY_READER, *(str(fd) for fd in known.descriptors), str(early_threads(self.threads)), *(str(at) for at in self.kept)),
+                    module_command(EARLY_READER, *(str(fd) for fd in known.descriptors), str(early_threads(self.threads))),
                     stdin=asked, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, pass_fds=known.descriptors, env=child_env(),
                 )
         except (OSError, ValueError):
@@ -235,7 +210,7 @@ class ByteChecks:
 
     def let_go(self, native: FileSpot, oracle: FileSpot, size: int) -> None:
         """Let `size` bytes at each spot, found equal, go of the page cache past where `kept` says
-        (`early_reader.PageRelease`), from one thread, in the order the checks were asked for.
+        (`page_release.PageRelease`), in the order the comparison takes the answers.
         Bytes that differ are kept: the comparison reads them again pair by pair."""
         if self.kept != (KEEP_ALL, KEEP_ALL):
             self._release.add(native, oracle, size)
@@ -272,14 +247,18 @@ class ByteChecks:
             for done in range(0, size, STRETCH_BYTES)
         ]
         share = -(-len(pieces) // self.threads)
-        return all(self._answers(iter([pieces[i : i + share] for i in range(0, len(pieces), share)]), size))
+        if not all(self._answers(iter([pieces[i : i + share] for i in range(0, len(pieces), share)]), size, let_go=False)):
+            return False  # the record is compared again, element by element: none of its bytes is let go
+        self.let_go(native, oracle, size)
+        return True
 
-    def _answers(self, batches: Iterator[list[Check]], window: int) -> Generator[bool, None, None]:
+    def _answers(self, batches: Iterator[list[Check]], window: int, let_go: bool = True) -> Generator[bool, None, None]:
         """The batches' answers in order, each batch handed to the threads once those before it
         hold less than `window` bytes a side. Checks ahead keep AHEAD_BYTES: far enough ahead to
         keep every thread reading, not so far that a capture larger than memory pushes out of
         the page cache what the comparison has yet to read again (a run whose bytes differ is
-        compared pair by pair)."""
+        compared pair by pair). With `let_go`, each check's bytes found equal are let go as its
+        answer is taken (`let_go`)."""
         assert self._pool is not None
         pending: deque[tuple[Future[list[bool]], list[Check], int]] = deque()
         ahead = 0
@@ -296,11 +275,10 @@ class ByteChecks:
                     return
                 future, batch, size = pending.popleft()
                 ahead -= size
-                answers = future.result()
-                for check, answer in zip(batch, answers):
-                    if answer:
-                        self.let_go(*check)
-                yield from answers
+                for check, answer in zip(batch, future.result()):
+                    if answer and let_go:
+                        self.let_go(*check)  # as the answer is taken: the taker checks other bytes between answers
+                    yield answer
         finally:
             for future, _, _ in pending:
                 future.cancel()

@@ -23,7 +23,7 @@ from sessions.capture.read_ahead import ReadAhead
 from sessions.capture.reader import Capture, Record
 from sessions.compare.align import AlignedPair, Alignment, align, cut_alike
 from sessions.compare.align_modes import ALIGN_MODES, POSITIONS
-from sessions.compare.byte_checks import ByteChecks, kept_in_page_cache
+from sessions.compare.byte_checks import ByteChecks
 from sessions.compare.contracts import (
     ContractCheck,
     ContractFinding,
@@ -39,6 +39,7 @@ from sessions.compare.early_checks import early_stretches
 from sessions.compare.key import OpKey
 from sessions.compare.mapped_record import BatchRow, batch_of
 from sessions.compare.options import CompareOptions
+from sessions.compare.page_release import kept_in_page_cache
 from sessions.compare.pair_compare import iter_compare_pairs
 from sessions.compare.pair_reader import (
     PairReader,

@@ -21,13 +21,9 @@ from sessions.capture.reader import (
     stored_span,
 )
 from sessions.compare.align import AlignedPair
-from sessions.compare.byte_checks import (
-    ByteChecks,
-    FileSpot,
-    Pieces,
-    kept_in_page_cache,
-)
+from sessions.compare.byte_checks import ByteChecks, FileSpot, Pieces
 from sessions.compare.mapped_record import MappedRecord
+from sessions.compare.page_release import kept_in_page_cache
 
 ADVISE_MIN_BYTES = 1024 * 1024
 """Smaller records get no read-ahead: finding their span costs about what their read does."""

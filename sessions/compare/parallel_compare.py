@@ -209,7 +209,8 @@ def _compare_shard(index: int) -> list[PairOutcome] | None:
     native, oracle = _capture(job.native), _capture(job.oracle)
     with garbage_collection_paused():
         pairs = rebuilt(job.shards[index], native, oracle)
-        return run_to_end(iter_compare_pairs(PairReader(native, oracle), pairs, job.options, job.heads, (0, 1)))
+        with PairReader(native, oracle) as reader:  # closed: its checks let go of the bytes they still hold (page_release)
+            return run_to_end(iter_compare_pairs(reader, pairs, job.options, job.heads, (0, 1)))
 
 
 class _Workers:

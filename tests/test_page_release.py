@@ -1,0 +1,177 @@
+"""A pair larger than memory lets the bytes it found equal go of the page cache
+(sessions.compare.page_release): past a share of memory a side, in the order the comparison
+takes its answers, in whole blocks, never the bytes of a check that differs. Pages are looked at
+in the real page cache, with mincore(2) on a mapping of the file."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sessions.capture.opening import open_capture
+from sessions.compare import comparison, page_release
+from sessions.compare.byte_checks import STRETCH_BYTES, ByteChecks
+from sessions.compare.comparison import iter_compare
+from sessions.compare.options import CompareOptions
+from sessions.compare.page_release import (
+    KEEP_ALL,
+    KEPT_SHARE_OF_MEMORY,
+    RELEASE_ALIGN,
+    PageRelease,
+    kept_in_page_cache,
+)
+from sessions.progress import run_to_end
+from tests.test_compare import _many_small_records
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="the page cache takes advice on Linux")
+
+MIB = 1024 * 1024
+FAR = 40 * MIB
+"""Where the scenarios that need it start: past about 40 MiB of a sequential read, Linux 6 caches
+a file in 2 MiB blocks (large folios), which a drop covering part of one leaves whole; before
+it, in pages, which every drop clears."""
+
+
+def _resident_pages(fd: int, size: int) -> list[bool]:
+    """Which of a file's pages are in the page cache, by mincore(2) on a mapping of it: a read
+    that may not wait (RWF_NOWAIT) would tell too, but starts the kernel's read-ahead of the pages after."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    assert address not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+    try:
+        pages = ctypes.create_string_buffer(-(-size // mmap.PAGESIZE))
+        assert libc.mincore(address, size, pages) == 0, os.strerror(ctypes.get_errno())
+        return [bool(flag & 1) for flag in pages.raw]
+    finally:
+        libc.munmap(address, size)
+
+
+def _pages(fd: int, size: int, start: int, end: int) -> list[bool]:
+    """Residency of the pages of [start, end)."""
+    return _resident_pages(fd, size)[start // mmap.PAGESIZE : end // mmap.PAGESIZE]
+
+
+def _cached_pair(tmp_path: Path, size: int, differ_at: tuple[int, ...] = ()) -> tuple[Path, Path]:
+    """Two files of `size` bytes, equal but at `differ_at`, on the disk and read whole into the page
+    cache; skipped where the file system keeps its pages whatever it is told (tmpfs) or caches
+    them elsewhere (ZFS)."""
+    data = np.random.default_rng(5).integers(0, 256, size, dtype=np.uint8)
+    changed = data.copy()
+    changed[list(differ_at)] ^= 1
+    paths = (tmp_path / "n.bin", tmp_path / "o.bin")
+    for path, content in zip(paths, (data, changed)):
+        path.write_bytes(content.tobytes())
+        with open(path, "rb") as file:
+            os.fsync(file.fileno())
+            os.posix_fadvise(file.fileno(), 0, size, os.POSIX_FADV_DONTNEED)
+            if any(_resident_pages(file.fileno(), size)):
+                pytest.skip("this file system keeps its pages in memory whatever it is told")
+            file.read()
+            if not all(_resident_pages(file.fileno(), size)):
+                pytest.skip("this file system caches its files outside the page cache")
+    return paths
+
+
+def test_a_pair_that_fits_in_memory_keeps_every_byte_and_one_that_does_not_keeps_a_share_of_memory_a_side(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "n.bin").write_bytes(b"n" * 3000)
+    (tmp_path / "o.bin").write_bytes(b"o" * 3000)
+    with open(tmp_path / "n.bin", "rb") as a, open(tmp_path / "o.bin", "rb") as b, open(tmp_path / "n.bin", "rb") as again:
+        monkeypatch.setattr(page_release, "available_memory", lambda: 6000)
+        assert kept_in_page_cache(a.fileno(), b.fileno()) == (KEEP_ALL, KEEP_ALL)
+        assert kept_in_page_cache(a.fileno(), again.fileno()) == (KEEP_ALL, KEEP_ALL)
+        monkeypatch.setattr(page_release, "available_memory", lambda: 5999)
+        assert kept_in_page_cache(a.fileno(), b.fileno()) == (5999 // KEPT_SHARE_OF_MEMORY, 5999 // KEPT_SHARE_OF_MEMORY)
+        monkeypatch.setattr(page_release, "available_memory", lambda: 3000)
+        assert kept_in_page_cache(a.fileno(), again.fileno()) == (KEEP_ALL, KEEP_ALL), "a capture compared with itself is cached once"
+        assert kept_in_page_cache(a.fileno(), b.fileno()) == (750, 750)
+        assert kept_in_page_cache(None, b.fileno()) == (KEEP_ALL, KEEP_ALL), "a capture read without a descriptor"
+
+
+def test_bytes_that_follow_one_another_are_let_go_in_whole_blocks_as_they_come(tmp_path: Path) -> None:
+    """Let go check by check, half of a real pair's pages past the share kept stayed, in alternate
+    blocks. (What is held past the last whole block is let go on `close`, or when bytes that do
+    not follow it come: part of a block, which a system caching in large blocks keeps either way.)"""
+    size = FAR + 4 * RELEASE_ALIGN
+    native, oracle = _cached_pair(tmp_path, size)
+    with open(native, "rb") as a, open(oracle, "rb") as b:
+        release = PageRelease((0, FAR + RELEASE_ALIGN))
+        release.add((a.fileno(), FAR + 100), (b.fileno(), FAR + 100), RELEASE_ALIGN + 5)
+        release.add((a.fileno(), FAR + RELEASE_ALIGN + 105), (b.fileno(), FAR + RELEASE_ALIGN + 105), 2 * RELEASE_ALIGN - 98)
+        native_pages = _pages(a.fileno(), size, FAR, size)
+        oracle_pages = _pages(b.fileno(), size, FAR, size)
+        release.close()
+    block = RELEASE_ALIGN // mmap.PAGESIZE
+    assert not any(native_pages[block : 3 * block]), "let go up to the last whole block"
+    assert all(native_pages[3 * block :]), "held: the next check may go on from there"
+    assert all(oracle_pages[:block]), "kept: the share of memory this side keeps"
+    assert not any(oracle_pages[block : 3 * block])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_bytes_found_equal_are_let_go_past_the_kept_offset_and_bytes_that_differ_are_kept(tmp_path: Path, threads: int) -> None:
+    size = 4 * STRETCH_BYTES
+    native, oracle = _cached_pair(tmp_path, size, differ_at=(3 * STRETCH_BYTES + 7,))
+    with open(native, "rb") as a, open(oracle, "rb") as b, ByteChecks(threads, (RELEASE_ALIGN, RELEASE_ALIGN)) as checks:
+        n, o = a.fileno(), b.fileno()
+        assert checks.equal((n, 0), (o, 0), STRETCH_BYTES), "before the kept offset, then past it"
+        assert list(checks.ahead([((n, STRETCH_BYTES), (o, STRETCH_BYTES), STRETCH_BYTES), ((n, 3 * STRETCH_BYTES), (o, 3 * STRETCH_BYTES), STRETCH_BYTES)])) == [True, False]
+        for fd in (n, o):
+            assert all(_pages(fd, size, 0, RELEASE_ALIGN)), "kept: the share of memory a side keeps"
+            assert not any(_pages(fd, size, RELEASE_ALIGN, 2 * STRETCH_BYTES)), "found equal: let go"
+            assert all(_pages(fd, size, 2 * STRETCH_BYTES, size)), "never asked about, and a check that differs"
+
+
+def test_a_long_record_that_differs_in_its_last_stretch_keeps_every_byte_as_it_is_read_again(tmp_path: Path) -> None:
+    """Its stretches are shared out between the threads; those found equal are its bytes too."""
+    size = 3 * STRETCH_BYTES
+    native, oracle = _cached_pair(tmp_path, size, differ_at=(size - 1,))
+    with open(native, "rb") as a, open(oracle, "rb") as b, ByteChecks(2, (0, 0)) as checks:
+        assert not checks.equal((a.fileno(), 0), (b.fileno(), 0), size)
+        assert all(_resident_pages(a.fileno(), size)) and all(_resident_pages(b.fileno(), size))
+        assert checks.equal((a.fileno(), 0), (b.fileno(), 0), 2 * STRETCH_BYTES), "all equal: let go"
+        assert not any(_pages(a.fileno(), size, 0, 2 * STRETCH_BYTES))
+
+
+def test_answers_let_go_in_the_order_they_are_taken_with_checks_made_between_them(tmp_path: Path) -> None:
+    """A comparison takes a run's answer, checks a larger record itself, then takes the next run's
+    (sessions.compare.pair_compare). Both runs' answers came in one batch, and were let go as the
+    batch was taken, before the record between them: the block it shares with the first run was
+    then never let go whole."""
+    size = FAR + 8 * MIB
+    native, oracle = _cached_pair(tmp_path, size)
+    with open(native, "rb") as a, open(oracle, "rb") as b, ByteChecks(2, (0, 0)) as checks:
+        n, o = a.fileno(), b.fileno()
+        runs = checks.ahead([((n, FAR), (o, FAR), 3 * MIB), ((n, FAR + 4 * MIB), (o, FAR + 4 * MIB), 2 * MIB)])
+        assert next(runs)
+        assert checks.equal((n, FAR + 3 * MIB), (o, FAR + 3 * MIB), MIB)
+        assert next(runs)
+        assert not any(_pages(n, size, FAR, FAR + 6 * MIB)) and not any(_pages(o, size, FAR, FAR + 6 * MIB))
+        assert all(_pages(n, size, FAR + 6 * MIB, size))
+
+
+@pytest.mark.parametrize("flip_at", [-1, 30])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_comparison_that_lets_its_bytes_go_of_the_page_cache_says_what_one_keeping_them_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flip_at: int, threads: int
+) -> None:
+    """As if this pair were larger than memory, every byte found equal is let go, and a run that
+    differs is read again pair by pair."""
+    native, oracle = _many_small_records(tmp_path, flip_at=flip_at)
+    monkeypatch.setattr(comparison, "check_threads", lambda options: threads)
+    with open_capture(native) as n, open_capture(oracle) as o:
+        kept = run_to_end(iter_compare(n, o, CompareOptions(workers=1)))
+        monkeypatch.setattr(page_release, "available_memory", lambda: 0)
+        assert kept_in_page_cache(n.descriptor, o.descriptor) == (0, 0)
+        let_go = run_to_end(iter_compare(n, o, CompareOptions(workers=1)))
+    assert let_go.verdict == kept.verdict
+    assert [p.metrics for p in let_go.pairs] == [p.metrics for p in kept.pairs]
+    assert let_go.verdict.word == ("PARITY" if flip_at == -1 else "DIVERGENCE")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 
 def usable_cores() -> int:
@@ -17,13 +18,84 @@ def physical_memory() -> int:
 
 def available_memory() -> int:
     """Bytes the system could give without swapping, page cache included (Linux's MemAvailable):
-    what reading ahead may fill without pushing out what is read next. Where the system does not
-    say (macOS), half the machine's memory."""
+    what reading ahead may fill without pushing out what is read next. No more than this
+    process's memory cgroup still allows (`cgroup_available`): a CI job in a container limited to
+    8 GB on a 64 GB host was told 60 GB, and its page cache, charged to the container, was
+    reclaimed under the limit as it read. Where the system does not say (macOS), half the
+    machine's memory."""
+    system = physical_memory() // 2
     try:
         with open("/proc/meminfo", "rb") as meminfo:
             for line in meminfo:
                 if line.startswith(b"MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    system = int(line.split()[1]) * 1024
+                    break
     except (OSError, ValueError, IndexError):
         pass
-    return physical_memory() // 2
+    allowed = cgroup_available()
+    return system if allowed is None else min(system, allowed)
+
+
+UNLIMITED = 1 << 62
+"""A cgroup v1 limit at or past this is no limit (the kernel writes 2^63 rounded to a page)."""
+
+
+def cgroup_available(root: Path = Path("/sys/fs/cgroup"), own: Path = Path("/proc/self/cgroup")) -> int | None:
+    """Bytes this process's memory cgroup, or the tightest of its ancestors, allows beyond what it
+    holds, its page cache counted as free (as MemAvailable counts it); None where no limit is
+    set or none can be read. cgroup v2 (`memory.max`), else v1's memory controller
+    (`hierarchical_memory_limit`). In a container the cgroup's own folder is the mount's root."""
+    try:
+        lines = [line.split(":", 2) for line in own.read_text().splitlines() if line.count(":") >= 2]
+    except OSError:
+        return None
+    v1 = [path for _, controllers, path in lines if "memory" in controllers.split(",")]
+    if v1:  # a hybrid system's memory controller is v1's, whatever its unified hierarchy says
+        return _v1_available(root / "memory", v1[0].strip("/"))
+    v2 = [path for number, controllers, path in lines if number == "0" and controllers == ""]
+    return _v2_available(root, v2[0].strip("/")) if v2 else None
+
+
+def _v2_available(root: Path, relative: str) -> int | None:
+    folder = root / relative if (root / relative / "memory.max").exists() else root
+    found: int | None = None
+    while True:
+        limit = _number(folder / "memory.max")
+        if limit is not None:
+            cache = _stat(folder / "memory.stat", "file") or 0
+            current = _number(folder / "memory.current") or 0
+            left = max(0, limit - current + cache)
+            found = left if found is None else min(found, left)
+        if folder == root or root not in folder.parents:
+            return found
+        folder = folder.parent
+
+
+def _v1_available(root: Path, relative: str) -> int | None:
+    folder = root / relative if (root / relative / "memory.stat").exists() else root
+    limit = _stat(folder / "memory.stat", "hierarchical_memory_limit")
+    if limit is None or limit >= UNLIMITED:
+        return None
+    cache = _stat(folder / "memory.stat", "total_cache") or 0
+    usage = _number(folder / "memory.usage_in_bytes") or 0
+    return max(0, limit - usage + cache)
+
+
+def _number(path: Path) -> int | None:
+    """A cgroup file's one number; None for "max", a missing file or anything else."""
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _stat(path: Path, key: str) -> int | None:
+    """One "key value" line of a cgroup's memory.stat."""
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    except (OSError, ValueError):
+        return None
+    return None

@@ -25,7 +25,6 @@ from sessions.compare.byte_checks import (
 from sessions.compare.comparison import iter_compare
 from sessions.compare.early_checks import early_stretches
 from sessions.compare.options import CompareOptions
-from sessions.machine import available_memory, physical_memory
 from sessions.progress import run_to_end
 from tests.test_compare import _many_small_records
 
@@ -121,17 +120,6 @@ def test_the_last_row_whose_record_differs_in_one_field_is_the_one_row_not_alike
         file["index"][...] = index
     with open_capture(native) as n, open_capture(oracle) as o:
         assert np.flatnonzero(~early_checks.alike_rows(n, o, None)).tolist() == [len(n.index) - 1]
-
-
-def test_the_memory_the_system_could_give_is_what_the_system_says_and_never_more_than_the_machine_has() -> None:
-    """The early checks' budget is a share of it: read wrong (kB taken as bytes), a real run's
-    bytes would be checked after the pairing instead of during it."""
-    import psutil
-
-    available = available_memory()
-    assert 0 < available <= physical_memory()
-    if Path("/proc/meminfo").exists():  # Linux says; elsewhere half the machine's memory stands in
-        assert abs(available - psutil.virtual_memory().available) < physical_memory() // 20
 
 
 class h5_renamed:

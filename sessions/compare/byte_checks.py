@@ -158,7 +158,6 @@ class ByteChecks:
         (`page_release.kept_in_page_cache`)."""
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="byte-checks") if threads > 1 else None
         self.threads = threads
-        self.kept = kept
         self._release = PageRelease(kept)
         self._local = threading.local()
         self.known = KnownStretches(-1, -1, [])
@@ -212,7 +211,7 @@ class ByteChecks:
         """Let `size` bytes at each spot, found equal, go of the page cache past where `kept` says
         (`page_release.PageRelease`), in the order the comparison takes the answers.
         Bytes that differ are kept: the comparison reads them again pair by pair."""
-        if self.kept != (KEEP_ALL, KEEP_ALL):
+        if not self._release.keeps_all:
             self._release.add(native, oracle, size)
 
     def _equal_here(self, native: FileSpot, oracle: FileSpot, size: int) -> bool:

@@ -46,6 +46,11 @@ class PageRelease:
         self._held: list[tuple[int, int, int] | None] = [None, None]
         """Per side: (descriptor, start, end) of bytes found equal and not let go yet."""
 
+    @property
+    def keeps_all(self) -> bool:
+        """Whether every byte stays cached: `add` would let none go (a pair that fits in memory)."""
+        return self.kept == (KEEP_ALL, KEEP_ALL)
+
     def add(self, native: tuple[int, int], oracle: tuple[int, int], size: int) -> None:
         """`size` bytes at each (descriptor, offset), found equal."""
         for side, (fd, at) in enumerate((native, oracle)):

@@ -12,11 +12,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hand_captures import bf16_bits
 
+from sessions.capture.meta import CaptureMeta
 from sessions.capture.opening import open_capture
+from sessions.capture.reader import Capture, stored_span
+from sessions.capture.writer import CaptureWriter
 from sessions.compare import comparison, page_release
+from sessions.compare.align import AlignedPair
 from sessions.compare.byte_checks import STRETCH_BYTES, ByteChecks
 from sessions.compare.comparison import iter_compare
+from sessions.compare.key import OpKey
+from sessions.compare.mapped_record import MappedRecord
 from sessions.compare.options import CompareOptions
 from sessions.compare.page_release import (
     KEEP_ALL,
@@ -25,6 +32,7 @@ from sessions.compare.page_release import (
     PageRelease,
     kept_in_page_cache,
 )
+from sessions.compare.pair_reader import PairReader
 from sessions.progress import run_to_end
 from tests.test_compare import _many_small_records
 
@@ -62,23 +70,29 @@ def _pages(fd: int, size: int, start: int, end: int) -> list[bool]:
 
 def _cached_pair(tmp_path: Path, size: int, differ_at: tuple[int, ...] = ()) -> tuple[Path, Path]:
     """Two files of `size` bytes, equal but at `differ_at`, on the disk and read whole into the page
-    cache; skipped where the file system keeps its pages whatever it is told (tmpfs) or caches
-    them elsewhere (ZFS)."""
+    cache (`_read_into_page_cache`)."""
     data = np.random.default_rng(5).integers(0, 256, size, dtype=np.uint8)
     changed = data.copy()
     changed[list(differ_at)] ^= 1
     paths = (tmp_path / "n.bin", tmp_path / "o.bin")
     for path, content in zip(paths, (data, changed)):
         path.write_bytes(content.tobytes())
-        with open(path, "rb") as file:
-            os.fsync(file.fileno())
-            os.posix_fadvise(file.fileno(), 0, size, os.POSIX_FADV_DONTNEED)
-            if any(_resident_pages(file.fileno(), size)):
-                pytest.skip("this file system keeps its pages in memory whatever it is told")
-            file.read()
-            if not all(_resident_pages(file.fileno(), size)):
-                pytest.skip("this file system caches its files outside the page cache")
+        _read_into_page_cache(path)
     return paths
+
+
+def _read_into_page_cache(path: Path) -> None:
+    """The whole file in the page cache, from the disk; skipped where the file system keeps its
+    pages whatever it is told (tmpfs) or caches them elsewhere (ZFS)."""
+    size = path.stat().st_size
+    with open(path, "rb") as file:
+        os.fsync(file.fileno())
+        os.posix_fadvise(file.fileno(), 0, size, os.POSIX_FADV_DONTNEED)
+        if any(_resident_pages(file.fileno(), size)):
+            pytest.skip("this file system keeps its pages in memory whatever it is told")
+        file.read()
+        if not all(_resident_pages(file.fileno(), size)):
+            pytest.skip("this file system caches its files outside the page cache")
 
 
 def test_a_pair_that_fits_in_memory_keeps_every_byte_and_one_that_does_not_keeps_a_share_of_memory_a_side(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -104,8 +118,9 @@ def test_bytes_that_follow_one_another_are_let_go_in_whole_blocks_as_they_come(t
     native, oracle = _cached_pair(tmp_path, size)
     with open(native, "rb") as a, open(oracle, "rb") as b:
         release = PageRelease((0, FAR + RELEASE_ALIGN))
-        release.add((a.fileno(), FAR + 100), (b.fileno(), FAR + 100), RELEASE_ALIGN + 5)
-        release.add((a.fileno(), FAR + RELEASE_ALIGN + 105), (b.fileno(), FAR + RELEASE_ALIGN + 105), 2 * RELEASE_ALIGN - 98)
+        release.add((a.fileno(), FAR + 100, RELEASE_ALIGN + 5), (b.fileno(), FAR + 100, RELEASE_ALIGN + 5))
+        second = 2 * RELEASE_ALIGN - 98
+        release.add((a.fileno(), FAR + RELEASE_ALIGN + 105, second), (b.fileno(), FAR + RELEASE_ALIGN + 105, second))
         native_pages = _pages(a.fileno(), size, FAR, size)
         oracle_pages = _pages(b.fileno(), size, FAR, size)
         release.close()
@@ -175,3 +190,64 @@ def test_a_comparison_that_lets_its_bytes_go_of_the_page_cache_says_what_one_kee
     assert let_go.verdict == kept.verdict
     assert [p.metrics for p in let_go.pairs] == [p.metrics for p in kept.pairs]
     assert let_go.verdict.word == ("PARITY" if flip_at == -1 else "DIVERGENCE")
+
+
+def _diverged_captures(tmp_path: Path, records: int = 12) -> tuple[Path, Path]:
+    """A pair of `records` 64 KiB records, a few ULP apart in most elements of every one, as a run
+    whose first error reaches every later op; in the page cache."""
+    rows = bf16_bits(np.random.default_rng(8).standard_normal((32, 1024)))
+    paths = []
+    for role in ("native", "oracle"):
+        path = tmp_path / f"{role}.h5"
+        with CaptureWriter(path, CaptureMeta(role=role, engine_name=f"hand-{role}", weights_hash="sha256:aa")) as writer:
+            for layer in range(records):
+                bits = rows ^ np.random.default_rng(layer).integers(0, 4, size=rows.shape, dtype=np.uint16) if role == "native" else rows
+                writer.add_tensor("layer_out", bits, step=0, segment="decode", layer=layer, dtype="bfloat16")
+            writer.end_step()
+        paths.append(path)
+    for path in paths:
+        _read_into_page_cache(path)
+    return paths[0], paths[1]
+
+
+def _records_resident(capture: Capture) -> list[bool]:
+    """Whether each record's stored bytes are all in the page cache."""
+    assert capture.descriptor is not None
+    size = os.fstat(capture.descriptor).st_size
+    pages = _resident_pages(capture.descriptor, size)
+    spans = [stored_span(capture, record) for record in capture.records]
+    assert all(span is not None for span in spans)
+    return [all(pages[at // mmap.PAGESIZE : -(-(at + nbytes) // mmap.PAGESIZE)]) for at, nbytes in spans]  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_records_compared_element_by_element_are_let_go_once_compared_and_kept_when_the_pair_fits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threads: int
+) -> None:
+    """A diverged run larger than memory has no byte found equal: kept whole, it made the kernel
+    reclaim a page for every page read, as an identical one did before its bytes were let go."""
+    native, oracle = _diverged_captures(tmp_path)
+    monkeypatch.setattr(comparison, "check_threads", lambda options: threads)
+    with open_capture(native) as n, open_capture(oracle) as o:
+        kept = run_to_end(iter_compare(n, o, CompareOptions(workers=1)))
+        assert all(_records_resident(n)) and all(_records_resident(o)), "a pair that fits keeps every byte"
+        monkeypatch.setattr(page_release, "available_memory", lambda: 0)
+        let_go = run_to_end(iter_compare(n, o, CompareOptions(workers=1)))
+        assert not any(_records_resident(n)) and not any(_records_resident(o))
+    assert kept.verdict.word == let_go.verdict.word == "DIVERGENCE"
+    assert sum(p.metrics.differing > 0 for p in let_go.pairs) == 12
+    assert [p.metrics for p in let_go.pairs] == [p.metrics for p in kept.pairs]
+
+
+def test_a_record_compared_in_part_is_kept_for_the_pairs_that_compare_the_rest(tmp_path: Path) -> None:
+    """A window of positions (or a batch row) is part of its record: the rest is other pairs' to read."""
+    native, oracle = _diverged_captures(tmp_path, records=2)
+    key = OpKey(0, "decode", 0, "layer_out")
+    with open_capture(native) as n, open_capture(oracle) as o:
+        checks = ByteChecks(1, (0, 0))
+        with PairReader(n, o, checks) as reader:
+            for record, window in ((0, (0, 16)), (1, None)):
+                shape = (32, 1024) if window is None else (16, 1024)
+                reader.done_with(AlignedPair(key, *(MappedRecord(c.records[record], key, None, shape, window) for c in (n, o))))
+        checks.close()
+        assert _records_resident(n) == [True, False] and _records_resident(o) == [True, False]

@@ -27,7 +27,7 @@ from sessions.capture.pack_read import pread_exact
 from sessions.child_env import child_env, module_command
 from sessions.compare import early_reader
 from sessions.compare.early_reader import PIECE_BYTES
-from sessions.compare.page_release import KEEP_ALL, Kept, PageRelease
+from sessions.compare.page_release import KEEP_ALL, FileSpan, Kept, PageRelease
 
 EARLY_MIN_BYTES = 256 * 1024 * 1024
 """Fewer alike bytes a side than this are not checked early: starting the process (30-60 ms)
@@ -207,12 +207,24 @@ class ByteChecks:
             pieces = self._local.pieces = Pieces()
         return pieces
 
+    @property
+    def keeps_all(self) -> bool:
+        """Whether every byte stays in the page cache (a pair that fits in memory): nothing is let go."""
+        return self._release.keeps_all
+
     def let_go(self, native: FileSpot, oracle: FileSpot, size: int) -> None:
         """Let `size` bytes at each spot, found equal, go of the page cache past where `kept` says
         (`page_release.PageRelease`), in the order the comparison takes the answers.
-        Bytes that differ are kept: the comparison reads them again pair by pair."""
+        Bytes that differ are kept until the comparison is done with them (`done_with`): it
+        reads them again pair by pair."""
         if not self._release.keeps_all:
-            self._release.add(native, oracle, size)
+            self._release.add((*native, size), (*oracle, size))
+
+    def done_with(self, native: FileSpan | None, oracle: FileSpan | None) -> None:
+        """Let each side's span (None: nothing of that side) go of the page cache past where `kept`
+        says, once the comparison has compared it element by element and will not read it again."""
+        if not self._release.keeps_all:
+            self._release.add(native, oracle)
 
     def _equal_here(self, native: FileSpot, oracle: FileSpot, size: int) -> bool:
         """A check made in the caller's thread, its bytes let go once found equal."""

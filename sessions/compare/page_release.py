@@ -22,6 +22,8 @@ KEPT_SHARE_OF_MEMORY = 4
 the page cache (its first bytes, which the next comparison of the pair reads first): the rest
 is let go once checked (`PageRelease`)."""
 
+FileSpan = tuple[int, int, int]
+"""(file descriptor, byte offset, bytes)."""
 Kept = tuple[int, int]
 """From which offset of the native and of the oracle file bytes found equal are let go of the page cache."""
 RELEASE_ALIGN = 2 * 1024 * 1024
@@ -32,8 +34,9 @@ pages past the share kept stayed cached, in alternate 2 MiB blocks."""
 
 
 class PageRelease:
-    """Bytes of two files found equal, let go of the page cache (POSIX_FADV_DONTNEED) past where
-    each file's bytes are kept. Advice only: a file the system keeps otherwise (tmpfs) is unchanged.
+    """Bytes of two files the comparison is done with (found equal, or compared element by
+    element), let go of the page cache (POSIX_FADV_DONTNEED) past where each file's bytes are
+    kept. Advice only: a file the system keeps otherwise (tmpfs) is unchanged.
 
     Bytes are handed in the order the comparison takes its answers, never by a thread as it
     finishes a check: another thread still reading an earlier stretch has the kernel read ahead
@@ -51,22 +54,26 @@ class PageRelease:
         """Whether every byte stays cached: `add` would let none go (a pair that fits in memory)."""
         return self.kept == (KEEP_ALL, KEEP_ALL)
 
-    def add(self, native: tuple[int, int], oracle: tuple[int, int], size: int) -> None:
-        """`size` bytes at each (descriptor, offset), found equal."""
-        for side, (fd, at) in enumerate((native, oracle)):
-            start, end = max(at, self.kept[side]), at + size
-            if start >= end:
-                continue
-            held = self._held[side]
-            if held is not None and (held[0] != fd or held[2] != start):
-                _drop(*held)
-                held = None
-            fd, start = (fd, start) if held is None else held[:2]
-            cut = end // RELEASE_ALIGN * RELEASE_ALIGN
-            if cut > start:
-                _drop(fd, start, cut)
-                start = cut
-            self._held[side] = (fd, start, end) if start < end else None
+    def add(self, native: FileSpan | None, oracle: FileSpan | None) -> None:
+        """Each side's span (None: nothing of that side) done with: found equal, or compared."""
+        for side, span in enumerate((native, oracle)):
+            if span is not None:
+                self._add(side, *span)
+
+    def _add(self, side: int, fd: int, at: int, size: int) -> None:
+        start, end = max(at, self.kept[side]), at + size
+        if start >= end:
+            return
+        held = self._held[side]
+        if held is not None and (held[0] != fd or held[2] != start):
+            _drop(*held)
+            held = None
+        fd, start = (fd, start) if held is None else held[:2]
+        cut = end // RELEASE_ALIGN * RELEASE_ALIGN
+        if cut > start:
+            _drop(fd, start, cut)
+            start = cut
+        self._held[side] = (fd, start, end) if start < end else None
 
     def close(self) -> None:
         """Let go of what is held."""

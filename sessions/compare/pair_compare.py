@@ -230,7 +230,8 @@ def _compare_pair(
             done += n_bits.nbytes + o_bits.nbytes
             yield Progress(done, progress[1], label)
     yield Progress(progress[0] + pair_bytes(pair), progress[1], label)
-    finished = accumulator.finish()
+    finished = accumulator.finish()  # (which may read the oracle's rows again)
+    reader.done_with(pair)
     return template if finished.bit_exact and finished == template else finished
 
 

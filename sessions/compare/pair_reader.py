@@ -23,7 +23,7 @@ from sessions.capture.reader import (
 from sessions.compare.align import AlignedPair
 from sessions.compare.byte_checks import ByteChecks, FileSpot, Pieces
 from sessions.compare.mapped_record import MappedRecord
-from sessions.compare.page_release import kept_in_page_cache
+from sessions.compare.page_release import FileSpan, kept_in_page_cache
 
 ADVISE_MIN_BYTES = 1024 * 1024
 """Smaller records get no read-ahead: finding their span costs about what their read does."""
@@ -202,3 +202,18 @@ class PairReader:
         """Make `pair` the one read; its records are checked on their first read."""
         self.native.use(pair.native)
         self.oracle.use(pair.oracle)
+
+    def done_with(self, pair: AlignedPair) -> None:
+        """`pair`, compared element by element, lets its stored bytes go of the page cache past
+        what is kept (`ByteChecks.done_with`): nothing in this comparison reads them again. Only
+        whole records: a window or a batch row leaves the rest of its record to other pairs.
+        A diverged run larger than memory kept every byte it compared, and the kernel reclaimed
+        a page for each page read."""
+        if self.checks.keeps_all:
+            return
+        spans: list[FileSpan | None] = []
+        for side, mapped in ((self.native, pair.native), (self.oracle, pair.oracle)):
+            span, descriptor = stored_span(side.capture, mapped.record), side.capture.descriptor
+            whole = mapped.window is None and mapped.batch is None
+            spans.append((descriptor, *span) if whole and span is not None and descriptor is not None else None)
+        self.checks.done_with(*spans)

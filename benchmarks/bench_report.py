@@ -17,6 +17,8 @@ model's run is about 240,000), each a bfloat16 tensor of `--record-shape` (defau
 bytes), one bit apart at 60% of the run: the cost that grows with records, not bytes. With
 `--diverged` every record after it differs in most of its elements by 1-3 ULP, as in a run
 whose first error reaches every later op: the cost of the diff engine per differing record.
+Without `--records`, `--diverged` makes the second half of the 64 MiB tensors differ so: the
+diff engine's cost per element of a prefill's large records.
 
 Each round also times `python -c "import numpy, h5py"`: the start-up any Python HDF5 reader pays
 before its first byte. On a warm 1 GB pair that alone is about 2x cat, so the script also prints
@@ -25,7 +27,7 @@ the report's time beyond it against cat -- the part this project's code decides.
 `--align positions` times the report pairing records by token position, as it pairs runs cut
 differently.
 
-Usage: python benchmarks/bench_report.py [--dir /tmp/parity-xray-bench] [--gib 1.0 | --records N [--record-shape R,C] [--diverged]]
+Usage: python benchmarks/bench_report.py [--dir /tmp/parity-xray-bench] [--gib 1.0 | --records N [--record-shape R,C]] [--diverged]
        [--repeat 3] [--cold] [--keep] [--workers 1,2,all] [--align auto|calls|positions]
 h5diff comes with the hdf5-tools package (apt-get install hdf5-tools).
 """
@@ -61,10 +63,13 @@ ROWS, HIDDEN = 4096, 8192
 """One [rows, hidden] bfloat16 tensor is 64 MiB."""
 
 
-def build(directory: Path, total_bytes: int) -> tuple[Path, Path, str]:
+def build(directory: Path, total_bytes: int, diverged: bool = False) -> tuple[Path, Path, str]:
+    """64 MiB tensors; with `diverged`, those from the middle layer on differ in most elements by
+    1-3 ULP (the planted flip is then in the middle layer): a prefill's large records through
+    the diff engine, not only past its memcmp."""
     per_tensor = ROWS * HIDDEN * 2
     layers = max(1, -(-total_bytes // (2 * per_tensor)))
-    planted_layer, planted = layers - 2 if layers > 1 else 0, (ROWS - 7, HIDDEN // 3)
+    planted_layer, planted = (layers // 2 if diverged else layers - 2 if layers > 1 else 0), (ROWS - 7, HIDDEN // 3)
     paths = []
     for role in ("native", "oracle"):
         path = directory / f"bench.{role}.h5"
@@ -75,11 +80,13 @@ def build(directory: Path, total_bytes: int) -> tuple[Path, Path, str]:
             bits = gen.integers(0x3C00, 0x4000, size=(ROWS, HIDDEN), dtype=np.uint16)
             if role == "oracle" and layer == planted_layer:
                 bits[planted] ^= 1
+            if role == "oracle" and diverged and layer > planted_layer:
+                bits ^= np.random.default_rng(layer).integers(0, 4, size=bits.shape, dtype=np.uint16)
             writer.add_tensor("layer_out", bits, step=0, segment="prefill", layer=layer, dtype="bfloat16")
             writer.end_step()
         writer.close()
         paths.append(path)
-    where = f"step 0 prefill layer {planted_layer} layer_out at {list(planted)}"
+    where = f"step 0 prefill layer {planted_layer} layer_out at {list(planted)}" + (f", and layers {planted_layer + 1}-{layers - 1} diverged" if diverged and layers > planted_layer + 1 else "")
     return paths[0], paths[1], where
 
 
@@ -138,7 +145,7 @@ def main() -> int:
     parser.add_argument("--records", type=int, help="instead of --gib: this many records per side (240000: a real 8B model's run)")
     parser.add_argument("--record-shape", default="4,16", help="with --records: each record's rows,cols (default 4,16)")
     parser.add_argument("--align", default="auto", choices=("auto", "calls", "positions"), help="the report's --align (positions: the pairing of runs cut differently)")
-    parser.add_argument("--diverged", action="store_true", help="with --records: every record after the planted one differs in most elements (a diverged run)")
+    parser.add_argument("--diverged", action="store_true", help="every record (with --gib: every tensor of the layers) after the planted one differs in most elements (a diverged run)")
     args = parser.parse_args()
     cores = usable_cores()
     workers = sorted({cores if w.strip() == "all" else int(w) for w in args.workers.split(",")})
@@ -161,7 +168,7 @@ def main() -> int:
         native, oracle = build_many_records_pair(directory, args.records, (shape[0], shape[1]), args.diverged)
         planted = f"record {args.records * 3 // 5}{' and every later one' if args.diverged else ''} of {args.records:,} ({shape[0]}x{shape[1]} bfloat16 each)"
     else:
-        native, oracle, planted = build(directory, need)
+        native, oracle, planted = build(directory, need, args.diverged)
     size = native.stat().st_size + oracle.stat().st_size
     print(f"built {size / 1e9:.2f} GB pair in {time.perf_counter() - t0:.1f} s; planted 1-ULP flip at {planted}")
     env = dict(os.environ, XDG_CACHE_HOME=str(directory / "cache"), PYTHONPYCACHEPREFIX=str(directory / "pycache"))

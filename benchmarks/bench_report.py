@@ -17,8 +17,8 @@ model's run is about 240,000), each a bfloat16 tensor of `--record-shape` (defau
 bytes), one bit apart at 60% of the run: the cost that grows with records, not bytes. With
 `--diverged` every record after it differs in most of its elements by 1-3 ULP, as in a run
 whose first error reaches every later op: the cost of the diff engine per differing record.
-Without `--records`, `--diverged` makes the second half of the 64 MiB tensors differ so: the
-diff engine's cost per element of a prefill's large records.
+Without `--records`, `--diverged` makes the 64 MiB tensors of the layers after the middle one
+differ so: the diff engine's cost per element of a prefill's large records.
 
 Each round also times `python -c "import numpy, h5py"`: the start-up any Python HDF5 reader pays
 before its first byte. On a warm 1 GB pair that alone is about 2x cat, so the script also prints
@@ -64,9 +64,9 @@ ROWS, HIDDEN = 4096, 8192
 
 
 def build(directory: Path, total_bytes: int, diverged: bool = False) -> tuple[Path, Path, str]:
-    """64 MiB tensors; with `diverged`, those from the middle layer on differ in most elements by
-    1-3 ULP (the planted flip is then in the middle layer): a prefill's large records through
-    the diff engine, not only past its memcmp."""
+    """64 MiB tensors; with `diverged`, the flip is planted in the middle layer and the layers after
+    it differ in most elements by 1-3 ULP: a prefill's large records through the diff engine, not
+    only past its memcmp."""
     per_tensor = ROWS * HIDDEN * 2
     layers = max(1, -(-total_bytes // (2 * per_tensor)))
     planted_layer, planted = (layers // 2 if diverged else layers - 2 if layers > 1 else 0), (ROWS - 7, HIDDEN // 3)
@@ -86,7 +86,9 @@ def build(directory: Path, total_bytes: int, diverged: bool = False) -> tuple[Pa
             writer.end_step()
         writer.close()
         paths.append(path)
-    where = f"step 0 prefill layer {planted_layer} layer_out at {list(planted)}" + (f", and layers {planted_layer + 1}-{layers - 1} diverged" if diverged and layers > planted_layer + 1 else "")
+    after = range(planted_layer + 1, layers) if diverged else range(0)
+    spread = f", and layer {after[0]} diverged" if len(after) == 1 else f", and layers {after[0]}-{after[-1]} diverged" if after else ""
+    where = f"step 0 prefill layer {planted_layer} layer_out at {list(planted)}{spread}"
     return paths[0], paths[1], where
 
 

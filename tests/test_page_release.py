@@ -12,18 +12,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hand_captures import bf16_bits
+from hand_captures import T, bf16_bits, write_capture
 
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.opening import open_capture
 from sessions.capture.reader import Capture, stored_span
 from sessions.capture.writer import CaptureWriter
-from sessions.compare import comparison, page_release
+from sessions.compare import comparison, page_release, pair_reader
 from sessions.compare.align import AlignedPair
 from sessions.compare.byte_checks import STRETCH_BYTES, ByteChecks
 from sessions.compare.comparison import iter_compare
 from sessions.compare.key import OpKey
-from sessions.compare.mapped_record import MappedRecord
+from sessions.compare.mapped_record import BatchRow, MappedRecord
 from sessions.compare.options import CompareOptions
 from sessions.compare.page_release import (
     KEEP_ALL,
@@ -192,10 +192,11 @@ def test_a_comparison_that_lets_its_bytes_go_of_the_page_cache_says_what_one_kee
     assert let_go.verdict.word == ("PARITY" if flip_at == -1 else "DIVERGENCE")
 
 
-def _diverged_captures(tmp_path: Path, records: int = 12) -> tuple[Path, Path]:
-    """A pair of `records` 64 KiB records, a few ULP apart in most elements of every one, as a run
-    whose first error reaches every later op; in the page cache."""
-    rows = bf16_bits(np.random.default_rng(8).standard_normal((32, 1024)))
+def _diverged_captures(tmp_path: Path, records: int = 6) -> tuple[Path, Path]:
+    """A pair of `records` records of 2.2 MB, a few ULP apart in most elements of every one, as a
+    run whose first error reaches every later op; in the page cache. Each record is longer than a
+    2 MiB block, so none lies wholly inside one that a system caching in large blocks keeps."""
+    rows = bf16_bits(np.random.default_rng(8).standard_normal((1100, 1024)))
     paths = []
     for role in ("native", "oracle"):
         path = tmp_path / f"{role}.h5"
@@ -235,19 +236,40 @@ def test_records_compared_element_by_element_are_let_go_once_compared_and_kept_w
         let_go = run_to_end(iter_compare(n, o, CompareOptions(workers=1)))
         assert not any(_records_resident(n)) and not any(_records_resident(o))
     assert kept.verdict.word == let_go.verdict.word == "DIVERGENCE"
-    assert sum(p.metrics.differing > 0 for p in let_go.pairs) == 12
+    assert sum(p.metrics.differing > 0 for p in let_go.pairs) == 6
     assert [p.metrics for p in let_go.pairs] == [p.metrics for p in kept.pairs]
 
 
-def test_a_record_compared_in_part_is_kept_for_the_pairs_that_compare_the_rest(tmp_path: Path) -> None:
-    """A window of positions (or a batch row) is part of its record: the rest is other pairs' to read."""
-    native, oracle = _diverged_captures(tmp_path, records=2)
+def test_a_side_compared_in_part_keeps_its_record_for_the_pairs_that_compare_the_rest(tmp_path: Path) -> None:
+    """A window of positions is part of its record; a batched run's record holds one request, which
+    its pair reads, so it goes whole; a side read whole goes whatever the other side is."""
+    native, oracle = _diverged_captures(tmp_path, records=3)
     key = OpKey(0, "decode", 0, "layer_out")
     with open_capture(native) as n, open_capture(oracle) as o:
-        checks = ByteChecks(1, (0, 0))
-        with PairReader(n, o, checks) as reader:
-            for record, window in ((0, (0, 16)), (1, None)):
-                shape = (32, 1024) if window is None else (16, 1024)
-                reader.done_with(AlignedPair(key, *(MappedRecord(c.records[record], key, None, shape, window) for c in (n, o))))
-        checks.close()
-        assert _records_resident(n) == [True, False] and _records_resident(o) == [True, False]
+        with ByteChecks(1, (0, 0)) as checks, PairReader(n, o, checks) as reader:
+            for record, windows, batch in ((0, ((0, 16), (0, 16)), None), (1, (None, None), BatchRow(1, 0)), (2, ((0, 16), None), None)):
+                sides = (MappedRecord(c.records[record], key, None, (1100, 1024), window, batch) for c, window in zip((n, o), windows))
+                reader.done_with(AlignedPair(key, *sides))
+        assert _records_resident(n) == [True, False, True]
+        assert _records_resident(o) == [True, False, False]
+
+
+def test_a_pair_is_let_go_only_after_its_metrics_are_finished_which_read_its_oracle_rows_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long pair whose first chunks are equal sums their oracle squares only once a later chunk
+    differs, as its metrics are finished: let go before, those rows came back from the disk."""
+    equal = bf16_bits(np.random.default_rng(9).standard_normal((64, 1024)))
+    differs = equal.copy()
+    differs[-1, -1] ^= 1
+    native, oracle = write_capture(tmp_path / "n.h5", "native", [T("layer_out", differs, layer=0, dtype="bfloat16")]), write_capture(tmp_path / "o.h5", "oracle", [T("layer_out", equal, layer=0, dtype="bfloat16")])
+    events: list[str] = []
+    rows, done_with = pair_reader._Side.rows, PairReader.done_with
+    monkeypatch.setattr(pair_reader._Side, "rows", lambda side, span: events.append(f"{side.capture.meta.role} rows {span}") or rows(side, span))
+    monkeypatch.setattr(PairReader, "done_with", lambda reader, pair: events.append("let go") or done_with(reader, pair))
+    monkeypatch.setattr(page_release, "available_memory", lambda: 0)
+    with open_capture(native) as n, open_capture(oracle) as o:
+        compared = run_to_end(iter_compare(n, o, CompareOptions(workers=1, chunk_bytes=32 * 1024)))
+    assert compared.pairs[0].metrics.differing == 1
+    assert events.count("oracle rows (0, 16)") == 2, "read, then read again for its squares"
+    assert events[-1] == "let go"

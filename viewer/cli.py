@@ -18,6 +18,7 @@ from types import ModuleType
 from typing import Any, TextIO
 
 from sessions.capture import spare_checker
+from sessions.compare.heap_tuning import keep_temporaries_on_heap
 from sessions.compare.verdict import EXIT_UNUSABLE
 from sessions.ctrl_c import ctrl_c_kept, exit_code_of, said
 from sessions.printable import printable
@@ -76,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         from viewer.app import run_viewer
 
         return run_viewer(argv)
+    keep_temporaries_on_heap()
     if argv[0] in OPENS_CAPTURES:
         spare_checker.prepare()
     try:

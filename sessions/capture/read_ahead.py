@@ -82,8 +82,8 @@ class ReadAhead:
     def _may_advise(self, size: int) -> Literal["advise", "passed", "closed"]:
         """Wait until `size` more bytes keep within the window (or nothing is outstanding), and
         count them: "passed" when the caller has consumed them already (a thread that fell
-        behind). Advised anyway, bytes a comparison had let go of the page cache once checked
-        (sessions.compare.page_release) were read back into it."""
+        behind). Advised anyway, bytes a comparison had let go of the page cache once done with
+        them (sessions.compare.page_release) were read back into it."""
         with self._wake:
             while not self._closed and self._consumed < self._advised and self._advised + size - self._consumed > self._window:
                 self._wake.wait()

@@ -154,7 +154,7 @@ class ByteChecks:
     early (`check_early`) answer the checks they cover."""
 
     def __init__(self, threads: int, kept: Kept = (KEEP_ALL, KEEP_ALL)) -> None:
-        """`kept`: from which offset of each file bytes found equal are let go of the page cache
+        """`kept`: from which offset of each file bytes done with are let go of the page cache
         (`page_release.kept_in_page_cache`)."""
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="byte-checks") if threads > 1 else None
         self.threads = threads
@@ -215,8 +215,8 @@ class ByteChecks:
     def let_go(self, native: FileSpot, oracle: FileSpot, size: int) -> None:
         """Let `size` bytes at each spot, found equal, go of the page cache past where `kept` says
         (`page_release.PageRelease`), in the order the comparison takes the answers.
-        Bytes that differ are kept until the comparison is done with them (`done_with`): it
-        reads them again pair by pair."""
+        Bytes that differ are kept: the comparison reads them again pair by pair, and lets them go
+        once done (`done_with`)."""
         if not self._release.keeps_all:
             self._release.add((*native, size), (*oracle, size))
 

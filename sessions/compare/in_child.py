@@ -29,6 +29,7 @@ from sessions.child_env import module_command
 from sessions.child_process import ChildProcess, progress_line, signal_name
 from sessions.compare.comparison import Comparison, iter_compare
 from sessions.compare.document import ReportFormatError, document_bytes, loads_lines
+from sessions.compare.heap_tuning import keep_temporaries_on_heap
 from sessions.compare.layout_transform import LayoutError
 from sessions.compare.options import CompareOptions
 from sessions.compare.profiles import ProfileError
@@ -177,6 +178,7 @@ def compare_here(native_path: Path, oracle_path: Path, options: CompareOptions, 
 
 
 def main(argv: list[str] | None = None) -> int:
+    keep_temporaries_on_heap()
     parser = argparse.ArgumentParser(prog="python -m sessions.compare.in_child")
     parser.add_argument("--options", default=options_to_json(CompareOptions()), help="CompareOptions as a JSON object; - reads it from stdin")
     parser.add_argument("--cache-dir", type=Path, help="use the sidecar result cache in this folder")

@@ -1,11 +1,12 @@
-"""Letting a pair's bytes go of the page cache once they are found equal, for a pair larger than memory.
+"""Letting a pair's bytes go of the page cache once the comparison is done with them, for a pair larger than memory.
 
 A pair of captures larger than the memory the system could give is read once through. Each page
 kept in the page cache pushes out another, and the kernel reclaims it in the reading thread: a
 bare read of a 31.7 GB pair on a 23 GiB, 2-core machine (one thread, both files in turn, 256 KiB
 pieces) took 34.3 s, 31.4 s of it system time; dropping what was read, 11.6 s and 3.8 s (`cat`
 of both files: 17-19 s). The comparison keeps the first bytes of each file, which its next run
-reads first, and lets the rest go (`kept_in_page_cache`).
+reads first, and lets the rest go (`kept_in_page_cache`): bytes found equal as their answer is
+taken, bytes that differ once the pair holding them is compared element by element.
 """
 
 from __future__ import annotations
@@ -16,16 +17,16 @@ import sys
 from sessions.machine import available_memory
 
 KEEP_ALL = sys.maxsize
-"""A file offset no byte reaches: every byte checked stays in the page cache."""
+"""A file offset no byte reaches: every byte read stays in the page cache."""
 KEPT_SHARE_OF_MEMORY = 4
 """A pair larger than the memory the system could give keeps at most this share of it, a side, in
 the page cache (its first bytes, which the next comparison of the pair reads first): the rest
-is let go once checked (`PageRelease`)."""
+is let go once the comparison is done with it (`PageRelease`)."""
 
 FileSpan = tuple[int, int, int]
 """(file descriptor, byte offset, bytes)."""
 Kept = tuple[int, int]
-"""From which offset of the native and of the oracle file bytes found equal are let go of the page cache."""
+"""From which offset of the native and of the oracle file bytes done with are let go of the page cache."""
 RELEASE_ALIGN = 2 * 1024 * 1024
 """Bytes are let go of the page cache in spans that start and end on multiples of this where they
 can: the kernel caches a file in blocks of up to 2 MiB (large folios) and keeps a block that a
@@ -47,7 +48,7 @@ class PageRelease:
     def __init__(self, kept: tuple[int, int]) -> None:
         self.kept = kept
         self._held: list[tuple[int, int, int] | None] = [None, None]
-        """Per side: (descriptor, start, end) of bytes found equal and not let go yet."""
+        """Per side: (descriptor, start, end) of bytes done with and not let go yet."""
 
     @property
     def keeps_all(self) -> bool:

@@ -205,15 +205,17 @@ class PairReader:
 
     def done_with(self, pair: AlignedPair) -> None:
         """`pair`, compared element by element, lets its stored bytes go of the page cache past
-        what is kept (`ByteChecks.done_with`): nothing in this comparison reads them again. Only
-        whole records: a window or a batch row leaves the rest of its record to other pairs.
+        what is kept (`ByteChecks.done_with`): nothing in this comparison reads them again. A
+        side compared in part (a window of positions) keeps its record, whose other rows are other
+        pairs' to read; a batched run's record is read for its one request's row, so it goes whole.
         A diverged run larger than memory kept every byte it compared, and the kernel reclaimed
         a page for each page read."""
         if self.checks.keeps_all:
             return
-        spans: list[FileSpan | None] = []
-        for side, mapped in ((self.native, pair.native), (self.oracle, pair.oracle)):
-            span, descriptor = stored_span(side.capture, mapped.record), side.capture.descriptor
-            whole = mapped.window is None and mapped.batch is None
-            spans.append((descriptor, *span) if whole and span is not None and descriptor is not None else None)
+        spans: list[FileSpan | None] = [None, None]
+        for at, (side, mapped) in enumerate(((self.native, pair.native), (self.oracle, pair.oracle))):
+            descriptor = side.capture.descriptor
+            if mapped.window is None and descriptor is not None:
+                span = stored_span(side.capture, mapped.record)
+                spans[at] = None if span is None else (descriptor, *span)
         self.checks.done_with(*spans)

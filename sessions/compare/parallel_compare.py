@@ -40,6 +40,7 @@ from sessions.capture.reader import Capture, CaptureError
 from sessions.child_process import die_with_parent
 from sessions.compare.align import AlignedPair
 from sessions.compare.byte_checks import ByteChecks
+from sessions.compare.heap_tuning import keep_temporaries_on_heap
 from sessions.compare.key import OpKey
 from sessions.compare.layout_transform import LayoutTransform
 from sessions.compare.mapped_record import BatchRow, MappedRecord, batch_of
@@ -190,6 +191,7 @@ def _start_worker(claims: SynchronizedArray[int], job: bytes) -> None:
     They come pickled once for all workers: each worker's start arguments are pickled on their
     own, and a real run's pairs take seconds to pickle."""
     global _claims, _job
+    keep_temporaries_on_heap()
     _claims, _job = claims, pickle.loads(job)
     die_with_parent()
 

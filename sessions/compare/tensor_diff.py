@@ -35,7 +35,6 @@ from sessions.bits.ulp import (
     ulp_distance,
     ulp_size,
 )
-from sessions.compare.heap_tuning import keep_temporaries_on_heap
 
 EXACT_P99_DISTINCT_LIMIT = 100_000
 """Past this many distinct ULP values, p99 is reported as a histogram bucket edge."""
@@ -391,7 +390,6 @@ class DiffAccumulator:
         head_split: tuple[int, int] | None = None,
         reread_oracle: Callable[[int, int], np.ndarray] | None = None,
     ) -> None:
-        keep_temporaries_on_heap()
         self.logical = logical
         self.shape = shape
         self.tolerance = tolerance

@@ -56,7 +56,12 @@ if TYPE_CHECKING:
     from multiprocessing.sharedctypes import SynchronizedArray
 
 MIN_AUTO_CORES = 4
-"""With fewer cores the one process, its read-ahead thread and the page cache already fill them."""
+"""With fewer cores the one process, its read-ahead thread and the page cache already fill them,
+but for a pair whose elements differ: the diff engine holds one core. On 2 cores `--workers 2`
+reported a 24,000-record pair of which 9,600 records diverged in 5.1 s against 8.3-8.5 s, and a
+2.15 GB pair of diverged 64 MiB tensors in 3.1-3.2 s against 5.1-5.3 s. It is not the default
+there: the window's comparison child, so, stalled the window for 103 and 132 ms in two of three
+runs of `bench_ui_stall --records 240000 --diverged` (30-45 ms with one process)."""
 MAX_AUTO_WORKERS = 16
 SHARDS_PER_WORKER = 16
 """Shards are claimed whole, so the last one a process takes can leave the others idle: a

@@ -511,6 +511,9 @@ def interrupt_while_starting():
 
 
 if __name__ == "__main__":
+    # Ctrl-C as a terminal delivers it: a test run in a background job (`make test &`) starts this
+    # script with SIGINT ignored, which the gate rightly keeps, and the cluster then started.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Thread(target=interrupt_while_starting, daemon=True).start()
     try:
         with DaskGate(workers=1):

@@ -217,8 +217,7 @@ class ByteChecks:
         (`page_release.PageRelease`), in the order the comparison takes the answers.
         Bytes that differ are kept: the comparison reads them again pair by pair, and lets them go
         once done (`done_with`)."""
-        if not self._release.keeps_all:
-            self._release.add((*native, size), (*oracle, size))
+        self.done_with((*native, size), (*oracle, size))
 
     def done_with(self, native: FileSpan | None, oracle: FileSpan | None) -> None:
         """Let each side's span (None: nothing of that side) go of the page cache past where `kept`

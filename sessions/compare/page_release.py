@@ -93,7 +93,7 @@ def _drop(fd: int, start: int, end: int) -> None:
 
 
 def kept_in_page_cache(native_fd: int | None, oracle_fd: int | None) -> Kept:
-    """Where each file's bytes stop being kept in the page cache once checked: nowhere when both
+    """Where each file's bytes stop being kept in the page cache once done with: nowhere when both
     files fit in the memory the system could give (a second comparison then reads them from
     memory); else after the first KEPT_SHARE_OF_MEMORY of it, a side. Kept whole, a pair larger
     than memory pushed out of the cache the bytes the next comparison reads first, and the

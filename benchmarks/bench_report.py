@@ -25,10 +25,11 @@ before its first byte. On a warm 1 GB pair that alone is about 2x cat, so the sc
 the report's time beyond it against cat -- the part this project's code decides.
 
 `--align positions` times the report pairing records by token position, as it pairs runs cut
-differently.
+differently. `--json` times it writing its JSON document too, as a CI pipeline runs it: a
+document of about 1 KB per pair.
 
 Usage: python benchmarks/bench_report.py [--dir /tmp/parity-xray-bench] [--gib 1.0 | --records N [--record-shape R,C]] [--diverged]
-       [--repeat 3] [--cold] [--keep] [--workers 1,2,all] [--align auto|calls|positions]
+       [--repeat 3] [--cold] [--keep] [--workers 1,2,all] [--align auto|calls|positions] [--json]
 h5diff comes with the hdf5-tools package (apt-get install hdf5-tools).
 """
 
@@ -148,6 +149,7 @@ def main() -> int:
     parser.add_argument("--record-shape", default="4,16", help="with --records: each record's rows,cols (default 4,16)")
     parser.add_argument("--align", default="auto", choices=("auto", "calls", "positions"), help="the report's --align (positions: the pairing of runs cut differently)")
     parser.add_argument("--diverged", action="store_true", help="every record (with --gib: every tensor of the layers) after the planted one differs in most elements (a diverged run)")
+    parser.add_argument("--json", action="store_true", help="the report also writes its JSON document (--json), as a CI pipeline runs it")
     args = parser.parse_args()
     cores = usable_cores()
     workers = sorted({cores if w.strip() == "all" else int(w) for w in args.workers.split(",")})
@@ -175,7 +177,7 @@ def main() -> int:
     print(f"built {size / 1e9:.2f} GB pair in {time.perf_counter() - t0:.1f} s; planted 1-ULP flip at {planted}")
     env = dict(os.environ, XDG_CACHE_HOME=str(directory / "cache"), PYTHONPYCACHEPREFIX=str(directory / "pycache"))
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    report = REPORT_COMMAND + [str(native), str(oracle), "--align", args.align]
+    report = REPORT_COMMAND + [str(native), str(oracle), "--align", args.align] + (["--json", str(directory / "report.json")] if args.json else [])
     os.chdir(ROOT)
     first_s, _, _ = timed(report + ["--no-cache"], env)
     print(f"report, first open of the new files (one-time structure check, bytecode compiled): {first_s:.2f} s")
@@ -197,6 +199,7 @@ def main() -> int:
     if not args.keep:
         native.unlink()
         oracle.unlink()
+        (directory / "report.json").unlink(missing_ok=True)
     return 0
 
 

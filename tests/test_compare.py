@@ -534,3 +534,39 @@ def test_the_json_document_has_an_item_per_line_and_every_pair_its_own_metrics_h
     lines = text.splitlines()
     assert lines[0] == "{" and lines[-1] == "}"
     assert sum(line.startswith('  {"key": ') for line in lines) == 2 * len(comparison.pairs), "each pair and growth point on its own line"
+
+
+def test_the_json_document_writes_every_pair_and_growth_point_as_its_plain_form_whatever_their_values(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pairs are written from templates shared by pairs alike (`_pair_items`): each one must still
+    read back as exactly its own values, hostile text, windows, manual reasons and non-finite
+    NMSE included, and neighbours that share a template must not share their keys or seqs."""
+    from sessions.compare import document as document_module
+    from sessions.compare.document import comparison_to_dict
+    from sessions.compare.verdict import Kind
+
+    native, oracle = _many_small_records(tmp_path, flip_at=7, diverged=True)
+    with open_capture(native) as n, open_capture(oracle) as o:
+        comparison = run_to_end(iter_compare(n, o, CompareOptions(workers=1)))
+    pairs = comparison.pairs
+    hostile = 'q"proj\\ \u00e9\u4e2d {0} %s \x1b[31m\u2028'
+    pairs[3] = dataclasses.replace(pairs[3], native_name=hostile, oracle_name="", native_layout="1 heads rows dim -> rows (heads dim)")
+    pairs[4] = dataclasses.replace(pairs[4], manual_reason='oracle numbers "layers" from 1', native_window=(5, 1013), oracle_window=(0, 1008))
+    pairs[5] = dataclasses.replace(pairs[5], post_eos=True, within_tolerance=False, verdict=Kind.DIVERGED)
+    pairs[9] = dataclasses.replace(pairs[9], key=OpKey(2, 'vis"ual', -1, "logits", 3, (5, 9)))
+    pairs[12] = dataclasses.replace(pairs[12], metrics=dataclasses.replace(pairs[12].metrics, nmse=float("nan"), max_ulp=None))
+    pairs[13] = dataclasses.replace(pairs[13], metrics=dataclasses.replace(pairs[13].metrics, nmse=float("inf")))
+    pairs[15] = dataclasses.replace(pairs[15], native_name="sdpa_renamed")  # alike later sdpa pairs but for this name
+    text = dumps(comparison)
+    monkeypatch.setattr(document_module, "ITEMS_PER_PIECE", 4)
+    assert dumps(comparison) == text, "items joined a few at a time make the same text"
+    document = json.loads(text)
+    assert document["pairs"] == comparison_to_dict(comparison)["pairs"]
+    assert document["error_growth"] == comparison_to_dict(comparison)["error_growth"]
+    assert document["pairs"][3]["native_name"] == hostile and document["pairs"][4]["native_window"] == [5, 1013]
+    assert document["pairs"][9]["key"] == '2:vis"ual:-1:logits#3@5-8' and document["pairs"][9]["label"] == 'step 2 vis"ual logits#3 positions 5–8'
+    growth = {point["key"]: point for point in document["error_growth"]}
+    assert pairs[5].key.text() not in growth, "a pair after the shared EOS is not followed"
+    assert growth[pairs[12].key.text()] == {"key": pairs[12].key.text(), "max_ulp": None, "nmse": "NaN", "differing": pairs[12].metrics.differing}
+    assert growth[pairs[13].key.text()]["nmse"] == "Infinity" and growth[pairs[14].key.text()]["max_ulp"] == pairs[14].metrics.max_ulp > 0
+    assert [p["native_seq"] for p in document["pairs"]] == [p.native_seq for p in pairs] == list(range(len(pairs)))
+    assert [p["native_name"] for p in document["pairs"][15::11]] == ["sdpa_renamed", "sdpa", "sdpa", "sdpa", "sdpa"]

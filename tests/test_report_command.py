@@ -608,10 +608,13 @@ def test_a_hand_written_relative_capture_path_is_the_session_folders_whatever_th
     assert capsys.readouterr().out.startswith("DIVERGENCE: first diverged at 0:text-before:0:ffn_act")
 
 
-def test_the_json_document_is_made_a_piece_at_a_time_with_one_item_per_line(demo_pairs: dict[str, tuple[Path, Path]], tmp_path: Path) -> None:
+def test_the_json_document_is_made_a_piece_at_a_time_with_one_item_per_line(
+    demo_pairs: dict[str, tuple[Path, Path]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A real model's 236 MB document was made whole before it was written: with its pieces,
-    860 MB held at once. Written as it is made, each piece is at most one list item."""
+    860 MB held at once. Written as it is made, each piece is at most `ITEMS_PER_PIECE` list items."""
     from sessions.capture.opening import open_capture
+    from sessions.compare import document
     from sessions.compare.comparison import iter_compare
     from sessions.compare.document import json_pieces
     from sessions.progress import run_to_end
@@ -619,10 +622,11 @@ def test_the_json_document_is_made_a_piece_at_a_time_with_one_item_per_line(demo
     native, oracle = demo_pairs["swiglu-order"]
     with open_capture(native) as n, open_capture(oracle) as o:
         comparison = run_to_end(iter_compare(n, o))
+    monkeypatch.setattr(document, "ITEMS_PER_PIECE", 3)
     pieces = list(json_pieces(comparison))
     text = "".join(pieces)
-    assert len(pieces) > len(comparison.pairs) > 10
-    assert max(piece.count('{"key": ') for piece in pieces) == 1, "no piece holds two pairs"
+    assert len(comparison.pairs) > 10 and len(pieces) > len(comparison.pairs) / 3
+    assert max(piece.count('{"key": ') for piece in pieces) == 3, "no piece holds more than three pairs"
     lines = text.splitlines()
     first = lines.index(' "pairs": [') + 1
     last = next(at for at in range(first, len(lines)) if lines[at].startswith(" ]"))

@@ -541,7 +541,7 @@ def test_the_json_document_writes_every_pair_and_growth_point_as_its_plain_form_
     read back as exactly its own values, hostile text, windows, manual reasons and non-finite
     NMSE included, and neighbours that share a template must not share their keys or seqs."""
     from sessions.compare import document as document_module
-    from sessions.compare.document import comparison_to_dict
+    from sessions.compare.document import comparison_to_dict, document_bytes
     from sessions.compare.verdict import Kind
 
     native, oracle = _many_small_records(tmp_path, flip_at=7, diverged=True)
@@ -556,9 +556,11 @@ def test_the_json_document_writes_every_pair_and_growth_point_as_its_plain_form_
     pairs[12] = dataclasses.replace(pairs[12], metrics=dataclasses.replace(pairs[12].metrics, nmse=float("nan"), max_ulp=None))
     pairs[13] = dataclasses.replace(pairs[13], metrics=dataclasses.replace(pairs[13].metrics, nmse=float("inf")))
     pairs[15] = dataclasses.replace(pairs[15], native_name="sdpa_renamed")  # alike later sdpa pairs but for this name
+    pairs[16] = dataclasses.replace(pairs[16], manual_reason="paired by hand")  # alike later o_proj pairs but for this reason
     text = dumps(comparison)
     monkeypatch.setattr(document_module, "ITEMS_PER_PIECE", 4)
     assert dumps(comparison) == text, "items joined a few at a time make the same text"
+    assert dumps(loads_lines(document_bytes(comparison))) == text, "the cache's rows, made from templates too, read back as the same pairs"
     document = json.loads(text)
     assert document["pairs"] == comparison_to_dict(comparison)["pairs"]
     assert document["error_growth"] == comparison_to_dict(comparison)["error_growth"]
@@ -570,3 +572,4 @@ def test_the_json_document_writes_every_pair_and_growth_point_as_its_plain_form_
     assert growth[pairs[13].key.text()]["nmse"] == "Infinity" and growth[pairs[14].key.text()]["max_ulp"] == pairs[14].metrics.max_ulp > 0
     assert [p["native_seq"] for p in document["pairs"]] == [p.native_seq for p in pairs] == list(range(len(pairs)))
     assert [p["native_name"] for p in document["pairs"][15::11]] == ["sdpa_renamed", "sdpa", "sdpa", "sdpa", "sdpa"]
+    assert [p["manual_reason"] for p in document["pairs"][16::11]] == ["paired by hand", None, None, None, None]

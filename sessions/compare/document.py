@@ -19,7 +19,7 @@ from itertools import islice
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from sessions.compare.comparison import Comparison, GrowthPoint, PairResult
-from sessions.compare.json_plain import PLAIN_TYPES, plain, plain_names
+from sessions.compare.json_plain import plain, plain_names
 from sessions.compare.key import KeyParser, OpKey
 from sessions.compare.tensor_diff import TensorMetrics
 from sessions.gc_pause import garbage_collection_paused
@@ -225,12 +225,10 @@ def _separated(items: Iterator[str], separator: str) -> Iterator[str]:
 
 
 def _pair_items(pairs: list[PairResult], encode: Callable[[Any], str]) -> Iterator[str]:
-    """Each pair as JSON, its metrics last, made from a template: pairs alike but for their key,
-    seqs and metrics (every token step's q_proj against q_proj, bit-exact) share all their other
-    text, which is encoded once (`_pair_template`), and metrics shared by identical pairs are
-    encoded once. Through `plain`, 240,000 pairs took 5.3 s to write, more than their
-    comparison; as a dict encoded per pair, 1.3 s; from templates, 0.45 s."""
-    templates: dict[tuple[Any, ...], tuple[str, str, str, str, str]] = {}
+    """Each pair as JSON, its metrics last, made from its kind's template (`_between_slots`), and
+    metrics shared by identical pairs encoded once. Through `plain`, 240,000 pairs took 5.3 s to
+    write, more than their comparison; as a dict encoded per pair, 1.3 s; from templates, 0.45 s."""
+    templates: dict[tuple[Any, ...], list[str]] = {}
     shared: dict[int, str] = {}
     for pair in pairs:
         metrics = shared.get(id(pair.metrics))
@@ -239,35 +237,41 @@ def _pair_items(pairs: list[PairResult], encode: Callable[[Any], str]) -> Iterat
         alike = _repeating_values(pair)
         template = templates.get(alike)
         if template is None:
-            template = templates[alike] = _pair_template(pair, encode)
-        before_key, before_native_seq, before_oracle_seq, before_label, before_metrics = template
+            template = templates[alike] = _between_slots(pair, _JSON_PAIR_NAMES, _OBJECT_SLOTS, _named, encode)
+        before_key, before_native_seq, before_oracle_seq, before_label, rest = template
         key = pair.key
         yield (
             f"{before_key}{encode(key.text())}{before_native_seq}{pair.native_seq:d}{before_oracle_seq}{pair.oracle_seq:d}"
-            f"{before_label}{encode(key.label())}{before_metrics}{metrics}}}"
+            f"{before_label}{encode(key.label())}{rest}, \"metrics\": {metrics}}}"
         )
 
 
-_PAIR_SLOTS = ("key", "native_seq", "oracle_seq", "label")
-"""A pair's values that differ from one pair to the next, in their order in `_JSON_PAIR_NAMES`,
-but its metrics: its other values repeat (a few names, layouts, verdicts and windows)."""
-
-
-def _pair_template(pair: PairResult, encode: Callable[[Any], str]) -> tuple[str, str, str, str, str]:
-    """The text of `pair`'s JSON object around its `_PAIR_SLOTS` and its metrics, each piece
-    ending where a value goes: the object `encode(dict)` writes, with the names `plain` gives
-    and the metrics last."""
+def _between_slots(pair: PairResult, names: tuple[str, ...], slots: frozenset[str], before: Callable[[int, str], str], encode: Callable[[Any], str]) -> list[str]:
+    """A template of `pair`'s kind: the text of its values `names` between those of its `slots`,
+    each piece ending where a slot's value goes, `before(at, name)` written before each value.
+    Pairs alike but for their slots (every token step's q_proj against q_proj, bit-exact) share
+    the rest of their text: a few names, layouts, verdicts and windows (`_repeating_values`)."""
     pieces: list[str] = []
-    text = "{"
-    for at, (name, value) in enumerate(zip(_JSON_PAIR_NAMES, _json_pair_values(pair))):
-        text += f"{', ' if at else ''}{encode(name)}: "
-        if name in _PAIR_SLOTS:
+    text = ""
+    for at, name in enumerate(names):
+        text += before(at, name)
+        if name in slots:
             pieces.append(text)
             text = ""
         else:
-            text += encode(value if type(value) in PLAIN_TYPES else plain(value))
-    before_key, before_native_seq, before_oracle_seq, before_label = pieces
-    return before_key, before_native_seq, before_oracle_seq, before_label, f'{text}, "metrics": '
+            text += encode(getattr(pair, name))
+    pieces.append(text)
+    return pieces
+
+
+def _named(at: int, name: str) -> str:
+    """What `encode(dict)` writes before a value of an object."""
+    return f"{'{' if at == 0 else ', '}{json.dumps(name)}: "
+
+
+def _listed(at: int, name: str) -> str:
+    """What `encode(list)` writes before a value of a list."""
+    return "[" if at == 0 else ", "
 
 
 def _growth_items(points: list[GrowthPoint], encode: Callable[[Any], str]) -> Iterator[str]:
@@ -308,12 +312,14 @@ PAIR_FIELDS = tuple(f.name for f in dataclasses.fields(PairResult))
 number of a METRICS_LINE. A row is read in half the time of an object with named fields."""
 _METRICS_AT = PAIR_FIELDS.index("metrics")
 _KEY_AT = PAIR_FIELDS.index("key")
-_pair_values = operator.attrgetter(*PAIR_FIELDS)
 _JSON_PAIR_NAMES = tuple(name for name in plain_names(PairResult) if name != "metrics")
 """A pair's names in `json_pieces`, as `plain` writes them, but for its metrics, written last."""
-_JSON_KEY_AT = _JSON_PAIR_NAMES.index("key")
-_json_pair_values = operator.attrgetter(*_JSON_PAIR_NAMES)
-_repeating_values = operator.attrgetter(*(name for name in _JSON_PAIR_NAMES if name not in _PAIR_SLOTS))
+_OBJECT_SLOTS = frozenset({"key", "native_seq", "oracle_seq", "label"})
+"""The values of a pair in `json_pieces` that are its own, but its metrics."""
+_ROW_SLOTS = frozenset({"key", "native_seq", "oracle_seq", "metrics"})
+"""The values of a pair's row in `document_lines` that are its own."""
+_repeating_values = operator.attrgetter(*(name for name in PAIR_FIELDS if name not in _ROW_SLOTS))
+"""The values a pair shares with the pairs of its kind, whose template (`_between_slots`) it takes."""
 
 METRICS_LINE = "metrics"
 """A line of `document_lines` that defines a pair's metrics shared by pairs after it: their
@@ -329,23 +335,26 @@ def document_lines(comparison: Comparison) -> Iterator[str]:
     once, on a METRICS_LINE before the first pair with them: a real model's 220,000 pairs took
     7.1 s to write and 5.5 s to read, more than their comparison. A pair's other values are
     JSON as they are (texts, numbers, booleans, null, a window's two numbers, its Kind, a str):
-    only its key is made text. Passing each value through `plain` was a quarter of the writing
-    (220,000 pairs: 1.17 against 0.86 s)."""
+    only its key is made text, and its row is made from its kind's template (`_between_slots`):
+    240,000 pairs' rows, each encoded as a list, took 0.73 s; from templates, 0.42-0.50 s."""
     with garbage_collection_paused():
         data = comparison_to_dict(dataclasses.replace(comparison, pairs=[]), DERIVED_LISTS)
         lists = {name: value for name, value in data.items() if isinstance(value, list)}
         yield json.dumps({**data, **{name: [] for name in lists}}, allow_nan=False)
         encode = json.JSONEncoder(allow_nan=False).encode
         shared: dict[int, int] = {}
+        templates: dict[tuple[Any, ...], list[str]] = {}
         for pair in comparison.pairs:
             number = shared.get(id(pair.metrics))
             if number is None:
                 number = shared[id(pair.metrics)] = len(shared)
                 yield f"{METRICS_LINE}\t{encode(plain(pair.metrics))}"
-            row = list(_pair_values(pair))
-            row[_METRICS_AT] = number
-            row[_KEY_AT] = pair.key.text()
-            yield f"pairs\t{encode(row)}"
+            alike = _repeating_values(pair)
+            template = templates.get(alike)
+            if template is None:
+                template = templates[alike] = _between_slots(pair, PAIR_FIELDS, _ROW_SLOTS, _listed, encode)
+            before_key, before_native_seq, before_oracle_seq, before_metrics, rest = template
+            yield f"pairs\t{before_key}{encode(pair.key.text())}{before_native_seq}{pair.native_seq:d}{before_oracle_seq}{pair.oracle_seq:d}{before_metrics}{number:d}{rest}]"
         for name, items in lists.items():
             for item in items:
                 yield f"{name}\t{encode(item)}"

@@ -306,6 +306,8 @@ def test_a_document_line_with_a_null_key_extra_data_deep_nesting_or_an_unknown_v
         "TypeError in an item of pairs: an op key is text": changed(0, None),
         "extra data at character": pair + " []",
         "ValueError in an item of pairs: 'identical' is not a valid Kind": changed(10, "identical"),
+        "ValueError in an item of pairs: a pair's seqs are integers, not 1.5 and 0": changed(2, 1.5),
+        "ValueError in an item of pairs: a pair's seqs are integers, not 0 and True": changed(4, True),
         "an item of pairs is not JSON \\(it nests deeper than a reader follows\\)": "pairs\t" + "[" * 100_000,
         "an item of pairs is not JSON \\(Exceeds the limit": "pairs\t" + "9" * 5000,
     }

@@ -312,6 +312,7 @@ PAIR_FIELDS = tuple(f.name for f in dataclasses.fields(PairResult))
 number of a METRICS_LINE. A row is read in half the time of an object with named fields."""
 _METRICS_AT = PAIR_FIELDS.index("metrics")
 _KEY_AT = PAIR_FIELDS.index("key")
+_NATIVE_SEQ_AT, _ORACLE_SEQ_AT = PAIR_FIELDS.index("native_seq"), PAIR_FIELDS.index("oracle_seq")
 _JSON_PAIR_NAMES = tuple(name for name in plain_names(PairResult) if name != "metrics")
 """A pair's names in `json_pieces`, as `plain` writes them, but for its metrics, written last."""
 _OBJECT_SLOTS = frozenset({"key", "native_seq", "oracle_seq", "label"})
@@ -381,6 +382,8 @@ def _pair_from_row(row: Any, shared: list[TensorMetrics], read_key: KeyParser) -
     number = row[_METRICS_AT]
     if type(number) is not int or number < 0:
         raise ValueError(f"a pair's metrics are the number of a {METRICS_LINE} line, not {number!r}")
+    if type(row[_NATIVE_SEQ_AT]) is not int or type(row[_ORACLE_SEQ_AT]) is not int:  # the writers' templates take them as integers
+        raise ValueError(f"a pair's seqs are integers, not {row[_NATIVE_SEQ_AT]!r} and {row[_ORACLE_SEQ_AT]!r}")
     row[_METRICS_AT] = shared[number]
     row[_KEY_AT] = read_key(row[_KEY_AT])
     for at, read, optional in _pair_readers():

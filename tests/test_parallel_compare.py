@@ -127,6 +127,48 @@ class _IdleWorkers:
         pass
 
 
+@pytest.mark.parametrize(("cores", "headless", "behind_a_window"), [(1, 1, 1), (2, 2, 1), (3, 3, 1), (4, 4, 4), (40, 16, 16)])
+def test_headless_a_comparison_may_use_every_core_and_behind_a_window_one_process_below_four(
+    monkeypatch: pytest.MonkeyPatch, cores: int, headless: int, behind_a_window: int
+) -> None:
+    """On 2 cores two processes report a diverged pair 1.3-1.6x faster, so a CI runner's report
+    uses both; a window on 2 or 3 cores keeps a core while its child compares. Asked, the count
+    is what was asked, wherever."""
+    monkeypatch.setattr(parallel_compare, "usable_cores", lambda: cores)
+    assert worker_count(CompareOptions()) == headless
+    assert worker_count(CompareOptions(workers=3)) == 3
+    monkeypatch.setattr(parallel_compare, "_behind_a_window", False)
+    parallel_compare.leave_the_window_a_core()
+    assert worker_count(CompareOptions()) == behind_a_window
+    assert worker_count(CompareOptions(workers=3)) == 3
+
+
+WINDOW_CHILD_WORKERS = """
+import sys
+from sessions.compare import parallel_compare
+from sessions.compare.in_child import main
+from sessions.compare.options import CompareOptions
+
+parallel_compare.usable_cores = lambda: 2
+main(sys.argv[1:])
+print(parallel_compare.worker_count(CompareOptions()), file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize(("flags", "workers"), [((), "2"), (("--behind-a-window",), "1")])
+def test_the_comparison_child_leaves_a_core_only_when_a_window_waits_on_it(demo_pairs: dict[str, tuple[Path, Path]], flags: tuple[str, ...], workers: str) -> None:
+    import subprocess
+    import sys
+
+    native, oracle = demo_pairs["clean"]
+    run = subprocess.run(
+        [sys.executable, "-c", WINDOW_CHILD_WORKERS, *flags, str(native), str(oracle)],
+        cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "result" in run.stdout.splitlines() and run.stderr.splitlines()[-1] == workers
+
+
 def test_the_comparing_process_takes_every_shard_no_worker_gets_to(
     demo_pairs: dict[str, tuple[Path, Path]], workers_at_once: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

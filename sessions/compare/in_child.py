@@ -32,6 +32,7 @@ from sessions.compare.document import ReportFormatError, document_bytes, loads_l
 from sessions.compare.heap_tuning import keep_temporaries_on_heap
 from sessions.compare.layout_transform import LayoutError
 from sessions.compare.options import CompareOptions
+from sessions.compare.parallel_compare import leave_the_window_a_core
 from sessions.compare.profiles import ProfileError
 from sessions.compare.result_cache import iter_document_cached
 from sessions.progress import Progress, ProgressGenerator
@@ -189,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.behind_a_window:
         os.nice(BEHIND_A_WINDOW_NICENESS)
+        leave_the_window_a_core()
     try:
         options = options_from_json(sys.stdin.read() if args.options == "-" else args.options)
         document = compare_here(args.native, args.oracle, options, args.cache_dir, args.complete_only)

@@ -55,13 +55,14 @@ if TYPE_CHECKING:
     from multiprocessing.pool import AsyncResult, Pool
     from multiprocessing.sharedctypes import SynchronizedArray
 
-MIN_AUTO_CORES = 4
-"""With fewer cores the one process, its read-ahead thread and the page cache already fill them,
-but for a pair whose elements differ: the diff engine holds one core. On 2 cores `--workers 2`
-reported a 24,000-record pair of which 9,600 records diverged in 5.1 s against 8.3-8.5 s, and a
-2.15 GB pair of diverged 64 MiB tensors in 3.1-3.2 s against 5.1-5.3 s. It is not the default
-there: the window's comparison child, so, stalled the window for 103 and 132 ms in two of three
-runs of `bench_ui_stall --records 240000 --diverged` (30-45 ms with one process)."""
+MIN_CORES_BEHIND_A_WINDOW = 4
+"""Below this many cores, a comparison behind a window (the viewer's comparison child) compares
+in one process unless asked otherwise: with two processes on 2 cores the window stalled for 103
+and 132 ms in two of three runs of `bench_ui_stall --records 240000 --diverged` (30-45 ms with
+one). Headless, every core pays for a pair whose elements differ, whose diff engine holds one
+core per process: on 2 cores two processes reported a 24,000-record pair of which 9,600 records
+diverged in 3.2 s against 4.2-4.7 s, and a 1.07 GB pair of diverged 4096x4096 tensors in
+3.0-3.2 s against 4.9-5.0 s. A pair that stays identical starts no workers (its rate decides)."""
 MAX_AUTO_WORKERS = 16
 SHARDS_PER_WORKER = 16
 """Shards are claimed whole, so the last one a process takes can leave the others idle: a
@@ -143,15 +144,31 @@ def _layout(spec: str | None) -> LayoutTransform | None:
     return None if spec is None else LayoutTransform.parse(spec)
 
 
+_behind_a_window = False
+"""Whether this process compares for a window waiting on it (`leave_the_window_a_core`)."""
+
+
+def leave_the_window_a_core() -> None:
+    """Said once by a process that compares behind a window, before it compares: below
+    MIN_CORES_BEHIND_A_WINDOW cores it then starts no workers unless asked. The process exists
+    for that one comparison (`sessions.compare.in_child --behind-a-window`), so this holds for
+    its whole life, as its lower priority does."""
+    global _behind_a_window
+    _behind_a_window = True
+
+
 def worker_count(options: CompareOptions) -> int:
-    """How many processes may compare: as asked, else one per core. Not by size: a pair's bytes
-    do not say how long it takes (a differing pair is decoded element by element, orders of
-    magnitude slower than an identical one streams), and workers start only once this process,
-    at the rate it is going, would need longer than SPAWN_WHEN_LEFT_S for the rest."""
+    """How many processes may compare: as asked, else one per core (`MIN_CORES_BEHIND_A_WINDOW`:
+    one below 4 cores behind a window). Not by size: a pair's bytes do not say how long it takes
+    (a differing pair is decoded element by element, orders of magnitude slower than an
+    identical one streams), and workers start only once this process, at the rate it is going,
+    would need longer than SPAWN_WHEN_LEFT_S for the rest."""
     if options.workers > 0:
         return options.workers
     cores = usable_cores()
-    return 1 if cores < MIN_AUTO_CORES else min(MAX_AUTO_WORKERS, cores)
+    if _behind_a_window and cores < MIN_CORES_BEHIND_A_WINDOW:
+        return 1
+    return min(MAX_AUTO_WORKERS, cores)
 
 
 def check_threads(options: CompareOptions) -> int:

@@ -318,6 +318,45 @@ def test_a_document_line_with_a_null_key_extra_data_deep_nesting_or_an_unknown_v
         loads_lines(("[" * 100_000).encode())
 
 
+def test_a_cache_entry_holding_values_of_other_types_is_written_again_as_read_and_lends_them_to_no_other_pair(tmp_path: Path) -> None:
+    """Reading a cache entry checks a row's key, seqs and verdict, not every value. The writers
+    make a pair's text from its kind's template (`_templates`): a damaged entry's 0 for False, a
+    window of lists, a name that is a list or a metrics line's 3.5 ULP are encoded value by value,
+    never a traceback, and no later pair of the kind is written with them."""
+    from sessions.compare.document import (
+        PAIR_FIELDS,
+        document_bytes,
+        document_lines,
+        loads_lines,
+    )
+
+    native, oracle = _many_small_records(tmp_path, flip_at=30)
+    with open_capture(native) as n, open_capture(oracle) as o:
+        lines = list(document_lines(run_to_end(iter_compare(n, o, CompareOptions(workers=1)))))
+    rows = [at for at, line in enumerate(lines) if line.startswith("pairs\t")]
+    metrics = next(at for at, line in enumerate(lines) if line.startswith("metrics\t"))
+
+    def damaged(at: int, name: str, value: object) -> None:
+        row = json.loads(lines[at].split("\t", 1)[1])
+        row[PAIR_FIELDS.index(name)] = value
+        lines[at] = "pairs\t" + json.dumps(row)
+
+    damaged(rows[0], "post_eos", 0)  # the first attn_norm pair: its kind's template is made after it
+    damaged(rows[1], "native_window", [[1], 2])
+    damaged(rows[2], "native_name", ["x"])
+    shared = json.loads(lines[metrics].split("\t", 1)[1])
+    lines[metrics] = "metrics\t" + json.dumps({**shared, "max_ulp": 3.5, "differing": 2.5})
+    read = loads_lines(("\n".join(lines) + "\n").encode())
+    text = dumps(read)
+    document = json.loads(text)
+    assert '"post_eos": 0, ' in text.splitlines()[[line.startswith(' "pairs"') for line in text.splitlines()].index(True) + 1]
+    assert [document["pairs"][at]["post_eos"] is False for at in (11, 22, 33)] == [True, True, True]
+    assert document["pairs"][1]["native_window"] == [[1], 2] and document["pairs"][2]["native_name"] == ["x"]
+    assert document["error_growth"][0]["max_ulp"] == 3.5 and document["error_growth"][0]["differing"] == 2.5
+    again = [line for line in document_bytes(read).decode().splitlines() if line.startswith("pairs\t")]
+    assert again[:3] == [lines[at] for at in rows[:3]] and json.loads(again[11].split("\t", 1)[1])[PAIR_FIELDS.index("post_eos")] is False
+
+
 def test_keys_read_from_a_document_are_the_keys_parse_gives_whatever_their_text() -> None:
     """Reading a document's keys parses the text after the step once per distinct text; every
     key must still be what `OpKey.parse` gives, and every refusal a ValueError or TypeError."""
@@ -543,7 +582,13 @@ def test_the_json_document_writes_every_pair_and_growth_point_as_its_plain_form_
     read back as exactly its own values, hostile text, windows, manual reasons and non-finite
     NMSE included, and neighbours that share a template must not share their keys or seqs."""
     from sessions.compare import document as document_module
-    from sessions.compare.document import comparison_to_dict, document_bytes
+    from sessions.compare.document import (
+        PAIR_FIELDS,
+        comparison_to_dict,
+        document_bytes,
+        document_lines,
+    )
+    from sessions.compare.json_plain import plain
     from sessions.compare.verdict import Kind
 
     native, oracle = _many_small_records(tmp_path, flip_at=7, diverged=True)
@@ -559,7 +604,21 @@ def test_the_json_document_writes_every_pair_and_growth_point_as_its_plain_form_
     pairs[13] = dataclasses.replace(pairs[13], metrics=dataclasses.replace(pairs[13].metrics, nmse=float("inf")))
     pairs[15] = dataclasses.replace(pairs[15], native_name="sdpa_renamed")  # alike later sdpa pairs but for this name
     pairs[16] = dataclasses.replace(pairs[16], manual_reason="paired by hand")  # alike later o_proj pairs but for this reason
+    for at in range(20, 30):  # runs cut differently: each pair its own rows
+        pairs[at] = dataclasses.replace(pairs[at], native_window=(at, at + 1), oracle_window=(0, at))
     text = dumps(comparison)
+    pair_lines = [line.strip().rstrip(",") for line in text.splitlines() if line.startswith('  {"key": ') and '"native_seq"' in line]
+    assert pair_lines == [
+        json.dumps({name: plain(getattr(p, name)) for name in (*PAIR_FIELDS, "label") if name != "metrics"})[:-1] + f', "metrics": {json.dumps(plain(p.metrics))}}}'
+        for p in pairs
+    ], "each pair exactly as json writes its plain form"
+    metrics_numbers: dict[int, int] = {}
+    for p in pairs:
+        metrics_numbers.setdefault(id(p.metrics), len(metrics_numbers))
+    rows = [line for line in document_lines(comparison) if line.startswith("pairs\t")]
+    assert rows == [
+        "pairs\t" + json.dumps([metrics_numbers[id(p.metrics)] if name == "metrics" else plain(getattr(p, name)) for name in PAIR_FIELDS]) for p in pairs
+    ], "each cache row exactly as json writes it"
     monkeypatch.setattr(document_module, "ITEMS_PER_PIECE", 4)
     assert dumps(comparison) == text, "items joined a few at a time make the same text"
     assert dumps(loads_lines(document_bytes(comparison))) == text, "the cache's rows, made from templates too, read back as the same pairs"

@@ -225,43 +225,72 @@ def _separated(items: Iterator[str], separator: str) -> Iterator[str]:
 
 
 def _pair_items(pairs: list[PairResult], encode: Callable[[Any], str]) -> Iterator[str]:
-    """Each pair as JSON, its metrics last, made from its kind's template (`_between_slots`), and
+    """Each pair as JSON, its metrics last, made from its kind's template (`_templates`), and
     metrics shared by identical pairs encoded once. Through `plain`, 240,000 pairs took 5.3 s to
-    write, more than their comparison; as a dict encoded per pair, 1.3 s; from templates, 0.45 s."""
-    templates: dict[tuple[Any, ...], list[str]] = {}
+    write, more than their comparison; as a dict encoded per pair, 1.3 s; from templates, 0.49 s
+    (0.57 s when every pair has windows of its own and its names carry the layer)."""
+    template_of = _templates(_JSON_PAIR_NAMES, _OBJECT_SLOTS, _named, encode)
     shared: dict[int, str] = {}
     for pair in pairs:
         metrics = shared.get(id(pair.metrics))
         if metrics is None:
             metrics = shared[id(pair.metrics)] = encode(plain(pair.metrics))
-        alike = _repeating_values(pair)
-        template = templates.get(alike)
-        if template is None:
-            template = templates[alike] = _between_slots(pair, _JSON_PAIR_NAMES, _OBJECT_SLOTS, _named, encode)
-        before_key, before_native_seq, before_oracle_seq, before_label, rest = template
-        key = pair.key
-        yield (
-            f"{before_key}{encode(key.text())}{before_native_seq}{pair.native_seq:d}{before_oracle_seq}{pair.oracle_seq:d}"
-            f"{before_label}{encode(key.label())}{rest}, \"metrics\": {metrics}}}"
-        )
+        try:
+            before_key, before_native_seq, before_oracle_seq, before_native_window, before_oracle_window, before_label, rest = template_of(pair)
+            key = pair.key
+            text = (
+                f"{before_key}{encode(key.text())}{before_native_seq}{pair.native_seq:d}{before_oracle_seq}{pair.oracle_seq:d}"
+                f"{before_native_window}{_window(pair.native_window)}{before_oracle_window}{_window(pair.oracle_window)}"
+                f"{before_label}{encode(key.label())}{rest}"
+            )
+        except (TypeError, ValueError):  # a value of another type than PairResult's (a damaged cache entry read back)
+            text = encode({name: plain(value) for name, value in zip(_JSON_PAIR_NAMES, _json_pair_values(pair))})[:-1]
+        yield f'{text}, "metrics": {metrics}}}'
 
 
-def _between_slots(pair: PairResult, names: tuple[str, ...], slots: frozenset[str], before: Callable[[int, str], str], encode: Callable[[Any], str]) -> list[str]:
-    """A template of `pair`'s kind: the text of its values `names` between those of its `slots`,
-    each piece ending where a slot's value goes, `before(at, name)` written before each value.
-    Pairs alike but for their slots (every token step's q_proj against q_proj, bit-exact) share
-    the rest of their text: a few names, layouts, verdicts and windows (`_repeating_values`)."""
-    pieces: list[str] = []
-    text = ""
-    for at, name in enumerate(names):
-        text += before(at, name)
-        if name in slots:
-            pieces.append(text)
-            text = ""
-        else:
-            text += encode(getattr(pair, name))
-    pieces.append(text)
-    return pieces
+def _window(window: tuple[int, int] | None) -> str:
+    """A window as `encode` writes it; TypeError or ValueError for anything but None or two integers."""
+    if window is None:
+        return "null"
+    first, stop = window
+    if type(first) is not int or type(stop) is not int:
+        raise TypeError(f"a window holds two integers, not {window!r}")
+    return f"[{first}, {stop}]"
+
+
+def _templates(names: tuple[str, ...], slots: tuple[str, ...], before: Callable[[int, str], str], encode: Callable[[Any], str]) -> Callable[[PairResult], list[str]]:
+    """The template of a pair's kind, made once per kind: the text of its values `names` between
+    those of its `slots` (named in their order in `names`), each piece ending where a slot's value
+    goes, `before(at, name)` written before each value. Pairs alike but for their slots (every
+    token step's q_proj against q_proj, bit-exact) share the rest of their text: a few names,
+    layouts, verdicts and reasons. A kind's template is made from a pair whose values have
+    PairResult's types (`check_types`), so no odd value a damaged cache entry held (a 0 for
+    False) is lent to the pairs after it; TypeError for a pair that has none."""
+    kind_of = operator.attrgetter(*(name for name in names if name not in slots))
+    hints = get_type_hints(PairResult)
+    made: dict[tuple[Any, ...], list[str]] = {}
+
+    def template_of(pair: PairResult) -> list[str]:
+        kind = kind_of(pair)
+        template = made.get(kind)
+        if template is not None:
+            return template
+        pieces: list[str] = []
+        text = ""
+        for at, name in enumerate(names):
+            text += before(at, name)
+            if name in slots:
+                pieces.append(text)
+                text = ""
+            else:
+                value = getattr(pair, name)
+                check_types(value, hints[name], name)
+                text += encode(value)
+        pieces.append(text)
+        made[kind] = pieces
+        return pieces
+
+    return template_of
 
 
 def _named(at: int, name: str) -> str:
@@ -277,12 +306,13 @@ def _listed(at: int, name: str) -> str:
 def _growth_items(points: list[GrowthPoint], encode: Callable[[Any], str]) -> Iterator[str]:
     """Each point of the error growth as JSON, made from its values, as `encode(dict)` writes it:
     through `plain` whole, a 240,000-point growth took 1.9 s to write; as a dict encoded per
-    point, 0.84 s; made so, 0.29 s."""
+    point, 0.84 s; made so, 0.25 s."""
     for point in points:
         key, max_ulp, nmse, differing = _growth_values(point)
         nmse_text = float.__repr__(nmse) if type(nmse) is float and math.isfinite(nmse) else encode(plain(nmse))
-        max_ulp_text = "null" if max_ulp is None else f"{max_ulp:d}"
-        yield f'{{"key": {encode(key.text())}, "max_ulp": {max_ulp_text}, "nmse": {nmse_text}, "differing": {differing:d}}}'
+        max_ulp_text = f"{max_ulp}" if type(max_ulp) is int else encode(plain(max_ulp))  # None; a damaged entry's 3.5
+        differing_text = f"{differing}" if type(differing) is int else encode(plain(differing))
+        yield f'{{"key": {encode(key.text())}, "max_ulp": {max_ulp_text}, "nmse": {nmse_text}, "differing": {differing_text}}}'
 
 
 _GROWTH_NAMES = plain_names(GrowthPoint)
@@ -315,12 +345,12 @@ _KEY_AT = PAIR_FIELDS.index("key")
 _NATIVE_SEQ_AT, _ORACLE_SEQ_AT = PAIR_FIELDS.index("native_seq"), PAIR_FIELDS.index("oracle_seq")
 _JSON_PAIR_NAMES = tuple(name for name in plain_names(PairResult) if name != "metrics")
 """A pair's names in `json_pieces`, as `plain` writes them, but for its metrics, written last."""
-_OBJECT_SLOTS = frozenset({"key", "native_seq", "oracle_seq", "label"})
-"""The values of a pair in `json_pieces` that are its own, but its metrics."""
-_ROW_SLOTS = frozenset({"key", "native_seq", "oracle_seq", "metrics"})
-"""The values of a pair's row in `document_lines` that are its own."""
-_repeating_values = operator.attrgetter(*(name for name in PAIR_FIELDS if name not in _ROW_SLOTS))
-"""The values a pair shares with the pairs of its kind, whose template (`_between_slots`) it takes."""
+_json_pair_values = operator.attrgetter(*_JSON_PAIR_NAMES)
+_pair_values = operator.attrgetter(*PAIR_FIELDS)
+_OBJECT_SLOTS = ("key", "native_seq", "oracle_seq", "native_window", "oracle_window", "label")
+"""The values of a pair in `json_pieces` that are its own, but its metrics, in their order (`_templates`)."""
+_ROW_SLOTS = ("key", "native_seq", "oracle_seq", "metrics", "native_window", "oracle_window")
+"""The values of a pair's row in `document_lines` that are its own, in their order (`_templates`)."""
 
 METRICS_LINE = "metrics"
 """A line of `document_lines` that defines a pair's metrics shared by pairs after it: their
@@ -336,26 +366,31 @@ def document_lines(comparison: Comparison) -> Iterator[str]:
     once, on a METRICS_LINE before the first pair with them: a real model's 220,000 pairs took
     7.1 s to write and 5.5 s to read, more than their comparison. A pair's other values are
     JSON as they are (texts, numbers, booleans, null, a window's two numbers, its Kind, a str):
-    only its key is made text, and its row is made from its kind's template (`_between_slots`):
-    240,000 pairs' rows, each encoded as a list, took 0.73 s; from templates, 0.42-0.50 s."""
+    only its key is made text, and its row is made from its kind's template (`_templates`):
+    240,000 pairs' rows, each encoded as a list, took 0.73 s; from templates, 0.46-0.56 s."""
     with garbage_collection_paused():
         data = comparison_to_dict(dataclasses.replace(comparison, pairs=[]), DERIVED_LISTS)
         lists = {name: value for name, value in data.items() if isinstance(value, list)}
         yield json.dumps({**data, **{name: [] for name in lists}}, allow_nan=False)
         encode = json.JSONEncoder(allow_nan=False).encode
         shared: dict[int, int] = {}
-        templates: dict[tuple[Any, ...], list[str]] = {}
+        template_of = _templates(PAIR_FIELDS, _ROW_SLOTS, _listed, encode)
         for pair in comparison.pairs:
             number = shared.get(id(pair.metrics))
             if number is None:
                 number = shared[id(pair.metrics)] = len(shared)
                 yield f"{METRICS_LINE}\t{encode(plain(pair.metrics))}"
-            alike = _repeating_values(pair)
-            template = templates.get(alike)
-            if template is None:
-                template = templates[alike] = _between_slots(pair, PAIR_FIELDS, _ROW_SLOTS, _listed, encode)
-            before_key, before_native_seq, before_oracle_seq, before_metrics, rest = template
-            yield f"pairs\t{before_key}{encode(pair.key.text())}{before_native_seq}{pair.native_seq:d}{before_oracle_seq}{pair.oracle_seq:d}{before_metrics}{number:d}{rest}]"
+            try:
+                before_key, before_native_seq, before_oracle_seq, before_metrics, before_native_window, before_oracle_window, rest = template_of(pair)
+                text = (
+                    f"{before_key}{encode(pair.key.text())}{before_native_seq}{pair.native_seq:d}{before_oracle_seq}{pair.oracle_seq:d}"
+                    f"{before_metrics}{number:d}{before_native_window}{_window(pair.native_window)}{before_oracle_window}{_window(pair.oracle_window)}{rest}]"
+                )
+            except (TypeError, ValueError):  # a value of another type than PairResult's (a damaged cache entry read back)
+                row = [plain(value) for value in _pair_values(pair)]
+                row[_METRICS_AT], row[_KEY_AT] = number, pair.key.text()
+                text = encode(row)
+            yield f"pairs\t{text}"
         for name, items in lists.items():
             for item in items:
                 yield f"{name}\t{encode(item)}"

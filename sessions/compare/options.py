@@ -43,7 +43,8 @@ class CompareOptions:
     """One of sessions.compare.align.ALIGN_MODES: pair records by the same forward calls, by token
     position (runs cut differently), or `auto`: by calls when both runs made the same calls."""
     workers: int = 0
-    """Processes that may compare pairs at once: 0 picks one per core from 4 cores, 1 compares in
+    """Processes that may compare pairs at once: 0 picks one per core (behind a window, one below 4
+    cores: sessions.compare.parallel_compare.MIN_CORES_BEHIND_A_WINDOW), 1 compares in
     this process (a gate's cases do: its cluster already runs one case per core). Workers start
     only once this process would take over a second for the rest (sessions.compare.parallel_compare)."""
 

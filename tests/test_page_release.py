@@ -21,7 +21,8 @@ from sessions.capture.writer import CaptureWriter
 from sessions.compare import comparison, page_release, pair_reader
 from sessions.compare.align import AlignedPair
 from sessions.compare.byte_checks import STRETCH_BYTES, ByteChecks
-from sessions.compare.comparison import iter_compare
+from sessions.compare.comparison import Comparison, iter_compare
+from sessions.compare.document import dumps
 from sessions.compare.key import OpKey
 from sessions.compare.mapped_record import BatchRow, MappedRecord
 from sessions.compare.options import CompareOptions
@@ -221,37 +222,71 @@ def _records_resident(capture: Capture) -> list[bool]:
     return [all(pages[at // mmap.PAGESIZE : -(-(at + nbytes) // mmap.PAGESIZE)]) for at, nbytes in spans]  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_records_compared_element_by_element_are_let_go_once_compared_and_kept_when_the_pair_fits(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threads: int
-) -> None:
-    """A diverged run larger than memory has no byte found equal: kept whole, it made the kernel
-    reclaim a page for every page read, as an identical one did before its bytes were let go."""
-    native, oracle = _diverged_captures(tmp_path)
-    monkeypatch.setattr(comparison, "check_threads", lambda options: threads)
+def _kept_then_let_go(native: Path, oracle: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Comparison, Comparison]:
+    """The pair compared as one that fits in memory, every record of it then still in the page
+    cache; and as one that does not, none of them then left there."""
     with open_capture(native) as n, open_capture(oracle) as o:
         kept = run_to_end(iter_compare(n, o, CompareOptions(workers=1)))
         assert all(_records_resident(n)) and all(_records_resident(o)), "a pair that fits keeps every byte"
         monkeypatch.setattr(page_release, "available_memory", lambda: 0)
         let_go = run_to_end(iter_compare(n, o, CompareOptions(workers=1)))
         assert not any(_records_resident(n)) and not any(_records_resident(o))
+    return kept, let_go
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_records_compared_element_by_element_are_let_go_once_compared_and_kept_when_the_pair_fits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threads: int
+) -> None:
+    """A diverged run larger than memory has no byte found equal: kept whole, it made the kernel
+    reclaim a page for every page read, as an identical one did before its bytes were let go."""
+    monkeypatch.setattr(comparison, "check_threads", lambda options: threads)
+    kept, let_go = _kept_then_let_go(*_diverged_captures(tmp_path), monkeypatch)
     assert kept.verdict.word == let_go.verdict.word == "DIVERGENCE"
     assert sum(p.metrics.differing > 0 for p in let_go.pairs) == 6
     assert [p.metrics for p in let_go.pairs] == [p.metrics for p in kept.pairs]
 
 
-def test_a_side_compared_in_part_keeps_its_record_for_the_pairs_that_compare_the_rest(tmp_path: Path) -> None:
-    """A window of positions is part of its record; a batched run's record holds one request, which
-    its pair reads, so it goes whole; a side read whole goes whatever the other side is."""
-    native, oracle = _diverged_captures(tmp_path, records=3)
+def test_a_record_read_by_several_pairs_goes_with_the_last_of_them_and_a_batched_record_whole(tmp_path: Path) -> None:
+    """A window of positions is part of its record, whose other rows later pairs read: it goes
+    with the last pair that reads it. A batched run's record holds one request, which its pair
+    reads, so it goes whole; a side read whole goes whatever the other side is."""
+    native, oracle = _diverged_captures(tmp_path, records=4)
     key = OpKey(0, "decode", 0, "layer_out")
     with open_capture(native) as n, open_capture(oracle) as o:
         with ByteChecks(1, (0, 0)) as checks, PairReader(n, o, checks) as reader:
-            for record, windows, batch in ((0, ((0, 16), (0, 16)), None), (1, (None, None), BatchRow(1, 0)), (2, ((0, 16), None), None)):
+            for record, windows, batch, last in (
+                (0, ((0, 16), (0, 16)), None, (False, False)),
+                (1, (None, None), BatchRow(1, 0), (True, True)),
+                (2, ((0, 16), None), None, (False, True)),
+                (3, ((16, 32), (0, 16)), None, (True, True)),
+            ):
                 sides = (MappedRecord(c.records[record], key, None, (1100, 1024), window, batch) for c, window in zip((n, o), windows))
-                reader.done_with(AlignedPair(key, *sides))
-        assert _records_resident(n) == [True, False, True]
-        assert _records_resident(o) == [True, False, False]
+                reader.done_with(AlignedPair(key, *sides), last)
+        assert _records_resident(n) == [True, False, True, False]
+        assert _records_resident(o) == [True, False, False, False]
+
+
+def _cut_differently(tmp_path: Path) -> tuple[Path, Path]:
+    """Two layers of a 2,200-position prefill, the native's one call, the oracle's two calls of
+    1,100 positions (each record 2.25 MB, past a 2 MiB block), a bit apart in one row of each
+    layer; in the page cache. Paired by position, each native record is read in two windows."""
+    rows = bf16_bits(np.random.default_rng(10).standard_normal((2200, 512)))
+    flipped = rows.copy()
+    flipped[1500, 7] ^= 1
+    native = [T("layer_out", flipped, layer=layer, dtype="bfloat16", position=0) for layer in range(2)]
+    oracle = [T("layer_out", rows[start : start + 1100], segment=segment, layer=layer, dtype="bfloat16", position=start) for start, segment in ((0, "a"), (1100, "b")) for layer in range(2)]
+    paths = write_capture(tmp_path / "native.h5", "native", native), write_capture(tmp_path / "oracle.h5", "oracle", oracle)
+    for path in paths:
+        _read_into_page_cache(path)
+    return paths
+
+
+def test_a_run_cut_differently_lets_each_record_go_once_its_last_window_is_compared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    kept, let_go = _kept_then_let_go(*_cut_differently(tmp_path), monkeypatch)
+    assert [p.native_window for p in let_go.pairs] == [(0, 1100), (1100, 2200)] * 2
+    assert [p.metrics.differing for p in let_go.pairs] == [0, 1, 0, 1]
+    assert dumps(let_go) == dumps(kept)
 
 
 def test_a_pair_is_let_go_only_after_its_metrics_are_finished_which_read_its_oracle_rows_again(
@@ -266,7 +301,7 @@ def test_a_pair_is_let_go_only_after_its_metrics_are_finished_which_read_its_ora
     events: list[str] = []
     rows, done_with = pair_reader._Side.rows, PairReader.done_with
     monkeypatch.setattr(pair_reader._Side, "rows", lambda side, span: events.append(f"{side.capture.meta.role} rows {span}") or rows(side, span))
-    monkeypatch.setattr(PairReader, "done_with", lambda reader, pair: events.append("let go") or done_with(reader, pair))
+    monkeypatch.setattr(PairReader, "done_with", lambda reader, pair, last: events.append("let go") or done_with(reader, pair, last))
     monkeypatch.setattr(page_release, "available_memory", lambda: 0)
     with open_capture(native) as n, open_capture(oracle) as o:
         compared = run_to_end(iter_compare(n, o, CompareOptions(workers=1, chunk_bytes=32 * 1024)))

@@ -21,6 +21,7 @@ from sessions.compare.options import CompareOptions
 from sessions.compare.pair_reader import (
     PairReader,
     chunk_rows,
+    last_reads,
     pair_bytes,
 )
 from sessions.compare.profiles import CANONICAL_OPS, HEADS_SOURCE
@@ -195,9 +196,11 @@ def _compare_pair(
     logit_rows: _LogitRows | None,
     progress: tuple[int, int],
     identical: dict[MetricsKind, TensorMetrics],
+    last_read: tuple[bool, bool],
 ) -> ProgressGenerator[TensorMetrics]:
     """One pair through a DiffAccumulator, chunk by chunk; `progress` is (bytes done before it, total).
-    `identical`: the shared metrics of identical pairs (`_identical_metrics`)."""
+    `identical`: the shared metrics of identical pairs (`_identical_metrics`). `last_read`: whether
+    no later pair reads its native, its oracle record (`pair_reader.last_reads`)."""
     logical, shape = kind = _compared(pair)
     template = _identical_metrics(kind, identical)
     identical, held = _stored_bytes_identical(pair, reader)
@@ -231,7 +234,7 @@ def _compare_pair(
             yield Progress(done, progress[1], label)
     yield Progress(progress[0] + pair_bytes(pair), progress[1], label)
     finished = accumulator.finish()  # (which may read the oracle's rows again)
-    reader.done_with(pair)
+    reader.done_with(pair, last_read)
     return template if finished.bit_exact and finished == template else finished
 
 
@@ -254,6 +257,8 @@ def iter_compare_pairs(
     a few kinds, and one look-up each cost a fifth of working both out (a real run: 220,000 pairs)."""
     done = shown = progress[0]
     runs = _runs(pairs, reader)
+    # Only a pair larger than memory lets bytes go: a real run's 240,000 pairs took 0.1 s to look through.
+    reads = [(True, True)] * len(pairs) if reader.checks.keeps_all else last_reads(pairs)
     equal = reader.checks.ahead([run.check for run in runs])
     next_run = iter(runs)
     run = next(next_run, None)
@@ -283,7 +288,7 @@ def iter_compare_pairs(
                 run = next(next_run, None)  # the run's bytes differ somewhere: each pair says where
             pair = pairs[index]
             logit_rows = _LogitRows() if pair.key.op == "logits" else None
-            metrics = yield from _compare_pair(pair, reader, options, heads, logit_rows, (done, progress[1]), identical)
+            metrics = yield from _compare_pair(pair, reader, options, heads, logit_rows, (done, progress[1]), identical, reads[index])
             done += pair_bytes(pair)
             agreement = None
             if logit_rows is not None and logit_rows.native is not None and logit_rows.oracle is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from operator import attrgetter
 
 import numpy as np
 
@@ -203,19 +204,36 @@ class PairReader:
         self.native.use(pair.native)
         self.oracle.use(pair.oracle)
 
-    def done_with(self, pair: AlignedPair) -> None:
+    def done_with(self, pair: AlignedPair, last_reads: tuple[bool, bool] = (True, True)) -> None:
         """`pair`, compared element by element, lets its stored bytes go of the page cache past
-        what is kept (`ByteChecks.done_with`): nothing in this comparison reads them again. A
-        side compared in part (a window of positions) keeps its record, whose other rows are other
-        pairs' to read; a batched run's record is read for its one request's row, so it goes whole.
-        A diverged run larger than memory kept every byte it compared, and the kernel reclaimed
-        a page for each page read."""
+        what is kept (`ByteChecks.done_with`) on each side whose record no later pair of this
+        comparison reads (`last_reads`: native, oracle). A record cut into windows of positions
+        is read by several pairs and goes with the last of them; a batched run's record is read
+        for its one request's row, and goes whole. A diverged run larger than memory kept every
+        byte it compared, and a run cut differently every record it compared in windows (a real
+        prefill's, most of its bytes): the kernel reclaimed a page for each page read."""
         if self.checks.keeps_all:
             return
         spans: list[FileSpan | None] = [None, None]
-        for at, (side, mapped) in enumerate(((self.native, pair.native), (self.oracle, pair.oracle))):
+        for at, (side, mapped, last) in enumerate(((self.native, pair.native, last_reads[0]), (self.oracle, pair.oracle, last_reads[1]))):
             descriptor = side.capture.descriptor
-            if mapped.window is None and descriptor is not None:
+            if last and descriptor is not None:
                 span = stored_span(side.capture, mapped.record)
                 spans[at] = None if span is None else (descriptor, *span)
         self.checks.done_with(*spans)
+
+
+def last_reads(pairs: list[AlignedPair]) -> list[tuple[bool, bool]]:
+    """For each pair, whether it is the last of `pairs` to read its native record, and its oracle
+    record: a record cut into windows is read by several pairs (runs cut differently), one
+    whose partner was cut so by pairs far apart in the run. `pairs` are one process's: a
+    record whose windows fall in two workers' shards goes with the last of each, and is read
+    from the disk again by the second."""
+    flags = []
+    for side in ("native", "oracle"):
+        seqs = np.fromiter(map(attrgetter(f"{side}.record.seq"), pairs), np.int64, len(pairs))
+        last = np.zeros(len(pairs), dtype=bool)
+        _, from_end = np.unique(seqs[::-1], return_index=True)
+        last[len(pairs) - 1 - from_end] = True
+        flags.append(last.tolist())
+    return list(zip(*flags))

@@ -222,6 +222,16 @@ def _records_resident(capture: Capture) -> list[bool]:
     return [all(pages[at // mmap.PAGESIZE : -(-(at + nbytes) // mmap.PAGESIZE)]) for at, nbytes in spans]  # type: ignore[misc]
 
 
+def _cached_pages_within(capture: Capture) -> list[int]:
+    """How many pages lying wholly inside each record are in the page cache: a record let go
+    whole has none, where one let go in part and then read again still has some."""
+    assert capture.descriptor is not None
+    pages = _resident_pages(capture.descriptor, os.fstat(capture.descriptor).st_size)
+    spans = [stored_span(capture, record) for record in capture.records]
+    assert all(span is not None for span in spans)
+    return [sum(pages[-(-at // mmap.PAGESIZE) : (at + nbytes) // mmap.PAGESIZE]) for at, nbytes in spans]  # type: ignore[misc]
+
+
 def _kept_then_let_go(native: Path, oracle: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Comparison, Comparison]:
     """The pair compared as one that fits in memory, every record of it then still in the page
     cache; and as one that does not, none of them then left there."""
@@ -245,6 +255,19 @@ def test_records_compared_element_by_element_are_let_go_once_compared_and_kept_w
     assert kept.verdict.word == let_go.verdict.word == "DIVERGENCE"
     assert sum(p.metrics.differing > 0 for p in let_go.pairs) == 6
     assert [p.metrics for p in let_go.pairs] == [p.metrics for p in kept.pairs]
+
+
+def test_each_pair_is_told_whether_it_is_the_last_to_read_its_records(tmp_path: Path) -> None:
+    native, oracle = _diverged_captures(tmp_path, records=3)
+    key = OpKey(0, "decode", 0, "layer_out")
+    with open_capture(native) as n, open_capture(oracle) as o:
+
+        def pair(native_record: int, oracle_record: int) -> AlignedPair:
+            return AlignedPair(key, *(MappedRecord(c.records[r], key, None, (1100, 1024)) for c, r in ((n, native_record), (o, oracle_record))))
+
+        pairs = [pair(0, 1), pair(1, 1), pair(0, 2), pair(2, 1)]
+        assert pair_reader.last_reads(pairs) == [(False, False), (True, False), (True, True), (True, True)]
+        assert pair_reader.last_reads([]) == []
 
 
 def test_a_record_read_by_several_pairs_goes_with_the_last_of_them_and_a_batched_record_whole(tmp_path: Path) -> None:
@@ -283,7 +306,13 @@ def _cut_differently(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def test_a_run_cut_differently_lets_each_record_go_once_its_last_window_is_compared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    kept, let_go = _kept_then_let_go(*_cut_differently(tmp_path), monkeypatch)
+    """A real prefill cut differently is most of a run's bytes, each record read in windows by
+    several pairs: let go with the first, it was read back from the disk by the next; never let
+    go, it was kept whole in a pair larger than memory."""
+    native, oracle = _cut_differently(tmp_path)
+    kept, let_go = _kept_then_let_go(native, oracle, monkeypatch)
+    with open_capture(native) as n, open_capture(oracle) as o:
+        assert _cached_pages_within(n) == [0, 0] and _cached_pages_within(o) == [0, 0, 0, 0]
     assert [p.native_window for p in let_go.pairs] == [(0, 1100), (1100, 2200)] * 2
     assert [p.metrics.differing for p in let_go.pairs] == [0, 1, 0, 1]
     assert dumps(let_go) == dumps(kept)

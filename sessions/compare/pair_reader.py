@@ -204,7 +204,7 @@ class PairReader:
         self.native.use(pair.native)
         self.oracle.use(pair.oracle)
 
-    def done_with(self, pair: AlignedPair, last_reads: tuple[bool, bool] = (True, True)) -> None:
+    def done_with(self, pair: AlignedPair, last_reads: tuple[bool, bool]) -> None:
         """`pair`, compared element by element, lets its stored bytes go of the page cache past
         what is kept (`ByteChecks.done_with`) on each side whose record no later pair of this
         comparison reads (`last_reads`: native, oracle). A record cut into windows of positions
@@ -225,10 +225,11 @@ class PairReader:
 
 def last_reads(pairs: list[AlignedPair]) -> list[tuple[bool, bool]]:
     """For each pair, whether it is the last of `pairs` to read its native record, and its oracle
-    record: a record cut into windows is read by several pairs (runs cut differently), one
-    whose partner was cut so by pairs far apart in the run. `pairs` are one process's: a
-    record whose windows fall in two workers' shards goes with the last of each, and is read
-    from the disk again by the second."""
+    record: a record cut into windows of positions is read by several pairs (runs cut
+    differently), which may lie far apart in the run (one window per segment). `pairs` are one
+    `iter_compare_pairs` call's, a shard's when processes share the comparison
+    (`parallel_compare`): a record whose windows fall in two shards goes with the last of each,
+    and the second reads it from the disk again."""
     flags = []
     for side in ("native", "oracle"):
         seqs = np.fromiter(map(attrgetter(f"{side}.record.seq"), pairs), np.int64, len(pairs))

@@ -59,8 +59,9 @@ MIN_CORES_BEHIND_A_WINDOW = 4
 """Below this many cores, a comparison behind a window (the viewer's comparison child) compares
 in one process unless asked otherwise: with two processes on 2 cores the window stalled for 103
 and 132 ms in two of three runs of `bench_ui_stall --records 240000 --diverged`; with one, its
-longest gap while the child compared was 28 ms (89.8 ms over the whole run, at Ctrl+J). Headless, every core pays for a pair whose elements differ, whose diff engine holds one
-core per process: on 2 cores two processes reported a 24,000-record pair of which 9,600 records
+longest gap while the child compared was 28 ms (89.8 ms over the whole run, at Ctrl+J).
+Headless, every core pays for a pair whose elements differ, whose diff engine holds one core
+per process: on 2 cores two processes reported a 24,000-record pair of which 9,600 records
 diverged in 3.2 s against 4.2-4.7 s, and a 1.07 GB pair of diverged 4096x4096 tensors in
 3.0-3.2 s against 4.9-5.0 s. A pair that stays identical starts no workers (its rate decides)."""
 MAX_AUTO_WORKERS = 16

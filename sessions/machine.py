@@ -64,7 +64,7 @@ def _v2_available(root: Path, relative: str) -> int | None:
     while True:
         limit = _number(folder / "memory.max")
         if limit is not None:
-            cache = _stat(folder / "memory.stat", "file") or 0
+            cache = _stats(folder / "memory.stat").get("file", 0)
             current = _number(folder / "memory.current") or 0
             left = max(0, limit - current + cache)
             found = left if found is None else min(found, left)
@@ -75,10 +75,11 @@ def _v2_available(root: Path, relative: str) -> int | None:
 
 def _v1_available(root: Path, relative: str) -> int | None:
     folder = root / relative if (root / relative / "memory.stat").exists() else root
-    limit = _stat(folder / "memory.stat", "hierarchical_memory_limit")
+    stats = _stats(folder / "memory.stat")
+    limit = stats.get("hierarchical_memory_limit")
     if limit is None or limit >= UNLIMITED:
         return None
-    cache = _stat(folder / "memory.stat", "total_cache") or 0
+    cache = stats.get("total_cache", 0)
     usage = _number(folder / "memory.usage_in_bytes") or 0
     return max(0, limit - usage + cache)
 
@@ -91,13 +92,17 @@ def _number(path: Path) -> int | None:
         return None
 
 
-def _stat(path: Path, key: str) -> int | None:
-    """One "key value" line of a cgroup's memory.stat."""
+def _stats(path: Path) -> dict[str, int]:
+    """A cgroup's memory.stat, its "key value" lines (one that is not is skipped); empty where it cannot be read."""
     try:
-        for line in path.read_text().splitlines():
-            name, _, value = line.partition(" ")
-            if name == key:
-                return int(value)
-    except (OSError, ValueError):
-        return None
-    return None
+        lines = path.read_text().splitlines()
+    except OSError:
+        return {}
+    stats: dict[str, int] = {}
+    for line in lines:
+        name, _, value = line.partition(" ")
+        try:
+            stats[name] = int(value)
+        except ValueError:
+            continue
+    return stats

@@ -418,7 +418,7 @@ def test_large_identical_records_settled_from_stored_bytes_get_the_chunked_diffs
         monkeypatch.setattr(pair_compare, "_stored_bytes_identical", counted)
         settled = run_to_end(iter_compare(n, again, chunked))
         monkeypatch.setattr(pair_compare, "_stored_bytes_identical", lambda pair, reader: (False, None))
-        monkeypatch.setattr(pair_compare, "_runs", lambda pairs, reader: [])
+        monkeypatch.setattr(pair_compare, "_runs", lambda pairs, reader, seqs: [])
         streamed = run_to_end(iter_compare(n, again, chunked))
     assert len(large_settled) > 10, "records of several chunks were settled from their bytes"
     assert [p.metrics for p in settled.pairs] == [p.metrics for p in streamed.pairs]
@@ -490,8 +490,8 @@ def test_small_records_back_to_back_are_settled_in_runs_and_a_run_with_a_flip_is
     answers: list[bool] = []
     real_runs, real_ahead = pair_compare._runs, ByteChecks.ahead
 
-    def counted_runs(pairs, reader):  # type: ignore[no-untyped-def]
-        found = real_runs(pairs, reader)
+    def counted_runs(pairs, reader, seqs):  # type: ignore[no-untyped-def]
+        found = real_runs(pairs, reader, seqs)
         runs.extend((run.start, run.count) for run in found)
         return found
 
@@ -508,7 +508,7 @@ def test_small_records_back_to_back_are_settled_in_runs_and_a_run_with_a_flip_is
         monkeypatch.setattr(ByteChecks, "ahead", counted_ahead)
         monkeypatch.setattr(comparison, "check_threads", lambda options: threads)
         in_runs = run_to_end(iter_compare(n, o, CompareOptions(workers=1)))
-        monkeypatch.setattr(pair_compare, "_runs", lambda pairs, reader: [])
+        monkeypatch.setattr(pair_compare, "_runs", lambda pairs, reader, seqs: [])
         pair_by_pair = run_to_end(iter_compare(n, o, CompareOptions(workers=1)))
     assert used[0] == threads
     assert runs == [(0, 22), (22, 44)], "step 0's 22 records one run; steps 1 and 2, whose packs are back to back in the file, another"

@@ -266,8 +266,8 @@ def test_each_pair_is_told_whether_it_is_the_last_to_read_its_records(tmp_path: 
             return AlignedPair(key, *(MappedRecord(c.records[r], key, None, (1100, 1024)) for c, r in ((n, native_record), (o, oracle_record))))
 
         pairs = [pair(0, 1), pair(1, 1), pair(0, 2), pair(2, 1)]
-        assert pair_reader.last_reads(pairs) == [(False, False), (True, False), (True, True), (True, True)]
-        assert pair_reader.last_reads([]) == []
+        assert pair_reader.last_reads(pair_reader.record_seqs(pairs)) == [(False, False), (True, False), (True, True), (True, True)]
+        assert pair_reader.last_reads(pair_reader.record_seqs([])) == []
 
 
 def test_a_record_read_by_several_pairs_goes_with_the_last_of_them_and_a_batched_record_whole(tmp_path: Path) -> None:

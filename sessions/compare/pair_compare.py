@@ -8,7 +8,6 @@ agreement of the row its step's token comes from.
 from __future__ import annotations
 
 from collections.abc import Callable
-from operator import attrgetter
 from typing import NamedTuple
 
 import numpy as np
@@ -20,9 +19,11 @@ from sessions.compare.byte_checks import STRETCH_BYTES, Check
 from sessions.compare.options import CompareOptions
 from sessions.compare.pair_reader import (
     PairReader,
+    RecordSeqs,
     chunk_rows,
     last_reads,
     pair_bytes,
+    record_seqs,
 )
 from sessions.compare.profiles import CANONICAL_OPS, HEADS_SOURCE
 from sessions.compare.tensor_diff import DiffAccumulator, TensorMetrics
@@ -94,7 +95,7 @@ class _Run(NamedTuple):
     check: Check
 
 
-def _runs(pairs: list[AlignedPair], reader: PairReader) -> list[_Run]:
+def _runs(pairs: list[AlignedPair], reader: PairReader, seqs: RecordSeqs) -> list[_Run]:
     """Every run of pairs whose equal stored bytes would settle them all as identical, in order:
     small records (RUN_RECORD_MAX_BYTES) of pairs alike (`_whole_and_alike`) whose bytes follow
     one another in contiguous packs on both sides, as a writer lays out a step's records, cut
@@ -106,8 +107,7 @@ def _runs(pairs: list[AlignedPair], reader: PairReader) -> list[_Run]:
     n_fd, o_fd = native.descriptor, oracle.descriptor
     if n_fd is None or o_fd is None or len(pairs) < 2:
         return []
-    n_seqs = np.fromiter(map(attrgetter("native.record.seq"), pairs), np.int64, len(pairs))
-    o_seqs = np.fromiter(map(attrgetter("oracle.record.seq"), pairs), np.int64, len(pairs))
+    n_seqs, o_seqs = seqs
     n_at, o_at = native.packed_addresses[n_seqs], oracle.packed_addresses[o_seqs]
     size = native.columns["nbytes"][n_seqs]
     usable = np.fromiter(map(_whole_and_alike, pairs), bool, len(pairs))
@@ -256,9 +256,9 @@ def iter_compare_pairs(
     """A settled pair's outcome and bytes by (dtype, compared shape, stored shape): a run's pairs are
     a few kinds, and one look-up each cost a fifth of working both out (a real run: 220,000 pairs)."""
     done = shown = progress[0]
-    runs = _runs(pairs, reader)
-    # Only a pair larger than memory lets bytes go: a real run's 240,000 pairs took 0.1 s to look through.
-    reads = [(True, True)] * len(pairs) if reader.checks.keeps_all else last_reads(pairs)
+    seqs = record_seqs(pairs)
+    runs = _runs(pairs, reader, seqs)
+    reads = [(True, True)] * len(pairs) if reader.checks.keeps_all else last_reads(seqs)  # only a pair larger than memory lets bytes go
     equal = reader.checks.ahead([run.check for run in runs])
     next_run = iter(runs)
     run = next(next_run, None)

@@ -223,18 +223,27 @@ class PairReader:
         self.checks.done_with(*spans)
 
 
-def last_reads(pairs: list[AlignedPair]) -> list[tuple[bool, bool]]:
-    """For each pair, whether it is the last of `pairs` to read its native record, and its oracle
-    record: a record cut into windows of positions is read by several pairs (runs cut
-    differently), which may lie far apart in the run (one window per segment). `pairs` are one
-    `iter_compare_pairs` call's, a shard's when processes share the comparison
+RecordSeqs = tuple[np.ndarray, np.ndarray]
+"""Each pair's native and oracle record seq, row for row with the pairs (`record_seqs`)."""
+
+
+def record_seqs(pairs: list[AlignedPair]) -> RecordSeqs:
+    """Found once per comparison of `pairs`: its runs of small records and its last reads both ask."""
+    native, oracle = (np.fromiter(map(attrgetter(f"{side}.record.seq"), pairs), np.int64, len(pairs)) for side in ("native", "oracle"))
+    return native, oracle
+
+
+def last_reads(seqs: RecordSeqs) -> list[tuple[bool, bool]]:
+    """For each pair (of `seqs`: `record_seqs`), whether it is the last of them to read its native
+    record, and its oracle record: a record cut into windows of positions is read by several
+    pairs (runs cut differently), which may lie far apart in the run (one window per segment).
+    The pairs are one `iter_compare_pairs` call's, a shard's when processes share the comparison
     (`parallel_compare`): a record whose windows fall in two shards goes with the last of each,
     and the second reads it from the disk again."""
     flags = []
-    for side in ("native", "oracle"):
-        seqs = np.fromiter(map(attrgetter(f"{side}.record.seq"), pairs), np.int64, len(pairs))
-        last = np.zeros(len(pairs), dtype=bool)
-        _, from_end = np.unique(seqs[::-1], return_index=True)
-        last[len(pairs) - 1 - from_end] = True
+    for side in seqs:
+        last = np.zeros(len(side), dtype=bool)
+        _, from_end = np.unique(side[::-1], return_index=True)
+        last[len(side) - 1 - from_end] = True
         flags.append(last.tolist())
     return list(zip(*flags))

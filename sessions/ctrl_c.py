@@ -17,14 +17,19 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from multiprocessing import resource_tracker
 from types import FrameType
+from typing import TypeVar
 
 EXIT_INTERRUPTED = 130
 """The shell's code for a command ended by Ctrl-C (128 + SIGINT)."""
 EXIT_TERMINATED = 143
 """The shell's code for a command ended by SIGTERM (128 + SIGTERM)."""
+
+
+Started = TypeVar("Started")
 
 
 class Terminated(KeyboardInterrupt):
@@ -136,3 +141,31 @@ def raise_if_pressed() -> None:
         raise Terminated
     if _pressed.is_set():
         raise KeyboardInterrupt
+
+
+def started_out_of_ctrl_c_reach(start: Callable[[], Started]) -> Started:
+    """`start()`, run in a thread that blocks SIGINT, while this thread waits for it and still
+    takes Ctrl-C. The threads `start` starts inherit the block, and so do the processes those
+    spawn: a terminal's Ctrl-C goes to every process of its foreground group, and each of a
+    local gate's Dask worker processes printed its KeyboardInterrupt traceback (60 to 86 lines
+    of stderr) above the gate's one line. The command still gets the Ctrl-C and stops them."""
+    outcome: list[Started] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        # multiprocessing's resource tracker, started by the first process spawned, unblocks
+        # SIGINT in the thread that starts it (CPython 3.11 `ensure_running`): started first.
+        resource_tracker.ensure_running()
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            outcome.append(start())
+        except BaseException as error:  # handed to the waiting thread, which raises it as its own
+            failure.append(error)
+
+    starter = threading.Thread(target=run, name="started out of Ctrl-C's reach", daemon=True)
+    starter.start()
+    while starter.is_alive():
+        starter.join(0.05)  # a bounded join: this thread runs its signal handlers between waits
+    if failure:
+        raise failure[0]
+    return outcome[0]

@@ -495,6 +495,30 @@ def test_a_missing_capture_is_unusable_in_the_words_report_uses_for_it(
     assert result.reasons == [f"{missing}: file: does not exist"]
 
 
+def test_a_terminals_ctrl_c_to_a_local_gates_whole_process_group_prints_the_gates_one_line_and_no_worker_traceback(
+    tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], python_ctrl_c: None
+) -> None:
+    # A terminal sends Ctrl-C to every process of its foreground group: the gate, and the
+    # LocalCluster's worker processes, which printed a KeyboardInterrupt traceback each.
+    _runs(tmp_path, demo_pairs)
+    (tmp_path / "gate.toml").write_text(GLOB)
+    gate = subprocess.Popen(
+        [sys.executable, "-m", "viewer.cli", "gate", str(tmp_path / "gate.toml"), "--workers", "2", "--no-cache"],
+        cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    try:
+        _wait_for_child(tmp_path / "runs" / "attention-contract.native.h5")
+        os.killpg(gate.pid, signal.SIGINT)
+        _, err = gate.communicate(timeout=60)
+    finally:
+        if gate.poll() is None:
+            os.killpg(gate.pid, signal.SIGKILL)
+            gate.communicate()
+    assert gate.returncode == 130, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("parity-xray gate: cancelled;") and lines[0].endswith("nothing written"), err
+
+
 STARTING_GATE = """
 import os, signal, threading, time
 import psutil

@@ -15,7 +15,9 @@ Failure and cancellation, as the gate needs them:
 - Ctrl-C: Dask cannot interrupt a running task, so every task polls a gate-wide
   `distributed.Event`; setting it makes running tasks close their judgment (which kills
   their child processes) and queued ones return at once. Whatever has not ended after
-  CANCEL_WAIT_S is cancelled through Dask.
+  CANCEL_WAIT_S is cancelled through Dask. A local cluster's processes are started with
+  SIGINT blocked (`started_out_of_ctrl_c_reach`): the terminal's Ctrl-C reaches the gate alone,
+  which stops them.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterator
+from functools import partial
 from types import TracebackType
 
 import dask
@@ -40,7 +43,7 @@ from distributed import (
 from distributed.client import Future
 from distributed.comm import connect
 
-from sessions.ctrl_c import ctrl_c_deferred
+from sessions.ctrl_c import ctrl_c_deferred, started_out_of_ctrl_c_reach
 from sessions.gate.judge import CachedCase, CaseOutcome, case_unusable, iter_judge_case
 from sessions.gate.manifest import GateCase
 from sessions.machine import usable_cores
@@ -129,13 +132,16 @@ class DaskGate:
                 self.client = Client(self.scheduler, timeout=CONNECT_TIMEOUT_S)
             else:
                 with ctrl_c_deferred(), dask.config.set({"distributed.scheduler.worker-saturation": WORKER_SATURATION}):
-                    self.cluster = LocalCluster(
-                        n_workers=self.workers or usable_cores(),
-                        threads_per_worker=1,
-                        processes=True,
-                        host=LOCAL_HOST,
-                        dashboard_address=f"{LOCAL_HOST}:0",
-                        silence_logs=logging.ERROR,
+                    self.cluster = started_out_of_ctrl_c_reach(
+                        partial(
+                            LocalCluster,
+                            n_workers=self.workers or usable_cores(),
+                            threads_per_worker=1,
+                            processes=True,
+                            host=LOCAL_HOST,
+                            dashboard_address=f"{LOCAL_HOST}:0",
+                            silence_logs=logging.ERROR,
+                        )
                     )
                 self.client = Client(self.cluster)
             self.client.wait_for_workers(1, timeout=WORKER_WAIT_S)

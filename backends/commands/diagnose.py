@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from backends.diagnosis.document import render_html, render_text, to_dict
 from backends.diagnosis.run import DiagnoseOptions, Diagnosis, iter_diagnose
@@ -25,6 +26,7 @@ from sessions.capture.reader import CaptureError
 from sessions.commands.arguments import (
     add_align_argument,
     output_problem,
+    remove_earlier_outputs,
     whole_number,
     write_outputs,
 )
@@ -87,9 +89,17 @@ def _with_progress(work: ProgressGenerator[Diagnosis]) -> Diagnosis:
 
 def run(args: argparse.Namespace) -> int:
     outputs = {"--json": args.json, "--html": args.html}
-    if args.no_budget and not args.all:
-        print("parity-xray diagnose: --no-budget goes with --all (only --all shares out the final error)", file=sys.stderr)
+    inputs: dict[str, str | Path | None] = {
+        "native capture": args.native, "oracle capture": args.oracle, "native profile": args.native_profile, "oracle profile": args.oracle_profile,
+    }  # fmt: skip
+
+    def unusable(message: str) -> int:
+        print(f"parity-xray diagnose: {printable(message)}", file=sys.stderr)
+        remove_earlier_outputs(outputs, inputs)
         return EXIT_UNUSABLE
+
+    if args.no_budget and not args.all:
+        return unusable("--no-budget goes with --all (only --all shares out the final error)")
     try:
         options = options_from(args)
         compare = CompareOptions(native_profile=args.native_profile, oracle_profile=args.oracle_profile, alignment=args.align)
@@ -101,13 +111,11 @@ def run(args: argparse.Namespace) -> int:
             comparison = run_to_end(iter_compare_cached(native, oracle, compare))
             diagnosis = _with_progress(iter_diagnose(native, oracle, comparison, options))
     except (RerunInputError, CaptureError, ProfileError, ValueError, OSError) as exc:
-        print(f"parity-xray diagnose: {printable(str(exc))}", file=sys.stderr)
-        return EXIT_UNUSABLE
+        return unusable(str(exc))
     print(render_text(diagnosis, verbose=args.verbose))
     problem = write_outputs(
         [(args.json, lambda: json.dumps(to_dict(diagnosis), indent=1, allow_nan=False)), (args.html, lambda: render_html(diagnosis))]
     )
     if problem is not None:
-        print(f"parity-xray diagnose: {problem}", file=sys.stderr)
-        return EXIT_UNUSABLE
+        return unusable(problem)
     return exit_code(diagnosis)

@@ -34,6 +34,7 @@ from sessions.capture.reader import CaptureError
 from sessions.commands.arguments import (
     add_align_argument,
     output_problem,
+    remove_earlier_outputs,
     write_outputs,
 )
 from sessions.compare.json_plain import plain
@@ -125,13 +126,23 @@ def render(result: RerunResult) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    outputs = {"--save": args.save, "--json": args.json}
+    inputs: dict[str, str | Path | None] = {
+        "native capture": args.native, "oracle capture": args.oracle, "weights file": args.weights,
+        "native profile": args.native_profile, "oracle profile": args.oracle_profile,
+    }  # fmt: skip
+
+    def unusable(message: str) -> int:
+        print(f"parity-xray rerun: {printable(message)}", file=sys.stderr)
+        remove_earlier_outputs(outputs, inputs)
+        return EXIT_UNUSABLE
+
     try:
         key = rerun_target(args.op)
         options = options_from(args)
         compare = CompareOptions(native_profile=args.native_profile, oracle_profile=args.oracle_profile, alignment=args.align)
         with open_complete_capture(args.native) as native, open_complete_capture(args.oracle) as oracle:
             inputs = files_read(native, oracle, args.weights, (args.native_profile, args.oracle_profile))
-            outputs = {"--save": args.save, "--json": args.json}
             problem = output_problem(outputs, inputs)
             if problem is not None:
                 raise ValueError(problem)
@@ -142,13 +153,11 @@ def run(args: argparse.Namespace) -> int:
                 print(f"parity-xray rerun: {abandoned.text(Path(args.save))}", file=sys.stderr)
             save_rerun(result, args.save)
     except (RerunInputError, CaptureError, ProfileError, rerun_ops.RerunOpError, ValueError, OSError) as exc:
-        print(f"parity-xray rerun: {printable(str(exc))}", file=sys.stderr)
-        return EXIT_UNUSABLE
+        return unusable(str(exc))
     print(render(result))
     problem = write_outputs([(args.json, lambda: json.dumps(result_to_dict(result), indent=1, allow_nan=False))])
     if problem is not None:
-        print(f"parity-xray rerun: {problem}", file=sys.stderr)
-        return EXIT_UNUSABLE
+        return unusable(problem)
     if args.save:
         print(f"saved as {args.save} (role rerun)")
     return EXIT_REPRODUCED if result.reproduces(options.route_from or options.source) else EXIT_DIFFERS

@@ -8,7 +8,9 @@ bound (a traceback, exit 1, read by CI as a divergence).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import os
 import stat
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from functools import partial
@@ -108,6 +110,8 @@ def _path_problem(path: str | Path, in_a_folder: bool = True) -> str | None:
     file of that name appeared in the working folder instead."""
     if str(path) == "-":
         return "would be a file named '-' in this folder: outputs are files (the text goes to standard output); name a path"
+    if str(path).endswith(("/", os.sep)):  # Path() drops the separator: `--json out/` wrote a file named out
+        return "ends in a separator, so it names a folder; name a file"
     path = Path(path)
     try:
         mode = path.stat().st_mode
@@ -123,6 +127,30 @@ def _path_problem(path: str | Path, in_a_folder: bool = True) -> str | None:
     if linked is not None:
         return linked
     return folder_problem(path) if in_a_folder else None
+
+
+DOCUMENT_STARTS = {"--json": b"{", "--html": b"<!doctype html"}
+"""How the JSON and HTML documents commands write begin (the HTML's case aside)."""
+
+
+def remove_earlier_outputs(outputs: Mapping[str, str | None], inputs: Mapping[str, str | Path | None]) -> None:
+    """For a command that ends unusable (exit 2): remove the JSON and HTML documents an earlier
+    run wrote at `outputs`, so that a CI step reading them never takes the last run's verdict
+    for this one's. Only where an output may be written at all (`output_problem`: never an
+    input, a folder or a device), and only a file that begins as such a document does: a
+    command that stopped before it knew every input (the weights a capture names) must not
+    remove one given there by mistake."""
+    if output_problem(outputs, inputs) is not None:
+        return
+    for option, path in outputs.items():
+        start = DOCUMENT_STARTS.get(option)
+        if not path or start is None:
+            continue
+        with contextlib.suppress(OSError):  # not there, or not ours to remove (a read-only place): left as it is
+            with open(path, "rb") as document:
+                begins = document.read(len(start)).lower()
+            if begins == start:
+                Path(path).unlink()
 
 
 def write_outputs(outputs: Sequence[tuple[str | None, Callable[[], str | Iterable[str]]]]) -> str | None:

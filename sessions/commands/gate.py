@@ -21,7 +21,11 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sessions.commands.arguments import output_problem, write_outputs
+from sessions.commands.arguments import (
+    output_problem,
+    remove_earlier_outputs,
+    write_outputs,
+)
 from sessions.compare.verdict import EXIT_UNUSABLE
 from sessions.ctrl_c import exit_code_of, raise_if_pressed, said
 from sessions.machine import usable_cores
@@ -46,35 +50,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-cache", action="store_true", help="judge every case again, even those whose captures and options did not change")
 
 
-def _fail(message: str) -> int:
-    print(f"parity-xray gate: {message}", file=sys.stderr)
-    return EXIT_UNUSABLE
-
-
 def run(args: argparse.Namespace) -> int:
     # Imported here, not at the top: building the CLI's parser must not load Dask.
     from sessions.gate.cluster import ClusterError, DaskGate
     from sessions.gate.manifest import ManifestError, load_manifest
 
+    outputs = {"--json": args.json, "--html": args.html}
+    inputs: dict[str, str | Path | None] = {"manifest": args.manifest}
+
+    def fail(message: str) -> int:
+        print(f"parity-xray gate: {message}", file=sys.stderr)
+        remove_earlier_outputs({"--json": args.json, "--html": args.html}, inputs)  # the documents, not the cases' pages
+        return EXIT_UNUSABLE
+
     if args.workers is not None and args.workers < 1:
-        return _fail(f"--workers must be at least 1, got {args.workers}")
+        return fail(f"--workers must be at least 1, got {args.workers}")
     cores = usable_cores()
     if args.workers is not None and args.workers > WORKERS_PER_CORE * cores:
         # 48 worker processes on 2 cores took 44 s for a case judged in 0.4 s by 2.
-        return _fail(f"--workers {args.workers} is more than {WORKERS_PER_CORE} per core here ({cores} cores): the processes would only take turns on them")
+        return fail(f"--workers {args.workers} is more than {WORKERS_PER_CORE} per core here ({cores} cores): the processes would only take turns on them")
     try:
         manifest = load_manifest(args.manifest)
     except ManifestError as exc:
-        return _fail(f"bad manifest: {exc}")
-    inputs: dict[str, str | Path | None] = {"manifest": args.manifest}
+        return fail(f"bad manifest: {exc}")
     for case in manifest.cases:
         inputs.update({f"native capture of case {case.name!r}": case.native, f"oracle capture of case {case.name!r}": case.oracle})
-    outputs = {"--json": args.json, "--html": args.html}
     if args.html is not None:
         outputs.update({f"the report of case {case.name!r}": str(page) for case, page in zip(manifest.cases, case_pages(args.html, manifest.cases))})
     clash = output_problem(outputs, inputs, made_folders=set(outputs) - {"--json"})  # the HTML's folder and its cases' are made
     if clash is not None:
-        return _fail(clash)
+        return fail(clash)
     state = _GateRun(manifest.cases, want_html=args.html is not None, use_cache=not args.no_cache)
     started = time.monotonic()
     try:
@@ -87,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
                 state.finished(index, outcome)
                 raise_if_pressed()
     except ClusterError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     except KeyboardInterrupt as stop:
         print(f"\nparity-xray gate: {said(stop, 'cancelled')}; {state.done} of {len(manifest.cases)} case(s) were judged; nothing written", file=sys.stderr)
         return exit_code_of(stop)
@@ -95,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.write(render_text(gate))
     problem = state.write(gate, args.json, args.html)
     if problem is not None:
-        return _fail(problem)
+        return fail(problem)
     return gate.exit_code
 
 

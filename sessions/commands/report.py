@@ -7,7 +7,6 @@ or incomplete capture, unusable profile) with a one-line reason on stderr.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,6 +15,7 @@ from sessions.capture.read_ahead import ReadAhead
 from sessions.commands.arguments import (
     add_align_argument,
     output_problem,
+    remove_earlier_outputs,
     tolerance_bound,
     ulp_bound,
     whole_number,
@@ -96,11 +96,7 @@ def _unusable(args: argparse.Namespace, message: str) -> int:
     wrote at the paths asked for is removed, so a CI step reading it never takes the last
     pair's PARITY for this one's."""
     print(f"parity-xray report: {printable(message)}", file=sys.stderr)  # a path from a session may hold anything
-    if output_problem(_outputs(args), _inputs(args)) is None:
-        for path in _outputs(args).values():  # regular files only (`output_problem`): never a device
-            if path:
-                with contextlib.suppress(OSError):  # not ours to remove (a folder, a read-only place): left as it is
-                    Path(path).unlink(missing_ok=True)
+    remove_earlier_outputs(_outputs(args), _inputs(args))
     return EXIT_UNUSABLE
 
 

@@ -198,3 +198,32 @@ def test_the_install_doctor_names_for_a_missing_llama_build_is_a_make_target_tha
     dry = subprocess.run([*command, "-n", "-C", str(Path(__file__).resolve().parent.parent)], capture_output=True, text=True, timeout=60, check=False)
     assert dry.returncode == 0, dry.stderr
     assert "pytest" not in dry.stdout
+
+
+def _parity_xray(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**env, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "viewer.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+
+
+@linux_only
+@pytest.mark.parametrize("command", [["NATIVE", "ORACLE"], ["demo", "--scenario", "clean"]])
+def test_a_window_asked_for_without_a_display_says_what_stops_it_instead_of_qts_abort(
+    command: list[str], demo_pairs: dict[str, tuple[Path, Path]], tmp_path: Path
+) -> None:
+    native, oracle = demo_pairs["clean"]
+    argv = [str(native), str(oracle)] if command == ["NATIVE", "ORACLE"] else command
+    # An empty user cache: `demo` says so before generating its captures (a minute of MLX).
+    done = _parity_xray({**_without_display(), "XDG_CACHE_HOME": str(tmp_path)}, *argv)
+    assert done.returncode == 2, done.stderr  # Qt's abort was 134
+    lines = done.stderr.splitlines()
+    assert lines[0] == "parity-xray: the window cannot open on this machine:"
+    assert "no display: DISPLAY is not set, so the 'xcb' platform has nowhere to draw" in done.stderr
+    assert lines[-1].startswith("`parity-xray doctor` checks everything a run needs") and "qt.qpa" not in done.stderr
+    assert not any(tmp_path.iterdir()), "no demo captures generated for a window that cannot open"
+
+
+def test_a_mistyped_command_is_named_with_the_nearest_one_instead_of_opening_the_window(tmp_path: Path) -> None:
+    done = _parity_xray(dict(os.environ), "valdate", str(tmp_path / "run.h5"))
+    assert done.returncode == 2
+    assert done.stderr.startswith("parity-xray: unknown command 'valdate': did you mean 'validate'? the commands are validate, report, gate,")
+    assert _parity_xray(dict(os.environ), "frobnicate").stderr.startswith("parity-xray: unknown command 'frobnicate': the commands are validate,")

@@ -9,6 +9,7 @@ captures, `open FILE.xray`, `FILE.xray`) opens the viewer (viewer.app).
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import sys
@@ -47,6 +48,17 @@ VIEWER_FORMS = """without a command, the viewer opens:
 NATIVE ORACLE --help` said them, and nothing led there."""
 
 
+def _unknown_command(word: str) -> str | None:
+    """Why `word` is neither a command nor a file for the viewer, or None: a bare word (no folder,
+    no suffix) that names no file is a mistyped command. `parity-xray valdate x.h5` opened the
+    window on two files named so, and without a display ended in Qt's abort."""
+    if word.startswith("-") or word == "open" or "/" in word or os.sep in word or "." in word or os.path.exists(word):
+        return None
+    close = difflib.get_close_matches(word, SUBCOMMANDS, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"unknown command {printable(word)!r}: {hint}the commands are {', '.join(SUBCOMMANDS)}; a capture to open is a file that exists"
+
+
 def _module(name: str) -> ModuleType:
     return importlib.import_module(SUBCOMMANDS[name][0])
 
@@ -73,10 +85,14 @@ OPENS_CAPTURES = frozenset({"validate", "report", "rerun", "diagnose", "demo"})
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help"):
+        unknown = _unknown_command(argv[0]) if argv else None
+        if unknown is not None:
+            print(f"parity-xray: {unknown}", file=sys.stderr)
+            return EXIT_UNUSABLE
         spare_checker.prepare()
-        from viewer.app import run_viewer
+        from viewer.window_launch import open_window
 
-        return run_viewer(argv)
+        return open_window(argv)
     keep_temporaries_on_heap()
     if argv[0] in OPENS_CAPTURES:
         spare_checker.prepare()

@@ -122,6 +122,10 @@ def run(args: argparse.Namespace) -> int:
     if len(args.scenario or ()) > 1:
         print("parity-xray demo: the viewer opens one scenario; repeat --scenario only with --generate DIR", file=sys.stderr)
         return 2
+    from viewer.window_launch import EXIT_NO_WINDOW, window_refused
+
+    if window_refused():  # said before generating: a minute of MLX, then no window, was the first contact
+        return EXIT_NO_WINDOW
     demo_dir = default_demo_dir(args.seed)
     scenario = (args.scenario or [DEFAULT_SCENARIO])[0]
     native, oracle = pair_paths(demo_dir, scenario)

@@ -95,9 +95,9 @@ def _missing_libraries(libraries: list[Path]) -> tuple[str, ...]:
     return tuple(missing)
 
 
-def check_qt(env: Mapping[str, str]) -> Iterator[Finding]:
+def check_qt(env: Mapping[str, str], rehearse: bool = True) -> Iterator[Finding]:
     """PySide6 present; the system libraries of its modules and of the platform plugin; a display
-    when the platform needs one; then Qt started for real in a child process."""
+    when the platform needs one; then, with `rehearse`, Qt started for real in a child process."""
     pyside = _pyside_dir()
     if pyside is None:
         yield Finding("Qt", "qt", PROBLEM, "PySide6 is not installed in this Python", (INSTALL_APP,))
@@ -127,8 +127,16 @@ def check_qt(env: Mapping[str, str]) -> Iterator[Finding]:
                     yield Finding(topic, "qt", OK, f"every system library {whose} links is present")
     display = check_display(platform, env)
     yield display
-    if healthy and display.status != PROBLEM:
+    if rehearse and healthy and display.status != PROBLEM:
         yield check_qt_starts(platform, env)
+
+
+def window_problems(env: Mapping[str, str]) -> list[Finding]:
+    """What stops a window from opening here, found before Qt is loaded into this process: Qt
+    aborts a process whose platform plugin cannot load (exit 134) with a message naming the
+    wrong package, and `parity-xray NATIVE ORACLE` or `demo` over ssh without a display did
+    just that. No rehearsal in a child process (`check_qt_starts`): the window starts Qt next."""
+    return [finding for finding in check_qt(env, rehearse=False) if finding.status == PROBLEM]
 
 
 def check_display(platform: str, env: Mapping[str, str]) -> Finding:

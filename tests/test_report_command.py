@@ -635,3 +635,42 @@ def test_the_json_document_is_made_a_piece_at_a_time_with_one_item_per_line(
     assert _run(str(native), str(oracle), "--json", str(tmp_path / "r.json")) == 1
     assert (tmp_path / "r.json").read_text() == text
     assert json.loads(text)["pairs"][0]["key"] == comparison.pairs[0].key.text()
+
+
+def test_a_step_whose_token_only_one_run_marks_as_a_stop_says_so_on_every_surface_and_suggests_no_rerun(
+    tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # post-eos's native stops at step 3 with token 148; clean's oracle emits 148 there and goes on.
+    native, oracle = demo_pairs["post-eos"][0], demo_pairs["clean"][1]
+    out_json, out_html = tmp_path / "r.json", tmp_path / "r.html"
+    assert _run(str(native), str(oracle), "--json", str(out_json), "--html", str(out_html)) == 1
+    detail = "token 148 on both sides, a stop only in the native run"
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:2] == [f"DIVERGENCE: first tokens at 3:decode:-1:logits ({detail})", f"  - the token steps differ from step 3 ({detail})"]
+    assert "First finding: tokens at 3:decode:-1:logits" in lines, "no rerun or diagnose of logits that are bit-exact"
+    verdict = json.loads(out_json.read_text())["verdict"]
+    assert verdict["headline"] == lines[0] and verdict["reasons"] == [f"the token steps differ from step 3 ({detail})"]
+    assert detail in out_html.read_text()
+
+
+@pytest.mark.parametrize(
+    ("native_prompt", "oracle_prompt", "said", "warned"),
+    [
+        ("", "", "prompt not recorded, same seed", None),
+        ("p", "", "prompt recorded by the native capture only, same seed", "prompt recorded by the native capture only; the same request cannot be confirmed"),
+        ("p", "p", "same prompt and seed", None),
+        ("p", "q", "prompt differs", "prompt differs between the runs: they did not compute the same request"),
+    ],
+)
+def test_the_provenance_line_says_same_prompt_only_when_both_captures_recorded_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], native_prompt: str, oracle_prompt: str, said: str, warned: str | None
+) -> None:
+    x = bf16_bits(np.linspace(-2, 2, 24).reshape(4, 6))
+    native = write_capture(tmp_path / "n.h5", "native", [T("layer_out", x, layer=0, dtype="bfloat16")], prompt=native_prompt)
+    oracle = write_capture(tmp_path / "o.h5", "oracle", [T("layer_out", x, layer=0, dtype="bfloat16")], prompt=oracle_prompt)
+    out_json = tmp_path / "r.json"
+    _run(str(native), str(oracle), "--json", str(out_json))
+    text = capsys.readouterr().out
+    assert f"provenance same weights; {said}; " in text
+    warnings = json.loads(out_json.read_text())["provenance"]["warnings"]
+    assert warnings == ([] if warned is None else [warned])

@@ -61,7 +61,8 @@ def test_the_same_token_that_only_one_run_takes_as_its_stop_is_a_finding_that_sa
     comparison = _compare(tmp_path, native, oracle)
     first = comparison.verdict.first
     assert comparison.verdict.word == DIVERGENCE and first is not None
-    assert first.detail == "native token 4 vs oracle token 4 (stop)", "an equal token id must not read as agreement"
+    assert first.detail == "token 4 on both sides, a stop only in the oracle run", "an equal token id must not read as agreement"
+    assert comparison.verdict.reasons == ["the token steps differ from step 1 (token 4 on both sides, a stop only in the oracle run)"]
 
 
 def test_top_k_logits_are_shown_side_by_side_with_bits(tmp_path: Path) -> None:

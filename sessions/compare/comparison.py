@@ -499,6 +499,10 @@ def token_finding(tokens: TokenParity, results: list[PairResult]) -> Finding | N
     row = next(s for s in tokens.steps if s.step == step)
     logits = [r.key for r in results if r.key.step == step and r.key.op == "logits"]
     key = logits[-1] if logits else OpKey(step, row.segment, -1, "logits")
+    if row.native_token is not None and row.native_token == row.oracle_token:
+        # "greedy tokens differ" over token 148 on both sides sent users looking for a wrong token.
+        stops = "native" if row.native_stop else "oracle"
+        return Finding(Kind.TOKENS, key, f"token {row.native_token} on both sides, a stop only in the {stops} run")
     return Finding(Kind.TOKENS, key, f"native token {token_words(row.native_token, row.native_stop)} vs oracle token {token_words(row.oracle_token, row.oracle_stop)}")
 
 

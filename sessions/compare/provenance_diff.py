@@ -57,7 +57,10 @@ def diff_provenance(native: CaptureMeta, oracle: CaptureMeta, same_file: bool = 
     elif not weights.native or not weights.oracle:
         missing = " and ".join(s for s, v in (("native", weights.native), ("oracle", weights.oracle)) if not v)
         warnings.append(f"weights hash not recorded by the {missing} capture; same weights cannot be confirmed")
-    for name in ("prompt", "seed"):
+    prompt = by_name["prompt"]
+    if bool(prompt.native) != bool(prompt.oracle):
+        warnings.append(f"prompt recorded by the {'native' if prompt.native else 'oracle'} capture only; the same request cannot be confirmed")
+    for name in ("prompt", "seed") if prompt.native and prompt.oracle else ("seed",):
         if not by_name[name].same:
             warnings.append(f"{name} differs between the runs: they did not compute the same request")
     if (native.role, oracle.role) == ("oracle", "native"):
@@ -74,8 +77,7 @@ def _summary(by_name: dict[str, ProvenanceField]) -> str:
         parts = ["same weights" if weights.same else "DIFFERENT WEIGHTS"]
     else:
         parts = ["weights unconfirmed"]
-    request = [name for name in ("prompt", "seed") if not by_name[name].same]
-    parts.append(f"{' and '.join(request)} differ" if request else "same prompt and seed")
+    parts.append(_request(by_name["prompt"], by_name["seed"]))
     differ = [name.replace("_", " ") for name in EXPECTED_TO_DIFFER if not by_name[name].same]
     engine = by_name["engine_name"]
     if not engine.same:
@@ -85,3 +87,13 @@ def _summary(by_name: dict[str, ProvenanceField]) -> str:
     else:
         parts.append("same engine build and device")
     return "; ".join(parts)
+
+
+def _request(prompt: ProvenanceField, seed: ProvenanceField) -> str:
+    """Whether the runs computed the same request, as far as the captures say: an import records
+    no prompt, and "same prompt and seed" was said of two empty ones."""
+    if prompt.native and prompt.oracle:
+        request = [name for name, field in (("prompt", prompt), ("seed", seed)) if not field.same]
+        return f"{' and '.join(request)} differ{'s' if len(request) == 1 else ''}" if request else "same prompt and seed"
+    said = "prompt not recorded" if not prompt.native and not prompt.oracle else f"prompt recorded by the {'native' if prompt.native else 'oracle'} capture only"
+    return f"{said}, {'same seed' if seed.same else 'seed differs'}"

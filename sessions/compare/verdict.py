@@ -53,7 +53,7 @@ MEANING: dict[Kind, str] = {
     Kind.DISPATCH_ONLY: "bits are equal here (or within the tolerance given), but the attention work was split into different primitive calls (another device may pick another kernel)",
     Kind.POST_EOS: "after both runs emitted the shared stop token: invalid, never a failure",
     Kind.UNALIGNED: "a record the other run has no partner for",
-    Kind.TOKENS: "the greedy tokens differ at this step (the tree marks the step; its logits may still be bit-exact)",
+    Kind.TOKENS: "the greedy tokens, or which of them is a stop, differ at this step (the tree marks the step; its logits may still be bit-exact)",
 }
 """One sentence per kind, for legends, tooltips and help."""
 
@@ -204,7 +204,7 @@ def _reasons(pairs: list[Finding], token: Finding | None, unaligned: list[Findin
             first = next(f for f in pairs if f.kind == kind)
             reasons.append((kind, f"{by_kind[kind]} op(s) {kind}, first at {first.key}"))
     if token is not None:
-        reasons.append((Kind.TOKENS, f"greedy tokens differ from step {token.key.step}"))
+        reasons.append((Kind.TOKENS, f"the token steps differ from step {token.key.step} ({token.detail})"))
     if unaligned:
         reasons.append((Kind.UNALIGNED, f"{len(unaligned)} record(s) could not be aligned, first at {unaligned[0].key}"))
     return reasons

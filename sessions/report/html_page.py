@@ -170,7 +170,7 @@ def _dispatch(c: Comparison) -> str:
 def _worst(c: Comparison) -> str:
     worst = worst_ops(c, TOP_OPS)
     if not worst:
-        return "<p>None: no op before any shared EOS differs.</p>"
+        return f"<p>None: {'no op before any shared EOS differs' if c.pairs else 'no op was compared'}.</p>"
     rows = [
         [f"<code>{escape(p.key.text())}</code>", escape(p.verdict), f"{p.metrics.nmse:.3e}", "none (bytes or NaN)" if p.metrics.p99_ulp_error is None else f"{p.metrics.p99_ulp_error:.3g}", f"{p.metrics.differing:,} / {p.metrics.size:,}"]
         for p in worst

@@ -96,7 +96,7 @@ def render(c: Comparison, top: int = 10, full: bool = False) -> str:
     out += [
         f"  {p.key.text():40} {p.verdict:17} NMSE {p.metrics.nmse:.3e}  ULP error p99 {_ulp_error(p.metrics.p99_ulp_error)}  differing {p.metrics.differing:,}/{p.metrics.size:,}"
         for p in worst_ops(c, top)
-    ] or ["  none: every compared op is bit-exact"]
+    ] or [f"  none: {'every compared op is bit-exact' if c.pairs else 'no op was compared'}"]
     limit = MAX_LISTED if full else 5
     out += ["", _token_header(c)]
     out += _token_lines(c, full, limit)
@@ -158,8 +158,10 @@ def _next_commands(c: Comparison, first: Finding) -> str:
     """The `rerun` and `diagnose` commands that look into the first finding: only for an aligned
     pair (an unaligned record has no partner to rerun against, nor has a token step whose logits
     only one run recorded), under the alignment that made its key (a key cut by position exists
-    only when pairing by position)."""
-    if first.kind == Kind.UNALIGNED or not any(p.key == first.key for p in c.pairs):
+    only when pairing by position). Not for a token step over bit-exact logits: both commands
+    answered "nothing to diagnose there" of a stop mark one run set and the other did not."""
+    pair = next((p for p in c.pairs if p.key == first.key), None)
+    if first.kind == Kind.UNALIGNED or pair is None or (first.kind == Kind.TOKENS and pair.metrics.bit_exact):
         return ""
     whole = whole_op(first.key)
     align = " --align positions" if c.alignment.mode == POSITIONS else ""

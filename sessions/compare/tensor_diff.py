@@ -57,9 +57,10 @@ def _dot(a: np.ndarray, b: np.ndarray) -> float:
 class Tolerance:
     """Optional, explicit acceptance bounds. All None means the verdict is bit-exact.
 
-    An element is within tolerance when its bits match, or when both values are finite and
-    |native - oracle| <= atol + rtol * |oracle| (numpy.isclose form, missing bounds = 0) and,
-    if max_ulp is given, its ULP distance is at most max_ulp. NaN/Inf mismatches never are.
+    An element is within tolerance when its bits match, or when both values are finite and every
+    bound given holds: |native - oracle| <= atol + rtol * |oracle| when atol or rtol is given
+    (numpy.isclose form, the other one 0), and a ULP distance of at most max_ulp when that is
+    given. NaN/Inf mismatches never are.
     """
 
     atol: float | None = None

@@ -298,7 +298,7 @@ def test_the_verdict_counts_the_later_ops_left_undetermined_and_says_why_the_fir
     assert found.verdict.endswith(
         "1 more local op(s) with the same contract; 36 later op(s) are inherited; 67 later op(s) could not be classified, first "
         f"0:visual:0:o_proj (cannot be rerun on the oracle's route from the native's inputs: weights file {missing} (referenced by the "
-        "native capture) does not exist). Against the float64 reference the oracle's route is closer to exact."
+        "native capture) does not exist (`--weights FILE` names another)). Against the float64 reference the oracle's route is closer to exact."
     )
 
 
@@ -559,3 +559,16 @@ def test_first_counts_undetermined_ops_in_a_row_afresh_in_a_segment_of_another_n
     paths = write_capture(tmp_path / "n.h5", "native", native), write_capture(tmp_path / "o.h5", "oracle", oracle)
     found = diagnose(paths)
     assert len(found.ops) == 1200 and not any(note.startswith("Stopped after") for note in found.notes)
+
+
+def test_diagnose_takes_the_weights_file_a_moved_pair_no_longer_finds_beside_it(
+    tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    moved = [shutil.copy(path, tmp_path) for path in demo_pairs["attention-contract"]]
+    o_proj = "0:visual:0:o_proj"
+    assert main(["diagnose", *moved, "--op", o_proj]) == EXIT_UNEXPLAINED
+    out = capsys.readouterr().out
+    assert f"weights file {tmp_path / 'demo-qwen3-tiny.safetensors'} (referenced by the native capture) does not exist (`--weights FILE` names another)" in out
+    weights = demo_pairs["attention-contract"][0].parent / "demo-qwen3-tiny.safetensors"
+    assert main(["diagnose", *moved, "--op", o_proj, "--weights", str(weights)]) == EXIT_EXPLAINED
+    assert "1 diverged op(s) classified: 0 local, 1 inherited, 0 undetermined" in capsys.readouterr().out

@@ -197,7 +197,7 @@ def test_a_weight_neither_the_capture_nor_a_file_holds_is_asked_for_with_the_opt
     with open_capture(path) as native, open_capture(path) as oracle, pytest.raises(RerunInputError) as missing:
         run_to_end(iter_rerun(native, oracle, run_to_end(iter_compare(native, oracle)), rerun_target("0:prefill:0:q_proj"), RerunOptions(source="native")))
     assert str(missing.value).endswith(
-        "neither the native capture nor a referenced weights file holds it (`rerun --weights FILE` names the file that does)"
+        "neither the native capture nor a referenced weights file holds it (`--weights FILE` names the file that does)"
     )
 
 

@@ -51,6 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-budget", action="store_true", help="with --all: skip the replays that share out the final logits error")
     parser.add_argument("--json", metavar="OUT", help="also write the diagnosis as JSON (docs/diagnosis.md)")
     parser.add_argument("--html", metavar="OUT", help="also write a self-contained HTML page")
+    parser.add_argument("--weights", metavar="FILE", help="safetensors or GGUF weights for the reruns (default: the file each capture references)")
     parser.add_argument("--verbose", action="store_true", help="list the candidates at every local op, not only the first")
     parser.add_argument("--native-profile", help="built-in profile name or TOML path (default: detected)")
     parser.add_argument("--oracle-profile", help="built-in profile name or TOML path (default: detected)")
@@ -58,11 +59,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def options_from(args: argparse.Namespace) -> DiagnoseOptions:
+    weights = args.weights
     if args.op is not None:
-        return DiagnoseOptions(mode="op", key=OpKey.parse(args.op))
+        return DiagnoseOptions(mode="op", key=OpKey.parse(args.op), weights_path=weights)
     if args.all:
-        return DiagnoseOptions(mode="all", budget=not args.no_budget)
-    return DiagnoseOptions(mode="first", first=1 if args.first is None else args.first)
+        return DiagnoseOptions(mode="all", budget=not args.no_budget, weights_path=weights)
+    return DiagnoseOptions(mode="first", first=1 if args.first is None else args.first, weights_path=weights)
 
 
 def exit_code(diagnosis: Diagnosis) -> int:
@@ -90,7 +92,8 @@ def _with_progress(work: ProgressGenerator[Diagnosis]) -> Diagnosis:
 def run(args: argparse.Namespace) -> int:
     outputs = {"--json": args.json, "--html": args.html}
     inputs: dict[str, str | Path | None] = {
-        "native capture": args.native, "oracle capture": args.oracle, "native profile": args.native_profile, "oracle profile": args.oracle_profile,
+        "native capture": args.native, "oracle capture": args.oracle, "weights file": args.weights,
+        "native profile": args.native_profile, "oracle profile": args.oracle_profile,
     }  # fmt: skip
 
     def unusable(message: str) -> int:
@@ -104,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         options = options_from(args)
         compare = CompareOptions(native_profile=args.native_profile, oracle_profile=args.oracle_profile, alignment=args.align)
         with open_complete_capture(args.native) as native, open_complete_capture(args.oracle) as oracle:
-            inputs = files_read(native, oracle, None, (args.native_profile, args.oracle_profile))
+            inputs = files_read(native, oracle, args.weights, (args.native_profile, args.oracle_profile))
             clash = output_problem(outputs, inputs)
             if clash is not None:
                 raise ValueError(clash)

@@ -83,6 +83,8 @@ class DiagnoseOptions:
     first: int = 1
     budget: bool = True
     """With mode 'all': replay each local op to the final logits."""
+    weights_path: str | None = None
+    """The weights file the reruns read, instead of the one each capture references."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -345,7 +347,7 @@ def iter_diagnose(native: Capture, oracle: Capture, comparison: Comparison, opti
     started = time.perf_counter()
     targets, after_eos = _targets(comparison, options)
     yield Progress(0, max(1, len(targets)), "finding records by canonical key")
-    session = RerunSession(native, oracle, comparison)
+    session = RerunSession(native, oracle, comparison, options.weights_path)
     diagnosis = Diagnosis(str(native.path), str(oracle.path), options.mode, "", comparison.verdict.word)
     diagnosis.notes.extend(comparison.provenance.warnings)  # one file twice, other weights: said as report says them
     locals_found, open_run = 0, 0

@@ -364,7 +364,7 @@ class WeightSource:
             raise RerunInputError(
                 f"{op} rerun needs the {where}weight ({' or '.join(names)}); neither the {self.ops.side} capture "
                 f"nor {self.path if self.path is not None else 'a referenced weights file'} holds it"
-                + ("" if self.named else " (`rerun --weights FILE` names the file that does)")
+                + ("" if self.named else " (`--weights FILE` names the file that does)")
             )
         name, weight, source = found
         _check_weight(op, name, weight, source, width)
@@ -390,7 +390,8 @@ class WeightSource:
         assert self.path is not None
         problem = _not_a_regular_file(self.path)
         if problem is not None:
-            raise RerunInputError(f"weights file {self.path} ({self._origin()}) {problem}")
+            named = "" if self.named else " (`--weights FILE` names another)"
+            raise RerunInputError(f"weights file {self.path} ({self._origin()}) {problem}{named}")
         return self.path
 
     def _from_file(self, names: list[str]) -> tuple[str, mx.array, str] | None:

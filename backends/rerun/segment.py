@@ -408,8 +408,10 @@ class RerunSession:
     so it keeps one: the records are checked against the comparison once, and a weights file
     (a GGUF is parsed, its quantized blocks decoded) is read once."""
 
-    def __init__(self, native: Capture, oracle: Capture, comparison: Comparison) -> None:
+    def __init__(self, native: Capture, oracle: Capture, comparison: Comparison, weights_path: str | None = None) -> None:
+        """`weights_path`: the weights file of every rerun that names none (`diagnose --weights`)."""
         native_records, oracle_records = aligned_records(native, oracle, comparison)
+        self.weights_path = weights_path
         unpaired = [*comparison.unaligned, *comparison.post_eos_unaligned]
         self.native, self.oracle, self.comparison = native, oracle, comparison
         self.captured = {
@@ -421,7 +423,8 @@ class RerunSession:
         self._weights: dict[tuple[str, str | None], WeightSource] = {}
 
     def weights(self, side: str, path: str | None = None) -> WeightSource:
-        """`side`'s weights (from its records, the file it references, or `path`), read once."""
+        """`side`'s weights (from its records, the file it references, or `path`, else the session's), read once."""
+        path = self.weights_path if path is None else path
         found = self._weights.get((side, path))
         if found is None:
             found = WeightSource(self.captured[side], None if path is None else Path(path))

@@ -512,6 +512,8 @@ def not_aligned(comparison: Comparison, key: OpKey) -> str:
     without a partner."""
     place = key._replace(positions=())
     said = f"{key} is not an aligned op of this comparison"
+    if key.op not in CANONICAL_OPS:
+        return f"{said}: '{key.op}' is no canonical op (they are {', '.join(CANONICAL_OPS)}; report lists the aligned ones)"
     cut = [p.key.text() for p in comparison.pairs if p.key.positions and p.key._replace(positions=()) == place]
     if cut:
         more = f" and {len(cut) - 3} more" if len(cut) > 3 else ""

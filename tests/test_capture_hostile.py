@@ -14,7 +14,13 @@ import numpy as np
 import pytest
 
 from sessions.capture import format as cf
-from sessions.capture.hdf5_safety import MAX_ATTRIBUTES, MAX_CHUNKS
+from sessions.capture.hdf5_safety import (
+    FILTERED_CHUNK_FLOOR_BYTES,
+    MAX_ATTRIBUTES,
+    MAX_CHUNKS,
+    MIN_FILTERED_CHUNK_BYTES,
+    SMALL_FILTERED_CHUNKS,
+)
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.opening import open_capture
 from sessions.capture.reader import CaptureError
@@ -152,7 +158,7 @@ def test_a_decompression_bomb_chunk_is_refused_by_its_declared_chunk_size(tmp_pa
             VICTIM, data=np.arange(16, dtype=np.float32), maxshape=(None,), chunks=(2**24,), compression="gzip"
         )
         ds.attrs.create(cf.ATTR_LOGICAL_DTYPE, np.bytes_(b"float32"))
-    with pytest.raises(CaptureError, match=r"declares chunks of \(16777216,\) = 67108864 bytes, over the memory budget"):
+    with pytest.raises(CaptureError, match=r"declares chunks of \(16777216,\) = 67108864 bytes \(twice: a filtered chunk is decoded into a second buffer\), over the memory budget"):
         open_capture(path, memory_budget=2**20).close()
     assert path.stat().st_size < 2**20
 
@@ -289,3 +295,62 @@ def test_passing_files_are_checked_once_until_they_change(tmp_path: Path) -> Non
     assert already_checked(path)
     os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))
     assert not already_checked(path)
+
+
+def _deflated(tmp_path: Path, elements: int, chunk: int) -> Path:
+    """A capture of one tensor of `elements` float32 values, stored deflated in chunks of `chunk`
+    elements (written with the low-level API, which takes any chunk whatever the data's extent)."""
+    path = tmp_path / f"deflated-{elements}-{chunk}.h5"
+    with CaptureWriter(path, CaptureMeta(role="native", engine_name="hostile-base"), layout="datasets") as writer:
+        writer.add_tensor("t0", np.arange(elements, dtype=np.float32), step=0, segment="prefill")
+        writer.end_step()
+    with h5py.File(path, "r+") as f:
+        del f[VICTIM]
+        _deflated_victim(f, elements, chunk)
+    return path
+
+
+def _deflated_victim(f: h5py.File, elements: int, chunk: int) -> None:
+    values = np.arange(elements, dtype=np.float32)
+    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    dcpl.set_chunk((chunk,))
+    dcpl.set_deflate(1)
+    space = h5py.h5s.create_simple((elements,), (h5py.h5s.UNLIMITED,))
+    dataset = h5py.Dataset(h5py.h5d.create(f.id, VICTIM.encode(), h5py.h5t.IEEE_F32LE, space, dcpl=dcpl))
+    dataset[...] = values
+    dataset.attrs.create(cf.ATTR_LOGICAL_DTYPE, np.bytes_(b"float32"))
+
+
+def test_a_dataset_cut_into_many_tiny_filtered_chunks_is_refused_before_any_is_decoded(tmp_path: Path) -> None:
+    # Filtered chunks are decoded one by one (0.3 ms each): 800,000 deflated 4-byte chunks of a
+    # 3.2 MB pack kept report busy for over 25 minutes.
+    chunks = SMALL_FILTERED_CHUNKS + 1
+    error = refusal(_deflated(tmp_path, chunks, 1))
+    assert error.location == VICTIM
+    assert error.problem == (
+        f"is cut into {chunks:,} filtered chunks of 4 bytes; past {SMALL_FILTERED_CHUNKS:,}, "
+        f"a filtered chunk of the format holds at least {MIN_FILTERED_CHUNK_BYTES} bytes (each is decoded on its own)"
+    )
+    with open_capture(_deflated(tmp_path, SMALL_FILTERED_CHUNKS, 1)) as capture:
+        assert capture.read_values(capture.records[0]).tolist() == list(range(SMALL_FILTERED_CHUNKS)), "a short table chunked row by row is read"
+
+
+def test_a_filtered_chunk_far_larger_than_its_dataset_is_refused_and_one_within_the_floor_is_read(tmp_path: Path) -> None:
+    # A chunk is decoded whole: a 3.2 MB pack declaring one chunk of almost 2 GiB inflated 2 GiB per read.
+    chunk = FILTERED_CHUNK_FLOOR_BYTES // 4 + 1
+    error = refusal(_deflated(tmp_path, 1000, chunk))
+    assert error.location == VICTIM
+    assert error.problem == (
+        f"declares filtered chunks of {chunk * 4} bytes for 4000 bytes of data; a filtered chunk is decoded whole, "
+        f"so the format's are at most the dataset's size or {FILTERED_CHUNK_FLOOR_BYTES // 1024**2} MiB"
+    )
+    with open_capture(_deflated(tmp_path, 1000, 4096)) as capture:
+        assert capture.read_values(capture.records[0]).tolist() == list(range(1000)), "one chunk size for every pack, small ones too"
+
+
+def test_a_dataset_with_an_empty_dataspace_is_refused_by_the_check_that_report_trusts(tmp_path: Path) -> None:
+    def empty(f: h5py.File) -> None:
+        f.create_dataset(VICTIM, data=h5py.Empty("<f4")).attrs.create(cf.ATTR_LOGICAL_DTYPE, np.bytes_(b"float32"))
+
+    error = refusal(mutated(tmp_path, lambda f, _: replace_victim(f, empty)))
+    assert (error.location, error.problem) == (VICTIM, "has no data at all (an empty dataspace); a tensor with no elements has a shape with a 0 in it")

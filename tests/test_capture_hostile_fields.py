@@ -226,6 +226,15 @@ def test_a_committed_rows_attribute_of_another_type_is_refused(tmp_path: Path) -
     assert error.problem.startswith("is a scalar of type float64; the format stores one integer")
 
 
+def test_a_negative_committed_rows_is_refused_instead_of_read_as_every_row_of_an_unfinished_file(tmp_path: Path) -> None:
+    path = small_capture(tmp_path / "committed.h5")
+    with h5py.File(path, "r+") as f:
+        f.attrs[cf.ATTR_COMPLETE] = np.int64(0)
+        f[cf.INDEX_PATH].attrs[cf.ATTR_COMMITTED_ROWS] = np.int64(-5)
+    error = refusal(path)
+    assert (error.location, error.problem) == (f"{cf.INDEX_PATH} attribute '{cf.ATTR_COMMITTED_ROWS}'", "is -5; a count of committed rows is at least 0")
+
+
 # D3: one pack, one path
 
 

@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import tracemalloc
 import zlib
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import pytest
 from gguf import GGMLQuantizationType, quantize
 from hand_captures import T, write_capture
 
+from sessions.capture import chunk_read
 from sessions.capture import format as cf
 from sessions.capture import writer as writer_module
 from sessions.capture.chunk_read import BadChunk, ChunkedReader, liblzf, unlzf_python
@@ -368,3 +370,27 @@ def test_deeply_nested_source_names_are_no_sources_not_a_crash(tmp_path: Path) -
     status, out, err, _ = cli("report", "--native-profile", "llama.cpp", "--oracle-profile", "llama.cpp", str(native), str(oracle))
     assert (status, err) == (0, ""), "placed as a node without sources on both sides: the same bits"
     assert out.startswith("PARITY: ")
+
+
+def test_a_deflated_chunk_is_inflated_into_one_buffer_of_its_size_not_twice_its_size() -> None:
+    # zlib grows its output in blocks and joins them: a chunk of almost 2 GiB took 4.3 GB.
+    size = 64 * 1024**2
+    stream = zlib_bomb(64)
+    tracemalloc.start()
+    try:
+        out = chunk_read._inflate(stream, size)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(out) == size and out.count(0) == size
+    assert peak < size + 3 * chunk_read.INFLATE_PIECE_BYTES, f"inflating {size >> 20} MiB held {peak >> 20} MiB"
+
+
+def test_a_stream_inflated_piece_by_piece_is_exact_and_a_bomb_is_still_caught_past_its_last_piece(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(chunk_read, "INFLATE_PIECE_BYTES", 1000)
+    data = np.random.default_rng(0).integers(0, 255, 10_000, dtype=np.uint8).tobytes()
+    assert chunk_read._inflate(zlib.compress(data), len(data)) == data
+    with pytest.raises(BadChunk, match="inflates past the chunk's declared 9999 bytes"):
+        chunk_read._inflate(zlib.compress(data), len(data) - 1)
+    with pytest.raises(BadChunk, match="ends after 10000 of the chunk's 10001 bytes"):
+        chunk_read._inflate(zlib.compress(data), len(data) + 1)

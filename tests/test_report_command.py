@@ -674,3 +674,16 @@ def test_the_provenance_line_says_same_prompt_only_when_both_captures_recorded_i
     assert f"provenance same weights; {said}; " in text
     warnings = json.loads(out_json.read_text())["provenance"]["warnings"]
     assert warnings == ([] if warned is None else [warned])
+
+
+def test_a_line_separator_or_zero_width_space_in_an_engine_name_or_hash_is_escaped_in_the_text_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Both pass the captures' control-character check; printed raw, U+2028 forged a line in a log
+    # viewer, and a zero-width space made two hashes that look alike a WEIGHTS HASH MISMATCH.
+    x = bf16_bits(np.linspace(-2, 2, 24).reshape(4, 6))
+    native = write_capture(tmp_path / "n.h5", "native", [T("layer_out", x, layer=0, dtype="bfloat16")], engine_name="eng\u2028PARITY: forged", weights_hash="sha256:a\u200ba")
+    oracle = write_capture(tmp_path / "o.h5", "oracle", [T("layer_out", x, layer=0, dtype="bfloat16")])
+    _run(str(native), str(oracle))
+    text = capsys.readouterr().out
+    assert "\u2028" not in text and "\u200b" not in text
+    assert text.startswith("WARNING: WEIGHTS HASH MISMATCH: native sha256:a\\u200ba vs oracle sha256:aa;")
+    assert "engines differ, as expected (eng\\u2028PARITY: forged vs hand-oracle)" in text

@@ -36,18 +36,34 @@ class BadChunk(Exception):
     """What is wrong with one chunk's stored stream (the caller adds where)."""
 
 
-def _inflate(data: bytes, size: int) -> bytes:
+INFLATE_PIECE_BYTES = 4 * 1024**2
+"""A deflate stream is inflated this much at a time, into the chunk's own buffer: inflated at
+once, zlib grows its output in blocks and then joins them, which held a chunk twice (a chunk of
+almost 2 GiB took 4.3 GB). A piece is held twice while zlib joins it."""
+
+
+def _inflate(data: bytes | bytearray, size: int) -> bytearray:
     """A zlib stream's output, stopping one byte past `size` whatever the stream declares."""
     inflater = zlib.decompressobj()
+    out = bytearray(size)
+    view = memoryview(out)
+    done, pending = 0, data
     try:
-        out = inflater.decompress(data, size + 1)
+        while not inflater.eof:
+            piece = inflater.decompress(pending, min(INFLATE_PIECE_BYTES, size + 1 - done))
+            pending = inflater.unconsumed_tail
+            if len(piece) > size - done:
+                raise BadChunk(f"its deflate stream inflates past the chunk's declared {size} bytes (a decompression bomb)")
+            view[done : done + len(piece)] = piece
+            done += len(piece)
+            if not piece and not pending:
+                break  # the stream ran out before its end
+            del piece  # before the next piece is made: two would be held
     except zlib.error as exc:
         reason = str(exc).rpartition(": ")[2]  # zlib's own words, without Python's "Error -3 while decompressing data"
         raise BadChunk(f"its deflate stream is corrupt ({reason})") from None
-    if len(out) > size:
-        raise BadChunk(f"its deflate stream inflates past the chunk's declared {size} bytes (a decompression bomb)")
-    if len(out) < size:
-        raise BadChunk(f"its deflate stream ends after {len(out)} of the chunk's {size} bytes")
+    if done < size:
+        raise BadChunk(f"its deflate stream ends after {done} of the chunk's {size} bytes")
     if not inflater.eof:
         raise BadChunk("its deflate stream is cut off before its end")
     return out
@@ -81,11 +97,12 @@ LZF_MOST_PER_BYTE = 88
 _LZF_TOO_SHORT = "its LZF stream of {stored} bytes cannot decode to the chunk's declared {size} bytes (at most {most} per stored byte)"
 
 
-def _unlzf(data: bytes, size: int) -> bytes:
+def _unlzf(stored: bytes | bytearray, size: int) -> bytes:
     """An LZF stream (h5py's filter 32000, no header) decoded into exactly `size` bytes, or refused.
 
     liblzf decodes into a buffer of the declared size, which takes that much memory before the
     first byte is decoded; a declared size the stream cannot reach is refused before it."""
+    data = bytes(stored)  # what an inflate before it made is a bytearray, which ctypes' char pointer refuses
     if size > LZF_MOST_PER_BYTE * len(data):
         raise BadChunk(_LZF_TOO_SHORT.format(stored=len(data), size=size, most=LZF_MOST_PER_BYTE))
     decompress = liblzf()
@@ -149,7 +166,7 @@ def unlzf_python(data: bytes, size: int) -> bytes:
     return bytes(out)
 
 
-def _unshuffle(data: bytes, element_size: int) -> bytes:
+def _unshuffle(data: bytes | bytearray, element_size: int) -> bytes | bytearray:
     """Undo HDF5's shuffle filter: byte k of every element was stored together, for k = 0, 1, ..."""
     count = len(data) // element_size
     if element_size <= 1 or count <= 1:

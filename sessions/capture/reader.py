@@ -337,8 +337,10 @@ class Capture:
         if layout_problem is not None:
             raise self._fail(path, layout_problem)
         committed = self._int_attr(ds.id, path, cf.ATTR_COMMITTED_ROWS, ds.shape[0])
+        if committed < 0:  # read as "every row" of an unfinished file, past what its writer had committed
+            raise self._fail(f"{path} attribute '{cf.ATTR_COMMITTED_ROWS}'", f"is {committed}; a count of committed rows is at least 0")
         rows = ds.shape[0]
-        if not self.complete and 0 <= committed < rows:
+        if not self.complete and committed < rows:
             # Rows past the commit may lie in chunks a killed writer never finished: never read them.
             self.dropped_rows[path] = rows - committed
             rows = committed

@@ -79,14 +79,16 @@ def render(c: Comparison, top: int = 10, full: bool = False) -> str:
     """The summary an engineer reads first; `full` adds every provenance field, every contract
     finding and dispatch difference, the error growth and every token step."""
     v = c.verdict
-    out = [f"WARNING: {w}" for w in c.provenance.warnings]
+    # Engine names and hashes come from the captures: a line separator (U+2028) or a zero-width
+    # space passes their check and would forge a line or hide a difference, so they are escaped.
+    out = [f"WARNING: {printable(w)}" for w in c.provenance.warnings]
     out.append(v.headline)
     out += [f"  - {reason}" for reason in v.reasons]
     out += [
         "",
         f"native     {printable(c.native_path)} [profile {c.native_profile}]",
         f"oracle     {printable(c.oracle_path)} [profile {c.oracle_profile}]",
-        f"provenance {c.provenance.summary}",
+        f"provenance {printable(c.provenance.summary)}",
         f"alignment  {c.alignment.words()}",
         f"tolerance  {tolerance_text(c)}",
         f"ops        {_counts_line(c)}",

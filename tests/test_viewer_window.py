@@ -304,6 +304,23 @@ def test_a_hostile_file_is_a_message_in_the_window_and_the_open_pair_stays(qtbot
     shoot(window, artifacts_dir, f"hostile-{kind}")
 
 
+def test_a_pair_whose_file_is_no_capture_is_unusable_in_the_verdict_strip_as_report_says(
+    qtbot: QtBot, window: MainWindow, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The strip said "No pair open" where `report` exits 2 with "unusable input".
+    native, _ = small_pair(tmp_path)
+    text = tmp_path / "notes.h5"
+    text.write_text("not a capture\n")
+    window.open_pair(native, text)
+    wait_idle(qtbot, window)
+    assert window.verdict_strip.word.text() == "UNUSABLE"
+    assert str(text) in window.verdict_strip.detail.text() and str(text) in window.banners.texts("open")[0]
+    from viewer.cli import main
+
+    assert main(["report", str(native), str(text)]) == 2
+    assert str(text) in capsys.readouterr().err
+
+
 def test_clicking_an_element_shows_both_sides_bits_and_flags(qtbot: QtBot, window: MainWindow, tmp_path: Path, artifacts_dir: Path) -> None:
     native, oracle = small_pair(tmp_path)
     window.open_pair(native, oracle)

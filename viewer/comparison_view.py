@@ -46,7 +46,7 @@ from sessions.compare.verdict import NOT_EXACT, SEVERITY, Finding, Kind
 from sessions.gc_pause import garbage_collection_paused
 from sessions.progress import ProgressGenerator
 from sessions.report.plot_bins import worst_per_bin
-from sessions.report.text import tolerance_text
+from sessions.report.text import tolerance_text, ulp_error_figure
 from viewer.tensor.tensor_loader import SliceSpec, TensorRequest
 
 
@@ -354,6 +354,19 @@ def first_finding(viewed: ViewedComparison | None) -> Finding | None:
     return None if viewed is None else viewed.comparison.verdict.first
 
 
+EVIDENCE_TABS = {Kind.TOKENS: "Token parity", Kind.DISPATCH_ONLY: "Dispatch timeline"}
+"""The tab that shows a finding of these kinds; any other finding's pair is shown in Tensor diff."""
+
+
+def evidence_tab(finding: Finding) -> str:
+    return EVIDENCE_TABS.get(finding.kind, "Tensor diff")
+
+
+def finding_place(finding: Finding) -> str:
+    """Where the window shows a finding, in words: its tab, or the tree (an op's contract card, a record without a partner)."""
+    return f"in the {EVIDENCE_TABS[finding.kind]} tab" if finding.kind in EVIDENCE_TABS else "in the tree"
+
+
 def first_finding_pair(viewed: ViewedComparison | None) -> PairResult | None:
     """The pair the verdict's first finding names, when it names an aligned op (Ctrl+J's target)."""
     first = first_finding(viewed)
@@ -415,7 +428,7 @@ def pair_ulp_error_text(pair: PairResult) -> str:
         return "0"
     if m.p99_ulp_error is None:
         return "NaN" if m.nan_mismatch or m.nan_payload else "bytes" if m.max_ulp is None else "—"
-    return f"{m.p99_ulp_error:.2g}" if m.p99_ulp_error < 10 else f"{m.p99_ulp_error:,.0f}"
+    return ulp_error_figure(m.p99_ulp_error)
 
 
 def pair_max_ulp_text(pair: PairResult) -> str:

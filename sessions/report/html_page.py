@@ -32,7 +32,7 @@ from sessions.investigation.store import describe_os_error
 from sessions.printable import printable_lines
 from sessions.progress import Progress, ProgressGenerator
 from sessions.report.plot_bins import bin_envelope, worst_per_bin
-from sessions.report.text import tolerance_text
+from sessions.report.text import tolerance_text, ulp_error_figure
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 FIGURE_WIDTH, FIGURE_HEIGHT = 900, 240
@@ -172,7 +172,7 @@ def _worst(c: Comparison) -> str:
     if not worst:
         return f"<p>None: {'no op before any shared EOS differs' if c.pairs else 'no op was compared'}.</p>"
     rows = [
-        [f"<code>{escape(p.key.text())}</code>", escape(p.verdict), f"{p.metrics.nmse:.3e}", "none (bytes or NaN)" if p.metrics.p99_ulp_error is None else f"{p.metrics.p99_ulp_error:.3g}", f"{p.metrics.differing:,} / {p.metrics.size:,}"]
+        [f"<code>{escape(p.key.text())}</code>", escape(p.verdict), f"{p.metrics.nmse:.3e}", "none (bytes or NaN)" if p.metrics.p99_ulp_error is None else ulp_error_figure(p.metrics.p99_ulp_error), f"{p.metrics.differing:,} / {p.metrics.size:,}"]
         for p in worst
     ]
     return _table(["op", "kind", "NMSE", "ULP error p99", "differing"], rows)

@@ -198,8 +198,15 @@ def _ulp(value: int | None) -> str:
     return "undefined (NaN)" if value is None else f"{value:,}"
 
 
+def ulp_error_figure(value: float) -> str:
+    """A p99 ULP error as every surface writes it (the viewer's tree and tables too): three
+    significant digits, whole numbers with separators from 1,000 (not 2.99e+04). The tree said
+    99 where the report said 98.7, so a user could not match the rows."""
+    return f"{value:.3g}" if value < 1000 else f"{value:,.0f}"
+
+
 def _ulp_error(value: float | None) -> str:
-    return "none (bytes or NaN)" if value is None else f"{value:.3g}"
+    return "none (bytes or NaN)" if value is None else ulp_error_figure(value)
 
 
 def _more(count: int, shown: int) -> list[str]:

@@ -163,6 +163,14 @@ class TokenTable(QWidget):
             if column not in LONG_COLUMNS:
                 header.resizeSection(column, max(header.sectionSizeFromContents(column).width(), self.rows.widest(column, self.table.font()) + margin))
 
+    def show_step(self, step: int) -> None:
+        """Select and scroll to `step`'s row (Ctrl+J on a token finding)."""
+        self._refresh.bring_up_to_date()
+        row = next((at for at, cells in enumerate(self.rows.cells) if cells[0] == str(step)), None)
+        if row is not None:
+            self.table.selectRow(row)
+            self.table.scrollTo(self.rows.index(row, 0))
+
     def verdicts(self) -> list[str]:
         self._refresh.bring_up_to_date()
         return [cells[VERDICT_COLUMN] for cells in self.rows.cells]

@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (
 )
 
 from sessions.compare.comparison import WORST_ORDER
-from sessions.compare.verdict import PARITY
+from sessions.compare.verdict import Finding
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
 from viewer.theme import STATUS_COLOURS
@@ -96,7 +96,7 @@ class WorstOpsTable(QWidget):
         if viewed is None:
             self.summary.setText("The worst ops appear once a pair is compared")
         else:
-            self.summary.setText(worst_ops_summary(viewed.differing, len(rows), viewed.comparison.verdict.word))
+            self.summary.setText(worst_ops_summary(viewed.differing, len(rows), viewed.comparison.verdict.first))
 
     def keys(self) -> list[str]:
         """The op keys in the order shown (tests)."""
@@ -110,11 +110,12 @@ class WorstOpsTable(QWidget):
             self._model.select(pair)
 
 
-def worst_ops_summary(differing: int, shown: int, word: str) -> str:
-    """The line above the table. With no op's bits differing, a failing verdict's findings are
-    elsewhere (dispatch, contracts, records without a partner, tokens): say where, not just "0"."""
+def worst_ops_summary(differing: int, shown: int, first: Finding | None) -> str:
+    """The line above the table. With no op's bits differing, a failing verdict's first finding is
+    elsewhere (a dispatch difference, a contract, a record without a partner, a token step): say
+    where, not just "0" (it named the Dispatch tab for a token step's finding)."""
     if differing == 0:
-        where = "" if word == PARITY else f"; the {word} findings are in the tree (Ctrl+J) and the Dispatch tab"
+        where = "" if first is None else f"; the first finding, {first.kind} at {first.key}, is {cv.finding_place(first)} (Ctrl+J)"
         return f"No op's bits differ before any shared EOS{where}"
     worst = f"the worst {shown:,} of " if shown < differing else ""
     return f"{worst}{differing:,} op(s) differ before any shared EOS, worst first ({WORST_ORDER}); click a header to re-sort"

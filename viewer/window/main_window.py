@@ -444,9 +444,16 @@ class MainWindow(QMainWindow):
             "open",
             lambda: iter_open_captures(paths),
             on_success=lambda captures: self._files_opened(captures, explicit),
-            on_failure=lambda message: self.banners.show_message("open", "error", f"Could not open: {message}"),
+            on_failure=self._open_failed,
             on_cancel=lambda: self.banners.show_message("open", "info", "Opening was cancelled; what was open stays open."),
         )
+
+    def _open_failed(self, message: str) -> None:
+        """A file that cannot be opened as a capture: with no pair open, the verdict is UNUSABLE,
+        as `report` says of it (the strip said "No pair open" beside `report`'s exit 2)."""
+        self.banners.show_message("open", "error", f"Could not open: {message}")
+        if not self.model.has_pair:
+            self.verdict_strip.show_unusable(f"could not open {message}")
 
     def _may_leave_session_pair(self, paths: list[Path]) -> bool:
         """Files outside the session's pair end that investigation: its unsaved work is asked about
@@ -590,7 +597,11 @@ class MainWindow(QMainWindow):
         if pair is not None:
             self.model.select(pair)
             self.tree.reveal(pair)  # also when already selected, under a filter that hides its row
-            self.show_panel(0)
+            # The tab that shows the finding: a token step's or a dispatch difference's op may be
+            # bit-exact, and Tensor diff said so in green beside a DIVERGENCE verdict.
+            self.show_panel(TABS.index(cv.evidence_tab(first)))
+            if cv.evidence_tab(first) == "Token parity":
+                self.token_table.show_step(first.key.step)
         elif record is not None:
             self.tree.reveal_unaligned(record)
         self._say_of_comparison(f"First {first.kind} at {first.key}: {first.detail}")

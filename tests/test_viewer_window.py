@@ -367,6 +367,22 @@ def test_filter_box_narrows_the_tree_and_keeps_matching_ops(qtbot: QtBot, window
     assert window.tree.summary.text() == counts, "the counts come back with the rows"
 
 
+@pytest.mark.slow
+def test_a_filter_naming_a_layer_or_a_step_shows_the_ops_under_it_and_a_kind_only_the_ops_of_that_kind(
+    qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]]
+) -> None:
+    # "layer 1" showed nine empty "layer 1" groups: their ops name no layer.
+    window.open_pair(*demo_pairs["attention-contract"])
+    wait_compared(qtbot, window)
+    pairs = window.model.comparison.comparison.pairs
+    window.tree.filter.setText("layer 1")
+    assert sorted(window.tree.visible_leaf_labels()) == sorted(p.key.op for p in pairs if p.key.layer == 1)
+    window.tree.filter.setText("step 3")
+    assert sorted(window.tree.visible_leaf_labels()) == sorted(p.key.op for p in pairs if p.key.step == 3)
+    window.tree.filter.setText("diverged")
+    assert len(window.tree.visible_leaf_labels()) == sum(1 for p in pairs if str(p.verdict) == "diverged")
+
+
 def test_the_filter_never_changes_the_selected_op_and_clearing_it_shows_that_op_again(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
     window.open_pair(*small_pair(tmp_path))
     wait_compared(qtbot, window)

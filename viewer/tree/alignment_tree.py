@@ -97,6 +97,23 @@ def choose_partner(parent: QWidget, record: UnalignedRecord, candidates: list[Un
     return candidates[labels.index(choice)] if ok and choice in labels else None
 
 
+class TreeFilter(QSortFilterProxyModel):
+    """The rows that match, the groups above them, and every row under a group whose name
+    matches: "layer 1" or "step 3" showed nine empty groups, whose ops named no layer. Only a
+    group's name counts, not its kind: "diverged" keeps only the diverged ops of a diverged layer."""
+
+    def filterAcceptsRow(self, source_row: int, source_parent: QModelIndex | QPersistentModelIndex) -> bool:
+        if super().filterAcceptsRow(source_row, source_parent):
+            return True
+        pattern = self.filterRegularExpression()
+        group = QModelIndex(source_parent)
+        while group.isValid():
+            if group.data(GROUP_ROLE) is not None and pattern.match(str(group.siblingAtColumn(0).data())).hasMatch():
+                return True
+            group = group.parent()
+        return False
+
+
 class AlignmentTree(QWidget):
     jump_requested = Signal()
     break_requested = Signal(object, str)
@@ -146,7 +163,7 @@ class AlignmentTree(QWidget):
         layout.addWidget(self.summary)
         self.items = QStandardItemModel(0, len(COLUMNS), self)
         self.items.setHorizontalHeaderLabels(list(COLUMNS))
-        self.proxy = QSortFilterProxyModel(self)
+        self.proxy = TreeFilter(self)
         self.proxy.setSourceModel(self.items)
         self.proxy.setRecursiveFilteringEnabled(True)
         self.proxy.setFilterCaseSensitivity(Qt.CaseSensitivity.CaseInsensitive)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyqtgraph as pg
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QIcon
 from PySide6.QtWidgets import QApplication, QWidget
 
@@ -86,3 +87,6 @@ def restyle_plots(root: QWidget, palette: Palette) -> None:
                 item.setTextPen(palette.plot_foreground)
             elif isinstance(item, pg.LabelItem):
                 item.setText(item.text, color=palette.plot_foreground)
+            elif isinstance(item, pg.TextItem) and item.fill.style() != Qt.BrushStyle.NoBrush:
+                item.fill = pg.mkBrush(palette.plot_background)  # a label's backing (the Overview's first finding) kept the dark fill
+                item.update()

@@ -46,7 +46,6 @@ CONTRACT_COLOURS = ("#3b82f6", "#f97316", "#10b981", "#e11d48", "#eab308", "#06b
 CONTRACT_DIFFERS_COLOUR = WORD_COLOURS[CONTRACT_MISMATCH]
 DIFFERS_COLOUR = "#d64541"
 MISMATCH_COLOUR = "#c04fd8"
-SELECTED_COLOUR = "#ffffff"
 LOD_BOXES = 3000
 """Above this many visible boxes (or boxes under two pixels wide) they are merged per pixel column."""
 
@@ -164,7 +163,8 @@ class BoxesItem(pg.GraphicsObject):
             (self.model.contract_marked()[events], CONTRACT_DIFFERS_COLOUR, 3.0, Qt.PenStyle.SolidLine),
             (timeline.differs[events], DIFFERS_COLOUR, 2.0, Qt.PenStyle.SolidLine),
             (timeline.route_mismatch[events], MISMATCH_COLOUR, 2.0, Qt.PenStyle.DashLine),
-            (events == (-1 if self.model.selected is None else self.model.selected), SELECTED_COLOUR, 3.0, Qt.PenStyle.SolidLine),
+            # The theme's foreground: a white outline vanished on the light theme's white plot.
+            (events == (-1 if self.model.selected is None else self.model.selected), pg.getConfigOption("foreground"), 3.0, Qt.PenStyle.SolidLine),
         ):
             chosen = index[mask]
             if chosen.size:

@@ -366,7 +366,7 @@ def test_a_capture_that_records_no_attention_calls_leaves_them_uncompared_and_ne
     assert document["dispatch_not_compared"] == why and document["dispatch_differences"] == [] and document["verdict"]["word"] == "PARITY"
     assert why in out_html.read_text()
     assert _run(str(native), str(native)) == 0
-    assert "Dispatch\n  no differences\n" in capsys.readouterr().out
+    assert "Dispatch\n  no differences: every attention op made the same primitive calls on both sides\n" in capsys.readouterr().out
     neither = write_capture(tmp_path / "n2.h5", "native", [T("sdpa", attention, layer=0, dtype="bfloat16")], [(0, 1, False)])
     assert _run(str(neither), str(oracle)) == 0
     assert "Dispatch\n  not compared: neither capture records its attention calls\n" in capsys.readouterr().out
@@ -687,3 +687,45 @@ def test_a_line_separator_or_zero_width_space_in_an_engine_name_or_hash_is_escap
     assert "\u2028" not in text and "\u200b" not in text
     assert text.startswith("WARNING: WEIGHTS HASH MISMATCH: native sha256:a\\u200ba vs oracle sha256:aa;")
     assert "engines differ, as expected (eng\\u2028PARITY: forged vs hand-oracle)" in text
+
+
+def test_runs_cut_differently_and_paired_by_calls_suggest_commands_that_pair_them_the_same_way(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Under `auto` such runs pair by position, and `rerun`/`diagnose --op KEY` as printed refused a
+    # key made by calls ("not an aligned op of this comparison").
+    rows = bf16_bits(np.linspace(-2, 2, 5 * 8).reshape(5, 8))
+    decode = bf16_bits(np.linspace(-1, 1, 8).reshape(1, 8))
+    moved = decode.copy()
+    moved[0, 3] ^= 1
+    native = write_capture(tmp_path / "n.h5", "native", [
+        T("layer_out", rows[:3], segment="text-before", layer=0, dtype="bfloat16", position=0),
+        T("layer_out", rows[3:], segment="text-after", layer=0, dtype="bfloat16", position=3),
+        T("layer_out", moved, step=1, segment="decode", layer=0, dtype="bfloat16", position=5),
+    ], [(0, 7, False), (1, 8, False)])  # fmt: skip
+    oracle = write_capture(tmp_path / "o.h5", "oracle", [
+        T("layer_out", rows, segment="prefill", layer=0, dtype="bfloat16", position=0),
+        T("layer_out", decode, step=1, segment="decode", layer=0, dtype="bfloat16", position=5),
+    ], [(0, 7, False), (1, 8, False)])  # fmt: skip
+    assert _run(str(native), str(oracle), "--align", "calls") == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert "First finding: diverged at 1:decode:0:layer_out  (rerun --op 1:decode:0:layer_out --align calls, diagnose --op 1:decode:0:layer_out --align calls)" in lines
+    assert _run(str(native), str(oracle)) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert "First finding: diverged at 1:decode:0:layer_out@5  (rerun --op 1:decode:0:layer_out@5 --align positions, diagnose --op 1:decode:0:layer_out@5 --align positions)" in lines
+    from sessions.compare.comparison import no_dispatch_difference
+
+    document = tmp_path / "r.json"
+    assert _run(str(native), str(oracle), "--align", "calls", "--json", str(document)) == 1
+    said = "no differences among the ops paired by calls; the runs were cut differently, and the calls of records without a partner are not compared"
+    assert no_dispatch_difference(loads(document.read_text())) == said, "the prefills' calls were never compared"
+
+
+def test_full_lists_every_record_without_a_partner_instead_of_fifty_and_a_pointer_to_full(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    x = bf16_bits(np.linspace(-2, 2, 8).reshape(1, 8))
+    native = write_capture(tmp_path / "n.h5", "native", [T("layer_out", x, layer=layer, dtype="bfloat16") for layer in range(60)])
+    oracle = write_capture(tmp_path / "o.h5", "oracle", [T("layer_out", x, layer=0, dtype="bfloat16")])
+    assert _run(str(native), str(oracle), "--full") == 1
+    text = capsys.readouterr().out
+    listed = text.split("\nUnaligned records")[1].split("\n\n")[0].splitlines()[1:]
+    assert len(listed) == 59 and all("no oracle record for" in line for line in listed) and "more (all are in the JSON" not in text
+    assert _run(str(native), str(oracle)) == 1
+    assert "  ... 54 more (all are in the JSON report and with --full)" in capsys.readouterr().out.splitlines()

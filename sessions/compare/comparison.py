@@ -538,6 +538,15 @@ def _finite_or_worst(value: float) -> float:
     return math.inf if math.isnan(value) else value
 
 
+def no_dispatch_difference(c: Comparison) -> str:
+    """What a comparison that found no dispatch difference says of the attention calls: runs cut
+    differently and paired by calls compared the calls of their paired ops only, and "every
+    attention op made the same primitive calls" was said of prefills never compared."""
+    if c.alignment.mode != POSITIONS and not c.alignment.cut_alike:
+        return "no differences among the ops paired by calls; the runs were cut differently, and the calls of records without a partner are not compared"
+    return "no differences: every attention op made the same primitive calls on both sides"
+
+
 def worst_ops(c: Comparison, top: int) -> list[PairResult]:
     """The pre-EOS pairs that differ, worst first: a NaN or an infinity against a number first
     (NMSE leaves them out, and such an op ranked last, below the top ten), then by NMSE, p99 ULP

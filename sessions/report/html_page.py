@@ -20,6 +20,7 @@ from sessions.atomic_write import atomic_write_bytes
 from sessions.compare.comparison import (
     WORST_ORDER,
     Comparison,
+    no_dispatch_difference,
     unaligned_count,
     worst_ops,
 )
@@ -162,7 +163,7 @@ def _dispatch(c: Comparison) -> str:
     if c.dispatch_not_compared:
         return f"<p>Dispatch {escape(c.dispatch_not_compared)}.</p>"
     if not c.dispatch_differences:
-        return "<p>No dispatch differences: every attention op made the same primitive calls on both sides.</p>"
+        return f"<p>Dispatch: {escape(no_dispatch_difference(c))}.</p>"
     rows = [[f"<code>{escape(d.key.text())}</code>", escape(", ".join(d.fields)), escape(d.native_summary), escape(d.oracle_summary)] for d in c.dispatch_differences]
     return _table(["op", "differs in", "native", "oracle"], rows, ["mismatch"] * len(rows))
 

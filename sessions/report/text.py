@@ -9,11 +9,14 @@ lists everything.
 
 from __future__ import annotations
 
+import sys
+
 from sessions.compare.align_modes import POSITIONS
 from sessions.compare.comparison import (
     WORST_ORDER,
     Comparison,
     PairResult,
+    no_dispatch_difference,
     unaligned_count,
     unaligned_key,
     worst_ops,
@@ -23,8 +26,6 @@ from sessions.compare.tensor_diff import ElementSample, TensorMetrics
 from sessions.compare.token_parity import POST_EOS, step_word
 from sessions.compare.verdict import Finding, Kind
 from sessions.printable import printable
-
-MAX_LISTED = 50
 
 
 def _element(sample: ElementSample | None) -> str:
@@ -99,7 +100,7 @@ def render(c: Comparison, top: int = 10, full: bool = False) -> str:
         f"  {p.key.text():40} {p.verdict:17} NMSE {p.metrics.nmse:.3e}  ULP error p99 {_ulp_error(p.metrics.p99_ulp_error)}  differing {p.metrics.differing:,}/{p.metrics.size:,}"
         for p in worst_ops(c, top)
     ] or [f"  none: {'every compared op is bit-exact' if c.pairs else 'no op was compared'}"]
-    limit = MAX_LISTED if full else 5
+    limit = sys.maxsize if full else 5  # --full lists every one: it cut them at 50, and then pointed at --full for the rest
     out += ["", _token_header(c)]
     out += _token_lines(c, full, limit)
     out += ["", f"Execution contracts ({c.contracts.checked} pairs, {c.contracts.unrecorded} without contract ids)"]
@@ -109,7 +110,7 @@ def render(c: Comparison, top: int = 10, full: bool = False) -> str:
     out += [
         f"  {d.key} differs in {', '.join(d.fields)}\n    native: {d.native_summary}\n    oracle: {d.oracle_summary}"
         for d in c.dispatch_differences[:limit]
-    ] or [f"  {c.dispatch_not_compared or 'no differences'}"]
+    ] or [f"  {c.dispatch_not_compared or no_dispatch_difference(c)}"]
     out += _more(len(c.dispatch_differences), limit)
     out += ["", f"Unaligned records ({len(c.unaligned)}, plus {len(c.post_eos_unaligned)} post-EOS: invalid, not failures)"]
     out += [f"  {unaligned_key(u)} {u.side} {u.name!r} (seq {u.seq}): {u.why()}" for u in c.unaligned[:limit]] or ["  none"]
@@ -166,7 +167,9 @@ def _next_commands(c: Comparison, first: Finding) -> str:
     if first.kind == Kind.UNALIGNED or pair is None or (first.kind == Kind.TOKENS and pair.metrics.bit_exact):
         return ""
     whole = whole_op(first.key)
-    align = " --align positions" if c.alignment.mode == POSITIONS else ""
+    # Runs cut differently name their pairing: under `auto` they pair by position, and a key made
+    # by calls was refused by the very commands suggested for it.
+    align = f" --align {c.alignment.mode}" if c.alignment.mode == POSITIONS or not c.alignment.cut_alike else ""
     stage = "" if whole == first.key else f"a stage of {whole}: "
     return f"  ({stage}rerun --op {whole}{align}, diagnose --op {whole}{align})"
 

@@ -132,6 +132,18 @@ def test_llama_gives_a_request_the_same_prefill_bits_in_a_batch_and_other_bits_f
     assert c.tokens.first_divergence_step is None and c.tokens.compared_steps == 4
 
 
+def test_diagnose_of_a_stage_diagnoses_the_op_whose_rerun_computes_it_and_says_so(cut_pairs: dict[str, tuple[Path, Path]], capsys: pytest.CaptureFixture[str]) -> None:
+    # `diagnose --op 1:decode:0:attn_scores` (a key report lists) answered "undetermined: a stage
+    # inside 1:decode:0:sdpa" with exit 1, where docs/diagnosis.md has the op that computes it classified.
+    if "batch-row-llama" not in cut_pairs:
+        pytest.skip("the llama extra (llama-cpp-python) is not installed")
+    native, oracle = cut_pairs["batch-row-llama"]
+    main(["diagnose", str(native), str(oracle), "--op", "1:decode:0:attn_scores"])
+    out = capsys.readouterr().out
+    assert "1:decode:0:attn_scores is a stage inside 1:decode:0:sdpa, whose rerun computes it: 1:decode:0:sdpa is diagnosed." in out
+    assert out.startswith("All 1 diagnosed op(s) are inherited") and "attn_scores is undetermined" not in out
+
+
 def test_diagnose_works_position_by_position_on_the_llama_tail_fed_token_by_token(cut_pairs: dict[str, tuple[Path, Path]]) -> None:
     if "prefill-vs-decode-llama" not in cut_pairs:
         pytest.skip("the llama extra (llama-cpp-python) is not installed")

@@ -354,3 +354,4 @@ def test_only_records_whose_mapping_depends_on_sources_have_them_read(pair: tupl
         }
         assert set(read) == expected and 0 < len(read) < len(native.records) // 4
         assert sources_for(native, builtin_profiles()["mlx-lm"]) == {}
+

@@ -335,6 +335,9 @@ def _targets(comparison: Comparison, options: DiagnoseOptions) -> tuple[list[Pai
             if any(unaligned_key(u) == options.key for u in comparison.post_eos_unaligned):
                 return [], True
             raise ValueError(not_aligned(comparison, options.key))
+        whole = next((p for p in comparison.pairs if p.key == whole_op(options.key) != options.key), None)
+        if whole is not None and not whole.metrics.bit_exact:
+            pair = whole  # a stage is diagnosed as the op whose rerun computes it: "undetermined" sent users nowhere
         return ([pair] if not pair.metrics.bit_exact and not pair.post_eos else []), pair.post_eos
     return [p for p in comparison.pairs if not p.post_eos and not p.metrics.bit_exact], False
 
@@ -350,6 +353,8 @@ def iter_diagnose(native: Capture, oracle: Capture, comparison: Comparison, opti
     session = RerunSession(native, oracle, comparison, options.weights_path)
     diagnosis = Diagnosis(str(native.path), str(oracle.path), options.mode, "", comparison.verdict.word)
     diagnosis.notes.extend(comparison.provenance.warnings)  # one file twice, other weights: said as report says them
+    if options.key is not None and targets and targets[0].key != options.key:
+        diagnosis.notes.append(f"{options.key} is a stage inside {targets[0].key}, whose rerun computes it: {targets[0].key} is diagnosed.")
     locals_found, open_run = 0, 0
     for number, pair in enumerate(targets):
         yield Progress(number, len(targets), f"classifying {pair.key.text()}")

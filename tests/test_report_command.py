@@ -727,5 +727,8 @@ def test_full_lists_every_record_without_a_partner_instead_of_fifty_and_a_pointe
     text = capsys.readouterr().out
     listed = text.split("\nUnaligned records")[1].split("\n\n")[0].splitlines()[1:]
     assert len(listed) == 59 and all("no oracle record for" in line for line in listed) and "more (all are in the JSON" not in text
-    assert _run(str(native), str(oracle)) == 1
+    html = tmp_path / "r.html"
+    assert _run(str(native), str(oracle), "--html", str(html)) == 1
     assert "  ... 54 more (all are in the JSON report and with --full)" in capsys.readouterr().out.splitlines()
+    page = html.read_text()
+    assert "<h2>Unaligned records (59, plus 0 post-EOS: invalid, not failures)</h2>" in page and page.count("no oracle record for") == 59 + 2  # and the headline and the first finding

@@ -22,6 +22,7 @@ from sessions.compare.comparison import (
     Comparison,
     no_dispatch_difference,
     unaligned_count,
+    unaligned_key,
     worst_ops,
 )
 from sessions.compare.contracts import KIND_WORDS
@@ -247,6 +248,7 @@ def render_html(c: Comparison, session: Investigation | None = None, screenshots
     out.append(f"<h2>Error growth</h2>{growth_svg(c)}")
     out.append(f"<h2>Worst ops ({escape(WORST_ORDER)})</h2>{_worst(c)}")
     out.append(f"<h2>Token parity</h2>{_tokens(c)}")
+    out.append(f"<h2>Unaligned records ({len(c.unaligned):,}, plus {len(c.post_eos_unaligned):,} post-EOS: invalid, not failures)</h2>{_unaligned(c)}")
     out.append(f"<h2>Bookmarks ({len(session.bookmarks)})</h2>")
     out += [_bookmark(b, screenshots.get(b.id)) for b in session.bookmarks] or ["<p class='muted'>No bookmarks.</p>"]
     if session.overrides:
@@ -256,6 +258,24 @@ def render_html(c: Comparison, session: Investigation | None = None, screenshots
                f"{escape(unaligned_count(c.unaligned))} record(s), plus {len(c.post_eos_unaligned)} without a partner after the shared EOS (invalid, not failures).</p>")
     out.append("</body></html>")
     return "\n".join(out)
+
+
+UNALIGNED_ROWS = 500
+"""Records without a partner the page lists; the JSON holds them all (a real run's can number 100,000s)."""
+
+
+def _unaligned(c: Comparison) -> str:
+    """Each record without a partner and why, as the text report lists them: the page named the
+    first and a count, where a runs-cut-differently DIVERGENCE was made of 164 of them."""
+    if not c.unaligned:
+        return "<p>None.</p>"
+    rows = [
+        [f"<code>{escape(unaligned_key(u).text())}</code>", escape(u.side), f"<code>{escape(u.name)}</code>", f"{u.seq}", escape(u.why())]
+        for u in c.unaligned[:UNALIGNED_ROWS]
+    ]
+    more = len(c.unaligned) - UNALIGNED_ROWS
+    tail = f"<p class='muted'>… {more:,} more, all in the JSON report (report --json).</p>" if more > 0 else ""
+    return _table(["key", "side", "record", "seq", "why"], rows) + tail
 
 
 def iter_write_html(path: Path, c: Comparison, session: Investigation | None = None, screenshots: dict[str, bytes] | None = None) -> ProgressGenerator[str | None]:

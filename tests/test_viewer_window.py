@@ -248,6 +248,11 @@ def test_post_eos_steps_are_marked_and_greyed_in_token_parity(qtbot: QtBot, wind
     assert first.isValid() and first.siblingAtColumn(1).data() == Kind.POST_EOS
     why = f"no partner: no oracle record for step {parity.shared_eos_step + 1} decode embed"
     assert (first.siblingAtColumn(3).data(), shown_tip(first.data(Qt.ItemDataRole.ToolTipRole))) == (why, why), "the reason in words, not its code no_partner"
+    # Selected, it leaves Tensor diff saying why nothing is shown, not "Select an op".
+    window.tree.view.setCurrentIndex(first)
+    assert window.tensor_view.title.text() == f"{unaligned_label(post_eos[0])} has no partner, so nothing to compare: {post_eos[0].why()}"
+    labels = [unaligned_label(u) for u in post_eos]
+    assert len(set(labels)) == len(labels), "llama.cpp's Qcur-0 is q_proj and q_rope: each row's label names its op"
 
 
 def test_dropping_two_files_takes_roles_from_their_hints_and_swap_flips_them(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:

@@ -487,7 +487,13 @@ def unaligned_label(record: UnalignedRecord) -> str:
     if record.key is not None and record.key.positions:
         first, stop = record.key.positions
         positions = f", position {first}" if stop - first == 1 else f", positions {first}–{stop - 1}"
-    return f"{record.side}: {record.name} (step {record.step} {record.segment}{layer}{positions})"
+    op = f" as {record.key.op}" if record.key is not None and record.key.op != record.name else ""  # llama.cpp's Qcur-0 is q_proj, and q_rope
+    return f"{record.side}: {record.name}{op} (step {record.step} {record.segment}{layer}{positions})"
+
+
+def unaligned_explanation(record: UnalignedRecord) -> str:
+    """What Tensor diff says with a record without a partner selected: it has nothing to compare."""
+    return f"{unaligned_label(record)} has no partner, so nothing to compare: {record.why()}"
 
 
 # -- headline, banners ------------------------------------------------------------------------

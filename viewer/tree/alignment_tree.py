@@ -121,6 +121,8 @@ class AlignmentTree(QWidget):
     pair_requested = Signal(object, object, str)
     """(native UnalignedRecord, oracle UnalignedRecord, reason): the user paired them by hand."""
     attributes_requested = Signal(object)
+    unaligned_chosen = Signal(object)
+    """A record without a partner became the current row (Tensor diff says why it shows nothing)."""
     """(PairResult or UnalignedRecord): the user asked for the row's records' HDF5 attributes."""
     undo_requested = Signal(str, int)
     """(side, seq): the user took back their manual pairing or break of this record."""
@@ -506,6 +508,7 @@ class AlignmentTree(QWidget):
             self._model.select(pair)
         elif source.data(UNALIGNED_ROLE) is not None:
             self._model.select(None)  # a record without a partner: no pair's tensors stay on show beside its row
+            self.unaligned_chosen.emit(source.data(UNALIGNED_ROLE))
 
     def reveal(self, pair: Any) -> None:
         """Make a pair's row current and visible, clearing a filter that hides it (Ctrl+J on the pair already selected)."""

@@ -174,6 +174,7 @@ class MainWindow(QMainWindow):
     def _build_tree_dock(self) -> None:
         self.tree = AlignmentTree(self.model)
         self.tree.jump_requested.connect(self.jump_to_first_finding)
+        self.tree.unaligned_chosen.connect(lambda record: self.tensor_view.clear(cv.unaligned_explanation(record)))
         self.tree.attributes_requested.connect(self.show_attributes)
         dock = QDockWidget("Alignment", self)
         dock.setObjectName("alignmentDock")

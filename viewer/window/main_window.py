@@ -618,6 +618,10 @@ class MainWindow(QMainWindow):
         target = cv.neighbour_divergence(self.model.comparison, self.model.selected, direction)
         if target is not None:
             self.model.select(target)
+        elif not self.model.comparison.stepped:
+            self._say_of_comparison("No op differs before any shared EOS: nothing to step through.")
+        else:
+            self._say_of_comparison(f"No differing op {'after' if direction > 0 else 'before'} this one.")  # F8 at either end did nothing
 
     # -- tensors -----------------------------------------------------------------------------
 

@@ -210,6 +210,8 @@ def test_the_overview_of_a_parity_pair_shows_its_ulp_axis_from_zero(qtbot: QtBot
     window.show_panel(1)
     low, high = window.overview.ulp_plot.viewRange()[1]
     assert -0.1 < low <= 0.0 and high >= 1.0, "no ULP count below 0 on the axis of a run where none differs"
+    low, high = window.overview.nmse_plot.viewRange()[1]
+    assert (low, high) == (-31.0, -25.0), "the floor with whole decades around it, not ticks -30.4..-29.6 read as measured NMSEs"
 
 
 def test_the_overviews_first_finding_label_sits_above_every_point(qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]]) -> None:

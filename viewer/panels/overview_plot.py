@@ -120,6 +120,10 @@ class OverviewPlot(QWidget):
         if series.ulp_log.size and not np.ptp(series.ulp_log):
             # One value throughout (PARITY: all 0): auto-ranged, it sat in -0.4..0.4, a ULP count below 0.
             self.ulp_plot.setYRange(0.0, max(1.0, float(series.ulp_log[0])), padding=0.05)
+        if series.nmse_log.size and not np.ptp(series.nmse_log):
+            # All on the floor (or one value): auto-ranged, ticks -30.4..-29.6 read as measured NMSEs.
+            level = float(series.nmse_log[0])
+            self.nmse_plot.setYRange(level - 1.0, level + 5.0, padding=0)
         if at is not None:
             # Above the highest point, in room added on top: drawn over the points, it hid the worst.
             low, high = self.ulp_plot.viewRange()[1]

@@ -227,3 +227,14 @@ def test_a_mistyped_command_is_named_with_the_nearest_one_instead_of_opening_the
     assert done.returncode == 2
     assert done.stderr.startswith("parity-xray: unknown command 'valdate': did you mean 'validate'? the commands are validate, report, gate,")
     assert _parity_xray(dict(os.environ), "frobnicate").stderr.startswith("parity-xray: unknown command 'frobnicate': the commands are validate,")
+
+
+@linux_only
+def test_a_window_is_left_to_qt_where_it_tries_platforms_in_turn_or_names_one_this_check_cannot_find() -> None:
+    from viewer.doctor.checks import window_problems
+
+    # "wayland;xcb" over ssh -X falls back to xcb; libqwayland.so serves "wayland-egl" too.
+    assert window_problems({"QT_QPA_PLATFORM": "wayland;xcb", "DISPLAY": ":0"}) == []
+    assert window_problems({"QT_QPA_PLATFORM": "wayland-egl"}) == []
+    assert window_problems({"QT_QPA_PLATFORM": "offscreen"}) == []
+    assert "display" in [f.topic for f in window_problems({})], "no display and no platform list: refused, as Qt would abort"

@@ -44,14 +44,23 @@ def test_an_unusable_run_removes_the_json_an_earlier_run_wrote_at_its_path(
     assert not out.exists(), f"{command}: a CI step must not read the earlier run's result as this one's"
 
 
-def test_a_file_that_is_no_document_of_ours_is_never_removed_by_an_unusable_run(tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], capsys: pytest.CaptureFixture[str]) -> None:
-    # A command stopped before it knew every input (the weights file a capture names): a weights
-    # file given as --json by mistake must survive the unusable run.
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("model.safetensors", b"\x08\x00\x00\x00\x00\x00\x00\x00{}      "),
+        ("config.json", b'{\n "architectures": ["Qwen3ForCausalLM"],\n "format": "not ours"\n}\n'),
+    ],
+)
+def test_a_file_that_is_no_document_of_ours_is_never_removed_by_an_unusable_run(
+    tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], name: str, content: bytes
+) -> None:
+    # A command stopped before it knew every input (the weights file a capture names): a file of
+    # the model's given as --json by mistake must survive the unusable run.
     _, oracle = demo_pairs["attention-contract"]
-    weights = tmp_path / "model.safetensors"
-    weights.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
-    assert main(["diagnose", str(tmp_path / "missing.h5"), str(oracle), "--json", str(weights)]) == 2
-    assert weights.read_bytes() == b"\x08\x00\x00\x00\x00\x00\x00\x00{}      "
+    mistaken = tmp_path / name
+    mistaken.write_bytes(content)
+    assert main(["diagnose", str(tmp_path / "missing.h5"), str(oracle), "--json", str(mistaken)]) == 2
+    assert mistaken.read_bytes() == content
 
 
 @pytest.mark.parametrize("option", ["--json", "--html"])

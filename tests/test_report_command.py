@@ -682,9 +682,12 @@ def test_a_line_separator_or_zero_width_space_in_an_engine_name_or_hash_is_escap
     x = bf16_bits(np.linspace(-2, 2, 24).reshape(4, 6))
     native = write_capture(tmp_path / "n.h5", "native", [T("layer_out", x, layer=0, dtype="bfloat16")], engine_name="eng\u2028PARITY: forged", weights_hash="sha256:a\u200ba")
     oracle = write_capture(tmp_path / "o.h5", "oracle", [T("layer_out", x, layer=0, dtype="bfloat16")])
-    _run(str(native), str(oracle))
+    html = tmp_path / "r.html"
+    _run(str(native), str(oracle), "--html", str(html))
     text = capsys.readouterr().out
     assert "\u2028" not in text and "\u200b" not in text
+    page = html.read_text()
+    assert "\u2028" not in page and "\u200b" not in page and "sha256:a\\u200ba" in page, "the HTML escapes them as the text does"
     assert text.startswith("WARNING: WEIGHTS HASH MISMATCH: native sha256:a\\u200ba vs oracle sha256:aa;")
     assert "engines differ, as expected (eng\\u2028PARITY: forged vs hand-oracle)" in text
 
@@ -732,3 +735,9 @@ def test_full_lists_every_record_without_a_partner_instead_of_fifty_and_a_pointe
     assert "  ... 54 more (all are in the JSON report and with --full)" in capsys.readouterr().out.splitlines()
     page = html.read_text()
     assert "<h2>Unaligned records (59, plus 0 post-EOS: invalid, not failures)</h2>" in page and page.count("no oracle record for") == 59 + 2  # and the headline and the first finding
+
+
+def test_a_p99_ulp_error_reads_in_three_significant_digits_grouped_below_a_million_and_in_powers_of_ten_past_it() -> None:
+    from sessions.report.text import ulp_error_figure
+
+    assert [ulp_error_figure(v) for v in (0.5, 49.4, 98.7, 999.5, 29937.0, 1e20)] == ["0.5", "49.4", "98.7", "1,000", "29,900", "1e+20"]

@@ -89,10 +89,14 @@ def main(argv: list[str] | None = None) -> int:
         if unknown is not None:
             print(f"parity-xray: {unknown}", file=sys.stderr)
             return EXIT_UNUSABLE
-        spare_checker.prepare()
-        from viewer.window_launch import open_window
+        from viewer.window_launch import EXIT_NO_WINDOW, window_refused
 
-        return open_window(argv)
+        if window_refused():  # before the spare checker's child starts, for a window that cannot open
+            return EXIT_NO_WINDOW
+        spare_checker.prepare()
+        from viewer.app import run_viewer
+
+        return run_viewer(argv)
     keep_temporaries_on_heap()
     if argv[0] in OPENS_CAPTURES:
         spare_checker.prepare()

@@ -27,11 +27,3 @@ def window_refused() -> bool:
         )
     return bool(problems)
 
-
-def open_window(argv: list[str]) -> int:
-    """The viewer on `argv` (`viewer.app.run_viewer`), or exit 2 when `window_refused`."""
-    if window_refused():
-        return EXIT_NO_WINDOW
-    from viewer.app import run_viewer
-
-    return run_viewer(argv)

@@ -336,7 +336,7 @@ def _targets(comparison: Comparison, options: DiagnoseOptions) -> tuple[list[Pai
                 return [], True
             raise ValueError(not_aligned(comparison, options.key))
         whole = next((p for p in comparison.pairs if p.key == whole_op(options.key) != options.key), None)
-        if whole is not None and not whole.metrics.bit_exact:
+        if whole is not None and not whole.metrics.bit_exact and not pair.metrics.bit_exact:
             pair = whole  # a stage is diagnosed as the op whose rerun computes it: "undetermined" sent users nowhere
         return ([pair] if not pair.metrics.bit_exact and not pair.post_eos else []), pair.post_eos
     return [p for p in comparison.pairs if not p.post_eos and not p.metrics.bit_exact], False

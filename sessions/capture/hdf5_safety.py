@@ -271,8 +271,9 @@ def dataset_problems(dsid: h5py.h5d.DatasetID, location: str, budget: int, file_
         external = dcpl.get_external_count()
         filters = [dcpl.get_filter(i)[0] for i in range(dcpl.get_nfilters())]
         chunk = dcpl.get_chunk() if layout == h5py.h5d.CHUNKED else None
-        shape = dsid.shape or ()
-        null_space = dsid.get_space().get_simple_extent_type() == h5py.h5s.NULL
+        space = dsid.get_space()
+        shape = space.shape or ()
+        null_space = space.get_simple_extent_type() == h5py.h5s.NULL
         tid = dsid.get_type()
         itemsize = tid.get_size()
         why_type = type_problem(tid)

@@ -129,27 +129,38 @@ def _path_problem(path: str | Path, in_a_folder: bool = True) -> str | None:
     return folder_problem(path) if in_a_folder else None
 
 
-DOCUMENT_STARTS = {"--json": b"{", "--html": b"<!doctype html"}
-"""How the JSON and HTML documents commands write begin (the HTML's case aside)."""
+DOCUMENT_HEAD_BYTES = 16 * 1024
+"""How much of a file at an output path is read to tell whether a command of ours wrote it."""
+
+
+def _ours(option: str, head: bytes) -> bool:
+    """Whether `head` (a file's first bytes) begins a document this project writes for `option`:
+    JSON whose "format" is one of ours, or an HTML page that names Parity X-ray (its report,
+    gate and diagnosis pages all do, in their title or first lines)."""
+    if option == "--json":
+        return head.startswith(b"{") and b'"format": "parity-xray-' in head
+    if option == "--html":
+        lowered = head.lower()
+        return lowered.startswith(b"<!doctype html") and b"parity" in lowered
+    return False
 
 
 def remove_earlier_outputs(outputs: Mapping[str, str | None], inputs: Mapping[str, str | Path | None]) -> None:
     """For a command that ends unusable (exit 2): remove the JSON and HTML documents an earlier
     run wrote at `outputs`, so that a CI step reading them never takes the last run's verdict
     for this one's. Only where an output may be written at all (`output_problem`: never an
-    input, a folder or a device), and only a file that begins as such a document does: a
-    command that stopped before it knew every input (the weights a capture names) must not
-    remove one given there by mistake."""
+    input, a folder or a device), and only a document of ours (`_ours`): a command that stopped
+    before it knew every input (the weights a capture names) must not remove a file given there
+    by mistake, a model's config.json no more than its weights."""
     if output_problem(outputs, inputs) is not None:
         return
     for option, path in outputs.items():
-        start = DOCUMENT_STARTS.get(option)
-        if not path or start is None:
+        if not path or option not in ("--json", "--html"):
             continue
         with contextlib.suppress(OSError):  # not there, or not ours to remove (a read-only place): left as it is
             with open(path, "rb") as document:
-                begins = document.read(len(start)).lower()
-            if begins == start:
+                head = document.read(DOCUMENT_HEAD_BYTES)
+            if _ours(option, head):
                 Path(path).unlink()
 
 

@@ -31,7 +31,7 @@ from sessions.compare.tensor_diff import ElementSample
 from sessions.compare.token_parity import POST_EOS, step_word, token_words
 from sessions.investigation.model import Bookmark, Investigation
 from sessions.investigation.store import describe_os_error
-from sessions.printable import printable_lines
+from sessions.printable import printable, printable_lines
 from sessions.progress import Progress, ProgressGenerator
 from sessions.report.plot_bins import bin_envelope, worst_per_bin
 from sessions.report.text import tolerance_text, ulp_error_figure
@@ -98,6 +98,8 @@ def _element_rows(title: str, sample: ElementSample | None) -> list[list[str]]:
 def _first_divergence(c: Comparison) -> str:
     if c.first_divergence is None:
         compared = sum(not p.post_eos for p in c.pairs)
+        if not compared:
+            return "<p>No bit difference: no pair was compared before any shared EOS.</p>"
         return f"<p>No bit difference: all {compared} compared pairs before any shared EOS are bit-exact.</p>"
     pair = c.pairs[c.first_divergence]
     m = pair.metrics
@@ -228,10 +230,11 @@ def render_html(c: Comparison, session: Investigation | None = None, screenshots
     out.append(f"<p>Tolerance: {escape(tolerance_text(c))}</p>")
     if session.summary:
         out.append(f"<h2>Summary</h2><div class='note'>{escape(session.summary)}</div>")
-    out.append(f"<h2>Provenance</h2><p>{escape(c.provenance.summary)}</p>")
-    out += [f"<p class='verdict-divergence'>WARNING: {escape(w)}</p>" for w in c.provenance.warnings]
+    # Escaped as the text report escapes them: a zero-width space hid which of two hashes differs.
+    out.append(f"<h2>Provenance</h2><p>{escape(printable(c.provenance.summary))}</p>")
+    out += [f"<p class='verdict-divergence'>WARNING: {escape(printable(w))}</p>" for w in c.provenance.warnings]
     out.append(f"<p>native <code>{escape(c.native_path)}</code> (profile {escape(c.native_profile)}); oracle <code>{escape(c.oracle_path)}</code> (profile {escape(c.oracle_profile)})</p>")
-    out.append(_table(["field", "native", "oracle"], [[escape(f.field), escape(f.native), escape(f.oracle)] for f in c.provenance.fields],
+    out.append(_table(["field", "native", "oracle"], [[escape(f.field), escape(printable(f.native)), escape(printable(f.oracle))] for f in c.provenance.fields],
                       ["" if f.same else "mismatch" for f in c.provenance.fields]))
     if session.captures:
         rows = [[escape(r.role), f"<code>{escape(str(r.path))}</code>", f"<code>{escape(r.identity.sha256[:16])}</code>", f"{r.identity.size:,}"] for r in session.all_capture_refs()]

@@ -203,9 +203,11 @@ def _ulp(value: int | None) -> str:
 
 def ulp_error_figure(value: float) -> str:
     """A p99 ULP error as every surface writes it (the viewer's tree and tables too): three
-    significant digits, whole numbers with separators from 1,000 (not 2.99e+04). The tree said
-    99 where the report said 98.7, so a user could not match the rows."""
-    return f"{value:.3g}" if value < 1000 else f"{value:,.0f}"
+    significant digits, as whole numbers with separators from 1,000 to a million (29,900, not
+    2.99e+04), in powers of ten past it (an oracle zero's ULP makes errors of 1e+20). The tree
+    said 99 where the report said 98.7, so a user could not match the rows."""
+    rounded = float(f"{value:.3g}")
+    return f"{rounded:,.0f}" if 1000 <= rounded < 1e6 else f"{rounded:.3g}"
 
 
 def _ulp_error(value: float | None) -> str:

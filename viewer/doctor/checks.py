@@ -135,7 +135,15 @@ def window_problems(env: Mapping[str, str]) -> list[Finding]:
     """What stops a window from opening here, found before Qt is loaded into this process: Qt
     aborts a process whose platform plugin cannot load (exit 134) with a message naming the
     wrong package, and `parity-xray NATIVE ORACLE` or `demo` over ssh without a display did
-    just that. No rehearsal in a child process (`check_qt_starts`): the window starts Qt next."""
+    just that. No rehearsal in a child process (`check_qt_starts`): the window starts Qt next.
+    Only what this check can judge blocks the window: a list of platforms Qt tries in turn
+    ("wayland;xcb") and a plugin name it does not find as a file of its own ("wayland-egl" is
+    served by libqwayland.so) are left to Qt, which may well open the window."""
+    chosen = env.get("QT_QPA_PLATFORM", "")
+    pyside = _pyside_dir()
+    plugin = None if pyside is None else pyside / "Qt" / "plugins" / "platforms" / f"libq{qt_platform(env)}.so"
+    if ";" in chosen or (sys.platform == "linux" and plugin is not None and not plugin.is_file()):
+        return []
     return [finding for finding in check_qt(env, rehearse=False) if finding.status == PROBLEM]
 
 

@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
 )
 
 from sessions.capture.reader import Capture
+from sessions.printable import printable
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
 from viewer.widgets.plain_text import plain_label, plain_tip
@@ -100,7 +101,7 @@ class ProvenancePanel(QWidget):
             cells = (key, native.get(key, "—"), oracle.get(key, "—"))
             differs = key in mismatched or (key == "complete" and "NO" in cells[1] + cells[2])
             for col, text in enumerate(cells):
-                item = QTableWidgetItem(text)
+                item = QTableWidgetItem(printable(text))  # a zero-width space or U+2028 in a hash or name shows, as in the report
                 item.setToolTip(plain_tip(text))
                 if differs:
                     item.setBackground(QBrush(MISMATCH_BACKGROUND))
@@ -115,7 +116,7 @@ class ProvenancePanel(QWidget):
         else:
             problems = f"  ·  {len(mismatched)} field(s) differ that should not: {', '.join(sorted(mismatched))}" if mismatched else ""
             by_design = "  ·  italic: differs by design between a port and its oracle" if any(k in expected and k not in mismatched for k in keys) else ""
-            self.summary.setText(f"{viewed.comparison.provenance.summary}{problems}{by_design}")
+            self.summary.setText(f"{printable(viewed.comparison.provenance.summary)}{problems}{by_design}")
         self.table.setProperty("mismatched_rows", [k for k in keys if k in mismatched])
         self.table.resizeRowsToContents()
 

@@ -595,16 +595,18 @@ class MainWindow(QMainWindow):
             return
         pair = cv.first_finding_pair(comparison)
         record = cv.first_finding_record(comparison)
+        tab = cv.evidence_tab(first)
         if pair is not None:
             self.model.select(pair)
             self.tree.reveal(pair)  # also when already selected, under a filter that hides its row
-            # The tab that shows the finding: a token step's or a dispatch difference's op may be
-            # bit-exact, and Tensor diff said so in green beside a DIVERGENCE verdict.
-            self.show_panel(TABS.index(cv.evidence_tab(first)))
-            if cv.evidence_tab(first) == "Token parity":
-                self.token_table.show_step(first.key.step)
         elif record is not None:
             self.tree.reveal_unaligned(record)
+        if pair is not None or tab != "Tensor diff":
+            # The tab that shows the finding: a token step's or a dispatch difference's op may be
+            # bit-exact (or unrecorded), and Tensor diff said "bit-exact" in green beside a DIVERGENCE verdict.
+            self.show_panel(TABS.index(tab))
+        if tab == "Token parity":
+            self.token_table.show_step(first.key.step)
         self._say_of_comparison(f"First {first.kind} at {first.key}: {first.detail}")
 
     def _say_of_comparison(self, text: str) -> None:

@@ -27,7 +27,9 @@ from viewer.widgets.plain_text import plain_label
 from viewer.widgets.read_only_table import read_only_table
 from viewer.widgets.stale_while_hidden import StaleWhileHidden
 
-COLUMNS = ("rank", "op", "kind", "NMSE", "ULP err p99", "ULP steps max", "differing", "cosine")
+COLUMNS = ("#", "op", "kind", "NMSE", "ULP p99", "steps max", "differing", "cosine")
+"""Short headers, the tree's where it has the column: as wide as their contents, the long ones
+("ULP steps max") pushed the differing column past the edge at 1280x720."""
 PAIR_ROLE = Qt.ItemDataRole.UserRole + 1
 WIDTH_FROM_ROWS = 100
 """Columns take the width of their first rows' contents (and the rows in view): measured over

@@ -160,7 +160,6 @@ class TensorView(QWidget):
         self.title.setObjectName("sectionTitle")
         self.title.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.title.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
-        self.title.setWordWrap(True)  # a wide tensor's line ("shown at 1 px per 1×2 block") was cut mid-word at 1280
         outer.addWidget(self.title)
         top = QHBoxLayout()
         self.axes = AxisPicker()

@@ -42,7 +42,7 @@ from viewer.tensor.tensor_loader import (
     TensorSlice,
     detail_bounds,
 )
-from viewer.widgets.plain_text import plain_label
+from viewer.widgets.plain_text import plain_label, plain_tip
 
 pg.setConfigOptions(imageAxisOrder="row-major")
 
@@ -304,9 +304,12 @@ class TensorView(QWidget):
             each = "1 px each" if (fy, fx) == (1, 1) else f"1 px per {fy}×{fx} block"
             shrink = f"   ·   zoomed: {r1 - r0}×{c1 - c0} at {each}"
         else:
-            shrink = f"   ·   shown at 1 px per {factors[0]}×{factors[1]} block (max); zoom in for detail"
+            # Short: the title is one line, and the longer "shown at ... (max); zoom in for detail" was cut mid-word at 1280.
+            shrink = f"   ·   1 px per {factors[0]}×{factors[1]} block (max; zoom in)"
         notes = "".join(f"   ·   {note}" for note in data.notes)
-        self.title.setText(f"{data.request.label}   ·   {data.request.dtype} [{shape}]   ·   {verdict}{shrink}{notes}")
+        title = f"{data.request.label}   ·   {data.request.dtype} [{shape}]   ·   {verdict}{shrink}{notes}"
+        self.title.setText(title)
+        self.title.setToolTip(plain_tip(title))  # whole, where a narrow window cuts it
 
     def _scale_changed(self, scale: str) -> None:
         for button in self.scale_buttons.buttons():

@@ -90,7 +90,7 @@ def test_cancel_during_a_long_diff_stops_it_and_leaves_the_window_usable(
     window.show_panel(1)
     qtbot.waitUntil(lambda: window.overview.headline.text() == "Not compared: the comparison was cancelled", timeout=WAIT_MS)
     assert window.tree.summary.text() == "Not compared: the comparison was cancelled"
-    window.jump_to_first_finding()
+    window.findings.jump_to_first()
     assert window.statusBar().currentMessage() == "Not compared: the comparison was cancelled"
     numbered = [plot.getAxis(side).style["showValues"] for plot in (*window.tensor_view.plots.values(), *window.tensor_view.errors.plots) for side in ("left", "bottom")]
     assert not any(numbered), "empty maps and plots carry no made-up ticks"

@@ -199,7 +199,7 @@ def test_the_plots_of_an_op_no_longer_shown_are_hidden_inside_their_widgets_not_
     window.model.select(None)
     assert view.data is None and not any(layout.isVisible() for layout in layouts)
     assert (view.maps.size(), view.errors.size()) == sizes
-    window.jump_to_first_finding()
+    window.findings.jump_to_first()
     qtbot.waitUntil(lambda: view.data is not None and not window.tasks.busy, timeout=60_000)
     assert all(layout.isVisible() for layout in layouts)
     window.close()

@@ -268,7 +268,7 @@ def test_switching_the_pairing_mode_keeps_the_op_and_takes_down_what_was_said_of
     win = _window(qtbot, tmp_path)
     win.open_pair(*demo_pairs["swiglu-order"])
     _compared(qtbot, win)
-    win.jump_to_first_finding()
+    win.findings.jump_to_first()
     assert win.statusBar().currentMessage().startswith(f"First diverged at {ADMITTED}: ")
     reading = win.model.comparison.comparison.pairs[-1]
     win.model.select(win.model.comparison.pair_of[reading.key])

@@ -153,11 +153,11 @@ def test_f8_and_shift_f8_step_through_divergences_from_the_keyboard(qtbot: QtBot
     qtbot.keyClick(window.tree.view, Qt.Key.Key_F8, Qt.KeyboardModifier.ShiftModifier)
     assert window.model.selected is diverged[0]
     for expected in [*diverged[1:], diverged[-1]]:
-        window.step_divergence(+1)
+        window.findings.step(+1)
         assert window.model.selected is expected, "F8 walks every divergence in order and stays on the last"
     assert window.statusBar().currentMessage() == "No differing op after this one.", "F8 on the last said nothing"
     window.model.select(comparison.pairs[-1])
-    window.step_divergence(-1)
+    window.findings.step(-1)
     assert window.model.selected is next(p for p in reversed(diverged) if p is not comparison.pairs[-1])
     wait_idle(qtbot, window)
 

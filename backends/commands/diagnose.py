@@ -16,17 +16,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from backends.diagnosis.document import render_html, render_text, to_dict
 from backends.diagnosis.run import DiagnoseOptions, Diagnosis, iter_diagnose
-from backends.rerun.inputs import RerunInputError, files_read
+from backends.rerun.inputs import RerunInputError, files_named, files_read
 from sessions.capture.opening import open_complete_capture
 from sessions.capture.reader import CaptureError
 from sessions.commands.arguments import (
     add_align_argument,
+    end_unusable,
     output_problem,
-    remove_earlier_outputs,
     whole_number,
     write_outputs,
 )
@@ -35,7 +34,6 @@ from sessions.compare.options import CompareOptions
 from sessions.compare.profiles import ProfileError
 from sessions.compare.result_cache import iter_compare_cached
 from sessions.ctrl_c import raise_if_pressed
-from sessions.printable import printable
 from sessions.progress import Progress, ProgressGenerator, run_to_end
 
 EXIT_EXPLAINED, EXIT_UNEXPLAINED, EXIT_UNUSABLE = 0, 1, 2
@@ -91,15 +89,10 @@ def _with_progress(work: ProgressGenerator[Diagnosis]) -> Diagnosis:
 
 def run(args: argparse.Namespace) -> int:
     outputs = {"--json": args.json, "--html": args.html}
-    inputs: dict[str, str | Path | None] = {
-        "native capture": args.native, "oracle capture": args.oracle, "weights file": args.weights,
-        "native profile": args.native_profile, "oracle profile": args.oracle_profile,
-    }  # fmt: skip
+    inputs = files_named(args.native, args.oracle, args.weights, (args.native_profile, args.oracle_profile))
 
     def unusable(message: str) -> int:
-        print(f"parity-xray diagnose: {printable(message)}", file=sys.stderr)
-        remove_earlier_outputs(outputs, inputs)
-        return EXIT_UNUSABLE
+        return end_unusable("diagnose", message, outputs, inputs)  # `inputs` as known when it ends
 
     if args.no_budget and not args.all:
         return unusable("--no-budget goes with --all (only --all shares out the final error)")

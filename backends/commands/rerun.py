@@ -20,7 +20,7 @@ from typing import Any
 from backends.diagnosis.candidates import metrics_cell
 from backends.rerun import ops as rerun_ops
 from backends.rerun.capture_out import save_rerun
-from backends.rerun.inputs import RerunInputError, files_read
+from backends.rerun.inputs import RerunInputError, files_named, files_read
 from backends.rerun.segment import (
     SIDES,
     RerunOptions,
@@ -33,15 +33,14 @@ from sessions.capture.opening import open_complete_capture
 from sessions.capture.reader import CaptureError
 from sessions.commands.arguments import (
     add_align_argument,
+    end_unusable,
     output_problem,
-    remove_earlier_outputs,
     write_outputs,
 )
 from sessions.compare.json_plain import plain
 from sessions.compare.options import CompareOptions
 from sessions.compare.profiles import ProfileError
 from sessions.compare.result_cache import iter_compare_cached
-from sessions.printable import printable
 from sessions.progress import run_to_end
 
 EXIT_REPRODUCED, EXIT_DIFFERS, EXIT_UNUSABLE = 0, 1, 2
@@ -127,15 +126,10 @@ def render(result: RerunResult) -> str:
 
 def run(args: argparse.Namespace) -> int:
     outputs = {"--save": args.save, "--json": args.json}
-    inputs: dict[str, str | Path | None] = {
-        "native capture": args.native, "oracle capture": args.oracle, "weights file": args.weights,
-        "native profile": args.native_profile, "oracle profile": args.oracle_profile,
-    }  # fmt: skip
+    inputs = files_named(args.native, args.oracle, args.weights, (args.native_profile, args.oracle_profile))
 
     def unusable(message: str) -> int:
-        print(f"parity-xray rerun: {printable(message)}", file=sys.stderr)
-        remove_earlier_outputs(outputs, inputs)
-        return EXIT_UNUSABLE
+        return end_unusable("rerun", message, outputs, inputs)  # `inputs` as known when it ends
 
     try:
         key = rerun_target(args.op)

@@ -335,7 +335,8 @@ def _targets(comparison: Comparison, options: DiagnoseOptions) -> tuple[list[Pai
             if any(unaligned_key(u) == options.key for u in comparison.post_eos_unaligned):
                 return [], True
             raise ValueError(not_aligned(comparison, options.key))
-        whole = next((p for p in comparison.pairs if p.key == whole_op(options.key) != options.key), None)
+        whole_key = whole_op(options.key)
+        whole = None if whole_key == options.key else next((p for p in comparison.pairs if p.key == whole_key), None)
         if whole is not None and not whole.metrics.bit_exact and not pair.metrics.bit_exact:
             pair = whole  # a stage is diagnosed as the op whose rerun computes it: "undetermined" sent users nowhere
         return ([pair] if not pair.metrics.bit_exact and not pair.post_eos else []), pair.post_eos

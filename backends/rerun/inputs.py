@@ -255,6 +255,12 @@ def referenced_weights(capture: Capture, explicit: Path | None) -> Path | None:
     return None
 
 
+def files_named(native: str, oracle: str, weights: str | None, profiles: tuple[str | None, str | None]) -> dict[str, str | Path | None]:
+    """The files a rerun or a diagnosis was given, by what they are: its inputs before the
+    captures are open (`files_read` adds the weights files they reference)."""
+    return {"native capture": native, "oracle capture": oracle, "weights file": weights, "native profile": profiles[0], "oracle profile": profiles[1]}
+
+
 def files_read(native: Capture, oracle: Capture, weights: str | None, profiles: tuple[str | None, str | None]) -> dict[str, str | Path | None]:
     """Every file a rerun or a diagnosis of this pair reads, by what it is: the captures, the
     weights each side's reruns take (`weights`, else the file its capture references) and the

@@ -12,6 +12,7 @@ import contextlib
 import math
 import os
 import stat
+import sys
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -24,6 +25,7 @@ from sessions.atomic_write import (
 )
 from sessions.compare.align_modes import ALIGN_MODES
 from sessions.compare.tolerance_bounds import bound_problem, ulp_problem
+from sessions.compare.verdict import EXIT_UNUSABLE
 from sessions.printable import printable
 from sessions.side_file import file_kind, same_file
 
@@ -162,6 +164,14 @@ def remove_earlier_outputs(outputs: Mapping[str, str | None], inputs: Mapping[st
                 head = document.read(DOCUMENT_HEAD_BYTES)
             if _ours(option, head):
                 Path(path).unlink()
+
+
+def end_unusable(command: str, message: str, outputs: Mapping[str, str | None], inputs: Mapping[str, str | Path | None]) -> int:
+    """Exit 2 with one line on stderr naming `command`, leaving no document an earlier run wrote
+    at `outputs` (`remove_earlier_outputs`): every command that writes --json or --html ends so."""
+    print(f"parity-xray {command}: {printable(message)}", file=sys.stderr)  # a path from a session or manifest may hold anything
+    remove_earlier_outputs(outputs, inputs)
+    return EXIT_UNUSABLE
 
 
 def write_outputs(outputs: Sequence[tuple[str | None, Callable[[], str | Iterable[str]]]]) -> str | None:

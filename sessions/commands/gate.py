@@ -22,11 +22,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sessions.commands.arguments import (
+    end_unusable,
     output_problem,
-    remove_earlier_outputs,
     write_outputs,
 )
-from sessions.compare.verdict import EXIT_UNUSABLE
 from sessions.ctrl_c import exit_code_of, raise_if_pressed, said
 from sessions.machine import usable_cores
 from sessions.printable import printable
@@ -59,9 +58,7 @@ def run(args: argparse.Namespace) -> int:
     inputs: dict[str, str | Path | None] = {"manifest": args.manifest}
 
     def fail(message: str) -> int:
-        print(f"parity-xray gate: {message}", file=sys.stderr)
-        remove_earlier_outputs({"--json": args.json, "--html": args.html}, inputs)  # the documents, not the cases' pages
-        return EXIT_UNUSABLE
+        return end_unusable("gate", message, {"--json": args.json, "--html": args.html}, inputs)  # the documents, not the cases' pages
 
     if args.workers is not None and args.workers < 1:
         return fail(f"--workers must be at least 1, got {args.workers}")

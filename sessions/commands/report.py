@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 from sessions.capture.read_ahead import ReadAhead
 from sessions.commands.arguments import (
     add_align_argument,
+    end_unusable,
     output_problem,
-    remove_earlier_outputs,
     tolerance_bound,
     ulp_bound,
     whole_number,
@@ -95,9 +95,7 @@ def _unusable(args: argparse.Namespace, message: str) -> int:
     """Exit 2 with one line on stderr, leaving no report behind: a JSON or HTML file an earlier run
     wrote at the paths asked for is removed, so a CI step reading it never takes the last
     pair's PARITY for this one's."""
-    print(f"parity-xray report: {printable(message)}", file=sys.stderr)  # a path from a session may hold anything
-    remove_earlier_outputs(_outputs(args), _inputs(args))
-    return EXIT_UNUSABLE
+    return end_unusable("report", message, _outputs(args), _inputs(args))
 
 
 def _outputs(args: argparse.Namespace) -> dict[str, str | None]:

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QByteArray, QEvent, QObject, Qt, QTimer, QUrl
+from PySide6.QtCore import QByteArray, QEvent, QObject, Qt, QUrl
 from PySide6.QtGui import (
     QAction,
     QCloseEvent,
@@ -63,6 +63,7 @@ from viewer.widgets.progress_bar import show_progress
 from viewer.window.bookmark_camera import BookmarkCamera
 from viewer.window.deep_check import DeepCheck
 from viewer.window.drop_hint import DropHint
+from viewer.window.finding_steps import FindingSteps
 from viewer.window.help_dialog import HelpDialog
 from viewer.window.pairing_menu import PairingMenu
 from viewer.window.panel_tabs import PanelTabs
@@ -114,12 +115,13 @@ class MainWindow(QMainWindow):
         self.model = PairModel(self)
         self.tasks = TaskSlots(self)
         self._retired: list[Capture] = []
-        self._said_of_comparison: set[str] = set()
-        """Status lines about the comparison shown now (`_say_of_comparison`)."""
         self._beside: list[MainWindow] = []
         self.attributes_dialog: AttributesDialog | None = None
         self._build_central()
         self._build_tree_dock()
+        self.findings = FindingSteps(self, self.model, self.tree, self.token_table, lambda name: self.show_panel(TABS.index(name)))
+        self.verdict_strip.go_requested.connect(self.findings.jump_to_first)
+        self.tree.jump_requested.connect(self.findings.jump_to_first)
         self._build_bookmarks_dock()
         self._build_status_bar()
         self._connect_model()
@@ -139,7 +141,6 @@ class MainWindow(QMainWindow):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(0)
         self.verdict_strip = VerdictStrip(self.model)
-        self.verdict_strip.go_requested.connect(self.jump_to_first_finding)
         layout.addWidget(self.verdict_strip)
         self.banners = BannerArea()
         layout.addWidget(self.banners)
@@ -173,7 +174,6 @@ class MainWindow(QMainWindow):
 
     def _build_tree_dock(self) -> None:
         self.tree = AlignmentTree(self.model)
-        self.tree.jump_requested.connect(self.jump_to_first_finding)
         self.tree.unaligned_chosen.connect(lambda record: self.tensor_view.clear(cv.unaligned_explanation(record)))
         self.tree.attributes_requested.connect(self.show_attributes)
         dock = QDockWidget("Alignment", self)
@@ -235,9 +235,9 @@ class MainWindow(QMainWindow):
     def _build_actions(self) -> None:
         self.open_action = self._action("&Open captures…", self.open_dialog, QKeySequence.StandardKey.Open, "open-file.svg", "Open one or two capture files (Ctrl+O)")
         self.swap_action = self._action("&Swap roles", self.swap_roles, "Ctrl+Shift+S", "swap-roles.svg", "Swap native and oracle (Ctrl+Shift+S)")
-        self.jump_action = self._action("Jump to &first finding", self.jump_to_first_finding, "Ctrl+J", "jump-divergence.svg", "Go to the verdict's first finding, the place `report` names (Ctrl+J)")
-        self.next_action = self._action("&Next divergence", lambda: self.step_divergence(+1), "F8", tip="Next op that is not bit-exact (F8)")
-        self.prev_action = self._action("&Previous divergence", lambda: self.step_divergence(-1), "Shift+F8", tip="Previous op that is not bit-exact (Shift+F8)")
+        self.jump_action = self._action("Jump to &first finding", self.findings.jump_to_first, "Ctrl+J", "jump-divergence.svg", "Go to the verdict's first finding, the place `report` names (Ctrl+J)")
+        self.next_action = self._action("&Next divergence", lambda: self.findings.step(+1), "F8", tip="Next op that is not bit-exact (F8)")
+        self.prev_action = self._action("&Previous divergence", lambda: self.findings.step(-1), "Shift+F8", tip="Previous op that is not bit-exact (Shift+F8)")
         self.cancel_action = self._action("&Cancel work", self.cancel_work, "Esc", tip="Cancel the running read or comparison")
         self.quit_action = self._action("&Quit", self.close, QKeySequence.StandardKey.Quit)
         self.theme_action = self._action("Switch to &light theme", self.toggle_theme, "Ctrl+Shift+T")
@@ -549,9 +549,7 @@ class MainWindow(QMainWindow):
         comparison = self.model.comparison
         self.banners.clear("comparison")
         self.session_sync.forget_missing_ops()
-        if self.statusBar().currentMessage() in self._said_of_comparison:
-            self.statusBar().clearMessage()
-        self._said_of_comparison = set()
+        self.findings.forget()
         if comparison is None:
             return
         for level, text in cv.banner_messages(comparison):
@@ -562,68 +560,7 @@ class MainWindow(QMainWindow):
             expanded = self.height() >= CARD_EXPANDED_FROM_HEIGHT
             self.banners.show_message("comparison", "error", headline, details=details, expanded=expanded, rich=True)
         self.tabs.prerender_hidden()
-        record = cv.first_finding_record(comparison)
-        if record is not None:
-            # The first finding is a record without a partner: arrive on its row, not on a bit-exact op.
-            QTimer.singleShot(1, self, lambda: self._reveal_arrived(comparison, record))
-            return
-        target = cv.first_finding_pair(comparison) or cv.first_pair(comparison)
-        if target is not None:
-            # On a timer of its own, not in this turn nor a posted event: the window first paints
-            # the verdict and tree and answers input, then the tensors load (together they held
-            # it ~200 ms on a 240k-record pair). A selection made meanwhile (a restored session's) wins;
-            # the window is the timer's context, so closing it meanwhile cancels the timer.
-            QTimer.singleShot(1, self, lambda: self._select_arrived(comparison, target))
-
-    def _select_arrived(self, comparison: Any, target: Any) -> None:
-        if self.model.comparison is comparison and self.model.selected is None:
-            self.model.select(target)
-
-    def _reveal_arrived(self, comparison: Any, record: Any) -> None:
-        if self.model.comparison is comparison and self.model.selected is None:
-            self.tree.reveal_unaligned(record, past_filter=False)
-
-    def jump_to_first_finding(self) -> None:
-        """Ctrl+J: the verdict's first finding, whatever its kind -- the same place the CLI names."""
-        comparison = self.model.comparison
-        if comparison is None:
-            self.statusBar().showMessage(self.model.waiting() if self.model.has_pair else "Open a pair first.", 5000)
-            return
-        first = cv.first_finding(comparison)
-        if first is None:
-            self._say_of_comparison(cv.headline(comparison))
-            return
-        pair = cv.first_finding_pair(comparison)
-        record = cv.first_finding_record(comparison)
-        tab = cv.evidence_tab(first)
-        if pair is not None:
-            self.model.select(pair)
-            self.tree.reveal(pair)  # also when already selected, under a filter that hides its row
-        elif record is not None:
-            self.tree.reveal_unaligned(record)
-        if pair is not None or tab != "Tensor diff":
-            # The tab that shows the finding: a token step's or a dispatch difference's op may be
-            # bit-exact (or unrecorded), and Tensor diff said "bit-exact" in green beside a DIVERGENCE verdict.
-            self.show_panel(TABS.index(tab))
-        if tab == "Token parity":
-            self.token_table.show_step(first.key.step)
-        self._say_of_comparison(f"First {first.kind} at {first.key}: {first.detail}")
-
-    def _say_of_comparison(self, text: str) -> None:
-        """A status line about the comparison shown now, taken down when another replaces it."""
-        self._said_of_comparison.add(text)
-        self.statusBar().showMessage(text, 8000)
-
-    def step_divergence(self, direction: int) -> None:
-        if self.model.comparison is None:
-            return
-        target = cv.neighbour_divergence(self.model.comparison, self.model.selected, direction)
-        if target is not None:
-            self.model.select(target)
-        elif not self.model.comparison.stepped:
-            self._say_of_comparison("No op differs before any shared EOS: nothing to step through.")
-        else:
-            self._say_of_comparison(f"No differing op {'after' if direction > 0 else 'before'} this one.")  # F8 at either end did nothing
+        self.findings.arrive(comparison)
 
     # -- tensors -----------------------------------------------------------------------------
 

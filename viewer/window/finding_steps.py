@@ -1,0 +1,107 @@
+"""Where the window goes among a comparison's findings, and what it says of them.
+
+On arrival it selects the first finding (a pair, or a record without a partner); Ctrl+J goes
+there again, on the tab that shows it; F8 and Shift+F8 step through the ops that differ. What
+it says in the status bar is about the comparison shown, so it is taken down when another
+replaces it: the old first finding read beside a new verdict that had none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import QMainWindow
+
+from viewer import comparison_view as cv
+from viewer.pair_model import PairModel
+from viewer.panels.token_table import TokenTable
+from viewer.tree.alignment_tree import AlignmentTree
+
+
+class FindingSteps:
+    """The window's moves to findings; `show_tab` brings a tab up by its name."""
+
+    def __init__(self, window: QMainWindow, model: PairModel, tree: AlignmentTree, token_table: TokenTable, show_tab: Callable[[str], None]) -> None:
+        self._window = window
+        self._model = model
+        self._tree = tree
+        self._token_table = token_table
+        self._show_tab = show_tab
+        self._said: set[str] = set()
+        """Status lines about the comparison shown now (`_say`)."""
+
+    def forget(self) -> None:
+        """Take down what was said of the last comparison."""
+        status = self._window.statusBar()
+        if status.currentMessage() in self._said:
+            status.clearMessage()
+        self._said = set()
+
+    def arrive(self, comparison: Any) -> None:
+        """Select `comparison`'s first finding (else its first pair) once the window has painted it."""
+        record = cv.first_finding_record(comparison)
+        if record is not None:
+            # The first finding is a record without a partner: arrive on its row, not on a bit-exact op.
+            QTimer.singleShot(1, self._window, lambda: self._reveal_arrived(comparison, record))
+            return
+        target = cv.first_finding_pair(comparison) or cv.first_pair(comparison)
+        if target is not None:
+            # On a timer of its own, not in this turn nor a posted event: the window first paints
+            # the verdict and tree and answers input, then the tensors load (together they held
+            # it ~200 ms on a 240k-record pair). A selection made meanwhile (a restored session's) wins;
+            # the window is the timer's context, so closing it meanwhile cancels the timer.
+            QTimer.singleShot(1, self._window, lambda: self._select_arrived(comparison, target))
+
+    def _select_arrived(self, comparison: Any, target: Any) -> None:
+        if self._model.comparison is comparison and self._model.selected is None:
+            self._model.select(target)
+
+    def _reveal_arrived(self, comparison: Any, record: Any) -> None:
+        if self._model.comparison is comparison and self._model.selected is None:
+            self._tree.reveal_unaligned(record, past_filter=False)
+
+    def jump_to_first(self) -> None:
+        """Ctrl+J: the verdict's first finding, whatever its kind -- the same place the CLI names."""
+        comparison = self._model.comparison
+        if comparison is None:
+            self._window.statusBar().showMessage(self._model.waiting() if self._model.has_pair else "Open a pair first.", 5000)
+            return
+        first = cv.first_finding(comparison)
+        if first is None:
+            self._say(cv.headline(comparison))
+            return
+        pair = cv.first_finding_pair(comparison)
+        record = cv.first_finding_record(comparison)
+        tab = cv.evidence_tab(first)
+        if pair is not None:
+            self._model.select(pair)
+            self._tree.reveal(pair)  # also when already selected, under a filter that hides its row
+        elif record is not None:
+            self._tree.reveal_unaligned(record)
+        if pair is not None or tab != "Tensor diff":
+            # The tab that shows the finding: a token step's or a dispatch difference's op may be
+            # bit-exact (or unrecorded), and Tensor diff said "bit-exact" in green beside a DIVERGENCE verdict.
+            self._show_tab(tab)
+        if tab == "Token parity":
+            self._token_table.show_step(first.key.step)
+        self._say(f"First {first.kind} at {first.key}: {first.detail}")
+
+    def step(self, direction: int) -> None:
+        """F8 (+1) and Shift+F8 (-1): the next or previous op that differs."""
+        comparison = self._model.comparison
+        if comparison is None:
+            return
+        target = cv.neighbour_divergence(comparison, self._model.selected, direction)
+        if target is not None:
+            self._model.select(target)
+        elif not comparison.stepped:
+            self._say("No op differs before any shared EOS: nothing to step through.")
+        else:
+            self._say(f"No differing op {'after' if direction > 0 else 'before'} this one.")  # F8 at either end did nothing
+
+    def _say(self, text: str) -> None:
+        """A status line about the comparison shown now, taken down when another replaces it."""
+        self._said.add(text)
+        self._window.statusBar().showMessage(text, 8000)

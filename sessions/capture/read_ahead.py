@@ -11,8 +11,10 @@ a few MiB of it. Calls block once the device queue is full, which is why they li
 It reads into the page cache only, never into this process, and never more than `window` bytes
 beyond what the caller reports consumed, so a pair larger than memory cannot flood the cache.
 Spans already in the page cache (a pair compared again, or just written) are not advised at all:
-the thread first reads the first and last byte of up to PROBE_SPANS of them with RWF_NOWAIT, which
-fails rather than wait for the disk, and ends if all are there. Advising a warm 1 GB pair changes
+the first and last byte of up to PROBE_SPANS of them are read with RWF_NOWAIT, which fails rather
+than wait for the disk, and no thread starts if all are there. That probe runs before the
+constructor returns: run by the thread, it could come after a comparison larger than memory had
+let its first bytes go of the page cache, find them gone, and advise them back in. Advising a warm 1 GB pair changes
 nothing, yet its calls and the GIL they take back cost a warm report on a busy 2-core machine
 about 45 ms of CPU and 0.78 s -> 0.67 s (medians of 20 runs). Advice is a hint: a path that
 cannot be opened, or a platform without posix_fadvise, makes this a no-op, and whatever is wrong
@@ -47,9 +49,14 @@ class ReadAhead:
         self._closed = False
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
-        if self._spans and hasattr(os, "posix_fadvise"):
-            self._thread = threading.Thread(target=self._run, name="parity-xray read-ahead", daemon=True)
-            self._thread.start()
+        if not self._spans or not hasattr(os, "posix_fadvise"):
+            return
+        files: dict[str, int | None] = {}
+        if _in_page_cache(self._spans, files):
+            _close_all(files)
+            return
+        self._thread = threading.Thread(target=self._run, args=(files,), name="parity-xray read-ahead", daemon=True)
+        self._thread.start()
 
     def consumed(self, total_bytes: int) -> None:
         """The caller has now read `total_bytes` of the spans' bytes in all (monotonic)."""
@@ -92,11 +99,9 @@ class ReadAhead:
             self._advised += size
             return "passed" if self._advised <= self._consumed else "advise"
 
-    def _run(self) -> None:
-        files: dict[str, int | None] = {}
+    def _run(self, files: dict[str, int | None]) -> None:
+        """`files`: the descriptors the probe opened, by path, which the thread now owns."""
         try:
-            if self._in_page_cache(files):
-                return
             for path, offset, length in self._spans:
                 if path not in files:
                     files[path] = _open_regular(path)
@@ -112,22 +117,27 @@ class ReadAhead:
                         except OSError:
                             fd = files[path] = None
         finally:
-            for fd in files.values():
-                if fd is not None:
-                    os.close(fd)
+            _close_all(files)
 
-    def _in_page_cache(self, files: dict[str, int | None]) -> bool:
-        """Whether the spans look resident already: both ends of PROBE_SPANS of them, evenly spread.
-        A span resident at its ends but evicted in between is then read without advice, at the
-        speed of the kernel's own sequential read-ahead."""
-        every = -(-len(self._spans) // PROBE_SPANS)
-        for path, offset, length in self._spans[::every]:
-            if path not in files:
-                files[path] = _open_regular(path)
-            fd = files[path]
-            if fd is None or not (_resident(fd, offset) and _resident(fd, offset + length - 1)):
-                return False
-        return True
+
+def _in_page_cache(spans: Sequence[tuple[str, int, int]], files: dict[str, int | None]) -> bool:
+    """Whether `spans` look resident already: both ends of PROBE_SPANS of them, evenly spread
+    (descriptors opened go into `files`). A span resident at its ends but evicted in between is
+    then read without advice, at the speed of the kernel's own sequential read-ahead."""
+    every = -(-len(spans) // PROBE_SPANS)
+    for path, offset, length in spans[::every]:
+        if path not in files:
+            files[path] = _open_regular(path)
+        fd = files[path]
+        if fd is None or not (_resident(fd, offset) and _resident(fd, offset + length - 1)):
+            return False
+    return True
+
+
+def _close_all(files: dict[str, int | None]) -> None:
+    for fd in files.values():
+        if fd is not None:
+            os.close(fd)
 
 
 def _resident(fd: int, offset: int) -> bool:

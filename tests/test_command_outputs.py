@@ -127,6 +127,24 @@ def test_the_top_level_help_says_how_to_open_the_viewer_as_well_as_the_commands(
     assert "report" in out and "doctor" in out
 
 
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["report", "a.h5", "b.h5", "--top", "x"], "parity-xray report: error: argument --top: 'x' is not a whole number"),
+        (["report", "a.h5", "b.h5", "--nosuch"], "parity-xray report: error: unrecognized arguments: --nosuch"),
+        (["gate"], "parity-xray gate: error: the following arguments are required: manifest"),
+    ],
+)
+def test_a_mistyped_option_is_refused_in_one_line_that_names_the_command(capsys: pytest.CaptureFixture[str], argv: list[str], line: str) -> None:
+    """argparse printed the whole usage block above the error: nine lines for `report --top x`,
+    and an unknown option was blamed on `parity-xray`, not on the command it was given to."""
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    command = " ".join(line.split(":")[0].split()[:2])
+    assert capsys.readouterr().err == f"{line} (`{command} --help` lists the options)\n"
+
+
 def test_an_output_made_in_pieces_is_written_a_batch_at_a_time_and_holds_every_piece_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A real model's `--json` is 480,000 pieces: a write each cost a sixth of the command."""
     from sessions.commands import arguments

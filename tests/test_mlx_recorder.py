@@ -215,6 +215,14 @@ def test_record_never_writes_over_the_model_it_reads_even_with_force(model_dir: 
     assert f"is in {tmp_path / 'absent'}, which does not exist" in capsys.readouterr().err
 
 
+def test_record_puts_no_new_file_among_the_model_files_which_the_next_recording_would_refuse_to_replace(model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    files = sorted(model_dir.iterdir())
+    out = model_dir / "run.h5"
+    assert main(["record", "mlx", str(model_dir), "--tokens", "1,2", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == f"record refused: --out {out} is inside the model's folder {model_dir}: a capture never goes among a model's files\n"
+    assert sorted(model_dir.iterdir()) == files
+
+
 @pytest.mark.parametrize(
     ("config", "problem"),
     [

@@ -218,7 +218,7 @@ def test_a_limit_no_check_can_use_is_refused_as_the_option_not_blamed_on_the_fil
     with pytest.raises(SystemExit) as exited:
         main(["validate", str(capture), option, value])
     assert exited.value.code == 2
-    assert capsys.readouterr().err.splitlines()[-1] == f"parity-xray validate: error: argument {option}: {problem}"
+    assert capsys.readouterr().err == f"parity-xray validate: error: argument {option}: {problem} (`parity-xray validate --help` lists the options)\n"
 
 
 def test_a_check_that_runs_out_of_time_says_the_file_was_not_checked_never_invalid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

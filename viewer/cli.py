@@ -16,7 +16,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 from sessions.capture import spare_checker
 from sessions.compare.heap_tuning import keep_temporaries_on_heap
@@ -63,9 +63,17 @@ def _module(name: str) -> ModuleType:
     return importlib.import_module(SUBCOMMANDS[name][0])
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """A mistyped option is refused in one line, as every other refusal is: argparse printed the
+    whole usage block first (nine lines for `report --top x`), burying the error under it in a CI log."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_UNUSABLE, f"{self.prog}: error: {printable(message)} (`{self.prog} --help` lists the options)\n")
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """All subcommands, or only `only`: `parity-xray report` must not pay for importing MLX."""
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         prog="parity-xray",
         description="Show where and why two runs of a language model stop agreeing, down to the bit.",
         epilog=VIEWER_FORMS,
@@ -76,6 +84,18 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         if only is None or name == only:
             _module(name).add_arguments(sub.add_parser(name, help=help_text, description=help_text))
     return parser
+
+
+def _parsed(argv: list[str]) -> argparse.Namespace:
+    """`argv` parsed; words no option takes are refused by the command's own parser, which names
+    the command ("parity-xray report: error: unrecognized arguments: --nosuch"), not the top one."""
+    name = argv[0] if argv[0] in SUBCOMMANDS else None
+    parser = build_parser(name)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        command = parser if name is None else _OneLineParser(prog=f"{parser.prog} {name}")
+        command.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 OPENS_CAPTURES = frozenset({"validate", "report", "rerun", "diagnose", "demo"})
@@ -102,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         spare_checker.prepare()
     try:
         with ctrl_c_kept(), _checked_stdout():
-            args = build_parser(argv[0] if argv[0] in SUBCOMMANDS else None).parse_args(argv)
+            args = _parsed(argv)
             code = int(_module(args.command).run(args))
             sys.stdout.flush()
             return code

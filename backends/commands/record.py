@@ -105,6 +105,18 @@ def _model_files(model: Path) -> dict[str, str | Path | None]:
     return {"model": model}
 
 
+def _inside_model(outputs: dict[str, str], model: Path) -> str | None:
+    """Why an output may not go into the model's folder, new file or not: it becomes one of the
+    model's files, which the next recording of the model reads and then refused to replace."""
+    if not model.is_dir():
+        return None
+    folder = model.resolve()
+    for option, output in outputs.items():
+        if folder in Path(output).resolve().parents:
+            return f"{option} {output} is inside the model's folder {model}: a capture never goes among a model's files"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     from backends.recorders.llama_process import LlamaCrashed
     from backends.recorders.record_schedule import (
@@ -131,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_REFUSED
     outs = repeat_paths(args.out, args.repeat)
     outputs = {("--out" if k == 0 else f"--repeat's run {k + 1}"): str(out) for k, out in enumerate(outs)}
-    problem = output_problem(outputs, _model_files(args.model))
+    problem = output_problem(outputs, _model_files(args.model)) or _inside_model(outputs, args.model)
     if problem is not None:
         print(f"record refused: {printable_lines(problem)}", file=sys.stderr)
         return EXIT_REFUSED

@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_align_argument(parser)
     parser.add_argument(
         "--workers", type=whole_number(0), default=0, metavar="N",
-        help="processes comparing at most at once (default: one per core, up to 16); "
+        help="processes comparing at most at once (0, the default: one per core, up to 16); "
         "extra worker processes start only when the remaining work would take this process over a second. Also how many threads "
         "check stored bytes (default: one per core); 1 checks them in this process's own thread",
     )

@@ -88,13 +88,18 @@ class ChildProcess:
                 self.selector.unregister(key.fileobj)
             elif key.data == "out":
                 self.stdout += chunk
-                self._parse_progress()
+                self._parse_progress(len(self.stdout) - len(chunk))
             else:
                 self.stderr += chunk
 
-    def _parse_progress(self) -> None:
-        """Only whole lines; other lines are the caller's to read from `stdout`."""
-        end = self.stdout.rfind(b"\n") + 1
+    def _parse_progress(self, new_from: int) -> None:
+        """Only whole lines; other lines are the caller's to read from `stdout`. A line break is
+        looked for in the bytes from `new_from` only: looked for in all of them, a document
+        printed as one 130 MB line (two 60 MB prompts) was searched again for each 64 KiB read."""
+        last = self.stdout.rfind(b"\n", new_from)
+        if last < 0:
+            return
+        end = last + 1
         prefix = PROGRESS.encode() + b" "
         for line in bytes(self.stdout[self._parsed : end]).splitlines():
             if line.startswith(prefix):

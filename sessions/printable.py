@@ -17,3 +17,10 @@ def printable_lines(text: str) -> str:
     """`text` with each control character but its line breaks written as its escape: a text of
     several lines (a report, a page) made of someone else's names."""
     return "\n".join(printable(line) for line in text.split("\n"))
+
+
+
+def excerpt(text: str, limit: int) -> str:
+    """`text`, cut after `limit` characters with how long it is: a prompt may be 60 MB, which a
+    table cell laid out for 90 s and an HTML page carried whole, twice."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters in all)"

@@ -10,6 +10,8 @@ with one value changed.
 
 from __future__ import annotations
 
+import sys
+import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,7 +26,9 @@ from sessions.capture.meta import CaptureMeta
 from sessions.capture.opening import open_capture
 from sessions.capture.reader import CaptureError
 from sessions.capture.structure_check import check_in_child
+from sessions.capture.text_fields import control_character
 from sessions.capture.writer import CaptureWriter
+from sessions.printable import printable
 
 EVIL = b"evil\x1b[2J\nPARITY"
 """A tensor name that clears the screen and starts a line of its own (a forged verdict)."""
@@ -117,6 +121,49 @@ def test_a_bidirectional_control_that_would_reorder_a_shown_name_is_refused(tmp_
     with h5py.File(engine, "r+") as f:
         f.attrs.create("engine_name", np.bytes_(spoofed.encode()), dtype=cf.utf8(len(spoofed.encode())))
     assert refusal(engine).problem == f"holds a control character ({shown} in 'ffn_{shown}nwod')"
+
+
+@pytest.mark.parametrize(
+    "character", ["\u200b", "\u2028", "\u200f", "\u061c", "\ufeff", "\U000e0041"], ids=["zero-width space", "line separator", "right-to-left mark", "arabic letter mark", "zero-width no-break space", "tag"]
+)
+def test_a_character_not_drawn_as_itself_in_a_name_is_refused_because_two_names_would_print_alike(tmp_path: Path, character: str) -> None:
+    """"x" and "x" with a zero-width space after it printed alike, and a line separator broke a report's first line."""
+    path = with_index(small_capture(tmp_path / "invisible.h5"), lambda index: index["name"].__setitem__(0, f"x{character}".encode()))
+    error = refusal(path)
+    assert error.problem == f"name holds a control character ({printable(character)} in 'x{printable(character)}')"
+
+
+def test_every_control_format_and_separator_character_is_refused_in_a_name_and_nothing_drawn_is() -> None:
+    """The refused set is written out as ranges; checked here against this Python's Unicode
+    database (a range may reach past it: the next version's format characters, unassigned here)."""
+    for point in range(sys.maxunicode + 1):
+        character = chr(point)
+        category = unicodedata.category(character)
+        if category in ("Cc", "Cf", "Zl", "Zp"):
+            assert control_character(character) == character, hex(point)
+        elif category != "Cn":
+            assert control_character(character) is None, hex(point)
+
+
+def test_the_prompt_may_hold_what_peoples_words_hold_joined_emoji_and_directional_marks(tmp_path: Path) -> None:
+    prompt = "family 👨\u200d👩\u200d👧, \u05e9\u05dc\u05d5\u05dd\u200f!\r\nnext line"
+    path = write_capture(tmp_path / "prompt.h5", "native", [T("t0", np.zeros(4, np.float32))], prompt=prompt)
+    with open_capture(path) as capture:
+        assert capture.meta.prompt == prompt
+
+
+def test_a_control_character_deep_in_a_long_prompt_is_shown_with_the_text_around_it_not_the_whole_prompt(tmp_path: Path) -> None:
+    """A 60 MB prompt was walked line by line (27 s) and its refusal would have printed it whole."""
+    prompt = "word " * 1_000_000 + "\x1b[2J" + " tail" * 10
+    path = write_capture(tmp_path / "prompt.h5", "native", [T("t0", np.zeros(4, np.float32))], prompt=prompt)
+    error = refusal(path)
+    assert error.problem == "holds a control character (\\x1b in '…word word word word word word \\x1b[2J tail tail tail tail tail t…')"
+
+
+@pytest.mark.parametrize("character", ["\r", "\x0b"])
+def test_a_line_break_other_than_lf_or_crlf_in_the_prompt_is_refused(tmp_path: Path, character: str) -> None:
+    path = write_capture(tmp_path / "prompt.h5", "native", [T("t0", np.zeros(4, np.float32))], prompt=f"a{character}b")
+    assert refusal(path).problem == f"holds a control character ({printable(character)} in 'a{printable(character)}b')"
 
 
 @pytest.mark.parametrize("attribute", ["engine_name", "model_id", "weights_hash", "role", "created_utc"])
@@ -429,6 +476,21 @@ def with_table(path: Path, table: str, change: Callable[[np.ndarray], None]) -> 
         change(rows)
         f[table][...] = rows
     return path
+
+
+@pytest.mark.parametrize(
+    ("table", "field", "row", "value", "problem"),
+    [
+        (cf.TOKENS_PATH, "segment", 1, b"\x1b[2J\x1b[31mFAIL", "segment holds a control character (\\x1b in '\\x1b[2J\\x1b[31mFAIL')"),
+        (cf.TOKENS_PATH, "segment", 1, b"dec\xffode", "segment is not UTF-8 text (b'dec\\xffode')"),
+        (cf.DISPATCH_PATH, "dtype", 0, b"\x1b]0;pwn\x07bf", "dtype holds a control character (\\x1b in '\\x1b]0;pwn\\x07bf')"),
+    ],
+)
+def test_the_text_of_a_token_or_call_row_is_held_to_the_index_rule(tmp_path: Path, table: str, field: str, row: int, value: bytes, problem: str) -> None:
+    """A token's segment and a call's dtype reach the report, its JSON and a dispatch verdict:
+    an escape there was accepted, and bytes that are not UTF-8 read as another text."""
+    path = with_table(dispatched_capture(tmp_path / "c.h5"), table, lambda rows: rows[field].__setitem__(row, value))
+    assert Problem(f"{table} row {row}", problem) in problems(path)
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,7 @@ from sessions.compare.tensor_diff import TensorMetrics
 from sessions.investigation.model import SavedTolerance
 from sessions.investigation.schema import SCHEMA_VERSION
 from sessions.investigation.store import SessionDocument
+from sessions.printable import printable
 
 
 @pytest.fixture(autouse=True)
@@ -676,20 +677,18 @@ def test_the_provenance_line_says_same_prompt_only_when_both_captures_recorded_i
     assert warnings == ([] if warned is None else [warned])
 
 
-def test_a_line_separator_or_zero_width_space_in_an_engine_name_or_hash_is_escaped_in_the_text_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # Both pass the captures' control-character check; printed raw, U+2028 forged a line in a log
-    # viewer, and a zero-width space made two hashes that look alike a WEIGHTS HASH MISMATCH.
+@pytest.mark.parametrize(("attribute", "value", "shown"), [("engine_name", "eng\u2028PARITY: forged", "\\u2028"), ("weights_hash", "sha256:a\u200ba", "\\u200b")])
+def test_a_line_separator_or_zero_width_space_in_an_engine_name_or_hash_is_refused_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], attribute: str, value: str, shown: str
+) -> None:
+    # Printed raw, U+2028 forged a line in a log viewer, and a zero-width space made two hashes
+    # that look alike a WEIGHTS HASH MISMATCH: such a character is refused as a control is.
     x = bf16_bits(np.linspace(-2, 2, 24).reshape(4, 6))
-    native = write_capture(tmp_path / "n.h5", "native", [T("layer_out", x, layer=0, dtype="bfloat16")], engine_name="eng\u2028PARITY: forged", weights_hash="sha256:a\u200ba")
+    native = write_capture(tmp_path / "n.h5", "native", [T("layer_out", x, layer=0, dtype="bfloat16")], **{attribute: value})
     oracle = write_capture(tmp_path / "o.h5", "oracle", [T("layer_out", x, layer=0, dtype="bfloat16")])
-    html = tmp_path / "r.html"
-    _run(str(native), str(oracle), "--html", str(html))
-    text = capsys.readouterr().out
-    assert "\u2028" not in text and "\u200b" not in text
-    page = html.read_text()
-    assert "\u2028" not in page and "\u200b" not in page and "sha256:a\\u200ba" in page, "the HTML escapes them as the text does"
-    assert text.startswith("WARNING: WEIGHTS HASH MISMATCH: native sha256:a\\u200ba vs oracle sha256:aa;")
-    assert "engines differ, as expected (eng\\u2028PARITY: forged vs hand-oracle)" in text
+    assert _run(str(native), str(oracle)) == 2
+    err = capsys.readouterr().err
+    assert err == f"parity-xray report: unusable input: {native}: / attribute '{attribute}': holds a control character ({shown} in '{printable(value)}')\n"
 
 
 def test_runs_cut_differently_and_paired_by_calls_suggest_commands_that_pair_them_the_same_way(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

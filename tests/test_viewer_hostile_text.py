@@ -81,3 +81,16 @@ def test_a_domain_sentence_shows_its_code_spans_as_code_and_any_markup_in_it_as_
     assert rich == "<qt>the native ran <code>&lt;b&gt;c&lt;/b&gt;</code> on &lt;h1&gt;SEG&lt;/h1&gt;<br>then <code>rerun --weights FILE</code></qt>"
     assert shown_tip(rich) == "the native ran <b>c</b> on <h1>SEG</h1>\nthen rerun --weights FILE"
     assert code_text("") == ""
+
+
+def test_a_prompt_of_megabytes_shows_its_start_and_length_in_the_provenance_table(tmp_path: Path, qtbot: QtBot) -> None:
+    """Qt laid out a cell's whole text to size its row: two 60 MB prompts took 90 s and 3.7 GB to open."""
+    prompt = "ab\n" * 1_000_000
+    pair = [write_capture(tmp_path / f"{role}.h5", role, [T("attn_norm", np.zeros(4, np.float32), layer=0)], prompt=prompt) for role in ("native", "oracle")]
+    win = window_on(qtbot, tmp_path, *pair)
+    table = win.provenance.table
+    row = next(r for r in range(table.rowCount()) if table.item(r, 0).text() == "prompt")
+    for col in (1, 2):
+        item = table.item(row, col)
+        assert item.text() == "ab\\n" * 166 + "ab… (3,000,000 characters in all)"
+        assert shown_tip(item.toolTip()) == "ab\n" * 1333 + "a… (3,000,000 characters in all)"

@@ -23,7 +23,7 @@ from sessions.capture.pack_layout import (
 )
 from sessions.capture.text_fields import (
     control_character,
-    has_control_characters,
+    identifier_problems,
     is_non_canonical_path,
 )
 from sessions.printable import printable
@@ -171,15 +171,7 @@ def _control_character_checks(columns: IndexColumns) -> list[tuple[np.ndarray, s
         def raw(row: int, values: np.ndarray = values, value_codes: np.ndarray = value_codes) -> str:
             return f" ({bytes(values[value_codes[row]]).rstrip(bytes(1))!r})"
 
-        not_utf8 = np.array([not _is_utf8(value) for value in values.tolist()], dtype=bool)
+        not_utf8, control = identifier_problems(values)
         checks.append((not_utf8[value_codes], f"{field} is not UTF-8 text", raw))
-        checks.append((has_control_characters(values)[value_codes], f"{field} holds a control character", detail))
+        checks.append((control[value_codes], f"{field} holds a control character", detail))
     return checks
-
-
-def _is_utf8(raw: bytes) -> bool:
-    try:
-        raw.rstrip(bytes(1)).decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True

@@ -61,6 +61,7 @@ from sessions.capture.pack_read import Pack, read_packed
 from sessions.capture.records import Record, Records
 from sessions.capture.text_fields import (
     control_character,
+    text_control,
 )
 from sessions.printable import printable
 from sessions.side_file import JsonTooDeep, load_json
@@ -248,8 +249,7 @@ class Capture:
         """A root text attribute, empty when absent; refused when it is not one string, is not UTF-8
         (as an index field is: with replacement characters it read as other text), or holds a
         control character, which would reach the terminal of whoever reads a report (a
-        multi-line one, the prompt, may hold line breaks and tabs, and nothing else: an escape in
-        it was accepted)."""
+        multi-line one, the prompt, is someone's words: `text_control`)."""
         value = self._root_attr(name)
         if value is None:
             return ""
@@ -262,10 +262,13 @@ class Capture:
         except UnicodeDecodeError as exc:
             near = raw[max(0, exc.start - 16) : exc.end + 16]  # a prompt may be megabytes long
             raise self._fail(f"/ attribute '{name}'", f"is not UTF-8 text (byte {exc.start}, in {near!r})") from None
-        lines = text.replace("\r\n", "\n").replace("\t", " ").split("\n") if name in cf.MULTILINE_STRING_ATTRS else [text]
-        control = next((c for c in map(control_character, lines) if c is not None), None)
-        if control is not None:
-            raise self._fail(f"/ attribute '{name}'", f"holds a control character ({printable(control)} in '{printable(text)}')")
+        if name in cf.MULTILINE_STRING_ATTRS:
+            found = text_control(text)
+        else:
+            control = control_character(text)
+            found = None if control is None else (control, text)
+        if found is not None:
+            raise self._fail(f"/ attribute '{name}'", f"holds a control character ({printable(found[0])} in '{printable(found[1])}')")
         return text
 
     def _read_root(self) -> tuple[CaptureMeta, bool]:

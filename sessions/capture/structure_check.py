@@ -54,9 +54,11 @@ from sessions.capture.hdf5_safety import (
 from sessions.capture.index_rows import listed
 from sessions.capture.reader import Capture, CaptureError, load_capture
 from sessions.capture.record_scan import scan_problems
+from sessions.capture.text_fields import control_character, identifier_problems
 from sessions.child_env import child_env, module_command
 from sessions.child_process import signal_name
 from sessions.machine import usable_cores
+from sessions.printable import printable
 from sessions.progress import Progress, ProgressGenerator, run_to_end
 
 SHARDING_MIN_BYTES = 16 * 1024**2
@@ -225,12 +227,32 @@ def _listed_rows(table: str, checks: list[RowCheck]) -> list[Problem]:
     return found
 
 
+def _text_checks(column: np.ndarray, field: str) -> list[RowCheck]:
+    """A free text column of a table held to the index's rule (`identifier_problems`): the
+    token's segment and the call's dtype reach the report, its JSON and its verdict as text."""
+    values, value_codes = codes(column)
+    not_utf8, control = identifier_problems(values)
+
+    def raw(row: int) -> bytes:
+        return bytes(values[value_codes[row]]).rstrip(bytes(1))
+
+    def holds(row: int) -> str:
+        text = raw(row).decode("utf-8")
+        return f"{field} holds a control character ({printable(control_character(text) or '')} in '{printable(text)}')"
+
+    return [
+        (not_utf8[value_codes], lambda row: f"{field} is not UTF-8 text ({raw(row)!r})", f"{field} is not UTF-8 text"),
+        (control[value_codes], holds, f"{field} holds a control character"),
+    ]
+
+
 def dispatch_problems(dispatch: np.ndarray, n_records: int) -> list[Problem]:
     """Dispatch rows pointing nowhere, of unknown kinds, of no heads, or repeating another row's call."""
     seqs, calls = np.ascontiguousarray(dispatch["index_seq"]), np.ascontiguousarray(dispatch["call"])
     twin = earlier_row(seqs, calls)
     checks: list[RowCheck] = [
         ((seqs < 0) | (seqs >= n_records), lambda row: f"index_seq {int(seqs[row])} is not a record (0..{n_records - 1})", "index_seq is not a record"),
+        *_text_checks(dispatch["dtype"], "dtype"),
     ]
     for column, allowed in (("mask_kind", cf.MASK_KINDS), ("primitive", cf.PRIMITIVES), ("metal_primitive", cf.METAL_PRIMITIVES)):
         values = dispatch[column]
@@ -285,6 +307,7 @@ def token_problems(tokens: np.ndarray) -> list[Problem]:
             (ids < 0, lambda row: f"token_id is {int(ids[row])}; token ids are at least 0", "token_id is negative"),
             ((stops != 0) & (stops != 1), lambda row: f"is_stop is {int(stops[row])}; it is 0 or 1", "is_stop is neither 0 nor 1"),
             (twin >= 0, repeated, "a step and segment has another token"),
+            *_text_checks(tokens["segment"], "segment"),
         ],
     )
 

@@ -7,17 +7,17 @@ libhdf5, which reads an embedded NUL as its end (a path shown as one object open
 which, like the link walker, has more than one spelling for one object; only the canonical
 spelling is accepted, so that two rows name the same pack with the same bytes.
 
-The checks work on the distinct values of a column (`sessions.capture.columns.codes`) as one
-byte matrix: an index of a million rows has a few thousand distinct names.
+The checks work on the distinct values of a column (`sessions.capture.columns.codes`): an
+index of a million rows has a few thousand distinct names.
 """
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 _SLASH, _DOT = ord("/"), ord(".")
-_C1_LEAD = 0xC2
-"""UTF-8 encodes the C1 controls U+0080..U+009F as 0xC2 followed by 0x80..0x9F."""
 
 
 def _bytes(values: np.ndarray, padding: int = 0) -> np.ndarray:
@@ -28,30 +28,59 @@ def _bytes(values: np.ndarray, padding: int = 0) -> np.ndarray:
     return matrix
 
 
-BIDI_CONTROLS = (range(0x202A, 0x202F), range(0x2066, 0x206A))
-"""The bidirectional embeddings, overrides and isolates (U+202A..U+202E, U+2066..U+2069): shown,
-they reorder the text around them, so a tensor name can read as another ("Trojan Source")."""
-_BIDI_LEAD = 0xE2
-"""UTF-8 encodes them as E2 80 AA..AE and E2 81 A6..A9."""
-
-
-def has_control_characters(values: np.ndarray) -> np.ndarray:
-    """Which fixed-length UTF-8 values hold a C0 or C1 control character, DEL, a bidirectional
-    control (BIDI_CONTROLS), or a NUL before their last other byte (NUL padding after the text
-    is how the format ends it)."""
-    raw = _bytes(values, padding=2)
-    text = np.cumsum(raw[:, ::-1] != 0, axis=1)[:, ::-1] > 0
-    control = text & ((raw < 0x20) | (raw == 0x7F))
-    control[:, :-1] |= (raw[:, :-1] == _C1_LEAD) & (raw[:, 1:] >= 0x80) & (raw[:, 1:] <= 0x9F)
-    lead, second, third = raw[:, :-2] == _BIDI_LEAD, raw[:, 1:-1], raw[:, 2:]
-    control[:, :-2] |= lead & (((second == 0x80) & (third >= 0xAA) & (third <= 0xAE)) | ((second == 0x81) & (third >= 0xA6) & (third <= 0xA9)))
-    return control.any(axis=1)  # type: ignore[no-any-return]
+BIDI_CONTROLS = "\u202a-\u202e\u2066-\u2069"
+"""The bidirectional embeddings, overrides and isolates: shown, they reorder the text around
+them, so a tensor name can read as another ("Trojan Source")."""
+_CONTROL = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f"
+    "\u2028-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f"
+    "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f]"
+)
+"""Every character that is not drawn as itself: the controls (Unicode category Cc), the format
+characters (Cf: zero-width spaces and joiners, directional marks, invisible operators, tags)
+and the line and paragraph separators (Zl, Zp). In a name, "x" and "x" followed by a zero-width
+space printed alike, and a line separator broke a report's first line."""
+_TEXT_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f" + BIDI_CONTROLS + "]|\r(?!\n)")
+"""What a multi-line text (the prompt) may not hold: a prompt is someone's words, in any script,
+with emoji sequences joined by zero-width joiners and directional marks in right-to-left text,
+so only the controls a terminal acts on are refused. Line breaks (LF, CRLF) and tabs are text."""
+EXCERPT_CHARACTERS = 60
+"""How much of a long text a message shows around its control character: a prompt may be 60 MB."""
 
 
 def control_character(text: str) -> str | None:
-    """The first control character of a decoded text (the one its message shows), or None:
-    `has_control_characters` for one short text, such as a root attribute."""
-    return next((c for c in text if ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F or any(ord(c) in r for r in BIDI_CONTROLS)), None)
+    """The first character of an identifier (a name, a segment, a kernel, a path, a short root
+    attribute) that is not drawn as itself (`_CONTROL`), or None."""
+    found = _CONTROL.search(text)
+    return found.group() if found is not None else None
+
+
+def text_control(text: str) -> tuple[str, str] | None:
+    """(the first control character of a multi-line text, the text around it), or None; linear in
+    the text's length (a per-line walk of a 60 MB prompt took 27 s)."""
+    found = _TEXT_CONTROL.search(text)
+    if found is None:
+        return None
+    start, end = found.start(), found.end()
+    if len(text) <= EXCERPT_CHARACTERS:
+        return found.group(), text
+    before, after = max(0, start - EXCERPT_CHARACTERS // 2), min(len(text), end + EXCERPT_CHARACTERS // 2)
+    return found.group(), f"{'…' if before else ''}{text[before:after]}{'…' if after < len(text) else ''}"
+
+
+def identifier_problems(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For fixed-length text values (a column's distinct values): which are not UTF-8 (two byte
+    strings would read as one text), and which hold a character `control_character` finds or a
+    NUL before their last other byte (NUL padding after the text is how the format ends it)."""
+    not_utf8, control = np.zeros(len(values), dtype=bool), np.zeros(len(values), dtype=bool)
+    for at, raw in enumerate(values.tolist()):
+        try:
+            text = raw.rstrip(bytes(1)).decode("utf-8")
+        except UnicodeDecodeError:
+            not_utf8[at] = True
+            continue
+        control[at] = _CONTROL.search(text) is not None
+    return not_utf8, control
 
 
 def is_non_canonical_path(values: np.ndarray) -> np.ndarray:

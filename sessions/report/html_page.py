@@ -31,7 +31,7 @@ from sessions.compare.tensor_diff import ElementSample
 from sessions.compare.token_parity import POST_EOS, step_word, token_words
 from sessions.investigation.model import Bookmark, Investigation
 from sessions.investigation.store import describe_os_error
-from sessions.printable import printable, printable_lines
+from sessions.printable import excerpt, printable, printable_lines
 from sessions.progress import Progress, ProgressGenerator
 from sessions.report.plot_bins import bin_envelope, worst_per_bin
 from sessions.report.text import tolerance_text, ulp_error_figure
@@ -40,6 +40,8 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 FIGURE_WIDTH, FIGURE_HEIGHT = 900, 240
 TOP_OPS = 10
 MAX_TOKEN_ROWS = 64
+SHOWN_VALUE_CHARACTERS = 4000
+"""A provenance value (the prompt) shown up to this long; the JSON carries it whole."""
 
 STYLE = """
 body { font: 14px/1.45 -apple-system, 'Segoe UI', 'DejaVu Sans', sans-serif; margin: 24px auto; max-width: 1100px; color: #1d2430; }
@@ -234,7 +236,7 @@ def render_html(c: Comparison, session: Investigation | None = None, screenshots
     out.append(f"<h2>Provenance</h2><p>{escape(printable(c.provenance.summary))}</p>")
     out += [f"<p class='verdict-divergence'>WARNING: {escape(printable(w))}</p>" for w in c.provenance.warnings]
     out.append(f"<p>native <code>{escape(c.native_path)}</code> (profile {escape(c.native_profile)}); oracle <code>{escape(c.oracle_path)}</code> (profile {escape(c.oracle_profile)})</p>")
-    out.append(_table(["field", "native", "oracle"], [[escape(f.field), escape(printable(f.native)), escape(printable(f.oracle))] for f in c.provenance.fields],
+    out.append(_table(["field", "native", "oracle"], [[escape(f.field), escape(printable(excerpt(f.native, SHOWN_VALUE_CHARACTERS))), escape(printable(excerpt(f.oracle, SHOWN_VALUE_CHARACTERS)))] for f in c.provenance.fields],
                       ["" if f.same else "mismatch" for f in c.provenance.fields]))
     if session.captures:
         rows = [[escape(r.role), f"<code>{escape(str(r.path))}</code>", f"<code>{escape(r.identity.sha256[:16])}</code>", f"{r.identity.size:,}"] for r in session.all_capture_refs()]

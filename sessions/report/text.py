@@ -219,7 +219,7 @@ def _more(count: int, shown: int) -> list[str]:
 
 
 def _short(text: str, limit: int = 60) -> str:
-    shown = repr(text)
+    shown = repr(text[:limit])
     return shown if len(shown) <= limit else shown[: limit - 3] + "..."
 
 

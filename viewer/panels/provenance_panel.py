@@ -21,12 +21,15 @@ from PySide6.QtWidgets import (
 )
 
 from sessions.capture.reader import Capture
-from sessions.printable import printable
+from sessions.printable import excerpt, printable
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
 from viewer.widgets.plain_text import plain_label, plain_tip
 
 MISMATCH_BACKGROUND = QColor(214, 69, 65, 70)
+CELL_CHARACTERS, TIP_CHARACTERS = 500, 4000
+"""A value (the prompt) is shown up to this long in its cell and its tooltip: Qt lays out a cell's
+whole text to size its row, and a 60 MB prompt took 90 s and 3.7 GB to open."""
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
@@ -101,14 +104,14 @@ class ProvenancePanel(QWidget):
             cells = (key, native.get(key, "—"), oracle.get(key, "—"))
             differs = key in mismatched or (key == "complete" and "NO" in cells[1] + cells[2])
             for col, text in enumerate(cells):
-                item = QTableWidgetItem(printable(text))  # a zero-width space or U+2028 in a hash or name shows, as in the report
-                item.setToolTip(plain_tip(text))
+                item = QTableWidgetItem(printable(excerpt(text, CELL_CHARACTERS)))  # a zero-width space or U+2028 in a hash or name shows, as in the report
+                item.setToolTip(plain_tip(excerpt(text, TIP_CHARACTERS)))
                 if differs:
                     item.setBackground(QBrush(MISMATCH_BACKGROUND))
                     item.setFont(bold)
                 elif key in expected:
                     item.setFont(muted)
-                    item.setToolTip(plain_tip(f"{text}\n(differs by design between a port and its oracle: not a problem)"))
+                    item.setToolTip(plain_tip(f"{excerpt(text, TIP_CHARACTERS)}\n(differs by design between a port and its oracle: not a problem)"))
                 self.table.setItem(row, col, item)
         viewed = self._model.comparison
         if viewed is None:

@@ -145,13 +145,6 @@ def test_every_control_format_and_separator_character_is_refused_in_a_name_and_n
             assert control_character(character) is None, hex(point)
 
 
-def test_the_prompt_may_hold_what_peoples_words_hold_joined_emoji_and_directional_marks(tmp_path: Path) -> None:
-    prompt = "family 👨\u200d👩\u200d👧, \u05e9\u05dc\u05d5\u05dd\u200f!\r\nnext line"
-    path = write_capture(tmp_path / "prompt.h5", "native", [T("t0", np.zeros(4, np.float32))], prompt=prompt)
-    with open_capture(path) as capture:
-        assert capture.meta.prompt == prompt
-
-
 def test_a_control_character_deep_in_a_long_prompt_is_shown_with_the_text_around_it_not_the_whole_prompt(tmp_path: Path) -> None:
     """A 60 MB prompt was walked line by line (27 s) and its refusal would have printed it whole."""
     prompt = "word " * 1_000_000 + "\x1b[2J" + " tail" * 10
@@ -185,8 +178,10 @@ def test_a_root_text_attribute_that_is_not_utf8_is_refused_as_an_index_field_is(
     assert (error.location, error.problem) == (f"/ attribute '{attribute}'", "is not UTF-8 text (byte 0, in b'\\xc3(abc')")
 
 
-def test_the_prompt_may_hold_newlines_and_tabs(tmp_path: Path) -> None:
-    prompt = "line one\n\tline two"
+@pytest.mark.parametrize(
+    "prompt", ["line one\n\tline two", "family 👨\u200d👩\u200d👧, \u05e9\u05dc\u05d5\u05dd\u200f!\r\nnext line"], ids=["lines and tabs", "joined emoji and directional marks"]
+)
+def test_the_prompt_may_hold_what_peoples_words_hold(tmp_path: Path, prompt: str) -> None:
     path = write_capture(tmp_path / "prompt.h5", "native", [T("t0", np.zeros(4, np.float32))], prompt=prompt)
     with open_capture(path) as capture:
         assert capture.meta.prompt == prompt

@@ -219,6 +219,15 @@ def test_an_integer_root_attribute_of_another_type_is_refused_not_read_as_its_de
     assert error.problem == f"is {shown}; the format stores one integer (a scalar, e.g. H5T_STD_I64LE)"
 
 
+@pytest.mark.parametrize("attribute", ["seed", "batch_size"])
+def test_an_unsigned_root_attribute_past_int64_is_refused_where_it_was_read_then_crashed_a_saved_rerun(tmp_path: Path, attribute: str) -> None:
+    path = small_capture(tmp_path / "int.h5")
+    with h5py.File(path, "r+") as f:
+        f.attrs.create(attribute, np.uint64(2**64 - 1))
+    error = refusal(path)
+    assert (error.location, error.problem) == (f"/ attribute '{attribute}'", "is 18446744073709551615, more than an int64 holds (the format stores H5T_STD_I64LE)")
+
+
 @pytest.mark.parametrize(
     ("value", "shown"),
     [
@@ -551,3 +560,33 @@ def test_the_writer_refuses_to_write_the_dispatch_and_token_rows_a_reader_refuse
     with pytest.raises(ValueError, match="must both be at least 0"):
         writer.add_token(step=1, segment="decode", token_id=-1, is_stop=False)
     writer.close()
+
+
+def _with_unsigned_field(path: Path, table: str, field: str, row: int, value: int) -> Path:
+    """The table rewritten with `field` as the unsigned type of its width, `value` at `row`."""
+    with h5py.File(path, "r+") as f:
+        rows = f[table][()]
+        attributes = dict(f[table].attrs)
+        unsigned = np.dtype([(name, np.dtype(f"<u{rows.dtype[name].itemsize}") if name == field else rows.dtype[name]) for name in rows.dtype.names])
+        changed = rows.astype(unsigned)
+        changed[field][row] = value
+        del f[table]
+        f.create_dataset(table, data=changed, maxshape=(None,), chunks=True)
+        for name, attribute in attributes.items():
+            f[table].attrs[name] = attribute
+    return path
+
+
+@pytest.mark.parametrize(
+    ("table", "field", "row", "value", "problem"),
+    [
+        (cf.INDEX_PATH, "step", 1, 2**32 - 1, "step is 4294967295, more than the format's int32 holds"),
+        (cf.TOKENS_PATH, "token_id", 1, 2**64 - 1, "token_id is 18446744073709551615, more than the format's int64 holds"),
+    ],
+)
+def test_an_unsigned_field_past_the_formats_signed_one_is_refused_with_its_value_not_read_wrapped(
+    tmp_path: Path, table: str, field: str, row: int, value: int, problem: str
+) -> None:
+    """Read as the format's type, 4294967295 was "step -1 after step 0" and a token id "-1"."""
+    error = refusal(_with_unsigned_field(dispatched_capture(tmp_path / "c.h5"), table, field, row, value))
+    assert (error.location, error.problem) == (f"{table} row {row}", problem)

@@ -144,6 +144,19 @@ def test_of_several_exact_candidates_a_false_declaration_is_named_and_the_one_ma
     )
 
 
+def test_attention_calls_whose_cache_could_not_be_replayed_in_memory_are_named_by_row_instead_of_asked_of_numpy(demo_pairs: dict, tmp_path: Path) -> None:
+    """A dispatch row's kv_len of 2**31 made the ggml candidates pad the cache to 1 TiB: a MemoryError traceback."""
+    native, oracle = copied(demo_pairs["attention-contract"], tmp_path)
+    with h5py.File(native, "r+") as file:
+        table = file["dispatch"][()]
+        table["kv_len"][2] = 2**31 - 1
+        file["dispatch"][...] = table
+    (op,) = diagnose((native, oracle)).ops
+    ggml = [c for c in op.candidates if c.id.startswith("ggml.attn")]
+    assert ggml and all(c.skipped is not None and f"{native}: /dispatch row 2: kv_len 2,147,483,647 cache cells (2 kv heads of 64) would take 3,200.0 GiB to replay" in c.skipped for c in ggml)
+    assert op.native_ran == "attn.bf16.single_range", "the candidates that need no cache cells still run"
+
+
 def test_signed_zero_is_the_plus_zero_copy_and_nothing_else(demo_pairs: dict) -> None:
     found = diagnose(demo_pairs["signed-zero"])
     (op,) = found.ops

@@ -252,6 +252,33 @@ def test_an_incomplete_capture_is_unusable_input(tmp_path: Path, capsys: pytest.
     assert "incomplete" in _unusable(capsys, native, str(tmp_path / "partial.h5"))
 
 
+def test_a_capture_of_no_records_is_said_to_hold_nothing_to_compare_not_to_lack_a_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """It read "no built-in profile recognises most of the native record names; pass --native-profile"."""
+    empty = write_capture(tmp_path / "empty.h5", "native", [])
+    _, oracle = _pair(tmp_path, flip=False)
+    assert _run(str(empty), oracle) == 2
+    assert capsys.readouterr().err == (
+        f"parity-xray report: unusable input: {empty}: /index holds no records: the native run has nothing to compare (did its recorder write none?)\n"
+    )
+
+
+def test_a_capture_that_records_no_tokens_leaves_the_tokens_uncompared_on_every_surface_not_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each step of the other run read "missing", and the pair a token DIVERGENCE ("native token none vs oracle token 1")."""
+    x = bf16_bits(np.linspace(-2, 2, 24).reshape(4, 6))
+    native = write_capture(tmp_path / "n.h5", "native", [T("l_out-0", x, layer=0, dtype="bfloat16")], [])
+    oracle = write_capture(tmp_path / "o.h5", "oracle", [T("model.layers.0", x[None].copy(), layer=0, dtype="bfloat16")], [(0, 1, False)])
+    out_json = tmp_path / "r.json"
+    assert _run(str(native), str(oracle), "--json", str(out_json)) == 0
+    text = capsys.readouterr().out.splitlines()
+    assert text[:2] == [
+        "WARNING: the native capture records no tokens, so the greedy tokens were not compared",
+        "PARITY: every aligned op is bit-exact or within tolerance, and no token steps were recorded to compare",
+    ]
+    document = json.loads(out_json.read_text())
+    assert document["verdict"]["word"] == "PARITY" and document["tokens"]["steps"] == []
+    assert "the native capture records no tokens, so the greedy tokens were not compared" in document["provenance"]["warnings"]
+
+
 def test_an_unreadable_profile_is_unusable_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     native, oracle = _pair(tmp_path, flip=False)
     assert "does not exist" in _unusable(capsys, native, oracle, "--native-profile", str(tmp_path / "nope.toml"))

@@ -189,3 +189,22 @@ def test_a_config_json_beside_the_weights_is_read_only_when_it_is_a_small_regula
     os.mkfifo(beside)
     with pytest.raises(ModelConfigError, match="not a regular file: a FIFO"):
         model_config.weights_file_config(weights)
+
+
+@pytest.mark.parametrize(
+    ("named", "problem"),
+    [
+        ("a\0b.safetensors", "holds a NUL, so it names no file ('a\\x00b.safetensors')"),
+        ("\ud800x.safetensors", "is not a file name this system can spell ('\\ud800x.safetensors')"),
+        (12, "is 12, not a file name"),
+    ],
+)
+def test_a_weights_file_the_provenance_cannot_name_is_refused_by_capture_and_key(tmp_path: Path, capsys: pytest.CaptureFixture[str], named: object, problem: str) -> None:
+    """A NUL or a lone surrogate failed in the system's call ("embedded null byte", naming no
+    file), and a number was passed over: the weight-taking op then read as held by neither capture."""
+    path = tmp_path / "named.h5"
+    with CaptureWriter(path, CaptureMeta(role="native", provenance={"weights_file": named})) as writer:
+        writer.add_tensor("attn_norm", X, step=0, segment="prefill", layer=0)
+        writer.add_tensor("q_proj", np.array(mx.array(X) @ mx.array(W).T), step=0, segment="prefill", layer=0)
+    assert main(["rerun", str(path), str(path), "--op", "0:prefill:0:q_proj", "--from", "native"]) == 2
+    assert capsys.readouterr().err == f"parity-xray rerun: {path}: / attribute 'provenance_json' key 'weights_file': {problem}; give the weights with --weights\n"

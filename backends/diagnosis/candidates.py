@@ -30,8 +30,10 @@ from backends.rerun.inputs import (
     splits_heads,
 )
 from backends.rerun.segment import RerunSession, bits_metrics
+from sessions.capture import format as cf
 from sessions.compare.key import OpKey
 from sessions.compare.tensor_diff import TensorMetrics
+from sessions.machine import available_memory
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,9 @@ class CandidateInputs:
     streams: int = 1
     """Requests the engine's call computed side by side (its capture's `batch_size`): llama.cpp
     gives each its own KV stream, and its flash attention chooses a kernel per stream."""
+    kv_cells_problem: str | None = None
+    """Why `kv_cells` cannot be replayed in memory (`kv_cells_problem`): the candidates that pad
+    the cache to them do not run."""
 
     def values(self, name: str) -> np.ndarray:
         """One input as float32 numpy (exact for bf16, f16 and f32)."""
@@ -218,12 +223,41 @@ def run_candidate(candidate: Candidate, inputs: CandidateInputs, native_bits: np
     return result
 
 
-def _kv_cells(native: CapturedOps, key: OpKey) -> int | None:
-    mapped = native.find(key.step, key.segment, key.layer, "sdpa", key.positions)
-    if mapped is None:
+REPLAY_MEMORY_SHARE = 2
+"""A replayed attention call's padded cache may take at most 1/this of the memory available."""
+
+
+def _widest_call(ops: CapturedOps, key: OpKey) -> int | None:
+    """Which row of the dispatch table is the attention call at `key` over the most cache cells, or None."""
+    mapped = ops.find(key.step, key.segment, key.layer, "sdpa", key.positions)
+    table = ops.capture.dispatch
+    if mapped is None or not len(table):
         return None
-    events = native.dispatch_events(mapped.record.seq)
-    return int(max(events["kv_len"].tolist())) if len(events) else None
+    rows = np.flatnonzero(table["index_seq"] == mapped.record.seq)
+    return int(rows[np.argmax(table["kv_len"][rows])]) if len(rows) else None
+
+
+def _kv_cells(ops: CapturedOps, key: OpKey) -> int | None:
+    row = _widest_call(ops, key)
+    return int(ops.capture.dispatch["kv_len"][row]) if row is not None else None
+
+
+def kv_cells_problem(ops: CapturedOps, key: OpKey) -> str | None:
+    """Why the cache cells of `key`'s attention call (`_kv_cells`, which a ggml candidate pads
+    its keys and values to) cannot be replayed in this machine's memory, or None: a capture's
+    kv_len of 2**31 made numpy ask for 1 TiB."""
+    row = _widest_call(ops, key)
+    if row is None:
+        return None
+    cells, kv_heads, head_dim, q_rows = (int(ops.capture.dispatch[name][row]) for name in ("kv_len", "kv_heads", "head_dim", "q_rows"))
+    needed = cells * (2 * kv_heads * head_dim + 2 * q_rows) * 4  # padded keys and values, one head's scores and mask, float32
+    room = available_memory() // REPLAY_MEMORY_SHARE
+    if needed <= room:
+        return None
+    return (
+        f"{ops.capture.path}: {cf.DISPATCH_PATH} row {row}: kv_len {cells:,} cache cells "
+        f"({kv_heads} kv heads of {head_dim}) would take {needed / 2**30:,.1f} GiB to replay, more than the {room / 2**30:,.1f} GiB this machine has for it"
+    )
 
 
 CALL_SHAPE = ("call_rows", "kv_cells", "threads", "streams")
@@ -260,7 +294,7 @@ def candidate_inputs(
         shape = call_shape(session.captured[engine], key)
         return CandidateInputs(
             key, side, gathered.arrays, gathered.history, gathered.weight, stored, gathered.params, dtype,
-            shape["kv_cells"], route_output, shape["call_rows"], shape["threads"], shape["streams"],
+            shape["kv_cells"], route_output, shape["call_rows"], shape["threads"], shape["streams"], kv_cells_problem(session.captured[engine], key),
         )
     raise RerunInputError(failures[-1])
 

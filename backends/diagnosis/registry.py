@@ -229,6 +229,11 @@ def _contract_mask_unavailable(inputs: CandidateInputs) -> str | None:
     return None if mask in (None, "causal") else f"this contract takes a causal mask or none; the call has a {mask} mask"
 
 
+def _cache_unavailable(inputs: CandidateInputs) -> str | None:
+    """A candidate that pads the cache to the call's cells: not when they would not fit in memory."""
+    return inputs.kv_cells_problem or _contract_mask_unavailable(inputs)
+
+
 def _ggml_attention(f16_cache: bool) -> Callable[[CandidateInputs], CandidateOutput]:
     def run(inputs: CandidateInputs) -> CandidateOutput:
         k, v = kv_with_history(inputs.arrays, inputs.history, inputs.params["kv_heads"])
@@ -258,6 +263,8 @@ def _ggml_flash_attention(inputs: CandidateInputs) -> CandidateOutput:
 
 
 def _flash_unavailable(inputs: CandidateInputs) -> str | None:
+    if inputs.kv_cells_problem is not None:
+        return inputs.kv_cells_problem
     rows = (inputs.call_rows or inputs.arrays["q_rope"].shape[1]) // inputs.streams
     history = inputs.history.get("k")
     cells = _flash_cells(inputs, inputs.arrays["k_rope"].shape[1] + (history.shape[1] if history is not None else 0))
@@ -434,14 +441,14 @@ REGISTRY: tuple[Candidate, ...] = (
     Candidate(
         "ggml.attn.f32", frozenset({"sdpa"}),
         "llama.cpp without flash attention: kq by ggml_vec_dot_f32, soft_max (scale, -inf mask over the padded cache, ggml_v_expf, 1/sum in double), kqv by mul_mat",
-        f"{GGML_SOURCE}/ops.cpp ggml_compute_forward_soft_max_f32, ggml-cpu.c mul_mat; llama.cpp build_attn_mha", _ggml_attention(False), _contract_mask_unavailable,
+        f"{GGML_SOURCE}/ops.cpp ggml_compute_forward_soft_max_f32, ggml-cpu.c mul_mat; llama.cpp build_attn_mha", _ggml_attention(False), _cache_unavailable,
     ),
     Candidate(
         "ggml.attn.f16_cache", frozenset({"sdpa"}),
         "llama.cpp without flash attention over an F16 KV cache (its default type): K and V stored as F16, q rounded to F16 for kq, "
         "soft_max in float32, the probabilities rounded to F16 for kqv; float32 accumulation (tinyBLAS from two query rows, vec_dot_f16 for one)",
         f"{GGML_SOURCE}/ggml-cpu.c mul_mat (vec_dot_type F16), vec.cpp ggml_vec_dot_f16, llamafile/sgemm.cpp; llama.cpp type_k/type_v f16",
-        _ggml_attention(True), _contract_mask_unavailable,
+        _ggml_attention(True), _cache_unavailable,
     ),
     Candidate(
         "ggml.attn.flash", frozenset({"sdpa"}),

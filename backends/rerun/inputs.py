@@ -42,6 +42,7 @@ from sessions.compare.mapped_record import MappedRecord
 from sessions.compare.positions import span_text
 from sessions.compare.profiles import STAGE_OF
 from sessions.compare.unaligned import UnalignedRecord
+from sessions.printable import printable
 from sessions.side_file import file_kind
 
 LAYER_INPUT = "layer_input"
@@ -239,9 +240,13 @@ def referenced_weights(capture: Capture, explicit: Path | None) -> Path | None:
     provenance = capture.meta.provenance if isinstance(capture.meta.provenance, dict) else {}
     for field_name in ("weights_file", "gguf"):
         name = provenance.get(field_name)
-        if isinstance(name, str) and name:
-            path = Path(name)
-            return path if path.is_absolute() else capture.path.parent / path
+        if name is None or name == "":
+            continue
+        problem = _file_name_problem(name)
+        if problem is not None:
+            raise RerunInputError(f"{capture.path}: / attribute 'provenance_json' key {field_name!r}: {problem}; give the weights with --weights")
+        path = Path(name)
+        return path if path.is_absolute() else capture.path.parent / path
     taken = provenance.get("weights_from")  # a saved rerun: the file its own rerun read them from
     files = [Path(name) for name in taken if isinstance(name, str) and Path(name).suffix in (".safetensors", ".gguf")] if isinstance(taken, list) else []
     if len(files) == 1:
@@ -252,6 +257,21 @@ def referenced_weights(capture: Capture, explicit: Path | None) -> Path | None:
         files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
         if len(files) == 1:
             return files[0]
+    return None
+
+
+def _file_name_problem(name: object) -> str | None:
+    """Why a provenance value cannot name a file, or None: a number was passed over in silence
+    ("neither capture nor a referenced weights file holds it"), and a NUL or a lone surrogate
+    failed in the operating system's call with a message naming neither capture nor key."""
+    if not isinstance(name, str):
+        return f"is {json.dumps(name)[:80]}, not a file name"
+    if "\0" in name:
+        return f"holds a NUL, so it names no file ('{printable(name)}')"
+    try:
+        os.fsencode(name)
+    except UnicodeEncodeError:
+        return f"is not a file name this system can spell ('{printable(name)}')"
     return None
 
 

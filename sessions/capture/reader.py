@@ -107,10 +107,16 @@ def _text_problem(value: np.ndarray) -> str | None:
     return None
 
 
+INT64_MAX = 2**63 - 1
+
+
 def _int_problem(value: np.ndarray) -> str | None:
-    """Why an attribute's value is not one integer, or None. A bool, a float or a one-element
-    array is refused, not read: taking it for a default or a first element changes the verdict."""
+    """Why an attribute's value is not one integer the format can hold, or None. A bool, a float or
+    a one-element array is refused, not read: taking it for a default or a first element changes
+    the verdict. A uint64 past int64 was read, then crashed the writer of a saved rerun."""
     if value.dtype.kind in "iu" and value.shape == ():
+        if int(value) > INT64_MAX:
+            return f"is {int(value)}, more than an int64 holds (the format stores H5T_STD_I64LE)"
         return None
     shape = "a scalar" if value.shape == () else f"an array of shape {value.shape}"
     return f"is {shape} of type {value.dtype}; the format stores one integer (a scalar, e.g. H5T_STD_I64LE)"
@@ -352,6 +358,10 @@ class Capture:
             return raw
         table = np.zeros(len(raw), dtype=dtype)
         for name in dtype.names:
+            if name in raw.dtype.names:
+                wrapped = _past_signed(raw[name], dtype[name])
+                if wrapped is not None:
+                    raise self._fail(f"{path} row {wrapped}", f"{name} is {int(raw[name][wrapped])}, more than the format's {dtype[name]} holds")
             table[name] = raw[name] if name in raw.dtype.names else cf.INDEX_OPTIONAL_FIELDS[name]
         return table
 
@@ -619,6 +629,15 @@ def _field_problem(stored: np.dtype, expected: np.dtype) -> str | None:
         elif have_kind not in "iu" or have.base.itemsize > want.base.itemsize:
             return f"field {name!r} is {have.base}; the format's is {want.base}"
     return None
+
+
+def _past_signed(values: np.ndarray, signed: np.dtype) -> int | None:
+    """The first row of an unsigned column of the width of the format's signed field holding a
+    value past its largest, or None: cast, 4294967295 read as step -1 ("step is negative")."""
+    if values.dtype.kind != "u" or signed.kind != "i" or values.dtype.itemsize < signed.itemsize or not len(values):
+        return None
+    past = values > np.iinfo(signed).max
+    return int(np.argmax(past)) if past.any() else None
 
 
 def _range_problems(record: Record, where: str, pack_bytes: int) -> list[Problem]:

@@ -229,6 +229,8 @@ def profile_for(choice: str | None, capture: Capture, side: str) -> Profile:
     """The named profile, or the built-in one most of the capture's record names fit."""
     if choice is not None:
         return resolve_profile(choice)
+    if not len(capture.index):
+        raise ProfileError(f"{capture.path}: /index holds no records: the {side} run has nothing to compare (did its recorder write none?)")
     found = detect_profile(capture.names)
     if found is None:
         raise ProfileError(f"{capture.path}: no built-in profile recognises most of the {side} record names; pass --{side}-profile")
@@ -305,6 +307,9 @@ def _iter_compare(
     if reruns:
         alignment.unaligned = _not_rerun(alignment.unaligned, reruns)
         native_tokens, oracle_tokens = native_tokens[:0], oracle_tokens[:0]
+    tokens_unrecorded = _tokens_unrecorded(native.tokens, oracle.tokens) if not reruns else ""
+    if tokens_unrecorded:
+        native_tokens, oracle_tokens = native_tokens[:0], oracle_tokens[:0]
     routes = validated_routes(
         native_profile.contracts,
         oracle_profile.contracts,
@@ -367,7 +372,20 @@ def _iter_compare(
         if agreement is not None:
             _keep_logits(logits, pair, agreement)
     tokens = compare_tokens(native_tokens, oracle_tokens, {step: agreement for step, (_, agreement) in logits.items()})
-    return _assemble(native, oracle, native_profile, oracle_profile, options, alignment, contracts, (dispatch, not_compared), results, tokens, eos)
+    comparison = _assemble(native, oracle, native_profile, oracle_profile, options, alignment, contracts, (dispatch, not_compared), results, tokens, eos)
+    if tokens_unrecorded:
+        comparison.provenance.warnings.append(tokens_unrecorded)
+    return comparison
+
+
+def _tokens_unrecorded(native: np.ndarray, oracle: np.ndarray) -> str:
+    """Why the greedy tokens are not compared ("" when they are): one capture records none (no
+    /tokens table, as an import of tensors), which made every step of the other "missing" and
+    the pair a token DIVERGENCE, as a capture without a dispatch table never made its calls differ."""
+    unrecorded = [side for side, table in (("native", native), ("oracle", oracle)) if not len(table)]
+    if len(unrecorded) != 1:
+        return ""
+    return f"the {unrecorded[0]} capture records no tokens, so the greedy tokens were not compared"
 
 
 def _cut_alike(alignment: Alignment, roles: tuple[str, str]) -> bool:

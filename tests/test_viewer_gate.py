@@ -14,6 +14,7 @@ from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
 from sessions.compare.options import CompareOptions
+from sessions.compare.tolerance_policy import load_policy
 from sessions.gate.judge import iter_judge_case
 from sessions.gate.manifest import GateCase
 from sessions.gate.result import GateResult, dumps, load_gate_file
@@ -78,6 +79,36 @@ def test_enter_and_double_click_open_the_cases_pair_in_a_main_window(qtbot: QtBo
     # Closed only when idle: a main window closed mid-comparison waits out its tasks' 30 s (viewer.workers).
     qtbot.waitUntil(lambda: not window.opened[1].tasks.busy, timeout=WAIT_MS)
     for case_window in list(window.opened):
+        case_window.close()
+
+
+def test_a_case_opens_compared_as_the_gate_judged_it_with_the_gates_judgment_in_a_banner(
+    qtbot: QtBot, demo_pairs: dict[str, tuple[Path, Path]], tmp_path: Path
+) -> None:
+    """Opened with the viewer's defaults, a case the gate passed under a policy read SIGNED-ZERO-ONLY
+    beside "tolerance: bit-exact", and one judged over 2 token steps counted every step's diverged ops."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text("[default]\nmax_ulp = 1\n")
+    native, oracle = (str(p) for p in demo_pairs["signed-zero"])
+    cases = [
+        GateCase("signed-zero", native, oracle, CompareOptions(policy=load_policy(policy))),
+        GateCase("attention-2", *(str(p) for p in demo_pairs["attention-contract"]), CompareOptions(max_steps=2)),
+    ]
+    gate = GateResult("gate.toml", "this process", None, "2026-12-05T00:00:00+00:00", 1.0, [run_to_end(iter_judge_case(case)).result for case in cases])
+    window = GateWindow(gate, ViewerSettings(tmp_path / "viewer.ini"))
+    qtbot.addWidget(window)
+    for row, case in enumerate(gate.cases):
+        opened = window.open_case(row)
+        assert opened is not None
+        qtbot.waitUntil(lambda opened=opened: opened.model.comparison is not None and not opened.tasks.busy, timeout=WAIT_MS)
+        shown = opened.model.comparison.comparison
+        assert (shown.verdict.word, shown.verdict.reasons, shown.tokens.compared_steps) == (case.word, case.reasons, case.tokens.compared)
+        [banner] = opened.banners.banners("gate")
+        assert banner.label.text().startswith(f"Gate case {case.name}: {case.word}, {'pass' if case.passed else 'FAIL'}")
+    assert gate.cases[0].word == "PARITY" and opened.banners.banners("gate")[0].label.text().endswith("compared over the first 2 token steps, as the gate did.")
+    qtbot.waitUntil(lambda: not any(w.tasks.busy for w in window.opened), timeout=WAIT_MS)
+    for case_window in list(window.opened):
+        assert not case_window.session_file.worth_keeping(), "the gate's options are no work of the user's to save"
         case_window.close()
 
 

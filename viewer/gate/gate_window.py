@@ -8,6 +8,7 @@ native and oracle captures in a main window of their own; the gate window stays 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from html import escape
 
 from PySide6.QtCore import Qt
@@ -22,6 +23,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from sessions.compare.align_modes import AUTO
+from sessions.compare.tolerance_policy import PolicyError, load_policy
 from sessions.compare.verdict import UNUSABLE
 from sessions.gate.result import CaseResult, GateResult
 from sessions.report.word_colours import WORD_COLOURS
@@ -83,7 +86,7 @@ class GateWindow(QMainWindow):
             self.table.selectRow(0)
 
     def open_case(self, row: int) -> MainWindow | None:
-        """The case's pair in a main window of its own (its comparison runs with the viewer's defaults)."""
+        """The case's pair in a main window of its own, compared as the gate judged it (`_as_judged`)."""
         if not 0 <= row < len(self.gate.cases):
             return None
         case = self.gate.cases[row]
@@ -92,5 +95,30 @@ class GateWindow(QMainWindow):
         self.opened.append(window)
         window.destroyed.connect(lambda _=None, w=window: self.opened.remove(w) if w in self.opened else None)
         window.show()
+        _as_judged(window, case)
         window.open_pair(case.native, case.oracle)
         return window
+
+
+def _as_judged(window: MainWindow, case: CaseResult) -> None:
+    """Compare the case's pair as the gate judged it (its token budget, tolerance, policy file
+    and pairing), with the gate's own judgment in a banner. With the viewer's defaults, a case
+    the gate passed under a policy read SIGNED-ZERO-ONLY, and one judged over 2 token steps
+    counted the diverged ops of every step, with nothing on screen saying why. They are the
+    window's starting point, not the session's choices: a tolerance the user sets wins, and
+    closing the window asks to save nothing the user did not do."""
+    budget = case.tokens.budget if case.tokens is not None else None
+    tolerance = case.tolerance
+    try:
+        policy = load_policy(case.tolerance_policy) if case.tolerance_policy else None
+    except PolicyError as exc:
+        window.banners.show_message("gate-policy", "error", f"The gate's tolerance policy cannot be read now, so the case is compared without it: {exc}")
+        policy = None
+    window.compare_base = replace(
+        window.compare_base, max_steps=budget, atol=tolerance.atol, rtol=tolerance.rtol, max_ulp=tolerance.max_ulp, policy=policy,
+        alignment=case.alignment or AUTO,
+    )
+    judged = f"Gate case {case.name}: {case.word}, {'pass' if case.passed else 'FAIL'}"
+    rules = f" ({'; '.join(case.rule_failures)})" if case.rule_failures else ""
+    steps = f"; compared over the first {budget} token steps, as the gate did" if budget is not None else ""
+    window.banners.show_message("gate", "info", f"{judged}{rules}{steps}.")

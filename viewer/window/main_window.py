@@ -35,6 +35,7 @@ from PySide6.QtWidgets import (
 from sessions.capture.pair_opening import assign_roles, iter_open_captures
 from sessions.capture.reader import Capture
 from sessions.capture.record_attributes import RecordAttributes
+from sessions.compare.options import CompareOptions
 from sessions.compare.tolerance_policy import PolicyError
 from sessions.progress import Progress
 from viewer import comparison_view as cv
@@ -114,6 +115,9 @@ class MainWindow(QMainWindow):
         self.setAcceptDrops(True)
         self.model = PairModel(self)
         self.tasks = TaskSlots(self)
+        self.compare_base: CompareOptions = cv.VIEWER_OPTIONS
+        """What every comparison starts from before the session's tolerance, policy and pairing: a
+        gate's case keeps its token budget here (viewer.gate.gate_window)."""
         self._retired: list[Capture] = []
         self._beside: list[MainWindow] = []
         self.attributes_dialog: AttributesDialog | None = None
@@ -505,7 +509,7 @@ class MainWindow(QMainWindow):
             return
         native, oracle = self.model.native, self.model.oracle
         try:
-            options = self.session_sync.compare_options(cv.VIEWER_OPTIONS)
+            options = self.session_sync.compare_options(self.compare_base)
         except PolicyError as exc:
             self._policy_unusable(str(exc))
             return

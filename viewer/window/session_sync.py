@@ -22,6 +22,7 @@ from PySide6.QtWidgets import QWidget
 
 from sessions.capture.identity import CaptureIdentity, identity_of_capture
 from sessions.capture.reader import Capture
+from sessions.compare.align_modes import AUTO
 from sessions.compare.comparison import PairResult
 from sessions.compare.key import OpKey, RecordKey
 from sessions.compare.options import CompareOptions
@@ -163,7 +164,8 @@ class SessionSync(QObject):
 
     def compare_options(self, base: CompareOptions) -> CompareOptions:
         """The session's tolerance and policy, its profiles for captures it names (0 / "" = bit-exact
-        / detect), its alignment mode, and its alignment overrides between the two open captures.
+        / detect), its alignment mode, and its alignment overrides between the two open captures;
+        a tolerance or mode the session never chose is `base`'s.
 
         The policy file is read again each time, as `report --tolerance-policy` reads it: an
         edited policy counts at the next comparison. PolicyError (naming the file and the
@@ -173,16 +175,20 @@ class SessionSync(QObject):
         refs = self._session_refs()
         profiles = {role: ref.profile or None for role, ref in refs.items()}
         overrides = overrides_for_pair(self.session.overrides, refs["native"].id, refs["oracle"].id) if len(refs) == 2 else ()
+        judged = base
+        if tol != SavedTolerance() or policy is not None or self.session.op_bounds():
+            # The session's own tolerance; one it never chose leaves `base`'s (a gate case's).
+            judged = replace(
+                base,
+                atol=tol.atol, rtol=tol.rtol, max_ulp=tol.max_ulp,
+                policy=with_op_rules(None if policy is None else load_policy(policy), self.session.op_bounds(), "the session"),
+            )
         return replace(
-            base,
-            atol=tol.atol, rtol=tol.rtol, max_ulp=tol.max_ulp,
-            policy=with_op_rules(
-                None if policy is None else load_policy(policy), self.session.op_bounds(), "the session"
-            ),
+            judged,
             native_profile=profiles.get("native") or base.native_profile,
             oracle_profile=profiles.get("oracle") or base.oracle_profile,
             overrides=overrides,
-            alignment=self.session.alignment_mode,
+            alignment=base.alignment if self.session.alignment_mode == AUTO else self.session.alignment_mode,
         )
 
     def _session_refs(self) -> dict[str, CaptureRef]:

@@ -105,7 +105,7 @@ def test_a_case_opens_compared_as_the_gate_judged_it_with_the_gates_judgment_in_
         assert (shown.verdict.word, shown.verdict.reasons, shown.tokens.compared_steps) == (case.word, case.reasons, case.tokens.compared)
         [banner] = opened.banners.banners("gate")
         assert banner.label.text().startswith(f"Gate case {case.name}: {case.word}, {'pass' if case.passed else 'FAIL'}")
-    assert gate.cases[0].word == "PARITY" and opened.banners.banners("gate")[0].label.text().endswith("compared over the first 2 token steps, as the gate did.")
+    assert gate.cases[0].word == "PARITY" and opened.banners.banners("gate")[0].label.text().endswith("; judged over the first 2 token steps, and compared so here.")
     qtbot.waitUntil(lambda: not any(w.tasks.busy for w in window.opened), timeout=WAIT_MS)
     for case_window in list(window.opened):
         assert not case_window.session_file.worth_keeping(), "the gate's options are no work of the user's to save"

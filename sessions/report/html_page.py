@@ -214,8 +214,11 @@ def _op_label(op: OpKey | None) -> str:
     return "none" if op is None else op.label()
 
 
-def render_html(c: Comparison, session: Investigation | None = None, screenshots: dict[str, bytes] | None = None) -> str:
-    """The report; `screenshots` maps bookmark id to PNG bytes of the bookmarked view."""
+def render_html(
+    c: Comparison, session: Investigation | None = None, screenshots: dict[str, bytes] | None = None, judged: tuple[str, bool] | None = None
+) -> str:
+    """The report; `screenshots` maps bookmark id to PNG bytes of the bookmarked view; `judged`:
+    (a gate's judgment of this comparison, whether it passed), said above its verdict."""
     session = session or Investigation()
     screenshots = screenshots or {}
     title = session.title or "Parity investigation"
@@ -226,6 +229,8 @@ def render_html(c: Comparison, session: Investigation | None = None, screenshots
         f"<p class='muted'>Parity X-ray report, generated {escape(_dt.datetime.now(_dt.timezone.utc).isoformat(timespec='seconds'))}</p>",
         f"<p class='{verdict_class}'>{escape(c.verdict.headline)}</p>",
     ]
+    if judged is not None:
+        out.insert(3, f"<p class='{'verdict-parity' if judged[1] else 'verdict-divergence'}'>{escape(printable(judged[0]))}</p>")
     if c.verdict.reasons:
         out.append("<ul>" + "".join(f"<li>{escape(r)}</li>" for r in c.verdict.reasons) + "</ul>")
     out.append(f"<p>Alignment: {escape(c.alignment.words())}</p>")

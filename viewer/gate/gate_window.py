@@ -118,7 +118,4 @@ def _as_judged(window: MainWindow, case: CaseResult) -> None:
         window.compare_base, max_steps=budget, atol=tolerance.atol, rtol=tolerance.rtol, max_ulp=tolerance.max_ulp, policy=policy,
         alignment=case.alignment or AUTO,
     )
-    judged = f"Gate case {case.name}: {case.word}, {'pass' if case.passed else 'FAIL'}"
-    rules = f" ({'; '.join(case.rule_failures)})" if case.rule_failures else ""
-    steps = f"; compared over the first {budget} token steps, as the gate did" if budget is not None else ""
-    window.banners.show_message("gate", "info", f"{judged}{rules}{steps}.")
+    window.banners.show_message("gate", "info", f"{case.judgment()}, and compared so here.")

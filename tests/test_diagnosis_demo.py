@@ -89,7 +89,7 @@ def test_attention_contract_is_local_at_the_visual_sdpa_and_the_single_range_can
         "`attn.mlx_sdpa.unchunked` give the same bits; the oracle's contract on these inputs is `attn.f32.tiled64x64`. "
         "Against the float64 reference the oracle's route is closer to exact."
     )
-    assert found.notes == ["Stopped after 1 local op(s); 104 later diverged op(s) were not classified (--all, or the window's scope \"Every diverged op\", classifies every one)."]
+    assert found.notes == ["Stopped after 1 local op(s); 104 later differing op(s) were not classified (--all, or the window's scope \"Every differing op\", classifies every one)."]
 
 
 def test_the_candidate_that_is_the_oracles_route_shows_the_ops_own_error_against_the_native(demo_pairs: dict) -> None:
@@ -560,7 +560,7 @@ def test_first_stops_after_a_thousand_undetermined_ops_in_a_row_and_says_how_man
     found = diagnose(paths)
     assert len(found.ops) == UNDETERMINED_RUN == 1000
     assert {str(op.classification.locality) for op in found.ops} == {"undetermined"}
-    assert found.notes[-1] == "Stopped after 1,000 diverged ops in a row could not be classified; 50 later diverged op(s) were not classified (--all, or the window's scope \"Every diverged op\", classifies every one)."
+    assert found.notes[-1] == "Stopped after 1,000 differing ops in a row could not be classified; 50 later differing op(s) were not classified (--all, or the window's scope \"Every differing op\", classifies every one)."
     assert found.verdict.startswith("0:prefill:0:q_proj is undetermined: cannot be rerun on the oracle's route from the native's inputs: q_proj rerun needs")
 
 
@@ -584,4 +584,4 @@ def test_diagnose_takes_the_weights_file_a_moved_pair_no_longer_finds_beside_it(
     assert f"weights file {tmp_path / 'demo-qwen3-tiny.safetensors'} (referenced by the native capture) does not exist (`--weights FILE` names another)" in out
     weights = demo_pairs["attention-contract"][0].parent / "demo-qwen3-tiny.safetensors"
     assert main(["diagnose", *moved, "--op", o_proj, "--weights", str(weights)]) == EXIT_EXPLAINED
-    assert "1 diverged op(s) classified: 0 local, 1 inherited, 0 undetermined" in capsys.readouterr().out
+    assert "1 differing op(s) classified: 0 local, 1 inherited, 0 undetermined" in capsys.readouterr().out

@@ -54,7 +54,7 @@ def test_diagnosing_every_op_leads_with_the_verdict_and_fills_the_tree_cause_col
     candidates = {panel.candidates.item(r, 0).text(): panel.candidates.item(r, 1).text() for r in range(panel.candidates.rowCount())}
     assert candidates["attn.bf16.single_range"] == "bit-exact" and candidates["attn.f32.tiled64x64"] == "27,961 differ · max 29,937 ULP"
     assert panel.details.tabText(1) == "Budget of 6:decode:-1:logits" and panel.budget.item(0, 1).text() == "100%"
-    assert "105 diverged op(s) classified: 2 local, 103 inherited, 0 undetermined" in shown_tip(panel.summary.text())
+    assert "105 differing op(s) classified: 2 local, 103 inherited, 0 undetermined" in shown_tip(panel.summary.text())
     assert window.model.selected.key.text() == "0:visual:0:sdpa"
     assert not window.tree.view.isColumnHidden(4)
     pairs = {p.key.text(): p for p in window.model.comparison.comparison.pairs}
@@ -102,7 +102,7 @@ def test_at_1280x720_the_scope_reads_whole_and_the_ops_table_shows_op_cause_and_
         panel.run()
     qtbot.wait(50)
     scope = panel.scope
-    assert scope.currentText() == "Every diverged op + budget"
+    assert scope.currentText() == "Every differing op + budget"
     assert scope.width() >= scope.fontMetrics().horizontalAdvance(scope.currentText()) + 24, (scope.width(), scope.currentText())
     ops = panel.ops
     assert ops.width() >= 380, f"the ops table gets a usable share of the panel: {ops.width()} px"

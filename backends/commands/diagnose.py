@@ -1,6 +1,6 @@
 """`parity-xray diagnose NATIVE ORACLE [--op KEY | --first N | --all]`: say why the runs part.
 
-Classifies the diverged ops as local (computes differently by itself) or inherited (only
+Classifies the differing ops as local (computes differently by itself) or inherited (only
 passes on different inputs), names the arithmetic contract each local op ran by reproducing
 its bits with the candidate registry, and with --all measures how much of the final logits'
 error each local op explains (docs/diagnosis.md).
@@ -44,8 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("oracle", help="capture of the reference engine")
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument("--op", metavar="KEY", help="diagnose one op, e.g. 0:visual:0:sdpa")
-    scope.add_argument("--first", type=whole_number(1), metavar="N", help="walk the diverged ops until N local ones are found (default 1)")
-    scope.add_argument("--all", action="store_true", help="classify every diverged op and measure each local op's share of the final logits error")
+    scope.add_argument("--first", type=whole_number(1), metavar="N", help="walk the ops whose bits differ until N local ones are found (default 1)")
+    scope.add_argument("--all", action="store_true", help="classify every op whose bits differ and measure each local op's share of the final logits error")
     parser.add_argument("--no-budget", action="store_true", help="with --all: skip the replays that share out the final logits error")
     parser.add_argument("--json", metavar="OUT", help="also write the diagnosis as JSON (docs/diagnosis.md)")
     parser.add_argument("--html", metavar="OUT", help="also write a self-contained HTML page")

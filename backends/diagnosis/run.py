@@ -1,6 +1,6 @@
 """`iter_diagnose`: say why the runs part, not only where.
 
-For the diverged ops it is asked about (one op, the first N local ones, or all), it classifies
+For the differing ops it is asked about (one op, the first N local ones, or all), it classifies
 each as local or inherited (backends.diagnosis.classify), tries the registry's candidate
 contracts at each local op on the native's own inputs (backends.diagnosis.registry), and, for
 a whole run, measures how much of the final logits' error each local op explains
@@ -67,18 +67,18 @@ from sessions.progress import Progress, ProgressGenerator
 
 MODES = ("op", "first", "all")
 UNDETERMINED_RUN = 1000
-"""`--first` stops after this many diverged ops in a row of one segment name are undetermined
+"""`--first` stops after this many differing ops in a row of one segment name are undetermined
 (a segment of another name, the text after a VLM's visual prefix, starts the count again:
 its ops may be rerun where the prefix's could not). What leaves an op
 undetermined (weights the captures do not hold, a stage no rerun computes) usually holds for
 every later op too: a run diverged from its first steps with no weights at hand walked all its
-88,000 diverged ops for 79 s to say what the first thousand had said."""
+88,000 differing ops for 79 s to say what the first thousand had said."""
 
 
 @dataclass(frozen=True)
 class DiagnoseOptions:
     mode: str = "first"
-    """'op' (one key), 'first' (walk diverged ops until `first` local ones are found) or 'all'."""
+    """'op' (one key), 'first' (walk differing ops until `first` local ones are found) or 'all'."""
     key: OpKey | None = None
     first: int = 1
     budget: bool = True
@@ -215,7 +215,7 @@ class Diagnosis:
         """How many ops each classification took: every surface's count line."""
         local, inherited = len(self.local_chain), sum(op.classification.locality == Locality.INHERITED for op in self.ops)
         covered = len(self.covered_keys())
-        text = f"{len(self.ops)} diverged op(s) classified: {local} local, {inherited} inherited, {len(self.open_ops)} undetermined"
+        text = f"{len(self.ops)} differing op(s) classified: {local} local, {inherited} inherited, {len(self.open_ops)} undetermined"
         return text + (f", {covered} stage(s) covered by the op that computes them" if covered else "")
 
 
@@ -383,8 +383,8 @@ def iter_diagnose(native: Capture, oracle: Capture, comparison: Comparison, opti
         diagnosis.unexplained = _unexplained(comparison, classified=bool(diagnosis.ops))
     diagnosis.verdict = verdict_sentence(diagnosis, len(targets), dispatch_only, after_eos, contract_only)
     if options.mode == "first" and len(diagnosis.ops) < len(targets):
-        why = f"{locals_found} local op(s)" if open_run < UNDETERMINED_RUN else f"{open_run:,} diverged ops in a row could not be classified"
-        diagnosis.notes.append(f"Stopped after {why}; {len(targets) - len(diagnosis.ops):,} later diverged op(s) were not classified (--all, or the window's scope \"Every diverged op\", classifies every one).")
+        why = f"{locals_found} local op(s)" if open_run < UNDETERMINED_RUN else f"{open_run:,} differing ops in a row could not be classified"
+        diagnosis.notes.append(f"Stopped after {why}; {len(targets) - len(diagnosis.ops):,} later differing op(s) were not classified (--all, or the window's scope \"Every differing op\", classifies every one).")
     diagnosis.seconds = time.perf_counter() - started
     return diagnosis
 
@@ -510,7 +510,7 @@ def _sentence(diagnosis: Diagnosis, diverged: int, dispatch_only: int, after_eos
         open_keys = {op.key for op in diagnosis.open_ops}
         earlier = [op for op in diagnosis.ops[: diagnosis.ops.index(first)] if op.key in open_keys]
         if earlier:
-            sentence += f"; {len(earlier)} earlier diverged op(s) could not be classified, first {earlier[0].key}, so the cause may lie before it"
+            sentence += f"; {len(earlier)} earlier differing op(s) could not be classified, first {earlier[0].key}, so the cause may lie before it"
         unknown = [op for op in later if op.key in open_keys]
         if unknown:
             # What leaves one op undetermined (a weights file that is not there) usually leaves them all.

@@ -46,7 +46,7 @@ from viewer.widgets.progress_bar import show_progress
 from viewer.widgets.read_only_table import read_only_table
 from viewer.workers import TaskSlots
 
-SCOPES = (("first", "First local op"), ("all", "Every diverged op + budget"), ("op", "The selected op"))
+SCOPES = (("first", "First local op"), ("all", "Every differing op + budget"), ("op", "The selected op"))
 OP_COLUMNS = ("op", "cause", "native ran", "error")
 """"error", not "local error": the column takes what the others leave, and a header is clipped, never elided ("ocal erro")."""
 LOCAL_ERROR_TIP = "Local error: the native's output against the oracle's route computed from the native's own inputs"
@@ -54,7 +54,7 @@ CANDIDATE_COLUMNS = ("candidate", "vs native", "vs oracle's route", "what it com
 NO_PAIR = "Open a native and an oracle capture, let the comparison finish, then diagnose."
 NOT_COMPARED = "Diagnose needs this pair's comparison: it can run once the comparison has finished."
 READY = (
-    "Diagnose reruns the diverged ops through MLX from each side's captured inputs: which arithmetic contract "
+    "Diagnose reruns the ops whose bits differ through MLX from each side's captured inputs: which arithmetic contract "
     "the native ran, and whether an op is wrong by itself (local) or inherited its error."
 )
 BUDGET_COLUMNS = ("local op", "share of the final logits error", "local error", "injected")

@@ -35,7 +35,7 @@ GLOSSARY: tuple[tuple[str, str], ...] = (
     ("signed-zero-only", MEANING[Kind.SIGNED_ZERO_ONLY]),
     ("post-EOS", "After both runs emitted the same stop token. Whatever follows is invalid, never a failure."),
     ("first finding", "The earliest failing op in the native run's execution order (then token differences, then unaligned records): the place Ctrl+J and the verdict strip go to, and `report` names."),
-    ("local / inherited", "A diverged op is local when it computes differently from the oracle on the native's own inputs, inherited when it only passed on an upstream difference (`parity-xray diagnose`)."),
+    ("local / inherited", "An op whose bits differ is local when it computes differently from the oracle on the native's own inputs, inherited when it only passed on an upstream difference (`parity-xray diagnose`)."),
 )
 
 DOCUMENTS: tuple[tuple[str, str], ...] = (

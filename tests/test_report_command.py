@@ -537,7 +537,7 @@ def test_a_sessions_per_op_tolerance_judges_that_op_and_says_so_and_an_unknown_o
     assert _run(str(native), str(oracle), "--no-cache", "--json", str(tmp_path / "plain.json")) == 1
     assert _run("--session", str(tmp_path / "s.xray"), "--no-cache", "--json", str(tmp_path / "session.json")) == 1
     printed = capsys.readouterr().out
-    assert f"tolerance  bit-exact; per-op rules from session {tmp_path / 's.xray'}" in printed
+    assert f"tolerance  per-op rules from session {tmp_path / 's.xray'}; bit-exact where none applies" in printed
     plain_run, with_session = (loads((tmp_path / f"{name}.json").read_text()) for name in ("plain", "session"))
     assert plain_run.verdict.first is not None and plain_run.verdict.first.key.op == "ffn_act"
     assert with_session.verdict.first is not None and with_session.verdict.first.key.op == "ffn_down"

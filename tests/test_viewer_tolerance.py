@@ -135,7 +135,7 @@ def test_a_policy_chosen_in_the_window_is_kept_in_the_session_and_report_judges_
 
     assert win.verdict_strip.word.text() == DIVERGENCE and win.verdict_strip.detail.text().startswith("first diverged at 0:prefill:0:layer_out:")
     assert _tree_kinds(win) == {"0:prefill:0:layer_out": Kind.DIVERGED, "0:prefill:-1:logits": Kind.WITHIN_TOLERANCE}
-    assert win.tolerance_indicator.text() == "tolerance: bit-exact + policy.toml"
+    assert win.tolerance_indicator.text() == "tolerance: policy.toml, else bit-exact"
     assert win.session_file.session.tolerance_policy == policy
     code, first_line = _report([str(win.model.native.path), str(win.model.oracle.path), "--tolerance-policy", str(policy)], capsys)
     assert code == 1 and first_line.startswith(f"{DIVERGENCE}: first diverged at 0:prefill:0:layer_out (")

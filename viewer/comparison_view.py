@@ -521,8 +521,9 @@ def tolerance_label(viewed: ViewedComparison | None) -> str:
     c = viewed.comparison
     tol = c.tolerance
     bounds = [f"{name} {value:g}" for name, value in (("atol", tol.atol), ("rtol", tol.rtol), ("max ULP", tol.max_ulp)) if value is not None]
-    policy = f" + {Path(c.tolerance_policy).name}" if c.tolerance_policy else ""
-    return f"tolerance: {', '.join(bounds) or 'bit-exact'}{policy}"
+    shown = ", ".join(bounds) or "bit-exact"
+    # The policy's rules first, as `report` says: "bit-exact + policy.toml" read as bit-exact.
+    return f"tolerance: {Path(c.tolerance_policy).name}, else {shown}" if c.tolerance_policy else f"tolerance: {shown}"
 
 
 def tolerance_tooltip(viewed: ViewedComparison | None) -> str:

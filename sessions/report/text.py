@@ -130,12 +130,14 @@ def render(c: Comparison, top: int = 10, full: bool = False) -> str:
 
 
 def tolerance_text(c: Comparison) -> str:
+    """The tolerance every surface names. With a policy, its rules come first and the bounds hold
+    where none applies: "bit-exact; per-op rules from P" was said of a policy whose [default]
+    bounded every op to 1 ULP."""
     tol = c.tolerance
-    policy = f"; per-op rules from {printable(c.tolerance_policy)}" if c.tolerance_policy else ""  # a path a session file named
-    if tol.is_bit_exact:
-        return f"bit-exact{policy}" + (" (bit differences are still counted)" if policy else "")
-    given = ", ".join(f"{name}={value}" for name, value in (("atol", tol.atol), ("rtol", tol.rtol), ("max_ulp", tol.max_ulp)) if value is not None)
-    return f"{given}{policy} (bit differences are still counted)"
+    given = ", ".join(f"{name}={value}" for name, value in (("atol", tol.atol), ("rtol", tol.rtol), ("max_ulp", tol.max_ulp)) if value is not None) or "bit-exact"
+    if c.tolerance_policy:  # a path, or a session file's op rules
+        return f"per-op rules from {printable(c.tolerance_policy)}; {given} where none applies (bit differences are still counted)"
+    return given if tol.is_bit_exact else f"{given} (bit differences are still counted)"
 
 
 def _counts_line(c: Comparison) -> str:

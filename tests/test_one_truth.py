@@ -15,6 +15,7 @@ import argparse
 import json
 import re
 from dataclasses import dataclass
+from html import escape
 from pathlib import Path
 
 import numpy as np
@@ -200,7 +201,8 @@ def test_every_surface_names_the_same_verdict_kind_and_key(case: Case, tmp_path:
         assert f"<code>{case.key}</code>" in html
     assert f">{case.word}: " in html
     (count,) = re.findall(r"^ops .*; (\d[\d,]* unaligned(?: \([^)]*\))?)$", text, re.M)
-    assert count in html
+    (ops,) = re.findall(r"^ops +(.*)$", text, re.M)
+    assert f"<p>Ops: {escape(ops)}</p>" in html, "the pairs by kind, as the text counts them"
     assert ("by design" in count) == any(u["reason"] in BY_DESIGN for u in document["unaligned"])
 
     win = MainWindow(ViewerSettings(tmp_path / "viewer.ini"))
@@ -210,7 +212,7 @@ def test_every_surface_names_the_same_verdict_kind_and_key(case: Case, tmp_path:
     win.open_pair(case.native, case.oracle)
     qtbot.waitUntil(lambda: win.model.comparison is not None and not win.tasks.busy, timeout=WAIT_MS)
     assert win.verdict_strip.word.text() == case.word
-    assert f"; {count};" in win.tree.summary.text()
+    assert f"; {count};" in win.tree.summary.text() and win.tree.summary.text().startswith(ops)
     assert ("aligned by position" in win.verdict_strip.detail.text()) == ("@" in (case.key or ""))
     pair_kinds = {Kind.DIVERGED, Kind.SIGNED_ZERO_ONLY, Kind.CONTRACT_MISMATCH, Kind.DISPATCH_ONLY}
     if case.key is None:
@@ -263,7 +265,7 @@ def test_tokens_that_differ_over_bit_exact_tensors_read_as_a_token_divergence_ev
 
     win = window_on(qtbot, tmp_path, native, oracle)
     assert win.verdict_strip.word.text() == DIVERGENCE and "first tokens at 1:decode:-1:logits" in win.verdict_strip.detail.text()
-    assert "9 aligned ops, 9 bit-exact; 0 unaligned; tokens differ from step 1;" in win.tree.summary.text()
+    assert "9 aligned (9 bit-exact); 0 unaligned; tokens differ from step 1;" in win.tree.summary.text()
     steps = {win.tree.items.item(row, 0).text(): win.tree.items.item(row, 1).text() for row in range(win.tree.items.rowCount())}
     assert steps == {"step 0": "bit-exact", "step 1": "tokens", "step 2": "bit-exact"}, "a collapsed tree points at the step whose tokens differ"
     win.show_panel(1)

@@ -242,7 +242,7 @@ def test_post_eos_steps_are_marked_and_greyed_in_token_parity(qtbot: QtBot, wind
     window.show_panel(2)
     shoot(window, artifacts_dir, "token-parity-post-eos")
     post_eos = window.model.comparison.comparison.post_eos_unaligned
-    assert post_eos and window.tree.summary.text().startswith("222 aligned ops, 222 bit-exact; 0 unaligned;"), "the count report's ops line gives"
+    assert post_eos and window.tree.summary.text().startswith("222 aligned (222 bit-exact); 0 unaligned;"), "the count report's ops line gives"
     assert f"; {len(post_eos)} post-EOS without a partner (invalid, not failures);" in window.tree.summary.text(), "there, though no finding"
     branch = window.tree.row_index(f"Post-EOS records without a partner ({len(post_eos)}: invalid, not failures)")
     assert branch.isValid() and branch.siblingAtColumn(1).data() == Kind.POST_EOS

@@ -23,7 +23,6 @@ from sessions.compare.comparison import (
     Comparison,
     PairResult,
     token_finding,
-    unaligned_count,
     unaligned_key,
     worst_ops,
 )
@@ -46,7 +45,7 @@ from sessions.compare.verdict import NOT_EXACT, SEVERITY, Finding, Kind
 from sessions.gc_pause import garbage_collection_paused
 from sessions.progress import ProgressGenerator
 from sessions.report.plot_bins import worst_per_bin
-from sessions.report.text import tolerance_text, ulp_error_figure
+from sessions.report.text import counts_line, tolerance_text, ulp_error_figure
 from viewer.tensor.tensor_loader import SliceSpec, TensorRequest
 
 
@@ -500,14 +499,12 @@ def unaligned_explanation(record: UnalignedRecord) -> str:
 
 
 def summary_line(c: Comparison) -> str:
-    exact = c.verdict.counts.get(Kind.BIT_EXACT, 0)
     aligned = "" if c.alignment.is_plain else f"; aligned {c.alignment.short()}"
     step = c.tokens.first_divergence_step
     tokens = "" if step is None else f"; tokens differ from step {step}"
     # As report's text counts them: records after the shared EOS are no findings, but they are there.
     post_eos = f"; {len(c.post_eos_unaligned)} post-EOS without a partner (invalid, not failures)" if c.post_eos_unaligned else ""
-    counts = f"{len(c.pairs):,} aligned ops, {exact:,} bit-exact; {unaligned_count(c.unaligned)}{post_eos}{tokens}"
-    return f"{counts}; profiles {c.native_profile} / {c.oracle_profile}{aligned}"
+    return f"{counts_line(c)}{post_eos}{tokens}; profiles {c.native_profile} / {c.oracle_profile}{aligned}"
 
 
 def headline(viewed: ViewedComparison) -> str:

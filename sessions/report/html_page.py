@@ -34,7 +34,7 @@ from sessions.investigation.store import describe_os_error
 from sessions.printable import excerpt, printable, printable_lines
 from sessions.progress import Progress, ProgressGenerator
 from sessions.report.plot_bins import bin_envelope, worst_per_bin
-from sessions.report.text import tolerance_text, ulp_error_figure
+from sessions.report.text import counts_line, tolerance_text, ulp_error_figure
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 FIGURE_WIDTH, FIGURE_HEIGHT = 900, 240
@@ -233,6 +233,7 @@ def render_html(
         out.insert(3, f"<p class='{'verdict-parity' if judged[1] else 'verdict-divergence'}'>{escape(printable(judged[0]))}</p>")
     if c.verdict.reasons:
         out.append("<ul>" + "".join(f"<li>{escape(r)}</li>" for r in c.verdict.reasons) + "</ul>")
+    out.append(f"<p>Ops: {escape(counts_line(c))}</p>")
     out.append(f"<p>Alignment: {escape(c.alignment.words())}</p>")
     out.append(f"<p>Tolerance: {escape(tolerance_text(c))}</p>")
     if session.summary:

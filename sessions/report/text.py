@@ -92,7 +92,7 @@ def render(c: Comparison, top: int = 10, full: bool = False) -> str:
         f"provenance {printable(c.provenance.summary)}",
         f"alignment  {c.alignment.words()}",
         f"tolerance  {tolerance_text(c)}",
-        f"ops        {_counts_line(c)}",
+        f"ops        {counts_line(c)}",
     ]
     out += ["", *_first_block(c)]
     out += ["", f"Worst ops ({WORST_ORDER}; top {top})"]
@@ -140,7 +140,9 @@ def tolerance_text(c: Comparison) -> str:
     return given if tol.is_bit_exact else f"{given} (bit differences are still counted)"
 
 
-def _counts_line(c: Comparison) -> str:
+def counts_line(c: Comparison) -> str:
+    """The pairs by kind and the records without a partner, as every surface counts them (the
+    HTML and the window's tree gave only the bit-exact count beside the text's kinds)."""
     counts = c.verdict.counts
     kinds = ", ".join(f"{counts[k]:,} {k}" for k in Kind if k in counts and k != Kind.UNALIGNED)
     return f"{len(c.pairs):,} aligned ({kinds or 'none'}); {unaligned_count(c.unaligned)}"

@@ -93,6 +93,19 @@ def test_the_command_exits_1_when_the_rerun_does_not_reproduce_its_route_side(de
     assert main(["rerun", str(native), str(oracle), "--op", "0:visual:0:sdpa", "--attention-route", "mlx.fast.sdpa"]) == 1
 
 
+def test_a_rerun_names_reports_kind_of_its_op_where_its_own_figures_say_bit_exact_or_differ(demo_pairs: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    """Of the head-chunk finding it said only "bit-exact", and of a signed-zero-only op "the sides differ"."""
+    native, oracle = demo_pairs["head-chunk"]
+    assert main(["rerun", str(native), str(oracle), "--op", "0:text-after:0:sdpa"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "The rerun on the oracle route reproduces the bits of: native, oracle. The bits agree at sdpa, which report calls dispatch-only: "
+        "the engines split its attention into different calls (the route's calls are listed below)."
+    )
+    native, oracle = demo_pairs["signed-zero"]
+    main(["rerun", str(native), str(oracle), "--op", "0:text-before:0:ffn_act"])
+    assert "First op where the bits differ: ffn_act (signed-zero-only);" in capsys.readouterr().out.splitlines()[0]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("route", "code", "reproduced"), [("attn.bf16.single_range", 0, "native"), ("attn.f32.tiled64x64", 1, "oracle")]
@@ -107,7 +120,7 @@ def test_with_a_route_override_the_exit_code_and_the_first_line_say_whether_that
     assert main(["rerun", str(native), str(oracle), *args]) == code
     assert capsys.readouterr().out.splitlines()[0] == (
         f"The rerun on the native route with attention {route} chosen reproduces the bits of: {reproduced}. "
-        "First op where the sides differ: sdpa; against the float64 reference, the oracle side is closer to exact."
+        "First op where the bits differ: sdpa (contract-mismatch); against the float64 reference, the oracle side is closer to exact."
     )
     assert main(["rerun", str(native), str(oracle), *args, "--swiglu-order", "mul_then_sigmoid"]) == code
     assert capsys.readouterr().out.splitlines()[0].startswith(f"The rerun on the native route with attention {route} chosen reproduces"), (

@@ -45,7 +45,7 @@ def test_running_on_the_native_route_shows_the_three_way_table_and_the_verdict_a
     assert "differ" in panel.table.item(sdpa_row, 2).text() and panel.table.item(sdpa_row, 5).text().startswith("oracle")
     assert panel.table.item(sdpa_row, 2).text() == "27,961 differ · max 29,937 ULP", "as every other surface writes a figure"
     assert panel.verdict.text() == (
-        "The rerun on the native route reproduces the bits of: native. First op where the sides differ: sdpa; "
+        "The rerun on the native route reproduces the bits of: native. First op where the bits differ: sdpa (contract-mismatch); "
         "against the float64 reference, the oracle side is closer to exact."
     )
     assert render(panel.model.result).splitlines()[0] == panel.verdict.text(), "the CLI's first line says what the panel says"
@@ -164,7 +164,7 @@ def test_a_first_difference_of_signed_zeros_alone_says_both_sides_are_equally_cl
             widget.run()
         assert widget.table.item(0, 5).text() == "tie\n1.66e-03 / 1.66e-03 / 1.66e-03"
         assert widget.verdict.text() == (
-            "The rerun on the native route reproduces the bits of: oracle. First op where the sides differ: ffn_act; "
+            "The rerun on the native route reproduces the bits of: oracle. First op where the bits differ: ffn_act (signed-zero-only); "
             "against the float64 reference, both sides are equally close to exact."
         )
     finally:

@@ -60,6 +60,7 @@ from sessions.compare.comparison import Comparison, not_aligned
 from sessions.compare.key import OpKey
 from sessions.compare.pair_tensors import aligned_records
 from sessions.compare.tensor_diff import DiffAccumulator, TensorMetrics, Tolerance
+from sessions.compare.verdict import Kind
 from sessions.progress import Progress, ProgressGenerator
 
 ATTENTION_BLOCK = ("attn_norm", "q_proj", "k_proj", "v_proj", "q_norm", "k_norm", "q_rope", "k_rope", "sdpa", "o_proj", "attn_residual")
@@ -131,6 +132,9 @@ class OpRerun:
     inputs_agree: bool | None
     """Whether native and oracle fed this op (or segment) bit-identical inputs; None if unknown."""
     computed_dtype: str
+    judged: str = ""
+    """The comparison's verdict kind for this op's pair ("" when it has none): the rerun's own
+    "native vs oracle" says bit-exact of a dispatch-only op, and "differ" of a signed-zero-only one."""
 
 
 @dataclass
@@ -182,9 +186,20 @@ class RerunResult:
             closer = {"tie": "both sides are equally close to exact", "unknown": "which side is closer to exact is unknown"}.get(
                 first.closer, f"the {first.closer} side is closer to exact"
             )
-            lines.append(f"First op where the sides differ: {first.key.op}; against the float64 reference, {closer}"
+            judged = f" ({first.judged})" if first.judged else ""
+            lines.append(f"First op where the bits differ: {first.key.op}{judged}; against the float64 reference, {closer}"
                          + (" (the sides' inputs already differ there)." if first.inputs_agree is False else "."))
+        finding = next((op for op in self.ops if op.judged in AGREEING_FINDINGS), None)
+        if first is None and finding is not None:
+            lines.append(f"The bits agree at {finding.key.op}, which report calls {finding.judged}: {AGREEING_FINDINGS[finding.judged]}.")
         return " ".join(lines)
+
+
+AGREEING_FINDINGS = {
+    Kind.DISPATCH_ONLY: "the engines split its attention into different calls (the route's calls are listed below)",
+    Kind.CONTRACT_MISMATCH: "the arithmetic contracts its two records declare differ",
+}
+"""Findings whose bits can agree, and what differs instead: a rerun said only "bit-exact" of one."""
 
 
 def rerun_target(text: str) -> OpKey:
@@ -476,6 +491,10 @@ class RerunSession:
         taken = [(w, w.read_from[before:]) for w, before in zip(weight_sources, taken_before)]
         result.weights_from = list(dict.fromkeys(where for _, read in taken for where in read))
         result.weights_named = any(w.named and read for w, read in taken)
+        keys = {op.key for op in result.ops}
+        judged = {pair.key: str(pair.verdict) for pair in self.comparison.pairs if pair.key in keys}
+        for op in result.ops:
+            op.judged = judged.get(op.key, "")
         if device.type == mx.cpu and any(op.key.op == "sdpa" for op in result.ops):
             result.notes.append(CPU_NOTE)
         if compute_dtype is not None and any(op.computed_dtype != op.dtype for op in result.ops):

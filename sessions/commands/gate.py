@@ -218,7 +218,7 @@ def render_text(gate: GateResult) -> str:
     """The table of every case in manifest order, then the summary line. A case failing without a
     finding (unusable, or a gate rule alone) shows why in its "first finding", cut to REASON_SHOWN
     characters (its progress line has it whole); below the table, what `report` would warn of."""
-    rows = [("case", "verdict", "gate", "first finding", "tokens", "EOS")]
+    rows = [("case", "verdict", "gate", "first finding (else why it fails)", "tokens", "EOS")]
     for c in gate.cases:
         tokens, eos = ("", "") if c.tokens is None else (c.tokens.compared_text(), c.tokens.eos_text())
         rows.append((printable(c.name), c.word, "pass" if c.passed else "FAIL", _first_finding(c), tokens, eos))

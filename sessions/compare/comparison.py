@@ -532,6 +532,9 @@ def not_aligned(comparison: Comparison, key: OpKey) -> str:
     said = f"{key} is not an aligned op of this comparison"
     if key.op not in CANONICAL_OPS:
         return f"{said}: '{key.op}' is no canonical op (they are {', '.join(CANONICAL_OPS)}; report lists the aligned ones)"
+    if key.positions and comparison.alignment.mode != POSITIONS and any(p.key == place for p in comparison.pairs):
+        # A key copied from the window or a report paired by position, given to a command pairing by calls.
+        return f"{said}: the records were paired by calls, where this op is {place}; its @ positions name a pair made with --align positions"
     cut = [p.key.text() for p in comparison.pairs if p.key.positions and p.key._replace(positions=()) == place]
     if cut:
         more = f" and {len(cut) - 3} more" if len(cut) > 3 else ""

@@ -162,6 +162,18 @@ def test_f8_and_shift_f8_step_through_divergences_from_the_keyboard(qtbot: QtBot
     wait_idle(qtbot, window)
 
 
+def test_f8_where_no_op_differs_points_at_the_verdicts_finding_instead(qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]]) -> None:
+    """Under a failing verdict whose findings are not differing bits, F8 said only "nothing to step through"."""
+    window.open_pair(*demo_pairs["head-chunk"])
+    wait_compared(qtbot, window)
+    window.findings.step(+1)
+    assert window.statusBar().currentMessage() == (
+        "No op differs before any shared EOS: nothing to step through; the first finding, dispatch-only at 0:text-after:0:sdpa, "
+        "is in the Dispatch timeline tab (Ctrl+J)."
+    )
+    wait_idle(qtbot, window)
+
+
 def test_the_histograms_under_the_maps_always_label_two_ticks_of_their_scale(qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]]) -> None:
     """At 1280x720 each small plot is ~80 px wide: one label ("1e-4") said neither the scale nor its direction."""
     window.open_pair(*demo_pairs["attention-contract"])

@@ -97,7 +97,10 @@ class FindingSteps:
         if target is not None:
             self._model.select(target)
         elif not comparison.stepped:
-            self._say("No op differs before any shared EOS: nothing to step through.")
+            first = comparison.comparison.verdict.first
+            # Under a DIVERGENCE of records without a partner it read as if nothing were wrong.
+            elsewhere = "" if first is None else f"; the first finding, {first.kind} at {first.key}, is {cv.finding_place(first)} (Ctrl+J)"
+            self._say(f"No op differs before any shared EOS: nothing to step through{elsewhere}.")
         else:
             self._say(f"No differing op {'after' if direction > 0 else 'before'} this one.")  # F8 at either end did nothing
 

@@ -162,14 +162,18 @@ def test_f8_and_shift_f8_step_through_divergences_from_the_keyboard(qtbot: QtBot
     wait_idle(qtbot, window)
 
 
-def test_f8_where_no_op_differs_points_at_the_verdicts_finding_instead(qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]]) -> None:
+def test_f8_where_no_op_differs_points_at_the_verdicts_finding_instead(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
     """Under a failing verdict whose findings are not differing bits, F8 said only "nothing to step through"."""
-    window.open_pair(*demo_pairs["head-chunk"])
+    x = bf16_bits(np.linspace(-2, 2, 24).reshape(4, 6))
+    native = write_capture(tmp_path / "n.h5", "native", [T("layer_out", x, layer=0, dtype="bfloat16")], [(0, 5, False)])
+    oracle = write_capture(tmp_path / "o.h5", "oracle", [T("layer_out", x, layer=0, dtype="bfloat16")], [(0, 6, False)])
+    window.open_pair(native, oracle)
     wait_compared(qtbot, window)
     window.findings.step(+1)
+    first = window.model.comparison.comparison.verdict.first
+    assert first is not None and first.kind == Kind.TOKENS
     assert window.statusBar().currentMessage() == (
-        "No op differs before any shared EOS: nothing to step through; the first finding, dispatch-only at 0:text-after:0:sdpa, "
-        "is in the Dispatch timeline tab (Ctrl+J)."
+        f"No op differs before any shared EOS: nothing to step through; the first finding, tokens at {first.key}, is in the Token parity tab (Ctrl+J)."
     )
     wait_idle(qtbot, window)
 

@@ -10,6 +10,7 @@ with one value changed.
 
 from __future__ import annotations
 
+import re
 import sys
 import unicodedata
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from sessions.capture.meta import CaptureMeta
 from sessions.capture.opening import open_capture
 from sessions.capture.reader import CaptureError
 from sessions.capture.structure_check import check_in_child
-from sessions.capture.text_fields import control_character
+from sessions.capture.text_fields import IGNORABLE_DRAWN_AS_NOTHING, control_character
 from sessions.capture.writer import CaptureWriter
 from sessions.printable import printable
 
@@ -133,16 +134,18 @@ def test_a_character_not_drawn_as_itself_in_a_name_is_refused_because_two_names_
     assert error.problem == f"name holds a control character ({printable(character)} in 'x{printable(character)}')"
 
 
-def test_every_control_format_and_separator_character_is_refused_in_a_name_and_nothing_drawn_is() -> None:
+def test_every_control_format_separator_and_ignorable_character_is_refused_in_a_name_and_nothing_drawn_is() -> None:
     """The refused set is written out as ranges; checked here against this Python's Unicode
     database (a range may reach past it: the next version's format characters, unassigned here)."""
+    ignorable = re.compile(f"[{IGNORABLE_DRAWN_AS_NOTHING}]")
     for point in range(sys.maxunicode + 1):
         character = chr(point)
         category = unicodedata.category(character)
-        if category in ("Cc", "Cf", "Zl", "Zp"):
+        if category in ("Cc", "Cf", "Zl", "Zp") or ignorable.match(character):
             assert control_character(character) == character, hex(point)
         elif category != "Cn":
             assert control_character(character) is None, hex(point)
+    assert control_character("x\u034f") == "\u034f" and control_character("x\ufe0f") == "\ufe0f", "a grapheme joiner, a variation selector"
 
 
 def test_a_control_character_deep_in_a_long_prompt_is_shown_with_the_text_around_it_not_the_whole_prompt(tmp_path: Path) -> None:
@@ -567,7 +570,7 @@ def _with_unsigned_field(path: Path, table: str, field: str, row: int, value: in
     with h5py.File(path, "r+") as f:
         rows = f[table][()]
         attributes = dict(f[table].attrs)
-        unsigned = np.dtype([(name, np.dtype(f"<u{rows.dtype[name].itemsize}") if name == field else rows.dtype[name]) for name in rows.dtype.names])
+        unsigned = np.dtype([(name, (np.dtype(f"<u{rows.dtype[name].base.itemsize}"), rows.dtype[name].shape) if name == field else rows.dtype[name]) for name in rows.dtype.names])
         changed = rows.astype(unsigned)
         changed[field][row] = value
         del f[table]
@@ -580,8 +583,9 @@ def _with_unsigned_field(path: Path, table: str, field: str, row: int, value: in
 @pytest.mark.parametrize(
     ("table", "field", "row", "value", "problem"),
     [
-        (cf.INDEX_PATH, "step", 1, 2**32 - 1, "step is 4294967295, more than the format's int32 holds"),
-        (cf.TOKENS_PATH, "token_id", 1, 2**64 - 1, "token_id is 18446744073709551615, more than the format's int64 holds"),
+        (cf.INDEX_PATH, "step", 1, 2**32 - 1, "step holds 4294967295, more than the format's int32 holds"),
+        (cf.TOKENS_PATH, "token_id", 1, 2**64 - 1, "token_id holds 18446744073709551615, more than the format's int64 holds"),
+        (cf.INDEX_PATH, "shape", 1, 2**64 - 1, "shape holds 18446744073709551615, more than the format's int64 holds"),
     ],
 )
 def test_an_unsigned_field_past_the_formats_signed_one_is_refused_with_its_value_not_read_wrapped(

@@ -448,7 +448,8 @@ def test_an_op_named_without_its_positions_gets_the_keys_it_was_paired_under_and
     assert main(["diagnose", native, oracle, "--op", "0:visual:0:sdpa@5-76"]) == 2
     assert capsys.readouterr().err == (
         "parity-xray diagnose: 0:visual:0:sdpa@5-76 is not an aligned op of this comparison: the records were paired by calls, "
-        "where this op is 0:visual:0:sdpa; its @ positions name a pair made with --align positions\n"
+        "where this op is 0:visual:0:sdpa; its @ positions name a pair made by position (--align positions; in the window, "
+        "Compare > Pair records > By token position)\n"
     ), "the way back: a key copied from a report paired by position"
     assert main(["diagnose", native, native]) == 0
     assert "SAME FILE: the native and the oracle are one file, so every op is bit-exact whatever it holds" in capsys.readouterr().out

@@ -214,7 +214,7 @@ def test_a_local_gate_judges_every_scenario_as_report_does_and_writes_json_and_h
         assert case.report is not None and f'href="{case.report}"' in page
         report = (tmp_path / "out" / case.report).read_text()
         assert escape(report_verdicts[case.name.split(",")[0]].headline) in report
-        assert escape(case.judgment()) in report, "a case the gate fails by a rule is not read as its comparison's PARITY"
+        assert escape(case.judgment(named=False)) in report, "a case the gate fails by a rule is not read as its comparison's PARITY"
     assert clean_eos.judgment() == (
         'Gate case clean, EOS required within 64: PARITY, FAIL (no shared EOS within the 7 token steps compared (eos = "require"); '
         "short of the token budget: 7 of 64 token steps captured and no shared EOS); judged over the first 64 token steps"

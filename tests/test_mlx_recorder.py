@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -221,6 +222,11 @@ def test_record_puts_no_new_file_among_the_model_files_which_the_next_recording_
     assert main(["record", "mlx", str(model_dir), "--tokens", "1,2", "--out", str(out)]) == 2
     assert capsys.readouterr().err == f"record refused: --out {out} is inside the model's folder {model_dir}: a capture never goes among a model's files\n"
     assert sorted(model_dir.iterdir()) == files
+    (model_dir / "runs").mkdir()
+    try:
+        assert main(["record", "mlx", str(model_dir), "--tokens", "1,2", "--out", str(model_dir / "runs" / "run.h5")]) == 0, "a subfolder is none of the model's files"
+    finally:
+        shutil.rmtree(model_dir / "runs")
 
 
 @pytest.mark.parametrize(

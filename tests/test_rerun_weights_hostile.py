@@ -207,4 +207,16 @@ def test_a_weights_file_the_provenance_cannot_name_is_refused_by_capture_and_key
         writer.add_tensor("attn_norm", X, step=0, segment="prefill", layer=0)
         writer.add_tensor("q_proj", np.array(mx.array(X) @ mx.array(W).T), step=0, segment="prefill", layer=0)
     assert main(["rerun", str(path), str(path), "--op", "0:prefill:0:q_proj", "--from", "native"]) == 2
-    assert capsys.readouterr().err == f"parity-xray rerun: {path}: / attribute 'provenance_json' key 'weights_file': {problem}; give the weights with --weights\n"
+    assert capsys.readouterr().err == f"parity-xray rerun: {path}: / attribute 'provenance_json' key 'weights_file': {problem}; the command's --weights names the weights file instead\n"
+
+
+def test_a_weights_file_the_provenance_cannot_name_leaves_a_rerun_given_weights_to_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With --weights given, the provenance's other names are not needed: a NUL in one still refused the rerun."""
+    path = tmp_path / "named.h5"
+    with CaptureWriter(path, CaptureMeta(role="native", provenance={"weights_from": ["a\0b.safetensors"]})) as writer:
+        writer.add_tensor("attn_norm", X, step=0, segment="prefill", layer=0)
+        writer.add_tensor("q_proj", np.array(mx.array(X) @ mx.array(W).T), step=0, segment="prefill", layer=0)
+    weights = safetensors(tmp_path / "w.safetensors", "F32", [8, 16], W.tobytes())
+    assert rerun(path, weights, capsys) == (0, "")
+    assert main(["rerun", str(path), str(path), "--op", "0:prefill:0:q_proj", "--from", "native"]) == 2
+    assert "key 'weights_from': holds a NUL, so it names no file ('a\\x00b.safetensors')" in capsys.readouterr().err

@@ -87,6 +87,17 @@ def test_report_takes_the_policy_and_every_output_says_which_ops_passed(tmp_path
     assert document["tolerance_policy"] == str(path.resolve()) and str(path.resolve()) in out_html.read_text()
 
 
+def test_the_tolerance_line_of_a_policy_with_a_default_names_the_defaults_bounds_not_bit_exact(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    native, oracle = one_ulp_pair(tmp_path)
+    path = policy_file(tmp_path, "[default]\nmax_ulp = 1\n")
+    parser = argparse.ArgumentParser()
+    report_command.add_arguments(parser)
+    out_json = tmp_path / "r.json"
+    assert report_command.run(parser.parse_args([str(native), str(oracle), "--tolerance-policy", str(path), "--json", str(out_json)])) == 0
+    assert f"tolerance  per-op rules from {path.resolve()}; max_ulp=1 where none applies (bit differences are still counted)" in capsys.readouterr().out
+    assert json.loads(out_json.read_text())["tolerance"] == {"atol": None, "rtol": None, "max_ulp": 1}
+
+
 @pytest.mark.parametrize(
     ("text", "problem"),
     [

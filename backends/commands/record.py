@@ -112,7 +112,7 @@ def _inside_model(outputs: dict[str, str], model: Path) -> str | None:
         return None
     folder = model.resolve()
     for option, output in outputs.items():
-        if folder in Path(output).resolve().parents:
+        if Path(output).resolve().parent == folder:  # a subfolder's files are none of the model's
             return f"{option} {output} is inside the model's folder {model}: a capture never goes among a model's files"
     return None
 

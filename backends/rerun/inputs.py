@@ -242,17 +242,18 @@ def referenced_weights(capture: Capture, explicit: Path | None) -> Path | None:
         name = provenance.get(field_name)
         if name is None or name == "":
             continue
-        problem = _file_name_problem(name)
-        if problem is not None:
-            raise RerunInputError(f"{capture.path}: / attribute 'provenance_json' key {field_name!r}: {problem}; give the weights with --weights")
+        _check_file_name(capture, field_name, name)
         path = Path(name)
         return path if path.is_absolute() else capture.path.parent / path
     taken = provenance.get("weights_from")  # a saved rerun: the file its own rerun read them from
-    files = [Path(name) for name in taken if isinstance(name, str) and Path(name).suffix in (".safetensors", ".gguf")] if isinstance(taken, list) else []
-    if len(files) == 1:
-        return files[0] if files[0].is_absolute() else capture.path.parent / files[0]
+    names = [name for name in taken if isinstance(name, str) and Path(name).suffix in (".safetensors", ".gguf")] if isinstance(taken, list) else []
+    for name in names:
+        _check_file_name(capture, "weights_from", name)
+    if len(names) == 1:
+        return Path(names[0]) if Path(names[0]).is_absolute() else capture.path.parent / names[0]
     model_dir = provenance.get("model_dir")
     if isinstance(model_dir, str) and model_dir:
+        _check_file_name(capture, "model_dir", model_dir)
         folder = Path(model_dir) if Path(model_dir).is_absolute() else capture.path.parent / model_dir
         files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
         if len(files) == 1:
@@ -260,19 +261,22 @@ def referenced_weights(capture: Capture, explicit: Path | None) -> Path | None:
     return None
 
 
-def _file_name_problem(name: object) -> str | None:
-    """Why a provenance value cannot name a file, or None: a number was passed over in silence
-    ("neither capture nor a referenced weights file holds it"), and a NUL or a lone surrogate
-    failed in the operating system's call with a message naming neither capture nor key."""
+def _check_file_name(capture: Capture, key: str, name: object) -> None:
+    """RerunInputError, naming the capture and the provenance key, when `name` cannot name a file:
+    a number was passed over in silence ("neither capture nor a referenced weights file holds
+    it"), and a NUL or a lone surrogate failed in the operating system's call with a message
+    naming neither capture nor key."""
     if not isinstance(name, str):
-        return f"is {json.dumps(name)[:80]}, not a file name"
-    if "\0" in name:
-        return f"holds a NUL, so it names no file ('{printable(name)}')"
-    try:
-        os.fsencode(name)
-    except UnicodeEncodeError:
-        return f"is not a file name this system can spell ('{printable(name)}')"
-    return None
+        problem = f"is {json.dumps(name)[:80]}, not a file name"
+    elif "\0" in name:
+        problem = f"holds a NUL, so it names no file ('{printable(name)}')"
+    else:
+        try:
+            os.fsencode(name)
+            return
+        except UnicodeEncodeError:
+            problem = f"is not a file name this system can spell ('{printable(name)}')"
+    raise RerunInputError(f"{capture.path}: / attribute 'provenance_json' key {key!r}: {problem}; the command's --weights names the weights file instead")
 
 
 def files_named(native: str, oracle: str, weights: str | None, profiles: tuple[str | None, str | None]) -> dict[str, str | Path | None]:
@@ -594,10 +598,10 @@ def share_config(native: CapturedOps, oracle: CapturedOps) -> None:
     problems: list[str] = []
     if any(name not in {**recorded["native"], **recorded["oracle"]} for name in RERUN_CONFIG):
         for side in (native, oracle):
-            path = referenced_weights(side.capture, None)
             try:
+                path = referenced_weights(side.capture, None)
                 from_files[side.side] = _usable(weights_file_config(path)) if path is not None else {}
-            except ModelConfigError as exc:
+            except (ModelConfigError, RerunInputError) as exc:  # a config the reruns need says so, with this
                 problems.append(str(exc))
     for side, other in ((native, oracle), (oracle, native)):
         side.config = {**from_files[other.side], **from_files[side.side], **recorded[other.side], **recorded[side.side]}

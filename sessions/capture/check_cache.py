@@ -26,7 +26,7 @@ from sessions.atomic_write import atomic_write_bytes
 CACHE_DIR_ENV = "PARITY_XRAY_CACHE_DIR"
 """Overrides the user cache directory of Parity X-ray (tests point it at a temporary folder)."""
 
-CHECKER_VERSION = 5
+CHECKER_VERSION = 6
 """Bumped whenever the structural check starts refusing something new, so older passes no longer count."""
 
 MAX_ENTRIES = 4096

@@ -361,7 +361,9 @@ class Capture:
             if name in raw.dtype.names:
                 wrapped = _past_signed(raw[name], dtype[name])
                 if wrapped is not None:
-                    raise self._fail(f"{path} row {wrapped}", f"{name} is {int(raw[name][wrapped])}, more than the format's {dtype[name]} holds")
+                    value = raw[name][wrapped]
+                    shown = int(value) if value.ndim == 0 else max(int(v) for v in value.tolist())
+                    raise self._fail(f"{path} row {wrapped}", f"{name} holds {shown}, more than the format's {dtype[name].base} holds")
             table[name] = raw[name] if name in raw.dtype.names else cf.INDEX_OPTIONAL_FIELDS[name]
         return table
 
@@ -634,9 +636,10 @@ def _field_problem(stored: np.dtype, expected: np.dtype) -> str | None:
 def _past_signed(values: np.ndarray, signed: np.dtype) -> int | None:
     """The first row of an unsigned column of the width of the format's signed field holding a
     value past its largest, or None: cast, 4294967295 read as step -1 ("step is negative")."""
+    signed = signed.base  # a sub-array field (the index's shape) by its elements' type
     if values.dtype.kind != "u" or signed.kind != "i" or values.dtype.itemsize < signed.itemsize or not len(values):
         return None
-    past = values > np.iinfo(signed).max
+    past = (values > np.iinfo(signed).max).reshape(len(values), -1).any(axis=1)
     return int(np.argmax(past)) if past.any() else None
 
 

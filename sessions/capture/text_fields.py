@@ -28,18 +28,27 @@ def _bytes(values: np.ndarray, padding: int = 0) -> np.ndarray:
     return matrix
 
 
+IGNORABLE_DRAWN_AS_NOTHING = (
+    "\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u2065\u3164\ufe00-\ufe0f\uffa0\ufff0-\ufff8\U000e0000-\U000e0fff"
+)
+"""Unicode's default-ignorable code points outside the categories Cc, Cf, Zl and Zp (the
+combining grapheme joiner, Hangul fillers, variation selectors...): drawn as nothing, so "x"
+and "x" followed by one print alike."""
 BIDI_CONTROLS = "\u202a-\u202e\u2066-\u2069"
 """The bidirectional embeddings, overrides and isolates: shown, they reorder the text around
 them, so a tensor name can read as another ("Trojan Source")."""
 _CONTROL = re.compile(
     "[\x00-\x1f\x7f-\x9f\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f"
     "\u2028-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f"
-    "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f]"
+    "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f"
+    + IGNORABLE_DRAWN_AS_NOTHING
+    + "]"
 )
 """Every character that is not drawn as itself: the controls (Unicode category Cc), the format
-characters (Cf: zero-width spaces and joiners, directional marks, invisible operators, tags)
-and the line and paragraph separators (Zl, Zp). In a name, "x" and "x" followed by a zero-width
-space printed alike, and a line separator broke a report's first line."""
+characters (Cf: zero-width spaces and joiners, directional marks, invisible operators, tags),
+the line and paragraph separators (Zl, Zp) and the rest of Unicode's default-ignorable
+characters. In a name, "x" and "x" followed by a zero-width space printed alike, and a line
+separator broke a report's first line."""
 _TEXT_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f" + BIDI_CONTROLS + "]|\r(?!\n)")
 """What a multi-line text (the prompt) may not hold: a prompt is someone's words, in any script,
 with emoji sequences joined by zero-width joiners and directional marks in right-to-left text,

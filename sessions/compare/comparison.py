@@ -192,6 +192,9 @@ class Comparison:
     native_profile_identity: ProfileIdentity
     oracle_profile_identity: ProfileIdentity
     tolerance: Tolerance
+    """The bounds of every pair no policy rule fits (`CompareOptions.tolerance_for`): the command
+    line's, else the policy's [default]. The command line's alone said "bit-exact" of a policy
+    whose default bounded every op to 1 ULP."""
     tolerance_policy: str
     """The policy file whose rules judged pairs ("" when none): per-op tolerances override `tolerance`."""
     provenance: ProvenanceDiff
@@ -534,7 +537,10 @@ def not_aligned(comparison: Comparison, key: OpKey) -> str:
         return f"{said}: '{key.op}' is no canonical op (they are {', '.join(CANONICAL_OPS)}; report lists the aligned ones)"
     if key.positions and comparison.alignment.mode != POSITIONS and any(p.key == place for p in comparison.pairs):
         # A key copied from the window or a report paired by position, given to a command pairing by calls.
-        return f"{said}: the records were paired by calls, where this op is {place}; its @ positions name a pair made with --align positions"
+        return (
+            f"{said}: the records were paired by calls, where this op is {place}; its @ positions name a pair made by position "
+            "(--align positions; in the window, Compare > Pair records > By token position)"
+        )
     cut = [p.key.text() for p in comparison.pairs if p.key.positions and p.key._replace(positions=()) == place]
     if cut:
         more = f" and {len(cut) - 3} more" if len(cut) > 3 else ""
@@ -635,7 +641,7 @@ def _assemble(
         oracle_profile=oracle_profile.name,
         native_profile_identity=identify(native_profile),
         oracle_profile_identity=identify(oracle_profile),
-        tolerance=options.tolerance,
+        tolerance=options.tolerance if options.policy is None or not options.tolerance.is_bit_exact else options.policy.default.tolerance,
         tolerance_policy=options.policy.source if options.policy is not None else "",
         provenance=diff_provenance(native.meta, oracle.meta, same_file(native.path, oracle.path)),
         contracts=contracts,

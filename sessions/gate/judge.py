@@ -166,4 +166,4 @@ def iter_judge_case(case: GateCase, previous: CachedCase | None = None, want_htm
         return CaseOutcome(case_unusable(case, str(exc)), None)
     result = result_of(case, comparison, time.monotonic() - started)
     fingerprint = CaseFingerprint(stamps[0], stamps[1], comparison.native_profile_identity, comparison.oracle_profile_identity)
-    return CaseOutcome(result, fingerprint, render_html(comparison, judged=(result.judgment(), result.passed)) if want_html else None)
+    return CaseOutcome(result, fingerprint, render_html(comparison, judged=(result.judgment(named=False), result.passed)) if want_html else None)

@@ -128,14 +128,15 @@ class CaseResult:
     def passed(self) -> bool:
         return self.word == PARITY and not self.rule_failures
 
-    def judgment(self) -> str:
+    def judgment(self, named: bool = True) -> str:
         """The gate's word on the case, for a surface showing its comparison alone (the case's own
         HTML report, a window opened on it): a comparison's PARITY read as the case's, which a
-        rule (no shared EOS, short of the budget) had failed."""
+        rule (no shared EOS, short of the budget) had failed. Not `named` in the case's HTML
+        report, which the gate's cache keeps for any case of the same pair and options."""
         rules = f" ({'; '.join(self.rule_failures)})" if self.rule_failures else ""
         budget = self.tokens.budget if self.tokens is not None else None
         steps = f"; judged over the first {budget} token steps" if budget is not None else ""
-        return f"Gate case {self.name}: {self.word}, {'pass' if self.passed else 'FAIL'}{rules}{steps}"
+        return f"Gate{f' case {self.name}' if named else ''}: {self.word}, {'pass' if self.passed else 'FAIL'}{rules}{steps}"
 
     def notes(self) -> list[str]:
         """Why the case fails the gate's rules or could not be judged, then what `report` would

@@ -18,6 +18,7 @@ from sessions.compare.tolerance_policy import load_policy
 from sessions.gate.judge import iter_judge_case
 from sessions.gate.manifest import GateCase
 from sessions.gate.result import GateResult, dumps, load_gate_file
+from sessions.investigation.model import SavedTolerance
 from sessions.progress import run_to_end
 from sessions.report.word_colours import WORD_COLOURS
 from tests.side_files import fifo_without_writer
@@ -109,6 +110,18 @@ def test_a_case_opens_compared_as_the_gate_judged_it_with_the_gates_judgment_in_
     qtbot.waitUntil(lambda: not any(w.tasks.busy for w in window.opened), timeout=WAIT_MS)
     for case_window in list(window.opened):
         assert not case_window.session_file.worth_keeping(), "the gate's options are no work of the user's to save"
+    policy_window = window.opened[0]
+    dialog = policy_window.edit_tolerance()
+    assert dialog.policy.text() == str(policy.resolve()), "the dialog shows the tolerance in force"
+    dialog.close()
+    policy_window.session_sync.set_tolerance(SavedTolerance(), None)  # the user chooses bit-exact
+    qtbot.waitUntil(lambda: not policy_window.tasks.busy and policy_window.model.comparison.comparison.tolerance_policy == "", timeout=WAIT_MS)
+    assert policy_window.model.comparison.comparison.verdict.word == "SIGNED-ZERO-ONLY"
+    budget_window = window.opened[1]
+    budget_window.open_pair(*demo_pairs["swiglu-order"])
+    qtbot.waitUntil(lambda: budget_window.model.native.path == demo_pairs["swiglu-order"][0] and budget_window.model.comparison is not None and not budget_window.tasks.busy, timeout=WAIT_MS)
+    assert budget_window.model.comparison.comparison.tokens.compared_steps == 7 and not budget_window.banners.banners("gate"), "another pair is no gate case"
+    for case_window in list(window.opened):
         case_window.close()
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from html import escape
+from pathlib import Path
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor
@@ -24,13 +25,15 @@ from PySide6.QtWidgets import (
 )
 
 from sessions.compare.align_modes import AUTO
+from sessions.compare.profiles import builtin_profiles
 from sessions.compare.tolerance_policy import PolicyError, load_policy
 from sessions.compare.verdict import UNUSABLE
 from sessions.gate.result import CaseResult, GateResult
 from sessions.report.word_colours import WORD_COLOURS
+from viewer.comparison_view import VIEWER_OPTIONS
 from viewer.settings import ViewerSettings
 from viewer.widgets.plain_text import plain_label, plain_tip
-from viewer.window.main_window import MainWindow
+from viewer.window.main_window import GateJudged, MainWindow
 
 COLUMNS = ("case", "verdict", "gate", "first finding", "tokens", "EOS", "worst op", "notes")
 VERDICT_COLUMN = COLUMNS.index("verdict")
@@ -101,12 +104,12 @@ class GateWindow(QMainWindow):
 
 
 def _as_judged(window: MainWindow, case: CaseResult) -> None:
-    """Compare the case's pair as the gate judged it (its token budget, tolerance, policy file
-    and pairing), with the gate's own judgment in a banner. With the viewer's defaults, a case
-    the gate passed under a policy read SIGNED-ZERO-ONLY, and one judged over 2 token steps
-    counted the diverged ops of every step, with nothing on screen saying why. They are the
-    window's starting point, not the session's choices: a tolerance the user sets wins, and
-    closing the window asks to save nothing the user did not do."""
+    """Compare the case's pair as the gate judged it (its token budget, tolerance, policy file,
+    pairing and built-in profiles), with the gate's own judgment in a banner. With the viewer's
+    defaults, a case the gate passed under a policy read SIGNED-ZERO-ONLY, and one judged over 2
+    token steps counted the differing ops of every step, with nothing on screen saying why.
+    They are the window's starting point for this pair only, not the session's choices: a
+    tolerance or pairing the user sets wins, and closing asks to save nothing they did not do."""
     budget = case.tokens.budget if case.tokens is not None else None
     tolerance = case.tolerance
     try:
@@ -114,8 +117,11 @@ def _as_judged(window: MainWindow, case: CaseResult) -> None:
     except PolicyError as exc:
         window.banners.show_message("gate-policy", "error", f"The gate's tolerance policy cannot be read now, so the case is compared without it: {exc}")
         policy = None
-    window.compare_base = replace(
-        window.compare_base, max_steps=budget, atol=tolerance.atol, rtol=tolerance.rtol, max_ulp=tolerance.max_ulp, policy=policy,
+    builtins = builtin_profiles()
+    options = replace(
+        VIEWER_OPTIONS, max_steps=budget, atol=tolerance.atol, rtol=tolerance.rtol, max_ulp=tolerance.max_ulp, policy=policy,
         alignment=case.alignment or AUTO,
+        native_profile=case.native_profile if case.native_profile in builtins else None,
+        oracle_profile=case.oracle_profile if case.oracle_profile in builtins else None,
     )
-    window.banners.show_message("gate", "info", f"{case.judgment()}, and compared so here.")
+    window.judged_by_gate = GateJudged((Path(case.native).absolute(), Path(case.oracle).absolute()), options, f"{case.judgment()}, and compared so here.")

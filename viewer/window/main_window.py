@@ -8,6 +8,7 @@ one. Problems with a file end as a banner in the window; what was open stays ope
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,15 @@ PAIR_BANNERS = ("open", "roles", "captures", "comparison", "captures-check", "se
 """Banner groups about the pair on show and its session: a new pair or another session clears them."""
 
 
+@dataclass(frozen=True)
+class GateJudged:
+    """A gate case's pair, the options the gate judged it by, and the gate's judgment in words."""
+
+    paths: tuple[Path, Path]
+    options: CompareOptions
+    judgment: str
+
+
 class MainWindow(QMainWindow):
     def __init__(self, settings: ViewerSettings | None = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -115,9 +125,9 @@ class MainWindow(QMainWindow):
         self.setAcceptDrops(True)
         self.model = PairModel(self)
         self.tasks = TaskSlots(self)
-        self.compare_base: CompareOptions = cv.VIEWER_OPTIONS
-        """What every comparison starts from before the session's tolerance, policy and pairing: a
-        gate's case keeps its token budget here (viewer.gate.gate_window)."""
+        self.judged_by_gate: GateJudged | None = None
+        """A gate case this window was opened on (viewer.gate.gate_window): its pair is compared
+        with the options the gate judged it by, unless the session chooses its own."""
         self._retired: list[Capture] = []
         self._beside: list[MainWindow] = []
         self.attributes_dialog: AttributesDialog | None = None
@@ -304,9 +314,9 @@ class MainWindow(QMainWindow):
         return dialog
 
     def edit_tolerance(self) -> ToleranceDialog:
-        """The session's tolerance and policy, to change; accepting records them and compares again."""
-        session = self.session_file.session
-        dialog = ToleranceDialog(session.tolerance, session.tolerance_policy, self)
+        """The tolerance and policy in force, to change; accepting records them in the session and compares again."""
+        judged = self._judged_here()
+        dialog = ToleranceDialog(*self.session_sync.tolerance_in_force(cv.VIEWER_OPTIONS if judged is None else judged.options), self)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.chosen.connect(self.session_sync.set_tolerance)
         dialog.open()
@@ -509,7 +519,7 @@ class MainWindow(QMainWindow):
             return
         native, oracle = self.model.native, self.model.oracle
         try:
-            options = self.session_sync.compare_options(self.compare_base)
+            options = self.session_sync.compare_options(self.base_options())
         except PolicyError as exc:
             self._policy_unusable(str(exc))
             return
@@ -520,6 +530,22 @@ class MainWindow(QMainWindow):
             on_failure=self._comparison_failed,
             on_cancel=self._comparison_cancelled,
         )
+
+    def base_options(self) -> CompareOptions:
+        """What the pair on show is compared with before the session's own choices: a gate case's
+        options for its pair, said in a banner, and the viewer's for any other pair this window
+        opens later (they stayed with the window: another pair was judged by the gate's budget)."""
+        self.banners.clear("gate")
+        judged = self._judged_here()
+        if judged is None:
+            return cv.VIEWER_OPTIONS
+        self.banners.show_message("gate", "info", judged.judgment)
+        return judged.options
+
+    def _judged_here(self) -> GateJudged | None:
+        """The gate case this window was opened on, when its pair is the one on show."""
+        judged, here = self.judged_by_gate, {c.path for c in (self.model.native, self.model.oracle) if c is not None}
+        return judged if judged is not None and set(judged.paths) == here else None
 
     def _comparison_cancelled(self) -> None:
         self.model.set_comparison(None, "the comparison was cancelled")

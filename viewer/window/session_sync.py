@@ -119,6 +119,8 @@ class SessionSync(QObject):
         self._current = session
         self._restoring = False
         self._pending: Investigation | None = None
+        self._chosen: set[tuple[int, str]] = set()
+        """(id of a session, what its user chose in this window though it is the default): `_chose`."""
         model.captures_changed.connect(self._captures_changed)
         model.comparison_changed.connect(self._comparison_changed)
         model.selection_changed.connect(self._selection_changed)
@@ -176,8 +178,7 @@ class SessionSync(QObject):
         profiles = {role: ref.profile or None for role, ref in refs.items()}
         overrides = overrides_for_pair(self.session.overrides, refs["native"].id, refs["oracle"].id) if len(refs) == 2 else ()
         judged = base
-        if tol != SavedTolerance() or policy is not None or self.session.op_bounds():
-            # The session's own tolerance; one it never chose leaves `base`'s (a gate case's).
+        if self._chose("tolerance"):
             judged = replace(
                 base,
                 atol=tol.atol, rtol=tol.rtol, max_ulp=tol.max_ulp,
@@ -188,8 +189,26 @@ class SessionSync(QObject):
             native_profile=profiles.get("native") or base.native_profile,
             oracle_profile=profiles.get("oracle") or base.oracle_profile,
             overrides=overrides,
-            alignment=base.alignment if self.session.alignment_mode == AUTO else self.session.alignment_mode,
+            alignment=self.session.alignment_mode if self._chose("alignment") else base.alignment,
         )
+
+    def _chose(self, what: str) -> bool:
+        """Whether the session holds its own `what` ("tolerance", "alignment"): set by the user in
+        this window, or saved in it. One it never chose leaves the window's starting options (a
+        gate case's), and bit-exact or automatic chosen by the user count though they are defaults."""
+        session = self.session
+        if what == "tolerance":
+            saved = session.tolerance != SavedTolerance() or session.tolerance_policy is not None or bool(session.op_bounds())
+        else:
+            saved = session.alignment_mode != AUTO
+        return saved or (id(session), what) in self._chosen
+
+    def tolerance_in_force(self, base: CompareOptions) -> tuple[SavedTolerance, Path | None]:
+        """The tolerance and policy file the pair is judged by: the session's when it chose them,
+        else `base`'s (the Tolerance dialog showed bit-exact beside a gate case's max ULP 1)."""
+        if self._chose("tolerance") or base.policy is not None and not Path(base.policy.source).is_file():
+            return self.session.tolerance, self.session.tolerance_policy
+        return SavedTolerance(base.max_ulp or 0, base.atol or 0.0, base.rtol or 0.0), None if base.policy is None else Path(base.policy.source)
 
     def _session_refs(self) -> dict[str, CaptureRef]:
         """The session's reference for each open capture, by path: of its role, else of the other
@@ -261,6 +280,7 @@ class SessionSync(QObject):
     def set_tolerance(self, tolerance: SavedTolerance, policy: Path | None) -> None:
         """Record the user's tolerance and policy file in the session and compare again with them."""
         session = self.session
+        self._chosen.add((id(session), "tolerance"))
         if tolerance != session.tolerance:
             session.set_tolerance(tolerance)
         if policy != session.tolerance_policy:
@@ -268,9 +288,14 @@ class SessionSync(QObject):
         self._recompare()
 
     def set_alignment_mode(self, mode: str) -> None:
-        """Record how the user pairs records (`report --align`) and compare again, when it changed."""
+        """Record how the user pairs records (`report --align`) and compare again, when it changed
+        or is chosen for the first time (automatic, chosen over a gate case's pairing)."""
+        first = not self._chose("alignment")
+        self._chosen.add((id(self.session), "alignment"))
         if mode != self.session.alignment_mode:
             self.session.set_alignment_mode(mode)
+            self._recompare()
+        elif first:
             self._recompare()
 
     # -- manual alignment --------------------------------------------------------------------

@@ -150,6 +150,10 @@ def test_f8_and_shift_f8_step_through_divergences_from_the_keyboard(qtbot: QtBot
     window.tree.view.setFocus()
     qtbot.keyClick(window.tree.view, Qt.Key.Key_F8)
     assert window.model.selected is diverged[1]
+    stepped = [p for p in comparison.pairs if p.verdict != Kind.BIT_EXACT and not p.post_eos]
+    assert window.statusBar().currentMessage() == f"{diverged[1].key}: {diverged[1].verdict} (op 2 of the {len(stepped)} that are not bit-exact)", (
+        "each step says where it is: the last line stayed up beside another op"
+    )
     qtbot.keyClick(window.tree.view, Qt.Key.Key_F8, Qt.KeyboardModifier.ShiftModifier)
     assert window.model.selected is diverged[0]
     for expected in [*diverged[1:], diverged[-1]]:
@@ -159,6 +163,15 @@ def test_f8_and_shift_f8_step_through_divergences_from_the_keyboard(qtbot: QtBot
     window.model.select(comparison.pairs[-1])
     window.findings.step(-1)
     assert window.model.selected is next(p for p in reversed(diverged) if p is not comparison.pairs[-1])
+    wait_idle(qtbot, window)
+
+
+def test_a_pair_whose_first_finding_has_agreeing_bits_opens_on_the_tab_that_shows_it(qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]]) -> None:
+    """A dispatch-only pair opened on Tensor diff: a green "bit-exact" map and "no differing elements" beside the verdict."""
+    window.open_pair(*demo_pairs["head-chunk"])
+    wait_compared(qtbot, window)
+    qtbot.waitUntil(lambda: window.model.selected is not None, timeout=WAIT_MS)
+    assert str(window.model.selected.key) == "0:text-after:0:sdpa" and window.tabs.tabText(window.tabs.currentIndex()) == "Dispatch timeline"
     wait_idle(qtbot, window)
 
 

@@ -393,6 +393,11 @@ def neighbour_divergence(viewed: ViewedComparison, current: PairResult | None, d
     return pairs[stepped[at - 1]] if at > 0 else None
 
 
+def stepped_place(viewed: ViewedComparison, pair: PairResult) -> tuple[int, int]:
+    """(which, of how many): `pair`'s place among the pairs F8 steps through, counted from 1."""
+    return bisect_left(viewed.stepped, viewed.position_of.get(id(pair), -1)) + 1, len(viewed.stepped)
+
+
 def find_pair(viewed: ViewedComparison | None, key: OpKey) -> PairResult | None:
     """The pair with this key (from the verdict, the timeline, a bookmark or a saved selection).
 

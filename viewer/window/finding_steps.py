@@ -21,10 +21,13 @@ from viewer.tree.alignment_tree import AlignmentTree
 
 
 class FindingSteps:
-    """The window's moves to findings; `show_tab` brings a tab up by its name."""
+    """The window's moves to findings; `show_tab` brings a tab up by its name, `current_tab` names the one up."""
 
-    def __init__(self, window: QMainWindow, model: PairModel, tree: AlignmentTree, token_table: TokenTable, show_tab: Callable[[str], None]) -> None:
+    def __init__(
+        self, window: QMainWindow, model: PairModel, tree: AlignmentTree, token_table: TokenTable, show_tab: Callable[[str], None], current_tab: Callable[[], str]
+    ) -> None:
         self._window = window
+        self._current_tab = current_tab
         self._model = model
         self._tree = tree
         self._token_table = token_table
@@ -57,6 +60,11 @@ class FindingSteps:
     def _select_arrived(self, comparison: Any, target: Any) -> None:
         if self._model.comparison is comparison and self._model.selected is None:
             self._model.select(target)
+            first = cv.first_finding(comparison)
+            if first is not None and self._current_tab() == "Tensor diff" and cv.evidence_tab(first) != "Tensor diff":
+                # A dispatch-only or token finding: its op's tensors are bit-exact, and the window
+                # opened on a green "bit-exact" map and "no differing elements" beside the verdict.
+                self._show_tab(cv.evidence_tab(first))
 
     def _reveal_arrived(self, comparison: Any, record: Any) -> None:
         if self._model.comparison is comparison and self._model.selected is None:
@@ -96,6 +104,9 @@ class FindingSteps:
         target = cv.neighbour_divergence(comparison, self._model.selected, direction)
         if target is not None:
             self._model.select(target)
+            # Said at every step: the last line (Ctrl+J's finding, "no differing op after this one") stayed up beside another op.
+            which, of = cv.stepped_place(comparison, target)
+            self._say(f"{target.key}: {target.verdict} (op {which:,} of the {of:,} that are not bit-exact)")
         elif not comparison.stepped:
             first = comparison.comparison.verdict.first
             # Under a DIVERGENCE of records without a partner it read as if nothing were wrong.

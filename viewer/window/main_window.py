@@ -133,7 +133,9 @@ class MainWindow(QMainWindow):
         self.attributes_dialog: AttributesDialog | None = None
         self._build_central()
         self._build_tree_dock()
-        self.findings = FindingSteps(self, self.model, self.tree, self.token_table, lambda name: self.show_panel(TABS.index(name)))
+        self.findings = FindingSteps(
+            self, self.model, self.tree, self.token_table, lambda name: self.show_panel(TABS.index(name)), lambda: TABS[self.tabs.currentIndex()]
+        )
         self.verdict_strip.go_requested.connect(self.findings.jump_to_first)
         self.tree.jump_requested.connect(self.findings.jump_to_first)
         self._build_bookmarks_dock()

@@ -142,11 +142,12 @@ def test_a_key_typed_that_no_rerun_computes_fails_as_every_other_refusal_says_it
     assert panel.progress.text() == "failed"
 
 
-def test_an_op_no_rerun_computes_is_not_preselected_and_the_panel_says_why(qtbot, panel: RerunPanel) -> None:  # type: ignore[no-untyped-def]
+def test_an_op_no_rerun_computes_is_not_preselected_and_the_panel_says_why_and_what_run_reruns(qtbot, panel: RerunPanel) -> None:  # type: ignore[no-untyped-def]
     panel.set_key("0:visual:0:sdpa")
+    assert panel.status.text() == "", "no 'Choose an op' beside the op chosen"
     panel.set_key("0:text-before:-1:embed")
     assert panel.key.currentText() == "0:visual:0:sdpa"
-    assert panel.status.text() == "0:text-before:-1:embed cannot be rerun: its input is token ids, not a captured tensor."
+    assert panel.status.text() == "0:text-before:-1:embed cannot be rerun: its input is token ids, not a captured tensor. Run reruns 0:visual:0:sdpa, still chosen."
     panel.set_key("0:visual:1:sdpa")
     assert panel.key.currentText() == "0:visual:1:sdpa" and panel.status.text() == ""
 

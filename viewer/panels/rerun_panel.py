@@ -65,6 +65,9 @@ COLUMNS = ("op", "route that ran", "native vs oracle", "rerun vs native", "rerun
 """The last title and its cells on two lines: on one, at 1280x720, both were cut to ":o exact (RMSE n / o /" and "tie 6.83e-04 / …"."""
 
 
+CHOOSE = "Choose an op or a segment, then run it."
+"""What the panel says until an op is chosen."""
+
 class RerunPanelModel(QObject):
     """The two captures a rerun reads, the comparison whose alignment it follows, the keys it can
     rerun, and the last result."""
@@ -149,7 +152,7 @@ class RerunPanel(QWidget):
         self.save_button.setEnabled(False)
         self.progress = QProgressBar()
         self.progress.setTextVisible(True)
-        self.status = plain_label("Choose an op or a segment, then run it.")
+        self.status = plain_label(CHOOSE)
         self.status.setWordWrap(True)
         self.device_note = plain_label()
         self.device_note.setWordWrap(True)
@@ -217,8 +220,11 @@ class RerunPanel(QWidget):
         window's first selection, a clean pair's embed, made Run fail with an error."""
         op = OpKey.parse(key).op
         why = None if op in SEGMENTS else why_not_rerunnable(op)
-        refusal = None if why is None else f"{key} cannot be rerun: {why}."
-        if refusal is not None or self.status.text() == self._refusal:
+        chosen = self.key.currentText()
+        # It said only that this op cannot be rerun, over another op still chosen, which Run then reran.
+        still = f" Run reruns {chosen}, still chosen." if chosen else ""
+        refusal = None if why is None else f"{key} cannot be rerun: {why}.{still}"
+        if refusal is not None or self.status.text() in (self._refusal, CHOOSE):
             self.status.setText(refusal or "")  # a refusal stays only while its op is the one chosen
         self._refusal = refusal
         if refusal is None:

@@ -275,6 +275,7 @@ def test_post_eos_steps_are_marked_and_greyed_in_token_parity(qtbot: QtBot, wind
     assert f"; {len(post_eos)} post-EOS without a partner (invalid, not failures);" in window.tree.summary.text(), "there, though no finding"
     branch = window.tree.row_index(f"Post-EOS records without a partner ({len(post_eos)}: invalid, not failures)")
     assert branch.isValid() and branch.siblingAtColumn(1).data() == Kind.POST_EOS
+    assert not window.tree.view.isExpanded(branch), "closed on arrival: its records are never failures, and open they filled the tree"
     window.tree.view.expand(branch)
     first = window.tree.row_index(unaligned_label(post_eos[0]))
     assert first.isValid() and first.siblingAtColumn(1).data() == Kind.POST_EOS

@@ -27,7 +27,7 @@ from viewer.widgets.plain_text import plain_label
 from viewer.widgets.read_only_table import read_only_table
 from viewer.widgets.stale_while_hidden import StaleWhileHidden
 
-COLUMNS = ("#", "op", "kind", "NMSE", "ULP p99", "steps max", "differing", "cosine")
+COLUMNS = ("#", "op", "kind", "NMSE", "ULP p99", "max ULP", "differing", "cosine")
 """Short headers, the tree's where it has the column: as wide as their contents, the long ones
 ("ULP steps max") pushed the differing column past the edge at 1280x720."""
 PAIR_ROLE = Qt.ItemDataRole.UserRole + 1

@@ -275,8 +275,12 @@ class AlignmentTree(QWidget):
         finally:
             self.proxy.setSourceModel(self.items)
             self.view.header().restoreState(header)
+        post_eos = self._rows.get((cv.POST_EOS_BRANCH,))
         for r in range(1 if self._lazy else self.proxy.rowCount()):
-            self.view.expand(self.proxy.index(r, 0))
+            index = self.proxy.index(r, 0)
+            # Closed: its records are invalid, never failures, and open they filled the tree with cut names.
+            if post_eos is None or self.proxy.mapToSource(index) != QModelIndex(post_eos):
+                self.view.expand(index)
 
     def _populate(self, group: cv.TreeGroup) -> None:
         """Make a group's rows (once): its sub-groups (each made when it is opened), then its ops."""

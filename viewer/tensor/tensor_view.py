@@ -127,6 +127,8 @@ class AxisPicker(QWidget):
 
 
 ERROR_PLOTS_MIN_HEIGHT = 170
+TITLE_PARTS = "  ·  "
+"""Between the title's parts: three spaces each side cut a signed-zero slice's title at 1280 px."""
 """Below this the histograms' titles and axis labels run into each other (seen at 1280x720)."""
 
 
@@ -302,12 +304,12 @@ class TensorView(QWidget):
             (r0, r1), (c0, c1) = self.detail.rows, self.detail.cols
             fy, fx = self.detail.factors
             each = "1 px each" if (fy, fx) == (1, 1) else f"1 px per {fy}×{fx} block"
-            shrink = f"   ·   zoomed: {r1 - r0}×{c1 - c0} at {each}"
+            shrink = f"{TITLE_PARTS}zoomed: {r1 - r0}×{c1 - c0} at {each}"
         else:
             # Short: the title is one line, and the longer "shown at ... (max); zoom in for detail" was cut mid-word at 1280.
-            shrink = f"   ·   1 px per {factors[0]}×{factors[1]} block (max; zoom in)"
-        notes = "".join(f"   ·   {note}" for note in data.notes)
-        title = f"{data.request.label}   ·   {data.request.dtype} [{shape}]   ·   {verdict}{shrink}{notes}"
+            shrink = f"{TITLE_PARTS}1 px per {factors[0]}×{factors[1]} (max; zoom in)"
+        notes = "".join(f"{TITLE_PARTS}{note}" for note in data.notes)
+        title = f"{data.request.label}{TITLE_PARTS}{data.request.dtype} [{shape}]{TITLE_PARTS}{verdict}{shrink}{notes}"
         self.title.setText(title)
         self.title.setToolTip(plain_tip(title))  # whole, where a narrow window cuts it
 

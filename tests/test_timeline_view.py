@@ -162,7 +162,10 @@ def test_coloured_by_contract_the_calls_that_ran_another_arithmetic_stand_out(qt
     qtbot.waitUntil(lambda: view.items.painted_rects > 0)
     view.grab().save(str(artifacts_dir / "timeline-attention-contract-by-contract-1280x720.png"))
     view.colours.setCurrentIndex(view.colours.findData("metal"))
-    assert "contract differs" not in view.legend.text()
+    assert "contract differs between sides" in view.legend.text() and view.model.contract_marked().any(), (
+        "outlined under every colouring: by Metal primitive a CONTRACT MISMATCH's calls looked like any others"
+    )
+    assert "2 op(s) whose contract differs (outlined)" in view.summary.text()
 
 
 def test_by_call_the_axis_leaves_room_for_the_first_segments_label(qtbot, demo_pairs: dict) -> None:  # type: ignore[no-untyped-def]

@@ -333,6 +333,8 @@ def timeline_summary(timeline: Timeline) -> str:
     after_eos = sum(1 for s in alone if timeline.post_eos(s))
     mismatches = int(timeline.route_mismatch.sum())
     compared = f"dispatch {timeline.not_compared}" if timeline.not_compared else f"{differing} op(s) dispatch differently"
+    contracts = len({int(s) for s in timeline.slot[timeline.contract_differs].tolist()})
+    compared += f"; {contracts} op(s) whose contract differs (outlined)" if contracts else ""
     unpaired = f"; {len(alone) - after_eos} op(s) of records without a partner" if len(alone) > after_eos else ""
     if after_eos:
         unpaired += f"; {after_eos} op(s) after the shared EOS (step {timeline.shared_eos}), one-sided by design"

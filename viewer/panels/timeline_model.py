@@ -101,10 +101,11 @@ class TimelineModel(QObject):
         return np.where(t.metal > 1, t.metal, t.predicted_metal)
 
     def contract_marked(self) -> np.ndarray:
-        """Per event, whether it is marked as a call of an op with a contract finding: only while coloured by contract."""
+        """Per event, whether it is marked as a call of an op with a contract finding, whatever the
+        boxes are coloured by: marked only when coloured by contract, a CONTRACT MISMATCH's calls
+        looked like any others under the default colouring."""
         assert self.timeline is not None
-        t = self.timeline
-        return t.contract_differs if self.colour_by == "contract" else np.zeros(len(t), dtype=bool)
+        return self.timeline.contract_differs
 
     def colour_names(self) -> list[str]:
         """What each colour code stands for: a primitive, or a contract id ("" for none recorded)."""

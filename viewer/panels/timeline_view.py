@@ -239,10 +239,10 @@ class TimelineView(QWidget):
         from someone else's capture: escaped."""
         if self.model.colour_by == "contract":
             shown = [(name or "no contract recorded", colour) for name, colour in zip(self.model.colour_names(), palette(self.model))]
-            extra = f"  <span style='color:{CONTRACT_DIFFERS_COLOUR}'>□</span> contract differs between sides"
         else:
             shown = [(name, colour) for name, colour in PRIMITIVE_COLOURS.items() if name not in ("", "unknown")]
-            extra = ""
+        marked = self.model.timeline is not None and bool(self.model.contract_marked().any())
+        extra = f"  <span style='color:{CONTRACT_DIFFERS_COLOUR}'>□</span> contract differs between sides" if marked else ""
         swatches = " ".join(f"<span style='color:{colour}'>■</span> {escape(name)}" for name, colour in shown)
         marks = f"<span style='color:{DIFFERS_COLOUR}'>□</span> differs between sides  <span style='color:{MISMATCH_COLOUR}'>┅</span> route ≠ prediction"
         return f"{swatches}   {marks}{extra}"

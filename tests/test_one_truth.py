@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QColor
 from pytestqt.qtbot import QtBot
 
 from sessions.commands import report as report_command
@@ -38,6 +39,7 @@ from sessions.compare.verdict import (
 from tests.hand_captures import T, bf16_bits, write_capture
 from tests.viewer_windows import window_on
 from viewer.settings import ViewerSettings
+from viewer.theme import STATUS_COLOURS
 from viewer.tree.alignment_tree import PAIR_ROLE, UNALIGNED_ROLE
 from viewer.window.main_window import MainWindow
 
@@ -230,6 +232,7 @@ def test_every_surface_names_the_same_verdict_kind_and_key(case: Case, tmp_path:
             assert win.tree.filter.text() == "" and win.tree.view.currentIndex().data(PAIR_ROLE) is win.model.selected, "Ctrl+J shows its op under any filter"
             win.show_panel(1)
             qtbot.waitUntil(lambda: win.overview.first_label.toPlainText() == f"first {case.kind}: {case.key}", timeout=WAIT_MS)
+            assert win.overview.first_label.color.name() == QColor(STATUS_COLOURS[case.kind]).name(), "the finding's colour, as the strip's"
         else:
             current = win.tree.view.currentIndex()
             record = win.tree.proxy.mapToSource(current.siblingAtColumn(0)).data(UNALIGNED_ROLE)

@@ -108,11 +108,14 @@ class OverviewPlot(QWidget):
         at: float | None = None
         if first is not None and id(first) in self._position:
             at = float(self._position[id(first)])
-            for plot, line in zip((self.ulp_plot, self.nmse_plot), self.first_lines):
-                line.setPos(at)
-                plot.addItem(line)
             finding = cv.first_finding(comparison)
             assert finding is not None  # it named `first`
+            colour = STATUS_COLOURS.get(finding.kind, FIRST)  # the verdict strip's: red under a blue DISPATCH-ONLY strip read as another finding
+            for plot, line in zip((self.ulp_plot, self.nmse_plot), self.first_lines):
+                line.setPen(pg.mkPen(colour, width=2, style=Qt.PenStyle.DashLine))
+                line.setPos(at)
+                plot.addItem(line)
+            self.first_label.setColor(colour)
             self.first_label.setText(f"first {finding.kind}: {first.key}")  # the finding's kind: a token finding keys a bit-exact logits pair
             self.ulp_plot.addItem(self.first_label)
         self.ulp_plot.autoRange()

@@ -115,7 +115,7 @@ def test_ten_thousand_calls_are_painted_by_one_item_with_level_of_detail(qtbot, 
     image = view.grab()
     paint_s = time.perf_counter() - started
     boxes_items = [item for item in view.plot.getViewBox().addedItems if isinstance(item, BoxesItem)]
-    assert len(boxes_items) == 1 and len(view.plot.getViewBox().addedItems) == 2
+    assert len(boxes_items) == 1 and len(view.plot.getViewBox().addedItems) == 3, "the boxes, the sides' divider and the EOS line: no item per call"
     assert 0 < view.items.painted_rects < len(view.model.boxes.event)
     view.plot.setXRange(10, 14, padding=0)
     view.grab()
@@ -173,3 +173,14 @@ def test_by_call_the_axis_leaves_room_for_the_first_segments_label(qtbot, demo_p
         view = _view(qtbot, build_timeline(n, o, run_to_end(iter_compare(n, o))))
     first_box = float(view.model.boxes.x0.min())
     assert view.model.x_mode == "call" and view.plot.viewRange()[0][0] <= first_box - 0.5
+
+
+def test_the_calls_after_the_shared_eos_stand_past_a_line_that_says_so_in_call_order(qtbot, demo_pairs: dict) -> None:  # type: ignore[no-untyped-def]
+    """post-eos: the native's calls of steps 4-6 looked exactly like compared ones; only a text line said why."""
+    with open_capture(demo_pairs["post-eos"][0]) as n, open_capture(demo_pairs["post-eos"][1]) as o:
+        view = _view(qtbot, build_timeline(n, o, run_to_end(iter_compare(n, o))))
+    timeline = view.model.timeline
+    first = next(slot for slot in range(len(timeline.keys)) if timeline.place(slot).step == 4)
+    assert view.eos_line.isVisible() and view.eos_line.value() == first and timeline.shared_eos == 3
+    view.x_axis.setCurrentIndex(view.x_axis.findData("time"))
+    assert not view.eos_line.isVisible(), "by time each side ends at its own moment: no one line is the EOS"

@@ -324,6 +324,11 @@ def describe_event(timeline: Timeline, index: int) -> str:
     return "\n".join(lines)
 
 
+def first_slot_after_eos(timeline: Timeline) -> int | None:
+    """The first attention op (slot) after the shared EOS, where the timeline stops being a comparison; None without one."""
+    return next((slot for slot in range(len(timeline.keys)) if timeline.post_eos(slot)), None)
+
+
 def timeline_summary(timeline: Timeline) -> str:
     """The line above the timeline: how many ops dispatch differently, as `report`'s Dispatch
     section counts them (calls of records without a partner are not differences), or why none

@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 
 from backends.dispatch.timeline import (
     describe_event,
+    first_slot_after_eos,
     hit,
     timeline_summary,
 )
@@ -46,6 +47,8 @@ CONTRACT_COLOURS = ("#3b82f6", "#f97316", "#10b981", "#e11d48", "#eab308", "#06b
 CONTRACT_DIFFERS_COLOUR = WORD_COLOURS[CONTRACT_MISMATCH]
 DIFFERS_COLOUR = "#d64541"
 MISMATCH_COLOUR = "#c04fd8"
+EOS_COLOUR = "#7d8694"
+"""The grey Token parity gives post-EOS steps."""
 LOD_BOXES = 3000
 """Above this many visible boxes (or boxes under two pixels wide) they are merged per pixel column."""
 
@@ -208,6 +211,13 @@ class TimelineView(QWidget):
         self.plot.addItem(self.items)
         self.divider = pg.InfiniteLine(angle=0, pen=pg.mkPen("#8a8f98", width=1, style=Qt.PenStyle.DashLine))
         self.plot.addItem(self.divider)
+        # Where the shared EOS ends the request: the calls after it looked like compared ones.
+        self.eos_line = pg.InfiniteLine(
+            angle=90, pen=pg.mkPen(EOS_COLOUR, width=2, style=Qt.PenStyle.DotLine), label="after the shared EOS →",
+            labelOpts={"position": 0.9, "color": EOS_COLOUR, "anchors": [(0, 0.5), (0, 0.5)]},
+        )
+        self.eos_line.setVisible(False)
+        self.plot.addItem(self.eos_line)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addLayout(bar)
@@ -268,6 +278,10 @@ class TimelineView(QWidget):
             bottom.setTicks(None)
             bottom.setLabel("time since the capture's first call (ms)")
         self.summary.setText(timeline_summary(timeline))
+        eos_slot = first_slot_after_eos(timeline)
+        self.eos_line.setVisible(self.model.x_mode == "call" and eos_slot is not None)  # by time, each side ends at its own moment
+        if eos_slot is not None:
+            self.eos_line.setPos(eos_slot)
         self.plot.getViewBox().setLimits(yMin=-0.2, yMax=len(boxes.lane_labels) + 0.2)
         self.plot.setYRange(0, len(boxes.lane_labels), padding=0.02)
         if boxes.event.size:

@@ -437,3 +437,23 @@ def test_an_output_in_a_missing_folder_is_refused_by_name(tmp_path: Path) -> Non
     with pytest.raises(CaptureError) as refused:
         _import("dir", tmp_path, out)
     assert (refused.value.path, refused.value.problem) == (str(out), f"is in {out.parent}, which does not exist")
+
+
+def test_a_report_of_two_imports_says_what_they_do_not_record_instead_of_calling_it_the_same(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Imports record no seed, engine or device: "same seed; same engine build and device" was said of their defaults."""
+    from viewer.cli import main
+
+    x = np.linspace(-1, 1, 16, dtype=np.float32).reshape(2, 8)
+    np.savez(tmp_path / "n.npz", **{"attn_norm-0": x})
+    np.savez(tmp_path / "o.npz", **{"attn_norm-0": x})
+    native, oracle = _import("npz", tmp_path / "n.npz", tmp_path / "n.h5"), _import("npz", tmp_path / "o.npz", tmp_path / "o.h5", meta={"role": "oracle"})
+    main(["report", str(native), str(oracle)])
+    assert "provenance weights unconfirmed; prompt not recorded; engine build and device not recorded" in capsys.readouterr().out.splitlines()
+
+
+def test_an_archive_of_no_arrays_says_so_not_that_a_manifest_never_given_is_empty(tmp_path: Path) -> None:
+    np.savez(tmp_path / "none.npz")
+    with pytest.raises(CaptureError) as refused:
+        _import("npz", tmp_path / "none.npz", tmp_path / "x.h5")
+    assert (refused.value.location, refused.value.problem) == ("file", "holds no arrays, so there is nothing to import")
+    assert not (tmp_path / "x.h5").exists()

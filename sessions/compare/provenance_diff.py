@@ -84,6 +84,8 @@ def _summary(by_name: dict[str, ProvenanceField]) -> str:
         parts.append(f"engines differ, as expected ({engine.native or 'unnamed'} vs {engine.oracle or 'unnamed'})")
     elif differ:
         parts.append(f"{', '.join(differ)} differ")
+    elif not any(by_name[name].native for name in EXPECTED_TO_DIFFER):
+        parts.append("engine build and device not recorded")  # two imports: "same engine build and device" of nothing
     else:
         parts.append("same engine build and device")
     return "; ".join(parts)
@@ -91,9 +93,10 @@ def _summary(by_name: dict[str, ProvenanceField]) -> str:
 
 def _request(prompt: ProvenanceField, seed: ProvenanceField) -> str:
     """Whether the runs computed the same request, as far as the captures say: an import records
-    no prompt, and "same prompt and seed" was said of two empty ones."""
+    no prompt, and "same prompt and seed" was said of two empty ones, then "same seed" of two imports' 0."""
     if prompt.native and prompt.oracle:
         request = [name for name, field in (("prompt", prompt), ("seed", seed)) if not field.same]
         return f"{' and '.join(request)} differ{'s' if len(request) == 1 else ''}" if request else "same prompt and seed"
     said = "prompt not recorded" if not prompt.native and not prompt.oracle else f"prompt recorded by the {'native' if prompt.native else 'oracle'} capture only"
-    return f"{said}, {'same seed' if seed.same else 'seed differs'}"
+    # Without both prompts an equal seed confirms nothing (an import writes 0); a different one still says something.
+    return said if seed.same else f"{said}, seed differs"

@@ -298,6 +298,8 @@ def default_manifest(names: list[str], path: Path) -> Manifest:
     """For a safetensors or .npz file with no manifest: every array in step 0, in the order of
     `names`, layer read from the name. A name longer than a record's is refused, not cut: two
     cut names could become one, and a cut `-N` loses the layer."""
+    if not names:
+        raise CaptureError(path, "file", "holds no arrays, so there is nothing to import")  # not "entries: the list is empty" of a manifest never given
     for name in names:
         if len(name.encode("utf-8", "surrogatepass")) > cf.INDEX_DTYPE["name"].itemsize:
             raise CaptureError(

@@ -269,6 +269,8 @@ def test_bookmarks_and_notes_export_as_markdown(tmp_path: Path) -> None:
         ("[" * 100_000 + "]" * 100_000, "file", "not valid JSON (it nests deeper than a reader follows)"),
         ('{"format": "parity-xray-session", "schema_version": 3, "x": ' + "9" * 5000 + "}", "file",
          "not valid JSON (Exceeds the limit (4300 digits) for integer string conversion"),
+        ('{"format": "parity-xray-session", "format": "parity-xray-session", "schema_version": 3}', "file",
+         "not valid JSON (key 'format' is given twice in one object)"),
         ('{"format": "parity-xray-session", "schema_version": 1, "saved_utc": "", "session": null}', "/session",
          "not a valid schema 1 session (AttributeError: 'NoneType' object has no attribute 'get')"),
     ],
@@ -287,6 +289,7 @@ def test_json_beyond_what_a_parser_reads_is_a_located_format_error(text: str, lo
         (lambda d: d["session"]["view"]["layout"].update(zoom="1e999"), "/session/view/layout", "holds NaN or an infinity"),
         (lambda d: d["session"]["tolerances"]["default"].update(atol="9" * 400), "/session/tolerances/default/atol", "is too large a number (400 digits)"),
         (lambda d: d["session"]["bookmarks"].append(dict(d["session"]["bookmarks"][0])), "/session/bookmarks/2/id", "bookmark id"),
+        (lambda d: d.update(extra=1), "/", "unknown key(s) extra"),
     ],
 )
 def test_numbers_no_save_could_write_back_and_a_bookmark_id_used_twice_are_refused_where_they_are(

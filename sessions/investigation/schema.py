@@ -52,7 +52,7 @@ from sessions.investigation.model import (
     utc_now,
 )
 from sessions.printable import printable
-from sessions.side_file import parse_problem
+from sessions.side_file import load_json, parse_problem
 
 FORMAT = "parity-xray-session"
 SCHEMA_VERSION = 4
@@ -218,7 +218,8 @@ class _Node:
         self.used: set[str] = set()
 
     def fail(self, problem: str, key: str | None = None) -> SessionFormatError:
-        return SessionFormatError(self.source, self.where + ("" if key is None else f"/{key}"), problem)
+        # The top level is "/", not "" (it read "s.xray: : unknown key(s) extra").
+        return SessionFormatError(self.source, (self.where + ("" if key is None else f"/{key}")) or "/", problem)
 
     def get(self, key: str, kinds: tuple[type, ...], default: Any = _MISSING) -> Any:
         self.used.add(key)
@@ -567,7 +568,7 @@ def decode_document(document: Any, source: str) -> DecodedSession:
 
 def loads(data: bytes, source: str) -> DecodedSession:
     try:
-        document = json.loads(data.decode("utf-8"))
+        document = load_json(data.decode("utf-8"))  # a key given twice is damage, not its last value (a hand edit)
     except UnicodeDecodeError as exc:
         raise SessionFormatError(source, "file", f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except json.JSONDecodeError as exc:

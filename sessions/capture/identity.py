@@ -8,7 +8,8 @@ had when it was added, and that identity is checked before any of its data is sh
 Identity is size + mtime (a cheap hint) and a SHA-256 over the root attributes and the
 index table. Tensor bytes are not hashed: captures run to gigabytes, and the index already
 changes with any new run (per-record timestamps, creation time, shapes, kernel ids), while
-the size catches rewritten tensor data. A changed mtime alone is not a change of content.
+the size catches tensor data of another length. Bytes edited in place at the same size, the
+index kept, are not caught (docs/sessions.md). A changed mtime alone is not a change of content.
 """
 
 from __future__ import annotations

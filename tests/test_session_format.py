@@ -123,6 +123,10 @@ def test_edits_that_the_file_could_not_hold_are_refused() -> None:
         session.set_view(ViewState(layout={"zoom": float("nan")}))
     with pytest.raises(ValueError, match="axis 1"):
         ViewState(slices=(0, (1, 2)))
+    with pytest.raises(ValueError, match="slice of axis 0 has a step of 0, which no selection takes"):
+        ViewState(slices=((0, 5, 0),))
+    with pytest.raises(ValueError, match=r"slice of axis 1 must be an index or \[start, stop, step\] of indices"):
+        ViewState(slices=(0, (0, 10**30, 1)))
     with pytest.raises(ValueError, match="reason"):
         session.add_override("pair", RecordRef("native", RecordKey(0, "x", 0, "a")), RecordRef("oracle", RecordKey(0, "x", 0, "b")), " ")
     with pytest.raises(ValueError, match="role"):

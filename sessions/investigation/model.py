@@ -76,6 +76,8 @@ class ColourScale:
     vmax: float | None = None
 
 
+INDEX_MAX = 2**63 - 1
+"""The largest index a tensor axis takes (numpy's int64): a session's 10**30 was read, then failed where it was used."""
 AxisSlice = Union[int, tuple[Union[int, None], Union[int, None], Union[int, None]]]
 """Per tensor axis: an index, or a (start, stop, step) range with None for an open end."""
 
@@ -84,12 +86,14 @@ def normal_slices(slices: Any) -> tuple[AxisSlice, ...]:
     """Slices as tuples (JSON brings lists); anything but an index or a 3-part range is refused."""
     out: list[AxisSlice] = []
     for axis, item in enumerate(slices):
-        if isinstance(item, int) and not isinstance(item, bool):
+        if isinstance(item, int) and not isinstance(item, bool) and abs(item) <= INDEX_MAX:
             out.append(item)
             continue
         parts = tuple(item) if isinstance(item, (list, tuple)) else ()
-        if len(parts) != 3 or not all(p is None or (isinstance(p, int) and not isinstance(p, bool)) for p in parts):
-            raise ValueError(f"slice of axis {axis} must be an index or [start, stop, step] (null = open), not {item!r}")
+        if len(parts) != 3 or not all(p is None or (isinstance(p, int) and not isinstance(p, bool) and abs(p) <= INDEX_MAX) for p in parts):
+            raise ValueError(f"slice of axis {axis} must be an index or [start, stop, step] of indices (a part null = open), not {item!r}")
+        if parts[2] == 0:
+            raise ValueError(f"slice of axis {axis} has a step of 0, which no selection takes")
         out.append((parts[0], parts[1], parts[2]))
     return tuple(out)
 

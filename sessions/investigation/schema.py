@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -329,6 +330,11 @@ def _beside(path: Path, source: str) -> Path:
 def _read_capture(n: _Node) -> CaptureRef:
     ident = n.node("identity")
     identity = CaptureIdentity(ident.integer("size"), ident.integer("mtime_ns"), ident.text("sha256"))
+    # Values no file has: read, they made the capture "changed" and the window offered to accept it.
+    if identity.size < 0:
+        raise ident.fail(f"is {identity.size}; a file's size is at least 0", "size")
+    if not re.fullmatch("[0-9a-f]{64}", identity.sha256):
+        raise ident.fail(f"is {identity.sha256[:80]!r}; a SHA-256 is 64 lowercase hex digits", "sha256")
     ident.done()
     role = n.text("role")
     if role not in ROLES:

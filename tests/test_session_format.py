@@ -294,6 +294,8 @@ def test_json_beyond_what_a_parser_reads_is_a_located_format_error(text: str, lo
         (lambda d: d["session"]["tolerances"]["default"].update(atol="9" * 400), "/session/tolerances/default/atol", "is too large a number (400 digits)"),
         (lambda d: d["session"]["bookmarks"].append(dict(d["session"]["bookmarks"][0])), "/session/bookmarks/2/id", "bookmark id"),
         (lambda d: d.update(extra=1), "/", "unknown key(s) extra"),
+        (lambda d: d["session"]["bookmarks"][0]["op"].update(op="bogus_op"), "/session/bookmarks/0/op/op", "'bogus_op' is not a canonical op"),
+        (lambda d: d["session"]["bookmarks"][0]["op"].update(step=2**63), "/session/bookmarks/0/op/step", "is 9223372036854775808; a capture's step is 0..2147483647"),
         (lambda d: d["session"]["captures"][0]["identity"].update(size=-1), "/session/captures/0/identity/size", "is -1; a file's size is at least 0"),
         (lambda d: d["session"]["captures"][0]["identity"].update(sha256="zz"), "/session/captures/0/identity/sha256", "is 'zz'; a SHA-256 is 64 lowercase hex digits"),
     ],

@@ -267,17 +267,29 @@ class _Node:
         self.unread.extend(f"{self.where}/{key}" for key in unknown)
 
 
-def _read_op(n: _Node) -> OpKey:
+INT32_MAX = 2**31 - 1
+"""A capture's steps, layers and occurrences are int32 (docs/capture-format.md)."""
+
+
+def _read_op(n: _Node, canonical: bool = True) -> OpKey:
+    """An op key; `canonical`: its op is one of CANONICAL_OPS (a rerun's may name a segment).
+    A step past a capture's int32, or a bookmark on no canonical op, read as "not in this
+    comparison" of every comparison."""
     positions = n.get("positions", (list,), [])
     if positions and (len(positions) != 2 or not all(isinstance(p, int) and not isinstance(p, bool) for p in positions) or not 0 <= positions[0] < positions[1]):
         raise n.fail(f"must be [first, stop) token positions, not {json.dumps(positions)[:60]}", "positions")
     op = OpKey(n.integer("step"), n.text("segment"), n.integer("layer"), n.text("op"), n.integer("occurrence"), tuple(positions))
+    for key, value, least in (("step", op.step, 0), ("layer", op.layer, -1), ("occurrence", op.occurrence, 0)):
+        if not least <= value <= INT32_MAX:
+            raise n.fail(f"is {value}; a capture's {key} is {least}..{INT32_MAX}", key)
+    if canonical and op.op not in CANONICAL_OPS:
+        raise n.fail(f"{op.op[:80]!r} is not a canonical op ({', '.join(sorted(CANONICAL_OPS))})", "op")
     n.done()
     return op
 
 
-def _read_optional_op(n: _Node | None) -> OpKey | None:
-    return None if n is None else _read_op(n)
+def _read_optional_op(n: _Node | None, canonical: bool = True) -> OpKey | None:
+    return None if n is None else _read_op(n, canonical)
 
 
 _NOT_JSON_NUMBER = "holds NaN or an infinity (1e999 reads as one), which a session never holds: it could not be saved again"
@@ -380,7 +392,7 @@ def _read_session(n: _Node) -> Investigation:
     captures = tuple(_read_capture(c) for c in n.nodes("captures"))
     reruns = []
     for r in n.nodes("reruns"):
-        reruns.append(RerunNote(_read_capture(r.node("capture")), _read_optional_op(r.optional_node("op")), r.text("description"), r.text("created_utc")))
+        reruns.append(RerunNote(_read_capture(r.node("capture")), _read_optional_op(r.optional_node("op"), canonical=False), r.text("description"), r.text("created_utc")))
         r.done()
     tolerances = n.node("tolerances")
     default = _read_tolerance(tolerances.node("default"))

@@ -142,7 +142,7 @@ def test_escape_sequences_in_a_sessions_title_note_and_override_never_reach_the_
 ) -> None:
     native, oracle = demo_pairs["swiglu-order"]
     session = pair_session(native, oracle, "title\x1b[2J")
-    session.add_bookmark(OpKey(0, "text-before", 0, "ffn_act\x1b[31m"), "line one\nline two\x07")
+    session.add_bookmark(OpKey(0, "text-before", 0, "ffn_act"), "line one\nline two\x07")
     forged = RecordRef("native", RecordKey(0, "text-before", 0, "\x1b[31mnoSuch"))
     session.add_override("pair", forged, RecordRef("oracle", RecordKey(0, "text-before", 0, "model.layers.0.mlp.swiglu")), "\x1b[Hwipe")
     SessionDocument(session).save_as(tmp_path / "s.xray")
@@ -154,6 +154,11 @@ def test_escape_sequences_in_a_sessions_title_note_and_override_never_reach_the_
     assert "\x1b" not in page and "\x07" not in page and "\x1b" not in printed
     assert "title\\x1b[2J" in page and "line one\nline two\\x07" in page and "\\x1b[Hwipe" in page
     assert "could not be aligned, first at 0:text-before:0:\\x1b[31mnoSuch" in printed
+    session.add_bookmark(OpKey(0, "text-before", 0, "ffn_act\x1b[31m"), "forged")
+    SessionDocument(session).save_as(tmp_path / "forged.xray")
+    assert report_command.run(parser.parse_args(["--session", str(tmp_path / "forged.xray"), "--no-cache"])) == 2
+    refused = capsys.readouterr().err
+    assert "'ffn_act\\x1b[31m' is not a canonical op" in refused and "\x1b" not in refused, "a bookmark on no canonical op is damage, said escaped"
 
 
 def test_the_growth_plot_draws_at_most_two_points_per_pixel_column_and_marks_each_columns_worst_op(comparison) -> None:  # type: ignore[no-untyped-def]

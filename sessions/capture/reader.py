@@ -683,7 +683,10 @@ def _open_hdf5(path: Path) -> h5py.File:
         time.sleep(GROWING_WAIT_S)
         if attempts > GROWING_RETRIES or _size(path) == size:
             present, whole = int(cut.group(1)), int(cut.group(2))
-            raise CaptureError(path, "file", f"cut short: {present:,} of its {whole:,} bytes are there (a copy or download that did not finish)")
+            # A writer killed while libhdf5 flushed a step can leave this too: the name it is given must not send the user hunting a download.
+            raise CaptureError(
+                path, "file", f"cut short: {present:,} of its {whole:,} bytes are there (a copy or download that did not finish, or a writer killed while it flushed)"
+            )
 
 
 def _size(path: Path) -> int:

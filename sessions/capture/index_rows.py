@@ -155,23 +155,22 @@ def _nonzero_elements(ndims: np.ndarray, dims: list[np.ndarray]) -> np.ndarray:
 
 
 def _control_character_checks(columns: IndexColumns) -> list[tuple[np.ndarray, str, Callable[[int], str]]]:
-    """Two row checks per text field: its value is not UTF-8 (two different byte strings would
-    read as one text, so two names or paths would seem one), or holds a control character,
-    shown escaped.
+    """Two row checks per text field (`text_checks`). Found once per distinct value of each
+    field, so the cost follows the distinct names, not the rows."""
+    return [check for field in cf.INDEX_STRING_FIELDS for check in text_checks(*columns.codes(field), field)]
 
-    Found once per distinct value of each field, so the cost follows the distinct names, not the rows."""
-    checks: list[tuple[np.ndarray, str, Callable[[int], str]]] = []
-    for field in cf.INDEX_STRING_FIELDS:
-        values, value_codes = columns.codes(field)
 
-        def detail(row: int, values: np.ndarray = values, value_codes: np.ndarray = value_codes) -> str:
-            value = cf.decode_field(values[value_codes[row]])
-            return f" ({printable(control_character(value) or '')} in '{printable(value)}')"
+def text_checks(values: np.ndarray, value_codes: np.ndarray, field: str) -> list[tuple[np.ndarray, str, Callable[[int], str]]]:
+    """A text column's two row checks, (rows, what is wrong, the row's value in brackets), from its
+    distinct `values` and each row's code: not UTF-8 (two different byte strings would read as
+    one text, so two names or paths would seem one), or holding a control character, shown escaped."""
 
-        def raw(row: int, values: np.ndarray = values, value_codes: np.ndarray = value_codes) -> str:
-            return f" ({bytes(values[value_codes[row]]).rstrip(bytes(1))!r})"
+    def detail(row: int) -> str:
+        value = cf.decode_field(values[value_codes[row]])
+        return f" ({printable(control_character(value) or '')} in '{printable(value)}')"
 
-        not_utf8, control = identifier_problems(values)
-        checks.append((not_utf8[value_codes], f"{field} is not UTF-8 text", raw))
-        checks.append((control[value_codes], f"{field} holds a control character", detail))
-    return checks
+    def raw(row: int) -> str:
+        return f" ({bytes(values[value_codes[row]]).rstrip(bytes(1))!r})"
+
+    not_utf8, control = identifier_problems(values)
+    return [(not_utf8[value_codes], f"{field} is not UTF-8 text", raw), (control[value_codes], f"{field} holds a control character", detail)]

@@ -59,6 +59,12 @@ from sessions.capture.pack_layout import (
 )
 from sessions.capture.pack_read import Pack, read_packed
 from sessions.capture.records import Record, Records
+from sessions.capture.stored_types import (
+    field_problem,
+    int_problem,
+    past_signed,
+    text_problem,
+)
 from sessions.capture.text_fields import (
     control_character,
     text_control,
@@ -94,32 +100,6 @@ class CaptureError(Exception):
     def __reduce__(self) -> tuple[type[CaptureError], tuple[str, str, str]]:
         """Rebuilt from its three parts when it crosses a process boundary (a parallel comparison's worker)."""
         return CaptureError, (self.path, self.location, self.problem)
-
-
-def _text_problem(value: np.ndarray) -> str | None:
-    """Why an attribute's value is not one string, or None. An array (even of one element, or of
-    none) or a number is refused, not read: its first element or its digits would stand for the
-    whole value, and an empty array for a missing one."""
-    if value.shape != ():
-        return f"is an array of shape {value.shape}; the format stores one string"
-    if value.dtype.kind != "S":
-        return f"is a scalar of type {value.dtype}; the format stores one string"
-    return None
-
-
-INT64_MAX = 2**63 - 1
-
-
-def _int_problem(value: np.ndarray) -> str | None:
-    """Why an attribute's value is not one integer the format can hold, or None. A bool, a float or
-    a one-element array is refused, not read: taking it for a default or a first element changes
-    the verdict. A uint64 past int64 was read, then crashed the writer of a saved rerun."""
-    if value.dtype.kind in "iu" and value.shape == ():
-        if int(value) > INT64_MAX:
-            return f"is {int(value)}, more than an int64 holds (the format stores H5T_STD_I64LE)"
-        return None
-    shape = "a scalar" if value.shape == () else f"an array of shape {value.shape}"
-    return f"is {shape} of type {value.dtype}; the format stores one integer (a scalar, e.g. H5T_STD_I64LE)"
 
 
 @dataclass(frozen=True)
@@ -243,7 +223,7 @@ class Capture:
         value = read_attribute(obj_id, location, name, self._budget)
         if value is None:
             return default
-        problem = _int_problem(value)
+        problem = int_problem(value)
         if problem is not None:
             raise self._fail(f"{location} attribute '{name}'", problem)
         return int(value)
@@ -259,7 +239,7 @@ class Capture:
         value = self._root_attr(name)
         if value is None:
             return ""
-        problem = _text_problem(value)
+        problem = text_problem(value)
         if problem is not None:
             raise self._fail(f"/ attribute '{name}'", problem)
         raw = bytes(value[()]).rstrip(b"\0")
@@ -342,7 +322,7 @@ class Capture:
             raise self._fail(found[0].location, found[0].problem)
         if ds.dtype.names is None or len(ds.shape) != 1:
             raise self._fail(path, f"is not a 1-D compound table (dtype {ds.dtype}, shape {ds.shape})")
-        layout_problem = _field_problem(ds.dtype, dtype)
+        layout_problem = field_problem(ds.dtype, dtype)
         if layout_problem is not None:
             raise self._fail(path, layout_problem)
         committed = self._int_attr(ds.id, path, cf.ATTR_COMMITTED_ROWS, ds.shape[0])
@@ -359,7 +339,7 @@ class Capture:
         table = np.zeros(len(raw), dtype=dtype)
         for name in dtype.names:
             if name in raw.dtype.names:
-                wrapped = _past_signed(raw[name], dtype[name])
+                wrapped = past_signed(raw[name], dtype[name])
                 if wrapped is not None:
                     value = raw[name][wrapped]
                     shown = int(value) if value.ndim == 0 else max(int(v) for v in value.tolist())
@@ -465,7 +445,7 @@ class Capture:
             shape_attr = read_attribute(ds, record.path, cf.ATTR_LOGICAL_SHAPE, self._budget) if ld.is_quantized else None
         except UnsafeObject as exc:
             return None, [exc.problem]
-        not_text = None if logical_attr is None else _text_problem(logical_attr)
+        not_text = None if logical_attr is None else text_problem(logical_attr)
         stored_logical = "" if logical_attr is None or not_text is not None else cf.decode_field(logical_attr[()])
         if not_text is not None or stored_logical != record.dtype:
             found.append(
@@ -613,34 +593,6 @@ def _quantized_problems(
     if stored_bytes != expected:
         return [Problem(record.path, f"holds {stored_bytes} bytes; {ggml_type} blocks of logical shape {record.shape} take {expected}")]
     return []
-
-
-def _field_problem(stored: np.dtype, expected: np.dtype) -> str | None:
-    """Why a stored compound cannot stand for the format's table, or None when every field fits."""
-    missing = [n for n in expected.names if n not in stored.names and n not in cf.INDEX_OPTIONAL_FIELDS]
-    if missing:
-        return f"lacks field(s) {', '.join(missing)}"
-    for name in (n for n in expected.names if n in stored.names):
-        have, want = stored[name], expected[name]
-        if have.shape != want.shape:
-            return f"field {name!r} has shape {have.shape}; the format's is {want.shape}"
-        have_kind, want_kind = have.base.kind, want.base.kind
-        if want_kind == "S":
-            if have_kind != "S" or have.base.itemsize > want.base.itemsize:
-                return f"field {name!r} is {have.base}; the format's is a fixed-length string of {want.base.itemsize} bytes"
-        elif have_kind not in "iu" or have.base.itemsize > want.base.itemsize:
-            return f"field {name!r} is {have.base}; the format's is {want.base}"
-    return None
-
-
-def _past_signed(values: np.ndarray, signed: np.dtype) -> int | None:
-    """The first row of an unsigned column of the width of the format's signed field holding a
-    value past its largest, or None: cast, 4294967295 read as step -1 ("step is negative")."""
-    signed = signed.base  # a sub-array field (the index's shape) by its elements' type
-    if values.dtype.kind != "u" or signed.kind != "i" or values.dtype.itemsize < signed.itemsize or not len(values):
-        return None
-    past = (values > np.iinfo(signed).max).reshape(len(values), -1).any(axis=1)
-    return int(np.argmax(past)) if past.any() else None
 
 
 def _range_problems(record: Record, where: str, pack_bytes: int) -> list[Problem]:

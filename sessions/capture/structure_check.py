@@ -51,14 +51,12 @@ from sessions.capture.hdf5_safety import (
     Problem,
     describe_error,
 )
-from sessions.capture.index_rows import listed
+from sessions.capture.index_rows import listed, text_checks
 from sessions.capture.reader import Capture, CaptureError, load_capture
 from sessions.capture.record_scan import scan_problems
-from sessions.capture.text_fields import control_character, identifier_problems
 from sessions.child_env import child_env, module_command
 from sessions.child_process import signal_name
 from sessions.machine import usable_cores
-from sessions.printable import printable
 from sessions.progress import Progress, ProgressGenerator, run_to_end
 
 SHARDING_MIN_BYTES = 16 * 1024**2
@@ -228,21 +226,11 @@ def _listed_rows(table: str, checks: list[RowCheck]) -> list[Problem]:
 
 
 def _text_checks(column: np.ndarray, field: str) -> list[RowCheck]:
-    """A free text column of a table held to the index's rule (`identifier_problems`): the
+    """A free text column of a table held to the index's rule (`index_rows.text_checks`): the
     token's segment and the call's dtype reach the report, its JSON and its verdict as text."""
-    values, value_codes = codes(column)
-    not_utf8, control = identifier_problems(values)
-
-    def raw(row: int) -> bytes:
-        return bytes(values[value_codes[row]]).rstrip(bytes(1))
-
-    def holds(row: int) -> str:
-        text = raw(row).decode("utf-8")
-        return f"{field} holds a control character ({printable(control_character(text) or '')} in '{printable(text)}')"
-
     return [
-        (not_utf8[value_codes], lambda row: f"{field} is not UTF-8 text ({raw(row)!r})", f"{field} is not UTF-8 text"),
-        (control[value_codes], holds, f"{field} holds a control character"),
+        (rows, lambda row, what=what, detail=detail: f"{what}{detail(row)}", what)
+        for rows, what, detail in text_checks(*codes(column), field)
     ]
 
 

@@ -317,8 +317,7 @@ class MainWindow(QMainWindow):
 
     def edit_tolerance(self) -> ToleranceDialog:
         """The tolerance and policy in force, to change; accepting records them in the session and compares again."""
-        judged = self._judged_here()
-        dialog = ToleranceDialog(*self.session_sync.tolerance_in_force(cv.VIEWER_OPTIONS if judged is None else judged.options), self)
+        dialog = ToleranceDialog(*self.session_sync.tolerance_in_force(self._base_options()), self)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.chosen.connect(self.session_sync.set_tolerance)
         dialog.open()
@@ -520,8 +519,12 @@ class MainWindow(QMainWindow):
         if not self.model.has_pair:
             return
         native, oracle = self.model.native, self.model.oracle
+        self.banners.clear("gate")
+        judged = self._judged_here()
+        if judged is not None:
+            self.banners.show_message("gate", "info", judged.judgment)
         try:
-            options = self.session_sync.compare_options(self.base_options())
+            options = self.session_sync.compare_options(self._base_options())
         except PolicyError as exc:
             self._policy_unusable(str(exc))
             return
@@ -533,16 +536,12 @@ class MainWindow(QMainWindow):
             on_cancel=self._comparison_cancelled,
         )
 
-    def base_options(self) -> CompareOptions:
+    def _base_options(self) -> CompareOptions:
         """What the pair on show is compared with before the session's own choices: a gate case's
-        options for its pair, said in a banner, and the viewer's for any other pair this window
-        opens later (they stayed with the window: another pair was judged by the gate's budget)."""
-        self.banners.clear("gate")
+        options for its pair, and the viewer's for any other pair this window opens later (they
+        stayed with the window: another pair was judged by the gate's budget)."""
         judged = self._judged_here()
-        if judged is None:
-            return cv.VIEWER_OPTIONS
-        self.banners.show_message("gate", "info", judged.judgment)
-        return judged.options
+        return cv.VIEWER_OPTIONS if judged is None else judged.options
 
     def _judged_here(self) -> GateJudged | None:
         """The gate case this window was opened on, when its pair is the one on show."""

@@ -206,7 +206,7 @@ class SessionSync(QObject):
     def tolerance_in_force(self, base: CompareOptions) -> tuple[SavedTolerance, Path | None]:
         """The tolerance and policy file the pair is judged by: the session's when it chose them,
         else `base`'s (the Tolerance dialog showed bit-exact beside a gate case's max ULP 1)."""
-        if self._chose("tolerance") or base.policy is not None and not Path(base.policy.source).is_file():
+        if self._chose("tolerance"):
             return self.session.tolerance, self.session.tolerance_policy
         return SavedTolerance(base.max_ulp or 0, base.atol or 0.0, base.rtol or 0.0), None if base.policy is None else Path(base.policy.source)
 

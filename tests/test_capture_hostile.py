@@ -221,7 +221,7 @@ def test_truncated_files_are_refused_saying_how_much_of_them_is_there(tmp_path: 
     for keep in (len(data) // 3, len(data) - 100, 1000):
         cut = tmp_path / f"cut-{keep}.h5"
         cut.write_bytes(data[:keep])
-        assert refusal(cut).problem == f"cut short: {keep:,} of its {len(data):,} bytes are there (a copy or download that did not finish, or a writer killed while it flushed)"
+        assert refusal(cut).problem == f"cut short: {keep:,} of its {len(data):,} bytes are there (a copy or download that did not finish)"
 
 
 def test_garbage_file_is_refused(tmp_path: Path) -> None:

@@ -24,9 +24,11 @@ import h5py
 import numpy as np
 import pytest
 
+from sessions.capture import writer as writer_module
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.opening import open_capture
-from sessions.capture.reader import load_capture
+from sessions.capture.reader import CaptureError, load_capture
+from sessions.capture.released_tail import RELEASED_TAIL_MAX_BYTES
 from sessions.capture.structure_check import check_here
 from sessions.capture.writer import CaptureWriter
 
@@ -216,6 +218,58 @@ def test_a_sigkilled_writer_process_leaves_a_readable_clearly_incomplete_prefix(
         )
 
 
+def test_a_writer_killed_after_libhdf5_gave_back_the_end_of_its_file_but_before_its_superblock_said_so_shows_its_committed_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """libhdf5 truncates the space it had set aside at the end of the file before it writes the
+    superblock that says so: a SIGKILL between the two left a file 1,536 bytes shorter than its
+    superblock, refused as "cut short" (the sigkill test above, 1 run in 27)."""
+    path = tmp_path / "recording.h5"
+    flushed: list[bytes] = []
+    set_scalar = writer_module._set_scalar
+
+    def remember_the_file(obj_id: h5py.h5o.ObjectID, name: str, value: np.ndarray) -> None:
+        flushed.append(path.read_bytes() if path.exists() else b"")  # each commit follows a flush
+        set_scalar(obj_id, name, value)
+
+    monkeypatch.setattr(writer_module, "_set_scalar", remember_the_file)
+    with CaptureWriter(path, CaptureMeta(role="native", engine_name="killed"), compression="gzip") as writer:
+        for step in range(40):
+            write_step(writer, step)
+            flushed.clear()
+            writer.end_step()
+            size = path.stat().st_size
+            released = [state for state in flushed if len(state) > size]
+            if released:
+                break
+    assert released, "no flush gave back the end of the file"
+    killed = tmp_path / "killed.h5"
+    killed.write_bytes(released[0][:size])  # as the step's first commit found it, truncated: its superblock and commit not yet written
+    assert (step, len(released[0]) - size) == (15, 1536)
+    assert shown_steps(killed) == step
+    with open_capture(killed) as capture:
+        assert capture.describe() == f"incomplete: the writer did not finish; it holds {step * ROWS_PER_STEP} records, {step} token steps, {step} tokens, {step} dispatch events"
+
+
+def test_a_file_short_of_more_than_a_released_tail_or_finished_is_cut_short(tmp_path: Path) -> None:
+    files = {}
+    for finish in ("abandon", "close"):
+        path = tmp_path / f"{finish}.h5"
+        writer = CaptureWriter(path, CaptureMeta(role="native", engine_name="copied"), compression="gzip")
+        for step in range(4):
+            write_step(writer, step)
+            writer.end_step()
+        getattr(writer, finish)()
+        files[finish] = path.read_bytes()
+    unfinished, finished = files["abandon"], files["close"]
+    for whole, missing in ((unfinished, RELEASED_TAIL_MAX_BYTES + 1), (finished, 1)):
+        cut = tmp_path / "cut.h5"
+        cut.write_bytes(whole[: len(whole) - missing])
+        with pytest.raises(CaptureError) as refused:
+            load_capture(cut)
+        assert refused.value.problem == f"cut short: {len(whole) - missing:,} of its {len(whole):,} bytes are there (a copy or download that did not finish)"
+
+
 def test_abandoned_writer_file_is_incomplete_and_a_closed_one_complete(tmp_path: Path) -> None:
     for finish, complete in (("abandon", False), ("close", True)):
         path = tmp_path / f"{finish}.h5"
@@ -331,8 +385,6 @@ def test_a_recording_that_commits_a_step_while_its_tables_are_read_opens_consist
 def test_a_file_shorter_than_its_superblock_says_that_grows_meanwhile_opens_and_one_that_does_not_is_cut_short(tmp_path: Path) -> None:
     """A recording's flush lengthens the file after its superblock is written: validate read such a file as a copy cut short."""
     import threading
-
-    from sessions.capture.reader import CaptureError
 
     path = tmp_path / "growing.h5"
     with CaptureWriter(path, CaptureMeta(role="native", engine_name="growing")) as writer:

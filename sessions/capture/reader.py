@@ -59,6 +59,7 @@ from sessions.capture.pack_layout import (
 )
 from sessions.capture.pack_read import Pack, read_packed
 from sessions.capture.records import Record, Records
+from sessions.capture.released_tail import open_unfinished_with_released_tail
 from sessions.capture.stored_types import (
     field_problem,
     int_problem,
@@ -635,10 +636,10 @@ def _open_hdf5(path: Path) -> h5py.File:
         time.sleep(GROWING_WAIT_S)
         if attempts > GROWING_RETRIES or _size(path) == size:
             present, whole = int(cut.group(1)), int(cut.group(2))
-            # A writer killed while libhdf5 flushed a step can leave this too: the name it is given must not send the user hunting a download.
-            raise CaptureError(
-                path, "file", f"cut short: {present:,} of its {whole:,} bytes are there (a copy or download that did not finish, or a writer killed while it flushed)"
-            )
+            released = open_unfinished_with_released_tail(path, present, whole)
+            if released is not None:
+                return released
+            raise CaptureError(path, "file", f"cut short: {present:,} of its {whole:,} bytes are there (a copy or download that did not finish)")
 
 
 def _size(path: Path) -> int:

@@ -12,18 +12,21 @@ import os
 import signal
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import h5py
 import numpy as np
+import pyqtgraph as pg
 import pytest
 from PySide6.QtCore import QEvent, QMimeData, QObject, QPoint, Qt, QUrl
-from PySide6.QtGui import QDragEnterEvent, QDropEvent
+from PySide6.QtGui import QDragEnterEvent, QDropEvent, QImage, QPainter
 from PySide6.QtWidgets import QApplication, QWidget
 from pytestqt.qtbot import QtBot
 
 from sessions.bits.element_info import describe, ulp_between
 from sessions.capture.opening import open_capture
 from sessions.compare.align import align
+from sessions.compare.key import OpKey
 from sessions.compare.verdict import Kind
 from sessions.ctrl_c import ctrl_c_kept
 from tests.hand_captures import T, bf16_bits, write_capture
@@ -255,6 +258,67 @@ def test_the_overviews_first_finding_label_sits_above_every_point(qtbot: QtBot, 
     low, high = overview.ulp_plot.viewRange()[1]
     assert highest < label.top() < label.bottom() <= high, (highest, label.top(), label.bottom(), high)
     wait_idle(qtbot, window)
+
+
+def test_the_overview_names_the_prompts_segments_and_the_decode_steps_where_each_starts(
+    qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]]
+) -> None:
+    window.open_pair(*demo_pairs["attention-contract"])
+    wait_compared(qtbot, window)
+    window.show_panel(1)
+    overview = window.overview
+    series = window.model.comparison.growth
+    assert [name for _, name in series.parts] == ["text-before", "visual", "text-after", "decode steps"]
+    for (first, name), (_, before) in zip(series.parts[1:], series.parts):
+        key, previous = series.pairs[first].key, series.pairs[first - 1].key
+        assert (key.segment if key.step == 0 else "decode steps", previous.segment) == (name, before)
+    assert series.pairs[series.parts[-1][0]].key.step == 1
+    lines = sorted({line.value() for _, line in overview.part_lines})
+    assert lines == [first - 0.5 for first, _ in series.parts[1:]] and len(overview.part_lines) == 6, "a dotted line in both plots"
+    overview.grab()
+    image = QImage(10, 10, QImage.Format.Format_ARGB32)
+    painter = QPainter(image)
+    try:
+        _, _, names = overview.part_names.generateDrawSpecs(painter)
+    finally:
+        painter.end()
+    assert [text for _, _, text in names] == ["text-before", "visual", "text-after", "decode steps"]
+    wait_idle(qtbot, window)
+
+
+def test_a_name_with_no_room_over_its_stretch_is_left_out_until_the_user_zooms_in(qtbot: QtBot) -> None:
+    from viewer.widgets.part_names_axis import PartNamesAxis
+
+    axis = PartNamesAxis()
+    plot = pg.PlotWidget(axisItems={"top": axis})
+    qtbot.addWidget(plot)
+    plot.resize(1000, 300)
+    plot.showAxis("top")
+    plot.show()
+    axis.set_parts([(0, 400, "text-before"), (400, 1300, "visual"), (1300, 1600, "text-after"), (1600, 240_000, "decode steps")])
+
+    def names(first: float, stop: float) -> list[str]:
+        plot.setXRange(first, stop, padding=0)
+        plot.grab()
+        image = QImage(10, 10, QImage.Format.Format_ARGB32)
+        painter = QPainter(image)
+        try:
+            return [text for _, _, text in axis.generateDrawSpecs(painter)[2]]
+        finally:
+            painter.end()
+
+    assert names(0, 240_000) == ["decode steps"], "a real run's prompt is a few pixels: its names piled up at the left edge"
+    assert names(0, 1650) == ["text-before", "visual", "text-after"], "the few decode ops seen leave no room for their name"
+    assert names(0, 3000) == ["text-before", "visual", "text-after", "decode steps"]
+
+
+def test_a_run_cut_into_more_parts_than_a_plot_can_name_marks_none() -> None:
+    from viewer.comparison_view import PARTS_SHOWN, _parts
+
+    prompt = [SimpleNamespace(key=OpKey(0, f"chunk-{i}", 0, "attn_norm", 0)) for i in range(PARTS_SHOWN)]
+    decode = [SimpleNamespace(key=OpKey(step, "decode", 0, "attn_norm", 0)) for step in (1, 2)]
+    assert [name for _, name in _parts(prompt[:-1] + decode)] == [f"chunk-{i}" for i in range(PARTS_SHOWN - 1)] + ["decode steps"]
+    assert _parts(prompt + decode) == []
 
 
 def test_post_eos_steps_are_marked_and_greyed_in_token_parity(qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]], artifacts_dir: Path) -> None:

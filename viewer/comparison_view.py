@@ -597,6 +597,25 @@ class GrowthSeries:
     (`worst_per_bin`), as positions in the series."""
     position: dict[int, int]
     """An op's place in the series, by id(pair)."""
+    parts: list[tuple[int, str]]
+    """Where each segment of the prompt and the decode steps start in the series, and their
+    names (`_parts`); empty when there are too many to mark."""
+
+
+PARTS_SHOWN = 12
+"""A run cut into more parts than this marks none: dozens of lines and names hid the points."""
+DECODE_PART = "decode steps"
+
+
+def _parts(pairs: list[PairResult]) -> list[tuple[int, str]]:
+    """The Overview marks where the prompt's segments and the decode steps start, so a cluster of
+    red reads as "the visual prefill" without a click on it. Step 0 is the prompt, its calls
+    named by segment; every later step is one decode call."""
+    names = [pair.key.segment if pair.key.step == 0 else DECODE_PART for pair in pairs]
+    starts = [i for i in range(len(names)) if i == 0 or names[i] != names[i - 1]]
+    if len(starts) > PARTS_SHOWN:
+        return []
+    return [(i, names[i]) for i in starts]
 
 
 NMSE_FLOOR = 1e-30
@@ -625,7 +644,7 @@ def _growth_series(comparison: Comparison) -> GrowthSeries:
     for kind, positions in by_kind.items():
         ops = np.asarray(positions, dtype=np.int64)
         drawn[kind] = worst_per_bin(ops, ulp_log[ops], len(pairs), POINT_BINS), worst_per_bin(ops, nmse_log[ops], len(pairs), POINT_BINS)
-    return GrowthSeries(pairs, ulp_log, nmse_log, drawn, {id(pair): i for i, pair in enumerate(pairs)})
+    return GrowthSeries(pairs, ulp_log, nmse_log, drawn, {id(pair): i for i, pair in enumerate(pairs)}, _parts(pairs))
 
 
 # -- tokens -----------------------------------------------------------------------------------

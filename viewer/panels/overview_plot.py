@@ -19,10 +19,12 @@ from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
 from viewer.theme import STATUS_COLOURS
 from viewer.widgets.opaque_grid_axis import grid_axes, show_grid
+from viewer.widgets.part_names_axis import PartNamesAxis
 from viewer.widgets.plain_text import plain_label
 from viewer.widgets.stale_while_hidden import StaleWhileHidden
 
 FIRST = "#d64541"
+PART_LINE = "#8a8f98"
 LABEL_ROOM = 0.22
 """Room above the highest ULP point, as a share of the plot's range, for the first finding's label."""
 
@@ -42,7 +44,10 @@ class OverviewPlot(QWidget):
         self.headline.setWordWrap(True)
         layout.addWidget(self.headline)
         self.plot_widget = pg.GraphicsLayoutWidget()
-        self.ulp_plot = self.plot_widget.addPlot(row=0, col=0, title="max ULP distance per op (log2(1 + ULP))", axisItems=grid_axes(), enableMenu=False)
+        self.part_names = PartNamesAxis()
+        self.ulp_plot = self.plot_widget.addPlot(
+            row=0, col=0, title="max ULP distance per op (log2(1 + ULP))", axisItems={**grid_axes(), "top": self.part_names}, enableMenu=False
+        )
         self.nmse_plot = self.plot_widget.addPlot(row=1, col=0, title="NMSE per op (log10; bit-exact ops on the floor)", axisItems=grid_axes(), enableMenu=False)
         self.nmse_plot.setXLink(self.ulp_plot)
         for plot in (self.ulp_plot, self.nmse_plot):
@@ -69,6 +74,8 @@ class OverviewPlot(QWidget):
         self.first_label = pg.TextItem("", color=FIRST, anchor=(0, 1), fill=pg.mkBrush(pg.getConfigOption("background")))
         self.first_label.setZValue(10)
         self.selected_lines = [pg.InfiniteLine(angle=90, pen=pg.mkPen("#00e5ff", width=1)) for _ in range(2)]
+        self.part_lines: list[tuple[pg.PlotItem, pg.InfiniteLine]] = []
+        """Where each part of the run after the first starts (`cv.GrowthSeries.parts`), in both plots."""
         layout.addWidget(self.plot_widget, 1)
         self._refresh = StaleWhileHidden(self, self.rebuild)
         # The selected op's line moves when the Overview is seen: moved while hidden, each
@@ -84,8 +91,12 @@ class OverviewPlot(QWidget):
                     plot.removeItem(item)
         if self.first_label in self.ulp_plot.items:
             self.ulp_plot.removeItem(self.first_label)
+        for plot, line in self.part_lines:
+            plot.removeItem(line)
+        self.part_lines = []
         comparison = self._model.comparison
         if comparison is None:
+            self._show_parts([], 0)
             self.points, self._position = [], {}
             for scatter in (*self.ulp_scatters.values(), *self.nmse_scatters.values()):
                 scatter.clear()
@@ -103,6 +114,7 @@ class OverviewPlot(QWidget):
             self.nmse_scatters[status].setData(x=x[lower], y=series.nmse_log[lower], data=lower)
         self.ulp_line.setData(x, series.ulp_log)
         self.nmse_line.setData(x, series.nmse_log)
+        self._show_parts(series.parts, len(series.pairs))
         first = cv.first_finding_pair(comparison)
         self.headline.setText(cv.headline(comparison))
         at: float | None = None
@@ -133,6 +145,17 @@ class OverviewPlot(QWidget):
             self.first_label.setPos(at + 0.5, high)
             self.ulp_plot.setYRange(low, high + (high - low) * LABEL_ROOM, padding=0)
         self._show_selection(self._model.selected)
+
+    def _show_parts(self, parts: list[tuple[int, str]], ops: int) -> None:
+        """Each part's name above the plots and a dotted line where it starts (the first needs none)."""
+        stops = [first for first, _ in parts[1:]] + [ops]
+        self.part_names.set_parts([(first - 0.5, stop - 0.5, name) for (first, name), stop in zip(parts, stops)])
+        self.ulp_plot.showAxis("top", bool(parts))
+        for first, _ in parts[1:]:
+            for plot in (self.ulp_plot, self.nmse_plot):
+                line = pg.InfiniteLine(pos=first - 0.5, angle=90, pen=pg.mkPen(PART_LINE, width=1, style=Qt.PenStyle.DotLine))
+                plot.addItem(line)
+                self.part_lines.append((plot, line))
 
     def _clicked(self, _item: pg.ScatterPlotItem, spots: list[Any], event: Any = None) -> None:
         """Points overlap when hundreds of ops share the axis: take the one nearest the click."""

@@ -138,6 +138,18 @@ def test_one_flipped_bit_at_position_700_is_named_by_layer_op_and_position_on_ev
     assert f"First finding: diverged at 0:prefill:0:{op}@5-1012  ({commands})" in capsys.readouterr().out, "the commands find the key report printed"
 
 
+def test_the_first_position_named_is_the_lowest_that_differs_in_any_head(tmp_path: Path) -> None:
+    """q_rope is laid out heads first: the first differing element in storage order is head 0's
+    at position 700, and the finding named it though head 1 differs at position 300."""
+    data = _prompt_tensors()
+    flipped = _flip(data["q_rope"], 700, 1)
+    flipped[1, 300, 0] ^= 1
+    native, oracle = combined(tmp_path / "n.h5", {**data, "q_rope": flipped}), segmented(tmp_path / "o.h5", data)
+    first = _compare(native, oracle).verdict.first
+    assert first is not None and first.key == OpKey(0, "prefill", 0, "q_rope", 0, (5, 1013))
+    assert first.detail.endswith("first at position 300")
+
+
 def test_the_pair_read_back_is_the_slice_of_the_combined_call_that_the_segment_computed(tmp_path: Path) -> None:
     data = _prompt_tensors()
     native, oracle = combined(tmp_path / "n.h5", _prompt_tensors(1)), segmented(tmp_path / "o.h5", data)
@@ -158,6 +170,40 @@ def test_positions_only_one_run_holds_are_listed_and_the_rest_still_pairs(tmp_pa
     assert all(p.metrics.bit_exact for p in c.pairs)
     uncovered = [(u.side, u.name, u.reason, u.detail) for u in c.unaligned if u.name == "layer_out"]
     assert uncovered == [("oracle", "layer_out", NO_PARTNER, "no native record of layer_out holds positions 1013-1026")]
+
+
+def test_a_step_without_recorded_positions_follows_the_call_before_it_where_that_call_was_recorded(tmp_path: Path) -> None:
+    """A run whose prompt was recorded at positions 5-1026 (its first 5 cached) and whose decode
+    steps record none: counted from 0, decode step 1 was placed at 1022, inside the prompt, and
+    paired with the other run's prompt rows."""
+    data = _prompt_tensors()
+    decode = bf16_bits(np.random.default_rng(9).standard_normal((1, HIDDEN)))
+    step = [T("layer_out", decode, step=1, segment="decode", layer=0, dtype="bfloat16")]
+    native = write_capture(tmp_path / "n.h5", "native", _call(data, 5, PROMPT, "prefill", True, False) + step, [(0, 7, False), (1, 8, False)])
+    oracle = write_capture(tmp_path / "o.h5", "oracle", _call(data, 0, PROMPT, "prefill", False, False) + step, [(0, 7, False), (1, 8, False)])
+    c = _compare(native, oracle, alignment="positions")
+    assert c.alignment.native_calls == [f"prefill 5-{PROMPT - 1}", f"decode {PROMPT}"]
+    assert all(p.metrics.bit_exact for p in c.pairs)
+    assert OpKey(1, "decode", 0, "layer_out", 0, (PROMPT, PROMPT + 1)) in {p.key for p in c.pairs}
+    assert {(u.side, u.key.positions) for u in c.unaligned} == {("oracle", (0, 5))}
+
+
+def test_a_token_step_only_one_run_made_is_keyed_by_its_logits_record_on_every_surface(tmp_path: Path) -> None:
+    """Keyed without the record's positions, the finding named a row neither the pairs nor the
+    unaligned records had, so the window and `--op` could not find it."""
+    data = _prompt_tensors()
+
+    def decode(step: int) -> list[T]:
+        return [T("logits", bf16_bits(np.full((1, 16), step, np.float32)), step=step, segment="decode", dtype="bfloat16")]
+
+    native = write_capture(tmp_path / "n.h5", "native", _call(data, 0, PROMPT, "prefill", False, True) + decode(1), [(0, 7, False), (1, 8, False)])
+    tensors = _call(data, 0, 5, "text-before", False, False) + _call(data, 5, PROMPT, "rest", False, True) + decode(1) + decode(2)
+    oracle = write_capture(tmp_path / "o.h5", "oracle", tensors, [(0, 7, False), (1, 8, False), (2, 9, False)])
+    c = _compare(native, oracle)
+    assert c.alignment.mode == POSITIONS
+    first = c.verdict.first
+    assert first is not None and first.key == OpKey(2, "decode", -1, "logits", 0, (PROMPT + 1, PROMPT + 2))
+    assert first.key in {u.key for u in c.unaligned}
 
 
 def test_each_stretch_a_record_lacks_a_partner_for_is_a_row_named_by_its_positions(tmp_path: Path) -> None:
@@ -191,6 +237,22 @@ def test_a_record_whose_partners_positions_two_records_claim_names_that_ambiguit
         "positions 5-1012 of layer_out are held by more than one oracle record)"
     )
     assert "no oracle record" not in " ".join(u.detail for u in c.unaligned)
+
+
+def test_every_record_inside_a_longer_one_is_set_aside_with_the_positions_it_shares(tmp_path: Path) -> None:
+    """Two short calls inside one long call: overlaps were looked for between neighbours alone,
+    so the second short record, whose neighbour does not overlap it, was paired."""
+    data = _prompt_tensors()
+    tensors = _call(data, 0, PROMPT, "full", True, False) + _call(data, 10, 20, "c1", True, False) + _call(data, 30, 40, "c2", True, False)
+    native = write_capture(tmp_path / "n.h5", "native", tensors, [(0, 7, False)])
+    c = _compare(native, combined(tmp_path / "o.h5", data), alignment="positions")
+    refused = [(u.segment, u.reason, u.detail) for u in c.unaligned if u.side == "native" and u.name == "layer_out"]
+    assert refused == [
+        ("full", "duplicate_key", "positions 10-19 of layer_out are held by more than one native record"),
+        ("c1", "duplicate_key", "positions 10-19 of layer_out are held by more than one native record"),
+        ("c2", "duplicate_key", "positions 30-39 of layer_out are held by more than one native record"),
+    ]
+    assert not any(p.key.segment in ("c1", "c2") for p in c.pairs)
 
 
 def test_a_record_of_no_rows_holds_no_position_and_says_so_while_the_record_over_its_place_lacks_a_partner(tmp_path: Path) -> None:

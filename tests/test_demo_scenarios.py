@@ -8,10 +8,12 @@ values, so signed zeros and NaN payloads count.
 from __future__ import annotations
 
 import re
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 
@@ -223,6 +225,21 @@ def test_head_chunk_changes_only_the_text_after_dispatch_and_its_metal_route(dem
         difference = next(d for d in run_to_end(iter_compare(n, o)).dispatch_differences if d.key == OpKey(*key))
     assert difference.native_summary.startswith("1 call(s), heads per call 12 over all KV groups, 6 rows"), "an unchunked call read '12 per KV group'"
     assert difference.oracle_summary.startswith("4 call(s), heads per call 5+1 per KV group, 6 rows")
+
+
+def test_a_dispatch_that_differs_in_a_field_the_summary_line_leaves_out_shows_that_field_on_both_lines(demo_pairs: dict, tmp_path: Path) -> None:
+    """Two runs whose calls differed in `batch` alone printed two identical lines under "differs in batch"."""
+    native, oracle = demo_pairs["clean"]
+    batched = tmp_path / "batch2.oracle.h5"
+    shutil.copyfile(oracle, batched)
+    with h5py.File(batched, "r+") as f:
+        table = f["dispatch"][:]
+        table["batch"] = 2
+        f["dispatch"][:] = table
+    with open_capture(native) as n, open_capture(batched) as o:
+        difference = run_to_end(iter_compare(n, o)).dispatch_differences[0]
+    assert difference.fields == ["batch"]
+    assert (difference.native_summary.split(", ")[-1], difference.oracle_summary.split(", ")[-1]) == ("batch 1", "batch 2")
 
 
 @pytest.mark.slow

@@ -87,8 +87,8 @@ def test_recorded_positions_near_the_end_of_int64_give_exact_spans() -> None:
         np.array([16, 1], dtype=np.int64),
         np.array([last, -1], dtype=np.int64),
     )
-    assert spans.by_seq() == {0: (last, last + 16), 1: (16, 17)}
-    assert [(c.step, c.segment, c.span) for c in calls] == [(0, "prefill", (last, last + 16)), (1, "decode", (16, 17))]
+    assert spans.by_seq() == {0: (last, last + 16), 1: (last + 16, last + 17)}, "past int64, exactly: the decode step follows the prompt"
+    assert [(c.step, c.segment, c.span) for c in calls] == [(0, "prefill", (last, last + 16)), (1, "decode", (last + 16, last + 17))]
 
 
 def test_spans_derived_from_call_order_end_a_shorter_record_where_its_call_ends() -> None:

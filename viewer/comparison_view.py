@@ -302,7 +302,7 @@ def tree_places(comparison: Comparison) -> TreePlaces:
                 group = root.find(where[:depth])
                 if group is not None:
                     group.worsen(Kind.UNALIGNED)  # where the missing partner would sit: a collapsed tree points there
-    tokens = token_finding(comparison.tokens, comparison.pairs)
+    tokens = token_finding(comparison.tokens, comparison.pairs, comparison.unaligned)
     if tokens is not None:
         # A tree whose every op is bit-exact still points at the step whose tokens differ: down to
         # its logits op's group when there is one, else its step and segment.

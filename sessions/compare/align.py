@@ -435,15 +435,32 @@ def _placed(
         groups[m.key[2:5]].append((span, m))  # (layer, op, occurrence)
     for group in groups.values():
         group.sort(key=itemgetter(0))
-        clashing = {i for i in range(1, len(group)) if group[i][0][0] < group[i - 1][0][1]}
+        clashing = _clashes([span for span, _ in group])
         if not clashing:
             continue
-        clashing |= {i - 1 for i in clashing}
         for i in sorted(clashing):
-            span, m = group[i]
-            unaligned.append(unaligned_record(side, m.record, DUPLICATE_KEY, f"{span_text(span)} of {m.key.op} {'is' if span[1] - span[0] == 1 else 'are'} held by more than one {side} record", m.key))
+            shared, m = clashing[i], group[i][1]
+            unaligned.append(unaligned_record(side, m.record, DUPLICATE_KEY, f"{span_text(shared)} of {m.key.op} {'is' if shared[1] - shared[0] == 1 else 'are'} held by more than one {side} record", m.key))
         group[:] = [placed for i, placed in enumerate(group) if i not in clashing]
     return groups
+
+
+def _clashes(spans: list[Span]) -> dict[int, Span]:
+    """Of spans sorted by first position, each that shares positions with another, and positions
+    it shares with one of them. A span overlaps an earlier one exactly when it starts before the
+    furthest stop so far, and a later one exactly when it stops after the next one starts:
+    looked for between neighbours alone, a record inside a longer one past its neighbour was
+    paired while its twin was refused."""
+    found: dict[int, Span] = {}
+    widest: int | None = None
+    for i, span in enumerate(spans):
+        if widest is not None and span[0] < spans[widest][1]:
+            found[i] = (span[0], min(span[1], spans[widest][1]))
+        elif i + 1 < len(spans) and span[1] > spans[i + 1][0]:
+            found[i] = (spans[i + 1][0], min(span[1], spans[i + 1][1]))
+        if widest is None or span[1] > spans[widest][1]:
+            widest = i
+    return found
 
 
 def _cut_only_where_needed(

@@ -508,18 +508,28 @@ def _first_position(r: PairResult) -> str:
     first = r.metrics.first_difference
     if not r.key.positions or first is None or len(first.coord) != len(r.metrics.shape):
         return ""
-    return f", first at position {r.key.positions[0] + first.coord[rows_axis(r.key.op)]}"
+    axis = rows_axis(r.key.op)
+    rows = r.metrics.per_row
+    row = first.coord[axis]
+    if rows is not None and len(rows.differing) == r.metrics.shape[axis]:
+        # The lowest differing row, not the row of the first differing element in storage
+        # order: of an op laid out heads first, that was head 0's, past a lower row of head 5.
+        row = next((row for row, count in enumerate(rows.differing) if count), row)
+    return f", first at position {r.key.positions[0] + row}"
 
 
-def token_finding(tokens: TokenParity, results: list[PairResult]) -> Finding | None:
+def token_finding(tokens: TokenParity, results: list[PairResult], unaligned: list[UnalignedRecord]) -> Finding | None:
     """The first pre-EOS step whose greedy tokens differ, keyed by that step's logits op: the
-    verdict's token finding, and where the tree marks it."""
+    verdict's token finding, and where the tree marks it. Without a logits pair, the key of that
+    step's logits record left without a partner: keyed without its positions, a run paired by
+    position named a row no surface had."""
     step = tokens.first_divergence_step
     if step is None:
         return None
     row = next(s for s in tokens.steps if s.step == step)
     logits = [r.key for r in results if r.key.step == step and r.key.op == "logits"]
-    key = logits[-1] if logits else OpKey(step, row.segment, -1, "logits")
+    alone = [u.key for u in unaligned if u.key is not None and u.key.step == step and u.key.op == "logits"]
+    key = logits[-1] if logits else alone[-1] if alone else OpKey(step, row.segment, -1, "logits")
     if row.native_token is not None and row.native_token == row.oracle_token:
         # "greedy tokens differ" over token 148 on both sides sent users looking for a wrong token.
         stops = "native" if row.native_stop else "oracle"
@@ -633,7 +643,7 @@ def _assemble(
     by_key = contracts.by_key()
     dispatch_by_key = {d.key: d for d in dispatch}
     pair_findings = [Finding(r.verdict, r.key, _pair_detail(r, by_key, dispatch_by_key)) for r in compared if r.verdict in FAILING]
-    verdict = judge(pair_findings, token_finding(tokens, results), _unaligned_findings(unaligned), [r.verdict for r in results], tokens.compared_steps > 0, eos)
+    verdict = judge(pair_findings, token_finding(tokens, results, unaligned), _unaligned_findings(unaligned), [r.verdict for r in results], tokens.compared_steps > 0, eos)
     return Comparison(
         native_path=str(native.path),
         oracle_path=str(oracle.path),

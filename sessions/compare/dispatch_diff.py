@@ -60,8 +60,14 @@ def events_by_record(table: np.ndarray) -> dict[int, list[dict[str, object]]]:
     return grouped
 
 
-def summarize(events: list[dict[str, object]]) -> str:
-    """One line a person can compare: calls, head split per KV group, primitives."""
+SUMMARIZED_FIELDS = frozenset({"kv_group", "head_count", "q_rows", "kv_len", "mask_kind", "primitive", "metal_primitive"})
+"""The fields every summary line shows (`summarize`); another is shown where it differs."""
+
+
+def summarize(events: list[dict[str, object]], differing: list[str] | tuple[str, ...] = ()) -> str:
+    """One line a person can compare: calls, head split per KV group, primitives, and each of
+    `differing` the line does not already show (two runs that differed in `batch` alone printed
+    two identical lines under "differs in batch")."""
     if not events:
         return "no dispatch recorded"
     chunks = "+".join(str(e["head_count"]) for e in events if e["kv_group"] == events[0]["kv_group"])
@@ -74,7 +80,11 @@ def summarize(events: list[dict[str, object]]) -> str:
         f"{len(events)} call(s), {split}, {first['q_rows']} rows, "
         f"kv {first['kv_len']}, mask {first['mask_kind']}, primitive {'/'.join(primitives)}"
     )
-    return text + (f", Metal would pick {'/'.join(metal)}" if metal else "")
+    text += f", Metal would pick {'/'.join(metal)}" if metal else ""
+    for field in differing:
+        if field in COMPARED_FIELDS and field not in SUMMARIZED_FIELDS:
+            text += f", {field.replace('_', ' ')} {'/'.join(dict.fromkeys(str(e[field]) for e in events))}"
+    return text
 
 
 def _differs(field: str, native: dict[str, object], oracle: dict[str, object], batches: tuple[int, int]) -> bool:
@@ -101,5 +111,5 @@ def compare_dispatch(
         fields = ["calls"] if len(n) != len(o) else []
         fields += [f for f in COMPARED_FIELDS if any(_differs(f, a, b, batches) for a, b in zip(n, o))]
         if fields:
-            differences.append(DispatchDifference(pair.key, len(n), len(o), fields, summarize(n), summarize(o)))
+            differences.append(DispatchDifference(pair.key, len(n), len(o), fields, summarize(n, fields), summarize(o, fields)))
     return differences

@@ -85,7 +85,7 @@ def record_spans(seq: np.ndarray, step: np.ndarray, segment: Coded[str], rows: n
         rows, position = rows.astype(object), position.astype(object)
     length = rows[opening].copy()
     np.maximum.at(length, call, rows)
-    start = np.concatenate((np.zeros(1, dtype=rows.dtype), np.cumsum(length)[:-1]))
+    start = _call_starts(call, length, rows, position)
     first = np.where(position >= 0, position, start[call] + length[call] - rows)
     stop = first + rows
     low, high = first[opening].copy(), stop[opening].copy()
@@ -94,6 +94,29 @@ def record_spans(seq: np.ndarray, step: np.ndarray, segment: Coded[str], rows: n
     spans = RecordSpans(seq, first, stop, call)
     made = [Call(int(step[at]), segment.values[segment.codes[at]], (int(a), int(b))) for at, a, b in zip(opening.tolist(), low.tolist(), high.tolist())]
     return spans, made
+
+
+def _call_starts(call: np.ndarray, length: np.ndarray, rows: np.ndarray, position: np.ndarray) -> np.ndarray:
+    """Where each call starts: at its records' first recorded position, or where the call before
+    it ended. Counted from 0 whatever earlier calls had recorded, a run whose prompt was
+    recorded at positions 40-82 (after a cached prefix) placed decode step 1 at 43, inside the
+    prompt, and compared its later steps with the other run's prompt rows."""
+    recorded = np.flatnonzero(position >= 0)
+    has = np.zeros(len(length), dtype=bool)
+    has[call[recorded]] = True
+    low = np.full(len(length), -1, dtype=position.dtype)
+    high = np.full(len(length), -1, dtype=position.dtype)
+    if recorded.size:
+        low[call[recorded]] = position[recorded]  # any recorded first of the call, lowered next
+        np.minimum.at(low, call[recorded], position[recorded])
+        np.maximum.at(high, call[recorded], position[recorded] + rows[recorded])
+    starts: list[int] = []
+    end = 0
+    for recorded_here, lowest, highest, long in zip(has.tolist(), low.tolist(), high.tolist(), length.tolist()):
+        at = lowest if recorded_here else end
+        starts.append(at)
+        end = max(at + long, highest) if recorded_here else at + long
+    return np.array(starts, dtype=rows.dtype)
 
 
 def overlap(a: Span, b: Span) -> Span | None:

@@ -19,8 +19,10 @@ from pathlib import Path
 from sessions.atomic_write import atomic_write_bytes
 from sessions.capture.check_cache import cache_root, identity_of, prune
 
-HASH_VERSION = 1
-"""What the digest covers (each file's name, `|`, its bytes, in order); bumped if that changes."""
+HASH_VERSION = 2
+"""What the digest covers (`_digest`); bumped when that changes. Version 1 mixed in each file's
+name: a renamed copy of the same GGUF read as DIFFERENT WEIGHTS, and a one-file hash was not
+what `sha256sum` prints."""
 
 
 def hashes_dir() -> Path:
@@ -39,18 +41,26 @@ def _entry(paths: list[Path]) -> Path:
     return hashes_dir() / (hashlib.sha256(names.encode()).hexdigest() + ".json")
 
 
-def _digest(paths: list[Path]) -> str:
+def _file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
-    for path in paths:
-        digest.update(path.name.encode() + b"|")
-        with path.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
     return digest.hexdigest()
 
 
+def _digest(paths: list[Path]) -> str:
+    """One file: its SHA-256, as `sha256sum` prints it. Several (a model's shards): the SHA-256
+    of their own SHA-256s, sorted, one per line: the same bytes hash alike whatever the files
+    are called or the order they are listed in."""
+    each = [_file_sha256(path) for path in paths]
+    if len(each) == 1:
+        return each[0]
+    return hashlib.sha256("".join(f"{digest}\n" for digest in sorted(each)).encode()).hexdigest()
+
+
 def artifact_sha256(paths: list[Path]) -> str:
-    """SHA-256 over the files' names and bytes, in the order given: a capture's weights hash."""
+    """The weights hash of a capture: of the files' bytes alone (`_digest`)."""
     paths = [Path(p) for p in paths]
     identity = _identity(paths)
     entry = _entry(paths)

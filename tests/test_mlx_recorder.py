@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -24,6 +25,7 @@ from backends.recorders.mlx_recorder import (
     ModelDirError,
     iter_record_mlx,
     load_local_model,
+    weights_sha256,
 )
 from backends.recorders.model_config import hf_config
 from backends.recorders.record_schedule import (
@@ -109,11 +111,25 @@ def test_a_stop_token_ends_the_run_and_is_marked(model_dir: Path, tmp_path: Path
 
 
 def test_a_directory_without_weights_is_refused_by_name(tmp_path: Path) -> None:
+    """Weights under another name than mlx-lm loads read "No safetensors found" beside the file."""
     (tmp_path / "config.json").write_text("{}", encoding="utf-8")
-    with pytest.raises(ModelDirError, match=r"no \*\.safetensors weights"):
+    (tmp_path / "weights.safetensors").write_bytes(b"")
+    with pytest.raises(ModelDirError) as refused:
         _drain(iter_record_mlx(tmp_path, TokenSchedule(PROMPT), tmp_path / "x.h5"))
+    assert str(refused.value) == f"{tmp_path}: no model*.safetensors weights (the files mlx-lm loads)"
     with pytest.raises(ModelDirError, match="not a directory"):
         load_local_model(tmp_path / "absent")
+
+
+def test_the_weights_hash_is_of_the_files_mlx_lm_loads_and_sha256sum_would_print(model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An adapter file beside the model, which mlx-lm never loads, changed the hash: `report`
+    warned of different weights between two runs of the same model."""
+    monkeypatch.setenv("PARITY_XRAY_CACHE_DIR", str(tmp_path / "cache"))
+    folder = Path(shutil.copytree(model_dir, tmp_path / "model"))
+    before = weights_sha256(folder)
+    assert before == hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
+    (folder / "adapters.safetensors").write_bytes(b"not the model's weights")
+    assert weights_sha256(folder) == before
 
 
 def test_weights_mlx_cannot_read_are_refused_naming_the_model_folder(model_dir: Path, tmp_path: Path) -> None:

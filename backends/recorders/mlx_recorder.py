@@ -30,7 +30,11 @@ from backends.engines.capture_sink import CaptureSink
 from backends.engines.demo_scenarios import EngineOptions
 from backends.engines.mlx_device import device_of
 from backends.engines.oracle_engine import OracleEngine, layer_of
-from backends.recorders.model_config import MAX_CONFIG_BYTES, hf_config
+from backends.recorders.model_config import (
+    MAX_CONFIG_BYTES,
+    MLX_WEIGHT_FILES,
+    hf_config,
+)
 from backends.recorders.record_schedule import (
     DECODE,
     TokenSchedule,
@@ -60,15 +64,15 @@ class ModelDirError(ValueError):
 
 
 def load_local_model(directory: Path) -> tuple[nn.Module, dict[str, Any]]:
-    """The mlx-lm model of a local directory (config.json + *.safetensors); never downloads."""
+    """The mlx-lm model of a local directory (config.json + model*.safetensors); never downloads."""
     directory = Path(directory)
     if not directory.is_dir():
         raise ModelDirError(f"{directory}: not a directory (record mlx takes a local mlx-lm model directory)")
     problem = regular_file_problem(directory / "config.json")
     if problem is not None:  # a FIFO or a folder there read as "no config.json"
         raise ModelDirError(f"{directory / 'config.json'}: {problem} (an mlx-lm model directory holds its config.json)")
-    if not list(directory.glob("*.safetensors")):
-        raise ModelDirError(f"{directory}: no *.safetensors weights")
+    if not list(directory.glob(MLX_WEIGHT_FILES)):
+        raise ModelDirError(f"{directory}: no {MLX_WEIGHT_FILES} weights (the files mlx-lm loads)")
     try:
         config = json.loads(read_side_file(directory / "config.json", MAX_CONFIG_BYTES).decode("utf-8"))
     except OSError as exc:
@@ -113,7 +117,7 @@ def _weight_layers(directory: Path) -> int | None:
     from safetensors import SafetensorError, safe_open
 
     found = -1
-    for path in sorted(directory.glob("*.safetensors")):
+    for path in sorted(directory.glob(MLX_WEIGHT_FILES)):
         try:
             with safe_open(str(path), framework="numpy") as handle:
                 names = list(handle.keys())
@@ -129,8 +133,8 @@ def _weight_layers(directory: Path) -> int | None:
 
 
 def weights_sha256(directory: Path) -> str:
-    """The artifact hash of the model's safetensors files, in name order."""
-    return artifact_sha256(sorted(Path(directory).glob("*.safetensors")))
+    """The artifact hash of the safetensors files mlx-lm loads (an adapter beside them is not the model's weights)."""
+    return artifact_sha256(sorted(Path(directory).glob(MLX_WEIGHT_FILES)))
 
 
 def _classes(model: nn.Module) -> tuple[tuple[type[nn.Module], ...], tuple[type[nn.Module], ...]]:

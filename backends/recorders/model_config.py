@@ -29,6 +29,10 @@ import numpy as np
 
 from sessions.side_file import open_regular_file, read_side_file
 
+MLX_WEIGHT_FILES = "model*.safetensors"
+"""The files of an mlx-lm model folder that mlx-lm loads as its weights (`mlx_lm.utils.load_model`):
+an adapter or another safetensors file beside them is not the model's."""
+
 GGUF_KEYS = {
     "hidden_size": "embedding_length",
     "num_hidden_layers": "block_count",

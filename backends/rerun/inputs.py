@@ -26,6 +26,7 @@ import numpy as np
 
 from backends.engines.capture_sink import to_numpy_bits
 from backends.recorders.model_config import (
+    MLX_WEIGHT_FILES,
     GGUFFileError,
     GGUFHeader,
     GGUFTensor,
@@ -255,7 +256,7 @@ def referenced_weights(capture: Capture, explicit: Path | None) -> Path | None:
     if isinstance(model_dir, str) and model_dir:
         _check_file_name(capture, "model_dir", model_dir)
         folder = Path(model_dir) if Path(model_dir).is_absolute() else capture.path.parent / model_dir
-        files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
+        files = sorted(folder.glob(MLX_WEIGHT_FILES)) if folder.is_dir() else []
         if len(files) == 1:
             return files[0]
     return None

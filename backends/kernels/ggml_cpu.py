@@ -273,12 +273,14 @@ def _f16(x: np.ndarray) -> np.ndarray:
 
 
 def attention(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float, causal: bool, kv_cells: int, f16_cache: bool = False
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float, causal: bool, kv_cells: int, f16_cache: bool = False, call_rows: int | None = None
 ) -> np.ndarray:
     """llama.cpp attention without flash attention, for q [heads, rows, dim] over k/v [kv_heads,
     kv_len, dim]: the cache holds `kv_cells` cells (unused ones zero and masked with -inf); returns
     [heads, rows, dim]. Query row i sits at cache position kv_len - rows + i. `f16_cache`: the
-    cache stores F16, so both products take F16 operands (module docstring)."""
+    cache stores F16, so both products take F16 operands (module docstring). `call_rows`: the
+    rows of the call the engine ran, when q is a window of it: the products follow the call's
+    path (`mul_mat`); one row of an 83-row prefill took the one-row path and missed by 4,096 ULP."""
     q, k, v = (np.asarray(a, dtype=F32) for a in (q, k, v))
     if f16_cache:
         k, v = _f16(k), _f16(v)
@@ -294,9 +296,9 @@ def attention(
     group = heads // kv_heads
     out = np.empty_like(q)
     for h in range(heads):
-        kq = mul_mat(k[h // group], _f16(q[h])) if f16_cache else dot_vec_f32(k[h // group], q[h])
+        kq = mul_mat(k[h // group], _f16(q[h]), call_rows=call_rows) if f16_cache else dot_vec_f32(k[h // group], q[h])
         probs = soft_max(kq, scale, mask)
-        out[h] = mul_mat(np.ascontiguousarray(v[h // group].T), _f16(probs) if f16_cache else probs)
+        out[h] = mul_mat(np.ascontiguousarray(v[h // group].T), _f16(probs) if f16_cache else probs, call_rows=call_rows)
     return out
 
 

@@ -353,6 +353,26 @@ def test_a_rerun_reuses_unchanged_cases_and_judges_a_changed_capture_again(
     assert [c.reused for c in gate().cases] == [False, False]
 
 
+def test_a_case_whose_capture_became_unusable_since_the_last_gate_links_to_no_report(
+    tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], cluster: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The page cached from the run before stayed: the UNUSABLE row linked to "Gate: PARITY, pass"."""
+    monkeypatch.setenv("PARITY_XRAY_CACHE_DIR", str(tmp_path / "cache"))
+    for side, path in zip(("native", "oracle"), demo_pairs["clean"], strict=True):
+        shutil.copy(path, tmp_path / f"{side}.h5")
+    (tmp_path / "gate.toml").write_text('[[case]]\nname = "t"\nnative = "native.h5"\noracle = "oracle.h5"\n')
+
+    def gate() -> GateResult:
+        _gate(str(tmp_path / "gate.toml"), "--scheduler", cluster, "--json", str(tmp_path / "g.json"), "--html", str(tmp_path / "g.html"))
+        capsys.readouterr()
+        return load_gate_file(tmp_path / "g.json")
+
+    assert [(c.word, c.report) for c in gate().cases] == [("PARITY", "g-cases/001-t.html")]
+    (tmp_path / "native.h5").write_bytes((tmp_path / "native.h5").read_bytes()[:3000])
+    assert [(c.word, c.report) for c in gate().cases] == [(UNUSABLE, None)]
+    assert "g-cases/001-t.html" not in (tmp_path / "g.html").read_text()
+
+
 def _process_with(*parts: bytes) -> int | None:
     """A live process whose command line names all of `parts`."""
     for entry in Path("/proc").iterdir():

@@ -11,6 +11,7 @@ from sessions.commands import gate as gate_command
 from sessions.compare.options import CompareOptions
 from sessions.compare.tensor_diff import Tolerance
 from sessions.compare.tolerance_policy import load_policy
+from sessions.gate.cache import case_key
 from sessions.gate.manifest import (
     EOS_REQUIRE,
     EOS_STOP,
@@ -54,6 +55,19 @@ def test_a_glob_names_each_case_by_what_its_wildcard_matched_and_pairs_the_oracl
         GateCase("img01", str(tmp_path / "runs/img01/native.h5"), str(tmp_path / "runs/img01/oracle.h5"), CompareOptions(max_ulp=2, max_steps=64, workers=1)),
         GateCase("img02", str(tmp_path / "runs/img02/native.h5"), str(tmp_path / "runs/img02/oracle.h5"), CompareOptions(max_ulp=2, max_steps=64, workers=1)),
     )
+
+
+def test_a_glob_or_a_path_spelled_with_dot_segments_finds_the_same_cases_and_shares_their_cached_result(tmp_path: Path) -> None:
+    """`./runs/*/native.h5` matched nothing (glob drops the "./" the pattern was matched with), and
+    `../a/native.h5` from another folder was judged again instead of sharing the result."""
+    _runs(tmp_path, ["img01"])
+    plain = load_manifest(_write(tmp_path, 'cases = "runs/*/native.h5"\noracle = "runs/*/oracle.h5"\n')).cases
+    for spelled in ("./runs/*/native.h5", "runs//*/native.h5", "runs/*/./native.h5"):
+        assert load_manifest(_write(tmp_path, f'cases = "{spelled}"\noracle = "./runs/*/oracle.h5"\n')).cases == plain
+    (tmp_path / "other").mkdir()
+    elsewhere = load_manifest(_write(tmp_path / "other", _cases("../runs/img01"))).cases
+    assert (elsewhere[0].native, elsewhere[0].oracle) == (plain[0].native, plain[0].oracle)
+    assert case_key(elsewhere[0]) == case_key(plain[0])
 
 
 def test_explicit_cases_take_the_top_level_options_and_override_them_one_by_one(tmp_path: Path) -> None:

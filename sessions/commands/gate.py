@@ -133,6 +133,10 @@ class _GateRun:
         store_entry(self.cache_dir, self.keys[index], outcome)
         if outcome.html is not None:
             self.pages[index] = outcome.html
+        elif not outcome.result.reused:
+            # Judged again with no report (its capture now unusable, its worker lost): the cached
+            # page describes the captures as they were, and an UNUSABLE row linked to "PARITY, pass".
+            self.pages.pop(index, None)
         self.results[index] = outcome.result
         print(f"[{self.done}/{len(self.cases)}] {progress_line(outcome.result)}", flush=True)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from pathlib import Path
 
 from sessions.atomic_write import atomic_write_bytes
@@ -34,11 +35,20 @@ def gate_cache_dir() -> Path:
     return cache_root() / "gates"
 
 
+def _real(path: str) -> str:
+    """One pair however manifests spell it (`..`, `./`, a link): "the same pair shares the result"
+    was false of `../a/n.h5` beside `n.h5`."""
+    try:
+        return os.path.realpath(path)
+    except (OSError, ValueError):  # a NUL: the case is unusable, and keyed as written
+        return path
+
+
 def case_key(case: GateCase) -> str:
     material = {
         "format": GATE_CACHE_FORMAT,
         "code": code_digest(),
-        "paths": [case.native, case.oracle],
+        "paths": [_real(case.native), _real(case.oracle)],
         "options": dataclasses.asdict(case.options),
         "eos": case.eos,
     }

@@ -186,6 +186,7 @@ def test_a_local_gate_judges_every_scenario_as_report_does_and_writes_json_and_h
     _runs(tmp_path, demo_pairs)
     manifest = tmp_path / "gate.toml"
     manifest.write_text(GLOB + EOS_CASES)
+    (tmp_path / "out").mkdir()
     assert _gate(str(manifest), "--workers", "2", "--json", str(tmp_path / "gate.json"), "--html", str(tmp_path / "out" / "gate.html")) == 1
     out = capsys.readouterr().out
     gate = load_gate_file(tmp_path / "gate.json")
@@ -243,6 +244,12 @@ def test_an_output_naming_the_manifest_or_a_case_capture_is_refused_before_anyth
     assert _gate(str(one_case), "--html", str(tmp_path / "y.html")) == 2
     assert f"the report of case 'a' {capture} is the native capture of case 'a'" in capsys.readouterr().err
     assert capture.read_bytes() == demo_pairs["clean"][0].read_bytes()
+    assert _gate(str(manifest), "--html", str(tmp_path / "absent" / "g.html")) == 2, "a folder made where none was"
+    assert f"--html {tmp_path / 'absent' / 'g.html'} is in {tmp_path / 'absent'}, which does not exist" in capsys.readouterr().err
+    (tmp_path / "s-cases").write_text("a file where the cases' folder goes")
+    assert _gate(str(manifest), "--html", str(tmp_path / "s.html")) == 2, "refused after every case was judged"
+    said = capsys.readouterr()
+    assert "judging" not in said.out and f"its cases' reports go in {tmp_path / 's-cases'}, where something other than a folder is" in said.err
 
 
 def test_more_local_workers_than_the_cores_can_run_is_refused_before_a_cluster_starts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -296,8 +303,10 @@ def test_a_scheduler_address_dask_cannot_parse_is_one_line_and_exit_2(
 
 
 def test_a_gate_on_a_separately_started_cluster_judges_as_report_does(
-    tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], report_verdicts: dict[str, Verdict], cluster: str, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], report_verdicts: dict[str, Verdict], cluster: str, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setenv("PARITY_XRAY_CACHE_DIR", str(tmp_path / "cache"))  # judged on the cluster, not reused from another test's gate of these captures
     _runs(tmp_path, demo_pairs)
     (tmp_path / "gate.toml").write_text(GLOB)
     assert _gate(str(tmp_path / "gate.toml"), "--scheduler", cluster, "--json", str(tmp_path / "gate.json")) == 1
@@ -425,7 +434,8 @@ def test_a_killed_worker_and_a_crashing_reader_make_their_cases_unusable_and_the
     for thread in saboteurs:
         thread.start()
     try:
-        code = _gate(str(tmp_path / "gate.toml"), "--scheduler", cluster, "--json", str(tmp_path / "gate.json"))
+        # Not from the cache: the links name the demo captures, whose verdicts earlier tests keep there.
+        code = _gate(str(tmp_path / "gate.toml"), "--scheduler", cluster, "--json", str(tmp_path / "gate.json"), "--no-cache")
     finally:
         for thread in saboteurs:
             thread.join()

@@ -72,9 +72,10 @@ def run(args: argparse.Namespace) -> int:
         return fail(f"bad manifest: {exc}")
     for case in manifest.cases:
         inputs.update({f"native capture of case {case.name!r}": case.native, f"oracle capture of case {case.name!r}": case.oracle})
-    if args.html is not None:
-        outputs.update({f"the report of case {case.name!r}": str(page) for case, page in zip(manifest.cases, case_pages(args.html, manifest.cases))})
-    clash = output_problem(outputs, inputs, made_folders=set(outputs) - {"--json"})  # the HTML's folder and its cases' are made
+    pages = {f"the report of case {case.name!r}": str(page) for case, page in zip(manifest.cases, case_pages(args.html, manifest.cases))} if args.html else {}
+    # The summary's folder must be there, as every output's is; only its cases' folder is made,
+    # so it must be one that can be: found after every case was judged, either lost the gate's work.
+    clash = output_problem({**outputs, **pages}, inputs, made_folders=set(pages)) or (_cases_folder_problem(args.html) if args.html else None)
     if clash is not None:
         return fail(clash)
     state = _GateRun(manifest.cases, want_html=args.html is not None, use_cache=not args.no_cache)
@@ -160,7 +161,7 @@ class _GateRun:
             pages = case_pages(html_out, gate.cases)
             made = None if folder.exists() else folder
             try:
-                folder.mkdir(parents=True, exist_ok=True)
+                folder.mkdir(exist_ok=True)
             except OSError as exc:
                 return f"cannot make {folder}: {exc.strerror or exc}"
             for index, (case, page) in enumerate(zip(gate.cases, pages)):
@@ -178,6 +179,13 @@ class _GateRun:
 
 def _cases_folder(html_out: str) -> Path:
     return Path(html_out).with_name(f"{Path(html_out).stem}-cases")
+
+
+def _cases_folder_problem(html_out: str) -> str | None:
+    folder = _cases_folder(html_out)
+    if folder.exists() and not folder.is_dir():
+        return f"--html {printable(html_out)}: its cases' reports go in {printable(str(folder))}, where something other than a folder is"
+    return None
 
 
 def case_pages(html_out: str, cases: Sequence[GateCase | CaseResult]) -> list[Path]:

@@ -8,6 +8,7 @@ what is inherited, and how much of the final error each local op explains.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import pytest
 from backends.commands.diagnose import EXIT_EXPLAINED, EXIT_UNEXPLAINED
 from backends.diagnosis.budget import Injection, NotMeasurable, Replay
 from backends.diagnosis.classify import Locality
+from backends.diagnosis.document import render_html, render_text
 from backends.diagnosis.run import DiagnoseOptions, Diagnosis, iter_diagnose
 from backends.rerun.segment import RerunSession
 from sessions.capture.opening import open_capture
@@ -316,7 +318,6 @@ def test_the_verdict_counts_the_later_ops_left_undetermined_and_says_why_the_fir
 
 
 def test_the_text_lists_the_ops_left_undetermined_under_a_heading_and_counts_those_it_leaves_out(demo_pairs: dict, tmp_path: Path) -> None:
-    from backends.diagnosis.document import render_text
 
     lines = render_text(diagnose(copied(demo_pairs["attention-contract"], tmp_path, weights=False), mode="all", budget=False)).splitlines()
     heading = lines.index("Not classified (execution order; a covered stage is accounted for by the op that computes it):")
@@ -500,6 +501,12 @@ def test_llama_cpp_as_the_oracle_an_f16_cache_is_named_at_the_first_attention(ll
     stages = {OpKey(0, "prefill", 0, op) for op in ("attn_scores", "attn_probs", "attn_pv")}
     assert found.covered_keys() == stages and found.open_ops == []
     assert found.counts_text().endswith("1 local, 0 inherited, 0 undetermined, 3 stage(s) covered by the op that computes them")
+    # Every surface's word for them: the window and the HTML said "undetermined" of what the count called covered.
+    assert {key: word for key, word in found.locality().items() if key in stages} == dict.fromkeys(stages, "covered")
+    text, page = render_text(found), render_html(found)
+    for stage in stages:
+        assert f"  covered {stage}: " in text and re.search(rf"<td>{re.escape(stage.text())}</td><td>[^<]*</td><td>covered</td>", page)
+    assert "<td>undetermined</td>" not in page
 
 
 def test_llama_cpp_as_the_oracle_splits_local_from_inherited_by_the_contracts_that_give_its_bits(llama_tiny_pairs: dict) -> None:

@@ -43,7 +43,7 @@ STATUS_COLOURS: dict[str, str] = {
 }
 """One colour per verdict kind (sessions.compare.verdict), also used by the status icons in assets/;
 bit-exact is the PARITY word's green, so the tree's icons and the verdict strip are one green."""
-LOCALITY_COLOURS: dict[str, str] = {"local": "#d64541", "inherited": "#8a8f98", "undetermined": "#c9a227"}
+LOCALITY_COLOURS: dict[str, str] = {"local": "#d64541", "inherited": "#8a8f98", "covered": "#8a8f98", "undetermined": "#c9a227"}
 """A diagnosed op's cause (backends.diagnosis.classify.Locality): local ops are where to look."""
 
 

@@ -86,10 +86,10 @@ def render_text(diagnosis: Diagnosis, verbose: bool = False) -> str:
             lines += ["", f"Candidates at {op.key} (on the native's own inputs):"]
             lines += [f"  {c.id:<34} {candidate_line(c)}" for c in op.candidates]
     undetermined = [op for op in diagnosis.ops if str(op.classification.locality) == "undetermined"]
-    covered = diagnosis.covered_keys()
     if undetermined:
         lines += ["", "Not classified (execution order; a covered stage is accounted for by the op that computes it):"]
-        lines += [f"  {'covered' if op.key in covered else 'undetermined'} {op.key}: {op.classification.why}" for op in undetermined[:UNDETERMINED_ROWS_SHOWN]]
+        words = diagnosis.locality()
+        lines += [f"  {words[op.key]} {op.key}: {op.classification.why}" for op in undetermined[:UNDETERMINED_ROWS_SHOWN]]
         if len(undetermined) > UNDETERMINED_ROWS_SHOWN:
             lines.append(f"  ... {len(undetermined) - UNDETERMINED_ROWS_SHOWN} more in the JSON")
     for declared in diagnosis.contract_only:
@@ -134,10 +134,11 @@ def render_html(diagnosis: Diagnosis) -> str:
         f"{escape(diagnosis.device)} (MLX {escape(diagnosis.mlx_version)}), {diagnosis.seconds:.1f} s, mode {escape(diagnosis.mode)}</p>",
     ]
     if diagnosis.ops:
+        words = diagnosis.locality()
         parts.append("<h2>Classified ops</h2>")
         parts.append(_table(
             ["op", "kind", "locality", "native ran", "local error", "total error", "why"],
-            [[op.key.text(), op.classification.kind, str(op.classification.locality), op.native_ran or (f"closest: {op.closest}" if op.closest else "—"),
+            [[op.key.text(), op.classification.kind, words[op.key], op.native_ran or (f"closest: {op.closest}" if op.closest else "—"),
               figure(op.classification.local), op.classification.total.text(), op.classification.why] for op in diagnosis.ops[: LOCAL_ROWS_SHOWN * 4]],
         ))
         if len(diagnosis.ops) > LOCAL_ROWS_SHOWN * 4:

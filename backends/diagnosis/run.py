@@ -196,8 +196,11 @@ class Diagnosis:
         return dict(counts.most_common())
 
     def locality(self) -> dict[OpKey, str]:
-        """Each classified op's word (local / inherited / undetermined), for the tree's column."""
-        return {op.key: str(op.classification.locality) for op in self.ops}
+        """Each classified op's word (local / inherited / undetermined / covered): every surface's
+        (the text, the tree's column, the panel's table, the HTML). The window and the HTML said
+        "undetermined" of the stages the text's count called covered."""
+        covered = self.covered_keys()
+        return {op.key: COVERED if op.key in covered else str(op.classification.locality) for op in self.ops}
 
     def covered_keys(self) -> set[OpKey]:
         """Undetermined stages (`STAGE_OF`) of an op this diagnosis classified: that op's verdict
@@ -217,6 +220,10 @@ class Diagnosis:
         covered = len(self.covered_keys())
         text = f"{len(self.ops)} differing op(s) classified: {local} local, {inherited} inherited, {len(self.open_ops)} undetermined"
         return text + (f", {covered} stage(s) covered by the op that computes them" if covered else "")
+
+
+COVERED = "covered"
+"""The word for an undetermined stage of an op the diagnosis classified (`Diagnosis.covered_keys`)."""
 
 
 def _preferred(ids: list[str], declared: str, head_split: bool | None) -> str | None:

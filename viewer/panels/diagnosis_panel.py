@@ -36,6 +36,7 @@ from backends.diagnosis.run import (
     OpDiagnosis,
     iter_diagnose,
 )
+from sessions.compare.key import OpKey
 from sessions.compare.verdict import Kind
 from sessions.progress import Progress
 from viewer import comparison_view as cv
@@ -102,6 +103,8 @@ class DiagnosisPanel(QWidget):
         self.tasks = TaskSlots(self)
         self.diagnosis: Diagnosis | None = None
         self.listed: list[OpDiagnosis] = []
+        self.words: dict[OpKey, str] = {}
+        """Each listed op's word (`Diagnosis.locality`): what every surface calls it."""
         """The ops the table shows, row by row."""
         self.scope = QComboBox()
         for value, label in SCOPES:
@@ -274,14 +277,15 @@ class DiagnosisPanel(QWidget):
     def _fill_ops(self, diagnosis: Diagnosis) -> None:
         """The classified ops (local and undetermined ones, or all), the first local one chosen."""
         everything = self.show_inherited.isChecked()
+        self.words = diagnosis.locality()
         self.listed = [op for op in diagnosis.ops if everything or str(op.classification.locality) != "inherited"]
         self.ops.setRowCount(len(self.listed))
         for row, op in enumerate(self.listed):
             found = op.classification
             ran = op.native_ran or (f"closest: {op.closest}" if op.closest else "—")
             tip = f"{found.why}\ntotal error: {found.total.text()}\nlocal error: {figure(found.local)}"
-            cells = (_item(found.key.text(), tip), _item(str(found.locality), tip), _item(ran, tip), _item(_short(found.local), tip))
-            cells[1].setForeground(locality_colour(str(found.locality)))
+            cells = (_item(found.key.text(), tip), _item(self.words[op.key], tip), _item(ran, tip), _item(_short(found.local), tip))
+            cells[1].setForeground(locality_colour(self.words[op.key]))
             for column, cell in enumerate(cells):
                 self.ops.setItem(row, column, cell)
         _fit_columns(self.ops)
@@ -312,7 +316,7 @@ class DiagnosisPanel(QWidget):
     def _show_candidates(self, op: OpDiagnosis) -> None:
         found = op.classification
         route = "; ".join(found.oracle_route) or "—"
-        self.why.setText(code_text(f"{found.key} is {found.locality}: {found.why}."))
+        self.why.setText(code_text(f"{found.key} is {self.words.get(found.key, str(found.locality))}: {found.why}."))
         self.why.setToolTip(code_text(f"Oracle's route: {route}.\nCloser to exact (float64): {found.closer_to_exact}."))
         self.layout().activate()
         self.candidates.setRowCount(len(op.candidates))

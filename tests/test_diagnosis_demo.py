@@ -119,6 +119,19 @@ def test_swiglu_order_is_local_at_ffn_act_and_reproduced_by_the_natives_order(de
     assert op.classification.local is not None and op.classification.local.differing == 1711 and op.classification.local.max_ulp == 2
 
 
+def test_a_native_that_wrote_a_nan_and_an_infinity_where_exact_arithmetic_gives_numbers_is_never_the_closer_to_exact(demo_pairs: dict, tmp_path: Path) -> None:
+    """Non-finite elements were left out of the distance to the float64 reference: a native that
+    wrote NaN and +Inf over two of 5,120 numbers read as closer to exact than the oracle."""
+    native, oracle = copied(demo_pairs["clean"], tmp_path)
+    with h5py.File(native, "r+") as file:
+        (row,) = [r for r in file["index"][:] if (r["name"], r["segment"], r["step"]) == (b"ffn_swiglu-0", b"text-before", 0)]
+        stored, start = file[row["path"].decode()], int(row["offset"])
+        stored[start : start + 4] = np.array([0x7FC0, 0x7F80], np.uint16).view(np.uint8)
+    op = diagnose((native, oracle), mode="op", key=OpKey(0, "text-before", 0, "ffn_act")).ops[0]
+    assert op.classification.closer_to_exact == "oracle's route"
+    assert "Against the float64 reference the native is closer to exact" not in diagnose((native, oracle)).verdict
+
+
 def test_a_native_record_declaring_the_swiglu_order_it_did_not_run_is_said_to_declare_one_and_run_another(demo_pairs: dict) -> None:
     """The swiglu-order native records `swiglu.bf16.silu_then_mul` whatever order it runs: the
     record's id names the candidate `swiglu.silu_then_mul`, which does not give its bits."""

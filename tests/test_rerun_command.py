@@ -87,6 +87,18 @@ def test_weights_named_for_a_rerun_that_takes_none_are_said_to_be_unread(demo_pa
     assert "was not read" not in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("command", [["diagnose"], ["rerun", "--op", "0:visual:0:sdpa"]])
+def test_weights_that_name_no_file_are_refused_before_any_work_even_where_no_op_reads_them(
+    demo_pairs: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    """Read only when an op took a weight: diagnose exited 0 without a word about a missing file."""
+    native, oracle = demo_pairs["attention-contract"]
+    (tmp_path / "empty.safetensors").write_bytes(b"")
+    for weights, problem in ((tmp_path / "absent.safetensors", "does not exist"), (tmp_path, "is a directory, not a regular file"), (tmp_path / "empty.safetensors", "is empty (0 bytes)")):
+        assert main([command[0], str(native), str(oracle), *command[1:], "--weights", str(weights)]) == 2
+        assert capsys.readouterr().err == f"parity-xray {command[0]}: weights file {weights} (named for this rerun) {problem}\n"
+
+
 @pytest.mark.slow
 def test_the_command_exits_1_when_the_rerun_does_not_reproduce_its_route_side(demo_pairs: dict) -> None:
     native, oracle = demo_pairs["attention-contract"]

@@ -19,7 +19,12 @@ import sys
 
 from backends.diagnosis.document import render_html, render_text, to_dict
 from backends.diagnosis.run import DiagnoseOptions, Diagnosis, iter_diagnose
-from backends.rerun.inputs import RerunInputError, files_named, files_read
+from backends.rerun.inputs import (
+    RerunInputError,
+    files_named,
+    files_read,
+    named_weights_problem,
+)
 from sessions.capture.opening import open_complete_capture
 from sessions.capture.reader import CaptureError
 from sessions.commands.arguments import (
@@ -96,6 +101,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.no_budget and not args.all:
         return unusable("--no-budget goes with --all (only --all shares out the final error)")
+    named = named_weights_problem(args.weights)
+    if named is not None:
+        return unusable(named)
     try:
         options = options_from(args)
         compare = CompareOptions(native_profile=args.native_profile, oracle_profile=args.oracle_profile, alignment=args.align)

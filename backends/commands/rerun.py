@@ -20,7 +20,12 @@ from typing import Any
 from backends.diagnosis.candidates import metrics_cell
 from backends.rerun import ops as rerun_ops
 from backends.rerun.capture_out import save_rerun
-from backends.rerun.inputs import RerunInputError, files_named, files_read
+from backends.rerun.inputs import (
+    RerunInputError,
+    files_named,
+    files_read,
+    named_weights_problem,
+)
 from backends.rerun.segment import (
     SIDES,
     RerunOptions,
@@ -131,6 +136,9 @@ def run(args: argparse.Namespace) -> int:
     def unusable(message: str) -> int:
         return end_unusable("rerun", message, outputs, inputs)  # `inputs` as known when it ends
 
+    named = named_weights_problem(args.weights)
+    if named is not None:
+        return unusable(named)
     try:
         key = rerun_target(args.op)
         options = options_from(args)

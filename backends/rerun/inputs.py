@@ -334,6 +334,15 @@ def _not_a_regular_file(path: Path) -> str | None:
     return "is empty (0 bytes)" if status.st_size == 0 else None
 
 
+def named_weights_problem(weights: str | None) -> str | None:
+    """Why `--weights` names no weights file, said before any work: read only when an op needs a
+    weight, a missing file went unmentioned by a diagnosis that needed none, and exited 0."""
+    if weights is None:
+        return None
+    problem = _not_a_regular_file(Path(weights))
+    return None if problem is None else f"weights file {printable(weights)} (named for this rerun) {problem}"
+
+
 def _safetensors_dtype(path: Path, name: str, fallback: str) -> str:
     """The dtype the safetensors header declares for `name` (mx.load reads float8 as uint8);
     `fallback` when the header says nothing readable (mx.load has already accepted it)."""

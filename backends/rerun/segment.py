@@ -309,8 +309,13 @@ def _distance(bits: np.ndarray, logical: str, reference: np.ndarray) -> ExactDis
     values = as_values(bits, logical).astype(np.float64)
     diff = values - reference
     finite = np.isfinite(diff)
-    rmse = float(np.sqrt(np.mean(diff[finite] ** 2))) if finite.any() else float("nan")
-    max_abs = float(np.max(np.abs(diff[finite]))) if finite.any() else float("nan")
+    if (~np.isfinite(values) & np.isfinite(reference)).any():
+        # A NaN or an infinity where exact arithmetic gives a number is as far from exact as can
+        # be: left out of the mean, a native that wrote NaN and +Inf read as the closer to exact.
+        rmse = max_abs = float("inf")
+    else:
+        rmse = float(np.sqrt(np.mean(diff[finite] ** 2))) if finite.any() else float("nan")
+        max_abs = float(np.max(np.abs(diff[finite]))) if finite.any() else float("nan")
     rounded = np.asarray(reference).astype(as_values(bits[:0], logical).dtype).view(bits.dtype)
     exact = float(np.mean(as_bit_pattern(bits, logical) == as_bit_pattern(rounded, logical))) if bits.size else 1.0
     return ExactDistance(rmse, max_abs, exact)

@@ -20,6 +20,12 @@ def printable_lines(text: str) -> str:
 
 
 
+def one_line(text: str, limit: int = 600) -> str:
+    """Someone else's message of several lines (mlx-lm names each parameter it did not expect on
+    a line of its own) as the one line a refusal is, its control characters escaped."""
+    return excerpt(printable(" ".join(part.strip() for part in text.splitlines() if part.strip())), limit)
+
+
 def excerpt(text: str, limit: int) -> str:
     """`text`, cut after `limit` characters with how long it is: a prompt may be 60 MB, which a
     table cell laid out for 90 s and an HTML page carried whole, twice."""

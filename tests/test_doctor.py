@@ -130,10 +130,15 @@ def test_doctor_without_a_display_says_so_and_exits_1() -> None:
     assert "no display: DISPLAY is not set, so the 'xcb' platform has nowhere to draw" in done.stdout
 
 
-def test_doctor_for_llama_names_the_command_it_checks_for() -> None:
-    """The heading read "what the llama needs on this machine"."""
-    done = _doctor(os.environ.copy(), "--for", "llama")
+def test_doctor_for_llama_names_the_command_it_checks_for_and_only_what_that_needs(tmp_path: Path) -> None:
+    """The heading read "what the llama needs on this machine"; and unwritable cache folders, which
+    `record llama` records fine without, failed it."""
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    env = {name: value for name, value in os.environ.items() if name != "PARITY_XRAY_CACHE_DIR"}
+    done = _doctor({**env, "XDG_CACHE_HOME": str(blocked), "XDG_DATA_HOME": str(blocked)}, "--for", "llama")
     assert done.stdout.startswith("parity-xray doctor: what `record llama` needs on this machine\n")
+    assert "writable folder" not in done.stdout
 
 
 def test_doctor_offscreen_finds_everything_the_demo_needs_without_loading_qt_itself() -> None:

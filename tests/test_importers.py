@@ -109,6 +109,7 @@ def test_safetensors_keep_bfloat16_bits_and_read_layers_from_names(tmp_path: Pat
         assert by_name["model.layers.3.mlp.down_proj"].dtype == "bfloat16"
         assert capture.read_bits(by_name["model.layers.3.mlp.down_proj"]).tolist() == bits.tolist()
         assert by_name["lm_head"].layer == -1
+        assert capture.meta.provenance == {"imported_from": str(source.resolve()), "import_kind": "safetensors"}, "no manifest was given: the source is none"
 
 
 def test_npz_with_a_manifest_reinterprets_a_same_width_dtype(tmp_path: Path) -> None:
@@ -120,6 +121,7 @@ def test_npz_with_a_manifest_reinterprets_a_same_width_dtype(tmp_path: Path) -> 
         assert (record.name, record.layer, record.dtype) == ("attn_norm-2", 2, "float16")
         values = capture.read_values(record)
         assert values.tolist() == [1.0, 0.0] and np.signbit(values[1])
+        assert capture.meta.provenance["manifest"] == str(Path(manifest).resolve())
 
 
 def test_quantized_bin_blocks_are_kept_raw_with_their_logical_shape(tmp_path: Path) -> None:

@@ -87,6 +87,16 @@ def test_bad_input_is_refused_with_exit_2(
     assert not out.exists()
 
 
+def test_without_llama_cpp_python_the_refusal_names_the_command_that_builds_it(
+    gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It said "No module named llama_cpp", after "starting llama.cpp"."""
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # what importlib finds where it is not installed
+    assert _run(["record", "llama", str(gguf), "--tokens", "1", "--out", str(tmp_path / "x.h5")]) == record_command.EXIT_REFUSED
+    said = capsys.readouterr()
+    assert said.err == f"record refused: llama-cpp-python is not installed here: {record_command.INSTALL_LLAMA}\n" and said.out == ""
+
+
 def test_a_truncated_gguf_is_refused_with_llama_cpps_own_reason(gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     truncated = tmp_path / "truncated.gguf"
     truncated.write_bytes(gguf.read_bytes()[: gguf.stat().st_size // 2])

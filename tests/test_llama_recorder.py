@@ -105,6 +105,7 @@ def test_each_variant_records_a_valid_capture_whose_logits_are_llama_cpps_own(gg
         assert [int(t) for t in capture.tokens["token_id"]] == [int(np.argmax(x[-1])) for x in returned]
         assert capture.meta.provenance["parity_settings"]["flash_attn"] is False
         assert capture.meta.provenance["parity_settings"]["kv_type"] == "f32"
+        assert (capture.meta.device, capture.meta.provenance["parity_settings"]["n_gpu_layers"]) == ("cpu", 0), "a GPU build offloaded every layer"
     assert len(recorded) == len(returned) == 3
     for mine, theirs in zip(recorded, returned, strict=True):
         assert mine.view(np.uint32).tobytes() == theirs.view(np.uint32).tobytes()

@@ -132,6 +132,16 @@ def test_the_weights_hash_is_of_the_files_mlx_lm_loads_and_sha256sum_would_print
     assert weights_sha256(folder) == before
 
 
+def test_mlx_lms_refusal_of_many_lines_is_one_line(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """mlx-lm names each weight it did not expect on a line of its own: the refusal ran to 12 lines."""
+    folder = Path(shutil.copytree(model_dir, tmp_path / "model"))
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": config["num_hidden_layers"] - 1}))
+    assert main(["record", "mlx", str(folder), "--tokens", "1,2", "--out", str(tmp_path / "x.h5")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"record refused: {folder}: mlx-lm cannot load it (") and err.count("\n") == 1
+
+
 def test_weights_mlx_cannot_read_are_refused_naming_the_model_folder(model_dir: Path, tmp_path: Path) -> None:
     """MLX's own RuntimeError ("[load_safetensors] ... invalid data offsets") reached the command
     without the folder's name."""

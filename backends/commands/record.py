@@ -15,6 +15,7 @@ Exit status: 0 recorded, 2 refused (bad arguments, unloadable model, layout self
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +26,7 @@ from sessions.capture.format import ROLES
 from sessions.commands.arguments import output_problem
 from sessions.ctrl_c import exit_code_of, raise_if_pressed, said
 from sessions.file_room import FileUnwritable
-from sessions.printable import printable, printable_lines
+from sessions.printable import one_line, printable, printable_lines
 from sessions.progress import Progress
 from sessions.side_file import disk_stamp
 
@@ -38,6 +39,7 @@ EXIT_CRASHED = 3
 KV_CHOICES = ("f32", "f16", "bf16", "q8_0")
 
 
+INSTALL_LLAMA = "`make llama` builds it into this checkout's .venv (`parity-xray doctor --for llama` then checks the build)"
 MAX_WEIGHTS_ID = 256
 """The longest --weights-hash: an id, not a document."""
 
@@ -147,6 +149,9 @@ def run(args: argparse.Namespace) -> int:
     if problem is not None:
         print(f"record refused: {printable_lines(problem)}", file=sys.stderr)
         return EXIT_REFUSED
+    if args.engine == "llama" and importlib.util.find_spec("llama_cpp") is None:
+        print(f"record refused: llama-cpp-python is not installed here: {INSTALL_LLAMA}", file=sys.stderr)
+        return EXIT_REFUSED
     taken = [out for out in outs if out.exists()]
     if taken and not args.force:
         print(f"record refused: {printable(str(taken[0]))} already exists (--force replaces it)", file=sys.stderr)
@@ -170,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"record failed: {printable_lines(str(exc))}", file=sys.stderr)
             return EXIT_REFUSED
         except (ValueError, RuntimeError, OSError, ImportError) as exc:  # an engine's own words, naming files or fields of the model
-            print(f"record refused: {printable_lines(str(exc))}", file=sys.stderr)
+            print(f"record refused: {one_line(str(exc))}", file=sys.stderr)
             return EXIT_REFUSED
         print(f"{printable(str(out))}: recorded {args.engine} run of {printable(str(args.model))}")
     return EXIT_OK

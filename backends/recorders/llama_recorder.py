@@ -244,6 +244,10 @@ class LlamaRun:
         llama.llama_backend_init()
         params = llama.llama_model_default_params()
         params.use_extra_bufts = settings.extra_bufts
+        # Every layer on the CPU, as the capture's device says: the default (-1) offloads them all
+        # to a GPU where llama.cpp was built with one (Metal on Apple silicon), a run the
+        # capture would still call a CPU run, and whose tensors the callback reads from host memory.
+        params.n_gpu_layers = 0
         errors = len(ERROR_LINES)
         self.model = llama.llama_model_load_from_file(str(model_path).encode(), params)
         if not self.model:
@@ -339,7 +343,7 @@ class LlamaRun:
             "system_info": self.llama.llama_print_system_info().decode("utf-8", "replace").strip(),
             "buffer_types": buffer_types(LOG_LINES),
             "openmp_wait": {name: os.environ.get(name, "") for name in OPENMP_WAIT},
-            "parity_settings": {**asdict(self.settings), "logits_all": True, "n_ubatch": self.schedule.ubatch, "kv_unified": False},
+            "parity_settings": {**asdict(self.settings), "logits_all": True, "n_ubatch": self.schedule.ubatch, "kv_unified": False, "n_gpu_layers": 0},
             "batch": self.batch,
             "batch_row": self.batch_row,
             "threads": self.settings.n_threads,

@@ -45,12 +45,16 @@ def _open(kind: str, source: Path, manifest_path: Path | None) -> tuple[Manifest
     return opener(source, manifest)
 
 
-def _meta(manifest: Manifest, overrides: dict[str, Any], source: Path, kind: str) -> CaptureMeta:
+def _meta(manifest: Manifest, overrides: dict[str, Any], source: Path, kind: str, manifest_file: Path | None) -> CaptureMeta:
     """The capture's meta: the manifest's (checked when it was read), the caller's overrides
-    checked the same way, and where it was imported from added to the provenance."""
+    checked the same way, and where it was imported from added to the provenance: resolved, as
+    the recorders write the files they read, and the manifest only when one was given (the
+    source's own file was named as its manifest)."""
     given = {k: meta_value(k, v, failing(source, f"option {k!r}")) for k, v in overrides.items() if v is not None}
     fields = {**manifest.meta, **given}
-    provenance = {**fields.pop("provenance", {}), "imported_from": str(source), "import_kind": kind, "manifest": str(manifest.path)}
+    provenance = {**fields.pop("provenance", {}), "imported_from": str(source.resolve()), "import_kind": kind}
+    if manifest_file is not None:
+        provenance["manifest"] = str(manifest_file.resolve())
     meta_value("provenance", provenance, failing(manifest.path, "meta 'provenance'"))
     fields.setdefault("role", "native")
     try:
@@ -76,8 +80,9 @@ def iter_import(
     problem = folder_problem(out)
     if problem is not None:
         raise CaptureError(out, "file", problem)
-    parsed, arrays = _open(kind, source, Path(manifest) if manifest else None)
-    capture_meta = _meta(parsed, meta or {}, source, kind)
+    manifest_file = Path(manifest) if manifest else None
+    parsed, arrays = _open(kind, source, manifest_file)
+    capture_meta = _meta(parsed, meta or {}, source, kind, manifest_file)
     yield from _write(parsed, arrays, capture_meta, out)  # `out` appears only once complete (complete_only)
     return out
 

@@ -21,7 +21,7 @@ PURPOSES: dict[str, frozenset[str]] = {
     "all": frozenset({"qt", "display", "mlx", "llama", "cache"}),
     "viewer": frozenset({"qt", "display", "cache"}),
     "demo": frozenset({"qt", "display", "mlx", "cache"}),
-    "llama": frozenset({"llama", "cache"}),
+    "llama": frozenset({"llama"}),  # record llama caches only a weights hash, and a cache it cannot write means hashing again
 }
 """What each purpose needs, by check area."""
 PURPOSE_WORDS = {"all": "everything", "viewer": "the viewer", "demo": "the demo", "llama": "`record llama`"}

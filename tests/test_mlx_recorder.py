@@ -332,6 +332,21 @@ def test_a_config_without_the_sizes_or_with_sizes_of_the_wrong_type_leaves_those
         check_run_size(schedule, 1, hf_config({"model_type": "qwen3_vl", "text_config": {"max_position_embeddings": 32}}), 4, 1 << 30)
 
 
+def test_a_recording_whose_output_reader_goes_away_still_records_every_step(model_dir: Path, tmp_path: Path) -> None:
+    """`record ... | head -1`: the broken pipe of a progress line was a refusal that left the
+    capture half written ("record refused: [Errno 32] Broken pipe", exit 2)."""
+    out = tmp_path / "piped.h5"
+    argv = [sys.executable, "-m", "viewer.cli", "record", "mlx", str(model_dir), "--tokens", "1,2", "--decode-steps", "6", "--out", str(out)]
+    recording = subprocess.Popen(argv, cwd=PROJECT_ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert recording.stdout is not None and recording.stderr is not None
+    assert recording.stdout.readline().startswith("  step 0 ")
+    recording.stdout.close()  # as `head -1` does once it has its line
+    with recording.stderr:
+        assert recording.wait(timeout=120) == 0 and recording.stderr.read() == ""
+    report = validate_file(out, 2**31, 60)
+    assert report.complete and report.problems == []
+
+
 def test_ctrl_c_ends_a_recording_with_one_line_and_leaves_the_steps_written_so_far(model_dir: Path, tmp_path: Path, python_ctrl_c: None) -> None:
     out = tmp_path / "long.h5"
     argv = [sys.executable, "-m", "viewer.cli", "record", "mlx", str(model_dir), "--tokens", "1,2", "--decode-steps", "4000", "--out", str(out)]

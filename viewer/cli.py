@@ -148,8 +148,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_UNUSABLE
 
 
-class _StdoutFailed(Exception):
-    """Standard output could not be written (a full disk, a closed or broken descriptor)."""
+class _StdoutFailed(OSError):
+    """Standard output could not be written (a full disk, a closed or broken descriptor): an
+    OSError, as a command that can do without its output (`record`'s progress) takes it."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -156,13 +157,14 @@ def run(args: argparse.Namespace) -> int:
     if taken and not args.force:
         print(f"record refused: {printable(str(taken[0]))} already exists (--force replaces it)", file=sys.stderr)
         return EXIT_REFUSED
+    speaking = True
     for out in outs:
         before = disk_stamp(out)
         try:
             shown = None
             for progress in _work(args, schedule, out):
-                if progress != shown:  # the child's latest progress comes again while it is quiet
-                    print(f"  {printable(progress.label)} ({progress.done}/{progress.total})", flush=True)
+                if speaking and progress != shown:  # the child's latest progress comes again while it is quiet
+                    speaking = _progress_line(f"  {printable(progress.label)} ({progress.done}/{progress.total})")
                     shown = progress
                 raise_if_pressed()
         except LlamaCrashed as exc:
@@ -177,8 +179,21 @@ def run(args: argparse.Namespace) -> int:
         except (ValueError, RuntimeError, OSError, ImportError) as exc:  # an engine's own words, naming files or fields of the model
             print(f"record refused: {one_line(str(exc))}", file=sys.stderr)
             return EXIT_REFUSED
-        print(f"{printable(str(out))}: recorded {args.engine} run of {printable(str(args.model))}")
+        if speaking:
+            speaking = _progress_line(f"{printable(str(out))}: recorded {args.engine} run of {printable(str(args.model))}")
     return EXIT_OK
+
+
+def _progress_line(text: str) -> bool:
+    """Whether standard output took the line. A reader gone (`| head -1`) or a full disk there
+    must not stop a recording, which goes on without its lines: taken as a refusal, it left a
+    half-written capture and "record refused: Broken pipe"."""
+    try:
+        print(text, flush=True)
+    except OSError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # what is left to write, the interpreter's last flush included, goes nowhere
+        return False
+    return True
 
 
 def _work(args: argparse.Namespace, schedule: "TokenSchedule", out: Path) -> Iterator[Progress]:

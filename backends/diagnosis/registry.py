@@ -240,7 +240,8 @@ def _ggml_attention(f16_cache: bool) -> Callable[[CandidateInputs], CandidateOut
         q32 = np.array(inputs.arrays["q_rope"].astype(mx.float32))
         out = ggml_cpu.attention(
             q32, np.array(k.astype(mx.float32)), np.array(v.astype(mx.float32)), scale=inputs.params["scale"],
-            causal=inputs.params["mask"] == "causal", kv_cells=inputs.kv_cells or k.shape[1], f16_cache=f16_cache, call_rows=inputs.call_rows,
+            causal=inputs.params["mask"] == "causal", kv_cells=inputs.kv_cells or k.shape[1], f16_cache=f16_cache,
+            call_rows=inputs.call_rows // inputs.streams if inputs.call_rows else None,  # each KV stream's products are a matmul of their own
         )
         return out.transpose(1, 0, 2).reshape(out.shape[1], -1)
 
@@ -442,14 +443,14 @@ REGISTRY: tuple[Candidate, ...] = (
         "ggml.attn.f32", frozenset({"sdpa"}),
         "llama.cpp without flash attention: kq by ggml_vec_dot_f32, soft_max (scale, -inf mask over the padded cache, ggml_v_expf, 1/sum in double), kqv by mul_mat",
         f"{GGML_SOURCE}/ops.cpp ggml_compute_forward_soft_max_f32, ggml-cpu.c mul_mat; llama.cpp build_attn_mha", _ggml_attention(False), _cache_unavailable,
-        follows=("call_rows", "kv_cells"),
+        follows=("call_rows", "kv_cells", "streams"),
     ),
     Candidate(
         "ggml.attn.f16_cache", frozenset({"sdpa"}),
         "llama.cpp without flash attention over an F16 KV cache (its default type): K and V stored as F16, q rounded to F16 for kq, "
         "soft_max in float32, the probabilities rounded to F16 for kqv; float32 accumulation (tinyBLAS from two query rows, vec_dot_f16 for one)",
         f"{GGML_SOURCE}/ggml-cpu.c mul_mat (vec_dot_type F16), vec.cpp ggml_vec_dot_f16, llamafile/sgemm.cpp; llama.cpp type_k/type_v f16",
-        _ggml_attention(True), _cache_unavailable, follows=("call_rows", "kv_cells"),
+        _ggml_attention(True), _cache_unavailable, follows=("call_rows", "kv_cells", "streams"),
     ),
     Candidate(
         "ggml.attn.flash", frozenset({"sdpa"}),

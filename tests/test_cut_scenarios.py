@@ -163,6 +163,17 @@ def test_diagnose_works_position_by_position_on_the_llama_tail_fed_token_by_toke
     assert "(in a call of 1 row(s) against the native's 83: the kernel follows the call's shape)" in found.verdict
 
 
+def test_a_stage_left_undetermined_with_its_op_says_why_the_op_was(cut_pairs: dict[str, tuple[Path, Path]]) -> None:
+    """"its error is split there" pointed at an op that was undetermined itself, and never said why."""
+    if "prefill-vs-decode-llama" not in cut_pairs:
+        pytest.skip("the llama extra (llama-cpp-python) is not installed")
+    native, oracle = cut_pairs["prefill-vs-decode-llama"]
+    with open_capture(native) as n, open_capture(oracle) as o:
+        found = run_to_end(iter_diagnose(n, o, run_to_end(iter_compare(n, o, CompareOptions(alignment="calls"))), DiagnoseOptions()))
+    assert found.verdict.startswith("1:decode:0:attn_scores is undetermined: a stage inside 1:decode:0:sdpa ")
+    assert "; 1:decode:0:sdpa itself is undetermined: cannot be rerun on the oracle's route from the native's inputs: " in found.verdict
+
+
 def test_llamas_attention_of_one_row_of_a_prefill_is_reproduced_by_the_kernels_of_that_call(cut_pairs: dict[str, tuple[Path, Path]]) -> None:
     """The attention candidates multiplied the probabilities by V on the one-row path for a row
     the native computed inside its 83-row prefill: llama.cpp's own attention read as not

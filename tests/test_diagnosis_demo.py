@@ -21,7 +21,12 @@ from backends.commands.diagnose import EXIT_EXPLAINED, EXIT_UNEXPLAINED
 from backends.diagnosis.budget import Injection, NotMeasurable, Replay
 from backends.diagnosis.classify import Locality
 from backends.diagnosis.document import render_html, render_text
-from backends.diagnosis.run import DiagnoseOptions, Diagnosis, iter_diagnose
+from backends.diagnosis.run import (
+    DIFFERENT_WEIGHTS,
+    DiagnoseOptions,
+    Diagnosis,
+    iter_diagnose,
+)
 from backends.rerun.segment import RerunSession
 from sessions.capture.opening import open_capture
 from sessions.compare.align_modes import POSITIONS
@@ -130,6 +135,17 @@ def test_a_native_that_wrote_a_nan_and_an_infinity_where_exact_arithmetic_gives_
     op = diagnose((native, oracle), mode="op", key=OpKey(0, "text-before", 0, "ffn_act")).ops[0]
     assert op.classification.closer_to_exact == "oracle's route"
     assert "Against the float64 reference the native is closer to exact" not in diagnose((native, oracle)).verdict
+
+
+def test_runs_of_different_weights_are_said_to_be_so_before_what_the_reruns_found(demo_pairs: dict, tmp_path: Path) -> None:
+    """Each op is rerun with the native's weights, so an op whose weights differ reads as
+    inherited: "All 1 diagnosed op(s) are inherited" led, and the mismatch came last among the notes."""
+    native, oracle = copied(demo_pairs["swiglu-order"], tmp_path)
+    with h5py.File(native, "r+") as file:
+        file.attrs["weights_hash"] = np.bytes_(b"sha256:other-weights")
+    found = diagnose((native, oracle))
+    assert found.verdict.startswith(f"{DIFFERENT_WEIGHTS} 0:text-before:0:ffn_act is local: ")
+    assert diagnose(demo_pairs["swiglu-order"]).verdict.startswith("0:text-before:0:ffn_act is local: ")
 
 
 def test_a_native_record_declaring_the_swiglu_order_it_did_not_run_is_said_to_declare_one_and_run_another(demo_pairs: dict) -> None:

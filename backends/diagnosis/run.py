@@ -222,6 +222,29 @@ class Diagnosis:
         return text + (f", {covered} stage(s) covered by the op that computes them" if covered else "")
 
 
+DIFFERENT_WEIGHTS = (
+    "The runs used different weights (their weights hashes differ), and each op is rerun with the native capture's: "
+    "an op whose weights are what differs does what the oracle's route does with them, and reads as inherited, not local."
+)
+"""Said first when the weights hashes differ: at the end among the notes, "all 324 ops inherited"
+read as the answer."""
+
+
+def _why_open(diagnosis: Diagnosis, op: OpDiagnosis) -> str:
+    """Why `op` is undetermined; for a stage whose op is undetermined too, that op's reason: "its
+    error is split there" pointed at an op left undetermined for a reason the sentence never gave."""
+    whole = whole_op(op.key)
+    owner = next((o for o in diagnosis.ops if o.key == whole and o.classification.locality == Locality.UNDETERMINED), None) if whole != op.key else None
+    if owner is None:
+        return op.classification.why
+    return f"{op.classification.why}; {owner.key} itself is undetermined: {owner.classification.why}"
+
+
+def _weights_differ(comparison: Comparison) -> bool:
+    weights = next(f for f in comparison.provenance.fields if f.field == "weights_hash")
+    return bool(weights.native and weights.oracle and not weights.same)
+
+
 COVERED = "covered"
 """The word for an undetermined stage of an op the diagnosis classified (`Diagnosis.covered_keys`)."""
 
@@ -393,6 +416,8 @@ def iter_diagnose(native: Capture, oracle: Capture, comparison: Comparison, opti
     if options.mode != "op":
         diagnosis.unexplained = _unexplained(comparison, classified=bool(diagnosis.ops))
     diagnosis.verdict = verdict_sentence(diagnosis, len(targets), dispatch_only, after_eos, contract_only)
+    if diagnosis.ops and _weights_differ(comparison):
+        diagnosis.verdict = f"{DIFFERENT_WEIGHTS} {diagnosis.verdict}"
     if options.mode == "first" and len(diagnosis.ops) < len(targets):
         why = f"{locals_found} local op(s)" if open_run < UNDETERMINED_RUN else f"{open_run:,} differing ops in a row could not be classified"
         diagnosis.notes.append(f"Stopped after {why}; {len(targets) - len(diagnosis.ops):,} later differing op(s) were not classified (--all, or the window's scope \"Every differing op\", classifies every one).")
@@ -525,13 +550,13 @@ def _sentence(diagnosis: Diagnosis, diverged: int, dispatch_only: int, after_eos
         unknown = [op for op in later if op.key in open_keys]
         if unknown:
             # What leaves one op undetermined (a weights file that is not there) usually leaves them all.
-            sentence += f"; {len(unknown)} later op(s) could not be classified, first {unknown[0].key} ({unknown[0].classification.why})"
+            sentence += f"; {len(unknown)} later op(s) could not be classified, first {unknown[0].key} ({_why_open(diagnosis, unknown[0])})"
         return sentence + "." + _exact_clause(first.classification)
     if diagnosis.ops:
         if not diagnosis.open_ops:
             return f"All {len(diagnosis.ops)} diagnosed op(s) are inherited: each did what the oracle's route does with its inputs."
         first_open = diagnosis.open_ops[0]
-        return f"{first_open.key} is undetermined: {first_open.classification.why}."
+        return f"{first_open.key} is undetermined: {_why_open(diagnosis, first_open)}."
     if diagnosis.contract_only:
         declared = diagnosis.contract_only[0]
         more = f" ({'one' if diagnosis.mode == 'op' else 'the first'} of {contract_only} such ops)" if contract_only > 1 else ""

@@ -330,7 +330,8 @@ def test_every_local_op_of_a_real_llama_cpp_run_is_reproduced_bit_exactly_by_a_g
     for op in found.local_chain:
         assert op.native_ran == expected.get(op.key.op, "ggml.mul_mat.q8_0"), op.key.text()
     assert {op.key.op for op in found.ops if op.classification.locality == Locality.INHERITED} >= {"attn_residual", "layer_out"}
-    assert found.verdict.startswith("0:prefill:0:q_proj is local: the native ran `ggml.mul_mat.q8_0` (bit-exact reproduction)")
+    # A Q8_0 GGUF against an F32 one: other weights, said first.
+    assert found.verdict.startswith(f"{DIFFERENT_WEIGHTS} 0:prefill:0:q_proj is local: the native ran `ggml.mul_mat.q8_0` (bit-exact reproduction)")
 
 
 def test_the_verdict_counts_the_later_ops_left_undetermined_and_says_why_the_first_was(demo_pairs: dict, tmp_path: Path) -> None:

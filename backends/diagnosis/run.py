@@ -224,7 +224,7 @@ class Diagnosis:
 
 DIFFERENT_WEIGHTS = (
     "The runs used different weights (their weights hashes differ), and each op is rerun with the native capture's: "
-    "an op whose weights are what differs does what the oracle's route does with them, and reads as inherited, not local."
+    "a difference the weights alone make reads as inherited, not local."
 )
 """Said first when the weights hashes differ: at the end among the notes, "all 324 ops inherited"
 read as the answer."""

@@ -327,11 +327,14 @@ def test_paired_by_calls_a_record_whose_partner_is_not_stored_by_batch_row_says_
 
 
 def test_a_side_whose_profile_maps_no_record_is_paired_by_calls_and_says_it_made_no_call(tmp_path: Path) -> None:
-    """All of an empty list's records hold positions: `auto` chose positions for it, and the text ended in "oracle "."""
+    """All of an empty list's records hold positions: `auto` chose positions for it, and the text ended
+    in "oracle "; then it said "cut differently" of a run nothing said how it was cut."""
     data = _prompt_tensors()
     with open_capture(combined(tmp_path / "n.h5", data)) as n, open_capture(segmented(tmp_path / "o.h5", data)) as o:
         c = run_to_end(iter_compare(n, o, CompareOptions(native_profile="canonical", oracle_profile="mlx-lm")))
-    assert (c.alignment.mode, c.alignment.words()) == ("calls", "by calls, cut differently: native prefill 0-1026; oracle no call (no record with known positions)")
+    assert (c.alignment.mode, c.alignment.words()) == (
+        "calls", "by calls (the oracle run has no record its profile maps to an op): native prefill 0-1026; oracle no call (no record with known positions)"
+    )
 
 
 def test_a_batched_record_whose_capture_does_not_say_it_is_batched_is_not_cut_along_its_batch_axis(tmp_path: Path) -> None:

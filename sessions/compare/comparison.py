@@ -151,7 +151,11 @@ class AlignmentMode:
         strip or a table cell, after "aligned" ("aligned same calls" read as a typo)."""
         batch = [f"{side} is {text}" for side, text in (("native", self.native_batch), ("oracle", self.oracle_batch)) if text]
         batch_text = f" ({'; '.join(batch)})" if batch else ""
-        how = "by position" if self.mode == POSITIONS else "by the same calls" if self.cut_alike else "by calls, cut differently"
+        # A side with no call has no record its profile maps: nothing says how it was cut, and
+        # "cut differently" read as a finding about runs cut alike.
+        uncut = " and ".join(side for side, calls in (("native", self.native_calls), ("oracle", self.oracle_calls)) if not calls)
+        cut = f"by calls (the {uncut} run has no record its profile maps to an op)" if uncut else "by calls, cut differently"
+        how = "by position" if self.mode == POSITIONS else "by the same calls" if self.cut_alike else cut
         return f"{how}{batch_text}"
 
     def words(self) -> str:

@@ -70,6 +70,15 @@ def test_a_glob_or_a_path_spelled_with_dot_segments_finds_the_same_cases_and_sha
     assert case_key(elsewhere[0]) == case_key(plain[0])
 
 
+def test_a_name_a_glob_match_and_a_table_both_take_is_refused_at_the_tables_line_naming_both(tmp_path: Path) -> None:
+    """It said "cases 2 and 7", numbers no other message uses, and gave no line."""
+    _runs(tmp_path, ["clean", "other"])
+    text = 'cases = "runs/*/native.h5"\noracle = "runs/*/oracle.h5"\n\n[[case]]\nname = "clean"\nnative = "runs/other/native.h5"\noracle = "runs/other/oracle.h5"\n'
+    with pytest.raises(ManifestError) as refused:
+        load_manifest(_write(tmp_path, text))
+    assert (refused.value.line, refused.value.problem) == (5, f"the name is used twice (the cases glob's match {tmp_path / 'runs/clean/native.h5'} and case 1); names must be unique")
+
+
 def test_explicit_cases_take_the_top_level_options_and_override_them_one_by_one(tmp_path: Path) -> None:
     (tmp_path / "my.toml").write_text("")
     manifest = load_manifest(_write(tmp_path, """
@@ -129,8 +138,8 @@ def test_a_bound_of_0_is_no_bound_as_on_reports_command_line(tmp_path: Path) -> 
         ('[[case]]\nnative = "n.h5"\noracle = "o.h5"\noracle_profile = "llama"\n', 4, "'oracle_profile' is neither a built-in profile"),
         ('cases = "runs/*/native.h5"\noracle = "runs/oracle.h5"\n', 2, "must have the same wildcards in the same order"),
         ('cases = "runs/*/native.h5"\noracle = "runs/*/oracle.h5"\n', 1, "'runs/*/native.h5' matches no file under"),
-        ('[[case]]\nname = "a"\nnative = "n.h5"\noracle = "o.h5"\n[[case]]\nname = "a"\nnative = "m.h5"\noracle = "o.h5"\n', None,
-         "case 'a': the name is used twice (cases 1 and 2)"),
+        ('[[case]]\nname = "a"\nnative = "n.h5"\noracle = "o.h5"\n[[case]]\nname = "a"\nnative = "m.h5"\noracle = "o.h5"\n', 6,
+         "case 'a': the name is used twice (case 1 and case 2)"),
         ('tolerance_policy = "missing.toml"\n[[case]]\nnative = "n.h5"\noracle = "o.h5"\n', 1,
          "the top level: 'tolerance_policy' cannot be used ("),
         ('[[case]]\nnative = "n.h5"\noracle = "o.h5"\ntolerance_policy = 3\n', 4, "'tolerance_policy' must be the path of a policy file, got 3"),

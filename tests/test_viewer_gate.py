@@ -145,6 +145,11 @@ def test_parity_xray_gate_json_opens_the_gate_window_and_a_report_json_is_refuse
         (lambda d: d["cases"][0].update(rule_failures=[1, 2]), "malformed gate document (TypeError: gate.cases[0].rule_failures[0] is int, not str)"),
         (lambda d: d["cases"][0].update(reasons="abc"), "malformed gate document (TypeError: gate.cases[0].reasons is str, not a list)"),
         (lambda d: d["cases"][0].update(word="<b>PWNED</b>"), "malformed gate document (a case's word is '<b>PWNED</b>', not one of PARITY, "),
+        # Inside a field that may be null: the message named the union, not the field.
+        (
+            lambda d: d["cases"][0].update(tokens={"compared": "x", "budget": None, "eos_reached": False, "eos_step": None, "first_divergence_step": None}),
+            "malformed gate document (TypeError: gate.cases[0].tokens.compared is str, not int)",
+        ),
     ],
 )
 def test_a_gate_result_of_the_wrong_types_is_refused_by_place_not_shown(

@@ -133,13 +133,22 @@ def check_types(value: Any, tp: Any, where: str) -> None:
     an AttributeError in whatever shows them."""
     origin = get_origin(tp)
     if origin in (Union, types.UnionType):
-        for option in get_args(tp):
+        options = [option for option in get_args(tp) if option is not type(None)]
+        if value is None and len(options) < len(get_args(tp)):
+            return
+        if len(options) == 1:
+            # X | None holding something: X's own check names the field inside it that is wrong
+            # ("gate.cases[1].tokens is CaseTokens, not ...CaseTokens | None" named none).
+            check_types(value, options[0], where)
+            return
+        for option in options:
             try:
                 check_types(value, option, where)
                 return
             except TypeError:
                 continue
-        raise TypeError(f"{where} is {type(value).__name__}, not {tp}")
+        names = " or ".join(getattr(option, "__name__", str(option)) for option in get_args(tp))
+        raise TypeError(f"{where} is {type(value).__name__}, not {names}")
     if tp is type(None) or tp is bool or tp is str or tp is OpKey or (isinstance(tp, type) and issubclass(tp, Enum)):
         ok = value is None if tp is type(None) else isinstance(value, tp)
     elif tp is int:

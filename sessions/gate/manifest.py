@@ -114,10 +114,15 @@ def parse_manifest(text: str, path: Path) -> Manifest:
         cases.append(reader.explicit_case(number, entry, defaults))
     if not cases:
         raise ManifestError(path, None, "", 'no cases: give [[case]] tables, or cases = "runs/*/native.h5" with oracle = "runs/*/oracle.h5"')
+    # Each case as every other message names it: an explicit table by its number, a glob's match by its file.
+    globbed = len(cases) - len(explicit)
+    places = [f"the cases glob's match {case.native}" for case in cases[:globbed]] + [f"case {number}" for number in range(1, len(explicit) + 1)]
     seen: dict[str, int] = {}
     for index, case in enumerate(cases):
         if case.name in seen:
-            raise ManifestError(path, None, f"case {case.name!r}", f"the name is used twice (cases {seen[case.name] + 1} and {index + 1}); names must be unique")
+            number = index - globbed + 1 if index >= globbed else None
+            line = reader.key_line(number, "name") if number is not None else reader.key_line(None, "cases")
+            raise ManifestError(path, line, f"case {case.name!r}", f"the name is used twice ({places[seen[case.name]]} and {places[index]}); names must be unique")
         seen[case.name] = index
     return Manifest(path, tuple(cases))
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from sessions.commands.arguments import (
     end_unusable,
     output_problem,
+    remove_earlier_outputs,
     write_outputs,
 )
 from sessions.ctrl_c import exit_code_of, raise_if_pressed, said
@@ -92,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
     except ClusterError as exc:
         return fail(str(exc))
     except KeyboardInterrupt as stop:
+        # An earlier gate's documents go too: a CI step archiving them after a timed-out gate took that gate's verdict for this one's.
+        remove_earlier_outputs({"--json": args.json, "--html": args.html}, inputs)
         print(f"\nparity-xray gate: {said(stop, 'cancelled')}; {state.done} of {len(manifest.cases)} case(s) were judged; nothing written", file=sys.stderr)
         return exit_code_of(stop)
     gate = state.result(str(manifest.path), cluster, dashboard, time.monotonic() - started)

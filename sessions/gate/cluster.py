@@ -156,6 +156,12 @@ class DaskGate:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+        if kind is not None and issubclass(kind, KeyboardInterrupt):
+            # Stopped inside Dask's wait for a result, Dask's event loop logs its own tracebacks
+            # (a NameError in distributed.utils.sync's cancel, "Couldn't gather keys") under the
+            # gate's one line: a stopped gate says only that.
+            for name in QUIET_WHEN_STOPPED:
+                logging.getLogger(name).setLevel(logging.CRITICAL + 1)
         try:
             if self._pending:
                 self.cancel()
@@ -215,6 +221,10 @@ class DaskGate:
             self.client.close()
         if self.cluster is not None:
             self.cluster.close()
+
+
+QUIET_WHEN_STOPPED = ("tornado.application", "distributed")
+"""The loggers a gate stopped by Ctrl-C or SIGTERM silences (`DaskGate.__exit__`)."""
 
 
 def _outcome(future: Future, case: GateCase) -> CaseOutcome | None:

@@ -542,7 +542,7 @@ def iter_record_here(
     model_path = Path(model_path)
     require_gguf_file(model_path)
     config = _model_config(model_path)
-    check_run_size(schedule, batch, config["config"], KV_ELEMENT_BYTES[settings.kv_type], physical_memory())
+    check_run_size(schedule, batch, config["config"], KV_ELEMENT_BYTES[settings.kv_type], physical_memory(), "the GGUF's context_length")
     digest = artifact_sha256([model_path])
     run = LlamaRun(model_path, schedule, settings, record=True, batch=batch, batch_row=batch_row)
     run.before_decode = before_decode

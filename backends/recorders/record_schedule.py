@@ -176,18 +176,21 @@ def _config_size(config: Mapping[str, Any], name: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def check_run_size(schedule: TokenSchedule, batch: int, config: Mapping[str, Any], cache_element_bytes: float, memory: int) -> None:
+def check_run_size(
+    schedule: TokenSchedule, batch: int, config: Mapping[str, Any], cache_element_bytes: float, memory: int, context_named: str = "max_position_embeddings"
+) -> None:
     """ValueError for a run the model cannot take, before it starts: more positions than the
-    model's context (`max_position_embeddings`), or more memory than `memory` bytes for what it
-    must hold at once at the least, every request's KV cache at the last position and the
-    largest call's logits (an engine needs more: its weights and activations). A field the
-    config lacks leaves its check out."""
+    model's context (`max_position_embeddings`, named in the message as the model's own file
+    names it: `context_named`), or more memory than `memory` bytes for what it must hold at
+    once at the least, every request's KV cache at the last position and the largest call's
+    logits (an engine needs more: its weights and activations). A field the config lacks leaves
+    its check out."""
     positions = len(schedule.prompt) + schedule.decode_steps
     context = _config_size(config, "max_position_embeddings")
     if context is not None and positions > context:
         raise ValueError(
             f"the run needs {positions} positions (prompt {len(schedule.prompt)}, decode steps {schedule.decode_steps}), "
-            f"more than the model's context of {context} (max_position_embeddings)"
+            f"more than the model's context of {context} ({context_named})"
         )
     layers, heads, vocab = (_config_size(config, n) for n in ("num_hidden_layers", "num_attention_heads", "vocab_size"))
     kv_heads = _config_size(config, "num_key_value_heads") or heads

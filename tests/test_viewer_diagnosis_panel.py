@@ -222,3 +222,32 @@ def test_a_contract_only_mismatch_says_which_declaration_the_bits_bear_out(qtbot
         panel.shutdown()
         native.close()
         oracle.close()
+
+
+def test_weights_chosen_in_the_panel_are_the_ones_the_reruns_read_as_with_diagnose_weights(qtbot, demo_pairs: dict, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A pair moved away from its weights left 67 ops undetermined in the window, whose verdict
+    asked for `--weights FILE`, which the window had no way to give."""
+    from test_diagnosis_demo import copied
+
+    native, oracle = (open_capture(p) for p in copied(demo_pairs["attention-contract"], tmp_path, weights=False))
+    model = PairModel()
+    model.set_captures(native, oracle)
+    model.set_comparison(cv.ViewedComparison.of(run_to_end(iter_compare_cached(native, oracle))))
+    panel = DiagnosisPanel(model)
+    qtbot.addWidget(panel)
+    panel.show()
+    panel.scope.setCurrentIndex(panel.scope.findData("all"))
+    try:
+        with qtbot.waitSignal(panel.finished, timeout=120_000):
+            panel.run()
+        assert panel.diagnosis is not None and len(panel.diagnosis.open_ops) == 67
+        weights = demo_pairs["attention-contract"][0].parent / "demo-qwen3-tiny.safetensors"
+        panel.use_weights(str(weights))
+        assert (panel.weights_button.text(), panel.weights_button.toolTip().splitlines()[0]) == ("Weights: demo-qwen3-tiny.saf…", str(weights))
+        with qtbot.waitSignal(panel.finished, timeout=120_000):
+            panel.run()
+        assert panel.diagnosis.open_ops == [] and len(panel.diagnosis.local_chain) == 2
+    finally:
+        panel.shutdown()
+        native.close()
+        oracle.close()

@@ -10,12 +10,14 @@ follow); each op's cause is handed to the window's model for the tree's column.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
+    QFileDialog,
     QHBoxLayout,
     QHeaderView,
     QProgressBar,
@@ -92,6 +94,14 @@ def _fit_columns(table: QTableWidget) -> None:
             table.resizeColumnToContents(column)
 
 
+WEIGHTS_NAME_SHOWN = 20
+"""Characters of the chosen weights file's name on its button (the tooltip has the whole path)."""
+WEIGHTS_TIP = (
+    "The safetensors or GGUF weights the reruns read, as `diagnose --weights FILE` does; by default each capture's own "
+    "(the file its provenance names, beside it)."
+)
+
+
 class DiagnosisPanel(QWidget):
     finished = Signal(object)
     failed = Signal(str)
@@ -103,9 +113,13 @@ class DiagnosisPanel(QWidget):
         self.tasks = TaskSlots(self)
         self.diagnosis: Diagnosis | None = None
         self.listed: list[OpDiagnosis] = []
+        """The ops the table shows, row by row."""
         self.words: dict[OpKey, str] = {}
         """Each listed op's word (`Diagnosis.locality`): what every surface calls it."""
-        """The ops the table shows, row by row."""
+        self.weights_path: str | None = None
+        """The weights file the reruns read (`diagnose --weights`), when the user chose one."""
+        self.weights_button = QPushButton("Weights…")
+        self.weights_button.setToolTip(WEIGHTS_TIP)
         self.scope = QComboBox()
         for value, label in SCOPES:
             self.scope.addItem(label, value)
@@ -144,11 +158,13 @@ class DiagnosisPanel(QWidget):
         self.details = QTabWidget()
         self._layout()
         self.run_button.clicked.connect(self.run)
+        self.weights_button.clicked.connect(self._choose_weights)
         self.cancel_button.clicked.connect(lambda: self.tasks.cancel_lane("diagnose"))
         self.ops.currentCellChanged.connect(lambda row, *_: self._op_chosen(row))
         self.show_inherited.toggled.connect(self._refill)
         self.tasks.progressed.connect(lambda p: show_progress(self.progress, p, p.label[:60]))
         self.tasks.busy_changed.connect(self._busy)
+        model.captures_changed.connect(lambda: self.use_weights(None))
         model.captures_changed.connect(self._reset)
         model.comparison_changed.connect(self._reset)
         model.selection_changed.connect(self._follow_selection)
@@ -157,7 +173,7 @@ class DiagnosisPanel(QWidget):
     def _layout(self) -> None:
         controls = QHBoxLayout()
         controls.addWidget(plain_label("Diagnose"))
-        for widget in (self.scope, self.run_button, self.cancel_button, self.show_inherited):
+        for widget in (self.scope, self.run_button, self.cancel_button, self.weights_button, self.show_inherited):
             controls.addWidget(widget)
         controls.addWidget(self.progress, 1)
         candidates_page = QWidget()
@@ -188,8 +204,24 @@ class DiagnosisPanel(QWidget):
             pair = self.model.selected
             if pair is None:
                 raise ValueError("Select an op in the alignment tree first, or choose another scope.")
-            return DiagnoseOptions(mode="op", key=pair.key)
-        return DiagnoseOptions(mode=scope)
+            return DiagnoseOptions(mode="op", key=pair.key, weights_path=self.weights_path)
+        return DiagnoseOptions(mode=scope, weights_path=self.weights_path)
+
+    def use_weights(self, path: str | None) -> None:
+        """Rerun with the weights file at `path` (None: the file each capture references), as
+        `diagnose --weights` does: a pair moved away from its weights left most ops undetermined,
+        and the verdict asked for a file the window had no way to name."""
+        self.weights_path = path
+        name = "" if path is None else Path(path).name
+        shown = name if len(name) <= WEIGHTS_NAME_SHOWN else f"{name[: WEIGHTS_NAME_SHOWN - 1]}…"  # the controls share one row at 1280x720
+        self.weights_button.setText("Weights…" if path is None else f"Weights: {shown}")
+        self.weights_button.setToolTip(WEIGHTS_TIP if path is None else f"{path}\n\n{WEIGHTS_TIP}")
+
+    def _choose_weights(self) -> None:
+        start = self.weights_path or (str(self.model.native.path.parent) if self.model.native is not None else "")
+        chosen, _ = QFileDialog.getOpenFileName(self, "Weights for the reruns", start, "Weights (*.safetensors *.gguf);;All files (*)")
+        if chosen:
+            self.use_weights(chosen)
 
     def run(self) -> None:
         native, oracle, viewed = self.model.native, self.model.oracle, self.model.comparison

@@ -9,6 +9,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QFont, QFontMetrics
 
 from sessions.capture.opening import open_capture
+from sessions.capture.reader import Capture
 from sessions.compare.result_cache import iter_compare_cached
 from sessions.progress import run_to_end
 from tests.viewer_windows import shown_tip
@@ -203,17 +204,23 @@ def test_the_panel_says_what_diagnose_needs_and_drops_an_old_verdict_when_the_co
     assert shown_tip(panel.verdict.text()) == NOT_COMPARED
 
 
-def test_a_contract_only_mismatch_says_which_declaration_the_bits_bear_out(qtbot, demo_pairs: dict, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """diagnose said so on the command line; the panel showed the sentence and nothing per op."""
-    from test_diagnosis_demo import declaring
-
-    native, oracle = (open_capture(p) for p in declaring(demo_pairs["clean"], tmp_path, "kqv_out-0", "text-before", "attn.f16.single_range"))
+def _panel_on(qtbot, native: Capture, oracle: Capture) -> DiagnosisPanel:  # type: ignore[no-untyped-def]
+    """A panel shown on its own over the pair's comparison, as the window gives it one."""
     model = PairModel()
     model.set_captures(native, oracle)
     model.set_comparison(cv.ViewedComparison.of(run_to_end(iter_compare_cached(native, oracle))))
     panel = DiagnosisPanel(model)
     qtbot.addWidget(panel)
     panel.show()
+    return panel
+
+
+def test_a_contract_only_mismatch_says_which_declaration_the_bits_bear_out(qtbot, demo_pairs: dict, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """diagnose said so on the command line; the panel showed the sentence and nothing per op."""
+    from test_diagnosis_demo import declaring
+
+    native, oracle = (open_capture(p) for p in declaring(demo_pairs["clean"], tmp_path, "kqv_out-0", "text-before", "attn.f16.single_range"))
+    panel = _panel_on(qtbot, native, oracle)
     try:
         with qtbot.waitSignal(panel.finished, timeout=60_000):
             panel.run()
@@ -230,12 +237,7 @@ def test_weights_chosen_in_the_panel_are_the_ones_the_reruns_read_as_with_diagno
     from test_diagnosis_demo import copied
 
     native, oracle = (open_capture(p) for p in copied(demo_pairs["attention-contract"], tmp_path, weights=False))
-    model = PairModel()
-    model.set_captures(native, oracle)
-    model.set_comparison(cv.ViewedComparison.of(run_to_end(iter_compare_cached(native, oracle))))
-    panel = DiagnosisPanel(model)
-    qtbot.addWidget(panel)
-    panel.show()
+    panel = _panel_on(qtbot, native, oracle)
     panel.scope.setCurrentIndex(panel.scope.findData("all"))
     try:
         with qtbot.waitSignal(panel.finished, timeout=120_000):

@@ -59,6 +59,17 @@ def _digest(paths: list[Path]) -> str:
     return hashlib.sha256("".join(f"{digest}\n" for digest in sorted(each)).encode()).hexdigest()
 
 
+WEIGHTS_ID_PREFIX = "sha256:"
+"""How a recorder's weights hash begins (`weights_id`). Recorders before HASH_VERSION 2 wrote the
+bare digest of names and bytes: told apart by this, a capture of that time and one of now are
+"hashed differently", not "different weights" (`sessions.compare.provenance_diff`)."""
+
+
+def weights_id(digest: str) -> str:
+    """A capture's `weights_hash` from its files' digest (`artifact_sha256`)."""
+    return WEIGHTS_ID_PREFIX + digest
+
+
 def artifact_sha256(paths: list[Path]) -> str:
     """The weights hash of a capture: of the files' bytes alone (`_digest`)."""
     paths = [Path(p) for p in paths]

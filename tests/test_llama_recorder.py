@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -106,6 +107,8 @@ def test_each_variant_records_a_valid_capture_whose_logits_are_llama_cpps_own(gg
         assert capture.meta.provenance["parity_settings"]["flash_attn"] is False
         assert capture.meta.provenance["parity_settings"]["kv_type"] == "f32"
         assert (capture.meta.device, capture.meta.provenance["parity_settings"]["n_gpu_layers"]) == ("cpu", 0), "a GPU build offloaded every layer"
+        digest = hashlib.sha256(ggufs[variant].read_bytes()).hexdigest()  # what sha256sum prints, whatever the file is called
+        assert (capture.meta.weights_hash, capture.meta.provenance["weights_sha256"]) == (f"sha256:{digest}", digest)
     assert len(recorded) == len(returned) == 3
     for mine, theirs in zip(recorded, returned, strict=True):
         assert mine.view(np.uint32).tobytes() == theirs.view(np.uint32).tobytes()

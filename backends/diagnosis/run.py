@@ -62,6 +62,7 @@ from sessions.compare.comparison import (
 )
 from sessions.compare.key import OpKey
 from sessions.compare.profiles import whole_op
+from sessions.compare.provenance_diff import hashed_apart
 from sessions.compare.verdict import Kind
 from sessions.progress import Progress, ProgressGenerator
 
@@ -242,7 +243,7 @@ def _why_open(diagnosis: Diagnosis, op: OpDiagnosis) -> str:
 
 def _weights_differ(comparison: Comparison) -> bool:
     weights = next(f for f in comparison.provenance.fields if f.field == "weights_hash")
-    return bool(weights.native and weights.oracle and not weights.same)
+    return bool(weights.native and weights.oracle and not weights.same and not hashed_apart(weights))
 
 
 COVERED = "covered"
@@ -416,7 +417,7 @@ def iter_diagnose(native: Capture, oracle: Capture, comparison: Comparison, opti
     if options.mode != "op":
         diagnosis.unexplained = _unexplained(comparison, classified=bool(diagnosis.ops))
     diagnosis.verdict = verdict_sentence(diagnosis, len(targets), dispatch_only, after_eos, contract_only)
-    if diagnosis.ops and _weights_differ(comparison):
+    if diagnosis.ops and options.weights_path is None and _weights_differ(comparison):  # a file named for the reruns is read for both sides
         diagnosis.verdict = f"{DIFFERENT_WEIGHTS} {diagnosis.verdict}"
     if options.mode == "first" and len(diagnosis.ops) < len(targets):
         why = f"{locals_found} local op(s)" if open_run < UNDETERMINED_RUN else f"{open_run:,} differing ops in a row could not be classified"

@@ -73,7 +73,7 @@ from backends.recorders.record_schedule import (
     check_batch,
     check_run_size,
 )
-from sessions.artifact_hash import artifact_sha256
+from sessions.artifact_hash import artifact_sha256, weights_id
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.writer import CaptureWriter
 from sessions.machine import physical_memory
@@ -552,7 +552,7 @@ def iter_record_here(
             engine_name=ENGINE_NAME,
             engine_version=run.llama.__version__,
             model_id=model_path.name,
-            weights_hash=weights_hash or digest,
+            weights_hash=weights_hash or weights_id(digest),
             device="cpu",
             compiler=f"llama-cpp-python {run.llama.__version__}",
             prompt=schedule.describe(),

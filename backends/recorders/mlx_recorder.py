@@ -42,7 +42,7 @@ from backends.recorders.record_schedule import (
     check_batch,
     check_run_size,
 )
-from sessions.artifact_hash import artifact_sha256
+from sessions.artifact_hash import artifact_sha256, weights_id
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.writer import CaptureWriter
 from sessions.machine import physical_memory
@@ -296,7 +296,7 @@ def iter_record_mlx(
             engine_name=f"mlx-lm {config.get('model_type', '')}".strip(),
             engine_version=mlx_lm.__version__,
             model_id=model_dir.name,
-            weights_hash=weights_hash or digest,
+            weights_hash=weights_hash or weights_id(digest),
             device=device,
             compiler=f"mlx {mx.__version__}",
             prompt=schedule.describe(),

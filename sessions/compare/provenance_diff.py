@@ -6,8 +6,10 @@ different prompt or seed makes the runs incomparable -- both are warnings at the
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
+from sessions.artifact_hash import WEIGHTS_ID_PREFIX
 from sessions.capture.meta import CaptureMeta
 
 FIELDS = ("engine_name", "engine_version", "engine_commit", "model_id", "weights_hash", "compiler", "device", "prompt", "seed")
@@ -49,7 +51,12 @@ def diff_provenance(native: CaptureMeta, oracle: CaptureMeta, same_file: bool = 
     if same_file:
         warnings.append(SAME_FILE_WARNING)
     weights = by_name["weights_hash"]
-    if weights.native and weights.oracle and not weights.same:
+    if weights.native and weights.oracle and hashed_apart(weights):
+        warnings.append(
+            f"weights hashed by two versions of the recorders (native {weights.native}, oracle {weights.oracle}): one capture was recorded "
+            "before weights were hashed by their bytes alone, so same weights cannot be confirmed (record's --weights-hash gives both one id)"
+        )
+    elif weights.native and weights.oracle and not weights.same:
         warnings.append(
             f"WEIGHTS HASH MISMATCH: native {weights.native} vs oracle {weights.oracle}; the runs used different weights, or the "
             "same weights in files of other formats (a GGUF and safetensors hash differently: record's --weights-hash gives both one id)"
@@ -71,9 +78,24 @@ def diff_provenance(native: CaptureMeta, oracle: CaptureMeta, same_file: bool = 
     return ProvenanceDiff(fields, warnings, _summary(by_name))
 
 
+_EARLIER_DIGEST = re.compile(r"[0-9a-f]{64}")
+"""A recorder's weights hash before `sessions.artifact_hash.HASH_VERSION` 2: a bare digest."""
+_DIGEST_NOW = re.compile(rf"{re.escape(WEIGHTS_ID_PREFIX)}[0-9a-f]{{64}}")
+
+
+def hashed_apart(weights: ProvenanceField) -> bool:
+    """Whether one capture's weights hash is a recorder's of before HASH_VERSION 2 and the other's
+    of now: they differ whatever the weights, and "DIFFERENT WEIGHTS" was said of one GGUF."""
+    earlier = [bool(_EARLIER_DIGEST.fullmatch(h)) for h in (weights.native, weights.oracle)]
+    now = [bool(_DIGEST_NOW.fullmatch(h)) for h in (weights.native, weights.oracle)]
+    return (earlier[0] and now[1]) or (now[0] and earlier[1])
+
+
 def _summary(by_name: dict[str, ProvenanceField]) -> str:
     weights = by_name["weights_hash"]
-    if weights.native and weights.oracle:
+    if weights.native and weights.oracle and hashed_apart(weights):
+        parts = ["weights unconfirmed (hashed by two versions)"]
+    elif weights.native and weights.oracle:
         parts = ["same weights" if weights.same else "DIFFERENT WEIGHTS"]
     else:
         parts = ["weights unconfirmed"]

@@ -12,7 +12,7 @@ from sessions.capture.opening import open_capture
 from sessions.compare.comparison import iter_compare
 from sessions.progress import run_to_end
 from viewer.comparison_view import ViewedComparison
-from viewer.panels.rerun_panel import COLUMNS, RerunPanel, RerunPanelModel
+from viewer.panels.rerun_panel import CHOOSE, COLUMNS, RerunPanel, RerunPanelModel
 
 pytestmark = [pytest.mark.slow, pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")]
 
@@ -105,6 +105,7 @@ def test_a_failed_cancelled_or_other_ops_rerun_never_leaves_the_last_runs_result
     run_sdpa()
     panel.set_key("0:visual:4:sdpa")
     assert cleared(), "another op chosen: the sdpa result read as its own"
+    assert panel.status.text() == CHOOSE, "'Ran on cpu ... Route: ...' of the sdpa run stood beside the next op chosen"
     with qtbot.waitSignal(panel.failed, timeout=60_000):
         panel.run()
     assert cleared() and panel.progress.text() == "failed"
@@ -122,6 +123,22 @@ def test_a_failed_cancelled_or_other_ops_rerun_never_leaves_the_last_runs_result
         panel.set_key("0:visual:1:sdpa")  # chosen while the sdpa of layer 0 runs
     assert panel.key.currentText() == "0:visual:0:sdpa", "the result stood under the op chosen meanwhile, and Save recorded it there"
     assert panel.model.result.target.text() == "0:visual:0:sdpa"
+
+
+def test_another_pair_clears_the_refusal_and_the_status_of_the_last(qtbot, panel: RerunPanel, demo_pairs: dict) -> None:  # type: ignore[no-untyped-def]
+    """A refusal naming an op of the last pair stayed over the next pair's panel."""
+    panel.set_key("0:text-before:-1:embed")
+    assert panel.status.text().startswith("0:text-before:-1:embed cannot be rerun")
+    native, oracle = (open_capture(p) for p in demo_pairs["signed-zero"])
+    try:
+        panel.model.set_pair(native, oracle, ViewedComparison.of(run_to_end(iter_compare(native, oracle))))
+        assert panel.status.text() == CHOOSE
+        panel.set_key("0:text-before:0:sdpa")
+        assert panel.status.text() == "" and panel.key.currentText() == "0:text-before:0:sdpa"
+    finally:
+        panel.model.set_pair(None, None, None)
+        native.close()
+        oracle.close()
 
 
 def test_a_key_the_comparison_did_not_pair_is_shown_as_a_message(qtbot, panel: RerunPanel) -> None:  # type: ignore[no-untyped-def]

@@ -222,6 +222,54 @@ def test_the_error_plot_of_an_op_that_differs_only_in_signed_zeros_says_so_not_t
     assert rows == ["no differing\nelements"], "a bit-exact [rows, hidden] tensor has a row axis, with nothing differing along it"
 
 
+def test_a_float32_slice_counts_differing_bits_and_pins_the_element_the_report_names_as_worst(
+    qtbot: QtBot, window: MainWindow, tmp_path: Path
+) -> None:
+    """Values were compared: a +0/-0 swap was not counted and an identical NaN was ("bit-exact"
+    beside an inspector showing 0x00000000 vs 0x80000000), and a NaN, whose ULP distance the
+    report leaves undefined, was pinned as the worst in place of the report's +inf vs -inf."""
+    rng = np.random.default_rng(0)
+    swapped = rng.standard_normal((5, 384)).astype(np.float32)
+    swaps = swapped.copy()
+    swapped[0, 3], swaps[0, 3] = 0.0, -0.0
+    swapped[1, 7], swaps[1, 7] = -0.0, 0.0
+    swapped[2, 5] = swaps[2, 5] = np.array([0x7FC00001], np.uint32).view(np.float32)[0]  # one NaN, bit for bit on both sides
+    apart = rng.standard_normal((5, 384)).astype(np.float32)
+    other = apart.copy()
+    apart.view(np.uint32)[0, 0] += 1
+    apart[4, 1], other[4, 1] = (np.array([bits], np.uint32).view(np.float32)[0] for bits in (0x7FC00002, 0x7FC00003))
+    apart[4, 2], other[4, 2] = np.inf, -np.inf
+    native = write_capture(tmp_path / "n.h5", "native", [T("attn_norm-0", swapped, layer=0), T("ffn_norm-0", apart, layer=0)], [(0, 1, False)])
+    oracle = write_capture(tmp_path / "o.h5", "oracle", [T("attn_norm-0", swaps, layer=0), T("ffn_norm-0", other, layer=0)], [(0, 1, False)])
+    window.open_pair(native, oracle)
+    wait_compared(qtbot, window)
+    view = window.tensor_view
+    for op, title, worst in (("attn_norm", "2 of 1,920 shown elements differ", None), ("ffn_norm", "3 of 1,920 shown elements differ", (4, 2))):
+        pair = next(p for p in window.model.comparison.comparison.pairs if p.key.op == op)
+        window.model.select(pair)
+        qtbot.waitUntil(lambda: view.data is not None and view.data.request.metrics is pair.metrics, timeout=WAIT_MS)  # noqa: B023
+        assert view.title.text().endswith(title) and pair.metrics.differing == int(title.split()[0])
+        if worst is not None:
+            assert pair.metrics.worst_ulp_at is not None and tuple(pair.metrics.worst_ulp_at.coord) == worst == view.pinned
+    wait_idle(qtbot, window)
+
+
+def test_the_max_ulp_per_row_plot_of_a_one_row_op_shows_its_one_row(qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]]) -> None:
+    """Every decode step's op is one row: drawn as a line of one point, the plot was blank beside a tooltip saying 1 of 1 rows differ."""
+    import pyqtgraph as pg
+
+    window.open_pair(*demo_pairs["signed-zero"])
+    wait_compared(qtbot, window)
+    pair = next(p for p in window.model.comparison.comparison.pairs if p.key.text() == "2:decode:1:ffn_act")
+    window.model.select(pair)
+    view = window.tensor_view
+    qtbot.waitUntil(lambda: view.data is not None and view.data.request.metrics is pair.metrics, timeout=WAIT_MS)
+    (line,) = [item for item in view.errors.row_plot.items if isinstance(item, pg.PlotDataItem)]
+    x, y = line.getData()
+    assert (x.tolist(), y.tolist(), line.opts["symbol"]) == ([0.0], [float(pair.metrics.max_ulp)], "o")
+    wait_idle(qtbot, window)
+
+
 def test_overview_click_on_a_point_selects_that_op(qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]]) -> None:
     window.open_pair(*demo_pairs["signed-zero"])
     wait_compared(qtbot, window)

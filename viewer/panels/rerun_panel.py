@@ -298,9 +298,11 @@ class RerunPanel(QWidget):
         not wait for while the panel is hidden."""
         self._keys_shown = False
         pair = (self.model.native, self.model.oracle)
-        if pair != self._pair:  # a rerun of another pair: its answer is not of this one
+        if pair != self._pair:  # a rerun of another pair: its answer is not of this one, nor its words
             self.tasks.drop_lane("rerun")
             self._end_progress("")
+            self._refusal = None
+            self.status.setText(CHOOSE)
         self._pair = pair
         if self.isVisible():
             self._show_keys()
@@ -324,6 +326,8 @@ class RerunPanel(QWidget):
         if result is None:
             for label in (self.verdict, self.device_note, self.calls):
                 label.setText("")
+            # "Ran on cpu ... Route: swiglu ..." stood beside the next op chosen, over an empty table.
+            self.status.setText(self._refusal or CHOOSE)
             return
         self.table.setRowCount(len(result.ops))
         for row, op in enumerate(result.ops):

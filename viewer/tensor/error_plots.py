@@ -111,7 +111,9 @@ class ErrorPlots(pg.GraphicsLayoutWidget):
         set_title(plot, f"max ULP / {name}")
         plot.setToolTip(f"{int(np.count_nonzero(values))} of {values.size} {name}s differ")
         if curve:
-            item = pg.PlotDataItem(np.arange(values.size), values, pen=pg.mkPen(HOT, width=1.5))
+            # One row (every decode step's op) is a line of one point, which draws nothing: a dot marks it.
+            dot = {"symbol": "o", "symbolSize": 6, "symbolBrush": HOT, "symbolPen": None} if values.size == 1 else {}
+            item = pg.PlotDataItem(np.arange(values.size), values, pen=pg.mkPen(HOT, width=1.5), **dot)
             plot.addItem(item)
             item.setDownsampling(auto=True, method="peak")
         else:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyqtgraph as pg
 
-from sessions.bits.dtypes import as_values, logical_dtype
+from sessions.bits.dtypes import as_bit_pattern, as_values, logical_dtype
 from sessions.capture.reader import Capture, Record
 from sessions.compare.mapped_record import MappedRecord
 from sessions.compare.pair_tensors import iter_read_canonical
@@ -158,16 +158,19 @@ def _iter_maps(n2: np.ndarray, o2: np.ndarray, dtype: str, factors: tuple[int, i
         with np.errstate(all="ignore"):
             values_n = as_values(nb, dtype).astype(np.float32)
             values_o = as_values(ob, dtype).astype(np.float32)
-        # A NaN on either side leaves the ULP distance undefined; it is the worst kind of difference.
+        # The worst element is the report's: the farthest that has a ULP distance (a NaN on either
+        # side has none), so both name one element; the map draws a NaN as the worst kind of difference.
+        ranked = np.where(np.isnan(ulp), -1.0, ulp)
         ulp = np.where(np.isnan(ulp), np.inf, ulp)
-        differing += int(np.count_nonzero(nb != ob))
+        # Bits, not values: a +0/-0 swap differs and an identical NaN does not, as the report counts.
+        differing += int(np.count_nonzero(as_bit_pattern(nb, dtype) != as_bit_pattern(ob, dtype)))
         differs = abs_err[np.isfinite(abs_err) & (abs_err > 0)]
         abs_hist += np.histogram(differs, ABS_EDGES)[0]
         moved = abs_err != 0
-        flat = worst_index(ulp, moved)
-        if ulp.flat[flat] > 0 and replaces_worst(float(ulp.flat[flat]), bool(moved.flat[flat]), worst[0], worst_moved):
+        flat = worst_index(ranked, moved)
+        if ranked.flat[flat] > 0 and replaces_worst(float(ranked.flat[flat]), bool(moved.flat[flat]), worst[0], worst_moved):
             r, c = np.unravel_index(flat, ulp.shape)
-            worst, worst_moved = (float(ulp.flat[flat]), start + int(r), int(c)), bool(moved.flat[flat])
+            worst, worst_moved = (float(ranked.flat[flat]), start + int(r), int(c)), bool(moved.flat[flat])
         images["native"].append(block_mean(values_n, factors))
         images["oracle"].append(block_mean(values_o, factors))
         with np.errstate(over="ignore", invalid="ignore"):  # an error past float32's range shows as inf, as it is

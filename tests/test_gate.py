@@ -250,6 +250,14 @@ def test_an_output_naming_the_manifest_or_a_case_capture_is_refused_before_anyth
     assert _gate(str(manifest), "--html", str(tmp_path / "s.html")) == 2, "refused after every case was judged"
     said = capsys.readouterr()
     assert "judging" not in said.out and f"its cases' reports go in {tmp_path / 's-cases'}, where something other than a folder is" in said.err
+    (tmp_path / "d-cases").symlink_to(tmp_path / "nowhere")
+    assert _gate(str(manifest), "--html", str(tmp_path / "d.html")) == 2, "a dangling link where the cases' folder goes: refused after judging"
+    said = capsys.readouterr()
+    assert "judging" not in said.out and f"its cases' reports go in {tmp_path / 'd-cases'}, where something other than a folder is" in said.err
+    for option in ("--html", "--json"):
+        assert _gate(str(manifest), option, "") == 2, "an empty path: a traceback after every case was judged"
+        said = capsys.readouterr()
+        assert "judging" not in said.out and said.err.endswith(f"{option} was given an empty path: name the file to write\n")
 
 
 def test_more_local_workers_than_the_cores_can_run_is_refused_before_a_cluster_starts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import pytest
@@ -66,8 +67,20 @@ def test_a_glob_or_a_path_spelled_with_dot_segments_finds_the_same_cases_and_sha
         assert load_manifest(_write(tmp_path, f'cases = "{spelled}"\noracle = "./runs/*/oracle.h5"\n')).cases == plain
     (tmp_path / "other").mkdir()
     elsewhere = load_manifest(_write(tmp_path / "other", _cases("../runs/img01"))).cases
-    assert (elsewhere[0].native, elsewhere[0].oracle) == (plain[0].native, plain[0].oracle)
+    assert elsewhere[0].native == str(tmp_path / "other/../runs/img01/native.h5")
     assert case_key(elsewhere[0]) == case_key(plain[0])
+
+
+def test_a_dot_dot_after_a_linked_folder_names_the_file_the_os_opens(tmp_path: Path) -> None:
+    """Collapsed as text, `link/../runs/...` named the manifest folder's runs, not the runs beside
+    the folder the link points to, and `runs/*/../x` lost its wildcard."""
+    _runs(tmp_path / "deep", ["img01"])
+    (tmp_path / "deep" / "inner").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "deep" / "inner")
+    (case,) = load_manifest(_write(tmp_path, _cases("link/../runs/img01"))).cases
+    assert os.path.realpath(case.native) == str(tmp_path / "deep/runs/img01/native.h5")
+    globbed = load_manifest(_write(tmp_path, 'cases = "deep/runs/*/../img01/native.h5"\noracle = "deep/runs/*/../img01/oracle.h5"\n')).cases
+    assert [c.name for c in globbed] == ["img01"]
 
 
 def test_a_name_a_glob_match_and_a_table_both_take_is_refused_at_the_tables_line_naming_both(tmp_path: Path) -> None:

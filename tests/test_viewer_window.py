@@ -270,6 +270,24 @@ def test_the_max_ulp_per_row_plot_of_a_one_row_op_shows_its_one_row(qtbot: QtBot
     wait_idle(qtbot, window)
 
 
+def test_esc_while_an_ops_tensors_load_says_the_load_was_cancelled_not_the_last_ops_tensors(
+    qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]]
+) -> None:
+    """The last op's heatmaps stayed under "Loading <the new op> ...", read as the new op's."""
+    window.open_pair(*demo_pairs["signed-zero"])
+    wait_compared(qtbot, window)
+    pairs = window.model.comparison.comparison.pairs
+    view = window.tensor_view
+    window.model.select(pairs[0])
+    qtbot.waitUntil(lambda: view.data is not None and view.data.request.metrics is pairs[0].metrics, timeout=WAIT_MS)
+    window.model.select(pairs[1])
+    window.cancel_work()
+    qtbot.waitUntil(lambda: view.data is None, timeout=WAIT_MS)
+    assert view.title.text() == f"Loading {pairs[1].key.text()} was cancelled: choose another op and come back to load it."
+    wait_idle(qtbot, window)
+    assert view.data is None
+
+
 def test_overview_click_on_a_point_selects_that_op(qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]]) -> None:
     window.open_pair(*demo_pairs["signed-zero"])
     wait_compared(qtbot, window)

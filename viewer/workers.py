@@ -151,8 +151,8 @@ class TaskSlots(QObject):
         self._alive.add(task)
         self._wiring[task] = [
             (task.progressed, lambda p, t=task: self._relay_progress(t, p)),
-            (task.succeeded, lambda result, t=task: self._deliver(t, on_success, result)),
-            (task.failed, lambda message, t=task: self._deliver(t, on_failure, message)),
+            (task.succeeded, lambda result, t=task: self._deliver(t, on_success, result, on_cancel)),
+            (task.failed, lambda message, t=task: self._deliver(t, on_failure, message, on_cancel)),
             (task.cancelled, lambda t=task: self._deliver_cancel(t, on_cancel)),
             (task.ended, lambda t=task: self._finish(t)),
         ]
@@ -166,10 +166,16 @@ class TaskSlots(QObject):
         if self._lanes.get(task.name) is task and not task.is_cancelled:
             self.progressed.emit(progress)
 
-    def _deliver(self, task: Task, callback: Callable[[Any], None], value: Any) -> None:
-        """Only the newest task of a lane may touch the views: a stale answer is dropped."""
-        if self._lanes.get(task.name) is task and not task.is_cancelled:
+    def _deliver(self, task: Task, callback: Callable[[Any], None], value: Any, on_cancel: Callable[[], None] | None) -> None:
+        """Only the newest task of a lane may touch the views: a stale answer is dropped. One the
+        user cancelled as it ended is dropped too, and reported as cancelled: its view said
+        "Loading ..." for good."""
+        if self._lanes.get(task.name) is not task:
+            return
+        if not task.is_cancelled:
             callback(value)
+        elif on_cancel is not None:
+            on_cancel()
 
     def _deliver_cancel(self, task: Task, callback: Callable[[], None] | None) -> None:
         """A user's Cancel is reported; a task replaced by a newer one in its lane is not."""

@@ -89,6 +89,8 @@ def output_problem(
     would replace the capture, or on an unusable input remove it), or another output (the JSON
     would silently replace the HTML)."""
     for option, output in outputs.items():
+        if output == "":  # found only when writing, after every case of a gate was judged
+            return f"{option} was given an empty path: name the file to write"
         problem = _path_problem(output, option not in made_folders) if output else None
         if problem is not None:
             return f"{option} {printable(output)} {problem}"

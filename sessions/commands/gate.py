@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import os
 import re
 import sys
 import time
@@ -186,7 +187,7 @@ def _cases_folder(html_out: str) -> Path:
 
 def _cases_folder_problem(html_out: str) -> str | None:
     folder = _cases_folder(html_out)
-    if folder.exists() and not folder.is_dir():
+    if os.path.lexists(folder) and not folder.is_dir():  # a dangling link too: making the folder failed after judging
         return f"--html {printable(html_out)}: its cases' reports go in {printable(str(folder))}, where something other than a folder is"
     return None
 

@@ -11,13 +11,11 @@ case named: a gate that silently judged fewer cases than intended would over-cla
 from __future__ import annotations
 
 import glob
-import os
-import posixpath
 import re
 import tomllib
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from sessions.compare.align_modes import ALIGN_MODES
@@ -236,7 +234,7 @@ class _Reader:
         if not isinstance(value, str) or not value:
             problem = f"needs {key!r}, the path of its {key} capture" if value is None else f"{key!r} must be a path, got {value!r}"
             raise self.fail(number, key, where, problem)
-        return os.path.normpath(self.folder / value)
+        return str(self.folder / value)
 
     # -- cases -------------------------------------------------------------------------------
 
@@ -261,8 +259,10 @@ class _Reader:
                 raise self.fail(None, key if key in data else None, where, f"{key!r} must be a glob string: cases = \"runs/*/native.h5\" with oracle = \"runs/*/oracle.h5\"")
         assert isinstance(native_pattern, str) and isinstance(oracle_pattern, str)
         # Matched against what glob finds, which drops a leading "./" and doubled slashes: written
-        # so, a pattern matched nothing and the manifest was refused.
-        native_pattern, oracle_pattern = posixpath.normpath(native_pattern), posixpath.normpath(oracle_pattern)
+        # so, a pattern matched nothing and the manifest was refused. A ".." stays: collapsed, it
+        # named another file than the OS opens when the folder before it is a link, and it took
+        # `runs/*/../x` its wildcard.
+        native_pattern, oracle_pattern = PurePosixPath(native_pattern).as_posix(), PurePosixPath(oracle_pattern).as_posix()
         wildcards = _WILDCARD.findall(native_pattern)
         if not wildcards or "**" in native_pattern or "[" in native_pattern:
             raise self.fail(None, "cases", where, f"{native_pattern!r} must use * or ? wildcards (not ** or [...]) so each match names its case")
@@ -277,7 +277,7 @@ class _Reader:
                 continue
             parts = iter(match.groups())
             oracle = _WILDCARD.sub(lambda _: next(parts), oracle_pattern)
-            cases.append(GateCase("/".join(match.groups()), os.path.normpath(self.folder / found), os.path.normpath(self.folder / oracle), options, eos))
+            cases.append(GateCase("/".join(match.groups()), str(self.folder / found), str(self.folder / oracle), options, eos))
         if not cases:
             raise self.fail(None, "cases", where, f"{native_pattern!r} matches no file under {self.folder}")
         return cases

@@ -599,7 +599,7 @@ class MainWindow(QMainWindow):
         """The op's default slice, unless its tensor is the one on show (a re-compare kept the
         op): that keeps the user's slice, which the default replaced, in the session too."""
         if pair is None:
-            self.tasks.cancel_lane("tensor")  # an op's tensors still loading would show beside no op
+            self.tasks.drop_lane("tensor")  # an op's tensors still loading would show beside no op
             return
         shown = self.tensor_view.data
         self.load_slice(shown.spec if shown is not None and shown.request.label == pair.key.text() else None)
@@ -610,7 +610,7 @@ class MainWindow(QMainWindow):
             return
         request = cv.tensor_request(self.model.comparison, self.model.native, self.model.oracle, pair, spec)
         if isinstance(request, str):
-            self.tasks.cancel_lane("tensor")
+            self.tasks.drop_lane("tensor")
             self.tensor_view.clear(request)
             return
         self.tensor_view.show_loading(request.label)
@@ -619,6 +619,8 @@ class MainWindow(QMainWindow):
             lambda: iter_prepare(request),
             on_success=self._slice_ready,
             on_failure=self._tensor_failed,
+            # The last op's tensors stayed on show under "Loading <this op> ...", read as this op's.
+            on_cancel=lambda: self.tensor_view.clear(f"Loading {request.label} was cancelled: choose another op and come back to load it."),
         )
 
     def _tensor_failed(self, message: str) -> None:

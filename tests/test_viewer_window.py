@@ -26,6 +26,7 @@ from pytestqt.qtbot import QtBot
 from sessions.bits.element_info import describe, ulp_between
 from sessions.capture.opening import open_capture
 from sessions.compare.align import align
+from sessions.compare.comparison import PairResult
 from sessions.compare.key import OpKey
 from sessions.compare.verdict import Kind
 from sessions.ctrl_c import ctrl_c_kept
@@ -222,6 +223,13 @@ def test_the_error_plot_of_an_op_that_differs_only_in_signed_zeros_says_so_not_t
     assert rows == ["no differing\nelements"], "a bit-exact [rows, hidden] tensor has a row axis, with nothing differing along it"
 
 
+def _show_op(qtbot: QtBot, window: MainWindow, pair: PairResult) -> None:
+    """Select `pair` and wait for its tensors on show."""
+    window.model.select(pair)
+    view = window.tensor_view
+    qtbot.waitUntil(lambda: view.data is not None and view.data.request.metrics is pair.metrics, timeout=WAIT_MS)
+
+
 def test_a_float32_slice_counts_differing_bits_and_pins_the_element_the_report_names_as_worst(
     qtbot: QtBot, window: MainWindow, tmp_path: Path
 ) -> None:
@@ -246,8 +254,7 @@ def test_a_float32_slice_counts_differing_bits_and_pins_the_element_the_report_n
     view = window.tensor_view
     for op, title, worst in (("attn_norm", "2 of 1,920 shown elements differ", None), ("ffn_norm", "3 of 1,920 shown elements differ", (4, 2))):
         pair = next(p for p in window.model.comparison.comparison.pairs if p.key.op == op)
-        window.model.select(pair)
-        qtbot.waitUntil(lambda: view.data is not None and view.data.request.metrics is pair.metrics, timeout=WAIT_MS)  # noqa: B023
+        _show_op(qtbot, window, pair)
         assert view.title.text().endswith(title) and pair.metrics.differing == int(title.split()[0])
         if worst is not None:
             assert pair.metrics.worst_ulp_at is not None and tuple(pair.metrics.worst_ulp_at.coord) == worst == view.pinned
@@ -261,9 +268,8 @@ def test_the_max_ulp_per_row_plot_of_a_one_row_op_shows_its_one_row(qtbot: QtBot
     window.open_pair(*demo_pairs["signed-zero"])
     wait_compared(qtbot, window)
     pair = next(p for p in window.model.comparison.comparison.pairs if p.key.text() == "2:decode:1:ffn_act")
-    window.model.select(pair)
     view = window.tensor_view
-    qtbot.waitUntil(lambda: view.data is not None and view.data.request.metrics is pair.metrics, timeout=WAIT_MS)
+    _show_op(qtbot, window, pair)
     (line,) = [item for item in view.errors.row_plot.items if isinstance(item, pg.PlotDataItem)]
     x, y = line.getData()
     assert (x.tolist(), y.tolist(), line.opts["symbol"]) == ([0.0], [float(pair.metrics.max_ulp)], "o")
@@ -278,8 +284,7 @@ def test_esc_while_an_ops_tensors_load_says_the_load_was_cancelled_not_the_last_
     wait_compared(qtbot, window)
     pairs = window.model.comparison.comparison.pairs
     view = window.tensor_view
-    window.model.select(pairs[0])
-    qtbot.waitUntil(lambda: view.data is not None and view.data.request.metrics is pairs[0].metrics, timeout=WAIT_MS)
+    _show_op(qtbot, window, pairs[0])
     window.model.select(pairs[1])
     window.cancel_work()
     qtbot.waitUntil(lambda: view.data is None, timeout=WAIT_MS)

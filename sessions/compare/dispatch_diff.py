@@ -75,10 +75,15 @@ def summarize(events: list[dict[str, object]], differing: list[str] | tuple[str,
     split = f"heads per call {chunks}" + (" over all KV groups" if events[0]["kv_group"] == -1 else " per KV group")
     primitives = sorted({str(e["primitive"]) for e in events})
     metal = sorted({str(e["metal_primitive"]) for e in events if e["metal_primitive"]})
-    first = events[0]
+
+    def values(field: str) -> str:
+        # The first call's alone: two runs whose second calls took 4 and 8 rows printed two identical lines.
+        found = [str(e[field]) for e in events]
+        return "+".join(found) if field in differing else "/".join(dict.fromkeys(found))
+
     text = (
-        f"{len(events)} call(s), {split}, {first['q_rows']} rows, "
-        f"kv {first['kv_len']}, mask {first['mask_kind']}, primitive {'/'.join(primitives)}"
+        f"{len(events)} call(s), {split}, {values('q_rows')} rows, "
+        f"kv {values('kv_len')}, mask {values('mask_kind')}, primitive {'/'.join(primitives)}"
     )
     text += f", Metal would pick {'/'.join(metal)}" if metal else ""
     for field in differing:

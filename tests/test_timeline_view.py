@@ -124,6 +124,25 @@ def test_ten_thousand_calls_are_painted_by_one_item_with_level_of_detail(qtbot, 
     print(f"10,500-call timeline painted in {paint_s * 1000:.0f} ms")
 
 
+def test_zoomed_out_on_the_time_axis_the_selected_call_is_still_outlined(qtbot, tmp_path: Path, artifacts_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    """Each call under a pixel wide, the selection was outlined only box by box: nothing showed."""
+    native = write_dispatch_capture(tmp_path / "n.h5", role="native", ops=420, heads_per_call=2)
+    oracle = write_dispatch_capture(tmp_path / "o.h5", role="oracle", ops=420, heads_per_call=0)
+    with open_capture(native) as n, open_capture(oracle) as o:
+        timeline = build_timeline(n, o, run_to_end(iter_compare(n, o)))
+    view = _view(qtbot, timeline)
+    view.x_axis.setCurrentIndex(view.x_axis.findData("time"))
+    before = view.grab().toImage()
+    assert view.items.selection_outlined == 0
+    view.select_event(5000)
+    after = view.grab().toImage()
+    assert view.items.selection_outlined == 1
+    after.save(str(artifacts_dir / "timeline-10k-time-axis-selected-1440x900.png"))
+    changed = [x for x in range(after.width()) for y in range(0, after.height(), 2) if after.pixel(x, y) != before.pixel(x, y)]
+    assert changed and max(changed) - min(changed) >= 4, "an outline a few pixels wide, not a hairline"
+    after.save(str(artifacts_dir / "timeline-10k-time-axis-selected-1440x900.png"))
+
+
 @pytest.mark.slow
 def test_a_llama_cpp_pair_is_coloured_by_what_ran_flash_attention_against_separate_ops(qtbot, llama_tiny_pairs: dict, artifacts_dir: Path) -> None:  # type: ignore[no-untyped-def]
     """llama.cpp calls have no Metal route to colour by; flash attention and the decomposed

@@ -51,6 +51,8 @@ EOS_COLOUR = "#7d8694"
 """The grey Token parity gives post-EOS steps."""
 LOD_BOXES = 3000
 """Above this many visible boxes (or boxes under two pixels wide) they are merged per pixel column."""
+SELECTED_MIN_PX = 5
+"""The narrowest the selected call is outlined, in pixels, however far the axis is zoomed out."""
 
 
 def palette(model: TimelineModel) -> list[str]:
@@ -71,6 +73,8 @@ class BoxesItem(pg.GraphicsObject):
         self._bounds = QRectF()
         self.painted_rects = 0
         """How many rectangles the last paint drew (after level of detail)."""
+        self.selection_outlined = 0
+        """How many boxes of the selected call the last zoomed-out paint outlined."""
         self.refresh()
 
     def refresh(self) -> None:
@@ -110,6 +114,7 @@ class BoxesItem(pg.GraphicsObject):
         if index.size > LOD_BOXES or (index.size and float(np.median(widths)) < 2 * px):
             self._paint_merged(painter, index, codes, colours, px)
             self._mark_merged(painter, index, px)
+            self._mark_selected(painter, index, px)
         else:
             for code in np.unique(codes).tolist():
                 chosen = index[codes == code]
@@ -149,6 +154,24 @@ class BoxesItem(pg.GraphicsObject):
             painter.setBrush(QColor(colour))
             painter.drawRects([QRectF(c * px, la + offset, px, 0.1) for la, c in cells.tolist()])
 
+    def _mark_selected(self, painter: QPainter, index: np.ndarray, px: float) -> None:
+        """Zoomed out (the time axis of any real run), the selected call is outlined at least a few
+        pixels wide: its own box, under a pixel, showed no selection at all."""
+        boxes, selected = self.model.boxes, self.model.selected
+        assert boxes is not None
+        chosen = index[boxes.event[index] == selected] if selected is not None else index[:0]
+        self.selection_outlined = int(chosen.size)
+        if not chosen.size:
+            return
+        pen = QPen(pg.mkColor(pg.getConfigOption("foreground")), 3.0)  # mkColor: the default foreground is "d", no colour to QColor
+        pen.setCosmetic(True)
+        painter.setPen(pen)
+        painter.setBrush(Qt.BrushStyle.NoBrush)
+        # Its lane's whole height: a call of 2 of 24 heads is a sliver of it.
+        for x0, x1, lane in zip(boxes.x0[chosen].tolist(), boxes.x1[chosen].tolist(), np.floor(boxes.y0[chosen]).tolist()):
+            width = max(x1 - x0, SELECTED_MIN_PX * px)
+            painter.drawRect(QRectF((x0 + x1 - width) / 2, lane + 0.05, width, 0.9))
+
     def _rects(self, index: np.ndarray) -> list[QRectF]:
         b = self.model.boxes
         assert b is not None
@@ -171,7 +194,7 @@ class BoxesItem(pg.GraphicsObject):
         ):
             chosen = index[mask]
             if chosen.size:
-                pen = QPen(QColor(colour), width, style)
+                pen = QPen(pg.mkColor(colour), width, style)
                 pen.setCosmetic(True)
                 painter.setPen(pen)
                 painter.drawRects(self._rects(chosen[:LOD_BOXES]))

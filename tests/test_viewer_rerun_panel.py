@@ -43,7 +43,7 @@ def test_running_on_the_native_route_shows_the_three_way_table_and_the_verdict_a
     sdpa_row = [panel.table.item(r, 0).text() for r in range(11)].index("sdpa")
     assert panel.table.item(sdpa_row, 3).text() == "bit-exact"
     assert "differ" in panel.table.item(sdpa_row, 2).text() and panel.table.item(sdpa_row, 5).text().startswith("oracle")
-    assert panel.table.item(sdpa_row, 2).text() == "27,961 differ · max 29,937 ULP", "as every other surface writes a figure"
+    assert panel.table.item(sdpa_row, 2).text() == "27,961 differ\nmax 29,937 ULP", "as every other surface writes a figure, on two lines"
     assert panel.verdict.text() == (
         "The rerun on the native route reproduces the bits of: native. First op where the bits differ: sdpa (contract-mismatch); "
         "against the float64 reference, the oracle side is closer to exact."
@@ -77,6 +77,7 @@ def test_running_on_the_native_route_shows_the_three_way_table_and_the_verdict_a
     for column in range(panel.table.columnCount()):
         title = max(header.fontMetrics().horizontalAdvance(line) for line in COLUMNS[column].splitlines())
         assert panel.table.columnWidth(column) >= max(panel.table.sizeHintForColumn(column), title), ("reads whole", COLUMNS[column])
+    assert not panel.table.horizontalScrollBar().isVisible(), "every column in the tab's room, the closer-to-exact one cut off"
     panel.grab().save(str(artifacts_dir / "rerun-panel-tab-at-1280x720.png"))
 
 

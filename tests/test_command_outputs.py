@@ -31,6 +31,22 @@ def test_a_report_whose_standard_output_is_full_says_so_in_one_line_and_exits_2(
     assert (done.returncode, done.stderr) == (2, "parity-xray report: cannot write to standard output: No space left on device\n")
 
 
+def test_a_full_standard_output_removes_the_earlier_runs_document_and_a_full_standard_error_keeps_the_exit_status(
+    demo_pairs: dict[str, tuple[Path, Path]], tmp_path: Path
+) -> None:
+    """The report exits 2 without writing its document: the earlier run's PARITY stayed. And an
+    unusable input said on a full standard error exited 1 (a divergence to CI) with a traceback."""
+    native, oracle = demo_pairs["swiglu-order"]
+    out = tmp_path / "out.json"
+    assert main(["report", "--no-cache", *map(str, demo_pairs["post-eos"]), "--json", str(out)]) == 0
+    with open("/dev/full", "w") as full:
+        done = _command(["report", str(native), str(oracle), "--json", str(out)], stdout=full, stderr=subprocess.PIPE)
+    assert done.returncode == 2 and not out.exists()
+    with open("/dev/full", "w") as full:
+        done = _command(["report", str(native), str(oracle), "--tolerance-policy", str(tmp_path / "missing.toml")], stdout=subprocess.PIPE, stderr=full)
+    assert (done.returncode, done.stdout) == (2, "")
+
+
 def test_a_report_started_with_standard_output_closed_still_exits_with_its_verdict(demo_pairs: dict[str, tuple[Path, Path]]) -> None:
     native, oracle = demo_pairs["swiglu-order"]
     command = f'exec "{sys.executable}" -m viewer.cli report "{native}" "{oracle}" >&-'  # the shell closes descriptor 1

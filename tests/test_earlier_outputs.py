@@ -71,3 +71,36 @@ def test_an_output_path_ending_in_a_separator_is_refused_as_a_folder_instead_of_
     assert main(["report", str(native), str(oracle), option, f"{tmp_path / 'out'}/"]) == 2
     assert capsys.readouterr().err.strip().endswith(f"{option} {tmp_path / 'out'}/ ends in a separator, so it names a folder; name a file")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_run_refused_at_its_options_or_its_standard_output_removes_the_earlier_document_too(
+    tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bad option (argparse's exit 2) or a full standard output left the earlier run's
+    PARITY where this run was told to write."""
+    native, oracle = demo_pairs["post-eos"]
+    out = tmp_path / "out.json"
+    for refused in (["--max-ulp", "1.5", "--json", str(out)], [f"--json={out}", "--workers", "x"]):
+        assert main(["report", "--no-cache", str(native), str(oracle), "--json", str(out)]) == 0 and out.exists()
+        with pytest.raises(SystemExit) as exited:
+            main(["report", str(native), str(oracle), *refused])
+        assert exited.value.code == 2 and not out.exists()
+    capsys.readouterr()
+    assert main(["report", "--no-cache", str(native), str(oracle), "--json", str(out)]) == 0
+    mistaken = tmp_path / "report.json"  # a document of ours typed as an input word is kept
+    mistaken.write_text(out.read_text())
+    with pytest.raises(SystemExit):
+        main(["report", str(mistaken), str(oracle), "--json", str(out), "--top", "x"])
+    assert not out.exists() and mistaken.exists()
+
+
+@pytest.mark.parametrize("option", ["--tolerance-policy", "--native-profile", "--json", "--session"])
+def test_an_empty_path_is_refused_where_it_is_typed_not_read_as_no_file(
+    demo_pairs: dict[str, tuple[Path, Path]], option: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--tolerance-policy "$POLICY"` with POLICY unset compared without the policy: a failing pair passed."""
+    native, oracle = demo_pairs["signed-zero"]
+    with pytest.raises(SystemExit) as exited:
+        main(["report", str(native), str(oracle), option, ""])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.startswith(f"parity-xray report: error: argument {option}: is an empty path (an unset variable?); name the file")

@@ -36,7 +36,6 @@ from sessions.child_env import child_env
 from sessions.commands import cache as cache_command
 from sessions.commands import gate as gate_command
 from sessions.commands import report as report_command
-from sessions.commands.gate import WORKERS_PER_CORE
 from sessions.compare.comparison import iter_compare
 from sessions.compare.options import CompareOptions
 from sessions.compare.verdict import PARITY, UNUSABLE, Verdict
@@ -44,7 +43,7 @@ from sessions.gate.cluster import CONNECT_TIMEOUT_S
 from sessions.gate.judge import iter_judge_case
 from sessions.gate.manifest import GateCase
 from sessions.gate.result import CaseResult, GateResult, dumps, load_gate_file, loads
-from sessions.machine import usable_cores
+from sessions.machine import WORKERS_PER_CORE, usable_cores
 from sessions.progress import run_to_end
 from viewer.cli import main as report_main
 
@@ -254,10 +253,21 @@ def test_an_output_naming_the_manifest_or_a_case_capture_is_refused_before_anyth
     assert _gate(str(manifest), "--html", str(tmp_path / "d.html")) == 2, "a dangling link where the cases' folder goes: refused after judging"
     said = capsys.readouterr()
     assert "judging" not in said.out and f"its cases' reports go in {tmp_path / 'd-cases'}, where something other than a folder is" in said.err
-    for option in ("--html", "--json"):
-        assert _gate(str(manifest), option, "") == 2, "an empty path: a traceback after every case was judged"
-        said = capsys.readouterr()
-        assert "judging" not in said.out and said.err.endswith(f"{option} was given an empty path: name the file to write\n")
+    for html in (".", "/"):
+        assert _gate(str(manifest), "--html", html) == 2, "a folder: a traceback after every case was judged"
+        assert capsys.readouterr().err.startswith(f"parity-xray gate: --html {html} ")
+    assert _gate(str(manifest), "--html", str(tmp_path / "g.html"), "--json", str(tmp_path / "g-cases")) == 2
+    said = capsys.readouterr()
+    assert "judging" not in said.out and f"--json {tmp_path / 'g-cases'} is where --html {tmp_path / 'g.html'} puts its cases' reports" in said.err
+    policy, profile = tmp_path / "policy.toml", tmp_path / "mine.toml"
+    policy.write_text("[default]\nmax_ulp = 2\n")
+    profile.write_text("# a profile\n")
+    case = demo_pairs["clean"]
+    (tmp_path / "own.toml").write_text(f'[[case]]\nname = "c"\nnative = "{case[0]}"\noracle = "{case[1]}"\ntolerance_policy = "policy.toml"\nnative_profile = "mine.toml"\n')
+    for option, path, what in (("--json", policy, "tolerance policy"), ("--html", profile, "native profile")):
+        assert _gate(str(tmp_path / "own.toml"), option, str(path)) == 2
+        assert f"{option} {path} is the {what} of case 'c': an output never replaces an input" in capsys.readouterr().err
+    assert policy.read_text() == "[default]\nmax_ulp = 2\n" and profile.read_text() == "# a profile\n"
 
 
 def test_more_local_workers_than_the_cores_can_run_is_refused_before_a_cluster_starts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

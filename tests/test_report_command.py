@@ -29,6 +29,7 @@ from sessions.compare.tensor_diff import TensorMetrics
 from sessions.investigation.model import SavedTolerance
 from sessions.investigation.schema import SCHEMA_VERSION
 from sessions.investigation.store import SessionDocument
+from sessions.machine import WORKERS_PER_CORE, usable_cores
 from sessions.printable import printable
 
 
@@ -780,3 +781,16 @@ def test_a_p99_ulp_error_reads_in_three_significant_digits_grouped_below_a_milli
     from sessions.report.text import ulp_error_figure
 
     assert [ulp_error_figure(v) for v in (0.5, 49.4, 98.7, 999.5, 29937.0, 1e20)] == ["0.5", "49.4", "98.7", "1,000", "29,900", "1e+20"]
+
+
+def test_more_report_workers_than_the_cores_can_run_is_refused_before_any_is_started(
+    demo_pairs: dict[str, tuple[Path, Path]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """40 worker processes on 2 cores took 17 s for a pair 2 compared in 2.8 s."""
+    native, oracle = demo_pairs["signed-zero"]
+    too_many = WORKERS_PER_CORE * usable_cores() + 1
+    assert _run(str(native), str(oracle), "--workers", str(too_many)) == 2
+    said = capsys.readouterr()
+    assert said.out == "" and said.err == (
+        f"parity-xray report: --workers {too_many} is more than {WORKERS_PER_CORE} per core here ({usable_cores()} cores): the processes would only take turns on them\n"
+    )

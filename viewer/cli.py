@@ -14,7 +14,7 @@ import importlib
 import os
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from types import ModuleType
 from typing import Any, NoReturn, TextIO
 
@@ -122,13 +122,18 @@ def main(argv: list[str] | None = None) -> int:
         spare_checker.prepare()
     try:
         with ctrl_c_kept(), _checked_stdout():
-            args = _parsed(argv)
+            try:
+                args = _parsed(argv)
+            except SystemExit as refused:
+                if refused.code == EXIT_UNUSABLE:
+                    _remove_earlier_documents(argv)
+                raise
             code = int(_module(args.command).run(args))
             sys.stdout.flush()
             return code
     except KeyboardInterrupt as stop:
         # Commands that leave something behind (record, gate) say what; the rest end here.
-        print(f"parity-xray {argv[0]}: {said(stop)}", file=sys.stderr)
+        _say(f"parity-xray {argv[0]}: {said(stop)}")
         return exit_code_of(stop)
     except BrokenPipeError:
         # `parity-xray report ... | head -1`: the reader has what it wanted. Python would print a
@@ -137,15 +142,43 @@ def main(argv: list[str] | None = None) -> int:
         return 141  # the shell's code for a pipe's writer ended by SIGPIPE (128 + 13)
     except _StdoutFailed as failed:
         _stdout_to_null()
-        print(f"parity-xray {argv[0]}: cannot write to standard output: {failed.reason}", file=sys.stderr)
+        _remove_earlier_documents(argv)
+        _say(f"parity-xray {argv[0]}: cannot write to standard output: {failed.reason}")
         return EXIT_UNUSABLE
     except OSError as exc:
         if exc.filename is None:
             raise
         # A path no check expected (a name longer than the file system allows, a loop of links):
         # still one line that names it, never a traceback.
-        print(f"parity-xray {argv[0]}: cannot use {printable(str(exc.filename))}: {exc.strerror or exc}", file=sys.stderr)
+        _remove_earlier_documents(argv)
+        _say(f"parity-xray {argv[0]}: cannot use {printable(str(exc.filename))}: {exc.strerror or exc}")
         return EXIT_UNUSABLE
+
+
+def _say(line: str) -> None:
+    _QuietStderr(sys.stderr).write(line + "\n")
+
+
+DOCUMENT_OPTIONS = ("--json", "--html")
+
+
+def _remove_earlier_documents(argv: list[str]) -> None:
+    """A command that ended unusable before its own checks (a bad option, a path no check
+    expected, a full standard output) removes the JSON and HTML an earlier run left where it was
+    told to write, as every other exit 2 does (`remove_earlier_outputs`): a CI step archiving
+    them took the earlier run's PARITY for this one's. Every other word typed counts as an input."""
+    from sessions.commands.arguments import remove_earlier_outputs
+
+    outputs: dict[str, str | None] = {}
+    taken: set[int] = set()
+    for at, word in enumerate(argv):
+        for option in DOCUMENT_OPTIONS:
+            if word == option and at + 1 < len(argv):
+                outputs[option], taken = argv[at + 1], taken | {at, at + 1}
+            elif word.startswith(f"{option}="):
+                outputs[option], taken = word.split("=", 1)[1], taken | {at}
+    if outputs:
+        remove_earlier_outputs(outputs, {f"word {at} typed": word for at, word in enumerate(argv) if at not in taken})
 
 
 class _StdoutFailed(OSError):
@@ -191,12 +224,34 @@ def _stdout_failures() -> Iterator[None]:
 def _checked_stdout() -> Iterator[None]:
     """`_CheckedStdout` while a command runs; a process started with stdout closed (`>&-`) writes
     to nowhere instead of failing at its first print."""
-    original = sys.stdout
+    original, errors = sys.stdout, sys.stderr
     sys.stdout = _CheckedStdout(original if original is not None else open(os.devnull, "w"))  # type: ignore[assignment]
+    sys.stderr = _QuietStderr(errors if errors is not None else open(os.devnull, "w"))  # type: ignore[assignment]
     try:
         yield
     finally:
-        sys.stdout = original
+        sys.stdout, sys.stderr = original, errors
+
+
+class _QuietStderr:
+    """Standard error whose failures are dropped: with nowhere to say what went wrong, a failed
+    message must not change the exit status (`report ... 2>/dev/full` on an unusable input
+    printed no traceback, having nowhere to, and exited 1, a divergence to CI, not 2)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        with suppress(OSError, ValueError):
+            return self._stream.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        with suppress(OSError, ValueError):
+            self._stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 def _stdout_to_null() -> None:

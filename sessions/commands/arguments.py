@@ -42,6 +42,15 @@ def _checked(text: str, convert: Callable[[str], float | int], problem_of: Calla
     return value
 
 
+def path_text(text: str) -> str:
+    """A path option's value. An empty one, as an unset shell variable gives (`--tolerance-policy
+    "$POLICY"`), is refused: read as "no policy" a failing pair passed, read as "." a capture
+    was "not a regular file"."""
+    if not text:
+        raise argparse.ArgumentTypeError("is an empty path (an unset variable?); name the file")
+    return text
+
+
 def tolerance_bound(text: str) -> float:
     """An absolute or relative tolerance (`bound_problem`)."""
     return float(_checked(text, float, bound_problem))
@@ -89,8 +98,6 @@ def output_problem(
     would replace the capture, or on an unusable input remove it), or another output (the JSON
     would silently replace the HTML)."""
     for option, output in outputs.items():
-        if output == "":  # found only when writing, after every case of a gate was judged
-            return f"{option} was given an empty path: name the file to write"
         problem = _path_problem(output, option not in made_folders) if output else None
         if problem is not None:
             return f"{option} {printable(output)} {problem}"

@@ -25,11 +25,12 @@ from typing import TYPE_CHECKING
 from sessions.commands.arguments import (
     end_unusable,
     output_problem,
+    path_text,
     remove_earlier_outputs,
     write_outputs,
 )
 from sessions.ctrl_c import exit_code_of, raise_if_pressed, said
-from sessions.machine import usable_cores
+from sessions.machine import WORKERS_PER_CORE, too_many_workers
 from sessions.printable import printable
 
 if TYPE_CHECKING:
@@ -37,17 +38,16 @@ if TYPE_CHECKING:
     from sessions.gate.manifest import GateCase
     from sessions.gate.result import CaseResult, GateResult
 
-WORKERS_PER_CORE = 4
 """The most local Dask workers --workers may ask for, per core this process may use."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("manifest", help="TOML manifest of the cases (docs/gate.md)")
+    parser.add_argument("manifest", type=path_text, help="TOML manifest of the cases (docs/gate.md)")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--workers", type=int, metavar="N", help=f"local Dask worker processes, one thread each (default: one per core; at most {WORKERS_PER_CORE} per core)")
-    where.add_argument("--scheduler", metavar="tcp://HOST:8786", help="judge on this existing Dask cluster; its workers must see the capture paths")
-    parser.add_argument("--json", metavar="OUT", help="write the results as JSON (docs/gate.md)")
-    parser.add_argument("--html", metavar="OUT", help="write an HTML summary, and each case's own report in STEM-cases/ beside it (gate.html: gate-cases/)")
+    where.add_argument("--scheduler", type=path_text, metavar="tcp://HOST:8786", help="judge on this existing Dask cluster; its workers must see the capture paths")
+    parser.add_argument("--json", type=path_text, metavar="OUT", help="write the results as JSON (docs/gate.md)")
+    parser.add_argument("--html", type=path_text, metavar="OUT", help="write an HTML summary, and each case's own report in STEM-cases/ beside it (gate.html: gate-cases/)")
     parser.add_argument("--no-cache", action="store_true", help="judge every case again, even those whose captures and options did not change")
 
 
@@ -64,20 +64,23 @@ def run(args: argparse.Namespace) -> int:
 
     if args.workers is not None and args.workers < 1:
         return fail(f"--workers must be at least 1, got {args.workers}")
-    cores = usable_cores()
-    if args.workers is not None and args.workers > WORKERS_PER_CORE * cores:
-        # 48 worker processes on 2 cores took 44 s for a case judged in 0.4 s by 2.
-        return fail(f"--workers {args.workers} is more than {WORKERS_PER_CORE} per core here ({cores} cores): the processes would only take turns on them")
+    too_many = too_many_workers(args.workers) if args.workers is not None else None
+    if too_many is not None:
+        return fail(too_many)
     try:
         manifest = load_manifest(args.manifest)
     except ManifestError as exc:
         return fail(f"bad manifest: {exc}")
     for case in manifest.cases:
-        inputs.update({f"native capture of case {case.name!r}": case.native, f"oracle capture of case {case.name!r}": case.oracle})
+        inputs.update(_case_inputs(case))
+    # The documents first: the cases' pages are named from --html, which "." or "/" cannot name.
+    clash = output_problem(outputs, inputs)
+    if clash is not None:
+        return fail(clash)
     pages = {f"the report of case {case.name!r}": str(page) for case, page in zip(manifest.cases, case_pages(args.html, manifest.cases))} if args.html else {}
     # The summary's folder must be there, as every output's is; only its cases' folder is made,
     # so it must be one that can be: found after every case was judged, either lost the gate's work.
-    clash = output_problem({**outputs, **pages}, inputs, made_folders=set(pages)) or (_cases_folder_problem(args.html) if args.html else None)
+    clash = output_problem({**outputs, **pages}, inputs, made_folders=set(pages)) or (_cases_folder_problem(args.html, args.json) if args.html else None)
     if clash is not None:
         return fail(clash)
     state = _GateRun(manifest.cases, want_html=args.html is not None, use_cache=not args.no_cache)
@@ -185,10 +188,26 @@ def _cases_folder(html_out: str) -> Path:
     return Path(html_out).with_name(f"{Path(html_out).stem}-cases")
 
 
-def _cases_folder_problem(html_out: str) -> str | None:
+def _case_inputs(case: GateCase) -> dict[str, str | None]:
+    """Every file a case reads, by what it is: its policy and profiles too, which --json or
+    --html given their path replaced."""
+    options = case.options
+    named = {
+        "native capture": case.native,
+        "oracle capture": case.oracle,
+        "tolerance policy": options.policy.source if options.policy is not None else None,
+        "native profile": options.native_profile,
+        "oracle profile": options.oracle_profile,
+    }
+    return {f"{what} of case {case.name!r}": path for what, path in named.items()}
+
+
+def _cases_folder_problem(html_out: str, json_out: str | None) -> str | None:
     folder = _cases_folder(html_out)
     if os.path.lexists(folder) and not folder.is_dir():  # a dangling link too: making the folder failed after judging
         return f"--html {printable(html_out)}: its cases' reports go in {printable(str(folder))}, where something other than a folder is"
+    if json_out is not None and Path(json_out).resolve() == folder.resolve():
+        return f"--json {printable(json_out)} is where --html {printable(html_out)} puts its cases' reports: each output needs a place of its own"
     return None
 
 

@@ -16,12 +16,14 @@ from sessions.commands.arguments import (
     add_align_argument,
     end_unusable,
     output_problem,
+    path_text,
     tolerance_bound,
     ulp_bound,
     whole_number,
     write_outputs,
 )
 from sessions.compare.verdict import EXIT_UNUSABLE
+from sessions.machine import too_many_workers
 from sessions.printable import printable
 
 if TYPE_CHECKING:
@@ -39,21 +41,21 @@ HEAD_START_STEP = 16 * 1024 * 1024
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("native", nargs="?", help="capture of the engine under test")
-    parser.add_argument("oracle", nargs="?", help="capture of the reference engine")
-    parser.add_argument("--json", metavar="OUT", help="also write the report as JSON (docs/report-json.md)")
-    parser.add_argument("--html", metavar="OUT", help="also write a self-contained HTML report (with --session: its bookmarks and notes)")
-    parser.add_argument("--session", metavar="FILE.xray", help="compare the pair a saved session names, with its profiles and tolerance")
+    parser.add_argument("native", nargs="?", type=path_text, help="capture of the engine under test")
+    parser.add_argument("oracle", nargs="?", type=path_text, help="capture of the reference engine")
+    parser.add_argument("--json", type=path_text, metavar="OUT", help="also write the report as JSON (docs/report-json.md)")
+    parser.add_argument("--html", type=path_text, metavar="OUT", help="also write a self-contained HTML report (with --session: its bookmarks and notes)")
+    parser.add_argument("--session", type=path_text, metavar="FILE.xray", help="compare the pair a saved session names, with its profiles and tolerance")
     parser.add_argument("--atol", type=tolerance_bound, help="absolute tolerance: |native - oracle| <= atol + rtol * |oracle| (0: no bound; every bound given must hold; none: bit-exact)")
     parser.add_argument("--rtol", type=tolerance_bound, help="relative tolerance, in the same bound as --atol (0: no bound; every bound given must hold; none: bit-exact)")
     parser.add_argument("--max-ulp", type=ulp_bound, help="ULP tolerance: at most this many representable steps apart (0: no bound; every bound given must hold; none: bit-exact)")
-    parser.add_argument("--tolerance-policy", metavar="POLICY.toml", help="per-op, per-dtype tolerances (docs/tolerance-policy.md); its rules win over --atol/--rtol/--max-ulp")
-    parser.add_argument("--native-profile", help="built-in profile name or TOML path (default: detected)")
-    parser.add_argument("--oracle-profile", help="built-in profile name or TOML path (default: detected)")
+    parser.add_argument("--tolerance-policy", type=path_text, metavar="POLICY.toml", help="per-op, per-dtype tolerances (docs/tolerance-policy.md); its rules win over --atol/--rtol/--max-ulp")
+    parser.add_argument("--native-profile", type=path_text, help="built-in profile name or TOML path (default: detected)")
+    parser.add_argument("--oracle-profile", type=path_text, help="built-in profile name or TOML path (default: detected)")
     add_align_argument(parser)
     parser.add_argument(
         "--workers", type=whole_number(0), default=0, metavar="N",
-        help="processes comparing at most at once (0, the default: one per core, up to 16); "
+        help="processes comparing at most at once (0, the default: one per core, up to 16; at most 4 per core); "
         "extra worker processes start only when the remaining work would take this process over a second. Also how many threads "
         "check stored bytes (default: one per core); 1 checks them in this process's own thread",
     )
@@ -115,7 +117,7 @@ def _inputs(args: argparse.Namespace) -> dict[str, str | None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    clash = output_problem(_outputs(args), _inputs(args))
+    clash = output_problem(_outputs(args), _inputs(args)) or (too_many_workers(args.workers) if args.workers else None)
     if clash is not None:
         return _unusable(args, clash)
     session = None

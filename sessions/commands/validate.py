@@ -23,7 +23,7 @@ from sessions.capture.hdf5_safety import (
     Problem,
 )
 from sessions.capture.structure_check import CheckReport, iter_check_files
-from sessions.commands.arguments import seconds, whole_number
+from sessions.commands.arguments import path_text, seconds, whole_number
 from sessions.printable import printable
 from sessions.side_file import regular_file_problem
 
@@ -34,7 +34,7 @@ MAX_MEMORY_BUDGET = 2**62
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("files", nargs="+", type=Path, metavar="FILE", help="capture files (.h5)")
+    parser.add_argument("files", nargs="+", type=path_text, metavar="FILE", help="capture files (.h5)")
     parser.add_argument(
         "--memory-budget",
         type=whole_number(1, MAX_MEMORY_BUDGET),
@@ -81,7 +81,7 @@ def validate_file(path: Path, memory_budget: int, timeout_s: float, deep: bool =
 
 def run(args: argparse.Namespace) -> int:
     status = EXIT_VALID
-    for path, report in validate_files(args.files, args.memory_budget, args.timeout, args.deep):
+    for path, report in validate_files([Path(file) for file in args.files], args.memory_budget, args.timeout, args.deep):
         if not report.finished:
             status = EXIT_INVALID  # not shown valid; its words blame the time allowed, not the file ("invalid (1 problem)" did)
             print(f"{printable(str(path))}: not checked")

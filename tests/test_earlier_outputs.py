@@ -103,4 +103,4 @@ def test_an_empty_path_is_refused_where_it_is_typed_not_read_as_no_file(
     with pytest.raises(SystemExit) as exited:
         main(["report", str(native), str(oracle), option, ""])
     assert exited.value.code == 2
-    assert capsys.readouterr().err.startswith(f"parity-xray report: error: argument {option}: is an empty path (an unset variable?); name the file")
+    assert capsys.readouterr().err.startswith(f"parity-xray report: error: argument {option}: is empty (an unset variable?)")

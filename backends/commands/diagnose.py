@@ -30,8 +30,8 @@ from sessions.capture.reader import CaptureError
 from sessions.commands.arguments import (
     add_align_argument,
     end_unusable,
+    non_empty,
     output_problem,
-    path_text,
     whole_number,
     write_outputs,
 )
@@ -46,19 +46,19 @@ EXIT_EXPLAINED, EXIT_UNEXPLAINED, EXIT_UNUSABLE = 0, 1, 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("native", type=path_text, help="capture of the engine under test")
-    parser.add_argument("oracle", type=path_text, help="capture of the reference engine")
+    parser.add_argument("native", type=non_empty, help="capture of the engine under test")
+    parser.add_argument("oracle", type=non_empty, help="capture of the reference engine")
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument("--op", metavar="KEY", help="diagnose one op, e.g. 0:visual:0:sdpa")
     scope.add_argument("--first", type=whole_number(1), metavar="N", help="walk the ops whose bits differ until N local ones are found (default 1)")
     scope.add_argument("--all", action="store_true", help="classify every op whose bits differ and measure each local op's share of the final logits error")
     parser.add_argument("--no-budget", action="store_true", help="with --all: skip the replays that share out the final logits error")
-    parser.add_argument("--json", type=path_text, metavar="OUT", help="also write the diagnosis as JSON (docs/diagnosis.md)")
-    parser.add_argument("--html", type=path_text, metavar="OUT", help="also write a self-contained HTML page")
-    parser.add_argument("--weights", type=path_text, metavar="FILE", help="safetensors or GGUF weights for the reruns (default: the file each capture references)")
+    parser.add_argument("--json", type=non_empty, metavar="OUT", help="also write the diagnosis as JSON (docs/diagnosis.md)")
+    parser.add_argument("--html", type=non_empty, metavar="OUT", help="also write a self-contained HTML page")
+    parser.add_argument("--weights", type=non_empty, metavar="FILE", help="safetensors or GGUF weights for the reruns (default: the file each capture references)")
     parser.add_argument("--verbose", action="store_true", help="list the candidates at every local op, not only the first")
-    parser.add_argument("--native-profile", type=path_text, help="built-in profile name or TOML path (default: detected)")
-    parser.add_argument("--oracle-profile", type=path_text, help="built-in profile name or TOML path (default: detected)")
+    parser.add_argument("--native-profile", type=non_empty, help="built-in profile name or TOML path (default: detected)")
+    parser.add_argument("--oracle-profile", type=non_empty, help="built-in profile name or TOML path (default: detected)")
     add_align_argument(parser)
 
 

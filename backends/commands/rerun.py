@@ -39,8 +39,8 @@ from sessions.capture.reader import CaptureError
 from sessions.commands.arguments import (
     add_align_argument,
     end_unusable,
+    non_empty,
     output_problem,
-    path_text,
     write_outputs,
 )
 from sessions.compare.json_plain import plain
@@ -55,8 +55,8 @@ FIGURE_WIDTH = 34
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("native", type=path_text, help="capture of the engine under test")
-    parser.add_argument("oracle", type=path_text, help="capture of the reference engine")
+    parser.add_argument("native", type=non_empty, help="capture of the engine under test")
+    parser.add_argument("oracle", type=non_empty, help="capture of the reference engine")
     parser.add_argument("--op", required=True, metavar="KEY", help="STEP:SEGMENT:LAYER:OP, e.g. 0:visual:0:sdpa or 0:visual:0:decoder_layer")
     parser.add_argument("--from", dest="source", choices=SIDES, default="oracle", help="whose captured inputs to rerun (default oracle)")
     parser.add_argument("--route-from", choices=SIDES, help="whose route (attention contract, SwiGLU order) to follow (default: the --from side)")
@@ -69,12 +69,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="MLX device (gpu only where MLX has one)")
     parser.add_argument("--attention-route", choices=rerun_ops.ATTENTION_ROUTES, help="override the attention reduction")
     parser.add_argument("--swiglu-order", choices=rerun_ops.SWIGLU_ORDERS, help="override the SwiGLU evaluation order")
-    parser.add_argument("--weights", type=path_text, metavar="FILE", help="safetensors or GGUF weights (default: the file the capture references)")
+    parser.add_argument("--weights", type=non_empty, metavar="FILE", help="safetensors or GGUF weights (default: the file the capture references)")
     parser.add_argument("--native-profile", help="built-in profile name or TOML path (default: detected); the pair is aligned as `report` aligns it")
     parser.add_argument("--oracle-profile", help="built-in profile name or TOML path (default: detected)")
     add_align_argument(parser)
-    parser.add_argument("--save", type=path_text, metavar="RERUN.h5", help="save the rerun as a capture with role 'rerun'")
-    parser.add_argument("--json", type=path_text, metavar="OUT", help="also write the result as JSON")
+    parser.add_argument("--save", type=non_empty, metavar="RERUN.h5", help="save the rerun as a capture with role 'rerun'")
+    parser.add_argument("--json", type=non_empty, metavar="OUT", help="also write the result as JSON")
 
 
 def options_from(args: argparse.Namespace) -> RerunOptions:

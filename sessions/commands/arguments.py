@@ -42,12 +42,12 @@ def _checked(text: str, convert: Callable[[str], float | int], problem_of: Calla
     return value
 
 
-def path_text(text: str) -> str:
-    """A path option's value. An empty one, as an unset shell variable gives (`--tolerance-policy
-    "$POLICY"`), is refused: read as "no policy" a failing pair passed, read as "." a capture
-    was "not a regular file"."""
+def non_empty(text: str) -> str:
+    """A path's or an address's value. An empty one, as an unset shell variable gives
+    (`--tolerance-policy "$POLICY"`), is refused: read as "no policy" a failing pair passed, read
+    as "." a capture was "not a regular file", and `--scheduler ""` blamed a local cluster."""
     if not text:
-        raise argparse.ArgumentTypeError("is an empty path (an unset variable?); name the file")
+        raise argparse.ArgumentTypeError("is empty (an unset variable?)")
     return text
 
 

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 
 from sessions.commands.arguments import (
     end_unusable,
+    non_empty,
     output_problem,
-    path_text,
     remove_earlier_outputs,
     write_outputs,
 )
@@ -42,12 +42,12 @@ if TYPE_CHECKING:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("manifest", type=path_text, help="TOML manifest of the cases (docs/gate.md)")
+    parser.add_argument("manifest", type=non_empty, help="TOML manifest of the cases (docs/gate.md)")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--workers", type=int, metavar="N", help=f"local Dask worker processes, one thread each (default: one per core; at most {WORKERS_PER_CORE} per core)")
-    where.add_argument("--scheduler", type=path_text, metavar="tcp://HOST:8786", help="judge on this existing Dask cluster; its workers must see the capture paths")
-    parser.add_argument("--json", type=path_text, metavar="OUT", help="write the results as JSON (docs/gate.md)")
-    parser.add_argument("--html", type=path_text, metavar="OUT", help="write an HTML summary, and each case's own report in STEM-cases/ beside it (gate.html: gate-cases/)")
+    where.add_argument("--scheduler", type=non_empty, metavar="tcp://HOST:8786", help="judge on this existing Dask cluster; its workers must see the capture paths")
+    parser.add_argument("--json", type=non_empty, metavar="OUT", help="write the results as JSON (docs/gate.md)")
+    parser.add_argument("--html", type=non_empty, metavar="OUT", help="write an HTML summary, and each case's own report in STEM-cases/ beside it (gate.html: gate-cases/)")
     parser.add_argument("--no-cache", action="store_true", help="judge every case again, even those whose captures and options did not change")
 
 

@@ -15,8 +15,8 @@ from sessions.capture.read_ahead import ReadAhead
 from sessions.commands.arguments import (
     add_align_argument,
     end_unusable,
+    non_empty,
     output_problem,
-    path_text,
     tolerance_bound,
     ulp_bound,
     whole_number,
@@ -41,17 +41,17 @@ HEAD_START_STEP = 16 * 1024 * 1024
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("native", nargs="?", type=path_text, help="capture of the engine under test")
-    parser.add_argument("oracle", nargs="?", type=path_text, help="capture of the reference engine")
-    parser.add_argument("--json", type=path_text, metavar="OUT", help="also write the report as JSON (docs/report-json.md)")
-    parser.add_argument("--html", type=path_text, metavar="OUT", help="also write a self-contained HTML report (with --session: its bookmarks and notes)")
-    parser.add_argument("--session", type=path_text, metavar="FILE.xray", help="compare the pair a saved session names, with its profiles and tolerance")
+    parser.add_argument("native", nargs="?", type=non_empty, help="capture of the engine under test")
+    parser.add_argument("oracle", nargs="?", type=non_empty, help="capture of the reference engine")
+    parser.add_argument("--json", type=non_empty, metavar="OUT", help="also write the report as JSON (docs/report-json.md)")
+    parser.add_argument("--html", type=non_empty, metavar="OUT", help="also write a self-contained HTML report (with --session: its bookmarks and notes)")
+    parser.add_argument("--session", type=non_empty, metavar="FILE.xray", help="compare the pair a saved session names, with its profiles and tolerance")
     parser.add_argument("--atol", type=tolerance_bound, help="absolute tolerance: |native - oracle| <= atol + rtol * |oracle| (0: no bound; every bound given must hold; none: bit-exact)")
     parser.add_argument("--rtol", type=tolerance_bound, help="relative tolerance, in the same bound as --atol (0: no bound; every bound given must hold; none: bit-exact)")
     parser.add_argument("--max-ulp", type=ulp_bound, help="ULP tolerance: at most this many representable steps apart (0: no bound; every bound given must hold; none: bit-exact)")
-    parser.add_argument("--tolerance-policy", type=path_text, metavar="POLICY.toml", help="per-op, per-dtype tolerances (docs/tolerance-policy.md); its rules win over --atol/--rtol/--max-ulp")
-    parser.add_argument("--native-profile", type=path_text, help="built-in profile name or TOML path (default: detected)")
-    parser.add_argument("--oracle-profile", type=path_text, help="built-in profile name or TOML path (default: detected)")
+    parser.add_argument("--tolerance-policy", type=non_empty, metavar="POLICY.toml", help="per-op, per-dtype tolerances (docs/tolerance-policy.md); its rules win over --atol/--rtol/--max-ulp")
+    parser.add_argument("--native-profile", type=non_empty, help="built-in profile name or TOML path (default: detected)")
+    parser.add_argument("--oracle-profile", type=non_empty, help="built-in profile name or TOML path (default: detected)")
     add_align_argument(parser)
     parser.add_argument(
         "--workers", type=whole_number(0), default=0, metavar="N",

@@ -23,7 +23,7 @@ from sessions.capture.hdf5_safety import (
     Problem,
 )
 from sessions.capture.structure_check import CheckReport, iter_check_files
-from sessions.commands.arguments import path_text, seconds, whole_number
+from sessions.commands.arguments import non_empty, seconds, whole_number
 from sessions.printable import printable
 from sessions.side_file import regular_file_problem
 
@@ -34,7 +34,7 @@ MAX_MEMORY_BUDGET = 2**62
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("files", nargs="+", type=path_text, metavar="FILE", help="capture files (.h5)")
+    parser.add_argument("files", nargs="+", type=non_empty, metavar="FILE", help="capture files (.h5)")
     parser.add_argument(
         "--memory-budget",
         type=whole_number(1, MAX_MEMORY_BUDGET),

@@ -12,8 +12,8 @@ from hand_captures import T, bf16_bits, write_capture
 from sessions.capture.meta import CaptureMeta
 from sessions.capture.opening import open_capture
 from sessions.capture.writer import CaptureWriter
-from sessions.compare.align import CUT_HINT, ManualPair, align
-from sessions.compare.comparison import iter_compare
+from sessions.compare.align import CUT_HINT, AlignedPairs, ManualPair, align
+from sessions.compare.comparison import iter_compare, resolve_profiles
 from sessions.compare.key import RecordKey
 from sessions.compare.options import CompareOptions
 from sessions.compare.profiles import (
@@ -220,3 +220,18 @@ def test_a_manual_pairing_of_an_optional_stage_holds_where_the_other_capture_lac
         alignment = align(n.records, o.records, profiles["canonical"], profiles["canonical"], overrides=(override,))
     assert [(p.native.record.name, p.oracle.record.name, p.manual_reason) for p in alignment.pairs] == [("k_cache", "k_proj", "the cache holds the projection")]
     assert alignment.unaligned == []
+
+
+@pytest.mark.parametrize("scenario", ["attention-contract", "head-chunk", "swiglu-order", "post-eos", "signed-zero"])
+def test_pairing_a_captures_index_columns_gives_the_pairs_and_unaligned_records_pairing_its_records_gives(
+    demo_pairs: dict[str, tuple[Path, Path]], scenario: str
+) -> None:
+    """A capture's records are paired on its index columns (a real run's 480,000 records built no
+    object each); a list of records (a run cut to its first steps) is paired record by record."""
+    with open_capture(demo_pairs[scenario][0]) as n, open_capture(demo_pairs[scenario][1]) as o:
+        profiles = resolve_profiles(n, o, CompareOptions())
+        by_columns = align(n.records, o.records, *profiles)
+        by_records = align(list(n.records), list(o.records), *profiles)
+    assert isinstance(by_columns.pairs, AlignedPairs) and isinstance(by_records.pairs, list)
+    assert list(by_columns.pairs) == by_records.pairs and len(by_records.pairs) > 200
+    assert (by_columns.unaligned, by_columns.mode) == (by_records.unaligned, by_records.mode)

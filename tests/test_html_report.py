@@ -175,7 +175,7 @@ def test_the_growth_plot_draws_at_most_two_points_per_pixel_column_and_marks_eac
     few = comparison.error_growth
     heights, marks = drawn(growth_svg(comparison))
     assert len(heights) == len(few) and marks == sum(1 for p in few if p.max_ulp), "few ops: one point and one mark each"
-    many = dataclasses.replace(comparison, pairs=comparison.pairs * (4 * FIGURE_WIDTH // len(comparison.pairs) + 1))
+    many = dataclasses.replace(comparison, pairs=list(comparison.pairs) * (4 * FIGURE_WIDTH // len(comparison.pairs) + 1))
     assert len(many.error_growth) > 2 * FIGURE_WIDTH
     tall, marked = drawn(growth_svg(many))
     assert len(tall) <= 2 * FIGURE_WIDTH and 0 < marked <= FIGURE_WIDTH

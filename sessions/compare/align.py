@@ -11,17 +11,19 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from functools import partial
+from functools import cached_property, partial
 from itertools import accumulate, compress, repeat
 from operator import and_, attrgetter, eq, itemgetter
-from typing import NamedTuple
+from typing import NamedTuple, overload
 
 import numpy as np
 
 from sessions.bits.dtypes import logical_dtype
+from sessions.capture.columns import Coded, shared_codes
 from sessions.capture.reader import Record
+from sessions.capture.records import Records
 from sessions.compare.align_modes import CALLS, POSITIONS
 from sessions.compare.key import OpKey, RecordKey
 from sessions.compare.mapped_record import (
@@ -42,8 +44,8 @@ from sessions.compare.profiles import (
     canonical_axes,
     padded_axis,
 )
-from sessions.compare.record_columns import KeyColumns, shared_keys
-from sessions.compare.record_mapping import map_records
+from sessions.compare.record_columns import KeyColumns, groups, shared_keys
+from sessions.compare.record_mapping import MappedKinds, MappedRun, map_records
 from sessions.compare.unaligned import (
     BY_DESIGN,
     CUT_DIFFERENTLY,
@@ -76,6 +78,150 @@ class AlignedPair(NamedTuple):
     """Set when the user made this pairing: their reason."""
 
 
+class AlignedPairs(Sequence[AlignedPair]):
+    """Pairs of whole records paired by key (runs cut alike), as columns: each side's mapped
+    rows (`MappedKinds`) and the pair's key. An `AlignedPair` is built the first time it is asked
+    for, then kept; iterating builds them all. Building 240,000 pairs' records, keys and mapped
+    records took about 0.5 s of a report that reads the objects of a few pairs (those whose
+    bytes differ): the comparison's per-pair work reads these columns instead."""
+
+    def __init__(self, native: MappedKinds, oracle: MappedKinds, n_at: np.ndarray, o_at: np.ndarray, keys: KeyColumns) -> None:
+        self.native, self.oracle = native, oracle
+        self.n_at, self.o_at = n_at, o_at
+        """Each pair's row among each side's mapped records."""
+        self.keys_columns = keys
+        self._built: dict[int, AlignedPair] = {}
+        self._all: list[AlignedPair] | None = None
+
+    def __len__(self) -> int:
+        return len(self.n_at)
+
+    def key_at(self, at: int) -> OpKey:
+        """Pair `at`'s key alone (a progress label), its records not built."""
+        found = self._built.get(at)
+        if found is not None:
+            return found.key
+        k = self.keys_columns
+        return tuple.__new__(OpKey, (int(k.step[at]), k.segment.values[k.segment.codes[at]], int(k.layer[at]), k.op.values[k.op.codes[at]], int(k.occurrence[at]), ()))
+
+    def _build(self, at: int) -> AlignedPair:
+        if self._all is not None:
+            return self._all[at]
+        found = self._built.get(at)
+        if found is None:
+            key = self.key_at(at)
+            found = self._built[at] = tuple.__new__(AlignedPair, (key, self.native.one(int(self.n_at[at]), key), self.oracle.one(int(self.o_at[at]), key), None))
+        return found
+
+    @overload
+    def __getitem__(self, item: int) -> AlignedPair: ...
+
+    @overload
+    def __getitem__(self, item: slice) -> AlignedPairs: ...
+
+    def __getitem__(self, item: int | slice) -> AlignedPair | AlignedPairs:
+        """A pair, or a slice as pairs of its own (a worker's shard), sharing these columns."""
+        if isinstance(item, slice):
+            rows = np.arange(len(self))[item]
+            return AlignedPairs(self.native, self.oracle, self.n_at[rows], self.o_at[rows], self.keys_columns.rows(rows))
+        at = int(item) + len(self) if int(item) < 0 else int(item)
+        if not 0 <= at < len(self):
+            raise IndexError(f"pair {item} of {len(self)}")
+        return self._build(at)
+
+    def __iter__(self) -> Iterator[AlignedPair]:
+        """Every pair, built all at once the first time (one by one, a record batch at a time, a
+        walk of every pair cost more than the eager alignment did)."""
+        return iter(self._every())
+
+    def _every(self) -> list[AlignedPair]:
+        if self._all is None:
+            k = self.keys_columns
+            keys = list(map(partial(tuple.__new__, OpKey), zip(k.step.tolist(), k.segment.taken(), k.layer.tolist(), k.op.taken(), k.occurrence.tolist(), repeat(()))))
+            sides = []
+            for side, at in ((self.native, self.n_at), (self.oracle, self.o_at)):
+                every = side.records if isinstance(side.records, list) else list(side.records)
+                records = list(map(every.__getitem__, side.rows[at].tolist()))
+                kinds = side.kind_of[at]
+                layouts = Coded([m.layout for m in side.mappings], kinds).taken()
+                shapes = Coded([m.shape for m in side.mappings], kinds).taken()
+                sides.append(list(map(partial(tuple.__new__, MappedRecord), zip(records, keys, layouts, shapes, repeat(None), repeat(side.batch)))))
+            built = list(map(partial(tuple.__new__, AlignedPair), zip(keys, sides[0], sides[1], repeat(None))))
+            for at, pair in self._built.items():
+                built[at] = pair  # a pair asked for before keeps its identity
+            self._all = built
+        return self._all
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (list, AlignedPairs)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"AlignedPairs({list(self)!r})"
+
+    # Columns for the comparison's per-pair work.
+
+    @cached_property
+    def seqs(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each pair's native and oracle record seq (`pair_reader.record_seqs`)."""
+        return tuple(side.records.columns["seq"][side.rows[at]].astype(np.int64) for side, at in ((self.native, self.n_at), (self.oracle, self.o_at)))  # type: ignore[return-value]
+
+    def index_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.native.rows[self.n_at], self.oracle.rows[self.o_at]
+
+    @cached_property
+    def kind_codes(self) -> np.ndarray:
+        """Each pair's (native kind, oracle kind), as one code: what a pair's layouts, canonical shapes and compared bytes depend on, with its dtypes and stored shapes."""
+        n_rows, o_rows = self.index_rows()
+        n_cols, o_cols = self.native.records.columns, self.oracle.records.columns
+        dtypes = shared_codes(n_cols.texts("dtype"), o_cols.texts("dtype"))
+        shapes = shared_codes(n_cols.shapes(), o_cols.shapes())
+        n_class, o_class = _compare_classes(self.native), _compare_classes(self.oracle)
+        return groups(n_class[self.native.kind_of[self.n_at]], o_class[self.oracle.kind_of[self.o_at]], dtypes[0][n_rows], dtypes[1][o_rows], shapes[0][n_rows], shapes[1][o_rows]).of_row if len(self) else np.zeros(0, dtype=np.int64)
+
+    def first_of_kinds(self) -> tuple[np.ndarray, np.ndarray]:
+        """(a pair of each kind code, each pair's kind code)."""
+        codes = self.kind_codes
+        first = np.full(int(codes.max()) + 1 if len(codes) else 0, -1, dtype=np.int64)
+        first[codes[::-1]] = np.arange(len(codes))[::-1]
+        return first, codes
+
+    def per_kind(self, work: Callable[[AlignedPair], object], dtype: object = object) -> np.ndarray:
+        """`work` of each pair, asked of one pair per kind code (the answer must depend on the kind alone)."""
+        if not len(self):
+            return np.zeros(0, dtype=dtype)  # type: ignore[call-overload]
+        first, codes = self.first_of_kinds()
+        return np.array([work(self[int(at)]) for at in first.tolist()], dtype=dtype)[codes]  # type: ignore[call-overload]
+
+    def op_rows(self, ops: frozenset[str] | set[str]) -> np.ndarray:
+        """Rows of pairs whose op is one of `ops`."""
+        op = self.keys_columns.op
+        hit = np.array([value in ops for value in op.values] or [False], dtype=bool)
+        return np.flatnonzero(hit[op.codes]) if len(op.codes) else np.zeros(0, dtype=np.int64)
+
+    def index_of_key(self, key: OpKey) -> int | None:
+        """The first pair of `key`, found on the columns."""
+        k = self.keys_columns
+        if key.positions or key.segment not in k.segment.values or key.op not in k.op.values:
+            return None
+        hit = (k.step == key.step) & (k.layer == key.layer) & (k.occurrence == key.occurrence)
+        hit &= np.isin(k.segment.codes, [i for i, v in enumerate(k.segment.values) if v == key.segment])
+        hit &= np.isin(k.op.codes, [i for i, v in enumerate(k.op.values) if v == key.op])
+        rows = np.flatnonzero(hit)
+        return int(rows[0]) if len(rows) else None
+
+
+def _compare_classes(side: MappedKinds) -> np.ndarray:
+    """Each kind's class as far as a pair's compared bytes and settling by stored bytes go (logits
+    or not, layout, canonical shape): kinds differ by layer and name, classes seldom."""
+    classes: dict[tuple[bool, str | None, tuple[int, ...]], int] = {}
+    return np.array(
+        [classes.setdefault((m.op == "logits", m.layout.spec if m.layout is not None else None, m.shape), len(classes)) for m in side.mappings] or [0],
+        dtype=np.int64,
+    )
+
+
 @dataclass(frozen=True)
 class ManualPair:
     """Pair these two records whatever the profiles say; both leave automatic matching.
@@ -101,7 +247,7 @@ AlignOverride = ManualPair | ManualBreak
 
 @dataclass
 class Alignment:
-    pairs: list[AlignedPair]
+    pairs: Sequence[AlignedPair]
     """In the native engine's execution order (record sequence)."""
     unaligned: list[UnalignedRecord]
     native_profile: str
@@ -393,6 +539,59 @@ def _pair_by_key(n: _Candidates, o: _Candidates, unaligned: list[UnalignedRecord
     return list(map(partial(tuple.__new__, AlignedPair), zip(map(itemgetter(1), natives), natives, oracles, repeat(None))))
 
 
+def _pair_by_key_columns(n: MappedRun, o: MappedRun, unaligned: list[UnalignedRecord]) -> AlignedPairs | None:
+    """`_pair_by_key` of runs without overrides or optional records, on columns: the pairs as
+    `AlignedPairs`, sorted by native seq, with `_comparable` and the set-aside before the mask
+    applied. None where a pair needs what only the records say (a before-the-mask op): the caller
+    pairs the records then."""
+    assert n.kinds is not None and o.kinds is not None
+    set_aside = _SetAside(unaligned)
+    n_key, o_key, distinct = shared_keys(n.keys, o.keys)
+    counts = {"native": np.bincount(n_key, minlength=distinct), "oracle": np.bincount(o_key, minlength=distinct)}
+    for side, other, run, key_of in (("native", "oracle", n, n_key), ("oracle", "native", o, o_key)):
+        assert run.kinds is not None
+        mine, theirs = counts[side][key_of], counts[other][key_of]
+        claimed: dict[int, list[MappedRecord]] = defaultdict(list)
+        for row in np.flatnonzero(mine > 1).tolist():
+            claimed[int(key_of[row])].append(run.kinds.one(row))
+        for group in claimed.values():
+            names = ", ".join(f"{m.record.name!r} (seq {m.record.seq})" for m in group)
+            for m in group:
+                unaligned.append(unaligned_record(side, m.record, DUPLICATE_KEY, f"{m.key.label()} is claimed by {names}", m.key))
+        for row in np.flatnonzero((mine == 1) & (theirs > 1)).tolist():
+            m = run.kinds.one(row)
+            unaligned.append(unaligned_record(side, m.record, DUPLICATE_KEY, f"its partner key {m.key.label()} is ambiguous on the {other} side", m.key))
+        for row in np.flatnonzero((mine == 1) & (theirs == 0)).tolist():
+            m = run.kinds.one(row)
+            unaligned.append(_without_partner(side, m, [], set_aside, f"no {other} record for {m.key.label()}"))
+    paired = (counts["native"][n_key] == 1) & (counts["oracle"][n_key] == 1)
+    single = counts["oracle"][o_key] == 1
+    oracle_row = np.full(distinct, -1, dtype=np.int64)
+    oracle_row[o_key[single]] = np.flatnonzero(single)
+    n_at = np.flatnonzero(paired)
+    o_at = oracle_row[n_key[n_at]]
+    pairs = AlignedPairs(n.kinds, o.kinds, n_at, o_at, n.keys.rows(n_at))
+    if len(pairs.op_rows(BEFORE_MASK)):
+        return None
+    # `_comparable`: canonical shapes (by kind) and dtypes (by index row) alike on both sides.
+    n_shapes = Coded([m.shape for m in n.kinds.mappings], n.kinds.kind_of)
+    o_shapes = Coded([m.shape for m in o.kinds.mappings], o.kinds.kind_of)
+    canonical = shared_codes(n_shapes, o_shapes)
+    n_rows, o_rows = pairs.index_rows()
+    dtypes = shared_codes(n.kinds.records.columns.texts("dtype"), o.kinds.records.columns.texts("dtype"))
+    alike = (canonical[0][n_at] == canonical[1][o_at]) & (dtypes[0][n_rows] == dtypes[1][o_rows])
+    if not alike.all():
+        keep = alike.copy()
+        for at in np.flatnonzero(~alike).tolist():
+            keep[at] = _comparable(pairs[at], unaligned)
+        pairs = AlignedPairs(n.kinds, o.kinds, n_at[keep], o_at[keep], n.keys.rows(n_at[keep]))
+    seqs = pairs.seqs[0]
+    if len(seqs) > 1 and not (seqs[1:] > seqs[:-1]).all():
+        order = np.argsort(seqs, kind="stable")
+        pairs = AlignedPairs(n.kinds, o.kinds, pairs.n_at[order], pairs.o_at[order], pairs.keys_columns.rows(order))
+    return pairs
+
+
 def _without_partner(side: str, m: MappedRecord, manual: list[AlignedPair], set_aside: _SetAside, otherwise: str) -> UnalignedRecord:
     """Runs paired by calls: why `m` has no partner, the most specific reason first (the user paired it elsewhere, its partner was set aside)."""
     other = "oracle" if side == "native" else "native"
@@ -575,7 +774,13 @@ def cut_alike(native_calls: list[Call], oracle_calls: list[Call]) -> bool:
     return prompt[0] == prompt[1] and all(spans.get((c.step, c.segment), c.span) == c.span for c in native_calls)
 
 
-def auto_mode(native: list[MappedRecord], oracle: list[MappedRecord], native_calls: list[Call], oracle_calls: list[Call]) -> str:
+def auto_mode(
+    native: Sequence[MappedRecord],
+    oracle: Sequence[MappedRecord],
+    native_calls: list[Call],
+    oracle_calls: list[Call],
+    kinds: tuple[MappedKinds | None, MappedKinds | None] = (None, None),
+) -> str:
     """Calls when the runs were cut alike (`cut_alike`). Otherwise positions, but
     only when they can be trusted: both runs recorded them, or the prompts are equally long, so
     positions derived from call order mean the same tokens on both sides; else calls, whose
@@ -585,7 +790,10 @@ def auto_mode(native: list[MappedRecord], oracle: list[MappedRecord], native_cal
     prompt = [c for c in native_calls if c.step == 0], [c for c in oracle_calls if c.step == 0]
     if not native or not oracle:
         return CALLS  # nothing pairs: the runs' calls (one list empty) say why, not positions no record holds
-    recorded = all(m.record.position >= 0 for m in native) and all(m.record.position >= 0 for m in oracle)
+    if kinds[0] is not None and kinds[1] is not None:
+        recorded = bool((kinds[0].position >= 0).all() and (kinds[1].position >= 0).all())
+    else:
+        recorded = all(m.record.position >= 0 for m in native) and all(m.record.position >= 0 for m in oracle)
     extent = [max((c.span[1] for c in calls_), default=0) for calls_ in prompt]
     return POSITIONS if recorded or extent[0] == extent[1] else CALLS
 
@@ -621,14 +829,25 @@ def align(
     # A reason is the user's text, often from a session someone else saved: it reaches the
     # terminal in every finding it explains, so its control characters are escaped once here.
     overrides = tuple(replace(o, reason=printable(o.reason)) for o in _latest(overrides))
-    n_mapped, unaligned, n_optional, n_spans, n_calls, n_keys = map_records(native, native_profile, "native", native_sources, native_batch)
-    o_mapped, o_rejected, o_optional, o_spans, o_calls, o_keys = map_records(oracle, oracle_profile, "oracle", oracle_sources, oracle_batch)
+    n_run = map_records(native, native_profile, "native", native_sources, native_batch)
+    o_run = map_records(oracle, oracle_profile, "oracle", oracle_sources, oracle_batch)
+    n_mapped, unaligned, n_optional, n_spans, n_calls, n_keys = n_run[:6]
+    o_mapped, o_rejected, o_optional, o_spans, o_calls, o_keys = o_run[:6]
     unaligned.extend(o_rejected)
-    by_position = auto_mode(n_mapped, o_mapped, n_calls, o_calls) == POSITIONS
+    rejected = len(unaligned)
+    by_position = auto_mode(n_mapped, o_mapped, n_calls, o_calls, (n_run.kinds, o_run.kinds)) == POSITIONS
     chosen = mode if mode != "auto" else POSITIONS if by_position else CALLS
+    if chosen == CALLS and not overrides and not n_optional and not o_optional and isinstance(native, Records) and isinstance(oracle, Records):
+        found = _pair_by_key_columns(n_run, o_run, unaligned)
+        if found is not None:
+            if by_position:
+                unaligned[:] = _cut_differently_said(unaligned)
+            unaligned.sort(key=lambda u: (u.side, u.seq))
+            return Alignment(found, unaligned, native_profile.name, oracle_profile.name, chosen, n_calls, o_calls)
+        del unaligned[rejected:]
     # What a side records matters only to the other side's optional records (a real run's 480,000 records: 0.05 s).
     n_recorded, o_recorded = _recorded(n_mapped) if o_optional else set(), _recorded(o_mapped) if n_optional else set()
-    manual, n_candidates, o_candidates = _take_manual_pairs(overrides, _Candidates(n_mapped, n_keys), _Candidates(o_mapped, o_keys), native, oracle, unaligned)
+    manual, n_candidates, o_candidates = _take_manual_pairs(overrides, _Candidates(list(n_mapped), n_keys), _Candidates(list(o_mapped), o_keys), native, oracle, unaligned)
     n_candidates = _unless_recorded("native", n_candidates, n_optional, o_recorded, unaligned)
     o_candidates = _unless_recorded("oracle", o_candidates, o_optional, n_recorded, unaligned)
     if chosen == CALLS:

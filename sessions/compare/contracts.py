@@ -19,8 +19,10 @@ as unrecorded, not as a failure.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from sessions.capture.reader import Record
 from sessions.compare.align import AlignedPair
@@ -108,6 +110,8 @@ def check_contracts(pairs: list[AlignedPair], routes: Mapping[str, tuple[str, ..
     `same_engine` (both captures name the same engine) extends the comparison to kernel ids
     and declared contract ids.
     """
+    if _none_recorded(pairs):
+        return ContractCheck([], len(pairs), len(pairs))
     findings: list[ContractFinding] = []
     unrecorded = 0
     clean: set[tuple[str, ...]] = set()  # both sides' ids found to raise nothing: a finding depends on the ids alone
@@ -125,6 +129,26 @@ def check_contracts(pairs: list[AlignedPair], routes: Mapping[str, tuple[str, ..
         else:
             clean.add(ids)
     return ContractCheck(findings, len(pairs), unrecorded)
+
+
+ID_FIELDS = ("kernel_id", "contract_id", "effective_contract_id")
+
+
+def _none_recorded(pairs: Sequence[AlignedPair]) -> bool:
+    """Whether no record of any pair has a kernel or contract id, found on the index columns
+    (an id's first byte) for pairs that are columns (`AlignedPairs`): most captures record none,
+    and a look at each pair's records took 0.1 s of a 240,000-record comparison."""
+    from sessions.compare.align import AlignedPairs
+
+    if not isinstance(pairs, AlignedPairs) or not len(pairs):
+        return False
+    for side, rows in zip((pairs.native, pairs.oracle), pairs.index_rows()):
+        index = np.ascontiguousarray(side.records.columns.index)
+        raw = index.view(np.uint8).reshape(len(index), index.dtype.itemsize)
+        for name in ID_FIELDS:
+            if raw[rows, index.dtype.fields[name][1]].any():
+                return False
+    return True
 
 
 def validated_routes(*tables: Mapping[str, object]) -> dict[str, tuple[str, ...]]:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from sessions.compare.key import OpKey
+from sessions.compare.pair_results import PairResults
 
 DERIVED_PROPERTIES = ("bit_exact", "fraction_differing", "same", "passed", "exit_code", "headline", "label", "error_growth")
 """Properties written beside a dataclass's fields: readers of the document (pipelines, jq)
@@ -47,12 +48,11 @@ def plain(value: Any, omit: frozenset[str] = frozenset()) -> Any:
         return None
     if isinstance(value, OpKey):
         return value.text()
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple, PairResults)):
         return [v if type(v) in PLAIN_TYPES else plain(v, omit) for v in value]  # profiles: hundreds of ints, no call each
     if isinstance(value, dict):
         return {str(k): plain(v, omit) for k, v in value.items()}
     return value
-
 
 PLAIN_TYPES = frozenset({int, str, bool, type(None)})
 """Types written as they are, checked first: they are most of a document's millions of values."""

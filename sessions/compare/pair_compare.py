@@ -14,7 +14,7 @@ import numpy as np
 
 from sessions.bits.dtypes import logical_dtype, quantized_nbytes
 from sessions.capture.reader import stored_span
-from sessions.compare.align import AlignedPair
+from sessions.compare.align import AlignedPair, AlignedPairs
 from sessions.compare.byte_checks import STRETCH_BYTES, Check
 from sessions.compare.options import CompareOptions
 from sessions.compare.pair_reader import (
@@ -22,6 +22,7 @@ from sessions.compare.pair_reader import (
     RecordSeqs,
     chunk_rows,
     last_reads,
+    pair_byte_counts,
     pair_bytes,
     record_seqs,
 )
@@ -110,7 +111,7 @@ def _runs(pairs: list[AlignedPair], reader: PairReader, seqs: RecordSeqs) -> lis
     n_seqs, o_seqs = seqs
     n_at, o_at = native.packed_addresses[n_seqs], oracle.packed_addresses[o_seqs]
     size = native.columns["nbytes"][n_seqs]
-    usable = np.fromiter(map(_whole_and_alike, pairs), bool, len(pairs))
+    usable = pairs.per_kind(_whole_and_alike, bool) if isinstance(pairs, AlignedPairs) else np.fromiter(map(_whole_and_alike, pairs), bool, len(pairs))
     usable &= (n_at >= 0) & (o_at >= 0) & (size <= RUN_RECORD_MAX_BYTES) & (size == oracle.columns["nbytes"][o_seqs])
     follows = np.zeros(len(pairs), dtype=bool)
     follows[1:] = usable[1:] & usable[:-1] & (n_at[1:] == n_at[:-1] + size[:-1]) & (o_at[1:] == o_at[:-1] + size[:-1])
@@ -257,6 +258,12 @@ def iter_compare_pairs(
     a few kinds, and one look-up each cost a fifth of working both out (a real run: 220,000 pairs)."""
     done = shown = progress[0]
     seqs = record_seqs(pairs)
+    by_kind: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    """For `AlignedPairs`: (a pair of each kind, each pair's kind, each pair's bytes), so a settled run's
+    outcomes are taken per kind without building its pairs."""
+    if isinstance(pairs, AlignedPairs):
+        by_kind = (*pairs.first_of_kinds(), pair_byte_counts(pairs))
+    kind_outcomes: dict[int, PairOutcome] = {}
     runs = _runs(pairs, reader, seqs)
     reads = [(True, True)] * len(pairs) if reader.checks.keeps_all else last_reads(seqs)  # only a pair larger than memory lets bytes go
     equal = reader.checks.ahead([run.check for run in runs])
@@ -267,7 +274,15 @@ def iter_compare_pairs(
         while index < len(pairs):
             if run is not None and index == run.start:
                 settled = next(equal)
-                if settled:
+                if settled and by_kind is not None:
+                    first_of, kind_of, sizes = by_kind
+                    for code in kind_of[index : index + run.count].tolist():
+                        found_outcome = kind_outcomes.get(code)
+                        if found_outcome is None:
+                            found_outcome = kind_outcomes[code] = (_identical_metrics(_compared(pairs[int(first_of[code])]), identical), None)
+                        outcomes.append(found_outcome)
+                    done += int(sizes[index : index + run.count].sum())
+                elif settled:
                     for pair in pairs[index : index + run.count]:
                         kind = (pair.native.record.dtype, pair.native.shape, pair.native.record.shape)
                         found = settled_as.get(kind)
@@ -275,11 +290,13 @@ def iter_compare_pairs(
                             found = settled_as[kind] = ((_identical_metrics(_compared(pair), identical), None), pair_bytes(pair))
                         outcomes.append(found[0])
                         done += found[1]
+                if settled:
                     index += run.count
                     if done - shown >= PROGRESS_BYTES or index == len(pairs):
                         # Not a step per run: a real run's short runs (its unaligned records cut
                         # them) were 20,000 steps through every caller's generator.
-                        yield Progress(done, progress[1], pairs[index - 1].key.label())
+                        last_key = pairs.key_at(index - 1) if isinstance(pairs, AlignedPairs) else pairs[index - 1].key
+                        yield Progress(done, progress[1], last_key.label())
                         shown = done
                     if after_pair is not None:
                         after_pair(index - 1)

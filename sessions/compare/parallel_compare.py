@@ -351,7 +351,7 @@ def iter_compare_in_workers(
                 if after_pair is not None:
                     after_pair(first + i)
 
-            work = iter_compare_pairs(reader, [pairs[i] for i in part], options, heads, (mine, total), done_with)
+            work = iter_compare_pairs(reader, pairs[part.start : part.stop], options, heads, (mine, total), done_with)
             while True:
                 try:
                     step = next(work)

@@ -8,10 +8,10 @@ records and a few thousand kinds, so each kind is mapped once, on the records' c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from itertools import repeat
-from typing import NamedTuple
+from typing import NamedTuple, overload
 
 import numpy as np
 
@@ -80,7 +80,8 @@ def _mapping(profile: Profile, match: RuleMatch | None, kind: _KindOfRecord, bat
 class MappedRun(NamedTuple):
     """A side's records as its profile maps them (`map_records`)."""
 
-    mapped: list[MappedRecord]
+    mapped: Sequence[MappedRecord]
+    """Built on first use (`LazyMapped`): pairing by key works on `keys` and `kinds` alone."""
     rejected: list[UnalignedRecord]
     """Records without a canonical key or shape, and why."""
     optional: dict[int, str]
@@ -91,6 +92,59 @@ class MappedRun(NamedTuple):
     """The run's forward calls in execution order (`record_spans`)."""
     keys: KeyColumns
     """The mapped records' keys as columns, row for row with `mapped`."""
+    kinds: MappedKinds | None = None
+    """The mapped records' rows and kinds as columns, row for row with `mapped` (None: not from columns)."""
+
+
+class MappedKinds(NamedTuple):
+    """Columns of the mapped records: which index row each is, and its kind's mapping."""
+
+    records: Sequence[Record]
+    rows: np.ndarray
+    """Each mapped record's row in `records`."""
+    kind_of: np.ndarray
+    """Each mapped record's kind (into `mappings`)."""
+    mappings: list[_Mapping]
+    batch: BatchRow | None
+    position: np.ndarray
+
+    def one(self, at: int, key: OpKey | None = None) -> MappedRecord:
+        """Mapped record `at` alone (a record without a partner, a pair asked for)."""
+        m = self.mappings[int(self.kind_of[at])]
+        record = self.records[int(self.rows[at])]
+        if key is None:
+            key = OpKey(record.step, record.segment, m.layer, m.op, m.occurrence)
+        return tuple.__new__(MappedRecord, (record, key, m.layout, m.shape, None, self.batch))
+
+
+class LazyMapped(Sequence[MappedRecord]):
+    """A side's mapped records, every one built the first time any is asked for."""
+
+    def __init__(self, build: Callable[[], list[MappedRecord]], count: int) -> None:
+        self._build: Callable[[], list[MappedRecord]] | None = build
+        self._count = count
+        self._list: list[MappedRecord] | None = None
+
+    def _every(self) -> list[MappedRecord]:
+        if self._list is None:
+            assert self._build is not None
+            self._list, self._build = self._build(), None
+        return self._list
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, item: int) -> MappedRecord: ...
+
+    @overload
+    def __getitem__(self, item: slice) -> list[MappedRecord]: ...
+
+    def __getitem__(self, item: int | slice) -> MappedRecord | list[MappedRecord]:
+        return self._every()[item]
+
+    def __iter__(self) -> Iterator[MappedRecord]:
+        return iter(self._every())
 
 
 def _source_codes(seqs: np.ndarray, sources: dict[int, tuple[str, ...]]) -> Coded[tuple[str, ...]]:
@@ -150,19 +204,18 @@ def map_records(
         if asked not in matches:
             matches[asked] = profile.match(*asked)
         mappings.append(_mapping(profile, matches[asked], kind, batch))
-    every = records if isinstance(records, list) else list(records)
     kind_of = kinds.of_row
     refused = np.array([m.refusal is not None for m in mappings], dtype=bool)[kind_of]
     rejected: list[UnalignedRecord] = []
     kept: np.ndarray | None = None
     if refused.any():
         for row in np.flatnonzero(refused).tolist():
-            record, m = every[row], mappings[kind_of[row]]
+            record, m = records[row], mappings[kind_of[row]]
             assert m.refusal is not None
             rejected.append(unaligned_record(side, record, *m.refusal, OpKey(record.step, record.segment, m.layer, m.op, m.occurrence) if m.keyed else None))
         kept = np.flatnonzero(~refused)
-        every = [every[row] for row in kept.tolist()]
         kind_of = kind_of[kept]
+    rows_kept = kept if kept is not None else np.arange(len(columns))
     per_kind = list(zip(*mappings))
     key_columns = KeyColumns(
         columns.step if kept is None else columns.step[kept],
@@ -171,20 +224,29 @@ def map_records(
         Coded(list(per_kind[0]), kind_of),
         _integers(list(per_kind[1]))[kind_of],
     )
-    make_key, make_mapped = partial(tuple.__new__, OpKey), partial(tuple.__new__, MappedRecord)
-    key_fields = (key_columns.step.tolist(), key_columns.segment.taken(), key_columns.layer.tolist(), key_columns.op.taken(), key_columns.occurrence.tolist())
-    keys = map(make_key, zip(*key_fields, repeat(())))
-    layouts, canonical = Coded(list(per_kind[3]), kind_of).taken(), Coded(list(per_kind[4]), kind_of).taken()
-    mapped = list(map(make_mapped, zip(every, keys, layouts, canonical, repeat(None), repeat(batch))))
+
+    def build() -> list[MappedRecord]:
+        every = records if isinstance(records, list) else list(records)
+        if kept is not None:
+            every = [every[row] for row in kept.tolist()]
+        make_key, make_mapped = partial(tuple.__new__, OpKey), partial(tuple.__new__, MappedRecord)
+        key_fields = (key_columns.step.tolist(), key_columns.segment.taken(), key_columns.layer.tolist(), key_columns.op.taken(), key_columns.occurrence.tolist())
+        keys = map(make_key, zip(*key_fields, repeat(())))
+        layouts, canonical = Coded(list(per_kind[3]), kind_of).taken(), Coded(list(per_kind[4]), kind_of).taken()
+        return list(map(make_mapped, zip(every, keys, layouts, canonical, repeat(None), repeat(batch))))
+
+    mapped = LazyMapped(build, len(rows_kept))
+    seqs = columns.seq if kept is None else columns.seq[kept]
     optional: dict[int, str] = {}
     one_sided = np.array([m.one_sided is not None for m in mappings], dtype=bool)[kind_of]
     for row in np.flatnonzero(one_sided).tolist():
         one = mappings[kind_of[row]].one_sided
         assert one is not None
-        optional[every[row].seq] = one
+        optional[int(seqs[row])] = one
     rows = [_position_rows(m) for m in mappings]
     spanned = np.array([r is not None for r in rows], dtype=bool)[kind_of]
     at = np.flatnonzero(spanned) if kept is None else kept[spanned]
     held = _integers([r or 0 for r in rows])[kind_of[spanned]]
     spans, calls = record_spans(columns.seq[at], columns.step[at], columns.segment.rows(at), held, columns.position[at])
-    return MappedRun(mapped, rejected, optional, spans, calls, key_columns)
+    kinds_columns = MappedKinds(records, rows_kept, kind_of, mappings, batch, columns.position[rows_kept])
+    return MappedRun(mapped, rejected, optional, spans, calls, key_columns, kinds_columns)

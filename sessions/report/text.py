@@ -21,6 +21,7 @@ from sessions.compare.comparison import (
     unaligned_key,
     worst_ops,
 )
+from sessions.compare.pair_results import first_with_key, post_eos_differing
 from sessions.compare.profiles import whole_op
 from sessions.compare.tensor_diff import ElementSample, TensorMetrics
 from sessions.compare.token_parity import POST_EOS, step_word
@@ -153,7 +154,7 @@ def _first_block(c: Comparison) -> list[str]:
     if first is None:
         return ["First finding: none"]
     lines = [f"First finding: {first.kind} at {first.key}{_next_commands(c, first)}", f"  {first.detail}"]
-    pair = next((p for p in c.pairs if p.key == first.key), None)
+    pair = first_with_key(c.pairs, first.key)
     if pair is not None and not pair.metrics.bit_exact:
         lines += _pair_block("  bits", pair)[1:]
     elif c.first_divergence is not None:
@@ -167,7 +168,7 @@ def _next_commands(c: Comparison, first: Finding) -> str:
     only one run recorded), under the alignment that made its key (a key cut by position exists
     only when pairing by position). Not for a token step over bit-exact logits: both commands
     answered "nothing to diagnose there" of a stop mark one run set and the other did not."""
-    pair = next((p for p in c.pairs if p.key == first.key), None)
+    pair = first_with_key(c.pairs, first.key)
     if first.kind == Kind.UNALIGNED or pair is None or (first.kind == Kind.TOKENS and pair.metrics.bit_exact):
         return ""
     whole = whole_op(first.key)
@@ -191,9 +192,9 @@ def _token_lines(c: Comparison, full: bool, limit: int) -> list[str]:
             o = ", ".join(f"{e.token_id}:{e.decimal}" for e in s.logits.oracle_top)
             out.append(f"      top native [{n}]\n      top oracle [{o}]")
     out += _more(len(listed), limit)
-    post = [p for p in c.pairs if p.post_eos and not p.metrics.bit_exact]
+    post = post_eos_differing(c.pairs)
     if post:
-        out.append(f"  {len(post)} tensor pair(s) after the shared EOS differ: post-EOS, not failures")
+        out.append(f"  {post} tensor pair(s) after the shared EOS differ: post-EOS, not failures")
     return out
 
 

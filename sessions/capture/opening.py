@@ -53,11 +53,21 @@ def open_complete_capture(path: str | Path) -> Capture:
     """`open_capture` for a verdict: a capture whose writer did not finish is refused, as
     `report` refuses it. A gate passed one, and diagnose and rerun judged one, without a word."""
     capture = open_capture(path)
-    if not capture.complete:
-        reason = capture.describe()
+    refusal = unfinished(capture)
+    if refusal is not None:
         capture.close()
-        raise CaptureError(path, "/ attribute 'complete'", reason)
+        raise refusal
     return capture
+
+
+def unfinished(*captures: Capture | None) -> CaptureError | None:
+    """Why no verdict is given on these captures: the first whose writer did not finish. The
+    window shows what such a capture holds, but its verdict strip and HTML report say UNUSABLE,
+    as `report` does (its strip said PARITY of two runs abandoned after their first step)."""
+    for capture in captures:
+        if capture is not None and not capture.complete:
+            return CaptureError(capture.path, "/ attribute 'complete'", capture.describe())
+    return None
 
 
 def open_capture(

@@ -16,6 +16,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 from PySide6.QtWidgets import QWidget
 
 from sessions.atomic_write import atomic_write_bytes
+from sessions.capture.opening import unfinished
 from sessions.investigation.bookmarks_markdown import bookmarks_markdown
 from sessions.investigation.model import Bookmark, Investigation
 from sessions.investigation.store import describe_os_error
@@ -75,6 +76,10 @@ class ReportExporter(QObject):
             return False
         if self._model.comparison is None:
             self._banners.show_message("session", "error", "Open and compare a pair before exporting the HTML report.")
+            return False
+        refusal = unfinished(self._model.native, self._model.oracle)
+        if refusal is not None:  # its page said PARITY where report exits 2
+            self._banners.show_message("session", "error", f"No HTML report of this pair: {refusal}; report gives no verdict on it.")
             return False
         if self.exporting:
             self._status("An HTML report is being exported; export again when it is written.", 5000)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from PySide6.QtCore import QEvent, Qt, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QPushButton, QWidget
 
+from sessions.capture.opening import unfinished
 from sessions.compare.verdict import UNUSABLE, Kind
 from sessions.report.word_colours import WORD_COLOURS
 from viewer import comparison_view as cv
@@ -81,6 +82,10 @@ class VerdictStrip(QFrame):
         if viewed is None:
             self._paint(*self._waiting(), COMPARING)
             self.go.setVisible(False)
+            return
+        refusal = unfinished(self._model.native, self._model.oracle)
+        if refusal is not None:
+            self.show_unusable(f"{refusal}; no verdict, as report gives none: what it holds is compared below")
             return
         verdict = viewed.comparison.verdict
         first = verdict.first

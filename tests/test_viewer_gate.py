@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
@@ -17,10 +18,11 @@ from sessions.compare.options import CompareOptions
 from sessions.compare.tolerance_policy import load_policy
 from sessions.gate.judge import iter_judge_case
 from sessions.gate.manifest import GateCase
-from sessions.gate.result import GateResult, dumps, load_gate_file
+from sessions.gate.result import GateResult, dumps, load_gate_file, loads
 from sessions.investigation.model import SavedTolerance
 from sessions.progress import run_to_end
 from sessions.report.word_colours import WORD_COLOURS
+from tests.hand_captures import T, write_capture
 from tests.side_files import fifo_without_writer
 from viewer.app import window_for
 from viewer.gate.gate_window import COLUMNS, GateWindow
@@ -197,3 +199,23 @@ def test_every_verdict_word_has_one_colour_on_every_surface_and_its_white_text_r
     for word, colour in WORD_COLOURS.items():
         assert f".{word_class(word)} {{ background: {colour}; }}" in GATE_STYLE, word
         assert (1.05 / (_luminance(colour) + 0.05)) >= 4.5, f"{word}: white on {colour}"
+
+
+def test_a_case_judged_with_its_own_profile_file_opens_compared_with_that_file(qtbot: QtBot, tmp_path: Path) -> None:
+    """Only a built-in profile was passed on: a case the gate passed under its own profile (ffn_norm
+    one-sided by design) opened as DIVERGENCE, under a banner saying the gate's PARITY."""
+    x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+    native = write_capture(tmp_path / "n.h5", "native", [T("attn_norm", x, layer=0), T("ffn_norm", x, layer=0)])
+    oracle = write_capture(tmp_path / "o.h5", "oracle", [T("attn_norm", x, layer=0)])
+    profile = tmp_path / "mine.toml"
+    profile.write_text('name = "mine"\n[[rule]]\nname = "attn_norm"\nop = "attn_norm"\n[[rule]]\nname = "ffn_norm"\nop = "ffn_norm"\none_sided = "the oracle fuses it"\n')
+    case = GateCase("mine", str(native), str(oracle), CompareOptions(native_profile=str(profile), oracle_profile=str(profile)))
+    judged = GateResult("gate.toml", "this process", None, "2026-12-05T00:00:00+00:00", 1.0, [run_to_end(iter_judge_case(case)).result])
+    assert (judged.cases[0].word, judged.cases[0].native_profile_file) == ("PARITY", str(profile))
+    window = GateWindow(loads(dumps(judged)), ViewerSettings(tmp_path / "viewer.ini"))  # as opened from its GATE.json
+    qtbot.addWidget(window)
+    opened = window.open_case(0)
+    assert opened is not None
+    qtbot.waitUntil(lambda: opened.model.comparison is not None and not opened.tasks.busy, timeout=WAIT_MS)
+    assert opened.model.comparison.comparison.verdict.word == "PARITY"
+    opened.close()

@@ -30,7 +30,7 @@ from sessions.compare.comparison import Comparison, worst_ops
 from sessions.compare.in_child import iter_compare_in_child
 from sessions.compare.layout_transform import LayoutError
 from sessions.compare.profile_identity import ProfileIdentity, identify
-from sessions.compare.profiles import ProfileError, load_profile_file
+from sessions.compare.profiles import ProfileError, builtin_profiles, load_profile_file
 from sessions.compare.provenance_diff import SAME_FILE_WARNING
 from sessions.gate.manifest import EOS_REQUIRE, GateCase
 from sessions.gate.result import (
@@ -123,9 +123,16 @@ def result_of(case: GateCase, comparison: Comparison, seconds: float) -> CaseRes
         oracle_profile=comparison.oracle_profile,
         tolerance_policy=comparison.tolerance_policy,
         alignment=comparison.alignment.mode,
+        native_profile_file=_profile_file(case.options.native_profile),
+        oracle_profile_file=_profile_file(case.options.oracle_profile),
         warnings=warnings,
         seconds=seconds,
     )
+
+
+def _profile_file(given: str | None) -> str:
+    """The profile file a case's option names, absolute; "" for a built-in or detected profile."""
+    return os.path.abspath(given) if given is not None and given not in builtin_profiles() else ""
 
 
 def _profile_unchanged(identity: ProfileIdentity) -> bool:

@@ -113,6 +113,11 @@ class CaseResult:
     """How the comparison paired the records: `calls` or `positions` (`--align auto` chooses; ""
     when the case could not be judged). A case's verdict means little without it: runs cut
     differently are compared position by position, and their dispatch is then not compared."""
+    native_profile_file: str = ""
+    """The profile file the case named (absolute), "" for a built-in or detected profile: the
+    window compares the case with it (it read a case judged under its own profile with the
+    built-in one, and said DIVERGENCE of a case the gate passed)."""
+    oracle_profile_file: str = ""
     warnings: list[str] = field(default_factory=list)
     """What `report` warns of above its verdict (sessions.compare.provenance_diff): different
     weights or requests, captures that look swapped. A gate printed none of them."""

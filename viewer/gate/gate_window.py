@@ -105,7 +105,7 @@ class GateWindow(QMainWindow):
 
 def _as_judged(window: MainWindow, case: CaseResult) -> None:
     """Compare the case's pair as the gate judged it (its token budget, tolerance, policy file,
-    pairing and built-in profiles), with the gate's own judgment in a banner. With the viewer's
+    pairing and profiles, built-in or files), with the gate's own judgment in a banner. With the viewer's
     defaults, a case the gate passed under a policy read SIGNED-ZERO-ONLY, and one judged over 2
     token steps counted the differing ops of every step, with nothing on screen saying why.
     They are the window's starting point for this pair only, not the session's choices: a
@@ -121,7 +121,7 @@ def _as_judged(window: MainWindow, case: CaseResult) -> None:
     options = replace(
         VIEWER_OPTIONS, max_steps=budget, atol=tolerance.atol, rtol=tolerance.rtol, max_ulp=tolerance.max_ulp, policy=policy,
         alignment=case.alignment or AUTO,
-        native_profile=case.native_profile if case.native_profile in builtins else None,
-        oracle_profile=case.oracle_profile if case.oracle_profile in builtins else None,
+        native_profile=case.native_profile_file or (case.native_profile if case.native_profile in builtins else None),
+        oracle_profile=case.oracle_profile_file or (case.oracle_profile if case.oracle_profile in builtins else None),
     )
     window.judged_by_gate = GateJudged((Path(case.native).absolute(), Path(case.oracle).absolute()), options, f"{case.judgment()}, and compared so here.")

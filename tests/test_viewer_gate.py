@@ -25,6 +25,7 @@ from sessions.report.word_colours import WORD_COLOURS
 from tests.hand_captures import T, write_capture
 from tests.side_files import fifo_without_writer
 from viewer.app import window_for
+from viewer.cli import main
 from viewer.gate.gate_window import COLUMNS, GateWindow
 from viewer.settings import ViewerSettings
 
@@ -219,3 +220,30 @@ def test_a_case_judged_with_its_own_profile_file_opens_compared_with_that_file(q
     qtbot.waitUntil(lambda: opened.model.comparison is not None and not opened.tasks.busy, timeout=WAIT_MS)
     assert opened.model.comparison.comparison.verdict.word == "PARITY"
     opened.close()
+
+
+def test_a_session_saved_from_a_case_window_keeps_the_gates_tolerance_and_says_it_drops_the_token_budget(
+    qtbot: QtBot, demo_pairs: dict[str, tuple[Path, Path]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Saved without them, the session of a case the gate passed under max_ulp = 1 said
+    SIGNED-ZERO-ONLY when reopened or given to `report --session`."""
+    native, oracle = (str(p) for p in demo_pairs["signed-zero"])
+    cases = [GateCase("ulp", native, oracle, CompareOptions(max_ulp=1)), GateCase("budget", native, oracle, CompareOptions(max_ulp=1, max_steps=2))]
+    gate = GateResult("gate.toml", "this process", None, "2026-12-05T00:00:00+00:00", 1.0, [run_to_end(iter_judge_case(case)).result for case in cases])
+    assert [case.word for case in gate.cases] == ["PARITY", "PARITY"]
+    window = GateWindow(gate, ViewerSettings(tmp_path / "viewer.ini"))
+    qtbot.addWidget(window)
+    for row in range(2):
+        opened = window.open_case(row)
+        assert opened is not None
+        qtbot.waitUntil(lambda opened=opened: opened.model.comparison is not None and not opened.tasks.busy, timeout=WAIT_MS)
+        saved = tmp_path / f"case{row}.xray"
+        opened.session_file.choose_path = lambda _purpose, saved=saved: saved
+        assert opened.session_file.save_as()
+        assert main(["report", "--session", str(saved)]) == 0, "the tolerance the gate judged the case by"
+        assert capsys.readouterr().out.startswith("PARITY")
+        said = "The session keeps the gate's tolerance and pairing, not its token budget: reopened, it compares every step, not the first 2."
+        if row == 1:
+            qtbot.waitUntil(lambda opened=opened: said in opened.banners.texts("gate"))
+        assert [b.text for b in opened.banners.banners("gate")][1:] == ([] if row == 0 else [said])
+        opened.close()

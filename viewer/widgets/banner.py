@@ -206,9 +206,11 @@ class BannerArea(QScrollArea):
         return [b.text for g in groups for b in self._groups.get(g, []) if b.isVisibleTo(self) or not b.isHidden()]
 
     def _refresh(self, *_: object) -> None:
+        # Not by visibility: a banner added to a shown area is hidden until Qt shows it in a later
+        # turn, and one added just before another went (a save clearing its group) was dropped
+        # here, left on screen where no clear() of its group could reach it.
         for group, banners in list(self._groups.items()):
-            alive = [b for b in banners if _alive(b)]
-            self._groups[group] = alive
+            self._groups[group] = [b for b in banners if _exists(b) and not b.dismissed]
         self.setVisible(any(self._groups.values()))
 
 
@@ -219,9 +221,3 @@ def _exists(widget: QWidget) -> bool:
         return False
     return True
 
-
-def _alive(widget: QWidget) -> bool:
-    try:
-        return not widget.isHidden()
-    except RuntimeError:
-        return False

@@ -368,7 +368,7 @@ class MainWindow(QMainWindow):
         self.session_file.document_changed.connect(self._update_roles)
         self.session_file.recent_changed.connect(self.rebuild_recent_sessions)
         self.session_file.replaced.connect(self._session_replaced)
-        self.session_file.about_to_save.connect(lambda: self.session_sync.record_view(with_layout=True))
+        self.session_file.about_to_save.connect(self._before_save)
         self.session_file.captures_wanted.connect(self._check_session_pair)
         self.session_captures.pair_opening.connect(self.session_sync.expect_restore)
         self.session_captures.pair_refused.connect(self.session_sync.restore_refused)
@@ -523,6 +523,7 @@ class MainWindow(QMainWindow):
         judged = self._judged_here()
         if judged is not None:
             self.banners.show_message("gate", "info", judged.judgment)
+            self._say_budget_not_kept(judged)
         try:
             options = self.session_sync.compare_options(self._base_options())
         except PolicyError as exc:
@@ -542,6 +543,27 @@ class MainWindow(QMainWindow):
         stayed with the window: another pair was judged by the gate's budget)."""
         judged = self._judged_here()
         return cv.VIEWER_OPTIONS if judged is None else judged.options
+
+    def _before_save(self) -> None:
+        """The view, and a gate case's options the session would otherwise lose (`keep_options`);
+        a token budget, which a session cannot hold, is said."""
+        self.session_sync.record_view(with_layout=True)
+        judged = self._judged_here()
+        if judged is None:
+            return
+        self.session_sync.keep_options(judged.options)
+        self._say_budget_not_kept(judged, saving=True)
+
+    def _say_budget_not_kept(self, judged: GateJudged, saving: bool = False) -> None:
+        """Beside the gate's judgment, once the session is saved (a save clears the session's own
+        banners, and the comparison it starts the gate's): a session cannot hold a token budget."""
+        if judged.options.max_steps is None or (self.session_file.document.path is None and not saving):
+            return
+        self.banners.show_message(
+            "gate", "warning",
+            f"The session keeps the gate's tolerance and pairing, not its token budget: reopened, it compares every "
+            f"step, not the first {judged.options.max_steps}.",
+        )
 
     def _judged_here(self) -> GateJudged | None:
         """The gate case this window was opened on, when its pair is the one on show."""

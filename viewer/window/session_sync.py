@@ -287,6 +287,19 @@ class SessionSync(QObject):
             session.set_tolerance_policy(policy)
         self._recompare()
 
+    def keep_options(self, judged: CompareOptions) -> None:
+        """Before a save: the tolerance, policy file and pairing the pair is compared with, where
+        the session never chose its own (a gate case's window): saved without them, the session
+        reopened, or given to `report --session`, said DIVERGENCE of a case the gate passed."""
+        session = self.session
+        if not self._chose("tolerance"):
+            session.set_tolerance(SavedTolerance(judged.max_ulp or 0, judged.atol or 0.0, judged.rtol or 0.0))
+            session.set_tolerance_policy(Path(judged.policy.source) if judged.policy is not None else None)
+            self._chosen.add((id(session), "tolerance"))
+        if not self._chose("alignment"):
+            session.set_alignment_mode(judged.alignment)
+            self._chosen.add((id(session), "alignment"))
+
     def set_alignment_mode(self, mode: str) -> None:
         """Record how the user pairs records (`report --align`) and compare again, when it changed
         or is chosen for the first time (automatic, chosen over a gate case's pairing)."""

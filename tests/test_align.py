@@ -235,3 +235,24 @@ def test_pairing_a_captures_index_columns_gives_the_pairs_and_unaligned_records_
     assert isinstance(by_columns.pairs, AlignedPairs) and isinstance(by_records.pairs, list)
     assert list(by_columns.pairs) == by_records.pairs and len(by_records.pairs) > 200
     assert (by_columns.unaligned, by_columns.mode) == (by_records.unaligned, by_records.mode)
+
+
+def test_records_paired_by_hand_under_a_key_two_records_claim_get_keys_of_their_own(tmp_path: Path) -> None:
+    """Both pairs took the claimed key: the report's first divergence named the second pair, and
+    the window, finding pairs by key, went to the first, bit-exact one."""
+    profile = tmp_path / "dup.toml"
+    profile.write_text('name = "dup"\n[[rule]]\nname = "a-{layer}"\nop = "layer_out"\n[[rule]]\nname = "b-{layer}"\nop = "layer_out"\n')
+    x, y = _q(5, (ROWS, 8)), _q(6, (ROWS, 8))
+    flipped = y.copy()
+    flipped.view(np.uint16)[0, 0] ^= 1
+    native = write_capture(tmp_path / "n.h5", "native", [T("a-0", x, layer=0, dtype="bfloat16"), T("b-0", y, layer=0, dtype="bfloat16")])
+    oracle = write_capture(tmp_path / "o.h5", "oracle", [T("a-0", x, layer=0, dtype="bfloat16"), T("b-0", flipped, layer=0, dtype="bfloat16")])
+    by_hand = tuple(ManualPair(RecordKey(0, "prefill", 0, name), RecordKey(0, "prefill", 0, name), "one each") for name in ("a-0", "b-0"))
+    options = CompareOptions(native_profile=str(profile), oracle_profile=str(profile), overrides=by_hand)
+    with open_capture(native) as n, open_capture(oracle) as o:
+        comparison = run_to_end(iter_compare(n, o, options))
+    assert [(p.key.text(), p.native_name, p.metrics.bit_exact) for p in comparison.pairs] == [
+        ("0:prefill:0:layer_out", "a-0", True),
+        ("0:prefill:0:layer_out#1", "b-0", False),
+    ]
+    assert comparison.verdict.first is not None and comparison.verdict.first.key.text() == "0:prefill:0:layer_out#1"

@@ -861,5 +861,26 @@ def align(
     if chosen == CALLS and by_position:
         unaligned[:] = _cut_differently_said(unaligned)
     pairs.sort(key=attrgetter("native.record.seq"))
+    if manual:
+        pairs = _keys_made_unique(pairs)
     unaligned.sort(key=lambda u: (u.side, u.seq))
     return Alignment(pairs, unaligned, native_profile.name, oracle_profile.name, chosen, n_calls, o_calls)
+
+
+def _keys_made_unique(pairs: list[AlignedPair]) -> list[AlignedPair]:
+    """Pairs the user made of records whose key two records claim share that key: each later one
+    takes the next occurrence no pair has (`...#1`). Every surface finds a pair by its key: the
+    report's first divergence was the second pair, and the window's Ctrl+J went to the first."""
+    taken = {pair.key for pair in pairs}
+    seen: set[OpKey] = set()
+    unique = []
+    for pair in pairs:
+        if pair.key in seen:
+            occurrence = pair.key.occurrence + 1
+            while pair.key._replace(occurrence=occurrence) in taken:
+                occurrence += 1
+            pair = pair._replace(key=pair.key._replace(occurrence=occurrence))
+            taken.add(pair.key)
+        seen.add(pair.key)
+        unique.append(pair)
+    return unique

@@ -594,7 +594,7 @@ def test_the_json_document_writes_every_pair_and_growth_point_as_its_plain_form_
     native, oracle = _many_small_records(tmp_path, flip_at=7, diverged=True)
     with open_capture(native) as n, open_capture(oracle) as o:
         comparison = run_to_end(iter_compare(n, o, CompareOptions(workers=1)))
-    pairs = comparison.pairs
+    pairs = list(comparison.pairs)
     hostile = 'q"proj\\ \u00e9\u4e2d {0} %s \x1b[31m\u2028'
     pairs[3] = dataclasses.replace(pairs[3], native_name=hostile, oracle_name="", native_layout="1 heads rows dim -> rows (heads dim)")
     pairs[4] = dataclasses.replace(pairs[4], manual_reason='oracle numbers "layers" from 1', native_window=(5, 1013), oracle_window=(0, 1008))
@@ -606,6 +606,7 @@ def test_the_json_document_writes_every_pair_and_growth_point_as_its_plain_form_
     pairs[16] = dataclasses.replace(pairs[16], manual_reason="paired by hand")  # alike later o_proj pairs but for this reason
     for at in range(20, 30):  # runs cut differently: each pair its own rows
         pairs[at] = dataclasses.replace(pairs[at], native_window=(at, at + 1), oracle_window=(0, at))
+    comparison = dataclasses.replace(comparison, pairs=pairs)
     text = dumps(comparison)
     pair_lines = [line.strip().rstrip(",") for line in text.splitlines() if line.startswith('  {"key": ') and '"native_seq"' in line]
     assert pair_lines == [

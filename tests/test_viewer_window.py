@@ -573,9 +573,10 @@ def test_the_filter_never_changes_the_selected_op_and_clearing_it_shows_that_op_
     assert window.model.selected is layer_out and window.tree.view.currentIndex().isValid()
 
 
-def _ffn_norm_without_partner(tmp_path: Path) -> tuple[Path, Path]:
-    """attn_norm on both sides, bit-exact; the native's unfinished capture also holds ffn_norm,
-    which the oracle lacks: the first finding is that record, and the weights hashes differ."""
+def _ffn_norm_without_partner(tmp_path: Path, finished: bool = False) -> tuple[Path, Path]:
+    """attn_norm on both sides, bit-exact; the native's capture (unfinished unless `finished`)
+    also holds ffn_norm, which the oracle lacks: the first finding is that record, and the
+    weights hashes differ."""
     from sessions.capture.meta import CaptureMeta
     from sessions.capture.writer import CaptureWriter
 
@@ -586,7 +587,10 @@ def _ffn_norm_without_partner(tmp_path: Path) -> tuple[Path, Path]:
     writer.add_tensor("attn_norm", bits, step=0, segment="prefill", layer=0, dtype="bfloat16")
     writer.add_tensor("ffn_norm", bits, step=0, segment="prefill", layer=0, dtype="bfloat16")
     writer.end_step()
-    writer.abandon()
+    if finished:
+        writer.close()
+    else:
+        writer.abandon()
     return native, oracle
 
 
@@ -608,7 +612,7 @@ def test_arriving_on_a_record_without_a_partner_keeps_the_users_filter(qtbot: Qt
 
 def test_the_html_export_puts_the_tree_back_on_the_record_without_a_partner_it_found(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
     """With no op selected, the tree was left on the last bookmark's op."""
-    window.open_pair(*_ffn_norm_without_partner(tmp_path))
+    window.open_pair(*_ffn_norm_without_partner(tmp_path, finished=True))
     qtbot.waitUntil(lambda: window.model.comparison is not None and not window.tasks.busy and window.tree.view.currentIndex().isValid(), timeout=WAIT_MS)
     record = window.tree.proxy.mapToSource(window.tree.view.currentIndex().siblingAtColumn(0)).data(UNALIGNED_ROLE)
     window.model.select(window.model.comparison.comparison.pairs[0])

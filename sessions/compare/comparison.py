@@ -192,7 +192,7 @@ class Comparison:
     dispatch_not_compared: str
     """Why the attention calls were not compared ("" when they were): runs cut into different
     calls, or a capture that records none (`dispatch_not_compared`)."""
-    pairs: list[PairResult]
+    pairs: Sequence[PairResult]
     unaligned: list[UnalignedRecord]
     post_eos_unaligned: list[UnalignedRecord]
     """Records after the shared EOS step without a partner: invalid, never failures."""

@@ -12,7 +12,7 @@ import json
 import math
 import operator
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from enum import Enum
 from functools import cache
 from itertools import islice
@@ -43,6 +43,11 @@ def comparison_to_dict(comparison: Comparison, omit: frozenset[str] = frozenset(
     return {"format": DOCUMENT_FORMAT, "version": DOCUMENT_VERSION, **plain(comparison, omit)}
 
 
+LISTS = (list, Sequence)
+"""Annotations read as a JSON array: a comparison's pairs are a `Sequence` (`PairResults` when
+compared here, a list when read back)."""
+
+
 def from_plain(tp: Any, value: Any) -> Any:
     """The inverse of `plain` for a value of type `tp` (a dataclass tree): the report and gate documents read back."""
     return _reader(tp)(value)
@@ -68,7 +73,7 @@ def _reader(tp: Any) -> Reader:
         return _same if inner is _same else lambda value: None if value is None else inner(value)
     if dataclasses.is_dataclass(tp):
         return _dataclass_reader(tp)
-    if origin is list:
+    if origin in LISTS:
         (item,) = get_args(tp)
         read_item = _reader(item)
         if read_item is _same:  # a list of plain values (profiles, histograms, coordinates) is taken as parsed
@@ -162,7 +167,7 @@ def check_types(value: Any, tp: Any, where: str) -> None:
         for f in dataclasses.fields(tp):
             check_types(getattr(value, f.name), hints[f.name], f"{where}.{f.name}")
         return
-    elif origin is list:
+    elif origin in LISTS:
         if not isinstance(value, list):
             raise TypeError(f"{where} is {type(value).__name__}, not a list")
         (item,) = get_args(tp)
@@ -474,7 +479,7 @@ def loads_lines(data: bytes | bytearray, start: int = 0, keep_made: bool = False
         hints = get_type_hints(Comparison)
         items: dict[str, tuple[list[Any], Reader]] = {}
         for name, value in head.items():
-            if isinstance(value, list) and get_origin(hints.get(name)) is list:
+            if isinstance(value, list) and get_origin(hints.get(name)) in LISTS:
                 items[name] = getattr(comparison, name), _reader(get_args(hints[name])[0])
         shared: list[TensorMetrics] = []
         items[METRICS_LINE] = shared, _reader(TensorMetrics)

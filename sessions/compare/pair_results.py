@@ -83,8 +83,8 @@ class PairResults(Sequence[PairResult]):
     def __len__(self) -> int:
         return len(self._aligned)
 
-    def _make(self, at: int, kind: Kind, post_eos: bool, within: bool) -> PairResult:
-        key, n, o, manual_reason = self._aligned[at]
+    def _make(self, at: int, aligned: AlignedPair, kind: Kind, post_eos: bool, within: bool) -> PairResult:
+        key, n, o, manual_reason = aligned
         n_record, o_record, n_layout, o_layout = n.record, o.record, n.layout, o.layout
         return PairResult(
             key, n_record.name, n_record.seq, o_record.name, o_record.seq,
@@ -96,7 +96,7 @@ class PairResults(Sequence[PairResult]):
     def _build(self, at: int) -> PairResult:
         found = self._built.get(at)
         if found is None:
-            found = self._built[at] = self._make(at, self.kinds[self.kind_codes[at]], bool(self.post_eos[at]), bool(self._within[at]))
+            found = self._built[at] = self._make(at, self._aligned[at], self.kinds[self.kind_codes[at]], bool(self.post_eos[at]), bool(self._within[at]))
         return found
 
     @overload
@@ -113,25 +113,16 @@ class PairResults(Sequence[PairResult]):
             raise IndexError(f"pair {item} of {len(self)}")
         return self._build(at)
 
-    def __setitem__(self, item: int, pair: PairResult) -> None:
-        """Replace one pair (a caller editing a comparison, as a list allowed), its columns with it."""
-        at = int(item) + len(self) if int(item) < 0 else int(item)
-        if not 0 <= at < len(self):
-            raise IndexError(f"pair {item} of {len(self)}")
-        if pair.verdict not in self.kinds:
-            self.kinds.append(pair.verdict)
-        self._built[at] = pair
-        self.post_eos[at], self.bit_exact[at], self._within[at] = pair.post_eos, pair.metrics.bit_exact, pair.within_tolerance
-        self.kind_codes[at] = self.kinds.index(pair.verdict)
-
     def __iter__(self) -> Iterator[PairResult]:
         """Every pair, built all at once the first time (a surface that shows every pair): one
         by one, with numpy scalars read per pair, a walk cost more than the list it replaced."""
         if len(self._built) < len(self):
             kinds, post_eos, within = self.verdicts(), self.post_eos.tolist(), self._within.tolist()
-            for at in range(len(self)):
+            # The aligned pairs walked, not indexed: `AlignedPairs` builds them all in one pass so,
+            # and one by one took 1.3 s of a 120,000-pair document against 0.2 s.
+            for at, aligned in enumerate(self._aligned):
                 if at not in self._built:
-                    self._built[at] = self._make(at, kinds[at], post_eos[at], within[at])
+                    self._built[at] = self._make(at, aligned, kinds[at], post_eos[at], within[at])
         return map(self._built.__getitem__, range(len(self)))
 
     def __eq__(self, other: object) -> bool:

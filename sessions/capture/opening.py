@@ -53,20 +53,20 @@ def open_complete_capture(path: str | Path) -> Capture:
     """`open_capture` for a verdict: a capture whose writer did not finish is refused, as
     `report` refuses it. A gate passed one, and diagnose and rerun judged one, without a word."""
     capture = open_capture(path)
-    refusal = unfinished(capture)
-    if refusal is not None:
+    if not capture.complete:
+        reason = capture.describe()
         capture.close()
-        raise refusal
+        raise CaptureError(path, "/ attribute 'complete'", reason)
     return capture
 
 
-def unfinished(*captures: Capture | None) -> CaptureError | None:
-    """Why no verdict is given on these captures: the first whose writer did not finish. The
-    window shows what such a capture holds, but its verdict strip and HTML report say UNUSABLE,
-    as `report` does (its strip said PARITY of two runs abandoned after their first step)."""
-    for capture in captures:
+def unfinished(native: Capture | None, oracle: Capture | None) -> str | None:
+    """Which side of a pair its writer did not finish, in words, or None. The window shows what
+    such a capture holds, but its verdict strip and HTML report say UNUSABLE, as `report` does
+    (its strip said PARITY of two runs abandoned after their first step)."""
+    for role, capture in (("native", native), ("oracle", oracle)):
         if capture is not None and not capture.complete:
-            return CaptureError(capture.path, "/ attribute 'complete'", capture.describe())
+            return f"{role} {capture.path.name} is incomplete (its writer did not finish)"
     return None
 
 

@@ -79,7 +79,7 @@ class ReportExporter(QObject):
             return False
         refusal = unfinished(self._model.native, self._model.oracle)
         if refusal is not None:  # its page said PARITY where report exits 2
-            self._banners.show_message("session", "error", f"No HTML report of this pair: {refusal}; report gives no verdict on it.")
+            self._banners.show_message("session", "error", f"No HTML report of this pair: {refusal}, and report gives no verdict on it.")
             return False
         if self.exporting:
             self._status("An HTML report is being exported; export again when it is written.", 5000)

@@ -85,7 +85,7 @@ class VerdictStrip(QFrame):
             return
         refusal = unfinished(self._model.native, self._model.oracle)
         if refusal is not None:
-            self.show_unusable(f"{refusal}; no verdict, as report gives none: what it holds is compared below")
+            self.show_unusable(f"{refusal}: no verdict, as report gives none; what it holds is compared below")
             return
         verdict = viewed.comparison.verdict
         first = verdict.first

@@ -19,7 +19,7 @@ from sessions.capture.opening import open_capture
 from sessions.capture.reader import Capture, stored_span
 from sessions.capture.writer import CaptureWriter
 from sessions.compare import comparison, page_release, pair_reader
-from sessions.compare.align import AlignedPair
+from sessions.compare.aligned_pairs import AlignedPair
 from sessions.compare.byte_checks import STRETCH_BYTES, ByteChecks
 from sessions.compare.comparison import Comparison, iter_compare
 from sessions.compare.document import dumps

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sessions.capture.reader import Record
-from sessions.compare.align import AlignedPair
+from sessions.compare.aligned_pairs import AlignedPair, AlignedPairs
 from sessions.compare.key import OpKey, grouped_by_key
 
 KERNEL_CONTRACT_MISMATCH = "KERNEL_CONTRACT_MISMATCH"
@@ -138,8 +138,6 @@ def _none_recorded(pairs: Sequence[AlignedPair]) -> bool:
     """Whether no record of any pair has a kernel or contract id, found on the index columns
     (an id's first byte) for pairs that are columns (`AlignedPairs`): most captures record none,
     and a look at each pair's records took 0.1 s of a 240,000-record comparison."""
-    from sessions.compare.align import AlignedPairs
-
     if not isinstance(pairs, AlignedPairs) or not len(pairs):
         return False
     for side, rows in zip((pairs.native, pairs.oracle), pairs.index_rows()):

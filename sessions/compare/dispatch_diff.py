@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sessions.capture import format as cf
-from sessions.compare.align import AlignedPair
+from sessions.compare.aligned_pairs import AlignedPair
 from sessions.compare.key import OpKey
 
 COMPARED_FIELDS = (

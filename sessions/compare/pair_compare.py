@@ -14,7 +14,7 @@ import numpy as np
 
 from sessions.bits.dtypes import logical_dtype, quantized_nbytes
 from sessions.capture.reader import stored_span
-from sessions.compare.align import AlignedPair, AlignedPairs
+from sessions.compare.aligned_pairs import AlignedPair, AlignedPairs
 from sessions.compare.byte_checks import STRETCH_BYTES, Check
 from sessions.compare.options import CompareOptions
 from sessions.compare.pair_reader import (

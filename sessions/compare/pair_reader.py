@@ -21,7 +21,7 @@ from sessions.capture.reader import (
     refuse_bool_bytes,
     stored_span,
 )
-from sessions.compare.align import AlignedPair
+from sessions.compare.aligned_pairs import AlignedPair, AlignedPairs
 from sessions.compare.byte_checks import ByteChecks, FileSpot, Pieces
 from sessions.compare.mapped_record import MappedRecord
 from sessions.compare.page_release import FileSpan, kept_in_page_cache
@@ -38,8 +38,6 @@ def pair_bytes(pair: AlignedPair) -> int:
 def pair_byte_counts(pairs: list[AlignedPair]) -> np.ndarray:
     """`pair_bytes` of every pair, worked out once: the total, the read-ahead and the shards of a
     real run's 220,000 pairs each asked for them pair by pair."""
-    from sessions.compare.align import AlignedPairs
-
     if isinstance(pairs, AlignedPairs):
         return pairs.per_kind(pair_bytes, np.int64)
     return np.fromiter(map(pair_bytes, pairs), np.int64, len(pairs))
@@ -233,8 +231,6 @@ RecordSeqs = tuple[np.ndarray, np.ndarray]
 
 def record_seqs(pairs: list[AlignedPair]) -> RecordSeqs:
     """Found once per comparison of `pairs`: its runs of small records and its last reads both ask."""
-    from sessions.compare.align import AlignedPairs
-
     if isinstance(pairs, AlignedPairs):
         return pairs.seqs
     native, oracle = (np.fromiter(map(attrgetter(f"{side}.record.seq"), pairs), np.int64, len(pairs)) for side in ("native", "oracle"))

@@ -13,16 +13,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from operator import attrgetter, indexOf
-from typing import TYPE_CHECKING, overload
+from typing import overload
 
 import numpy as np
 
+from sessions.compare.aligned_pairs import AlignedPair, AlignedPairs
 from sessions.compare.key import OpKey
 from sessions.compare.tensor_diff import TensorMetrics
 from sessions.compare.verdict import Kind
-
-if TYPE_CHECKING:
-    from sessions.compare.align import AlignedPair
 
 
 @dataclass(slots=True, weakref_slot=True)
@@ -135,8 +133,6 @@ class PairResults(Sequence[PairResult]):
         return map(attrgetter("key"), self._aligned)
 
     def index_of_key(self, key: OpKey) -> int | None:
-        from sessions.compare.align import AlignedPairs
-
         if isinstance(self._aligned, AlignedPairs):
             return self._aligned.index_of_key(key)
         try:

@@ -38,7 +38,7 @@ import numpy as np
 from sessions.capture.opening import open_capture
 from sessions.capture.reader import Capture, CaptureError
 from sessions.child_process import die_with_parent
-from sessions.compare.align import AlignedPair
+from sessions.compare.aligned_pairs import AlignedPair
 from sessions.compare.byte_checks import ByteChecks
 from sessions.compare.heap_tuning import keep_temporaries_on_heap
 from sessions.compare.key import OpKey

@@ -7,17 +7,19 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QByteArray, Qt, QTimer
+from PySide6.QtCore import QByteArray, Qt
 from PySide6.QtGui import QColor, QImage
 from pytestqt.qtbot import QtBot
 
 from sessions.investigation.capture_gate import CaptureState
 from sessions.investigation.model import Investigation, SavedTolerance
 from sessions.investigation.store import SessionDocument
+from sessions.progress import ProgressGenerator
 from sessions.report.html_page import PNG_SIGNATURE
 from viewer.settings import ViewerSettings
 from viewer.tensor.tensor_loader import SliceSpec
@@ -594,7 +596,9 @@ def test_the_html_export_builds_its_cameras_view_a_part_per_step_each_in_a_turn_
     assert (tmp_path / "report.html").read_text().count("data:image/png;base64,") == 2
 
 
-def test_an_html_export_cancelled_while_it_pictures_writes_nothing_says_so_and_the_next_one_is_written(qtbot: QtBot, tmp_path: Path, pair_copy: tuple[Path, Path]) -> None:
+def test_an_html_export_cancelled_while_it_pictures_writes_nothing_says_so_and_the_next_one_is_written(
+    qtbot: QtBot, tmp_path: Path, pair_copy: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Esc while a bookmark's tensor was read for its picture left the export waiting for a
     picture forever: nothing written, nothing said, and every later export mixed its pictures
     with the stuck one's."""
@@ -603,28 +607,25 @@ def test_an_html_export_cancelled_while_it_pictures_writes_nothing_says_so_and_t
     exported: list[object] = []
     win.report_export.exported.connect(exported.append)
     page = tmp_path / "report.html"
-    seen: dict[str, object] = {}
+    # The real read, held until the test has pressed Esc: a read of the demo's small tensor
+    # otherwise ended before the test could see it in flight, and the test failed one run in many.
+    released = threading.Event()
+    real_prepare = bookmark_camera.iter_prepare
 
-    def esc_while_the_picture_is_read() -> None:
-        # Posted as the read started, so it runs before the read's answer: a wait polling for the
-        # read in flight missed a fast one and waited out its timeout.
-        seen["reading"] = win.tasks.task("picture") is not None
-        seen["second export"] = win.report_export.export_html(tmp_path / "other.html")
-        seen["said"] = win.statusBar().currentMessage()
-        win.cancel_work()
+    def held_prepare(request: object) -> ProgressGenerator[object]:
+        released.wait(WAIT_MS / 1000)
+        return (yield from real_prepare(request))
 
-    def when_the_picture_is_read(_busy: bool) -> None:
-        if win.tasks.task("picture") is not None and not seen:
-            seen["asked"] = True
-            QTimer.singleShot(0, esc_while_the_picture_is_read)
-
-    win.tasks.busy_changed.connect(when_the_picture_is_read)
+    monkeypatch.setattr(bookmark_camera, "iter_prepare", held_prepare)
     assert win.report_export.export_html(page)
-    qtbot.waitUntil(lambda: "said" in seen and not win.report_export.exporting and not win.tasks.busy, timeout=WAIT_MS)
-    win.tasks.busy_changed.disconnect(when_the_picture_is_read)
-    assert seen["reading"] is True
-    assert seen["second export"] is False, "a second export waits for the first"
-    assert seen["said"] == "An HTML report is being exported; export again when it is written."
+    qtbot.waitUntil(lambda: win.tasks.task("picture") is not None, timeout=WAIT_MS)
+    second_export = win.report_export.export_html(tmp_path / "other.html")
+    said = win.statusBar().currentMessage()
+    win.cancel_work()
+    released.set()
+    qtbot.waitUntil(lambda: not win.report_export.exporting and not win.tasks.busy, timeout=WAIT_MS)
+    assert second_export is False, "a second export waits for the first"
+    assert said == "An HTML report is being exported; export again when it is written."
     qtbot.wait(200)
     assert exported == [] and not page.exists() and not (tmp_path / "other.html").exists()
     assert win.statusBar().currentMessage() == f"HTML report not exported to {page}: cancelled."

@@ -16,6 +16,7 @@ from tests.viewer_windows import shown_tip
 from viewer import comparison_view as cv
 from viewer.pair_model import PairModel
 from viewer.panels.diagnosis_panel import (
+    CANDIDATE_COLUMNS,
     NO_PAIR,
     NOT_COMPARED,
     OP_COLUMNS,
@@ -74,6 +75,7 @@ def test_diagnosing_every_op_leads_with_the_verdict_and_fills_the_tree_cause_col
     window.resize(1440, 900)
     panel.show_inherited.setChecked(False)
     qtbot.waitUntil(lambda: verdict.height() >= verdict.heightForWidth(verdict.width()))
+    qtbot.waitUntil(lambda: window.banners.height() >= window.banners.sizeHint().height())  # the card's details, shown at this size
     window.grab().save(str(artifacts_dir / "diagnosis-panel-1440x900.png"))
 
 
@@ -115,6 +117,14 @@ def test_at_1280x720_the_scope_reads_whole_and_the_ops_table_shows_op_cause_and_
     bold = QFont(ops.horizontalHeader().font())
     bold.setBold(True)  # as the style sheet draws a header, which clips a title too long rather than elide it
     assert ops.columnWidth(3) >= QFontMetrics(bold).horizontalAdvance(OP_COLUMNS[3]) + 12, "the error column's title reads whole"
+    candidates = panel.candidates
+    assert candidates.rowCount() == 11
+    qtbot.waitUntil(lambda: not candidates.horizontalScrollBar().isVisible())  # the four columns show without a sideways scroll
+    for column in range(3):
+        assert candidates.columnWidth(column) >= candidates.sizeHintForColumn(column), (CANDIDATE_COLUMNS[column], candidates.columnWidth(column))
+    assert candidates.columnWidth(3) >= 150, "what a candidate computes gets a readable width"
+    assert candidates.viewport().height() >= 4 * candidates.rowHeight(0), "four candidates show without scrolling"
+    assert ops.viewport().height() >= 2 * ops.rowHeight(0), "both local ops show whole"
 
 
 def test_a_new_pair_takes_back_the_last_diagnosis_cause_column_tab_titles_and_progress(qtbot, window: MainWindow, demo_pairs: dict) -> None:  # type: ignore[no-untyped-def]

@@ -61,6 +61,8 @@ READY = (
     "the native ran, and whether an op is wrong by itself (local) or inherited its error."
 )
 BUDGET_COLUMNS = ("local op", "share of the final logits error", "local error", "injected")
+OPS_ROWS_FITTED = 4
+"""A new diagnosis sizes the ops table to this many rows at most; the candidates take the rest."""
 CANDIDATES_TITLE, BUDGET_TITLE = "Candidates", "Budget"
 """The detail tabs' titles; a diagnosis names its op and final logits in them, a new pair takes them back."""
 
@@ -154,8 +156,12 @@ class DiagnosisPanel(QWidget):
         self.why.setWordWrap(True)
         self.why.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.candidates = _table(CANDIDATE_COLUMNS)
+        # What a candidate computes fills what is left and is elided (its tooltip has it whole).
+        self.candidates.horizontalHeader().setStretchLastSection(False)
+        self.candidates.horizontalHeader().setSectionResizeMode(len(CANDIDATE_COLUMNS) - 1, QHeaderView.ResizeMode.Stretch)
         self.budget = _table(BUDGET_COLUMNS)
         self.details = QTabWidget()
+        self.split = QSplitter(Qt.Orientation.Vertical)
         self._layout()
         self.run_button.clicked.connect(self.run)
         self.weights_button.clicked.connect(self._choose_weights)
@@ -183,13 +189,15 @@ class DiagnosisPanel(QWidget):
         page.addWidget(self.candidates, 1)
         self.details.addTab(candidates_page, CANDIDATES_TITLE)
         self.details.addTab(self.budget, BUDGET_TITLE)
-        split = QSplitter(Qt.Orientation.Horizontal)
+        # The ops above their candidates, each the panel's whole width: side by side, even at
+        # 1440x900 the candidates showed two of their four columns, cut, behind a sideways scroll.
+        # The ops listed are few (the local ones) unless the user lists the inherited ones too.
+        split = self.split
         split.addWidget(self.ops)
         split.addWidget(self.details)
-        # Halves: at 1280x720 two fifths left the ops table 300 px, each of its columns cut.
         split.setStretchFactor(0, 1)
-        split.setStretchFactor(1, 1)
-        split.setSizes([500, 500])
+        split.setStretchFactor(1, 3)
+        split.setSizes([100, 300])
         layout = QVBoxLayout(self)
         layout.addLayout(controls)
         layout.addWidget(self.verdict)
@@ -295,12 +303,24 @@ class DiagnosisPanel(QWidget):
         parts.append(f"{diagnosis.seconds:.1f} s on {diagnosis.device} (MLX {diagnosis.mlx_version})")
         self.summary.setText(code_text(" · ".join(parts)))
         self._fill_ops(diagnosis)
+        self._fit_ops_height()
         self._show_budget(diagnosis)
         self.layout().activate()
         if not diagnosis.ops:
             lines = [f"{n.key}: reproducing the bits here: {', '.join(n.reproducing) or 'none'}" for n in diagnosis.dispatch]
             lines += [f"{n.key}: {n.declared_text('native')}; {n.declared_text('oracle')}" for n in diagnosis.contract_only]
             self.why.setText(code_text("\n".join(lines)))
+
+    def _fit_ops_height(self) -> None:
+        """The ops table as tall as its rows, up to OPS_ROWS_FITTED of them and half the split: a
+        fixed share cut the second of two local ops in half at 1280x720."""
+        total = sum(self.split.sizes())
+        if total <= 0:
+            return
+        rows = min(max(self.ops.rowCount(), 1), OPS_ROWS_FITTED)
+        wanted = self.ops.horizontalHeader().sizeHint().height() + rows * self.ops.verticalHeader().defaultSectionSize() + 2 * self.ops.frameWidth()
+        ops_height = min(wanted, total // 2)
+        self.split.setSizes([ops_height, total - ops_height])
 
     def _refill(self) -> None:
         if self.diagnosis is not None:

@@ -28,7 +28,6 @@ from PySide6.QtWidgets import (
     QMainWindow,
     QProgressBar,
     QPushButton,
-    QStackedWidget,
     QVBoxLayout,
     QWidget,
 )
@@ -60,6 +59,7 @@ from viewer.tensor.tensor_view import TensorView
 from viewer.theme import apply_theme, icon, restyle_plots
 from viewer.tree.alignment_tree import AlignmentTree
 from viewer.widgets.banner import BannerArea
+from viewer.widgets.filling_stack import FillingStack
 from viewer.widgets.plain_text import plain_label
 from viewer.widgets.progress_bar import show_progress
 from viewer.window.bookmark_camera import BookmarkCamera
@@ -161,7 +161,7 @@ class MainWindow(QMainWindow):
         self.banners = BannerArea()
         layout.addWidget(self.banners)
         self.deep_check = DeepCheck(lambda: (self.model.native, self.model.oracle), self.tasks, self.banners)
-        self.stack = QStackedWidget()
+        self.stack = FillingStack()
         self.drop_hint = DropHint()
         self.drop_hint.open_requested.connect(self.open_dialog)
         self.tabs = PanelTabs()

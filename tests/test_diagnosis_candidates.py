@@ -9,6 +9,7 @@ ggml.rms_norm" a measurement rather than a guess.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -24,7 +25,7 @@ from backends.diagnosis.candidates import (
 )
 from backends.diagnosis.classify import classify
 from backends.diagnosis.registry import REGISTRY
-from backends.rerun.segment import RerunSession
+from backends.rerun.segment import ExactDistance, RerunSession, closer_to_exact
 from sessions.capture.opening import open_capture
 from sessions.compare.key import OpKey
 from sessions.compare.result_cache import iter_compare_cached
@@ -261,6 +262,22 @@ def test_a_batched_flash_call_chooses_its_kernel_by_the_rows_of_each_request(lla
     assert one_stream is not None and not one_stream.bit_exact
 
 
+def test_an_infinity_or_a_nan_of_other_bits_is_named_in_reports_words_not_read_as_nmse_0() -> None:
+    """+Inf against 1.0 read "1 of 4 differ, max 16,384 ULP, NMSE 0" where `report` says "an
+    infinity against another value"; two NaNs of other bits read "differ, NMSE 0"."""
+    ones = np.full(4, 0x3F80, np.uint16)
+    infinity = ones.copy()
+    infinity[0] = 0x7F80
+    assert compare_bits(infinity, ones, "bfloat16").text() == "1 of 4 differ, each an infinity against another value"
+    infinity[1] = 0x3F81
+    both = compare_bits(infinity, ones, "bfloat16")
+    assert both.inf_mismatch == 1 and both.text().startswith("2 of 4 differ (1 an infinity against another value), max ")
+    assert both.short().startswith("2 differ · 1 Inf · max ")
+    payloads = compare_bits(np.full(4, 0x7FC1, np.uint16), np.full(4, 0x7FC0, np.uint16), "bfloat16")
+    assert payloads.text() == "4 of 4 differ, each a NaN against a NaN of other bits (no ULP distance)"
+    assert payloads.short() == "4 NaN payload"
+
+
 def test_a_nan_against_a_number_is_named_never_shown_as_zero_ulp_and_ranks_behind_a_finite_difference() -> None:
     numbers = np.array([0x3F80, 0x4000, 0x3F80, 0x4000], np.uint16)
     all_nan = compare_bits(np.full(4, 0x7FC0, np.uint16), numbers, "bfloat16")
@@ -268,8 +285,18 @@ def test_a_nan_against_a_number_is_named_never_shown_as_zero_ulp_and_ranks_behin
     one_nan = numbers.copy()
     one_nan[0], one_nan[1] = 0x7FC0, 0x4001
     mixed = compare_bits(one_nan, numbers, "bfloat16")
-    assert mixed.short() == "2 differ · 1 NaN · max 1 ULP"
+    assert mixed.short() == "2 differ · 1 NaN vs number · max 1 ULP"
     far = numbers.copy()
     far[:2] = (0x4100, 0x4200)
     finite = compare_bits(far, numbers, "bfloat16")
     assert finite.closeness() < mixed.closeness() and finite.max_ulp is not None and finite.max_ulp > 1
+
+
+def test_with_no_finite_element_to_measure_neither_side_is_said_to_be_closer_to_exact() -> None:
+    """Two all-NaN outputs have a NaN distance to the float64 reference each; NaN compares false
+    both ways, and the verdict said "the oracle's route is closer to exact"."""
+    nothing, near, far = ExactDistance(math.nan, math.nan, 0.0), ExactDistance(1e-6, 1e-6, 0.9), ExactDistance(1e-3, 1e-3, 0.1)
+    assert closer_to_exact(nothing, nothing, "oracle's route") == "unknown"
+    assert closer_to_exact(near, nothing, "oracle") == "unknown" and closer_to_exact(nothing, near, "oracle") == "unknown"
+    assert closer_to_exact(near, far, "oracle's route") == "native" and closer_to_exact(far, near, "oracle's route") == "oracle's route"
+    assert closer_to_exact(near, near, "oracle") == "tie"

@@ -628,3 +628,23 @@ def test_diagnose_takes_the_weights_file_a_moved_pair_no_longer_finds_beside_it(
     weights = demo_pairs["attention-contract"][0].parent / "demo-qwen3-tiny.safetensors"
     assert main(["diagnose", *moved, "--op", o_proj, "--weights", str(weights)]) == EXIT_EXPLAINED
     assert "1 differing op(s) classified: 0 local, 1 inherited, 0 undetermined" in capsys.readouterr().out
+
+
+def test_where_the_replay_does_not_reproduce_the_oracle_a_change_that_changes_nothing_shares_nothing(demo_pairs: dict, tmp_path: Path) -> None:
+    """Roles swapped on the SwiGLU pair, the oracle's engine options dropped: the replay runs
+    mlx-lm's order, which is the native's, not the oracle's. Measured against one replay from the
+    first local op, nine injections of exactly what the replay computes anyway read 97.6% each."""
+    mlx_lm_run, demo_native_run = copied(demo_pairs["swiglu-order"], tmp_path)[::-1]
+    native, oracle = mlx_lm_run.rename(tmp_path / "native.h5"), demo_native_run.rename(tmp_path / "oracle.h5")
+    with h5py.File(oracle, "r+") as f:
+        provenance = json.loads(bytes(f.attrs["provenance_json"]).decode())
+        del provenance["options"]
+        f.attrs["provenance_json"] = np.frombuffer(json.dumps(provenance).encode(), np.uint8)
+        f.attrs["role"] = np.bytes_(b"oracle")
+    with h5py.File(native, "r+") as f:
+        f.attrs["role"] = np.bytes_(b"native")
+    budget = diagnose((native, oracle), mode="all").budget
+    assert budget is not None and budget.baseline_exact is False
+    assert len(budget.rows) == 18 and {row.share for row in budget.rows} == {0.0}
+    assert all(row.final is not None and row.final.bit_exact for row in budget.rows)
+    assert any("against the replay from the same op with nothing changed" in note for note in budget.notes)

@@ -80,7 +80,7 @@ class Budget:
     total: ErrorFigure | None
     """The native's final logits against the oracle's."""
     baseline_exact: bool | None = None
-    """The replay without any injection gives the oracle's final logits bit for bit."""
+    """The replay without any injection gives the oracle's final logits bit for bit, from every op a row starts at."""
     rows: list[BudgetRow] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 

@@ -49,6 +49,11 @@ class ErrorFigure:
     nan_mismatch: int = 0
     """Differing elements NaN on one side only: they have no ULP distance and no error to sum, so
     `max_ulp` and `nmse` describe the others alone."""
+    nan_payload: int = 0
+    """Differing elements NaN on both sides, with other bits."""
+    inf_mismatch: int = 0
+    """Differing elements an infinity on one side or both: NMSE leaves them out, so a figure
+    without them read "NMSE 0" of an infinity against a number."""
 
     @property
     def bit_exact(self) -> bool:
@@ -57,7 +62,7 @@ class ErrorFigure:
     @classmethod
     def of(cls, metrics: TensorMetrics) -> ErrorFigure:
         swaps = metrics.differing > 0 and metrics.signed_zero_only == metrics.differing
-        return cls(metrics.differing, metrics.size, metrics.max_ulp, float(metrics.nmse), swaps, metrics.nan_mismatch)
+        return cls(metrics.differing, metrics.size, metrics.max_ulp, float(metrics.nmse), swaps, metrics.nan_mismatch, metrics.nan_payload, metrics.inf_mismatch)
 
     def text(self) -> str:
         return self._words(short=False)
@@ -67,21 +72,29 @@ class ErrorFigure:
         return self._words(short=True)
 
     def _words(self, short: bool) -> str:
+        """In `report`'s words for the same elements (a NaN against a number, an infinity against another value)."""
         if self.bit_exact:
             return "bit-exact"
         count = f"{self.differing:,}" if short else f"{self.differing:,} of {self.size:,}"
         if self.signed_zero_only:
             return f"{count} ±0 swaps" if short else f"{count} differ, all +0/-0 swaps"
-        if self.nan_mismatch == self.differing:
-            return f"{count} NaN vs number" if short else f"{count} differ, each a NaN against a number (no ULP distance)"
-        nan = "" if not self.nan_mismatch else (f" · {self.nan_mismatch:,} NaN" if short else f" ({self.nan_mismatch:,} a NaN against a number)")
+        specials = (
+            (self.nan_mismatch, "NaN vs number", "a NaN against a number", " (no ULP distance)"),
+            (self.nan_payload, "NaN payload", "a NaN against a NaN of other bits", " (no ULP distance)"),
+            (self.inf_mismatch, "Inf", "an infinity against another value", ""),
+        )
+        for found, brief, words, distance in specials:
+            if found == self.differing:
+                return f"{count} {brief}" if short else f"{count} differ, each {words}{distance}"
+        said = [f"{found:,} {brief if short else words}" for found, brief, words, _ in specials if found]
+        special = "" if not said else (f" · {' · '.join(said)}" if short else f" ({', '.join(said)})")
         ulp = "" if self.max_ulp is None else f"{' ·' if short else ','} max {self.max_ulp:,} ULP"
-        return f"{count} differ{nan}{ulp}" + ("" if short else f", NMSE {self.nmse:.3g}")
+        return f"{count} differ{special}{ulp}" + ("" if short else f", NMSE {self.nmse:.3g}")
 
     def closeness(self) -> tuple[int, int, int, float]:
-        """Ranking key, smaller is closer: fewest differing elements, then fewest NaN against a
-        number, then smallest max ULP, then NMSE."""
-        return self.differing, self.nan_mismatch, self.max_ulp if self.max_ulp is not None else 1 << 62, self.nmse
+        """Ranking key, smaller is closer: fewest differing elements, then fewest NaN or infinity
+        against a number, then smallest max ULP, then NMSE."""
+        return self.differing, self.nan_mismatch + self.inf_mismatch, self.max_ulp if self.max_ulp is not None else 1 << 62, self.nmse
 
 
 def metrics_cell(metrics: TensorMetrics | None) -> str:

@@ -33,7 +33,7 @@ from backends.diagnosis.candidates import (
 from backends.diagnosis.registry import candidates_for, registry_id
 from backends.rerun.inputs import RerunInputError, why_not_rerunnable
 from backends.rerun.ops import RerunOpError
-from backends.rerun.segment import OpRerun, RerunOptions, RerunSession
+from backends.rerun.segment import OpRerun, RerunOptions, RerunSession, closer_to_exact
 from sessions.compare.comparison import PairResult
 from sessions.compare.key import OpKey
 from sessions.compare.profiles import whole_op
@@ -78,10 +78,7 @@ def _closer(op: OpRerun, reference: str, name: str) -> tuple[str, dict[str, floa
     native, other = op.exact.get("native"), op.exact.get(reference)
     if native is None or other is None:
         return "unknown", {}
-    rmse = {"native": native.rmse, name: other.rmse}
-    if native.rmse == other.rmse:
-        return "tie", rmse
-    return ("native" if native.rmse < other.rmse else name), rmse
+    return closer_to_exact(native, other, name), {"native": native.rmse, name: other.rmse}
 
 
 def _route_check(session: RerunSession, key: OpKey, op: OpRerun) -> tuple[bool, str]:

@@ -54,7 +54,7 @@ def share_text(row: BudgetRow) -> str:
             # but the change alone does reach them: that is worth saying, not a dash.
             return f"none (the native's are exact), yet alone it gives {row.final.short()}"
         return "none (no final error to share out)"
-    return f"{100 * row.share:.3g}%" if reaches else "0% (the change does not reach the final logits)"
+    return f"{100 * row.share:.3g}%" if reaches else "0% (the final logits are the same with and without it)"
 
 
 def candidate_line(result: CandidateResult) -> str:

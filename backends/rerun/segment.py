@@ -14,6 +14,7 @@ unchunked calls give the same bits here; the Metal primitive is shown as a predi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -321,13 +322,21 @@ def _distance(bits: np.ndarray, logical: str, reference: np.ndarray) -> ExactDis
     return ExactDistance(rmse, max_abs, exact)
 
 
+def closer_to_exact(native: ExactDistance, other: ExactDistance, name: str) -> str:
+    """Which of the native and the other side (`name`) is nearer the float64 reference, "tie" or
+    "unknown". A NaN distance (no finite element to measure) is no distance: compared, it made
+    the other side the closer one."""
+    if math.isnan(native.rmse) or math.isnan(other.rmse):
+        return "unknown"
+    if native.rmse == other.rmse:
+        return "tie"
+    return "native" if native.rmse < other.rmse else name
+
+
 def _closer(exact: dict[str, ExactDistance]) -> str:
     if "native" not in exact or "oracle" not in exact:
         return "unknown"
-    n, o = exact["native"].rmse, exact["oracle"].rmse
-    if n == o:
-        return "tie"
-    return "native" if n < o else "oracle"
+    return closer_to_exact(exact["native"], exact["oracle"], "oracle")
 
 
 def _same_inputs(a: dict[str, mx.array], b: dict[str, mx.array]) -> bool:

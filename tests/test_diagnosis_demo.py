@@ -648,3 +648,61 @@ def test_where_the_replay_does_not_reproduce_the_oracle_a_change_that_changes_no
     assert len(budget.rows) == 18 and {row.share for row in budget.rows} == {0.0}
     assert all(row.final is not None and row.final.bit_exact for row in budget.rows)
     assert any("against the replay from the same op with nothing changed" in note for note in budget.notes)
+
+
+def test_an_op_whose_weights_alone_differ_is_inherited_from_its_weights_not_local(demo_pairs: dict, tmp_path: Path) -> None:
+    """A native that ran a fine-tuned copy of one weight (its own file and hash): with the same
+    inputs, the route check reran the oracle's route with the native's weights, found it "did not
+    reproduce the oracle's own bits", and called the op local, "explained" by `linear.mlx`."""
+    native, oracle = copied(demo_pairs["clean"], tmp_path)
+    weights = mx.load(str(tmp_path / "demo-qwen3-tiny.safetensors"))
+    name = "model.layers.0.mlp.down_proj.weight"
+    tuned = dict(weights)
+    tuned[name] = mx.concatenate([(weights[name][:1].astype(mx.float32) * 1.01).astype(mx.bfloat16), weights[name][1:]])
+    mx.save_safetensors(str(tmp_path / "tuned.safetensors"), tuned)
+    with h5py.File(native, "r+") as file:
+        (row,) = [r for r in file["index"][:] if (r["name"], r["segment"], r["step"]) == (b"ffn_swiglu-0", b"text-before", 0)]
+        (out,) = [r for r in file["index"][:] if (r["name"], r["segment"], r["step"]) == (b"ffn_out-0", b"text-before", 0)]
+        stored = file[row["path"].decode()]
+        x = mx.array(stored[int(row["offset"]) : int(row["offset"]) + int(row["nbytes"])].view(np.uint16)).view(mx.bfloat16)
+        with mx.stream(mx.cpu):
+            y = x.reshape(int(row["shape"][0]), -1) @ tuned[name].T
+            mx.eval(y)
+        file[out["path"].decode()][int(out["offset"]) : int(out["offset"]) + int(out["nbytes"])] = np.array(y.view(mx.uint16)).view(np.uint8).ravel()
+        provenance = json.loads(bytes(file.attrs["provenance_json"]).decode())
+        provenance["weights_file"] = "tuned.safetensors"
+        file.attrs["provenance_json"] = np.frombuffer(json.dumps(provenance).encode(), np.uint8)
+        file.attrs["weights_hash"] = np.bytes_(b"sha256:tuned")
+    found = diagnose((native, oracle))
+    (op,) = found.ops
+    assert op.key.text() == "0:text-before:0:ffn_down"
+    assert (str(op.classification.locality), op.classification.weights_differ, op.classification.inputs_agree) == ("inherited", True, True)
+    assert "this op's weights differ between the runs, and its inputs are bit-identical" in op.classification.why
+    assert found.verdict.endswith("the weights differ at 1 of them, first 0:text-before:0:ffn_down.")
+
+
+def test_a_weights_file_other_than_the_one_the_runs_hashed_is_said_to_be_so_first(demo_pairs: dict, tmp_path: Path) -> None:
+    """`--weights` of a fine-tuned copy: one op falsely local, eight undetermined, and nothing
+    said of the file, which every rerun read for both sides."""
+    weights = mx.load(str(demo_pairs["swiglu-order"][0].parent / "demo-qwen3-tiny.safetensors"))
+    name = "model.layers.0.mlp.down_proj.weight"
+    weights[name] = (weights[name].astype(mx.float32) * 1.01).astype(mx.bfloat16)
+    tuned = tmp_path / "tuned.safetensors"
+    mx.save_safetensors(str(tuned), weights)
+    with open_capture(demo_pairs["swiglu-order"][0]) as native:
+        recorded = native.meta.weights_hash
+    found = diagnose(demo_pairs["swiglu-order"], weights_path=str(tuned))
+    assert found.verdict.startswith(
+        f"The weights file {tuned} does not match the weights hash of both runs ({recorded}): every rerun reads it, "
+        "so what the reruns find is of other weights than the runs used. 0:text-before:0:ffn_act is local"
+    )
+    same = diagnose(demo_pairs["swiglu-order"], weights_path=str(demo_pairs["swiglu-order"][0].parent / "demo-qwen3-tiny.safetensors"))
+    assert same.verdict.startswith("0:text-before:0:ffn_act is local")
+
+
+def test_a_weights_file_that_is_neither_gguf_nor_safetensors_is_refused_before_any_rerun(demo_pairs: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    """A capture named as the weights turned every op that takes a weight "undetermined" and
+    exited 1, a finding, where the input was wrong."""
+    native, oracle = demo_pairs["attention-contract"]
+    assert main(["diagnose", str(native), str(oracle), "--all", "--no-budget", "--weights", str(native)]) == 2
+    assert f"weights file {native} (named for this rerun) is neither a GGUF nor a safetensors file (it begins b'\\x89HDF" in capsys.readouterr().err

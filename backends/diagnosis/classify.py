@@ -31,7 +31,12 @@ from backends.diagnosis.candidates import (
     run_candidate,
 )
 from backends.diagnosis.registry import candidates_for, registry_id
-from backends.rerun.inputs import RerunInputError, why_not_rerunnable
+from backends.rerun.inputs import (
+    WEIGHT_NAMES,
+    RerunInputError,
+    mx_to_bits,
+    why_not_rerunnable,
+)
 from backends.rerun.ops import RerunOpError
 from backends.rerun.segment import OpRerun, RerunOptions, RerunSession, closer_to_exact
 from sessions.compare.comparison import PairResult
@@ -63,6 +68,8 @@ class Classification:
     """Native vs the oracle's route on the native's inputs (the reference, as the oracle is in
     `total`): the part of the error this op adds."""
     inputs_agree: bool | None = None
+    weights_differ: bool = False
+    """The op's weights differ bit for bit between the sides' weights (each side's reruns read its own)."""
     oracle_route: list[str] = field(default_factory=list)
     """The route the rerun followed and where each choice came from."""
     closer_to_exact: str = "unknown"
@@ -81,10 +88,23 @@ def _closer(op: OpRerun, reference: str, name: str) -> tuple[str, dict[str, floa
     return closer_to_exact(native, other, name), {"native": native.rmse, name: other.rmse}
 
 
-def _route_check(session: RerunSession, key: OpKey, op: OpRerun) -> tuple[bool, str]:
-    """Whether the oracle's route, rerun on the oracle's own inputs, gives the oracle's bits."""
+def _weights_differ(session: RerunSession, key: OpKey) -> bool:
+    """Whether the two sides' weights of this op differ bit for bit (each side's reruns read its own)."""
+    if key.op not in WEIGHT_NAMES:
+        return False
+    try:
+        native, oracle = (session.weights(side).get(key.op, key.layer) for side in ("native", "oracle"))
+    except RerunInputError:
+        return False
+    return native.shape != oracle.shape or not np.array_equal(mx_to_bits(native)[0], mx_to_bits(oracle)[0])
+
+
+def _route_check(session: RerunSession, key: OpKey, op: OpRerun, weights_differ: bool) -> tuple[bool, str]:
+    """Whether the oracle's route, rerun on the oracle's own inputs, gives the oracle's bits. With
+    the same inputs, the rerun on the native's already is that rerun, unless the weights differ:
+    it read the native's, and the oracle's route then "did not reproduce the oracle"."""
     vs_oracle = op.three_way["rerun vs oracle"]
-    if op.inputs_agree and vs_oracle is not None:
+    if op.inputs_agree and vs_oracle is not None and not weights_differ:
         return vs_oracle.bit_exact, f"{vs_oracle.differing:,} elements differ"
     check = run_to_end(session.iter_rerun(key, ORACLE_ON_ITS_ROUTE))
     own = check.ops[0].three_way["rerun vs oracle"]
@@ -174,7 +194,8 @@ def classify(session: RerunSession, pair: PairResult) -> Classification:
         (op,) = result.ops
         found.oracle_route = result.route_sources
         found.inputs_agree = op.inputs_agree
-        route_ok, route_detail = _route_check(session, key, op)
+        weights_differ = found.weights_differ = _weights_differ(session, key)
+        route_ok, route_detail = _route_check(session, key, op, weights_differ)
     except (RerunInputError, RerunOpError, ValueError) as exc:
         found.why = f"cannot be rerun on the oracle's route from the native's inputs: {exc}"
         return found
@@ -213,6 +234,12 @@ def classify(session: RerunSession, pair: PairResult) -> Classification:
         found.why = (
             f"the oracle's route does not reproduce the oracle's own bits from its own inputs ({route_detail}), so the rerun "
             f"cannot say what the oracle would have done with the native's inputs"
+        )
+    elif found.local.bit_exact and weights_differ:
+        found.locality = Locality.INHERITED
+        found.why = (
+            "the oracle's route gives the native's bits from the native's inputs and weights, and the oracle's from the oracle's: "
+            f"this op's weights differ between the runs{', and its inputs are bit-identical' if op.inputs_agree else ''}"
         )
     elif found.local.bit_exact:
         found.locality = Locality.INHERITED

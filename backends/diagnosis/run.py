@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -45,6 +46,7 @@ from backends.diagnosis.candidates import (
     run_candidate,
 )
 from backends.diagnosis.classify import Classification, Locality, classify
+from backends.diagnosis.named_weights import named_weights_mismatch
 from backends.diagnosis.registry import (
     HEAD_SPLIT,
     REGISTRY,
@@ -420,6 +422,9 @@ def iter_diagnose(native: Capture, oracle: Capture, comparison: Comparison, opti
     diagnosis.verdict = verdict_sentence(diagnosis, len(targets), dispatch_only, after_eos, contract_only)
     if diagnosis.ops and options.weights_path is None and _weights_differ(comparison):  # a file named for the reruns is read for both sides
         diagnosis.verdict = f"{DIFFERENT_WEIGHTS} {diagnosis.verdict}"
+    mismatch = None if options.weights_path is None or not diagnosis.ops else named_weights_mismatch(Path(options.weights_path), native, oracle)
+    if mismatch is not None:
+        diagnosis.verdict = f"{mismatch} {diagnosis.verdict}"
     if options.mode == "first" and len(diagnosis.ops) < len(targets):
         why = f"{locals_found} local op(s)" if open_run < UNDETERMINED_RUN else f"{open_run:,} differing ops in a row could not be classified"
         diagnosis.notes.append(f"Stopped after {why}; {len(targets) - len(diagnosis.ops):,} later differing op(s) were not classified (--all, or the window's scope \"Every differing op\", classifies every one).")
@@ -522,7 +527,7 @@ def _oracle_clause(op: OpDiagnosis) -> str:
             shapes = f" (in a call of {op.oracle_call_rows} row(s) against the native's {op.native_call_rows}: the kernel follows the call's shape)"
         return f"the oracle's contract on these inputs is `{op.oracle_ran}`{declared}{shapes}"
     route = "; ".join(op.classification.oracle_route)
-    return f"no candidate reproduces the oracle's route ({route})"
+    return f"no candidate reproduces the oracle's route ({route})" if route else "no candidate reproduces the oracle's route"
 
 
 def _exact_clause(found: Classification) -> str:
@@ -570,7 +575,9 @@ def _sentence(diagnosis: Diagnosis, diverged: int, dispatch_only: int, after_eos
         return sentence + "." + _exact_clause(first.classification)
     if diagnosis.ops:
         if not diagnosis.open_ops:
-            return f"All {len(diagnosis.ops)} diagnosed op(s) are inherited: each did what the oracle's route does with its inputs."
+            weighted = [op.key for op in diagnosis.ops if op.classification.weights_differ]
+            weights = f"; the weights differ at {len(weighted)} of them, first {weighted[0]}" if weighted else ""
+            return f"All {len(diagnosis.ops)} diagnosed op(s) are inherited: each did what the oracle's route does with its inputs{weights}."
         first_open = diagnosis.open_ops[0]
         return f"{first_open.key} is undetermined: {_why_open(diagnosis, first_open)}."
     if diagnosis.contract_only:

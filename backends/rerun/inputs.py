@@ -339,8 +339,32 @@ def named_weights_problem(weights: str | None) -> str | None:
     weight, a missing file went unmentioned by a diagnosis that needed none, and exited 0."""
     if weights is None:
         return None
-    problem = _not_a_regular_file(Path(weights))
+    problem = _not_a_regular_file(Path(weights)) or _not_weights(Path(weights))
     return None if problem is None else f"weights file {printable(weights)} (named for this rerun) {problem}"
+
+
+SAFETENSORS_HEADER_MAX = 100 << 20
+"""The largest safetensors header believed (the format's own limit is 100 MB)."""
+
+
+def _not_weights(path: Path) -> str | None:
+    """Why a regular file is neither a GGUF nor a safetensors file, from its first bytes: read
+    only when an op needs a weight, a capture named as the weights turned every op that takes
+    one "undetermined" and exited 1, a finding, where the input was wrong."""
+    try:
+        with path.open("rb") as file:
+            head = file.read(8)
+            if head[:4] == b"GGUF":
+                return None
+            length = int.from_bytes(head, "little") if len(head) == 8 else 0
+            if not 1 < length <= min(SAFETENSORS_HEADER_MAX, path.stat().st_size - 8):
+                return f"is neither a GGUF nor a safetensors file (it begins {head[:8]!r})"
+            header = json.loads(file.read(length))
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    except (ValueError, RecursionError):
+        return "is not a safetensors file (its header is not JSON)"
+    return None if isinstance(header, dict) else "is not a safetensors file (its header is not a JSON object)"
 
 
 def _safetensors_dtype(path: Path, name: str, fallback: str) -> str:

@@ -98,13 +98,19 @@ def _checker_of(pid: int, timeout_s: float = 30.0) -> int:
 def test_ctrl_c_or_sigterm_ends_a_command_with_one_line_its_exit_code_and_no_child_left(
     command: str, stop: int, code: int, said: str, background: bool, demo_pairs: dict[str, tuple[Path, Path]], tmp_path: Path, python_ctrl_c: None
 ) -> None:
-    """`background`: started as a shell's background job is, with Ctrl-C ignored (`trap "" INT`)."""
+    """`background`: started as a shell's background job is, with Ctrl-C ignored (`trap "" INT`).
+    The JSON and HTML a report's earlier run left are removed: an interrupted run makes no claim,
+    and CI read the last run's PARITY as this one's."""
     native, oracle = demo_pairs["clean"]
     copies = []
     for source in (native, oracle):  # files no check has passed yet (the check cache knows the demo's)
         copies.append(tmp_path / source.name)
         copies[-1].write_bytes(source.read_bytes())
-    argv = [sys.executable, "-m", "viewer.cli", command, *map(str, copies)]
+    earlier = [tmp_path / "earlier.json", tmp_path / "earlier.html"]
+    earlier[0].write_text('{"format": "parity-xray-report", "verdict": {"word": "PARITY"}}')
+    earlier[1].write_text("<!doctype html><title>Parity X-ray: PARITY</title>")
+    documents = ["--json", str(earlier[0]), "--html", str(earlier[1])] if command == "report" else []
+    argv = [sys.executable, "-m", "viewer.cli", command, *map(str, copies), *documents]
     running = subprocess.Popen(
         ["sh", "-c", 'trap "" INT; exec "$0" "$@"', *argv] if background else argv,
         cwd=PROJECT_ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -125,6 +131,7 @@ def test_ctrl_c_or_sigterm_ends_a_command_with_one_line_its_exit_code_and_no_chi
     assert err == f"parity-xray {command}: {said}\n"
     assert out == ""
     assert not checker_left
+    assert [document.exists() for document in earlier] == [command != "report"] * 2
 
 
 def _alive(pid: int) -> bool:

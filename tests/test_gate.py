@@ -676,3 +676,23 @@ def test_a_case_of_one_file_fails_the_gate_and_every_surface_carries_what_report
     assert f"WARNING: {swapped}" in gate_command.progress_line(results[1])
     assert escape(f"WARNING: {swapped}") in render_gate_html(gate)
     assert loads(dumps(gate)).cases[1].warnings == [swapped], "the JSON document carries them"
+
+
+def test_a_gate_whose_output_pipe_closes_ends_without_a_traceback_and_leaves_no_earlier_gates_document(
+    tmp_path: Path, demo_pairs: dict[str, tuple[Path, Path]]
+) -> None:
+    """`gate ... --json g.json | head -0`: its first progress line met the closed pipe, and the
+    last gate's document stayed at g.json for CI to read as this gate's."""
+    _runs(tmp_path, demo_pairs)
+    (tmp_path / "gate.toml").write_text(GLOB)
+    earlier = tmp_path / "g.json"
+    earlier.write_text('{"format": "parity-xray-gate", "passed": true}')
+    gate = subprocess.Popen(
+        [sys.executable, "-m", "viewer.cli", "gate", str(tmp_path / "gate.toml"), "--workers", "1", "--json", str(earlier)],
+        cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert gate.stdout is not None
+    gate.stdout.close()
+    _, err = gate.communicate(timeout=120)
+    assert (b"Traceback" in err, gate.returncode) == (False, 141), err.decode()
+    assert not earlier.exists()

@@ -526,19 +526,22 @@ def test_a_session_naming_a_capture_path_with_an_escape_sequence_is_unusable_in_
     assert len(err.strip().splitlines()) == 1 and "\x1b" not in err and "n\\x1b[2J\\nPARITY.h5" in err
 
 
-def test_a_report_piped_into_a_reader_that_stops_early_ends_without_a_traceback(tmp_path: Path) -> None:
+def test_a_report_piped_into_a_reader_that_stops_early_ends_without_a_traceback_its_json_written(tmp_path: Path) -> None:
     import subprocess
     import sys
 
     native, oracle = _signed_zero_pair(tmp_path)
+    document = tmp_path / "report.json"
+    document.write_text('{"verdict": "an earlier run\'s PARITY"}')
     child = subprocess.Popen(
-        [sys.executable, "-m", "viewer.cli", "report", str(native), str(oracle), "--full"],
+        [sys.executable, "-m", "viewer.cli", "report", str(native), str(oracle), "--full", "--json", str(document)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert child.stdout is not None
     child.stdout.close()  # as `| head -1` does once it has its line: the report's text meets a closed pipe
     _, err = child.communicate(timeout=120)
     assert (b"Traceback" in err, child.returncode) == (False, 141), err.decode()
+    assert loads(document.read_text()).verdict.word == "SIGNED-ZERO-ONLY", "the documents are written before the text"
 
 
 def test_a_sessions_per_op_tolerance_judges_that_op_and_says_so_and_an_unknown_op_is_refused(

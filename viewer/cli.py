@@ -132,7 +132,9 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.flush()
             return code
     except KeyboardInterrupt as stop:
-        # Commands that leave something behind (record, gate) say what; the rest end here.
+        # Commands that leave something behind (record, gate) say what; the rest end here. An
+        # interrupted run makes no claim: the last run's JSON and HTML would read as this one's.
+        _remove_earlier_documents(argv)
         _say(f"parity-xray {argv[0]}: {said(stop)}")
         return exit_code_of(stop)
     except BrokenPipeError:

@@ -117,10 +117,10 @@ def run(args: argparse.Namespace) -> int:
             diagnosis = _with_progress(iter_diagnose(native, oracle, comparison, options))
     except (RerunInputError, CaptureError, ProfileError, ValueError, OSError) as exc:
         return unusable(str(exc))
-    print(render_text(diagnosis, verbose=args.verbose))
-    problem = write_outputs(
+    problem = write_outputs(  # before the text: see `report`
         [(args.json, lambda: json.dumps(to_dict(diagnosis), indent=1, allow_nan=False)), (args.html, lambda: render_html(diagnosis))]
     )
+    print(render_text(diagnosis, verbose=args.verbose))
     if problem is not None:
         return unusable(problem)
     return exit_code(diagnosis)

@@ -157,8 +157,8 @@ def run(args: argparse.Namespace) -> int:
             save_rerun(result, args.save)
     except (RerunInputError, CaptureError, ProfileError, rerun_ops.RerunOpError, ValueError, OSError) as exc:
         return unusable(str(exc))
-    print(render(result))
     problem = write_outputs([(args.json, lambda: json.dumps(result_to_dict(result), indent=1, allow_nan=False))])
+    print(render(result))  # after the document: see `report`
     if problem is not None:
         return unusable(problem)
     if args.save:

@@ -101,9 +101,13 @@ def run(args: argparse.Namespace) -> int:
         remove_earlier_outputs({"--json": args.json, "--html": args.html}, inputs)
         print(f"\nparity-xray gate: {said(stop, 'cancelled')}; {state.done} of {len(manifest.cases)} case(s) were judged; nothing written", file=sys.stderr)
         return exit_code_of(stop)
+    except BrokenPipeError:
+        # Its progress met a closed pipe (`| head -1`): the gate ends unjudged, and makes no claim either.
+        remove_earlier_outputs({"--json": args.json, "--html": args.html}, inputs)
+        raise
     gate = state.result(str(manifest.path), cluster, dashboard, time.monotonic() - started)
-    sys.stdout.write(render_text(gate))
     problem = state.write(gate, args.json, args.html)
+    sys.stdout.write(render_text(gate))  # after the documents: see `report`
     if problem is not None:
         return fail(problem)
     return gate.exit_code

@@ -197,7 +197,6 @@ def _report(args: argparse.Namespace, session: Investigation | None = None) -> i
     finally:
         for capture in captures:
             capture.close()
-    sys.stdout.write(render(comparison, args.top, full=args.full))
     outputs: list[tuple[str, Callable[[], str | Iterable[str]]]] = []
     if args.json:
         outputs.append((args.json, lambda: json_pieces(comparison)))
@@ -205,7 +204,10 @@ def _report(args: argparse.Namespace, session: Investigation | None = None) -> i
         from sessions.report.html_page import render_html
 
         outputs.append((args.html, lambda: render_html(comparison, session)))
+    # The documents first: printed first, a closed pipe (`| head`) left the last run's JSON in
+    # their place, which CI then read as this run's.
     problem = write_outputs(outputs)
+    sys.stdout.write(render(comparison, args.top, full=args.full))
     if problem is not None:
         print(f"parity-xray report: {problem}", file=sys.stderr)
         return EXIT_UNUSABLE

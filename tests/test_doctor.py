@@ -227,6 +227,22 @@ def test_a_window_asked_for_without_a_display_says_what_stops_it_instead_of_qts_
     assert not any(tmp_path.iterdir()), "no demo captures generated for a window that cannot open"
 
 
+@linux_only
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--version"], "parity-xray: error: unrecognized arguments: --version"),
+        (["a.h5", "b.h5", "c.h5"], "parity-xray: give at most two captures: NATIVE ORACLE"),
+        (["open", "a.h5"], "parity-xray open: give one session file (FILE.xray)"),
+    ],
+)
+def test_a_mistyped_viewer_command_line_is_answered_as_typed_on_a_machine_without_a_display(argv: list[str], said: str) -> None:
+    """Read after the display check, it was answered with ten lines about missing xcb libraries."""
+    done = _parity_xray(_without_display(), *argv)
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1] == said and "cannot open" not in done.stderr
+
+
 def test_a_mistyped_command_is_named_with_the_nearest_one_instead_of_opening_the_window(tmp_path: Path) -> None:
     done = _parity_xray(dict(os.environ), "valdate", str(tmp_path / "run.h5"))
     assert done.returncode == 2

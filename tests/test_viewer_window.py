@@ -586,7 +586,8 @@ def test_the_light_theme_recolours_the_overviews_label_backing(
 
 
 def test_command_line_files_open_as_native_then_oracle(qtbot: QtBot, tmp_path: Path) -> None:
-    from viewer.app import build_parser, create_window
+    from viewer.app import create_window
+    from viewer.viewer_request import build_parser
 
     native, oracle = small_pair(tmp_path)
     args = build_parser().parse_args([str(oracle), str(native), "--settings", str(tmp_path / "cli.ini")])

@@ -2,32 +2,17 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from PySide6.QtWidgets import QApplication, QWidget
 
 import sessions  # noqa: F401  (disables HDF5 filter plugins before h5py is imported)
-from sessions.gate.result import GateFormatError, load_gate_file
 from viewer.gate.gate_window import GateWindow
 from viewer.settings import APPLICATION, ORGANISATION, ViewerSettings
+from viewer.viewer_request import SESSION_SUFFIX, ViewerRequest, viewer_request
 from viewer.window.main_window import MainWindow
 from viewer.window.terminal_ctrl_c import closing_on_ctrl_c
-
-SESSION_SUFFIX = ".xray"
-GATE_SUFFIX = ".json"
-"""`parity-xray GATE.json` opens a gate's result (`parity-xray gate --json`)."""
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="parity-xray",
-        description="Open the viewer: empty (drop files onto it), on a NATIVE and an ORACLE capture, or on a saved session (open FILE.xray).",
-    )
-    parser.add_argument("files", nargs="*", type=Path, metavar="CAPTURE", help="NATIVE ORACLE, one capture, one FILE.xray session, or one GATE.json gate result")
-    parser.add_argument("--settings", type=Path, help="use this INI file for layout, recent files and theme")
-    return parser
 
 
 def create_window(files: list[Path], settings: ViewerSettings | None = None) -> MainWindow:
@@ -42,34 +27,22 @@ def create_window(files: list[Path], settings: ViewerSettings | None = None) -> 
     return window
 
 
-def window_for(argv: list[str]) -> QWidget | int:
+def window_for(request: ViewerRequest | list[str]) -> QWidget | int:
     """The window the command line asks for, or an exit code with the reason printed (tests
     check the choice here without entering the event loop, which a quit would end for good)."""
-    if argv[:1] == ["open"]:
-        argv = argv[1:]
-        if len(argv) != 1 or not argv[0].endswith(SESSION_SUFFIX):
-            print(f"parity-xray open: give one session file (FILE{SESSION_SUFFIX})", file=sys.stderr)
-            return 2
-    args = build_parser().parse_args(argv)
-    if len(args.files) > 2:
-        print("parity-xray: give at most two captures: NATIVE ORACLE", file=sys.stderr)
-        return 2
-    gate = None
-    if len(args.files) == 1 and args.files[0].suffix == GATE_SUFFIX:
-        try:
-            gate = load_gate_file(args.files[0])
-        except GateFormatError as exc:
-            print(f"parity-xray: {args.files[0]}: not a gate result: {exc}", file=sys.stderr)
-            return 2
+    if isinstance(request, list):
+        request = viewer_request(request)
+        if isinstance(request, int):
+            return request
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setOrganizationName(ORGANISATION)
     app.setApplicationName(APPLICATION)
-    settings = ViewerSettings(args.settings) if args.settings else None
-    return GateWindow(gate, settings) if gate is not None else create_window(args.files, settings)
+    settings = ViewerSettings(request.settings) if request.settings else None
+    return GateWindow(request.gate, settings) if request.gate is not None else create_window(request.files, settings)
 
 
-def run_viewer(argv: list[str]) -> int:
-    window = window_for(argv)
+def run_viewer(request: ViewerRequest | list[str]) -> int:
+    window = window_for(request)
     if isinstance(window, int):
         return window
     window.show()

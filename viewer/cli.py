@@ -109,14 +109,18 @@ def main(argv: list[str] | None = None) -> int:
         if unknown is not None:
             print(f"parity-xray: {unknown}", file=sys.stderr)
             return EXIT_UNUSABLE
+        from viewer.viewer_request import viewer_request
         from viewer.window_launch import EXIT_NO_WINDOW, window_refused
 
+        request = viewer_request(argv)  # a mistyped command line is answered as typed, display or none
+        if isinstance(request, int):
+            return request
         if window_refused():  # before the spare checker's child starts, for a window that cannot open
             return EXIT_NO_WINDOW
         spare_checker.prepare()
         from viewer.app import run_viewer
 
-        return run_viewer(argv)
+        return run_viewer(request)
     keep_temporaries_on_heap()
     if argv[0] in OPENS_CAPTURES:
         spare_checker.prepare()

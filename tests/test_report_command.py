@@ -286,8 +286,9 @@ def test_a_capture_that_records_no_tokens_leaves_the_tokens_uncompared_on_every_
     text = capsys.readouterr().out.splitlines()
     assert text[:2] == [
         "WARNING: the native capture records no tokens, so the greedy tokens were not compared",
-        "PARITY: every aligned op is bit-exact or within tolerance, and no token steps were recorded to compare",
+        "PARITY: every aligned op is bit-exact or within tolerance, and no token step was recorded by both runs to compare",
     ]
+    assert "Token parity (0 compared steps, no shared EOS, no token step compared; * = stop token)" in text, "never 'tokens agree' of no step"
     document = json.loads(out_json.read_text())
     assert document["verdict"]["word"] == "PARITY" and document["tokens"]["steps"] == []
     assert "the native capture records no tokens, so the greedy tokens were not compared" in document["provenance"]["warnings"]
@@ -428,7 +429,7 @@ def test_a_parity_over_captures_without_tokens_does_not_say_the_tokens_agree(tmp
     oracle = write_capture(tmp_path / "o.h5", "oracle", [T("layer_out", x, layer=0, dtype="bfloat16")])
     out_json = tmp_path / "r.json"
     assert _run(str(native), str(oracle), "--json", str(out_json)) == 0
-    headline = "PARITY: every aligned op is bit-exact or within tolerance, and no token steps were recorded to compare"
+    headline = "PARITY: every aligned op is bit-exact or within tolerance, and no token step was recorded by both runs to compare"
     assert capsys.readouterr().out.startswith(headline + "\n")
     verdict = json.loads(out_json.read_text())["verdict"]
     assert verdict["headline"] == headline and verdict["tokens_compared"] is False

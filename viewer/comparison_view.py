@@ -699,8 +699,7 @@ def token_rows(viewed: ViewedComparison) -> list[TokenRow]:
 def token_summary(viewed: ViewedComparison) -> str:
     parity = viewed.comparison.tokens
     eos = f"shared EOS at step {parity.shared_eos_step}; later steps are post-EOS (not compared)" if parity.shared_eos_step is not None else "no shared EOS"
-    first = f"tokens first differ at step {parity.first_divergence_step}" if parity.first_divergence_step is not None else "greedy tokens agree"
-    return f"{parity.compared_steps} step(s) compared, {first}; {eos}."
+    return f"{parity.compared_steps} step(s) compared, {parity.outcome()}; {eos}."
 
 
 # -- tensors ----------------------------------------------------------------------------------

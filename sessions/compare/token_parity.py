@@ -114,6 +114,13 @@ class TokenParity:
     first_divergence_step: int | None
     compared_steps: int
 
+    def outcome(self) -> str:
+        """What the greedy tokens did, as every surface says it: with no step compared (one run
+        recorded no token table) the token header said "tokens agree" of nothing."""
+        if self.first_divergence_step is not None:
+            return f"tokens first differ at step {self.first_divergence_step}"
+        return "greedy tokens agree" if self.compared_steps else "no token step compared"
+
 
 def tokens_by_step(table: np.ndarray) -> dict[int, tuple[int, bool]]:
     """The emitted token of each step (the last row of a step wins: its last segment)."""

@@ -149,7 +149,7 @@ class Verdict:
     def headline(self) -> str:
         """The sentence every surface leads with: the word, and where to look first."""
         if self.first is None:
-            tokens = "the tokens agree" if self.tokens_compared else "no token steps were recorded to compare"
+            tokens = "the tokens agree" if self.tokens_compared else "no token step was recorded by both runs to compare"
             ops = "every aligned op" if self.shared_eos is None else f"every aligned op up to the shared EOS (step {self.shared_eos})"
             return f"{self.word}: {ops} is bit-exact or within tolerance, and {tokens}"
         return f"{self.word}: first {self.first.kind} at {self.first.key} ({self.first.detail})"

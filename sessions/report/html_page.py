@@ -187,7 +187,6 @@ def _worst(c: Comparison) -> str:
 def _tokens(c: Comparison) -> str:
     t = c.tokens
     eos = "no shared EOS" if t.shared_eos_step is None else f"shared EOS at step {t.shared_eos_step}; later steps are post-EOS (not compared)"
-    first = "greedy tokens agree" if t.first_divergence_step is None else f"tokens first differ at step {t.first_divergence_step}"
     rows, classes = [], []
     for s in t.steps[:MAX_TOKEN_ROWS]:
         top_n = ", ".join(f"{e.token_id}: {e.decimal}" for e in s.logits.native_top) if s.logits else ""
@@ -198,7 +197,7 @@ def _tokens(c: Comparison) -> str:
                      escape(word), escape(logits), escape(top_n), escape(top_o)])
         classes.append("post-eos" if s.status == POST_EOS else ("differ" if word != "match" else ""))
     table = _table(["step", "native", "oracle", "verdict", "logits", "native top-k", "oracle top-k"], rows, classes) if rows else ""
-    return f"<p>{t.compared_steps} step(s) compared; {first}; {eos}.</p>{table}"
+    return f"<p>{t.compared_steps} step(s) compared; {t.outcome()}; {eos}.</p>{table}"
 
 
 def _bookmark(bookmark: Bookmark, screenshot: bytes | None) -> str:

@@ -231,5 +231,4 @@ def _short(text: str, limit: int = 60) -> str:
 def _token_header(c: Comparison) -> str:
     t = c.tokens
     eos = "no shared EOS" if t.shared_eos_step is None else f"shared EOS at step {t.shared_eos_step}"
-    first = "tokens agree" if t.first_divergence_step is None else f"first token divergence at step {t.first_divergence_step}"
-    return f"Token parity ({t.compared_steps} compared steps, {eos}, {first}; * = stop token)"
+    return f"Token parity ({t.compared_steps} compared steps, {eos}, {t.outcome()}; * = stop token)"

@@ -140,17 +140,17 @@ def test_quantized_bin_blocks_are_kept_raw_with_their_logical_shape(tmp_path: Pa
 @pytest.mark.parametrize(
     ("entries", "where", "what"),
     [
-        ([{"name": "Kcur-0", "file": "k.bin", "dtype": "float32", "shape": [4, 4]}], "entry 0 ('Kcur-0')", "needs 64 bytes, 'k.bin' holds 24"),
-        ([{"name": "a", "file": "k.bin", "dtype": "float32", "shape": [6]}, {"name": "b", "file": "k.bin", "shape": [6]}], "entry 1 ('b')", "needs 'dtype' and 'shape'"),
-        ([{"name": "a", "file": "k.bin", "dtype": "float33", "shape": [6]}], "entry 0 ('a')", "dtype \"float33\" is not a capture dtype"),
-        ([{"name": "a", "file": "missing.bin", "dtype": "float32", "shape": [6]}], "entry 0 ('a')", "'missing.bin' does not exist"),
-        ([{"name": "a", "dtype": "float32", "shape": [6]}], "entry 0 ('a')", "has no 'file'"),
-        ([{"file": "k.bin"}], "entry 0", "has no 'name'"),
-        ([{"name": "a", "file": "k.bin", "dtype": "float32", "shape": [6], "step": -1}], "entry 0 ('a')", "step must be >= 0"),
-        ([{"name": "a", "file": "k.bin", "dtype": "float32", "shape": [6], "colour": 1}], "entry 0 ('a')", "unknown key(s) colour"),
-        ([{"name": "a", "file": "../k.bin", "dtype": "float32", "shape": [6]}], "entry 0 ('a')", "must be a path inside"),
+        ([{"name": "Kcur-0", "file": "k.bin", "dtype": "float32", "shape": [4, 4]}], "entries[0] ('Kcur-0')", "needs 64 bytes, 'k.bin' holds 24"),
+        ([{"name": "a", "file": "k.bin", "dtype": "float32", "shape": [6]}, {"name": "b", "file": "k.bin", "shape": [6]}], "entries[1] ('b')", "needs 'dtype' and 'shape'"),
+        ([{"name": "a", "file": "k.bin", "dtype": "float33", "shape": [6]}], "entries[0] ('a')", "dtype \"float33\" is not a capture dtype"),
+        ([{"name": "a", "file": "missing.bin", "dtype": "float32", "shape": [6]}], "entries[0] ('a')", "'missing.bin' does not exist"),
+        ([{"name": "a", "dtype": "float32", "shape": [6]}], "entries[0] ('a')", "has no 'file'"),
+        ([{"file": "k.bin"}], "entries[0]", "has no 'name'"),
+        ([{"name": "a", "file": "k.bin", "dtype": "float32", "shape": [6], "step": -1}], "entries[0] ('a')", "step must be >= 0"),
+        ([{"name": "a", "file": "k.bin", "dtype": "float32", "shape": [6], "colour": 1}], "entries[0] ('a')", "unknown key(s) colour"),
+        ([{"name": "a", "file": "../k.bin", "dtype": "float32", "shape": [6]}], "entries[0] ('a')", "must be a path inside"),
         ([{"name": "a", "file": "k.bin", "dtype": "float32", "shape": [6]}, {"name": "b", "file": "k.bin", "dtype": "float32", "shape": [6], "order": 0}],
-         "entry 1 ('b')", "step 0 order 0 is also given to entry 0 ('a')"),
+         "entries[1] ('b')", "step 0 order 0 is also given to entries[0] ('a')"),
         ({"entries": []}, "entries", "the list is empty"),
     ],
 )
@@ -176,7 +176,7 @@ def test_an_npz_entry_naming_a_missing_array_is_refused(tmp_path: Path) -> None:
     source = tmp_path / "dump.npz"
     np.savez(source, a=np.zeros(2, np.float32))
     manifest = _manifest(tmp_path, [{"name": "x", "key": "b"}])
-    with pytest.raises(CaptureError, match=r"entry 0 \('x'\): dump.npz has no array 'b' \(it has 1: a\)"):
+    with pytest.raises(CaptureError, match=r"entries\[0\] \('x'\): dump.npz has no array 'b' \(it has 1: a\)"):
         _import("npz", source, tmp_path / "x.h5", manifest=manifest)
 
 
@@ -207,7 +207,7 @@ def test_import_command_reports_a_refusal_with_exit_2(tmp_path: Path, capsys: py
     assert import_command.run(args) == import_command.EXIT_REFUSED
     printed = capsys.readouterr()
     assert printed.out == ""
-    assert printed.err.startswith("import refused: ") and "entry 0 ('a'): file 'nope.bin' does not exist" in printed.err
+    assert printed.err.startswith("import refused: ") and "entries[0] ('a'): file 'nope.bin' does not exist" in printed.err
 
 
 def test_layers_are_read_from_conventional_names() -> None:
@@ -245,15 +245,15 @@ X_NPY = {"name": "x-0", "file": "x.npy"}
         ({"meta": {"prompt": [1, 2]}, "entries": [X_NPY]}, "meta 'prompt'", "prompt must be a string, not [1, 2]"),
         ({"meta": {"prompt": "p" * 10_000_000}, "entries": [X_NPY]}, "meta 'prompt'", "prompt is longer than the capture format's 60000 bytes"),
         ({"meta": {"engine_name": "a\x1b[2Jb"}, "entries": [X_NPY]}, "meta 'engine_name'", "engine_name holds a control character (\\x1b in 'a\\x1b[2Jb')"),
-        ([{**X_NPY, "step": 2**40}], "entry 0 ('x-0')", f"step must be <= {2**31 - 1} (the capture format's largest), not {2**40}"),
-        ([{**X_NPY, "layer": 2**31}], "entry 0 ('x-0')", f"layer must be <= {2**31 - 1} (the capture format's largest), not {2**31}"),
-        ([{**X_NPY, "order": 2**63}], "entry 0 ('x-0')", f"order must be <= {2**63 - 1} (the capture format's largest), not {2**63}"),
-        ([{**X_NPY, "name": "\x1b[2J"}], "entry 0 ('\\x1b[2J')", "'name' holds a control character (\\x1b in '\\x1b[2J')"),
-        ([{**X_NPY, "segment": "pre\nfill"}], "entry 0 ('x-0')", "segment holds a control character (\\n in 'pre\\nfill')"),
-        ({"tokens": [{"step": 0, "token_id": 2**80}], "entries": [X_NPY]}, "tokens row 0", f"token_id must be <= {2**63 - 1} (the capture format's largest), not {2**80}"),
-        ({"tokens": [{"step": "0", "token_id": 1}], "entries": [X_NPY]}, "tokens row 0", 'step must be an integer, not "0"'),
-        ([{**X_NPY, "name": "x\ud800-0"}], "entry 0 ('x\\ud800-0')", "'name' is not Unicode text (it holds a lone surrogate: 'x\\ud800-0')"),
-        ([{**X_NPY, "shape": [2**62, 0]}], "entry 0 ('x-0')", f"shape [{2**62}, 0]'s non-zero sizes hold more than 2**58 elements, the most a capture holds"),
+        ([{**X_NPY, "step": 2**40}], "entries[0] ('x-0')", f"step must be <= {2**31 - 1} (the capture format's largest), not {2**40}"),
+        ([{**X_NPY, "layer": 2**31}], "entries[0] ('x-0')", f"layer must be <= {2**31 - 1} (the capture format's largest), not {2**31}"),
+        ([{**X_NPY, "order": 2**63}], "entries[0] ('x-0')", f"order must be <= {2**63 - 1} (the capture format's largest), not {2**63}"),
+        ([{**X_NPY, "name": "\x1b[2J"}], "entries[0] ('\\x1b[2J')", "'name' holds a control character (\\x1b in '\\x1b[2J')"),
+        ([{**X_NPY, "segment": "pre\nfill"}], "entries[0] ('x-0')", "segment holds a control character (\\n in 'pre\\nfill')"),
+        ({"tokens": [{"step": 0, "token_id": 2**80}], "entries": [X_NPY]}, "tokens[0]", f"token_id must be <= {2**63 - 1} (the capture format's largest), not {2**80}"),
+        ({"tokens": [{"step": "0", "token_id": 1}], "entries": [X_NPY]}, "tokens[0]", 'step must be an integer, not "0"'),
+        ([{**X_NPY, "name": "x\ud800-0"}], "entries[0] ('x\\ud800-0')", "'name' is not Unicode text (it holds a lone surrogate: 'x\\ud800-0')"),
+        ([{**X_NPY, "shape": [2**62, 0]}], "entries[0] ('x-0')", f"shape [{2**62}, 0]'s non-zero sizes hold more than 2**58 elements, the most a capture holds"),
     ],
 )
 def test_manifest_values_the_capture_cannot_hold_are_refused_before_writing(tmp_path: Path, document: object, where: str, what: str) -> None:
@@ -267,7 +267,7 @@ def test_a_declared_shape_whose_size_overflows_is_refused_not_wrapped(tmp_path: 
     np.zeros(4, np.uint8).tofile(tmp_path / "x.bin")
     manifest = _manifest(tmp_path, [{"name": "x", "file": "x.bin", "dtype": "float32", "shape": [2**62, 2**62, 4]}])
     refused = _refused("dir", tmp_path)
-    assert (refused.path, refused.location) == (str(manifest), "entry 0 ('x')")
+    assert (refused.path, refused.location) == (str(manifest), "entries[0] ('x')")
     assert refused.problem == f"shape [{2**62}, {2**62}, 4]'s non-zero sizes hold more than 2**58 elements, the most a capture holds"
 
 
@@ -275,7 +275,7 @@ def test_an_npy_with_more_dimensions_than_the_format_allows_is_refused(tmp_path:
     np.save(tmp_path / "x.npy", np.zeros((1,) * 32, np.float32))
     manifest = _manifest(tmp_path, [X_NPY])
     refused = _refused("dir", tmp_path)
-    assert (refused.path, refused.location) == (str(manifest), "entry 0 ('x-0')")
+    assert (refused.path, refused.location) == (str(manifest), "entries[0] ('x-0')")
     assert refused.problem == "'x.npy' declares 32 dimensions; the capture format allows at most 8"
 
 
@@ -299,7 +299,7 @@ def test_an_npy_declaring_more_than_the_budget_is_refused_before_allocating(tmp_
     (tmp_path / "x.npy").write_bytes(_npy_header_only((2**45,)))
     _manifest(tmp_path, [X_NPY])
     refused = _refused("dir", tmp_path)
-    assert refused.location == "entry 0 ('x-0')"
+    assert refused.location == "entries[0] ('x-0')"
     assert refused.problem == f"'x.npy' the declared float32 array of shape [{2**45}] is {2**47} bytes, over the {MAX_IMPORT_BYTES}-byte budget"
 
 
@@ -316,7 +316,7 @@ def test_a_safetensors_key_with_a_control_character_is_refused_not_imported(tmp_
     source = tmp_path / "w.safetensors"
     save_file({"evil\x1b]0;title\x07": np.zeros(2, np.float32)}, str(source))
     refused = _refused("safetensors", source)
-    assert (refused.path, refused.location) == (str(source), "entry 0 ('evil\\x1b]0;title\\x07')")
+    assert (refused.path, refused.location) == (str(source), "entries[0] ('evil\\x1b]0;title\\x07')")
     assert refused.problem == "'name' holds a control character (\\x1b in 'evil\\x1b]0;title\\x07')"
 
 
@@ -327,7 +327,7 @@ def test_a_symlink_out_of_the_dump_folder_is_refused_and_its_target_never_read(t
     (dump / "x.bin").symlink_to(tmp_path / "secret.bin")
     manifest = _manifest(dump, [{"name": "a", "file": "x.bin", "dtype": "uint8", "shape": [15]}])
     refused = _refused("dir", dump)
-    assert (refused.path, refused.location) == (str(manifest), "entry 0 ('a')")
+    assert (refused.path, refused.location) == (str(manifest), "entries[0] ('a')")
     assert refused.problem == f"file 'x.bin' resolves to {tmp_path / 'secret.bin'}, outside {dump}; a symlink may not lead out of the dump folder"
 
 
@@ -337,7 +337,7 @@ def test_a_symlink_loop_in_the_dump_folder_is_refused_by_name(tmp_path: Path) ->
     (dump / "q.npy").symlink_to(dump / "q.npy")
     manifest = _manifest(dump, [{"name": "q", "file": "q.npy"}])
     refused = _refused("dir", dump)
-    assert (refused.path, refused.location) == (str(manifest), "entry 0 ('q')")
+    assert (refused.path, refused.location) == (str(manifest), "entries[0] ('q')")
     assert refused.problem.startswith("file 'q.npy' cannot be followed to a file (Symlink loop from")
 
 

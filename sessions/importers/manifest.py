@@ -12,7 +12,9 @@ given for typed arrays, must agree with them (a same-width `dtype` reinterprets 
 uint16 array can be declared `bfloat16`). The top level is a list of entries, or an object with
 `entries`, optional `meta` (CaptureMeta fields) and optional `tokens` rows.
 
-Every problem is a `CaptureError` naming the manifest file and the entry (number and name).
+Every problem is a `CaptureError` naming the manifest file and the entry as a JSON path names it
+(`entries[1] ('Qcur-0')`, counted from 0 as the list's own index): a multi-step manifest repeats
+names, and "entry 1" read as the first entry to some and the second to others.
 The manifest comes from someone else's engine or CI: every value is checked here, against what
 the capture format can hold, so that a bad one is refused before the output exists instead of
 failing half-way through writing it, or producing a capture that `validate` refuses.
@@ -102,7 +104,7 @@ class Entry:
         return self.key if self.key is not None else self.name
 
     def label(self) -> str:
-        return f"entry {self.position} ({self.name!r})"
+        return f"entries[{self.position}] ({self.name!r})"
 
 
 @dataclass
@@ -177,7 +179,7 @@ def _meta(raw: Any, path: Path) -> dict[str, Any]:
 
 def _token(raw: Any, number: int, path: Path) -> dict[str, Any]:
     """A tokens row with the types and ranges of the capture's token table."""
-    fail = failing(path, f"tokens row {number}")
+    fail = failing(path, f"tokens[{number}]")
     if not isinstance(raw, dict) or not {"step", "token_id"} <= set(raw):
         raise fail("needs at least 'step' and 'token_id'")
     unknown = sorted(set(raw) - TOKEN_KEYS)
@@ -197,7 +199,7 @@ def _token(raw: Any, number: int, path: Path) -> dict[str, Any]:
 
 def _entry(raw: Any, position: int, path: Path, *, need_file: bool) -> Entry:
     name = raw.get("name") if isinstance(raw, dict) else None
-    label = f"entry {position}" + (f" ({name[:64]!r})" if isinstance(name, str) else "")
+    label = f"entries[{position}]" + (f" ({name[:64]!r})" if isinstance(name, str) else "")
     fail = failing(path, label)
 
     if not isinstance(raw, dict):

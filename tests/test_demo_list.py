@@ -32,6 +32,24 @@ def test_demo_generate_into_a_file_or_an_unwritable_place_is_one_line_and_exit_2
     assert taken.read_text() == "keep\n"
 
 
+def test_demo_generate_never_writes_over_a_link_and_list_with_generate_is_refused_not_half_done(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Written by rename, the demo replaced a link to the user's capture with a file of its own;
+    `--list --generate DIR` listed and quietly wrote nothing."""
+    mine = tmp_path / "mine.h5"
+    mine.write_text("the user's capture\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "clean.oracle.h5").symlink_to(mine)
+    assert main(["demo", "--generate", str(out), "--scenario", "clean"]) == 2
+    assert capsys.readouterr().err == (
+        f"parity-xray demo: {out / 'clean.oracle.h5'} is a link; the demo writes its own file there: move it, or give --generate another folder\n"
+    )
+    assert (out / "clean.oracle.h5").is_symlink() and mine.read_text() == "the user's capture\n"
+    assert sorted(p.name for p in out.iterdir()) == ["clean.oracle.h5"], "nothing written"
+    assert main(["demo", "--list", "--generate", str(tmp_path / "listed")]) == 2
+    assert "--list only lists the scenarios, it writes nothing" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(("seed", "problem"), [("-1", "must be a whole number >= 0, not -1"), (str(2**63), f"must be a whole number <= {2**63 - 1}, not {2**63}")])
 def test_a_seed_no_capture_can_hold_is_refused_as_the_option(tmp_path: Path, capsys: pytest.CaptureFixture[str], seed: str, problem: str) -> None:
     """A negative seed failed in numpy and one past 64 bits in the writer, each with a traceback."""

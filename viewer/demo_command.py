@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from sessions.commands.arguments import whole_number
 from sessions.ctrl_c import raise_if_pressed
 from sessions.file_room import FileUnwritable
+from sessions.printable import printable
 from sessions.progress import Progress
 
 if TYPE_CHECKING:
@@ -81,6 +82,21 @@ def _listing(demo_dir: Path, scenarios: dict[str, Scenario], cut: dict[str, "Cut
     return "\n".join(lines) + "\n"
 
 
+def _not_demo_files(out_dir: Path, scenarios: list[str]) -> str | None:
+    """Why the demo must not write into `out_dir`: a link or something other than a regular file
+    where a demo file goes. Written by rename, the demo replaced a link to the user's capture
+    with a file of its own; a regular file of a demo file's name is the last demo's, written over."""
+    from backends.demo.generate import pair_paths
+    from backends.engines.demo_model import WEIGHTS_FILE
+
+    names = [out_dir / WEIGHTS_FILE, *(path for name in scenarios for path in pair_paths(out_dir, name))]
+    for path in names:
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            what = "a link" if path.is_symlink() else "not a regular file"
+            return f"{printable(str(path))} is {what}; the demo writes its own file there: move it, or give --generate another folder"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     from backends.demo.cut_pairs import CUT_SCENARIOS
     from backends.demo.generate import (
@@ -96,6 +112,9 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         print(f"parity-xray demo: unknown scenario {', '.join(unknown)}; known: {', '.join(known)}", file=sys.stderr)
         return 2
+    if args.list and args.generate is not None:
+        print("parity-xray demo: --list only lists the scenarios, it writes nothing; give --generate DIR without it", file=sys.stderr)
+        return 2
     if args.list:
         print(_listing(default_demo_dir(args.seed), SCENARIOS, CUT_SCENARIOS, LLAMA_SCENARIOS), end="")
         return 0
@@ -104,6 +123,10 @@ def run(args: argparse.Namespace) -> int:
 
         if args.generate.exists() and not args.generate.is_dir():
             print(f"parity-xray demo: --generate {args.generate} is not a folder", file=sys.stderr)
+            return 2
+        taken = _not_demo_files(args.generate, args.scenario or list(SCENARIOS))
+        if taken:
+            print(f"parity-xray demo: {taken}", file=sys.stderr)
             return 2
         try:
             pairs = _generate(args.generate, args.scenario, args.seed)

@@ -11,13 +11,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shutil
 from pathlib import Path
 
+import h5py
+import mlx.core as mx
+import numpy as np
 import pytest
 
-from backends.demo.cut_pairs import CUT_SCENARIOS, iter_generate_cut
+from backends.demo.cut_pairs import CUT_SCENARIOS, WORK_DIR, iter_generate_cut
 from backends.diagnosis.classify import Locality
 from backends.diagnosis.run import DiagnoseOptions, iter_diagnose
+from backends.kernels import attention_contracts as contracts
 from sessions.capture.opening import open_capture
 from sessions.compare.comparison import Comparison, iter_compare
 from sessions.compare.document import dumps
@@ -216,3 +221,44 @@ def test_the_json_document_writes_the_error_growth_as_the_plain_conversion_makes
     written = json.loads(dumps(c))["error_growth"]
     assert written == plain(c.error_growth)
     assert written[1]["nmse"] == "NaN" and len(written) == len(c.pairs) > 2
+
+
+def _record_bits(file: h5py.File, name: str, occurrence: int = 0) -> tuple[int, np.ndarray]:
+    index = file["index"][:]
+    (row,) = np.flatnonzero((index["name"] == name.encode()) & (index["segment"] == b"prefill") & (index["occurrence"] == occurrence))
+    entry = index[row]
+    start = int(entry["offset"])
+    raw = file[entry["path"].decode()][start : start + int(entry["nbytes"])]
+    return int(row), raw.view(np.uint32).reshape(tuple(int(n) for n in entry["shape"][: entry["ndim"]]))
+
+
+def test_the_q64_switch_of_a_call_compared_in_windows_is_judged_at_the_calls_rows_not_the_windows(cut_pairs: dict[str, tuple[Path, Path]], tmp_path: Path) -> None:
+    """A native that computed its whole 83-row prefill attention tiled, as `attn.auto_qtile64`
+    selects from 64 rows, against an oracle cut into calls of 5, 72 and 6 rows: judged on the
+    6 rows of the window compared, the switch took the single-range side, and the verdict said the
+    native declares `attn.auto_qtile64` but ran `attn.f32.tiled64x64`."""
+    for source in cut_pairs["segmented-vs-combined"]:
+        shutil.copy(source, tmp_path)
+    shutil.copytree(cut_pairs["segmented-vs-combined"][0].parent / WORK_DIR, tmp_path / WORK_DIR)  # the model the captures reference
+    native = tmp_path / cut_pairs["segmented-vs-combined"][0].name
+    oracle = tmp_path / cut_pairs["segmented-vs-combined"][1].name
+    with h5py.File(native, "r+") as file:
+        _, q = _record_bits(file, "model.layers.0.self_attn.rope", 0)
+        _, k = _record_bits(file, "model.layers.0.self_attn.rope", 1)
+        _, v = _record_bits(file, "model.layers.0.self_attn.v_proj")
+        batch, kv_heads, rows, dim = k.shape  # MLX's layout: [batch, heads, rows, head dim]
+        values = mx.array(v.view(np.float32)).reshape(batch, rows, kv_heads, dim).transpose(0, 2, 1, 3)
+        out = contracts.tiled_attention(mx.array(q.view(np.float32)), mx.array(k.view(np.float32)), values, scale=dim**-0.5, causal=True)
+        row, before = _record_bits(file, "model.layers.0.self_attn.sdpa")
+        tiled = np.array(out).view(np.uint32).reshape(before.shape)
+        entry = file["index"][row]
+        file[entry["path"].decode()][int(entry["offset"]) : int(entry["offset"]) + int(entry["nbytes"])] = tiled.view(np.uint8).ravel()
+        index = file["index"][:]
+        index["effective_contract_id"][row] = contracts.AUTO_QTILE64.encode()
+        file["index"][...] = index
+    with open_capture(native) as n, open_capture(oracle) as o:
+        comparison = run_to_end(iter_compare(n, o, CompareOptions(alignment="positions")))
+        window = next(p.key for p in comparison.pairs if p.key.op == "sdpa" and p.key.layer == 0 and p.key.positions and p.key.positions[0] == 77)
+        (op,) = run_to_end(iter_diagnose(n, o, comparison, DiagnoseOptions(mode="op", key=window))).ops
+    assert (op.native_ran, op.native_declared_exact) == (contracts.AUTO_QTILE64, True)
+    assert op.oracle_call_rows is None, "the oracle's single-range contract does not follow the call's rows: no note says it does"

@@ -706,3 +706,17 @@ def test_a_weights_file_that_is_neither_gguf_nor_safetensors_is_refused_before_a
     native, oracle = demo_pairs["attention-contract"]
     assert main(["diagnose", str(native), str(oracle), "--all", "--no-budget", "--weights", str(native)]) == 2
     assert f"weights file {native} (named for this rerun) is neither a GGUF nor a safetensors file (it begins b'\\x89HDF" in capsys.readouterr().err
+
+
+def test_a_declared_contract_naming_another_dtype_than_the_records_is_no_candidates_and_never_said_to_be_what_ran(demo_pairs: dict, tmp_path: Path) -> None:
+    """A bfloat16 record declaring `swiglu.f16.mul_then_sigmoid` read "the native ran
+    swiglu.mul_then_sigmoid (bit-exact)" with its declaration exact, though float16 arithmetic
+    differs: the candidate computes in its input's dtype, bfloat16 here."""
+    found = diagnose(declaring(demo_pairs["swiglu-order"], tmp_path, "ffn_swiglu-0", "text-before", "swiglu.f16.mul_then_sigmoid"))
+    (op,) = found.ops
+    assert (op.native_declared, op.native_declared_id, op.native_declared_exact) == ("swiglu.f16.mul_then_sigmoid", None, None)
+    assert (op.oracle_declared, op.oracle_declared_id) == ("swiglu.bf16.silu_then_mul", "swiglu.silu_then_mul")
+    assert found.verdict.startswith(
+        "0:text-before:0:ffn_act is local: the native declares `swiglu.f16.mul_then_sigmoid`, which no candidate computes, "
+        "but its bits are reproduced by `swiglu.mul_then_sigmoid` (bit-exact)"
+    )

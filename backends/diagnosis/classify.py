@@ -26,11 +26,10 @@ from backends.diagnosis.candidates import (
     ErrorFigure,
     candidate_inputs,
     compare_bits,
-    declared_contract,
     record_bits,
     run_candidate,
 )
-from backends.diagnosis.registry import candidates_for, registry_id
+from backends.diagnosis.registry import candidates_for, declared_candidate
 from backends.rerun.inputs import (
     WEIGHT_NAMES,
     RerunInputError,
@@ -140,7 +139,7 @@ def _oracle_contracts(session: RerunSession, key: OpKey) -> OracleContracts | No
         theirs = candidate_inputs(session, "native", key, None, engine="oracle")
     except RerunInputError:
         return None
-    declared = registry_id(declared_contract(session, "oracle", key))
+    declared = declared_candidate(session, "oracle", key)
     on_native: dict[str, np.ndarray] = {}
     for candidate in sorted(candidates_for(key.op), key=lambda c: c.id != declared):
         judged = run_candidate(candidate, own, oracle_bits)

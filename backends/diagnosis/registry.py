@@ -37,6 +37,8 @@ from backends.rerun.compute import (
     compute_mlx,
     kv_with_history,
 )
+from backends.rerun.segment import RerunSession
+from sessions.compare.key import OpKey
 
 CPU = mx.Device(mx.cpu)
 HEAD_NORMS = ("q_norm", "k_norm")
@@ -220,7 +222,9 @@ def _single_range_in(dtype: mx.Dtype) -> Callable[[CandidateInputs], CandidateOu
 
 
 def _auto_qtile64(inputs: CandidateInputs) -> CandidateOutput:
-    rows = inputs.arrays["q_rope"].shape[1]
+    """The switch is on the call's query rows, not on the rows compared: a window of runs cut
+    differently (5 rows of an 83-row call) took the single-range side of the switch."""
+    rows = inputs.call_rows or inputs.arrays["q_rope"].shape[1]
     return _mlx(Routes(attention=contracts.auto_qtile64_contract(rows), head_chunk=False))(inputs)
 
 
@@ -437,7 +441,7 @@ REGISTRY: tuple[Candidate, ...] = (
     ),
     Candidate(
         contracts.AUTO_QTILE64, frozenset({"sdpa"}), "composite: attn.bf16.single_range below 64 query rows, attn.f32.tiled64x64 from 64",
-        "seed 002 f16_flash_auto_qtile64 (llama.cpp's switch at Q = 64)", _auto_qtile64, _contract_mask_unavailable,
+        "seed 002 f16_flash_auto_qtile64 (llama.cpp's switch at Q = 64)", _auto_qtile64, _contract_mask_unavailable, follows=("call_rows",),
     ),
     Candidate(
         "ggml.attn.f32", frozenset({"sdpa"}),
@@ -491,9 +495,19 @@ HEAD_SPLIT: dict[str, bool | None] = {c.id: c.head_split for c in REGISTRY}
 """Each candidate's `head_split`, by id."""
 
 
-def registry_id(declared: str) -> str | None:
-    """The candidate that computes the contract a record declares; None when it declares none,
-    or one no candidate computes."""
+OF_THE_INPUT_DTYPE = frozenset({*DECLARED_AS, contracts.SINGLE_RANGE})
+"""Declared ids whose dtype is the data's, computed by a candidate in whatever dtype its input
+has (the SwiGLU orders; the single range "in the input dtype"). On data of another dtype they
+name arithmetic no candidate computes here: a bf16 record declaring `swiglu.f16.mul_then_sigmoid`
+read as bit-exactly reproduced, where f16 arithmetic differs in 1,946 of 5,120 elements."""
+DTYPE_TOKENS = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}
+
+
+def registry_id(declared: str, dtype: str) -> str | None:
+    """The candidate that computes the contract a record of `dtype` declares; None when it
+    declares none, or one no candidate computes on data of that dtype (`OF_THE_INPUT_DTYPE`)."""
+    if declared in OF_THE_INPUT_DTYPE and DTYPE_TOKENS.get(declared.split(".")[1]) != dtype:
+        return None
     name = DECLARED_AS.get(declared, declared)
     return name if name in _ids else None
 
@@ -501,3 +515,10 @@ def registry_id(declared: str) -> str | None:
 def candidates_for(op: str) -> list[Candidate]:
     """The registry's candidates for a canonical op, in registry order."""
     return [c for c in REGISTRY if op in c.ops]
+
+
+def declared_candidate(session: RerunSession, side: str, key: OpKey) -> str | None:
+    """The candidate that computes what `side`'s record declares, on data of the record's dtype
+    (`registry_id`), or None."""
+    mapped = session.captured[side].find(key.step, key.segment, key.layer, key.op, key.positions)
+    return None if mapped is None else registry_id(mapped.record.effective_contract_id or "", mapped.record.dtype)

@@ -51,7 +51,7 @@ from backends.diagnosis.registry import (
     HEAD_SPLIT,
     REGISTRY,
     candidates_for,
-    registry_id,
+    declared_candidate,
 )
 from backends.rerun.inputs import RerunInputError
 from backends.rerun.ops import RerunOpError
@@ -113,6 +113,10 @@ class OpDiagnosis:
     """The candidate that reproduces the oracle's route on the same inputs."""
     native_declared: str = ""
     oracle_declared: str = ""
+    native_declared_id: str | None = None
+    oracle_declared_id: str | None = None
+    """The candidates that compute what each side's record declares, on data of its dtype
+    (`registry.registry_id`); None: it declares none, or nothing a candidate computes."""
     native_declared_exact: bool | None = None
     """Whether the candidate computing the contract the native's record declares gives its bits:
     False is a record that misstates what the native ran. None when it declares none, one no
@@ -149,6 +153,9 @@ class ContractNote:
     key: OpKey
     native_declared: str
     oracle_declared: str
+    native_declared_id: str | None = None
+    oracle_declared_id: str | None = None
+    """As `OpDiagnosis`'s."""
     candidates: list[CandidateResult] = field(default_factory=list)
     """Every candidate for the op on the native's inputs, judged against the bits both sides hold."""
     reproducing: list[str] = field(default_factory=list)
@@ -159,7 +166,7 @@ class ContractNote:
         declared = self.native_declared if side == "native" else self.oracle_declared
         if not declared:
             return f"the {side} declares none"
-        named = registry_id(declared)
+        named = self.native_declared_id if side == "native" else self.oracle_declared_id
         result = next((c for c in self.candidates if c.id == named), None)
         if result is None:
             return f"the {side}'s `{declared}` is no candidate's, so it cannot be checked"
@@ -253,11 +260,10 @@ COVERED = "covered"
 """The word for an undetermined stage of an op the diagnosis classified (`Diagnosis.covered_keys`)."""
 
 
-def _preferred(ids: list[str], declared: str, head_split: bool | None) -> str | None:
-    """Of the candidates `ids` that give a side's bits, the one its record declares; else the
-    first in registry order whose calls do not contradict the calls the side recorded (one call
-    over all heads is not the head-chunk route, though on a CPU both give its bits)."""
-    named = registry_id(declared)
+def _preferred(ids: list[str], named: str | None, head_split: bool | None) -> str | None:
+    """Of the candidates `ids` that give a side's bits, the one its record declares (`named`); else
+    the first in registry order whose calls do not contradict the calls the side recorded (one
+    call over all heads is not the head-chunk route, though on a CPU both give its bits)."""
     if named in ids:
         return named
     fitting = [i for i in ids if head_split is None or HEAD_SPLIT[i] in (None, head_split)]
@@ -267,7 +273,10 @@ def _preferred(ids: list[str], declared: str, head_split: bool | None) -> str | 
 def _search(session: RerunSession, found: Classification) -> OpDiagnosis:
     """Every candidate for the op, on the native's own inputs, judged against both yardsticks."""
     key = found.key
-    result = OpDiagnosis(found, native_declared=declared_contract(session, "native", key), oracle_declared=declared_contract(session, "oracle", key))
+    result = OpDiagnosis(
+        found, native_declared=declared_contract(session, "native", key), oracle_declared=declared_contract(session, "oracle", key),
+        native_declared_id=declared_candidate(session, "native", key), oracle_declared_id=declared_candidate(session, "oracle", key),
+    )
     try:
         inputs = candidate_inputs(session, "native", key, found.route_bits)
     except RerunInputError as exc:
@@ -279,9 +288,9 @@ def _search(session: RerunSession, found: Classification) -> OpDiagnosis:
     ran = [c for c in result.candidates if c.vs_native is not None]
     exact = [c.id for c in ran if c.vs_native is not None and c.vs_native.bit_exact]
     copies = {c.id for c in candidates_for(key.op) if c.of_route}
-    result.native_ran = _preferred(exact, result.native_declared, recorded_head_split(session.captured["native"], key))
+    result.native_ran = _preferred(exact, result.native_declared_id, recorded_head_split(session.captured["native"], key))
     result.also_exact = [i for i in exact if i != result.native_ran]
-    declared = next((c for c in ran if c.id == registry_id(result.native_declared)), None)
+    declared = next((c for c in ran if c.id == result.native_declared_id), None)
     if declared is not None and result.native_ran not in copies:
         # A copy of the route is the route's arithmetic plus a copy no record's contract names.
         result.native_declared_exact = declared.id in exact
@@ -293,8 +302,6 @@ def _search(session: RerunSession, found: Classification) -> OpDiagnosis:
     if shaped:
         # The oracle computed these rows in a call of another shape: the candidates whose kernel
         # follows that shape are judged again with the kernels the oracle's call chose.
-        if oracle_shape["call_rows"] != inputs.call_rows:
-            result.oracle_call_rows, result.native_call_rows = oracle_shape["call_rows"], inputs.call_rows
         oracle_inputs = replace(inputs, **oracle_shape)
         again = {c.id: run_candidate(c, oracle_inputs, native_bits) for c in shaped}
         ran = [again.get(c.id, c) for c in ran]
@@ -303,7 +310,10 @@ def _search(session: RerunSession, found: Classification) -> OpDiagnosis:
         # whose contract the sentence above it named.
         result.candidates = [replace(c, vs_oracle_route=again[c.id].vs_oracle_route) if c.id in again else c for c in result.candidates]
     oracle_exact = [c.id for c in ran if c.vs_oracle_route is not None and c.vs_oracle_route.bit_exact]
-    result.oracle_ran = _preferred(oracle_exact, result.oracle_declared, recorded_head_split(session.captured["oracle"], key))
+    result.oracle_ran = _preferred(oracle_exact, result.oracle_declared_id, recorded_head_split(session.captured["oracle"], key))
+    if result.oracle_ran in {c.id for c in shaped} and oracle_shape["call_rows"] != inputs.call_rows:
+        # Said only of a contract whose kernel follows the call's rows: of one that does not, the note was false.
+        result.oracle_call_rows, result.native_call_rows = oracle_shape["call_rows"], inputs.call_rows
     return result
 
 
@@ -328,7 +338,10 @@ def _dispatch_note(session: RerunSession, comparison: Comparison, pair: PairResu
 
 def _contract_note(session: RerunSession, pair: PairResult) -> ContractNote:
     key = pair.key
-    note = ContractNote(key, declared_contract(session, "native", key), declared_contract(session, "oracle", key))
+    note = ContractNote(
+        key, declared_contract(session, "native", key), declared_contract(session, "oracle", key),
+        declared_candidate(session, "native", key), declared_candidate(session, "oracle", key),
+    )
     bits = record_bits(session.captured["native"], key)
     try:
         inputs = candidate_inputs(session, "native", key, record_bits(session.captured["oracle"], key))
@@ -504,7 +517,7 @@ def _names(ids: list[str]) -> str:
 
 def _contract_clause(op: OpDiagnosis) -> str:
     """Which contract the native ran, and whether that is what its record declares."""
-    uncomputed = bool(op.native_declared) and registry_id(op.native_declared) is None
+    uncomputed = bool(op.native_declared) and op.native_declared_id is None
     declared = f"the native declares `{op.native_declared}`" + (", which no candidate computes" if uncomputed else "")
     if op.native_ran is not None:
         also = f", and {_names(op.also_exact)} give{'s' if len(op.also_exact) == 1 else ''} the same bits" if op.also_exact else ""
@@ -520,7 +533,7 @@ def _contract_clause(op: OpDiagnosis) -> str:
 
 
 def _oracle_clause(op: OpDiagnosis) -> str:
-    declared = f" (declared `{op.oracle_declared}`)" if op.oracle_declared and registry_id(op.oracle_declared) != op.oracle_ran else ""
+    declared = f" (declared `{op.oracle_declared}`)" if op.oracle_declared and op.oracle_declared_id != op.oracle_ran else ""
     if op.oracle_ran is not None:
         shapes = ""
         if op.oracle_call_rows is not None:

@@ -42,6 +42,9 @@ def test_the_worst_ops_tab_ranks_like_report_and_selects_the_clicked_op(qtbot: Q
     assert win.model.selected is not None and win.model.selected.key.text() == table.keys()[3]
     qtbot.waitUntil(lambda: not win.tasks.busy, timeout=120_000)
     QApplication.processEvents()
+    assert not table.table.horizontalScrollBar().isVisible(), "every column shows at 1280x720, the last one whole"
+    first = comparison.pairs[[p.key.text() for p in comparison.pairs].index(table.keys()[0])]
+    assert table.table.item(0, 7).text() == f"{1 - first.metrics.cosine:.1e}"
     assert win.grab().save(str(artifacts_dir / "viewer-worst-ops-1280x720.png"))
     win.close()
 

@@ -27,9 +27,11 @@ from viewer.widgets.plain_text import plain_label
 from viewer.widgets.read_only_table import read_only_table
 from viewer.widgets.stale_while_hidden import StaleWhileHidden
 
-COLUMNS = ("#", "op", "kind", "NMSE", "ULP p99", "max ULP", "differing", "cosine")
+COLUMNS = ("#", "op", "kind", "NMSE", "ULP p99", "max ULP", "differing", "1 − cos")
 """Short headers, the tree's where it has the column: as wide as their contents, the long ones
-("ULP steps max") pushed the differing column past the edge at 1280x720."""
+("ULP steps max") pushed the differing column past the edge at 1280x720. The cosine's distance
+from 1 (3.8e-05), not the cosine (0.999961800): of near-parallel tensors the digits that matter,
+in a column that fits where the cosine's eleven characters were cut at 1280x720."""
 PAIR_ROLE = Qt.ItemDataRole.UserRole + 1
 WIDTH_FROM_ROWS = 100
 """Columns take the width of their first rows' contents (and the rows in view): measured over
@@ -53,7 +55,7 @@ class WorstOpsTable(QWidget):
         super().__init__(parent)
         self._model = model
         layout = QVBoxLayout(self)
-        layout.setContentsMargins(8, 8, 8, 8)
+        layout.setContentsMargins(4, 8, 4, 8)  # 8 px a side more and the last column went behind a scroll at 1280x720
         self.summary = plain_label("The worst ops appear once a pair is compared")
         self.summary.setObjectName("sectionTitle")
         self.summary.setWordWrap(True)  # a long summary wraps: one line of it set the window's least width
@@ -90,7 +92,7 @@ class WorstOpsTable(QWidget):
                 NumberItem(cv.pair_ulp_error_text(pair), m.p99_ulp_error or 0.0),
                 NumberItem(cv.pair_max_ulp_text(pair), float(m.max_ulp or 0)),
                 NumberItem(cv.pair_differing_text(pair), float(m.differing)),
-                NumberItem(f"{m.cosine:.9f}", m.cosine),
+                NumberItem(cosine_distance_text(m.cosine), 1.0 - m.cosine),
             )
             for c, item in enumerate(cells):
                 self.table.setItem(r, c, item)
@@ -110,6 +112,11 @@ class WorstOpsTable(QWidget):
         pair: Any = self.table.item(items[0].row(), 1).data(PAIR_ROLE) if items else None
         if pair is not None and pair is not self._model.selected:
             self._model.select(pair)
+
+
+def cosine_distance_text(cosine: float) -> str:
+    distance = 1.0 - cosine
+    return "0" if distance == 0 else f"{distance:.2g}" if abs(distance) >= 1e-2 else f"{distance:.1e}"
 
 
 def worst_ops_summary(differing: int, shown: int, first: Finding | None) -> str:

@@ -536,3 +536,62 @@ def test_a_rerun_input_left_unpaired_for_some_positions_says_why_not_that_there_
         assert ops.lacks(0, "prefill", 0, "layer_out") == (
             "layer_out, but the comparison left it unpaired (no partner: no oracle record of layer_out holds positions 1013-1026)"
         )
+
+
+SMALL = 12
+"""The prompt of the small runs below: calls of a few records each, decode steps after it."""
+
+
+def _small(first: int, stop: int, segment: str, step: int = 0, recorded: bool = True, logits: bool = True, logits_only: bool = False) -> list[T]:
+    """One call of a small run: its rows of the embedding and a layer's output, and the logits of its last row.
+    `logits_only`: only the logits record says where it is (the others read -1)."""
+    data = _prompt_tensors(1)
+    at = first if recorded and not logits_only else -1
+    out = [
+        T("embed", data["embed"][first:stop], step=step, segment=segment, dtype="bfloat16", position=at),
+        T("layer_out", data["layer_out"][first:stop], step=step, segment=segment, layer=0, dtype="bfloat16", position=at),
+    ]
+    if logits:
+        out.append(T("logits", data["logits"][stop - 1 : stop], step=step, segment=segment, dtype="bfloat16", position=stop - 1 if recorded else -1))
+    return out
+
+
+def _decode(steps: list[int], recorded: bool = False) -> list[T]:
+    return [t for s in steps for t in _small(SMALL + s - 1, SMALL + s, "decode", step=s, recorded=recorded)]
+
+
+def _tokens(steps: list[int]) -> list[tuple[int, int, bool]]:
+    return [(s, 7 + s, False) for s in steps]
+
+
+def test_a_decode_step_whose_position_is_not_recorded_sits_at_prompt_length_plus_step_minus_one(tmp_path: Path) -> None:
+    """Placed where the call before it ended, step 3 of a run that lacks step 2 sat on step 2's
+    position and was compared with the other run's step 2: 41 ops "diverged" of identical runs."""
+    native = write_capture(tmp_path / "n.h5", "native", _small(0, SMALL, "prefill", recorded=False) + _decode([1, 3]), _tokens([0, 1, 3]))
+    oracle = write_capture(tmp_path / "o.h5", "oracle", _small(0, 8, "text", recorded=False, logits=False) + _small(8, SMALL, "image", recorded=False) + _decode([1, 2, 3]), _tokens([0, 1, 2, 3]))
+    c = _compare(native, oracle, alignment="positions")
+    assert all(p.metrics.bit_exact for p in c.pairs)
+    assert {p.key.text() for p in c.pairs if p.key.step == 3} == {"3:decode:-1:embed@14", "3:decode:0:layer_out@14", "3:decode:-1:logits@14"}
+    assert {(u.side, u.key.step) for u in c.unaligned} == {("oracle", 2)}, "only the step the native lacks is without a partner"
+
+
+def test_a_prompt_recorded_out_of_order_and_a_call_whose_logits_alone_say_where_it_is_are_placed_where_they_are(tmp_path: Path) -> None:
+    """The prompt's calls recorded 8-11 then 0-7 put the unrecorded decode steps at 8 and 9,
+    inside the prompt; a call whose logits alone were recorded (at its last row, 11) began there."""
+    native = write_capture(tmp_path / "n.h5", "native", _small(0, SMALL, "prefill") + _decode([1, 2], recorded=True), _tokens([0, 1, 2]))
+    shuffled = _small(8, SMALL, "text-after") + _small(0, 8, "text-before", logits=False) + _decode([1, 2])
+    oracle = write_capture(tmp_path / "o.h5", "oracle", shuffled, _tokens([0, 1, 2]))
+    assert _compare(native, oracle, alignment="positions").verdict.word == PARITY
+    logits_only = write_capture(tmp_path / "l.h5", "oracle", _small(0, SMALL, "prefill", logits_only=True) + _decode([1, 2], recorded=True), _tokens([0, 1, 2]))
+    c = _compare(native, logits_only, alignment="positions")
+    assert c.verdict.word == PARITY and not c.unaligned
+
+
+def test_an_empty_call_in_one_run_computes_nothing_and_is_no_finding(tmp_path: Path) -> None:
+    """An oracle whose text-before segment holds no rows (an image-only prompt) against a run
+    that has none: its 0-row records were each a finding, "has no rows", and identical runs DIVERGED."""
+    native = write_capture(tmp_path / "n.h5", "native", _small(0, SMALL, "prefill") + _decode([1], recorded=True), _tokens([0, 1]))
+    oracle = write_capture(tmp_path / "o.h5", "oracle", _small(0, 0, "text-before", logits=False) + _small(0, SMALL, "visual") + _decode([1], recorded=True), _tokens([0, 1]))
+    c = _compare(native, oracle, alignment="positions")
+    assert (c.verdict.word, c.unaligned) == (PARITY, [])
+    assert c.alignment.oracle_calls[:2] == ["text-before (no rows)", "visual 0-11"]

@@ -457,11 +457,12 @@ def _placed(
     side: str, mapped: list[MappedRecord], spans: dict[int, Span], unaligned: list[UnalignedRecord], uncuttable: dict[int, str]
 ) -> dict[OpGroup, list[Placed]]:
     """A side's records by (layer, op, occurrence), sorted by position; records whose positions
-    are unknown, that hold none (no rows), or that claim positions another record of the same
-    op holds, are unaligned.
+    are unknown, that hold none (no rows) in a call that holds some, or that claim positions
+    another record of the same op holds, are unaligned; a call of no rows at all is left out.
     Records that cannot be cut are placed too, with why in `uncuttable` (by seq): one whose
     partner holds the same positions needs no cut (`_cut_only_where_needed`)."""
     groups: dict[OpGroup, list[Placed]] = defaultdict(list)
+    held_calls = {(m.key.step, m.key.segment) for m in mapped if (span := spans.get(m.record.seq)) is not None and span[1] > span[0]}
     for m in mapped:
         span = spans.get(m.record.seq)
         if span is None:
@@ -473,8 +474,9 @@ def _placed(
             unaligned.append(unaligned_record(side, m.record, NO_POSITIONS, problem, m.key))
             continue
         if span[1] <= span[0]:
-            unaligned.append(unaligned_record(side, m.record, NO_POSITIONS, f"its canonical shape {list(m.shape)} has no rows, so it holds no token position", m.key))
-            continue
+            if (m.key.step, m.key.segment) in held_calls:
+                unaligned.append(unaligned_record(side, m.record, NO_POSITIONS, f"its canonical shape {list(m.shape)} has no rows, so it holds no token position", m.key))
+            continue  # a call of no rows at all computed nothing: an empty segment of identical runs read as DIVERGENCE
         cut = "quantized blocks cannot be cut into positions" if logical_dtype(m.record.dtype).is_quantized else cut_problem(m)
         if cut is not None:
             uncuttable[m.record.seq] = cut

@@ -32,6 +32,8 @@ class Call:
 
     def text(self) -> str:
         first, stop = self.span
+        if stop <= first:
+            return f"{self.segment} (no rows)"  # an empty call holds no position: "text-before 0" named one
         return f"{self.segment} {first}-{stop - 1}" if stop - first > 1 else f"{self.segment} {first}"
 
 
@@ -85,7 +87,7 @@ def record_spans(seq: np.ndarray, step: np.ndarray, segment: Coded[str], rows: n
         rows, position = rows.astype(object), position.astype(object)
     length = rows[opening].copy()
     np.maximum.at(length, call, rows)
-    start = _call_starts(call, length, rows, position)
+    start = _call_starts(call, length, rows, position, step[opening])
     first = np.where(position >= 0, position, start[call] + length[call] - rows)
     stop = first + rows
     low, high = first[opening].copy(), stop[opening].copy()
@@ -96,26 +98,35 @@ def record_spans(seq: np.ndarray, step: np.ndarray, segment: Coded[str], rows: n
     return spans, made
 
 
-def _call_starts(call: np.ndarray, length: np.ndarray, rows: np.ndarray, position: np.ndarray) -> np.ndarray:
-    """Where each call starts: at its records' first recorded position, or where the call before
-    it ended. Counted from 0 whatever earlier calls had recorded, a run whose prompt was
-    recorded at positions 40-82 (after a cached prefix) placed decode step 1 at 43, inside the
-    prompt, and compared its later steps with the other run's prompt rows."""
+def _call_starts(call: np.ndarray, length: np.ndarray, rows: np.ndarray, position: np.ndarray, call_step: np.ndarray) -> np.ndarray:
+    """Where each call starts: where its recorded positions put it, or, not recorded, where the
+    call before it ended, and a decode step `s` no earlier than `prompt length + s - 1`
+    (docs/capture-format.md, "Positions"). Counted from 0 whatever earlier calls had recorded, a
+    run whose prompt was recorded at positions 40-82 (after a cached prefix) placed decode step 1
+    at 43, inside the prompt; placed after the call before alone, a run that lacks step 2 put
+    step 3 on step 2's position, and a prompt recorded out of order put the decode steps inside it.
+
+    A recorded record places its call as an unrecorded one would be placed around it: one as long
+    as its call at the call's start, a shorter one (the logits of the last row) at its end. Taken
+    as the call's start, a call whose logits alone were recorded began on its last row."""
     recorded = np.flatnonzero(position >= 0)
     has = np.zeros(len(length), dtype=bool)
     has[call[recorded]] = True
     low = np.full(len(length), -1, dtype=position.dtype)
     high = np.full(len(length), -1, dtype=position.dtype)
     if recorded.size:
-        low[call[recorded]] = position[recorded]  # any recorded first of the call, lowered next
-        np.minimum.at(low, call[recorded], position[recorded])
+        placed = position[recorded] - (length[call[recorded]] - rows[recorded])
+        low[call[recorded]] = placed  # any recorded first of the call, lowered next
+        np.minimum.at(low, call[recorded], placed)
         np.maximum.at(high, call[recorded], position[recorded] + rows[recorded])
     starts: list[int] = []
-    end = 0
-    for recorded_here, lowest, highest, long in zip(has.tolist(), low.tolist(), high.tolist(), length.tolist()):
-        at = lowest if recorded_here else end
+    end = prompt_end = 0
+    for recorded_here, lowest, highest, long, step in zip(has.tolist(), low.tolist(), high.tolist(), length.tolist(), call_step.tolist()):
+        at = lowest if recorded_here else end if step == 0 else max(end, prompt_end + step - 1)
         starts.append(at)
         end = max(at + long, highest) if recorded_here else at + long
+        if step == 0:
+            prompt_end = max(prompt_end, end)
     return np.array(starts, dtype=rows.dtype)
 
 

@@ -595,3 +595,21 @@ def test_an_empty_call_in_one_run_computes_nothing_and_is_no_finding(tmp_path: P
     c = _compare(native, oracle, alignment="positions")
     assert (c.verdict.word, c.unaligned) == (PARITY, [])
     assert c.alignment.oracle_calls[:2] == ["text-before (no rows)", "visual 0-11"]
+
+
+@pytest.mark.parametrize("alignment", ["auto", "calls", "positions"])
+def test_logits_of_every_row_against_logits_of_the_last_row_compare_the_last_row(tmp_path: Path, alignment: str) -> None:
+    """llama.cpp by default and vLLM compute logits only for the row they sample from: against a
+    run that records every row's, the whole records' shapes differed ([12, 16] vs [1, 16]) by
+    calls, and rows 0-10 lacked a partner by position: identical runs read as DIVERGENCE."""
+    data = _prompt_tensors(1)
+
+    def run(path: Path, role: str, every_row: bool) -> Path:
+        rows = slice(0, SMALL) if every_row else slice(SMALL - 1, SMALL)
+        logits = T("logits", data["logits"][rows], segment="prefill", dtype="bfloat16", position=rows.start)
+        return write_capture(path, role, _small(0, SMALL, "prefill", logits=False) + [logits] + _decode([1], recorded=True), _tokens([0, 1]))
+
+    c = _compare(run(tmp_path / "n.h5", "native", True), run(tmp_path / "o.h5", "oracle", False), alignment=alignment)
+    assert (c.verdict.word, c.unaligned) == (PARITY, [])
+    (logits,) = [p for p in c.pairs if p.key.op == "logits" and p.key.step == 0]
+    assert logits.metrics.shape == [1, 16], "the last row both computed"

@@ -700,12 +700,13 @@ def test_a_weights_file_other_than_the_one_the_runs_hashed_is_said_to_be_so_firs
     assert same.verdict.startswith("0:text-before:0:ffn_act is local")
 
 
-def test_a_weights_file_that_is_neither_gguf_nor_safetensors_is_refused_before_any_rerun(demo_pairs: dict, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_weights_file_that_cannot_be_what_it_is_taken_for_is_refused_before_any_rerun(demo_pairs: dict, capsys: pytest.CaptureFixture[str]) -> None:
     """A capture named as the weights turned every op that takes a weight "undetermined" and
     exited 1, a finding, where the input was wrong."""
     native, oracle = demo_pairs["attention-contract"]
     assert main(["diagnose", str(native), str(oracle), "--all", "--no-budget", "--weights", str(native)]) == 2
-    assert f"weights file {native} (named for this rerun) is neither a GGUF nor a safetensors file (it begins b'\\x89HDF" in capsys.readouterr().err
+    said = f"weights file {native} (named for this rerun) cannot be read as safetensors, which a weights file not named *.gguf is taken to be (it begins b'\\x89HDF"
+    assert said in capsys.readouterr().err
 
 
 def test_a_declared_contract_naming_another_dtype_than_the_records_is_no_candidates_and_never_said_to_be_what_ran(demo_pairs: dict, tmp_path: Path) -> None:

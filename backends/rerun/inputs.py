@@ -348,23 +348,24 @@ SAFETENSORS_HEADER_MAX = 100 << 20
 
 
 def _not_weights(path: Path) -> str | None:
-    """Why a regular file is neither a GGUF nor a safetensors file, from its first bytes: read
-    only when an op needs a weight, a capture named as the weights turned every op that takes
-    one "undetermined" and exited 1, a finding, where the input was wrong."""
+    """Why a regular file cannot be the weights it is taken for (GGUF when named *.gguf, else
+    safetensors), from its first bytes: found only when an op needed a weight, a capture named
+    as the weights left every op that takes one "undetermined" and exited 1, a finding, where
+    the input was wrong."""
+    gguf = path.suffix == ".gguf"
+    taken = "GGUF" if gguf else "safetensors, which a weights file not named *.gguf is taken to be"
     try:
         with path.open("rb") as file:
             head = file.read(8)
-            if head[:4] == b"GGUF":
-                return None
             length = int.from_bytes(head, "little") if len(head) == 8 else 0
-            if not 1 < length <= min(SAFETENSORS_HEADER_MAX, path.stat().st_size - 8):
-                return f"is neither a GGUF nor a safetensors file (it begins {head[:8]!r})"
+            if gguf or not 1 < length <= min(SAFETENSORS_HEADER_MAX, path.stat().st_size - 8):
+                return None if gguf and head[:4] == b"GGUF" else f"cannot be read as {taken} (it begins {head!r})"
             header = json.loads(file.read(length))
     except OSError as exc:
         return f"cannot be read ({exc.strerror})"
     except (ValueError, RecursionError):
-        return "is not a safetensors file (its header is not JSON)"
-    return None if isinstance(header, dict) else "is not a safetensors file (its header is not a JSON object)"
+        return f"cannot be read as {taken} (its header is not JSON)"
+    return None if isinstance(header, dict) else f"cannot be read as {taken} (its header is not a JSON object)"
 
 
 def _safetensors_dtype(path: Path, name: str, fallback: str) -> str:

@@ -44,6 +44,7 @@ from sessions.compare.profiles import (
     Profile,
     canonical_axes,
     padded_axis,
+    rows_axis,
 )
 from sessions.compare.record_columns import KeyColumns, shared_keys
 from sessions.compare.record_mapping import MappedKinds, MappedRun, map_records
@@ -237,6 +238,36 @@ def _comparable(pair: AlignedPair, unaligned: list[UnalignedRecord]) -> bool:
     return False
 
 
+def _logits_of_other_rows(pair: AlignedPair, same_calls: set[tuple[int, str]]) -> bool:
+    """Whether a pair is the logits of a call's every row against the logits of its last rows
+    only, in a call both runs made alike (`same_calls`, `_last_logits_rows`)."""
+    n, o = pair.native, pair.oracle
+    axis = rows_axis(pair.key.op)
+    return (
+        pair.key.op == "logits" and pair.manual_reason is None and n.shape != o.shape and _differ_only_on(n.shape, o.shape, axis)
+        and min(n.shape[axis], o.shape[axis]) > 0 and n.window is None and o.window is None and (pair.key.step, pair.key.segment) in same_calls
+    )
+
+
+def _same_calls(native_calls: list[Call], oracle_calls: list[Call]) -> set[tuple[int, str]]:
+    """The (step, segment) of each call both runs made over the same positions."""
+    spans = {(c.step, c.segment): c.span for c in oracle_calls}
+    return {(c.step, c.segment) for c in native_calls if spans.get((c.step, c.segment)) == c.span}
+
+
+def _last_logits_rows(pair: AlignedPair, same_calls: set[tuple[int, str]]) -> AlignedPair:
+    """The logits of a call's every row against the logits of its last rows only (llama.cpp by
+    default and vLLM compute only the rows they sample from): the last rows both computed are
+    compared. Compared whole, their shapes differed, and identical runs read as DIVERGENCE. Only
+    in a call both made alike: the last rows of calls cut differently are other positions."""
+    if not _logits_of_other_rows(pair, same_calls):
+        return pair
+    axis = rows_axis(pair.key.op)
+    both = min(pair.native.shape[axis], pair.oracle.shape[axis])
+    native, oracle = (m.cut((m.shape[axis] - both, m.shape[axis]), pair.key) for m in (pair.native, pair.oracle))
+    return pair._replace(native=native, oracle=oracle)
+
+
 def _alike(pairs: list[AlignedPair]) -> list[bool]:
     """Whether each pair's sides hold the same canonical shape and dtype (so `_comparable`), found
     by `map` in C: a call of `_comparable` per pair took 0.08 s of a real run's alignment."""
@@ -389,8 +420,8 @@ def _pair_by_key(n: _Candidates, o: _Candidates, unaligned: list[UnalignedRecord
 def _pair_by_key_columns(n: MappedRun, o: MappedRun, unaligned: list[UnalignedRecord]) -> AlignedPairs | None:
     """`_pair_by_key` of runs without overrides or optional records, on columns: the pairs as
     `AlignedPairs`, sorted by native seq, with `_comparable` and the set-aside before the mask
-    applied. None where a pair needs what only the records say (a before-the-mask op): the caller
-    pairs the records then."""
+    applied. None where a pair needs what only the records say (a before-the-mask op, logits of
+    other rows): the caller pairs the records then."""
     assert n.kinds is not None and o.kinds is not None
     set_aside = _SetAside(unaligned)
     n_key, o_key, distinct = shared_keys(n.keys, o.keys)
@@ -428,6 +459,9 @@ def _pair_by_key_columns(n: MappedRun, o: MappedRun, unaligned: list[UnalignedRe
     dtypes = shared_codes(n.kinds.records.columns.texts("dtype"), o.kinds.records.columns.texts("dtype"))
     alike = (canonical[0][n_at] == canonical[1][o_at]) & (dtypes[0][n_rows] == dtypes[1][o_rows])
     if not alike.all():
+        same_calls = _same_calls(n.calls, o.calls)
+        if any(_logits_of_other_rows(pairs[at], same_calls) for at in np.flatnonzero(~alike).tolist()):
+            return None  # such a pair is cut (`_last_logits_rows`), which only a pair of records holds
         keep = alike.copy()
         for at in np.flatnonzero(~alike).tolist():
             keep[at] = _comparable(pairs[at], unaligned)
@@ -553,10 +587,15 @@ def _pair_by_position(
     set_aside = _SetAside(unaligned, spans, calls)
     for side, other, theirs in (("native", "oracle", oracles), ("oracle", "native", natives)):
         covered: dict[OpGroup, list[Span]] = {}
+        call_ends = {(call.step, call.segment): call.span[1] for call in calls[side]}
         for group, span, m in short[side]:
             if group not in covered:
                 covered[group] = [their_span for their_span, _ in theirs.get(group, [])]
             for gap in uncovered(span, covered[group]):
+                if m.key.op == "logits" and gap[1] < call_ends.get((m.key.step, m.key.segment), gap[1] + 1) and covered[group]:
+                    # Logits of rows before a call's last, which the other run did not compute (llama.cpp by
+                    # default and vLLM compute only the rows they sample from): nothing to compare, no finding.
+                    continue
                 taken = _manually_paired(other, manual, partial(_holds, spans[other], group, gap))
                 key = m.key._replace(positions=gap)  # a record may lack a partner for several stretches: each is a row of its own, named by it
                 row = None if taken is not None else set_aside.unaligned(side, m.record, key, gap)
@@ -700,7 +739,8 @@ def align(
     n_candidates = _unless_recorded("native", n_candidates, n_optional, o_recorded, unaligned)
     o_candidates = _unless_recorded("oracle", o_candidates, o_optional, n_recorded, unaligned)
     if chosen == CALLS:
-        candidates = manual + _pair_by_key(n_candidates, o_candidates, unaligned, manual)
+        same_calls = _same_calls(n_calls, o_calls)
+        candidates = manual + [_last_logits_rows(p, same_calls) for p in _pair_by_key(n_candidates, o_candidates, unaligned, manual)]
     else:
         candidates = manual + _pair_by_position(n_candidates.mapped, o_candidates.mapped, {"native": n_spans.by_seq(), "oracle": o_spans.by_seq()}, {"native": n_calls, "oracle": o_calls}, unaligned, manual)
     candidates = _apply_breaks(overrides, candidates, native, unaligned)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PySide6.QtCore import Qt, QTimer
-from PySide6.QtWidgets import QApplication
+from PySide6.QtCore import QPoint, Qt, QTimer
+from PySide6.QtWidgets import QApplication, QWidget
 from pytestqt.qtbot import QtBot
 
 from sessions.compare.verdict import CONTRACT_MISMATCH, UNUSABLE
@@ -63,6 +63,29 @@ def test_a_contract_mismatch_reads_as_the_strip_word_and_a_card_at_720p(qtbot: Q
     assert tree.viewport().rect().contains(tree.visualRect(current)), "the first finding's row is highlighted whole, not cut off"
     assert window.tensor_view.height() >= 300, "the tensor view keeps room to be read below the strip and the card"
     shoot(window, artifacts_dir, "contract-mismatch")
+
+
+def test_a_second_banner_over_the_contract_card_at_720p_scrolls_into_view_and_leaves_the_maps_readable(
+    qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]], tmp_path: Path, artifacts_dir: Path
+) -> None:
+    """A "Could not open" over the card took each tensor map to 29 px, and with the card's details
+    shown to 0 px, tick labels drawn over one another."""
+    window.open_pair(*demo_pairs["attention-contract"])
+    qtbot.waitUntil(lambda: window.model.comparison is not None and window.tensor_view.data is not None and not window.tasks.busy, timeout=WAIT_MS)
+    window.open_files([tmp_path / "nonexistent.h5"])
+    qtbot.waitUntil(lambda: bool(window.banners.texts("open")) and not window.tasks.busy, timeout=WAIT_MS)
+    [card] = [b for b in window.banners.banners("comparison") if "native ran" in b.text]
+    card.details_toggle.click()
+    [refused] = window.banners.banners("open")
+    area = window.banners
+
+    def shown_whole(banner: QWidget) -> bool:
+        top = banner.mapTo(area.viewport(), QPoint(0, 0)).y()
+        return 0 <= top and top + banner.height() <= area.viewport().height()
+
+    qtbot.waitUntil(lambda: refused.isVisible() and shown_whole(refused))
+    assert min(plot.vb.height() for plot in window.tensor_view.plots.values()) >= 34, "every map keeps 35 px of data"
+    shoot(window, artifacts_dir, "two-banners")
 
 
 def test_the_contract_finding_reads_as_words_in_the_card_the_strips_tooltip_and_the_ops_tooltip(qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]]) -> None:

@@ -126,6 +126,11 @@ class AxisPicker(QWidget):
             self.changed.emit(spec)
 
 
+MAPS_MIN_HEIGHT = 240
+"""The three maps' least height together, 35 px of data each: with no least height, a second
+banner above them (a swapped pair's warning beside the contract card) took them to 0 px, tick
+labels drawn over one another; the banners scroll instead. No more: with the error plots' least
+height the window must still fit a 1024x768 screen."""
 ERROR_PLOTS_MIN_HEIGHT = 170
 TITLE_PARTS = "  ·  "
 """Between the title's parts: three spaces each side cut a signed-zero slice's title at 1280 px."""
@@ -208,6 +213,7 @@ class TensorView(QWidget):
         }
         self.maps.scene().sigMouseMoved.connect(self._hovered)
         self.maps.scene().sigMouseClicked.connect(self._clicked)
+        self.maps.setMinimumHeight(MAPS_MIN_HEIGHT)
         left.addWidget(self.maps)
         self.errors = errors if errors is not None else ErrorPlots()
         self.errors.setMinimumHeight(ERROR_PLOTS_MIN_HEIGHT)

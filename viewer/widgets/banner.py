@@ -143,6 +143,8 @@ class BannerArea(QScrollArea):
         self._layout.setSpacing(4)
         self.setWidget(inner)
         self._groups: dict[str, list[Banner]] = {}
+        self._newest: Banner | None = None
+        self.verticalScrollBar().rangeChanged.connect(self._show_newest)
         self.setVisible(False)
 
     def _content_height(self) -> int:
@@ -189,7 +191,16 @@ class BannerArea(QScrollArea):
         self._groups.setdefault(group, []).append(banner)
         self._layout.addWidget(banner)
         self.setVisible(True)
+        self._newest = banner
         return banner
+
+    def _show_newest(self) -> None:
+        """The newest message in view once it is laid out: in a short window the area scrolls (the
+        tensor maps keep their least height), and a "Could not open" under the contract card went
+        unseen. Once only: a user who scrolls back to the card stays there."""
+        newest, self._newest = self._newest, None
+        if newest is not None and _exists(newest) and not newest.dismissed:
+            self.ensureWidgetVisible(newest, 0, 0)
 
     def clear(self, group: str) -> None:
         for banner in self._groups.pop(group, []):

@@ -66,7 +66,7 @@ def test_the_inspector_says_when_it_is_pinned_unpins_on_a_second_click_and_copie
     click_element(qtbot, window, "difference", 2, 3)
     assert inspector.title.text().endswith("(pinned)") and inspector.hint.text().startswith("Pinned: hovering does not move")
     inspector.copy_element()
-    assert QApplication.clipboard().text() == "0:prefill:0:attn_norm [2, 3]: native 0x8000 (-0.0) oracle 0x0000 (0.0), 1 ULP apart"
+    assert QApplication.clipboard().text() == "0:prefill:0:attn_norm [2, 3]: native 0x8000 (-0.0) oracle 0x0000 (0.0), +0/-0 swap: equal values, the sign bit differs"
     click_element(qtbot, window, "difference", 2, 3)
     assert not inspector.title.text().endswith("(pinned)") and inspector.hint.text().startswith("Hover a heatmap")
     assert window.tensor_view.pinned is None and inspector.current is not None and not inspector.current.pinned

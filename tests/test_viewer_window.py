@@ -37,10 +37,11 @@ from tests.viewer_windows import (
     wait_compared,
     wait_idle,
 )
+from viewer import comparison_view as cv
 from viewer.comparison_view import unaligned_label
 from viewer.settings import ViewerSettings
 from viewer.tree.alignment_tree import PAIR_ROLE, UNALIGNED_ROLE
-from viewer.window.main_window import MainWindow
+from viewer.window.main_window import TABS, MainWindow
 from viewer.window.terminal_ctrl_c import closing_on_ctrl_c
 
 pytestmark = pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")
@@ -168,6 +169,61 @@ def test_f8_and_shift_f8_step_through_divergences_from_the_keyboard(qtbot: QtBot
     wait_idle(qtbot, window)
 
 
+def test_f8_under_a_filter_steps_through_the_ops_it_shows_and_keeps_it(qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]]) -> None:
+    """F8 went to o_proj, which the filter "ffn_down" hid, and cleared the filter the user typed."""
+    window.open_pair(*demo_pairs["attention-contract"])
+    wait_compared(qtbot, window)
+    qtbot.waitUntil(lambda: window.model.selected is not None, timeout=WAIT_MS)
+    comparison = window.model.comparison.comparison
+    downs = [p for p in comparison.pairs if p.key.op == "ffn_down" and p.verdict != Kind.BIT_EXACT and not p.post_eos]
+    assert len(downs) >= 3
+    window.tree.filter.setText("ffn_down")
+    seen = []
+    for _ in range(3):
+        window.findings.step(+1)
+        seen.append(window.model.selected)
+    assert seen == downs[:3] and window.tree.filter.text() == "ffn_down"
+    stepped = [p for p in comparison.pairs if p.verdict != Kind.BIT_EXACT and not p.post_eos]
+    which = stepped.index(downs[2]) + 1
+    assert window.statusBar().currentMessage() == f"{downs[2].key}: {downs[2].verdict} (op {which} of the {len(stepped)} that are not bit-exact; {len(downs)} of them shown by the filter)"
+    window.model.select(downs[-1])
+    window.findings.step(+1)
+    assert window.model.selected is downs[-1] and window.statusBar().currentMessage() == "No differing op the filter shows after this one (“ffn_down”)."
+    # What the contract card tells the user to do to reach its other op.
+    [card] = [b for b in window.banners.banners("comparison") if "native ran" in b.text]
+    assert "1 more op(s) have contract findings (filter the tree by “contract-mismatch”, then F8 steps through them)" in shown_tip(card.details.text())
+    window.tree.filter.setText("contract-mismatch")
+    window.jump_action.trigger()
+    window.findings.step(+1)
+    assert window.model.selected.key.text() == "0:visual:1:sdpa"
+    wait_idle(qtbot, window)
+
+
+def test_the_worst_ops_table_follows_the_selection_and_swapping_roles_keeps_the_op(qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]]) -> None:
+    """Worst ops kept highlighting the op clicked last beside another in the tree, and a click on
+    it then did nothing; Swap roles went back to the first finding."""
+    window.open_pair(*demo_pairs["attention-contract"])
+    wait_compared(qtbot, window)
+    qtbot.waitUntil(lambda: window.model.selected is not None, timeout=WAIT_MS)
+    window.show_panel(TABS.index("Worst ops"))
+    table = window.worst_ops.table
+    table.selectRow(3)
+    clicked = window.model.selected
+    assert clicked.key.text() == window.worst_ops.keys()[3]
+    window.jump_action.trigger()
+    first = window.model.selected
+    assert first is not clicked
+    rows = {index.row() for index in table.selectionModel().selectedRows()}
+    assert [window.worst_ops.keys()[r] for r in rows] == [first.key.text()]
+    qtbot.mouseClick(table.viewport(), Qt.MouseButton.LeftButton, pos=table.visualItemRect(table.item(3, 1)).center())
+    assert window.model.selected is clicked, "a click on a listed op selects it again"
+    window.swap_roles()
+    qtbot.waitUntil(lambda: window.model.comparison is not None and not window.tasks.busy, timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: window.model.selected is not None, timeout=WAIT_MS)
+    assert window.model.selected.key == clicked.key, "the swapped pair shows the op the user was on"
+    wait_idle(qtbot, window)
+
+
 def test_a_pair_whose_first_finding_has_agreeing_bits_opens_on_the_tab_that_shows_it(qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]]) -> None:
     """A dispatch-only pair opened on Tensor diff: a green "bit-exact" map and "no differing elements" beside the verdict."""
     window.open_pair(*demo_pairs["head-chunk"])
@@ -214,6 +270,11 @@ def test_the_error_plot_of_an_op_that_differs_only_in_signed_zeros_says_so_not_t
     assert window.model.selected.key.op == "ffn_act" and window.model.selected.metrics.differing == 21
     texts = [item.textItem.toPlainText() for item in window.tensor_view.errors.abs_plot.items if isinstance(item, pg.TextItem)]
     assert texts == ["|error| 0: signed\nzeros only"]
+    # A swap is 1 ULP by bits and no error: red "1 ULP apart", max ULP 1 and a line at 1 over every row read as one.
+    for plot in (window.tensor_view.errors.row_plot, window.tensor_view.errors.head_plot):
+        assert [item.textItem.toPlainText() for item in plot.items if isinstance(item, pg.TextItem)] in (["+0/-0 swaps\nonly"], ["no head axis"])
+    assert window.tensor_view.inspector.verdict.text() == "+0/-0 swap: equal values, the sign bit differs"
+    assert cv.pair_max_ulp_text(window.model.selected) == "±0 only"
     window.model.select(next(p for p in window.model.comparison.comparison.pairs if p.key.op == "embed"))
     qtbot.waitUntil(lambda: window.tensor_view.data is not None and window.tensor_view.data.request.metrics.differing == 0, timeout=WAIT_MS)
     rows = [item.textItem.toPlainText() for item in window.tensor_view.errors.row_plot.items if isinstance(item, pg.TextItem)]
@@ -261,9 +322,10 @@ def test_a_float32_slice_counts_differing_bits_and_pins_the_element_the_report_n
 def test_the_max_ulp_per_row_plot_of_a_one_row_op_shows_its_one_row(qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]]) -> None:
     """Every decode step's op is one row: drawn as a line of one point, the plot was blank beside a tooltip saying 1 of 1 rows differ."""
 
-    window.open_pair(*demo_pairs["signed-zero"])
+    window.open_pair(*demo_pairs["swiglu-order"])
     wait_compared(qtbot, window)
     pair = next(p for p in window.model.comparison.comparison.pairs if p.key.text() == "2:decode:1:ffn_act")
+    assert pair.metrics.shape[0] == 1 and pair.metrics.differing > pair.metrics.signed_zero_only
     view = window.tensor_view
     _show_op(qtbot, window, pair)
     (line,) = [item for item in view.errors.row_plot.items if isinstance(item, pg.PlotDataItem)]
@@ -404,7 +466,7 @@ def test_clicking_an_element_shows_both_sides_bits_and_flags(qtbot: QtBot, windo
     assert inspector.cell_text("hex bits", "oracle") == "0x0000"
     assert inspector.cell_text("flags", "native") == "signed zero (−0)"
     assert inspector.cell_text("flags", "oracle") == "+0"
-    assert inspector.verdict.text() == "1 ULP apart"
+    assert inspector.verdict.text() == "+0/-0 swap: equal values, the sign bit differs", "one ULP by bits, and no error"
 
     click_element(qtbot, window, "native", 3, 4)
     assert inspector.current.coordinate == (3, 4)

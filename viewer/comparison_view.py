@@ -8,6 +8,7 @@ domain logic and a change in the engine's result shape is absorbed here.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
@@ -381,16 +382,23 @@ def first_finding_record(viewed: ViewedComparison | None) -> UnalignedRecord | N
     return next((u for u in viewed.comparison.unaligned if unaligned_key(u) == first.key), None)
 
 
-def neighbour_divergence(viewed: ViewedComparison, current: PairResult | None, direction: int) -> PairResult | None:
+def neighbour_divergence(viewed: ViewedComparison, current: PairResult | None, direction: int, among: Sequence[int] | None = None) -> PairResult | None:
     """The next (or previous) pair worth stepping through with F8: every kind that is not
-    bit-exact, before EOS. Found by bisection in places worked out on the worker thread."""
-    pairs, stepped = viewed.comparison.pairs, viewed.stepped
+    bit-exact, before EOS, or of those the places `among` (ascending; the filter's). Found by
+    bisection in places worked out on the worker thread."""
+    pairs, stepped = viewed.comparison.pairs, viewed.stepped if among is None else among
     here = viewed.position_of.get(id(current), -1 if direction > 0 else len(pairs))
     if direction > 0:
         at = bisect_right(stepped, here)
         return pairs[stepped[at]] if at < len(stepped) else None
     at = bisect_left(stepped, here)
     return pairs[stepped[at - 1]] if at > 0 else None
+
+
+def stepped_under_filter(viewed: ViewedComparison, text: str) -> list[int]:
+    """The places F8 steps through that the tree's filter `text` shows (its search lines, `search_text`)."""
+    found, _ = viewed.tree.matches(text.lower(), len(viewed.comparison.pairs))
+    return np.intersect1d(np.asarray(viewed.stepped, dtype=np.int64), np.asarray(found, dtype=np.int64)).tolist()
 
 
 def stepped_place(viewed: ViewedComparison, pair: PairResult) -> tuple[int, int]:
@@ -439,6 +447,8 @@ def pair_max_ulp_text(pair: PairResult) -> str:
     m = pair.metrics
     if m.bit_exact:
         return "0"
+    if m.signed_zero_only == m.differing:
+        return "±0 only"  # a swap is 1 ULP by bits and no error: "1" read as a real 1-ULP error
     if m.max_ulp is None:
         return "NaN" if m.nan_mismatch or m.nan_payload else "—"
     return f"{m.max_ulp:,}"
@@ -557,7 +567,8 @@ def contract_card(viewed: ViewedComparison) -> tuple[str, str] | None:
         for side, ids in (("native", first.native), ("oracle", first.oracle))
     )
     ops = len({f.key for f in findings})
-    more = f" {ops - 1} more op(s) have contract findings (F8 steps through them)." if ops > 1 else ""
+    # F8 steps through every op that is not bit-exact; under a filter, through the ops it shows.
+    more = f" {ops - 1} more op(s) have contract findings (filter the tree by “contract-mismatch”, then F8 steps through them)." if ops > 1 else ""
     details = (
         f"{escape(KIND_WORDS[first.kind].capitalize())}, found from the index before any tensor data was read:<table>{rows}</table>"
         f"Why it matters: the two runs executed different arithmetic here, so their bits are not expected to agree, "

@@ -38,6 +38,8 @@ class PairModel(QObject):
         """Why the open pair has no comparison and none is coming (it was cancelled, it failed);
         None while one may still come."""
         self._releases: list[Iterator[None]] = []
+        self._reselect: Any = None
+        """The key to select when the next comparison arrives (`swap`)."""
         self._release_step = QTimer(self)
         self._release_step.setInterval(0)
         self._release_step.timeout.connect(self._release_next)
@@ -46,6 +48,7 @@ class PairModel(QObject):
         """Replace the open pair; returns the captures no longer shown, for the caller to close."""
         old = [c for c in (self.native, self.oracle) if c is not None and c not in (native, oracle)]
         self.native, self.oracle = native, oracle
+        self._reselect = None
         retired = [self.comparison]
         self.comparison = None
         self.not_compared = None
@@ -59,7 +62,11 @@ class PairModel(QObject):
         return old
 
     def swap(self) -> None:
+        """The roles swapped; the op the user was on is selected again when the swapped pair's
+        comparison holds its key (it went back to the first finding)."""
+        key = None if self.selected is None else self.selected.key
         self.set_captures(self.oracle, self.native)
+        self._reselect = key
 
     @property
     def has_pair(self) -> bool:
@@ -73,7 +80,9 @@ class PairModel(QObject):
         pairing mode switched) keeps the selected op while the new comparison holds its key, or
         pairs the same two records under another key (by position, a key carries positions), as
         that comparison's pair: every re-compare dropped it, and the window jumped to the first finding."""
-        kept = None if comparison is None or self.selected is None else comparison.pair_of.get(self.selected.key)
+        wanted = self.selected.key if self.selected is not None else self._reselect
+        self._reselect = None
+        kept = None if comparison is None or wanted is None else comparison.pair_of.get(wanted)
         if kept is None and comparison is not None and self.selected is not None:
             records = (self.selected.native_seq, self.selected.oracle_seq)
             kept = next((p for p in comparison.comparison.pairs if (p.native_seq, p.oracle_seq) == records), None)

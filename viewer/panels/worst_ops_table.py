@@ -69,9 +69,12 @@ class WorstOpsTable(QWidget):
         header.setStretchLastSection(False)
         header.setSortIndicator(0, Qt.SortOrder.AscendingOrder)
         self.table.itemSelectionChanged.connect(self._selected)
+        # A click on the row already highlighted selects its op again (after Ctrl+J went elsewhere).
+        self.table.cellClicked.connect(lambda *_: self._selected())
         layout.addWidget(self.table, 1)
         self._refresh = StaleWhileHidden(self, self._rebuild_now)
         model.comparison_changed.connect(self._refresh.request)
+        model.selection_changed.connect(self._follow)
 
     def _rebuild_now(self) -> None:
         viewed = self._model.comparison
@@ -97,6 +100,7 @@ class WorstOpsTable(QWidget):
             for c, item in enumerate(cells):
                 self.table.setItem(r, c, item)
         self.table.setSortingEnabled(True)
+        self._follow(self._model.selected)
         if viewed is None:
             self.summary.setText("The worst ops appear once a pair is compared")
         else:
@@ -106,6 +110,23 @@ class WorstOpsTable(QWidget):
         """The op keys in the order shown (tests)."""
         self._refresh.bring_up_to_date()
         return [self.table.item(r, 1).text() for r in range(self.table.rowCount())]
+
+    def _follow(self, pair: Any) -> None:
+        """The window chose an op: its row is highlighted, or none when it is not listed (the
+        table kept highlighting the op clicked last, beside another in the tree and the maps).
+        A table waiting to be rebuilt takes the selection when it is (`_rebuild_now`)."""
+        if self._refresh.stale:
+            return
+        rows = [r for r in range(self.table.rowCount()) if self.table.item(r, 1).data(PAIR_ROLE) is pair] if pair is not None else []
+        self.table.blockSignals(True)
+        try:
+            if rows:
+                self.table.selectRow(rows[0])
+            else:
+                self.table.clearSelection()
+        finally:
+            self.table.blockSignals(False)
+        self.table.viewport().update()
 
     def _selected(self) -> None:
         items = self.table.selectedItems()

@@ -83,8 +83,9 @@ class ErrorPlots(pg.GraphicsLayoutWidget):
         self.ulp_plot.getAxis("bottom").setTicks(_two_then_the_rest(ticks, (0, 2 * (len(ticks) - 1) // 3)))
         self._bars(self.abs_plot, data.abs_hist.astype(np.float64), _no_error_text(metrics))
         exact = metrics is not None and metrics.differing == 0
-        self._profile(self.row_plot, metrics.per_row if metrics is not None else None, "row", curve=True, exact=exact)
-        self._profile(self.head_plot, metrics.per_head if metrics is not None else None, "head", curve=False, exact=exact)
+        zeros = metrics is not None and metrics.differing > 0 and metrics.signed_zero_only == metrics.differing
+        self._profile(self.row_plot, metrics.per_row if metrics is not None else None, "row", curve=True, exact=exact, signed_zeros_only=zeros)
+        self._profile(self.head_plot, metrics.per_head if metrics is not None else None, "head", curve=False, exact=exact, signed_zeros_only=zeros)
 
     @staticmethod
     def _bars(plot: pg.PlotItem, counts: np.ndarray, empty: str = NO_DIFFERENCE) -> None:
@@ -95,7 +96,7 @@ class ErrorPlots(pg.GraphicsLayoutWidget):
         plot.addItem(pg.BarGraphItem(x=np.arange(counts.size), height=heights, width=0.85, brush=HOT, pen=None))
 
     @staticmethod
-    def _profile(plot: pg.PlotItem, profile: AxisProfile | None, name: str, curve: bool, exact: bool) -> None:
+    def _profile(plot: pg.PlotItem, profile: AxisProfile | None, name: str, curve: bool, exact: bool, signed_zeros_only: bool) -> None:
         """`exact`: nothing differs, so no profile was kept; a bit-exact [5, 384] tensor read "no row axis"."""
         if profile is None and exact:
             set_title(plot, f"max ULP / {name}")
@@ -107,8 +108,13 @@ class ErrorPlots(pg.GraphicsLayoutWidget):
             plot.setToolTip(f"this op has no {name} axis")
             _message(plot, f"no {name} axis", MUTED)
             return
-        values = np.asarray(profile.max_ulp, dtype=np.float64)
         set_title(plot, f"max ULP / {name}")
+        if signed_zeros_only:
+            # Each swap is 1 ULP by bits and no error: a line at 1 over every row read as a 1-ULP error.
+            plot.setToolTip(f"{int(np.count_nonzero(profile.differing))} of {len(profile.differing)} {name}s hold +0/-0 swaps, and nothing else differs")
+            _message(plot, "+0/-0 swaps\nonly", MUTED)
+            return
+        values = np.asarray(profile.max_ulp, dtype=np.float64)
         plot.setToolTip(f"{int(np.count_nonzero(values))} of {values.size} {name}s differ")
         if curve:
             # One row (every decode step's op) is a line of one point, which draws nothing: a dot marks it.

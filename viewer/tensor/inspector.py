@@ -23,9 +23,12 @@ from PySide6.QtWidgets import (
 
 from sessions.bits.element_info import ElementInfo, describe, ulp_between
 from sessions.bits.quant_blocks import QuantBlock
+from sessions.compare.verdict import Kind
+from viewer.theme import STATUS_COLOURS
 from viewer.widgets.plain_text import plain_label
 
 DIFFERENT = "#d64541"
+SIGNED_ZERO = STATUS_COLOURS[Kind.SIGNED_ZERO_ONLY]
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,19 @@ class InspectedElement:
     @property
     def bit_exact(self) -> bool:
         return self.native.bits == self.oracle.bits
+
+    @property
+    def signed_zero_swap(self) -> bool:
+        """+0 against -0: equal values, one ULP apart by bits (red "1 ULP apart" read as an error)."""
+        return not self.bit_exact and all(side.exponent == 0 and side.mantissa == 0 for side in (self.native, self.oracle))
+
+    def distance_text(self) -> str:
+        """How far apart the two values are, in the words every line of the inspector uses."""
+        if self.bit_exact:
+            return "bit-exact"
+        if self.signed_zero_swap:
+            return "+0/-0 swap: equal values, the sign bit differs"
+        return "ULP distance undefined (NaN)" if self.ulp is None else f"{self.ulp} ULP apart"
 
 
 def inspect(
@@ -168,7 +184,7 @@ class ElementInspector(QFrame):
         if element is None:
             return ""
         where = ", ".join(str(i) for i in element.coordinate)
-        distance = "bit-exact" if element.bit_exact else ("ULP distance undefined (NaN)" if element.ulp is None else f"{element.ulp} ULP apart")
+        distance = element.distance_text()
         return (
             f"{self.label} [{where}]: native {element.native.hex} ({element.native.decimal}) "
             f"oracle {element.oracle.hex} ({element.oracle.decimal}), {distance}"
@@ -220,11 +236,14 @@ class ElementInspector(QFrame):
         if element.bit_exact:
             self.verdict.setText("bit-exact")
             _restyle(self.verdict, "color: #2e9d57;")
+        elif element.signed_zero_swap:
+            self.verdict.setText(element.distance_text())
+            _restyle(self.verdict, f"color: {SIGNED_ZERO};")
         elif element.ulp is None:
             self.verdict.setText("NaN involved: ULP distance undefined")
             _restyle(self.verdict, f"color: {DIFFERENT};")
         else:
-            self.verdict.setText(f"{element.ulp} ULP apart")
+            self.verdict.setText(element.distance_text())
             _restyle(self.verdict, f"color: {DIFFERENT};")
 
 

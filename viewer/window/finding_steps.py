@@ -74,7 +74,7 @@ class FindingSteps:
         """Ctrl+J: the verdict's first finding, whatever its kind -- the same place the CLI names."""
         comparison = self._model.comparison
         if comparison is None:
-            self._window.statusBar().showMessage(self._model.waiting() if self._model.has_pair else "Open a pair first.", 5000)
+            self._say(self._model.waiting() if self._model.has_pair else "Open a pair first.")
             return
         first = cv.first_finding(comparison)
         if first is None:
@@ -100,13 +100,20 @@ class FindingSteps:
         """F8 (+1) and Shift+F8 (-1): the next or previous op that differs."""
         comparison = self._model.comparison
         if comparison is None:
+            self._say(self._model.waiting() if self._model.has_pair else "Open a pair first.")
             return
-        target = cv.neighbour_divergence(comparison, self._model.selected, direction)
+        # Under a filter, the ops it shows: stepping to one it hid cleared the filter the user typed.
+        text = self._tree.filter.text()
+        among = cv.stepped_under_filter(comparison, text) if text else None
+        target = cv.neighbour_divergence(comparison, self._model.selected, direction, among)
         if target is not None:
             self._model.select(target)
             # Said at every step: the last line (Ctrl+J's finding, "no differing op after this one") stayed up beside another op.
             which, of = cv.stepped_place(comparison, target)
-            self._say(f"{target.key}: {target.verdict} (op {which:,} of the {of:,} that are not bit-exact)")
+            shown = f"; {len(among):,} of them shown by the filter" if among is not None else ""
+            self._say(f"{target.key}: {target.verdict} (op {which:,} of the {of:,} that are not bit-exact{shown})")
+        elif among is not None and comparison.stepped:
+            self._say(f"No differing op the filter shows {'after' if direction > 0 else 'before'} this one (“{text}”).")
         elif not comparison.stepped:
             first = comparison.comparison.verdict.first
             # Under a DIVERGENCE of records without a partner it read as if nothing were wrong.

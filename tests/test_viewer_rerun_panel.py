@@ -12,7 +12,7 @@ from sessions.capture.opening import open_capture
 from sessions.compare.comparison import iter_compare
 from sessions.progress import run_to_end
 from viewer.comparison_view import ViewedComparison
-from viewer.panels.rerun_panel import CHOOSE, COLUMNS, RerunPanel, RerunPanelModel
+from viewer.panels.rerun_panel import CHOOSE, COLUMNS, RerunPanel, RerunPanelModel, ready
 
 pytestmark = [pytest.mark.slow, pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")]
 
@@ -106,7 +106,8 @@ def test_a_failed_cancelled_or_other_ops_rerun_never_leaves_the_last_runs_result
     run_sdpa()
     panel.set_key("0:visual:4:sdpa")
     assert cleared(), "another op chosen: the sdpa result read as its own"
-    assert panel.status.text() == CHOOSE, "'Ran on cpu ... Route: ...' of the sdpa run stood beside the next op chosen"
+    assert panel.status.text() == ready("0:visual:4:sdpa"), "'Ran on cpu ... Route: ...' of the sdpa run stood beside the next op chosen"
+    assert panel.progress.text() == "", "'done' of the run whose table went"
     with qtbot.waitSignal(panel.failed, timeout=60_000):
         panel.run()
     assert cleared() and panel.progress.text() == "failed"
@@ -135,7 +136,7 @@ def test_another_pair_clears_the_refusal_and_the_status_of_the_last(qtbot, panel
         panel.model.set_pair(native, oracle, ViewedComparison.of(run_to_end(iter_compare(native, oracle))))
         assert panel.status.text() == CHOOSE
         panel.set_key("0:text-before:0:sdpa")
-        assert panel.status.text() == "" and panel.key.currentText() == "0:text-before:0:sdpa"
+        assert panel.status.text() == ready("0:text-before:0:sdpa") and panel.key.currentText() == "0:text-before:0:sdpa"
     finally:
         panel.model.set_pair(None, None, None)
         native.close()
@@ -162,12 +163,12 @@ def test_a_key_typed_that_no_rerun_computes_fails_as_every_other_refusal_says_it
 
 def test_an_op_no_rerun_computes_is_not_preselected_and_the_panel_says_why_and_what_run_reruns(qtbot, panel: RerunPanel) -> None:  # type: ignore[no-untyped-def]
     panel.set_key("0:visual:0:sdpa")
-    assert panel.status.text() == "", "no 'Choose an op' beside the op chosen"
+    assert panel.status.text() == ready("0:visual:0:sdpa"), "no 'Choose an op' beside the op chosen"
     panel.set_key("0:text-before:-1:embed")
     assert panel.key.currentText() == "0:visual:0:sdpa"
     assert panel.status.text() == "0:text-before:-1:embed cannot be rerun: its input is token ids, not a captured tensor. Run reruns 0:visual:0:sdpa, still chosen."
     panel.set_key("0:visual:1:sdpa")
-    assert panel.key.currentText() == "0:visual:1:sdpa" and panel.status.text() == ""
+    assert panel.key.currentText() == "0:visual:1:sdpa" and panel.status.text() == ready("0:visual:1:sdpa")
 
 
 def test_a_first_difference_of_signed_zeros_alone_says_both_sides_are_equally_close(qtbot, demo_pairs: dict) -> None:  # type: ignore[no-untyped-def]

@@ -66,6 +66,12 @@ COLUMNS = ("op", "route that ran", "native vs oracle", "rerun vs native", "rerun
 
 
 CHOOSE = "Choose an op or a segment, then run it."
+READY_PREFIX = "Run reruns "
+
+
+def ready(key: str) -> str:
+    """The status line of an op chosen and not yet run."""
+    return f"{READY_PREFIX}{key} with the options above."
 """What the panel says until an op is chosen."""
 
 class RerunPanelModel(QObject):
@@ -224,14 +230,17 @@ class RerunPanel(QWidget):
         # It said only that this op cannot be rerun, over another op still chosen, which Run then reran.
         still = f" Run reruns {chosen}, still chosen." if chosen else ""
         refusal = None if why is None else f"{key} cannot be rerun: {why}.{still}"
-        if refusal is not None or self.status.text() in (self._refusal, CHOOSE):
-            self.status.setText(refusal or "")  # a refusal stays only while its op is the one chosen
+        if refusal is not None or self.status.text() in (self._refusal, CHOOSE) or self.status.text().startswith(READY_PREFIX):
+            self.status.setText(refusal or ready(key))  # a refusal stays only while its op is the one chosen
         self._refusal = refusal
         if refusal is None:
             self.key.setCurrentText(key)
             shown = self.model.result
             if shown is not None and shown.target.text() != key:
-                self.model.set_result(None)  # another op's table and verdict read as this one's
+                # Another op's table and verdict read as this one's, and "done" as its run's (no run
+                # is in flight while a result is shown: a run takes the result down as it starts).
+                self.model.set_result(None)
+                self._end_progress("")
 
     def options(self) -> RerunOptions:
         return RerunOptions(
@@ -326,8 +335,10 @@ class RerunPanel(QWidget):
         if result is None:
             for label in (self.verdict, self.device_note, self.calls):
                 label.setText("")
-            # "Ran on cpu ... Route: swiglu ..." stood beside the next op chosen, over an empty table.
-            self.status.setText(self._refusal or CHOOSE)
+            # "Ran on cpu ... Route: swiglu ..." stood beside the next op chosen, over an empty table;
+            # then "Choose an op" beside the op chosen, and "done" of the run whose table went.
+            chosen = self.key.currentText()
+            self.status.setText(self._refusal or (ready(chosen) if chosen else CHOOSE))
             return
         self.table.setRowCount(len(result.ops))
         for row, op in enumerate(result.ops):

@@ -12,7 +12,13 @@ from sessions.capture.opening import open_capture
 from sessions.compare.comparison import iter_compare
 from sessions.progress import run_to_end
 from viewer.comparison_view import ViewedComparison
-from viewer.panels.rerun_panel import CHOOSE, COLUMNS, RerunPanel, RerunPanelModel, ready
+from viewer.panels.rerun_panel import (
+    CHOOSE,
+    COLUMNS,
+    RerunPanel,
+    RerunPanelModel,
+    ready,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.qt_log_ignore("This plugin does not support propagateSizeHints")]
 

@@ -780,3 +780,21 @@ def test_the_html_report_is_rendered_and_written_off_the_ui_thread(qtbot: QtBot,
         assert window.report_export.export_html(page)
         assert exported == [], "export_html returned before the page was written"
     assert exported == [page] and "swiglu" in page.read_text(encoding="utf-8").lower()
+
+
+def test_with_one_capture_open_every_empty_view_says_which_to_open(qtbot: QtBot, window: MainWindow, demo_pairs: dict[str, tuple[Path, Path]]) -> None:
+    """Tensor diff said "Select an op in the alignment tree" over an empty tree, and the timeline
+    "open a pair whose captures record attention calls" of a capture that records them."""
+    window.open_files([demo_pairs["swiglu-order"][0]])
+    qtbot.waitUntil(lambda: window.model.native is not None and not window.tasks.busy, timeout=WAIT_MS)
+    said = "Open the oracle run's capture (drop it on the window): one capture alone has nothing to compare"
+    assert window.tensor_view.title.text() == said
+    window.show_panel(TABS.index("Dispatch timeline"))
+    qtbot.waitUntil(lambda: window.dispatch.timeline.summary.text() == said)
+    assert window.tree.summary.text() == said
+    window.findings.step(+1)
+    assert window.statusBar().currentMessage() == "Open a pair first.", "F8 said nothing"
+    window.open_files([demo_pairs["swiglu-order"][1]])
+    wait_compared(qtbot, window)
+    assert window.dispatch.timeline.summary.text() != said and window.statusBar().currentMessage() != "Open a pair first."
+    wait_idle(qtbot, window)

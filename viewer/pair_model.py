@@ -72,6 +72,15 @@ class PairModel(QObject):
     def has_pair(self) -> bool:
         return self.native is not None and self.oracle is not None
 
+    def missing_side_text(self) -> str | None:
+        """What an empty view says while one capture alone is open, else None: "Select an op in the
+        alignment tree" over an empty tree, and "open a pair whose captures record attention calls"
+        of a capture that records them, were wrong advice."""
+        if (self.native is None) == (self.oracle is None):
+            return None
+        missing = "oracle" if self.oracle is None else "native"
+        return f"Open the {missing} run's capture (drop it on the window): one capture alone has nothing to compare"
+
     def set_comparison(self, comparison: Any, not_compared: str | None = None) -> None:
         """`not_compared`, with no comparison: why none is coming (it was cancelled, it failed),
         so no view goes on saying one is running.

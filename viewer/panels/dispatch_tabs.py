@@ -25,7 +25,7 @@ from viewer.panels.rerun_panel import (
     RerunPanelModel,
 )
 from viewer.panels.timeline_model import TimelineModel
-from viewer.panels.timeline_view import TimelineView
+from viewer.panels.timeline_view import NO_EVENTS, TimelineView
 from viewer.widgets.banner import BannerArea
 from viewer.workers import TaskSlots
 
@@ -61,6 +61,7 @@ class DispatchTabs(QObject):
     # -- following the pair ------------------------------------------------------------------
 
     def _captures_changed(self) -> None:
+        self.timeline.empty_text = self.model.missing_side_text() or NO_EVENTS
         self.timeline_model.set_timeline(None)
         self.rerun_model.set_pair(self.model.native, self.model.oracle, None)
 

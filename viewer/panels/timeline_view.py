@@ -64,6 +64,8 @@ def palette(model: TimelineModel) -> list[str]:
     return [CONTRACT_COLOURS[recorded.index(name) % len(CONTRACT_COLOURS)] if name else PRIMITIVE_COLOURS[""] for name in names]
 
 
+
+NO_EVENTS = "No dispatch events: open a pair whose captures record attention calls."
 class BoxesItem(pg.GraphicsObject):
     """Paints every box of the model in one pass; outlines mark differences, mismatches, selection."""
 
@@ -211,6 +213,8 @@ class TimelineView(QWidget):
     def __init__(self, model: TimelineModel, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.model = model
+        self.empty_text = NO_EVENTS
+        """What the summary says with no timeline (one capture alone open says which to open)."""
         self.hover_text = ""
         self.lanes = self._combo({"group": "Lanes: layer × KV group", "call": "Lanes: call number"}, model.set_lane_mode)
         self.x_axis = self._combo({"call": "Axis: call order", "time": "Axis: time (ms)"}, model.set_x_mode)
@@ -290,7 +294,9 @@ class TimelineView(QWidget):
         left, bottom = self.plot.getAxis("left"), self.plot.getAxis("bottom")
         if boxes is None or timeline is None:
             left.setTicks([[]])
-            self.summary.setText("No dispatch events: open a pair whose captures record attention calls.")
+            bottom.setTicks([[]])  # no calls: the axis numbered nothing (-0.4 ... 0.4)
+            bottom.setLabel("")
+            self.summary.setText(self.empty_text)
             return
         left.setTicks([[(i + 0.5, text) for i, text in enumerate(boxes.lane_labels)]])
         self.divider.setPos(boxes.native_lanes)

@@ -23,12 +23,11 @@ from PySide6.QtWidgets import (
 
 from sessions.bits.element_info import ElementInfo, describe, ulp_between
 from sessions.bits.quant_blocks import QuantBlock
-from sessions.compare.verdict import Kind
-from viewer.theme import STATUS_COLOURS
 from viewer.widgets.plain_text import plain_label
 
 DIFFERENT = "#d64541"
-SIGNED_ZERO = STATUS_COLOURS[Kind.SIGNED_ZERO_ONLY]
+SIGNED_ZERO = "#e07b39"
+"""The tree's colour of a signed-zero-only op (viewer.theme, which this folder cannot import: it imports the comparison's view)."""
 
 
 @dataclass(frozen=True)

@@ -241,7 +241,7 @@ class TensorView(QWidget):
 
     def _selection_changed(self, pair: object) -> None:
         if pair is None:
-            self.clear("Select an op in the alignment tree")
+            self.clear(self._model.missing_side_text() or "Select an op in the alignment tree")
 
     def clear(self, message: str) -> None:
         self.title.setText(message)

@@ -255,7 +255,7 @@ class AlignmentTree(QWidget):
         self.items.removeRows(0, self.items.rowCount())
         comparison = self._model.comparison
         if comparison is None:
-            self.summary.setText(self._model.waiting() if self._model.has_pair else "Open a native and an oracle capture")
+            self.summary.setText(self._model.waiting() if self._model.has_pair else self._model.missing_side_text() or "Open a native and an oracle capture")
             return
         self._paths = comparison.tree.path_of
         self._root = comparison.tree.root

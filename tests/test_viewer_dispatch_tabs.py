@@ -70,6 +70,10 @@ def test_clicking_a_call_on_the_timeline_selects_its_op_in_the_tree_and_shows_it
     qtbot.waitUntil(lambda: not window.tasks.busy, timeout=WAIT_MS)
     view.plot.scene().sigMouseMoved.emit(view.scene_pos_of(target))
     shoot(window, artifacts_dir, "dispatch-timeline")
+    # The op's calls on both sides are outlined, outside their boxes: drawn on the box, the
+    # selection hid its red "differs" outline, and the oracle's calls of the op had no mark.
+    of_op = timeline.slot[view.model.boxes.event] == timeline.slot[target]
+    assert view.items.selection_outlined == int(of_op.sum()) and set(timeline.side[view.model.boxes.event[of_op]].tolist()) == {0, 1}
 
 
 def test_selecting_in_the_tree_highlights_that_op_on_the_timeline_and_in_the_rerun_panel(qtbot: QtBot, window: MainWindow) -> None:

@@ -53,6 +53,8 @@ LOD_BOXES = 3000
 """Above this many visible boxes (or boxes under two pixels wide) they are merged per pixel column."""
 SELECTED_MIN_PX = 5
 """The narrowest the selected call is outlined, in pixels, however far the axis is zoomed out."""
+SELECTED_MARGIN_PX = 3
+"""How far outside its box a selected call is outlined: its difference and contract outlines show inside."""
 
 
 def palette(model: TimelineModel) -> list[str]:
@@ -124,6 +126,7 @@ class BoxesItem(pg.GraphicsObject):
                 painter.drawRects(self._rects(chosen))
                 self.painted_rects += chosen.size
             self._outline(painter, index)
+            self._mark_selected(painter, index, px)
 
     def _paint_merged(self, painter: QPainter, index: np.ndarray, codes: np.ndarray, colours: list[str], px: float) -> None:
         """One rectangle per (pixel column, lane, colour): bounded by pixels, not by events."""
@@ -157,11 +160,14 @@ class BoxesItem(pg.GraphicsObject):
             painter.drawRects([QRectF(c * px, la + offset, px, 0.1) for la, c in cells.tolist()])
 
     def _mark_selected(self, painter: QPainter, index: np.ndarray, px: float) -> None:
-        """Zoomed out (the time axis of any real run), the selected call is outlined at least a few
-        pixels wide: its own box, under a pixel, showed no selection at all."""
-        boxes, selected = self.model.boxes, self.model.selected
-        assert boxes is not None
-        chosen = index[boxes.event[index] == selected] if selected is not None else index[:0]
+        """The selected op's calls, on both sides (one slot: the same op), each outlined over its
+        lane's height a few pixels outside its box: drawn on the box, the selection's outline hid
+        its red "differs" or purple contract outline, and the oracle's calls of the op had none.
+        Zoomed out (the time axis of any real run), at least a few pixels wide: a box under a
+        pixel showed no selection at all."""
+        boxes, timeline, selected = self.model.boxes, self.model.timeline, self.model.selected
+        assert boxes is not None and timeline is not None
+        chosen = index[timeline.slot[boxes.event[index]] == timeline.slot[selected]] if selected is not None else index[:0]
         self.selection_outlined = int(chosen.size)
         if not chosen.size:
             return
@@ -171,8 +177,8 @@ class BoxesItem(pg.GraphicsObject):
         painter.setBrush(Qt.BrushStyle.NoBrush)
         # Its lane's whole height: a call of 2 of 24 heads is a sliver of it.
         for x0, x1, lane in zip(boxes.x0[chosen].tolist(), boxes.x1[chosen].tolist(), np.floor(boxes.y0[chosen]).tolist()):
-            width = max(x1 - x0, SELECTED_MIN_PX * px)
-            painter.drawRect(QRectF((x0 + x1 - width) / 2, lane + 0.05, width, 0.9))
+            width = max(x1 - x0, SELECTED_MIN_PX * px) + 2 * SELECTED_MARGIN_PX * px
+            painter.drawRect(QRectF((x0 + x1 - width) / 2, lane + 0.02, width, 0.96))
 
     def _rects(self, index: np.ndarray) -> list[QRectF]:
         b = self.model.boxes
@@ -191,8 +197,6 @@ class BoxesItem(pg.GraphicsObject):
             (self.model.contract_marked()[events], CONTRACT_DIFFERS_COLOUR, 3.0, Qt.PenStyle.SolidLine),
             (timeline.differs[events], DIFFERS_COLOUR, 2.0, Qt.PenStyle.SolidLine),
             (timeline.route_mismatch[events], MISMATCH_COLOUR, 2.0, Qt.PenStyle.DashLine),
-            # The theme's foreground: a white outline vanished on the light theme's white plot.
-            (events == (-1 if self.model.selected is None else self.model.selected), pg.getConfigOption("foreground"), 3.0, Qt.PenStyle.SolidLine),
         ):
             chosen = index[mask]
             if chosen.size:

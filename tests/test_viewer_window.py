@@ -186,6 +186,10 @@ def test_f8_under_a_filter_steps_through_the_ops_it_shows_and_keeps_it(qtbot: Qt
     stepped = [p for p in comparison.pairs if p.verdict != Kind.BIT_EXACT and not p.post_eos]
     which = stepped.index(downs[2]) + 1
     assert window.statusBar().currentMessage() == f"{downs[2].key}: {downs[2].verdict} (op {which} of the {len(stepped)} that are not bit-exact; {len(downs)} of them shown by the filter)"
+    window.tree.filter.setFocus()
+    qtbot.keyClick(window.tree.filter, Qt.Key.Key_Escape)
+    assert window.tree.filter.text() == "", "Esc clears the filter, as in every search box"
+    window.tree.filter.setText("ffn_down")
     window.model.select(downs[-1])
     window.findings.step(+1)
     assert window.model.selected is downs[-1] and window.statusBar().currentMessage() == "No differing op the filter shows after this one (“ffn_down”)."

@@ -29,6 +29,7 @@ from PySide6.QtGui import (
     QAction,
     QBrush,
     QIcon,
+    QKeyEvent,
     QShowEvent,
     QStandardItem,
     QStandardItemModel,
@@ -191,6 +192,7 @@ class AlignmentTree(QWidget):
         self.view.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.view.customContextMenuRequested.connect(self._show_menu)
         self.view.viewport().installEventFilter(self)
+        self.filter.installEventFilter(self)
         self.view.expanded.connect(self._expanded)
         layout.addWidget(self.view, 1)
         model.comparison_changed.connect(self.rebuild)
@@ -548,6 +550,14 @@ class AlignmentTree(QWidget):
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         if event.type() == QEvent.Type.Resize and watched is self.view.viewport():
             QTimer.singleShot(0, self, self._keep_current_whole)
+        if watched is self.filter and self.filter.text() and event.type() in (QEvent.Type.ShortcutOverride, QEvent.Type.KeyPress):
+            if isinstance(event, QKeyEvent) and event.key() == Qt.Key.Key_Escape:
+                # Esc in a filter with text clears it, as in every search box; an empty one leaves
+                # Esc to the window (it cancels the running read).
+                event.accept()
+                if event.type() == QEvent.Type.KeyPress:
+                    self.filter.clear()
+                return True
         return super().eventFilter(watched, event)
 
     def _keep_current_whole(self) -> None:

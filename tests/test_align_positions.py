@@ -613,3 +613,25 @@ def test_logits_of_every_row_against_logits_of_the_last_row_compare_the_last_row
     assert (c.verdict.word, c.unaligned) == (PARITY, [])
     (logits,) = [p for p in c.pairs if p.key.op == "logits" and p.key.step == 0]
     assert logits.metrics.shape == [1, 16], "the last row both computed"
+
+
+def test_a_steps_logits_agreement_is_of_the_row_its_token_comes_from_never_of_an_earlier_one(tmp_path: Path) -> None:
+    """The oracle recorded logits for positions 0-7 and fed the prompt's tail one token per call
+    without them: step 0's "logits differ at the oracle's token" was position 7's, beside a token
+    emitted at position 11."""
+    data = _prompt_tensors(1)
+    nudged = data["logits"].copy()
+    nudged[7] ^= 1
+    native = write_capture(
+        tmp_path / "n.h5", "native",
+        _small(0, SMALL, "prefill", logits=False) + [T("logits", nudged[:SMALL], segment="prefill", dtype="bfloat16", position=0)], [(0, 7, False)],
+    )
+    fed = [t for at in range(8, SMALL) for t in _small(at, at + 1, f"feed-{at}", logits=False)]
+    oracle = write_capture(
+        tmp_path / "o.h5", "oracle",
+        _small(0, 8, "prefill", logits=False) + [T("logits", data["logits"][:8], segment="prefill", dtype="bfloat16", position=0)] + fed, [(0, 7, False)],
+    )
+    c = _compare(native, oracle, alignment="positions")
+    (step,) = c.tokens.steps
+    assert step.logits is None, "no pair holds position 11, where the token comes from"
+    assert any(p.key.op == "logits" and not p.metrics.bit_exact for p in c.pairs), "position 7's difference is still a finding of its own"

@@ -335,7 +335,7 @@ def _iter_compare(
         else:
             with PairReader(native, oracle, checks) as reader:
                 outcomes = yield from iter_compare_pairs(reader, alignment.pairs, options, heads, (0, total), after_pair)
-    results = _judge_pairs(alignment.pairs, outcomes, options, eos, contract_keys, dispatch_keys, logits)
+    results = _judge_pairs(alignment.pairs, outcomes, options, eos, contract_keys, dispatch_keys, logits, _emitting_ends(alignment))
     tokens = compare_tokens(native_tokens, oracle_tokens, {step: agreement for step, (_, agreement) in logits.items()})
     comparison = _assemble(native, oracle, native_profile, oracle_profile, options, alignment, contracts, (dispatch, not_compared), results, tokens, eos)
     if tokens_unrecorded:
@@ -351,6 +351,7 @@ def _judge_pairs(
     contract_keys: set[OpKey],
     dispatch_keys: set[OpKey],
     logits: dict[int, tuple[int, StepLogits]],
+    emitting_ends: dict[int, int],
 ) -> PairResults:
     """Every pair's (within tolerance, kind), judged once per distinct (metrics object, tolerance,
     post-EOS, contract finding, dispatch difference) on columns: a real run's pairs share a few
@@ -392,7 +393,7 @@ def _judge_pairs(
         kind_codes = np.array(judged_kind, dtype=np.int64)[facts.of_row]
         bit_exact = np.array(judged_exact, dtype=bool)[facts.of_row]
     for at in np.flatnonzero(np.fromiter(map(is_not, agreements, repeat(None)), bool, count)).tolist():
-        _keep_logits(logits, pairs[at], agreements[at])  # type: ignore[arg-type]
+        _keep_logits(logits, pairs[at], agreements[at], emitting_ends)  # type: ignore[arg-type]
     return PairResults(pairs, metrics, post_eos, within, kind_codes, kinds, bit_exact)
 
 
@@ -463,12 +464,28 @@ def _provenance_contracts(capture: Capture) -> dict[str, object]:
     return table if isinstance(table, dict) else {}
 
 
-def _keep_logits(logits: dict[int, tuple[int, StepLogits]], pair: AlignedPair, agreement: StepLogits) -> None:
-    """The agreement of the step's last logits record (its last segment emits the token)."""
+def _keep_logits(logits: dict[int, tuple[int, StepLogits]], pair: AlignedPair, agreement: StepLogits, emitting_ends: dict[int, int]) -> None:
+    """The agreement of the step's last logits record (its last segment emits the token). Paired
+    by position, only a pair that holds the position the step's token comes from: a pair of
+    earlier rows (the other run recorded logits only there) gave "logits differ at the oracle's
+    token" of position 7 beside a token emitted at position 11."""
     step, seq = pair.key.step, pair.native.record.seq
+    if pair.key.positions and emitting_ends.get(step) not in (None, pair.key.positions[1]):
+        return
     if step in logits and logits[step][0] > seq:
         return
     logits[step] = (seq, agreement)
+
+
+def _emitting_ends(alignment: Alignment) -> dict[int, int]:
+    """Paired by position: each step's end in the native run, past the position its token comes
+    from (the end of the step's furthest call); by calls, none."""
+    if alignment.mode != POSITIONS:
+        return {}
+    ends: dict[int, int] = {}
+    for call in alignment.native_calls:
+        ends[call.step] = max(ends.get(call.step, call.span[1]), call.span[1])
+    return ends
 
 
 def _judged(metrics: TensorMetrics, tolerance: Tolerance, post_eos: bool, contract: bool, dispatch: bool) -> tuple[bool, Kind]:

@@ -22,9 +22,10 @@ import pytest
 from backends.demo.cut_pairs import CUT_SCENARIOS, WORK_DIR, iter_generate_cut
 from backends.diagnosis.classify import Locality
 from backends.diagnosis.run import DiagnoseOptions, iter_diagnose
+from backends.dispatch.timeline import build_timeline
 from backends.kernels import attention_contracts as contracts
 from sessions.capture.opening import open_capture
-from sessions.compare.comparison import Comparison, iter_compare
+from sessions.compare.comparison import CUT_APART, Comparison, iter_compare
 from sessions.compare.document import dumps
 from sessions.compare.json_plain import plain
 from sessions.compare.key import OpKey
@@ -74,7 +75,7 @@ def test_each_cut_scenario_validates_and_finds_what_its_documentation_says(cut_p
 def test_the_segmented_pair_is_compared_position_by_position_and_says_so(cut_pairs: dict[str, tuple[Path, Path]]) -> None:
     c = _compare(*cut_pairs["segmented-vs-combined"])
     assert c.alignment.mode == "positions"
-    assert c.dispatch_not_compared == "not compared: the runs were cut into different calls, so their attention calls differ by construction"
+    assert c.dispatch_not_compared == CUT_APART and c.dispatch_differences == []
     assert c.alignment.native_calls[:2] == ["prefill 0-82", "decode 83"]
     assert c.alignment.oracle_calls[:3] == ["text-before 0-4", "visual 5-76", "text-after 77-82"]
     assert [p.key.text() for p in c.pairs if p.key.op == "sdpa" and p.key.layer == 0 and p.key.step == 0] == [
@@ -262,3 +263,22 @@ def test_the_q64_switch_of_a_call_compared_in_windows_is_judged_at_the_calls_row
         (op,) = run_to_end(iter_diagnose(n, o, comparison, DiagnoseOptions(mode="op", key=window))).ops
     assert (op.native_ran, op.native_declared_exact) == (contracts.AUTO_QTILE64, True)
     assert op.oracle_call_rows is None, "the oracle's single-range contract does not follow the call's rows: no note says it does"
+
+
+def test_with_the_prompt_cut_differently_a_decode_steps_attention_calls_are_still_compared(cut_pairs: dict[str, tuple[Path, Path]], tmp_path: Path) -> None:
+    """Every call was left uncompared once the prompts were cut differently, though decode steps
+    are cut alike: a decode step's call that ran another primitive read PARITY."""
+    native, source = cut_pairs["segmented-vs-combined"]
+    oracle = tmp_path / source.name
+    shutil.copy(source, oracle)
+    with h5py.File(oracle, "r+") as file:
+        table, index = file["dispatch"][:], file["index"][:]
+        (at, *_) = [row for row, seq in enumerate(table["index_seq"].tolist()) if index[seq]["step"] == 1]
+        table["primitive"][at] = table["metal_primitive"][at] = b"sdpa_full"
+        file["dispatch"][...] = table
+    c = _compare(native, oracle)
+    assert c.alignment.mode == "positions" and c.dispatch_not_compared == CUT_APART
+    assert _finding(c)[:2] == ("DISPATCH-ONLY", "dispatch-only") and str(c.verdict.first.key) == "1:decode:0:sdpa@83"
+    with open_capture(native) as n, open_capture(oracle) as o:
+        timeline = build_timeline(n, o, c)
+    assert timeline.differs.any(), "the timeline marks the call that differs"

@@ -10,6 +10,7 @@ holds tens of thousands of calls and the view filters and hit-tests them vectori
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -151,13 +152,14 @@ def build_timeline(native: Capture, oracle: Capture, comparison: Comparison) -> 
     captures = (native, oracle)
     keys = _keys_by_seq(comparison)
     apart = bool(comparison.dispatch_not_compared)
+    together = _paired_whole(comparison) if apart else set()
     slots: dict[object, int] = {}
     slot_keys: list[OpKey | None] = []
     places = _unpaired_places(comparison)
     unpaired: dict[int, OpKey] = {}
 
     def ident(side: int, seq: int) -> object:
-        return (side, seq) if apart else keys[side].get(seq) or (side, seq)
+        return (side, seq) if apart and (side, seq) not in together else keys[side].get(seq) or (side, seq)
 
     for side, capture in enumerate(captures):
         for seq in dict.fromkeys(capture.dispatch["index_seq"].tolist()):
@@ -234,6 +236,16 @@ def build_timeline(native: Capture, oracle: Capture, comparison: Comparison) -> 
         unpaired=unpaired,
         shared_eos=comparison.verdict.shared_eos,
     )
+
+
+def _paired_whole(comparison: Comparison) -> set[tuple[int, int]]:
+    """(side, seq) of the records paired whole with one record of the other side, as a decode
+    step's are when the prompts were cut differently: their calls were compared
+    (`comparison.CUT_APART`), so they share a slot and show what differs."""
+    pairs = comparison.pairs
+    native, oracle = Counter(p.native_seq for p in pairs), Counter(p.oracle_seq for p in pairs)
+    whole = [p for p in pairs if native[p.native_seq] == 1 and oracle[p.oracle_seq] == 1]
+    return {(0, p.native_seq) for p in whole} | {(1, p.oracle_seq) for p in whole}
 
 
 @dataclass(frozen=True)

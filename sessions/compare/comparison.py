@@ -313,7 +313,7 @@ def _iter_compare(
     contracts = check_contracts(alignment.pairs, routes, native.meta.engine_name == oracle.meta.engine_name)
     batches = (native.meta.batch_size, oracle.meta.batch_size)
     not_compared = dispatch_not_compared(alignment, len(native.dispatch), len(oracle.dispatch))
-    dispatch = [] if not_compared else compare_dispatch(alignment.pairs, native.dispatch, oracle.dispatch, batches)
+    dispatch = compare_dispatch(_dispatch_comparable(alignment, not_compared), native.dispatch, oracle.dispatch, batches)
     sizes = pair_byte_counts(alignment.pairs)
     total = int(sizes.sum()) or 1
     yield Progress(0, total, f"execution state checked: {len(contracts.findings)} contract finding(s), {len(dispatch)} dispatch difference(s)")
@@ -429,6 +429,32 @@ def _not_rerun(unaligned: list[UnalignedRecord], reruns: list[str]) -> list[Unal
     return [replace(u, reason=NOT_RERUN, detail=detail) if u.reason == NO_PARTNER and u.side not in reruns else u for u in unaligned]
 
 
+CUT_APART = (
+    "compared only in the calls both runs made alike (the same positions in one call each, as decode steps are); "
+    "elsewhere the runs were cut into different calls, so their attention calls differ by construction"
+)
+
+
+def _dispatch_comparable(alignment: Alignment, not_compared: str) -> Sequence[AlignedPair]:
+    """The pairs whose attention calls are compared: all, none where a side records none, and,
+    of runs cut differently, the whole records of calls both made over the same positions: with
+    the prompt cut differently, a decode step's calls that differed in their primitive read PARITY."""
+    if not not_compared:
+        return alignment.pairs
+    if not_compared != CUT_APART:
+        return []
+    spans = {side: {(c.step, c.segment): c.span for c in calls} for side, calls in (("native", alignment.native_calls), ("oracle", alignment.oracle_calls))}
+
+    def alike(pair: AlignedPair) -> bool:
+        n, o = pair.native, pair.oracle
+        if n.window is not None or o.window is not None:
+            return False
+        native_span = spans["native"].get((n.record.step, n.record.segment))
+        return native_span is not None and native_span == spans["oracle"].get((o.record.step, o.record.segment))
+
+    return [pair for pair in alignment.pairs if alike(pair)]
+
+
 def dispatch_not_compared(alignment: Alignment, native_events: int, oracle_events: int) -> str:
     """Why the runs' attention calls cannot be compared pair by pair ("" when they can). A
     capture that records no calls (an import, an engine without a dispatch table) says nothing
@@ -437,7 +463,7 @@ def dispatch_not_compared(alignment: Alignment, native_events: int, oracle_event
     cut alike (each record is then one pair): a user's `--align positions` turned a dispatch
     difference into PARITY."""
     if alignment.mode == POSITIONS and not cut_alike(alignment.native_calls, alignment.oracle_calls):
-        return "not compared: the runs were cut into different calls, so their attention calls differ by construction"
+        return CUT_APART
     unrecorded = [side for side, events in (("native", native_events), ("oracle", oracle_events)) if not events]
     if len(unrecorded) == 2:
         return "not compared: neither capture records its attention calls"

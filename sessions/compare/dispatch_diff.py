@@ -8,6 +8,7 @@ dispatch difference is its own finding, never inferred from tensors.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -102,7 +103,7 @@ def _differs(field: str, native: dict[str, object], oracle: dict[str, object], b
 
 
 def compare_dispatch(
-    pairs: list[AlignedPair], native_table: np.ndarray, oracle_table: np.ndarray, batches: tuple[int, int] = (1, 1)
+    pairs: Sequence[AlignedPair], native_table: np.ndarray, oracle_table: np.ndarray, batches: tuple[int, int] = (1, 1)
 ) -> list[DispatchDifference]:
     """Pairs whose attention calls differ; `batches` are the runs' declared batch sizes (native, oracle)."""
     native_events = events_by_record(native_table)

@@ -165,12 +165,11 @@ def growth_svg(c: Comparison, width: int = FIGURE_WIDTH, height: int = FIGURE_HE
 
 
 def _dispatch(c: Comparison) -> str:
-    if c.dispatch_not_compared:
-        return f"<p>Dispatch {escape(c.dispatch_not_compared)}.</p>"
+    note = f"<p>Dispatch {escape(c.dispatch_not_compared)}.</p>" if c.dispatch_not_compared else ""
     if not c.dispatch_differences:
-        return f"<p>Dispatch: {escape(no_dispatch_difference(c))}.</p>"
+        return note or f"<p>Dispatch: {escape(no_dispatch_difference(c))}.</p>"
     rows = [[f"<code>{escape(d.key.text())}</code>", escape(", ".join(d.fields)), escape(d.native_summary), escape(d.oracle_summary)] for d in c.dispatch_differences]
-    return _table(["op", "differs in", "native", "oracle"], rows, ["mismatch"] * len(rows))
+    return _table(["op", "differs in", "native", "oracle"], rows, ["mismatch"] * len(rows)) + note
 
 
 def _worst(c: Comparison) -> str:

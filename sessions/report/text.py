@@ -113,6 +113,8 @@ def render(c: Comparison, top: int = 10, full: bool = False) -> str:
         for d in c.dispatch_differences[:limit]
     ] or [f"  {c.dispatch_not_compared or no_dispatch_difference(c)}"]
     out += _more(len(c.dispatch_differences), limit)
+    if c.dispatch_not_compared and c.dispatch_differences:
+        out += [f"  {c.dispatch_not_compared}"]  # compared in part (runs cut differently): said under what was found
     out += ["", f"Unaligned records ({len(c.unaligned)}, plus {len(c.post_eos_unaligned)} post-EOS: invalid, not failures)"]
     out += [f"  {unaligned_key(u)} {u.side} {u.name!r} (seq {u.seq}): {u.why()}" for u in c.unaligned[:limit]] or ["  none"]
     out += _more(len(c.unaligned), limit)

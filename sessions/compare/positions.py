@@ -120,13 +120,14 @@ def _call_starts(call: np.ndarray, length: np.ndarray, rows: np.ndarray, positio
         np.minimum.at(low, call[recorded], placed)
         np.maximum.at(high, call[recorded], position[recorded] + rows[recorded])
     starts: list[int] = []
-    end = prompt_end = 0
+    end = 0
+    prompt_end: int | None = None
     for recorded_here, lowest, highest, long, step in zip(has.tolist(), low.tolist(), high.tolist(), length.tolist(), call_step.tolist()):
-        at = lowest if recorded_here else end if step == 0 else max(end, prompt_end + step - 1)
+        at = lowest if recorded_here else end if step == 0 or prompt_end is None else max(end, prompt_end + step - 1)
         starts.append(at)
         end = max(at + long, highest) if recorded_here else at + long
         if step == 0:
-            prompt_end = max(prompt_end, end)
+            prompt_end = end if prompt_end is None else max(prompt_end, end)
     return np.array(starts, dtype=rows.dtype)
 
 

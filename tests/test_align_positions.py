@@ -635,3 +635,19 @@ def test_a_steps_logits_agreement_is_of_the_row_its_token_comes_from_never_of_an
     (step,) = c.tokens.steps
     assert step.logits is None, "no pair holds position 11, where the token comes from"
     assert any(p.key.op == "logits" and not p.metrics.bit_exact for p in c.pairs), "position 7's difference is still a finding of its own"
+
+
+def test_every_rows_logits_of_a_prompt_split_in_chunks_against_the_last_rows_of_one_call_are_no_finding(tmp_path: Path) -> None:
+    """Judged by the chunked run's own calls, its first chunk's rows 0-7 ended that chunk and were
+    a finding: identical runs read as DIVERGENCE."""
+    data = _prompt_tensors(1)
+
+    def logits(rows: slice, segment: str) -> T:
+        return T("logits", data["logits"][rows], segment=segment, dtype="bfloat16", position=rows.start)
+
+    chunked = _small(0, 8, "chunk-a", logits=False) + [logits(slice(0, 8), "chunk-a")] + _small(8, SMALL, "chunk-b", logits=False) + [logits(slice(8, SMALL), "chunk-b")]
+    native = write_capture(tmp_path / "n.h5", "native", chunked + _decode([1], recorded=True), _tokens([0, 1]))
+    oracle = write_capture(tmp_path / "o.h5", "oracle", _small(0, SMALL, "prefill") + _decode([1], recorded=True), _tokens([0, 1]))
+    for pair in ((native, oracle), (oracle, native)):
+        c = _compare(*pair, alignment="positions")
+        assert (c.verdict.word, c.unaligned) == (PARITY, [])

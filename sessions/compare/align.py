@@ -9,7 +9,7 @@ than seq so a saved session still means the same records after a re-capture.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -241,10 +241,12 @@ def _comparable(pair: AlignedPair, unaligned: list[UnalignedRecord]) -> bool:
 def _logits_of_other_rows(pair: AlignedPair, same_calls: set[tuple[int, str]]) -> bool:
     """Whether a pair is the logits of a call's every row against the logits of its last rows
     only, in a call both runs made alike (`same_calls`, `_last_logits_rows`)."""
+    if pair.key.op != "logits":
+        return False
     n, o = pair.native, pair.oracle
     axis = rows_axis(pair.key.op)
     return (
-        pair.key.op == "logits" and pair.manual_reason is None and n.shape != o.shape and _differ_only_on(n.shape, o.shape, axis)
+        pair.manual_reason is None and n.shape != o.shape and _differ_only_on(n.shape, o.shape, axis)
         and min(n.shape[axis], o.shape[axis]) > 0 and n.window is None and o.window is None and (pair.key.step, pair.key.segment) in same_calls
     )
 
@@ -587,20 +589,35 @@ def _pair_by_position(
     set_aside = _SetAside(unaligned, spans, calls)
     for side, other, theirs in (("native", "oracle", oracles), ("oracle", "native", natives)):
         covered: dict[OpGroup, list[Span]] = {}
-        call_ends = {(call.step, call.segment): call.span[1] for call in calls[side]}
+        their_spans = sorted({call.span for call in calls[other]})
+        their_ends = sorted({stop for _, stop in their_spans})
         for group, span, m in short[side]:
             if group not in covered:
                 covered[group] = [their_span for their_span, _ in theirs.get(group, [])]
             for gap in uncovered(span, covered[group]):
-                if m.key.op == "logits" and gap[1] < call_ends.get((m.key.step, m.key.segment), gap[1] + 1) and covered[group]:
-                    # Logits of rows before a call's last, which the other run did not compute (llama.cpp by
-                    # default and vLLM compute only the rows they sample from): nothing to compare, no finding.
+                if m.key.op == "logits" and covered[group] and _inside_a_call(gap, their_spans) and not _ends_a_call(gap, their_ends):
+                    # Logits of rows the other run computed in a call that does not end on them, so
+                    # did not compute logits for (llama.cpp by default and vLLM compute only the rows
+                    # they sample from): nothing to compare, no finding. Judged by this run's own
+                    # calls, a prompt it split into chunks left each chunk's rows a finding.
                     continue
                 taken = _manually_paired(other, manual, partial(_holds, spans[other], group, gap))
                 key = m.key._replace(positions=gap)  # a record may lack a partner for several stretches: each is a row of its own, named by it
                 row = None if taken is not None else set_aside.unaligned(side, m.record, key, gap)
                 unaligned.append(row or unaligned_record(side, m.record, NO_PARTNER, taken or f"no {other} record of {m.key.op} holds {span_text(gap)}", key))
     return pairs
+
+
+def _inside_a_call(gap: Span, spans: list[Span]) -> bool:
+    """Whether one of the calls spanning `spans` (sorted) holds every position of `gap`."""
+    at = bisect_right(spans, (gap[0], float("inf")))
+    return at > 0 and spans[at - 1][0] <= gap[0] and gap[1] <= spans[at - 1][1]
+
+
+def _ends_a_call(gap: Span, ends: list[int]) -> bool:
+    """Whether a call whose end positions are `ends` (sorted) ends on one of `gap`'s positions."""
+    at = bisect_right(ends, gap[0])
+    return at < len(ends) and ends[at] <= gap[1]
 
 
 def _overlaps(

@@ -22,7 +22,7 @@ import pytest
 from backends.demo.cut_pairs import CUT_SCENARIOS, WORK_DIR, iter_generate_cut
 from backends.diagnosis.classify import Locality
 from backends.diagnosis.run import DiagnoseOptions, iter_diagnose
-from backends.dispatch.timeline import build_timeline
+from backends.dispatch.timeline import build_timeline, timeline_summary
 from backends.kernels import attention_contracts as contracts
 from sessions.capture.opening import open_capture
 from sessions.compare.comparison import CUT_APART, Comparison, iter_compare
@@ -282,3 +282,4 @@ def test_with_the_prompt_cut_differently_a_decode_steps_attention_calls_are_stil
     with open_capture(native) as n, open_capture(oracle) as o:
         timeline = build_timeline(n, o, c)
     assert timeline.differs.any(), "the timeline marks the call that differs"
+    assert timeline_summary(timeline).split("; ")[1] == "1 op(s) dispatch differently", "said beside why the prompt's calls were not compared"

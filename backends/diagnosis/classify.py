@@ -89,8 +89,8 @@ def _closer(op: OpRerun, reference: str, name: str) -> tuple[str, dict[str, floa
 
 def _weights_differ(session: RerunSession, key: OpKey) -> bool:
     """Whether the two sides' weights of this op differ bit for bit (each side's reruns read its own)."""
-    if key.op not in WEIGHT_NAMES:
-        return False
+    if key.op not in WEIGHT_NAMES or session.weights_path is not None:
+        return False  # a file named for the reruns (`--weights`) is read for both sides
     try:
         native, oracle = (session.weights(side).get(key.op, key.layer) for side in ("native", "oracle"))
     except RerunInputError:
@@ -204,7 +204,9 @@ def classify(session: RerunSession, pair: PairResult) -> Classification:
     if native_bits is None or native_bits.shape != op.bits.shape:
         found.why = "the rerun's output has no native record of its shape to compare with"
         return found
-    oracle_bits = record_bits(session.captured["oracle"], key) if not route_ok and op.inputs_agree else None
+    # Bit-identical inputs and weights: local by definition. With other weights, the difference
+    # may be the weights' alone, which a route that cannot reproduce the oracle cannot tell.
+    oracle_bits = record_bits(session.captured["oracle"], key) if not route_ok and op.inputs_agree and not weights_differ else None
     if oracle_bits is not None and oracle_bits.shape == native_bits.shape:
         # Bit-identical inputs, different outputs: local by definition, whatever a rerun can
         # reproduce; the oracle's own record is what it does with these inputs.

@@ -505,8 +505,11 @@ DTYPE_TOKENS = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}
 
 def registry_id(declared: str, dtype: str) -> str | None:
     """The candidate that computes the contract a record of `dtype` declares; None when it
-    declares none, or one no candidate computes on data of that dtype (`OF_THE_INPUT_DTYPE`)."""
-    if declared in OF_THE_INPUT_DTYPE and DTYPE_TOKENS.get(declared.split(".")[1]) != dtype:
+    declares none, or one no candidate computes on data of that dtype (`OF_THE_INPUT_DTYPE`). A
+    `bf16` id on float32 data is taken as the arithmetic it names in the input's dtype: the demo
+    engines and the MLX recorder name their contracts so whatever the dtype, after the seed."""
+    named = DTYPE_TOKENS.get(declared.split(".")[1]) if declared in OF_THE_INPUT_DTYPE else dtype
+    if named != dtype and not (named == "bfloat16" and dtype == "float32"):
         return None
     name = DECLARED_AS.get(declared, declared)
     return name if name in _ids else None

@@ -349,7 +349,10 @@ def timeline_summary(timeline: Timeline) -> str:
     alone = {int(s) for s in timeline.slot[timeline.one_sided].tolist()}
     after_eos = sum(1 for s in alone if timeline.post_eos(s))
     mismatches = int(timeline.route_mismatch.sum())
-    compared = f"dispatch {timeline.not_compared}" if timeline.not_compared else f"{differing} op(s) dispatch differently"
+    compared = f"{differing} op(s) dispatch differently"
+    if timeline.not_compared:
+        # Compared in part (runs cut differently): what differs among the calls compared, then why the rest were not.
+        compared = f"{compared}; dispatch {timeline.not_compared}" if differing else f"dispatch {timeline.not_compared}"
     contracts = len({int(s) for s in timeline.slot[timeline.contract_differs].tolist()})
     compared += f"; {contracts} op(s) whose contract differs (outlined)" if contracts else ""
     unpaired = f"; {len(alone) - after_eos} op(s) of records without a partner" if len(alone) > after_eos else ""

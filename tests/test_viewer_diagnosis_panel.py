@@ -62,6 +62,11 @@ def test_diagnosing_every_op_leads_with_the_verdict_and_fills_the_tree_cause_col
     pairs = {p.key.text(): p for p in window.model.comparison.comparison.pairs}
     assert window.tree.cause_of(pairs["0:visual:0:sdpa"]) == "local" and window.tree.cause_of(pairs["0:visual:0:o_proj"]) == "inherited"
     assert window.tree.cause_of(pairs["0:text-before:0:sdpa"]) == ""
+    window.tree.filter.setText("local")  # the cause column: F8 found nothing the filter showed
+    window.model.select(pairs["0:visual:0:sdpa"])
+    window.findings.step(+1)
+    assert window.model.selected.key.text() == "0:visual:1:sdpa" and window.tree.filter.text() == "local"
+    window.tree.filter.clear()
     verdict = panel.verdict
     qtbot.waitUntil(lambda: verdict.height() >= verdict.heightForWidth(verdict.width()) > 2 * verdict.fontMetrics().height())
     qtbot.waitUntil(lambda: window.tree_dock.width() >= TREE_WIDTH_WITH_CAUSES)

@@ -395,10 +395,14 @@ def neighbour_divergence(viewed: ViewedComparison, current: PairResult | None, d
     return pairs[stepped[at - 1]] if at > 0 else None
 
 
-def stepped_under_filter(viewed: ViewedComparison, text: str) -> list[int]:
-    """The places F8 steps through that the tree's filter `text` shows (its search lines, `search_text`)."""
+def stepped_under_filter(viewed: ViewedComparison, text: str, causes: dict[OpKey, str]) -> list[int]:
+    """The places F8 steps through that the tree's filter `text` may show: their search lines
+    (`search_text`) or their cause column (`causes`, a diagnosis's words) hold it. The tree's
+    filter, cell by cell, decides among them (`FindingSteps.step`)."""
     found, _ = viewed.tree.matches(text.lower(), len(viewed.comparison.pairs))
-    return np.intersect1d(np.asarray(viewed.stepped, dtype=np.int64), np.asarray(found, dtype=np.int64)).tolist()
+    needle = text.lower()
+    caused = [viewed.position_of[id(viewed.pair_of[key])] for key, word in causes.items() if needle in word.lower() and key in viewed.pair_of]
+    return np.intersect1d(np.asarray(viewed.stepped, dtype=np.int64), np.asarray(found + caused, dtype=np.int64)).tolist()
 
 
 def stepped_place(viewed: ViewedComparison, pair: PairResult) -> tuple[int, int]:

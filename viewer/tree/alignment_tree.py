@@ -434,6 +434,11 @@ class AlignmentTree(QWidget):
             cell.setText(cause)
             cell.setForeground(QBrush(locality_colour(cause)))
 
+    def shows(self, pair: Any) -> bool:
+        """Whether the filter lets the pair's row through (its row made if need be)."""
+        item = self._item_for(pair)
+        return item is not None and self.proxy.mapFromSource(item.index()).isValid()
+
     def cause_of(self, pair: Any) -> str:
         """The cause column's text on a pair's row (tests, keyboard checks)."""
         item = self._item_for(pair)

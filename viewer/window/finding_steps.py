@@ -104,8 +104,10 @@ class FindingSteps:
             return
         # Under a filter, the ops it shows: stepping to one it hid cleared the filter the user typed.
         text = self._tree.filter.text()
-        among = cv.stepped_under_filter(comparison, text) if text else None
+        among = cv.stepped_under_filter(comparison, text, self._model.locality) if text else None
         target = cv.neighbour_divergence(comparison, self._model.selected, direction, among)
+        while target is not None and among is not None and not self._tree.shows(target):
+            target = cv.neighbour_divergence(comparison, target, direction, among)  # text across cells: no cell of its row holds it
         if target is not None:
             self._model.select(target)
             # Said at every step: the last line (Ctrl+J's finding, "no differing op after this one") stayed up beside another op.

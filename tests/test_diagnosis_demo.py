@@ -19,7 +19,7 @@ import pytest
 
 from backends.commands.diagnose import EXIT_EXPLAINED, EXIT_UNEXPLAINED
 from backends.diagnosis.budget import Injection, NotMeasurable, Replay
-from backends.diagnosis.classify import Locality
+from backends.diagnosis.classify import Locality, weights_differ_at
 from backends.diagnosis.document import render_html, render_text
 from backends.diagnosis.run import (
     DIFFERENT_WEIGHTS,
@@ -27,6 +27,7 @@ from backends.diagnosis.run import (
     Diagnosis,
     iter_diagnose,
 )
+from backends.rerun.inputs import WeightSource
 from backends.rerun.segment import RerunSession
 from sessions.capture.opening import open_capture
 from sessions.compare.align_modes import POSITIONS
@@ -721,3 +722,22 @@ def test_a_declared_contract_naming_another_dtype_than_the_records_is_no_candida
         "0:text-before:0:ffn_act is local: the native declares `swiglu.f16.mul_then_sigmoid`, which no candidate computes, "
         "but its bits are reproduced by `swiglu.mul_then_sigmoid` (bit-exact)"
     )
+
+
+def test_runs_of_the_same_weights_read_no_weight_to_compare_them(demo_pairs: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both sides' weights were read for every op classified, to see whether they differ: a real
+    model's GGUF weight decoded twice more per op, where the runs' weights hashes already agree."""
+    read: list[str] = []
+    original = WeightSource.get
+
+    def counted(self: WeightSource, op: str, layer: int, width: int | None = None) -> mx.array:
+        read.append(op)
+        return original(self, op, layer, width)
+
+    monkeypatch.setattr(WeightSource, "get", counted)
+    with open_capture(demo_pairs["swiglu-order"][0]) as native, open_capture(demo_pairs["swiglu-order"][1]) as oracle:
+        comparison = run_to_end(iter_compare_cached(native, oracle))
+        session = RerunSession(native, oracle, comparison)
+        pair = next(p for p in comparison.pairs if p.key.text() == "0:text-before:0:ffn_down")
+        assert not weights_differ_at(session, pair.key)
+    assert read == [], "the runs' weights hashes agree: nothing to read"

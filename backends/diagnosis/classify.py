@@ -87,10 +87,16 @@ def _closer(op: OpRerun, reference: str, name: str) -> tuple[str, dict[str, floa
     return closer_to_exact(native, other, name), {"native": native.rmse, name: other.rmse}
 
 
-def _weights_differ(session: RerunSession, key: OpKey) -> bool:
+def weights_differ_at(session: RerunSession, key: OpKey) -> bool:
     """Whether the two sides' weights of this op differ bit for bit (each side's reruns read its own)."""
     if key.op not in WEIGHT_NAMES or session.weights_path is not None:
         return False  # a file named for the reruns (`--weights`) is read for both sides
+    hashes = session.native.meta.weights_hash, session.oracle.meta.weights_hash
+    files = session.weights("native").path, session.weights("oracle").path
+    if (hashes[0] and hashes[0] == hashes[1]) or (files[0] is not None and files[0] == files[1]):
+        # The same weights, said by the runs or read from one file: a real model's GGUF weight was
+        # decoded twice more for every op classified.
+        return False
     try:
         native, oracle = (session.weights(side).get(key.op, key.layer) for side in ("native", "oracle"))
     except RerunInputError:
@@ -193,7 +199,7 @@ def classify(session: RerunSession, pair: PairResult) -> Classification:
         (op,) = result.ops
         found.oracle_route = result.route_sources
         found.inputs_agree = op.inputs_agree
-        weights_differ = found.weights_differ = _weights_differ(session, key)
+        weights_differ = found.weights_differ = weights_differ_at(session, key)
         route_ok, route_detail = _route_check(session, key, op, weights_differ)
     except (RerunInputError, RerunOpError, ValueError) as exc:
         found.why = f"cannot be rerun on the oracle's route from the native's inputs: {exc}"

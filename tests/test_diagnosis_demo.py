@@ -27,8 +27,8 @@ from backends.diagnosis.run import (
     Diagnosis,
     iter_diagnose,
 )
-from backends.rerun.inputs import WeightSource
 from backends.rerun.segment import RerunSession
+from backends.rerun.weights import WeightSource
 from sessions.capture.opening import open_capture
 from sessions.compare.align_modes import POSITIONS
 from sessions.compare.key import OpKey

@@ -23,8 +23,8 @@ from backends.rerun.inputs import (
     RerunInputError,
     files_named,
     files_read,
-    named_weights_problem,
 )
+from backends.rerun.weights import named_weights_problem
 from sessions.capture.opening import open_complete_capture
 from sessions.capture.reader import CaptureError
 from sessions.commands.arguments import (

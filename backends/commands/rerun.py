@@ -24,7 +24,6 @@ from backends.rerun.inputs import (
     RerunInputError,
     files_named,
     files_read,
-    named_weights_problem,
 )
 from backends.rerun.segment import (
     SIDES,
@@ -33,6 +32,7 @@ from backends.rerun.segment import (
     iter_rerun,
     rerun_target,
 )
+from backends.rerun.weights import named_weights_problem
 from sessions.capture.abandoned_writes import remove_abandoned_writes
 from sessions.capture.opening import open_complete_capture
 from sessions.capture.reader import CaptureError

@@ -23,16 +23,16 @@ from backends.rerun.inputs import (
     OP_INPUTS,
     CapturedOps,
     RerunInputError,
-    StoredWeight,
     bits_to_mx,
     gather,
     mx_to_bits,
     splits_heads,
 )
 from backends.rerun.segment import RerunSession, bits_metrics
+from backends.rerun.weights import StoredWeight
 from sessions.capture import format as cf
 from sessions.compare.key import OpKey
-from sessions.compare.tensor_diff import TensorMetrics
+from sessions.compare.tensor_diff import SPECIAL_ELEMENTS, TensorMetrics
 from sessions.machine import available_memory
 
 
@@ -78,11 +78,8 @@ class ErrorFigure:
         count = f"{self.differing:,}" if short else f"{self.differing:,} of {self.size:,}"
         if self.signed_zero_only:
             return f"{count} ±0 swaps" if short else f"{count} differ, all +0/-0 swaps"
-        specials = (
-            (self.nan_mismatch, "NaN vs number", "a NaN against a number", " (no ULP distance)"),
-            (self.nan_payload, "NaN payload", "a NaN against a NaN of other bits", " (no ULP distance)"),
-            (self.inf_mismatch, "Inf", "an infinity against another value", ""),
-        )
+        briefs = {"nan_mismatch": "NaN vs number", "nan_payload": "NaN payload", "inf_mismatch": "Inf"}
+        specials = [(getattr(self, count), briefs[count], words, "" if count == "inf_mismatch" else " (no ULP distance)") for count, words in SPECIAL_ELEMENTS]
         for found, brief, words, distance in specials:
             if found == self.differing:
                 return f"{count} {brief}" if short else f"{count} differ, each {words}{distance}"

@@ -43,7 +43,6 @@ from backends.rerun.inputs import (
     WEIGHT_NAMES,
     CapturedOps,
     RerunInputError,
-    WeightSource,
     gather,
     input_width,
     kv_history,
@@ -54,6 +53,7 @@ from backends.rerun.inputs import (
     share_run_positions,
     splits_heads,
 )
+from backends.rerun.weights import WeightSource
 from sessions.bits.dtypes import as_bit_pattern, as_values
 from sessions.capture.format import RERUN_ROLE
 from sessions.capture.reader import Capture

@@ -238,31 +238,43 @@ def _comparable(pair: AlignedPair, unaligned: list[UnalignedRecord]) -> bool:
     return False
 
 
-def _logits_of_other_rows(pair: AlignedPair, same_calls: set[tuple[int, str]]) -> bool:
+def _logits_of_other_rows(pair: AlignedPair, spans: CallSpans) -> bool:
     """Whether a pair is the logits of a call's every row against the logits of its last rows
-    only, in a call both runs made alike (`same_calls`, `_last_logits_rows`)."""
+    only, in a call both runs made alike (`made_alike`, `_last_logits_rows`)."""
     if pair.key.op != "logits":
         return False
     n, o = pair.native, pair.oracle
     axis = rows_axis(pair.key.op)
     return (
         pair.manual_reason is None and n.shape != o.shape and _differ_only_on(n.shape, o.shape, axis)
-        and min(n.shape[axis], o.shape[axis]) > 0 and n.window is None and o.window is None and (pair.key.step, pair.key.segment) in same_calls
+        and min(n.shape[axis], o.shape[axis]) > 0 and made_alike(pair, spans)
     )
 
 
-def _same_calls(native_calls: list[Call], oracle_calls: list[Call]) -> set[tuple[int, str]]:
-    """The (step, segment) of each call both runs made over the same positions."""
-    spans = {(c.step, c.segment): c.span for c in oracle_calls}
-    return {(c.step, c.segment) for c in native_calls if spans.get((c.step, c.segment)) == c.span}
+CallSpans = tuple[dict[tuple[int, str], Span], dict[tuple[int, str], Span]]
+"""Each run's calls' positions by (step, segment), native then oracle (`call_spans`)."""
 
 
-def _last_logits_rows(pair: AlignedPair, same_calls: set[tuple[int, str]]) -> AlignedPair:
+def call_spans(native_calls: list[Call], oracle_calls: list[Call]) -> CallSpans:
+    return {(c.step, c.segment): c.span for c in native_calls}, {(c.step, c.segment): c.span for c in oracle_calls}
+
+
+def made_alike(pair: AlignedPair, spans: CallSpans) -> bool:
+    """Whether a pair is of two whole records, each in its run's call over the same positions as
+    the other's (a decode step's, whatever the prompt's cut)."""
+    n, o = pair.native, pair.oracle
+    if n.window is not None or o.window is not None:
+        return False
+    span = spans[0].get((n.record.step, n.record.segment))
+    return span is not None and span == spans[1].get((o.record.step, o.record.segment))
+
+
+def _last_logits_rows(pair: AlignedPair, spans: CallSpans) -> AlignedPair:
     """The logits of a call's every row against the logits of its last rows only (llama.cpp by
     default and vLLM compute only the rows they sample from): the last rows both computed are
     compared. Compared whole, their shapes differed, and identical runs read as DIVERGENCE. Only
     in a call both made alike: the last rows of calls cut differently are other positions."""
-    if not _logits_of_other_rows(pair, same_calls):
+    if not _logits_of_other_rows(pair, spans):
         return pair
     axis = rows_axis(pair.key.op)
     both = min(pair.native.shape[axis], pair.oracle.shape[axis])
@@ -461,8 +473,8 @@ def _pair_by_key_columns(n: MappedRun, o: MappedRun, unaligned: list[UnalignedRe
     dtypes = shared_codes(n.kinds.records.columns.texts("dtype"), o.kinds.records.columns.texts("dtype"))
     alike = (canonical[0][n_at] == canonical[1][o_at]) & (dtypes[0][n_rows] == dtypes[1][o_rows])
     if not alike.all():
-        same_calls = _same_calls(n.calls, o.calls)
-        if any(_logits_of_other_rows(pairs[at], same_calls) for at in np.flatnonzero(~alike).tolist()):
+        spans = call_spans(n.calls, o.calls)
+        if any(_logits_of_other_rows(pairs[at], spans) for at in np.flatnonzero(~alike).tolist()):
             return None  # such a pair is cut (`_last_logits_rows`), which only a pair of records holds
         keep = alike.copy()
         for at in np.flatnonzero(~alike).tolist():
@@ -610,7 +622,7 @@ def _pair_by_position(
 
 def _inside_a_call(gap: Span, spans: list[Span]) -> bool:
     """Whether one of the calls spanning `spans` (sorted) holds every position of `gap`."""
-    at = bisect_right(spans, (gap[0], float("inf")))
+    at = bisect_right(spans, gap[0], key=itemgetter(0))
     return at > 0 and spans[at - 1][0] <= gap[0] and gap[1] <= spans[at - 1][1]
 
 
@@ -675,7 +687,7 @@ def cut_alike(native_calls: list[Call], oracle_calls: list[Call]) -> bool:
     """Whether both runs made the same forward calls for the prompt and each call both made holds
     the same positions (a run that stops earlier is still cut alike)."""
     prompt = [c for c in native_calls if c.step == 0], [c for c in oracle_calls if c.step == 0]
-    spans = {(c.step, c.segment): c.span for c in oracle_calls}
+    spans = call_spans(native_calls, oracle_calls)[1]
     return prompt[0] == prompt[1] and all(spans.get((c.step, c.segment), c.span) == c.span for c in native_calls)
 
 
@@ -756,8 +768,8 @@ def align(
     n_candidates = _unless_recorded("native", n_candidates, n_optional, o_recorded, unaligned)
     o_candidates = _unless_recorded("oracle", o_candidates, o_optional, n_recorded, unaligned)
     if chosen == CALLS:
-        same_calls = _same_calls(n_calls, o_calls)
-        candidates = manual + [_last_logits_rows(p, same_calls) for p in _pair_by_key(n_candidates, o_candidates, unaligned, manual)]
+        spans = call_spans(n_calls, o_calls)
+        candidates = manual + [_last_logits_rows(p, spans) for p in _pair_by_key(n_candidates, o_candidates, unaligned, manual)]
     else:
         candidates = manual + _pair_by_position(n_candidates.mapped, o_candidates.mapped, {"native": n_spans.by_seq(), "oracle": o_spans.by_seq()}, {"native": n_calls, "oracle": o_calls}, unaligned, manual)
     candidates = _apply_breaks(overrides, candidates, native, unaligned)

@@ -28,7 +28,9 @@ from sessions.compare.align import (
     AlignedPairs,
     Alignment,
     align,
+    call_spans,
     cut_alike,
+    made_alike,
 )
 from sessions.compare.align_modes import ALIGN_MODES, POSITIONS
 from sessions.compare.byte_checks import ByteChecks
@@ -77,7 +79,7 @@ from sessions.compare.profiles import (
 from sessions.compare.provenance_diff import ProvenanceDiff, diff_provenance
 from sessions.compare.record_columns import groups
 from sessions.compare.record_sources import sources_for
-from sessions.compare.tensor_diff import TensorMetrics, Tolerance
+from sessions.compare.tensor_diff import SPECIAL_ELEMENTS, TensorMetrics, Tolerance
 from sessions.compare.token_parity import (
     StepLogits,
     TokenParity,
@@ -443,16 +445,8 @@ def _dispatch_comparable(alignment: Alignment, not_compared: str) -> Sequence[Al
         return alignment.pairs
     if not_compared != CUT_APART:
         return []
-    spans = {side: {(c.step, c.segment): c.span for c in calls} for side, calls in (("native", alignment.native_calls), ("oracle", alignment.oracle_calls))}
-
-    def alike(pair: AlignedPair) -> bool:
-        n, o = pair.native, pair.oracle
-        if n.window is not None or o.window is not None:
-            return False
-        native_span = spans["native"].get((n.record.step, n.record.segment))
-        return native_span is not None and native_span == spans["oracle"].get((o.record.step, o.record.segment))
-
-    return [pair for pair in alignment.pairs if alike(pair)]
+    spans = call_spans(alignment.native_calls, alignment.oracle_calls)
+    return [pair for pair in alignment.pairs if made_alike(pair, spans)]
 
 
 def dispatch_not_compared(alignment: Alignment, native_events: int, oracle_events: int) -> str:
@@ -547,11 +541,10 @@ def _how_they_differ(m: TensorMetrics) -> str:
         return ""
     if m.signed_zero_only == m.differing:
         return ", all +0/-0 swaps"
-    if m.nan_mismatch == m.differing:
-        return ", each a NaN against a number"
-    if m.nan_payload == m.differing:
-        return ", each a NaN against a NaN of other bits"
-    special = [(m.nan_mismatch, "a NaN against a number"), (m.nan_payload, "a NaN against a NaN of other bits"), (m.inf_mismatch, "an infinity against another value")]
+    special = [(getattr(m, count), words) for count, words in SPECIAL_ELEMENTS]
+    for count, words in special[:2]:  # NaNs have no ULP distance: their count alone says what differs
+        if count == m.differing:
+            return f", each {words}"
     said = "".join(f", {count:,} {words}" for count, words in special if count)
     return ("" if m.max_ulp is None else f", max {m.max_ulp:,} ULP") + said
 

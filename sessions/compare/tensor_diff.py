@@ -93,6 +93,15 @@ class AxisProfile:
     max_ulp: list[int]
 
 
+SPECIAL_ELEMENTS = (
+    ("nan_mismatch", "a NaN against a number"),
+    ("nan_payload", "a NaN against a NaN of other bits"),
+    ("inf_mismatch", "an infinity against another value"),
+)
+"""The differing elements an error figure cannot measure, by the count that holds them
+(`TensorMetrics`), in the words every surface says them with."""
+
+
 @dataclass
 class TensorMetrics:
     dtype: str

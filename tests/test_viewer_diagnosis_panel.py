@@ -62,15 +62,15 @@ def test_diagnosing_every_op_leads_with_the_verdict_and_fills_the_tree_cause_col
     pairs = {p.key.text(): p for p in window.model.comparison.comparison.pairs}
     assert window.tree.cause_of(pairs["0:visual:0:sdpa"]) == "local" and window.tree.cause_of(pairs["0:visual:0:o_proj"]) == "inherited"
     assert window.tree.cause_of(pairs["0:text-before:0:sdpa"]) == ""
+    verdict = panel.verdict
+    qtbot.waitUntil(lambda: verdict.height() >= verdict.heightForWidth(verdict.width()) > 2 * verdict.fontMetrics().height())
+    qtbot.waitUntil(lambda: window.tree_dock.width() >= TREE_WIDTH_WITH_CAUSES)
+    window.grab().save(str(artifacts_dir / "diagnosis-panel-1280x720.png"))
     window.tree.filter.setText("local")  # the cause column: F8 found nothing the filter showed
     window.model.select(pairs["0:visual:0:sdpa"])
     window.findings.step(+1)
     assert window.model.selected.key.text() == "0:visual:1:sdpa" and window.tree.filter.text() == "local"
     window.tree.filter.clear()
-    verdict = panel.verdict
-    qtbot.waitUntil(lambda: verdict.height() >= verdict.heightForWidth(verdict.width()) > 2 * verdict.fontMetrics().height())
-    qtbot.waitUntil(lambda: window.tree_dock.width() >= TREE_WIDTH_WITH_CAUSES)
-    window.grab().save(str(artifacts_dir / "diagnosis-panel-1280x720.png"))
     panel.show_inherited.setChecked(True)
     assert panel.ops.rowCount() == 105
     panel.ops.setCurrentCell(1, 0)
